@@ -1,0 +1,1 @@
+"""plait: collective communication for Python."""

@@ -1,0 +1,156 @@
+"""The registry of algorithms: one :class:`AlgorithmSpec` per (collective, name).
+
+Algorithm modules register themselves with :func:`register`; restrictions are
+data on the spec (``commutative_only``, ``in_place``) that the selector and the
+API read, so no caller repeats them as ``if`` statements.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plait.schedule.builder import Builder, Context
+from plait.schedule.ir import Schedule
+
+__all__ = [
+    "COLLECTIVES",
+    "AlgorithmSpec",
+    "algorithms",
+    "buffer_counts",
+    "build_schedule",
+    "get",
+    "register",
+    "specs",
+]
+
+COLLECTIVES: tuple[str, ...] = (
+    "allreduce",
+    "reduce",
+    "broadcast",
+    "reduce_scatter",
+    "allgather",
+    "alltoall",
+    "gather",
+    "scatter",
+    "barrier",
+)
+
+#: Collectives whose schedules combine data with a reduction op.
+REDUCING: frozenset[str] = frozenset({"allreduce", "reduce", "reduce_scatter"})
+
+BuildFn = Callable[[Builder], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AlgorithmSpec:
+    """One algorithm of one collective.
+
+    Attributes:
+        collective: the collective it implements.
+        name: the string users pass as ``algorithm=``.
+        build: records one rank's steps on a :class:`Builder` (``b.ctx`` says which).
+        commutative_only: whether it needs a commutative op (it reduces out of rank order).
+        in_place: whether it is correct when ``OUT`` is the same memory as ``IN``;
+            if not, in-place calls stage the input in scratch first.
+        summary: first line of the builder's docstring.
+    """
+
+    collective: str
+    name: str
+    build: BuildFn
+    commutative_only: bool = False
+    in_place: bool = True
+    summary: str = ""
+
+    def supports(self, *, commutative: bool) -> bool:
+        """Whether the restrictions allow an op of this commutativity."""
+        return commutative or not self.commutative_only
+
+
+_REGISTRY: dict[str, dict[str, AlgorithmSpec]] = {c: {} for c in COLLECTIVES}
+
+
+def register(
+    collective: str, name: str, *, commutative_only: bool = False, in_place: bool = True
+) -> Callable[[BuildFn], BuildFn]:
+    """Class the decorated builder as ``collective``'s algorithm ``name``."""
+    if collective not in _REGISTRY:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+
+    def decorate(build: BuildFn) -> BuildFn:
+        table = _REGISTRY[collective]
+        if name in table and table[name].build is not build:
+            raise ValueError(f"algorithm {name!r} is already registered for {collective}")
+        summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else ""
+        table[name] = AlgorithmSpec(collective, name, build, commutative_only, in_place, summary)
+        return build
+
+    return decorate
+
+
+def _check_collective(collective: str) -> dict[str, AlgorithmSpec]:
+    try:
+        return _REGISTRY[collective]
+    except KeyError:
+        raise ValueError(
+            f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}"
+        ) from None
+
+
+def algorithms(collective: str) -> tuple[str, ...]:
+    """Names of the algorithms available for ``collective``, in registration order."""
+    return tuple(_check_collective(collective))
+
+
+def specs(collective: str) -> tuple[AlgorithmSpec, ...]:
+    """The specs of ``collective``'s algorithms."""
+    return tuple(_check_collective(collective).values())
+
+
+def get(collective: str, name: str) -> AlgorithmSpec:
+    """The spec of ``collective``'s algorithm ``name``; ValueError naming the choices if unknown."""
+    table = _check_collective(collective)
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r} for {collective}; expected 'auto' or one of: "
+            + ", ".join(table)
+        ) from None
+
+
+def buffer_counts(collective: str, size: int, count: int, rank: int, root: int) -> tuple[int, int]:
+    """Element counts of (IN, OUT) for one rank; see :class:`Context` for ``count``."""
+    is_root = rank == root
+    if collective == "allreduce":
+        return count, count
+    if collective == "reduce":
+        return count, count if is_root else 0
+    if collective == "broadcast":
+        return 0, count
+    if collective == "reduce_scatter":
+        return size * count, count
+    if collective == "allgather":
+        return count, size * count
+    if collective == "alltoall":
+        return size * count, size * count
+    if collective == "gather":
+        return count, size * count if is_root else 0
+    if collective == "scatter":
+        return size * count if is_root else 0, count
+    if collective == "barrier":
+        return 0, 0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def build_schedule(spec: AlgorithmSpec, ctx: Context) -> Schedule:
+    """Record ``spec``'s schedule for ``ctx`` (cached: schedules are immutable)."""
+    if ctx.collective != spec.collective:
+        raise ValueError(f"{spec.name} builds {spec.collective}, not {ctx.collective}")
+    in_count, out_count = buffer_counts(ctx.collective, ctx.size, ctx.count, ctx.rank, ctx.root)
+    builder = Builder(ctx, in_count, out_count)
+    spec.build(builder)
+    return builder.build()

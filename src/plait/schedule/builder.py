@@ -1,0 +1,257 @@
+"""The recording builder that algorithms call imperatively, and the build context.
+
+An algorithm reads like MPI code (``b.send(peer, region)``, ``b.recv_reduce(...)``)
+but only records steps. The builder:
+
+* numbers messages per ordered pair of ranks, so matching needs no global view;
+* derives each step's dependencies from data hazards on the regions it touches
+  (read-after-write, write-after-read, write-after-write), so steps that touch
+  disjoint data may overlap and segmented pipelines need no extra bookkeeping;
+* drops empty steps (zero elements, or a copy onto itself), which both ends of
+  a message agree on because they compute the same counts;
+* hands out scratch regions (``b.scratch(n)``) and sizes ``TMP`` accordingly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from plait.schedule.ir import IN, OUT, TMP, Buf, Region, Schedule, Step, StepKind
+
+__all__ = ["Builder", "Context"]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Everything a schedule builder may depend on. Identical on all ranks but ``rank``.
+
+    ``count`` means, per collective: the vector length (allreduce, reduce,
+    broadcast); the per-rank block length (reduce_scatter, allgather, gather,
+    scatter); the per-destination block length (alltoall); 0 (barrier).
+    """
+
+    collective: str
+    rank: int
+    size: int
+    count: int
+    itemsize: int = 1
+    commutative: bool = True
+    root: int = 0
+    segment: int = 0  # elements per pipelined message; 0 means unsegmented
+
+    def with_rank(self, rank: int) -> Context:
+        """The same call as seen by another rank."""
+        return Context(
+            self.collective,
+            rank,
+            self.size,
+            self.count,
+            self.itemsize,
+            self.commutative,
+            self.root,
+            self.segment,
+        )
+
+
+class _Hazards:
+    """Per buffer, disjoint intervals with their last writer and the readers since.
+
+    An access to [start, end) depends on the last writer of every piece it
+    overlaps and, if it writes, on the readers since. Pieces are kept sorted, so
+    each access costs a bisection plus the pieces it touches.
+    """
+
+    __slots__ = ("ends", "readers", "starts", "writer")
+
+    _END = 1 << 62
+
+    def __init__(self) -> None:
+        self.starts: list[int] = [0]
+        self.ends: list[int] = [self._END]
+        self.writer: list[int] = [-1]
+        self.readers: list[list[int]] = [[]]
+
+    def _split(self, x: int) -> None:
+        i = bisect.bisect_right(self.starts, x) - 1
+        if self.starts[i] < x < self.ends[i]:
+            self.starts.insert(i + 1, x)
+            self.ends.insert(i + 1, self.ends[i])
+            self.writer.insert(i + 1, self.writer[i])
+            self.readers.insert(i + 1, list(self.readers[i]))
+            self.ends[i] = x
+
+    def deps(self, start: int, end: int, write: bool, out: set[int]) -> None:
+        self._split(start)
+        self._split(end)
+        i = bisect.bisect_left(self.starts, start)
+        j = bisect.bisect_left(self.starts, end)
+        for k in range(i, j):
+            if self.writer[k] >= 0:
+                out.add(self.writer[k])
+            if write:
+                out.update(self.readers[k])
+
+    def record(self, start: int, end: int, index: int, write: bool) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        j = bisect.bisect_left(self.starts, end)
+        if write:
+            self.starts[i:j] = [start]
+            self.ends[i:j] = [end]
+            self.writer[i:j] = [index]
+            self.readers[i:j] = [[]]
+        else:
+            for k in range(i, j):
+                self.readers[k].append(index)
+
+
+class Builder:
+    """Records one rank's steps; see the module docstring."""
+
+    def __init__(self, ctx: Context, in_count: int, out_count: int) -> None:
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.size = ctx.size
+        self._in_count = in_count
+        self._out_count = out_count
+        self._tmp_count = 0
+        self._steps: list[Step] = []
+        self._sent: dict[int, int] = {}
+        self._received: dict[int, int] = {}
+        self._hazards = (_Hazards(), _Hazards(), _Hazards())
+
+    # -- regions ---------------------------------------------------------------
+    @property
+    def inp(self) -> Region:
+        """The whole input buffer."""
+        return Region(IN, 0, self._in_count)
+
+    @property
+    def out(self) -> Region:
+        """The whole output buffer."""
+        return Region(OUT, 0, self._out_count)
+
+    def scratch(self, count: int) -> Region:
+        """A fresh scratch region of ``count`` elements, disjoint from all others."""
+        region = Region(TMP, self._tmp_count, count)
+        self._tmp_count += count
+        return region
+
+    # -- steps -----------------------------------------------------------------
+    def send(self, peer: int, src: Region) -> int:
+        """Send ``src`` to ``peer``; returns the step index (-1 if empty)."""
+        if src.count == 0:
+            return -1
+        self._check_peer(peer)
+        tag = self._sent.get(peer, 0)
+        self._sent[peer] = tag + 1
+        return self._add(Step(StepKind.SEND, peer, src=src, tag=tag), (src,), ())
+
+    def recv(self, peer: int, dst: Region) -> int:
+        """Receive from ``peer`` into ``dst``."""
+        return self._recv(StepKind.RECV, peer, dst, first=False)
+
+    def recv_reduce(self, peer: int, dst: Region, *, recv_first: bool) -> int:
+        """Receive from ``peer`` and combine: ``recv ∘ dst`` if ``recv_first`` else ``dst ∘ recv``.
+
+        Put the operand that holds contributions of lower ranks first: that keeps
+        non-commutative ops in rank order and makes both partners of an exchange
+        compute bit-identical results.
+        """
+        return self._recv(StepKind.RECV_REDUCE, peer, dst, first=recv_first)
+
+    def copy(self, src: Region, dst: Region) -> int:
+        """``dst = src``."""
+        if src.count != dst.count:
+            raise ValueError(f"copy of {src} into {dst}: lengths differ")
+        if src.count == 0 or src == dst:
+            return -1
+        return self._add(Step(StepKind.COPY, src=src, dst=dst), (src,), (dst,))
+
+    def reduce(self, src: Region, dst: Region, *, src_first: bool) -> int:
+        """``dst = src ∘ dst`` if ``src_first`` else ``dst ∘ src``."""
+        if src.count != dst.count:
+            raise ValueError(f"reduce of {src} into {dst}: lengths differ")
+        if src.count == 0:
+            return -1
+        return self._add(Step(StepKind.REDUCE, src=src, dst=dst, first=src_first), (src,), (dst,))
+
+    def build(self) -> Schedule:
+        """Freeze the recorded steps into a :class:`Schedule`."""
+        steps = tuple(self._steps)
+        dependents: list[list[int]] = [[] for _ in steps]
+        for i, step in enumerate(steps):
+            for d in step.deps:
+                dependents[d].append(i)
+        return Schedule(
+            rank=self.rank,
+            size=self.size,
+            steps=steps,
+            in_count=self._in_count,
+            out_count=self._out_count,
+            tmp_count=self._tmp_count,
+            dependents=tuple(tuple(d) for d in dependents),
+            n_deps=tuple(len(s.deps) for s in steps),
+        )
+
+    # -- internals -------------------------------------------------------------
+    def _recv(self, kind: StepKind, peer: int, dst: Region, *, first: bool) -> int:
+        if dst.count == 0:
+            return -1
+        self._check_peer(peer)
+        tag = self._received.get(peer, 0)
+        self._received[peer] = tag + 1
+        return self._add(Step(kind, peer, dst=dst, first=first, tag=tag), (), (dst,))
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"rank {self.rank}: invalid peer {peer} (size {self.size})")
+
+    def _add(self, step: Step, reads: tuple[Region, ...], writes: tuple[Region, ...]) -> int:
+        index = len(self._steps)
+        deps: set[int] = set()
+        for r in reads:
+            self._hazards[r.buf].deps(r.offset, r.end, False, deps)
+        for w in writes:
+            self._hazards[w.buf].deps(w.offset, w.end, True, deps)
+        for r in reads:
+            if not any(r.buf == w.buf and w.offset <= r.offset and r.end <= w.end for w in writes):
+                self._hazards[r.buf].record(r.offset, r.end, index, False)
+        for w in writes:
+            self._hazards[w.buf].record(w.offset, w.end, index, True)
+        if step.deps != tuple(sorted(deps)):
+            step = Step(
+                step.kind, step.peer, step.src, step.dst, step.first, step.tag, tuple(sorted(deps))
+            )
+        self._steps.append(step)
+        return index
+
+
+def blocks(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``parts`` contiguous (offset, length) blocks.
+
+    The first ``count % parts`` blocks are one element longer, as in MPI's
+    ``MPI_Reduce_scatter`` conventions. Blocks may be empty when count < parts.
+
+    >>> blocks(7, 3)
+    [(0, 3), (3, 2), (5, 2)]
+    """
+    base, extra = divmod(count, parts)
+    out = []
+    offset = 0
+    for i in range(parts):
+        n = base + (1 if i < extra else 0)
+        out.append((offset, n))
+        offset += n
+    return out
+
+
+def segments(region: Region, segment: int) -> list[Region]:
+    """Split ``region`` into pipelining segments of at most ``segment`` elements (0: one)."""
+    if segment <= 0 or region.count <= segment:
+        return [region]
+    return [region.sub(o, min(segment, region.count - o)) for o in range(0, region.count, segment)]
+
+
+__all__ += ["blocks", "segments"]
+_ = Buf  # re-exported for builders that annotate buffers

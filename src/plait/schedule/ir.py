@@ -1,0 +1,142 @@
+"""The schedule IR: the per-rank list of steps that every algorithm produces.
+
+A schedule names memory only through :class:`Region` (a buffer, an element offset
+and an element count), never through raw pointers, so the same schedule can be
+run by the executor on a real transport, proven correct on provenance sets by
+:mod:`plait.schedule.symbolic`, checked statically by :mod:`plait.schedule.verify`
+and later timed by the simulator.
+
+Buffers
+-------
+``IN``   the caller's input. Steps may read it, never write it.
+``OUT``  the caller's output (for in-place calls the same memory as ``IN``).
+``TMP``  scratch owned by the executor, sized by ``Schedule.tmp_count``.
+
+Steps
+-----
+``SEND``         send ``src`` to ``peer``.
+``RECV``         receive from ``peer`` into ``dst``.
+``RECV_REDUCE``  receive from ``peer`` and combine into ``dst``:
+                 ``dst = recv ∘ dst`` if ``first`` else ``dst ∘ recv``.
+``COPY``         ``dst = src``.
+``REDUCE``       ``dst = src ∘ dst`` if ``first`` else ``dst ∘ src``.
+
+Messages between an ordered pair of ranks match in order: the k-th send from
+a to b (``tag == k``) meets the k-th receive at b from a. ``deps`` lists the
+indices of earlier steps of the same rank that must finish first; the builder
+derives them from data hazards, so independent steps overlap (pipelining falls
+out of the data flow).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["IN", "OUT", "TMP", "Buf", "Region", "Schedule", "Step", "StepKind"]
+
+
+class Buf(enum.IntEnum):
+    """The three buffers a schedule can name."""
+
+    IN = 0
+    OUT = 1
+    TMP = 2
+
+
+IN = Buf.IN
+OUT = Buf.OUT
+TMP = Buf.TMP
+
+
+class StepKind(enum.IntEnum):
+    """What a step does."""
+
+    SEND = 0
+    RECV = 1
+    RECV_REDUCE = 2
+    COPY = 3
+    REDUCE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """``count`` elements of ``buf`` starting at element ``offset``."""
+
+    buf: Buf
+    offset: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        """One past the last element."""
+        return self.offset + self.count
+
+    def sub(self, offset: int, count: int) -> Region:
+        """The region ``count`` elements long at ``offset`` relative to this one."""
+        if offset < 0 or count < 0 or offset + count > self.count:
+            raise IndexError(f"sub-region [{offset}, {offset + count}) outside {self}")
+        return Region(self.buf, self.offset + offset, count)
+
+    def __repr__(self) -> str:
+        return f"{self.buf.name}[{self.offset}:{self.offset + self.count}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of one rank's schedule (see the module docstring)."""
+
+    kind: StepKind
+    peer: int = -1
+    src: Region | None = None
+    dst: Region | None = None
+    first: bool = False
+    tag: int = -1
+    deps: tuple[int, ...] = ()
+
+    @property
+    def count(self) -> int:
+        """Number of elements the step moves or combines."""
+        region = self.src if self.src is not None else self.dst
+        assert region is not None
+        return region.count
+
+    def __repr__(self) -> str:
+        k = self.kind
+        if k is StepKind.SEND:
+            body = f"send {self.src} -> r{self.peer} #{self.tag}"
+        elif k is StepKind.RECV:
+            body = f"recv {self.dst} <- r{self.peer} #{self.tag}"
+        elif k is StepKind.RECV_REDUCE:
+            order = "recv∘dst" if self.first else "dst∘recv"
+            body = f"recv_reduce {self.dst} <- r{self.peer} #{self.tag} ({order})"
+        elif k is StepKind.COPY:
+            body = f"copy {self.src} -> {self.dst}"
+        else:
+            order = "src∘dst" if self.first else "dst∘src"
+            body = f"reduce {self.src} -> {self.dst} ({order})"
+        return f"<{body} deps={list(self.deps)}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """All steps of one rank for one call, with the buffer sizes they assume."""
+
+    rank: int
+    size: int
+    steps: tuple[Step, ...]
+    in_count: int
+    out_count: int
+    tmp_count: int
+    # dependents[i]: steps that list i in their deps; derived once for executors.
+    dependents: tuple[tuple[int, ...], ...] = field(repr=False, default=())
+    n_deps: tuple[int, ...] = field(repr=False, default=())
+
+    def buffer_count(self, buf: Buf) -> int:
+        """Number of elements ``buf`` must hold."""
+        return (self.in_count, self.out_count, self.tmp_count)[buf]
+
+    @property
+    def peers(self) -> frozenset[int]:
+        """Ranks this rank exchanges messages with."""
+        return frozenset(s.peer for s in self.steps if s.peer >= 0)

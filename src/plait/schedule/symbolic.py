@@ -1,0 +1,111 @@
+"""Prove a collective's postcondition by running its schedules on provenance values.
+
+Every input element starts as ``((rank, index),)``: which rank contributed it
+and from which position. Copies move these tuples and reductions concatenate
+them in operand order, so at the end each output element says exactly which
+contributions it holds and in what order. :func:`prove` then checks the
+collective's postcondition on every rank: e.g. for allreduce, element ``i``
+must be ``((0, i), (1, i), …, (p-1, i))`` (any order if the op is commutative,
+exactly rank order if not), and for a barrier every rank must have heard,
+directly or transitively, from every other before it finishes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from plait.algorithms._registry import AlgorithmSpec, build_schedule
+from plait.schedule.builder import Context
+from plait.schedule.verify import ScheduleError, run_joint
+
+__all__ = ["expected", "prove"]
+
+Prov = tuple[tuple[int, int], ...]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _reduced(size: int, index: int) -> Prov:
+    return tuple((r, index) for r in range(size))
+
+
+def expected(collective: str, size: int, count: int, rank: int, root: int) -> list[Prov] | None:
+    """The provenance ``OUT`` must hold on ``rank``; None if ``OUT`` is unconstrained."""
+    k = count
+    if collective == "allreduce":
+        return [_reduced(size, i) for i in range(count)]
+    if collective == "reduce":
+        return [_reduced(size, i) for i in range(count)] if rank == root else None
+    if collective == "broadcast":
+        return [((root, i),) for i in range(count)]
+    if collective == "reduce_scatter":
+        return [_reduced(size, rank * k + i) for i in range(k)]
+    if collective == "allgather":
+        return [((q, i),) for q in range(size) for i in range(k)]
+    if collective == "alltoall":
+        return [((q, rank * k + i),) for q in range(size) for i in range(k)]
+    if collective == "gather":
+        return [((q, i),) for q in range(size) for i in range(k)] if rank == root else None
+    if collective == "scatter":
+        return [((root, rank * k + i),) for i in range(k)]
+    if collective == "barrier":
+        return []
+    raise ValueError(collective)
+
+
+def _concat(a: Prov, b: Prov) -> Prov:
+    return a + b
+
+
+def prove(
+    spec: AlgorithmSpec,
+    size: int,
+    count: int,
+    *,
+    root: int = 0,
+    commutative: bool = True,
+    segment: int = 0,
+    in_place: bool = False,
+) -> None:
+    """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
+
+    ``in_place`` runs with ``OUT`` aliasing ``IN`` (for collectives where the two
+    have the same length on that rank), as an ``out=x`` call does.
+    """
+    c = spec.collective
+    scheds = [
+        build_schedule(spec, Context(c, r, size, count, 1, commutative, root, segment))
+        for r in range(size)
+    ]
+    buffers: list[list[list[Any]]] = []
+    for r, s in enumerate(scheds):
+        inp: list[Any] = [((r, i),) for i in range(s.in_count)]
+        if c == "broadcast":
+            out: list[Any] = [((r, i),) if r == root else ("junk", r) for i in range(s.out_count)]
+        elif in_place and s.in_count == s.out_count:
+            out = inp
+        else:
+            out = [None] * s.out_count
+        buffers.append([inp, out, [None] * s.tmp_count])
+    where = f"{c}/{spec.name} size={size} count={count} root={root} commutative={commutative}"
+    try:
+        seen = run_joint(scheds, buffers, _concat)
+    except ScheduleError as exc:
+        raise ScheduleError(f"{where}: {exc}") from None
+    for r in range(size):
+        want = expected(c, size, count, r, root)
+        if want is None:
+            continue
+        got = buffers[r][1]
+        if len(got) != len(want):
+            raise ScheduleError(
+                f"{where}: rank {r} OUT has {len(got)} elements, expected {len(want)}"
+            )
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            # w lists contributions in rank order, so a sorted g must equal it.
+            ok = g == w or (commutative and isinstance(g, tuple) and sorted(g) == list(w))
+            if not ok:
+                raise ScheduleError(f"{where}: rank {r} OUT[{i}] = {g}, expected {w}")
+        if c == "barrier" and seen[r] != set(range(size)):
+            missing = sorted(set(range(size)) - seen[r])
+            raise ScheduleError(f"{where}: rank {r} can leave before hearing from {missing}")
