@@ -4,8 +4,18 @@ Importing this package registers them all; :func:`plait.algorithms` lists them.
 """
 
 from plait.algorithms import (  # noqa: F401  (imported to register)
+    binomial,
+    bruck,
+    direct,
+    dissemination,
+    double_binary_tree,
+    pairwise,
+    rabenseifner,
     recursive_doubling,
+    recursive_halving,
     ring,
+    scatter_allgather,
+    swing,
 )
 from plait.algorithms._registry import COLLECTIVES, AlgorithmSpec, algorithms, get, specs
 

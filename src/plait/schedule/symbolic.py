@@ -3,7 +3,9 @@
 Every input element starts as ``((rank, index),)``: which rank contributed it
 and from which position. Copies move these tuples and reductions concatenate
 them in operand order, so at the end each output element says exactly which
-contributions it holds and in what order. :func:`prove` then checks the
+contributions it holds and in what order. Beside it travels the association
+tree (``"((0 1) (2 3))"``); for allreduce it must be the same on every rank, so
+floating-point results are bit-identical across ranks. :func:`prove` then checks the
 collective's postcondition on every rank: e.g. for allreduce, element ``i``
 must be ``((0, i), (1, i), …, (p-1, i))`` (any order if the op is commutative,
 exactly rank order if not), and for a barrier every rank must have heard,
@@ -53,8 +55,13 @@ def expected(collective: str, size: int, count: int, rank: int, root: int) -> li
     raise ValueError(collective)
 
 
-def _concat(a: Prov, b: Prov) -> Prov:
-    return a + b
+def _combine(a: tuple[Prov, str], b: tuple[Prov, str]) -> tuple[Prov, str]:
+    # (contributions in operand order, association tree with rank numbers at the leaves)
+    return a[0] + b[0], f"({a[1]} {b[1]})"
+
+
+def _leaf(rank: int, index: int) -> tuple[Prov, str]:
+    return ((rank, index),), str(rank)
 
 
 def prove(
@@ -79,9 +86,9 @@ def prove(
     ]
     buffers: list[list[list[Any]]] = []
     for r, s in enumerate(scheds):
-        inp: list[Any] = [((r, i),) for i in range(s.in_count)]
+        inp: list[Any] = [_leaf(r, i) for i in range(s.in_count)]
         if c == "broadcast":
-            out: list[Any] = [((r, i),) if r == root else ("junk", r) for i in range(s.out_count)]
+            out: list[Any] = [_leaf(r, i) if r == root else ("junk", r) for i in range(s.out_count)]
         elif in_place and s.in_count == s.out_count:
             out = inp
         else:
@@ -89,14 +96,18 @@ def prove(
         buffers.append([inp, out, [None] * s.tmp_count])
     where = f"{c}/{spec.name} size={size} count={count} root={root} commutative={commutative}"
     try:
-        seen = run_joint(scheds, buffers, _concat)
+        seen = run_joint(scheds, buffers, _combine)
     except ScheduleError as exc:
         raise ScheduleError(f"{where}: {exc}") from None
     for r in range(size):
         want = expected(c, size, count, r, root)
         if want is None:
             continue
-        got = buffers[r][1]
+        out = buffers[r][1]
+        got = [
+            v[0] if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], str) else v
+            for v in out
+        ]
         if len(got) != len(want):
             raise ScheduleError(
                 f"{where}: rank {r} OUT has {len(got)} elements, expected {len(want)}"
@@ -106,6 +117,14 @@ def prove(
             ok = g == w or (commutative and isinstance(g, tuple) and sorted(g) == list(w))
             if not ok:
                 raise ScheduleError(f"{where}: rank {r} OUT[{i}] = {g}, expected {w}")
+        if c == "allreduce" and r > 0:
+            # Same association and operand order everywhere: bit-identical floats.
+            for i, (mine, first) in enumerate(zip(out, buffers[0][1], strict=True)):
+                if mine[1] != first[1]:
+                    raise ScheduleError(
+                        f"{where}: OUT[{i}] is computed as {mine[1]} on rank {r} but as "
+                        f"{first[1]} on rank 0; results would differ in the last bits"
+                    )
         if c == "barrier" and seen[r] != set(range(size)):
             missing = sorted(set(range(size)) - seen[r])
             raise ScheduleError(f"{where}: rank {r} can leave before hearing from {missing}")
