@@ -1,1 +1,73 @@
-"""plait: collective communication for Python."""
+"""plait: collective communication for Python.
+
+Layers, bottom up: ``transport`` moves bytes between ranks; ``schedule`` and
+``algorithms`` describe each collective as per-rank steps (data, not I/O);
+``runtime`` executes a schedule over a transport; ``selection`` picks the
+algorithm per call; :class:`Communicator` is the public face.
+
+::
+
+    import numpy as np, plait
+    with plait.init() as comm:
+        total = comm.allreduce(np.ones(4) * comm.rank)
+"""
+
+from plait import algorithms as _algorithms  # registers every algorithm
+from plait._init import init as init
+from plait.communicator import Communicator as Communicator
+from plait.errors import ClosedError as ClosedError
+from plait.errors import CommError as CommError
+from plait.errors import CommTimeout as CommTimeout
+from plait.errors import InternalError as InternalError
+from plait.errors import MismatchError as MismatchError
+from plait.errors import PeerLostError as PeerLostError
+from plait.errors import RendezvousError as RendezvousError
+from plait.errors import TransportError as TransportError
+from plait.errors import UnsupportedError as UnsupportedError
+from plait.ops import AVG as AVG
+from plait.ops import BAND as BAND
+from plait.ops import BOR as BOR
+from plait.ops import BXOR as BXOR
+from plait.ops import MAX as MAX
+from plait.ops import MIN as MIN
+from plait.ops import PROD as PROD
+from plait.ops import SUM as SUM
+from plait.ops import Op as Op
+from plait.runtime.work import Work as Work
+
+__version__ = "0.1.0"
+
+COLLECTIVES = _algorithms.COLLECTIVES
+
+
+def algorithms(collective: str) -> tuple[str, ...]:
+    """Names of the algorithms available for ``collective`` (plus ``"auto"``, always accepted)."""
+    return _algorithms.algorithms(collective)
+
+
+__all__ = [
+    "AVG",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "COLLECTIVES",
+    "MAX",
+    "MIN",
+    "PROD",
+    "SUM",
+    "ClosedError",
+    "CommError",
+    "CommTimeout",
+    "Communicator",
+    "InternalError",
+    "MismatchError",
+    "Op",
+    "PeerLostError",
+    "RendezvousError",
+    "TransportError",
+    "UnsupportedError",
+    "Work",
+    "__version__",
+    "algorithms",
+    "init",
+]

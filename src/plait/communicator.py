@@ -1,0 +1,653 @@
+"""The Communicator: every collective as a method, validated at the edge.
+
+Each call follows one recipe: check the arguments and turn them into an
+immutable :class:`_Request` (flat contiguous arrays, the chosen algorithm, the
+build context), take the next sequence number, then run the schedule now or,
+with ``async_op=True``, on the communicator's worker thread. Nothing below the
+edge re-checks arguments, and nothing is sent before the checks pass.
+
+Note [in-place and staging]
+    ``out=x`` makes OUT the same memory as IN. Algorithms that are correct
+    under that aliasing (every allreduce: they copy IN to OUT first and then
+    work in OUT) run on it directly; the others get a private copy of the
+    input. Non-contiguous inputs are copied into contiguous staging and
+    non-contiguous outputs are written back after success, so any strided
+    numpy array works, at the price of a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from plait.algorithms._registry import AlgorithmSpec, build_schedule, get
+from plait.errors import ClosedError, CommError, CommTimeout, UnsupportedError
+from plait.ops import SUM, Op, check_dtype
+from plait.runtime.executor import TAG_BITS, Call, execute
+from plait.runtime.work import Work, Worker
+from plait.schedule.builder import Context
+from plait.selection.select import SEGMENT_BYTES, select
+from plait.transport.base import Transport
+
+__all__ = ["DEFAULT_TIMEOUT", "Communicator"]
+
+#: Seconds a call may take before it fails with CommTimeout (PLAIT_TIMEOUT overrides).
+DEFAULT_TIMEOUT = float(os.environ.get("PLAIT_TIMEOUT", "300"))
+
+# Point-to-point messages live in their own tag space, apart from collectives.
+_P2P_BIT = 1 << 62
+_MAX_USER_TAG = (1 << 31) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A validated call: everything below the API edge trusts it."""
+
+    spec: AlgorithmSpec
+    ctx: Context
+    op: Op | None
+    inp: np.ndarray  # flat, contiguous
+    out: np.ndarray  # flat, contiguous; may be the same memory as inp
+    writeback: np.ndarray | None  # caller's non-contiguous destination, filled on success
+    result: Any  # what the call returns on success
+    writes_caller_memory: bool  # a failure leaves caller memory undefined
+    average: bool  # divide the reduced elements by size on success
+
+
+class Communicator:
+    """A group of ``size`` ranks that run collectives together.
+
+    Make one with :func:`plait.init`. Use it as a context manager or call
+    :meth:`close`. Every collective validates its arguments on entry (a bad
+    argument raises ValueError/TypeError before any byte moves), takes
+    ``timeout=`` seconds (default: the communicator's) and ``async_op=True``,
+    which returns a :class:`plait.Work` instead of the result.
+    """
+
+    def __init__(self, transport: Transport, *, timeout: float | None = None) -> None:
+        self._transport = transport
+        self._rank = transport.rank
+        self._size = transport.size
+        self._timeout = _check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
+        self._seq = 0
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+
+    # -- identity and lifetime -----------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 <= rank < size."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size
+
+    @property
+    def timeout(self) -> float:
+        """Default timeout of calls, in seconds."""
+        return self._timeout
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Finish queued async calls, then release the transport. Idempotent."""
+        if self._closed:
+            return
+        if self._worker is not None:
+            self._worker.stop()
+        self._closed = True
+        self._transport.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "broken" if self._broken else "open"
+        return f"<plait.Communicator rank {self._rank} of {self._size}, {state}>"
+
+    # -- collectives ---------------------------------------------------------------------
+    def allreduce(
+        self,
+        x: Any,
+        op: Op = SUM,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Reduce ``x`` element-wise over all ranks; every rank gets the result.
+
+        Example with 2 ranks::
+
+            rank 0: x = [1, 2]      rank 1: x = [10, 20]
+            comm.allreduce(x)  ->   [11, 22] on both ranks
+
+        Args:
+            x: array (any shape) or an object with the buffer protocol,
+                ``__array__`` or ``__dlpack__`` (torch CPU tensors).
+            op: a :class:`plait.Op` (``plait.SUM``, ``plait.MAX``, …).
+            out: where to write the result (same shape and dtype as x); ``out=x``
+                reduces in place. Without it a new array is returned and x is
+                never modified.
+            algorithm: ``"auto"`` or a name from ``plait.algorithms("allreduce")``.
+            timeout: seconds before the call fails with CommTimeout.
+            async_op: return a :class:`plait.Work` instead of waiting.
+
+        Returns:
+            The reduced array (``out`` if given), identical bit for bit on all ranks.
+        """
+        c = "allreduce"
+        a = self._array(x, "x", c)
+        self._check_op(op, a.dtype, c)
+        out_arr = self._out(out, a.shape, a.dtype, c)
+        spec = self._choose(c, algorithm, a.nbytes, op)
+        req = self._request(spec, a.size, a, out_arr, a.shape, op)
+        return self._start(req, timeout, async_op)
+
+    def reduce(
+        self,
+        x: Any,
+        root: int = 0,
+        op: Op = SUM,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Reduce ``x`` element-wise over all ranks onto ``root``.
+
+        Returns the reduced array on ``root`` (``out`` if given) and None
+        elsewhere; ``out`` is ignored on other ranks.
+        """
+        c = "reduce"
+        a = self._array(x, "x", c)
+        self._check_root(root, c)
+        self._check_op(op, a.dtype, c)
+        is_root = self._rank == root
+        out_arr = self._out(out, a.shape, a.dtype, c) if is_root else None
+        spec = self._choose(c, algorithm, a.nbytes, op)
+        req = self._request(spec, a.size, a, out_arr, a.shape, op, root=root, has_out=is_root)
+        return self._start(req, timeout, async_op)
+
+    def broadcast(
+        self,
+        x: Any,
+        root: int = 0,
+        *,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Copy root's ``x`` into ``x`` on every rank, in place; returns ``x``.
+
+        Every rank passes an array of the same shape and dtype; on ranks other
+        than root it must be writeable.
+        """
+        c = "broadcast"
+        a = self._array(x, "x", c)
+        self._check_root(root, c)
+        if self._rank != root and not a.flags.writeable:
+            raise ValueError(f"rank {self._rank}: {c}: x is read-only; it receives root's data")
+        spec = self._choose(c, algorithm, a.nbytes, None)
+        req = self._request(spec, a.size, None, a, a.shape, None, root=root, result=x)
+        return self._start(req, timeout, async_op)
+
+    def reduce_scatter(
+        self,
+        x: Any,
+        op: Op = SUM,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Reduce over ranks, then split: rank r gets rows ``r*k:(r+1)*k`` of the result.
+
+        Axis 0 of ``x`` must have ``size * k`` rows; the result has shape
+        ``(k, *x.shape[1:])``.
+        """
+        c = "reduce_scatter"
+        a = self._array(x, "x", c)
+        self._check_op(op, a.dtype, c)
+        rows = self._split_rows(a.shape, c)
+        shape = (rows, *a.shape[1:])
+        out_arr = self._out(out, shape, a.dtype, c)
+        spec = self._choose(c, algorithm, a.nbytes // self._size, op)
+        req = self._request(spec, a.size // self._size, a, out_arr, shape, op)
+        return self._start(req, timeout, async_op)
+
+    def allgather(
+        self,
+        x: Any,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Gather every rank's ``x`` on every rank: shape ``(size, *x.shape)``, rank order."""
+        c = "allgather"
+        a = self._array(x, "x", c)
+        shape = (self._size, *a.shape)
+        out_arr = self._out(out, shape, a.dtype, c)
+        spec = self._choose(c, algorithm, a.nbytes, None)
+        req = self._request(spec, a.size, a, out_arr, shape, None)
+        return self._start(req, timeout, async_op)
+
+    def alltoall(
+        self,
+        x: Any,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Exchange blocks: axis 0 of ``x`` is cut in ``size`` equal parts, part j goes to rank j.
+
+        Returns the parts received, in rank order, with the shape of ``x``.
+        """
+        c = "alltoall"
+        a = self._array(x, "x", c)
+        self._split_rows(a.shape, c)
+        out_arr = self._out(out, a.shape, a.dtype, c)
+        spec = self._choose(c, algorithm, a.nbytes // self._size, None)
+        req = self._request(spec, a.size // self._size, a, out_arr, a.shape, None)
+        return self._start(req, timeout, async_op)
+
+    def gather(
+        self,
+        x: Any,
+        root: int = 0,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Gather every rank's ``x`` on root: shape ``(size, *x.shape)`` there, None elsewhere."""
+        c = "gather"
+        a = self._array(x, "x", c)
+        self._check_root(root, c)
+        shape = (self._size, *a.shape)
+        is_root = self._rank == root
+        out_arr = self._out(out, shape, a.dtype, c) if is_root else None
+        spec = self._choose(c, algorithm, a.nbytes, None)
+        req = self._request(spec, a.size, a, out_arr, shape, None, root=root, has_out=is_root)
+        return self._start(req, timeout, async_op)
+
+    def scatter(
+        self,
+        x: Any,
+        root: int = 0,
+        *,
+        out: np.ndarray | None = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Split root's ``x`` along axis 0 in ``size`` parts; rank r gets part r.
+
+        On root, axis 0 of ``x`` must have ``size * k`` rows. Other ranks pass
+        an array of the same shape and dtype (its contents are not used) or
+        ``x=None`` with ``out`` of shape ``(k, *x.shape[1:])``.
+        """
+        c = "scatter"
+        self._check_root(root, c)
+        is_root = self._rank == root
+        if x is None and not is_root:
+            if out is None:
+                raise ValueError(
+                    f"rank {self._rank}: {c}: pass x (root's shape and dtype) or out= on non-root"
+                )
+            o = self._array(out, "out", c)
+            shape: tuple[int, ...] = tuple(o.shape)
+            if not shape:
+                raise ValueError(f"rank {self._rank}: {c}: out must have at least one dimension")
+            dtype = o.dtype
+            check_dtype(dtype)
+            a = np.empty(0, dtype)
+        else:
+            a = self._array(x, "x", c)
+            rows = self._split_rows(a.shape, c)
+            shape = (rows, *a.shape[1:])
+            dtype = a.dtype
+        out_arr = self._out(out, shape, dtype, c)
+        count = int(np.prod(shape, dtype=np.int64))
+        spec = self._choose(c, algorithm, count * dtype.itemsize, None)
+        inp = a if is_root else None
+        req = self._request(spec, count, inp, out_arr, shape, None, root=root, dtype=dtype)
+        return self._start(req, timeout, async_op)
+
+    def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
+        """Return only once every rank has entered the barrier."""
+        c = "barrier"
+        spec = self._choose(c, "auto", 0, None)
+        empty = np.empty(0, np.uint8)
+        req = self._request(spec, 0, empty, None, (0,), None, has_out=False, result=None)
+        return self._start(req, timeout, async_op)
+
+    # -- point to point --------------------------------------------------------------------
+    def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``x`` to rank ``dst``; matched by the ``recv`` on dst with the same tag.
+
+        Messages with the same (source, tag) arrive in the order they were sent.
+        """
+        a = self._array(x, "x", "send")
+        self._check_peer(dst, "send", "dst")
+        wire_tag = self._p2p_tag(tag, "send")
+        data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self._check_usable("send")
+        t = self._transport
+        h = t.isend(dst, wire_tag, memoryview(data), _p2p_check(a.dtype))
+        self._wait_p2p(h, "send", dst, tag, timeout)
+
+    def recv(self, buf: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
+        """Receive the next message from ``src`` with ``tag`` into ``buf``; returns ``buf``.
+
+        The message must have exactly ``buf``'s size and dtype.
+        """
+        a = self._array(buf, "buf", "recv")
+        if not a.flags.writeable:
+            raise ValueError(f"rank {self._rank}: recv: buf is read-only")
+        self._check_peer(src, "recv", "src")
+        wire_tag = self._p2p_tag(tag, "recv")
+        contiguous = a.flags.c_contiguous
+        target = a.reshape(-1) if contiguous else np.empty(a.size, a.dtype)
+        self._check_usable("recv")
+        h = self._transport.irecv(
+            src, wire_tag, memoryview(target.view(np.uint8)), _p2p_check(a.dtype)
+        )
+        self._wait_p2p(h, "recv", src, tag, timeout)
+        if not contiguous:
+            a[...] = target.reshape(a.shape)
+        return buf
+
+    # -- validation (the API edge) -----------------------------------------------------------
+    def _array(self, x: Any, what: str, c: str) -> np.ndarray:
+        if isinstance(x, np.ndarray):
+            a = x
+        elif hasattr(x, "__dlpack__"):
+            try:
+                a = np.from_dlpack(x)
+            except (TypeError, RuntimeError, BufferError, ValueError) as exc:
+                raise TypeError(
+                    f"rank {self._rank}: {c}: cannot read {what} ({type(x).__name__}) without "
+                    f"a copy: {exc}; pass a CPU array, e.g. t.detach().cpu().numpy()"
+                ) from None
+        else:
+            try:
+                a = np.asarray(x)
+            except Exception as exc:
+                raise TypeError(
+                    f"rank {self._rank}: {c}: {what} must be an array-like; got "
+                    f"{type(x).__name__} ({exc})"
+                ) from None
+        try:
+            check_dtype(a.dtype)
+        except TypeError as exc:
+            raise TypeError(f"rank {self._rank}: {c}: {what}: {exc}") from None
+        return a
+
+    def _check_op(self, op: Any, dtype: np.dtype, c: str) -> None:
+        if not isinstance(op, Op):
+            raise TypeError(
+                f"rank {self._rank}: {c}: op must be a plait.Op such as plait.SUM or "
+                f"plait.Op(np.logaddexp); got {op!r}"
+            )
+        try:
+            op.check(dtype)
+        except TypeError as exc:
+            raise TypeError(f"rank {self._rank}: {c}: {exc}") from None
+
+    def _check_root(self, root: Any, c: str) -> None:
+        if isinstance(root, bool) or not isinstance(root, int | np.integer):
+            raise TypeError(f"rank {self._rank}: {c}: root must be an int; got {root!r}")
+        if not 0 <= root < self._size:
+            raise ValueError(
+                f"rank {self._rank}: {c}: root {root} is out of range; expected "
+                f"0 <= root < {self._size}"
+            )
+
+    def _check_peer(self, peer: Any, c: str, what: str) -> None:
+        if isinstance(peer, bool) or not isinstance(peer, int | np.integer):
+            raise TypeError(f"rank {self._rank}: {c}: {what} must be an int; got {peer!r}")
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(
+                f"rank {self._rank}: {c}: {what}={peer} is invalid; expected another rank in "
+                f"0..{self._size - 1}"
+            )
+
+    def _p2p_tag(self, tag: Any, c: str) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, int | np.integer):
+            raise TypeError(f"rank {self._rank}: {c}: tag must be an int; got {tag!r}")
+        if not 0 <= tag <= _MAX_USER_TAG:
+            raise ValueError(f"rank {self._rank}: {c}: tag {tag} out of range 0..{_MAX_USER_TAG}")
+        return _P2P_BIT | int(tag)
+
+    def _split_rows(self, shape: tuple[int, ...], c: str) -> int:
+        if not shape or shape[0] % self._size:
+            raise ValueError(
+                f"rank {self._rank}: {c}: axis 0 of x must be a multiple of size {self._size} "
+                f"(size*k rows); got shape {shape}"
+            )
+        return shape[0] // self._size
+
+    def _out(self, out: Any, shape: tuple[int, ...], dtype: np.dtype, c: str) -> np.ndarray | None:
+        if out is None:
+            return None
+        o = out if isinstance(out, np.ndarray) else self._array(out, "out", c)
+        if o.dtype != dtype:
+            raise TypeError(
+                f"rank {self._rank}: {c}: out has dtype {o.dtype}; expected {dtype}"
+            )
+        if tuple(o.shape) != tuple(shape):
+            raise ValueError(
+                f"rank {self._rank}: {c}: out has shape {tuple(o.shape)}; expected {tuple(shape)}"
+            )
+        if not o.flags.writeable:
+            raise ValueError(f"rank {self._rank}: {c}: out is read-only")
+        return o
+
+    def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> AlgorithmSpec:
+        commutative = op.commutative if op is not None else True
+        if not isinstance(algorithm, str):
+            raise TypeError(f"rank {self._rank}: {c}: algorithm must be a str; got {algorithm!r}")
+        if algorithm == "auto":
+            return select(c, self._size, nbytes, commutative=commutative)
+        try:
+            spec = get(c, algorithm)
+        except ValueError as exc:
+            raise ValueError(f"rank {self._rank}: {exc}") from None
+        if not spec.supports(commutative=commutative):
+            raise UnsupportedError(
+                f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a commutative op and "
+                f"{op!r} is not; use algorithm='auto' or one that keeps rank order"
+            )
+        return spec
+
+    def _request(
+        self,
+        spec: AlgorithmSpec,
+        count: int,
+        inp: np.ndarray | None,
+        out: np.ndarray | None,
+        shape: tuple[int, ...],
+        op: Op | None,
+        *,
+        root: int = 0,
+        has_out: bool = True,
+        result: Any = ...,
+        dtype: np.dtype | None = None,
+    ) -> _Request:
+        """Flatten and stage the arrays (see Note [in-place and staging])."""
+        dtype = dtype if dtype is not None else (inp.dtype if inp is not None else out.dtype)  # type: ignore[union-attr]
+        c = spec.collective
+        segment = max(1, SEGMENT_BYTES // dtype.itemsize)
+        ctx = Context(
+            c,
+            self._rank,
+            self._size,
+            count,
+            dtype.itemsize,
+            op.commutative if op is not None else True,
+            root,
+            segment,
+        )
+        flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
+        writeback = None
+        caller_out = out is not None
+        if not has_out:
+            flat_out = np.empty(0, dtype)
+        elif out is None:
+            new = np.empty(shape, dtype)
+            flat_out = new.reshape(-1)
+            if result is ...:
+                result = new
+        else:
+            if out.flags.c_contiguous:
+                flat_out = out.reshape(-1)
+            else:
+                flat_out = np.empty(out.size, dtype)
+                writeback = out
+            if result is ...:
+                result = out
+        if result is ...:
+            result = None
+        if flat_in.size and flat_out.size and np.may_share_memory(flat_in, flat_out):
+            same = flat_in.ctypes.data == flat_out.ctypes.data and flat_in.size == flat_out.size
+            if not (same and spec.in_place):
+                flat_in = flat_in.copy()
+        return _Request(
+            spec=spec,
+            ctx=ctx,
+            op=op,
+            inp=flat_in,
+            out=flat_out,
+            writeback=writeback,
+            result=result,
+            writes_caller_memory=caller_out or c == "broadcast",
+            average=op is not None and op.average,
+        )
+
+    # -- running ------------------------------------------------------------------------------
+    def _check_usable(self, c: str) -> None:
+        if self._closed:
+            raise ClosedError(f"rank {self._rank}: {c} on a closed communicator")
+        if self._broken is not None:
+            raise CommError(
+                f"rank {self._rank}: {c}: this communicator is unusable after an earlier "
+                f"failure ({self._broken}); create a new one"
+            )
+
+    def _start(self, req: _Request, timeout: float | None, async_op: bool) -> Any:
+        c = req.spec.collective
+        seconds = self._timeout if timeout is None else _check_timeout(timeout, c)
+        with self._lock:
+            self._check_usable(c)
+            seq = self._seq
+            self._seq += 1
+        describe = f"{c} ({req.spec.name}, call #{seq})"
+        if not async_op:
+            return self._run(req, seq, seconds, describe)
+        work = Work(f"rank {self._rank}: {describe}")
+        if self._worker is None:
+            self._worker = Worker(f"plait-rank{self._rank}")
+
+        def job() -> None:
+            try:
+                work._finish(self._run(req, seq, seconds, describe))
+            except BaseException as exc:
+                work._finish(error=exc)
+
+        self._worker.submit(job)
+        return work
+
+    def _run(self, req: _Request, seq: int, seconds: float, describe: str) -> Any:
+        ctx = req.ctx
+        schedule = build_schedule(req.spec, ctx)
+        dtype = req.out.dtype
+        tmp = np.empty(schedule.tmp_count, dtype)
+        op = req.op
+        call = Call(
+            describe=describe,
+            tag_base=seq << TAG_BITS,
+            check=_digest(req, dtype),
+            ufunc=op.ufunc if op is not None else np.bitwise_or,
+            deadline=time.monotonic() + seconds,
+        )
+        if self._broken is not None or self._closed:
+            self._check_usable(req.spec.collective)
+        try:
+            with np.errstate(all="ignore"):
+                execute(schedule, (req.inp, req.out, tmp), self._transport, call)
+                if req.average and req.out.size:
+                    np.divide(req.out, self._size, out=req.out)
+        except CommError as exc:
+            self._broken = exc
+            if req.writes_caller_memory:
+                raise type(exc)(
+                    f"{exc}; the output buffer's contents are undefined"
+                ) from exc.__cause__
+            raise
+        if req.writeback is not None:
+            req.writeback[...] = req.out.reshape(req.writeback.shape)
+        return req.result
+
+    def _wait_p2p(self, handle: Any, c: str, peer: int, tag: int, timeout: float | None) -> None:
+        seconds = self._timeout if timeout is None else _check_timeout(timeout, c)
+        deadline = time.monotonic() + seconds
+        t = self._transport
+        while not handle.done:
+            left = deadline - time.monotonic()
+            if left <= 0 or not t.wait_any([handle], left):
+                t.cancel(handle)
+                raise CommTimeout(
+                    f"rank {self._rank}: {c} with rank {peer} (tag {tag}) timed out after "
+                    f"{seconds} s; the peer may have died or not made the matching call"
+                )
+        if handle.error is not None:
+            err = handle.error
+            raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}")
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+
+
+def _check_timeout(timeout: Any, c: str) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"{c}: timeout must be a number of seconds; got {timeout!r}")
+    if not timeout > 0:
+        raise ValueError(f"{c}: timeout must be positive; got {timeout}")
+    return float(timeout)
+
+
+def _digest(req: _Request, dtype: np.dtype) -> int:
+    ctx = req.ctx
+    op = req.op.key if req.op is not None else "-"
+    text = f"{ctx.collective}|{req.spec.name}|{ctx.count}|{dtype.name}|{op}|{ctx.root}"
+    return zlib.crc32(text.encode())
+
+
+def _p2p_check(dtype: np.dtype) -> int:
+    return zlib.crc32(f"p2p|{dtype.name}".encode())

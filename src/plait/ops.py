@@ -1,0 +1,142 @@
+"""Reduction ops and the dtypes plait moves.
+
+An :class:`Op` wraps a binary numpy ufunc with its traits: whether it is
+commutative (non-commutative ops are reduced in rank order, which restricts
+the algorithms that may run them) and which dtype kinds it makes sense for.
+The built-in ops are ``SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR``; users make
+their own from any binary ufunc::
+
+    logsumexp = plait.Op(np.logaddexp, commutative=True)
+
+Supported dtypes: bool, every integer width, float16/32/64 and longdouble,
+complex64/128 (and clongdouble), and bfloat16 when the optional ``ml_dtypes``
+package is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+__all__ = ["AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op", "check_dtype"]
+
+_INT = "iu"
+_BOOL = "b"
+_REAL = "f"
+_CPLX = "c"
+
+
+def _is_ml_float(dtype: np.dtype) -> bool:
+    # ml_dtypes registers its floats (bfloat16, float8_*) with kind 'V'.
+    module = dtype.type.__module__
+    return dtype.kind == "V" and dtype.names is None and module.startswith("ml_dtypes")
+
+
+def dtype_family(dtype: np.dtype) -> str:
+    """'bool', 'int', 'float' or 'complex'; 'unsupported' for anything else."""
+    kind = dtype.kind
+    if kind == "b":
+        return "bool"
+    if kind in _INT:
+        return "int"
+    if kind == "f" or (_is_ml_float(dtype) and dtype.name == "bfloat16"):
+        return "float"
+    if kind == "c":
+        return "complex"
+    return "unsupported"
+
+
+def check_dtype(dtype: np.dtype) -> None:
+    """TypeError unless plait can move and reduce ``dtype``."""
+    if dtype_family(dtype) == "unsupported":
+        raise TypeError(
+            f"dtype {dtype} is not supported; expected bool, an integer, float16/32/64, "
+            "longdouble, complex64/128, or bfloat16 (with the ml_dtypes extra)"
+        )
+
+
+class Op:
+    """A reduction op: a binary numpy ufunc plus its traits.
+
+    Args:
+        ufunc: a binary ufunc such as ``np.add`` or ``np.logaddexp``; it is called
+            as ``ufunc(a, b, out=a_or_b)`` on equal-length 1-D arrays.
+        commutative: whether ``a ∘ b == b ∘ a``. A non-commutative op gives
+            ``x0 ∘ x1 ∘ … ∘ x(p-1)`` in rank order and runs only on algorithms
+            that keep that order.
+        name: shown in messages; defaults to the ufunc's name.
+        families: dtype families it makes sense for (``"bool"``, ``"int"``,
+            ``"float"``, ``"complex"``); None means whatever the ufunc accepts.
+    """
+
+    __slots__ = ("_families", "average", "commutative", "name", "ufunc")
+
+    def __init__(
+        self,
+        ufunc: np.ufunc,
+        *,
+        commutative: bool = True,
+        name: str | None = None,
+        families: tuple[str, ...] | None = None,
+        _average: bool = False,
+    ) -> None:
+        if not isinstance(ufunc, np.ufunc):
+            raise TypeError(f"Op needs a numpy ufunc such as np.add; got {type(ufunc).__name__}")
+        if ufunc.nin != 2 or ufunc.nout != 1:
+            raise ValueError(
+                f"Op needs a binary ufunc (2 inputs, 1 output); {ufunc.__name__} has "
+                f"{ufunc.nin} inputs and {ufunc.nout} outputs"
+            )
+        self.ufunc = ufunc
+        self.commutative = bool(commutative)
+        self.name = name or ufunc.__name__
+        self._families = families
+        self.average = _average
+
+    def __repr__(self) -> str:
+        return f"plait.{self.name}" if self.name.isupper() else f"plait.Op({self.name})"
+
+    @property
+    def key(self) -> str:
+        """A string identifying the op across processes (for mismatch checks)."""
+        return f"{self.name}:{self.ufunc.__name__}:{int(self.commutative)}"
+
+    def check(self, dtype: np.dtype) -> None:
+        """TypeError if this op makes no sense for ``dtype``."""
+        check_dtype(dtype)
+        family = dtype_family(dtype)
+        if self._families is not None:
+            if family not in self._families:
+                raise TypeError(
+                    f"op {self.name} is not defined for {dtype} ({family}); it needs "
+                    + " or ".join(self._families)
+                    + " data"
+                )
+            return
+        _probe(self.ufunc, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _probe(ufunc: np.ufunc, dtype: np.dtype) -> None:
+    a = np.zeros(1, dtype)
+    try:
+        with np.errstate(all="ignore"):
+            ufunc(a, a, out=a)
+    except TypeError as exc:
+        raise TypeError(f"op {ufunc.__name__} does not support dtype {dtype}: {exc}") from None
+
+
+_ALL = ("bool", "int", "float", "complex")
+_ORDERED = ("bool", "int", "float")
+_BITS = ("bool", "int")
+
+SUM = Op(np.add, name="SUM", families=_ALL)
+PROD = Op(np.multiply, name="PROD", families=_ALL)
+MIN = Op(np.minimum, name="MIN", families=_ORDERED)
+MAX = Op(np.maximum, name="MAX", families=_ORDERED)
+#: The mean over ranks: a SUM, then a division by the number of ranks.
+AVG = Op(np.add, name="AVG", families=("float", "complex"), _average=True)
+BAND = Op(np.bitwise_and, name="BAND", families=_BITS)
+BOR = Op(np.bitwise_or, name="BOR", families=_BITS)
+BXOR = Op(np.bitwise_xor, name="BXOR", families=_BITS)

@@ -1,0 +1,1 @@
+"""Running schedules: the executor and the Work handle."""

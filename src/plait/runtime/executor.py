@@ -1,0 +1,179 @@
+"""The executor: runs one rank's :class:`~plait.schedule.ir.Schedule` over a transport.
+
+It keeps the schedule's dependency counts, starts every step whose
+dependencies are done (sends and receives go to the transport at once, so a
+step's sends and receives proceed together), and waits on the transport only
+when nothing is ready. ``RECV_REDUCE`` receives are posted up front into
+staging memory, so data can arrive while earlier steps still use the target
+region; the combine runs when both the data and the dependencies are there.
+Reductions are numpy ufuncs writing into the destination (no temporaries).
+
+On any failure it withdraws every unfinished operation from the transport, so
+nothing writes into the caller's buffers after the call has returned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from plait.errors import CommError, CommTimeout
+from plait.schedule.ir import Region, Schedule, StepKind
+from plait.transport.base import Handle, Transport
+
+__all__ = ["Call", "execute"]
+
+#: Bits of a wire tag left for the per-pair message index of one call.
+TAG_BITS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What the executor needs to know about the call besides the schedule."""
+
+    describe: str  # e.g. "allreduce (ring, call #7)", used in messages
+    tag_base: int  # the call's sequence number shifted left by TAG_BITS
+    check: int  # digest of the call's parameters, compared by the transport
+    ufunc: np.ufunc | None  # the reduction, for schedules that reduce
+    deadline: float | None  # time.monotonic() deadline; None waits forever
+
+
+def execute(
+    schedule: Schedule,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    transport: Transport,
+    call: Call,
+) -> None:
+    """Run ``schedule`` with ``buffers`` = flat (IN, OUT, TMP) arrays of one dtype.
+
+    Raises:
+        CommTimeout: the deadline passed; the message names the ranks waited on.
+        CommError: a transport reported a failure (lost peer, mismatched call).
+    """
+    steps = schedule.steps
+    if not steps:
+        return
+    rank = schedule.rank
+    itemsize = buffers[1].itemsize if buffers[1].size else max(b.itemsize for b in buffers)
+    raw = tuple(b.view(np.uint8) for b in buffers)
+    ufunc = call.ufunc
+
+    def view(region: Region) -> np.ndarray:
+        return buffers[region.buf][region.offset : region.end]
+
+    def wire(region: Region) -> memoryview:
+        return memoryview(raw[region.buf][region.offset * itemsize : region.end * itemsize])
+
+    remaining = list(schedule.n_deps)
+    dependents = schedule.dependents
+    ready: deque[int] = deque(i for i, n in enumerate(remaining) if n == 0)
+    pending: dict[Handle, int] = {}
+    staged: dict[int, np.ndarray] = {}  # RECV_REDUCE step -> staging array
+    arrived: set[int] = set()
+    deps_met: set[int] = set()
+    left = len(steps)
+    tag_base, check = call.tag_base, call.check
+
+    def finish(i: int) -> None:
+        nonlocal left
+        left -= 1
+        for j in dependents[i]:
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                ready.append(j)
+
+    def combine(i: int) -> None:
+        step = steps[i]
+        dst = view(step.dst)  # type: ignore[arg-type]
+        data = staged.pop(i)
+        if step.first:
+            ufunc(data, dst, out=dst)  # type: ignore[misc]
+        else:
+            ufunc(dst, data, out=dst)  # type: ignore[misc]
+        finish(i)
+
+    try:
+        # Post every staged receive now: they touch no caller memory until combined.
+        total = sum(s.dst.count for s in steps if s.kind is StepKind.RECV_REDUCE)  # type: ignore[union-attr]
+        if total:
+            pool = np.empty(total, dtype=buffers[1].dtype if buffers[1].size else buffers[2].dtype)
+            pool_raw = pool.view(np.uint8)
+            offset = 0
+            for i, step in enumerate(steps):
+                if step.kind is StepKind.RECV_REDUCE:
+                    n = step.dst.count  # type: ignore[union-attr]
+                    staged[i] = pool[offset : offset + n]
+                    mv = memoryview(pool_raw[offset * itemsize : (offset + n) * itemsize])
+                    pending[transport.irecv(step.peer, tag_base + step.tag, mv, check)] = i
+                    offset += n
+        while True:
+            while ready:
+                i = ready.popleft()
+                step = steps[i]
+                kind = step.kind
+                if kind is StepKind.SEND:
+                    h = transport.isend(step.peer, tag_base + step.tag, wire(step.src), check)  # type: ignore[arg-type]
+                    pending[h] = i
+                elif kind is StepKind.RECV:
+                    h = transport.irecv(step.peer, tag_base + step.tag, wire(step.dst), check)  # type: ignore[arg-type]
+                    pending[h] = i
+                elif kind is StepKind.RECV_REDUCE:
+                    deps_met.add(i)
+                    if i in arrived:
+                        combine(i)
+                elif kind is StepKind.COPY:
+                    src, dst = view(step.src), view(step.dst)  # type: ignore[arg-type]
+                    if not np.shares_memory(src, dst):
+                        dst[...] = src
+                    elif src.ctypes.data != dst.ctypes.data:
+                        dst[...] = src.copy()
+                    finish(i)
+                else:
+                    src, dst = view(step.src), view(step.dst)  # type: ignore[arg-type]
+                    if step.first:
+                        ufunc(src, dst, out=dst)  # type: ignore[misc]
+                    else:
+                        ufunc(dst, src, out=dst)  # type: ignore[misc]
+                    finish(i)
+            if left == 0:
+                return
+            done = [h for h in pending if h.done]
+            if not done:
+                timeout = None if call.deadline is None else call.deadline - time.monotonic()
+                if (timeout is not None and timeout <= 0) or not transport.wait_any(
+                    list(pending), timeout
+                ):
+                    raise _timeout(rank, call, steps, pending)
+                done = [h for h in pending if h.done]
+            for h in done:
+                i = pending.pop(h)
+                if h.error is not None:
+                    raise _wrap(rank, call, steps[i], h.error)
+                if steps[i].kind is StepKind.RECV_REDUCE:
+                    arrived.add(i)
+                    if i in deps_met:
+                        combine(i)
+                else:
+                    finish(i)
+    except BaseException:
+        for h in pending:
+            if not h.done:
+                transport.cancel(h)
+        raise
+
+
+def _timeout(rank: int, call: Call, steps: tuple, pending: dict[Handle, int]) -> CommTimeout:
+    waiting = sorted({steps[i].peer for h, i in pending.items() if not h.done})
+    return CommTimeout(
+        f"rank {rank}: {call.describe} timed out waiting for rank(s) {waiting}: they may have "
+        "died, be stuck in other work, be slower than the timeout, or be in a different call"
+    )
+
+
+def _wrap(rank: int, call: Call, step: object, err: BaseException) -> BaseException:
+    if isinstance(err, CommError):
+        return type(err)(f"rank {rank}: {call.describe}: {err}")
+    return CommError(f"rank {rank}: {call.describe}: transport failed at {step!r}: {err}")

@@ -1,0 +1,1 @@
+"""Choosing an algorithm per call."""

@@ -1,0 +1,81 @@
+"""Test kit: run a function on ``size`` ranks played by threads over the in-process transport.
+
+::
+
+    def body(comm):
+        return comm.allreduce(np.arange(3) * comm.rank)
+
+    results = plait.testing.run_ranks(4, body)   # one result per rank
+
+If a rank raises, its communicator is closed at once, so the others fail fast
+with PeerLostError instead of waiting for their timeout; ``run_ranks`` then
+re-raises the first failure in rank order (the others are in ``errors``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from plait.communicator import Communicator
+from plait.transport.memory import MemoryFabric
+
+__all__ = ["RankFailure", "memory_communicators", "run_ranks"]
+
+T = TypeVar("T")
+
+
+class RankFailure(Exception):
+    """Raised by :func:`run_ranks` when some rank raised; ``errors[r]`` holds each rank's."""
+
+    def __init__(self, errors: dict[int, BaseException]) -> None:
+        first = min(errors)
+        super().__init__(f"rank {first} failed: {errors[first]!r} ({len(errors)} rank(s) failed)")
+        self.errors = errors
+
+
+def memory_communicators(
+    size: int, *, lockstep: bool = False, timeout: float | None = None
+) -> list[Communicator]:
+    """``size`` communicators joined by one in-process fabric (one per thread)."""
+    fabric = MemoryFabric(size, lockstep=lockstep)
+    return [Communicator(t, timeout=timeout) for t in fabric.endpoints]
+
+
+def run_ranks(
+    size: int,
+    fn: Callable[[Communicator], T],
+    *,
+    lockstep: bool = False,
+    timeout: float | None = 30.0,
+    join_timeout: float = 120.0,
+) -> list[T]:
+    """Run ``fn(comm)`` on ``size`` threads, one rank each; return their results in rank order.
+
+    Raises:
+        RankFailure: some rank raised (with every rank's error attached).
+    """
+    comms = memory_communicators(size, lockstep=lockstep, timeout=timeout)
+    results: list[Any] = [None] * size
+    errors: dict[int, BaseException] = {}
+
+    def body(rank: int) -> None:
+        comm = comms[rank]
+        try:
+            results[rank] = fn(comm)
+        except BaseException as exc:
+            errors[rank] = exc
+        finally:
+            comm.close()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+        if t.is_alive():
+            raise TimeoutError(f"a rank thread did not finish within {join_timeout} s")
+    if errors:
+        raise RankFailure(errors)
+    return results
