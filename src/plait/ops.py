@@ -16,6 +16,7 @@ package is installed.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,9 @@ class Op:
 
     Args:
         ufunc: a binary ufunc such as ``np.add`` or ``np.logaddexp``; it is called
-            as ``ufunc(a, b, out=a_or_b)`` on equal-length 1-D arrays.
+            as ``ufunc(a, b, out=a_or_b)`` on equal-length 1-D arrays. Any function
+            with that signature and ufunc semantics (element-wise, associative,
+            safe when ``out`` is one of the inputs) is accepted too.
         commutative: whether ``a ∘ b == b ∘ a``. A non-commutative op gives
             ``x0 ∘ x1 ∘ … ∘ x(p-1)`` in rank order and runs only on algorithms
             that keep that order.
@@ -74,23 +77,23 @@ class Op:
 
     def __init__(
         self,
-        ufunc: np.ufunc,
+        ufunc: Any,
         *,
         commutative: bool = True,
         name: str | None = None,
         families: tuple[str, ...] | None = None,
         _average: bool = False,
     ) -> None:
-        if not isinstance(ufunc, np.ufunc):
+        if not callable(ufunc):
             raise TypeError(f"Op needs a numpy ufunc such as np.add; got {type(ufunc).__name__}")
-        if ufunc.nin != 2 or ufunc.nout != 1:
+        if isinstance(ufunc, np.ufunc) and (ufunc.nin != 2 or ufunc.nout != 1):
             raise ValueError(
                 f"Op needs a binary ufunc (2 inputs, 1 output); {ufunc.__name__} has "
                 f"{ufunc.nin} inputs and {ufunc.nout} outputs"
             )
         self.ufunc = ufunc
         self.commutative = bool(commutative)
-        self.name = name or ufunc.__name__
+        self.name = name or getattr(ufunc, "__name__", type(ufunc).__name__)
         self._families = families
         self.average = _average
 
@@ -100,7 +103,7 @@ class Op:
     @property
     def key(self) -> str:
         """A string identifying the op across processes (for mismatch checks)."""
-        return f"{self.name}:{self.ufunc.__name__}:{int(self.commutative)}"
+        return f"{self.name}:{int(self.commutative)}"
 
     def check(self, dtype: np.dtype) -> None:
         """TypeError if this op makes no sense for ``dtype``."""
@@ -118,13 +121,15 @@ class Op:
 
 
 @functools.lru_cache(maxsize=256)
-def _probe(ufunc: np.ufunc, dtype: np.dtype) -> None:
+def _probe(ufunc: Any, dtype: np.dtype) -> None:
     a = np.zeros(1, dtype)
+    b = np.zeros(1, dtype)
     try:
         with np.errstate(all="ignore"):
-            ufunc(a, a, out=a)
-    except TypeError as exc:
-        raise TypeError(f"op {ufunc.__name__} does not support dtype {dtype}: {exc}") from None
+            ufunc(a, b, out=a)
+    except (TypeError, ValueError) as exc:
+        name = getattr(ufunc, "__name__", "op")
+        raise TypeError(f"op {name} does not support dtype {dtype}: {exc}") from None
 
 
 _ALL = ("bool", "int", "float", "complex")

@@ -1,3 +1,307 @@
-"""(to be written)."""
+"""Rabenseifner's algorithms: recursive-halving reduce-scatter, then allgather or gather.
 
-__all__: list[str] = []
+The vector is cut into one block per virtual rank. Recursive halving
+(distance p/2, p/4, …, 1) leaves each virtual rank ``v`` with block ``v``
+reduced over all ranks; recursive doubling (distance 1, 2, …, p/2) then
+circulates the blocks to everyone (allreduce), or a binomial gather along the
+same hypercube edges collects them at the root (reduce). Every step halves or
+doubles the data in flight, so both latency (lg p) and bandwidth (about 2n)
+are near optimal. Thakur, Rabenseifner and Gropp, "Optimization of collective
+communication operations in MPICH" (2005).
+
+For p not a power of two the extra ranks are folded in first
+(:func:`plait.algorithms.topology.fold`): each even rank below ``2*(p - pof2)``
+sends its whole vector to its odd neighbour, which reduces it in and takes
+part as one virtual rank; the even rank gets its result back at the end.
+
+Costs (n bytes, p ranks, lg = log2; pow2 = pof2_floor(p)):
+    allreduce  p = 2^m:   2 lg p·α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ
+               otherwise: (2 lg pow2 + 2)·α + (2(pow2-1)/pow2 + 2)·nβ + ((pow2-1)/pow2 + 1)·nγ
+    reduce     p = 2^m:   2 lg p·α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ
+               otherwise: +α + nβ + nγ for the fold, and +α + nβ more when the root
+               is a folded-out rank (its odd neighbour gathers and forwards).
+Restrictions: commutative ops only (recursive halving combines rank groups
+that are not contiguous: {0,2} with {1,3}, as MPICH); any p; any count
+(blocks may be empty when count < p). Each block is reduced by one owner and
+then only copied, so allreduce results are bit-identical on all ranks.
+
+Example, allreduce, p=4, vector [A|B|C|D], one block per rank::
+
+    halving, distance 2:  0<->2, 1<->3   r0,r1 keep [A|B], r2,r3 keep [C|D]
+    halving, distance 1:  0<->1, 2<->3   rank r keeps block r, reduced over all
+    doubling, distance 1: 0<->1, 2<->3   r0,r1 hold [A|B], r2,r3 hold [C|D]
+    doubling, distance 2: 0<->2, 1<->3   everyone holds [A|B|C|D]
+
+Example, p=6 (pof2 4, rem 2): ranks 0 and 2 fold onto 1 and 3::
+
+    rank    0   1   2   3   4   5
+    vrank   -   0   -   1   2   3
+    fold:   0 -> 1, 2 -> 3 (whole vector, reduced in)
+    halving/doubling among real ranks 1, 3, 4, 5 as above (4 blocks)
+    unfold: 1 -> 0, 3 -> 2 (whole result)
+
+p=5 (pof2 4, rem 1) folds only 0 onto 1; virtual ranks 0..3 are real 1..4.
+A reduce to root 0 at p=6 gathers at real rank 1 (vrank 0) and forwards to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from plait.algorithms._registry import register
+from plait.algorithms.topology import fold, pof2_floor, unfold
+from plait.schedule.builder import Builder, blocks, segments
+from plait.schedule.ir import Region
+
+__all__ = [
+    "Window",
+    "doubling_allgather",
+    "doubling_plan",
+    "fold_spans",
+    "gather_plan",
+    "halving_plan",
+    "halving_reduce_scatter",
+    "hypercube_gather",
+]
+
+#: A half-open range ``[lo, hi)`` of virtual-rank blocks.
+Window = tuple[int, int]
+
+
+# -- pure rank arithmetic -----------------------------------------------------------
+
+
+def _aligned(v: int, width: int) -> Window:
+    """The window of ``width`` (a power of two) blocks aligned on ``width`` that holds ``v``."""
+    lo = v & ~(width - 1)
+    return lo, lo + width
+
+
+def halving_plan(v: int, pof2: int) -> list[tuple[int, Window, Window]]:
+    """Recursive-halving steps of virtual rank ``v`` among ``pof2``: (partner, kept, given).
+
+    At distance ``d`` (``pof2/2`` down to 1) ``v`` holds the aligned window of
+    ``2d`` blocks around it, keeps the half with block ``v`` and gives the other
+    half to ``v ^ d``, whose kept half is ``v``'s given half. After the last
+    step ``v`` keeps exactly ``(v, v + 1)``.
+    """
+    plan = []
+    d = pof2 >> 1
+    while d:
+        lo, hi = _aligned(v, 2 * d)
+        lower, upper = (lo, lo + d), (lo + d, hi)
+        plan.append((v ^ d, upper, lower) if v & d else (v ^ d, lower, upper))
+        d >>= 1
+    return plan
+
+
+def doubling_plan(v: int, pof2: int) -> list[tuple[int, Window, Window]]:
+    """Recursive-doubling steps of ``v`` among ``pof2``: (partner, sent, received).
+
+    ``v`` starts with block ``v``; at distance ``d`` (1, 2, …, ``pof2/2``) it
+    sends the aligned window of ``d`` blocks it holds and receives the
+    partner's, so it then holds the aligned window of ``2d``.
+    """
+    plan = []
+    d = 1
+    while d < pof2:
+        plan.append((v ^ d, _aligned(v, d), _aligned(v ^ d, d)))
+        d <<= 1
+    return plan
+
+
+def gather_plan(v: int, vroot: int, pof2: int) -> list[tuple[int, bool, Window]]:
+    """Binomial gather of one block per virtual rank to ``vroot``: (partner, sends, window).
+
+    The tree is the hypercube of :func:`doubling_plan` relabelled by
+    ``v ^ vroot``: at distance ``d`` the rank whose relative number has bit
+    ``d`` set sends the aligned window of ``d`` blocks it has gathered to
+    ``v ^ d`` and is done; the partner receives it. Windows stay aligned (so
+    contiguous) for any root, and ``vroot`` ends with all ``pof2`` blocks.
+    """
+    plan = []
+    rel = v ^ vroot
+    d = 1
+    while d < pof2:
+        if rel & d:
+            plan.append((v ^ d, True, _aligned(v, d)))
+            break
+        plan.append((v ^ d, False, _aligned(v ^ d, d)))
+        d <<= 1
+    return plan
+
+
+def fold_spans(size: int) -> list[tuple[int, int]]:
+    """Per virtual rank, the real ranks ``[first, end)`` it speaks for after :func:`fold`.
+
+    Consecutive, disjoint and covering ``range(size)``, since fold is monotone::
+
+        size 6:  vrank 0 -> [0, 2), 1 -> [2, 4), 2 -> [4, 5), 3 -> [5, 6)
+    """
+    pof2 = pof2_floor(size)
+    rem = size - pof2
+    return [(2 * j, 2 * j + 2) if j < rem else (j + rem, j + rem + 1) for j in range(pof2)]
+
+
+# -- schedule pieces ----------------------------------------------------------------
+
+
+def _span(regions: Sequence[Region], window: Window) -> Region:
+    """The region covered by ``regions[lo:hi]`` (they must tile memory in order)."""
+    lo, hi = window
+    first = regions[lo]
+    return Region(first.buf, first.offset, regions[hi - 1].end - first.offset)
+
+
+def _send(b: Builder, peer: int, region: Region, segment: int) -> None:
+    for seg in segments(region, segment):
+        b.send(peer, seg)
+
+
+def _recv(b: Builder, peer: int, region: Region, segment: int) -> None:
+    for seg in segments(region, segment):
+        b.recv(peer, seg)
+
+
+def _recv_reduce(b: Builder, peer: int, region: Region, segment: int, *, recv_first: bool) -> None:
+    for seg in segments(region, segment):
+        b.recv_reduce(peer, seg, recv_first=recv_first)
+
+
+def _exchange(
+    b: Builder,
+    peer: int,
+    give: Region,
+    take: Region,
+    segment: int,
+    *,
+    reduce: bool,
+    recv_first: bool = False,
+) -> None:
+    """Send ``give`` to ``peer`` and receive (or receive-reduce) ``take``, segment by segment."""
+    out_segs, in_segs = segments(give, segment), segments(take, segment)
+    for i in range(max(len(out_segs), len(in_segs))):
+        if i < len(out_segs):
+            b.send(peer, out_segs[i])
+        if i < len(in_segs):
+            if reduce:
+                b.recv_reduce(peer, in_segs[i], recv_first=recv_first)
+            else:
+                b.recv(peer, in_segs[i])
+
+
+def halving_reduce_scatter(
+    b: Builder, group: Sequence[int], v: int, regions: Sequence[Region], segment: int
+) -> None:
+    """Recursive-halving reduce-scatter, in place: virtual rank ``v`` ends owning ``regions[v]``.
+
+    ``group[j]`` is the real rank of virtual rank ``j`` (``len(group)`` a power
+    of two); ``regions[j]`` is block ``j``, and the blocks tile one region in
+    order (any lengths, empty allowed). Needs a commutative op.
+    """
+    for pv, kept, given in halving_plan(v, len(group)):
+        _exchange(
+            b,
+            group[pv],
+            _span(regions, given),
+            _span(regions, kept),
+            segment,
+            reduce=True,
+            recv_first=pv < v,
+        )
+
+
+def doubling_allgather(
+    b: Builder, group: Sequence[int], v: int, regions: Sequence[Region], segment: int
+) -> None:
+    """Recursive-doubling allgather: ``v`` starts with ``regions[v]`` and ends with all."""
+    for pv, sent, received in doubling_plan(v, len(group)):
+        _exchange(
+            b, group[pv], _span(regions, sent), _span(regions, received), segment, reduce=False
+        )
+
+
+def hypercube_gather(
+    b: Builder, group: Sequence[int], v: int, vroot: int, regions: Sequence[Region], segment: int
+) -> None:
+    """Gather ``regions[j]`` from each virtual rank ``j`` to ``vroot`` (see :func:`gather_plan`)."""
+    for pv, sends, window in gather_plan(v, vroot, len(group)):
+        if sends:
+            _send(b, group[pv], _span(regions, window), segment)
+        else:
+            _recv(b, group[pv], _span(regions, window), segment)
+
+
+def _virtual_group(size: int) -> list[int]:
+    return [unfold(j, size) for j in range(pof2_floor(size))]
+
+
+def _blocks(region: Region, parts: int) -> list[Region]:
+    return [region.sub(o, n) for o, n in blocks(region.count, parts)]
+
+
+# -- registered builders ------------------------------------------------------------
+
+
+@register("allreduce", "rabenseifner", commutative_only=True)
+def allreduce(b: Builder) -> None:
+    """Recursive-halving reduce-scatter then recursive-doubling allgather: 2 lg p steps.
+
+    Folded-out even ranks send their input to their odd neighbour and receive
+    the whole result from it at the end (2 more steps).
+    """
+    ctx = b.ctx
+    p, r, seg = ctx.size, ctx.rank, ctx.segment
+    v = fold(r, p)
+    if v is None:
+        # The result can only come back after the partner has received all of
+        # IN, so receiving into OUT is safe even when OUT aliases IN.
+        _send(b, r + 1, b.inp, seg)
+        _recv(b, r + 1, b.out, seg)
+        return
+    work = b.out
+    b.copy(b.inp, work)
+    folded = r < 2 * (p - pof2_floor(p))
+    if folded:
+        _recv_reduce(b, r - 1, work, seg, recv_first=True)
+    group = _virtual_group(p)
+    regions = _blocks(work, len(group))
+    halving_reduce_scatter(b, group, v, regions, seg)
+    doubling_allgather(b, group, v, regions, seg)
+    if folded:
+        _send(b, r - 1, work, seg)
+
+
+@register("reduce", "rabenseifner", commutative_only=True)
+def reduce(b: Builder) -> None:
+    """Recursive-halving reduce-scatter then a binomial gather of the blocks to the root.
+
+    For p not a power of two, folded-out even ranks send their input to their
+    odd neighbour; if the root is one of them, its neighbour gathers in its
+    place and forwards the result.
+    """
+    ctx = b.ctx
+    p, r, root, seg = ctx.size, ctx.rank, ctx.root, ctx.segment
+    v = fold(r, p)
+    if v is None:
+        _send(b, r + 1, b.inp, seg)
+        if r == root:
+            # Safe when OUT aliases IN: the result is sent only after all of IN arrived.
+            _recv(b, r + 1, b.out, seg)
+        return
+    vroot = fold(root, p)
+    gatherer = vroot is not None
+    if vroot is None:
+        vroot = fold(root + 1, p)
+        assert vroot is not None
+    work = b.out if r == root else b.scratch(ctx.count)
+    b.copy(b.inp, work)
+    folded = r < 2 * (p - pof2_floor(p))
+    if folded:
+        _recv_reduce(b, r - 1, work, seg, recv_first=True)
+    group = _virtual_group(p)
+    regions = _blocks(work, len(group))
+    halving_reduce_scatter(b, group, v, regions, seg)
+    hypercube_gather(b, group, v, vroot, regions, seg)
+    if v == vroot and not gatherer:
+        _send(b, root, work, seg)
