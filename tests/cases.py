@@ -62,8 +62,9 @@ def op_dtypes(bf16: bool = True) -> list[tuple[plait.Op, np.dtype]]:
     return pairs
 
 
-def values(rng: np.random.Generator, dtype: np.dtype, op: plait.Op | None, shape: Any,
-           size: int) -> np.ndarray:
+def values(
+    rng: np.random.Generator, dtype: np.dtype, op: plait.Op | None, shape: Any, size: int
+) -> np.ndarray:
     """Random input of ``dtype`` whose reductions over ``size`` ranks are exact."""
     fam = dtype_family(dtype)
     if fam == "bool":

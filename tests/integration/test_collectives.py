@@ -83,17 +83,23 @@ def build_cases(spec: AlgorithmSpec, size: int, *, big: bool = False) -> list[Ca
             root = roots[(i + j) % len(roots)]
             seed = hash((spec.name, size, i, j)) & 0xFFFF
 
-            def make(r: int, dtype: np.dtype = dtype, shape: tuple = shape, op: Any = op,
-                     seed: int = seed) -> np.ndarray:
+            def make(
+                r: int,
+                dtype: np.dtype = dtype,
+                shape: tuple = shape,
+                op: Any = op,
+                seed: int = seed,
+            ) -> np.ndarray:
                 rng = np.random.default_rng([seed, r])
                 return values(rng, dtype, op, shape, size)
 
-            cases.append(Case(f"{op!r} {dtype} {shape} root={root}", make,
-                              _caller(spec, op, root), op, root))
+            cases.append(
+                Case(f"{op!r} {dtype} {shape} root={root}", make, _caller(spec, op, root), op, root)
+            )
     return cases
 
 
-def check(spec: AlgorithmSpec, size: int, cases: list[Case]) -> None:
+def check(spec: AlgorithmSpec, size: int, cases: list[Case], *, lockstep: bool = False) -> None:
     def body(comm: plait.Communicator) -> list[Any]:
         results = []
         for case in cases:
@@ -103,7 +109,7 @@ def check(spec: AlgorithmSpec, size: int, cases: list[Case]) -> None:
             assert np.array_equal(x, before), f"{case.name}: input modified on rank {comm.rank}"
         return results
 
-    results = run_ranks(size, body)
+    results = run_ranks(size, body, lockstep=lockstep)
     for i, case in enumerate(cases):
         inputs = [case.make(r) for r in range(size)]
         want = reference(spec.collective, inputs, op=case.op, root=case.root)
@@ -128,3 +134,10 @@ def test_matches_reference(spec: AlgorithmSpec, size: int) -> None:
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.collective}-{s.name}")
 def test_matches_reference_many_ranks(spec: AlgorithmSpec, size: int) -> None:
     check(spec, size, build_cases(spec, size, big=True))
+
+
+@pytest.mark.parametrize("size", [5, 8])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.collective}-{s.name}")
+def test_lockstep_transport(spec: AlgorithmSpec, size: int) -> None:
+    """Zero-buffer sends: a schedule that relied on buffering would deadlock here."""
+    check(spec, size, build_cases(spec, size, big=True), lockstep=True)

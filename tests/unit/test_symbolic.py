@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-import plait.algorithms as algorithms
-from plait.algorithms._registry import COLLECTIVES, REDUCING, AlgorithmSpec
+from plait.algorithms._registry import COLLECTIVES, REDUCING, AlgorithmSpec, algorithms, specs
 from plait.schedule.symbolic import prove
 
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
 IN_PLACE = {"allreduce", "reduce", "alltoall"}
 BIG_ODD = 131
 
-SPECS = [spec for c in COLLECTIVES for spec in algorithms.specs(c)]
+SPECS = [spec for c in COLLECTIVES for spec in specs(c)]
 
 
 def counts(p: int) -> list[int]:
@@ -43,4 +42,4 @@ def test_postcondition(spec: AlgorithmSpec, size: int) -> None:
 
 def test_every_collective_has_algorithms() -> None:
     for c in COLLECTIVES:
-        assert algorithms.algorithms(c), c
+        assert algorithms(c), c

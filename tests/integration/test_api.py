@@ -1,0 +1,232 @@
+"""The Communicator's contract: out=, in place, strided arrays, foreign arrays, async, p2p."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.testing import RankFailure, run_ranks
+
+
+def test_out_is_written_and_returned() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.arange(6, dtype=np.int64) + comm.rank
+        out = np.empty_like(x)
+        res = comm.allreduce(x, out=out)
+        assert res is out
+        assert np.array_equal(x, np.arange(6) + comm.rank)
+        return out
+
+    for res in run_ranks(3, body):
+        assert np.array_equal(res, 3 * np.arange(6) + 3)
+
+
+@pytest.mark.parametrize("algorithm", plait.algorithms("allreduce"))
+def test_allreduce_in_place(algorithm: str) -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.full((4, 3), comm.rank + 1, dtype=np.float64)
+        res = comm.allreduce(x, out=x, algorithm=algorithm)
+        assert res is x
+        return x
+
+    for res in run_ranks(5, body):
+        assert np.array_equal(res, np.full((4, 3), 15.0))
+
+
+@pytest.mark.parametrize("algorithm", plait.algorithms("alltoall"))
+def test_alltoall_in_place(algorithm: str) -> None:
+    size = 4
+
+    def body(comm: plait.Communicator) -> Any:
+        x = np.arange(size * 2, dtype=np.int32) + 100 * comm.rank
+        return comm.alltoall(x, out=x, algorithm=algorithm)
+
+    results = run_ranks(size, body)
+    for r, res in enumerate(results):
+        want = np.concatenate([np.arange(r * 2, r * 2 + 2) + 100 * q for q in range(size)])
+        assert np.array_equal(res, want)
+
+
+def test_reduce_in_place_on_root() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.full(7, comm.rank, dtype=np.int32)
+        return comm.reduce(x, root=1, out=x if comm.rank == 1 else None), x
+
+    results = run_ranks(3, body)
+    assert results[0][0] is None
+    assert np.array_equal(results[1][0], np.full(7, 3))
+    assert results[1][0] is results[1][1]
+
+
+def test_non_contiguous_input_and_output() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        base = np.arange(40, dtype=np.float32).reshape(8, 5) * (comm.rank + 1)
+        x = base[::2, 1:4]  # strided view, 4x3
+        out_base = np.zeros((4, 6), np.float32)
+        out = out_base[:, ::2]  # strided output
+        res = comm.allreduce(x, out=out)
+        assert res is out
+        assert np.array_equal(base, np.arange(40, dtype=np.float32).reshape(8, 5) * (comm.rank + 1))
+        assert np.all(out_base[:, 1::2] == 0), "bytes between the strides were touched"
+        fortran = np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3))
+        g = comm.allgather(fortran)
+        return res, g
+
+    for res, g in run_ranks(3, body):
+        want = np.arange(40, dtype=np.float32).reshape(8, 5)[::2, 1:4] * 6
+        assert np.array_equal(res, want)
+        assert g.shape == (3, 2, 3)
+        assert np.array_equal(g[2], np.arange(6).reshape(2, 3))
+
+
+def test_in_place_on_strided_view() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        base = np.ones((6, 4), np.int64) * (comm.rank + 1)
+        view = base[:, ::2]
+        comm.allreduce(view, out=view)
+        return base
+
+    for base in run_ranks(2, body):
+        assert np.array_equal(base[:, ::2], np.full((6, 2), 3))
+        assert np.array_equal(base[:, 1::2], np.full((6, 2), 0) + base[:, 1::2])
+
+
+class OnlyDLPack:
+    """An object exposing only the DLPack protocol (as a torch CPU tensor does)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._a.__dlpack_device__()
+
+
+def test_foreign_inputs_without_copy() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        backing = np.full(5, comm.rank + 1.0)
+        res = comm.allreduce(OnlyDLPack(backing), out=np.empty(5))
+        # Zero copy: an in-place call through DLPack writes into the producer's memory.
+        comm.allreduce(OnlyDLPack(backing), out=np.from_dlpack(OnlyDLPack(backing)))
+        mv = memoryview(bytearray(np.full(3, comm.rank, np.int32).tobytes())).cast("i")
+        from_buffer = comm.allgather(mv)
+        from_list = comm.allreduce([1, 2, 3])
+        return res, backing, from_buffer, from_list
+
+    for res, backing, fb, fl in run_ranks(2, body):
+        assert np.array_equal(res, np.full(5, 3.0))
+        assert np.array_equal(backing, np.full(5, 3.0))
+        assert np.array_equal(fb, [[0, 0, 0], [1, 1, 1]])
+        assert np.array_equal(fl, [2, 4, 6])
+
+
+def test_async_ops_return_work() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        works = [comm.allreduce(np.full(10, i + comm.rank), async_op=True) for i in range(5)]
+        b = comm.broadcast(np.full(3, comm.rank), root=1, async_op=True)
+        blocking = comm.allreduce(np.ones(2))  # runs while the async ones may be in flight
+        results = [w.wait() for w in works]
+        assert all(w.done() for w in works)
+        assert isinstance(works[0], plait.Work)
+        return results, b.wait(timeout=30), blocking
+
+    for results, b, blocking in run_ranks(3, body):
+        for i, r in enumerate(results):
+            assert np.array_equal(r, np.full(10, 3 * i + 3))
+        assert np.array_equal(b, np.full(3, 1))
+        assert np.array_equal(blocking, np.full(2, 3.0))
+
+
+def test_work_reports_failure() -> None:
+    finished = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 0:
+            w = comm.allreduce(np.ones(3), async_op=True, timeout=0.5)
+            with pytest.raises(plait.CommTimeout, match=r"waiting for rank\(s\) \[1\]"):
+                w.wait()
+            assert w.done()
+            assert isinstance(w.exception(), plait.CommTimeout)
+            finished.set()
+        else:
+            finished.wait(30)  # stay alive (but silent) so rank 0 times out
+
+    run_ranks(2, body)
+
+
+def test_point_to_point() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 0:
+            comm.send(np.arange(5, dtype=np.int16), dst=1, tag=7)
+            comm.send(np.arange(3, dtype=np.int16), dst=1, tag=7)
+            comm.send(np.ones((2, 2)), dst=1, tag=1)
+            return None
+        first = comm.recv(np.empty(5, np.int16), src=0, tag=7)
+        # Different tag, posted out of order: matched by tag, not arrival.
+        other = comm.recv(np.empty((2, 2)), src=0, tag=1)
+        second = comm.recv(np.empty(3, np.int16), src=0, tag=7)
+        return first, second, other
+
+    _, (first, second, other) = run_ranks(2, body)
+    assert np.array_equal(first, np.arange(5))
+    assert np.array_equal(second, np.arange(3))
+    assert np.array_equal(other, np.ones((2, 2)))
+
+
+def test_recv_size_mismatch_and_timeout() -> None:
+    finished = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 0:
+            comm.send(np.arange(5, dtype=np.int16), dst=1)
+            finished.wait(30)
+            return None
+        with pytest.raises(plait.MismatchError, match=r"10 bytes.*6 bytes"):
+            comm.recv(np.empty(3, np.int16), src=0)
+        with pytest.raises(plait.CommTimeout, match="rank 0"):
+            comm.recv(np.empty(3, np.int16), src=0, tag=4, timeout=0.2)
+        finished.set()
+        return None
+
+    run_ranks(2, body)
+
+
+def test_single_rank_init() -> None:
+    with plait.init() as comm:
+        assert (comm.rank, comm.size) == (0, 1)
+        x = np.arange(4.0)
+        assert np.array_equal(comm.allreduce(x), x)
+        assert np.array_equal(comm.allgather(x), x[None])
+        assert np.array_equal(comm.alltoall(x), x)
+        comm.barrier()
+    assert comm.closed
+    with pytest.raises(plait.ClosedError):
+        comm.allreduce(x)
+
+
+def test_init_with_transport() -> None:
+    from plait.transport.memory import MemoryFabric
+
+    fabric = MemoryFabric(2)
+    comm = plait.init(transport=fabric.endpoints[1])
+    assert (comm.rank, comm.size) == (1, 2)
+    with pytest.raises(ValueError, match="rank=0 disagrees"):
+        plait.init(rank=0, transport=fabric.endpoints[1])
+
+
+def test_rank_failure_is_reported() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 1:
+            raise RuntimeError("boom")
+        comm.allreduce(np.ones(3))
+
+    with pytest.raises(RankFailure) as info:
+        run_ranks(3, body)
+    assert isinstance(info.value.errors[1], RuntimeError)
+    assert isinstance(info.value.errors[0], plait.PeerLostError)
