@@ -457,9 +457,7 @@ class Communicator:
             return None
         o = out if isinstance(out, np.ndarray) else self._array(out, "out", c)
         if o.dtype != dtype:
-            raise TypeError(
-                f"rank {self._rank}: {c}: out has dtype {o.dtype}; expected {dtype}"
-            )
+            raise TypeError(f"rank {self._rank}: {c}: out has dtype {o.dtype}; expected {dtype}")
         if tuple(o.shape) != tuple(shape):
             raise ValueError(
                 f"rank {self._rank}: {c}: out has shape {tuple(o.shape)}; expected {tuple(shape)}"
@@ -561,7 +559,9 @@ class Communicator:
 
     def _start(self, req: _Request, timeout: float | None, async_op: bool) -> Any:
         c = req.spec.collective
-        seconds = self._timeout if timeout is None else _check_timeout(timeout, c)
+        seconds = (
+            self._timeout if timeout is None else _check_timeout(timeout, f"rank {self._rank}: {c}")
+        )
         with self._lock:
             self._check_usable(c)
             seq = self._seq
@@ -614,7 +614,9 @@ class Communicator:
         return req.result
 
     def _wait_p2p(self, handle: Any, c: str, peer: int, tag: int, timeout: float | None) -> None:
-        seconds = self._timeout if timeout is None else _check_timeout(timeout, c)
+        seconds = (
+            self._timeout if timeout is None else _check_timeout(timeout, f"rank {self._rank}: {c}")
+        )
         deadline = time.monotonic() + seconds
         t = self._transport
         while not handle.done:

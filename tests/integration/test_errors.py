@@ -1,0 +1,264 @@
+"""Bad input fails fast and cleanly; failures across ranks raise clear plait errors everywhere."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.testing import run_ranks
+
+NONCOMMUTATIVE = plait.Op(np.subtract, commutative=False)
+
+# (description, call, expected exception, message fragment). Every rank makes the same bad call.
+BAD_CALLS: list[tuple[str, Callable[[plait.Communicator, np.ndarray], Any], type, str]] = [
+    (
+        "out dtype",
+        lambda c, x: c.allreduce(x, out=np.empty(6, np.float32)),
+        TypeError,
+        "out has dtype float32; expected float64",
+    ),
+    (
+        "out shape",
+        lambda c, x: c.allreduce(x, out=np.empty(5)),
+        ValueError,
+        r"out has shape \(5,\); expected \(6,\)",
+    ),
+    (
+        "read-only out",
+        lambda c, x: c.allreduce(
+            x,
+            out=np.zeros(6)[::1].view().setflags(write=False) or np.broadcast_to(np.zeros(1), (6,)),
+        ),
+        ValueError,
+        "read-only",
+    ),
+    (
+        "root too big",
+        lambda c, x: c.reduce(x, root=c.size),
+        ValueError,
+        r"root 3 is out of range; expected 0 <= root < 3",
+    ),
+    ("negative root", lambda c, x: c.broadcast(x, root=-1), ValueError, "root -1 is out of range"),
+    ("root type", lambda c, x: c.gather(x, root="0"), TypeError, "root must be an int"),
+    (
+        "unknown algorithm",
+        lambda c, x: c.allreduce(x, algorithm="bogus"),
+        ValueError,
+        "unknown algorithm 'bogus' for allreduce; expected 'auto' or one of: ",
+    ),
+    (
+        "algorithm type",
+        lambda c, x: c.allgather(x, algorithm=3),
+        TypeError,
+        "algorithm must be a str",
+    ),
+    ("op as string", lambda c, x: c.allreduce(x, op="sum"), TypeError, "op must be a plait.Op"),
+    (
+        "BAND on float",
+        lambda c, x: c.allreduce(x, op=plait.BAND),
+        TypeError,
+        "op BAND is not defined for float64",
+    ),
+    (
+        "AVG on int",
+        lambda c, x: c.allreduce(x.astype(np.int32), op=plait.AVG),
+        TypeError,
+        "op AVG is not defined for int32",
+    ),
+    (
+        "MAX on complex",
+        lambda c, x: c.allreduce(x.astype(np.complex64), op=plait.MAX),
+        TypeError,
+        "op MAX is not defined for complex64",
+    ),
+    (
+        "non-commutative on ring",
+        lambda c, x: c.allreduce(x, op=NONCOMMUTATIVE, algorithm="ring"),
+        plait.UnsupportedError,
+        "needs a commutative op",
+    ),
+    (
+        "reduce_scatter rows",
+        lambda c, x: c.reduce_scatter(x[:5]),
+        ValueError,
+        r"axis 0 of x must be a multiple of size 3 \(size\*k rows\); got shape \(5,\)",
+    ),
+    ("alltoall rows", lambda c, x: c.alltoall(x[:4]), ValueError, "multiple of size 3"),
+    ("scalar alltoall", lambda c, x: c.alltoall(x[0]), ValueError, r"got shape \(\)"),
+    (
+        "object dtype",
+        lambda c, x: c.allreduce(np.array([object()] * 6)),
+        TypeError,
+        "dtype object is not supported",
+    ),
+    ("string dtype", lambda c, x: c.allgather(np.array(["a", "b"])), TypeError, "is not supported"),
+    ("timeout", lambda c, x: c.allreduce(x, timeout=-1), ValueError, "timeout must be positive"),
+    ("send to self", lambda c, x: c.send(x, dst=c.rank), ValueError, "expected another rank"),
+    ("tag range", lambda c, x: c.send(x, dst=(c.rank + 1) % 3, tag=-2), ValueError, "tag -2 out"),
+    (
+        "recv read-only",
+        lambda c, x: c.recv(np.broadcast_to(x, (2, 6)), src=(c.rank + 1) % 3),
+        ValueError,
+        "read-only",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "call", "exc", "fragment"), BAD_CALLS, ids=[b[0] for b in BAD_CALLS]
+)
+def test_bad_input_raises_before_anything_moves(
+    what: str, call: Any, exc: type, fragment: str
+) -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.arange(6, dtype=np.float64) + comm.rank
+        before = x.copy()
+        with pytest.raises(exc, match=fragment) as info:
+            call(comm, x)
+        assert f"rank {comm.rank}" in str(info.value)
+        assert np.array_equal(x, before), "a refused call modified its input"
+        # The communicator still works, and all ranks are still in step.
+        return comm.allreduce(x, timeout=10)
+
+    for res in run_ranks(3, body):
+        assert np.array_equal(res, 3 * np.arange(6) + 3)
+
+
+def test_error_on_one_rank_times_out_the_others_and_breaks_the_communicator() -> None:
+    # Nobody leaves (closing its endpoint) before all are done: the others must
+    # see a silent peer, not a dead one.
+    all_done = threading.Barrier(3)
+
+    def body(comm: plait.Communicator) -> Any:
+        x = np.ones(4)
+        if comm.rank == 0:
+            with pytest.raises(ValueError, match="out has shape"):
+                comm.allreduce(x, out=np.empty(3))
+        else:
+            with pytest.raises(plait.CommTimeout) as info:
+                comm.allreduce(x, timeout=0.5)
+            assert "waiting for rank(s)" in str(info.value)
+            with pytest.raises(plait.CommError, match="unusable after an earlier failure"):
+                comm.allreduce(x)
+        all_done.wait(30)
+
+    run_ranks(3, body)
+
+
+def test_timeout_names_the_missing_rank() -> None:
+    all_done = threading.Barrier(3)
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank != 2:
+            with pytest.raises(
+                plait.CommTimeout, match=r"rank \d: allreduce \(ring, call #0\) timed out"
+            ):
+                comm.allreduce(np.ones(10), algorithm="ring", timeout=0.5)
+        all_done.wait(30)
+
+    run_ranks(3, body)
+
+
+def test_timeout_lists_exactly_the_silent_rank() -> None:
+    done = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 1:
+            done.wait(30)
+            return None
+        with pytest.raises(plait.CommTimeout, match=r"waiting for rank\(s\) \[1\]"):
+            comm.gather(np.ones(2), root=0, algorithm="binomial", timeout=0.5)
+        done.set()
+        return None
+
+    run_ranks(2, body)
+
+
+def test_mismatched_counts_raise_mismatch_error() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.ones(5 + comm.rank)
+        with pytest.raises(plait.MismatchError, match=r"different call|bytes"):
+            comm.allreduce(x, algorithm="recursive_doubling", timeout=10)
+
+    run_ranks(2, body)
+
+
+def test_mismatched_collectives_raise_mismatch_error() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.ones(8)
+        if comm.rank == 0:
+            call = lambda: comm.allreduce(x, algorithm="recursive_doubling", timeout=10)  # noqa: E731
+        else:
+            call = lambda: comm.broadcast(x, root=1, algorithm="binomial", timeout=10)  # noqa: E731
+        with pytest.raises(plait.MismatchError, match="different call"):
+            call()
+
+    run_ranks(2, body)
+
+
+def test_mismatched_ops_raise_mismatch_error() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        op = plait.SUM if comm.rank == 0 else plait.MAX
+        with pytest.raises(plait.MismatchError):
+            comm.allreduce(np.ones(8), op, algorithm="recursive_doubling", timeout=10)
+
+    run_ranks(2, body)
+
+
+def test_dead_peer_raises_peer_lost_on_every_rank() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 1:
+            comm.close()  # as if the process died before the call
+            return None
+        with pytest.raises(plait.PeerLostError, match=r"rank \d has closed"):
+            comm.allreduce(np.ones(100), algorithm="ring", timeout=30)
+        return None
+
+    run_ranks(4, body)
+
+
+def test_in_place_failure_says_buffer_is_undefined() -> None:
+    done = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 1:
+            done.wait(30)
+            return None
+        x = np.ones(4)
+        with pytest.raises(plait.CommTimeout, match="contents are undefined"):
+            comm.allreduce(x, out=x, timeout=0.3)
+        done.set()
+        return None
+
+    run_ranks(2, body)
+
+
+def test_closed_communicator() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        comm.close()
+        comm.close()  # idempotent
+        with pytest.raises(plait.ClosedError, match=f"rank {comm.rank}: barrier on a closed"):
+            comm.barrier()
+
+    run_ranks(2, body)
+
+
+def test_error_tree() -> None:
+    for cls in (
+        plait.CommTimeout,
+        plait.PeerLostError,
+        plait.MismatchError,
+        plait.ClosedError,
+        plait.UnsupportedError,
+        plait.TransportError,
+        plait.RendezvousError,
+        plait.InternalError,
+    ):
+        assert issubclass(cls, plait.CommError)
+    assert issubclass(plait.CommTimeout, TimeoutError)
+    assert issubclass(plait.UnsupportedError, ValueError)
