@@ -1,0 +1,1 @@
+"""Rendezvous: how ranks find each other (key-value stores and their URLs)."""
