@@ -12,7 +12,7 @@ algorithm per call; :class:`Communicator` is the public face.
         total = comm.allreduce(np.ones(4) * comm.rank)
 """
 
-from plait import algorithms as _algorithms  # registers every algorithm
+from plait import algos as _algorithms  # registers every algorithm
 from plait._init import init as init
 from plait.communicator import Communicator as Communicator
 from plait.errors import ClosedError as ClosedError

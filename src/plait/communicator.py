@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from plait.algorithms._registry import AlgorithmSpec, build_schedule, get
+from plait.algos._registry import AlgorithmSpec, build_schedule, get
 from plait.errors import ClosedError, CommError, CommTimeout, UnsupportedError
 from plait.ops import SUM, Op, check_dtype
 from plait.runtime.executor import TAG_BITS, Call, execute

@@ -16,7 +16,7 @@ import pytest
 
 import plait
 from cases import AFFINE, ALL_DTYPES, Case, bits, op_dtypes, same, values
-from plait.algorithms._registry import COLLECTIVES, REDUCING, AlgorithmSpec
+from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec
 from plait.testing import reference, run_ranks
 
 SPECS = [s for c in COLLECTIVES for s in plait._algorithms.specs(c)]

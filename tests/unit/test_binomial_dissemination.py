@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from plait.algorithms._registry import build_schedule, get
-from plait.algorithms.binomial import relative_group, subtree_size, wrap_runs
-from plait.algorithms.dissemination import dissemination_peers
-from plait.algorithms.topology import binomial_children
+from plait.algos._registry import build_schedule, get
+from plait.algos.binomial import relative_group, subtree_size, wrap_runs
+from plait.algos.dissemination import dissemination_peers
+from plait.algos.topology import binomial_children
 from plait.schedule.builder import Context
 from plait.schedule.ir import Schedule, StepKind
 

@@ -10,10 +10,10 @@ import itertools
 
 import pytest
 
-from plait.algorithms import get
-from plait.algorithms._registry import build_schedule
-from plait.algorithms.rabenseifner import doubling_plan, fold_spans, gather_plan, halving_plan
-from plait.algorithms.topology import fold, pof2_floor, unfold
+from plait.algos import get
+from plait.algos._registry import build_schedule
+from plait.algos.rabenseifner import doubling_plan, fold_spans, gather_plan, halving_plan
+from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Context
 
 POF2S = [1 << m for m in range(8)]

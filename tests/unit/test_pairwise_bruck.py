@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from plait.algorithms._registry import build_schedule, get
-from plait.algorithms.bruck import bit_positions, bruck_steps, contiguous, copy_blocks
-from plait.algorithms.pairwise import owner_chains, pairwise_peers
+from plait.algos._registry import build_schedule, get
+from plait.algos.bruck import bit_positions, bruck_steps, contiguous, copy_blocks
+from plait.algos.pairwise import owner_chains, pairwise_peers
 from plait.schedule.builder import Builder, Context
 from plait.schedule.ir import IN, OUT, TMP, Region, StepKind
 from plait.schedule.symbolic import prove

@@ -111,7 +111,7 @@ def test_verifier_finds_out_of_bounds_and_writes_to_input() -> None:
 
 def test_prover_rejects_a_wrong_algorithm() -> None:
     """A schedule that forgets one rank's contribution must fail the proof."""
-    from plait.algorithms._registry import AlgorithmSpec
+    from plait.algos._registry import AlgorithmSpec
     from plait.schedule.symbolic import prove
 
     def lossy(b: Builder) -> None:  # rank 0 never sends: result misses x0 on rank 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from plait.algorithms._registry import build_schedule, get
-from plait.algorithms.swing import (
+from plait.algos._registry import build_schedule, get
+from plait.algos.swing import (
     swing_order,
     swing_peer,
     swing_reachable,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.algorithms._registry import COLLECTIVES, REDUCING, AlgorithmSpec, algorithms, specs
+from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec, algorithms, specs
 from plait.schedule.symbolic import prove
 
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}

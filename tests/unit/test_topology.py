@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.algorithms.topology import (
+from plait.algos.topology import (
     binomial_children,
     binomial_parent,
     fold,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from plait.algorithms._registry import build_schedule, get
-from plait.algorithms.double_binary_tree import (
+from plait.algos._registry import build_schedule, get
+from plait.algos.double_binary_tree import (
     btree_children,
     btree_parent,
     tree_children,

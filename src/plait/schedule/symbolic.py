@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from plait.algorithms._registry import AlgorithmSpec, build_schedule
+from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.schedule.builder import Context
 from plait.schedule.verify import ScheduleError, run_joint
 

@@ -9,7 +9,7 @@ ranks choose the same schedule. A later cost model replaces the table.
 
 from __future__ import annotations
 
-from plait.algorithms._registry import AlgorithmSpec, get
+from plait.algos._registry import AlgorithmSpec, get
 
 __all__ = ["RULES", "SEGMENT_BYTES", "select"]
 

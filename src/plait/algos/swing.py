@@ -15,7 +15,7 @@ run of blocks: rank ``r`` owns vector block ``swing_order(p).index(r)``, and
 every step moves one contiguous region.
 
 For p not a power of two the extra ranks are folded in first
-(:func:`plait.algorithms.topology.fold`): each even rank below ``2*(p - pof2)``
+(:func:`plait.algos.topology.fold`): each even rank below ``2*(p - pof2)``
 sends its whole vector to its odd neighbour, which reduces it in and takes part
 as one virtual rank; the even rank gets its result back at the end.
 
@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import functools
 
-from plait.algorithms._registry import register
-from plait.algorithms.topology import fold, pof2_floor, unfold
+from plait.algos._registry import register
+from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, blocks, segments
 from plait.schedule.ir import Region
 

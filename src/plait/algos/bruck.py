@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plait.algorithms._registry import register
+from plait.algos._registry import register
 from plait.schedule.builder import Builder
 from plait.schedule.ir import IN, Region
 

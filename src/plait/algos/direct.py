@@ -7,7 +7,7 @@ message of a phase depends on another, so each phase is one step of p-1
 concurrent messages: few steps but many messages, which suits shared memory
 and full-bisection fabrics more than latency-bound networks. Messages go out
 in pairwise order (to r+1, r+2, …) so that at any moment each rank is mostly
-one sender's target; phase 1 is :func:`plait.algorithms.pairwise.reduce_to_owners`.
+one sender's target; phase 1 is :func:`plait.algos.pairwise.reduce_to_owners`.
 
 Cost (n bytes, p ranks):
     allreduce  2α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ,  with p-1 messages per step
@@ -29,8 +29,8 @@ Example, p=3, vectors [a|b|c] on each rank cut into slices 0, 1, 2::
 
 from __future__ import annotations
 
-from plait.algorithms._registry import register
-from plait.algorithms.pairwise import pairwise_peers, reduce_to_owners
+from plait.algos._registry import register
+from plait.algos.pairwise import pairwise_peers, reduce_to_owners
 from plait.schedule.builder import Builder, blocks, segments
 
 __all__: list[str] = []

@@ -1,7 +1,7 @@
 """Binomial trees: reduce, broadcast, allreduce as the one then the other, gather and scatter.
 
 Ranks are renumbered relative to the root (vrank ``v = (rank - root) % p``) and
-hung on the binomial tree of :func:`plait.algorithms.topology.binomial_parent`:
+hung on the binomial tree of :func:`plait.algos.topology.binomial_parent`:
 ``v`` talks to its parent ``v`` with the lowest set bit cleared, and its subtree
 is the contiguous range of vranks ``[v, v + subtree_size(v, p))``. Each level
 doubles the ranks that hold (or have contributed) data, so there are ⌈lg p⌉
@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plait.algorithms._registry import register
-from plait.algorithms.topology import binomial_children, binomial_parent
+from plait.algos._registry import register
+from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder, segments
 from plait.schedule.ir import Region
 

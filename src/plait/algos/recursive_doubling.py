@@ -2,7 +2,7 @@
 
 At step ``k`` each (virtual) rank exchanges everything it has with the rank
 whose virtual number differs in bit ``k``. For p not a power of two the extra
-ranks are folded in first (:func:`plait.algorithms.topology.fold`, Thakur,
+ranks are folded in first (:func:`plait.algos.topology.fold`, Thakur,
 Rabenseifner and Gropp 2005): even ranks below ``2*(p - pof2)`` hand their data
 to their odd neighbour, wait, and get the result back at the end.
 
@@ -21,8 +21,8 @@ step 1 pairs (0,2),(1,3) -> everyone holds (x0∘x1)∘(x2∘x3).
 
 from __future__ import annotations
 
-from plait.algorithms._registry import register
-from plait.algorithms.topology import fold, pof2_floor, unfold
+from plait.algos._registry import register
+from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder
 
 __all__: list[str] = []

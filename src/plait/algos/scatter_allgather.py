@@ -25,10 +25,10 @@ Example, p=4, root=1, vector [a|b|c|d] (chunk v goes to vrank v = rank (v+1)%4):
 
 from __future__ import annotations
 
-from plait.algorithms._registry import register
-from plait.algorithms.binomial import relative_group, subtree_size
-from plait.algorithms.ring import ring_allgather
-from plait.algorithms.topology import binomial_children, binomial_parent
+from plait.algos._registry import register
+from plait.algos.binomial import relative_group, subtree_size
+from plait.algos.ring import ring_allgather
+from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder, blocks, segments
 from plait.schedule.ir import Region
 

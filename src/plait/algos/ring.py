@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plait.algorithms._registry import register
+from plait.algos._registry import register
 from plait.schedule.builder import Builder, blocks, segments
 from plait.schedule.ir import Region
 

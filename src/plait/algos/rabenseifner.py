@@ -10,7 +10,7 @@ are near optimal. Thakur, Rabenseifner and Gropp, "Optimization of collective
 communication operations in MPICH" (2005).
 
 For p not a power of two the extra ranks are folded in first
-(:func:`plait.algorithms.topology.fold`): each even rank below ``2*(p - pof2)``
+(:func:`plait.algos.topology.fold`): each even rank below ``2*(p - pof2)``
 sends its whole vector to its odd neighbour, which reduces it in and takes
 part as one virtual rank; the even rank gets its result back at the end.
 
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plait.algorithms._registry import register
-from plait.algorithms.topology import fold, pof2_floor, unfold
+from plait.algos._registry import register
+from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, blocks, segments
 from plait.schedule.ir import Region
 

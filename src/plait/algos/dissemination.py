@@ -25,7 +25,7 @@ Example, p=5 (rounds at distances 1, 2, 4):
 
 from __future__ import annotations
 
-from plait.algorithms._registry import register
+from plait.algos._registry import register
 from plait.schedule.builder import Builder
 
 __all__ = ["dissemination_peers"]

@@ -41,7 +41,7 @@ Example, allreduce, p=4, vector [A|B] (A = half 0, B = half 1)::
 
 from __future__ import annotations
 
-from plait.algorithms._registry import register
+from plait.algos._registry import register
 from plait.schedule.builder import Builder, blocks, segments
 
 __all__ = ["btree_children", "btree_parent", "tree_children", "tree_parent"]

@@ -3,7 +3,7 @@
 Importing this package registers them all; :func:`plait.algorithms` lists them.
 """
 
-from plait.algorithms import (  # noqa: F401  (imported to register)
+from plait.algos import (  # noqa: F401  (imported to register)
     binomial,
     bruck,
     direct,
@@ -17,6 +17,6 @@ from plait.algorithms import (  # noqa: F401  (imported to register)
     scatter_allgather,
     swing,
 )
-from plait.algorithms._registry import COLLECTIVES, AlgorithmSpec, algorithms, get, specs
+from plait.algos._registry import COLLECTIVES, AlgorithmSpec, algorithms, get, specs
 
 __all__ = ["COLLECTIVES", "AlgorithmSpec", "algorithms", "get", "specs"]

@@ -8,10 +8,10 @@ copies it out. Thakur, Rabenseifner and Gropp, "Optimization of collective
 communication operations in MPICH" (2005).
 
 For p not a power of two the extra ranks are folded in first
-(:func:`plait.algorithms.topology.fold`): each even rank below
+(:func:`plait.algos.topology.fold`): each even rank below
 ``2*(p - pof2)`` sends its whole input to its odd neighbour, which reduces it
 in and takes part as one virtual rank owning the blocks of both (the windows
-follow :func:`plait.algorithms.rabenseifner.fold_spans`, so every real rank's
+follow :func:`plait.algos.rabenseifner.fold_spans`, so every real rank's
 block ends on exactly one virtual rank); at the end the odd rank sends the
 even one its block.
 
@@ -42,9 +42,9 @@ p=5 folds 0 onto 1 only: vrank 0 (rank 1) owns blocks 0-1, vranks 1..3 own 2..4.
 
 from __future__ import annotations
 
-from plait.algorithms._registry import register
-from plait.algorithms.rabenseifner import fold_spans, halving_reduce_scatter
-from plait.algorithms.topology import fold, pof2_floor, unfold
+from plait.algos._registry import register
+from plait.algos.rabenseifner import fold_spans, halving_reduce_scatter
+from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, segments
 
 __all__: list[str] = []
