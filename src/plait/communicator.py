@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 from plait.algos._registry import AlgorithmSpec, build_schedule, get
 from plait.errors import ClosedError, CommError, CommTimeout, UnsupportedError
 from plait.ops import SUM, Op, check_dtype
-from plait.runtime.executor import TAG_BITS, Call, execute
+from plait.runtime.executor import TAG_BITS, Call, Workspace, execute
 from plait.runtime.work import Work, Worker
 from plait.schedule.builder import Context
 from plait.selection.select import SEGMENT_BYTES, select
@@ -70,16 +71,27 @@ class Communicator:
     which returns a :class:`plait.Work` instead of the result.
     """
 
-    def __init__(self, transport: Transport, *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        timeout: float | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> None:
         self._transport = transport
         self._rank = transport.rank
         self._size = transport.size
+        self._hosts = tuple(hosts) if hosts is not None else ("localhost",) * self._size
+        if len(self._hosts) != self._size:
+            raise ValueError(f"hosts lists {len(self._hosts)} ranks; expected {self._size}")
+        self._on_close: list[Callable[[], object]] = []
         self._timeout = _check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
         self._seq = 0
         self._closed = False
         self._broken: BaseException | None = None
         self._lock = threading.Lock()
         self._worker: Worker | None = None
+        self._workspaces = threading.local()  # one Workspace per thread that runs calls
 
     # -- identity and lifetime -----------------------------------------------------
     @property
@@ -91,6 +103,36 @@ class Communicator:
     def size(self) -> int:
         """Number of ranks."""
         return self._size
+
+    @property
+    def host(self) -> str:
+        """Name of the host this rank runs on."""
+        return self._hosts[self._rank]
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Host of every rank, in rank order."""
+        return self._hosts
+
+    @property
+    def local_rank(self) -> int:
+        """Rank among the ranks on this host (in rank order)."""
+        return self._hosts[: self._rank].count(self.host)
+
+    @property
+    def local_size(self) -> int:
+        """Number of ranks on this host."""
+        return self._hosts.count(self.host)
+
+    @property
+    def cross_rank(self) -> int:
+        """Index of this host among the job's hosts (in order of their first rank)."""
+        return list(dict.fromkeys(self._hosts)).index(self.host)
+
+    @property
+    def cross_size(self) -> int:
+        """Number of hosts."""
+        return len(set(self._hosts))
 
     @property
     def timeout(self) -> float:
@@ -110,6 +152,8 @@ class Communicator:
             self._worker.stop()
         self._closed = True
         self._transport.close()
+        for callback in self._on_close:
+            callback()
 
     def __enter__(self) -> Communicator:
         return self
@@ -586,7 +630,9 @@ class Communicator:
         ctx = req.ctx
         schedule = build_schedule(req.spec, ctx)
         dtype = req.out.dtype
-        tmp = np.empty(schedule.tmp_count, dtype)
+        workspace = self._workspaces.__dict__.setdefault("ws", Workspace())
+        tmp = workspace.take(schedule.tmp_count, dtype)
+        staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
         op = req.op
         call = Call(
             describe=describe,
@@ -599,7 +645,7 @@ class Communicator:
             self._check_usable(req.spec.collective)
         try:
             with np.errstate(all="ignore"):
-                execute(schedule, (req.inp, req.out, tmp), self._transport, call)
+                execute(schedule, (req.inp, req.out, tmp), self._transport, call, staging)
                 if req.average and req.out.size:
                     np.divide(req.out, self._size, out=req.out)
         except CommError as exc:

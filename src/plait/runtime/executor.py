@@ -24,10 +24,31 @@ from plait.errors import CommError, CommTimeout
 from plait.schedule.ir import Region, Schedule, StepKind
 from plait.transport.base import Handle, Transport
 
-__all__ = ["Call", "execute"]
+__all__ = ["Call", "Workspace", "execute"]
 
 #: Bits of a wire tag left for the per-pair message index of one call.
 TAG_BITS = 24
+
+
+class Workspace:
+    """Scratch memory reused from call to call, so a hot loop allocates nothing.
+
+    One per thread that runs calls: the executor carves ``TMP`` and the staging
+    area of ``RECV_REDUCE`` out of it. It grows to the largest call seen.
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self) -> None:
+        self._raw = np.empty(0, np.uint8)
+
+    def take(self, count: int, dtype: np.dtype, offset: int = 0) -> np.ndarray:
+        """``count`` elements of ``dtype`` starting ``offset`` elements in (grows if needed)."""
+        itemsize = dtype.itemsize
+        need = (offset + count) * itemsize
+        if self._raw.size < need:
+            self._raw = np.empty(max(need, 2 * self._raw.size), np.uint8)
+        return self._raw[offset * itemsize : need].view(dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +67,13 @@ def execute(
     buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
     transport: Transport,
     call: Call,
+    staging: np.ndarray | None = None,
 ) -> None:
     """Run ``schedule`` with ``buffers`` = flat (IN, OUT, TMP) arrays of one dtype.
+
+    ``staging`` (same dtype, at least the total length of the schedule's
+    ``RECV_REDUCE`` steps) holds arriving data until it is combined; allocated
+    per call if not given.
 
     Raises:
         CommTimeout: the deadline passed; the message names the ranks waited on.
@@ -57,7 +83,7 @@ def execute(
     if not steps:
         return
     rank = schedule.rank
-    itemsize = buffers[1].itemsize if buffers[1].size else max(b.itemsize for b in buffers)
+    itemsize = buffers[1].itemsize
     raw = tuple(b.view(np.uint8) for b in buffers)
     ufunc = call.ufunc
 
@@ -97,9 +123,9 @@ def execute(
 
     try:
         # Post every staged receive now: they touch no caller memory until combined.
-        total = sum(s.dst.count for s in steps if s.kind is StepKind.RECV_REDUCE)  # type: ignore[union-attr]
+        total = schedule.staged_count
         if total:
-            pool = np.empty(total, dtype=buffers[1].dtype if buffers[1].size else buffers[2].dtype)
+            pool = staging if staging is not None else np.empty(total, buffers[1].dtype)
             pool_raw = pool.view(np.uint8)
             offset = 0
             for i, step in enumerate(steps):

@@ -192,6 +192,7 @@ class Builder:
             tmp_count=self._tmp_count,
             dependents=tuple(tuple(d) for d in dependents),
             n_deps=tuple(len(s.deps) for s in steps),
+            staged_count=sum(s.count for s in steps if s.kind is StepKind.RECV_REDUCE),
         )
 
     # -- internals -------------------------------------------------------------

@@ -131,6 +131,8 @@ class Schedule:
     # dependents[i]: steps that list i in their deps; derived once for executors.
     dependents: tuple[tuple[int, ...], ...] = field(repr=False, default=())
     n_deps: tuple[int, ...] = field(repr=False, default=())
+    # Total elements of RECV_REDUCE steps: the staging memory an executor needs.
+    staged_count: int = 0
 
     def buffer_count(self, buf: Buf) -> int:
         """Number of elements ``buf`` must hold."""
