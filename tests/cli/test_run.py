@@ -1,0 +1,122 @@
+"""``plait run``: identity in the environment, output tagging, failure and Ctrl-C handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+PLAIT = [sys.executable, "-m", "plait"]
+
+
+def run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PLAIT, *args], capture_output=True, text=True, timeout=60, **kw)  # type: ignore[call-overload]
+
+
+def script(tmp_path: Path, body: str, name: str = "job.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_ranks_get_their_identity(tmp_path: Path) -> None:
+    s = script(
+        tmp_path,
+        """
+        import os, sys
+        keys = ["PLAIT_RANK", "PLAIT_SIZE", "PLAIT_LOCAL_RANK", "PLAIT_LOCAL_SIZE",
+                "PLAIT_NODE_RANK"]
+        print(" ".join(os.environ[k] for k in keys), sys.argv[1:], os.environ["PLAIT_STORE"][:6])
+    """,
+    )
+    res = run(["run", "-n", "3", "--tag-output", s, "a", "--flag"])
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.splitlines())
+    assert lines == [f"[{r}]: {r} 3 {r} 3 0 ['a', '--flag'] tcp://" for r in range(3)]
+
+
+def test_module_mode(tmp_path: Path) -> None:
+    (tmp_path / "mymod.py").write_text("import os\nprint('hello from', os.environ['PLAIT_RANK'])\n")
+    res = run(
+        ["run", "-n", "2", "-m", "mymod"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["hello from 0", "hello from 1"]
+
+
+def test_failing_rank_stops_the_others(tmp_path: Path) -> None:
+    s = script(
+        tmp_path,
+        """
+        import os, sys, time
+        if os.environ["PLAIT_RANK"] == "2":
+            sys.exit(3)
+        time.sleep(60)  # would hang the job if the launcher did not stop it
+    """,
+    )
+    start = time.monotonic()
+    res = run(["run", "-n", "4", s])
+    assert res.returncode == 3
+    assert "rank 2 exited with code 3" in res.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_rank_killed_by_signal(tmp_path: Path) -> None:
+    s = script(
+        tmp_path,
+        """
+        import os, signal, time
+        if os.environ["PLAIT_RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    """,
+    )
+    res = run(["run", "-n", "2", s])
+    assert res.returncode == 128 + signal.SIGKILL
+    assert "rank 1 was killed by SIGKILL" in res.stderr
+
+
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    s = script(
+        tmp_path,
+        """
+        import os, time
+        print(os.getpid(), flush=True)
+        time.sleep(60)
+    """,
+    )
+    proc = subprocess.Popen(
+        [*PLAIT, "run", "-n", "3", s], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    pids = [int(proc.stdout.readline()) for _ in range(3)]  # every rank is up
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "received SIGINT" in err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bad_arguments() -> None:
+    res = run(["run", "-n", "0", "x.py"])
+    assert res.returncode != 0
+    assert "-n >= 1" in res.stderr
+    res = run(["run", "-n", "2", "--nnodes", "2", "x.py"])
+    assert "--master-port" in res.stderr
+
+
+def test_algorithms_listing() -> None:
+    res = run(["algorithms", "allreduce"])
+    assert res.returncode == 0
+    assert "ring" in res.stdout
+    assert "commutative ops only" in res.stdout
