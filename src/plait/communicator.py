@@ -569,7 +569,12 @@ class Communicator:
             if out.flags.c_contiguous:
                 flat_out = out.reshape(-1)
             else:
-                flat_out = np.empty(out.size, dtype)
+                # Broadcast's root sends from OUT, so its staging starts as a copy.
+                flat_out = (
+                    np.ascontiguousarray(out).reshape(-1)
+                    if c == "broadcast"
+                    else np.empty(out.size, dtype)
+                )
                 writeback = out
             if result is ...:
                 result = out

@@ -83,6 +83,19 @@ def test_non_contiguous_input_and_output() -> None:
         assert np.array_equal(g[2], np.arange(6).reshape(2, 3))
 
 
+def test_broadcast_of_strided_view() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        base = np.full((4, 6), -1.0)
+        if comm.rank == 1:
+            base[:] = np.arange(24.0).reshape(4, 6)
+        view = base[::2, 1::2]
+        assert comm.broadcast(view, root=1) is view
+        return base
+
+    for base in run_ranks(3, body):
+        assert np.array_equal(base[::2, 1::2], np.arange(24.0).reshape(4, 6)[::2, 1::2])
+
+
 def test_in_place_on_strided_view() -> None:
     def body(comm: plait.Communicator) -> Any:
         base = np.ones((6, 4), np.int64) * (comm.rank + 1)
