@@ -1,67 +1,86 @@
 """``algorithm="auto"``: pick an algorithm from values every rank knows.
 
-For now a rules table per collective: latency-optimal algorithms below a size
-threshold, bandwidth-optimal ones above (thresholds after MPICH's and Open
-MPI's defaults, Thakur et al. 2005). Every input to the choice (collective,
-world size, message bytes, op commutativity) is identical on all ranks, so all
-ranks choose the same schedule. A later cost model replaces the table.
+For now a rules table per collective, after MPICH's and Open MPI's defaults
+(Thakur et al. 2005): latency-optimal algorithms for small messages,
+bandwidth-optimal ones for large, and the world size where it matters. The
+inputs (collective, world size, message bytes, op commutativity) are identical
+on all ranks, so every rank chooses the same schedule. A measured cost model
+replaces the table later; the table stays as the fallback.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from plait.algos._registry import AlgorithmSpec, get
 
-__all__ = ["RULES", "SEGMENT_BYTES", "select"]
+__all__ = ["RULES", "SEGMENT_BYTES", "Rule", "select"]
 
 #: Pipelining unit for segmented algorithms (ring, trees).
 SEGMENT_BYTES = 1 << 20
 
-# Per collective: (upper bound on message bytes, preferred algorithms in order).
-# The first rule whose bound exceeds the message size applies; within it, the
-# first algorithm whose restrictions the call meets wins. "Message bytes" is
-# the whole vector for allreduce/reduce/broadcast and one rank's block for
-# the block collectives.
-RULES: dict[str, tuple[tuple[float, tuple[str, ...]], ...]] = {
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Use the first of ``algorithms`` the call allows when ranks and bytes are in range.
+
+    ``nbytes`` is the whole vector for allreduce/reduce/broadcast and one
+    rank's block for the block collectives (reduce_scatter, allgather,
+    alltoall, gather, scatter). Ranges are half-open: ``min <= x < max``.
+    """
+
+    algorithms: tuple[str, ...]
+    max_bytes: float = _INF
+    min_ranks: int = 1
+    max_ranks: float = _INF
+
+
+RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
-        (16 << 10, ("recursive_doubling",)),
-        (float("inf"), ("ring", "direct")),
+        Rule(("recursive_doubling",), max_bytes=16 << 10),
+        Rule(("rabenseifner", "recursive_doubling"), max_bytes=1 << 20, min_ranks=16),
+        Rule(("ring", "direct")),
     ),
     "reduce": (
-        (64 << 10, ("binomial",)),
-        (float("inf"), ("rabenseifner", "binomial")),
+        Rule(("binomial",), max_bytes=64 << 10),
+        Rule(("rabenseifner", "binomial")),
     ),
     "broadcast": (
-        (12 << 10, ("binomial",)),
-        (float("inf"), ("scatter_allgather",)),
+        Rule(("binomial",), max_ranks=8),
+        Rule(("binomial",), max_bytes=12 << 10),
+        Rule(("scatter_allgather",)),
     ),
     "reduce_scatter": (
-        (64 << 10, ("recursive_halving", "pairwise")),
-        (float("inf"), ("ring", "pairwise")),
+        Rule(("recursive_halving", "pairwise"), max_bytes=64 << 10),
+        Rule(("ring", "pairwise")),
     ),
     "allgather": (
-        (8 << 10, ("bruck",)),
-        (float("inf"), ("ring",)),
+        Rule(("bruck",), max_bytes=8 << 10),
+        Rule(("ring",)),
     ),
     "alltoall": (
-        (256, ("bruck",)),
-        (float("inf"), ("pairwise",)),
+        Rule(("bruck",), max_bytes=256, min_ranks=8),
+        Rule(("pairwise",)),
     ),
-    "gather": ((float("inf"), ("binomial",)),),
-    "scatter": ((float("inf"), ("binomial",)),),
-    "barrier": ((float("inf"), ("dissemination",)),),
+    "gather": (Rule(("binomial",)),),
+    "scatter": (Rule(("binomial",)),),
+    "barrier": (Rule(("dissemination",)),),
 }
 
 
 def select(collective: str, size: int, nbytes: int, *, commutative: bool) -> AlgorithmSpec:
     """The algorithm ``auto`` runs for this call."""
-    for bound, names in RULES[collective]:
-        if nbytes < bound:
-            for name in names:
+    rules = RULES[collective]
+    for rule in rules:
+        if nbytes < rule.max_bytes and rule.min_ranks <= size < rule.max_ranks:
+            for name in rule.algorithms:
                 spec = get(collective, name)
                 if spec.supports(commutative=commutative):
                     return spec
-    for _bound, names in RULES[collective]:  # nothing in range fits: any that does
-        for name in names:
+    for rule in rules:  # nothing in range fits the op: any algorithm that does
+        for name in rule.algorithms:
             spec = get(collective, name)
             if spec.supports(commutative=commutative):
                 return spec
