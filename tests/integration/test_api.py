@@ -243,3 +243,18 @@ def test_rank_failure_is_reported() -> None:
         run_ranks(3, body)
     assert isinstance(info.value.errors[1], RuntimeError)
     assert isinstance(info.value.errors[0], plait.PeerLostError)
+
+
+def test_torch_cpu_tensors_without_copy() -> None:
+    torch = pytest.importorskip("torch")
+
+    def body(comm: plait.Communicator) -> Any:
+        t = torch.full((3, 2), float(comm.rank + 1))
+        res = comm.allreduce(t)
+        comm.allreduce(t, out=np.from_dlpack(t))  # in place, into the tensor's memory
+        return res, t
+
+    for res, t in run_ranks(2, body):
+        assert isinstance(res, np.ndarray)
+        assert np.array_equal(res, np.full((3, 2), 3.0, np.float32))
+        assert torch.equal(t, torch.full((3, 2), 3.0))
