@@ -9,7 +9,8 @@ Note [how ranks find each other]
     MASTER_ADDR at MASTER_PORT + 1 (MASTER_PORT itself belongs to torch's
     store); otherwise, when every rank is on one host (mpirun/srun without
     MASTER_ADDR), a file store in the temp directory keyed by the job's id.
-    Ranks then publish their host names, and the transport is chosen:
+    Ranks then publish their host names (PLAIT_HOST overrides the name, so
+    several emulated hosts can share a machine), and the transport is chosen:
     shared memory when all ranks share a host, TCP otherwise (PLAIT_TRANSPORT
     or ``transport=`` force one).
 """
@@ -185,7 +186,7 @@ def init(
         _generation += 1
         generation = _generation
     group = PrefixStore(f"plait/init{generation}", store)
-    host = socket.gethostname()
+    host = os.environ.get("PLAIT_HOST") or socket.gethostname()
     group.set(f"host/{rank}", host.encode())
     group.wait([f"host/{r}" for r in range(size)], timeout)
     hosts = [group.get(f"host/{r}").decode() for r in range(size)]

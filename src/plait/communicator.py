@@ -29,8 +29,9 @@ import numpy as np
 
 from plait.algos._registry import AlgorithmSpec, build_schedule, get
 from plait.errors import ClosedError, CommError, CommTimeout, UnsupportedError
+from plait.group import GroupTransport, child_comm_id, collective_tag, p2p_tag
 from plait.ops import SUM, Op, check_dtype
-from plait.runtime.executor import TAG_BITS, Call, Workspace, execute
+from plait.runtime.executor import Call, Workspace, execute
 from plait.runtime.work import Work, Worker
 from plait.schedule.builder import Context
 from plait.selection.select import SEGMENT_BYTES, select
@@ -41,8 +42,6 @@ __all__ = ["DEFAULT_TIMEOUT", "Communicator"]
 #: Seconds a call may take before it fails with CommTimeout (PLAIT_TIMEOUT overrides).
 DEFAULT_TIMEOUT = float(os.environ.get("PLAIT_TIMEOUT", "300"))
 
-# Point-to-point messages live in their own tag space, apart from collectives.
-_P2P_BIT = 1 << 62
 _MAX_USER_TAG = (1 << 31) - 1
 
 
@@ -77,6 +76,7 @@ class Communicator:
         *,
         timeout: float | None = None,
         hosts: Sequence[str] | None = None,
+        _comm_id: int = 0,
     ) -> None:
         self._transport = transport
         self._rank = transport.rank
@@ -85,6 +85,7 @@ class Communicator:
         if len(self._hosts) != self._size:
             raise ValueError(f"hosts lists {len(self._hosts)} ranks; expected {self._size}")
         self._on_close: list[Callable[[], object]] = []
+        self._comm_id = _comm_id
         self._timeout = _check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
         self._seq = 0
         self._closed = False
@@ -164,6 +165,45 @@ class Communicator:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "broken" if self._broken else "open"
         return f"<plait.Communicator rank {self._rank} of {self._size}, {state}>"
+
+    # -- groups ----------------------------------------------------------------------------
+    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Any:
+        """Split into sub-communicators, one per ``color``, as ``MPI_Comm_split`` does.
+
+        Every rank must call it. Ranks passing the same non-negative ``color``
+        form one group, ordered by ``key`` and then by their rank here; a rank
+        passing ``color=None`` joins no group and gets None. A group shares
+        this communicator's connections (closing it leaves this one usable)
+        and is fully independent: its calls never match calls made here.
+
+        Example with 4 ranks: ``comm.split(comm.rank % 2)`` gives ranks 0 and 2
+        a group of size 2 (as its ranks 0 and 1), and ranks 1 and 3 another.
+        """
+        for what, value in (("color", color), ("key", key)):
+            if value is None and what == "color":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise TypeError(f"rank {self._rank}: split: {what} must be an int; got {value!r}")
+        if color is not None and color < 0:
+            raise ValueError(f"rank {self._rank}: split: color must be >= 0 or None; got {color}")
+        seq = self._seq  # the allgather below takes this sequence number
+        mine = np.array([-1 if color is None else int(color), int(key)], np.int64)
+        table = self.allgather(mine, timeout=timeout)
+        if color is None:
+            return None
+        members = sorted((int(k), r) for r, (c, k) in enumerate(table.tolist()) if c == color)
+        ranks = [r for _, r in members]
+        sub = GroupTransport(self._transport, ranks, ranks.index(self._rank))
+        return Communicator(
+            sub,
+            timeout=self._timeout,
+            hosts=[self._hosts[r] for r in ranks],
+            _comm_id=child_comm_id(self._comm_id, seq, int(color)),
+        )
+
+    def split_by_host(self, *, timeout: float | None = None) -> Any:
+        """The sub-communicator of the ranks on this rank's host, in rank order."""
+        return self.split(self.cross_rank, self._rank, timeout=timeout)
 
     # -- collectives ---------------------------------------------------------------------
     def allreduce(
@@ -486,7 +526,7 @@ class Communicator:
             raise TypeError(f"rank {self._rank}: {c}: tag must be an int; got {tag!r}")
         if not 0 <= tag <= _MAX_USER_TAG:
             raise ValueError(f"rank {self._rank}: {c}: tag {tag} out of range 0..{_MAX_USER_TAG}")
-        return _P2P_BIT | int(tag)
+        return p2p_tag(self._comm_id, int(tag))
 
     def _split_rows(self, shape: tuple[int, ...], c: str) -> int:
         if not shape or shape[0] % self._size:
@@ -641,7 +681,7 @@ class Communicator:
         op = req.op
         call = Call(
             describe=describe,
-            tag_base=seq << TAG_BITS,
+            tag_base=collective_tag(self._comm_id, seq),
             check=_digest(req, dtype),
             ufunc=op.ufunc if op is not None else np.bitwise_or,
             deadline=time.monotonic() + seconds,

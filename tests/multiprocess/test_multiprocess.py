@@ -71,3 +71,34 @@ def test_dead_rank_makes_the_others_fail_fast(tmp_path: Path) -> None:
 def test_no_shared_memory_left_behind() -> None:
     leftovers = [p for p in os.listdir("/dev/shm") if p.startswith("plait")]
     assert leftovers == []
+
+
+SPLIT_AND_P2P = """
+import numpy as np, plait
+with plait.init(timeout=60) as comm:
+    sub = comm.split(comm.rank % 2, key=comm.rank)
+    total = sub.allreduce(np.array([comm.rank]))[0]
+    expect = sum(r for r in range(comm.size) if r % 2 == comm.rank % 2)
+    assert total == expect, (total, expect)
+    nxt, prv = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    if comm.rank % 2 == 0:
+        comm.send(np.arange(5) + comm.rank, nxt, tag=(1 << 31) - 1)
+        got = comm.recv(np.empty(5, np.int64), prv, tag=(1 << 31) - 1)
+    else:
+        got = comm.recv(np.empty(5, np.int64), prv, tag=(1 << 31) - 1)
+        comm.send(np.arange(5) + comm.rank, nxt, tag=(1 << 31) - 1)
+    assert np.array_equal(got, np.arange(5) + prv)
+    local = comm.split_by_host()
+    assert (local.size, local.rank) == (comm.size, comm.rank)
+    assert (comm.local_rank, comm.local_size, comm.cross_size) == (comm.rank, comm.size, 1)
+    print("ok", comm.rank, flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_split_and_point_to_point(tmp_path: Path, transport: str) -> None:
+    script = tmp_path / "split.py"
+    script.write_text(SPLIT_AND_P2P)
+    res = plait_run(["-n", "4", "--transport", transport, str(script)], timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert sorted(res.stdout.splitlines()) == [f"ok {r}" for r in range(4)]

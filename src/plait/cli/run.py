@@ -28,6 +28,7 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -186,6 +187,10 @@ def main(args: argparse.Namespace) -> int:
                 PLAIT_STORE=f"tcp://{address}",
                 PLAIT_JOB_ID=job,
             )
+            if args.nnodes > 1 and "PLAIT_HOST" not in os.environ:
+                # One launcher per host: its node index names the host, so that
+                # hosts emulated on one machine are told apart too.
+                env["PLAIT_HOST"] = f"{socket.gethostname()}-node{args.node_rank}"
             if args.transport:
                 env["PLAIT_TRANSPORT"] = args.transport
             if args.timeout:

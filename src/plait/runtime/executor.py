@@ -26,9 +26,6 @@ from plait.transport.base import Handle, Transport
 
 __all__ = ["Call", "Workspace", "execute"]
 
-#: Bits of a wire tag left for the per-pair message index of one call.
-TAG_BITS = 24
-
 
 class Workspace:
     """Scratch memory reused from call to call, so a hot loop allocates nothing.
@@ -56,7 +53,7 @@ class Call:
     """What the executor needs to know about the call besides the schedule."""
 
     describe: str  # e.g. "allreduce (ring, call #7)", used in messages
-    tag_base: int  # the call's sequence number shifted left by TAG_BITS
+    tag_base: int  # tag of the call's message 0 (see Note [wire tags] in plait.group)
     check: int  # digest of the call's parameters, compared by the transport
     ufunc: np.ufunc | None  # the reduction, for schedules that reduce
     deadline: float | None  # time.monotonic() deadline; None waits forever

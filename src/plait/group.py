@@ -1,0 +1,77 @@
+"""Sub-communicators: a group of ranks sharing the parent's transport, and the tag layout.
+
+Note [wire tags]
+    Every message carries a tag below 2**63 (transports may store it signed).
+    Communicators that share a transport
+    (a parent and the groups split from it) are kept apart by a communicator
+    id in the tag, calls by their sequence number, and the messages of one
+    call by the per-pair index the schedule builder assigns::
+
+        bit 62      61 ........ 44   43 ........ 24   23 ........ 0
+        p2p = 0     comm id (18)     call seq (20)    message index (24)
+        p2p = 1     comm id (18)     user tag (31, bits 0..30)
+
+    Sequence numbers wrap after 2**20 calls, which is safe because the calls
+    of one communicator complete in order on each rank long before that.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from plait.transport.base import Handle, Transport
+
+__all__ = ["COMM_ID_BITS", "GroupTransport", "child_comm_id", "collective_tag", "p2p_tag"]
+
+COMM_ID_BITS = 18
+SEQ_BITS = 20
+INDEX_BITS = 24
+_P2P = 1 << 62
+_COMM_SHIFT = SEQ_BITS + INDEX_BITS
+_SEQ_MASK = (1 << SEQ_BITS) - 1
+
+
+def collective_tag(comm_id: int, seq: int) -> int:
+    """The tag of message index 0 of call ``seq``; add the message index to it."""
+    return (comm_id << _COMM_SHIFT) | ((seq & _SEQ_MASK) << INDEX_BITS)
+
+
+def p2p_tag(comm_id: int, tag: int) -> int:
+    """The wire tag of a user's point-to-point ``tag`` (0 <= tag < 2**31)."""
+    return _P2P | (comm_id << _COMM_SHIFT) | tag
+
+
+def child_comm_id(parent_id: int, seq: int, color: int) -> int:
+    """Id of the group of ``color`` split from ``parent_id`` by its call ``seq`` (never 0)."""
+    digest = zlib.crc32(f"{parent_id}/{seq}/{color}".encode())
+    return digest % ((1 << COMM_ID_BITS) - 1) + 1
+
+
+class GroupTransport:
+    """A view of ``parent`` in which rank ``i`` is the parent's rank ``ranks[i]``.
+
+    It adds nothing on the wire (the communicator id in the tag keeps groups
+    apart) and never closes the parent: closing a group leaves the parent usable.
+    """
+
+    def __init__(self, parent: Transport, ranks: Sequence[int], rank: int) -> None:
+        self.parent = parent
+        self.ranks = tuple(ranks)
+        self.rank = rank
+        self.size = len(self.ranks)
+
+    def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Handle:
+        return self.parent.isend(self.ranks[peer], tag, data, check)
+
+    def irecv(self, peer: int, tag: int, into: memoryview, check: int) -> Handle:
+        return self.parent.irecv(self.ranks[peer], tag, into, check)
+
+    def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
+        return self.parent.wait_any(handles, timeout)
+
+    def cancel(self, handle: Handle) -> None:
+        self.parent.cancel(handle)
+
+    def close(self) -> None:
+        """Nothing to release: the parent owns the connections."""

@@ -1,0 +1,103 @@
+"""Sub-communicators: MPI_Comm_split semantics, independence from the parent, host info."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.testing import run_ranks
+
+
+def test_split_by_parity_orders_by_key_then_rank() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        sub = comm.split(comm.rank % 2, key=-comm.rank)  # reversed order inside each group
+        total = sub.allreduce(np.array([comm.rank]))
+        ranks = sub.allgather(np.array([comm.rank]))
+        # The parent keeps working, interleaved with the group's calls.
+        world = comm.allreduce(np.ones(1))
+        sub.close()
+        again = comm.allreduce(np.ones(1))
+        return sub.rank, sub.size, total[0], ranks.ravel().tolist(), world[0], again[0]
+
+    results = run_ranks(5, body)
+    evens, odds = [4, 2, 0], [3, 1]
+    for r, (sub_rank, sub_size, total, ranks, world, again) in enumerate(results):
+        group = evens if r % 2 == 0 else odds
+        assert (sub_rank, sub_size) == (group.index(r), len(group))
+        assert total == sum(group)
+        assert ranks == group
+        assert world == again == 5
+
+
+def test_split_with_none_color_and_nested_groups() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        sub = comm.split(None if comm.rank == 0 else 1)
+        if sub is None:
+            return None
+        inner = sub.split(sub.rank // 2)
+        res = inner.allreduce(np.array([comm.rank], np.int64), algorithm="ring")
+        return int(res[0]), inner.size
+
+    results = run_ranks(6, body)
+    assert results[0] is None
+    # ranks 1..5 -> sub ranks 0..4 -> inner groups {1,2}, {3,4}, {5}
+    assert [r for r in results[1:]] == [(3, 2), (3, 2), (7, 2), (7, 2), (5, 1)]
+
+
+def test_groups_with_the_same_color_in_different_calls_do_not_mix() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        a = comm.split(0)
+        b = comm.split(0)  # same members, a different communicator
+        wa = a.allreduce(np.full(3, 1.0), async_op=True)
+        rb = b.allreduce(np.full(3, 10.0))
+        return wa.wait()[0], rb[0]
+
+    for a, b in run_ranks(3, body):
+        assert (a, b) == (3.0, 30.0)
+
+
+def test_split_by_host_and_host_info() -> None:
+    from plait.transport.memory import MemoryFabric
+
+    hosts = ["a", "b", "a", "b", "b"]
+    fabric = MemoryFabric(5)
+    comms = [plait.Communicator(t, hosts=hosts) for t in fabric.endpoints]
+    info = [(c.local_rank, c.local_size, c.cross_rank, c.cross_size, c.host) for c in comms]
+    assert info == [
+        (0, 2, 0, 2, "a"),
+        (0, 3, 1, 2, "b"),
+        (1, 2, 0, 2, "a"),
+        (1, 3, 1, 2, "b"),
+        (2, 3, 1, 2, "b"),
+    ]
+
+    import threading
+
+    out: list[Any] = [None] * 5
+
+    def body(c: plait.Communicator) -> None:
+        local = c.split_by_host()
+        out[c.rank] = (local.size, local.rank, local.hosts)
+        local.barrier()
+
+    threads = [threading.Thread(target=body, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out[4] == (3, 2, ("b", "b", "b"))
+    assert out[2] == (2, 1, ("a", "a"))
+
+
+def test_bad_split_arguments() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        with pytest.raises(ValueError, match="color must be >= 0 or None"):
+            comm.split(-3)
+        with pytest.raises(TypeError, match="key must be an int"):
+            comm.split(0, key="x")  # type: ignore[arg-type]
+        return comm.allreduce(np.ones(1))[0]
+
+    assert run_ranks(2, body) == [2.0, 2.0]
