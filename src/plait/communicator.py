@@ -33,7 +33,7 @@ from plait.group import GroupTransport, child_comm_id, collective_tag, p2p_tag
 from plait.ops import SUM, Op, check_dtype
 from plait.runtime.executor import Call, Workspace, execute
 from plait.runtime.work import Work, Worker
-from plait.schedule.builder import Context
+from plait.schedule.builder import Context, HostLayout
 from plait.selection.select import SEGMENT_BYTES, select
 from plait.transport.base import Transport
 
@@ -85,6 +85,9 @@ class Communicator:
         if len(self._hosts) != self._size:
             raise ValueError(f"hosts lists {len(self._hosts)} ranks; expected {self._size}")
         self._on_close: list[Callable[[], object]] = []
+        # Host layout for host-aware algorithms; None when every rank shares one host.
+        layout = HostLayout.from_names(self._hosts)
+        self._layout = layout if layout.n_hosts > 1 else None
         self._comm_id = _comm_id
         self._timeout = _check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
         self._seq = 0
@@ -555,7 +558,7 @@ class Communicator:
         if not isinstance(algorithm, str):
             raise TypeError(f"rank {self._rank}: {c}: algorithm must be a str; got {algorithm!r}")
         if algorithm == "auto":
-            return select(c, self._size, nbytes, commutative=commutative)
+            return select(c, self._size, nbytes, commutative=commutative, hosts=self._layout)
         try:
             spec = get(c, algorithm)
         except ValueError as exc:
@@ -594,6 +597,7 @@ class Communicator:
             op.commutative if op is not None else True,
             root,
             segment,
+            self._layout,
         )
         flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
         writeback = None

@@ -47,6 +47,8 @@ def test_algorithm_names() -> None:
         "double_binary_tree",
         "swing",
         "direct",
+        "hierarchical",
+        "cascade",
     }
     assert set(plait.algorithms("reduce_scatter")) == {"ring", "recursive_halving", "pairwise"}
     assert set(plait.algorithms("allgather")) == {"ring", "recursive_doubling", "bruck"}

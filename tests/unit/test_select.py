@@ -34,3 +34,18 @@ def test_small_and_large_messages() -> None:
     assert select("broadcast", 4, 64 << 20, commutative=True).name == "binomial"
     assert select("broadcast", 16, 64 << 20, commutative=True).name == "scatter_allgather"
     assert select("reduce_scatter", 4, 64 << 20, commutative=False).name == "pairwise"
+
+
+def test_host_aware_choices() -> None:
+    from plait.schedule.builder import HostLayout
+
+    two_hosts = HostLayout([0, 0, 1, 1])
+    assert select("allreduce", 4, 1 << 20, commutative=True, hosts=two_hosts).name == (
+        "hierarchical"
+    )
+    assert select("allreduce", 4, 64 << 20, commutative=True, hosts=two_hosts).name == "cascade"
+    assert select("allreduce", 4, 8, commutative=True, hosts=two_hosts).name == (
+        "recursive_doubling"
+    )
+    assert select("allreduce", 4, 64 << 20, commutative=False, hosts=two_hosts).name == "direct"
+    assert select("allreduce", 4, 64 << 20, commutative=True).name == "ring"

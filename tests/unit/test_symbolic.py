@@ -43,3 +43,24 @@ def test_postcondition(spec: AlgorithmSpec, size: int) -> None:
 def test_every_collective_has_algorithms() -> None:
     for c in COLLECTIVES:
         assert algorithms(c), c
+
+
+def layouts(p: int) -> list[list[int] | None]:
+    """Host layouts: none, contiguous hosts of 2 and 3, interleaved, and uneven."""
+    out: list[list[int] | None] = [None, [r // 2 for r in range(p)], [r // 3 for r in range(p)]]
+    out.append([r % 3 for r in range(p)])  # ranks of a host are not contiguous
+    out.append([0 if r < p // 2 + 1 else 1 + r % 2 for r in range(p)])  # hosts of unequal size
+    return out
+
+
+@pytest.mark.parametrize("size", [*range(1, 18), 24, 33])
+@pytest.mark.parametrize("name", ["hierarchical", "cascade"])
+def test_host_aware_algorithms_on_every_layout(name: str, size: int) -> None:
+    from plait.algos._registry import get
+
+    spec = get("allreduce", name)
+    for hosts in layouts(size):
+        for count in counts(size):
+            prove(spec, size, count, hosts=hosts)
+            prove(spec, size, count, hosts=hosts, in_place=True)
+        prove(spec, size, BIG_ODD, hosts=hosts, segment=8)

@@ -9,6 +9,7 @@ from plait.algos import (  # noqa: F401  (imported to register)
     direct,
     dissemination,
     double_binary_tree,
+    hierarchical,
     pairwise,
     rabenseifner,
     recursive_doubling,

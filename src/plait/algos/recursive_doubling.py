@@ -21,39 +21,49 @@ step 1 pairs (0,2),(1,3) -> everyone holds (x0∘x1)∘(x2∘x3).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from plait.algos._registry import register
 from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder
+from plait.schedule.ir import Region
 
-__all__: list[str] = []
+__all__ = ["rd_allreduce"]
+
+
+def rd_allreduce(b: Builder, group: Sequence[int], me: int, region: Region) -> None:
+    """Recursive-doubling allreduce of ``region`` in place among ``group`` (we are ``group[me]``).
+
+    Positions in ``group`` play the ranks: non-commutative ops are combined in
+    the order of the group, and every member computes the same association.
+    """
+    p = len(group)
+    if p == 1:
+        return
+    pof2 = pof2_floor(p)
+    v = fold(me, p)
+    if v is None:  # extra member: contribute, then wait for the result
+        b.send(group[me + 1], region)
+        b.recv(group[me + 1], region)
+        return
+    if me < 2 * (p - pof2):
+        b.recv_reduce(group[me - 1], region, recv_first=True)
+    mask = 1
+    while mask < pof2:
+        pv = v ^ mask
+        peer = group[unfold(pv, p)]
+        b.send(peer, region)
+        b.recv_reduce(peer, region, recv_first=pv < v)
+        mask <<= 1
+    if me < 2 * (p - pof2):
+        b.send(group[me - 1], region)
 
 
 @register("allreduce", "recursive_doubling")
 def allreduce(b: Builder) -> None:
     """Exchange the whole vector with partners at distance 1, 2, 4, …: lg p steps."""
-    ctx = b.ctx
-    p, r = ctx.size, ctx.rank
-    out = b.out
-    b.copy(b.inp, out)
-    if p == 1:
-        return
-    pof2 = pof2_floor(p)
-    v = fold(r, p)
-    if v is None:  # extra rank: contribute, then wait for the result
-        b.send(r + 1, out)
-        b.recv(r + 1, out)
-        return
-    if r < 2 * (p - pof2):
-        b.recv_reduce(r - 1, out, recv_first=True)
-    mask = 1
-    while mask < pof2:
-        pv = v ^ mask
-        peer = unfold(pv, p)
-        b.send(peer, out)
-        b.recv_reduce(peer, out, recv_first=pv < v)
-        mask <<= 1
-    if r < 2 * (p - pof2):
-        b.send(r - 1, out)
+    b.copy(b.inp, b.out)
+    rd_allreduce(b, range(b.ctx.size), b.ctx.rank, b.out)
 
 
 @register("allgather", "recursive_doubling")

@@ -15,11 +15,57 @@ but only records steps. The builder:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plait.schedule.ir import IN, OUT, TMP, Buf, Region, Schedule, Step, StepKind
 
-__all__ = ["Builder", "Context"]
+__all__ = ["Builder", "Context", "HostLayout"]
+
+
+class HostLayout:
+    """Which host each rank runs on, as host indices numbered by first appearance.
+
+    Hashable with a precomputed hash, so contexts that carry it stay cheap
+    cache keys however many ranks there are.
+
+    >>> HostLayout.from_names(["a", "b", "a"]).members(0)
+    (0, 2)
+    """
+
+    __slots__ = ("_hash", "_members", "hosts")
+
+    def __init__(self, hosts: Sequence[int]) -> None:
+        self.hosts = tuple(hosts)
+        self._hash = hash(self.hosts)
+        members: dict[int, list[int]] = {}
+        for rank, host in enumerate(self.hosts):
+            members.setdefault(host, []).append(rank)
+        self._members = tuple(tuple(m) for _, m in sorted(members.items()))
+
+    @classmethod
+    def from_names(cls, names: Sequence[str]) -> HostLayout:
+        """The layout of ranks whose host names are ``names``."""
+        index: dict[str, int] = {}
+        return cls([index.setdefault(n, len(index)) for n in names])
+
+    @property
+    def n_hosts(self) -> int:
+        """Number of hosts."""
+        return len(self._members)
+
+    def members(self, host: int) -> tuple[int, ...]:
+        """Ranks on ``host``, in rank order."""
+        return self._members[host]
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostLayout) and other.hosts == self.hosts
+
+    def __repr__(self) -> str:
+        return f"HostLayout({list(self.hosts)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +85,7 @@ class Context:
     commutative: bool = True
     root: int = 0
     segment: int = 0  # elements per pipelined message; 0 means unsegmented
+    hosts: HostLayout | None = None  # None: all ranks on one host
 
     def with_rank(self, rank: int) -> Context:
         """The same call as seen by another rank."""
@@ -51,6 +98,7 @@ class Context:
             self.commutative,
             self.root,
             self.segment,
+            self.hosts,
         )
 
 

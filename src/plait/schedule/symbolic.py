@@ -15,10 +15,11 @@ directly or transitively, from every other before it finishes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from plait.algos._registry import AlgorithmSpec, build_schedule
-from plait.schedule.builder import Context
+from plait.schedule.builder import Context, HostLayout
 from plait.schedule.verify import ScheduleError, run_joint
 
 __all__ = ["expected", "prove"]
@@ -73,15 +74,18 @@ def prove(
     commutative: bool = True,
     segment: int = 0,
     in_place: bool = False,
+    hosts: Sequence[int] | None = None,
 ) -> None:
     """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
 
+    ``hosts`` gives the host index of every rank (None: one host).
     ``in_place`` runs with ``OUT`` aliasing ``IN`` (for collectives where the two
     have the same length on that rank), as an ``out=x`` call does.
     """
     c = spec.collective
+    layout = HostLayout(hosts) if hosts is not None else None
     scheds = [
-        build_schedule(spec, Context(c, r, size, count, 1, commutative, root, segment))
+        build_schedule(spec, Context(c, r, size, count, 1, commutative, root, segment, layout))
         for r in range(size)
     ]
     buffers: list[list[list[Any]]] = []
@@ -95,6 +99,8 @@ def prove(
             out = [None] * s.out_count
         buffers.append([inp, out, [None] * s.tmp_count])
     where = f"{c}/{spec.name} size={size} count={count} root={root} commutative={commutative}"
+    if hosts is not None:
+        where += f" hosts={list(hosts)}"
     try:
         seen = run_joint(scheds, buffers, _combine)
     except ScheduleError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.algos._registry import AlgorithmSpec, get
+from plait.schedule.builder import HostLayout
 
 __all__ = ["RULES", "SEGMENT_BYTES", "Rule", "select"]
 
@@ -35,11 +36,24 @@ class Rule:
     max_bytes: float = _INF
     min_ranks: int = 1
     max_ranks: float = _INF
+    multi_host: bool | None = None  # True/False: only when ranks do/don't span hosts
+
+    def applies(self, size: int, nbytes: int, multi_host: bool) -> bool:
+        """Whether the call is in this rule's range."""
+        return (
+            nbytes < self.max_bytes
+            and self.min_ranks <= size < self.max_ranks
+            and (self.multi_host is None or self.multi_host == multi_host)
+        )
 
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
         Rule(("recursive_doubling",), max_bytes=16 << 10),
+        # Across hosts (inter-host links slower than intra-host ones): keep one
+        # slice per rank on the network; pipeline the stages for large vectors.
+        Rule(("hierarchical", "recursive_doubling"), max_bytes=4 << 20, multi_host=True),
+        Rule(("cascade", "direct"), multi_host=True),
         Rule(("rabenseifner", "recursive_doubling"), max_bytes=1 << 20, min_ranks=16),
         Rule(("ring", "direct")),
     ),
@@ -70,11 +84,19 @@ RULES: dict[str, tuple[Rule, ...]] = {
 }
 
 
-def select(collective: str, size: int, nbytes: int, *, commutative: bool) -> AlgorithmSpec:
-    """The algorithm ``auto`` runs for this call."""
+def select(
+    collective: str,
+    size: int,
+    nbytes: int,
+    *,
+    commutative: bool,
+    hosts: HostLayout | None = None,
+) -> AlgorithmSpec:
+    """The algorithm ``auto`` runs for this call (``hosts``: None when all share one host)."""
     rules = RULES[collective]
+    multi_host = hosts is not None and hosts.n_hosts > 1
     for rule in rules:
-        if nbytes < rule.max_bytes and rule.min_ranks <= size < rule.max_ranks:
+        if rule.applies(size, nbytes, multi_host):
             for name in rule.algorithms:
                 spec = get(collective, name)
                 if spec.supports(commutative=commutative):

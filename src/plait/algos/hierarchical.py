@@ -1,0 +1,141 @@
+"""Host-aware allreduce: ``hierarchical`` and ``cascade``, built from the flat pieces.
+
+Both split the work along the host layout (``ctx.hosts``): ranks on one host
+talk over fast intra-host links, and only one slice of the vector per rank
+crosses the slower inter-host network. With ``L`` ranks on every host and
+``H`` hosts, the vector is cut into ``L`` slices; local rank ``j`` of every host
+*leads* slice ``j``: it collects the slice from its host, reduces it across
+hosts with the other hosts' leaders of ``j``, and hands the result back to its
+host. So every rank (and every NIC) carries ``1/L`` of the inter-host traffic;
+no single leader per host becomes the bottleneck. If hosts have different
+numbers of ranks, ``m = min L`` slices are led by local ranks ``0..m-1`` and
+the other ranks only contribute and receive. With one host (no layout) both
+reduce to a flat algorithm over all ranks.
+
+``hierarchical`` runs three bulk phases, each a sub-schedule of a flat
+algorithm: an intra-host ring reduce-scatter, an inter-host allreduce of each
+slice (ring for large slices, recursive doubling for small ones: the inner
+algorithm), and an intra-host ring allgather (Horovod's and NCCL's
+hierarchical allreduce).
+
+``cascade`` is plait's own name and design (no published algorithm goes by
+it): the same division of labour, but every stage talks directly (each rank
+sends each leader its part of the slice; leaders send the result to each
+member) and every slice moves in segments of a quarter of ``ctx.segment``, so
+segment k crosses the hosts while segment k+1 is still being reduced inside
+them and segment k-1 is already going back: the three stages run as a
+cascade instead of one after the other. Direct intra-host steps suit shared
+memory, where a step costs a copy rather than a network latency.
+
+Costs (n bytes; L ranks per host, H hosts; α, β intra-host and α', β' inter-host):
+    hierarchical  2(L-1)(α + nβ/L) + inner + (L-1)/L · nγ,
+                  inner = 2(H-1)α' + 2((H-1)/H)(n/L)β' + ((H-1)/H)(n/L)γ   (ring)
+    cascade       2α·(L-1 messages) + 2((L-1)/L)·nβ + the same inner ring,
+                  overlapped across S segments: ≈ max(stage) · (1 + 2/S)
+Restrictions: commutative ops only (ring and direct stages reduce out of rank
+order); any p and any layout, including hosts of unequal size and ranks of a
+host that are not contiguous.
+
+Example: 2 hosts × 2 ranks (r0, r1 on A; r2, r3 on B), vector [x|y]:
+    A: r0 leads x, r1 leads y      B: r2 leads x, r3 leads y
+    1. intra-host: r0 gets x0+x1, r1 gets y0+y1; r2 gets x2+x3, r3 gets y2+y3
+    2. inter-host: r0 <-> r2 reduce x;  r1 <-> r3 reduce y  (both links busy)
+    3. intra-host: r0 sends x to r1, r1 sends y to r0; likewise on B.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from plait.algos._registry import register
+from plait.algos.recursive_doubling import rd_allreduce
+from plait.algos.ring import ring_allgather, ring_reduce_scatter
+from plait.schedule.builder import Builder, blocks, segments
+from plait.schedule.ir import Region
+
+__all__ = ["INNER_RD_BYTES", "host_groups"]
+
+#: Slices below this many bytes cross hosts by recursive doubling, larger ones by ring.
+INNER_RD_BYTES = 64 << 10
+
+
+def host_groups(hosts: Sequence[int] | None, size: int) -> list[tuple[int, ...]]:
+    """The ranks of each host, hosts in order of their first rank (all on one host if None).
+
+    >>> host_groups([0, 1, 0, 1, 1], 5)
+    [(0, 2), (1, 3, 4)]
+    """
+    if hosts is None:
+        return [tuple(range(size))]
+    groups: dict[int, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        groups.setdefault(host, []).append(rank)
+    return [tuple(g) for g in groups.values()]
+
+
+def _plan(b: Builder) -> tuple[tuple[int, ...], int, list[tuple[int, ...]], int, list[Region]]:
+    """(my host's ranks, my index there, every host's ranks, leaders per host, slices)."""
+    ctx = b.ctx
+    layout = ctx.hosts.hosts if ctx.hosts is not None else None
+    groups = host_groups(layout, ctx.size)
+    local = next(g for g in groups if ctx.rank in g)
+    m = min(len(g) for g in groups)
+    slices = [b.out.sub(o, n) for o, n in blocks(ctx.count, m)]
+    return local, local.index(ctx.rank), groups, m, slices
+
+
+def _cross_ring(b: Builder, cross: Sequence[int], me: int, region: Region, segment: int) -> None:
+    chunks = [region.sub(o, n) for o, n in blocks(region.count, len(cross))]
+    ring_reduce_scatter(b, cross, me, chunks, segment)
+    ring_allgather(b, cross, me, chunks, segment)
+
+
+@register("allreduce", "hierarchical", commutative_only=True)
+def hierarchical(b: Builder) -> None:
+    """Intra-host reduce-scatter, inter-host allreduce of each slice, intra-host allgather."""
+    ctx = b.ctx
+    b.copy(b.inp, b.out)
+    local, me, groups, m, slices = _plan(b)
+    empty = b.out.sub(0, 0)
+    chunks = [slices[j] if j < m else empty for j in range(len(local))]
+    ring_reduce_scatter(b, local, me, chunks, 0)
+    if me < m:
+        cross = [g[me] for g in groups]
+        host = next(i for i, g in enumerate(groups) if ctx.rank in g)
+        if slices[me].count * ctx.itemsize < INNER_RD_BYTES:
+            rd_allreduce(b, cross, host, slices[me])
+        else:
+            _cross_ring(b, cross, host, slices[me], 0)
+    ring_allgather(b, local, me, chunks, 0)
+
+
+@register("allreduce", "cascade", commutative_only=True)
+def cascade(b: Builder) -> None:
+    """Every local rank leads a slice across hosts; direct, segmented, overlapping stages."""
+    ctx = b.ctx
+    b.copy(b.inp, b.out)
+    local, me, groups, m, slices = _plan(b)
+    segment = max(1, ctx.segment // 4) if ctx.segment else 0
+    # Stage 1: send each leader its slice, leader j reduces the slice from its host.
+    for j in range(m):
+        if j != me:
+            for seg in segments(slices[j], segment):
+                b.send(local[j], seg)
+    if me < m:
+        for i in range(len(local)):
+            if i != me:
+                for seg in segments(slices[me], segment):
+                    b.recv_reduce(local[i], seg, recv_first=i < me)
+        # Stage 2: leaders of slice `me` on every host reduce it across hosts.
+        cross = [g[me] for g in groups]
+        host = next(i for i, g in enumerate(groups) if ctx.rank in g)
+        _cross_ring(b, cross, host, slices[me], segment)
+        # Stage 3: hand the reduced slice to every other rank of the host.
+        for i in range(len(local)):
+            if i != me:
+                for seg in segments(slices[me], segment):
+                    b.send(local[i], seg)
+    for j in range(m):
+        if j != me:
+            for seg in segments(slices[j], segment):
+                b.recv(local[j], seg)
