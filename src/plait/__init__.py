@@ -16,6 +16,7 @@ from plait import algos as _algorithms  # registers every algorithm
 from plait._init import init as init
 from plait.communicator import Communicator as Communicator
 from plait.errors import ClosedError as ClosedError
+from plait.errors import CollectiveTimeout as CollectiveTimeout
 from plait.errors import CommError as CommError
 from plait.errors import CommTimeout as CommTimeout
 from plait.errors import InternalError as InternalError
@@ -56,6 +57,7 @@ __all__ = [
     "PROD",
     "SUM",
     "ClosedError",
+    "CollectiveTimeout",
     "CommError",
     "CommTimeout",
     "Communicator",

@@ -3,7 +3,9 @@
 ::
 
     CommError                          anything that went wrong in communication
-    ├── CommTimeout (TimeoutError)     a call did not finish in time; names the ranks waited on
+    ├── CommTimeout (TimeoutError)     a call did not finish in time
+    │   └── CollectiveTimeout          a collective timed out; names it, its call number and the
+    │                                  ranks that did not arrive
     ├── PeerLostError                  a peer closed, died or dropped its connection
     ├── MismatchError                  ranks disagree on the call (collective, count, dtype, op, …)
     ├── ClosedError                    this communicator was closed by its owner
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClosedError",
+    "CollectiveTimeout",
     "CommError",
     "CommTimeout",
     "InternalError",
@@ -41,6 +44,10 @@ class CommError(Exception):
 
 class CommTimeout(CommError, TimeoutError):
     """A call did not finish within its timeout."""
+
+
+class CollectiveTimeout(CommTimeout):
+    """A collective did not finish in time; the message names the ranks that never arrived."""
 
 
 class PeerLostError(CommError):

@@ -99,6 +99,6 @@ with plait.init(timeout=60) as comm:
 def test_split_and_point_to_point(tmp_path: Path, transport: str) -> None:
     script = tmp_path / "split.py"
     script.write_text(SPLIT_AND_P2P)
-    res = plait_run(["-n", "4", "--transport", transport, str(script)], timeout=120)
+    res = plait_run(["-n", "4", "--tag-output", "--transport", transport, str(script)], timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    assert sorted(res.stdout.splitlines()) == [f"ok {r}" for r in range(4)]
+    assert sorted(res.stdout.splitlines()) == [f"[{r}]: ok {r}" for r in range(4)]

@@ -15,6 +15,7 @@ EXPECTED = {
     "PROD",
     "SUM",
     "ClosedError",
+    "CollectiveTimeout",
     "CommError",
     "CommTimeout",
     "Communicator",

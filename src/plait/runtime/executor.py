@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plait.errors import CommError, CommTimeout
+from plait.errors import CollectiveTimeout, CommError
 from plait.schedule.ir import Region, Schedule, StepKind
 from plait.transport.base import Handle, Transport
 
@@ -188,9 +188,9 @@ def execute(
         raise
 
 
-def _timeout(rank: int, call: Call, steps: tuple, pending: dict[Handle, int]) -> CommTimeout:
+def _timeout(rank: int, call: Call, steps: tuple, pending: dict[Handle, int]) -> CollectiveTimeout:
     waiting = sorted({steps[i].peer for h, i in pending.items() if not h.done})
-    return CommTimeout(
+    return CollectiveTimeout(
         f"rank {rank}: {call.describe} timed out waiting for rank(s) {waiting}: they may have "
         "died, be stuck in other work, be slower than the timeout, or be in a different call"
     )

@@ -1,0 +1,121 @@
+"""Faults in real multi-process jobs: never hang, fail fast, say who and what."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plait_run(args: list[str], script: str, tmp_path: Path, timeout: float = 90):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(script))
+    start = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "run", *args, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    return res, time.monotonic() - start
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_kill_9_mid_allreduce(tmp_path: Path, transport: str) -> None:
+    script = """
+        import os, signal, threading, time, numpy as np, plait
+        comm = plait.init(timeout=120)
+        x = np.ones(4 << 20, np.float32)
+        comm.allreduce(x)
+        if comm.rank == 2:  # die in the middle of the next calls, from another thread
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        start = time.monotonic()
+        try:
+            while True:
+                comm.allreduce(x, algorithm="ring")
+        except plait.PeerLostError as exc:
+            print(f"rank {comm.rank} lost a peer after {time.monotonic() - start:.1f}s: {exc}",
+                  flush=True)
+            raise SystemExit(9)
+    """
+    res, elapsed = plait_run(
+        ["-n", "4", "--tag-output", "--transport", transport], script, tmp_path
+    )
+    assert res.returncode != 0
+    assert "rank 2 was killed by SIGKILL" in res.stderr or "lost a peer" in res.stdout, (
+        res.stdout[-2000:] + res.stderr[-2000:]
+    )
+    assert elapsed < 30
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_rank_skipping_a_collective_times_out_naming_it(tmp_path: Path, transport: str) -> None:
+    script = """
+        import time, numpy as np, plait
+        comm = plait.init()
+        comm.allreduce(np.ones(8))
+        if comm.rank == 1:
+            time.sleep(8)  # skips the next allreduce (stays alive and silent)
+            raise SystemExit(0)
+        try:
+            comm.allreduce(np.ones(8), algorithm="recursive_doubling", timeout=2)
+        except plait.CollectiveTimeout as exc:
+            print("timeout:", exc, flush=True)
+            raise SystemExit(4)
+    """
+    res, _ = plait_run(["-n", "2", "--transport", transport], script, tmp_path)
+    assert res.returncode == 4, res.stdout + res.stderr[-2000:]
+    assert "allreduce (recursive_doubling, call #1) timed out waiting for rank(s) [1]" in res.stdout
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_mismatched_counts_fail_on_every_rank(tmp_path: Path, transport: str) -> None:
+    script = """
+        import numpy as np, plait
+        comm = plait.init(timeout=30)
+        try:
+            comm.allreduce(np.ones(10 + comm.rank), algorithm="ring")
+        except plait.MismatchError as exc:
+            print(f"mismatch on {comm.rank}: {exc}", flush=True)
+        else:
+            raise SystemExit("no error")
+        comm.close()
+    """
+    res, _ = plait_run(["-n", "3", "--tag-output", "--transport", transport], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert sorted(line.split(":")[1] for line in res.stdout.splitlines()) == [
+        " mismatch on 0",
+        " mismatch on 1",
+        " mismatch on 2",
+    ]
+
+
+def test_close_after_error_releases_everything(tmp_path: Path) -> None:
+    script = """
+        import os, threading, numpy as np, plait
+        comm = plait.init(timeout=30)
+        try:
+            comm.allreduce(np.ones(10 + comm.rank), algorithm="ring")
+        except plait.CommError:
+            pass
+        try:
+            comm.allreduce(np.ones(3))
+        except plait.CommError as exc:
+            assert "unusable after an earlier failure" in str(exc), exc
+        else:
+            raise SystemExit("a broken communicator was used")
+        comm.close()
+        leftover = [p for p in os.listdir("/dev/shm") if p.startswith("plait")]
+        threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        print("left:", leftover, threads, flush=True)
+    """
+    res, _ = plait_run(["-n", "2", "--tag-output"], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert sorted(res.stdout.splitlines()) == ["[0]: left: [] []", "[1]: left: [] []"]
