@@ -17,6 +17,7 @@ Note [in-place and staging]
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from plait.algos._registry import AlgorithmSpec, build_schedule, get
-from plait.errors import ClosedError, CommError, CommTimeout, UnsupportedError
+from plait.errors import ClosedError, CommError, CommTimeout, MismatchError, UnsupportedError
 from plait.group import GroupTransport, child_comm_id, collective_tag, p2p_tag
 from plait.ops import SUM, Op, check_dtype
 from plait.runtime.executor import Call, Workspace, execute
@@ -89,6 +90,10 @@ class Communicator:
         layout = HostLayout.from_names(self._hosts)
         self._layout = layout if layout.n_hosts > 1 else None
         self._comm_id = _comm_id
+        # PLAIT_DEBUG=detail: compare every call's full signature across ranks first, and log it.
+        self._detail = os.environ.get("PLAIT_DEBUG", "").lower() == "detail"
+        if self._detail:
+            _enable_debug_log()
         self._timeout = _check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
         self._seq = 0
         self._closed = False
@@ -655,11 +660,15 @@ class Communicator:
         seconds = (
             self._timeout if timeout is None else _check_timeout(timeout, f"rank {self._rank}: {c}")
         )
+        if self._detail:
+            self._verify_same_call(req, seconds)
         with self._lock:
             self._check_usable(c)
             seq = self._seq
             self._seq += 1
         describe = f"{c} ({req.spec.name}, call #{seq})"
+        if self._detail:
+            _log.debug("rank %d: %s: %s", self._rank, describe, _signature(req))
         if not async_op:
             return self._run(req, seq, seconds, describe)
         work = Work(f"rank {self._rank}: {describe}")
@@ -708,6 +717,27 @@ class Communicator:
             req.writeback[...] = req.out.reshape(req.writeback.shape)
         return req.result
 
+    def _verify_same_call(self, req: _Request, seconds: float) -> None:
+        """PLAIT_DEBUG=detail: allgather every rank's call signature and compare them all.
+
+        Costs one small allgather per call; the default check (a digest in every
+        message header) costs nothing extra but can only say that calls differ.
+        """
+        text = _signature(req).encode()[: _SIGNATURE_BYTES - 1]
+        mine = np.zeros(_SIGNATURE_BYTES, np.uint8)
+        mine[: len(text)] = np.frombuffer(text, np.uint8)
+        self._detail = False  # the check itself is not checked
+        try:
+            table = self.allgather(mine, algorithm="bruck", timeout=seconds)
+        finally:
+            self._detail = True
+        calls: dict[str, list[int]] = {}
+        for r, row in enumerate(table):
+            calls.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(r)
+        if len(calls) > 1:
+            detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
+            raise MismatchError(f"rank {self._rank}: ranks made different calls: {detail}")
+
     def _wait_p2p(self, handle: Any, c: str, peer: int, tag: int, timeout: float | None) -> None:
         seconds = (
             self._timeout if timeout is None else _check_timeout(timeout, f"rank {self._rank}: {c}")
@@ -744,6 +774,28 @@ def _digest(req: _Request, dtype: np.dtype) -> int:
     op = req.op.key if req.op is not None else "-"
     text = f"{ctx.collective}|{req.spec.name}|{ctx.count}|{dtype.name}|{op}|{ctx.root}"
     return zlib.crc32(text.encode())
+
+
+_SIGNATURE_BYTES = 160
+_log = logging.getLogger("plait")
+
+
+def _signature(req: _Request) -> str:
+    ctx = req.ctx
+    op = req.op.name if req.op is not None else "-"
+    return (
+        f"{ctx.collective}(count={ctx.count}, dtype={req.out.dtype.name}, op={op}, "
+        f"root={ctx.root}, algorithm={req.spec.name})"
+    )
+
+
+def _enable_debug_log() -> None:
+    """Show plait's debug log on stderr unless the application configured logging."""
+    if not _log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("plait %(levelname)s %(message)s"))
+        _log.addHandler(handler)
+    _log.setLevel(logging.DEBUG)
 
 
 def _p2p_check(dtype: np.dtype) -> int:

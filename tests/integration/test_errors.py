@@ -262,3 +262,18 @@ def test_error_tree() -> None:
         assert issubclass(cls, plait.CommError)
     assert issubclass(plait.CommTimeout, TimeoutError)
     assert issubclass(plait.UnsupportedError, ValueError)
+
+
+def test_debug_detail_names_every_ranks_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_DEBUG", "detail")
+
+    def body(comm: plait.Communicator) -> Any:
+        assert np.array_equal(comm.allreduce(np.ones(4)), np.full(4, 3.0))  # same calls: fine
+        x = np.ones(5 + comm.rank % 2)
+        with pytest.raises(plait.MismatchError) as info:
+            comm.allreduce(x, algorithm="ring")
+        return str(info.value)
+
+    for msg in run_ranks(3, body):
+        assert "ranks [0, 2]: allreduce(count=5, dtype=float64, op=SUM" in msg
+        assert "ranks [1]: allreduce(count=6" in msg
