@@ -201,6 +201,8 @@ class Network:
         environ = {
             k: v for k, v in os.environ.items() if not k.startswith(("PLAIT_", "MULTIHOST_"))
         }
+        # Launchers on several hosts must share the job's secret.
+        environ["PLAIT_SECRET"] = f"multihost-test-{port}"
         environ.update(env or {})
         nodes = []
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import struct
 import subprocess
@@ -13,6 +14,7 @@ import time
 import pytest
 from store_backends import TEST_TIMEOUT, Background, free_port, ipv6_loopback_available
 
+from plait import _auth
 from plait.errors import ClosedError, RendezvousError
 from plait.rendezvous.store import StoreTimeout
 from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServer
@@ -281,9 +283,38 @@ def _raw_response(sock: socket.socket) -> tuple[int, bytes]:
     return code, body
 
 
+def _authenticated(port: int, key: bytes = b"") -> socket.socket:
+    """A raw connection to the server that has passed the shared-secret handshake."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=TEST_TIMEOUT)
+    try:
+        _auth.client_handshake(raw, key, TEST_TIMEOUT, "test")
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+def test_wrong_secret_is_refused_and_the_store_unaffected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_SECRET", "right")
+    with TCPStoreServer() as server, TCPStore("127.0.0.1", server.port) as good:
+        good.set("k", b"v")
+        with pytest.raises(RendezvousError, match=r"failed authentication|closed the connection"):
+            TCPStore("127.0.0.1", server.port, secret=b"wrong", connect_timeout=2)
+        with pytest.raises(_auth.AuthError):
+            _authenticated(server.port, b"wrong")
+        # Random bytes instead of a handshake: dropped, nothing stored, server fine.
+        for junk in (b"\x00" * 48, os.urandom(4096), b"GET / HTTP/1.1\r\n\r\n" * 10):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=TEST_TIMEOUT) as raw:
+                raw.recv(_auth.CHALLENGE_BYTES)
+                raw.sendall(junk)
+                assert raw.recv(1) == b""
+        assert good.get("k") == b"v"
+        assert good.add("n", 1) == 1
+
+
 def test_malformed_requests_do_not_disturb_the_server() -> None:
     with TCPStoreServer() as server, TCPStore("127.0.0.1", server.port) as good:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=TEST_TIMEOUT) as raw:
+        with _authenticated(server.port) as raw:
             _raw_request(raw, 99, [])  # unknown operation: answered with an error
             code, body = _raw_response(raw)
             assert code == 3
@@ -294,7 +325,7 @@ def test_malformed_requests_do_not_disturb_the_server() -> None:
             assert b"SET takes 2 fields" in body
             raw.sendall(struct.pack("!BQ", 1, 1 << 60))  # absurd length: dropped
             assert raw.recv(1) == b""
-        with socket.create_connection(("127.0.0.1", server.port), timeout=TEST_TIMEOUT) as raw:
+        with _authenticated(server.port) as raw:
             # A client that parks a wait and vanishes.
             _raw_request(raw, 4, [struct.pack("!d", 60.0), b"ghost"])
         good.set("ghost", b"boo")
@@ -306,7 +337,7 @@ def test_pipelined_requests_behind_a_parked_one_are_answered_in_order() -> None:
     with (
         TCPStoreServer() as server,
         TCPStore("127.0.0.1", server.port) as setter,
-        socket.create_connection(("127.0.0.1", server.port), timeout=TEST_TIMEOUT) as raw,
+        _authenticated(server.port) as raw,
     ):
         _raw_request(raw, 2, [struct.pack("!d", 60.0), b"first"])  # parks
         _raw_request(raw, 5, [b"first"])  # CHECK, must wait its turn

@@ -10,7 +10,9 @@ One launcher runs per host. The launcher of node 0 hosts the built-in TCP
 store that the ranks rendezvous through; every rank gets its identity in the
 environment (``PLAIT_RANK``, ``PLAIT_SIZE``, ``PLAIT_LOCAL_RANK``,
 ``PLAIT_LOCAL_SIZE``, ``PLAIT_NODE_RANK``, ``PLAIT_NNODES``, ``PLAIT_STORE``,
-``PLAIT_JOB_ID``), which a bare :func:`plait.init` reads.
+``PLAIT_JOB_ID``, ``PLAIT_SECRET``), which a bare :func:`plait.init` reads. The
+secret is generated per job on one host; with several hosts every launcher
+must be given the same PLAIT_SECRET.
 
 If a rank exits with a non-zero code or dies from a signal, the launcher stops
 the others (SIGTERM, then SIGKILL after a grace period) and exits non-zero,
@@ -151,9 +153,19 @@ def main(args: argparse.Namespace) -> int:
 
     from plait.rendezvous.tcp_store import TCPStoreServer
 
+    # Every connection of the job proves it knows this secret (see plait._auth).
+    # Hosts of one job must share it: launchers on several hosts need PLAIT_SECRET set.
+    secret = os.environ.get("PLAIT_SECRET")
+    if secret is None:
+        if args.nnodes > 1:
+            raise SystemExit(
+                "plait run: --nnodes > 1 needs the same PLAIT_SECRET in every launcher's "
+                "environment (e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
+            )
+        secret = secrets.token_hex(16)
     server = None
     if args.node_rank == 0:
-        server = TCPStoreServer(args.master_addr, args.master_port)
+        server = TCPStoreServer(args.master_addr, args.master_port, secret=secret.encode())
         port = server.port
     else:
         port = args.master_port
@@ -186,6 +198,7 @@ def main(args: argparse.Namespace) -> int:
                 PLAIT_NNODES=str(args.nnodes),
                 PLAIT_STORE=f"tcp://{address}",
                 PLAIT_JOB_ID=job,
+                PLAIT_SECRET=secret,
             )
             if args.nnodes > 1 and "PLAIT_HOST" not in os.environ:
                 # One launcher per host: its node index names the host, so that

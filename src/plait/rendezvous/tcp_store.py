@@ -47,6 +47,7 @@ import contextlib
 import enum
 import heapq
 import itertools
+import logging
 import math
 import selectors
 import socket
@@ -57,8 +58,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Self
 
+from plait import _auth
 from plait.errors import ClosedError, RendezvousError
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout
+
+_log = logging.getLogger("plait")
+#: Seconds a new connection has to complete the shared-secret handshake.
+_HANDSHAKE_SECONDS = 10.0
 
 __all__ = ["StoreConnectError", "TCPStore", "TCPStoreServer"]
 
@@ -160,10 +166,11 @@ class _Parked:
 class _Conn:
     """Server-side state of one client connection."""
 
-    __slots__ = ("closed", "inbuf", "outbuf", "parked", "sock", "writing")
+    __slots__ = ("closed", "inbuf", "nonce", "outbuf", "parked", "sock", "writing")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.nonce: bytes | None = None  # set until the client has authenticated
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.parked: _Parked | None = None
@@ -192,8 +199,17 @@ class TCPStoreServer:
             store = TCPStore("127.0.0.1", server.port)
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, backlog: int = 1024) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        backlog: int = 1024,
+        secret: bytes | None = None,
+    ) -> None:
         self.host = _strip_brackets(host)
+        # Clients must prove they know this key before any request is read.
+        self._key = _auth.secret() if secret is None else secret
         address = _format_address(self.host, port)
         try:
             infos = socket.getaddrinfo(
@@ -315,6 +331,9 @@ class TCPStoreServer:
             conn = _Conn(sock)
             self._conns.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
+            hello, conn.nonce = _auth.challenge()
+            conn.outbuf += hello
+            self._flush(conn)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.closed:
@@ -368,6 +387,20 @@ class TCPStoreServer:
 
     def _process(self, conn: _Conn) -> None:
         """Handle complete requests in ``conn``'s buffer until one parks."""
+        if conn.nonce is not None:  # still authenticating: nothing else is read
+            if len(conn.inbuf) < _auth.RESPONSE_BYTES:
+                return
+            answer = _auth.check_response(
+                self._key, conn.nonce, bytes(conn.inbuf[: _auth.RESPONSE_BYTES])
+            )
+            if answer is None:
+                _log.warning("store %s: dropped a client that failed authentication", self.address)
+                self._drop(conn)
+                return
+            del conn.inbuf[: _auth.RESPONSE_BYTES]
+            conn.nonce = None
+            conn.outbuf += answer
+            self._flush(conn)
         while not conn.closed and conn.parked is None:
             if len(conn.inbuf) < _HEADER.size:
                 return
@@ -534,9 +567,11 @@ class TCPStore(Store):
         *,
         timeout: float = DEFAULT_STORE_TIMEOUT,
         connect_timeout: float | None = None,
+        secret: bytes | None = None,
     ) -> None:
         self.host = _strip_brackets(host)
         self.port = port
+        self._key = _auth.secret() if secret is None else secret
         self.address = _format_address(self.host, port)
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
@@ -557,6 +592,7 @@ class TCPStore(Store):
         is_server: bool,
         timeout: float = DEFAULT_STORE_TIMEOUT,
         connect_timeout: float | None = None,
+        secret: bytes | None = None,
     ) -> TCPStore:
         """A client, after starting the server in this process if ``is_server``.
 
@@ -568,12 +604,15 @@ class TCPStore(Store):
                 owns it and closes it in :meth:`close`.
             timeout: Default seconds for blocking calls.
             connect_timeout: Seconds to keep trying to connect; None: ``timeout``.
+            secret: The shared secret; None: PLAIT_SECRET.
         """
         if not is_server:
-            return cls(host, port, timeout=timeout, connect_timeout=connect_timeout)
-        server = TCPStoreServer(host, port)
+            return cls(host, port, timeout=timeout, connect_timeout=connect_timeout, secret=secret)
+        server = TCPStoreServer(host, port, secret=secret)
         try:
-            client = cls(host, server.port, timeout=timeout, connect_timeout=connect_timeout)
+            client = cls(
+                host, server.port, timeout=timeout, connect_timeout=connect_timeout, secret=secret
+            )
         except BaseException:
             server.close()
             raise
@@ -663,6 +702,11 @@ class TCPStore(Store):
                 delay = min(2 * delay, max_delay)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                _auth.client_handshake(sock, self._key, _HANDSHAKE_SECONDS, f"store {self.address}")
+            except _auth.AuthError as exc:
+                sock.close()
+                raise StoreConnectError(f"{exc}; check PLAIT_SECRET") from exc
             return sock
 
     def _acquire(self, what: str) -> socket.socket:
