@@ -1,26 +1,72 @@
 """``plait.init``: make a Communicator from arguments or the environment.
 
 Note [how ranks find each other]
-    Identity (rank, size, local rank) comes from the launcher's environment:
-    ``plait run`` (PLAIT_*), torchrun (RANK, WORLD_SIZE, LOCAL_RANK, …),
-    Open MPI's mpirun (OMPI_COMM_WORLD_*) or Slurm's srun (SLURM_*). The
-    rendezvous store is, in order: ``store=``; PLAIT_STORE (a URL, set by
-    ``plait run``); under torchrun, a plait TCP store that rank 0 serves on
-    MASTER_ADDR at MASTER_PORT + 1 (MASTER_PORT itself belongs to torch's
-    store); otherwise, when every rank is on one host (mpirun/srun without
-    MASTER_ADDR), a file store in the temp directory keyed by the job's id.
+    Identity (rank, size, local rank) comes from the launcher's environment.
+    Launchers nest (torchrun started by srun, a script under mpirun that
+    copies OMPI_COMM_WORLD_RANK into RANK), so the innermost one wins:
+
+    1. ``plait run``: PLAIT_RANK, PLAIT_SIZE, PLAIT_LOCAL_RANK, PLAIT_LOCAL_SIZE.
+    2. torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, with
+       TORCHELASTIC_RUN_ID (set by torchrun only).
+    3. Open MPI's mpirun (4 and 5): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
+       _LOCAL_SIZE; the job id is PMIX_NAMESPACE (a number such as
+       ``2048196609`` in Open MPI 4, ``prterun-host-1234@1`` in 5; older
+       versions: OMPI_MCA_ess_base_jobid). Else Slurm's srun: SLURM_PROCID,
+       SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID; the job id
+       is ``SLURM_JOB_ID.SLURM_STEP_ID`` (plus ``.rN`` after N requeues).
+       Only a task of a step counts: a batch script itself has SLURM_PROCID=0
+       and SLURM_NTASKS=N but no SLURM_STEP_ID, and is a lone process.
+       If RANK and WORLD_SIZE are set too and disagree with these, they win
+       (whatever set them per process runs inside mpirun or srun).
+    4. RANK and WORLD_SIZE alone: torch's ``env://`` convention, whoever set them.
+
+    The rendezvous store is, in order: ``store=``; PLAIT_STORE (a URL, set by
+    ``plait run``); if MASTER_ADDR is set, a plait TCP store that rank 0 serves
+    on MASTER_ADDR at MASTER_PORT + 1 (MASTER_PORT, default 29500, belongs to
+    torch's own store; the next port must be free); otherwise, under mpirun or
+    srun with every rank on one host, a file store in a private directory of
+    the temp dir named after the user and the job id (``plait-0-4242.0-<n>``
+    for the n-th ``init`` of the process in step 0 of Slurm job 4242, as
+    root). Ranks on several hosts with none of these cannot meet: ``init``
+    says so.
     Ranks then publish their host names (PLAIT_HOST overrides the name, so
     several emulated hosts can share a machine), and the transport is chosen:
     shared memory when all ranks share a host, TCP otherwise (PLAIT_TRANSPORT
     or ``transport=`` force one).
+
+Note [store lifetime]
+    The store is only needed to meet: once a rank's transport is connected it
+    never touches the store again. So ``init`` closes a store it opened itself
+    (from a URL or the environment) before it returns, and:
+
+    - The temp-dir file store is deleted by the last rank to be done with it:
+      each rank adds itself to the key ``left``, and the one that makes the
+      count reach ``size`` removes the directory. A rank that fails counts
+      itself out too; only a rank killed during ``init`` leaves its job's
+      directory behind (a few bytes, never reused: the name holds the job id).
+      Every ``init`` in a process gets a directory of its own, since the last
+      rank of one ``init`` may delete its directory while faster ranks have
+      moved on to the next.
+    - The MASTER_PORT + 1 server lives as long as rank 0's process, and every
+      ``init`` there uses it (its keys are per ``init``). Shutting it down at
+      the end of an ``init`` would race with the next one: the other ranks
+      would reach the old server, not yet closed, and lose what they wrote.
+      torch's store on MASTER_PORT lives as long, too.
+
+    A store passed as an object is the caller's and left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import socket
+import stat
 import tempfile
 import threading
+import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,29 +79,60 @@ from plait.transport.memory import MemoryFabric
 __all__ = ["LaunchInfo", "detect_launch", "init"]
 
 TRANSPORTS = ("auto", "shm", "tcp")
+#: MASTER_PORT when MASTER_ADDR is set without it (torchrun's default).
+DEFAULT_MASTER_PORT = 29500
 _generation = 0
 _generation_lock = threading.Lock()
+#: Store servers rank 0 runs at MASTER_PORT + 1, by (host, port); see Note [store lifetime].
+_servers: dict[tuple[str, int], Any] = {}
+_servers_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    """What the environment says about this process's place in the job."""
+    """What the environment says about this process's place in the job.
 
-    launcher: str  # "plait", "torchrun", "mpirun", "srun" or "none"
+    Attributes:
+        launcher: ``"plait"``, ``"torchrun"`` (torchrun, or RANK and WORLD_SIZE
+            set by anyone), ``"mpirun"``, ``"srun"`` or ``"none"``.
+        rank, size: this process's rank and the number of ranks.
+        local_rank: rank among the ranks on this host, if the launcher says.
+        store_url: where the ranks meet (see Note [how ranks find each other]),
+            or None when the environment does not tell.
+        store_is_server: this process serves the ``tcp://`` store (rank 0, with
+            MASTER_ADDR).
+        job_id: the launcher's id of the job, if any.
+        local_size: ranks on this host, if the launcher says.
+        store_is_temp: ``store_url`` is a directory plait names in the temp dir;
+            :func:`init` appends ``-<n>`` for its n-th call and deletes the
+            directory once every rank has met (Note [store lifetime]).
+        store_by_rank0: ``store_url`` is the store rank 0 serves at
+            MASTER_PORT + 1 (``store_is_server`` says whether this is rank 0).
+    """
+
+    launcher: str
     rank: int
     size: int
     local_rank: int | None
     store_url: str | None
     store_is_server: bool
     job_id: str | None
+    local_size: int | None = None
+    store_is_temp: bool = False
+    store_by_rank0: bool = False
 
 
-def _env_int(env: dict[str, str], *names: str) -> int | None:
+def _given(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip() != ""
+
+
+def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+    """The first of ``names`` that is set, as an int (None if none is set)."""
     for name in names:
-        value = env.get(name)
-        if value not in (None, ""):
+        value = env.get(name, "")
+        if value.strip() != "":
             try:
-                return int(value)  # type: ignore[arg-type]
+                return int(value)
             except ValueError:
                 raise ValueError(
                     f"environment variable {name}={value!r} is not an integer"
@@ -63,62 +140,257 @@ def _env_int(env: dict[str, str], *names: str) -> int | None:
     return None
 
 
-def detect_launch(env: dict[str, str] | None = None) -> LaunchInfo:
-    """Read rank, size and rendezvous from the environment of a known launcher."""
+def _first(env: Mapping[str, str], *names: str) -> str:
+    """The first of ``names`` that is set (for messages); the last if none is."""
+    return next((n for n in names if _given(env, n)), names[-1])
+
+
+def _identity(
+    env: Mapping[str, str],
+    rank_names: tuple[str, ...],
+    size_names: tuple[str, ...],
+    local_names: tuple[str, ...],
+    local_size_names: tuple[str, ...] = (),
+) -> tuple[int, int, int | None, int | None]:
+    """(rank, size, local rank, local size), checked: a bad value names its variable."""
+    rank = _env_int(env, *rank_names)
+    size = _env_int(env, *size_names)
+    rank_name, size_name = _first(env, *rank_names), _first(env, *size_names)
+    if rank is None or size is None:
+        missing = rank_name if rank is None else size_name
+        raise ValueError(
+            f"environment variable {missing} is not set, but "
+            f"{size_name if rank is None else rank_name} is: cannot tell this rank's place"
+        )
+    if size < 1:
+        raise ValueError(f"environment variable {size_name}={size}: the size must be at least 1")
+    if not 0 <= rank < size:
+        raise ValueError(
+            f"environment variable {rank_name}={rank} is out of range for "
+            f"{size_name}={size} (expected 0 <= rank < size)"
+        )
+    local = _env_int(env, *local_names)
+    local_size = _env_int(env, *local_size_names) if local_size_names else None
+    if local_size is not None and not 1 <= local_size <= size:
+        raise ValueError(
+            f"environment variable {_first(env, *local_size_names)}={local_size} is out of "
+            f"range for {size_name}={size} (expected 1 <= local size <= size)"
+        )
+    if local is not None and not 0 <= local < (local_size or size):
+        bound = local_size_names[0] if local_size is not None else size_name
+        raise ValueError(
+            f"environment variable {_first(env, *local_names)}={local} is out of range for "
+            f"{bound}={local_size or size} (expected 0 <= local rank < that)"
+        )
+    return rank, size, local, local_size
+
+
+def _master_store(env: Mapping[str, str]) -> str | None:
+    """URL of the store rank 0 serves at MASTER_ADDR:MASTER_PORT+1, if MASTER_ADDR is set."""
+    if not _given(env, "MASTER_ADDR"):
+        return None
+    port = _env_int(env, "MASTER_PORT")
+    if port is None:
+        port = DEFAULT_MASTER_PORT
+    if not 1 <= port <= 65534:
+        raise ValueError(
+            f"environment variable MASTER_PORT={port} is out of range: plait's store takes "
+            "MASTER_PORT + 1, so expected 1 <= MASTER_PORT <= 65534"
+        )
+    return f"tcp://{_bracket(env['MASTER_ADDR'].strip())}:{port + 1}"
+
+
+def _temp_store_url(job: str, unique: str) -> str:
+    """``file://`` URL of this user's directory for ``job`` in the temp dir."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in job)[:80]
+    if unique or safe != job:
+        safe += "-" + hashlib.sha256(f"{job}\0{unique}".encode()).hexdigest()[:10]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    path = os.path.join(os.path.abspath(tempfile.gettempdir()), f"plait-{uid}-{safe}")
+    return "file://" + urllib.parse.quote(path)
+
+
+def _outer_launcher(
+    env: Mapping[str, str],
+) -> tuple[str, tuple[int, int, int | None, int | None], str | None, bool | None, str] | None:
+    """mpirun's or srun's (name, identity, job id, single host?, uniqueness salt), if any."""
+    if _given(env, "OMPI_COMM_WORLD_RANK"):
+        ident = _identity(
+            env,
+            ("OMPI_COMM_WORLD_RANK",),
+            ("OMPI_COMM_WORLD_SIZE",),
+            ("OMPI_COMM_WORLD_LOCAL_RANK",),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE",),
+        )
+        job = next(
+            (
+                env[n].strip()
+                for n in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid")
+                if _given(env, n)
+            ),
+            None,
+        )
+        single = None if ident[3] is None else ident[3] == ident[1]
+        # Open MPI 4's job ids hash (host, mpirun pid) into 16 bits; the URI of
+        # mpirun (its random port) tells apart two jobs that collide.
+        return "mpirun", ident, job, single, env.get("OMPI_MCA_orte_hnp_uri", "")
+    if _given(env, "SLURM_PROCID") and (
+        _given(env, "SLURM_STEP_ID") or _given(env, "SLURM_STEPID")
+    ):
+        ident = _identity(
+            env,
+            ("SLURM_PROCID",),
+            ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+            ("SLURM_LOCALID",),
+        )
+        step = env.get("SLURM_STEP_ID", "").strip() or env["SLURM_STEPID"].strip()
+        job_id = env.get("SLURM_JOB_ID", "").strip() or env.get("SLURM_JOBID", "").strip()
+        job = f"{job_id or '0'}.{step}"
+        restarts = _env_int(env, "SLURM_RESTART_COUNT")
+        if restarts:
+            job += f".r{restarts}"
+        nodes = _env_int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+        return "srun", ident, job, None if nodes is None else nodes == 1, ""
+    return None
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Read rank, size and rendezvous from the environment of a known launcher.
+
+    See Note [how ranks find each other] for the variables read and which
+    launcher wins when several have left theirs.
+
+    Raises:
+        ValueError: a variable that should hold a number does not, or the
+            numbers are inconsistent (rank not below size, ...); the message
+            names the variable.
+    """
     env = dict(os.environ if env is None else env)
-    url = env.get("PLAIT_STORE") or None
-    if "PLAIT_RANK" in env:
+    url = env.get("PLAIT_STORE", "").strip() or None
+    if _given(env, "PLAIT_RANK"):
+        rank, size, local, local_size = _identity(
+            env, ("PLAIT_RANK",), ("PLAIT_SIZE",), ("PLAIT_LOCAL_RANK",), ("PLAIT_LOCAL_SIZE",)
+        )
         return LaunchInfo(
-            "plait",
-            _env_int(env, "PLAIT_RANK") or 0,
-            _env_int(env, "PLAIT_SIZE") or 1,
-            _env_int(env, "PLAIT_LOCAL_RANK"),
-            url,
-            False,
-            env.get("PLAIT_JOB_ID"),
+            "plait", rank, size, local, url, False, env.get("PLAIT_JOB_ID") or None, local_size
         )
-    if "OMPI_COMM_WORLD_RANK" in env or ("SLURM_PROCID" in env and "RANK" not in env):
-        mpi = "OMPI_COMM_WORLD_RANK" in env
-        rank = _env_int(env, "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") or 0
-        size = _env_int(env, "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS") or 1
-        local = _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-        job = (
-            env.get("PMIX_NAMESPACE")
-            or env.get("OMPI_MCA_ess_base_jobid")
-            or env.get("OMPI_MCA_orte_jobid")
-            if mpi
-            else f"{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
+
+    torch_ident = None
+    if _given(env, "RANK") and _given(env, "WORLD_SIZE"):  # one alone is someone's setting
+        torch_ident = _identity(
+            env, ("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)
         )
-        server = False
-        if url is None and env.get("MASTER_ADDR"):
-            port = _env_int(env, "MASTER_PORT") or 29500
-            url = f"tcp://{_bracket(env['MASTER_ADDR'])}:{port + 1}"
-            server = rank == 0
-        if url is None and job:
-            safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in job)
-            url = "file://" + os.path.join(tempfile.gettempdir(), f"plait-store-{safe}")
-        return LaunchInfo("mpirun" if mpi else "srun", rank, size, local, url, server, job)
-    if "RANK" in env and "WORLD_SIZE" in env:
-        rank = _env_int(env, "RANK") or 0
-        server = False
-        if url is None and env.get("MASTER_ADDR"):
-            port = _env_int(env, "MASTER_PORT") or 29500
-            url = f"tcp://{_bracket(env['MASTER_ADDR'])}:{port + 1}"
-            server = rank == 0
+    under_torchrun = torch_ident is not None and _given(env, "TORCHELASTIC_RUN_ID")
+    outer = None if under_torchrun else _outer_launcher(env)
+    if outer is not None:
+        name, ident, job, single, unique = outer
+        if torch_ident is None or torch_ident[:2] == ident[:2]:
+            rank, size, local, local_size = ident
+            by_rank0 = temp = False
+            if url is None:
+                url = _master_store(env)
+                by_rank0 = url is not None
+            if url is None and job and single is not False:
+                url, temp = _temp_store_url(job, unique), True
+            return LaunchInfo(
+                name,
+                rank,
+                size,
+                local,
+                url,
+                by_rank0 and rank == 0,
+                job,
+                local_size=local_size,
+                store_is_temp=temp,
+                store_by_rank0=by_rank0,
+            )
+    if torch_ident is not None:
+        rank, size, local, local_size = torch_ident
+        by_rank0 = False
+        if url is None:
+            url = _master_store(env)
+            by_rank0 = url is not None
         return LaunchInfo(
             "torchrun",
             rank,
-            _env_int(env, "WORLD_SIZE") or 1,
-            _env_int(env, "LOCAL_RANK"),
+            size,
+            local,
             url,
-            server,
-            env.get("TORCHELASTIC_RUN_ID"),
+            by_rank0 and rank == 0,
+            env.get("TORCHELASTIC_RUN_ID", "").strip() or None,
+            local_size=local_size,
+            store_by_rank0=by_rank0,
         )
     return LaunchInfo("none", 0, 1, None, url, False, None)
 
 
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _private_dir(path: str) -> None:
+    """Create ``path`` (mode 0700) or accept it if it is already this user's private directory."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or (hasattr(os, "getuid") and st.st_uid != os.getuid())
+        or st.st_mode & 0o077
+    ):
+        raise RendezvousError(
+            f"{path} exists but is not a private directory of this user: plait will not "
+            "rendezvous through it (delete it, or set PLAIT_STORE)"
+        )
+
+
+def _open_store(info: LaunchInfo, rank: int, generation: int, timeout: float | None) -> Store:
+    """Connect to the store the environment names (rank 0 may serve it)."""
+    from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
+    from plait.rendezvous.tcp_store import TCPStore, TCPStoreServer
+    from plait.rendezvous.url import store_from_url
+
+    assert info.store_url is not None
+    seconds = DEFAULT_STORE_TIMEOUT if timeout is None else timeout
+    if info.store_is_temp:
+        from plait.rendezvous.file_store import FileStore
+
+        path = f"{urllib.parse.unquote(urllib.parse.urlsplit(info.store_url).path)}-{generation}"
+        _private_dir(path)
+        return FileStore(path, timeout=seconds)
+    if not info.store_is_server:
+        return store_from_url(info.store_url, rank=rank, timeout=timeout)
+    parts = urllib.parse.urlsplit(info.store_url)
+    host, port = parts.hostname or "", parts.port or 0
+    with _servers_lock:
+        server = _servers.get((host, port))
+        if server is None:
+            try:
+                server = TCPStoreServer(host, port)
+            except RendezvousError as exc:
+                raise RendezvousError(
+                    f"rank {rank}: {exc}. plait's rank 0 serves its store on MASTER_PORT + 1, "
+                    "next to torch's on MASTER_PORT: that port must be free on MASTER_ADDR "
+                    "(pick another MASTER_PORT, or set PLAIT_STORE)"
+                ) from exc
+            _servers[(host, port)] = server  # kept for the process: Note [store lifetime]
+    return TCPStore(host, port, timeout=seconds)
+
+
+def _leave(store: Store, group: PrefixStore, size: int, *, temp: bool) -> None:
+    """This rank is done with a store ``init`` opened: count it out, then close the store.
+
+    See Note [store lifetime]. Best effort: the communicator (or the error
+    being raised) matters more than the bookkeeping, so failures here pass.
+    """
+    try:
+        if temp:
+            with contextlib.suppress(Exception):
+                if group.add("left", 1) >= size:
+                    store.cleanup()  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(Exception):
+            store.close()
 
 
 def init(
@@ -136,7 +408,9 @@ def init(
             (see Note [how ranks find each other]), else 0.
         size: number of ranks; default from the environment, else 1.
         store: a :class:`~plait.rendezvous.store.Store` or a store URL
-            (``tcp://host:port``, ``file:///path``, ``redis://host:port``).
+            (``tcp://host:port``, ``file:///path``, ``redis://host:port``);
+            default from the environment. A URL is connected to and closed
+            again before ``init`` returns; a Store object is left open.
         timeout: default seconds per call (PLAIT_TIMEOUT, else 300), also the
             rendezvous deadline.
         transport: ``"auto"`` (default), ``"shm"``, ``"tcp"``, or an already
@@ -146,7 +420,10 @@ def init(
     communicator, as an MPI program started without mpirun does.
 
     Raises:
-        RendezvousError: the other ranks could not be reached in time.
+        RendezvousError: the other ranks could not be reached in time, or the
+            environment does not say where they meet.
+        ValueError: a bad argument, or a launcher variable that is not a
+            valid number (the message names it).
     """
     if transport is not None and not isinstance(transport, str):
         if rank is not None and rank != transport.rank:
@@ -167,47 +444,61 @@ def init(
     if size == 1:
         return Communicator(MemoryFabric(1).endpoints[0], timeout=timeout)
 
-    from plait.rendezvous.url import store_from_url
-
-    owned = False
-    if store is None:
-        if info.store_url is None:
-            raise RendezvousError(
-                f"rank {rank} of {size}: cannot find the other ranks: start the job with "
-                "`plait run`, or set PLAIT_STORE=tcp://host:port (or MASTER_ADDR/MASTER_PORT), "
-                "or pass store="
-            )
-        store = info.store_url
-    if isinstance(store, str):
-        store = store_from_url(store, rank=rank, is_server=info.store_is_server, timeout=timeout)
-        owned = True
     global _generation
     with _generation_lock:
         _generation += 1
         generation = _generation
-    group = PrefixStore(f"plait/init{generation}", store)
-    host = os.environ.get("PLAIT_HOST") or socket.gethostname()
-    group.set(f"host/{rank}", host.encode())
-    group.wait([f"host/{r}" for r in range(size)], timeout)
-    hosts = [group.get(f"host/{r}").decode() for r in range(size)]
-    if kind == "auto":
-        kind = "shm" if len(set(hosts)) == 1 else "tcp"
     seconds = timeout if timeout is not None else 300.0
-    t: Any
-    if kind == "shm":
-        if len(set(hosts)) != 1:
+    owned = from_env = False  # init opened the store (and must close it); from the environment
+    if store is None:
+        if info.store_url is None:
+            why = {
+                "mpirun": "mpirun placed the ranks on several hosts, where a file store in the "
+                "temp dir cannot reach them all; ",
+                "srun": "srun placed the ranks on several hosts, where a file store in the "
+                "temp dir cannot reach them all; ",
+                "torchrun": "RANK and WORLD_SIZE are set but MASTER_ADDR is not; ",
+            }.get(info.launcher, "")
             raise RendezvousError(
-                f"rank {rank}: the shared-memory transport needs all ranks on one host; "
-                f"ranks are on {sorted(set(hosts))}"
+                f"rank {rank} of {size}: cannot find the other ranks: {why}set MASTER_ADDR "
+                "(rank 0's host) and MASTER_PORT: rank 0 serves a store on MASTER_PORT + 1; or "
+                "set PLAIT_STORE=tcp://host:port, or pass store=, or start the job with "
+                "`plait run`"
             )
-        from plait.transport.shm import ShmTransport
+        store = _open_store(info, rank, generation, timeout)
+        owned = from_env = True
+    elif isinstance(store, str):
+        from plait.rendezvous.url import store_from_url
 
-        t = ShmTransport(rank, size, PrefixStore("shm", group), timeout=seconds, job=info.job_id)
-    else:
-        from plait.transport.tcp import TcpTransport
+        store = store_from_url(store, rank=rank, timeout=timeout)
+        owned = True
+    group = PrefixStore(f"plait/init{generation}", store)
+    t: Any = None
+    try:
+        host = os.environ.get("PLAIT_HOST") or socket.gethostname()
+        group.set(f"host/{rank}", host.encode())
+        group.wait([f"host/{r}" for r in range(size)], timeout)
+        hosts = [group.get(f"host/{r}").decode() for r in range(size)]
+        if kind == "auto":
+            kind = "shm" if len(set(hosts)) == 1 else "tcp"
+        if kind == "shm":
+            if len(set(hosts)) != 1:
+                raise RendezvousError(
+                    f"rank {rank}: the shared-memory transport needs all ranks on one host; "
+                    f"ranks are on {sorted(set(hosts))}"
+                )
+            from plait.transport.shm import ShmTransport
 
-        t = TcpTransport(rank, size, PrefixStore("tcp", group), timeout=seconds)
-    comm = Communicator(t, timeout=timeout, hosts=hosts)
-    if owned:
-        comm._on_close.append(store.close)
-    return comm
+            # Only plait run cleans /dev/shm by job id; elsewhere rank 0 draws a
+            # fresh token, so that jobs with equal ids (torchrun's default run id
+            # is "none") never share segment names.
+            job = info.job_id if info.launcher == "plait" else None
+            t = ShmTransport(rank, size, PrefixStore("shm", group), timeout=seconds, job=job)
+        else:
+            from plait.transport.tcp import TcpTransport
+
+            t = TcpTransport(rank, size, PrefixStore("tcp", group), timeout=seconds)
+    finally:
+        if owned:
+            _leave(store, group, size, temp=info.store_is_temp and from_env)
+    return Communicator(t, timeout=timeout, hosts=hosts)
