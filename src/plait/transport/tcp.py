@@ -1,0 +1,1580 @@
+"""A TCP transport between processes (or threads): one or more sockets per rank pair.
+
+Bootstrap
+    Each rank listens on an ephemeral port of one address (see *Addresses*),
+    publishes ``host:port`` (``[v6]:port`` for IPv6) in the store under
+    ``f"{prefix}/addr/{rank}"``, then rank i connects to every rank j < i and
+    accepts from every j > i, ``streams`` connections per pair. The connecting
+    side sends a hello (magic, protocol version, stream index, its rank, size,
+    streams); the accepting side checks it (garbage and strangers are dropped,
+    the wait goes on) and answers with its own. Ranks that disagree on ``size``
+    or ``streams`` fail with :class:`~plait.errors.RendezvousError`; ranks that
+    never show up within ``timeout`` fail with :class:`BootstrapTimeout`, which
+    names them.
+
+Wire format
+    Every frame starts with a 24-byte header ``<kind u8, pad 3, check u32,
+    tag u64, nbytes u64>`` followed by the payload. A ``DATA`` frame on stream
+    0 starts a message. A message of at least :data:`STRIPE_MIN` bytes on a
+    pair with several streams is striped: stream k carries the contiguous part
+    k (``PART`` frame, whose tag field holds the per-pair sequence number of
+    striped messages), stream 0 carries part 0 in the ``DATA`` frame. Small
+    messages only use stream 0, and matching happens when stream 0 reads a
+    ``DATA`` header, so receives match on (peer, tag) in send order whatever
+    the striping. ``BYE`` (sent by :meth:`TcpTransport.close`) says that the
+    sender has closed; EOF or a reset without it means the peer died.
+
+Data path
+    A header that matches a posted receive sends the payload straight into the
+    receive's buffer (``recv_into`` on a slice of it); small frames are read
+    in batches through a 64 KiB staging buffer per stream and copied out. A
+    message that arrives before its receive is posted is read into a
+    ``bytearray`` of exactly its length, copied on match (the only extra
+    copy); when the receive is posted while such a message is still arriving,
+    the bytes so far are copied and the rest lands in the receive directly.
+    Sends go out with ``sendmsg([header, payload])``, straight from
+    ``isend`` when the socket has room; the rest waits for the socket to drain.
+
+Progress model
+    There is no background thread: bytes move only inside
+    :meth:`TcpTransport.wait_any` (and opportunistically inside ``isend`` and
+    ``irecv``, which try the non-blocking send or receive at once). One
+    ``selectors`` selector watches every socket, for reading always (stream 0)
+    and for writing while a send is queued, so both directions progress
+    together. Several threads may use one transport: a lock guards all state,
+    and one thread at a time *drives* progress. The driver releases the lock
+    only while it blocks in ``select()``; meanwhile other threads may post
+    operations (sends are queued and the driver is woken through a socket
+    pair) but never touch sockets. A thread waiting while another drives
+    sleeps on a condition variable; the driver notifies it whenever handles
+    complete and when it stops driving, and the waiter then takes over. Nothing
+    busy-waits: with nothing to do, the driver blocks in ``select()`` until
+    its timeout.
+
+Addresses
+    ``host`` wins; otherwise ``ifname`` or ``PLAIT_SOCKET_IFNAME`` picks an
+    interface with NCCL's syntax (``"eth0"``: names starting with eth0;
+    ``"=eth0"``: exactly eth0; ``"^docker,lo"``: anything but these prefixes);
+    otherwise the local address that routes to the store's host (for stores
+    with a ``host`` attribute), else 127.0.0.1 (one machine). Stores without
+    a host spanning several machines (a file store on a shared file system)
+    need ``host`` or ``PLAIT_SOCKET_IFNAME``.
+
+Socket buffers
+    Every connection gets at least :data:`SOCKET_BUFFER` (4 MiB) of send and
+    receive buffer, so a large message keeps the link busy while the
+    receiving rank is between ``wait_any`` calls. Where Linux's autotuning can
+    grow the buffers that far by itself (``net.ipv4.tcp_wmem``/``tcp_rmem``
+    maximum >= 4 MiB, the usual case) it is left in charge, since setting
+    ``SO_SNDBUF``/``SO_RCVBUF`` switches it off and measured slower on
+    loopback; elsewhere both are set to 4 MiB (capped by
+    ``net.core.wmem_max``/``rmem_max``). Every connection sets
+    ``TCP_NODELAY`` so small messages go out at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import ipaddress
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from plait.errors import (
+    ClosedError,
+    CommError,
+    CommTimeout,
+    MismatchError,
+    PeerLostError,
+    RendezvousError,
+    TransportError,
+)
+from plait.rendezvous.store import Store, StoreTimeout
+from plait.transport.base import Handle
+
+__all__ = [
+    "MAX_STREAMS",
+    "SOCKET_BUFFER",
+    "STRIPE_MIN",
+    "BootstrapTimeout",
+    "IfnameSpec",
+    "TcpTransport",
+    "interface_addresses",
+    "match_ifnames",
+    "parse_ifname",
+    "select_interface_address",
+]
+
+#: Messages of at least this many bytes are striped over all streams of a pair.
+STRIPE_MIN = 256 * 1024
+#: SO_SNDBUF and SO_RCVBUF asked for on every connection, in bytes.
+SOCKET_BUFFER = 4 * 1024 * 1024
+#: Most connections per rank pair.
+MAX_STREAMS = 64
+#: Seconds :meth:`TcpTransport.close` spends at most flushing queued sends and the goodbye.
+CLOSE_FLUSH_SECONDS = 2.0
+
+_MAGIC = b"PLTC"
+_VERSION = 1
+_HELLO = struct.Struct("<4sHHIII")  # magic, version, stream index, rank, size, streams
+_HDR = struct.Struct("<BxxxIQQ")  # kind, check, tag (or striped sequence number), nbytes
+_HDR_SIZE = _HDR.size
+_DATA, _PART, _BYE = 1, 2, 3
+_STAGE = 64 * 1024  # per-stream staging buffer for batched reads of small frames
+_DIRECT_MIN = 16 * 1024  # payload left at least this large: recv straight into the target
+_SCRATCH = 256 * 1024  # discard buffer for payloads nobody wants any more
+_GATHER = 64  # most buffers handed to one sendmsg
+_RETRY = 0.05  # seconds between connection attempts while a peer is not listening yet
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+_TIOCOUTQ = 0x5411  # Linux: bytes in a socket's send queue not yet acknowledged
+_LOST_ERRNOS = frozenset(
+    {
+        errno.ECONNRESET,
+        errno.EPIPE,
+        errno.ECONNABORTED,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.ENOTCONN,
+    }
+)
+
+
+class BootstrapTimeout(RendezvousError, CommTimeout):
+    """Ranks did not all connect within the timeout; the message names the missing ones."""
+
+
+# -- interface selection (pure functions, tested alone) -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IfnameSpec:
+    """A parsed NCCL-style interface list, e.g. ``"^docker,lo"``."""
+
+    names: tuple[str, ...]  #: name prefixes (exact names when ``exact``)
+    exclude: bool  #: the list says which interfaces *not* to use
+    exact: bool  #: names must match exactly instead of by prefix
+
+
+def parse_ifname(spec: str) -> IfnameSpec:
+    """Parse ``PLAIT_SOCKET_IFNAME`` syntax: ``[^][=]name[,name...]``.
+
+    ``"eth"`` selects interfaces whose names start with eth, ``"=eth0"`` only
+    eth0, ``"^docker,lo"`` every interface except those starting with docker
+    or lo.
+
+    Raises:
+        ValueError: the list names no interface.
+    """
+    text = spec.strip()
+    exclude = text.startswith("^")
+    if exclude:
+        text = text[1:]
+    exact = text.startswith("=")
+    if exact:
+        text = text[1:]
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError(f"interface list {spec!r} names no interface")
+    return IfnameSpec(names, exclude, exact)
+
+
+def match_ifnames(spec: str | IfnameSpec, names: Sequence[str]) -> list[str]:
+    """The interfaces of ``names`` (in order) that ``spec`` selects."""
+    s = parse_ifname(spec) if isinstance(spec, str) else spec
+
+    def listed(name: str) -> bool:
+        return any(name == n if s.exact else name.startswith(n) for n in s.names)
+
+    return [n for n in names if listed(n) != s.exclude]
+
+
+def interface_addresses(name: str) -> list[str]:
+    """The usable addresses of interface ``name``: IPv4 first, then global/loopback IPv6.
+
+    IPv4 comes from the ``SIOCGIFADDR`` ioctl, IPv6 from ``/proc/net/if_inet6``
+    (Linux); link-local IPv6 addresses are left out (they need a scope id).
+    """
+    found: list[str] = []
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = struct.pack("256s", name.encode()[:15])
+            raw = fcntl.ioctl(s.fileno(), 0x8915, packed)  # SIOCGIFADDR
+            found.append(socket.inet_ntoa(raw[20:24]))
+    except (OSError, ImportError):
+        pass
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[5] == name and int(fields[3], 16) & 0x20 == 0:
+                    found.append(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
+    except OSError:
+        pass
+    return found
+
+
+def select_interface_address(spec: str) -> str:
+    """The first address of the first interface that ``spec`` selects and that has one.
+
+    Raises:
+        ValueError: no selected interface has a usable address (the message
+            lists the machine's interfaces).
+    """
+    names = [n for _, n in socket.if_nameindex()]
+    for name in match_ifnames(spec, names):
+        addrs = interface_addresses(name)
+        if addrs:
+            return addrs[0]
+    raise ValueError(
+        f"no network interface with an address matches {spec!r} (interfaces here: {names}); "
+        "set PLAIT_SOCKET_IFNAME or pass ifname= or host="
+    )
+
+
+def _store_host(store: Store) -> str | None:
+    """The host of a network store (following PrefixStore wrappers), if it has one."""
+    seen = 0
+    s: object = store
+    while s is not None and seen < 16:
+        host = getattr(s, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        s = getattr(s, "store", None)
+        seen += 1
+    return None
+
+
+def _route_to(host: str) -> str:
+    """The local address the kernel would use to reach ``host``; 127.0.0.1 for a local one."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        ip = ipaddress.ip_address(sockaddr[0])
+        if ip.is_loopback or ip.is_unspecified:
+            return "127.0.0.1" if ip.version == 4 else "::1"
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)  # UDP: picks a route, sends nothing
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def _choose_host(host: str | None, ifname: str | None, store: Store) -> str:
+    if host is not None:
+        host = host.strip()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        try:
+            info = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ValueError(f"cannot resolve host={host!r}: {exc}") from exc
+        return str(info[0][4][0])
+    spec = ifname if ifname is not None else os.environ.get("PLAIT_SOCKET_IFNAME")
+    if spec:
+        return select_interface_address(spec)
+    store_host = _store_host(store)
+    return _route_to(store_host) if store_host else "127.0.0.1"
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    """``"h:p"`` or ``"[v6]:p"`` -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RendezvousError(f"malformed TCP address {text!r} in the store")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+@functools.cache
+def _autotune_max(opt: int) -> int:
+    """Linux: the most the kernel grows a socket buffer by itself (0 if unknown)."""
+    name = "tcp_wmem" if opt == socket.SO_SNDBUF else "tcp_rmem"
+    try:
+        with open(f"/proc/sys/net/ipv4/{name}") as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _tune(sock: socket.socket) -> None:
+    """Give ``sock`` at least SOCKET_BUFFER of send and receive buffer.
+
+    Setting a size switches Linux's buffer autotuning off, which measured
+    slower on loopback, so the size is set only where autotuning cannot reach
+    SOCKET_BUFFER. Called before connect/listen, so that the window scale is
+    negotiated for the big buffers.
+    """
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        if _autotune_max(opt) >= SOCKET_BUFFER:
+            continue
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, opt) < SOCKET_BUFFER:
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        except OSError:
+            pass
+
+
+def _streams_from(streams: int | None) -> int:
+    if streams is None:
+        text = os.environ.get("PLAIT_TCP_STREAMS", "1")
+        try:
+            streams = int(text)
+        except ValueError:
+            raise ValueError(f"PLAIT_TCP_STREAMS={text!r} is not an integer") from None
+    if isinstance(streams, bool) or not isinstance(streams, int):
+        raise TypeError(f"streams must be an int, got {type(streams).__name__}")
+    if not 1 <= streams <= MAX_STREAMS:
+        raise ValueError(f"streams must be between 1 and {MAX_STREAMS}, got {streams}")
+    return streams
+
+
+def _part(nbytes: int, streams: int, k: int) -> tuple[int, int]:
+    """Byte range [lo, hi) of part k when ``nbytes`` are striped over ``streams``."""
+    chunk = -(-nbytes // streams)
+    chunk = (chunk + 4095) & ~4095  # page-aligned parts
+    lo = min(k * chunk, nbytes)
+    return lo, min(lo + chunk, nbytes)
+
+
+# -- bootstrap ---------------------------------------------------------------------------------
+
+
+class _Dial:
+    """One outgoing connection being set up (to ``peer``, stream ``stream``)."""
+
+    __slots__ = ("addr", "buf", "error", "peer", "retry_at", "sock", "stream")
+
+    def __init__(self, peer: int, stream: int, addr: tuple[str, int]) -> None:
+        self.peer = peer
+        self.stream = stream
+        self.addr = addr
+        self.sock: socket.socket | None = None
+        self.buf = b""
+        self.retry_at = 0.0
+        self.error: str | None = None
+
+
+class _Answer:
+    """One accepted connection whose hello has not been read yet."""
+
+    __slots__ = ("buf", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+
+def _bootstrap(
+    rank: int, size: int, streams: int, store: Store, prefix: str, timeout: float, host: str
+) -> tuple[str, dict[tuple[int, int], socket.socket]]:
+    """Connect rank ``rank`` to every other; returns (published address, {(peer, stream): sock}).
+
+    Raises:
+        BootstrapTimeout: some ranks did not publish, connect or answer in time.
+        RendezvousError: ranks disagree on size or streams, or an address is malformed.
+        TransportError: this rank cannot listen on ``host``.
+    """
+    deadline = time.monotonic() + timeout
+    done: dict[tuple[int, int], socket.socket] = {}
+    listener = socket.socket(_family(host), socket.SOCK_STREAM)
+    sel = selectors.DefaultSelector()
+    dials: list[_Dial] = []
+    answers: list[_Answer] = []
+    try:
+        _tune(listener)
+        try:
+            listener.bind((host, 0))
+            backlog = min(socket.SOMAXCONN, max(16, (size - rank - 1) * streams))
+            listener.listen(backlog)
+        except OSError as exc:
+            raise TransportError(f"rank {rank}: cannot listen on {host!r}: {exc}") from exc
+        listener.setblocking(False)
+        address = _format_address(host, listener.getsockname()[1])
+        store.set(f"{prefix}/addr/{rank}", address.encode())
+
+        keys = [f"{prefix}/addr/{j}" for j in range(rank)]
+        if keys:
+            try:
+                store.wait(keys, max(deadline - time.monotonic(), 0.0))
+            except StoreTimeout as exc:
+                missing = [j for j, k in enumerate(keys) if not store.check([k])]
+                raise BootstrapTimeout(
+                    f"rank {rank}: rank(s) {missing} never published their address "
+                    f"(store keys {prefix}/addr/<rank>) within {timeout} s"
+                ) from exc
+        for j, key in enumerate(keys):
+            addr = _parse_address(store.get(key).decode())
+            dials.extend(_Dial(j, s, addr) for s in range(streams))
+        expected = {(j, s) for j in range(rank + 1, size) for s in range(streams)}
+        sel.register(listener, _READ, None)
+
+        def start(d: _Dial) -> None:
+            sock = socket.socket(_family(d.addr[0]), socket.SOCK_STREAM)
+            _tune(sock)
+            sock.setblocking(False)
+            err = sock.connect_ex(d.addr)
+            if err not in (0, errno.EINPROGRESS):
+                sock.close()
+                retry(d, os.strerror(err))
+                return
+            d.sock = sock
+            d.buf = b""
+            sel.register(sock, _WRITE, d)
+
+        def retry(d: _Dial, why: str) -> None:
+            if d.sock is not None:
+                sel.unregister(d.sock)
+                d.sock.close()
+                d.sock = None
+            d.error = why
+            d.retry_at = time.monotonic() + _RETRY
+            with contextlib.suppress(RendezvousError):  # the peer may have a new address
+                d.addr = _parse_address(store.get(f"{prefix}/addr/{d.peer}", 0.0).decode())
+
+        def check_peer(what: str, fields: tuple, peer: int) -> None:
+            if fields[4] != size or fields[5] != streams:
+                raise RendezvousError(
+                    f"rank {rank}: {what} rank {peer} disagrees on the setup: it has "
+                    f"size={fields[4]}, streams={fields[5]}; this rank has size={size}, "
+                    f"streams={streams} (set PLAIT_TCP_STREAMS alike on every rank)"
+                )
+
+        for d in dials:
+            start(d)
+        waiting = list(dials)
+        while waiting or len(done) < len(dials) + len(expected):
+            now = time.monotonic()
+            if now >= deadline:
+                out = sorted({d.peer for d in dials if (d.peer, d.stream) not in done})
+                inc = sorted({j for j, s in expected if (j, s) not in done})
+                parts = []
+                if inc:
+                    parts.append(f"no connection from rank(s) {inc}")
+                if out:
+                    errs = sorted({d.error for d in dials if d.error})
+                    parts.append(f"could not connect to rank(s) {out} (last errors: {errs})")
+                raise BootstrapTimeout(
+                    f"rank {rank}: TCP bootstrap did not finish within {timeout} s: "
+                    + "; ".join(parts)
+                )
+            wake = deadline
+            for d in waiting:
+                if d.sock is None:
+                    if d.retry_at <= now:
+                        start(d)
+                    if d.sock is None:
+                        wake = min(wake, d.retry_at)
+            for sk, _ in sel.select(max(wake - time.monotonic(), 0.0)):
+                item = sk.data
+                if item is None:  # the listener: accept everything pending
+                    while True:
+                        try:
+                            sock, _ = listener.accept()
+                        except BlockingIOError:
+                            break
+                        except OSError:
+                            break
+                        sock.setblocking(False)
+                        a = _Answer(sock)
+                        answers.append(a)
+                        sel.register(sock, _READ, a)
+                elif isinstance(item, _Answer):
+                    try:
+                        chunk = item.sock.recv(_HELLO.size - len(item.buf))
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    item.buf += chunk
+                    if chunk and len(item.buf) < _HELLO.size:
+                        continue
+                    sel.unregister(item.sock)
+                    answers.remove(item)
+                    fields = _HELLO.unpack(item.buf) if len(item.buf) == _HELLO.size else None
+                    if fields is None or fields[0] != _MAGIC or fields[1] != _VERSION:
+                        item.sock.close()  # garbage: drop it and keep waiting
+                        continue
+                    reply = _HELLO.pack(_MAGIC, _VERSION, fields[2], rank, size, streams)
+                    if fields[4] != size or fields[5] != streams:
+                        with contextlib.suppress(OSError):  # tell the other side too, then fail
+                            item.sock.send(reply)
+                        item.sock.close()
+                        check_peer("connecting", fields, fields[3])
+                    src = (fields[3], fields[2])
+                    if src not in expected or src in done:
+                        item.sock.close()  # a stranger or a duplicate
+                        continue
+                    try:
+                        item.sock.send(reply)
+                    except OSError:
+                        item.sock.close()
+                        continue
+                    done[src] = item.sock
+                else:
+                    d = item
+                    assert d.sock is not None
+                    if not d.buf and sk.events == _WRITE:  # connect finished (or failed)
+                        err = d.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                        if err:
+                            retry(d, os.strerror(err))
+                            continue
+                        try:
+                            d.sock.send(
+                                _HELLO.pack(_MAGIC, _VERSION, d.stream, rank, size, streams)
+                            )
+                        except OSError as exc:
+                            retry(d, str(exc))
+                            continue
+                        d.buf = b"\0"  # marker: hello sent, now reading the answer
+                        sel.modify(d.sock, _READ, d)
+                        continue
+                    try:
+                        chunk = d.sock.recv(_HELLO.size + 1 - len(d.buf))
+                    except BlockingIOError:
+                        continue
+                    except OSError as exc:
+                        retry(d, str(exc))
+                        continue
+                    if not chunk:
+                        retry(d, "connection closed during the handshake")
+                        continue
+                    d.buf += chunk
+                    if len(d.buf) < _HELLO.size + 1:
+                        continue
+                    fields = _HELLO.unpack(d.buf[1:])
+                    if (
+                        fields[0] != _MAGIC
+                        or fields[1] != _VERSION
+                        or fields[2] != d.stream
+                        or fields[3] != d.peer
+                    ):
+                        retry(d, f"{d.addr} answered with something other than rank {d.peer}")
+                        continue
+                    sel.unregister(d.sock)
+                    check_peer("accepting", fields, d.peer)
+                    done[(d.peer, d.stream)] = d.sock
+                    d.sock = None
+                    waiting.remove(d)
+        return address, done
+    except BaseException:
+        for sock in done.values():
+            sock.close()
+        for d in dials:
+            if d.sock is not None:
+                d.sock.close()
+        raise
+    finally:
+        for a in answers:
+            a.sock.close()
+        sel.close()
+        listener.close()
+
+
+# -- runtime state -------------------------------------------------------------------------------
+
+
+class _Op:
+    """A send or receive handle (see :class:`plait.transport.base.Handle`)."""
+
+    __slots__ = ("buf", "check", "done", "error", "is_send", "left", "peer", "rec", "tag")
+
+    def __init__(self, peer: int, tag: int, buf: memoryview, check: int, is_send: bool) -> None:
+        self.peer = peer
+        self.tag = tag
+        self.buf = buf
+        self.check = check
+        self.is_send = is_send
+        self.done = False
+        self.error: BaseException | None = None
+        self.left = 1  # sends: parts not fully written yet
+        self.rec: _Inbound | None = None  # receives: the message being read into buf
+
+    def __repr__(self) -> str:
+        kind = "send to" if self.is_send else "recv from"
+        state = "failed" if self.error else "done" if self.done else "pending"
+        return f"<tcp {kind} rank {self.peer} tag {self.tag} {self.buf.nbytes} B {state}>"
+
+
+class _Inbound:
+    """A message coming from a peer: matched to a receive, unexpected, or being discarded."""
+
+    __slots__ = ("check", "complete", "left", "nbytes", "op", "peer", "seq", "view")
+
+    def __init__(self, peer: _Peer | None, check: int, nbytes: int) -> None:
+        self.peer = peer
+        self.check = check
+        self.nbytes = nbytes
+        self.op: _Op | None = None  # the receive it was matched to
+        self.view: memoryview | None = None  # where the payload goes; None = discard
+        self.left = 1  # parts still arriving
+        self.seq = -1  # sequence number among the pair's striped messages
+        self.complete = False  # unexpected and fully arrived
+
+
+class _Out:
+    """One frame queued on a connection."""
+
+    __slots__ = ("data", "hdr", "off", "op", "total")
+
+    def __init__(self, op: _Op | None, hdr: bytes, data: memoryview, off: int) -> None:
+        self.op = op
+        self.hdr = hdr
+        self.data = data
+        self.off = off  # bytes of header + data already written
+        self.total = _HDR_SIZE + data.nbytes
+
+
+class _Conn:
+    """One socket to a peer, with its read state and send queue."""
+
+    __slots__ = (
+        "due",
+        "end",
+        "events",
+        "greedy",
+        "hi",
+        "index",
+        "lo",
+        "peer",
+        "pos",
+        "rec",
+        "sendq",
+        "sock",
+        "stage",
+    )
+
+    def __init__(self, peer: _Peer, index: int, sock: socket.socket) -> None:
+        self.peer = peer
+        self.index = index
+        self.sock: socket.socket | None = sock
+        self.events = 0
+        self.sendq: deque[_Out] = deque()
+        # Stream 0 reads greedily (many small frames per recv); the others read exactly
+        # one part at a time, and only while a striped message owes them a part.
+        self.greedy = index == 0
+        self.stage = memoryview(bytearray(_STAGE if self.greedy else _HDR_SIZE))
+        self.lo = 0
+        self.hi = 0
+        self.rec: _Inbound | None = None  # message whose payload is being read
+        self.pos = 0  # next byte of rec to read
+        self.end = 0  # end of the part being read
+        self.due: deque[_Inbound] = deque()  # striped messages whose part comes on this stream
+
+
+class _Peer:
+    __slots__ = ("conns", "dead", "gone", "rank", "seq_in", "seq_out")
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.conns: list[_Conn] = []
+        self.gone: BaseException | None = None  # set once it said goodbye or was lost
+        self.dead = False  # its connections are closed
+        self.seq_in = 0
+        self.seq_out = 0
+
+
+def _bytes_view(data: object, writable: bool) -> memoryview:
+    mv = data if isinstance(data, memoryview) else memoryview(data)  # type: ignore[arg-type]
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise ValueError("the receive buffer is read-only")
+    return mv
+
+
+class TcpTransport:
+    """Rank ``rank``'s end of a TCP mesh; see the module docstring and :mod:`plait.transport.base`.
+
+    Construction blocks until every rank has connected (or ``timeout`` passes).
+    All methods are thread-safe; bytes move only while some thread is inside
+    :meth:`wait_any` (or ``isend``/``irecv``/:meth:`close`).
+
+    Attributes:
+        rank: this rank.
+        size: number of ranks.
+        streams: connections per rank pair.
+        address: the address this rank listens on, as published in the store.
+        bytes_sent: payload bytes handed to :meth:`isend` so far.
+        bytes_received: payload bytes delivered into receives so far.
+
+    Args:
+        rank: this rank, 0 <= rank < size.
+        size: number of ranks.
+        store: the store all ranks share; keys ``f"{prefix}/addr/{rank}"`` are written.
+        timeout: seconds the bootstrap may take.
+        host: address to listen on and publish (a concrete address, not a wildcard).
+        ifname: NCCL-style interface selection (overrides ``PLAIT_SOCKET_IFNAME``).
+        streams: connections per rank pair (default ``PLAIT_TCP_STREAMS`` or 1);
+            messages of at least :data:`STRIPE_MIN` bytes are striped over them.
+        prefix: store key prefix; use a fresh one per transport in a long-lived store.
+
+    Raises:
+        ValueError: a bad argument, or no interface matches ``ifname``.
+        TypeError: ``streams`` is not an int.
+        BootstrapTimeout: some ranks never showed up (they are named).
+        RendezvousError: ranks disagree on ``size`` or ``streams``.
+        TransportError: this rank cannot listen on the chosen address.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        store: Store,
+        *,
+        timeout: float = 300.0,
+        host: str | None = None,
+        ifname: str | None = None,
+        streams: int | None = None,
+        prefix: str = "tcp",
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is out of range; expected 0 <= rank < {size}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.rank = rank
+        self.size = size
+        self.streams = _streams_from(streams)
+        self.timeout = float(timeout)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        bind = _choose_host(host, ifname, store)
+        self.address, socks = _bootstrap(
+            rank, size, self.streams, store, prefix, self.timeout, bind
+        )
+
+        try:
+            self._setup(socks)
+        except BaseException:
+            for sock in socks.values():
+                sock.close()
+            for name in ("_sel", "_wake_r", "_wake_w"):
+                obj = getattr(self, name, None)
+                if obj is not None:
+                    obj.close()
+            raise
+
+    def _setup(self, socks: dict[tuple[int, int], socket.socket]) -> None:
+        rank, size = self.rank, self.size
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._posted: dict[tuple[int, int], deque[_Op]] = {}
+        self._unexpected: dict[tuple[int, int], deque[_Inbound]] = {}
+        self._driving = False  # some thread is driving progress
+        self._in_select = False  # ... and is blocked in select() without the lock
+        self._closing = False
+        self._closed = False
+        self._notify = False  # handles completed since the last notify_all
+        self._kick: list[_Conn] = []  # conns given sends while the driver was in select()
+        self._scratch = memoryview(bytearray(_SCRATCH))
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, _READ, None)
+        self._peers: list[_Peer | None] = [None] * size
+        for j in range(size):
+            if j == rank:
+                continue
+            p = _Peer(j)
+            for s in range(self.streams):
+                sock = socks[(j, s)]
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                p.conns.append(_Conn(p, s, sock))
+            self._peers[j] = p
+            self._set_events(p.conns[0], _READ)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<TcpTransport rank {self.rank} of {self.size} at {self.address}, "
+            f"{self.streams} stream(s), {state}>"
+        )
+
+    # -- contract ------------------------------------------------------------------------
+    def isend(self, peer: int, tag: int, data: memoryview, check: int) -> _Op:
+        """Start sending ``data`` to ``peer``; see :meth:`plait.transport.base.Transport.isend`.
+
+        Raises:
+            ValueError: ``peer`` out of range, or ``tag``/``check`` do not fit the header.
+        """
+        mv = data
+        if mv.__class__ is not memoryview or mv.format != "B" or mv.ndim != 1:
+            mv = _bytes_view(data, False)
+        nbytes = mv.nbytes
+        if not 0 <= peer < self.size:
+            self._check_peer(peer)
+        try:
+            hdr = _HDR.pack(_DATA, check, tag, nbytes)
+        except struct.error:
+            raise ValueError(
+                f"tag {tag} or check {check} out of range (tag < 2**64, check < 2**32)"
+            ) from None
+        op = _Op(peer, tag, mv, check, True)
+        with self._lock:
+            self.bytes_sent += nbytes
+            if self._closing:
+                self._fail(op, self._closed_error())
+            elif peer == self.rank:
+                self._send_self(op)
+            else:
+                p = self._peers[peer]
+                assert p is not None
+                if p.gone is not None:
+                    self._fail(op, p.gone)
+                elif self.streams == 1 or nbytes < STRIPE_MIN:
+                    c = p.conns[0]
+                    if c.sendq or self._in_select:
+                        c.sendq.append(_Out(op, hdr, mv, 0))
+                        self._queued(c)
+                    else:  # the fast path: straight into the socket
+                        try:
+                            n = c.sock.sendmsg((hdr, mv)) if nbytes else c.sock.send(hdr)  # type: ignore[union-attr]
+                        except BlockingIOError:
+                            n = 0
+                        except OSError as exc:
+                            c.sendq.append(_Out(op, hdr, mv, 0))
+                            self._lose(p, exc)
+                            n = -1
+                        if n == _HDR_SIZE + nbytes:
+                            op.done = True
+                        elif n >= 0:
+                            c.sendq.append(_Out(op, hdr, mv, n))
+                            self._set_events(c, c.events | _WRITE)
+                else:
+                    self._send_striped(p, op, mv, check, tag)
+            if self._notify:
+                self._wake_waiters()
+        return op
+
+    def irecv(self, peer: int, tag: int, into: memoryview, check: int) -> _Op:
+        """Start receiving ``len(into)`` bytes from ``peer``; see the base contract.
+
+        Raises:
+            ValueError: ``peer`` out of range or ``into`` read-only.
+        """
+        mv = into
+        if mv.__class__ is not memoryview or mv.format != "B" or mv.ndim != 1 or mv.readonly:
+            mv = _bytes_view(into, True)
+        if not 0 <= peer < self.size:
+            self._check_peer(peer)
+        op = _Op(peer, tag, mv, check, False)
+        key = (peer, tag)
+        with self._lock:
+            queue = self._unexpected.get(key)
+            if self._closing:
+                self._fail(op, self._closed_error())
+            elif queue:
+                rec = queue.popleft()
+                if not queue:
+                    del self._unexpected[key]
+                self._match_unexpected(op, rec)
+            else:
+                p = self._peers[peer]
+                if p is not None and p.gone is not None:
+                    self._fail(op, p.gone)
+                else:
+                    posted = self._posted.get(key)
+                    if posted is None:
+                        self._posted[key] = deque((op,))
+                    else:
+                        posted.append(op)
+                    if p is not None and not self._in_select:
+                        # The message may be sitting in the socket already: read it now.
+                        c = p.conns[0]
+                        if c.sock is not None:
+                            self._read(c)
+            if self._notify:
+                self._wake_waiters()
+        return op
+
+    def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
+        """Drive progress until one of ``handles`` is done; False if ``timeout`` passes first."""
+        for h in handles:
+            if h.done:
+                return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for h in handles:
+                    if h.done:
+                        return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if self._driving or self._closing:
+                    # Another thread drives (or closes); it notifies when handles complete
+                    # and when it stops, and then this thread may take over.
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+                    continue
+                self._driving = True
+                try:
+                    while True:
+                        self._drive(None if left is None else max(left, 0.0))
+                        if self._notify:
+                            self._wake_waiters()
+                        for h in handles:
+                            if h.done:
+                                return True
+                        if self._closing:
+                            break
+                        if deadline is not None:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                return False
+                finally:
+                    self._driving = False
+                    self._cond.notify_all()
+
+    def cancel(self, handle: Handle) -> None:
+        """Withdraw an unfinished operation; it never touches its buffer again.
+
+        A receive whose message is partly read has the rest of the message
+        discarded; a send already partly written finishes from a private copy
+        of its remaining bytes (the frame must stay whole on the wire). The
+        handle ends ``done`` with ``error`` None.
+
+        Raises:
+            TypeError: ``handle`` does not come from a TcpTransport.
+        """
+        if not isinstance(handle, _Op):
+            raise TypeError(f"not a TcpTransport handle: {handle!r}")
+        op = handle
+        with self._lock:
+            if op.done:
+                return
+            if op.is_send:
+                p = self._peers[op.peer]
+                for c in p.conns if p is not None else ():
+                    for item in list(c.sendq):
+                        if item.op is not op:
+                            continue
+                        if item.off == 0 and op.left == 1 and c.index == 0:
+                            c.sendq.remove(item)  # not a byte out yet: the peer never sees it
+                        else:  # finish the frame from a private copy of what is left
+                            if item.off > _HDR_SIZE:
+                                item.data = memoryview(bytes(item.data[item.off - _HDR_SIZE :]))
+                                item.total = _HDR_SIZE + item.data.nbytes
+                                item.off = _HDR_SIZE
+                            else:
+                                item.data = memoryview(bytes(item.data))
+                            item.op = None
+            else:
+                queue = self._posted.get((op.peer, op.tag))
+                if queue is not None and op in queue:
+                    queue.remove(op)
+                    if not queue:
+                        del self._posted[(op.peer, op.tag)]
+                elif op.rec is not None:  # payload partly read: discard the rest
+                    op.rec.op = None
+                    op.rec.view = None
+                    op.rec = None
+            op.done = True
+            self._wake_waiters()
+
+    def close(self) -> None:
+        """Flush queued sends (for at most :data:`CLOSE_FLUSH_SECONDS`), say goodbye, close.
+
+        Idempotent. Peers fail their operations with this rank with
+        PeerLostError; this rank's unfinished operations fail with ClosedError.
+        """
+        with self._cond:
+            if self._closing:
+                while not self._closed:
+                    self._cond.wait()
+                return
+            self._closing = True
+            if self._in_select:
+                self._wake()
+            while self._driving:
+                self._cond.wait()
+            self._driving = True
+            try:
+                self._shutdown()
+            finally:
+                self._driving = False
+                self._closed = True
+                self._cond.notify_all()
+
+    # -- sending ----------------------------------------------------------------------------
+    def _send_striped(self, p: _Peer, op: _Op, mv: memoryview, check: int, tag: int) -> None:
+        nbytes = mv.nbytes
+        seq = p.seq_out
+        p.seq_out += 1
+        op.left = self.streams
+        for k, c in enumerate(p.conns):
+            lo, hi = _part(nbytes, self.streams, k)
+            if k == 0:
+                hdr = _HDR.pack(_DATA, check, tag, nbytes)
+            else:
+                hdr = _HDR.pack(_PART, 0, seq, nbytes)
+            c.sendq.append(_Out(op, hdr, mv[lo:hi], 0))
+            self._queued(c)
+            if p.dead:
+                return
+
+    def _queued(self, c: _Conn) -> None:
+        """``c`` got a frame to send: write now, or hand it to the thread in select()."""
+        if self._in_select:
+            self._kick.append(c)
+            self._wake()
+        elif len(c.sendq) == 1:
+            self._write(c)
+
+    def _send_self(self, op: _Op) -> None:
+        key = (self.rank, op.tag)
+        queue = self._posted.get(key)
+        if queue:
+            recv = queue.popleft()
+            if not queue:
+                del self._posted[key]
+            err = self._mismatch(recv, op.check, op.buf.nbytes, self.rank)
+            if err is not None:
+                self._fail(recv, err)
+            else:
+                recv.buf[:] = op.buf
+                self.bytes_received += op.buf.nbytes
+                self._complete(recv)
+        else:
+            rec = _Inbound(None, op.check, op.buf.nbytes)
+            rec.view = memoryview(bytes(op.buf))
+            rec.left = 0
+            rec.complete = True
+            self._unexpected.setdefault(key, deque()).append(rec)
+        self._complete(op)
+
+    def _write(self, c: _Conn) -> None:
+        """Write queued frames of ``c`` until the socket is full (I/O role)."""
+        q = c.sendq
+        sock = c.sock
+        assert sock is not None
+        try:
+            while q:
+                bufs: list[bytes | memoryview] = []
+                total = 0
+                for item in q:
+                    off = item.off
+                    if off < _HDR_SIZE:
+                        bufs.append(item.hdr[off:] if off else item.hdr)
+                        if item.data.nbytes:
+                            bufs.append(item.data)
+                    else:
+                        bufs.append(item.data[off - _HDR_SIZE :])
+                    total += item.total - off
+                    if len(bufs) >= _GATHER or total >= 1 << 20:
+                        break
+                n = sock.sendmsg(bufs)
+                whole = n == total
+                while n:
+                    item = q[0]
+                    rest = item.total - item.off
+                    if n >= rest:
+                        n -= rest
+                        q.popleft()
+                        op = item.op
+                        if op is not None and not op.done:
+                            op.left -= 1
+                            if op.left == 0:
+                                self._complete(op)
+                    else:
+                        item.off += n
+                        n = 0
+                if not whole:
+                    break
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            self._lose(c.peer, exc)
+            return
+        want = (c.events & _READ) | (_WRITE if q else 0)
+        if want != c.events:
+            self._set_events(c, want)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _read(self, c: _Conn) -> None:
+        """Read from ``c`` until its socket is drained (I/O role)."""
+        sock = c.sock
+        assert sock is not None
+        stage = c.stage
+        greedy = c.greedy
+        drained = False
+        try:
+            while True:
+                rec = c.rec
+                if rec is not None:
+                    need = c.end - c.pos
+                    if need and c.hi > c.lo:
+                        n = min(need, c.hi - c.lo)
+                        view = rec.view
+                        if view is not None:
+                            view[c.pos : c.pos + n] = stage[c.lo : c.lo + n]
+                        c.pos += n
+                        c.lo += n
+                        need -= n
+                        if c.lo == c.hi:
+                            c.lo = c.hi = 0
+                    if not need:
+                        self._part_done(c, rec)
+                        if c.sock is None:
+                            return
+                        continue
+                    if drained:
+                        return
+                    if need >= _DIRECT_MIN or not greedy:
+                        view = rec.view
+                        if view is not None:
+                            target = view[c.pos : c.end]
+                        else:
+                            target = self._scratch[: min(need, _SCRATCH)]
+                        n = sock.recv_into(target)
+                        if not n:
+                            self._eof(c)
+                            return
+                        c.pos += n
+                        if n < len(target):
+                            drained = True
+                        continue
+                else:
+                    have = c.hi - c.lo
+                    if have >= _HDR_SIZE:
+                        kind, check, tag, nbytes = _HDR.unpack_from(stage, c.lo)
+                        c.lo += _HDR_SIZE
+                        if c.lo == c.hi:
+                            c.lo = c.hi = 0
+                        if kind == _DATA and c.index == 0:
+                            if nbytes <= c.hi - c.lo and self._small(c, check, tag, nbytes):
+                                continue
+                            self._on_data(c, check, tag, nbytes)
+                        elif kind == _PART and c.index > 0 and c.due:
+                            if not self._on_part(c, tag, nbytes):
+                                return
+                        elif kind == _BYE and c.index == 0:
+                            self._on_bye(c.peer)
+                            return
+                        else:
+                            self._lose(
+                                c.peer,
+                                None,
+                                f"protocol error: frame kind {kind} on stream {c.index}",
+                                protocol=True,
+                            )
+                            return
+                        continue
+                    if not greedy and not c.due:  # no part owed: leave the socket alone
+                        self._set_events(c, c.events & _WRITE)
+                        return
+                    if drained:
+                        return
+                    if c.lo:
+                        stage[:have] = stage[c.lo : c.hi]
+                        c.lo, c.hi = 0, have
+                # Refill the staging buffer (just the header's worth on striping streams).
+                room = len(stage) - c.hi
+                n = sock.recv_into(stage[c.hi :])
+                if not n:
+                    self._eof(c)
+                    return
+                c.hi += n
+                if n < room:
+                    drained = True
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lose(c.peer, exc)
+
+    def _small(self, c: _Conn, check: int, tag: int, nbytes: int) -> bool:
+        """Fast path: a whole message in the staging buffer, its receive posted and matching.
+
+        Copies it out and completes the receive; False (nothing done) otherwise.
+        """
+        key = (c.peer.rank, tag)
+        queue = self._posted.get(key)
+        if not queue:
+            return False
+        op = queue[0]
+        if op.check != check or op.buf.nbytes != nbytes:
+            return False
+        queue.popleft()
+        if not queue:
+            del self._posted[key]
+        lo = c.lo
+        op.buf[:] = c.stage[lo : lo + nbytes]
+        lo += nbytes
+        if lo == c.hi:
+            c.lo = c.hi = 0
+        else:
+            c.lo = lo
+        self.bytes_received += nbytes
+        op.done = True
+        self._notify = True
+        return True
+
+    def _on_data(self, c: _Conn, check: int, tag: int, nbytes: int) -> None:
+        p = c.peer
+        key = (p.rank, tag)
+        rec = _Inbound(p, check, nbytes)
+        queue = self._posted.get(key)
+        if queue:
+            op = queue.popleft()
+            if not queue:
+                del self._posted[key]
+            err = self._mismatch(op, check, nbytes, p.rank)
+            if err is not None:
+                self._fail(op, err)  # rec.view stays None: the payload is discarded
+            else:
+                rec.op = op
+                rec.view = op.buf
+                op.rec = rec
+        else:
+            rec.view = memoryview(bytearray(nbytes))
+            queue2 = self._unexpected.get(key)
+            if queue2 is None:
+                self._unexpected[key] = deque((rec,))
+            else:
+                queue2.append(rec)
+        if self.streams > 1 and nbytes >= STRIPE_MIN:
+            rec.left = self.streams
+            rec.seq = p.seq_in
+            p.seq_in += 1
+            for k in range(1, self.streams):
+                ck = p.conns[k]
+                ck.due.append(rec)
+                if not ck.events & _READ:
+                    self._set_events(ck, ck.events | _READ)
+            c.pos, c.end = _part(nbytes, self.streams, 0)
+        else:
+            c.pos, c.end = 0, nbytes
+        c.rec = rec
+
+    def _on_part(self, c: _Conn, seq: int, nbytes: int) -> bool:
+        rec = c.due.popleft()
+        if rec.seq != seq or rec.nbytes != nbytes:
+            self._lose(
+                c.peer,
+                None,
+                f"protocol error: stream {c.index} got part of striped message #{seq} "
+                f"({nbytes} B) but expected #{rec.seq} ({rec.nbytes} B)",
+                protocol=True,
+            )
+            return False
+        c.rec = rec
+        c.pos, c.end = _part(nbytes, self.streams, c.index)
+        return True
+
+    def _part_done(self, c: _Conn, rec: _Inbound) -> None:
+        c.rec = None
+        rec.left -= 1
+        if rec.left == 0:
+            op = rec.op
+            if op is not None:
+                rec.op = None
+                op.rec = None
+                if not op.done:
+                    self.bytes_received += rec.nbytes
+                    self._complete(op)
+            elif rec.view is not None:
+                rec.complete = True
+        if c.index > 0 and not c.due:
+            if c.peer.gone is not None:
+                self._drop(c)  # the peer said goodbye and this stream owes nothing more
+            elif c.hi == c.lo:
+                self._set_events(c, c.events & _WRITE)
+
+    def _match_unexpected(self, op: _Op, rec: _Inbound) -> None:
+        peer = rec.peer.rank if rec.peer is not None else self.rank
+        err = self._mismatch(op, rec.check, rec.nbytes, peer)
+        if err is not None:
+            self._fail(op, err)
+            if not rec.complete:
+                rec.view = None  # the rest of it is discarded
+            return
+        view = rec.view
+        assert view is not None
+        if rec.complete:
+            op.buf[:] = view
+            self.bytes_received += rec.nbytes
+            self._complete(op)
+            return
+        # Still arriving: copy what is there, let the rest land in op.buf directly.
+        p = rec.peer
+        assert p is not None
+        striped = rec.seq >= 0
+        for k in range(self.streams if striped else 1):
+            lo, hi = _part(rec.nbytes, self.streams, k) if striped else (0, rec.nbytes)
+            ck = p.conns[k]
+            if ck.rec is rec:
+                upto = ck.pos
+            elif k > 0 and rec in ck.due:
+                upto = lo
+            else:
+                upto = hi
+            if upto > lo:
+                op.buf[lo:upto] = view[lo:upto]
+        rec.view = op.buf
+        rec.op = op
+        op.rec = rec
+
+    # -- peers going away -------------------------------------------------------------------
+    def _eof(self, c: _Conn) -> None:
+        p = c.peer
+        if p.gone is not None and c.rec is None and not c.due:
+            self._drop(c)
+            return
+        self._lose(p, None, "connection closed without a goodbye (the process exited or died)")
+
+    def _on_bye(self, p: _Peer) -> None:
+        p.gone = PeerLostError(
+            f"rank {p.rank} closed its transport: connection to rank {self.rank} closed"
+        )
+        self._fail_pending(p, p.gone, inbound=False)
+        for c in p.conns:
+            if c.index == 0 or (c.rec is None and not c.due):
+                self._drop(c)
+
+    def _lose(
+        self, p: _Peer, exc: OSError | None, why: str | None = None, protocol: bool = False
+    ) -> None:
+        """Connections to ``p`` broke: fail everything pending with it and close them.
+
+        EOF and connection errors (reset, broken pipe, unreachable) fail the
+        operations with PeerLostError; other OS errors and protocol violations
+        with TransportError. The OSError is the ``__cause__``.
+        """
+        if p.dead:
+            return
+        if why is None:
+            why = f"{type(exc).__name__}: {exc}"
+        msg = f"rank {self.rank}: connection to rank {p.rank} lost: {why}"
+        err: CommError
+        if protocol or not (
+            exc is None or exc.errno in _LOST_ERRNOS or isinstance(exc, ConnectionError)
+        ):
+            err = TransportError(msg)
+        else:
+            err = PeerLostError(msg)
+        err.__cause__ = exc
+        if p.gone is None:
+            p.gone = err
+        self._fail_pending(p, p.gone, inbound=True)
+        for c in p.conns:
+            self._drop(c)
+        p.dead = True
+
+    def _fail_pending(self, p: _Peer, err: BaseException, inbound: bool) -> None:
+        for key in [k for k in self._posted if k[0] == p.rank]:
+            for op in self._posted.pop(key):
+                self._fail(op, err)
+        for c in p.conns:
+            for item in c.sendq:
+                if item.op is not None:
+                    self._fail(item.op, err)
+            c.sendq.clear()
+            if inbound:
+                for rec in (c.rec, *c.due):
+                    if rec is not None and rec.op is not None:
+                        self._fail(rec.op, err)
+                        rec.op.rec = None
+                        rec.op = None
+                    if rec is not None:
+                        rec.view = None
+                c.rec = None
+                c.due.clear()
+        if inbound:  # unexpected messages from p that will never finish arriving
+            for key in [k for k in self._unexpected if k[0] == p.rank]:
+                queue = deque(r for r in self._unexpected[key] if r.complete)
+                if queue:
+                    self._unexpected[key] = queue
+                else:
+                    del self._unexpected[key]
+
+    def _drop(self, c: _Conn) -> None:
+        if c.sock is None:
+            return
+        self._set_events(c, 0)
+        c.sock.close()
+        c.sock = None
+
+    # -- progress ----------------------------------------------------------------------------
+    def _drive(self, timeout: float | None) -> None:
+        """One round of progress: select() without the lock, then read and write (lock held)."""
+        if self._kick:
+            self._do_kicks()
+        self._in_select = True
+        self._lock.release()
+        try:
+            events = self._sel.select(timeout)
+        finally:
+            self._lock.acquire()
+            self._in_select = False
+        for key, mask in events:
+            c = key.data
+            if c is None:
+                self._drain_wake()
+                continue
+            if c.sock is None:
+                continue
+            if mask & _READ and c.events & _READ:
+                self._read(c)
+            if mask & _WRITE and c.sock is not None:
+                self._write(c)  # with an empty queue (a send was cancelled): drops the interest
+        if self._kick:
+            self._do_kicks()
+
+    def _do_kicks(self) -> None:
+        kicks, self._kick = self._kick, []
+        for c in kicks:
+            if c.sock is not None and c.sendq:
+                self._write(c)
+
+    def _set_events(self, c: _Conn, events: int) -> None:
+        if events == c.events or c.sock is None:
+            return
+        if c.events == 0:
+            self._sel.register(c.sock, events, c)
+        elif events == 0:
+            self._sel.unregister(c.sock)
+        else:
+            self._sel.modify(c.sock, events, c)
+        c.events = events
+
+    def _wake(self) -> None:
+        # OSError: the pipe is full (a wake-up is pending anyway) or closing.
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def _wake_waiters(self) -> None:
+        self._notify = False
+        self._cond.notify_all()
+
+    # -- completion helpers (lock held) ---------------------------------------------------------
+    def _complete(self, op: _Op) -> None:
+        op.done = True
+        self._notify = True
+
+    def _fail(self, op: _Op, err: BaseException) -> None:
+        if not op.done:
+            op.error = err
+            op.done = True
+            self._notify = True
+
+    def _mismatch(self, op: _Op, check: int, nbytes: int, peer: int) -> MismatchError | None:
+        if check != op.check:
+            return MismatchError(
+                f"rank {self.rank} received from rank {peer} a message of a different call "
+                "(the two ranks disagree on the collective, count, dtype, op, root or algorithm)"
+            )
+        if nbytes != op.buf.nbytes:
+            return MismatchError(
+                f"rank {peer} sent {nbytes} bytes but rank {self.rank} expected "
+                f"{op.buf.nbytes} bytes"
+            )
+        return None
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.size:
+            raise ValueError(
+                f"rank {self.rank}: peer {peer} is out of range; expected 0 <= peer < {self.size}"
+            )
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"rank {self.rank}: the transport is closed")
+
+    # -- closing -----------------------------------------------------------------------------
+    def _live(self) -> list[_Conn]:
+        return [c for p in self._peers if p is not None for c in p.conns if c.sock is not None]
+
+    def _shutdown(self) -> None:
+        """The body of close(): this thread holds the I/O role."""
+        deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
+
+        def flush() -> None:
+            while any(c.sendq for c in self._live()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._drive(left)
+
+        try:
+            flush()
+            bye = _HDR.pack(_BYE, 0, 0, 0)
+            for p in self._peers:
+                if p is not None and p.gone is None and p.conns[0].sock is not None:
+                    c = p.conns[0]
+                    c.sendq.append(_Out(None, bye, memoryview(b""), 0))
+                    if len(c.sendq) == 1:
+                        self._write(c)
+            flush()
+            # Wait until the kernel has delivered what we wrote: closing a socket with
+            # unread input resets the connection, which would drop unsent output.
+            while time.monotonic() < deadline and any(_unsent(c) for c in self._live()):
+                self._drive(0.002)
+        finally:
+            err = self._closed_error()
+            for queue in self._posted.values():
+                for op in queue:
+                    self._fail(op, err)
+            self._posted.clear()
+            self._unexpected.clear()
+            for p in self._peers:
+                if p is None:
+                    continue
+                for c in p.conns:
+                    for item in c.sendq:
+                        if item.op is not None:
+                            self._fail(item.op, err)
+                    for rec in (c.rec, *c.due):
+                        if rec is not None and rec.op is not None:
+                            self._fail(rec.op, err)
+                    c.sendq.clear()
+                    c.due.clear()
+                    c.rec = None
+                    self._drop(c)
+                p.dead = True
+                if p.gone is None:
+                    p.gone = err
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+
+def _unsent(c: _Conn) -> bool:
+    """Whether ``c``'s kernel send queue still holds unacknowledged bytes (Linux only)."""
+    if c.sock is None:
+        return False
+    try:
+        import fcntl
+
+        raw = fcntl.ioctl(c.sock.fileno(), _TIOCOUTQ, b"\0\0\0\0")
+        return struct.unpack("i", raw)[0] > 0
+    except (OSError, ImportError):
+        return False

@@ -1,0 +1,43 @@
+"""The shared conformance suite, run on the shared-memory transport (threads as ranks)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from plait.rendezvous.store import MemoryStore
+from plait.transport import conformance
+from plait.transport.shm import ShmTransport
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
+
+#: Default geometry, and tiny slots so that every message takes many chunks.
+GEOMETRIES = {"default": {}, "small-slots": {"slot_bytes": 8192, "slots": 3}}
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_segments() -> Iterator[None]:
+    before = set(glob.glob("/dev/shm/plait-*"))
+    yield
+    assert set(glob.glob("/dev/shm/plait-*")) - before == set()
+
+
+def factory(**kwargs: Any) -> Callable[[int], Sequence[ShmTransport]]:
+    store = MemoryStore(timeout=30)  # one store for every group the check makes
+
+    def make(size: int) -> Sequence[ShmTransport]:
+        return conformance.build_in_threads(
+            size, lambda rank: ShmTransport(rank, size, store, timeout=30, **kwargs)
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda f: f.__name__)
+def test_conformance(check: Callable[[conformance.Factory], None], geometry: str) -> None:
+    check(factory(**GEOMETRIES[geometry]))
