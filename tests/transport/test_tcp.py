@@ -749,3 +749,61 @@ def test_communicator_allreduce_over_tcp(size: int) -> None:
     finally:
         for c in comms:
             c.close()
+
+
+def test_strangers_and_wrong_secrets_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Junk and a client without the secret are dropped; the job goes on unaffected."""
+    import os as _os
+    import socket as _socket
+    import threading as _threading
+
+    import numpy as _np
+
+    from plait import _auth
+    from plait.rendezvous.store import MemoryStore
+    from plait.transport.tcp import TcpTransport
+
+    monkeypatch.setenv("PLAIT_SECRET", "the-job-secret")
+    store = MemoryStore(timeout=30)
+    made: dict[int, TcpTransport] = {}
+    errors: list[BaseException] = []
+
+    def build(rank: int) -> None:
+        try:
+            made[rank] = TcpTransport(rank, 2, store, timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t1 = _threading.Thread(target=build, args=(1,))  # rank 1 dials rank 0, which accepts
+    t0 = _threading.Thread(target=build, args=(0,))
+    t0.start()
+    host, port = store.get("tcp/addr/0", 30).decode().rsplit(":", 1)
+    addr = (host.strip("[]"), int(port))
+    for junk in (_os.urandom(4096), b"\0" * 100, b"GET / HTTP/1.0\r\n\r\n" * 5):
+        with _socket.create_connection(addr, timeout=10) as raw:
+            raw.recv(_auth.CHALLENGE_BYTES)
+            raw.sendall(junk)
+            raw.settimeout(10)
+            try:
+                assert raw.recv(1) == b""  # dropped
+            except ConnectionResetError:
+                pass  # dropped with our junk unread: the kernel resets
+    with _socket.create_connection(addr, timeout=10) as raw, pytest.raises(_auth.AuthError):
+        _auth.client_handshake(raw, b"not-the-secret", 10, "intruder")
+    t1.start()
+    t0.join(60)
+    t1.join(60)
+    assert not errors, errors
+    a, b = made[0], made[1]
+    try:
+        src = _np.arange(10, dtype=_np.int64)
+        dst = _np.zeros(10, _np.int64)
+        s = a.isend(1, 5, memoryview(src).cast("B"), 0)
+        r = b.irecv(0, 5, memoryview(dst).cast("B"), 0)
+        while not (s.done and r.done):
+            a.wait_any([s], 1)
+            b.wait_any([r], 1)
+        assert _np.array_equal(dst, src)
+    finally:
+        a.close()
+        b.close()

@@ -77,7 +77,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hmac
 import ipaddress
+import logging
 import os
 import selectors
 import socket
@@ -88,6 +90,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from plait import _auth
 from plait.errors import (
     ClosedError,
     CommError,
@@ -99,6 +102,8 @@ from plait.errors import (
 )
 from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.base import Handle
+
+_log = logging.getLogger("plait")
 
 __all__ = [
     "MAX_STREAMS",
@@ -362,7 +367,7 @@ def _part(nbytes: int, streams: int, k: int) -> tuple[int, int]:
 class _Dial:
     """One outgoing connection being set up (to ``peer``, stream ``stream``)."""
 
-    __slots__ = ("addr", "buf", "error", "peer", "retry_at", "sock", "stream")
+    __slots__ = ("addr", "buf", "error", "nonces", "peer", "retry_at", "sock", "stage", "stream")
 
     def __init__(self, peer: int, stream: int, addr: tuple[str, int]) -> None:
         self.peer = peer
@@ -370,18 +375,22 @@ class _Dial:
         self.addr = addr
         self.sock: socket.socket | None = None
         self.buf = b""
+        # 0: connecting; 1: reading the challenge; 2: reading the proof and hello answer.
+        self.stage = 0
+        self.nonces = (b"", b"")  # (server's, ours) once the challenge is answered
         self.retry_at = 0.0
         self.error: str | None = None
 
 
 class _Answer:
-    """One accepted connection whose hello has not been read yet."""
+    """One accepted connection whose authentication and hello have not been read yet."""
 
-    __slots__ = ("buf", "sock")
+    __slots__ = ("buf", "nonce", "sock")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, nonce: bytes) -> None:
         self.sock = sock
         self.buf = b""
+        self.nonce = nonce  # our challenge, which the client must answer
 
 
 def _bootstrap(
@@ -395,6 +404,7 @@ def _bootstrap(
         TransportError: this rank cannot listen on ``host``.
     """
     deadline = time.monotonic() + timeout
+    secret = _auth.secret()
     done: dict[tuple[int, int], socket.socket] = {}
     listener = socket.socket(_family(host), socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
@@ -439,6 +449,7 @@ def _bootstrap(
                 return
             d.sock = sock
             d.buf = b""
+            d.stage = 0
             sel.register(sock, _WRITE, d)
 
         def retry(d: _Dial, why: str) -> None:
@@ -495,26 +506,44 @@ def _bootstrap(
                         except OSError:
                             break
                         sock.setblocking(False)
-                        a = _Answer(sock)
+                        hello, nonce = _auth.challenge()
+                        try:
+                            sock.send(hello)  # a few bytes into a fresh socket's buffer
+                        except OSError:
+                            sock.close()
+                            continue
+                        a = _Answer(sock, nonce)
                         answers.append(a)
                         sel.register(sock, _READ, a)
                 elif isinstance(item, _Answer):
+                    want = _auth.RESPONSE_BYTES + _HELLO.size
                     try:
-                        chunk = item.sock.recv(_HELLO.size - len(item.buf))
+                        chunk = item.sock.recv(want - len(item.buf))
                     except BlockingIOError:
                         continue
                     except OSError:
                         chunk = b""
                     item.buf += chunk
-                    if chunk and len(item.buf) < _HELLO.size:
+                    if chunk and len(item.buf) < want:
                         continue
                     sel.unregister(item.sock)
                     answers.remove(item)
-                    fields = _HELLO.unpack(item.buf) if len(item.buf) == _HELLO.size else None
-                    if fields is None or fields[0] != _MAGIC or fields[1] != _VERSION:
-                        item.sock.close()  # garbage: drop it and keep waiting
+                    proof = (
+                        _auth.check_response(secret, item.nonce, item.buf[: _auth.RESPONSE_BYTES])
+                        if len(item.buf) == want
+                        else None
+                    )
+                    if proof is None:  # wrong secret or garbage: drop it and keep waiting
+                        _log.warning(
+                            "rank %d: dropped a connection that failed authentication", rank
+                        )
+                        item.sock.close()
                         continue
-                    reply = _HELLO.pack(_MAGIC, _VERSION, fields[2], rank, size, streams)
+                    fields = _HELLO.unpack(item.buf[_auth.RESPONSE_BYTES :])
+                    if fields[0] != _MAGIC or fields[1] != _VERSION:
+                        item.sock.close()
+                        continue
+                    reply = proof + _HELLO.pack(_MAGIC, _VERSION, fields[2], rank, size, streams)
                     if fields[4] != size or fields[5] != streams:
                         with contextlib.suppress(OSError):  # tell the other side too, then fail
                             item.sock.send(reply)
@@ -533,35 +562,62 @@ def _bootstrap(
                 else:
                     d = item
                     assert d.sock is not None
-                    if not d.buf and sk.events == _WRITE:  # connect finished (or failed)
+                    if d.stage == 0:  # connect finished (or failed)
                         err = d.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                         if err:
                             retry(d, os.strerror(err))
                             continue
-                        try:
-                            d.sock.send(
-                                _HELLO.pack(_MAGIC, _VERSION, d.stream, rank, size, streams)
-                            )
-                        except OSError as exc:
-                            retry(d, str(exc))
-                            continue
-                        d.buf = b"\0"  # marker: hello sent, now reading the answer
+                        d.stage = 1
                         sel.modify(d.sock, _READ, d)
                         continue
+                    want = _auth.CHALLENGE_BYTES if d.stage == 1 else _auth.MAC + _HELLO.size
                     try:
-                        chunk = d.sock.recv(_HELLO.size + 1 - len(d.buf))
+                        chunk = d.sock.recv(want - len(d.buf))
                     except BlockingIOError:
                         continue
                     except OSError as exc:
                         retry(d, str(exc))
                         continue
                     if not chunk:
-                        retry(d, "connection closed during the handshake")
+                        retry(
+                            d,
+                            "connection closed during the handshake "
+                            "(did the peer reject our PLAIT_SECRET?)",
+                        )
                         continue
                     d.buf += chunk
-                    if len(d.buf) < _HELLO.size + 1:
+                    if len(d.buf) < want:
                         continue
-                    fields = _HELLO.unpack(d.buf[1:])
+                    if d.stage == 1:  # the challenge: answer it and say hello
+                        if not d.buf.startswith(_auth.MAGIC):
+                            retry(d, f"{d.addr} does not speak plait's protocol")
+                            continue
+                        server_nonce = d.buf[len(_auth.MAGIC) :]
+                        ours = os.urandom(_auth.NONCE)
+                        d.nonces = (server_nonce, ours)
+                        try:
+                            d.sock.send(
+                                ours
+                                + _auth.client_proof(secret, server_nonce, ours)
+                                + _HELLO.pack(_MAGIC, _VERSION, d.stream, rank, size, streams)
+                            )
+                        except OSError as exc:
+                            retry(d, str(exc))
+                            continue
+                        d.buf = b""
+                        d.stage = 2
+                        continue
+                    if not hmac.compare_digest(
+                        d.buf[: _auth.MAC], _auth.server_proof(secret, *d.nonces)
+                    ):
+                        sel.unregister(d.sock)
+                        d.sock.close()
+                        d.sock = None
+                        raise _auth.AuthError(
+                            f"rank {rank}: {d.addr}, published as rank {d.peer}, failed "
+                            "authentication: it does not know this job's PLAIT_SECRET"
+                        )
+                    fields = _HELLO.unpack(d.buf[_auth.MAC :])
                     if (
                         fields[0] != _MAGIC
                         or fields[1] != _VERSION
