@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 from plait.algos._registry import register
 from plait.algos.topology import fold, pof2_floor, unfold
-from plait.schedule.builder import Builder, blocks, segments
+from plait.schedule.builder import Builder, blocks, exchange, segments
 from plait.schedule.ir import Region
 
 __all__ = [
@@ -168,28 +168,6 @@ def _recv_reduce(b: Builder, peer: int, region: Region, segment: int, *, recv_fi
         b.recv_reduce(peer, seg, recv_first=recv_first)
 
 
-def _exchange(
-    b: Builder,
-    peer: int,
-    give: Region,
-    take: Region,
-    segment: int,
-    *,
-    reduce: bool,
-    recv_first: bool = False,
-) -> None:
-    """Send ``give`` to ``peer`` and receive (or receive-reduce) ``take``, segment by segment."""
-    out_segs, in_segs = segments(give, segment), segments(take, segment)
-    for i in range(max(len(out_segs), len(in_segs))):
-        if i < len(out_segs):
-            b.send(peer, out_segs[i])
-        if i < len(in_segs):
-            if reduce:
-                b.recv_reduce(peer, in_segs[i], recv_first=recv_first)
-            else:
-                b.recv(peer, in_segs[i])
-
-
 def halving_reduce_scatter(
     b: Builder, group: Sequence[int], v: int, regions: Sequence[Region], segment: int
 ) -> None:
@@ -200,7 +178,7 @@ def halving_reduce_scatter(
     order (any lengths, empty allowed). Needs a commutative op.
     """
     for pv, kept, given in halving_plan(v, len(group)):
-        _exchange(
+        exchange(
             b,
             group[pv],
             _span(regions, given),
@@ -216,7 +194,7 @@ def doubling_allgather(
 ) -> None:
     """Recursive-doubling allgather: ``v`` starts with ``regions[v]`` and ends with all."""
     for pv, sent, received in doubling_plan(v, len(group)):
-        _exchange(
+        exchange(
             b, group[pv], _span(regions, sent), _span(regions, received), segment, reduce=False
         )
 

@@ -51,7 +51,7 @@ import functools
 
 from plait.algos._registry import register
 from plait.algos.topology import fold, pof2_floor, unfold
-from plait.schedule.builder import Builder, blocks, segments
+from plait.schedule.builder import Builder, blocks, exchange
 from plait.schedule.ir import Region
 
 __all__ = ["swing_order", "swing_peer", "swing_reachable", "swing_rho", "swing_span"]
@@ -130,21 +130,6 @@ def swing_span(rank: int, step: int, size: int) -> tuple[int, int]:
     return lo, lo + width
 
 
-def _exchange(
-    b: Builder, peer: int, out: Region, inn: Region, segment: int, *, reduce: bool, first: bool
-) -> None:
-    """Send ``out`` and receive (or receive-reduce) ``inn``, segment by segment, interleaved."""
-    outs, ins = segments(out, segment), segments(inn, segment)
-    for k in range(max(len(outs), len(ins))):
-        if k < len(outs):
-            b.send(peer, outs[k])
-        if k < len(ins):
-            if reduce:
-                b.recv_reduce(peer, ins[k], recv_first=first)
-            else:
-                b.recv(peer, ins[k])
-
-
 @register("allreduce", "swing", commutative_only=True)
 def allreduce(b: Builder) -> None:
     """Swing reduce-scatter then allgather, peers at distance 1, 1, 3, 5, 11, …: 2 lg p steps."""
@@ -176,11 +161,11 @@ def allreduce(b: Builder) -> None:
         pv = swing_peer(v, s, pof2)
         mine = region(swing_span(v, s + 1, pof2))
         theirs = region(swing_span(pv, s + 1, pof2))
-        _exchange(b, unfold(pv, p), theirs, mine, ctx.segment, reduce=True, first=pv < v)
+        exchange(b, unfold(pv, p), theirs, mine, ctx.segment, reduce=True, recv_first=pv < v)
     for s in range(steps - 1, -1, -1):
         pv = swing_peer(v, s, pof2)
         mine = region(swing_span(v, s + 1, pof2))
         theirs = region(swing_span(pv, s + 1, pof2))
-        _exchange(b, unfold(pv, p), mine, theirs, ctx.segment, reduce=False, first=False)
+        exchange(b, unfold(pv, p), mine, theirs, ctx.segment, reduce=False)
     if folded:
         b.send(r - 1, out)

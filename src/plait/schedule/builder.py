@@ -302,5 +302,31 @@ def segments(region: Region, segment: int) -> list[Region]:
     return [region.sub(o, min(segment, region.count - o)) for o in range(0, region.count, segment)]
 
 
-__all__ += ["blocks", "segments"]
+def exchange(
+    b: Builder,
+    peer: int,
+    give: Region,
+    take: Region,
+    segment: int,
+    *,
+    reduce: bool,
+    recv_first: bool = False,
+) -> None:
+    """Send ``give`` to ``peer`` while receiving (``reduce``: receive-reducing) ``take``.
+
+    Both are cut into segments of ``segment`` elements, interleaved send and
+    receive, so each segment of the exchange can overlap the next.
+    """
+    gives, takes = segments(give, segment), segments(take, segment)
+    for i in range(max(len(gives), len(takes))):
+        if i < len(gives):
+            b.send(peer, gives[i])
+        if i < len(takes):
+            if reduce:
+                b.recv_reduce(peer, takes[i], recv_first=recv_first)
+            else:
+                b.recv(peer, takes[i])
+
+
+__all__ += ["blocks", "exchange", "segments"]
 _ = Buf  # re-exported for builders that annotate buffers
