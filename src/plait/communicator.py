@@ -17,6 +17,7 @@ Note [in-place and staging]
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -770,9 +771,15 @@ def _check_timeout(timeout: Any, c: str) -> float:
 
 
 def _digest(req: _Request, dtype: np.dtype) -> int:
-    ctx = req.ctx
-    op = req.op.key if req.op is not None else "-"
-    text = f"{ctx.collective}|{req.spec.name}|{ctx.count}|{dtype.name}|{op}|{ctx.root}"
+    """The check word of a call: equal on all ranks exactly when their calls match."""
+    return _call_digest(req.spec.name, req.ctx, dtype, req.op)
+
+
+@functools.lru_cache(maxsize=4096)
+def _call_digest(algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None) -> int:
+    # Cached per call shape: a hot loop repeats the same few calls.
+    key = op.key if op is not None else "-"
+    text = f"{ctx.collective}|{algorithm}|{ctx.count}|{dtype.name}|{key}|{ctx.root}"
     return zlib.crc32(text.encode())
 
 
