@@ -221,6 +221,26 @@ def _blocks(region: Region, parts: int) -> list[Region]:
 # -- registered builders ------------------------------------------------------------
 
 
+def _fold_and_halve(b: Builder, work: Region, v: int) -> tuple[list[int], list[Region], bool]:
+    """The common first half of both algorithms, for a participating rank (virtual rank ``v``).
+
+    Copies IN into ``work``, folds in the even neighbour's vector if this rank
+    has one, and reduce-scatters ``work`` over the virtual ranks. Returns the
+    virtual group, the per-virtual-rank regions of ``work``, and whether this
+    rank folded a neighbour in (and owes it data at the end).
+    """
+    ctx = b.ctx
+    p, r, seg = ctx.size, ctx.rank, ctx.segment
+    b.copy(b.inp, work)
+    folded = r < 2 * (p - pof2_floor(p))
+    if folded:
+        _recv_reduce(b, r - 1, work, seg, recv_first=True)
+    group = _virtual_group(p)
+    regions = _blocks(work, len(group))
+    halving_reduce_scatter(b, group, v, regions, seg)
+    return group, regions, folded
+
+
 @register("allreduce", "rabenseifner", commutative_only=True)
 def allreduce(b: Builder) -> None:
     """Recursive-halving reduce-scatter then recursive-doubling allgather: 2 lg p steps.
@@ -238,13 +258,7 @@ def allreduce(b: Builder) -> None:
         _recv(b, r + 1, b.out, seg)
         return
     work = b.out
-    b.copy(b.inp, work)
-    folded = r < 2 * (p - pof2_floor(p))
-    if folded:
-        _recv_reduce(b, r - 1, work, seg, recv_first=True)
-    group = _virtual_group(p)
-    regions = _blocks(work, len(group))
-    halving_reduce_scatter(b, group, v, regions, seg)
+    group, regions, folded = _fold_and_halve(b, work, v)
     doubling_allgather(b, group, v, regions, seg)
     if folded:
         _send(b, r - 1, work, seg)
@@ -273,13 +287,7 @@ def reduce(b: Builder) -> None:
         vroot = fold(root + 1, p)
         assert vroot is not None
     work = b.out if r == root else b.scratch(ctx.count)
-    b.copy(b.inp, work)
-    folded = r < 2 * (p - pof2_floor(p))
-    if folded:
-        _recv_reduce(b, r - 1, work, seg, recv_first=True)
-    group = _virtual_group(p)
-    regions = _blocks(work, len(group))
-    halving_reduce_scatter(b, group, v, regions, seg)
+    group, regions, _ = _fold_and_halve(b, work, v)
     hypercube_gather(b, group, v, vroot, regions, seg)
     if v == vroot and not gatherer:
         _send(b, root, work, seg)
