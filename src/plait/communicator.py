@@ -689,7 +689,9 @@ class Communicator:
         ctx = req.ctx
         schedule = build_schedule(req.spec, ctx)
         dtype = req.out.dtype
-        workspace = self._workspaces.__dict__.setdefault("ws", Workspace())
+        workspace = getattr(self._workspaces, "ws", None)
+        if workspace is None:  # first call on this thread
+            workspace = self._workspaces.ws = Workspace()
         tmp = workspace.take(schedule.tmp_count, dtype)
         staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
         op = req.op
