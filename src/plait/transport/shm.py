@@ -143,6 +143,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import math
 import mmap
 import os
 import platform
@@ -449,6 +450,9 @@ class ShmTransport:
         slot_bytes: payload bytes per ring slot (default 1 MiB, less for many
             ranks so that a rank's inbound rings stay within 256 MiB).
         slots: slots per ring (default 4).
+        names: how messages name the ranks (default: their numbers here);
+            a transport among some ranks of a larger job passes their ranks
+            in the job, so that errors name the ranks the user knows.
 
     Raises:
         RendezvousError: the ranks did not all arrive within ``timeout``.
@@ -473,6 +477,7 @@ class ShmTransport:
         job: str | None = None,
         slot_bytes: int | None = None,
         slots: int | None = None,
+        names: Sequence[int] | None = None,
     ) -> None:
         if size < 1 or not 0 <= rank < size:
             raise ValueError(f"invalid rank {rank} for size {size}; expected 0 <= rank < size")
@@ -486,12 +491,16 @@ class ShmTransport:
             raise ValueError(f"slot_bytes must be at least 1, got {slot_bytes}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if names is not None and len(names) != size:
+            raise ValueError(f"names must name {size} ranks, got {len(names)}")
         if not os.path.isdir(SHM_DIR):
             raise UnsupportedError(f"the shared-memory transport needs {SHM_DIR} (Linux)")
         if _use_libatomic:
             _AtomicWords._load_lib()
         self.rank = rank
         self.size = size
+        self._names = list(range(size)) if names is None else [int(n) for n in names]
+        self._me = self._names[rank]
         self.bytes_sent = 0
         self.bytes_received = 0
         self.spin = _SPIN
@@ -519,8 +528,8 @@ class ShmTransport:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._poller = select.poll()
-        self._poller.register(self._wake_r.fileno(), select.POLLIN)
+        self._poller = select.epoll()
+        self._poller.register(self._wake_r.fileno(), select.EPOLLIN)
         self._last_check = self._last_pid_check = time.monotonic()
         try:
             self._rendezvous(store, timeout, job)
@@ -530,7 +539,7 @@ class ShmTransport:
         except OSError as exc:
             self._teardown()
             kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
-            raise kind(f"rank {rank}: shared-memory rendezvous failed: {exc}") from exc
+            raise kind(f"rank {self._me}: shared-memory rendezvous failed: {exc}") from exc
         except BaseException:
             self._teardown()
             raise
@@ -552,7 +561,9 @@ class ShmTransport:
         else:
             token = store.get(prefix + "job", left()).decode()
             if job is not None and job != token:
-                raise RendezvousError(f"rank {rank}: job {job!r} differs from rank 0's {token!r}")
+                raise RendezvousError(
+                    f"rank {self._me}: job {job!r} differs from rank {self._names[0]}'s {token!r}"
+                )
         self.job = token
         # Several transports of one job (one per group) must not collide either.
         self._name = f"plait-{token}-g{generation}"
@@ -582,7 +593,8 @@ class ShmTransport:
                     conn, _ = listener.accept()
                 except TimeoutError:
                     raise RendezvousError(
-                        f"rank {rank}: ranks {sorted(missing)} did not connect to the "
+                        f"rank {self._me}: ranks {sorted(self._names[r] for r in missing)} did "
+                        "not connect to the "
                         f"shared-memory transport within {timeout} s"
                     ) from None
                 conn.settimeout(left())
@@ -605,13 +617,15 @@ class ShmTransport:
             assert p.sock is not None
             p.sock.settimeout(left())
             if _recv_exact(p.sock, 1) != b"A":
-                raise RendezvousError(f"rank {rank}: rank {p.rank} broke off the rendezvous")
+                raise RendezvousError(
+                    f"rank {self._me}: rank {self._names[p.rank]} broke off the rendezvous"
+                )
         self._unlink()
         for p in self._peers:
             assert p.sock is not None
             p.sock.setblocking(False)
             self._by_fd[p.sock.fileno()] = p
-            self._poller.register(p.sock.fileno(), select.POLLIN)
+            self._poller.register(p.sock.fileno(), select.EPOLLIN)
 
     def _address(self, rank: int) -> str:
         return f"\0{self._name}-{rank}"
@@ -641,11 +655,11 @@ class ShmTransport:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
             raise TransportError(
-                f"rank {self.rank}: {path} already exists: another job uses job id "
+                f"rank {self._me}: {path} already exists: another job uses job id "
                 f"{self.job!r}, or a crashed one left it behind (then delete it)"
             ) from None
         except OSError as exc:
-            raise TransportError(f"rank {self.rank}: cannot create {path}: {exc}") from exc
+            raise TransportError(f"rank {self._me}: cannot create {path}: {exc}") from exc
         self._path = path
         try:
             try:
@@ -654,7 +668,7 @@ class ShmTransport:
                 if exc.errno == errno.ENOSPC:
                     free = os.statvfs(SHM_DIR)
                     raise TransportError(
-                        f"rank {self.rank}: {SHM_DIR} has {free.f_bavail * free.f_frsize} bytes "
+                        f"rank {self._me}: {SHM_DIR} has {free.f_bavail * free.f_frsize} bytes "
                         f"free, the segment needs {nbytes} (lower slot_bytes or slots)"
                     ) from exc
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
@@ -662,7 +676,7 @@ class ShmTransport:
                 os.ftruncate(fd, nbytes)
             mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         except OSError as exc:
-            raise TransportError(f"rank {self.rank}: cannot allocate {path}: {exc}") from exc
+            raise TransportError(f"rank {self._me}: cannot allocate {path}: {exc}") from exc
         finally:
             os.close(fd)
         seg = self._seg = _Segment(mm)
@@ -682,19 +696,19 @@ class ShmTransport:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
-            raise TransportError(f"rank {self.rank}: cannot open {path}: {exc}") from exc
+            raise TransportError(f"rank {self._me}: cannot open {path}: {exc}") from exc
         try:
             nbytes = os.fstat(fd).st_size
             mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         except OSError as exc:
-            raise TransportError(f"rank {self.rank}: cannot map {path}: {exc}") from exc
+            raise TransportError(f"rank {self._me}: cannot map {path}: {exc}") from exc
         finally:
             os.close(fd)
         seg = p.seg = _Segment(mm)
         w = seg.words
         if w[_W_MAGIC] != _MAGIC or w[_W_VERSION] != _VERSION or w[_W_SIZE] != self.size:
             raise RendezvousError(
-                f"rank {self.rank}: {path} is not a plait segment of this job "
+                f"rank {self._me}: {path} is not a plait segment of this job "
                 f"(size {w[_W_SIZE]}, expected {self.size})"
             )
         slots, slot_bytes = w[_W_SLOTS], w[_W_SLOT_BYTES]
@@ -790,7 +804,7 @@ class ShmTransport:
         private copy of its data, so the receiver still gets a whole message.
         """
         if not isinstance(handle, _Op):
-            raise TypeError(f"rank {self.rank}: {handle!r} is not a shared-memory transport handle")
+            raise TypeError(f"rank {self._me}: {handle!r} is not a shared-memory transport handle")
         with self._lock:
             if handle.done:
                 return
@@ -864,6 +878,59 @@ class ShmTransport:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<ShmTransport rank {self.rank} of {self.size}, job {self.job!r}, {state}>"
+
+    # -- driven from outside (plait.transport.base.Drivable) -------------------------------------
+    def poll(self) -> bool:
+        """One pass over the rings (and, now and then, the liveness checks); never blocks."""
+        with self._lock:
+            if self._closed or self._polling:
+                return False
+            moved = self._progress(False)
+            now = time.monotonic()
+            if not moved and now - self._last_check >= _LIVENESS_INTERVAL:
+                self._handle_events(self._poller.poll(0))
+                self._check_pids(now)
+            completed = self._completed > 0
+            self._after_progress()
+            return moved or completed
+
+    def sleep_fd(self) -> int:
+        """The epoll descriptor of the doorbells, peers' sockets and the wake-up pipe."""
+        return self._poller.fileno()
+
+    def begin_sleep(self) -> float:
+        """Raise the sleeping flag (peers ring the doorbell) unless something can move now.
+
+        A stalled driver drains unmatched messages here, as :meth:`wait_any`
+        does (Note [unexpected messages]).
+        """
+        with self._lock:
+            if self._closed or self._polling or self._seg is None:
+                return 0.0
+            words = self._seg.words
+            words[_W_SLEEPING] = 1
+            self._fence()
+            # Re-check after raising the flag: a publisher that missed it published before it.
+            if self._progress(True) or self._completed:
+                words[_W_SLEEPING] = 0
+                self._after_progress()
+                return 0.0
+            self._polling = True  # other threads now write the wake-up pipe
+            if any(p.pid and p.lost is None for p in self._peers):
+                return _PID_INTERVAL
+            return math.inf
+
+    def end_sleep(self) -> None:
+        """Lower the sleeping flag and handle whatever woke the driver."""
+        with self._lock:
+            self._polling = False
+            if self._waiters:
+                self._cond.notify_all()  # close() may wait for the driver to leave
+            if self._closed or self._seg is None:
+                return
+            self._seg.words[_W_SLEEPING] = 0
+            self._handle_events(self._poller.poll(0))
+            self._check_pids(time.monotonic())
 
     # -- waiting ----------------------------------------------------------------------------
     def _wait(self, handles: Sequence[Handle], deadline: float | None) -> bool:
@@ -943,7 +1010,7 @@ class ShmTransport:
         self._polling = True
         self._lock.release()
         try:
-            events = self._poller.poll(None if timeout is None else max(timeout, 0) * 1000.0)
+            events = self._poller.poll(-1 if timeout is None else max(timeout, 0.0))
         finally:
             self._lock.acquire()
             self._polling = False
@@ -1123,12 +1190,13 @@ class ShmTransport:
     def _mismatch(self, op: _Op, check: int, nbytes: int) -> MismatchError | None:
         if check != op.check:
             return MismatchError(
-                f"rank {self.rank} received from rank {op.peer} a message of a different call "
+                f"rank {self._me} received from rank {self._names[op.peer]} a message of a "
+                "different call "
                 "(the two ranks disagree on the collective, count, dtype, op, root or algorithm)"
             )
         if nbytes != op.nbytes:
             return MismatchError(
-                f"rank {op.peer} sent {nbytes} bytes but rank {self.rank} expected "
+                f"rank {self._names[op.peer]} sent {nbytes} bytes but rank {self._me} expected "
                 f"{op.nbytes} bytes"
             )
         return None
@@ -1193,9 +1261,9 @@ class ShmTransport:
             return
         closed = p.seg is not None and p.seg.words[_W_CLOSED] == 1
         p.lost = (
-            f"rank {p.rank} has closed its transport"
+            f"rank {self._names[p.rank]} has closed its transport"
             if closed
-            else f"rank {p.rank} was lost: its process exited or was killed"
+            else f"rank {self._names[p.rank]} was lost: its process exited or was killed"
         )
         err = PeerLostError(p.lost)
         if p.sock is not None:
@@ -1226,10 +1294,10 @@ class ShmTransport:
     # -- helpers ------------------------------------------------------------------------------
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.size:
-            raise ValueError(f"rank {self.rank}: peer {peer} is not in 0..{self.size - 1}")
+            raise ValueError(f"rank {self._me}: peer {peer} is not in 0..{self.size - 1}")
 
     def _closed_error(self) -> ClosedError:
-        return ClosedError(f"rank {self.rank}: the shared-memory transport is closed")
+        return ClosedError(f"rank {self._me}: the shared-memory transport is closed")
 
     def _teardown(self) -> None:
         """Release sockets, mappings and our segment file (idempotent)."""
@@ -1248,6 +1316,7 @@ class ShmTransport:
             self._seg = None
         self._wake_r.close()
         self._wake_w.close()
+        self._poller.close()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
