@@ -3,14 +3,16 @@
 Bootstrap
     Each rank listens on an ephemeral port of one address (see *Addresses*),
     publishes ``host:port`` (``[v6]:port`` for IPv6) in the store under
-    ``f"{prefix}/addr/{rank}"``, then rank i connects to every rank j < i and
-    accepts from every j > i, ``streams`` connections per pair. The connecting
-    side sends a hello (magic, protocol version, stream index, its rank, size,
-    streams); the accepting side checks it (garbage and strangers are dropped,
-    the wait goes on) and answers with its own. Ranks that disagree on ``size``
-    or ``streams`` fail with :class:`~plait.errors.RendezvousError`; ranks that
-    never show up within ``timeout`` fail with :class:`BootstrapTimeout`, which
-    names them.
+    ``f"{prefix}/addr/{rank}"``, then rank i connects to every peer j < i and
+    accepts from every peer j > i, ``streams`` connections per pair. The peers
+    are all other ranks, or the ``peers`` given (a symmetric relation: a hybrid
+    transport connects over TCP only to the ranks on other hosts). The
+    connecting side sends a hello (magic, protocol version, stream index, its
+    rank, size, streams); the accepting side checks it (garbage and strangers
+    are dropped, the wait goes on) and answers with its own. Ranks that
+    disagree on ``size`` or ``streams`` fail with
+    :class:`~plait.errors.RendezvousError`; ranks that never show up within
+    ``timeout`` fail with :class:`BootstrapTimeout`, which names them.
 
 Wire format
     Every frame starts with a 24-byte header ``<kind u8, pad 3, check u32,
@@ -87,7 +89,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from plait import _auth
@@ -353,6 +355,22 @@ def _streams_from(streams: int | None) -> int:
     return streams
 
 
+def _peers_from(peers: Collection[int] | None, rank: int, size: int) -> frozenset[int]:
+    """The ranks to connect to: ``peers`` checked, without ``rank``; all others for None."""
+    if peers is None:
+        return frozenset(range(size)) - {rank}
+    out = set()
+    for j in peers:
+        if isinstance(j, bool) or not hasattr(j, "__index__"):
+            raise TypeError(f"peers must hold ints (ranks), got {j!r}")
+        j = j.__index__()
+        if not 0 <= j < size:
+            raise ValueError(f"peers lists rank {j}; expected 0 <= rank < {size}")
+        out.add(j)
+    out.discard(rank)
+    return frozenset(out)
+
+
 def _part(nbytes: int, streams: int, k: int) -> tuple[int, int]:
     """Byte range [lo, hi) of part k when ``nbytes`` are striped over ``streams``."""
     chunk = -(-nbytes // streams)
@@ -394,9 +412,16 @@ class _Answer:
 
 
 def _bootstrap(
-    rank: int, size: int, streams: int, store: Store, prefix: str, timeout: float, host: str
+    rank: int,
+    size: int,
+    streams: int,
+    store: Store,
+    prefix: str,
+    timeout: float,
+    host: str,
+    peers: frozenset[int],
 ) -> tuple[str, dict[tuple[int, int], socket.socket]]:
-    """Connect rank ``rank`` to every other; returns (published address, {(peer, stream): sock}).
+    """Connect rank ``rank`` to its ``peers``; returns (published address, {(peer, stream): sock}).
 
     Raises:
         BootstrapTimeout: some ranks did not publish, connect or answer in time.
@@ -414,7 +439,7 @@ def _bootstrap(
         _tune(listener)
         try:
             listener.bind((host, 0))
-            backlog = min(socket.SOMAXCONN, max(16, (size - rank - 1) * streams))
+            backlog = min(socket.SOMAXCONN, max(16, sum(j > rank for j in peers) * streams))
             listener.listen(backlog)
         except OSError as exc:
             raise TransportError(f"rank {rank}: cannot listen on {host!r}: {exc}") from exc
@@ -422,20 +447,21 @@ def _bootstrap(
         address = _format_address(host, listener.getsockname()[1])
         store.set(f"{prefix}/addr/{rank}", address.encode())
 
-        keys = [f"{prefix}/addr/{j}" for j in range(rank)]
+        lower = sorted(j for j in peers if j < rank)
+        keys = [f"{prefix}/addr/{j}" for j in lower]
         if keys:
             try:
                 store.wait(keys, max(deadline - time.monotonic(), 0.0))
             except StoreTimeout as exc:
-                missing = [j for j, k in enumerate(keys) if not store.check([k])]
+                missing = [j for j, k in zip(lower, keys, strict=True) if not store.check([k])]
                 raise BootstrapTimeout(
                     f"rank {rank}: rank(s) {missing} never published their address "
                     f"(store keys {prefix}/addr/<rank>) within {timeout} s"
                 ) from exc
-        for j, key in enumerate(keys):
+        for j, key in zip(lower, keys, strict=True):
             addr = _parse_address(store.get(key).decode())
             dials.extend(_Dial(j, s, addr) for s in range(streams))
-        expected = {(j, s) for j in range(rank + 1, size) for s in range(streams)}
+        expected = {(j, s) for j in peers if j > rank for s in range(streams)}
         sel.register(listener, _READ, None)
 
         def start(d: _Dial) -> None:
@@ -551,6 +577,13 @@ def _bootstrap(
                         check_peer("connecting", fields, fields[3])
                     src = (fields[3], fields[2])
                     if src not in expected or src in done:
+                        if fields[3] not in peers and 0 <= fields[3] < size and fields[3] != rank:
+                            _log.warning(
+                                "rank %d: dropped a connection from rank %d, which is not "
+                                "among this rank's peers (peers= must be symmetric)",
+                                rank,
+                                fields[3],
+                            )
                         item.sock.close()  # a stranger or a duplicate
                         continue
                     try:
@@ -761,13 +794,14 @@ def _bytes_view(data: object, writable: bool) -> memoryview:
 class TcpTransport:
     """Rank ``rank``'s end of a TCP mesh; see the module docstring and :mod:`plait.transport.base`.
 
-    Construction blocks until every rank has connected (or ``timeout`` passes).
+    Construction blocks until every peer has connected (or ``timeout`` passes).
     All methods are thread-safe; bytes move only while some thread is inside
     :meth:`wait_any` (or ``isend``/``irecv``/:meth:`close`).
 
     Attributes:
         rank: this rank.
         size: number of ranks.
+        peers: the other ranks this one is connected to.
         streams: connections per rank pair.
         address: the address this rank listens on, as published in the store.
         bytes_sent: payload bytes handed to :meth:`isend` so far.
@@ -783,10 +817,14 @@ class TcpTransport:
         streams: connections per rank pair (default ``PLAIT_TCP_STREAMS`` or 1);
             messages of at least :data:`STRIPE_MIN` bytes are striped over them.
         prefix: store key prefix; use a fresh one per transport in a long-lived store.
+        peers: the ranks to connect to (None: all others; this rank itself may be
+            listed and is ignored). The relation must be symmetric: if rank a
+            lists b, b lists a. Operations with other ranks (but this one) raise
+            ValueError.
 
     Raises:
         ValueError: a bad argument, or no interface matches ``ifname``.
-        TypeError: ``streams`` is not an int.
+        TypeError: ``streams`` is not an int, or ``peers`` holds something else than ints.
         BootstrapTimeout: some ranks never showed up (they are named).
         RendezvousError: ranks disagree on ``size`` or ``streams``.
         TransportError: this rank cannot listen on the chosen address.
@@ -803,6 +841,7 @@ class TcpTransport:
         ifname: str | None = None,
         streams: int | None = None,
         prefix: str = "tcp",
+        peers: Collection[int] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
@@ -812,13 +851,14 @@ class TcpTransport:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.rank = rank
         self.size = size
+        self.peers = _peers_from(peers, rank, size)
         self.streams = _streams_from(streams)
         self.timeout = float(timeout)
         self.bytes_sent = 0
         self.bytes_received = 0
         bind = _choose_host(host, ifname, store)
         self.address, socks = _bootstrap(
-            rank, size, self.streams, store, prefix, self.timeout, bind
+            rank, size, self.streams, store, prefix, self.timeout, bind, self.peers
         )
 
         try:
@@ -833,7 +873,7 @@ class TcpTransport:
             raise
 
     def _setup(self, socks: dict[tuple[int, int], socket.socket]) -> None:
-        rank, size = self.rank, self.size
+        size = self.size
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._posted: dict[tuple[int, int], deque[_Op]] = {}
@@ -851,9 +891,7 @@ class TcpTransport:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, _READ, None)
         self._peers: list[_Peer | None] = [None] * size
-        for j in range(size):
-            if j == rank:
-                continue
+        for j in sorted(self.peers):
             p = _Peer(j)
             for s in range(self.streams):
                 sock = socks[(j, s)]
@@ -875,7 +913,8 @@ class TcpTransport:
         """Start sending ``data`` to ``peer``; see :meth:`plait.transport.base.Transport.isend`.
 
         Raises:
-            ValueError: ``peer`` out of range, or ``tag``/``check`` do not fit the header.
+            ValueError: ``peer`` out of range or not among :attr:`peers`, or
+                ``tag``/``check`` do not fit the header.
         """
         mv = data
         if mv.__class__ is not memoryview or mv.format != "B" or mv.ndim != 1:
@@ -891,14 +930,15 @@ class TcpTransport:
             ) from None
         op = _Op(peer, tag, mv, check, True)
         with self._lock:
+            p = self._peers[peer]
+            if p is None and peer != self.rank:
+                raise self._not_a_peer(peer)
             self.bytes_sent += nbytes
             if self._closing:
                 self._fail(op, self._closed_error())
-            elif peer == self.rank:
+            elif p is None:
                 self._send_self(op)
             else:
-                p = self._peers[peer]
-                assert p is not None
                 if p.gone is not None:
                     self._fail(op, p.gone)
                 elif self.streams == 1 or nbytes < STRIPE_MIN:
@@ -930,7 +970,8 @@ class TcpTransport:
         """Start receiving ``len(into)`` bytes from ``peer``; see the base contract.
 
         Raises:
-            ValueError: ``peer`` out of range or ``into`` read-only.
+            ValueError: ``peer`` out of range or not among :attr:`peers`, or
+                ``into`` read-only.
         """
         mv = into
         if mv.__class__ is not memoryview or mv.format != "B" or mv.ndim != 1 or mv.readonly:
@@ -940,6 +981,9 @@ class TcpTransport:
         op = _Op(peer, tag, mv, check, False)
         key = (peer, tag)
         with self._lock:
+            p = self._peers[peer]
+            if p is None and peer != self.rank:
+                raise self._not_a_peer(peer)
             queue = self._unexpected.get(key)
             if self._closing:
                 self._fail(op, self._closed_error())
@@ -949,7 +993,6 @@ class TcpTransport:
                     del self._unexpected[key]
                 self._match_unexpected(op, rec)
             else:
-                p = self._peers[peer]
                 if p is not None and p.gone is not None:
                     self._fail(op, p.gone)
                 else:
@@ -1555,6 +1598,12 @@ class TcpTransport:
                 f"{op.buf.nbytes} bytes"
             )
         return None
+
+    def _not_a_peer(self, peer: int) -> ValueError:
+        return ValueError(
+            f"rank {self.rank}: rank {peer} is not among this transport's peers "
+            f"{sorted(self.peers)}"
+        )
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.size:
