@@ -1,0 +1,225 @@
+"""What a sweep measures: sizes, element counts, iteration counts and bandwidths.
+
+Pure functions, shared by the bench process and every system's worker, so that
+plait, Open MPI and Gloo are measured on exactly the same points.
+
+Sizes follow nccl-tests: a row's ``bytes`` is the whole buffer of the
+collective, ``S = count * itemsize``:
+
+=================  ==========================================================
+allreduce, reduce  the vector reduced (input and output have S bytes)
+broadcast          the vector broadcast
+reduce_scatter     the whole input; every rank gets S/n
+allgather, gather  the whole output; every rank contributes S/n
+alltoall           each rank's whole input (and output)
+scatter            root's whole input; every rank gets S/n
+barrier            nothing (one row, 0 bytes)
+=================  ==========================================================
+
+For the block collectives the count is rounded down to a multiple of the
+number of ranks, as nccl-tests does, so some small sizes collapse to the same
+row (kept once).
+
+Bandwidths are nccl-tests' too: ``algbw = S / t`` and ``busbw = algbw *
+factor``, the factor making busbw comparable across rank counts (it is the
+fraction of S that crosses the busiest link of an optimal algorithm):
+
+==========================================  ============
+allreduce                                   2(n-1)/n
+reduce_scatter, allgather, alltoall         (n-1)/n
+gather, scatter                             (n-1)/n  (the root's link carries all
+                                            blocks but its own; nccl-tests' choice)
+broadcast, reduce                           1
+barrier                                     0 (no data; read the time)
+==========================================  ============
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "BLOCK_COLLECTIVES",
+    "COLLECTIVES",
+    "IterationPolicy",
+    "Point",
+    "bandwidths",
+    "bus_factor",
+    "element_count",
+    "format_size",
+    "parse_size",
+    "points",
+    "selection_bytes",
+    "size_range",
+    "summarize",
+]
+
+#: Every collective plait has, in the order ``plait bench -h`` lists them.
+COLLECTIVES: tuple[str, ...] = (
+    "allreduce",
+    "reduce",
+    "broadcast",
+    "reduce_scatter",
+    "allgather",
+    "alltoall",
+    "gather",
+    "scatter",
+    "barrier",
+)
+
+#: Collectives whose buffer S is cut in one block per rank.
+BLOCK_COLLECTIVES = frozenset({"reduce_scatter", "allgather", "alltoall", "gather", "scatter"})
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8``, ``64K``, ``256M``, ``1G``, ``1.5M`` or ``4KiB`` (binary units).
+
+    Raises:
+        ValueError: not a size.
+    """
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a size: {text!r}; expected e.g. 8, 64K, 256M or 1G")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value != int(value):
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return int(value)
+
+
+def format_size(nbytes: int) -> str:
+    """``8 B``, ``64 KiB``, ``1.5 MiB``: short and exact enough for a table or a plot axis."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def size_range(begin: int, end: int, factor: int) -> list[int]:
+    """``begin, begin*factor, …`` up to ``end`` inclusive (``-b/-e/-f``); 0 is followed by 1.
+
+    Raises:
+        ValueError: begin > end, a negative size, or factor < 2.
+    """
+    if begin < 0 or end < begin:
+        raise ValueError(f"need 0 <= begin <= end; got begin={begin}, end={end}")
+    if factor < 2:
+        raise ValueError(f"the factor must be an integer >= 2; got {factor}")
+    sizes = []
+    s = begin
+    while s <= end:
+        sizes.append(s)
+        s = s * factor if s else 1
+    return sizes
+
+
+def element_count(collective: str, nbytes: int, itemsize: int, size: int) -> int:
+    """Elements in the collective's whole buffer S for ``nbytes`` requested (see the module doc)."""
+    if collective == "barrier":
+        return 0
+    count = nbytes // itemsize
+    if collective in BLOCK_COLLECTIVES:
+        count -= count % size
+    return count
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row of a sweep: the buffer S holds ``count`` elements, ``nbytes`` bytes."""
+
+    nbytes: int
+    count: int
+
+
+def points(collective: str, sizes: list[int], itemsize: int, size: int) -> list[Point]:
+    """The distinct rows of a sweep, in order (sizes that round to one count give one row)."""
+    if collective == "barrier":
+        return [Point(0, 0)]
+    seen: dict[int, Point] = {}
+    for s in sizes:
+        count = element_count(collective, s, itemsize, size)
+        seen.setdefault(count, Point(count * itemsize, count))
+    return list(seen.values())
+
+
+def bus_factor(collective: str, size: int) -> float:
+    """busbw / algbw for ``size`` ranks (nccl-tests' factors; see the module doc)."""
+    n = size
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather", "alltoall", "gather", "scatter"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    if collective == "barrier":
+        return 0.0
+    raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+
+
+def bandwidths(collective: str, nbytes: int, seconds: float, size: int) -> tuple[float, float]:
+    """``(algbw, busbw)`` in GB/s (10⁹ bytes per second) for S = ``nbytes`` moved in ``seconds``."""
+    if seconds <= 0 or nbytes == 0:
+        return 0.0, 0.0
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * bus_factor(collective, size)
+
+
+def selection_bytes(collective: str, count: int, itemsize: int, size: int) -> int:
+    """The ``nbytes`` plait's ``algorithm="auto"`` decides on for this row.
+
+    Mirrors the Communicator: the whole vector for allreduce, reduce and
+    broadcast, one rank's block for the block collectives.
+    """
+    if collective in BLOCK_COLLECTIVES:
+        return count // size * itemsize
+    return count * itemsize
+
+
+@dataclass(frozen=True)
+class IterationPolicy:
+    """How many calls to warm up with and to time, so a sweep takes seconds, not minutes.
+
+    Warm-up: ``warmup_bytes // nbytes`` calls, between 1 and ``max_warmup``
+    (small messages need more calls to settle caches and branch predictors;
+    one call of a large one suffices to touch its pages). Timed: as many calls
+    as fit in ``seconds`` at the speed measured during warm-up, between
+    ``min_iters`` and ``max_iters``. ``iters``/``warmup`` fix the counts.
+    """
+
+    seconds: float = 0.2
+    min_iters: int = 5
+    max_iters: int = 1000
+    warmup_bytes: int = 64 << 20
+    max_warmup: int = 20
+    iters: int | None = None
+    warmup: int | None = None
+
+    def warmup_for(self, nbytes: int) -> int:
+        """Warm-up calls for a row of ``nbytes``."""
+        if self.warmup is not None:
+            return self.warmup
+        return max(1, min(self.max_warmup, self.warmup_bytes // max(nbytes, 1)))
+
+    def iters_for(self, seconds_per_call: float) -> int:
+        """Timed calls for a row whose calls took ``seconds_per_call`` during warm-up."""
+        if self.iters is not None:
+            return self.iters
+        if not seconds_per_call > 0:
+            return self.max_iters
+        wanted = math.ceil(self.seconds / seconds_per_call)
+        return max(self.min_iters, min(self.max_iters, wanted))
+
+
+def summarize(seconds: np.ndarray) -> tuple[float, float, float]:
+    """Median, 10th and 90th percentile of per-call times, in µs."""
+    if seconds.size == 0:
+        return math.nan, math.nan, math.nan
+    p10, p50, p90 = np.percentile(seconds, [10, 50, 90]) * 1e6
+    return float(p50), float(p10), float(p90)

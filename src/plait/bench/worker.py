@@ -1,0 +1,98 @@
+"""The plait rank body of ``plait bench``: ``python -m plait.bench.worker SPEC.json``.
+
+Started on every rank by ``plait run``'s launcher, so it meets the others
+with a bare :func:`plait.init` (transport from PLAIT_TRANSPORT), then runs
+the sweep of :mod:`plait.bench.loop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import plait
+from plait.bench.data import Buffers, resolve_dtype
+from plait.bench.loop import Prepared, SweepSpec, op_by_name, worker_main
+from plait.bench.sweep import Point, selection_bytes
+from plait.schedule.builder import HostLayout
+from plait.selection.select import select
+
+__all__ = ["PlaitBackend", "main"]
+
+
+class PlaitBackend:
+    """plait's collectives, bound to the bench's buffers."""
+
+    def __init__(self, comm: plait.Communicator) -> None:
+        self.comm = comm
+        self.rank = comm.rank
+        self.size = comm.size
+        layout = HostLayout.from_names(comm.hosts)
+        self._layout = layout if layout.n_hosts > 1 else None
+
+    def _auto(self, spec: SweepSpec, point: Point) -> str:
+        """The algorithm ``auto`` runs for this row (decided as the Communicator decides)."""
+        c = spec.collective
+        itemsize = resolve_dtype(spec.dtype).itemsize
+        nbytes = selection_bytes(c, point.count, itemsize, self.size) if c != "barrier" else 0
+        reduction = c in ("allreduce", "reduce", "reduce_scatter")
+        commutative = op_by_name(spec.op).commutative if reduction else True
+        return select(c, self.size, nbytes, commutative=commutative, hosts=self._layout).name
+
+    def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:
+        """A zero-argument call of the row's collective on ``bufs``."""
+        comm, c, root, size = self.comm, spec.collective, spec.root, self.size
+        op = op_by_name(spec.op)
+        inp, out = bufs.inp, bufs.out
+        name = self._auto(spec, point) if algorithm == "auto" else algorithm
+        a = algorithm
+        k = point.count // size
+        call: Callable[[], Any]
+        if c == "allreduce":
+            call = lambda: comm.allreduce(inp, op, out=out, algorithm=a)  # noqa: E731
+        elif c == "reduce":
+            call = lambda: comm.reduce(inp, root, op, out=out, algorithm=a)  # noqa: E731
+        elif c == "broadcast":
+            call = lambda: comm.broadcast(out, root, algorithm=a)  # noqa: E731
+        elif c == "reduce_scatter":
+            call = lambda: comm.reduce_scatter(inp, op, out=out, algorithm=a)  # noqa: E731
+        elif c == "allgather":
+            grid = out.reshape(size, k)  # type: ignore[union-attr]
+            call = lambda: comm.allgather(inp, out=grid, algorithm=a)  # noqa: E731
+        elif c == "alltoall":
+            call = lambda: comm.alltoall(inp, out=out, algorithm=a)  # noqa: E731
+        elif c == "gather":
+            grid = out.reshape(size, k) if out is not None else None
+            call = lambda: comm.gather(inp, root, out=grid, algorithm=a)  # noqa: E731
+        elif c == "scatter":
+            call = lambda: comm.scatter(inp, root, out=out, algorithm=a)  # noqa: E731
+        elif c == "barrier":
+            call = comm.barrier
+        else:
+            raise ValueError(f"unknown collective {c!r}")
+        return Prepared(call, name, out)
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` everywhere."""
+        return int(self.comm.broadcast(np.array([value], np.int64), 0)[0])
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+        """Every rank's ``row`` stacked on rank 0."""
+        return self.comm.gather(np.ascontiguousarray(row, np.float64), 0)
+
+
+def _make(spec: SweepSpec) -> tuple[PlaitBackend, dict[str, Any], Callable[[], None]]:
+    comm = plait.init()
+    info = {"plait": plait.__version__, "numpy": np.__version__}
+    return PlaitBackend(comm), info, comm.close
+
+
+def main() -> None:
+    """Run the sweep named on the command line on this rank."""
+    worker_main(_make)
+
+
+if __name__ == "__main__":
+    main()

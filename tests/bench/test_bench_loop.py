@@ -1,0 +1,144 @@
+"""The measuring loop, with plait's backend on threads and with fake backends."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.bench.data import Buffers
+from plait.bench.loop import (
+    EXIT_FAILED,
+    Prepared,
+    SweepSpec,
+    Unsupported,
+    load_spec,
+    op_by_name,
+    run_sweep,
+)
+from plait.bench.sweep import COLLECTIVES, Point, points
+from plait.bench.worker import PlaitBackend
+from plait.testing import run_ranks
+
+
+def make_spec(tmp_path: Path, collective: str = "allreduce", **kw: Any) -> SweepSpec:
+    size = kw.pop("size", 3)
+    sizes = kw.pop("sizes", [0, 4, 48, 1200])
+    rows = points(collective, sizes, 4, size)
+    spec = SweepSpec(
+        collective=collective,
+        dtype="float32",
+        op="sum",
+        root=kw.pop("root", 0),
+        in_place=kw.pop("in_place", False),
+        points=[(p.nbytes, p.count) for p in rows],
+        algorithms=kw.pop("algorithms", ["auto"]),
+        policy={"iters": 3, "warmup": 1, "seconds": 0.01},
+        results=str(tmp_path / "results.json"),
+        progress=str(tmp_path / "progress"),
+        label="test",
+    )
+    return replace(spec, **kw)
+
+
+def test_spec_round_trips_through_json(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "gather", root=1, in_place=True, options={"port": 5})
+    spec.save(str(tmp_path / "spec.json"))
+    assert load_spec(str(tmp_path / "spec.json")) == spec
+
+
+def test_op_by_name() -> None:
+    assert op_by_name("sum") is plait.SUM
+    assert op_by_name("BXOR") is plait.BXOR
+    with pytest.raises(ValueError, match="unknown op"):
+        op_by_name("mean")
+    with pytest.raises(ValueError, match="unknown op"):
+        op_by_name("check")  # an attribute of plait.ops, not an op
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_plait_sweep_on_threads_is_right(collective: str, in_place: bool, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, collective, root=1, in_place=in_place)
+    codes = run_ranks(3, lambda comm: run_sweep(PlaitBackend(comm), spec))
+    assert codes == [0, 0, 0]
+    result = json.loads(Path(spec.results).read_text())
+    assert "error" not in result
+    assert "skipped" not in result
+    rows = result["rows"]
+    assert [(r["bytes"], r["count"]) for r in rows] == [tuple(p) for p in spec.points]
+    for r in rows:
+        assert r["wrong"] == 0
+        assert r["iters"] == 3
+        assert r["warmup"] == 1
+        assert r["time_us"] > 0
+        assert r["p10_us"] <= r["time_us"] <= r["p90_us"]
+        assert r["algorithm"] in plait.algorithms(collective)
+        assert r["requested"] == "auto"
+    progress = Path(spec.progress).read_text().splitlines()  # type: ignore[arg-type]
+    assert progress[-1].split()[:2] == [str(len(rows)), str(len(rows))]
+
+
+def test_every_algorithm_gets_its_rows(tmp_path: Path) -> None:
+    algos = list(plait.algorithms("allgather"))
+    spec = make_spec(tmp_path, "allgather", algorithms=["auto", *algos])
+    run_ranks(3, lambda comm: run_sweep(PlaitBackend(comm), spec))
+    rows = json.loads(Path(spec.results).read_text())["rows"]
+    assert len(rows) == len(spec.points) * (len(algos) + 1)
+    for r in rows:
+        assert r["wrong"] == 0
+        if r["requested"] != "auto":
+            assert r["algorithm"] == r["requested"]
+
+
+class FakeBackend:
+    """One real rank 0 and a made-up rank 1 whose calls take 1 ms and get 2 elements wrong."""
+
+    rank, size = 0, 2
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+
+    def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:
+        if self.fail is not None and point.count > 0:
+            raise self.fail
+        return Prepared(lambda: None, "fake", None)
+
+    def broadcast_int(self, value: int) -> int:
+        return value
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray:
+        other = np.full_like(row, 1e-3)
+        other[0] = 2
+        return np.stack([row, other])
+
+
+def test_time_is_the_slowest_ranks_and_wrong_counts_add_up(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "barrier", size=2)
+    assert run_sweep(FakeBackend(), spec) == 0
+    (row,) = json.loads(Path(spec.results).read_text())["rows"]
+    assert row["time_us"] == pytest.approx(1000.0)
+    assert row["p10_us"] == row["p90_us"] == pytest.approx(1000.0)
+    assert row["wrong"] == 2
+    assert row["algbw_gbps"] == row["busbw_gbps"] == 0.0
+
+
+def test_unsupported_rows_end_the_sweep_with_a_message(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, size=2)
+    assert run_sweep(FakeBackend(Unsupported("no float32 here")), spec) == 0
+    result = json.loads(Path(spec.results).read_text())
+    assert result["skipped"] == "no float32 here"
+    assert [r["count"] for r in result["rows"]] == [0]
+
+
+def test_errors_keep_the_rows_done_and_fail_the_worker(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, size=2)
+    assert run_sweep(FakeBackend(RuntimeError("boom")), spec) == EXIT_FAILED
+    result = json.loads(Path(spec.results).read_text())
+    assert result["error"] == "rank 0: RuntimeError: boom"
+    assert len(result["rows"]) == 1
