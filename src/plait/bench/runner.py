@@ -1,0 +1,321 @@
+"""Start each system's ranks for one sweep and read their rows back.
+
+- plait and gloo ranks are started by ``plait run``'s own launcher
+  (:func:`plait.cli.run.main`), which watches over them and cleans up;
+- Open MPI's ranks by ``mpirun`` (``--mca btl self,vader`` for shared memory,
+  ``self,tcp`` restricted to the loopback interface for TCP; ``--mca pml ob1``
+  so that these transports are the ones used).
+
+Workers write their rows to a JSON file of a private temp directory; their
+stdout is sent to the bench's stderr, so the bench's stdout holds nothing but
+the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from plait.bench.loop import SweepSpec
+from plait.bench.progress import ProgressBar
+
+__all__ = [
+    "RunOptions",
+    "Series",
+    "gloo_missing",
+    "mpi_missing",
+    "open_mpi_version",
+    "run_gloo",
+    "run_mpi",
+    "run_plait",
+    "transports",
+]
+
+#: What to install for each compared system, for the skip messages.
+INSTALL = {
+    "mpi": "apt-get install -y openmpi-bin libopenmpi-dev && pip install mpi4py",
+    "gloo": "pip install torch==2.13.0, a CPU build: --index-url https://download.pytorch.org/whl/cpu",
+}
+
+
+@dataclass
+class Series:
+    """One line of results: a system, a transport and a requested algorithm, row by row."""
+
+    system: str  # plait, mpi or gloo
+    label: str
+    transport: str  # shm, tcp or auto
+    requested: str  # the algorithm asked for (auto, ring, …); the rows say which ran
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: str | None = None
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to start every system's ranks."""
+
+    nproc: int
+    timeout: float  # seconds per call before a rank gives up
+    tmpdir: str
+    progress: bool | None = None  # None: only on a terminal
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at stderr, so processes started meanwhile keep stdout clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    from plait.cli import run as run_cli
+
+    parser = argparse.ArgumentParser(add_help=False)
+    run_cli.add_arguments(parser)
+    return parser
+
+
+def transports() -> tuple[str, ...]:
+    """The transports ``plait run --transport`` accepts (``auto`` first)."""
+    for action in _run_parser()._actions:
+        if action.dest == "transport" and action.choices:
+            return tuple(action.choices)  # type: ignore[arg-type]
+    return ("auto",)  # pragma: no cover - plait run always has --transport
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _paths(opts: RunOptions, name: str) -> tuple[str, str, str]:
+    base = os.path.join(opts.tmpdir, re.sub(r"[^\w.-]", "_", name))
+    for p in (base + ".results.json", base + ".progress"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+    return base + ".spec.json", base + ".results.json", base + ".progress"
+
+
+def _launch(
+    module: str,
+    spec: SweepSpec,
+    spec_path: str,
+    opts: RunOptions,
+    transport: str | None,
+    env: dict[str, str],
+) -> tuple[int, dict[str, Any] | None, float]:
+    """Run ``module`` on ``opts.nproc`` ranks with ``plait run``: (exit code, results, seconds)."""
+    from plait.cli import run as run_cli
+
+    spec.save(spec_path)
+    parser = _run_parser()
+    argv = ["-n", str(opts.nproc), "--timeout", str(opts.timeout)]
+    if transport is not None:
+        argv += ["--transport", transport]
+    args = parser.parse_args([*argv, "-m", module, spec_path])
+    total = len(spec.points) * len(spec.algorithms)
+    assert spec.progress is not None
+    with (
+        ProgressBar(spec.label, spec.progress, total, enabled=opts.progress) as bar,
+        _environment(env),
+        _stdout_to_stderr(),
+    ):
+        code = run_cli.main(args)
+    return code, _read(spec.results), bar.seconds
+
+
+def _series(base: Series, code: int, result: dict[str, Any] | None, seconds: float) -> Series:
+    s = replace(base, seconds=seconds)
+    if result is None:
+        s.error = f"the ranks exited with code {code} and reported nothing"
+        return s
+    s.rows = result.get("rows", [])
+    s.info = result.get("info", {})
+    s.skipped = result.get("skipped")
+    s.error = result.get("error")
+    if s.error is None and code != 0:
+        s.error = f"the ranks exited with code {code}"
+    return s
+
+
+def run_plait(spec: SweepSpec, transport: str, opts: RunOptions) -> list[Series]:
+    """plait's sweep over ``transport``: one series per requested algorithm."""
+    label = "plait" if transport == "auto" else f"plait-{transport}"
+    spec_path, results, progress = _paths(opts, label)
+    spec = replace(spec, results=results, progress=progress, label=label)
+    code, result, seconds = _launch("plait.bench.worker", spec, spec_path, opts, transport, {})
+    out = []
+    for algo in spec.algorithms:
+        name = label if algo == "auto" else f"{label} {algo}"
+        s = _series(Series("plait", name, transport, algo), code, result, seconds)
+        s.rows = [r for r in s.rows if r.get("requested") == algo]
+        out.append(s)
+    return out
+
+
+def gloo_missing() -> str | None:
+    """Why gloo cannot be compared here, or None."""
+    if importlib.util.find_spec("torch") is None:
+        return f"torch is not installed ({INSTALL['gloo']})"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_gloo(spec: SweepSpec, opts: RunOptions) -> Series:
+    """The sweep through torch.distributed's gloo backend (TCP on loopback)."""
+    base = Series("gloo", "gloo", "tcp", "auto")
+    why = gloo_missing()
+    if why is not None:
+        return replace(base, skipped=why)
+    spec_path, results, progress = _paths(opts, "gloo")
+    options = {"port": _free_port(), "timeout": opts.timeout}
+    spec = replace(
+        spec, results=results, progress=progress, label="gloo", algorithms=["auto"], options=options
+    )
+    env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    module = "plait.bench.compare.gloo_worker"
+    code, result, seconds = _launch(module, spec, spec_path, opts, None, env)
+    return _series(base, code, result, seconds)
+
+
+def open_mpi_version() -> tuple[int, ...] | None:
+    """The version of the ``mpirun`` on PATH if it is Open MPI's, else None."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return None
+    try:
+        res = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"Open MPI\)?\s+(\d+)\.(\d+)(?:\.(\d+))?", res.stdout + res.stderr)
+    if m is None:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def mpi_missing() -> str | None:
+    """Why Open MPI cannot be compared here, or None."""
+    if shutil.which("mpirun") is None:
+        return f"mpirun is not installed ({INSTALL['mpi']})"
+    if open_mpi_version() is None:
+        return f"the mpirun on PATH is not Open MPI's ({INSTALL['mpi']})"
+    if importlib.util.find_spec("mpi4py") is None:
+        return f"mpi4py is not installed ({INSTALL['mpi']})"
+    return None
+
+
+def _mpirun_command(transport: str, nproc: int, spec_path: str) -> list[str]:
+    version = open_mpi_version() or (4,)
+    shm = "sm" if version[0] >= 5 else "vader"
+    cmd = [shutil.which("mpirun") or "mpirun"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    # More ranks than cores need --oversubscribe; ranks are not pinned, like plait's.
+    cmd += ["--oversubscribe", "--bind-to", "none", "-np", str(nproc)]
+    cmd += [
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "btl",
+        f"self,{shm}" if transport == "shm" else "self,tcp",
+    ]
+    cmd += ["--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+    return [*cmd, sys.executable, "-u", "-m", "plait.bench.compare.mpi_worker", spec_path]
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_mpi(spec: SweepSpec, transport: str, opts: RunOptions) -> Series:
+    """The sweep through mpi4py over Open MPI's ``shm`` or ``tcp`` transport."""
+    label = f"mpi-{transport}"
+    base = Series("mpi", label, transport, "auto")
+    why = mpi_missing()
+    if why is not None:
+        return replace(base, skipped=why)
+    spec_path, results, progress = _paths(opts, label)
+    spec = replace(
+        spec,
+        results=results,
+        progress=progress,
+        label=label,
+        algorithms=["auto"],
+        options={"btl": transport},
+    )
+    spec.save(spec_path)
+    env = dict(os.environ)
+    if shutil.which("ssh") is None and shutil.which("rsh") is None:
+        # Open MPI refuses to start without a remote shell, even on one host.
+        env["OMPI_MCA_plm_rsh_agent"] = "false"
+        env["PRTE_MCA_plm_ssh_agent"] = "false"
+    # No per-call deadline in MPI: bound the whole run instead.
+    limit = opts.timeout * (len(spec.points) + 2)
+    with ProgressBar(label, progress, len(spec.points), enabled=opts.progress) as bar:
+        proc = subprocess.Popen(
+            _mpirun_command(transport, opts.nproc, spec_path),
+            env=env,
+            stdout=sys.stderr.fileno(),
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            return replace(base, error=f"stopped after {limit:.0f} s", seconds=bar.seconds)
+        except BaseException:
+            _stop_group(proc)
+            raise
+    return _series(base, code, _read(results), bar.seconds)
