@@ -1,0 +1,188 @@
+"""``plait bench`` end to end: real ranks, small sweeps, the table, JSON and CSV it writes."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+from bench_helpers import assert_clean_table, bench, series, tables
+
+import plait
+from plait.bench import runner
+from plait.bench.runner import Series
+from plait.cli import bench as bench_cli
+
+
+def test_allreduce_two_ranks_table_json_and_csv(tmp_path: Path) -> None:
+    csv_path = tmp_path / "bench.csv"
+    res, doc = bench(
+        ["-n", "2", "-b", "0", "-e", "4K", "-f", "4", "--csv", str(csv_path)], tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    assert_clean_table(res.stdout)
+    assert res.stdout.startswith("# plait bench: allreduce, float32, sum, 2 ranks, out of place")
+    # 1 byte holds no float32: it collapses onto the 0-byte row.
+    sizes = [0, 4, 16, 64, 256, 1024, 4096]
+    rows = tables(res.stdout)["plait"]
+    assert [int(r[0]) for r in rows] == sizes
+    assert [int(r[1]) for r in rows] == [s // 4 for s in sizes]
+    assert all(r[-1] == "0" for r in rows)  # wrong elements
+    assert doc is not None
+    assert doc["bench"]["collective"] == "allreduce"
+    assert doc["limits"] is None
+    (s,) = doc["series"]
+    assert s["system"] == "plait"
+    assert s["transport"] == "auto"
+    assert s["error"] is None
+    assert [r["bytes"] for r in s["rows"]] == sizes
+    for r in s["rows"]:
+        assert r["wrong"] == 0
+        assert r["iters"] == 3
+        assert r["algorithm"] in plait.algorithms("allreduce")
+        assert r["p10_us"] <= r["time_us"] <= r["p90_us"]
+        factor = 2 * (2 - 1) / 2
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
+        if r["bytes"]:
+            assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["time_us"] / 1e3)
+    with csv_path.open() as f:
+        lines = list(csv.DictReader(f))
+    assert [int(x["bytes"]) for x in lines] == sizes
+    assert "plait: 7 rows" in res.stderr
+
+
+def test_three_ranks_every_allgather_algorithm_in_place(tmp_path: Path) -> None:
+    algos = plait.algorithms("allgather")
+    res, doc = bench("allgather -n 3 -b 8 -e 1K -f 8 --in-place --algo all", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert_clean_table(res.stdout)
+    assert "3 ranks, in place" in res.stdout.splitlines()[0]
+    assert doc is not None
+    assert [s["label"] for s in doc["series"]] == [f"plait {a}" for a in algos]
+    for s in doc["series"]:
+        # 8 B = 2 floats: no whole block per rank; 64 B = 16 floats -> 15; 512 B -> 126.
+        assert [r["count"] for r in s["rows"]] == [0, 15, 126]
+        assert all(r["wrong"] == 0 and r["algorithm"] == s["requested"] for r in s["rows"])
+        bus = [r["busbw_gbps"] / r["algbw_gbps"] for r in s["rows"] if r["algbw_gbps"]]
+        assert bus == pytest.approx([2 / 3] * len(bus))
+
+
+def test_rooted_collective_over_both_transports(tmp_path: Path) -> None:
+    res, doc = bench("reduce_scatter -n 3 -b 48 -e 3K -f 8 -t shm,tcp", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert doc is not None
+    assert [s["label"] for s in doc["series"]] == ["plait-shm", "plait-tcp"]
+    for s in doc["series"]:
+        assert [r["bytes"] for r in s["rows"]] == [48, 384, 3072]
+        assert all(r["wrong"] == 0 for r in s["rows"])
+
+
+@pytest.mark.parametrize(
+    ("collective", "extra"), [("scatter", ["-r", "2", "--in-place"]), ("barrier", [])]
+)
+def test_scatter_and_barrier_three_ranks(collective: str, extra: list[str], tmp_path: Path) -> None:
+    res, doc = bench([collective, "-n", "3", "-b", "0", "-e", "512", "-f", "8", *extra], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert doc is not None
+    (s,) = doc["series"]
+    if collective == "barrier":  # one row: no data to size
+        assert [(r["bytes"], r["algorithm"], r["busbw_gbps"]) for r in s["rows"]] == [
+            (0, "dissemination", 0.0)
+        ]
+    else:
+        assert "root 2" in res.stdout.splitlines()[0]
+        # sizes 0, 1, 8, 64, 512 B: 0, 0, 2, 16, 128 floats, whole blocks of 3 ranks
+        assert [r["count"] for r in s["rows"]] == [0, 15, 126]
+    assert all(r["wrong"] == 0 for r in s["rows"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--algo", "ring,bogus"], "unknown algorithm 'bogus'"),
+        (["-d", "int32", "-o", "avg"], "avg on int32"),
+        (["-d", "float99"], "unknown dtype"),
+        (["-b", "1M", "-e", "1K"], "begin <= end"),
+        (["-n", "2", "-r", "2", "reduce"], "--root must be in 0..1"),
+        (["--compare", "nccl"], "unknown system to compare with 'nccl'"),
+        (["-t", "rdma"], "unknown transport 'rdma'"),
+    ],
+)
+def test_bad_arguments_fail_before_any_rank_starts(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    res, doc = bench(args, tmp_path, timeout=30, fast=False)
+    assert res.returncode != 0
+    assert message in res.stderr
+    assert res.stdout == ""
+    assert doc is None
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
+    fake = tmp_path / "fake" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('hidden for this test')\n")
+    pythonpath = str(fake.parent)
+    res, _ = bench(["--plot", str(tmp_path / "x.png")], tmp_path, {"PYTHONPATH": pythonpath}, 30)
+    assert res.stdout == ""
+    assert res.returncode != 0
+    assert "--plot needs matplotlib: pip install 'plait[plot]'" in res.stderr
+
+
+def test_plot_file(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "matplotlib", reason="matplotlib is not installed (pip install 'plait[plot]')"
+    )
+    png = tmp_path / "bench.png"
+    res, _ = bench(["-n", "2", "-b", "8", "-e", "1K", "-f", "32", "--plot", str(png)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_limits_are_measured_and_read_against(tmp_path: Path) -> None:
+    res, doc = bench("-n 2 -b 1M -e 1M --limits", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert doc is not None
+    limits = doc["limits"]
+    assert set(limits) >= {"copy_gbps_1core", "copy_gbps_all", "add_gbps_1core", "tcp_gbps"}
+    assert all(v > 0 for v in limits.values())
+    assert "# limits: memory copy" in res.stdout
+    assert "%limit" in res.stdout
+    (r,) = series(doc, "plait")["rows"]
+    assert r["limit_fraction"] == pytest.approx(r["busbw_gbps"] / limits["copy_gbps_1core"])
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    ns = parser.parse_args(["-b", "8", "-e", "8"])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+def test_exit_code_is_1_when_plait_returns_a_wrong_element(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fake_plait(spec: object, transport: str, opts: object) -> list[Series]:
+        rows = [{"bytes": 8, "count": 2, "algorithm": "ring", "warmup": 1, "iters": 3,
+                 "time_us": 5.0, "p10_us": 4.0, "p90_us": 6.0, "algbw_gbps": 0.0016,
+                 "busbw_gbps": 0.0016, "wrong": wrong}]  # fmt: skip
+        return [Series("plait", "plait", transport, "auto", rows)]
+
+    monkeypatch.setattr(runner, "run_plait", fake_plait)
+    wrong = 0
+    assert bench_cli.main(_args()) == 0
+    wrong = 1
+    assert bench_cli.main(_args()) == 1
+    assert capsys.readouterr().out.count("# plait (transport auto") == 2
+
+
+def test_runner_reports_ranks_that_wrote_nothing() -> None:
+    s = runner._series(Series("plait", "plait", "shm", "auto"), 1, None, 0.5)
+    assert s.error == "the ranks exited with code 1 and reported nothing"
+    s = runner._series(Series("plait", "plait", "shm", "auto"), 3, {"rows": [], "error": "x"}, 0.5)
+    assert s.error == "x"
+    assert sys.executable  # the helpers run the bench with this interpreter
