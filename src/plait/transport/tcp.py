@@ -40,18 +40,22 @@ Data path
 Progress model
     There is no background thread: bytes move only inside
     :meth:`TcpTransport.wait_any` (and opportunistically inside ``isend`` and
-    ``irecv``, which try the non-blocking send or receive at once). One
-    ``selectors`` selector watches every socket, for reading always (stream 0)
-    and for writing while a send is queued, so both directions progress
-    together. Several threads may use one transport: a lock guards all state,
-    and one thread at a time *drives* progress. The driver releases the lock
-    only while it blocks in ``select()``; meanwhile other threads may post
+    ``irecv``, which try the non-blocking send or receive at once), or in the
+    :class:`~plait.transport.base.Drivable` hooks when another object drives
+    the transport. One ``selectors`` selector watches every socket, for
+    reading always (stream 0) and for writing while a send is queued, so both
+    directions progress together. Several threads may use one transport: a
+    lock guards all state, and one thread at a time *drives* progress. The
+    driver releases the lock only while it blocks in ``select()`` (or, for an
+    outside driver, between :meth:`~TcpTransport.begin_sleep` and
+    :meth:`~TcpTransport.end_sleep`); meanwhile other threads may post
     operations (sends are queued and the driver is woken through a socket
-    pair) but never touch sockets. A thread waiting while another drives
-    sleeps on a condition variable; the driver notifies it whenever handles
-    complete and when it stops driving, and the waiter then takes over. Nothing
-    busy-waits: with nothing to do, the driver blocks in ``select()`` until
-    its timeout.
+    pair, which the selector watches) but never touch sockets, and every
+    completion they cause wakes the driver the same way. A thread waiting
+    while another drives sleeps on a condition variable; the driver notifies
+    it whenever handles complete and when it stops driving, and the waiter
+    then takes over. Nothing busy-waits: with nothing to do, the driver blocks in ``select()``
+    until its timeout.
 
 Addresses
     ``host`` wins; otherwise ``ifname`` or ``PLAIT_SOCKET_IFNAME`` picks an
@@ -82,6 +86,7 @@ import functools
 import hmac
 import ipaddress
 import logging
+import math
 import os
 import selectors
 import socket
@@ -796,7 +801,10 @@ class TcpTransport:
 
     Construction blocks until every peer has connected (or ``timeout`` passes).
     All methods are thread-safe; bytes move only while some thread is inside
-    :meth:`wait_any` (or ``isend``/``irecv``/:meth:`close`).
+    :meth:`wait_any` (or ``isend``/``irecv``/:meth:`close`), or while another
+    object drives the transport through :meth:`poll` and
+    :meth:`begin_sleep`/:meth:`end_sleep` (the
+    :class:`~plait.transport.base.Drivable` hooks).
 
     Attributes:
         rank: this rank.
@@ -878,11 +886,12 @@ class TcpTransport:
         self._cond = threading.Condition(self._lock)
         self._posted: dict[tuple[int, int], deque[_Op]] = {}
         self._unexpected: dict[tuple[int, int], deque[_Inbound]] = {}
-        self._driving = False  # some thread is driving progress
+        self._driving = False  # some thread (or an outside driver) is driving progress
         self._in_select = False  # ... and is blocked in select() without the lock
         self._closing = False
         self._closed = False
         self._notify = False  # handles completed since the last notify_all
+        self._stirred = False  # something completed since the last poll() (Drivable)
         self._kick: list[_Conn] = []  # conns given sends while the driver was in select()
         self._scratch = memoryview(bytearray(_SCRATCH))
         self._sel = selectors.DefaultSelector()
@@ -1117,6 +1126,71 @@ class TcpTransport:
                 self._driving = False
                 self._closed = True
                 self._cond.notify_all()
+
+    # -- Drivable: progress driven by another object -----------------------------------------
+    def poll(self) -> bool:
+        """One round of progress that never blocks; whether anything moved or completed.
+
+        See :class:`plait.transport.base.Drivable`. Returns False at once when
+        another thread drives (it makes the progress) or the transport is
+        closing. "Moved" counts completions caused by other threads since the
+        last call too, so that a driver checks its handles again.
+        """
+        with self._lock:
+            if self._driving or self._closing:
+                return False
+            self._driving = True
+            moved = False
+            try:
+                moved = self._drive(0) > 0
+            finally:
+                self._driving = False
+                moved = moved or self._notify or self._stirred
+                if self._notify:
+                    self._wake_waiters()
+                self._stirred = False
+                self._cond.notify_all()
+            return moved
+
+    def sleep_fd(self) -> int:
+        """The selector's descriptor: readable when a socket or the wake-up pipe is ready.
+
+        On Linux the selector is an epoll instance, whose descriptor polls
+        readable while any socket it watches is ready; the wake-up pipe is one
+        of them, written whenever another thread needs the driver.
+        """
+        return self._sel.fileno()
+
+    def begin_sleep(self) -> float:
+        """Arm wake-ups before the driver blocks on :meth:`sleep_fd`; see ``Drivable``.
+
+        Writes what other threads queued meanwhile, then marks the transport as
+        driven and in select(), so that other threads queue their sends, and
+        every send, completion, cancel or close they cause writes the wake-up
+        pipe, exactly as while a thread of the transport blocks in select().
+        Returns ``math.inf``, or 0.0 (nothing armed) when something completed
+        since the last :meth:`poll`, another thread drives, or the transport
+        is closing.
+        """
+        with self._lock:
+            if self._driving or self._closing:
+                return 0.0
+            if self._kick:
+                self._do_kicks()
+            if self._notify or self._stirred:  # the next poll() says so too
+                if self._notify:
+                    self._wake_waiters()
+                return 0.0
+            self._driving = True
+            self._in_select = True
+            return math.inf
+
+    def end_sleep(self) -> None:
+        """Disarm after blocking: other threads may drive again, :meth:`close` may go on."""
+        with self._lock:
+            self._in_select = False
+            self._driving = False
+            self._cond.notify_all()
 
     # -- sending ----------------------------------------------------------------------------
     def _send_striped(self, p: _Peer, op: _Op, mv: memoryview, check: int, tag: int) -> None:
@@ -1517,8 +1591,11 @@ class TcpTransport:
         c.sock = None
 
     # -- progress ----------------------------------------------------------------------------
-    def _drive(self, timeout: float | None) -> None:
-        """One round of progress: select() without the lock, then read and write (lock held)."""
+    def _drive(self, timeout: float | None) -> int:
+        """One round of progress: select() without the lock, then read and write (lock held).
+
+        Returns the number of ready descriptors handled (the wake-up pipe included).
+        """
         if self._kick:
             self._do_kicks()
         self._in_select = True
@@ -1541,6 +1618,7 @@ class TcpTransport:
                 self._write(c)  # with an empty queue (a send was cancelled): drops the interest
         if self._kick:
             self._do_kicks()
+        return len(events)
 
     def _do_kicks(self) -> None:
         kicks, self._kick = self._kick, []
@@ -1572,8 +1650,18 @@ class TcpTransport:
             pass
 
     def _wake_waiters(self) -> None:
+        """Handles completed: tell threads waiting on the condition, and the driver.
+
+        A driver blocked in select() (a thread of ours, or an outside driver
+        between begin_sleep() and end_sleep()) does not watch the condition:
+        completions caused by other threads (a self-send, a cancel) wake it
+        through the wake-up pipe.
+        """
         self._notify = False
+        self._stirred = True
         self._cond.notify_all()
+        if self._in_select:
+            self._wake()
 
     # -- completion helpers (lock held) ---------------------------------------------------------
     def _complete(self, op: _Op) -> None:
