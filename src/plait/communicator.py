@@ -60,6 +60,47 @@ class _Request:
     result: Any  # what the call returns on success
     writes_caller_memory: bool  # a failure leaves caller memory undefined
     average: bool  # divide the reduced elements by size on success
+    plan: _Plan  # what depends only on the call's shape, cached
+    aliased: bool  # inp and out are the same memory (an in-place call)
+
+
+class _Plan:
+    """The parts of a call that depend only on its shape, computed once per shape.
+
+    A training loop or benchmark repeats a few call shapes; caching the
+    context, schedule, digest and error-state need keeps per-call work small.
+    """
+
+    __slots__ = ("check", "ctx", "guard", "schedule")
+
+    def __init__(self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None) -> None:
+        self.ctx = ctx
+        self.schedule = build_schedule(spec, ctx)
+        self.check = _call_digest(spec.name, ctx, dtype, op)
+        # numpy warns (an error under -W error) on float overflow or invalid values: silence
+        # it only where a reduction can produce one; np.errstate costs about a microsecond.
+        self.guard = op is not None and (
+            dtype.kind not in "iub" or op.ufunc not in _QUIET_INT_UFUNCS or op.average
+        )
+
+
+#: Ufuncs that never warn on integer or bool arrays (they wrap around silently).
+_QUIET_INT_UFUNCS = frozenset(
+    (
+        np.add,
+        np.multiply,
+        np.maximum,
+        np.minimum,
+        np.bitwise_and,
+        np.bitwise_or,
+        np.bitwise_xor,
+        np.logical_and,
+        np.logical_or,
+        np.logical_xor,
+    )
+)
+#: Call shapes whose plans a communicator keeps (cleared when full).
+_PLAN_CACHE = 1024
 
 
 class Communicator:
@@ -102,6 +143,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._workspaces = threading.local()  # one Workspace per thread that runs calls
+        self._plans: dict[tuple[Any, ...], _Plan] = {}  # see _Plan
 
     # -- identity and lifetime -----------------------------------------------------
     @property
@@ -593,18 +635,24 @@ class Communicator:
         """Flatten and stage the arrays (see Note [in-place and staging])."""
         dtype = dtype if dtype is not None else (inp.dtype if inp is not None else out.dtype)  # type: ignore[union-attr]
         c = spec.collective
-        segment = max(1, SEGMENT_BYTES // dtype.itemsize)
-        ctx = Context(
-            c,
-            self._rank,
-            self._size,
-            count,
-            dtype.itemsize,
-            op.commutative if op is not None else True,
-            root,
-            segment,
-            self._layout,
-        )
+        key = (spec, count, dtype, op, root)
+        plan = self._plans.get(key)
+        if plan is None:
+            ctx = Context(
+                c,
+                self._rank,
+                self._size,
+                count,
+                dtype.itemsize,
+                op.commutative if op is not None else True,
+                root,
+                max(1, SEGMENT_BYTES // dtype.itemsize),
+                self._layout,
+            )
+            if len(self._plans) >= _PLAN_CACHE:
+                self._plans.clear()
+            plan = self._plans[key] = _Plan(spec, ctx, dtype, op)
+        same_array = inp is not None and out is inp and inp.flags.c_contiguous
         flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
         writeback = None
         caller_out = out is not None
@@ -630,13 +678,19 @@ class Communicator:
                 result = out
         if result is ...:
             result = None
-        if flat_in.size and flat_out.size and np.may_share_memory(flat_in, flat_out):
+        aliased = False
+        if same_array and flat_in.size == flat_out.size:
+            aliased = spec.in_place
+            if not aliased and flat_in.size:
+                flat_in = flat_in.copy()
+        elif flat_in.size and flat_out.size and np.may_share_memory(flat_in, flat_out):
             same = flat_in.ctypes.data == flat_out.ctypes.data and flat_in.size == flat_out.size
-            if not (same and spec.in_place):
+            aliased = same and spec.in_place
+            if not aliased:
                 flat_in = flat_in.copy()
         return _Request(
             spec=spec,
-            ctx=ctx,
+            ctx=plan.ctx,
             op=op,
             inp=flat_in,
             out=flat_out,
@@ -644,6 +698,8 @@ class Communicator:
             result=result,
             writes_caller_memory=caller_out or c == "broadcast",
             average=op is not None and op.average,
+            plan=plan,
+            aliased=aliased,
         )
 
     # -- running ------------------------------------------------------------------------------
@@ -664,15 +720,16 @@ class Communicator:
         if self._detail:
             self._verify_same_call(req, seconds)
         with self._lock:
-            self._check_usable(c)
+            if self._closed or self._broken is not None:
+                self._check_usable(c)
             seq = self._seq
             self._seq += 1
-        describe = f"{c} ({req.spec.name}, call #{seq})"
+        describe = (c, req.spec.name, seq)  # formatted only when needed
         if self._detail:
-            _log.debug("rank %d: %s: %s", self._rank, describe, _signature(req))
+            _log.debug("rank %d: %s: %s", self._rank, _describe(describe), _signature(req))
         if not async_op:
             return self._run(req, seq, seconds, describe)
-        work = Work(f"rank {self._rank}: {describe}")
+        work = Work(f"rank {self._rank}: {_describe(describe)}")
         if self._worker is None:
             self._worker = Worker(f"plait-rank{self._rank}")
 
@@ -685,9 +742,9 @@ class Communicator:
         self._worker.submit(job)
         return work
 
-    def _run(self, req: _Request, seq: int, seconds: float, describe: str) -> Any:
-        ctx = req.ctx
-        schedule = build_schedule(req.spec, ctx)
+    def _run(self, req: _Request, seq: int, seconds: float, describe: tuple[str, str, int]) -> Any:
+        plan = req.plan
+        schedule = plan.schedule
         dtype = req.out.dtype
         workspace = getattr(self._workspaces, "ws", None)
         if workspace is None:  # first call on this thread
@@ -696,19 +753,23 @@ class Communicator:
         staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
         op = req.op
         call = Call(
-            describe=describe,
-            tag_base=collective_tag(self._comm_id, seq),
-            check=_digest(req, dtype),
-            ufunc=op.ufunc if op is not None else np.bitwise_or,
-            deadline=time.monotonic() + seconds,
+            describe,
+            collective_tag(self._comm_id, seq),
+            plan.check,
+            op.ufunc if op is not None else np.bitwise_or,
+            time.monotonic() + seconds,
         )
         if self._broken is not None or self._closed:
             self._check_usable(req.spec.collective)
+        buffers = (req.inp, req.out, tmp)
         try:
-            with np.errstate(all="ignore"):
-                execute(schedule, (req.inp, req.out, tmp), self._transport, call, staging)
-                if req.average and req.out.size:
-                    np.divide(req.out, self._size, out=req.out)
+            if plan.guard:
+                with np.errstate(all="ignore"):
+                    execute(schedule, buffers, self._transport, call, staging, req.aliased)
+                    if req.average and req.out.size:
+                        np.divide(req.out, self._size, out=req.out)
+            else:
+                execute(schedule, buffers, self._transport, call, staging, req.aliased)
         except CommError as exc:
             self._broken = exc
             if req.writes_caller_memory:
@@ -770,6 +831,10 @@ def _check_timeout(timeout: Any, c: str) -> float:
     if not timeout > 0:
         raise ValueError(f"{c}: timeout must be positive; got {timeout}")
     return float(timeout)
+
+
+def _describe(label: tuple[str, str, int]) -> str:
+    return f"{label[0]} ({label[1]}, call #{label[2]})"
 
 
 def _digest(req: _Request, dtype: np.dtype) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,15 +47,32 @@ class Workspace:
         return self._raw[offset * itemsize : need].view(dtype)
 
 
-@dataclass(frozen=True, slots=True)
 class Call:
     """What the executor needs to know about the call besides the schedule."""
 
-    describe: str  # e.g. "allreduce (ring, call #7)", used in messages
-    tag_base: int  # tag of the call's message 0 (see Note [wire tags] in plait.group)
-    check: int  # digest of the call's parameters, compared by the transport
-    ufunc: np.ufunc | None  # the reduction, for schedules that reduce
-    deadline: float | None  # time.monotonic() deadline; None waits forever
+    __slots__ = ("_label", "check", "deadline", "tag_base", "ufunc")
+
+    def __init__(
+        self,
+        describe: str | tuple[str, str, int],
+        tag_base: int,
+        check: int,
+        ufunc: np.ufunc | None,
+        deadline: float | None,
+    ) -> None:
+        self._label = describe  # a string, or (collective, algorithm, seq) formatted on demand
+        self.tag_base = tag_base  # tag of message 0 (see Note [wire tags] in plait.group)
+        self.check = check  # digest of the call's parameters, compared by the transport
+        self.ufunc = ufunc  # the reduction, for schedules that reduce
+        self.deadline = deadline  # time.monotonic() deadline; None waits forever
+
+    @property
+    def describe(self) -> str:
+        """E.g. ``"allreduce (ring, call #7)"``, used in messages."""
+        label = self._label
+        if isinstance(label, str):
+            return label
+        return f"{label[0]} ({label[1]}, call #{label[2]})"
 
 
 def execute(
@@ -65,12 +81,15 @@ def execute(
     transport: Transport,
     call: Call,
     staging: np.ndarray | None = None,
+    aliased: bool = False,
 ) -> None:
     """Run ``schedule`` with ``buffers`` = flat (IN, OUT, TMP) arrays of one dtype.
 
     ``staging`` (same dtype, at least the total length of the schedule's
     ``RECV_REDUCE`` steps) holds arriving data until it is combined; allocated
-    per call if not given.
+    per call if not given. ``aliased``: IN and OUT are the same memory (an
+    in-place call), so a copy between equal regions of the two is skipped;
+    otherwise IN and OUT must not overlap.
 
     Raises:
         CommTimeout: the deadline passed; the message names the ranks waited on.
@@ -79,20 +98,20 @@ def execute(
     steps = schedule.steps
     if not steps:
         return
-    rank = schedule.rank
     itemsize = buffers[1].itemsize
-    raw = tuple(b.view(np.uint8) for b in buffers)
+    raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
     ufunc = call.ufunc
 
-    def view(region: Region) -> np.ndarray:
-        return buffers[region.buf][region.offset : region.end]
-
     def wire(region: Region) -> memoryview:
-        return memoryview(raw[region.buf][region.offset * itemsize : region.end * itemsize])
+        b = raw[region.buf]
+        if b is None:
+            b = raw[region.buf] = buffers[region.buf].view(np.uint8)
+        return memoryview(b[region.offset * itemsize : (region.offset + region.count) * itemsize])
 
     remaining = list(schedule.n_deps)
     dependents = schedule.dependents
-    ready: deque[int] = deque(i for i, n in enumerate(remaining) if n == 0)
+    roots = schedule.roots or tuple(i for i, n in enumerate(remaining) if n == 0)
+    ready: deque[int] = deque(roots)
     pending: dict[Handle, int] = {}
     staged: dict[int, np.ndarray] = {}  # RECV_REDUCE step -> staging array
     arrived: set[int] = set()
@@ -110,7 +129,8 @@ def execute(
 
     def combine(i: int) -> None:
         step = steps[i]
-        dst = view(step.dst)  # type: ignore[arg-type]
+        r = step.dst
+        dst = buffers[r.buf][r.offset : r.offset + r.count]  # type: ignore[union-attr]
         data = staged.pop(i)
         if step.first:
             ufunc(data, dst, out=dst)  # type: ignore[misc]
@@ -147,19 +167,24 @@ def execute(
                     deps_met.add(i)
                     if i in arrived:
                         combine(i)
-                elif kind is StepKind.COPY:
-                    src, dst = view(step.src), view(step.dst)  # type: ignore[arg-type]
-                    if not np.shares_memory(src, dst):
-                        dst[...] = src
-                    elif src.ctypes.data != dst.ctypes.data:
-                        dst[...] = src.copy()
-                    finish(i)
                 else:
-                    src, dst = view(step.src), view(step.dst)  # type: ignore[arg-type]
-                    if step.first:
-                        ufunc(src, dst, out=dst)  # type: ignore[misc]
+                    s, d = step.src, step.dst
+                    if kind is StepKind.COPY:
+                        if d.offset != s.offset or (  # type: ignore[union-attr]
+                            d.buf != s.buf and not (aliased and d.buf + s.buf == 1)  # type: ignore[union-attr]
+                        ):
+                            # numpy copies through a temporary when the regions overlap.
+                            buffers[d.buf][d.offset : d.offset + d.count] = buffers[s.buf][  # type: ignore[union-attr]
+                                s.offset : s.offset
+                                + s.count  # type: ignore[union-attr]
+                            ]
                     else:
-                        ufunc(dst, src, out=dst)  # type: ignore[misc]
+                        src = buffers[s.buf][s.offset : s.offset + s.count]  # type: ignore[union-attr]
+                        dst = buffers[d.buf][d.offset : d.offset + d.count]  # type: ignore[union-attr]
+                        if step.first:
+                            ufunc(src, dst, out=dst)  # type: ignore[misc]
+                        else:
+                            ufunc(dst, src, out=dst)  # type: ignore[misc]
                     finish(i)
             if left == 0:
                 return
@@ -169,12 +194,12 @@ def execute(
                 if (timeout is not None and timeout <= 0) or not transport.wait_any(
                     list(pending), timeout
                 ):
-                    raise _timeout(rank, call, steps, pending)
+                    raise _timeout(schedule.rank, call, steps, pending)
                 done = [h for h in pending if h.done]
             for h in done:
                 i = pending.pop(h)
                 if h.error is not None:
-                    raise _wrap(rank, call, steps[i], h.error)
+                    raise _wrap(schedule.rank, call, steps[i], h.error)
                 if steps[i].kind is StepKind.RECV_REDUCE:
                     arrived.add(i)
                     if i in deps_met:

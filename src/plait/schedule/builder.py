@@ -241,6 +241,7 @@ class Builder:
             dependents=tuple(tuple(d) for d in dependents),
             n_deps=tuple(len(s.deps) for s in steps),
             staged_count=sum(s.count for s in steps if s.kind is StepKind.RECV_REDUCE),
+            roots=tuple(i for i, s in enumerate(steps) if not s.deps),
         )
 
     # -- internals -------------------------------------------------------------

@@ -133,6 +133,8 @@ class Schedule:
     n_deps: tuple[int, ...] = field(repr=False, default=())
     # Total elements of RECV_REDUCE steps: the staging memory an executor needs.
     staged_count: int = 0
+    # Steps without dependencies (ready at the start), derived once for executors.
+    roots: tuple[int, ...] = field(repr=False, default=())
 
     def buffer_count(self, buf: Buf) -> int:
         """Number of elements ``buf`` must hold."""
