@@ -27,12 +27,17 @@ Note [how ranks find each other]
     srun with every rank on one host, a file store in a private directory of
     the temp dir named after the user and the job id (``plait-0-4242.0-<n>``
     for the n-th ``init`` of the process in step 0 of Slurm job 4242, as
-    root). Ranks on several hosts with none of these cannot meet: ``init``
-    says so.
+    root); under srun on several nodes, a plait TCP store that rank 0 serves
+    on the first node of SLURM_STEP_NODELIST (where Slurm puts task 0), at
+    MASTER_PORT + 1 or else a port in 20000..29999 derived from the job and
+    step ids. Ranks on several hosts with none of these (mpirun across hosts
+    without MASTER_ADDR) cannot meet: ``init`` says so.
     Ranks then publish their host names (PLAIT_HOST overrides the name, so
-    several emulated hosts can share a machine), and the transport is chosen:
-    shared memory when all ranks share a host, TCP otherwise (PLAIT_TRANSPORT
-    or ``transport=`` force one).
+    several emulated hosts can share a machine), and the transport is chosen
+    per peer pair: shared memory when all ranks share a host, TCP when no two
+    do, and otherwise the hybrid transport (shared memory to the ranks on the
+    same host, TCP to the others). PLAIT_TRANSPORT or ``transport=`` force
+    one: ``shm`` (one host only), ``tcp`` (every pair over TCP) or ``hybrid``.
 
 Note [store lifetime]
     The store is only needed to meet: once a rank's transport is connected it
@@ -66,6 +71,7 @@ import stat
 import tempfile
 import threading
 import urllib.parse
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +84,7 @@ from plait.transport.memory import MemoryFabric
 
 __all__ = ["LaunchInfo", "detect_launch", "init"]
 
-TRANSPORTS = ("auto", "shm", "tcp")
+TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
 #: MASTER_PORT when MASTER_ADDR is set without it (torchrun's default).
 DEFAULT_MASTER_PORT = 29500
 _generation = 0
@@ -200,6 +206,51 @@ def _master_store(env: Mapping[str, str]) -> str | None:
     return f"tcp://{_bracket(env['MASTER_ADDR'].strip())}:{port + 1}"
 
 
+def first_slurm_host(nodelist: str) -> str | None:
+    """The first host of a Slurm node list such as ``node[07-09,12],gpu1``.
+
+    Slurm places task 0 of a step on the first node of the step's list (with
+    block and cyclic distributions alike), so that host serves the store.
+    """
+    host = []
+    i = 0
+    text = nodelist.strip()
+    while i < len(text) and text[i] != ",":
+        if text[i] == "[":
+            end = text.find("]", i)
+            if end < 0:
+                return None
+            host.append(text[i + 1 : end].split(",")[0].split("-")[0])
+            i = end + 1
+        else:
+            host.append(text[i])
+            i += 1
+    return "".join(host) or None
+
+
+def _slurm_store(env: Mapping[str, str], job: str) -> str | None:
+    """Under a multi-node srun without MASTER_ADDR: rank 0 serves the store on its node.
+
+    The host is the first of the step's node list; the port MASTER_PORT + 1
+    when MASTER_PORT is set, else one derived from the job and step ids in
+    20000..29999, so that two jobs sharing a node do not collide.
+    """
+    nodelist = next(
+        (
+            env[n]
+            for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+            if _given(env, n)
+        ),
+        None,
+    )
+    host = None if nodelist is None else first_slurm_host(nodelist)
+    if host is None:
+        return None
+    port = _env_int(env, "MASTER_PORT")
+    port = port + 1 if port is not None else 20000 + zlib.crc32(job.encode()) % 10000
+    return f"tcp://{_bracket(host)}:{port}"
+
+
 def _temp_store_url(job: str, unique: str) -> str:
     """``file://`` URL of this user's directory for ``job`` in the temp dir."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in job)[:80]
@@ -292,6 +343,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
                 by_rank0 = url is not None
             if url is None and job and single is not False:
                 url, temp = _temp_store_url(job, unique), True
+            if url is None and name == "srun":
+                url = _slurm_store(env, job or "")
+                by_rank0 = url is not None
             return LaunchInfo(
                 name,
                 rank,
@@ -413,8 +467,10 @@ def init(
             again before ``init`` returns; a Store object is left open.
         timeout: default seconds per call (PLAIT_TIMEOUT, else 300), also the
             rendezvous deadline.
-        transport: ``"auto"`` (default), ``"shm"``, ``"tcp"``, or an already
-            connected transport object (rank and size then come from it).
+        transport: ``"auto"`` (default: per peer pair, shared memory within a
+            host and TCP across hosts), ``"shm"``, ``"tcp"``, ``"hybrid"``, or
+            an already connected transport object (rank and size then come
+            from it).
 
     With no arguments and no launcher environment, returns a single-rank
     communicator, as an MPI program started without mpirun does.
@@ -455,8 +511,8 @@ def init(
             why = {
                 "mpirun": "mpirun placed the ranks on several hosts, where a file store in the "
                 "temp dir cannot reach them all; ",
-                "srun": "srun placed the ranks on several hosts, where a file store in the "
-                "temp dir cannot reach them all; ",
+                "srun": "srun placed the ranks on several hosts and no SLURM_STEP_NODELIST "
+                "names them; ",
                 "torchrun": "RANK and WORLD_SIZE are set but MASTER_ADDR is not; ",
             }.get(info.launcher, "")
             raise RendezvousError(
@@ -480,7 +536,8 @@ def init(
         group.wait([f"host/{r}" for r in range(size)], timeout)
         hosts = [group.get(f"host/{r}").decode() for r in range(size)]
         if kind == "auto":
-            kind = "shm" if len(set(hosts)) == 1 else "tcp"
+            n_hosts = len(set(hosts))
+            kind = "shm" if n_hosts == 1 else "tcp" if n_hosts == size else "hybrid"
         if kind == "shm":
             if len(set(hosts)) != 1:
                 raise RendezvousError(
@@ -494,6 +551,13 @@ def init(
             # is "none") never share segment names.
             job = info.job_id if info.launcher == "plait" else None
             t = ShmTransport(rank, size, PrefixStore("shm", group), timeout=seconds, job=job)
+        elif kind == "hybrid":
+            from plait.transport.hybrid import HybridTransport
+
+            job = info.job_id if info.launcher == "plait" else None
+            t = HybridTransport(
+                rank, size, hosts, PrefixStore("hybrid", group), timeout=seconds, job=job
+            )
         else:
             from plait.transport.tcp import TcpTransport
 

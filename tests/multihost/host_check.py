@@ -61,8 +61,10 @@ def main() -> int:
     expect_addr = os.environ.get("MULTIHOST_EXPECT_ADDR", "10.77.0.")
     with plait.init(timeout=60) as comm:
         r = comm.rank
-        transport = type(comm._transport).__name__
-        address = getattr(comm._transport, "address", "?")
+        t = comm._transport
+        transport = type(t).__name__
+        # Several ranks per host: shared memory next door, TCP (its address) to the others.
+        address = getattr(t.tcp if transport == "HybridTransport" else t, "address", "?")
         print(
             f"rank {r}: transport={transport} address={address} host={comm.host} "
             f"cross_size={comm.cross_size} cross_rank={comm.cross_rank} "
@@ -70,7 +72,7 @@ def main() -> int:
             flush=True,
         )
         facts = {
-            "transport": (transport, "TcpTransport"),
+            "transport": (transport, "HybridTransport" if nproc > 1 else "TcpTransport"),
             "size": (comm.size, hosts * nproc),
             "cross_size": (comm.cross_size, hosts),
             "cross_rank": (comm.cross_rank, node),

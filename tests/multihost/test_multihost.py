@@ -8,7 +8,8 @@ Topology (made by the module fixture, always torn down)::
 Nothing is added to the root namespace and no namespace has a route out of the
 two private subnets. One ``plait run`` launcher per host namespace (``ip netns
 exec``), node 0's serving the store on 10.77.0.1; ``plait run`` sets a
-different PLAIT_HOST per node, so ``plait.init`` picks TCP across hosts.
+different PLAIT_HOST per node, so ``plait.init`` picks TCP across hosts (and
+shared memory between the ranks of one host: the hybrid transport).
 
 The module is skipped when namespaces cannot be made (not root, no ``ip``,
 ``ip netns add`` refused). Speed is never asserted; the bandwidth-capped case
@@ -345,7 +346,8 @@ def _check_host_check(job: Job, hosts: int, nproc: int, prefix: str = "10.77.0."
     for r in range(size):
         assert f"rank {r}: world allreduce ok: {','.join(CROSS_HOST_ALLREDUCE)}" in out, out
         assert f"rank {r}: split_by_host ok: local {nproc} cross {hosts}" in out, out
-    lines = re.findall(r"rank (\d+): transport=TcpTransport address=(\S+) host=(\S+) ", out)
+    kind = "HybridTransport" if nproc > 1 else "TcpTransport"
+    lines = re.findall(rf"rank (\d+): transport={kind} address=(\S+) host=(\S+) ", out)
     assert len(lines) == size, out
     for r, address, host in lines:
         node = int(r) // nproc
@@ -362,7 +364,8 @@ def test_every_collective_across_hosts(
 ) -> None:
     job = net.run(hosts, nproc, RANK_CHECK, ["full"], tmp_path)
     assert job.rcs == [0] * hosts, job.report()
-    assert f"on {hosts * nproc} ranks over TcpTransport" in job.nodes[0].stdout, job.report()
+    kind = "HybridTransport" if nproc > 1 else "TcpTransport"
+    assert f"on {hosts * nproc} ranks over {kind}" in job.nodes[0].stdout, job.report()
 
 
 # -- 1 and 2. topology, the cross-host algorithms, split_by_host --------------------------------

@@ -8,6 +8,7 @@ Exits non-zero (with the failing case named) on the first wrong result.
 
 from __future__ import annotations
 
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -28,6 +29,8 @@ from plait.testing import reference
 def main() -> int:
     """Check every case; return the exit code."""
     mode = sys.argv[1] if len(sys.argv) > 1 else "full"
+    if len(sys.argv) > 2:  # emulated hosts, one name per rank: "a,a,b,b"
+        os.environ["PLAIT_HOST"] = sys.argv[2].split(",")[int(os.environ["PLAIT_RANK"])]
     checked = 0
     with plait.init(timeout=60) as comm:
         for c in COLLECTIVES:

@@ -41,6 +41,18 @@ def test_every_collective_matches_reference(transport: str, nproc: int, mode: st
     assert f"on {nproc} ranks over" in res.stdout
 
 
+@pytest.mark.parametrize(
+    ("hosts", "mode"),
+    [("a,a,b,b", "full"), ("a,b,c,a,b", "full"), ("a,b,b,a,c,c,a", "quick")],
+)
+def test_every_collective_over_shared_memory_and_tcp(hosts: str, mode: str) -> None:
+    """Emulated hosts (PLAIT_HOST per rank): auto picks shared memory within, TCP across."""
+    nproc = hosts.count(",") + 1
+    res = plait_run(["-n", str(nproc), str(HERE / "rank_check.py"), mode, hosts])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"on {nproc} ranks over HybridTransport" in res.stdout
+
+
 def test_main_job_trains_identical_replicas() -> None:
     res = plait_run(["-n", "4", "examples/train_mlp.py", "--steps", "60"])
     assert res.returncode == 0, res.stderr[-3000:]

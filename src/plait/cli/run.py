@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--transport",
-        choices=["auto", "shm", "tcp"],
+        choices=["auto", "shm", "tcp", "hybrid"],
         default=None,
         help="force a transport (sets PLAIT_TRANSPORT)",
     )

@@ -1,0 +1,170 @@
+"""The hybrid transport: shared memory within a host, TCP across, one thread driving both."""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pytest
+
+from plait.errors import PeerLostError
+from plait.rendezvous.store import MemoryStore, PrefixStore
+from plait.transport import conformance
+from plait.transport.hybrid import HybridTransport
+from plait.transport.shm import ShmTransport
+from plait.transport.tcp import TcpTransport
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
+
+
+def split_hosts(size: int) -> list[str]:
+    """The first half of the ranks on host a, the rest on host b."""
+    return ["a" if r < (size + 1) // 2 else "b" for r in range(size)]
+
+
+def round_robin_hosts(size: int) -> list[str]:
+    """Ranks dealt to three hosts in turn (so local ranks are not contiguous)."""
+    return ["abc"[r % 3] for r in range(size)]
+
+
+LAYOUTS: dict[str, Callable[[int], list[str]]] = {
+    "split": split_hosts,
+    "round-robin": round_robin_hosts,
+}
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_segments() -> Iterator[None]:
+    before = set(glob.glob("/dev/shm/plait-*"))
+    yield
+    assert set(glob.glob("/dev/shm/plait-*")) - before == set()
+
+
+def factory(layout: Callable[[int], list[str]]) -> Callable[[int], Sequence[HybridTransport]]:
+    store = MemoryStore(timeout=30)  # one store for every group the check makes
+    count = [0]
+
+    def make(size: int) -> Sequence[HybridTransport]:
+        count[0] += 1
+        hosts = layout(size)
+        prefix = f"g{count[0]}"
+
+        return conformance.build_in_threads(
+            size,
+            lambda rank: HybridTransport(rank, size, hosts, PrefixStore(prefix, store), timeout=30),
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda f: f.__name__)
+def test_conformance(check: Callable[[conformance.Factory], None], layout: str) -> None:
+    check(factory(LAYOUTS[layout]))
+
+
+def test_routes_each_pair_by_host() -> None:
+    ts = factory(split_hosts)(4)
+    try:
+        t0 = ts[0]
+        assert isinstance(t0.shm, ShmTransport)
+        assert isinstance(t0.tcp, TcpTransport)
+        assert t0.local == [0, 1]
+        data = np.arange(1000, dtype=np.uint8)
+
+        def body(t: HybridTransport) -> tuple[int, int]:
+            rank = t.rank
+            out = [np.zeros(1000, np.uint8) for _ in range(4)]
+            hs = []
+            for peer in range(4):
+                if peer != rank:
+                    hs.append(t.isend(peer, 7, memoryview(data), 1))
+                    hs.append(t.irecv(peer, 7, memoryview(out[peer]), 1))
+            conformance.wait_all(t, hs)
+            for peer in range(4):
+                if peer != rank:
+                    assert np.array_equal(out[peer], data)
+            return t.shm.bytes_sent, t.tcp.bytes_sent
+
+        sent = conformance.run_ranks(ts, body)
+        # Each rank sends 1000 B to its one neighbour on the host, 2000 B across hosts.
+        assert sent == [(1000, 2000)] * 4
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_one_rank_per_host_has_no_shared_memory() -> None:
+    ts = factory(lambda size: [f"h{r}" for r in range(size)])(3)
+    try:
+        assert all(t.shm is None and t.tcp is not None for t in ts)
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_errors_name_ranks_of_the_job() -> None:
+    """A local peer that closes is named by its rank in the job, not on its host."""
+    ts = factory(lambda size: ["a", "b", "a", "b"])(4)
+    try:
+        buf = np.zeros(4, np.uint8)
+        h = ts[0].irecv(2, 1, memoryview(buf), 0)
+        ts[2].close()
+        assert ts[0].wait_any([h], 20.0)
+        assert isinstance(h.error, PeerLostError)
+        assert "rank 2 " in str(h.error)
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_waits_on_both_transports_from_several_threads() -> None:
+    """Two threads per rank, one talking across hosts, one within: both finish."""
+    ts = factory(split_hosts)(4)
+    n, rounds = 4096, 50
+    try:
+
+        def body(t: HybridTransport) -> None:
+            rank = t.rank
+            local = rank ^ 1  # 0<->1, 2<->3
+            remote = (rank + 2) % 4
+            errors: list[BaseException] = []
+
+            def talk(peer: int, tag: int) -> None:
+                try:
+                    out = np.empty(n, np.float64)
+                    for i in range(rounds):
+                        src = np.full(n, rank * 1000 + i, np.float64)
+                        s = t.isend(peer, tag + i, memoryview(src).cast("B"), 0)
+                        r = t.irecv(peer, tag + i, memoryview(out).cast("B"), 0)
+                        conformance.wait_all(t, [s, r])
+                        assert out[0] == peer * 1000 + i
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [
+                threading.Thread(target=talk, args=(local, 1000)),
+                threading.Thread(target=talk, args=(remote, 5000)),
+            ]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            if errors:
+                raise errors[0]
+
+        conformance.run_ranks(ts, body)
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_bad_arguments() -> None:
+    store = MemoryStore(timeout=5)
+    with pytest.raises(ValueError, match="hosts must name"):
+        HybridTransport(0, 2, ["a"], store)
+    with pytest.raises(ValueError, match="invalid rank"):
+        HybridTransport(2, 2, ["a", "b"], store)
