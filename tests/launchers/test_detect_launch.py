@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import plait
-from plait._init import LaunchInfo, detect_launch
+from plait._init import LaunchInfo, detect_launch, first_slurm_host
 
 UID = os.getuid()
 
@@ -345,3 +345,39 @@ def _next_generation() -> int:
     import plait._init as m
 
     return m._generation + 1
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [
+        ("node07", "node07"),
+        ("node[07-09,12],gpu1", "node07"),
+        ("gpu1,node[07-09]", "gpu1"),
+        ("rack[2-3]-n[010-011]", "rack2-n010"),
+        ("a-b[5,1-2]", "a-b5"),
+        ("node[07", None),
+        ("", None),
+    ],
+)
+def test_first_slurm_host(nodelist: str, first: str | None) -> None:
+    assert first_slurm_host(nodelist) == first
+
+
+def test_srun_on_several_nodes_meets_on_the_first_node() -> None:
+    """Without MASTER_ADDR, rank 0 serves the store on the first node of the step."""
+    env = {**SRUN, "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2"}
+    env["SLURM_STEP_NODELIST"] = "cn[012-013]"
+    info = detect_launch(env)
+    assert info.store_url is not None
+    assert info.store_url.startswith("tcp://cn012:")
+    port = int(info.store_url.rsplit(":", 1)[1])
+    assert 20000 <= port < 30000
+    assert info.store_by_rank0
+    assert not info.store_is_server  # this is rank 2
+    assert detect_launch({**env, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}).store_is_server
+    # Another step of the job gets another port; MASTER_PORT wins when set.
+    other = detect_launch({**env, "SLURM_STEP_ID": "1", "SLURM_STEPID": "1"})
+    assert other.store_url != info.store_url
+    assert detect_launch({**env, "MASTER_PORT": "4000"}).store_url == "tcp://cn012:4001"
+    # MASTER_ADDR still wins over the node list.
+    assert detect_launch({**env, "MASTER_ADDR": "h0"}).store_url == "tcp://h0:29501"
