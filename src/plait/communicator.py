@@ -101,6 +101,8 @@ _QUIET_INT_UFUNCS = frozenset(
 )
 #: Call shapes whose plans a communicator keeps (cleared when full).
 _PLAN_CACHE = 1024
+#: dtypes that passed check_dtype (a handful in any program).
+_GOOD_DTYPES: set[np.dtype] = set()
 
 
 class Communicator:
@@ -144,6 +146,8 @@ class Communicator:
         self._worker: Worker | None = None
         self._workspaces = threading.local()  # one Workspace per thread that runs calls
         self._plans: dict[tuple[Any, ...], _Plan] = {}  # see _Plan
+        self._auto: dict[tuple[str, int, bool], AlgorithmSpec] = {}  # auto's choice per shape
+        self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
 
     # -- identity and lifetime -----------------------------------------------------
     @property
@@ -537,13 +541,17 @@ class Communicator:
                     f"rank {self._rank}: {c}: {what} must be an array-like; got "
                     f"{type(x).__name__} ({exc})"
                 ) from None
-        try:
-            check_dtype(a.dtype)
-        except TypeError as exc:
-            raise TypeError(f"rank {self._rank}: {c}: {what}: {exc}") from None
+        if a.dtype not in _GOOD_DTYPES:
+            try:
+                check_dtype(a.dtype)
+            except TypeError as exc:
+                raise TypeError(f"rank {self._rank}: {c}: {what}: {exc}") from None
+            _GOOD_DTYPES.add(a.dtype)
         return a
 
     def _check_op(self, op: Any, dtype: np.dtype, c: str) -> None:
+        if (op, dtype) in self._checked:
+            return
         if not isinstance(op, Op):
             raise TypeError(
                 f"rank {self._rank}: {c}: op must be a plait.Op such as plait.SUM or "
@@ -553,6 +561,8 @@ class Communicator:
             op.check(dtype)
         except TypeError as exc:
             raise TypeError(f"rank {self._rank}: {c}: {exc}") from None
+        if len(self._checked) < _PLAN_CACHE:
+            self._checked.add((op, dtype))
 
     def _check_root(self, root: Any, c: str) -> None:
         if isinstance(root, bool) or not isinstance(root, int | np.integer):
@@ -606,7 +616,14 @@ class Communicator:
         if not isinstance(algorithm, str):
             raise TypeError(f"rank {self._rank}: {c}: algorithm must be a str; got {algorithm!r}")
         if algorithm == "auto":
-            return select(c, self._size, nbytes, commutative=commutative, hosts=self._layout)
+            key = (c, nbytes, commutative)
+            spec = self._auto.get(key)
+            if spec is None:
+                spec = select(c, self._size, nbytes, commutative=commutative, hosts=self._layout)
+                if len(self._auto) >= _PLAN_CACHE:
+                    self._auto.clear()
+                self._auto[key] = spec
+            return spec
         try:
             spec = get(c, algorithm)
         except ValueError as exc:

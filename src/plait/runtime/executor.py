@@ -25,6 +25,8 @@ from plait.transport.base import Handle, Transport
 
 __all__ = ["Call", "Workspace", "execute"]
 
+_EMPTY: dict[np.dtype, np.ndarray] = {}  # zero-length arrays, one per dtype
+
 
 class Workspace:
     """Scratch memory reused from call to call, so a hot loop allocates nothing.
@@ -40,6 +42,11 @@ class Workspace:
 
     def take(self, count: int, dtype: np.dtype, offset: int = 0) -> np.ndarray:
         """``count`` elements of ``dtype`` starting ``offset`` elements in (grows if needed)."""
+        if not count:
+            empty = _EMPTY.get(dtype)
+            if empty is None:
+                empty = _EMPTY[dtype] = np.empty(0, dtype)
+            return empty
         itemsize = dtype.itemsize
         need = (offset + count) * itemsize
         if self._raw.size < need:
