@@ -13,9 +13,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: For the hybrid transport, even ranks are on emulated host "a" and odd ranks on "b", so a job
+#: of 4 uses shared memory between 0 and 2 (and 1 and 3) and TCP for every other pair.
+HYBRID_HOSTS = (
+    "import os\n"
+    "os.environ['PLAIT_HOST'] = 'ab'[int(os.environ['PLAIT_RANK']) % 2]\n"
+)
+TRANSPORTS = ["shm", "tcp", "hybrid"]
+
+
 def plait_run(args: list[str], script: str, tmp_path: Path, timeout: float = 90):
     path = tmp_path / "job.py"
-    path.write_text(textwrap.dedent(script))
+    prologue = HYBRID_HOSTS if "hybrid" in args else ""
+    path.write_text(prologue + textwrap.dedent(script))
     start = time.monotonic()
     res = subprocess.run(
         [sys.executable, "-m", "plait", "run", *args, str(path)],
@@ -27,7 +37,7 @@ def plait_run(args: list[str], script: str, tmp_path: Path, timeout: float = 90)
     return res, time.monotonic() - start
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_kill_9_mid_allreduce(tmp_path: Path, transport: str) -> None:
     script = """
         import os, signal, threading, time, numpy as np, plait
@@ -55,7 +65,7 @@ def test_kill_9_mid_allreduce(tmp_path: Path, transport: str) -> None:
     assert elapsed < 30
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_rank_skipping_a_collective_times_out_naming_it(tmp_path: Path, transport: str) -> None:
     script = """
         import time, numpy as np, plait
@@ -75,7 +85,7 @@ def test_rank_skipping_a_collective_times_out_naming_it(tmp_path: Path, transpor
     assert "allreduce (recursive_doubling, call #1) timed out waiting for rank(s) [1]" in res.stdout
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_mismatched_counts_fail_on_every_rank(tmp_path: Path, transport: str) -> None:
     script = """
         import numpy as np, plait
