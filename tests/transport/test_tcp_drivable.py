@@ -21,7 +21,7 @@ from tcp_helpers import no_leaks, tcp_transports  # noqa: F401 (fixture)
 
 from plait.errors import ClosedError
 from plait.transport.base import Drivable, Handle
-from plait.transport.tcp import TcpTransport
+from plait.transport.tcp import EAGER_MAX, TcpTransport
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -87,7 +87,7 @@ def test_tcp_transport_is_drivable() -> None:
 def test_one_thread_drives_two_ranks(streams: int) -> None:
     """One loop moves small, eager and rendezvous messages both ways between two ranks."""
     ts = tcp_transports(2, streams=streams)
-    sizes = [8, 0, 300_000, 600_000, 6 << 20, 100]
+    sizes = [8, 0, EAGER_MAX, EAGER_MAX + 1, 6 << 20, 100]
     try:
         got = {(r, i): np.zeros(n, np.uint8) for r in (0, 1) for i, n in enumerate(sizes)}
         hs = []
@@ -137,7 +137,7 @@ def test_self_send_from_another_thread_wakes_the_sleeping_driver() -> None:
             t.close()
 
 
-@pytest.mark.parametrize("nbytes", [64, 3 << 20])
+@pytest.mark.parametrize("nbytes", [64, EAGER_MAX + 1])
 def test_send_from_another_thread_while_the_driver_sleeps(nbytes: int) -> None:
     """A send posted while the driver sleeps is handed to it through the wake-up pipe."""
     ts = tcp_transports(2)

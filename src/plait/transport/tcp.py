@@ -16,26 +16,66 @@ Bootstrap
 
 Wire format
     Every frame starts with a 24-byte header ``<kind u8, pad 3, check u32,
-    tag u64, nbytes u64>`` followed by the payload. A ``DATA`` frame on stream
-    0 starts a message. A message of at least :data:`STRIPE_MIN` bytes on a
-    pair with several streams is striped: stream k carries the contiguous part
-    k (``PART`` frame, whose tag field holds the per-pair sequence number of
-    striped messages), stream 0 carries part 0 in the ``DATA`` frame. Small
-    messages only use stream 0, and matching happens when stream 0 reads a
-    ``DATA`` header, so receives match on (peer, tag) in send order whatever
-    the striping. ``BYE`` (sent by :meth:`TcpTransport.close`) says that the
-    sender has closed; EOF or a reset without it means the peer died.
+    tag u64, nbytes u64>``; what the fields hold depends on the kind::
+
+        kind      stream  check  tag          nbytes        followed by
+        DATA      0       check  tag          <= EAGER_MAX  the payload (part 0 if striped)
+        PART      k >= 1  0      striped seq  n             part k of a striped payload
+        BYE       0       0      0            0             -
+        RTS       0       check  tag          > EAGER_MAX   the message id (u64)
+        CTS       0       0      id           0             -
+        REFUSE    0       0      id           0             -
+        RDATA     0       check  id           n             the payload (part 0 if striped)
+        WITHDRAW  0       0      id           0             -
+
+    *Eager* messages, up to :data:`EAGER_MAX` bytes, go out at once as a
+    ``DATA`` frame; the receiver buffers them if their receive is not posted
+    yet. Larger messages use a *rendezvous*: the sender announces the message
+    with ``RTS`` (request to send, carrying a per-pair message id); the
+    receiver matches it like a ``DATA`` header, and once a receive is posted
+    for it checks the length and check word against that receive and answers
+    ``CTS`` (clear to send), or ``REFUSE`` when they differ (the receive fails
+    with MismatchError, the send completes without sending the payload). On
+    ``CTS`` the sender sends the payload as ``RDATA``, a kind of its own so that
+    it can never be taken for an eager message, and it lands straight in the
+    posted receive's buffer. A sender that cancels a large send before its
+    payload has started withdraws it: an ``RTS`` still in its send queue is
+    dropped (the receiver never hears of the message), otherwise it sends
+    ``WITHDRAW`` and the receiver forgets the message, answering ``REFUSE``
+    if no receive had taken it yet, or failing the receive that had taken it
+    with MismatchError (a striped payload already queued is sent whole from a
+    private copy instead). Every ``RTS`` gets exactly one ``CTS`` or
+    ``REFUSE``, so the sender knows when an id is settled. An unexpected
+    rendezvous message costs the receiver a small record, nothing proportional
+    to its length, so a peer can never make a rank allocate what a header
+    announces: an eager frame above :data:`EAGER_MAX`, an ``RDATA`` that was
+    not cleared or whose length or check differs from its ``RTS``, a ``CTS``
+    for an unknown id, and every other impossible frame are protocol errors
+    that drop the peer (:class:`PeerProtocolError`; the other peers go on).
+
+    A message of at least :data:`STRIPE_MIN` bytes on a pair with several
+    streams is striped: stream k carries the contiguous part k (``PART``
+    frame, whose tag field holds the per-pair sequence number of striped
+    messages), stream 0 carries part 0 in the ``DATA`` or ``RDATA`` frame.
+    Small messages and control frames only use stream 0, and matching happens
+    when stream 0 reads a ``DATA`` or ``RTS`` header, so receives match on
+    (peer, tag) in send order whatever the striping and the protocol.
+    ``BYE`` (sent by :meth:`TcpTransport.close`) says that the sender has
+    closed; EOF or a reset without it means the peer died.
 
 Data path
     A header that matches a posted receive sends the payload straight into the
     receive's buffer (``recv_into`` on a slice of it); small frames are read
-    in batches through a 64 KiB staging buffer per stream and copied out. A
-    message that arrives before its receive is posted is read into a
-    ``bytearray`` of exactly its length, copied on match (the only extra
-    copy); when the receive is posted while such a message is still arriving,
-    the bytes so far are copied and the rest lands in the receive directly.
-    Sends go out with ``sendmsg([header, payload])``, straight from
-    ``isend`` when the socket has room; the rest waits for the socket to drain.
+    in batches through a 64 KiB staging buffer per stream and copied out. An
+    eager message that arrives before its receive is posted is read into a
+    ``bytearray`` of exactly its length (at most :data:`EAGER_MAX`), copied on
+    match (the only extra copy); when the receive is posted while such a
+    message is still arriving, the bytes so far are copied and the rest lands
+    in the receive directly. Sends go out with ``sendmsg([header, payload])``,
+    straight from ``isend`` when the socket has room; the rest waits for the
+    socket to drain. ``CTS`` and ``REFUSE`` jump the send queue (they never
+    cut into a frame already started), so a large payload going one way does
+    not hold up the handshake of a message coming the other way.
 
 Progress model
     There is no background thread: bytes move only inside
@@ -54,7 +94,10 @@ Progress model
     completion they cause wakes the driver the same way. A thread waiting
     while another drives sleeps on a condition variable; the driver notifies
     it whenever handles complete and when it stops driving, and the waiter
-    then takes over. Nothing busy-waits: with nothing to do, the driver blocks in ``select()``
+    then takes over. Frames that the read path must send (``CTS``, a payload
+    on ``CTS``) are queued and written without blocking at the end of the
+    round, so a rank waiting for a ``CTS`` keeps reading all its sockets.
+    Nothing busy-waits: with nothing to do, the driver blocks in ``select()``
     until its timeout.
 
 Addresses
@@ -113,11 +156,13 @@ from plait.transport.base import Handle
 _log = logging.getLogger("plait")
 
 __all__ = [
+    "EAGER_MAX",
     "MAX_STREAMS",
     "SOCKET_BUFFER",
     "STRIPE_MIN",
     "BootstrapTimeout",
     "IfnameSpec",
+    "PeerProtocolError",
     "TcpTransport",
     "interface_addresses",
     "match_ifnames",
@@ -127,6 +172,20 @@ __all__ = [
 
 #: Messages of at least this many bytes are striped over all streams of a pair.
 STRIPE_MIN = 256 * 1024
+#: Largest message sent eagerly; larger ones wait for the receiver's clear-to-send.
+#:
+#: This bounds what one unexpected message can make a receiver allocate (and
+#: what a peer may announce in a ``DATA`` header). Below it a message costs no
+#: handshake, which matters for the latency-bound small messages of
+#: collectives. Above it the handshake costs about one small-message round
+#: trip (0.1 ms between two Python processes on one host), which the payload
+#: repays: moving 512 KiB takes longer than that, and the payload lands in the
+#: posted receive instead of an unexpected-message buffer that must be
+#: allocated and copied out; measured on loopback, messages from 512 KiB up
+#: stream at least as fast with the handshake as without. It also stays well
+#: under :data:`SOCKET_BUFFER`, so an eager send completes into the kernel's
+#: buffer even while its receiver is busy elsewhere.
+EAGER_MAX = 512 * 1024
 #: SO_SNDBUF and SO_RCVBUF asked for on every connection, in bytes.
 SOCKET_BUFFER = 4 * 1024 * 1024
 #: Most connections per rank pair.
@@ -135,11 +194,24 @@ MAX_STREAMS = 64
 CLOSE_FLUSH_SECONDS = 2.0
 
 _MAGIC = b"PLTC"
-_VERSION = 1
+_VERSION = 2  # 2: eager limit and rendezvous for large messages
 _HELLO = struct.Struct("<4sHHIII")  # magic, version, stream index, rank, size, streams
 _HDR = struct.Struct("<BxxxIQQ")  # kind, check, tag (or striped sequence number), nbytes
 _HDR_SIZE = _HDR.size
-_DATA, _PART, _BYE = 1, 2, 3
+_ID = struct.Struct("<Q")  # the message id that follows an RTS header
+_RTS_SIZE = _HDR_SIZE + _ID.size
+_DATA, _PART, _BYE, _RTS, _CTS, _REFUSE, _RDATA, _WITHDRAW = 1, 2, 3, 4, 5, 6, 7, 8
+_KIND_NAMES = {
+    _DATA: "DATA",
+    _PART: "PART",
+    _BYE: "BYE",
+    _RTS: "RTS",
+    _CTS: "CTS",
+    _REFUSE: "REFUSE",
+    _RDATA: "RDATA",
+    _WITHDRAW: "WITHDRAW",
+}
+_EMPTY = memoryview(b"")
 _STAGE = 64 * 1024  # per-stream staging buffer for batched reads of small frames
 _DIRECT_MIN = 16 * 1024  # payload left at least this large: recv straight into the target
 _SCRATCH = 256 * 1024  # discard buffer for payloads nobody wants any more
@@ -163,6 +235,15 @@ _LOST_ERRNOS = frozenset(
 
 class BootstrapTimeout(RendezvousError, CommTimeout):
     """Ranks did not all connect within the timeout; the message names the missing ones."""
+
+
+class PeerProtocolError(PeerLostError, TransportError):
+    """A peer sent a frame that breaks the wire protocol; it now counts as lost.
+
+    Both a :class:`~plait.errors.PeerLostError` (its connections are closed and
+    every operation with it fails) and a :class:`~plait.errors.TransportError`
+    (the cause is not a closed or dead process but a buggy or hostile peer).
+    """
 
 
 # -- interface selection (pure functions, tested alone) -------------------------------------
@@ -725,6 +806,23 @@ class _Inbound:
         self.complete = False  # unexpected and fully arrived
 
 
+class _Rts:
+    """A rendezvous message announced by a peer whose receive is not posted yet.
+
+    All a receiver keeps for it (a few dozen bytes): the payload stays with the
+    sender until a receive is posted and cleared.
+    """
+
+    __slots__ = ("check", "nbytes", "peer", "rid", "tag")
+
+    def __init__(self, peer: _Peer, check: int, tag: int, nbytes: int, rid: int) -> None:
+        self.peer = peer
+        self.check = check
+        self.tag = tag
+        self.nbytes = nbytes
+        self.rid = rid
+
+
 class _Out:
     """One frame queued on a connection."""
 
@@ -776,15 +874,39 @@ class _Conn:
 
 
 class _Peer:
-    __slots__ = ("conns", "dead", "gone", "rank", "seq_in", "seq_out")
+    """Another rank: its connections and the state of the rendezvous messages with it."""
+
+    __slots__ = (
+        "cleared",
+        "conns",
+        "dead",
+        "gone",
+        "rank",
+        "rid_in",
+        "rid_out",
+        "rts_in",
+        "rts_out",
+        "seq_in",
+        "seq_out",
+    )
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.conns: list[_Conn] = []
         self.gone: BaseException | None = None  # set once it said goodbye or was lost
         self.dead = False  # its connections are closed
-        self.seq_in = 0
+        self.seq_in = 0  # striped messages: sequence numbers in PART frames
         self.seq_out = 0
+        # Sending: ids of our RTS frames, and the sends waiting for their answer (CTS or
+        # REFUSE) with their RTS frame; the op is None once withdrawn (a tombstone kept
+        # until the answer comes, so that the answer is not taken for a protocol error).
+        self.rid_out = 0
+        self.rts_out: dict[int, tuple[_Op | None, _Out]] = {}
+        # Receiving: the last RTS id seen (ids only grow), the announced messages that no
+        # receive has taken yet, and those cleared (CTS sent) whose RDATA has not begun.
+        self.rid_in = -1
+        self.rts_in: dict[int, _Rts] = {}
+        self.cleared: dict[int, _Inbound] = {}
 
 
 def _bytes_view(data: object, writable: bool) -> memoryview:
@@ -885,14 +1007,18 @@ class TcpTransport:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._posted: dict[tuple[int, int], deque[_Op]] = {}
-        self._unexpected: dict[tuple[int, int], deque[_Inbound]] = {}
+        # Messages that arrived before their receive: eager ones (buffered) and
+        # announced rendezvous ones, in arrival order per (peer, tag).
+        self._unexpected: dict[tuple[int, int], deque[_Inbound | _Rts]] = {}
         self._driving = False  # some thread (or an outside driver) is driving progress
         self._in_select = False  # ... and is blocked in select() without the lock
         self._closing = False
         self._closed = False
         self._notify = False  # handles completed since the last notify_all
         self._stirred = False  # something completed since the last poll() (Drivable)
-        self._kick: list[_Conn] = []  # conns given sends while the driver was in select()
+        # Conns given frames that nobody has tried to write yet: sends queued while the
+        # driver was in select(), frames queued by the read path (CTS, payloads).
+        self._kick: list[_Conn] = []
         self._scratch = memoryview(bytearray(_SCRATCH))
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -920,6 +1046,9 @@ class TcpTransport:
     # -- contract ------------------------------------------------------------------------
     def isend(self, peer: int, tag: int, data: memoryview, check: int) -> _Op:
         """Start sending ``data`` to ``peer``; see :meth:`plait.transport.base.Transport.isend`.
+
+        Messages of at most :data:`EAGER_MAX` bytes go out at once; larger ones
+        are announced and sent once the receiver has posted their receive.
 
         Raises:
             ValueError: ``peer`` out of range or not among :attr:`peers`, or
@@ -950,6 +1079,8 @@ class TcpTransport:
             else:
                 if p.gone is not None:
                     self._fail(op, p.gone)
+                elif nbytes > EAGER_MAX:
+                    self._send_rts(p, op)
                 elif self.streams == 1 or nbytes < STRIPE_MIN:
                     c = p.conns[0]
                     if c.sendq or self._in_select:
@@ -1000,7 +1131,10 @@ class TcpTransport:
                 rec = queue.popleft()
                 if not queue:
                     del self._unexpected[key]
-                self._match_unexpected(op, rec)
+                if rec.__class__ is _Rts:
+                    self._match_rts(op, rec)  # type: ignore[arg-type]
+                else:
+                    self._match_unexpected(op, rec)  # type: ignore[arg-type]
             else:
                 if p is not None and p.gone is not None:
                     self._fail(op, p.gone)
@@ -1015,6 +1149,8 @@ class TcpTransport:
                         c = p.conns[0]
                         if c.sock is not None:
                             self._read(c)
+            if self._kick and not self._in_select:
+                self._do_kicks()  # a CTS for the message just matched, frames the read queued
             if self._notify:
                 self._wake_waiters()
         return op
@@ -1060,10 +1196,12 @@ class TcpTransport:
     def cancel(self, handle: Handle) -> None:
         """Withdraw an unfinished operation; it never touches its buffer again.
 
-        A receive whose message is partly read has the rest of the message
-        discarded; a send already partly written finishes from a private copy
-        of its remaining bytes (the frame must stay whole on the wire). The
-        handle ends ``done`` with ``error`` None.
+        A receive whose message is partly read, or cleared to be sent, has the
+        rest of the message discarded; a send already partly written finishes
+        from a private copy of its remaining bytes (the frame must stay whole on
+        the wire). A large send whose payload has not started is withdrawn: the
+        receiver never sees its payload (a receive that had matched it fails
+        with MismatchError). The handle ends ``done`` with ``error`` None.
 
         Raises:
             TypeError: ``handle`` does not come from a TcpTransport.
@@ -1076,6 +1214,8 @@ class TcpTransport:
                 return
             if op.is_send:
                 p = self._peers[op.peer]
+                if p is not None and self._withdraw(p, op):
+                    p = None  # withdrawn: nothing of it left in the send queues
                 for c in p.conns if p is not None else ():
                     for item in list(c.sendq):
                         if item.op is not op:
@@ -1096,16 +1236,20 @@ class TcpTransport:
                     queue.remove(op)
                     if not queue:
                         del self._posted[(op.peer, op.tag)]
-                elif op.rec is not None:  # payload partly read: discard the rest
+                elif op.rec is not None:  # payload partly read or cleared: discard it
                     op.rec.op = None
                     op.rec.view = None
                     op.rec = None
+            if self._kick and not self._in_select:
+                self._do_kicks()
             op.done = True
             self._wake_waiters()
 
     def close(self) -> None:
         """Flush queued sends (for at most :data:`CLOSE_FLUSH_SECONDS`), say goodbye, close.
 
+        Large sends still waiting for their receiver's clear-to-send get the
+        same time to be cleared and sent; then they fail with ClosedError.
         Idempotent. Peers fail their operations with this rank with
         PeerLostError; this rank's unfinished operations fail with ClosedError.
         """
@@ -1208,6 +1352,79 @@ class TcpTransport:
             self._queued(c)
             if p.dead:
                 return
+
+    def _send_rts(self, p: _Peer, op: _Op) -> None:
+        """Announce a large message to ``p``; its payload waits for the receiver's CTS."""
+        rid = p.rid_out
+        p.rid_out += 1
+        hdr = _HDR.pack(_RTS, op.check, op.tag, op.buf.nbytes)
+        item = _Out(None, hdr, memoryview(_ID.pack(rid)), 0)
+        p.rts_out[rid] = (op, item)
+        self._push(p.conns[0], item)
+        if not self._in_select:
+            self._do_kicks()
+
+    def _send_payload(self, p: _Peer, op: _Op, rid: int) -> None:
+        """Queue the payload of cleared message ``rid`` (read path: written at the round's end)."""
+        mv = op.buf
+        nbytes = mv.nbytes
+        hdr = _HDR.pack(_RDATA, op.check, rid, nbytes)
+        if self.streams == 1 or nbytes < STRIPE_MIN:
+            op.left = 1
+            self._push(p.conns[0], _Out(op, hdr, mv, 0))
+            return
+        seq = p.seq_out
+        p.seq_out += 1
+        op.left = self.streams
+        for k, c in enumerate(p.conns):
+            lo, hi = _part(nbytes, self.streams, k)
+            if k:
+                hdr = _HDR.pack(_PART, 0, seq, nbytes)
+            self._push(c, _Out(op, hdr, mv[lo:hi], 0))
+
+    def _withdraw(self, p: _Peer, op: _Op) -> bool:
+        """Cancel rendezvous send ``op`` if its payload has not started; False otherwise.
+
+        An RTS not written yet is simply dropped (the peer never hears of the
+        message); otherwise a WITHDRAW follows, and a withdrawn RTS stays as a
+        tombstone until its answer comes.
+        """
+        c = p.conns[0]
+        for rid, (waiting, rts) in p.rts_out.items():
+            if waiting is op:
+                if rts.off == 0 and rts in c.sendq:
+                    c.sendq.remove(rts)
+                    del p.rts_out[rid]
+                else:
+                    p.rts_out[rid] = (None, rts)
+                    self._push(c, _Out(None, _HDR.pack(_WITHDRAW, 0, rid, 0), _EMPTY, 0))
+                return True
+        if op.left == 1 and op.buf.nbytes > EAGER_MAX:  # cleared: is the payload untouched?
+            for item in c.sendq:
+                if item.op is op and item.off == 0 and item.hdr[0] == _RDATA:
+                    c.sendq.remove(item)
+                    rid = _HDR.unpack(item.hdr)[2]
+                    self._push(c, _Out(None, _HDR.pack(_WITHDRAW, 0, rid, 0), _EMPTY, 0))
+                    return True
+        return False
+
+    def _push(self, c: _Conn, out: _Out, urgent: bool = False) -> None:
+        """Queue ``out`` on ``c`` without writing: whoever drives next writes it.
+
+        The read path's way to send (it must never block nor re-enter itself);
+        API calls follow it with :meth:`_do_kicks` when no thread is in
+        select(). ``urgent`` frames (CTS, REFUSE) go before every frame not
+        started yet, so a long payload does not delay a handshake behind it.
+        """
+        q = c.sendq
+        if urgent and q:
+            q.insert(0 if q[0].off == 0 else 1, out)
+        else:
+            q.append(out)
+        if len(q) == 1:  # otherwise c already waits for writability or a kick
+            self._kick.append(c)
+            if self._in_select:
+                self._wake()
 
     def _queued(self, c: _Conn) -> None:
         """``c`` got a frame to send: write now, or hand it to the thread in select()."""
@@ -1334,28 +1551,38 @@ class TcpTransport:
                     have = c.hi - c.lo
                     if have >= _HDR_SIZE:
                         kind, check, tag, nbytes = _HDR.unpack_from(stage, c.lo)
-                        c.lo += _HDR_SIZE
-                        if c.lo == c.hi:
-                            c.lo = c.hi = 0
-                        if kind == _DATA and c.index == 0:
-                            if nbytes <= c.hi - c.lo and self._small(c, check, tag, nbytes):
-                                continue
-                            self._on_data(c, check, tag, nbytes)
-                        elif kind == _PART and c.index > 0 and c.due:
-                            if not self._on_part(c, tag, nbytes):
+                        # An RTS whose id has not all arrived waits for the refill below.
+                        if kind != _RTS or have >= _RTS_SIZE or not greedy:
+                            c.lo += _HDR_SIZE
+                            if c.lo == c.hi:
+                                c.lo = c.hi = 0
+                            if kind == _DATA and c.index == 0:
+                                if nbytes <= c.hi - c.lo and self._small(c, check, tag, nbytes):
+                                    continue
+                                if nbytes > EAGER_MAX:
+                                    self._protocol_error(
+                                        c.peer,
+                                        f"an eager message of {nbytes} B (tag {tag}); "
+                                        f"eager messages are at most {EAGER_MAX} B",
+                                    )
+                                    return
+                                self._on_data(c, check, tag, nbytes)
+                            elif kind == _PART and c.index > 0 and c.due:
+                                if not self._on_part(c, tag, nbytes):
+                                    return
+                            elif _RTS <= kind <= _WITHDRAW and c.index == 0:
+                                if not self._on_control(c, kind, check, tag, nbytes):
+                                    return
+                            elif kind == _BYE and c.index == 0:
+                                self._on_bye(c.peer)
                                 return
-                        elif kind == _BYE and c.index == 0:
-                            self._on_bye(c.peer)
-                            return
-                        else:
-                            self._lose(
-                                c.peer,
-                                None,
-                                f"protocol error: frame kind {kind} on stream {c.index}",
-                                protocol=True,
-                            )
-                            return
-                        continue
+                            else:
+                                name = _KIND_NAMES.get(kind, str(kind))
+                                self._protocol_error(
+                                    c.peer, f"frame kind {name} on stream {c.index}"
+                                )
+                                return
+                            continue
                     if not greedy and not c.due:  # no part owed: leave the socket alone
                         self._set_events(c, c.events & _WRITE)
                         return
@@ -1422,13 +1649,19 @@ class TcpTransport:
                 rec.view = op.buf
                 op.rec = rec
         else:
-            rec.view = memoryview(bytearray(nbytes))
+            rec.view = memoryview(bytearray(nbytes))  # nbytes <= EAGER_MAX: checked by _read
             queue2 = self._unexpected.get(key)
             if queue2 is None:
                 self._unexpected[key] = deque((rec,))
             else:
                 queue2.append(rec)
+        self._start_payload(c, rec)
+
+    def _start_payload(self, c: _Conn, rec: _Inbound) -> None:
+        """Stream 0 read the header of ``rec``'s payload: read it (part 0 if striped)."""
+        nbytes = rec.nbytes
         if self.streams > 1 and nbytes >= STRIPE_MIN:
+            p = c.peer
             rec.left = self.streams
             rec.seq = p.seq_in
             p.seq_in += 1
@@ -1442,15 +1675,128 @@ class TcpTransport:
             c.pos, c.end = 0, nbytes
         c.rec = rec
 
+    def _on_control(self, c: _Conn, kind: int, check: int, tag: int, nbytes: int) -> bool:
+        """A rendezvous frame on stream 0; False after a protocol error (the peer is lost)."""
+        p = c.peer
+        if kind == _RDATA:
+            rec = p.cleared.get(tag)
+            if rec is None or rec.nbytes != nbytes or rec.check != check:
+                what = "was never cleared" if rec is None else "differs from its RTS"
+                self._protocol_error(p, f"payload of message #{tag} ({nbytes} B) {what}")
+                return False
+            del p.cleared[tag]
+            self._start_payload(c, rec)
+            return True
+        if kind == _RTS:
+            (rid,) = _ID.unpack_from(c.stage, c.lo)
+            c.lo += _ID.size
+            if c.lo == c.hi:
+                c.lo = c.hi = 0
+            if rid <= p.rid_in or nbytes <= EAGER_MAX:
+                self._protocol_error(
+                    p,
+                    f"RTS #{rid} for {nbytes} B (expected an id above #{p.rid_in} "
+                    f"and more than {EAGER_MAX} B)",
+                )
+                return False
+            p.rid_in = rid
+            self._on_rts(p, check, tag, nbytes, rid)
+            return True
+        name = _KIND_NAMES[kind]
+        if check or nbytes:
+            self._protocol_error(p, f"{name} frame with check {check} and length {nbytes}")
+            return False
+        if kind == _WITHDRAW:
+            if tag > p.rid_in:
+                self._protocol_error(p, f"WITHDRAW of message #{tag}, never announced")
+                return False
+            self._on_withdraw(p, tag)
+            return True
+        entry = p.rts_out.pop(tag, None)  # CTS or REFUSE: the answer to one of our RTS
+        if entry is None:
+            self._protocol_error(p, f"{name} for message #{tag}, which awaits no answer")
+            return False
+        op = entry[0]
+        if op is not None:  # None: we withdrew it; the answer just ends the tombstone
+            if kind == _CTS:
+                self._send_payload(p, op, tag)
+            else:  # refused: the receiver's receive failed (MismatchError); the send is done
+                self._complete(op)
+        return True
+
+    def _on_rts(self, p: _Peer, check: int, tag: int, nbytes: int, rid: int) -> None:
+        """A large message announced: clear it for a posted receive, or keep it as unexpected."""
+        key = (p.rank, tag)
+        queue = self._posted.get(key)
+        if queue:
+            op = queue.popleft()
+            if not queue:
+                del self._posted[key]
+            self._clear(p, op, check, nbytes, rid)
+            return
+        rts = _Rts(p, check, tag, nbytes, rid)
+        p.rts_in[rid] = rts
+        queue2 = self._unexpected.get(key)
+        if queue2 is None:
+            self._unexpected[key] = deque((rts,))
+        else:
+            queue2.append(rts)
+
+    def _match_rts(self, op: _Op, rts: _Rts) -> None:
+        """Receive ``op`` takes announced message ``rts`` (irecv)."""
+        p = rts.peer
+        del p.rts_in[rts.rid]
+        self._clear(p, op, rts.check, rts.nbytes, rts.rid)
+
+    def _clear(self, p: _Peer, op: _Op, check: int, nbytes: int, rid: int) -> None:
+        """Answer RTS ``rid`` for receive ``op``: CTS if they agree, else fail ``op`` and REFUSE."""
+        err = self._mismatch(op, check, nbytes, p.rank)
+        if err is not None:
+            self._fail(op, err)
+            self._answer(p, _REFUSE, rid)
+            return
+        rec = _Inbound(p, check, nbytes)
+        rec.op = op
+        rec.view = op.buf
+        op.rec = rec
+        p.cleared[rid] = rec
+        self._answer(p, _CTS, rid)
+
+    def _answer(self, p: _Peer, kind: int, rid: int) -> None:
+        self._push(p.conns[0], _Out(None, _HDR.pack(kind, 0, rid, 0), _EMPTY, 0), urgent=True)
+
+    def _on_withdraw(self, p: _Peer, rid: int) -> None:
+        """The sender cancelled message ``rid`` before its payload: forget it."""
+        rts = p.rts_in.pop(rid, None)
+        if rts is not None:  # nobody took it yet: it vanishes
+            key = (p.rank, rts.tag)
+            queue = self._unexpected[key]
+            queue.remove(rts)
+            if not queue:
+                del self._unexpected[key]
+            self._answer(p, _REFUSE, rid)  # every RTS gets one answer
+            return
+        rec = p.cleared.pop(rid, None)  # cleared (our CTS was the answer), or refused before
+        if rec is not None and rec.op is not None:
+            op = rec.op
+            rec.op = None
+            op.rec = None
+            self._fail(
+                op,
+                MismatchError(
+                    f"rank {p.rank} withdrew the {rec.nbytes}-byte message (tag {op.tag}) "
+                    f"that rank {self.rank} was about to receive: it cancelled the send "
+                    "(its call failed or timed out)"
+                ),
+            )
+
     def _on_part(self, c: _Conn, seq: int, nbytes: int) -> bool:
         rec = c.due.popleft()
         if rec.seq != seq or rec.nbytes != nbytes:
-            self._lose(
+            self._protocol_error(
                 c.peer,
-                None,
-                f"protocol error: stream {c.index} got part of striped message #{seq} "
+                f"stream {c.index} got part of striped message #{seq} "
                 f"({nbytes} B) but expected #{rec.seq} ({rec.nbytes} B)",
-                protocol=True,
             )
             return False
         c.rec = rec
@@ -1533,8 +1879,9 @@ class TcpTransport:
         """Connections to ``p`` broke: fail everything pending with it and close them.
 
         EOF and connection errors (reset, broken pipe, unreachable) fail the
-        operations with PeerLostError; other OS errors and protocol violations
-        with TransportError. The OSError is the ``__cause__``.
+        operations with PeerLostError, protocol violations with
+        PeerProtocolError, other OS errors with TransportError. The OSError is
+        the ``__cause__``.
         """
         if p.dead:
             return
@@ -1542,12 +1889,12 @@ class TcpTransport:
             why = f"{type(exc).__name__}: {exc}"
         msg = f"rank {self.rank}: connection to rank {p.rank} lost: {why}"
         err: CommError
-        if protocol or not (
-            exc is None or exc.errno in _LOST_ERRNOS or isinstance(exc, ConnectionError)
-        ):
-            err = TransportError(msg)
-        else:
+        if protocol:
+            err = PeerProtocolError(msg)
+        elif exc is None or exc.errno in _LOST_ERRNOS or isinstance(exc, ConnectionError):
             err = PeerLostError(msg)
+        else:
+            err = TransportError(msg)
         err.__cause__ = exc
         if p.gone is None:
             p.gone = err
@@ -1556,10 +1903,39 @@ class TcpTransport:
             self._drop(c)
         p.dead = True
 
+    def _protocol_error(self, p: _Peer, what: str) -> None:
+        """``p`` sent something impossible: drop it, log it, fail everything pending with it."""
+        _log.warning("rank %d: protocol error from rank %d: %s", self.rank, p.rank, what)
+        self._lose(p, None, f"protocol error: {what}", protocol=True)
+
+    def _fail_rendezvous(self, p: _Peer, err: BaseException) -> None:
+        """Fail the rendezvous messages with ``p`` that can no longer finish."""
+        for op, _ in p.rts_out.values():
+            if op is not None:
+                self._fail(op, err)
+        p.rts_out.clear()
+        for rec in p.cleared.values():
+            if rec.op is not None:
+                self._fail(rec.op, err)
+                rec.op.rec = None
+                rec.op = None
+        p.cleared.clear()
+        for rts in p.rts_in.values():
+            key = (p.rank, rts.tag)
+            queue = self._unexpected.get(key)
+            if queue is not None:
+                queue.remove(rts)
+                if not queue:
+                    del self._unexpected[key]
+        p.rts_in.clear()
+
     def _fail_pending(self, p: _Peer, err: BaseException, inbound: bool) -> None:
+        """Fail what is pending with ``p``: all of it, or (``inbound`` False, after its
+        goodbye) all but the payloads still arriving on its other streams."""
         for key in [k for k in self._posted if k[0] == p.rank]:
             for op in self._posted.pop(key):
                 self._fail(op, err)
+        self._fail_rendezvous(p, err)
         for c in p.conns:
             for item in c.sendq:
                 if item.op is not None:
@@ -1577,7 +1953,9 @@ class TcpTransport:
                 c.due.clear()
         if inbound:  # unexpected messages from p that will never finish arriving
             for key in [k for k in self._unexpected if k[0] == p.rank]:
-                queue = deque(r for r in self._unexpected[key] if r.complete)
+                queue = deque(
+                    r for r in self._unexpected[key] if r.__class__ is _Inbound and r.complete
+                )
                 if queue:
                     self._unexpected[key] = queue
                 else:
@@ -1709,30 +2087,42 @@ class TcpTransport:
     def _shutdown(self) -> None:
         """The body of close(): this thread holds the I/O role."""
         deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
+        err = self._closed_error()
 
-        def flush() -> None:
-            while any(c.sendq for c in self._live()):
+        def announced() -> bool:  # large sends still waiting for their receiver's answer
+            return any(
+                op is not None for p in self._peers if p is not None for op, _ in p.rts_out.values()
+            )
+
+        def flush(answers: bool) -> None:
+            while any(c.sendq for c in self._live()) or (answers and announced()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 self._drive(left)
 
         try:
-            flush()
+            flush(True)
             bye = _HDR.pack(_BYE, 0, 0, 0)
             for p in self._peers:
-                if p is not None and p.gone is None and p.conns[0].sock is not None:
+                if p is None:
+                    continue
+                # Unanswered now: they fail, and an answer that still comes ends a tombstone.
+                for rid, (op, rts) in list(p.rts_out.items()):
+                    if op is not None:
+                        self._fail(op, err)
+                        p.rts_out[rid] = (None, rts)
+                if p.gone is None and p.conns[0].sock is not None:
                     c = p.conns[0]
-                    c.sendq.append(_Out(None, bye, memoryview(b""), 0))
+                    c.sendq.append(_Out(None, bye, _EMPTY, 0))
                     if len(c.sendq) == 1:
                         self._write(c)
-            flush()
+            flush(False)
             # Wait until the kernel has delivered what we wrote: closing a socket with
             # unread input resets the connection, which would drop unsent output.
             while time.monotonic() < deadline and any(_unsent(c) for c in self._live()):
                 self._drive(0.002)
         finally:
-            err = self._closed_error()
             for queue in self._posted.values():
                 for op in queue:
                     self._fail(op, err)
@@ -1741,6 +2131,7 @@ class TcpTransport:
             for p in self._peers:
                 if p is None:
                     continue
+                self._fail_rendezvous(p, err)
                 for c in p.conns:
                     for item in c.sendq:
                         if item.op is not None:
