@@ -123,7 +123,8 @@ def test_emulated_hosts_split_by_host() -> None:
         check_reports(reports, 4)
         for r in reports:
             assert r["host"] == f"host{r['rank'] // 2}"
-            assert r["transport"] == "TcpTransport"  # two hosts: auto picks TCP
+            # Two hosts of two ranks: shared memory within each, TCP across.
+            assert r["transport"] == "HybridTransport"
             assert (r["local_rank"], r["local_size"]) == (r["rank"] % 2, 2)
             assert (r["cross_rank"], r["cross_size"]) == (r["rank"] // 2, 2)
             assert r["sub_sum"] == (1 if r["rank"] < 2 else 5)
