@@ -28,7 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=help_text, description=module.__doc__)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the examples' lines
+        )
         module.add_arguments(p)
         p.set_defaults(_module=module)
     args = parser.parse_args(argv)
