@@ -595,3 +595,18 @@ def test_sigkill_mid_transfer(store_server: int, mode: str) -> None:
         if grandchild:  # it holds the child's stdout open, too
             os.kill(grandchild, signal.SIGKILL)
         child.communicate(timeout=10)
+
+
+def test_spin_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plait.transport.shm import _spin_from_env
+
+    monkeypatch.delenv("PLAIT_SHM_SPIN", raising=False)
+    assert _spin_from_env() == pytest.approx(50e-6)
+    monkeypatch.setenv("PLAIT_SHM_SPIN", "1000")
+    assert _spin_from_env() == pytest.approx(1e-3)
+    monkeypatch.setenv("PLAIT_SHM_SPIN", "0")
+    assert _spin_from_env() == 0.0
+    for bad in ("fast", "-1", "nan"):
+        monkeypatch.setenv("PLAIT_SHM_SPIN", bad)
+        with pytest.raises(ValueError, match="PLAIT_SHM_SPIN"):
+            _spin_from_env()

@@ -153,7 +153,7 @@ class HybridTransport:
             else:
                 self._route.append((self.tcp, r))
         self._owner: dict[type, Any] = {cls: t for t, cls in self._handle_types()}
-        self.spin = _SPIN
+        self.spin = self.shm.spin if self.shm is not None else _SPIN
 
     def _handle_types(self) -> list[tuple[Any, Any]]:
         from plait.transport import shm, tcp

@@ -384,6 +384,20 @@ class _Peer:
         self.cur_entry: _Buffered | None = None
 
 
+def _spin_from_env() -> float:
+    """PLAIT_SHM_SPIN (microseconds a waiting rank polls before it sleeps), else the default."""
+    text = os.environ.get("PLAIT_SHM_SPIN", "").strip()
+    if not text:
+        return _SPIN
+    try:
+        micros = float(text)
+    except ValueError:
+        raise ValueError(f"PLAIT_SHM_SPIN={text!r} is not a number of microseconds") from None
+    if not micros >= 0:
+        raise ValueError(f"PLAIT_SHM_SPIN={text!r} must be a number of microseconds >= 0")
+    return micros * 1e-6
+
+
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
@@ -476,8 +490,9 @@ class ShmTransport:
         bytes_sent: payload bytes copied into peers' rings so far.
         bytes_received: payload bytes delivered into posted receives so far
             (messages set aside as unexpected count once a receive takes them).
-        spin: seconds a waiting rank polls before it sleeps (default 50 µs;
-            0 sleeps at once, which saves CPU when messages are rare).
+        spin: seconds a waiting rank polls before it sleeps (default 50 µs, or
+            PLAIT_SHM_SPIN microseconds; 0 sleeps at once, which saves CPU
+            when messages are rare).
     """
 
     def __init__(
@@ -516,7 +531,7 @@ class ShmTransport:
         self._me = self._names[rank]
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.spin = _SPIN
+        self.spin = _spin_from_env()
         self.job = ""
         self._name = ""  # base of segment and socket names: plait-<job>-g<generation>
         self._slots = slots
