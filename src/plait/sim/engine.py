@@ -1,0 +1,588 @@
+"""The discrete-event simulation: every rank's schedule, run together on a modelled network.
+
+It interprets :class:`~plait.schedule.ir.Schedule` objects exactly as
+:mod:`plait.runtime.executor` does, with time instead of a transport:
+
+* a step starts when all its ``deps`` have finished;
+* ``SEND`` starts a flow to its peer at once; the k-th send from a to b meets
+  the k-th receive at b from a (``tag``);
+* ``RECV`` finishes when it has started and its message has arrived (data may
+  arrive before the receive is posted: transports buffer it);
+* ``RECV_REDUCE`` is posted at the start (as the executor posts it into
+  staging memory), so its data may arrive early; the reduction runs once both
+  the data and the dependencies are there;
+* ``COPY``, ``REDUCE`` and the reduction of ``RECV_REDUCE`` are a rank's local
+  work: they cost δ (copy) or γ (reduce) seconds per byte and run one at a
+  time per rank, in the order they become ready.
+
+Messages are fluid flows (:mod:`plait.sim.network`): a flow streams its bytes
+at a rate that the network assigns, and arrives its path's latency after its
+last byte left. A send finishes when its message has arrived (delivery, as a
+network completion reports it), which is also when its receive may finish.
+Each link's bandwidth is shared among the flows on it, recomputed whenever a
+flow starts or ends: ``"maxmin"`` (default) is max-min fair sharing over the
+links that interact (progressive filling), ``"equal"`` gives each flow the
+smallest equal share of its links (cheaper and local, not work-conserving).
+Events at the same instant are handled as a batch, so the rates are
+recomputed once per instant however many flows start or end in it.
+
+In timing-only mode nothing moves but time. With data, every rank gets real
+numpy buffers and the steps move and reduce them: a send reads its region
+when it completes, so a schedule that overwrites data still in flight gets
+caught by the result check.
+
+Run time: building the schedules aside, the engine does a constant amount
+of work per step and per message plus, per instant, the flows whose rates
+change with the links they cross (with max-min sharing, the whole connected
+group of flows that share links with a changed one). Without contention that
+is linear in the number of steps; for measurements see :mod:`plait.sim`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from plait.schedule.ir import Schedule, StepKind
+from plait.sim.network import Network
+from plait.sim.program import COPY as _COPY
+from plait.sim.program import RECV as _RECV
+from plait.sim.program import RECV_REDUCE as _RECV_REDUCE
+from plait.sim.program import SEND as _SEND
+from plait.sim.program import Program, compile_schedules, no_gc
+
+__all__ = ["Data", "Outcome", "StepRecord", "run", "run_schedules"]
+
+# Event codes, in the low two bits of a heap entry's second element.
+_FLOW_DONE = 0
+_ARRIVE = 1
+_LOCAL_DONE = 2
+
+SHARING = ("maxmin", "equal")
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """When one step ran (for traces).
+
+    ``ready`` is when its dependencies were done (for a send, when its flow
+    started; for a receive, when it was posted); ``start`` is when its local work
+    began (local steps and reductions) or ``ready``; ``end`` is when it finished.
+    """
+
+    rank: int
+    index: int
+    kind: StepKind
+    peer: int
+    tag: int
+    nbytes: int
+    ready: float
+    start: float
+    end: float
+
+
+@dataclass
+class Outcome:
+    """What :func:`run_schedules` returns."""
+
+    time: float
+    finish: list[float]
+    link_bytes: list[float]
+    steps: int
+    messages: int
+    events: int
+    seconds: float
+    records: list[StepRecord] | None = None
+    buffers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
+        default=None, repr=False
+    )
+
+
+class Data:
+    """Real buffers for the with-data mode: per rank ``(IN, OUT, TMP)`` flat arrays and the op."""
+
+    def __init__(
+        self,
+        buffers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+        ufunc: Callable[..., object] | None,
+    ) -> None:
+        self.buffers = list(buffers)
+        self.ufunc = ufunc
+
+
+def run_schedules(
+    schedules: Sequence[Schedule],
+    network: Network,
+    itemsize: int,
+    *,
+    sharing: str = "maxmin",
+    data: Data | None = None,
+    record: bool = False,
+) -> Outcome:
+    """Simulate ``schedules`` (one per rank, rank order) on ``network``; see :func:`run`."""
+    return run(
+        compile_schedules(schedules, itemsize), network, sharing=sharing, data=data, record=record
+    )
+
+
+def run(
+    program: Program,
+    network: Network,
+    *,
+    sharing: str = "maxmin",
+    data: Data | None = None,
+    record: bool = False,
+) -> Outcome:
+    """Simulate a compiled :class:`~plait.sim.program.Program` on ``network``.
+
+    Args:
+        program: every rank's steps.
+        network: where they run; ``network.size`` must equal the number of ranks.
+        sharing: ``"maxmin"`` or ``"equal"`` (see the module docstring).
+        data: buffers to move real data through (None: timing only); needs a
+            program that kept its schedules.
+        record: keep a :class:`StepRecord` per step (for traces).
+
+    Raises:
+        ValueError: mismatched sizes or an unknown ``sharing``.
+        RuntimeError: the schedules deadlock.
+    """
+    if sharing not in SHARING:
+        raise ValueError(f"sharing must be one of {SHARING}; got {sharing!r}")
+    if network.size != program.size:
+        raise ValueError(f"{program.size} ranks' schedules on a network of {network.size} ranks")
+    if data is not None and program.schedules is None:
+        raise ValueError("moving data needs the schedules: compile them in this process")
+    wall = time.perf_counter()
+    with no_gc():
+        sim = _Sim(program, network, sharing == "maxmin", data, record)
+        sim.loop()
+        return sim.outcome(time.perf_counter() - wall)
+
+
+class _Sim:
+    """State of one simulation; per-step state lives in flat lists indexed by global step id."""
+
+    def __init__(
+        self, program: Program, net: Network, maxmin: bool, data: Data | None, record: bool
+    ) -> None:
+        self.prog = program
+        self.net = net
+        self.p = program.size
+        self.n = program.n_steps
+        self.maxmin = maxmin
+        self.data = data
+        self.record = record
+        self.left = list(program.n_deps)
+        self.ready_t = [0.0] * self.n if record else []
+        self.start_t = [0.0] * self.n if record else []
+        self.end_t = [0.0] * self.n if record else []
+        self.finish = [0.0] * self.p
+        self.events = 0
+        self.cap = [math.inf if b == 0 else 1.0 / b for b in net.link_beta]
+        self.lat = net.link_latency
+        self.all_finite = math.inf not in self.cap
+        # Every flow's own speed limit (bytes/s); inf: only the links limit it.
+        self.flow_cap = math.inf if net.message_beta == 0 else 1.0 / net.message_beta
+        self.link_flows: list[set[int]] = [set() for _ in range(net.n_links)]
+        self.posted = bytearray(self.n)
+        self.arrived = bytearray(self.n)
+        # route key (src * p + dst) -> (links that limit bandwidth, latency, all links)
+        self.routes: dict[int, tuple[tuple[int, ...], float, tuple[int, ...]]] = {}
+        self.route_bytes: dict[int, int] = {}
+
+    def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, tuple[int, ...]]:
+        """(links that limit bandwidth, total latency, all links) from rank src to rank dst."""
+        path = self.net.route(src, dst)
+        cap = self.cap
+        limited = path if self.all_finite else tuple([i for i in path if cap[i] != math.inf])
+        return limited, self.net.message_alpha + sum(map(self.lat.__getitem__, path)), path
+
+    # -- the event loop ----------------------------------------------------------------
+    def loop(self) -> None:
+        """Run to the end. Heap entries are ``(time, id << 2 | event code)``."""
+        prog = self.prog
+        kind, peer, nbytes, owner = prog.kind, prog.peer, prog.nbytes, prog.owner
+        dep_ptr, dep_idx, match = prog.dep_ptr, prog.dep_idx, prog.match
+        left = self.left
+        p = self.p
+        gamma, delta = self.net.gamma, self.net.delta
+        msg_beta = self.net.message_beta
+        finish = self.finish
+        routes, route_bytes = self.routes, self.route_bytes
+        link_flows = self.link_flows
+        record = self.record
+        ready_t, start_t, end_t = self.ready_t, self.start_t, self.end_t
+        data = self.data
+        heap: list[tuple[float, int]] = []
+        push, pop = heapq.heappush, heapq.heappop
+        events = 0
+        busy = [0.0] * p  # when each rank's local work queue drains
+        posted = self.posted  # receive: its dependencies are done
+        arrived = self.arrived  # receive: its message has arrived
+        flows: list[list] = []  # per flow: [bytes left, at time, rate, links, latency, send, end]
+        self.flows = flows
+        new_flows: list[int] = []
+        dirty: set[int] = set()  # links whose flows changed at this instant (and still have some)
+        staged: dict[int, np.ndarray] = {}  # with data: RECV_REDUCE step -> its arrived data
+        pending: dict[int, np.ndarray] = {}  # with data: RECV step -> data that came early
+        n_done = 0
+        t = 0.0
+        # Steps ready at this instant, handled first in, first out (as the executor's deque).
+        ready: list[int] = [g for g in range(self.n) if left[g] == 0]
+        while True:
+            # ---- start everything that is ready at time t -------------------------------
+            i_ready = 0
+            while i_ready < len(ready):
+                g = ready[i_ready]
+                i_ready += 1
+                k = kind[g]
+                if record:
+                    ready_t[g] = start_t[g] = t
+                if k == _SEND:
+                    key = owner[g] * p + peer[g]
+                    route = routes.get(key)
+                    if route is None:
+                        route = routes[key] = self._route(owner[g], peer[g])
+                        route_bytes[key] = nbytes[g]
+                    else:
+                        route_bytes[key] += nbytes[g]
+                    f = len(flows)
+                    flows.append([nbytes[g], t, 0.0, route[0], route[1], g, 0.0])
+                    if route[0]:
+                        new_flows.append(f)
+                    else:  # shares no link: its own speed limit and the latency
+                        push(heap, (t + nbytes[g] * msg_beta + route[1], f << 2 | _ARRIVE))
+                    continue
+                if k == _RECV:
+                    posted[g] = 1
+                    if not arrived[g]:
+                        continue
+                    if data is not None:
+                        self._write(g, pending.pop(g))
+                elif k == _RECV_REDUCE:
+                    posted[g] = 1
+                    if arrived[g]:
+                        r = owner[g]
+                        start = busy[r] if busy[r] > t else t
+                        busy[r] = end = start + nbytes[g] * gamma[r]
+                        if record:
+                            start_t[g] = start
+                        push(heap, (end, g << 2 | _LOCAL_DONE))
+                    continue
+                else:  # COPY, REDUCE: local work
+                    r = owner[g]
+                    start = busy[r] if busy[r] > t else t
+                    end = start + nbytes[g] * (delta[r] if k == _COPY else gamma[r])
+                    if record:
+                        start_t[g] = start
+                    if end != t:
+                        busy[r] = end
+                        push(heap, (end, g << 2 | _LOCAL_DONE))
+                        continue
+                    if data is not None:  # free local work: done now
+                        self._local(g, None)
+                # The step finished at t (a receive whose data was there, or free work).
+                n_done += 1
+                if record:
+                    end_t[g] = t
+                r = owner[g]
+                if t > finish[r]:
+                    finish[r] = t
+                for j in dep_idx[dep_ptr[g] : dep_ptr[g + 1]]:
+                    left[j] -= 1
+                    if left[j] == 0:
+                        ready.append(j)
+            ready.clear()
+            # ---- the instant is over: install new flows and recompute shares ------------
+            if new_flows or dirty:
+                self._reshare(t, dirty, new_flows, heap)
+                new_flows.clear()
+                dirty.clear()
+            if not heap:
+                break
+            # ---- advance to the next instant and take all its events --------------------
+            t = heap[0][0]
+            while heap and heap[0][0] == t:
+                ev = pop(heap)[1]
+                events += 1
+                code = ev & 3
+                x = ev >> 2
+                if code == _FLOW_DONE:
+                    flow = flows[x]
+                    if flow[6] != t:
+                        continue  # superseded: the flow's rate changed since
+                    flow[6] = -1.0
+                    for i in flow[3]:
+                        on = link_flows[i]
+                        on.discard(x)
+                        if on:
+                            dirty.add(i)
+                    push(heap, (t + flow[4], x << 2 | _ARRIVE))
+                    continue
+                if code == _LOCAL_DONE:
+                    if data is not None:
+                        self._local(x, staged.pop(x, None))
+                    done_now: tuple[int, ...] = (x,)
+                else:  # _ARRIVE: the message is there; the send is complete
+                    g = flows[x][5]
+                    rg = match[g]
+                    payload = self._read(g) if data is not None else None
+                    arrived[rg] = 1
+                    done_now = (g,)
+                    if kind[rg] == _RECV:
+                        if posted[rg]:
+                            if data is not None:
+                                self._write(rg, payload)  # type: ignore[arg-type]
+                            done_now = (g, rg)
+                        elif data is not None:
+                            pending[rg] = payload  # type: ignore[assignment]
+                    else:
+                        if data is not None:
+                            staged[rg] = payload  # type: ignore[assignment]
+                        if posted[rg]:
+                            r = owner[rg]
+                            start = busy[r] if busy[r] > t else t
+                            busy[r] = end = start + nbytes[rg] * gamma[r]
+                            if record:
+                                start_t[rg] = start
+                            push(heap, (end, rg << 2 | _LOCAL_DONE))
+                for g in done_now:
+                    n_done += 1
+                    if record:
+                        end_t[g] = t
+                    r = owner[g]
+                    if t > finish[r]:
+                        finish[r] = t
+                    for j in dep_idx[dep_ptr[g] : dep_ptr[g + 1]]:
+                        left[j] -= 1
+                        if left[j] == 0:
+                            ready.append(j)
+        self.events = events
+        if n_done != self.n:
+            self._deadlock(n_done)
+
+    # -- bandwidth sharing -------------------------------------------------------------
+    def _reshare(
+        self, t: float, dirty: set[int], new_flows: list[int], heap: list[tuple[float, int]]
+    ) -> None:
+        """Give every flow whose share may have changed at ``t`` its new rate and finish time."""
+        link_flows, cap, flows = self.link_flows, self.cap, self.flows
+        flow_cap = self.flow_cap
+        push = heapq.heappush
+        rates: dict[int, float] = {}
+        for f in new_flows:
+            links = flows[f][3]
+            alone = True
+            for i in links:
+                on = link_flows[i]
+                on.add(f)
+                if len(on) != 1:
+                    alone = False
+            if alone:  # alone on every link it crosses: its slowest link's speed
+                rates[f] = min(min([cap[i] for i in links]), flow_cap)
+            else:
+                dirty.update(links)
+        if not dirty:
+            pass
+        elif not self.maxmin:
+            for i in dirty:
+                for f in link_flows[i]:
+                    if f not in rates:
+                        share = min([cap[j] / len(link_flows[j]) for j in flows[f][3]])
+                        rates[f] = min(share, flow_cap)
+        else:
+            seen_links: set[int] = set()
+            for i in dirty:
+                if i in seen_links or not link_flows[i]:
+                    continue
+                # The group of flows connected to link i through shared links.
+                comp_links = [i]
+                seen_links.add(i)
+                comp_flows: list[int] = []
+                seen_here: set[int] = set()
+                k = 0
+                while k < len(comp_links):
+                    for f in link_flows[comp_links[k]]:
+                        if f in seen_here:
+                            continue
+                        seen_here.add(f)
+                        comp_flows.append(f)
+                        for j in flows[f][3]:
+                            if j not in seen_links:
+                                seen_links.add(j)
+                                comp_links.append(j)
+                    k += 1
+                if len(comp_flows) == 1:
+                    f = comp_flows[0]
+                    rates[f] = min(min([cap[j] for j in flows[f][3]]), flow_cap)
+                else:
+                    _progressive_fill(
+                        comp_links, comp_flows, link_flows, cap, flows, flow_cap, rates
+                    )
+        for f, rate in rates.items():
+            flow = flows[f]
+            old = flow[2]
+            if rate == old:
+                continue
+            if old > 0.0:
+                rem = flow[0] - old * (t - flow[1])
+                flow[0] = rem if rem > 0.0 else 0.0
+            flow[1] = t
+            flow[2] = rate
+            flow[6] = end = t + flow[0] / rate
+            push(heap, (end, f << 2 | _FLOW_DONE))
+
+    # -- with data ---------------------------------------------------------------------
+    def _step(self, g: int) -> tuple[int, object]:
+        r = self.prog.owner[g]
+        assert self.prog.schedules is not None
+        return r, self.prog.schedules[r].steps[g - self.prog.base[r]]
+
+    def _region(self, g: int, which: str) -> np.ndarray:
+        assert self.data is not None
+        r, step = self._step(g)
+        reg = getattr(step, which)
+        return self.data.buffers[r][reg.buf][reg.offset : reg.end]
+
+    def _read(self, g: int) -> np.ndarray:
+        return self._region(g, "src").copy()
+
+    def _write(self, g: int, payload: np.ndarray) -> None:
+        self._region(g, "dst")[...] = payload
+
+    def _local(self, g: int, staged: np.ndarray | None) -> None:
+        assert self.data is not None
+        _, step = self._step(g)
+        first = step.first  # type: ignore[attr-defined]
+        ufunc = self.data.ufunc
+        dst = self._region(g, "dst")
+        k = self.prog.kind[g]
+        if k == _RECV_REDUCE:
+            assert staged is not None
+            assert ufunc is not None
+            if first:
+                ufunc(staged, dst, out=dst)
+            else:
+                ufunc(dst, staged, out=dst)
+            return
+        src = self._region(g, "src")
+        if k == _COPY:
+            dst[...] = src.copy() if np.shares_memory(src, dst) else src
+            return
+        assert ufunc is not None
+        if first:
+            ufunc(src, dst, out=dst)
+        else:
+            ufunc(dst, src, out=dst)
+
+    # -- results -----------------------------------------------------------------------
+    def _deadlock(self, n_done: int) -> None:
+        prog = self.prog
+        stuck = []
+        for r in range(self.p):
+            for g in range(prog.base[r], prog.base[r + 1]):
+                waiting = prog.kind[g] in (_RECV, _RECV_REDUCE) and not self.arrived[g]
+                if self.left[g] > 0 or waiting:
+                    stuck.append(f"rank {r} step {g - prog.base[r]} ({_describe(prog, g)})")
+                    break
+            if len(stuck) >= 8:
+                break
+        raise RuntimeError(
+            f"deadlock: {self.n - n_done} of {self.n} steps never finish; first stuck: "
+            + "; ".join(stuck)
+        )
+
+    def outcome(self, seconds: float) -> Outcome:
+        """Collect the results."""
+        prog = self.prog
+        link_bytes = [0.0] * self.net.n_links
+        for key, b in self.route_bytes.items():
+            for i in self.routes[key][2]:
+                link_bytes[i] += b
+        records = None
+        if self.record:
+            kinds = list(StepKind)
+            records = [
+                StepRecord(
+                    prog.owner[g],
+                    g - prog.base[prog.owner[g]],
+                    kinds[prog.kind[g]],
+                    prog.peer[g],
+                    prog.tag[g],
+                    prog.nbytes[g],
+                    self.ready_t[g],
+                    self.start_t[g],
+                    self.end_t[g],
+                )
+                for g in range(self.n)
+            ]
+        return Outcome(
+            time=max(self.finish, default=0.0),
+            finish=self.finish,
+            link_bytes=link_bytes,
+            steps=self.n,
+            messages=prog.kind.count(_SEND),
+            events=self.events,
+            seconds=seconds,
+            records=records,
+            buffers=self.data.buffers if self.data is not None else None,
+        )
+
+
+def _describe(prog: Program, g: int) -> str:
+    k = StepKind(prog.kind[g])
+    if k in (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE):
+        return f"{k.name.lower()} with rank {prog.peer[g]} #{prog.tag[g]}, {prog.nbytes[g]} B"
+    return f"{k.name.lower()}, {prog.nbytes[g]} B"
+
+
+def _progressive_fill(
+    links: list[int],
+    members: list[int],
+    link_flows: list[set[int]],
+    cap: list[float],
+    flows: list[list],
+    flow_cap: float,
+    rates: dict[int, float],
+) -> None:
+    """Max-min fair rates for ``members`` (all flows on ``links``), written into ``rates``.
+
+    Repeatedly take the link whose remaining capacity per unfixed flow is the
+    smallest, fix its unfixed flows at that share, and take the share off the
+    other links they cross. Once that share reaches ``flow_cap`` (every flow's
+    own limit), all flows still unfixed run at ``flow_cap``.
+    """
+    room = {i: cap[i] for i in links}
+    count = {i: len(link_flows[i]) for i in links}
+    version = dict.fromkeys(links, 0)
+    heap = [(room[i] / count[i], 0, i) for i in links]
+    heapq.heapify(heap)
+    fixed: set[int] = set()
+    while heap:
+        share, ver, i = heapq.heappop(heap)
+        if ver != version[i] or count[i] == 0:
+            continue
+        if share >= flow_cap:
+            break
+        for f in link_flows[i]:
+            if f in fixed:
+                continue
+            fixed.add(f)
+            rates[f] = share
+            for j in flows[f][3]:
+                count[j] -= 1
+                room[j] -= share
+                if j != i and count[j]:
+                    version[j] += 1
+                    left = room[j] if room[j] > 0.0 else 0.0
+                    heapq.heappush(heap, (left / count[j], version[j], j))
+        count[i] = 0
+    for f in members:
+        if f not in fixed:  # limited by its own cap before any link's share
+            rates[f] = flow_cap

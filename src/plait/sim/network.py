@@ -1,0 +1,563 @@
+"""Modelled networks: nodes, full-duplex links, where the ranks sit and how messages are routed.
+
+A :class:`Network` is a directed graph. Every *cable* is two directed links (full
+duplex: traffic one way does not slow the other), each with a latency and an
+inverse bandwidth β; a link with β = 0 has unlimited bandwidth (a wire that is
+not modelled, such as a rank's path to its NIC). Ranks are nodes; switches,
+NICs and host-internal fabrics are nodes too. A message from rank ``a`` to rank
+``b`` is a *flow* over the links that :meth:`Network.route` returns; its
+latency is the sum of theirs, and the engine shares every link's bandwidth
+among the flows crossing it (:mod:`plait.sim.engine`). Every rank also has a
+reduction cost γ and a copy cost δ, in seconds per byte.
+
+Topologies (all constructors return a finished :class:`Network`)::
+
+    flat(p, alpha, beta)            every rank has a send and a receive port of 1/β
+                                    into a non-blocking core; a message costs α + nβ
+    single_switch(p, link)          one switch, one cable per rank, optional backplane limit
+    fat_tree(p, ranks_per_leaf, link, oversubscription=2)
+                                    two levels: leaves and spines, D-mod-k routing
+    hosts(H, L, intra, inter, nics=2)
+                                    L ranks per host on a fast host fabric, hosts joined
+                                    by NICs (optionally through a fat tree)
+    ring(p, link), torus((4, 4, 4), link)
+                                    direct networks, dimension-order routing
+
+Switches carry a hook for in-network aggregation (``Node.reduce``,
+``Node.memory``): the engine does not use it yet; an algorithm that reduces
+in switches can find them with :meth:`Network.reducing_switches`.
+
+Build your own with :meth:`Network.add_node`, :meth:`Network.add_rank`,
+:meth:`Network.add_cable` and, for anything but shortest paths,
+:meth:`Network.set_router`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from plait.schedule.builder import HostLayout
+from plait.sim.model import LinkParams
+
+__all__ = [
+    "Network",
+    "Node",
+    "fat_tree",
+    "flat",
+    "hosts",
+    "ring",
+    "single_switch",
+    "torus",
+]
+
+Router = Callable[[int, int], Sequence[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A vertex of the network.
+
+    Attributes:
+        name: unique, shown in traces and link names.
+        kind: ``"rank"``, ``"switch"``, ``"nic"`` or ``"fabric"`` (a host's internal fabric).
+        reduce: whether this switch can reduce data in flight (in-network aggregation).
+        memory: bytes of aggregation memory such a switch has (0: none).
+    """
+
+    name: str
+    kind: str
+    reduce: bool = False
+    memory: int = 0
+
+
+class Network:
+    """A directed graph of nodes and links with ranks placed on it; see the module docstring."""
+
+    def __init__(self, name: str = "custom", *, gamma: float = 0.0, delta: float | None = None):
+        self.name = name
+        self.description = name
+        self.nodes: list[Node] = []
+        self._node_index: dict[str, int] = {}
+        self.link_src: list[int] = []
+        self.link_dst: list[int] = []
+        self.link_beta: list[float] = []
+        self.link_latency: list[float] = []
+        self.link_class: list[str] = []
+        self._link_of: dict[tuple[int, int], int] = {}
+        self.rank_node: list[int] = []
+        self.gamma: list[float] = []
+        self.delta: list[float] = []
+        self.hosts: tuple[int, ...] | None = None
+        # Per message, on top of the links: a fixed latency (software overhead) and a
+        # bandwidth no message exceeds however idle the links are (1/message_beta).
+        self.message_alpha = 0.0
+        self.message_beta = 0.0
+        self._default_gamma = _nonneg("gamma", gamma)
+        self._default_delta = self._default_gamma if delta is None else _nonneg("delta", delta)
+        self._router: Router | None = None
+        self._bfs: dict[int, dict[int, int]] = {}
+
+    # -- building ----------------------------------------------------------------------
+    def add_node(
+        self, name: str, kind: str = "switch", *, reduce: bool = False, memory: int = 0
+    ) -> int:
+        """Add a node; returns its index. Names must be unique."""
+        if name in self._node_index:
+            raise ValueError(f"{self.name}: node {name!r} already exists")
+        self._node_index[name] = len(self.nodes)
+        self.nodes.append(Node(name, kind, reduce, memory))
+        return len(self.nodes) - 1
+
+    def add_rank(self, name: str | None = None) -> int:
+        """Add a rank (numbered in order of addition) on a new node; returns the rank."""
+        rank = len(self.rank_node)
+        self.rank_node.append(self.add_node(name or f"r{rank}", "rank"))
+        self.gamma.append(self._default_gamma)
+        self.delta.append(self._default_delta)
+        return rank
+
+    def add_link(self, a: int, b: int, params: LinkParams, klass: str = "link") -> int:
+        """Add the directed link ``a -> b`` between nodes; returns its index."""
+        if (a, b) in self._link_of:
+            raise ValueError(f"{self.name}: link {self.nodes[a].name}->{self.nodes[b].name} exists")
+        if a == b:
+            raise ValueError(f"{self.name}: a link from {self.nodes[a].name} to itself")
+        index = len(self.link_src)
+        self._link_of[(a, b)] = index
+        self.link_src.append(a)
+        self.link_dst.append(b)
+        self.link_beta.append(params.beta)
+        self.link_latency.append(params.alpha)
+        self.link_class.append(klass)
+        self._bfs.clear()
+        return index
+
+    def add_cable(self, a: int, b: int, params: LinkParams, klass: str = "link") -> tuple[int, int]:
+        """A full-duplex cable: the links ``a -> b`` and ``b -> a``, each with ``params``."""
+        return self.add_link(a, b, params, klass), self.add_link(b, a, params, klass)
+
+    def set_router(self, router: Router) -> None:
+        """Route rank ``src`` to rank ``dst`` by ``router(src, dst)`` (link indices)."""
+        self._router = router
+
+    def set_message_cost(self, alpha: float = 0.0, beta: float = 0.0) -> None:
+        """Add ``alpha`` seconds to every message and cap every message at ``1/beta`` bytes/s.
+
+        The cap is per message: a message alone on idle links still takes at
+        least ``n·beta``, and messages that share no link do not slow each
+        other. With no links at all, every message costs exactly ``alpha + n·beta``.
+        """
+        self.message_alpha = _nonneg("message alpha", alpha)
+        self.message_beta = _nonneg("message beta", beta)
+
+    def set_compute(
+        self, gamma: float, delta: float | None = None, ranks: Sequence[int] | None = None
+    ) -> None:
+        """Set γ (and δ, default γ) for ``ranks`` (default all), in seconds per byte."""
+        g = _nonneg("gamma", gamma)
+        d = g if delta is None else _nonneg("delta", delta)
+        for r in range(self.size) if ranks is None else ranks:
+            self.gamma[r] = g
+            self.delta[r] = d
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return len(self.rank_node)
+
+    @property
+    def n_links(self) -> int:
+        """Number of directed links."""
+        return len(self.link_src)
+
+    def link(self, a: int, b: int) -> int:
+        """Index of the link ``a -> b`` between nodes; KeyError if there is none."""
+        return self._link_of[(a, b)]
+
+    def link_name(self, index: int) -> str:
+        """``"src->dst"`` by node names."""
+        return f"{self.nodes[self.link_src[index]].name}->{self.nodes[self.link_dst[index]].name}"
+
+    def host_layout(self) -> HostLayout | None:
+        """The host of every rank, for host-aware algorithms; None when all share one host."""
+        if self.hosts is None or len(set(self.hosts)) <= 1:
+            return None
+        return HostLayout(self.hosts)
+
+    def reducing_switches(self) -> list[int]:
+        """Nodes that can reduce in flight (the in-network aggregation hook)."""
+        return [i for i, n in enumerate(self.nodes) if n.reduce]
+
+    def route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Links a message from rank ``src`` to rank ``dst`` crosses, in order."""
+        if self._router is not None:
+            path = self._router(src, dst)
+            return path if type(path) is tuple else tuple(path)
+        return self._shortest(self.rank_node[src], self.rank_node[dst])
+
+    def latency(self, path: Sequence[int]) -> float:
+        """Latency of a message along ``path``: its links' plus the per-message latency."""
+        return self.message_alpha + sum(self.link_latency[i] for i in path)
+
+    def _shortest(self, a: int, b: int) -> tuple[int, ...]:
+        """Fewest hops from node ``a`` to ``b`` (ties: the link added first), by BFS per source."""
+        parent = self._bfs.get(a)
+        if parent is None:
+            out: dict[int, list[int]] = {}
+            for i, s in enumerate(self.link_src):
+                out.setdefault(s, []).append(i)
+            parent = {a: -1}
+            queue = deque([a])
+            while queue:
+                u = queue.popleft()
+                for i in out.get(u, ()):
+                    v = self.link_dst[i]
+                    if v not in parent:
+                        parent[v] = i
+                        queue.append(v)
+            self._bfs[a] = parent
+        if b not in parent:
+            raise ValueError(
+                f"{self.name}: no route from {self.nodes[a].name} to {self.nodes[b].name}"
+            )
+        path = []
+        while b != a:
+            i = parent[b]
+            path.append(i)
+            b = self.link_src[i]
+        return tuple(reversed(path))
+
+    def __repr__(self) -> str:
+        return (
+            f"<Network {self.description}: {self.size} ranks, {len(self.nodes)} nodes, "
+            f"{self.n_links} links>"
+        )
+
+
+def _nonneg(name: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0 (seconds per byte); got {value!r}")
+    return float(value)
+
+
+def _check_size(p: int) -> None:
+    if not isinstance(p, int) or p < 1:
+        raise ValueError(f"the number of ranks must be an int >= 1; got {p!r}")
+
+
+_FREE = LinkParams(0.0, 0.0)
+
+
+# -- star-shaped networks ----------------------------------------------------------------
+
+
+def single_switch(
+    p: int,
+    link: LinkParams,
+    *,
+    switch_latency: float = 0.0,
+    backplane: LinkParams | None = None,
+    gamma: float = 0.0,
+    delta: float | None = None,
+) -> Network:
+    """``p`` ranks on one switch, one cable each (``link`` per direction).
+
+    A message crosses the sender's cable, the switch and the receiver's cable:
+    ``2·link.alpha + switch_latency`` of latency, and the sender's and receiver's
+    cable bandwidths. ``backplane`` (optional) is a switching capacity that all
+    traffic through the switch shares (its ``alpha`` adds to the latency).
+    """
+    _check_size(p)
+    net = Network("single_switch", gamma=gamma, delta=delta)
+    for _ in range(p):
+        net.add_rank()
+    sw_in = net.add_node("switch", "switch")
+    sw_out = sw_in
+    core = None
+    if backplane is not None or switch_latency:
+        sw_out = net.add_node("switch.out", "switch")
+        core = net.add_link(
+            sw_in, sw_out, backplane or LinkParams(switch_latency, 0.0), "backplane"
+        )
+        if backplane is not None:
+            net.link_latency[core] += switch_latency
+    up = [net.add_link(net.rank_node[r], sw_in, link, "port") for r in range(p)]
+    down = [net.add_link(sw_out, net.rank_node[r], link, "port") for r in range(p)]
+    if core is None:
+        net.set_router(lambda s, d: (up[s], down[d]))
+    else:
+        net.set_router(lambda s, d: (up[s], core, down[d]))  # type: ignore[misc]
+    net.description = f"single switch, {p} ranks"
+    return net
+
+
+def flat(
+    p: int,
+    alpha: float,
+    beta: float,
+    gamma: float = 0.0,
+    *,
+    delta: float | None = None,
+    ports: bool = True,
+) -> Network:
+    """The flat α-β model: a message of n bytes alone on the network takes ``α + nβ``.
+
+    With ``ports`` (the default) every rank has its own send port and receive
+    port of bandwidth ``1/β`` into a non-blocking core, so messages contend
+    only where they share a sender or a receiver; the latency is split evenly
+    between the two ports (``α/2`` each, which adds back up to ``α`` exactly).
+
+    ``ports=False`` is the contention-free model of Thakur, Rabenseifner and
+    Gropp: every message costs ``α + nβ`` however many others are in flight,
+    even from the same rank. The closed forms of :mod:`plait.sim.formulas` hold
+    on it for every p.
+    """
+    if ports:
+        net = single_switch(p, LinkParams(alpha / 2, beta), gamma=gamma, delta=delta)
+    else:
+        _check_size(p)
+        net = Network("flat", gamma=gamma, delta=delta)
+        for _ in range(p):
+            net.add_rank()
+        net.set_router(lambda s, d: ())
+        net.set_message_cost(alpha, beta)
+    net.name = "flat"
+    net.description = (
+        f"flat α-β{'' if ports else ', contention-free'}, {p} ranks, "
+        f"α={alpha:g} s, β={beta:g} s/B, γ={gamma:g} s/B"
+    )
+    return net
+
+
+def _two_level(
+    net: Network,
+    endpoints: Sequence[int],
+    per_leaf: int,
+    link: LinkParams,
+    oversubscription: float,
+    spines: int,
+    klass: str,
+) -> Callable[[int, int], list[int]]:
+    """Hang ``endpoints`` (nodes) on leaves of ``per_leaf``, leaves on ``spines`` spines.
+
+    Each leaf's uplink capacity is ``per_leaf`` cables' worth divided by
+    ``oversubscription``, spread over ``spines`` cables. Returns a router from
+    endpoint index to endpoint index (D-mod-k: the spine is the destination's
+    index mod ``spines``, so traffic to one endpoint always takes one spine).
+    """
+    if per_leaf < 1 or spines < 1 or not oversubscription > 0:
+        raise ValueError(
+            f"fat tree needs per-leaf >= 1, spines >= 1, oversubscription > 0; got "
+            f"{per_leaf}, {spines}, {oversubscription}"
+        )
+    n = len(endpoints)
+    n_leaves = -(-n // per_leaf)
+    leaves = [net.add_node(f"leaf{i}", "switch") for i in range(n_leaves)]
+    up = []
+    down = []
+    for e, node in enumerate(endpoints):
+        a, b = net.add_cable(node, leaves[e // per_leaf], link, klass)
+        up.append(a)
+        down.append(b)
+    uplink = LinkParams(link.alpha, link.beta * oversubscription * spines / per_leaf)
+    spine_up: list[list[int]] = []
+    spine_down: list[list[int]] = []
+    if n_leaves > 1:
+        spine_nodes = [net.add_node(f"spine{j}", "switch") for j in range(spines)]
+        for leaf in leaves:
+            cables = [net.add_cable(leaf, s, uplink, "uplink") for s in spine_nodes]
+            spine_up.append([c[0] for c in cables])
+            spine_down.append([c[1] for c in cables])
+
+    def router(s: int, d: int) -> list[int]:
+        ls, ld = s // per_leaf, d // per_leaf
+        if ls == ld:
+            return [up[s], down[d]]
+        j = d % spines
+        return [up[s], spine_up[ls][j], spine_down[ld][j], down[d]]
+
+    return router
+
+
+def fat_tree(
+    p: int,
+    ranks_per_leaf: int,
+    link: LinkParams,
+    *,
+    oversubscription: float = 1.0,
+    spines: int = 1,
+    gamma: float = 0.0,
+    delta: float | None = None,
+) -> Network:
+    """A two-level fat tree: ``ranks_per_leaf`` ranks per leaf switch, leaves joined by spines.
+
+    Every rank has one cable (``link``) to its leaf. A leaf's uplinks together
+    carry ``ranks_per_leaf / oversubscription`` cables' worth of bandwidth (1:
+    full bisection, 2: half, …), split over ``spines`` cables, one per spine.
+    Ranks are placed in order (ranks 0..k-1 on leaf 0, …). Latency: 2·α within
+    a leaf, 4·α across leaves.
+    """
+    _check_size(p)
+    net = Network("fat_tree", gamma=gamma, delta=delta)
+    for _ in range(p):
+        net.add_rank()
+    router = _two_level(net, net.rank_node, ranks_per_leaf, link, oversubscription, spines, "port")
+    net.set_router(router)
+    net.description = (
+        f"fat tree, {p} ranks, {ranks_per_leaf} per leaf, {spines} spine(s), "
+        f"oversubscription {oversubscription:g}"
+    )
+    return net
+
+
+def hosts(
+    n_hosts: int,
+    ranks_per_host: int,
+    intra: LinkParams,
+    inter: LinkParams,
+    *,
+    nics: int = 1,
+    hosts_per_leaf: int | None = None,
+    oversubscription: float = 1.0,
+    spines: int = 1,
+    gamma: float = 0.0,
+    delta: float | None = None,
+) -> Network:
+    """Hosts of several ranks: a fast fabric inside each host, NICs between hosts.
+
+    Inside a host every rank has a send and a receive port of ``intra`` (latency
+    split between them, like :func:`flat`). Each host has ``nics`` NICs, each
+    with one cable of ``inter`` into the network (latency split between the
+    NIC's cable and the receiving one); local rank ``j`` uses NIC ``j % nics``.
+    The network is one non-blocking switch, or with ``hosts_per_leaf`` a
+    two-level fat tree of NICs (see :func:`fat_tree`). Ranks are numbered host
+    by host, and host-aware algorithms see the layout.
+    """
+    _check_size(n_hosts)
+    _check_size(ranks_per_host)
+    if nics < 1:
+        raise ValueError(f"nics must be >= 1; got {nics}")
+    net = Network("hosts", gamma=gamma, delta=delta)
+    half_intra = LinkParams(intra.alpha / 2, intra.beta)
+    half_inter = LinkParams(inter.alpha / 2, inter.beta)
+    intra_up: list[int] = []
+    intra_down: list[int] = []
+    nic_of: list[int] = []  # endpoint index of each rank's NIC
+    nic_nodes: list[int] = []
+    host_of: list[int] = []
+    for h in range(n_hosts):
+        fabric = net.add_node(f"h{h}.fabric", "fabric")
+        host_nics = []
+        for j in range(nics):
+            host_nics.append(len(nic_nodes))
+            nic_nodes.append(net.add_node(f"h{h}.nic{j}", "nic"))
+        for j in range(ranks_per_host):
+            r = net.add_rank(f"h{h}.r{j}")
+            node = net.rank_node[r]
+            a, b = net.add_cable(node, fabric, half_intra, "intra")
+            intra_up.append(a)
+            intra_down.append(b)
+            nic = host_nics[j % nics]
+            net.add_cable(node, nic_nodes[nic], _FREE, "pcie")
+            nic_of.append(nic)
+            host_of.append(h)
+    net.hosts = tuple(host_of)
+    rank_to_nic = [net.link(net.rank_node[r], nic_nodes[nic_of[r]]) for r in range(net.size)]
+    nic_to_rank = [net.link(nic_nodes[nic_of[r]], net.rank_node[r]) for r in range(net.size)]
+    if hosts_per_leaf is None:
+        core = net.add_node("switch", "switch")
+        nic_up = []
+        nic_down = []
+        for node in nic_nodes:
+            a, b = net.add_cable(node, core, half_inter, "inter")
+            nic_up.append(a)
+            nic_down.append(b)
+
+        def between(s: int, d: int) -> list[int]:
+            return [nic_up[s], nic_down[d]]
+
+        where = "one switch"
+    else:
+        between = _two_level(
+            net, nic_nodes, hosts_per_leaf * nics, half_inter, oversubscription, spines, "inter"
+        )
+        where = (
+            f"fat tree of {hosts_per_leaf} hosts per leaf, oversubscription {oversubscription:g}"
+        )
+
+    def router(s: int, d: int) -> list[int]:
+        if host_of[s] == host_of[d]:
+            return [intra_up[s], intra_down[d]]
+        return [rank_to_nic[s], *between(nic_of[s], nic_of[d]), nic_to_rank[d]]
+
+    net.set_router(router)
+    net.description = f"{n_hosts} hosts × {ranks_per_host} ranks, {nics} NIC(s) per host, {where}"
+    return net
+
+
+# -- direct networks -------------------------------------------------------------------
+
+
+def torus(
+    dims: Sequence[int],
+    link: LinkParams,
+    *,
+    gamma: float = 0.0,
+    delta: float | None = None,
+) -> Network:
+    """A k-ary n-cube: ranks on a grid with wrap-around cables, dimension-order routing.
+
+    Rank ``r`` sits at coordinates ``(x0, x1, …)`` with ``x0`` varying fastest
+    (``r = x0 + d0·(x1 + d1·(x2 + …))``). A message first travels dimension 0,
+    then 1, and so on, each the shorter way round (ties go up); every hop
+    crosses one cable (``link``) and adds its latency. A dimension of size 2 has
+    one cable between its two ranks; size 1 has none.
+    """
+    dims = tuple(dims)
+    if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
+        raise ValueError(f"torus dimensions must be ints >= 1; got {dims!r}")
+    p = math.prod(dims)
+    net = Network("torus" if len(dims) > 1 else "ring", gamma=gamma, delta=delta)
+    for _ in range(p):
+        net.add_rank()
+    strides = [math.prod(dims[:i]) for i in range(len(dims))]
+    for r in range(p):
+        for k, (d, st) in enumerate(zip(dims, strides, strict=True)):
+            if d == 1:
+                continue
+            x = r // st % d
+            nb = r + ((x + 1) % d - x) * st
+            if (r, nb) not in net._link_of:
+                net.add_cable(r, nb, link, f"dim{k}")
+    links = net._link_of
+
+    def router(s: int, d: int) -> list[int]:
+        path = []
+        cur = s
+        for size, st in zip(dims, strides, strict=True):
+            if size == 1:
+                continue
+            x, y = cur // st % size, d // st % size
+            ahead = (y - x) % size
+            step = 1 if ahead <= size - ahead else -1
+            for _ in range(ahead if step == 1 else size - ahead):
+                x2 = (x + step) % size
+                nxt = cur + (x2 - x) * st
+                path.append(links[(cur, nxt)])
+                cur, x = nxt, x2
+        return path
+
+    net.set_router(router)
+    shape = "×".join(map(str, dims))
+    net.description = f"{'torus ' + shape if len(dims) > 1 else f'ring of {p}'} ranks"
+    return net
+
+
+def ring(p: int, link: LinkParams, *, gamma: float = 0.0, delta: float | None = None) -> Network:
+    """``p`` ranks on a bidirectional ring (a 1-D torus); messages take the shorter way."""
+    _check_size(p)
+    return torus((p,), link, gamma=gamma, delta=delta)

@@ -1,0 +1,274 @@
+"""Every rank's schedule, flattened into integer lists that the engine indexes by step number.
+
+A :class:`Program` numbers the steps of all ranks consecutively (rank 0's
+first, then rank 1's, …: the *global step id*) and keeps, per step, what the
+simulation needs: kind, peer, bytes, owner, number of dependencies, the
+dependents (compressed rows, as global ids) and, for a send, the global id
+of its matching receive. Matching is the executor's rule (the k-th send from
+a to b meets the k-th receive at b from a, i.e. equal ``tag``) and is done
+with one sort of integer keys.
+
+It is built from :class:`~plait.schedule.ir.Schedule` objects, or, for big
+jobs, from per-rank arrays made in worker processes
+(:func:`build_program`): building the schedules of 16,384 ranks costs more
+than simulating them, and worker processes run the builder on every core
+without shipping ``Step`` objects back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain, pairwise
+
+import numpy as np
+
+from plait.algos._registry import build_schedule, get
+from plait.schedule.builder import Context, HostLayout
+from plait.schedule.ir import Schedule, StepKind
+
+__all__ = ["Program", "build_program", "compile_schedules", "no_gc"]
+
+SEND, RECV, RECV_REDUCE, COPY, REDUCE = (int(k) for k in StepKind)
+assert (SEND, RECV, RECV_REDUCE, COPY, REDUCE) == (0, 1, 2, 3, 4)
+
+_TAG_BITS = 24
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (and restore its state after).
+
+    Building and simulating allocate millions of small containers and create
+    no reference cycles, so the collector's repeated scans of them are pure
+    overhead: pausing it makes both about twice as fast.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@dataclass
+class Program:
+    """All ranks' steps as flat lists (see the module docstring).
+
+    Attributes:
+        size: number of ranks.
+        base: ``base[r]`` is rank r's first global step id; ``base[size]`` the total.
+        kind, peer, tag, nbytes, owner, n_deps: per global step.
+        dep_ptr, dep_idx: step g's dependents are ``dep_idx[dep_ptr[g]:dep_ptr[g+1]]``.
+        match: for a send, the global id of its receive; -1 for other steps.
+        schedules: the schedules it came from (needed to move real data), if built here.
+    """
+
+    size: int
+    base: list[int]
+    kind: list[int]
+    peer: list[int]
+    tag: list[int]
+    nbytes: list[int]
+    owner: list[int]
+    n_deps: list[int]
+    dep_ptr: list[int]
+    dep_idx: list[int]
+    match: list[int]
+    schedules: Sequence[Schedule] | None = None
+
+    @property
+    def n_steps(self) -> int:
+        """Steps of all ranks together."""
+        return len(self.kind)
+
+
+def _rank_arrays(s: Schedule) -> tuple[list[int], ...]:
+    """(kind, peer, tag, count, n_deps, dependents lengths, dependents) of one schedule."""
+    steps = s.steps
+    return (
+        [int(st.kind) for st in steps],
+        [st.peer for st in steps],
+        [st.tag for st in steps],
+        [(st.src or st.dst).count for st in steps],  # type: ignore[union-attr]
+        list(s.n_deps),
+        [len(d) for d in s.dependents],
+        list(chain.from_iterable(s.dependents)),
+    )
+
+
+def _pack(parts: list[tuple[list[int], ...]]) -> tuple[np.ndarray, ...]:
+    """Concatenate per-rank lists into arrays, plus the per-rank step counts."""
+    cols = list(zip(*parts, strict=True))
+    dtypes = (np.int8, np.int32, np.int32, np.int64, np.int32, np.int32, np.int32)
+    out = tuple(
+        np.fromiter(chain.from_iterable(c), dtype=dt, count=sum(map(len, c)))
+        for c, dt in zip(cols, dtypes, strict=True)
+    )
+    return (*out, np.array([len(k) for k in cols[0]], dtype=np.int64))
+
+
+def _assemble(
+    p: int,
+    arrays: Sequence[tuple[np.ndarray, ...]],
+    itemsize: int,
+    schedules: Sequence[Schedule] | None,
+) -> Program:
+    kind, peer, tag, count, n_deps, dep_len, dep_loc, lengths = (
+        np.concatenate(col) if len(arrays) > 1 else col[0] for col in zip(*arrays, strict=True)
+    )
+    n = int(lengths.sum())
+    base = np.zeros(p + 1, dtype=np.int64)
+    np.cumsum(lengths, out=base[1:])
+    owner = np.repeat(np.arange(p, dtype=np.int64), lengths)
+    # Dependents as global ids: local index + the owner's base.
+    dep_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(dep_len, out=dep_ptr[1:])
+    dep_idx = dep_loc.astype(np.int64) + np.repeat(base[:-1][owner], dep_len)
+    # Match sends with receives on (src, dst, tag).
+    if n and int(tag.max(initial=0)) >= 1 << _TAG_BITS:
+        raise ValueError(f"more than 2**{_TAG_BITS} messages between one pair of ranks")
+    peer64 = peer.astype(np.int64)
+    tag64 = tag.astype(np.int64)
+    sends = np.flatnonzero(kind == SEND)
+    recvs = np.flatnonzero((kind == RECV) | (kind == RECV_REDUCE))
+    skey = (owner[sends] * p + peer64[sends]) << _TAG_BITS | tag64[sends]
+    rkey = (peer64[recvs] * p + owner[recvs]) << _TAG_BITS | tag64[recvs]
+    so = np.argsort(skey, kind="stable")
+    ro = np.argsort(rkey, kind="stable")
+    if len(so) != len(ro) or not np.array_equal(skey[so], rkey[ro]):
+        _unmatched(skey, rkey, sends, recvs, owner, base, p)
+    match = np.full(n, -1, dtype=np.int64)
+    match[sends[so]] = recvs[ro]
+    bad = np.flatnonzero(count[sends[so]] != count[recvs[ro]])
+    if len(bad):
+        g = int(sends[so][bad[0]])
+        r = int(owner[g])
+        raise RuntimeError(
+            f"rank {r} step {g - int(base[r])}: message to rank {int(peer[g])} #{int(tag[g])} "
+            f"sends {int(count[g])} elements, the receive expects {int(count[match[g]])}"
+        )
+    return Program(
+        size=p,
+        base=base.tolist(),
+        kind=kind.tolist(),
+        peer=peer.tolist(),
+        tag=tag.tolist(),
+        nbytes=(count * itemsize).tolist(),
+        owner=owner.tolist(),
+        n_deps=n_deps.tolist(),
+        dep_ptr=dep_ptr.tolist(),
+        dep_idx=dep_idx.tolist(),
+        match=match.tolist(),
+        schedules=schedules,
+    )
+
+
+def _unmatched(
+    skey: np.ndarray,
+    rkey: np.ndarray,
+    sends: np.ndarray,
+    recvs: np.ndarray,
+    owner: np.ndarray,
+    base: np.ndarray,
+    p: int,
+) -> None:
+    only_send = np.setdiff1d(skey, rkey)
+    if len(only_send):
+        k = int(only_send[0])
+        what = "send {}->{} #{} has no receive"
+    else:
+        k = int(np.setdiff1d(rkey, skey)[0])
+        what = "receive of {}->{} #{} has no send"
+    pair, tag = k >> _TAG_BITS, k & ((1 << _TAG_BITS) - 1)
+    raise RuntimeError(what.format(pair // p, pair % p, tag))
+
+
+def compile_schedules(schedules: Sequence[Schedule], itemsize: int) -> Program:
+    """The :class:`Program` of ``schedules`` (one per rank, rank order)."""
+    for r, s in enumerate(schedules):
+        if s.rank != r or s.size != len(schedules):
+            raise ValueError(f"schedule {r} is rank {s.rank} of {s.size}, not of {len(schedules)}")
+    return _assemble(
+        len(schedules), [_pack([_rank_arrays(s) for s in schedules])], itemsize, schedules
+    )
+
+
+# -- building in worker processes ----------------------------------------------------------
+
+
+def _build_chunk(args: tuple) -> tuple[np.ndarray, ...]:
+    """Worker: build ranks ``lo..hi-1`` and return their arrays (never the Step objects)."""
+    collective, algorithm, p, count, itemsize, root, segment, commutative, hosts, lo, hi = args
+    spec = get(collective, algorithm)
+    layout = HostLayout(hosts) if hosts is not None else None
+    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, layout)
+    build = build_schedule.__wrapped__  # type: ignore[attr-defined]  # no cache: each is used once
+    with no_gc():
+        return _pack([_rank_arrays(build(spec, ctx.with_rank(r))) for r in range(lo, hi)])
+
+
+#: Jobs with at least this many ranks are built in worker processes (when allowed).
+PARALLEL_RANKS = 512
+
+
+def default_workers() -> int:
+    """Worker processes :func:`build_program` uses: every core, if forking is safe here."""
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        # Forking a process with threads can deadlock the child (and newer Pythons warn).
+        return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def build_program(
+    collective: str,
+    algorithm: str,
+    p: int,
+    count: int,
+    *,
+    itemsize: int,
+    root: int = 0,
+    segment: int = 0,
+    commutative: bool = True,
+    hosts: HostLayout | None = None,
+    workers: int | None = None,
+    keep_schedules: bool = False,
+) -> Program:
+    """Build every rank's schedule and compile them into a :class:`Program`.
+
+    With ``workers > 1`` (default: :func:`default_workers` for jobs of at least
+    :data:`PARALLEL_RANKS` ranks) the ranks are split among forked worker
+    processes. ``keep_schedules`` (needed to move real data) builds here,
+    through the builder's cache, and keeps the schedule objects.
+    """
+    spec = get(collective, algorithm)
+    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, hosts)
+    if workers is None:
+        workers = default_workers() if p >= PARALLEL_RANKS else 1
+    if keep_schedules or workers <= 1 or p < 2 * workers:
+        with no_gc():
+            schedules = [build_schedule(spec, ctx.with_rank(r)) for r in range(p)]
+            program = compile_schedules(schedules, itemsize)
+        if not keep_schedules:
+            program.schedules = None
+        return program
+    host_tuple = hosts.hosts if hosts is not None else None
+    chunks = 4 * workers  # smaller pieces balance ranks whose schedules differ in length
+    bounds = [p * i // chunks for i in range(chunks + 1)]
+    jobs = [
+        (collective, algorithm, p, count, itemsize, root, segment, commutative, host_tuple, lo, hi)
+        for lo, hi in pairwise(bounds)
+        if hi > lo
+    ]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        arrays = pool.map(_build_chunk, jobs, chunksize=1)
+    return _assemble(p, arrays, itemsize, None)
