@@ -4,8 +4,11 @@ It interprets :class:`~plait.schedule.ir.Schedule` objects exactly as
 :mod:`plait.runtime.executor` does, with time instead of a transport:
 
 * a step starts when all its ``deps`` have finished;
-* ``SEND`` starts a flow to its peer at once; the k-th send from a to b meets
-  the k-th receive at b from a (``tag``);
+* ``SEND`` hands its message to the channel from its rank to the peer at
+  once; the k-th send from a to b meets the k-th receive at b from a
+  (``tag``). A channel carries one message at a time, in send order (as a
+  TCP connection or a shared-memory ring does), so the segments of a
+  pipelined message follow each other instead of sharing the wire;
 * ``RECV`` finishes when it has started and its message has arrived (data may
   arrive before the receive is posted: transports buffer it);
 * ``RECV_REDUCE`` is posted at the start (as the executor posts it into
@@ -225,8 +228,13 @@ class _Sim:
         busy = [0.0] * p  # when each rank's local work queue drains
         posted = self.posted  # receive: its dependencies are done
         arrived = self.arrived  # receive: its message has arrived
-        flows: list[list] = []  # per flow: [bytes left, at time, rate, links, latency, send, end]
+        # Per flow: [bytes left, at time, rate, links, latency, send step, end, channel].
+        flows: list[list] = []
         self.flows = flows
+        # Messages from a to b go one after another (one ordered channel per pair, as
+        # plait's transports have): channel -> messages waiting behind the one in flight.
+        waiting: dict[int, list[int]] = {}
+        channel_free: dict[int, float] = {}  # channels of link-free routes: when idle again
         new_flows: list[int] = []
         dirty: set[int] = set()  # links whose flows changed at this instant (and still have some)
         staged: dict[int, np.ndarray] = {}  # with data: RECV_REDUCE step -> its arrived data
@@ -253,11 +261,18 @@ class _Sim:
                     else:
                         route_bytes[key] += nbytes[g]
                     f = len(flows)
-                    flows.append([nbytes[g], t, 0.0, route[0], route[1], g, 0.0])
-                    if route[0]:
+                    flows.append([nbytes[g], t, 0.0, route[0], route[1], g, 0.0, key])
+                    if not route[0]:  # shares no link: its own speed limit, in channel order
+                        start = channel_free.get(key, t)
+                        if start < t:
+                            start = t
+                        channel_free[key] = done = start + nbytes[g] * msg_beta
+                        push(heap, (done + route[1], f << 2 | _ARRIVE))
+                    elif key in waiting:  # the channel is busy: wait in line
+                        waiting[key].append(f)
+                    else:
+                        waiting[key] = []
                         new_flows.append(f)
-                    else:  # shares no link: its own speed limit and the latency
-                        push(heap, (t + nbytes[g] * msg_beta + route[1], f << 2 | _ARRIVE))
                     continue
                 if k == _RECV:
                     posted[g] = 1
@@ -324,6 +339,13 @@ class _Sim:
                         if on:
                             dirty.add(i)
                     push(heap, (t + flow[4], x << 2 | _ARRIVE))
+                    line = waiting[flow[7]]
+                    if line:  # the next message of this channel starts now
+                        nxt = line.pop(0)
+                        flows[nxt][1] = t
+                        new_flows.append(nxt)
+                    else:
+                        del waiting[flow[7]]
                     continue
                 if code == _LOCAL_DONE:
                     if data is not None:
@@ -377,17 +399,16 @@ class _Sim:
         push = heapq.heappush
         rates: dict[int, float] = {}
         for f in new_flows:
+            for i in flows[f][3]:
+                link_flows[i].add(f)
+        for f in new_flows:
             links = flows[f][3]
-            alone = True
             for i in links:
-                on = link_flows[i]
-                on.add(f)
-                if len(on) != 1:
-                    alone = False
-            if alone:  # alone on every link it crosses: its slowest link's speed
+                if len(link_flows[i]) != 1:
+                    dirty.update(links)
+                    break
+            else:  # alone on every link it crosses: its slowest link's speed
                 rates[f] = min(min([cap[i] for i in links]), flow_cap)
-            else:
-                dirty.update(links)
         if not dirty:
             pass
         elif not self.maxmin:

@@ -121,6 +121,23 @@ def allreduce_rabenseifner(p: int, n: float, a: float, b: float, g: float, d: fl
     return max(n * d, a + n * b) + n * g + core + a + n * b
 
 
+def allreduce_swing(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Swing (De Sensi et al. 2024, after the paper): on the flat network, Rabenseifner's cost.
+
+    Power of two: ``nδ + 2 lg p·α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ``: the same
+    volumes per step, only the peers differ (which matters on tori, not here).
+    Otherwise it folds like recursive doubling, whose extra rank copies IN to
+    OUT before sending OUT, so the fold is ``nδ + α + nβ + nγ`` (no overlap)
+    and the unfold ``α + nβ``.
+    """
+    q = pof2_floor(p)
+    lg = _lg(q)
+    core = 2 * lg * a + 2 * (q - 1) / q * n * b + (q - 1) / q * n * g
+    if q == p:
+        return n * d + core
+    return n * d + a + n * b + n * g + core + a + n * b
+
+
 def allreduce_binomial(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
     """Binomial reduce to rank 0, then binomial broadcast from it (see both)."""
     return reduce_binomial(p, n, a, b, g, d) + broadcast_binomial(p, n, a, b, g, d)
@@ -487,6 +504,7 @@ COVERED.update(
         ("broadcast", "binomial"): broadcast_binomial,
         ("broadcast", "scatter_allgather"): broadcast_scatter_allgather,
         ("allreduce", "binomial"): allreduce_binomial,
+        ("allreduce", "swing"): allreduce_swing,
     }
 )
 
@@ -507,6 +525,7 @@ ON_PORTS: dict[tuple[str, str], tuple[Formula, str]] = {
         for key in [
             ("allreduce", "recursive_doubling"),
             ("allreduce", "rabenseifner"),
+            ("allreduce", "swing"),
             ("reduce_scatter", "recursive_halving"),
             ("allgather", "recursive_doubling"),
             ("allgather", "bruck"),

@@ -1,0 +1,97 @@
+"""The public surface of plait.sim: sizes, arguments, results, the cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import plait
+from plait import sim
+from plait.selection.select import SEGMENT_BYTES
+
+
+def test_context_count_follows_the_bench_convention() -> None:
+    assert sim.context_count("allreduce", 4096, 4, 8) == 1024
+    assert sim.context_count("broadcast", 4096, 4, 8) == 1024
+    for c in ("reduce_scatter", "allgather", "alltoall", "gather", "scatter"):
+        assert sim.context_count(c, 4096, 4, 8) == 128  # per-rank block
+    assert sim.context_count("allgather", 4100, 4, 8) == 128  # rounded down
+    assert sim.context_count("barrier", 4096, 4, 8) == 0
+
+
+def test_result_fields() -> None:
+    net = sim.hosts(2, 2, sim.LinkParams(1e-7, 1e-10), sim.LinkParams(1e-5, 1e-9))
+    res = sim.simulate("allgather", "ring", 4 * 4 * 100, net)
+    assert res.size == 4
+    assert res.count == 100
+    assert res.nbytes == 1600
+    assert res.time == max(res.finish)
+    assert res.messages == 4 * 3
+    assert res.steps > res.messages
+    top = res.busiest_links(2)
+    assert len(top) == 2
+    assert top[0][1] >= top[1][1] > 0
+    assert set(res.bytes_by_class()) == {"intra", "inter", "pcie"}
+
+
+def test_every_collective_runs_timing_only() -> None:
+    net = sim.flat(5, 1e-6, 1e-9, 1e-10)
+    for c in plait.COLLECTIVES:
+        for name in plait.algorithms(c):
+            res = sim.simulate(c, name, 4 * 5 * 64, net)
+            assert res.time > 0 or (c == "barrier" and res.messages == 0)
+
+
+def test_segments() -> None:
+    net = sim.flat(8, 1e-6, 1e-9, 1e-10)
+    one = sim.simulate("broadcast", "binomial", 1 << 20, net)
+    piped = sim.simulate("broadcast", "binomial", 1 << 20, net, segment_bytes=64 << 10)
+    assert piped.messages == 16 * one.messages
+    assert piped.time < one.time  # pipelining pays for a deep tree
+    default = sim.simulate("broadcast", "binomial", 4 << 20, net, segment_bytes=None)
+    assert default.messages == (4 << 20) // SEGMENT_BYTES * one.messages
+
+
+def test_arguments_are_checked() -> None:
+    net = sim.flat(4, 1e-6, 1e-9)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        sim.simulate("allreduce", "nope", 64, net)
+    with pytest.raises(ValueError, match="unknown collective"):
+        sim.simulate("allsum", "ring", 64, net)
+    with pytest.raises(ValueError, match="commutative"):
+        sim.simulate("allreduce", "ring", 64, net, op=plait.Op(np.subtract, commutative=False))
+    with pytest.raises(ValueError, match="sharing"):
+        sim.simulate("allreduce", "ring", 64, net, sharing="fair")
+
+
+def test_heterogeneous_ranks() -> None:
+    net = sim.flat(4, 1e-6, 1e-9, 1e-10)
+    base = sim.simulate("allreduce", "ring", 1 << 20, net).time
+    net.set_compute(1e-8, ranks=[2])  # one slow rank holds everyone up
+    assert sim.simulate("allreduce", "ring", 1 << 20, net).time > base
+
+
+def test_message_cost_on_top_of_links() -> None:
+    net = sim.single_switch(2, sim.LinkParams(1e-6, 1e-9))
+    net.set_message_cost(5e-6, 4e-9)  # software overhead and a per-message rate limit
+    res = sim.simulate("broadcast", "binomial", 1000, net)
+    assert res.time == pytest.approx(2e-6 + 5e-6 + 1000 * 4e-9)
+
+
+def test_simulate_schedules() -> None:
+    scheds = sim.build_all("allreduce", "ring", 4, 64)
+    res = sim.simulate_schedules(scheds, sim.flat(4, 1e-6, 1e-9), 4)
+    assert res.time == sim.simulate("allreduce", "ring", 256, sim.flat(4, 1e-6, 1e-9)).time
+
+
+def test_cost_model_round_trip() -> None:
+    model = sim.CostModel({"intra": sim.LinkParams(1e-7, 1e-10)}, gamma=1e-10)
+    assert model.copy == 1e-10
+    again = sim.CostModel.from_dict(model.to_dict())
+    assert again == model
+    assert sim.DEFAULT_MODEL.link("inter").bandwidth == pytest.approx(1.25e9)
+    with pytest.raises(ValueError, match="no link class"):
+        model.link("inter")
+    with pytest.raises(ValueError, match="gamma"):
+        sim.CostModel(gamma=-1.0)
+    assert sim.LinkParams.from_bandwidth(1e-6, 1e9).time(1000) == pytest.approx(2e-6)
