@@ -441,3 +441,34 @@ def test_socket_ifname_without_a_match_fails_clearly(net: Network, tmp_path: Pat
     job = net.run(2, 1, HOST_CHECK, ["2", "1", "ring"], tmp_path, env)
     assert all(rc not in (0, None) for rc in job.rcs), job.report()
     assert "no network interface with an address matches 'ib'" in job.nodes[0].stderr, job.report()
+
+
+# -- 5. overlap of communication with computation, through a capped link ------------------------
+
+
+def test_overlap_example_across_capped_hosts(
+    net: Network, tmp_path: Path, tbf_caps: list[str]
+) -> None:
+    """examples/overlap.py on two hosts behind 200 Mbit/s links: results equal, timings printed.
+
+    Speed is not asserted (the machine is shared); the printed table is what
+    docs/training.md quotes.
+    """
+    example = ROOT / "examples" / "overlap.py"
+    args = [
+        "--layers",
+        "6",
+        "--width",
+        "512",
+        "--batch",
+        "1024",
+        "--steps",
+        "3",
+        "--bucket-mb",
+        "1",
+    ]
+    job = net.run(2, 1, example, args, tmp_path)
+    assert job.rcs == [0, 0], job.report()
+    out = job.nodes[0].stdout
+    assert "overlap step is" in out, job.report()
+    print(out)

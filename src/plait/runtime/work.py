@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plait.errors import CommTimeout
+from plait.transport.base import background_thread
 
 __all__ = ["Work"]
 
@@ -77,6 +78,7 @@ class Worker:
             self._cv.notify()
 
     def _loop(self) -> None:
+        background_thread()  # wait without spinning: the caller computes meanwhile
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._stop)

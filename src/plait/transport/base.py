@@ -16,10 +16,30 @@ so the executor reports all failures in one place.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Drivable", "Handle", "Transport"]
+_thread = threading.local()
+
+
+def background_thread() -> None:
+    """Mark the calling thread as one that runs calls in the background.
+
+    Such a thread never spins while it waits (it sleeps in the kernel at
+    once): a Python thread that polls holds the GIL, and would slow down the
+    very computation the background call is meant to overlap with. The
+    worker thread of ``async_op=True`` calls marks itself.
+    """
+    _thread.background = True
+
+
+def may_spin() -> bool:
+    """Whether the calling thread may poll briefly before it sleeps (see background_thread)."""
+    return not getattr(_thread, "background", False)
+
+
+__all__ = ["Drivable", "Handle", "Transport", "background_thread", "may_spin"]
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plait.rendezvous.store import PrefixStore, Store
-from plait.transport.base import Drivable, Handle
+from plait.transport.base import Drivable, Handle, may_spin
 
 __all__ = ["HybridTransport"]
 
@@ -275,7 +275,7 @@ class HybridTransport:
                 continue
             if not spun:
                 spun = True
-                if self._spin(deadline):
+                if may_spin() and self._spin(deadline):
                     continue
             limit = math.inf if deadline is None else deadline - now
             armed: list[Drivable] = []

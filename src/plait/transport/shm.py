@@ -181,7 +181,7 @@ from plait.errors import (
     UnsupportedError,
 )
 from plait.rendezvous.store import Store
-from plait.transport.base import Handle
+from plait.transport.base import Handle, may_spin
 
 __all__ = ["DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "SHM_DIR", "ShmTransport"]
 
@@ -996,7 +996,7 @@ class ShmTransport:
                 continue
             if not spun:
                 spun = True
-                if self._spin(deadline):
+                if may_spin() and self._spin(deadline):
                     continue
             if self._progress(True):  # stalled: drain unexpected messages (Note [unexpected])
                 self._after_progress()
