@@ -25,21 +25,31 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from plait.algos._registry import AlgorithmSpec, build_schedule, get
-from plait.errors import ClosedError, CommError, CommTimeout, MismatchError, UnsupportedError
+from plait.errors import (
+    ClosedError,
+    CommError,
+    CommTimeout,
+    InternalError,
+    MismatchError,
+    UnsupportedError,
+)
 from plait.group import GroupTransport, child_comm_id, collective_tag, p2p_tag
-from plait.ops import SUM, Op, check_dtype
+from plait.ops import AVG, SUM, Op, check_dtype
 from plait.runtime.executor import Call, Workspace, execute
 from plait.runtime.work import Work, Worker
 from plait.schedule.builder import Context, HostLayout
 from plait.selection.select import SEGMENT_BYTES, select
 from plait.transport.base import Transport
 
-__all__ = ["DEFAULT_TIMEOUT", "Communicator"]
+if TYPE_CHECKING:
+    from plait.compression.base import Compressor
+
+__all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats"]
 
 #: Seconds a call may take before it fails with CommTimeout (PLAIT_TIMEOUT overrides).
 DEFAULT_TIMEOUT = float(os.environ.get("PLAIT_TIMEOUT", "300"))
@@ -62,6 +72,27 @@ class _Request:
     average: bool  # divide the reduced elements by size on success
     plan: _Plan  # what depends only on the call's shape, cached
     aliased: bool  # inp and out are the same memory (an in-place call)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Payload bytes a rank's transport has moved; subtract two to measure a stretch of work.
+
+    ::
+
+        before = comm.stats()
+        comm.allreduce(x)
+        sent = (comm.stats() - before).bytes_sent
+    """
+
+    bytes_sent: int
+    bytes_received: int
+
+    def __sub__(self, other: Stats) -> Stats:
+        return Stats(self.bytes_sent - other.bytes_sent, self.bytes_received - other.bytes_received)
+
+    def __add__(self, other: Stats) -> Stats:
+        return Stats(self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received)
 
 
 class _Plan:
@@ -221,6 +252,26 @@ class Communicator:
         state = "closed" if self._closed else "broken" if self._broken else "open"
         return f"<plait.Communicator rank {self._rank} of {self._size}, {state}>"
 
+    def stats(self) -> Stats:
+        """Payload bytes this rank has sent and received since its transport was made.
+
+        Counts message payloads (no headers or handshakes), including messages
+        a rank sends to itself. A group from :meth:`split` shares its parent's
+        transport and so its counters: they include the traffic of the parent
+        and of every group split from it. Take differences of two calls to
+        measure one piece of work (:class:`Stats` subtracts).
+
+        Raises:
+            UnsupportedError: the transport keeps no byte counters.
+        """
+        t = self._transport
+        try:
+            return Stats(int(t.bytes_sent), int(t.bytes_received))  # type: ignore[attr-defined]
+        except AttributeError:
+            raise UnsupportedError(
+                f"rank {self._rank}: stats: {type(t).__name__} keeps no byte counters"
+            ) from None
+
     # -- groups ----------------------------------------------------------------------------
     def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Any:
         """Split into sub-communicators, one per ``color``, as ``MPI_Comm_split`` does.
@@ -270,6 +321,7 @@ class Communicator:
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
+        compression: Compressor | None = None,
     ) -> Any:
         """Reduce ``x`` element-wise over all ranks; every rank gets the result.
 
@@ -288,10 +340,16 @@ class Communicator:
             algorithm: ``"auto"`` or a name from ``plait.algorithms("allreduce")``.
             timeout: seconds before the call fails with CommTimeout.
             async_op: return a :class:`plait.Work` instead of waiting.
+            compression: a :mod:`plait.compression` compressor (fp16, bf16,
+                int8, top-k, PowerSGD): fewer bytes on the wire for an
+                approximate SUM or AVG of float arrays. The compressor picks
+                its own collectives (``algorithm`` must stay "auto").
 
         Returns:
             The reduced array (``out`` if given), identical bit for bit on all ranks.
         """
+        if compression is not None:
+            return self._allreduce_compressed(x, op, out, algorithm, timeout, async_op, compression)
         c = "allreduce"
         a = self._array(x, "x", c)
         self._check_op(op, a.dtype, c)
@@ -299,6 +357,98 @@ class Communicator:
         spec = self._choose(c, algorithm, a.nbytes, op)
         req = self._request(spec, a.size, a, out_arr, a.shape, op)
         return self._start(req, timeout, async_op)
+
+    def _allreduce_compressed(
+        self,
+        x: Any,
+        op: Op,
+        out: Any,
+        algorithm: Any,
+        timeout: float | None,
+        async_op: bool,
+        compression: Compressor,
+    ) -> Any:
+        """``allreduce(compression=...)``: check everything here, then let the compressor run.
+
+        The compressor makes its calls through this communicator's public
+        collectives. With ``async_op=True`` it runs on the worker thread, so
+        the sequence numbers of its calls are taken now, in call order (the
+        compressor says how many it makes), and its calls use them there:
+        calls made meanwhile by the caller cannot take their places.
+        """
+        from plait.compression.base import Compressor, Keyed
+
+        c = "allreduce"
+        r = self._rank
+        if not isinstance(compression, Compressor):
+            raise TypeError(
+                f"rank {r}: {c}: compression must be a plait.compression compressor such as "
+                f"plait.compression.FP16(); got {compression!r}"
+            )
+        a = self._array(x, "x", c)
+        if a.dtype.kind != "f" or a.dtype.itemsize > 8:
+            raise TypeError(
+                f"rank {r}: {c}: compression needs float16, float32 or float64 data; got {a.dtype}"
+            )
+        if op is not SUM and op is not AVG:
+            raise ValueError(
+                f"rank {r}: {c}: compression supports plait.SUM and plait.AVG; got {op!r}"
+            )
+        if algorithm != "auto":
+            raise ValueError(
+                f"rank {r}: {c}: with compression the compressor chooses its collectives; "
+                f"leave algorithm='auto' (got {algorithm!r})"
+            )
+        out_arr = self._out(out, a.shape, a.dtype, c)
+        seconds = self._timeout if timeout is None else _check_timeout(timeout, f"rank {r}: {c}")
+        if compression.stateful and a is not x and not isinstance(compression, Keyed):
+            raise TypeError(
+                f"rank {r}: {c}: {compression.name} keeps state per tensor and "
+                f"{type(x).__name__} is not a numpy array whose identity can key it; name the "
+                "tensor: compression=c.with_key(name)"
+            )
+        compression.check(a, self)
+        average = op is AVG
+
+        def run() -> Any:
+            res = compression.allreduce(self, a, average=average, timeout=seconds)
+            if out_arr is None:
+                return res
+            out_arr[...] = res
+            return out_arr
+
+        if not async_op:
+            self._check_usable(c)
+            return run()
+        calls = compression.collectives(a, self)
+        describe = f"rank {r}: {c} ({compression.name} compression)"
+        work = Work(describe)
+        if self._detail:
+            # PLAIT_DEBUG=detail checks every call with a nested allgather on the calling
+            # thread; keep that simple by running the compressed call here.
+            try:
+                work._finish(run())
+            except BaseException as exc:
+                work._finish(error=exc)
+            return work
+        with self._lock:
+            self._check_usable(c)
+            seqs = list(range(self._seq + calls - 1, self._seq - 1, -1))  # popped from the end
+            self._seq += calls
+        if self._worker is None:
+            self._worker = Worker(f"plait-rank{r}")
+
+        def job() -> None:
+            self._workspaces.pinned = seqs
+            try:
+                work._finish(run())  # numbers left unused are skipped alike on every rank
+            except BaseException as exc:
+                work._finish(error=exc)
+            finally:
+                self._workspaces.pinned = None
+
+        self._worker.submit(job)
+        return work
 
     def reduce(
         self,
@@ -736,11 +886,20 @@ class Communicator:
         )
         if self._detail:
             self._verify_same_call(req, seconds)
+        # A compressed async allreduce reserved its calls' numbers (see _allreduce_compressed).
+        pinned = getattr(self._workspaces, "pinned", None)
         with self._lock:
             if self._closed or self._broken is not None:
                 self._check_usable(c)
-            seq = self._seq
-            self._seq += 1
+            if pinned is None:
+                seq = self._seq
+                self._seq += 1
+            elif pinned:
+                seq = pinned.pop()
+            else:
+                raise InternalError(
+                    f"rank {self._rank}: {c}: a compressor made more calls than it reserved"
+                )
         describe = (c, req.spec.name, seq)  # formatted only when needed
         if self._detail:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), _signature(req))

@@ -53,6 +53,7 @@ class GroupTransport:
 
     It adds nothing on the wire (the communicator id in the tag keeps groups
     apart) and never closes the parent: closing a group leaves the parent usable.
+    Its byte counters are the parent's: they count every group's traffic.
     """
 
     def __init__(self, parent: Transport, ranks: Sequence[int], rank: int) -> None:
@@ -72,6 +73,16 @@ class GroupTransport:
 
     def cancel(self, handle: Handle) -> None:
         self.parent.cancel(handle)
+
+    @property
+    def bytes_sent(self) -> int:
+        """The parent's counter (shared by the parent and all its groups)."""
+        return self.parent.bytes_sent  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def bytes_received(self) -> int:
+        """The parent's counter (shared by the parent and all its groups)."""
+        return self.parent.bytes_received  # type: ignore[attr-defined,no-any-return]
 
     def close(self) -> None:
         """Nothing to release: the parent owns the connections."""

@@ -71,6 +71,8 @@ class HybridTransport:
             rank is alone on its host).
         tcp: the TCP transport to the other hosts' ranks (None when every
             rank is on this host).
+        bytes_sent, bytes_received: payload bytes, the sums of the inner
+            transports' counters.
 
     Raises:
         ValueError: a bad argument.
@@ -166,6 +168,16 @@ class HybridTransport:
             f"<HybridTransport rank {self.rank} of {self.size}, {len(self.local)} on this host, "
             f"{state}>"
         )
+
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes sent so far over both inner transports."""
+        return sum(t.bytes_sent for t in (self.shm, self.tcp) if t is not None)
+
+    @property
+    def bytes_received(self) -> int:
+        """Payload bytes received so far over both inner transports."""
+        return sum(t.bytes_received for t in (self.shm, self.tcp) if t is not None)
 
     # -- contract ------------------------------------------------------------------------------
     def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Handle:

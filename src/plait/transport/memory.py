@@ -52,7 +52,12 @@ class MemoryFabric:
 
 
 class MemoryTransport:
-    """Rank ``rank``'s end of a :class:`MemoryFabric`; see :mod:`plait.transport.base`."""
+    """Rank ``rank``'s end of a :class:`MemoryFabric`; see :mod:`plait.transport.base`.
+
+    Attributes:
+        bytes_sent: payload bytes handed to :meth:`isend` so far.
+        bytes_received: payload bytes delivered into receives so far.
+    """
 
     def __init__(self, fabric: MemoryFabric, rank: int, size: int) -> None:
         self.fabric = fabric
