@@ -69,9 +69,7 @@ def quantize(
     rows = v.reshape(math.prod(v.shape[:-1]), v.shape[-1]) if v.ndim else v.reshape(1, 1)
     count, n = rows.shape
     blocks = -(-n // block_size)
-    padded = np.zeros((count, blocks * block_size), np.float32)
-    padded[:, :n] = rows
-    grid = padded.reshape(count, blocks, block_size)
+    grid = _blocks(rows, blocks, block_size)
     with np.errstate(invalid="ignore", over="ignore"):
         scales = np.abs(grid).max(axis=2, initial=0.0) / np.float32(_LEVELS)
         safe = np.where(scales > 0, scales, np.float32(1))  # inf: codes 0, NaN again below
@@ -80,9 +78,11 @@ def quantize(
             y = np.rint(y)
         else:
             y = np.floor(y + np.asarray(noise, np.float32).reshape(count, n))
-        # Non-finite blocks: code 0 (their scale, inf or NaN, makes them NaN again).
-        y = np.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
-    codes = np.clip(y, -_LEVELS, _LEVELS).astype(np.int8)
+    np.clip(y, -_LEVELS, _LEVELS, out=y)
+    nan = np.isnan(y)  # NaN input, or inf / inf in a block with an inf
+    if nan.any():
+        y[nan] = 0  # code 0: the block's scale (inf or NaN) makes it NaN again
+    codes = y.astype(np.int8)
     shape_scales = (*v.shape[:-1], blocks) if v.ndim else (blocks,)
     return codes.reshape(v.shape), scales.astype(np.float32, copy=False).reshape(shape_scales)
 
@@ -92,11 +92,20 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, block_size: int) -> np.nda
     rows = codes.reshape(math.prod(codes.shape[:-1]), codes.shape[-1])
     count, n = rows.shape
     blocks = scales.shape[-1]
+    grid = _blocks(rows, blocks, block_size)
+    with np.errstate(invalid="ignore"):  # 0 * inf in a non-finite block: NaN, as meant
+        grid = grid * scales.reshape(count, blocks, 1)
+    return grid.reshape(count, -1)[:, :n].reshape(codes.shape)
+
+
+def _blocks(rows: np.ndarray, blocks: int, block_size: int) -> np.ndarray:
+    """``rows`` as (rows, blocks, block_size) float32, zero-padded where the last block is short."""
+    count, n = rows.shape
+    if n == blocks * block_size:
+        return rows.astype(np.float32, copy=False).reshape(count, blocks, block_size)
     padded = np.zeros((count, blocks * block_size), np.float32)
     padded[:, :n] = rows
-    with np.errstate(invalid="ignore"):  # 0 * inf in a non-finite block: NaN, as meant
-        grid = padded.reshape(count, blocks, block_size) * scales.reshape(count, blocks, 1)
-    return grid.reshape(count, -1)[:, :n].reshape(codes.shape)
+    return padded.reshape(count, blocks, block_size)
 
 
 class Int8(Compressor):
