@@ -255,11 +255,11 @@ class Communicator:
     def stats(self) -> Stats:
         """Payload bytes this rank has sent and received since its transport was made.
 
-        Counts message payloads (no headers or handshakes), including messages
-        a rank sends to itself. A group from :meth:`split` shares its parent's
-        transport and so its counters: they include the traffic of the parent
-        and of every group split from it. Take differences of two calls to
-        measure one piece of work (:class:`Stats` subtracts).
+        Counts message payloads (no headers or handshakes). A group from
+        :meth:`split` shares its parent's transport and so its counters: they
+        include the traffic of the parent and of every group split from it.
+        Take differences of two calls to measure one piece of work
+        (:class:`Stats` subtracts).
 
         Raises:
             UnsupportedError: the transport keeps no byte counters.

@@ -161,3 +161,19 @@ def test_stats_counts_payload_bytes_and_subtracts() -> None:
         assert sub.bytes_sent >= 3 * 80
     assert Stats(5, 7) - Stats(2, 3) == Stats(3, 4)
     assert Stats(5, 7) + Stats(2, 3) == Stats(7, 10)
+
+
+def test_public_names() -> None:
+    import plait.compression
+
+    assert set(plait.compression.__all__) == {
+        "BF16",
+        "FP16",
+        "Compressor",
+        "Int8",
+        "Keyed",
+        "PowerSGD",
+        "TopK",
+    }
+    assert not any(c().stateful for c in (FP16, BF16, Int8))
+    assert all(c.stateful for c in (TopK(), PowerSGD()))
