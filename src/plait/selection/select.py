@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from plait.algos._registry import AlgorithmSpec, get
 from plait.schedule.builder import HostLayout
+from plait.selection.overrides import overrides
 
 __all__ = ["RULES", "SEGMENT_BYTES", "Rule", "select"]
 
@@ -92,7 +93,15 @@ def select(
     commutative: bool,
     hosts: HostLayout | None = None,
 ) -> AlgorithmSpec:
-    """The algorithm ``auto`` runs for this call (``hosts``: None when all share one host)."""
+    """The algorithm ``auto`` runs for this call (``hosts``: None when all share one host).
+
+    PLAIT_ALGO entries (:mod:`plait.selection.overrides`) come first.
+    """
+    for entry in overrides():
+        if entry.collective == collective and entry.covers(nbytes):
+            spec = get(collective, entry.algorithm)
+            if spec.supports(commutative=commutative):
+                return spec
     rules = RULES[collective]
     multi_host = hosts is not None and hosts.n_hosts > 1
     for rule in rules:
