@@ -15,6 +15,7 @@ algorithm per call; :class:`Communicator` is the public face.
 from plait import algos as _algorithms  # registers every algorithm
 from plait._init import init as init
 from plait.communicator import Communicator as Communicator
+from plait.communicator import Stats as Stats
 from plait.errors import ClosedError as ClosedError
 from plait.errors import CollectiveTimeout as CollectiveTimeout
 from plait.errors import CommError as CommError
@@ -66,6 +67,7 @@ __all__ = [
     "Op",
     "PeerLostError",
     "RendezvousError",
+    "Stats",
     "TransportError",
     "UnsupportedError",
     "Work",

@@ -24,6 +24,7 @@ EXPECTED = {
     "Op",
     "PeerLostError",
     "RendezvousError",
+    "Stats",
     "TransportError",
     "UnsupportedError",
     "Work",
