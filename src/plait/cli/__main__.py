@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("plait.cli.run", "start N ranks of a Python script or module"),
     "algorithms": ("plait.cli.algorithms", "list the algorithms of each collective"),
     "sim": ("plait.cli.sim", "predict a collective's time on a modelled network"),
+    "tune": ("plait.cli.tune", "measure this machine's α, β, γ for algorithm='auto'"),
     "bench": ("plait.cli.bench", "time a collective over a range of sizes; compare with MPI, gloo"),
 }
 

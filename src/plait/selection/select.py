@@ -1,19 +1,22 @@
 """``algorithm="auto"``: pick an algorithm from values every rank knows.
 
-For now a rules table per collective, after MPICH's and Open MPI's defaults
-(Thakur et al. 2005): latency-optimal algorithms for small messages,
-bandwidth-optimal ones for large, and the world size where it matters. The
-inputs (collective, world size, message bytes, op commutativity) are identical
-on all ranks, so every rank chooses the same schedule. A measured cost model
-replaces the table later; the table stays as the fallback.
+In order: the user's PLAIT_ALGO entries (:mod:`plait.selection.overrides`);
+on one host with a measured profile (``plait tune``), the algorithm whose
+closed-form α-β-γ time is lowest (:mod:`plait.selection.model`); otherwise a
+rules table per collective, after MPICH's and Open MPI's defaults (Thakur et
+al. 2005): latency-optimal algorithms for small messages, bandwidth-optimal
+ones for large, and the world size where it matters. The inputs (collective,
+world size, message bytes, op commutativity, the environment and the profile)
+are identical on all ranks, so every rank chooses the same schedule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.algos._registry import AlgorithmSpec, get
+from plait.algos._registry import AlgorithmSpec, algorithms, get
 from plait.schedule.builder import HostLayout
+from plait.selection import model
 from plait.selection.overrides import overrides
 
 __all__ = ["RULES", "SEGMENT_BYTES", "Rule", "select"]
@@ -95,15 +98,28 @@ def select(
 ) -> AlgorithmSpec:
     """The algorithm ``auto`` runs for this call (``hosts``: None when all share one host).
 
-    PLAIT_ALGO entries (:mod:`plait.selection.overrides`) come first.
+    PLAIT_ALGO entries (:mod:`plait.selection.overrides`) come first; then, on
+    one host with a measured profile (``plait tune``), the algorithm the cost
+    model (:mod:`plait.selection.model`) predicts fastest; then the rules.
     """
     for entry in overrides():
         if entry.collective == collective and entry.covers(nbytes):
             spec = get(collective, entry.algorithm)
             if spec.supports(commutative=commutative):
                 return spec
-    rules = RULES[collective]
     multi_host = hosts is not None and hosts.n_hosts > 1
+    if not multi_host and size > 1:
+        profile = model.load()
+        if profile is not None:
+            names = [
+                n
+                for n in algorithms(collective)
+                if get(collective, n).supports(commutative=commutative)
+            ]
+            best = model.predict_best(collective, size, nbytes, names, profile)
+            if best is not None:
+                return get(collective, best[0])
+    rules = RULES[collective]
     for rule in rules:
         if rule.applies(size, nbytes, multi_host):
             for name in rule.algorithms:
