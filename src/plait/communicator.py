@@ -166,8 +166,11 @@ class Communicator:
         self._layout = layout if layout.n_hosts > 1 else None
         self._comm_id = _comm_id
         # PLAIT_DEBUG=detail: compare every call's full signature across ranks first, and log it.
-        self._detail = os.environ.get("PLAIT_DEBUG", "").lower() == "detail"
-        if self._detail:
+        debug = os.environ.get("PLAIT_DEBUG", "").lower()
+        self._detail = debug == "detail"
+        # PLAIT_DEBUG=info (or detail): log each choice auto makes, once per call shape.
+        self._log_choices = debug in ("info", "detail")
+        if self._log_choices:
             _enable_debug_log()
         self._timeout = _check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
         self._seq = 0
@@ -770,6 +773,15 @@ class Communicator:
             spec = self._auto.get(key)
             if spec is None:
                 spec = select(c, self._size, nbytes, commutative=commutative, hosts=self._layout)
+                if self._log_choices:
+                    _log.info(
+                        "rank %d: %s of %d bytes on %d ranks: auto chose %s",
+                        self._rank,
+                        c,
+                        nbytes,
+                        self._size,
+                        spec.name,
+                    )
                 if len(self._auto) >= _PLAN_CACHE:
                     self._auto.clear()
                 self._auto[key] = spec

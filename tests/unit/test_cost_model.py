@@ -101,3 +101,22 @@ def test_fit_reads_alpha_and_beta() -> None:
     alpha, beta = fit(sizes, times)
     assert alpha == pytest.approx(5e-6 + 8e-9)
     assert beta == pytest.approx(1e-9)
+
+
+def test_plait_debug_info_logs_each_choice_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PLAIT_DEBUG", "info")
+    monkeypatch.delenv("PLAIT_PROFILE", raising=False)
+    caplog.set_level("INFO", logger="plait")
+
+    def body(comm: plait.Communicator) -> None:
+        for _ in range(3):
+            comm.allreduce(np.ones(3))
+
+    run_ranks(2, body)
+    lines = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
+    assert sorted(lines) == [
+        f"rank {r}: allreduce of 24 bytes on 2 ranks: auto chose recursive_doubling"
+        for r in (0, 1)
+    ]
