@@ -1,0 +1,58 @@
+"""plait as a torch.distributed backend, for CPU tensors.
+
+::
+
+    import torch.distributed as dist
+    import plait.torch  # registers the "plait" backend
+
+    dist.init_process_group("plait")  # env:// under torchrun or plait run, or store=/init_method=
+    dist.all_reduce(tensor)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Importing this module registers the backend with
+``torch.distributed.Backend.register_backend("plait", ..., extended_api=True,
+devices=["cpu"])`` and lets ``env://`` work under ``plait run`` (see
+``plait.torch._store``). ``import plait`` alone never imports torch. See
+docs/torch.md for what is supported and the limits.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch.distributed as _dist
+except ImportError as _exc:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "plait.torch needs PyTorch with torch.distributed: pip install 'plait[torch]'"
+    ) from _exc
+if not _dist.is_available():  # pragma: no cover - torch built without distributed
+    raise ImportError("plait.torch needs a PyTorch build with torch.distributed")
+
+from plait.torch._backend import BACKEND_NAME as BACKEND_NAME
+from plait.torch._backend import ProcessGroupPlait as ProcessGroupPlait
+from plait.torch._backend import create_process_group as create_process_group
+from plait.torch._convert import OPS as OPS
+from plait.torch._store import TorchStore as TorchStore
+from plait.torch._store import install_env_rendezvous as _install_env_rendezvous
+from plait.torch._work import PlaitWork as PlaitWork
+
+__all__ = [
+    "BACKEND_NAME",
+    "OPS",
+    "PlaitWork",
+    "ProcessGroupPlait",
+    "TorchStore",
+    "create_process_group",
+    "register",
+]
+
+
+def register() -> None:
+    """Register the "plait" backend with torch.distributed (done on import; idempotent)."""
+    if BACKEND_NAME not in _dist.Backend.backend_list:
+        _dist.Backend.register_backend(
+            BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"]
+        )
+    _install_env_rendezvous()
+
+
+register()

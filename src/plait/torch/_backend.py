@@ -1,0 +1,709 @@
+"""The "plait" process group: torch.distributed's calls, each run by plait.
+
+torch 2.13 lets Python backends in through a subclass of
+``torch.distributed.ProcessGroup`` (its C++ ``Backend`` class cannot be
+subclassed from Python). ``init_process_group("plait")`` calls
+:func:`create_process_group`, and the :class:`ProcessGroupPlait` it returns
+is the group itself. torch calls its methods by their C++ names and shapes
+(``allreduce(tensors, opts)``, ``allgather(output_lists, inputs, opts)``, …),
+from Python for ``dist.all_reduce`` and friends and from C++ for
+DistributedDataParallel; each returns a :class:`~plait.torch.PlaitWork`.
+
+Note [sync and async calls]
+    Every collective is handed to plait on the caller's thread, in program
+    order, so that all ranks number their calls alike. A blocking call
+    (``opts.asyncOp`` false: ``dist.all_reduce(t)``) runs to the end there and
+    returns a finished work, with no thread hand-off. An async one
+    (``async_op=True``, and every call DDP makes) is started with plait's
+    ``async_op=True``; its work waits on plait's :class:`plait.Work`.
+    Point-to-point calls are blocking in plait, so they run on lanes: one
+    thread per (direction, peer, tag), which keeps messages with one peer and
+    tag in order and never lets a blocked send hold up a receive.
+
+Note [uneven all_to_all]
+    plait's alltoall moves equal blocks. ``all_to_all_single`` with split
+    sizes (and ``all_to_all`` with tensors of different sizes) first
+    allgathers every rank's split sizes (a small blocking collective, even for
+    ``async_op=True``), so that every rank can check that what each rank
+    sends is what its peer expects and raise the same error if not; then it
+    runs one alltoall with every block padded to the largest split. That
+    costs up to ``size`` times the bytes for very skewed splits, and nothing
+    extra when the splits happen to be equal.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
+
+import plait
+from plait.communicator import DEFAULT_TIMEOUT
+from plait.errors import UnsupportedError
+from plait.torch._convert import (
+    array,
+    check_one,
+    output_array,
+    plait_op,
+    reshaped_out,
+    seconds,
+)
+from plait.torch._store import TorchStore
+from plait.torch._work import Lane, Notifier, PlaitWork
+
+__all__ = ["BACKEND_NAME", "ProcessGroupPlait", "create_process_group"]
+
+#: The name torch knows the backend by: ``init_process_group("plait")``.
+BACKEND_NAME = "plait"
+_C10D = torch._C._distributed_c10d
+#: Seconds shutdown() waits for a helper thread to finish what is queued.
+_STOP_WAIT = 10.0
+_MAX_TAG = (1 << 31) - 1
+
+Start = Callable[[bool, float | None], Any]
+
+
+def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlait:
+    """Make this rank's plait process group; torch calls it (``extended_api=True``).
+
+    The ranks meet through the store torch passes (see Note [which store the
+    plait backend uses] in ``plait.torch._store``). ``init_process_group``'s
+    ``timeout`` becomes plait's per-call timeout, except torch's default of 30
+    minutes, which is replaced by plait's own default (PLAIT_TIMEOUT, else 300 s).
+
+    Raises:
+        TypeError: ``pg_options`` were given (the plait backend takes none).
+        plait.RendezvousError: the ranks could not meet in time.
+    """
+    if pg_options is not None:
+        raise TypeError(
+            "the plait backend takes no pg_options; set PLAIT_TRANSPORT or PLAIT_TIMEOUT "
+            f"in the environment instead (got {type(pg_options).__name__})"
+        )
+    timeout = backend_opts.timeout
+    explicit = timeout is not None and timeout != default_pg_timeout
+    call_timeout = seconds(timeout) if explicit else None
+    store = TorchStore(backend_opts.store, call_timeout or DEFAULT_TIMEOUT)
+    comm = plait.init(
+        rank=backend_opts.group_rank,
+        size=backend_opts.group_size,
+        store=store,
+        timeout=call_timeout,
+    )
+    return ProcessGroupPlait(comm, global_ranks=list(backend_opts.global_ranks_in_group))
+
+
+class ProcessGroupPlait(dist.ProcessGroup):
+    """A torch.distributed process group whose calls plait runs, on CPU tensors.
+
+    Made by ``dist.init_process_group("plait")`` or ``dist.new_group(...,
+    backend="plait")`` after ``import plait.torch``; it can also wrap a
+    :class:`plait.Communicator` directly. Calls plait cannot serve (tensors off
+    the CPU, sparse tensors, PREMUL_SUM, receiving from any source, several
+    tensors per process) raise :class:`plait.UnsupportedError` naming what is
+    wrong, before anything is sent.
+
+    Args:
+        comm: the communicator that runs the calls; the group owns it and
+            closes it on ``shutdown()``.
+        global_ranks: the default group's rank of each member (for messages).
+    """
+
+    def __init__(self, comm: plait.Communicator, global_ranks: Sequence[int] | None = None) -> None:
+        super().__init__(comm.rank, comm.size)
+        self._comm = comm
+        self._global = list(global_ranks) if global_ranks else list(range(comm.size))
+        self._notifier = Notifier(f"plait-torch-futures-{comm.rank}")
+        self._lanes: dict[tuple[str, int, int], Lane] = {}
+        self._lock = threading.Lock()
+        self._down = False
+        self._group_name = ""
+        self._group_desc = ""
+
+    @property
+    def communicator(self) -> plait.Communicator:
+        """The plait communicator that runs this group's calls."""
+        return self._comm
+
+    # camelCase names and (tensors, opts) shapes below are torch's C++ API, which calls them.
+    def getBackendName(self) -> str:
+        """The backend's name, ``"plait"``."""
+        return BACKEND_NAME
+
+    # torch keeps a group's name in its backends, and this group has none: keep it here.
+    def getGroupName(self) -> str:
+        """The name torch registered this group under."""
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        """Called by torch when it registers the group."""
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        """torch's description of the group (``default_pg``, …)."""
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        """Called by torch when it registers the group."""
+        self._group_desc = desc
+
+    def __repr__(self) -> str:
+        return f"<plait.torch.ProcessGroupPlait rank {self._comm.rank} of {self._comm.size}>"
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Finish queued calls, stop the helper threads, close the communicator."""
+        with self._lock:
+            if self._down:
+                return
+            self._down = True
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.stop(_STOP_WAIT)
+        self._notifier.stop(_STOP_WAIT)
+        self._comm.close()
+
+    def abort(self) -> None:
+        """Close the communicator now; calls in flight fail."""
+        self.shutdown()
+
+    # -- the running recipe ----------------------------------------------------------------
+    def _describe(self, call: str) -> str:
+        rank = self._comm.rank
+        if self._global == list(range(self._comm.size)):
+            return f"rank {rank}: {call}"
+        return f"rank {rank} (global rank {self._global[rank]}): {call}"
+
+    def _run(
+        self,
+        call: str,
+        opts: Any,
+        start: Start,
+        outputs: Any,
+        finish: Callable[[], None] | None = None,
+    ) -> PlaitWork:
+        """Start a collective (Note [sync and async calls]) and return its work."""
+        timeout = seconds(getattr(opts, "timeout", None))
+        describe = self._describe(call)
+        if not getattr(opts, "asyncOp", True):
+            start(False, timeout)
+            if finish is not None:
+                finish()
+            return PlaitWork.completed(describe, outputs)
+        work = start(True, timeout)
+        return PlaitWork(
+            describe,
+            [work],
+            outputs,
+            finish=finish,
+            notifier=self._notifier,
+            timeout=timeout if timeout is not None else self._comm.timeout,
+        )
+
+    # -- reductions ------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
+        """``dist.all_reduce``: reduce the tensor over all ranks, in place."""
+        opts = opts if opts is not None else _C10D.AllreduceOptions()
+        c = "all_reduce"
+        t = check_one(tensors, c)
+        op = plait_op(opts.reduceOp, c)
+        a = output_array(t, c, "tensor")
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allreduce(a, op, out=a, timeout=to, async_op=asy),
+            [t],
+        )
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
+        """``dist.all_reduce_coalesced``: several tensors of one dtype in one allreduce."""
+        opts = opts if opts is not None else _C10D.AllreduceCoalescedOptions()
+        c = "all_reduce_coalesced"
+        op = plait_op(opts.reduceOp, c)
+        arrays = [output_array(t, c, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) > 1:
+            raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
+        flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.empty(0)
+
+        def finish() -> None:
+            offset = 0
+            for a in arrays:
+                a[...] = flat[offset : offset + a.size].reshape(a.shape)
+                offset += a.size
+
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allreduce(flat, op, out=flat, timeout=to, async_op=asy),
+            list(tensors),
+            finish,
+        )
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
+        """``dist.reduce``: the reduction lands in the tensor of rank ``opts.rootRank``."""
+        opts = opts if opts is not None else _C10D.ReduceOptions()
+        c = "reduce"
+        t = check_one(tensors, c)
+        op = plait_op(opts.reduceOp, c)
+        root = self._root(opts.rootRank, c)
+        is_root = root == self._comm.rank
+        a = output_array(t, c, "tensor") if is_root else array(t, c, "tensor")
+        out = a if is_root else None
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.reduce(a, root, op, out=out, timeout=to, async_op=asy),
+            [t],
+        )
+
+    def reduce_scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.reduce_scatter``: reduce ``input_list[r]`` over ranks into rank r's output."""
+        opts = opts if opts is not None else _C10D.ReduceScatterOptions()
+        c = "reduce_scatter"
+        out = check_one(output_tensors, c, "output_tensors")
+        inputs = check_one(input_tensors, c, "input_tensors")
+        op = plait_op(opts.reduceOp, c)
+        oa = output_array(out, c, "output")
+        stacked = self._stack(inputs, oa, c, "input_list")
+        target, finish = reshaped_out(oa, (1, *oa.shape))
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.reduce_scatter(stacked, op, out=target, timeout=to, async_op=asy),
+            [out],
+            finish,
+        )
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> PlaitWork:
+        """``dist.reduce_scatter_tensor``: rank r gets the reduction of chunk r of the input."""
+        opts = opts if opts is not None else _C10D.ReduceScatterOptions()
+        c = "reduce_scatter_tensor"
+        op = plait_op(opts.reduceOp, c)
+        oa = output_array(output, c, "output")
+        ia = array(input, c, "input")
+        size = self._comm.size
+        self._same_dtype(ia, oa, c)
+        if ia.size != size * oa.size:
+            raise ValueError(
+                f"{c}: input has {ia.size} elements; expected world size {size} x the "
+                f"output's {oa.size}"
+            )
+        x = ia.reshape(size, oa.size)
+        target, finish = reshaped_out(oa, (1, oa.size))
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.reduce_scatter(x, op, out=target, timeout=to, async_op=asy),
+            [output],
+            finish,
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    # -- data movement -----------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
+        """``dist.broadcast``: root's tensor copied into the tensor of every rank."""
+        opts = opts if opts is not None else _C10D.BroadcastOptions()
+        c = "broadcast"
+        t = check_one(tensors, c)
+        if opts.rootTensor != 0:
+            raise UnsupportedError(f"{c}: rootTensor must be 0 (one tensor per process)")
+        root = self._root(opts.rootRank, c)
+        a = array(t, c, "tensor") if root == self._comm.rank else output_array(t, c, "tensor")
+        comm = self._comm
+        return self._run(
+            c, opts, lambda asy, to: comm.broadcast(a, root, timeout=to, async_op=asy), [t]
+        )
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.all_gather``: every rank's tensor into the output list, in rank order."""
+        opts = opts if opts is not None else _C10D.AllgatherOptions()
+        c = "all_gather"
+        x = check_one(input_tensors, c, "input_tensors")
+        outs = check_one(output_tensors, c, "output_tensors")
+        xa = array(x, c, "tensor")
+        targets = self._targets(outs, xa, c, "tensor_list")
+        buf = np.empty((self._comm.size, *xa.shape), xa.dtype)
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allgather(xa, out=buf, timeout=to, async_op=asy),
+            output_tensors,
+            _copy_rows(buf, targets),
+        )
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> PlaitWork:
+        """``dist.all_gather_into_tensor``: rank r's tensor into chunk r of the output."""
+        opts = opts if opts is not None else _C10D.AllgatherOptions()
+        c = "all_gather_into_tensor"
+        xa = array(input, c, "input")
+        oa = output_array(output, c, "output")
+        size = self._comm.size
+        self._same_dtype(xa, oa, c)
+        if oa.size != size * xa.size:
+            raise ValueError(
+                f"{c}: output has {oa.size} elements; expected world size {size} x the "
+                f"input's {xa.size}"
+            )
+        target, finish = reshaped_out(oa, (size, *xa.shape))
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allgather(xa, out=target, timeout=to, async_op=asy),
+            [output],
+            finish,
+        )
+
+    _allgather_base = all_gather_single
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.gather``: every rank's tensor into root's gather_list, in rank order."""
+        opts = opts if opts is not None else _C10D.GatherOptions()
+        c = "gather"
+        x = check_one(input_tensors, c, "input_tensors")
+        root = self._root(opts.rootRank, c)
+        xa = array(x, c, "tensor")
+        comm = self._comm
+        if root != comm.rank:
+            if output_tensors and any(len(o) for o in output_tensors):
+                raise ValueError(f"{c}: gather_list must be empty on ranks other than dst")
+            return self._run(
+                c, opts, lambda asy, to: comm.gather(xa, root, timeout=to, async_op=asy), []
+            )
+        outs = check_one(output_tensors, c, "output_tensors")
+        targets = self._targets(outs, xa, c, "gather_list")
+        buf = np.empty((comm.size, *xa.shape), xa.dtype)
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.gather(xa, root, out=buf, timeout=to, async_op=asy),
+            output_tensors,
+            _copy_rows(buf, targets),
+        )
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.scatter``: root's ``scatter_list[r]`` into rank r's tensor."""
+        opts = opts if opts is not None else _C10D.ScatterOptions()
+        c = "scatter"
+        out = check_one(output_tensors, c, "output_tensors")
+        root = self._root(opts.rootRank, c)
+        oa = output_array(out, c, "tensor")
+        target, finish = reshaped_out(oa, (1, *oa.shape))
+        comm = self._comm
+        stacked: np.ndarray | None = None
+        if root == comm.rank:
+            stacked = self._stack(
+                check_one(input_tensors, c, "input_tensors"), oa, c, "scatter_list"
+            )
+        elif input_tensors and any(len(i) for i in input_tensors):
+            raise ValueError(f"{c}: scatter_list must be empty on ranks other than src")
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.scatter(stacked, root, out=target, timeout=to, async_op=asy),
+            [out],
+            finish,
+        )
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.all_to_all_single``: dim-0 blocks of the input to each rank, in rank order.
+
+        Equal blocks when no split sizes are given; uneven ones as in Note
+        [uneven all_to_all].
+        """
+        opts = opts if opts is not None else _C10D.AllToAllOptions()
+        c = "all_to_all_single"
+        ia = array(input, c, "input")
+        oa = output_array(output, c, "output")
+        self._same_dtype(ia, oa, c)
+        size = self._comm.size
+        if not output_split_sizes and not input_split_sizes:
+            if ia.size != oa.size or not ia.shape or ia.shape[0] % size:
+                raise ValueError(
+                    f"{c}: without split sizes, dim 0 of the input ({tuple(ia.shape)}) must be "
+                    f"a multiple of world size {size} and the output "
+                    f"({tuple(oa.shape)}) must have as many elements"
+                )
+            x = ia.reshape(size, ia.size // size)
+            target, finish = reshaped_out(oa, x.shape)
+            comm = self._comm
+            return self._run(
+                c,
+                opts,
+                lambda asy, to: comm.alltoall(x, out=target, timeout=to, async_op=asy),
+                [output],
+                finish,
+            )
+        if ia.ndim == 0 or oa.ndim == 0 or ia.shape[1:] != oa.shape[1:]:
+            raise ValueError(
+                f"{c}: input {tuple(ia.shape)} and output {tuple(oa.shape)} must agree beyond dim 0"
+            )
+        row = int(np.prod(ia.shape[1:], dtype=np.int64))
+        sends = self._splits(input_split_sizes, ia.shape[0], c, "input")
+        recvs = self._splits(output_split_sizes, oa.shape[0], c, "output")
+        flat_out = oa.reshape(oa.shape[0], row) if oa.flags.c_contiguous else None
+        outs = [(flat_out if flat_out is not None else oa)[r0:r1] for r0, r1 in _bounds(recvs)]
+        return self._alltoallv(c, opts, ia.reshape(ia.shape[0], row), sends, recvs, outs, [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.all_to_all``: ``input_list[j]`` to rank j, into its ``output_list[me]``."""
+        opts = opts if opts is not None else _C10D.AllToAllOptions()
+        c = "all_to_all"
+        size = self._comm.size
+        for what, ts in (
+            ("input_tensor_list", input_tensors),
+            ("output_tensor_list", output_tensors),
+        ):
+            if len(ts) != size:
+                raise ValueError(f"{c}: {what} has {len(ts)} tensors; expected world size {size}")
+        ins = [array(t, c, f"input_tensor_list[{j}]") for j, t in enumerate(input_tensors)]
+        outs = [
+            output_array(t, c, f"output_tensor_list[{j}]") for j, t in enumerate(output_tensors)
+        ]
+        dtypes = {a.dtype for a in ins + outs}
+        if len(dtypes) > 1:
+            raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
+        flat_in = np.concatenate([a.reshape(-1) for a in ins]).reshape(-1, 1)
+        rows = [a.reshape(-1, 1) if a.flags.c_contiguous else a for a in outs]
+        return self._alltoallv(
+            c, opts, flat_in, [a.size for a in ins], [a.size for a in outs], rows, output_tensors
+        )
+
+    def _alltoallv(
+        self,
+        c: str,
+        opts: Any,
+        x: np.ndarray,
+        sends: list[int],
+        recvs: list[int],
+        outs: list[np.ndarray],
+        outputs: Any,
+    ) -> PlaitWork:
+        """Uneven alltoall of the rows of 2-D ``x``; see Note [uneven all_to_all].
+
+        ``sends[j]`` rows go to rank j; ``recvs[j]`` rows come from rank j into
+        ``outs[j]`` (an array of that many elements per row, any shape).
+        """
+        comm = self._comm
+        size, me = comm.size, comm.rank
+        timeout = seconds(getattr(opts, "timeout", None))
+        table = comm.allgather(np.array(sends + recvs, np.int64), timeout=timeout)
+        sent, expected = table[:, :size], table[:, size:]
+        bad = [(i, j) for i in range(size) for j in range(size) if sent[i, j] != expected[j, i]]
+        if bad:
+            text = "; ".join(
+                f"rank {i} sends {sent[i, j]} rows to rank {j}, which expects {expected[j, i]}"
+                for i, j in bad[:4]
+            )
+            raise ValueError(f"rank {me}: {c}: split sizes disagree between ranks: {text}")
+        width = x.shape[1]
+        block = int(sent.max()) if size else 0
+        send = np.zeros((size, block * width), x.dtype)
+        for j, (r0, r1) in enumerate(_bounds(sends)):
+            send[j, : (r1 - r0) * width] = x[r0:r1].reshape(-1)
+        recv = np.empty_like(send)
+
+        def finish() -> None:
+            for j, dst in enumerate(outs):
+                dst[...] = recv[j, : recvs[j] * width].reshape(dst.shape)
+
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.alltoall(send, out=recv, timeout=to, async_op=asy),
+            outputs,
+            finish,
+        )
+
+    def barrier(self, opts: Any = None) -> PlaitWork:
+        """``dist.barrier``: returns once every rank has entered."""
+        opts = opts if opts is not None else _C10D.BarrierOptions()
+        comm = self._comm
+        return self._run(
+            "barrier", opts, lambda asy, to: comm.barrier(timeout=to, async_op=asy), []
+        )
+
+    # -- point to point --------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> PlaitWork:
+        """``dist.send`` / ``isend``: the tensor to rank ``dstRank`` (on a lane, see the Note)."""
+        c = "send"
+        t = check_one(tensors, c)
+        a = array(t, c, "tensor")
+        dst = self._peer(dstRank, c, "dst")
+        tag = self._tag(tag, c)
+        comm = self._comm
+        task = self._lane("send", dst, tag).submit(
+            self._describe(f"send to rank {dst} (tag {tag})"), lambda: comm.send(a, dst, tag)
+        )
+        return PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> PlaitWork:
+        """``dist.recv`` / ``irecv``: the next message from ``srcRank`` with ``tag``."""
+        c = "recv"
+        t = check_one(tensors, c)
+        a = output_array(t, c, "tensor")
+        src = self._peer(srcRank, c, "src")
+        tag = self._tag(tag, c)
+        comm = self._comm
+        task = self._lane("recv", src, tag).submit(
+            self._describe(f"recv from rank {src} (tag {tag})"), lambda: comm.recv(a, src, tag)
+        )
+        return PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout, source_rank=src)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PlaitWork:
+        """Receiving from any source is not supported: plait matches on (peer, tag)."""
+        raise UnsupportedError(
+            "recv: the plait backend cannot receive from any source (src=None); pass src="
+        )
+
+    # -- checks ----------------------------------------------------------------------------
+    def _root(self, root: int, c: str) -> int:
+        if not 0 <= root < self._comm.size:
+            raise ValueError(f"{c}: root {root} is out of range for group size {self._comm.size}")
+        return int(root)
+
+    def _peer(self, peer: int, c: str, what: str) -> int:
+        if not 0 <= peer < self._comm.size or peer == self._comm.rank:
+            raise ValueError(
+                f"rank {self._comm.rank}: {c}: {what}={peer} must be another rank of the group "
+                f"(0..{self._comm.size - 1})"
+            )
+        return int(peer)
+
+    @staticmethod
+    def _tag(tag: int, c: str) -> int:
+        if not 0 <= tag <= _MAX_TAG:
+            raise ValueError(f"{c}: tag {tag} is out of range 0..{_MAX_TAG} for the plait backend")
+        return int(tag)
+
+    @staticmethod
+    def _same_dtype(a: np.ndarray, b: np.ndarray, c: str) -> None:
+        if a.dtype != b.dtype:
+            raise TypeError(f"{c}: input and output dtypes differ: {a.dtype} and {b.dtype}")
+
+    def _splits(self, splits: list[int], rows: int, c: str, what: str) -> list[int]:
+        size = self._comm.size
+        if not splits:
+            if rows % size:
+                raise ValueError(
+                    f"{c}: {what} has {rows} rows, not a multiple of world size {size}; pass "
+                    f"{what}_split_sizes"
+                )
+            return [rows // size] * size
+        sizes = [int(s) for s in splits]
+        if len(sizes) != size or min(sizes) < 0 or sum(sizes) != rows:
+            raise ValueError(
+                f"{c}: {what}_split_sizes {sizes} must be {size} non-negative sizes that add "
+                f"up to dim 0 of the {what} ({rows})"
+            )
+        return sizes
+
+    def _targets(
+        self, outs: Sequence[torch.Tensor], xa: np.ndarray, c: str, what: str
+    ) -> list[np.ndarray]:
+        size = self._comm.size
+        if len(outs) != size:
+            raise ValueError(f"{c}: {what} has {len(outs)} tensors; expected world size {size}")
+        targets = [output_array(o, c, f"{what}[{j}]") for j, o in enumerate(outs)]
+        for j, o in enumerate(targets):
+            if o.dtype != xa.dtype or o.size != xa.size:
+                raise ValueError(
+                    f"{c}: {what}[{j}] is {o.dtype} with {o.size} elements; expected "
+                    f"{xa.dtype} with {xa.size}, like the input"
+                )
+        return targets
+
+    def _stack(
+        self, inputs: Sequence[torch.Tensor], like: np.ndarray, c: str, what: str
+    ) -> np.ndarray:
+        size = self._comm.size
+        if len(inputs) != size:
+            raise ValueError(f"{c}: {what} has {len(inputs)} tensors; expected world size {size}")
+        stacked = np.empty((size, *like.shape), like.dtype)
+        for j, t in enumerate(inputs):
+            a = array(t, c, f"{what}[{j}]")
+            if a.dtype != like.dtype or a.size != like.size:
+                raise ValueError(
+                    f"{c}: {what}[{j}] is {a.dtype} with {a.size} elements; expected "
+                    f"{like.dtype} with {like.size}, like the output"
+                )
+            stacked[j] = a.reshape(like.shape)
+        return stacked
+
+    def _lane(self, direction: str, peer: int, tag: int) -> Lane:
+        key = (direction, peer, tag)
+        with self._lock:
+            if self._down:
+                raise plait.ClosedError(f"rank {self._comm.rank}: the process group is shut down")
+            lane = self._lanes.get(key)
+            if lane is None:
+                name = f"plait-torch-{direction}-{self._comm.rank}-{peer}-{tag}"
+                lane = self._lanes[key] = Lane(name)
+            return lane
+
+
+def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of consecutive blocks of ``sizes`` rows."""
+    ends = np.cumsum(sizes, dtype=np.int64).tolist()
+    return [(end - n, end) for n, end in zip(sizes, ends, strict=True)]
+
+
+def _copy_rows(buf: np.ndarray, targets: list[np.ndarray]) -> Callable[[], None]:
+    """A finish step that copies row j of ``buf`` into ``targets[j]``."""
+
+    def finish() -> None:
+        for row, dst in zip(buf, targets, strict=True):
+            dst[...] = row.reshape(dst.shape)
+
+    return finish

@@ -1,0 +1,404 @@
+"""Work handles: torch ``Work`` objects over plait's calls in flight.
+
+Note [how a torch Work tracks plait]
+    A :class:`PlaitWork` holds what it waits for, *pending*: the
+    :class:`plait.Work` of each collective it started (plait runs them on the
+    communicator's worker, in call order), or a :class:`Task` that a
+    :class:`Lane` thread of this backend runs (point-to-point calls, which
+    plait only has blocking). Some calls have a *finish* step, run once after
+    every pending call succeeded, that copies plait's result into torch's
+    output tensors (an all_gather's output list, a strided output).
+
+    ``wait()`` waits in the caller's thread, runs the finish step and raises
+    plait's own error if the call failed. ``get_future()`` returns a
+    ``torch.futures.Future`` that completes by itself, since DDP's reducer
+    chains callbacks on it and waits on the future, not on the work: a
+    :class:`Task` completes it from its lane thread; plait's works are watched
+    by one :class:`Notifier` thread per process group, started on the first
+    ``get_future()``, that waits on them in call order (plait completes
+    collectives in call order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from plait.errors import CommTimeout
+from plait.torch._convert import seconds
+
+__all__ = ["Lane", "Notifier", "PlaitWork", "Task"]
+
+#: Seconds an idle helper thread sleeps between checks that it should stop.
+_IDLE_POLL = 5.0
+#: Seconds a watcher waits for a call beyond the call's own deadline.
+_GRACE = 30.0
+#: The call deadline a watcher assumes when the work was given none.
+_DEFAULT_WAIT = 300.0
+
+
+class Pending(Protocol):
+    """What a :class:`PlaitWork` waits for: a plait.Work or a :class:`Task`."""
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The call's result; raises its error, or CommTimeout after ``timeout`` s."""
+
+    def done(self) -> bool:
+        """Whether the call has finished (never blocks)."""
+
+
+class Task:
+    """A blocking call that a :class:`Lane` runs; done-callbacks run on the lane's thread."""
+
+    __slots__ = ("_callbacks", "_describe", "_done", "_error", "_lock", "_result")
+
+    def __init__(self, describe: str) -> None:
+        self._describe = describe
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Task], None]] = []
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def run(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` and record its result or error (on the lane's thread)."""
+        try:
+            result, error = fn(), None
+        except BaseException as exc:
+            result, error = None, exc
+        with self._lock:
+            self._result, self._error = result, error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def done(self) -> bool:
+        """Whether the call has finished (never blocks)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The call's result; raises its error, or CommTimeout after ``timeout`` s."""
+        if not self._done.wait(timeout):
+            raise CommTimeout(f"{self._describe} did not finish within {timeout} s of wait()")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def add_done_callback(self, callback: Callable[[Task], None]) -> None:
+        """Call ``callback(task)`` once done: now if it is, else on the lane's thread."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+
+class Lane:
+    """One thread that runs :class:`Task` s one after the other, in submission order.
+
+    Point-to-point calls to one peer go through one lane per direction, so
+    that sends (and receives) with one peer keep their order, while a send
+    blocked until its peer receives never holds up a receive.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._cv = threading.Condition()
+        self._queue: deque[tuple[Task, Callable[[], Any]]] = deque()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, describe: str, fn: Callable[[], Any]) -> Task:
+        """Queue ``fn``; the returned task completes when it has run."""
+        task = Task(describe)
+        with self._cv:
+            if self._stop:
+                raise RuntimeError(f"{describe}: the process group is shut down")
+            self._queue.append((task, fn))
+            self._cv.notify()
+        return task
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait(_IDLE_POLL)
+                if not self._queue:
+                    return
+                task, fn = self._queue.popleft()
+            task.run(fn)
+
+    def stop(self, timeout: float) -> None:
+        """Run what is queued, then end the thread (waiting at most ``timeout`` s)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+class Notifier:
+    """Completes the futures of works over plait.Work, waiting on them in call order."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue: deque[PlaitWork] = deque()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, work: PlaitWork) -> None:
+        """Settle ``work`` (and so complete its future) once its calls finish."""
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.append(work)
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait(_IDLE_POLL)
+                if not self._queue:
+                    return
+                work = self._queue.popleft()
+            work._settle_quietly()
+
+    def stop(self, timeout: float) -> None:
+        """Settle what is queued, then end the thread (waiting at most ``timeout`` s)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join(timeout)
+
+
+class PlaitWork(dist.Work):
+    """A torch.distributed ``Work`` for a call of the plait backend.
+
+    ``wait()`` returns True once the call is done and raises plait's error
+    (a :class:`plait.CommError`, such as :class:`plait.CommTimeout`) if it
+    failed; ``get_future()`` gives a future whose value is the call's output
+    tensors. See Note [how a torch Work tracks plait].
+    """
+
+    def __init__(
+        self,
+        describe: str,
+        pending: Sequence[Pending],
+        outputs: Any,
+        *,
+        finish: Callable[[], None] | None = None,
+        notifier: Notifier | None = None,
+        timeout: float | None = None,
+        source_rank: int = -1,
+    ) -> None:
+        super().__init__()
+        self._describe = describe
+        self._pending = tuple(pending)
+        self._outputs = outputs
+        self._finish = finish
+        self._notifier = notifier
+        self._timeout = timeout
+        self._source = source_rank
+        self._lock = threading.Lock()
+        self._settled = False
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future[Any] | None = None
+        self._future_done = False
+
+    @classmethod
+    def completed(cls, describe: str, outputs: Any, source_rank: int = -1) -> PlaitWork:
+        """The work of a call that already finished (a blocking call)."""
+        work = cls(describe, (), outputs, source_rank=source_rank)
+        work._settled = True
+        return work
+
+    # -- torch's Work API ---------------------------------------------------------------
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the call is done; True on success, plait's error otherwise.
+
+        Args:
+            timeout: a timedelta or seconds to wait at most (zero or None: until
+                the call ends; it has its own deadline, so this cannot hang).
+
+        Raises:
+            plait.CommTimeout: ``timeout`` passed first (the call goes on).
+            plait.CommError: the call failed.
+        """
+        self._settle(seconds(timeout))
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the call has finished, successfully or not (never blocks).
+
+        Once it says True, the output tensors hold the results (the finish
+        step has run).
+        """
+        if self._settled:
+            return True
+        if not all(p.done() for p in self._pending):
+            return False
+        with contextlib.suppress(Exception):
+            self._settle(None)  # everything is done: this only runs the finish step
+        return True
+
+    def is_success(self) -> bool:
+        """Whether the call finished without an error (never blocks)."""
+        if not self.is_completed():
+            return False
+        try:
+            self._settle(None)
+        except Exception:
+            return False
+        return True
+
+    def exception(self) -> BaseException | None:
+        """The error the call failed with; None while it runs or if it succeeded."""
+        if self.is_completed():
+            try:
+                self._settle(None)
+            except Exception as exc:
+                return exc
+        return None
+
+    def result(self) -> Any:
+        """The call's output tensors (the future's value)."""
+        self._settle(None)
+        return self._outputs
+
+    def source_rank(self) -> int:
+        """The rank a receive got its message from (-1 for other calls)."""
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """A future completed with the output tensors, or with the call's error."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            self._future = future = torch.futures.Future()
+        tasks = [p for p in self._pending if isinstance(p, Task) and not p.done()]
+        others = [p for p in self._pending if not isinstance(p, Task) and not p.done()]
+        if others:
+            # settles once every call is done
+            (self._notifier if self._notifier is not None else _shared_notifier()).watch(self)
+        elif tasks:
+            remaining = [len(tasks)]
+            count_lock = threading.Lock()
+
+            def one_done(_: Task) -> None:
+                with count_lock:
+                    remaining[0] -= 1
+                    last = remaining[0] == 0
+                if last:
+                    self._settle_quietly()
+
+            for task in tasks:
+                task.add_done_callback(one_done)
+        else:
+            self._settle_quietly()
+        return future
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "running"
+        return f"<plait.torch.PlaitWork {self._describe} {state}>"
+
+    # -- settling ------------------------------------------------------------------------
+    def _settle(self, timeout: float | None) -> None:
+        """Wait for every pending call, then run the finish step once; raise any error."""
+        if not self._settled:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for p in self._pending:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                try:
+                    p.wait(left)
+                except BaseException:
+                    if not p.done():  # wait()'s own timeout: the call goes on
+                        raise CommTimeout(
+                            f"{self._describe} did not finish within {timeout} s of wait(); "
+                            "it goes on"
+                        ) from None
+                    error = _error_of(p)
+                    if error is not None:
+                        self._fail_once(error)
+                        break
+            self._finish_once()
+        if self._error is not None:
+            raise self._error
+
+    def _fail_once(self, error: BaseException) -> None:
+        with self._lock:
+            if self._settled:
+                return
+            self._error = error
+            self._settled = True
+        self._complete_future()
+
+    def _finish_once(self) -> None:
+        with self._lock:
+            if self._settled:
+                return
+            if self._finish is not None:
+                try:
+                    self._finish()
+                except BaseException as exc:
+                    self._error = exc
+            self._settled = True
+        self._complete_future()
+
+    def _complete_future(self) -> None:
+        """Complete the future once settled (any thread may get here; one completes it)."""
+        with self._lock:
+            future = self._future
+            if future is None or not self._settled or self._future_done:
+                return
+            self._future_done = True
+        if self._error is not None:
+            future.set_exception(self._error)
+        else:
+            future.set_result(self._outputs)
+
+    def _settle_quietly(self) -> None:
+        """Settle without raising (for threads that only complete the future)."""
+        wait = (self._timeout if self._timeout is not None else _DEFAULT_WAIT) + _GRACE
+        try:
+            self._settle(wait)
+        except CommTimeout as exc:
+            self._fail_once(exc)  # the call outlived its own deadline: give up on it
+        except BaseException:
+            pass  # recorded in self._error and the future
+        self._complete_future()
+
+
+@functools.cache
+def _shared_notifier() -> Notifier:
+    """The notifier of works made without one (outside a process group)."""
+    return Notifier("plait-torch-futures")
+
+
+def _error_of(p: Pending) -> BaseException | None:
+    """The error of the finished call ``p``, or None if it succeeded.
+
+    Asked again because what wait() raised may have been its own timeout, with
+    the call finishing just after.
+    """
+    try:
+        p.wait(0)
+    except BaseException as exc:
+        return exc
+    return None
