@@ -1,0 +1,268 @@
+"""The "plait" torch.distributed backend inside one process: registration, the
+checks at the torch edge, work handles, the store adapter and env:// under
+``plait run``. Multi-process jobs are in ``test_torch_jobs.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip(
+    "torch",
+    reason="torch is not installed; the plait backend needs it (pip install 'plait[torch]')",
+)
+import torch.distributed as dist  # noqa: E402 - after the skip
+
+import plait  # noqa: E402
+import plait.torch  # noqa: E402
+from plait.rendezvous.store import StoreTimeout  # noqa: E402
+from plait.rendezvous.tcp_store import TCPStoreServer  # noqa: E402
+from plait.torch._convert import plait_op, reshaped_out  # noqa: E402
+from plait.torch._work import Lane, PlaitWork  # noqa: E402
+
+R = dist.ReduceOp
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+
+
+# -- import and registration -----------------------------------------------------------------
+def test_import_plait_does_not_import_torch() -> None:
+    res = run_python("import sys, plait; assert 'torch' not in sys.modules, 'torch imported'")
+    assert res.returncode == 0, res.stderr
+
+
+def test_without_torch_the_error_says_how_to_install() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import plait\n"
+        "try:\n    import plait.torch\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    res = run_python(code)
+    assert res.returncode == 0, res.stderr
+    assert "pip install 'plait[torch]'" in res.stdout
+
+
+def test_backend_is_registered_for_cpu() -> None:
+    assert "plait" in dist.Backend.backend_list
+    assert dist.Backend.PLAIT == "plait"
+    assert dist.Backend.backend_capability["plait"] == ["cpu"]
+    assert dist.Backend._plugins["PLAIT"].extended_api
+    plait.torch.register()  # idempotent
+    assert dist.Backend.backend_list.count("plait") == 1
+
+
+def test_every_torch_op_but_premul_sum_maps_to_plait() -> None:
+    names = {k.name for k in plait.torch.OPS}
+    expected = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"}
+    assert names == expected
+    assert plait_op(R.AVG, "x") is plait.AVG
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = R.BXOR
+    assert plait_op(opts.reduceOp, "x") is plait.BXOR
+    premul = torch._C._distributed_c10d._make_nccl_premul_sum(2.0)
+    with pytest.raises(plait.UnsupportedError, match="PREMUL_SUM"):
+        plait_op(premul, "all_reduce")
+
+
+# -- one rank, in this process ------------------------------------------------------------------
+@pytest.fixture
+def world() -> Iterator[dist.ProcessGroup]:
+    """A one-rank default group on the plait backend (validation happens before any message)."""
+    dist.init_process_group("plait", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_rank_group(world: dist.ProcessGroup) -> None:
+    assert isinstance(world, plait.torch.ProcessGroupPlait)
+    assert isinstance(world.communicator, plait.Communicator)
+    assert dist.get_backend() == "plait"
+    assert world.name() == "plait"
+    t = torch.arange(6.0).reshape(2, 3)
+    dist.all_reduce(t, op=R.MAX)
+    assert t.tolist() == [[0, 1, 2], [3, 4, 5]]
+    work = dist.all_reduce(t, async_op=True)
+    assert isinstance(work, plait.torch.PlaitWork)
+    assert isinstance(work, dist.Work)
+    assert work.wait() is True
+    assert work.get_future().wait()[0] is t
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda: dist.all_reduce(torch.ones(2, device="meta")), ("meta", "CPU tensors only")),
+        (
+            lambda: dist.broadcast(
+                torch.sparse_coo_tensor([[0]], [1.0], (2,), check_invariants=True), 0
+            ),
+            ("sparse", "to_dense"),
+        ),
+        (
+            lambda: dist.all_reduce(
+                torch.ones(2), op=torch._C._distributed_c10d._make_nccl_premul_sum(2.0)
+            ),
+            ("PREMUL_SUM",),
+        ),
+        (lambda: dist.recv(torch.empty(2)), ("any source",)),
+        (lambda: dist.all_reduce(torch.zeros(1).expand(3)), ("overlapping", "clone")),
+    ],
+    ids=["cuda-like device", "sparse", "premul_sum", "recv any source", "expanded output"],
+)
+def test_unsupported_calls_say_what_is_wrong(
+    world: dist.ProcessGroup, call: object, words: tuple[str, ...]
+) -> None:
+    with pytest.raises(plait.UnsupportedError) as info:
+        call()  # type: ignore[operator]
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_bad_arguments_are_plain_errors(world: dist.ProcessGroup) -> None:
+    with pytest.raises(TypeError, match="AVG"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=R.AVG)
+    with pytest.raises(ValueError, match="tensor_list has 2 tensors; expected world size 1"):
+        dist.all_gather([torch.empty(2), torch.empty(2)], torch.ones(2))
+    with pytest.raises(ValueError, match="input_split_sizes"):
+        dist.all_to_all_single(torch.empty(3), torch.ones(3), [3], [2])
+    with pytest.raises(ValueError, match="elements"):
+        dist.all_gather_single(torch.empty(3), torch.ones(2))
+    with pytest.raises(ValueError, match="another rank"):
+        dist.isend(torch.ones(1), dst=0)
+    with pytest.raises(TypeError, match="pg_options"):
+        dist.new_group(backend="plait", pg_options=object())
+
+
+def test_bfloat16_without_ml_dtypes_says_how_to_install(
+    world: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    with pytest.raises(TypeError, match=r"plait\[bfloat16\]"):
+        dist.all_reduce(torch.ones(2, dtype=torch.bfloat16))
+
+
+def test_strided_and_reshaped_outputs(world: dist.ProcessGroup) -> None:
+    t = torch.arange(12.0).reshape(3, 4)
+    view = t.t()  # not contiguous
+    dist.all_reduce(view)
+    assert torch.equal(t, torch.arange(12.0).reshape(3, 4))
+    out = torch.empty(4, 3).t()  # a strided (3, 4) output, filled through a scratch copy
+    dist.all_gather_single(out, torch.arange(12.0).reshape(3, 4))
+    assert torch.equal(out, torch.arange(12.0).reshape(3, 4))
+    a = np.empty((3, 4)).T
+    target, finish = reshaped_out(a, (1, 12))
+    target[...] = np.arange(12).reshape(1, 12)
+    finish()
+    assert np.array_equal(a, np.arange(12).reshape(4, 3))
+
+
+# -- work handles --------------------------------------------------------------------------------
+def test_work_over_a_lane_completes_future_and_raises_plaits_error() -> None:
+    lane = Lane("test-lane")
+    release = threading.Event()
+    try:
+        task = lane.submit("slow", lambda: release.wait(30))
+        work = PlaitWork("rank 0: test", [task], ["out"], timeout=30)
+        future = work.get_future()
+        assert not work.is_completed()
+        with pytest.raises(plait.CommTimeout, match=r"within 0\.05 s"):
+            work.wait(timedelta(seconds=0.05))  # the call goes on
+        assert not future.done()
+        release.set()
+        assert work.wait() is True
+        assert future.wait() == ["out"]
+        assert work.is_success()
+        assert work.result() == ["out"]
+
+        def fail() -> None:
+            raise plait.PeerLostError("rank 1 is gone")
+
+        bad = PlaitWork("rank 0: bad", [lane.submit("fail", fail)], [], timeout=30)
+        with pytest.raises(plait.PeerLostError, match="rank 1 is gone"):
+            bad.wait()
+        with pytest.raises(plait.PeerLostError):
+            bad.get_future().wait()
+        assert isinstance(bad.exception(), plait.PeerLostError)
+        assert not bad.is_success()
+    finally:
+        release.set()
+        lane.stop(10)
+
+
+def test_finish_step_runs_once_after_success() -> None:
+    lane = Lane("test-lane")
+    runs: list[int] = []
+    try:
+        task = lane.submit("ok", lambda: None)
+        work = PlaitWork("rank 0: x", [task], [], finish=lambda: runs.append(1), timeout=30)
+        work.wait()
+        work.wait()
+        work.get_future().wait()
+        assert runs == [1]
+    finally:
+        lane.stop(10)
+
+
+# -- the store adapter and env:// under plait run -------------------------------------------
+def test_torch_store_through_plaits_contract() -> None:
+    store = plait.torch.TorchStore(dist.PrefixStore("g/", dist.HashStore()), timeout=5)
+    store.set("a", b"1")
+    assert store.get("a") == b"1"
+    assert store.add("n", 2) == 2
+    assert store.get("n") == b"2"
+    assert store.check(["a", "n"])
+    assert not store.check(["a", "zz"])
+    assert store.delete("a")
+    assert not store.check(["a"])
+    # plait.init's per-process count of init calls is dropped from the keys
+    store.set("plait/init7/host/0", b"h")
+    assert store.get("plait/init2/host/0") == b"h"
+    with pytest.raises(StoreTimeout, match="missing"):
+        store.wait(["missing"], timeout=0.05)
+    assert store.host is None  # a HashStore has none; a TCPStore's host routes plait's TCP
+
+
+def test_torch_store_host_of_a_tcp_store() -> None:
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    store = plait.torch.TorchStore(dist.PrefixStore("x/", server), timeout=5)
+    assert store.host == "127.0.0.1"
+
+
+def test_env_rendezvous_under_plait_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without MASTER_ADDR but with plait run's variables, env:// finds a TCPStore."""
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with TCPStoreServer("127.0.0.1", 0) as server:
+        monkeypatch.setenv("PLAIT_RANK", "0")
+        monkeypatch.setenv("PLAIT_SIZE", "1")
+        monkeypatch.setenv("PLAIT_STORE", f"tcp://127.0.0.1:{server.port}")
+        store, rank, size = next(dist.rendezvous("env://"))
+        assert (rank, size) == (0, 1)
+        assert isinstance(store, dist.TCPStore)
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+
+
+def test_env_rendezvous_without_plait_run_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MASTER_ADDR", "RANK", "PLAIT_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="RANK expected"):
+        next(dist.rendezvous("env://"))

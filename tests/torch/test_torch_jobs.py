@@ -1,0 +1,112 @@
+"""The "plait" torch.distributed backend in real multi-process jobs.
+
+Every job runs ``torch_rank_check.py`` (the checks live there, inside the
+ranks) under ``plait run``, torchrun, or with an explicit ``init_method``, in a
+session of its own that is killed if it overruns. One ``plait run`` job per
+world size runs the DDP comparison with gloo, every call against numpy and
+the error cases, so that torch is imported once per rank for all of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from launchers.launch_helpers import JobResult, clean_env, free_port_pair, job_dirs, run_job
+
+pytest.importorskip(
+    "torch",
+    reason="torch is not installed; the plait backend needs it (pip install 'plait[torch]')",
+)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RANKS = HERE / "torch_rank_check.py"
+PLAIT_RUN = [sys.executable, "-m", "plait", "run"]
+#: Seconds a job may take before it is killed (pytest-timeout is 120 per test).
+JOB_SECONDS = 100.0
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """No launcher variables of this process; one torch thread per rank (2 shared cores)."""
+    return clean_env(OMP_NUM_THREADS="1", **extra)
+
+
+@functools.cache
+def plait_run_job(size: int) -> JobResult:
+    """DDP against gloo, every call, and the errors, on ``size`` ranks under plait run."""
+    cmd = [*PLAIT_RUN, "-n", str(size), "--tag-output", str(RANKS), "ddp,calls,errors"]
+    return run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
+
+
+def passed(res: JobResult, mode: str, size: int) -> None:
+    """Every rank printed that ``mode`` passed."""
+    done = sorted(int(r) for r in re.findall(rf"rank (\d+): {mode} passed", res.stdout))
+    assert done == list(range(size)), f"{mode} did not pass on every rank\n{res.describe()}"
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_ddp_on_plait_matches_gloo(size: int) -> None:
+    """The issue's key test: the same DDP loop ends with the same parameters on both."""
+    res = plait_run_job(size)
+    passed(res, "ddp", size)
+    diffs = re.findall(r"largest relative difference ([-+.0-9e]+)", res.stdout)
+    assert len(diffs) == size
+    assert all(float(d) < 1e-6 for d in diffs), diffs
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_call_matches_numpy(size: int) -> None:
+    """all_reduce … recv, float32/float64/int64, sync and async, strided tensors."""
+    passed(plait_run_job(size), "calls", size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_refused_calls_and_failed_work(size: int) -> None:
+    """Clear errors for what plait cannot serve; a failed call's work raises plait's error."""
+    res = plait_run_job(size)
+    passed(res, "errors", size)
+    assert res.returncode == 0, res.describe()
+
+
+def test_torchrun_env() -> None:
+    """Under torchrun, env:// is torch's own: the group meets through torchrun's store."""
+    port = free_port_pair()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(RANKS),
+        "basic",
+    ]
+    with job_dirs() as (tmp, _):
+        res = run_job(cmd, job_env(TMPDIR=str(tmp)), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    passed(res, "basic", 2)
+
+
+def test_explicit_init_method(tmp_path: Path) -> None:
+    """init_method=file://… with rank and world_size given: torch's FileStore carries it."""
+    url = f"file://{tmp_path / 'rendezvous'}"
+    cmd = [*PLAIT_RUN, "-n", "2", "--tag-output", str(RANKS), "basic", url]
+    res = run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    passed(res, "basic", 2)
+
+
+def test_example_trains_identical_replicas() -> None:
+    """The example (``plait run -n 4`` in the docs; 2 ranks here, to keep the suite short)."""
+    cmd = [*PLAIT_RUN, "-n", "2", "examples/train_torch_ddp.py", "--epochs", "2"]
+    res = run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    assert "replicas identical: True" in res.stdout, res.describe()
