@@ -1,0 +1,137 @@
+"""Sharded channels, the ZeRO-style optimizer and bounded staleness, against numpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.sharded import Channels, ShardedOptimizer, StaleAverager
+from plait.testing import run_ranks
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("count", [0, 1, 7, 1000, 100_003])
+def test_channels_allreduce(channels: int, count: int) -> None:
+    size = 3
+
+    def body(comm: plait.Communicator) -> np.ndarray:
+        x = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
+        with Channels(comm, channels) as ch:
+            out = ch.allreduce(x)
+            again = np.empty_like(x)
+            assert ch.allreduce(x, out=again) is again
+            np.testing.assert_array_equal(again, out)
+        return out
+
+    out = run_ranks(size, body)
+    want = sum(np.random.default_rng(r).standard_normal(count).astype(np.float32) for r in range(3))
+    np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-5)
+    for r in (1, 2):
+        assert out[r].tobytes() == out[0].tobytes()
+
+
+def test_channels_reject_a_wrong_out() -> None:
+    def body(comm: plait.Communicator) -> None:
+        with Channels(comm, 2) as ch, pytest.raises(ValueError, match="expected"):
+            ch.allreduce(np.ones(4), out=np.ones(5))
+
+    run_ranks(2, body)
+
+
+def momentum(lr: float, mu: float):
+    def update(p: np.ndarray, g: np.ndarray, state: dict[str, Any]) -> None:
+        v = state.setdefault("v", np.zeros_like(p))
+        v *= mu
+        v += g
+        p -= lr * v
+
+    return update
+
+
+def problem(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(100 + rank)
+    x = rng.standard_normal((32, 5)).astype(np.float64)
+    return x, x @ np.arange(1.0, 6.0) + rng.standard_normal(32) * 0.1
+
+
+def grads_of(params: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    w, b = params
+    err = x @ w + b - y
+    return [x.T @ err / len(y), np.array([err.mean()])]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_sharded_optimizer_trains_like_the_plain_one(size: int) -> None:
+    steps, lr, mu = 80, 0.05, 0.9
+
+    def sharded(comm: plait.Communicator) -> list[np.ndarray]:
+        params = [np.zeros(5), np.zeros(1)]
+        opt = ShardedOptimizer(comm, params, momentum(lr, mu))
+        x, y = problem(comm.rank)
+        for _ in range(steps):
+            opt.step(grads_of(params, x, y))
+        assert opt.shard == -(-6 // size)
+        return params
+
+    def plain(comm: plait.Communicator) -> list[np.ndarray]:
+        params = [np.zeros(5), np.zeros(1)]
+        state = [np.zeros(5), np.zeros(1)]
+        x, y = problem(comm.rank)
+        for _ in range(steps):
+            for p, g, v in zip(params, grads_of(params, x, y), state, strict=True):
+                avg = comm.allreduce(g, plait.AVG)
+                v *= mu
+                v += avg
+                p -= lr * v
+        return params
+
+    got, want = run_ranks(size, sharded), run_ranks(size, plain)
+    for r in range(size):
+        for a, b in zip(got[r], want[0], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+        for a, b in zip(got[r], got[0], strict=True):
+            assert a.tobytes() == b.tobytes()  # replicas identical
+    assert np.allclose(got[0][0], np.arange(1.0, 6.0), atol=0.5)  # it learned
+
+
+def test_sharded_optimizer_checks_its_input() -> None:
+    def body(comm: plait.Communicator) -> None:
+        with pytest.raises(ValueError, match="one dtype"):
+            ShardedOptimizer(comm, [np.zeros(2), np.zeros(2, np.float32)], momentum(0.1, 0))
+        opt = ShardedOptimizer(comm, [np.zeros(2)], momentum(0.1, 0))
+        with pytest.raises(ValueError, match="shape"):
+            opt.step([np.zeros(3)])
+        with pytest.raises(ValueError, match="gradients for"):
+            opt.step([])
+
+    run_ranks(1, body)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 3])
+def test_stale_averages_arrive_late_and_in_order(staleness: int) -> None:
+    steps = 6
+
+    def body(comm: plait.Communicator) -> list[Any]:
+        avg = StaleAverager(comm, staleness)
+        got: list[Any] = []
+        g = np.zeros(4)
+        for t in range(steps):
+            g[...] = t * 10 + comm.rank  # the caller reuses its array
+            got.append(avg.average(g))
+        return got + avg.drain()
+
+    out = run_ranks(3, body)
+    for r in range(3):
+        assert out[r][:staleness] == [None] * staleness
+        due = out[r][staleness:]
+        assert len(due) == steps
+        for t, a in enumerate(due):
+            np.testing.assert_array_equal(a, np.full(4, t * 10 + 1.0))  # mean of ranks 0..2
+
+
+def test_staleness_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="staleness"):
+        StaleAverager(None, -1)
