@@ -114,3 +114,20 @@ def test_split_and_point_to_point(tmp_path: Path, transport: str) -> None:
     res = plait_run(["-n", "4", "--tag-output", "--transport", transport, str(script)], timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert sorted(res.stdout.splitlines()) == [f"[{r}]: ok {r}" for r in range(4)]
+
+
+def test_async_training_example_keeps_replicas_identical() -> None:
+    res = plait_run(["-n", "3", "examples/async_training.py", "--steps", "120"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[2:]}
+    assert set(rows) == {"sync", "stale-1", "stale-4", "zero"}
+    assert all(r[-1] == "identical" for r in rows.values())
+    # ZeRO with momentum trains exactly like synchronous momentum SGD (to print precision).
+    assert rows["zero"][1:3] == rows["sync"][1:3]
+
+
+def test_overlap_example_gives_the_serial_gradients() -> None:
+    args = ["--layers", "4", "--width", "256", "--batch", "128", "--steps", "2"]
+    res = plait_run(["-n", "2", "examples/overlap.py", *args])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "overlap step is" in res.stdout
