@@ -158,3 +158,17 @@ def test_bad_parameters() -> None:
         sim.flat(2, 1e-6, 1e-9, gamma=float("nan"))
     with pytest.raises(ValueError, match="fat tree"):
         sim.fat_tree(8, 0, LINK)
+
+
+def test_a_rank_can_sit_on_a_switch() -> None:
+    # The hook for in-network aggregation: a switch that reduces runs a schedule of its own.
+    net = sim.Network("agg")
+    sw = net.add_node("sw", reduce=True, memory=1 << 20)
+    for _ in range(2):
+        r = net.add_rank()
+        net.add_cable(net.rank_node[r], sw, LINK)
+    assert net.add_rank("sw.rank", node=sw) == 2
+    assert net.rank_node[2] == sw
+    assert len(net.route(0, 2)) == 1
+    res = sim.simulate("reduce", "binomial", 400, net, root=2, with_data=True, dtype="int32")
+    assert res.time > 0

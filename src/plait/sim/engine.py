@@ -34,11 +34,12 @@ numpy buffers and the steps move and reduce them: a send reads its region
 when it completes, so a schedule that overwrites data still in flight gets
 caught by the result check.
 
-Run time: building the schedules aside, the engine does a constant amount
-of work per step and per message plus, per instant, the flows whose rates
-change with the links they cross (with max-min sharing, the whole connected
-group of flows that share links with a changed one). Without contention that
-is linear in the number of steps; for measurements see :mod:`plait.sim`.
+Run time: a constant amount of work per step and per message, plus, per
+instant, the flows whose rates may change (see :mod:`plait.sim` for
+measurements). Steps are kept in flat lists indexed by a global step id
+(:mod:`plait.sim.program`), events are integers (an id and a code) filed
+under their instant in a calendar (a heap of distinct times, a list per
+time), and Python's cyclic garbage collector is paused while it runs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from plait.sim.program import Program, compile_schedules, no_gc
 
 __all__ = ["Data", "Outcome", "StepRecord", "run", "run_schedules"]
 
-# Event codes, in the low two bits of a heap entry's second element.
+# Event codes, in the low two bits of an event.
 _FLOW_DONE = 0
 _ARRIVE = 1
 _LOCAL_DONE = 2
@@ -208,7 +209,7 @@ class _Sim:
 
     # -- the event loop ----------------------------------------------------------------
     def loop(self) -> None:
-        """Run to the end. Heap entries are ``(time, id << 2 | event code)``."""
+        """Run to the end. An event is ``id << 2 | code``: a flow's or a step's id, and what."""
         prog = self.prog
         kind, peer, nbytes, owner = prog.kind, prog.peer, prog.nbytes, prog.owner
         dep_ptr, dep_idx, match = prog.dep_ptr, prog.dep_idx, prog.match
@@ -222,8 +223,12 @@ class _Sim:
         record = self.record
         ready_t, start_t, end_t = self.ready_t, self.start_t, self.end_t
         data = self.data
-        heap: list[tuple[float, int]] = []
-        push, pop = heapq.heappush, heapq.heappop
+        # The event calendar: a heap of distinct times, and the events of each time in
+        # the order they were scheduled. Lock-step algorithms put thousands of events
+        # on one instant, which then cost a list append each instead of a heap push.
+        times: list[float] = []
+        calendar: dict[float, list[int]] = {}
+        heappush, heappop = heapq.heappush, heapq.heappop
         events = 0
         busy = [0.0] * p  # when each rank's local work queue drains
         posted = self.posted  # receive: its dependencies are done
@@ -267,7 +272,13 @@ class _Sim:
                         if start < t:
                             start = t
                         channel_free[key] = done = start + nbytes[g] * msg_beta
-                        push(heap, (done + route[1], f << 2 | _ARRIVE))
+                        when = done + route[1]
+                        bucket = calendar.get(when)
+                        if bucket is None:
+                            calendar[when] = [f << 2 | _ARRIVE]
+                            heappush(times, when)
+                        else:
+                            bucket.append(f << 2 | _ARRIVE)
                     elif key in waiting:  # the channel is busy: wait in line
                         waiting[key].append(f)
                     else:
@@ -288,7 +299,13 @@ class _Sim:
                         busy[r] = end = start + nbytes[g] * gamma[r]
                         if record:
                             start_t[g] = start
-                        push(heap, (end, g << 2 | _LOCAL_DONE))
+                        when = end
+                        bucket = calendar.get(when)
+                        if bucket is None:
+                            calendar[when] = [g << 2 | _LOCAL_DONE]
+                            heappush(times, when)
+                        else:
+                            bucket.append(g << 2 | _LOCAL_DONE)
                     continue
                 else:  # COPY, REDUCE: local work
                     r = owner[g]
@@ -298,7 +315,13 @@ class _Sim:
                         start_t[g] = start
                     if end != t:
                         busy[r] = end
-                        push(heap, (end, g << 2 | _LOCAL_DONE))
+                        when = end
+                        bucket = calendar.get(when)
+                        if bucket is None:
+                            calendar[when] = [g << 2 | _LOCAL_DONE]
+                            heappush(times, when)
+                        else:
+                            bucket.append(g << 2 | _LOCAL_DONE)
                         continue
                     if data is not None:  # free local work: done now
                         self._local(g, None)
@@ -316,21 +339,21 @@ class _Sim:
             ready.clear()
             # ---- the instant is over: install new flows and recompute shares ------------
             if new_flows or dirty:
-                self._reshare(t, dirty, new_flows, heap)
+                self._reshare(t, dirty, new_flows, times, calendar)
                 new_flows.clear()
                 dirty.clear()
-            if not heap:
+            if not times:
                 break
             # ---- advance to the next instant and take all its events --------------------
-            t = heap[0][0]
-            while heap and heap[0][0] == t:
-                ev = pop(heap)[1]
+            # (Events scheduled for t from here on get a new bucket, handled next round.)
+            t = heappop(times)
+            for ev in calendar.pop(t):
                 events += 1
                 code = ev & 3
                 x = ev >> 2
                 if code == _FLOW_DONE:
                     flow = flows[x]
-                    if flow[6] != t:
+                    if flow is None or flow[6] != t:
                         continue  # superseded: the flow's rate changed since
                     flow[6] = -1.0
                     for i in flow[3]:
@@ -338,7 +361,13 @@ class _Sim:
                         on.discard(x)
                         if on:
                             dirty.add(i)
-                    push(heap, (t + flow[4], x << 2 | _ARRIVE))
+                    when = t + flow[4]
+                    bucket = calendar.get(when)
+                    if bucket is None:
+                        calendar[when] = [x << 2 | _ARRIVE]
+                        heappush(times, when)
+                    else:
+                        bucket.append(x << 2 | _ARRIVE)
                     line = waiting[flow[7]]
                     if line:  # the next message of this channel starts now
                         nxt = line.pop(0)
@@ -353,6 +382,7 @@ class _Sim:
                     done_now: tuple[int, ...] = (x,)
                 else:  # _ARRIVE: the message is there; the send is complete
                     g = flows[x][5]
+                    flows[x] = None  # type: ignore[call-overload]  # done with it
                     rg = match[g]
                     payload = self._read(g) if data is not None else None
                     arrived[rg] = 1
@@ -373,7 +403,13 @@ class _Sim:
                             busy[r] = end = start + nbytes[rg] * gamma[r]
                             if record:
                                 start_t[rg] = start
-                            push(heap, (end, rg << 2 | _LOCAL_DONE))
+                            when = end
+                            bucket = calendar.get(when)
+                            if bucket is None:
+                                calendar[when] = [rg << 2 | _LOCAL_DONE]
+                                heappush(times, when)
+                            else:
+                                bucket.append(rg << 2 | _LOCAL_DONE)
                 for g in done_now:
                     n_done += 1
                     if record:
@@ -391,12 +427,16 @@ class _Sim:
 
     # -- bandwidth sharing -------------------------------------------------------------
     def _reshare(
-        self, t: float, dirty: set[int], new_flows: list[int], heap: list[tuple[float, int]]
+        self,
+        t: float,
+        dirty: set[int],
+        new_flows: list[int],
+        times: list[float],
+        calendar: dict[float, list[int]],
     ) -> None:
         """Give every flow whose share may have changed at ``t`` its new rate and finish time."""
         link_flows, cap, flows = self.link_flows, self.cap, self.flows
         flow_cap = self.flow_cap
-        push = heapq.heappush
         rates: dict[int, float] = {}
         for f in new_flows:
             for i in flows[f][3]:
@@ -457,13 +497,18 @@ class _Sim:
             flow[1] = t
             flow[2] = rate
             flow[6] = end = t + flow[0] / rate
-            push(heap, (end, f << 2 | _FLOW_DONE))
+            bucket = calendar.get(end)
+            if bucket is None:
+                calendar[end] = [f << 2 | _FLOW_DONE]
+                heapq.heappush(times, end)
+            else:
+                bucket.append(f << 2 | _FLOW_DONE)
 
     # -- with data ---------------------------------------------------------------------
     def _step(self, g: int) -> tuple[int, object]:
         r = self.prog.owner[g]
         assert self.prog.schedules is not None
-        return r, self.prog.schedules[r].steps[g - self.prog.base[r]]
+        return r, self.prog.schedules[r].steps[int(self.prog.local[g])]
 
     def _region(self, g: int, which: str) -> np.ndarray:
         assert self.data is not None
@@ -505,15 +550,16 @@ class _Sim:
     # -- results -----------------------------------------------------------------------
     def _deadlock(self, n_done: int) -> None:
         prog = self.prog
-        stuck = []
-        for r in range(self.p):
-            for g in range(prog.base[r], prog.base[r + 1]):
-                waiting = prog.kind[g] in (_RECV, _RECV_REDUCE) and not self.arrived[g]
-                if self.left[g] > 0 or waiting:
-                    stuck.append(f"rank {r} step {g - prog.base[r]} ({_describe(prog, g)})")
-                    break
-            if len(stuck) >= 8:
-                break
+        first: dict[int, int] = {}  # rank -> its first step that never finished
+        for g in range(self.n):
+            waiting = prog.kind[g] in (_RECV, _RECV_REDUCE) and not self.arrived[g]
+            r = prog.owner[g]
+            if (self.left[g] > 0 or waiting) and (r not in first or g < first[r]):
+                first[r] = g
+        stuck = [
+            f"rank {r} step {int(prog.local[g])} ({_describe(prog, g)})"
+            for r, g in sorted(first.items())[:8]
+        ]
         raise RuntimeError(
             f"deadlock: {self.n - n_done} of {self.n} steps never finish; first stuck: "
             + "; ".join(stuck)
@@ -532,7 +578,7 @@ class _Sim:
             records = [
                 StepRecord(
                     prog.owner[g],
-                    g - prog.base[prog.owner[g]],
+                    int(prog.local[g]),
                     kinds[prog.kind[g]],
                     prog.peer[g],
                     prog.tag[g],

@@ -111,10 +111,14 @@ class Network:
         self.nodes.append(Node(name, kind, reduce, memory))
         return len(self.nodes) - 1
 
-    def add_rank(self, name: str | None = None) -> int:
-        """Add a rank (numbered in order of addition) on a new node; returns the rank."""
+    def add_rank(self, name: str | None = None, *, node: int | None = None) -> int:
+        """Add a rank (numbered in order of addition); returns the rank.
+
+        It gets a new node of its own, or sits on ``node`` (e.g. a switch that
+        reduces, so that an in-network algorithm can give it a schedule).
+        """
         rank = len(self.rank_node)
-        self.rank_node.append(self.add_node(name or f"r{rank}", "rank"))
+        self.rank_node.append(self.add_node(name or f"r{rank}", "rank") if node is None else node)
         self.gamma.append(self._default_gamma)
         self.delta.append(self._default_delta)
         return rank
