@@ -15,10 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: For the hybrid transport, even ranks are on emulated host "a" and odd ranks on "b", so a job
 #: of 4 uses shared memory between 0 and 2 (and 1 and 3) and TCP for every other pair.
-HYBRID_HOSTS = (
-    "import os\n"
-    "os.environ['PLAIT_HOST'] = 'ab'[int(os.environ['PLAIT_RANK']) % 2]\n"
-)
+HYBRID_HOSTS = "import os\nos.environ['PLAIT_HOST'] = 'ab'[int(os.environ['PLAIT_RANK']) % 2]\n"
 TRANSPORTS = ["shm", "tcp", "hybrid"]
 
 

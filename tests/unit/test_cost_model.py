@@ -117,6 +117,5 @@ def test_plait_debug_info_logs_each_choice_once(
     run_ranks(2, body)
     lines = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
     assert sorted(lines) == [
-        f"rank {r}: allreduce of 24 bytes on 2 ranks: auto chose recursive_doubling"
-        for r in (0, 1)
+        f"rank {r}: allreduce of 24 bytes on 2 ranks: auto chose recursive_doubling" for r in (0, 1)
     ]
