@@ -7,7 +7,9 @@ import pytest
 
 import plait
 from plait import sim
+from plait.selection.model import LinkCost, Profile
 from plait.selection.select import SEGMENT_BYTES
+from plait.sim import formulas
 
 
 def test_context_count_follows_the_bench_convention() -> None:
@@ -84,14 +86,25 @@ def test_simulate_schedules() -> None:
     assert res.time == sim.simulate("allreduce", "ring", 256, sim.flat(4, 1e-6, 1e-9)).time
 
 
-def test_cost_model_round_trip() -> None:
-    model = sim.CostModel({"intra": sim.LinkParams(1e-7, 1e-10)}, gamma=1e-10)
-    assert model.copy == 1e-10
-    again = sim.CostModel.from_dict(model.to_dict())
-    assert again == model
-    assert sim.DEFAULT_MODEL.link("inter").bandwidth == pytest.approx(1.25e9)
-    with pytest.raises(ValueError, match="no link class"):
-        model.link("inter")
-    with pytest.raises(ValueError, match="gamma"):
-        sim.CostModel(gamma=-1.0)
+def test_link_params() -> None:
     assert sim.LinkParams.from_bandwidth(1e-6, 1e9).time(1000) == pytest.approx(2e-6)
+    assert sim.LinkParams(1e-6, 0.0).bandwidth == float("inf")
+    with pytest.raises(ValueError, match="bandwidth"):
+        sim.LinkParams.from_bandwidth(1e-6, 0)
+
+
+def test_network_from_a_measured_profile() -> None:
+    prof = Profile(LinkCost(2e-6, 1e-10), LinkCost(2e-5, 1e-9), gamma=3e-10, delta=1e-10)
+    one = sim.from_profile(prof, 8)
+    res = sim.simulate("allreduce", "ring", 8 << 20, sim.from_profile(prof, 8, ports=False))
+    want = formulas.predict("allreduce", "ring", 8, 8 << 20, 2e-6, 1e-10, 3e-10, 1e-10)
+    assert res.time == pytest.approx(want, rel=1e-12)
+    assert one.size == 8
+    assert one.host_layout() is None
+    two = sim.from_profile(prof, 8, ranks_per_host=4, nics=2)
+    assert two.host_layout() is not None
+    assert two.gamma == [3e-10] * 8
+    with pytest.raises(ValueError, match="split"):
+        sim.from_profile(prof, 8, ranks_per_host=3)
+    with pytest.raises(ValueError, match="inter-host"):
+        sim.from_profile(Profile(LinkCost(1e-6, 1e-10)), 8, ranks_per_host=4)

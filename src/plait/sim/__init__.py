@@ -84,15 +84,13 @@ from plait.ops import SUM, Op
 from plait.schedule.builder import Context
 from plait.schedule.ir import Schedule
 from plait.sim.engine import SHARING, Data, Outcome, StepRecord, run, run_schedules
-from plait.sim.model import DEFAULT_MODEL, CostModel, LinkParams
+from plait.sim.model import LinkParams
 from plait.sim.network import Network, Node, fat_tree, flat, hosts, ring, single_switch, torus
 from plait.sim.program import Program, build_program
 from plait.sim.trace import trace_events, write_trace
 
 __all__ = [
-    "DEFAULT_MODEL",
     "SHARING",
-    "CostModel",
     "LinkParams",
     "Network",
     "Node",
@@ -104,6 +102,7 @@ __all__ = [
     "context_count",
     "fat_tree",
     "flat",
+    "from_profile",
     "hosts",
     "ring",
     "run",
@@ -185,6 +184,35 @@ def context_count(collective: str, nbytes: int, itemsize: int, size: int) -> int
         return 0
     elements = nbytes // itemsize
     return elements // size if collective in BLOCK_COLLECTIVES else elements
+
+
+def from_profile(
+    profile: Any,
+    size: int,
+    *,
+    ranks_per_host: int | None = None,
+    nics: int = 1,
+    ports: bool = True,
+) -> Network:
+    """The network a measured profile describes (:class:`plait.selection.model.Profile`).
+
+    ``size`` ranks on one host (:func:`flat` with the profile's ``intra`` link),
+    or, with ``ranks_per_host`` dividing ``size`` into several hosts and a
+    profile that measured an ``inter`` link, :func:`hosts` joined by ``nics``
+    NICs each. γ and δ are the profile's.
+    """
+    intra = LinkParams(profile.intra.alpha, profile.intra.beta)
+    gamma, delta = profile.gamma, profile.delta
+    if ranks_per_host is None or ranks_per_host >= size:
+        return flat(size, intra.alpha, intra.beta, gamma, delta=delta, ports=ports)
+    if profile.inter is None:
+        raise ValueError("the profile has no inter-host link: measure one with plait tune")
+    if size % ranks_per_host:
+        raise ValueError(f"{size} ranks do not split into hosts of {ranks_per_host}")
+    inter = LinkParams(profile.inter.alpha, profile.inter.beta)
+    return hosts(
+        size // ranks_per_host, ranks_per_host, intra, inter, nics=nics, gamma=gamma, delta=delta
+    )
 
 
 def build_all(
@@ -444,6 +472,3 @@ def _check(
             if not np.array_equal(results[r], first):  # type: ignore[arg-type]
                 raise SimCheckError(f"allreduce: rank {r}'s result differs from rank 0's")
     return results
-
-
-_ = (CostModel, DEFAULT_MODEL, LinkParams)

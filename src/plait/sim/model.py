@@ -1,4 +1,4 @@
-"""The α-β-γ cost parameters: one latency/bandwidth pair per link class, and local work per byte.
+"""The α-β-γ cost parameters of links and ranks.
 
 Notation of Thakur, Rabenseifner and Gropp (2005):
 
@@ -10,20 +10,18 @@ Notation of Thakur, Rabenseifner and Gropp (2005):
   starts by copying its input into the output), so the simulator charges it. It
   defaults to ``γ``: both are bound by memory bandwidth.
 
-A :class:`CostModel` names the link classes a job's messages cross (``"intra"``
-between ranks of one host, ``"inter"`` between hosts) so that the simulator,
-the selector and a benchmark report can share one set of numbers; it reads and
-writes plain dicts (JSON) for profile files.
+A link's α and β are a :class:`LinkParams`. The measured model of a machine,
+one α-β per link class plus γ and δ, is :class:`plait.selection.model.Profile`
+(written by ``plait tune``); :func:`plait.sim.from_profile` builds the network
+it describes, so the selector and the simulator share one set of numbers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MODEL", "CostModel", "LinkParams"]
+__all__ = ["LinkParams"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,69 +52,3 @@ class LinkParams:
     def time(self, nbytes: float) -> float:
         """``α + nβ``: the time of one message of ``nbytes`` alone on the link."""
         return self.alpha + nbytes * self.beta
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """An α-β pair per link class plus the per-byte local costs γ (reduce) and δ (copy).
-
-    Args:
-        links: link class name -> :class:`LinkParams`; topologies that mix classes
-            (e.g. :func:`plait.sim.hosts`) look up ``"intra"`` and ``"inter"``.
-        gamma: seconds per byte of a reduction on a rank.
-        delta: seconds per byte of a local copy; None means ``gamma``.
-    """
-
-    links: Mapping[str, LinkParams] = field(default_factory=dict)
-    gamma: float = 0.0
-    delta: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("gamma", "delta"):
-            value = getattr(self, name)
-            if value is None and name == "delta":
-                continue
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"CostModel.{name} must be a finite number >= 0; got {value!r}")
-
-    @property
-    def copy(self) -> float:
-        """δ, the effective copy cost per byte."""
-        return self.gamma if self.delta is None else self.delta
-
-    def link(self, klass: str) -> LinkParams:
-        """The parameters of link class ``klass``; ValueError naming the known classes."""
-        try:
-            return self.links[klass]
-        except KeyError:
-            raise ValueError(
-                f"cost model has no link class {klass!r}; it has: {', '.join(self.links) or 'none'}"
-            ) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (see :meth:`from_dict`)."""
-        return {
-            "links": {k: {"alpha": v.alpha, "beta": v.beta} for k, v in self.links.items()},
-            "gamma": self.gamma,
-            "delta": self.delta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
-        """The model written by :meth:`to_dict`."""
-        links = {
-            k: LinkParams(float(v["alpha"]), float(v["beta"])) for k, v in data["links"].items()
-        }
-        delta = data.get("delta")
-        return cls(links, float(data.get("gamma", 0.0)), None if delta is None else float(delta))
-
-
-#: Rough defaults for a commodity cluster: shared memory inside a host (1 µs, 10 GB/s),
-#: 10 Gb/s Ethernet between hosts (10 µs, 1.25 GB/s), reductions at 2 GB/s.
-DEFAULT_MODEL = CostModel(
-    {
-        "intra": LinkParams(1e-6, 1 / 10e9),
-        "inter": LinkParams(10e-6, 1 / 1.25e9),
-    },
-    gamma=1 / 2e9,
-)
