@@ -38,15 +38,16 @@ Rabenseifner and Gropp (2005) as rederived for plait's schedules
 Run time
 --------
 Measured on the 2-core machine this repository is tested on (timing only,
-flat network, 16 MiB, one segment; the machine was shared, load average 3-4,
-so wall times vary by up to 2x between runs):
+flat network, 16 MiB, one segment, ``PLAIT_SIM_SCALE=full pytest
+tests/sim/test_scale.py``; the machine is shared, and with other jobs running
+the build took up to twice as long):
 
 ======================  ======  ==========  ======  ======  =====
 allreduce               ranks   steps       build   engine  total
 ======================  ======  ==========  ======  ======  =====
-ring                    1,024   4,191,232   25 s    9 s     35 s
-recursive_doubling      16,384  475,136     3 s     2 s     5 s
-swing                   16,384  933,888     28 s    5 s     34 s
+ring                    1,024   4,191,232   22 s    8 s     30 s
+recursive_doubling      16,384  475,136     2 s     2 s     4 s
+swing                   16,384  933,888     29 s    5 s     34 s
 double_binary_tree      16,384  147,448     1 s     1 s     2 s
 ======================  ======  ==========  ======  ======  =====
 

@@ -1,7 +1,7 @@
 """Closed-form α-β-γ costs of plait's schedules on the flat network, after Thakur et al. (2005).
 
-Each function gives the time of one call on :func:`plait.sim.flat` (every rank
-has a send and a receive port of bandwidth 1/β; a message alone costs α + nβ),
+Each function gives the time of one call on :func:`plait.sim.flat` with
+``ports=False`` (every message costs α + nβ, whatever else is in flight),
 without pipelining (one segment), with γ seconds per byte reduced and δ per
 byte copied, for ``p`` ranks and a buffer of ``n`` bytes (the collective's
 whole buffer, as :func:`plait.sim.context_count` reads it). Blocks are assumed
@@ -17,13 +17,13 @@ why; the differences come from four things the paper's model does not have:
   before reducing in place, and copies results out of scratch; the paper's
   algorithms copy nothing. With δ = 0 the formulas reduce to the paper's
   wherever the schedules otherwise agree.
-* **Concurrent messages share a port.** The paper's processes send one message
-  at a time (blocking sends in a fixed order). plait's schedules only order
-  what data dependencies order, so a rank may have several messages in flight;
-  on the flat network they share its port fairly. Where a schedule sends
-  several messages at once (binomial broadcast, pairwise exchange) the
-  latency is paid once, not once per message, and the bandwidth term counts
-  every byte through the busiest port.
+* **Concurrent messages.** The paper's processes send one message at a time
+  (blocking sends in a fixed order). plait's schedules only order what data
+  dependencies order, so a rank may have several messages in flight (binomial
+  broadcast, pairwise exchange, Bruck's short last step): their latencies
+  overlap, so it is paid once, not once per message. Contention-free, they do
+  not slow each other at all; with ports they share the rank's port, and the
+  bandwidth term counts every byte through the busiest port.
 * **Early data.** A receive-and-reduce accepts its message before its
   dependencies are done (as the executor stages it), so a rank that starts
   late catches up on partners that started early; only the longest chain of
@@ -65,10 +65,6 @@ Formula = Callable[[int, float, float, float, float, float], float]
 
 def _lg(q: int) -> int:
     return q.bit_length() - 1
-
-
-def _ceil_lg(p: int) -> int:
-    return (p - 1).bit_length()
 
 
 # -- allreduce ----------------------------------------------------------------------------
@@ -252,7 +248,6 @@ def reduce_scatter_recursive_halving(
     recurrence over the chains of receive-and-reduce steps, where a rank that
     already has its partner's data only pays the reduction), and each folded
     rank sends its neighbour's block back (α + (n/p)β) while copying its own.
-    The paper's non-power-of-two estimate is an upper bound of this.
     """
     m = n / p
     q = pof2_floor(p)
