@@ -172,3 +172,23 @@ def test_a_rank_can_sit_on_a_switch() -> None:
     assert len(net.route(0, 2)) == 1
     res = sim.simulate("reduce", "binomial", 400, net, root=2, with_data=True, dtype="int32")
     assert res.time > 0
+
+
+def test_two_clusters_joined_by_a_slow_link() -> None:
+    # Heterogeneous links in one job: 2 clusters of 4 ranks, their switches joined by a WAN.
+    net = sim.Network("two clusters")
+    fast, wan = sim.LinkParams(1e-6, 1e-10), sim.LinkParams(5e-3, 1e-8)
+    switches = [net.add_node(f"sw{c}") for c in range(2)]
+    for c in range(2):
+        for _ in range(4):
+            r = net.add_rank()
+            net.add_cable(net.rank_node[r], switches[c], fast)
+    net.add_cable(switches[0], switches[1], wan, "wan")
+    net.hosts = tuple(r // 4 for r in range(8))  # host-aware algorithms see the clusters
+    assert [net.link_class[i] for i in net.route(1, 6)].count("wan") == 1
+    times = {
+        name: sim.simulate("allreduce", name, 1 << 20, net, with_data=True, dtype="int32").time
+        for name in ("ring", "hierarchical")
+    }
+    # The ring crosses the WAN in 2(p-1) sequential steps; hierarchical in few, with 1/4 of it.
+    assert times["hierarchical"] < times["ring"]

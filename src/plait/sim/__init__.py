@@ -91,6 +91,7 @@ from plait.sim.program import Program, build_program
 from plait.sim.trace import trace_events, write_trace
 
 __all__ = [
+    "BLOCK_COLLECTIVES",
     "SHARING",
     "LinkParams",
     "Network",

@@ -49,6 +49,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -234,7 +235,7 @@ class _Sim:
         posted = self.posted  # receive: its dependencies are done
         arrived = self.arrived  # receive: its message has arrived
         # Per flow: [bytes left, at time, rate, links, latency, send step, end, channel].
-        flows: list[list] = []
+        flows: list[list[Any]] = []
         self.flows = flows
         # Messages from a to b go one after another (one ordered channel per pair, as
         # plait's transports have): channel -> messages waiting behind the one in flight.
@@ -614,7 +615,7 @@ def _progressive_fill(
     members: list[int],
     link_flows: list[set[int]],
     cap: list[float],
-    flows: list[list],
+    flows: list[list[Any]],
     flow_cap: float,
     rates: dict[int, float],
 ) -> None:

@@ -294,7 +294,7 @@ def single_switch(
     if core is None:
         net.set_router(lambda s, d: (up[s], down[d]))
     else:
-        net.set_router(lambda s, d: (up[s], core, down[d]))  # type: ignore[misc]
+        net.set_router(lambda s, d: (up[s], core, down[d]))
     net.description = f"single switch, {p} ranks"
     return net
 
@@ -472,6 +472,7 @@ def hosts(
     net.hosts = tuple(host_of)
     rank_to_nic = [net.link(net.rank_node[r], nic_nodes[nic_of[r]]) for r in range(net.size)]
     nic_to_rank = [net.link(nic_nodes[nic_of[r]], net.rank_node[r]) for r in range(net.size)]
+    between: Callable[[int, int], list[int]]
     if hosts_per_leaf is None:
         core = net.add_node("switch", "switch")
         nic_up = []
@@ -481,7 +482,7 @@ def hosts(
             nic_up.append(a)
             nic_down.append(b)
 
-        def between(s: int, d: int) -> list[int]:
+        def between(s: int, d: int) -> list[int]:  # NIC index to NIC index
             return [nic_up[s], nic_down[d]]
 
         where = "one switch"

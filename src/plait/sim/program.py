@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
+from typing import Any
 
 import numpy as np
 
@@ -219,13 +220,13 @@ def compile_schedules(schedules: Sequence[Schedule], itemsize: int) -> Program:
 # -- building in worker processes ----------------------------------------------------------
 
 
-def _build_chunk(args: tuple) -> tuple[np.ndarray, ...]:
+def _build_chunk(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
     """Worker: build ranks ``lo..hi-1`` and return their arrays (never the Step objects)."""
     collective, algorithm, p, count, itemsize, root, segment, commutative, hosts, lo, hi = args
     spec = get(collective, algorithm)
     layout = HostLayout(hosts) if hosts is not None else None
     ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, layout)
-    build = build_schedule.__wrapped__  # type: ignore[attr-defined]  # no cache: each is used once
+    build = build_schedule.__wrapped__  # no cache: each schedule is used once
     with no_gc():
         return _pack([_rank_arrays(build(spec, ctx.with_rank(r))) for r in range(lo, hi)])
 
