@@ -44,12 +44,12 @@ def test_ranks_get_their_identity(tmp_path: Path) -> None:
 def test_module_mode(tmp_path: Path) -> None:
     (tmp_path / "mymod.py").write_text("import os\nprint('hello from', os.environ['PLAIT_RANK'])\n")
     res = run(
-        ["run", "-n", "2", "-m", "mymod"],
+        ["run", "-n", "2", "--tag-output", "-m", "mymod"],  # tagged: lines never interleave
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     assert res.returncode == 0, res.stderr
-    assert sorted(res.stdout.splitlines()) == ["hello from 0", "hello from 1"]
+    assert sorted(res.stdout.splitlines()) == ["[0]: hello from 0", "[1]: hello from 1"]
 
 
 def test_failing_rank_stops_the_others(tmp_path: Path) -> None:
