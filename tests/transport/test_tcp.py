@@ -820,3 +820,18 @@ def test_strangers_and_wrong_secrets_are_refused(monkeypatch: pytest.MonkeyPatch
     finally:
         a.close()
         b.close()
+
+
+def test_spin_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plait.transport.tcp import _spin_from_env
+
+    monkeypatch.delenv("PLAIT_TCP_SPIN", raising=False)
+    assert _spin_from_env() == pytest.approx(50e-6)
+    monkeypatch.setenv("PLAIT_TCP_SPIN", "0")
+    assert _spin_from_env() == 0.0
+    monkeypatch.setenv("PLAIT_TCP_SPIN", "250")
+    assert _spin_from_env() == pytest.approx(250e-6)
+    for bad in ("soon", "-5"):
+        monkeypatch.setenv("PLAIT_TCP_SPIN", bad)
+        with pytest.raises(ValueError, match="PLAIT_TCP_SPIN"):
+            _spin_from_env()

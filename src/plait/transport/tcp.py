@@ -151,7 +151,7 @@ from plait.errors import (
     TransportError,
 )
 from plait.rendezvous.store import Store, StoreTimeout
-from plait.transport.base import Handle
+from plait.transport.base import Handle, may_spin
 
 _log = logging.getLogger("plait")
 
@@ -216,6 +216,8 @@ _STAGE = 64 * 1024  # per-stream staging buffer for batched reads of small frame
 _DIRECT_MIN = 16 * 1024  # payload left at least this large: recv straight into the target
 _SCRATCH = 256 * 1024  # discard buffer for payloads nobody wants any more
 _GATHER = 64  # most buffers handed to one sendmsg
+#: Seconds a waiting rank polls its sockets (select with no timeout) before it blocks.
+_SPIN = 50e-6
 _RETRY = 0.05  # seconds between connection attempts while a peer is not listening yet
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _TIOCOUTQ = 0x5411  # Linux: bytes in a socket's send queue not yet acknowledged
@@ -936,6 +938,9 @@ class TcpTransport:
         address: the address this rank listens on, as published in the store.
         bytes_sent: payload bytes handed to :meth:`isend` so far.
         bytes_received: payload bytes delivered into receives so far.
+        spin: seconds a waiting thread polls its sockets before it blocks in
+            select (default 50 µs, or PLAIT_TCP_SPIN microseconds; 0 blocks at
+            once; background threads never poll).
 
     Args:
         rank: this rank, 0 <= rank < size.
@@ -986,6 +991,7 @@ class TcpTransport:
         self.timeout = float(timeout)
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.spin = _spin_from_env()
         bind = _choose_host(host, ifname, store)
         self.address, socks = _bootstrap(
             rank, size, self.streams, store, prefix, self.timeout, bind, self.peers
@@ -1175,9 +1181,20 @@ class TcpTransport:
                     self._cond.wait(left)
                     continue
                 self._driving = True
+                # Poll briefly before blocking in select(): a message that arrives within
+                # microseconds is then read without a wake-up, which costs tens of them.
+                spin_end = time.monotonic() + self.spin if self.spin and may_spin() else 0.0
                 try:
                     while True:
-                        self._drive(None if left is None else max(left, 0.0))
+                        if spin_end and time.monotonic() < spin_end:
+                            if not self._drive(0.0):
+                                self._lock.release()
+                                try:
+                                    os.sched_yield()  # let a peer on our CPU send it
+                                finally:
+                                    self._lock.acquire()
+                        else:
+                            self._drive(None if left is None else max(left, 0.0))
                         if self._notify:
                             self._wake_waiters()
                         for h in handles:
@@ -2149,6 +2166,20 @@ class TcpTransport:
             self._sel.close()
             self._wake_r.close()
             self._wake_w.close()
+
+
+def _spin_from_env() -> float:
+    """PLAIT_TCP_SPIN (microseconds a waiting rank polls its sockets before it blocks), else 50."""
+    text = os.environ.get("PLAIT_TCP_SPIN", "").strip()
+    if not text:
+        return _SPIN
+    try:
+        micros = float(text)
+    except ValueError:
+        raise ValueError(f"PLAIT_TCP_SPIN={text!r} is not a number of microseconds") from None
+    if not micros >= 0:
+        raise ValueError(f"PLAIT_TCP_SPIN={text!r} must be a number of microseconds >= 0")
+    return micros * 1e-6
 
 
 def _unsent(c: _Conn) -> bool:
