@@ -120,3 +120,10 @@ def test_algorithms_listing() -> None:
     assert res.returncode == 0
     assert "ring" in res.stdout
     assert "commutative ops only" in res.stdout
+
+
+def test_script_options_that_prefix_launcher_options_pass_through(tmp_path: Path) -> None:
+    s = script(tmp_path, "import sys\nprint(sys.argv[1:])\n")
+    res = run(["run", "-n", "1", s, "--n", "3", "--time", "x", "--nproc", "2"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "['--n', '3', '--time', 'x', '--nproc', '2']"

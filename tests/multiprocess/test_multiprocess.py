@@ -131,3 +131,16 @@ def test_overlap_example_gives_the_serial_gradients() -> None:
     res = plait_run(["-n", "2", "examples/overlap.py", *args])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "overlap step is" in res.stdout
+
+
+@pytest.mark.parametrize(("nproc", "n"), [(4, 2400), (3, 999)])
+def test_conjugate_gradient_example_matches_numpy(nproc: int, n: int) -> None:
+    res = plait_run(["-n", str(nproc), "examples/conjugate_gradient.py", "--n", str(n)])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"{nproc} ranks, {n} unknowns: converged" in res.stdout
+
+
+def test_ensemble_example_agrees_on_every_rank() -> None:
+    res = plait_run(["-n", "3", "examples/ensemble.py", "--steps", "60"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "identical on every rank: True" in res.stdout

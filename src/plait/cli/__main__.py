@@ -35,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             help=help_text,
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the examples' lines
+            # No prefixes of long options: `plait run -n 2 train.py --n 3` must hand `--n`
+            # to the script, not complain that it could abbreviate --nproc or --nnodes.
+            allow_abbrev=False,
         )
         module.add_arguments(p)
         p.set_defaults(_module=module)
