@@ -110,3 +110,10 @@ def test_example_trains_identical_replicas() -> None:
     res = run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
     assert res.returncode == 0, res.describe()
     assert "replicas identical: True" in res.stdout, res.describe()
+
+
+def test_compression_hooks_in_ddp() -> None:
+    """plait's compressors as DDP communication hooks, on two ranks."""
+    cmd = [*PLAIT_RUN, "-n", "2", "--tag-output", str(RANKS), "hooks"]
+    res = run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
+    passed(res, "hooks", 2)

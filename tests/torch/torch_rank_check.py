@@ -416,7 +416,11 @@ def check_failed_work(size: int, rank: int) -> None:
 
 # -- DDP ------------------------------------------------------------------------------------
 def train(
-    group: dist.ProcessGroup, rank: int, steps: int = 30, dtype: torch.dtype = torch.float64
+    group: dist.ProcessGroup,
+    rank: int,
+    steps: int = 30,
+    dtype: torch.dtype = torch.float64,
+    hook: object = None,
 ) -> list[torch.Tensor]:
     """A small MLP trained data-parallel by DDP (gradients averaged); each rank its own batches."""
     torch.manual_seed(100 + rank)  # different initial weights: DDP's broadcast aligns them
@@ -429,6 +433,8 @@ def train(
     ).to(dtype)
     # A tiny bucket cap: several buckets, so several allreduces in flight per step.
     ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.002)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(7 + rank)
     true_w = torch.linspace(-1, 1, 24, dtype=dtype).reshape(8, 3)
@@ -477,6 +483,26 @@ def check_ddp(size: int, rank: int) -> None:
     dist.destroy_process_group(gloo)
 
 
+def check_hooks(size: int, rank: int) -> None:
+    """Compression as DDP communication hooks: close to the uncompressed run, replicas equal."""
+    from plait.compression import FP16, Int8, TopK
+    from plait.torch.hooks import compression_hook
+
+    plain = train(dist.group.WORLD, rank, dtype=torch.float32)
+    for name, compressor, tol in (("fp16", FP16(), 1e-2), ("int8", Int8(), 5e-2),
+                                  ("topk", TopK(0.5), 0.5)):  # fmt: skip
+        got = train(dist.group.WORLD, rank, dtype=torch.float32, hook=compression_hook(compressor))
+        for a, b in zip(got, plain, strict=True):
+            assert torch.allclose(a, b, rtol=tol, atol=tol), f"rank {rank}: {name} hook drifted"
+        flat = torch.cat([p.reshape(-1) for p in got])
+        every = [torch.empty_like(flat) for _ in range(size)]
+        dist.all_gather(every, flat)
+        assert all(torch.equal(every[0], e) for e in every), f"{name}: replicas differ"
+    gloo = dist.new_group(backend="gloo")
+    expect(TypeError, ("plait",), lambda: compression_hook(FP16())(gloo, None))
+    dist.destroy_process_group(gloo)
+
+
 def check_basic(size: int, rank: int) -> None:
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
@@ -508,7 +534,13 @@ def main() -> None:
     RANK = rank
     assert dist.get_backend() == "plait"
     assert isinstance(dist.group.WORLD, plait.torch.ProcessGroupPlait)
-    checks = {"calls": check_calls, "errors": check_errors, "ddp": check_ddp, "basic": check_basic}
+    checks = {
+        "calls": check_calls,
+        "errors": check_errors,
+        "ddp": check_ddp,
+        "basic": check_basic,
+        "hooks": check_hooks,
+    }
     for name in mode.split(","):
         checks[name](size, rank)
         dist.barrier()
