@@ -28,7 +28,9 @@ def test_always_a_supported_choice(collective: str, commutative: bool) -> None:
 
 def test_small_and_large_messages() -> None:
     assert select("allreduce", 8, 8, commutative=True).name == "recursive_doubling"
-    assert select("allreduce", 8, 64 << 20, commutative=True).name == "ring"
+    assert select("allreduce", 8, 256 << 10, commutative=True).name == "recursive_doubling"
+    assert select("allreduce", 8, 64 << 20, commutative=True).name == "rabenseifner"
+    assert select("allreduce", 6, 64 << 20, commutative=True).name == "ring"  # not a power of 2
     assert select("allreduce", 64, 256 << 10, commutative=True).name == "rabenseifner"
     assert select("allreduce", 8, 64 << 20, commutative=False).name == "direct"
     assert select("broadcast", 4, 64 << 20, commutative=True).name == "binomial"
@@ -48,4 +50,5 @@ def test_host_aware_choices() -> None:
         "recursive_doubling"
     )
     assert select("allreduce", 4, 64 << 20, commutative=False, hosts=two_hosts).name == "direct"
-    assert select("allreduce", 4, 64 << 20, commutative=True).name == "ring"
+    assert select("allreduce", 4, 64 << 20, commutative=True).name == "rabenseifner"
+    assert select("allreduce", 3, 64 << 20, commutative=True).name == "ring"

@@ -41,6 +41,7 @@ class Rule:
     min_ranks: int = 1
     max_ranks: float = _INF
     multi_host: bool | None = None  # True/False: only when ranks do/don't span hosts
+    pof2: bool | None = None  # True: only when the number of ranks is a power of two
 
     def applies(self, size: int, nbytes: int, multi_host: bool) -> bool:
         """Whether the call is in this rule's range."""
@@ -48,17 +49,26 @@ class Rule:
             nbytes < self.max_bytes
             and self.min_ranks <= size < self.max_ranks
             and (self.multi_host is None or self.multi_host == multi_host)
+            and (self.pof2 is None or self.pof2 == (size & (size - 1) == 0))
         )
 
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
+        # Measured with plait bench on 2 and 4 ranks (shared memory and TCP, 8 B .. 256 MiB):
+        # recursive doubling's lg p rounds win up to 512 KiB, where ring's 2(p-1) rounds of
+        # per-message cost still dominate; see docs/performance.md.
+        # (With at most 8 ranks: recursive doubling sends lg p whole vectors, ring 2 in all.)
+        Rule(("recursive_doubling",), max_bytes=512 << 10, max_ranks=9, multi_host=False),
         Rule(("recursive_doubling",), max_bytes=16 << 10),
         # Across hosts (inter-host links slower than intra-host ones): keep one
         # slice per rank on the network; pipeline the stages for large vectors.
         Rule(("hierarchical", "recursive_doubling"), max_bytes=4 << 20, multi_host=True),
         Rule(("cascade", "direct"), multi_host=True),
         Rule(("rabenseifner", "recursive_doubling"), max_bytes=1 << 20, min_ranks=16),
+        # Large vectors on a power of two: Rabenseifner moves as few bytes as ring in lg p
+        # rounds instead of 2(p - 1) (1.0-1.4x faster than ring at 2-128 MiB on 2 and 4 ranks).
+        Rule(("rabenseifner", "ring", "direct"), pof2=True, multi_host=False),
         Rule(("ring", "direct")),
     ),
     "reduce": (
