@@ -16,6 +16,7 @@ so the executor reports all failures in one place.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -34,12 +35,30 @@ def background_thread() -> None:
     _thread.background = True
 
 
+def spin_seconds(variable: str, default: float) -> float:
+    """Seconds a waiting rank polls, from ``variable`` (microseconds) or ``default``.
+
+    Raises:
+        ValueError: the variable is not a number of microseconds >= 0 (named).
+    """
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        micros = float(text)
+    except ValueError:
+        raise ValueError(f"{variable}={text!r} is not a number of microseconds") from None
+    if not micros >= 0:
+        raise ValueError(f"{variable}={text!r} must be a number of microseconds >= 0")
+    return micros * 1e-6
+
+
 def may_spin() -> bool:
     """Whether the calling thread may poll briefly before it sleeps (see background_thread)."""
     return not getattr(_thread, "background", False)
 
 
-__all__ = ["Drivable", "Handle", "Transport", "background_thread", "may_spin"]
+__all__ = ["Drivable", "Handle", "Transport", "background_thread", "may_spin", "spin_seconds"]
 
 
 @runtime_checkable

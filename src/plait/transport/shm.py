@@ -181,7 +181,7 @@ from plait.errors import (
     UnsupportedError,
 )
 from plait.rendezvous.store import Store
-from plait.transport.base import Handle, may_spin
+from plait.transport.base import Handle, may_spin, spin_seconds
 
 __all__ = ["DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "SHM_DIR", "ShmTransport"]
 
@@ -386,16 +386,7 @@ class _Peer:
 
 def _spin_from_env() -> float:
     """PLAIT_SHM_SPIN (microseconds a waiting rank polls before it sleeps), else the default."""
-    text = os.environ.get("PLAIT_SHM_SPIN", "").strip()
-    if not text:
-        return _SPIN
-    try:
-        micros = float(text)
-    except ValueError:
-        raise ValueError(f"PLAIT_SHM_SPIN={text!r} is not a number of microseconds") from None
-    if not micros >= 0:
-        raise ValueError(f"PLAIT_SHM_SPIN={text!r} must be a number of microseconds >= 0")
-    return micros * 1e-6
+    return spin_seconds("PLAIT_SHM_SPIN", _SPIN)
 
 
 def _round_up(n: int, k: int) -> int:

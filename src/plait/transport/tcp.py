@@ -151,7 +151,7 @@ from plait.errors import (
     TransportError,
 )
 from plait.rendezvous.store import Store, StoreTimeout
-from plait.transport.base import Handle, may_spin
+from plait.transport.base import Handle, may_spin, spin_seconds
 
 _log = logging.getLogger("plait")
 
@@ -2170,16 +2170,7 @@ class TcpTransport:
 
 def _spin_from_env() -> float:
     """PLAIT_TCP_SPIN (microseconds a waiting rank polls its sockets before it blocks), else 50."""
-    text = os.environ.get("PLAIT_TCP_SPIN", "").strip()
-    if not text:
-        return _SPIN
-    try:
-        micros = float(text)
-    except ValueError:
-        raise ValueError(f"PLAIT_TCP_SPIN={text!r} is not a number of microseconds") from None
-    if not micros >= 0:
-        raise ValueError(f"PLAIT_TCP_SPIN={text!r} must be a number of microseconds >= 0")
-    return micros * 1e-6
+    return spin_seconds("PLAIT_TCP_SPIN", _SPIN)
 
 
 def _unsent(c: _Conn) -> bool:
