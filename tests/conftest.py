@@ -15,3 +15,4 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 os.environ["PLAIT_PROFILE"] = str(Path(__file__).parent / "no-such-profile.json")
 os.environ.pop("PLAIT_ALGO", None)
+os.environ["PLAIT_RULES"] = os.devnull  # an empty rules file, not ~/.config/plait/rules.toml

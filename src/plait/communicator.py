@@ -43,7 +43,7 @@ from plait.ops import AVG, SUM, Op, check_dtype
 from plait.runtime.executor import Call, Workspace, execute
 from plait.runtime.work import Work, Worker
 from plait.schedule.builder import Context, HostLayout
-from plait.selection.select import SEGMENT_BYTES, select
+from plait.selection.select import SEGMENT_BYTES, Choice, Settings, choose, settings
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -153,7 +153,16 @@ class Communicator:
         timeout: float | None = None,
         hosts: Sequence[str] | None = None,
         _comm_id: int = 0,
+        _settings: Settings | None = None,
     ) -> None:
+        # What auto follows (PLAIT_ALGO, the rules file, the profile), read once here so
+        # that a bad setting fails now, before any collective, and later changes to the
+        # environment or the files cannot make this communicator's ranks disagree.
+        try:
+            self._settings = settings() if _settings is None else _settings
+        except ValueError:
+            transport.close()
+            raise
         self._transport = transport
         self._rank = transport.rank
         self._size = transport.size
@@ -180,7 +189,7 @@ class Communicator:
         self._worker: Worker | None = None
         self._workspaces = threading.local()  # one Workspace per thread that runs calls
         self._plans: dict[tuple[Any, ...], _Plan] = {}  # see _Plan
-        self._auto: dict[tuple[str, int, bool], AlgorithmSpec] = {}  # auto's choice per shape
+        self._auto: dict[tuple[str, int, bool], Choice] = {}  # auto's choice per shape
         self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
 
     # -- identity and lifetime -----------------------------------------------------
@@ -308,6 +317,7 @@ class Communicator:
             timeout=self._timeout,
             hosts=[self._hosts[r] for r in ranks],
             _comm_id=child_comm_id(self._comm_id, seq, int(color)),
+            _settings=self._settings,
         )
 
     def split_by_host(self, *, timeout: float | None = None) -> Any:
@@ -357,8 +367,8 @@ class Communicator:
         a = self._array(x, "x", c)
         self._check_op(op, a.dtype, c)
         out_arr = self._out(out, a.shape, a.dtype, c)
-        spec = self._choose(c, algorithm, a.nbytes, op)
-        req = self._request(spec, a.size, a, out_arr, a.shape, op)
+        choice = self._choose(c, algorithm, a.nbytes, op)
+        req = self._request(choice, a.size, a, out_arr, a.shape, op)
         return self._start(req, timeout, async_op)
 
     def _allreduce_compressed(
@@ -475,8 +485,8 @@ class Communicator:
         self._check_op(op, a.dtype, c)
         is_root = self._rank == root
         out_arr = self._out(out, a.shape, a.dtype, c) if is_root else None
-        spec = self._choose(c, algorithm, a.nbytes, op)
-        req = self._request(spec, a.size, a, out_arr, a.shape, op, root=root, has_out=is_root)
+        choice = self._choose(c, algorithm, a.nbytes, op)
+        req = self._request(choice, a.size, a, out_arr, a.shape, op, root=root, has_out=is_root)
         return self._start(req, timeout, async_op)
 
     def broadcast(
@@ -498,8 +508,8 @@ class Communicator:
         self._check_root(root, c)
         if self._rank != root and not a.flags.writeable:
             raise ValueError(f"rank {self._rank}: {c}: x is read-only; it receives root's data")
-        spec = self._choose(c, algorithm, a.nbytes, None)
-        req = self._request(spec, a.size, None, a, a.shape, None, root=root, result=x)
+        choice = self._choose(c, algorithm, a.nbytes, None)
+        req = self._request(choice, a.size, None, a, a.shape, None, root=root, result=x)
         return self._start(req, timeout, async_op)
 
     def reduce_scatter(
@@ -523,8 +533,8 @@ class Communicator:
         rows = self._split_rows(a.shape, c)
         shape = (rows, *a.shape[1:])
         out_arr = self._out(out, shape, a.dtype, c)
-        spec = self._choose(c, algorithm, a.nbytes // self._size, op)
-        req = self._request(spec, a.size // self._size, a, out_arr, shape, op)
+        choice = self._choose(c, algorithm, a.nbytes // self._size, op)
+        req = self._request(choice, a.size // self._size, a, out_arr, shape, op)
         return self._start(req, timeout, async_op)
 
     def allgather(
@@ -541,8 +551,8 @@ class Communicator:
         a = self._array(x, "x", c)
         shape = (self._size, *a.shape)
         out_arr = self._out(out, shape, a.dtype, c)
-        spec = self._choose(c, algorithm, a.nbytes, None)
-        req = self._request(spec, a.size, a, out_arr, shape, None)
+        choice = self._choose(c, algorithm, a.nbytes, None)
+        req = self._request(choice, a.size, a, out_arr, shape, None)
         return self._start(req, timeout, async_op)
 
     def alltoall(
@@ -562,8 +572,8 @@ class Communicator:
         a = self._array(x, "x", c)
         self._split_rows(a.shape, c)
         out_arr = self._out(out, a.shape, a.dtype, c)
-        spec = self._choose(c, algorithm, a.nbytes // self._size, None)
-        req = self._request(spec, a.size // self._size, a, out_arr, a.shape, None)
+        choice = self._choose(c, algorithm, a.nbytes // self._size, None)
+        req = self._request(choice, a.size // self._size, a, out_arr, a.shape, None)
         return self._start(req, timeout, async_op)
 
     def gather(
@@ -583,8 +593,8 @@ class Communicator:
         shape = (self._size, *a.shape)
         is_root = self._rank == root
         out_arr = self._out(out, shape, a.dtype, c) if is_root else None
-        spec = self._choose(c, algorithm, a.nbytes, None)
-        req = self._request(spec, a.size, a, out_arr, shape, None, root=root, has_out=is_root)
+        choice = self._choose(c, algorithm, a.nbytes, None)
+        req = self._request(choice, a.size, a, out_arr, shape, None, root=root, has_out=is_root)
         return self._start(req, timeout, async_op)
 
     def scatter(
@@ -625,17 +635,17 @@ class Communicator:
             dtype = a.dtype
         out_arr = self._out(out, shape, dtype, c)
         count = int(np.prod(shape, dtype=np.int64))
-        spec = self._choose(c, algorithm, count * dtype.itemsize, None)
+        choice = self._choose(c, algorithm, count * dtype.itemsize, None)
         inp = a if is_root else None
-        req = self._request(spec, count, inp, out_arr, shape, None, root=root, dtype=dtype)
+        req = self._request(choice, count, inp, out_arr, shape, None, root=root, dtype=dtype)
         return self._start(req, timeout, async_op)
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
         """Return only once every rank has entered the barrier."""
         c = "barrier"
-        spec = self._choose(c, "auto", 0, None)
+        choice = self._choose(c, "auto", 0, None)
         empty = np.empty(0, np.uint8)
-        req = self._request(spec, 0, empty, None, (0,), None, has_out=False, result=None)
+        req = self._request(choice, 0, empty, None, (0,), None, has_out=False, result=None)
         return self._start(req, timeout, async_op)
 
     # -- point to point --------------------------------------------------------------------
@@ -764,28 +774,38 @@ class Communicator:
             raise ValueError(f"rank {self._rank}: {c}: out is read-only")
         return o
 
-    def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> AlgorithmSpec:
+    def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice:
+        """The algorithm and segment size of a call: auto's (cached per shape) or the caller's."""
         commutative = op.commutative if op is not None else True
         if not isinstance(algorithm, str):
             raise TypeError(f"rank {self._rank}: {c}: algorithm must be a str; got {algorithm!r}")
         if algorithm == "auto":
             key = (c, nbytes, commutative)
-            spec = self._auto.get(key)
-            if spec is None:
-                spec = select(c, self._size, nbytes, commutative=commutative, hosts=self._layout)
+            choice = self._auto.get(key)
+            if choice is None:
+                choice = choose(
+                    c,
+                    self._size,
+                    nbytes,
+                    commutative=commutative,
+                    hosts=self._layout,
+                    config=self._settings,
+                )
                 if self._log_choices:
                     _log.info(
-                        "rank %d: %s of %d bytes on %d ranks: auto chose %s",
+                        "rank %d: %s of %d bytes on %d ranks: auto chose %s, segment %s (%s)",
                         self._rank,
                         c,
                         nbytes,
                         self._size,
-                        spec.name,
+                        choice.name,
+                        _bytes(choice.segment_bytes),
+                        choice.source,
                     )
                 if len(self._auto) >= _PLAN_CACHE:
                     self._auto.clear()
-                self._auto[key] = spec
-            return spec
+                self._auto[key] = choice
+            return choice
         try:
             spec = get(c, algorithm)
         except ValueError as exc:
@@ -795,11 +815,11 @@ class Communicator:
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a commutative op and "
                 f"{op!r} is not; use algorithm='auto' or one that keeps rank order"
             )
-        return spec
+        return Choice(spec, SEGMENT_BYTES, "caller")
 
     def _request(
         self,
-        spec: AlgorithmSpec,
+        choice: Choice,
         count: int,
         inp: np.ndarray | None,
         out: np.ndarray | None,
@@ -813,8 +833,10 @@ class Communicator:
     ) -> _Request:
         """Flatten and stage the arrays (see Note [in-place and staging])."""
         dtype = dtype if dtype is not None else (inp.dtype if inp is not None else out.dtype)  # type: ignore[union-attr]
+        spec = choice.spec
         c = spec.collective
-        key = (spec, count, dtype, op, root)
+        segment = choice.segment(dtype.itemsize)
+        key = (spec, count, dtype, op, root, segment)
         plan = self._plans.get(key)
         if plan is None:
             ctx = Context(
@@ -825,7 +847,7 @@ class Communicator:
                 dtype.itemsize,
                 op.commutative if op is not None else True,
                 root,
-                max(1, SEGMENT_BYTES // dtype.itemsize),
+                segment,
                 self._layout,
             )
             if len(self._plans) >= _PLAN_CACHE:
@@ -1034,7 +1056,7 @@ def _digest(req: _Request, dtype: np.dtype) -> int:
 def _call_digest(algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None) -> int:
     # Cached per call shape: a hot loop repeats the same few calls.
     key = op.key if op is not None else "-"
-    text = f"{ctx.collective}|{algorithm}|{ctx.count}|{dtype.name}|{key}|{ctx.root}"
+    text = f"{ctx.collective}|{algorithm}|{ctx.count}|{dtype.name}|{key}|{ctx.root}|{ctx.segment}"
     return zlib.crc32(text.encode())
 
 
@@ -1047,8 +1069,16 @@ def _signature(req: _Request) -> str:
     op = req.op.name if req.op is not None else "-"
     return (
         f"{ctx.collective}(count={ctx.count}, dtype={req.out.dtype.name}, op={op}, "
-        f"root={ctx.root}, algorithm={req.spec.name})"
+        f"root={ctx.root}, algorithm={req.spec.name}, segment={ctx.segment})"
     )
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes for a log line: 256 KiB, 1 MiB, 100 B."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
 
 
 def _enable_debug_log() -> None:

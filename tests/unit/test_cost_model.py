@@ -107,7 +107,6 @@ def test_plait_debug_info_logs_each_choice_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("PLAIT_DEBUG", "info")
-    monkeypatch.delenv("PLAIT_PROFILE", raising=False)
     caplog.set_level("INFO", logger="plait")
 
     def body(comm: plait.Communicator) -> None:
@@ -117,5 +116,7 @@ def test_plait_debug_info_logs_each_choice_once(
     run_ranks(2, body)
     lines = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
     assert sorted(lines) == [
-        f"rank {r}: allreduce of 24 bytes on 2 ranks: auto chose recursive_doubling" for r in (0, 1)
+        f"rank {r}: allreduce of 24 bytes on 2 ranks: auto chose recursive_doubling, "
+        "segment 1 MiB (built-in rules)"
+        for r in (0, 1)
     ]

@@ -4,6 +4,7 @@
 
     plait tune                       # measure over shared memory (and TCP), write the profile
     plait tune --show -n 8           # the decision table auto follows for 8 ranks
+    plait tune --show -n 16 --hosts 2   # ... for 16 ranks on 2 hosts of 8
     plait tune --output prof.json    # somewhere else (point PLAIT_PROFILE at it)
 
 Two ranks bounce messages of 8 B to 16 MiB through plait's own point-to-point
@@ -12,9 +13,15 @@ on one machine that is loopback, a stand-in until it is run across hosts); a
 straight line through the one-way times gives α (the 8-byte time) and β (the
 slope between the largest sizes). γ and δ are numpy's add and copy per byte.
 The profile is written to PLAIT_PROFILE or ``~/.config/plait/profile.json``;
-with it, ``algorithm="auto"`` picks per call the algorithm whose closed-form
-α-β-γ time is lowest (see :mod:`plait.selection.model`). Every rank of a job
-must load the same profile.
+with it, ``algorithm="auto"`` picks per call the algorithm and segment size
+with the lowest predicted time (see :mod:`plait.selection.model`). Every rank
+of a job must load the same profile.
+
+``--show`` prints what ``auto`` would run, per collective and size, after
+everything that decides it (:mod:`plait.selection.select`): PLAIT_ALGO, the
+rules file (:mod:`plait.selection.rules_file`), the profile and the built-in
+rules, with the entries of the first two and, per call, the algorithm, its
+segment size and who decided.
 """
 
 from __future__ import annotations
@@ -41,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--show", action="store_true", help="print the decision table instead of measuring"
     )
     parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks for --show (2)")
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="for --show: the ranks split evenly over this many hosts, numbered host by host (1)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per measurement")
 
 
@@ -68,27 +81,73 @@ def _measure(transport: str, timeout: float) -> dict[str, Any]:
             return json.load(f)
 
 
-def _show(nproc: int) -> int:
-    from plait import algorithms
+#: Sources of a choice, as --show marks them.
+_MARKS = {
+    "PLAIT_ALGO": "A",
+    "rules file": "F",
+    "profile": "P",
+    "profile, simulated": "S",
+    "built-in rules": "",
+}
+
+
+def _show(nproc: int, n_hosts: int = 1) -> int:
+    """Print the decision table; 1 (with the reason on stderr) if the settings are invalid."""
+    from plait import COLLECTIVES, algorithms
     from plait.bench.sweep import format_size
-    from plait.selection import model
-    from plait.selection.select import select
+    from plait.schedule.builder import HostLayout
+    from plait.selection import model, overrides, rules_file
+    from plait.selection.select import SEGMENT_BYTES, choose, settings
 
-    profile = model.load()
+    if nproc < 1 or n_hosts < 1 or nproc % n_hosts:
+        print(f"plait tune: --hosts {n_hosts} must divide -n {nproc}", file=sys.stderr)
+        return 1
+    try:
+        config = settings()
+    except ValueError as exc:
+        print(f"plait tune: {exc}", file=sys.stderr)
+        return 1
+    hosts = None
+    where_hosts = "one host"
+    if n_hosts > 1:
+        per = nproc // n_hosts
+        hosts = HostLayout([r // per for r in range(nproc)])
+        where_hosts = f"{n_hosts} hosts of {per}"
+    print(f"# auto's choices for {nproc} ranks on {where_hosts}, commutative ops")
+    algo = os.environ.get("PLAIT_ALGO", "").strip()
+    print(f"# PLAIT_ALGO: {algo}" if algo else "# PLAIT_ALGO: not set")
+    for entry in config.overrides:
+        print(f"#   {entry.describe()}")
+    path, _ = rules_file.default_path()
+    if config.rules is None:
+        print(f"# rules file: none at {path}")
+    else:
+        print(f"# rules file: {config.rules.path} ({len(config.rules.entries)} entries)")
+        for rule in config.rules.entries:
+            print(f"#   {rule.describe()}")
     where = model.default_path()
+    print("# profile: " + (f"{where}" if config.profile else f"none at {where} (built-in rules)"))
+    print(f"# cell: algorithm[@segment where not the default {format_size(SEGMENT_BYTES)}]")
     print(
-        f"# auto's choices for {nproc} ranks on one host; profile: "
-        + (f"{where}" if profile else f"none at {where} (built-in rules)")
+        "#   and who decided: [A] PLAIT_ALGO, [F] rules file, [P] profile (formulas),"
+        " [S] profile (simulator), no mark: built-in rules"
     )
+    print("# bytes: the whole vector; one rank's block for block collectives")
     sizes = [8 << (3 * k) for k in range(9)]  # 8 B .. 128 MiB
-    print("# " + "collective".ljust(16) + "".join(format_size(s).rjust(20) for s in sizes))
-    from plait import COLLECTIVES
-
+    width = 24
+    print("# " + "collective".ljust(16) + "".join(format_size(s).rjust(width) for s in sizes))
     for c in COLLECTIVES:
         if c == "barrier" or len(algorithms(c)) < 2:
             continue
-        row = [select(c, nproc, s, commutative=True).name for s in sizes]
-        print("  " + c.ljust(16) + "".join(name.rjust(20) for name in row))
+        cells = []
+        for nbytes in sizes:
+            ch = choose(c, nproc, nbytes, commutative=True, hosts=hosts, config=config)
+            cell = ch.name
+            if ch.segment_bytes != SEGMENT_BYTES:
+                cell += "@" + overrides.format_size(ch.segment_bytes)
+            mark = _MARKS.get(ch.source, "?")
+            cells.append(cell + (f" [{mark}]" if mark else ""))
+        print("  " + c.ljust(16) + "".join(cell.rjust(width) for cell in cells))
     return 0
 
 
@@ -97,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
     from plait.selection import model
 
     if args.show:
-        return _show(args.nproc)
+        return _show(args.nproc, args.hosts)
     try:
         shm = _measure("shm", args.timeout)
         tcp = None if args.no_tcp else _measure("tcp", args.timeout)

@@ -7,27 +7,77 @@ and of copying (δ) on a rank. ``plait tune`` measures them on the machine it
 runs on and writes them to a profile file (:func:`default_path`, or
 PLAIT_PROFILE); every later run loads it.
 
-With a profile, ``auto`` predicts each candidate algorithm's time with the
-closed-form α-β-γ costs of plait's own schedules (:mod:`plait.sim.formulas`,
-the formulas the simulator is tested against) and runs the fastest. The
-prediction needs only values every rank knows (collective, ranks, bytes, the
-op's commutativity and the profile), so every rank picks the same algorithm,
-provided every rank loads the same profile (as with PLAIT_ALGO, ranks that
-disagree fail with MismatchError rather than exchange garbage). Calls the
-formulas do not cover (ranks on several hosts, collectives with a single
-candidate) keep the built-in rules.
+With a profile, ``auto`` predicts the time of each candidate (algorithm,
+segment size) and runs the fastest (:func:`predict`):
+
+* On one host, the closed-form α-β-γ costs of plait's own schedules
+  (:mod:`plait.sim.formulas`, the formulas the simulator is tested against)
+  rank the algorithms, unsegmented. For calls of more than the smallest of
+  :data:`SEGMENTS`, the two best are then run in the simulator
+  (:mod:`plait.sim`, on :func:`plait.sim.from_profile`'s network, with ports)
+  at each segment size of :data:`SEGMENTS`, and the fastest (algorithm,
+  segment) pair wins; the formulas cannot see pipelining.
+* Across hosts (a profile with an ``inter`` link, the same number of ranks on
+  every host, ranks numbered host by host), every algorithm is simulated on
+  the profile's hosts network at the default segment, then the two best at
+  the other segment sizes. Other layouts keep the built-in rules.
+
+The simulator is bounded so that a choice takes milliseconds: at most
+:data:`SIM_MAX_RANKS` ranks and :data:`SIM_STEPS` simulated steps per choice,
+all candidates together; a candidate whose estimated steps (from rank 0's
+schedule) do not fit in what is left is skipped, and where the first one (the
+formulas' winner, or across hosts the built-in rules' choice) does not fit,
+the formulas or the rules decide alone. Results are cached per call shape.
+
+Every input (collective, ranks, bytes, the op's commutativity, the host
+layout and the profile) is the same on every rank, and the formulas, the
+budget and the simulator are deterministic (ties go to the earlier
+candidate), so every rank picks the same pair, provided every rank loads the
+same profile (as with PLAIT_ALGO, ranks that disagree fail with
+MismatchError rather than exchange garbage). Calls the model does not cover
+(collectives with fewer than two candidates with a formula, uneven layouts,
+no ``inter`` link) keep the built-in rules.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["LinkCost", "Profile", "default_path", "load", "predict_best", "save"]
+from plait.schedule.builder import HostLayout
+
+if TYPE_CHECKING:
+    from plait.sim.network import Network
+
+__all__ = [
+    "SEGMENTS",
+    "SIM_MAX_RANKS",
+    "SIM_STEPS",
+    "LinkCost",
+    "Prediction",
+    "Profile",
+    "default_path",
+    "load",
+    "predict",
+    "predict_best",
+    "save",
+]
+
+#: Segment sizes (bytes) ``auto`` tries when it simulates; the default, 1 MiB, is one of them.
+SEGMENTS = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
+#: The simulator predicts calls of at most this many ranks ...
+SIM_MAX_RANKS = 64
+#: ... and runs at most this many steps (all ranks, all candidates) per choice.
+SIM_STEPS = 800
+#: Finalists whose segment sizes are tried.
+FINALISTS = 2
+
+_log = logging.getLogger("plait")
 
 #: Format of the profile file; a file of another version is ignored with a warning.
 VERSION = 1
@@ -163,3 +213,228 @@ def predict_best(
 
 
 _BLOCK = frozenset({"reduce_scatter", "allgather", "alltoall", "gather", "scatter"})
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The fastest candidate: ``algorithm`` cut into ``segment``-byte messages, ``time`` seconds.
+
+    ``method``: ``"formulas"`` or ``"simulator"``, whichever timed the winner.
+    """
+
+    algorithm: str
+    segment: int
+    time: float
+    method: str
+
+
+def predict(
+    collective: str,
+    size: int,
+    nbytes: int,
+    candidates: tuple[str, ...],
+    profile: Profile,
+    *,
+    commutative: bool = True,
+    hosts: HostLayout | None = None,
+    baseline: str | None = None,
+    default_segment: int = 1 << 20,
+) -> Prediction | None:
+    """The (algorithm, segment) the profile predicts fastest; None where the model has no say.
+
+    ``nbytes`` as ``auto`` counts it (one rank's block for block collectives);
+    ``candidates``: the algorithms that allow the call's op, in a fixed order;
+    ``hosts``: the host layout (None: one host); ``baseline``: the built-in
+    rules' choice, simulated first across hosts (if it does not fit the
+    budget, the rules decide). Cached per call shape; see the module docstring.
+    """
+    multi = hosts is not None and hosts.n_hosts > 1
+    return _predict(
+        collective,
+        size,
+        nbytes,
+        tuple(candidates),
+        profile,
+        commutative,
+        hosts if multi else None,
+        baseline,
+        default_segment,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _predict(
+    collective: str,
+    size: int,
+    nbytes: int,
+    candidates: tuple[str, ...],
+    profile: Profile,
+    commutative: bool,
+    hosts: HostLayout | None,
+    baseline: str | None,
+    default_segment: int,
+) -> Prediction | None:
+    whole = nbytes * size if collective in _BLOCK else nbytes
+    if hosts is None:
+        ranked = _formula_ranking(collective, size, whole, candidates, profile)
+        if len(ranked) < 2:
+            return None
+        first = Prediction(ranked[0][1], default_segment, ranked[0][0], "formulas")
+        if whole <= SEGMENTS[0] or size > SIM_MAX_RANKS:
+            return first
+        from plait import sim
+
+        search = _Search(collective, size, whole, sim.from_profile(profile, size), commutative)
+        finalists = [name for _, name in ranked[:FINALISTS]]
+        if search.time(finalists[0], default_segment) is None:
+            return first  # too big to simulate: the formulas alone
+        for name in finalists[1:]:
+            search.time(name, default_segment)
+    else:
+        if profile.inter is None or size > SIM_MAX_RANKS or baseline not in candidates:
+            return None
+        per_host = size // hosts.n_hosts
+        if hosts.hosts != tuple(r // per_host for r in range(size)):
+            return None  # uneven, or not numbered host by host: the network would differ
+        from plait import sim
+
+        net = sim.from_profile(profile, size, ranks_per_host=per_host)
+        search = _Search(collective, size, whole, net, commutative, hosts)
+        assert baseline is not None
+        if search.time(baseline, default_segment) is None:
+            return None
+        for name in candidates:
+            if name != baseline:
+                search.time(name, default_segment)
+        finalists = search.best(FINALISTS)
+    if whole > SEGMENTS[0]:
+        # Largest segments first (fewest steps), each for every finalist in turn,
+        # so a tight budget is shared out rather than spent on one algorithm.
+        for seg in sorted(SEGMENTS, reverse=True):
+            if seg != default_segment and seg < whole:
+                for name in finalists:
+                    search.time(name, seg)
+    (name, seg), t = search.best_pair()
+    return Prediction(name, seg, t, "simulator")
+
+
+def _formula_ranking(
+    collective: str, size: int, whole: int, candidates: tuple[str, ...], profile: Profile
+) -> list[tuple[float, str]]:
+    """(closed-form time, name) of the candidates with a formula, fastest first (stable)."""
+    from plait.sim import formulas
+
+    link = profile.intra
+    times: list[tuple[float, str]] = []
+    for name in candidates:
+        try:
+            t = formulas.predict(
+                collective, name, size, whole, link.alpha, link.beta, profile.gamma, profile.delta
+            )
+        except KeyError:
+            continue
+        times.append((t, name))
+    times.sort(key=lambda tn: tn[0])  # stable: ties keep the candidates' order
+    return times
+
+
+class _Search:
+    """Simulated times of (algorithm, segment) candidates of one call, within a step budget.
+
+    The budget is counted in simulated steps, never in wall time, so every rank
+    skips the same candidates.
+    """
+
+    def __init__(
+        self,
+        collective: str,
+        size: int,
+        whole: int,
+        network: Network,
+        commutative: bool,
+        hosts: HostLayout | None = None,
+    ) -> None:
+        self.collective = collective
+        self.size = size
+        self.whole = whole
+        self.network = network
+        self.commutative = commutative
+        self.hosts = hosts
+        self.left = SIM_STEPS
+        self.times: dict[tuple[str, int], float] = {}  # in the order simulated
+        self._rank0: dict[tuple[str, int], int] = {}  # steps of rank 0's schedule
+
+    def _rank0_steps(self, name: str, segment: int) -> list[int]:
+        """Element counts of rank 0's steps (itemsize 1: elements are bytes)."""
+        from plait.algos._registry import build_schedule, get
+        from plait.schedule.builder import Context
+        from plait.sim import context_count
+
+        count = context_count(self.collective, self.whole, 1, self.size)
+        ctx = Context(
+            self.collective, 0, self.size, count, 1, self.commutative, 0, segment, self.hosts
+        )
+        return [s.count for s in build_schedule(get(self.collective, name), ctx).steps]
+
+    def time(self, name: str, segment: int) -> float | None:
+        """The simulated time of ``name`` at ``segment`` bytes; None if skipped.
+
+        Skipped: over the budget left, the same schedule as a segment already
+        timed (segments larger than every message), or not simulable.
+        """
+        key = (name, segment)
+        if key in self.times:
+            return self.times[key]
+        try:
+            whole_steps = self._rank0_steps(name, 0)
+            estimate = self.size * sum(max(1, -(-c // segment)) for c in whole_steps)
+            if estimate > self.left:
+                return None
+            n0 = len(self._rank0_steps(name, segment))
+            if any(n == n0 for (other, _), n in self._rank0.items() if other == name):
+                return None  # cut the same way as a segment already timed
+            if n0 * self.size > self.left:
+                return None
+            self._rank0[key] = n0
+            from plait import sim
+
+            res = sim.simulate(
+                self.collective,
+                name,
+                self.whole,
+                self.network,
+                dtype="u1",
+                segment_bytes=segment,
+                op=None if self.commutative else _NONCOMMUTATIVE,
+                workers=1,
+            )
+        except Exception as exc:  # an algorithm the simulator cannot run here: not a candidate
+            _log.debug("auto: cannot simulate %s/%s: %s", self.collective, name, exc)
+            return None
+        self.left -= res.steps
+        self.times[key] = res.time
+        return res.time
+
+    def best(self, k: int) -> list[str]:
+        """The ``k`` fastest algorithms timed so far (each at its best segment)."""
+        best: dict[str, float] = {}
+        for (name, _), t in self.times.items():
+            if t < best.get(name, float("inf")):
+                best[name] = t
+        return sorted(best, key=lambda n: best[n])[:k]  # stable: ties keep the order timed
+
+    def best_pair(self) -> tuple[tuple[str, int], float]:
+        """The fastest (algorithm, segment) timed, and its time (ties: the first timed)."""
+        key = min(self.times, key=lambda k: self.times[k])
+        return key, self.times[key]
+
+
+def _noncommutative_sum() -> Any:
+    import numpy as np
+
+    from plait.ops import Op
+
+    return Op(np.add, commutative=False, name="sum (in rank order)")
+
+
+_NONCOMMUTATIVE = _noncommutative_sum()

@@ -3,21 +3,24 @@
 Grammar (whitespace ignored)::
 
     PLAIT_ALGO = entry ("," entry)*
-    entry      = [collective ":"] algorithm [":" range]
+    entry      = [collective ":"] algorithm [":" range] ["@" segment]
     range      = [size] "-" [size]      half-open: lo <= bytes < hi; an open end is unbounded
+    segment    = size                   the pipelining unit, bytes (default: SEGMENT_BYTES, 1M)
     size       = integer with an optional K, M or G suffix (powers of 1024)
 
 An entry without a collective continues the previous entry's collective, so::
 
-    PLAIT_ALGO="allreduce:recursive_doubling:0-8K,ring:8K-,broadcast:binomial"
+    PLAIT_ALGO="allreduce:recursive_doubling:0-8K,ring:8K-@256K,broadcast:binomial"
 
-runs recursive doubling for allreduce calls below 8 KiB, ring from 8 KiB on,
-and binomial for every broadcast. Bytes are counted as ``auto`` counts them
-(the whole vector for allreduce/reduce/broadcast, one rank's block for the
-block collectives). The first entry whose range holds the call and whose
-algorithm allows the call's op wins; calls no entry covers fall back to the
-built-in rules. Every rank must see the same PLAIT_ALGO (as with any setting
-that changes schedules, a mismatch fails with MismatchError).
+runs recursive doubling for allreduce calls below 8 KiB, ring cut into
+256 KiB segments from 8 KiB on, and binomial for every broadcast. Bytes are
+counted as ``auto`` counts them (the whole vector for allreduce/reduce/
+broadcast, one rank's block for the block collectives). The first entry whose
+range holds the call and whose algorithm allows the call's op wins; calls no
+entry covers fall back to the rules file (:mod:`plait.selection.rules_file`),
+the profile and the built-in rules. Every rank must see the same PLAIT_ALGO
+(as with any setting that changes schedules, a mismatch fails with
+MismatchError).
 """
 
 from __future__ import annotations
@@ -28,51 +31,107 @@ from dataclasses import dataclass
 
 from plait.algos._registry import COLLECTIVES, get
 
-__all__ = ["Override", "overrides", "parse"]
+__all__ = [
+    "Override",
+    "format_range",
+    "format_size",
+    "overrides",
+    "parse",
+    "parse_range",
+    "parse_size",
+]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 @dataclass(frozen=True)
 class Override:
-    """Use ``algorithm`` for ``collective`` calls of ``lo <= bytes < hi``."""
+    """Use ``algorithm`` for ``collective`` calls of ``lo <= bytes < hi``.
+
+    ``segment`` is the pipelining unit in bytes; None keeps the default.
+    """
 
     collective: str
     algorithm: str
     lo: int = 0
     hi: float = float("inf")
+    segment: int | None = None
 
     def covers(self, nbytes: int) -> bool:
         """Whether a call of ``nbytes`` is in this entry's range."""
         return self.lo <= nbytes < self.hi
 
+    def describe(self) -> str:
+        """The entry as PLAIT_ALGO writes it: ``allreduce:ring:8K-@256K``."""
+        text = f"{self.collective}:{self.algorithm}"
+        if self.lo or self.hi != float("inf"):
+            text += ":" + format_range(self.lo, self.hi)
+        if self.segment is not None:
+            text += "@" + format_size(self.segment)
+        return text
 
-def _size(text: str, where: str) -> int:
+
+def format_size(n: float) -> str:
+    """Bytes as the settings write them: ``256K``, ``1M``, ``100``."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{int(n // scale)}{unit}"
+    return str(int(n))
+
+
+def format_range(lo: float, hi: float) -> str:
+    """A half-open range as the settings write it: ``0-8K`` is ``-8K``, ``8K-`` is unbounded."""
+    return (format_size(lo) if lo else "") + "-" + (format_size(hi) if hi != float("inf") else "")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``: an integer with an optional K, M or G suffix (KiB, KB, MiB... too).
+
+    Raises:
+        ValueError: not such a size, or negative (the message quotes ``text``).
+    """
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = t[-1:] if t[-1:] in _UNITS else ""
     number = t[: len(t) - len(unit)]
     try:
         value = int(number) * _UNITS[unit]
     except ValueError:
-        raise ValueError(f"PLAIT_ALGO: {where}: {text!r} is not a size like 8K or 4096") from None
+        raise ValueError(f"{text!r} is not a size like 8K or 4096") from None
     if value < 0:
-        raise ValueError(f"PLAIT_ALGO: {where}: size {text!r} is negative")
+        raise ValueError(f"size {text!r} is negative")
     return value
+
+
+def parse_range(text: str) -> tuple[int, float]:
+    """``(lo, hi)`` of a half-open range ``lo-hi`` of sizes; an open end is 0 or infinity.
+
+    Raises:
+        ValueError: no ``-``, a bad size, or an empty range.
+    """
+    if "-" not in text:
+        raise ValueError("a range is lo-hi, e.g. 0-8K or 8K-")
+    a, b = text.split("-", 1)
+    lo = parse_size(a) if a.strip() else 0
+    hi: float = parse_size(b) if b.strip() else float("inf")
+    if not lo < hi:
+        raise ValueError(f"the range {text!r} is empty")
+    return lo, hi
 
 
 def parse(text: str) -> tuple[Override, ...]:
     """The entries of a PLAIT_ALGO value.
 
     Raises:
-        ValueError: a syntax error, an unknown collective or algorithm, or an
-            empty range; the message quotes the entry.
+        ValueError: a syntax error, an unknown collective or algorithm, an
+            empty range or a zero segment; the message quotes the entry.
     """
     entries: list[Override] = []
     collective = None
     for raw in text.replace(" ", "").split(","):
         if not raw:
             continue
-        parts = raw.split(":")
+        body, at, seg_text = raw.partition("@")
+        parts = body.split(":")
         if parts[0] in COLLECTIVES:
             collective, parts = parts[0], parts[1:]
         if collective is None:
@@ -80,26 +139,30 @@ def parse(text: str) -> tuple[Override, ...]:
                 f"PLAIT_ALGO: {raw!r} names no collective; start with one of "
                 + ", ".join(COLLECTIVES)
             )
-        if not parts or len(parts) > 2 or not parts[0]:
+        if not parts or len(parts) > 2 or not parts[0] or "@" in seg_text:
             raise ValueError(
-                f"PLAIT_ALGO: {raw!r}: expected [collective:]algorithm[:lo-hi], "
-                "e.g. allreduce:ring:8K-"
+                f"PLAIT_ALGO: {raw!r}: expected [collective:]algorithm[:lo-hi][@segment], "
+                "e.g. allreduce:ring:8K-@256K"
             )
         algorithm = parts[0]
         try:
-            get(collective, algorithm)
+            spec = get(collective, algorithm)
         except ValueError as exc:
             raise ValueError(f"PLAIT_ALGO: {raw!r}: {exc}") from None
+        if not spec.supports(commutative=True):
+            raise ValueError(f"PLAIT_ALGO: {raw!r}: {algorithm} runs only in the simulator")
         lo, hi = 0, float("inf")
-        if len(parts) == 2:
-            if "-" not in parts[1]:
-                raise ValueError(f"PLAIT_ALGO: {raw!r}: a range is lo-hi, e.g. 0-8K or 8K-")
-            a, b = parts[1].split("-", 1)
-            lo = _size(a, raw) if a else 0
-            hi = _size(b, raw) if b else float("inf")
-            if not lo < hi:
-                raise ValueError(f"PLAIT_ALGO: {raw!r}: the range {parts[1]!r} is empty")
-        entries.append(Override(collective, algorithm, lo, hi))
+        segment = None
+        try:
+            if len(parts) == 2:
+                lo, hi = parse_range(parts[1])
+            if at:
+                segment = parse_size(seg_text)
+                if segment < 1:
+                    raise ValueError(f"the segment {seg_text!r} must be at least one byte")
+        except ValueError as exc:
+            raise ValueError(f"PLAIT_ALGO: {raw!r}: {exc}") from None
+        entries.append(Override(collective, algorithm, lo, hi, segment))
     return tuple(entries)
 
 

@@ -1,12 +1,22 @@
-"""``algorithm="auto"``: pick an algorithm from values every rank knows.
+"""``algorithm="auto"``: pick an algorithm and a segment size from values every rank knows.
 
-In order: the user's PLAIT_ALGO entries (:mod:`plait.selection.overrides`);
-on one host with a measured profile (``plait tune``), the algorithm whose
-closed-form α-β-γ time is lowest (:mod:`plait.selection.model`); otherwise a
-rules table per collective, after MPICH's and Open MPI's defaults (Thakur et
-al. 2005): latency-optimal algorithms for small messages, bandwidth-optimal
-ones for large, and the world size where it matters. The inputs (collective,
-world size, message bytes, op commutativity, the environment and the profile)
+In order (:func:`choose`):
+
+1. the user's PLAIT_ALGO entries (:mod:`plait.selection.overrides`);
+2. the user's rules file (:mod:`plait.selection.rules_file`: PLAIT_RULES or
+   ``~/.config/plait/rules.toml``);
+3. with a measured profile (``plait tune``), the (algorithm, segment) pair
+   with the lowest predicted time (:mod:`plait.selection.model`: closed forms
+   and the simulator, on one host, and across hosts where every host has the
+   same number of ranks);
+4. a rules table per collective, after MPICH's and Open MPI's defaults
+   (Thakur et al. 2005): latency-optimal algorithms for small messages,
+   bandwidth-optimal ones for large, and the world size where it matters.
+
+Entries of 1 and 2 that name no segment, and the rules of 4, use
+:data:`SEGMENT_BYTES`. The inputs (collective, world size, message bytes, op
+commutativity, host layout, and the :class:`Settings`: PLAIT_ALGO, the rules
+file and the profile, which a communicator reads once when it is created)
 are identical on all ranks, so every rank chooses the same schedule.
 """
 
@@ -16,10 +26,10 @@ from dataclasses import dataclass
 
 from plait.algos._registry import AlgorithmSpec, algorithms, get
 from plait.schedule.builder import HostLayout
-from plait.selection import model
-from plait.selection.overrides import overrides
+from plait.selection import model, rules_file
+from plait.selection.overrides import Override, overrides
 
-__all__ = ["RULES", "SEGMENT_BYTES", "Rule", "select"]
+__all__ = ["RULES", "SEGMENT_BYTES", "Choice", "Rule", "Settings", "choose", "select", "settings"]
 
 #: Pipelining unit for segmented algorithms (ring, trees).
 SEGMENT_BYTES = 1 << 20
@@ -98,6 +108,106 @@ RULES: dict[str, tuple[Rule, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class Choice:
+    """What a call runs: ``spec`` with messages cut into ``segment_bytes`` pieces.
+
+    ``source`` says who decided: ``"PLAIT_ALGO"``, ``"rules file"``,
+    ``"profile"`` (the model; ``"profile, simulated"`` when the simulator
+    timed the winner), ``"built-in rules"``, or ``"caller"`` (an explicit
+    ``algorithm=``).
+    """
+
+    spec: AlgorithmSpec
+    segment_bytes: int = SEGMENT_BYTES
+    source: str = "built-in rules"
+
+    @property
+    def name(self) -> str:
+        """The algorithm's name."""
+        return self.spec.name
+
+    def segment(self, itemsize: int) -> int:
+        """``Context.segment``: elements per message for elements of ``itemsize`` bytes."""
+        return max(1, self.segment_bytes // itemsize)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the user configured for ``auto``: PLAIT_ALGO, the rules file, the profile."""
+
+    overrides: tuple[Override, ...] = ()
+    rules: rules_file.RulesFile | None = None
+    profile: model.Profile | None = None
+
+
+def settings() -> Settings:
+    """The settings of the current environment and files.
+
+    Raises:
+        ValueError: a malformed PLAIT_ALGO, or a rules file that is missing
+            (where PLAIT_RULES names it), unreadable or invalid
+            (:class:`~plait.selection.rules_file.RulesError`).
+    """
+    return Settings(overrides(), rules_file.load(), model.load())
+
+
+def choose(
+    collective: str,
+    size: int,
+    nbytes: int,
+    *,
+    commutative: bool,
+    hosts: HostLayout | None = None,
+    config: Settings | None = None,
+) -> Choice:
+    """The algorithm and segment size ``auto`` runs for this call.
+
+    ``nbytes``: the whole vector for allreduce/reduce/broadcast, one rank's
+    block for the block collectives; ``hosts``: None when all ranks share one
+    host; ``config``: the settings to follow (default: :func:`settings` now).
+    See the module docstring for the order.
+    """
+    config = settings() if config is None else config
+    for entry in config.overrides:
+        if entry.collective == collective and entry.covers(nbytes):
+            spec = get(collective, entry.algorithm)
+            if spec.supports(commutative=commutative):
+                return Choice(spec, entry.segment or SEGMENT_BYTES, "PLAIT_ALGO")
+    multi_host = hosts is not None and hosts.n_hosts > 1
+    if config.rules is not None:
+        hit = config.rules.match(
+            collective, size, nbytes, commutative=commutative, multi_host=multi_host
+        )
+        if hit is not None:
+            return Choice(
+                get(collective, hit.algorithm), hit.segment or SEGMENT_BYTES, "rules file"
+            )
+    rule_spec = _by_rules(collective, size, nbytes, commutative, multi_host)
+    profile = config.profile
+    if profile is not None and size > 1:
+        names = tuple(
+            n
+            for n in algorithms(collective)
+            if get(collective, n).supports(commutative=commutative)
+        )
+        best = model.predict(
+            collective,
+            size,
+            nbytes,
+            names,
+            profile,
+            commutative=commutative,
+            hosts=hosts if multi_host else None,
+            baseline=rule_spec.name,
+            default_segment=SEGMENT_BYTES,
+        )
+        if best is not None:
+            source = "profile, simulated" if best.method == "simulator" else "profile"
+            return Choice(get(collective, best.algorithm), best.segment, source)
+    return Choice(rule_spec, SEGMENT_BYTES, "built-in rules")
+
+
 def select(
     collective: str,
     size: int,
@@ -106,29 +216,14 @@ def select(
     commutative: bool,
     hosts: HostLayout | None = None,
 ) -> AlgorithmSpec:
-    """The algorithm ``auto`` runs for this call (``hosts``: None when all share one host).
+    """The algorithm ``auto`` runs for this call (:func:`choose`'s, without the segment)."""
+    return choose(collective, size, nbytes, commutative=commutative, hosts=hosts).spec
 
-    PLAIT_ALGO entries (:mod:`plait.selection.overrides`) come first; then, on
-    one host with a measured profile (``plait tune``), the algorithm the cost
-    model (:mod:`plait.selection.model`) predicts fastest; then the rules.
-    """
-    for entry in overrides():
-        if entry.collective == collective and entry.covers(nbytes):
-            spec = get(collective, entry.algorithm)
-            if spec.supports(commutative=commutative):
-                return spec
-    multi_host = hosts is not None and hosts.n_hosts > 1
-    if not multi_host and size > 1:
-        profile = model.load()
-        if profile is not None:
-            names = [
-                n
-                for n in algorithms(collective)
-                if get(collective, n).supports(commutative=commutative)
-            ]
-            best = model.predict_best(collective, size, nbytes, names, profile)
-            if best is not None:
-                return get(collective, best[0])
+
+def _by_rules(
+    collective: str, size: int, nbytes: int, commutative: bool, multi_host: bool
+) -> AlgorithmSpec:
+    """The built-in rules' algorithm (:data:`RULES`)."""
     rules = RULES[collective]
     for rule in rules:
         if rule.applies(size, nbytes, multi_host):
