@@ -44,3 +44,68 @@ def test_fit_never_gives_a_negative_slope(sizes: list[int], times: list[float]) 
     from plait.cli.tune import fit
 
     assert fit(sizes, times) == (1.0, 0.0)
+
+
+def _show(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``plait tune --show ARGS`` in this process: (exit code, stdout, stderr)."""
+    import argparse
+
+    from plait.cli.tune import add_arguments, main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    code = main(parser.parse_args(["--show", *args]))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _cells(out: str) -> dict[str, list[str]]:
+    """The table's rows: collective -> cells (split on two or more spaces)."""
+    import re
+
+    rows = {}
+    for line in out.splitlines():
+        if not line.startswith("#") and line.strip():
+            name, *cells = re.split(r"\s{2,}", line.strip())
+            rows[name] = cells
+    return rows
+
+
+def test_show_prints_every_setting_and_who_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[broadcast]]\nalgorithm = "binomial"\nsegment = "256K"\n')
+    profile = tmp_path / "profile.json"
+    model.save(
+        model.Profile(model.LinkCost(20e-6, 1 / 3e9), model.LinkCost(50e-6, 1e-9), 1e-10, 1e-10),
+        profile,
+    )
+    monkeypatch.setenv("PLAIT_RULES", str(rules))
+    monkeypatch.setenv("PLAIT_PROFILE", str(profile))
+    monkeypatch.setenv("PLAIT_ALGO", "allreduce:ring:8K-@64K")
+    code, out, _ = _show(["-n", "4", "--hosts", "2"], capsys)
+    assert code == 0
+    assert "4 ranks on 2 hosts of 2" in out
+    assert "#   allreduce:ring:8K-@64K" in out
+    assert f"# rules file: {rules} (1 entry)" in out
+    assert "#   [[broadcast]] entry 1: algorithm=binomial segment=256K" in out
+    assert f"# profile: {profile}" in out
+    rows = _cells(out)
+    assert rows["allreduce"][:5] == ["recursive_doubling [S]"] * 4 + ["ring@64K [A]"]
+    assert set(rows["broadcast"]) == {"binomial@256K [F]"}
+    assert rows["reduce"][0] == "binomial [S]"
+
+
+def test_show_refuses_a_bad_rules_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[broadcast]]\nalgorithm = "binomial"\nhosts = "many"\n')
+    monkeypatch.setenv("PLAIT_RULES", str(rules))
+    code, _, err = _show([], capsys)
+    assert code == 1
+    assert f"rules file {rules}: [[broadcast]] entry 1: hosts = 'many'" in err
+    code, _, err = _show(["-n", "3", "--hosts", "2"], capsys)
+    assert code == 1
+    assert "--hosts 2 must divide -n 3" in err

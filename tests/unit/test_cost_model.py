@@ -1,8 +1,9 @@
-"""The measured cost model: profile files, predictions, and auto's use of them."""
+"""The measured cost model: profile files, predictions (algorithm and segment), auto's use."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 
 import plait
 from plait.cli.tune import fit
+from plait.schedule.builder import HostLayout
 from plait.selection import model
-from plait.selection.select import select
+from plait.selection.select import SEGMENT_BYTES, Settings, choose, select
 from plait.sim import formulas
 from plait.testing import run_ranks
 
@@ -120,3 +122,107 @@ def test_plait_debug_info_logs_each_choice_once(
         "segment 1 MiB (built-in rules)"
         for r in (0, 1)
     ]
+
+
+@pytest.fixture
+def fresh_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Forget cached predictions (before and after); returns the steps of each simulation."""
+    from plait import sim
+
+    model._predict.cache_clear()
+    steps: list[int] = []
+    real = sim.simulate
+
+    def counting(*args: object, **kwargs: object) -> sim.Result:
+        res = real(*args, **kwargs)  # type: ignore[arg-type]
+        steps.append(res.steps)
+        return res
+
+    monkeypatch.setattr(sim, "simulate", counting)
+    yield steps
+    model._predict.cache_clear()
+
+
+def test_small_calls_are_timed_by_the_formulas_alone(fresh_model: list[int]) -> None:
+    got = choose("allreduce", 8, 4096, commutative=True, config=Settings(profile=PROFILE))
+    assert (got.segment_bytes, got.source) == (SEGMENT_BYTES, "profile")
+    assert fresh_model == []
+
+
+def test_the_simulator_picks_a_segment_deterministically(fresh_model: list[int]) -> None:
+    cfg = Settings(profile=PROFILE)
+    first = choose("allreduce", 4, 4 << 20, commutative=True, config=cfg)
+    assert first.source == "profile, simulated"
+    assert first.segment_bytes in model.SEGMENTS
+    assert 0 < sum(fresh_model) <= model.SIM_STEPS + max(fresh_model)  # the budget holds
+    model._predict.cache_clear()
+    assert choose("allreduce", 4, 4 << 20, commutative=True, config=cfg) == first
+    # The winner is no slower, in the same simulator, than its algorithm at the default segment.
+    from plait import sim
+
+    net = sim.from_profile(PROFILE, 4)
+    default = sim.simulate("allreduce", first.name, 4 << 20, net, dtype="u1", segment_bytes=None)
+    chosen = sim.simulate(
+        "allreduce", first.name, 4 << 20, net, dtype="u1", segment_bytes=first.segment_bytes
+    )
+    assert chosen.time <= default.time
+
+
+def test_without_budget_the_formulas_or_the_rules_decide(
+    fresh_model: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model, "SIM_STEPS", 0)
+    cfg = Settings(profile=PROFILE)
+    got = choose("allreduce", 4, 4 << 20, commutative=True, config=cfg)
+    assert (got.segment_bytes, got.source) == (SEGMENT_BYTES, "profile")
+    layout = HostLayout([0, 0, 1, 1])
+    got = choose("allreduce", 4, 4 << 20, commutative=True, hosts=layout, config=cfg)
+    assert got.source == "built-in rules"
+    assert fresh_model == []
+
+
+@pytest.mark.parametrize(
+    ("hosts", "profile", "source"),
+    [
+        ([0, 0, 1, 1], PROFILE, "profile, simulated"),
+        ([0, 1, 0, 1], PROFILE, "built-in rules"),  # not numbered host by host
+        ([0, 0, 0, 1], PROFILE, "built-in rules"),  # uneven
+        ([0, 0, 1, 1], model.Profile(PROFILE.intra), "built-in rules"),  # no inter link
+    ],
+)
+def test_across_hosts_the_simulator_predicts(
+    fresh_model: list[int], hosts: list[int], profile: model.Profile, source: str
+) -> None:
+    layout = HostLayout(hosts)
+    got = choose("allreduce", 4, 64 << 10, commutative=True, hosts=layout,
+                 config=Settings(profile=profile))  # fmt: skip
+    assert got.source == source
+    assert got.spec.supports(commutative=True)
+
+
+def test_across_hosts_a_slow_network_favours_fewer_crossings(fresh_model: list[int]) -> None:
+    slow = model.Profile(model.LinkCost(1e-6, 1e-11), model.LinkCost(1e-3, 1e-7))
+    layout = HostLayout([0, 0, 0, 0, 1, 1, 1, 1])
+    got = choose("allreduce", 8, 1 << 20, commutative=True, hosts=layout,
+                 config=Settings(profile=slow))  # fmt: skip
+    assert got.source == "profile, simulated"
+    assert got.name in ("hierarchical", "cascade")
+
+
+def test_communicators_agree_on_a_simulated_choice(
+    profile_file: Path, fresh_model: list[int]
+) -> None:
+    model.save(PROFILE)
+    n = 40_000  # 320,000 bytes: a simulated choice
+
+    def body(comm: plait.Communicator) -> tuple[np.ndarray, object]:
+        out = comm.allreduce(np.arange(n, dtype=np.float64) + comm.rank)
+        return out, comm._auto[("allreduce", n * 8, True)]
+
+    results = run_ranks(3, body)
+    want = np.arange(n, dtype=np.float64) * 3 + 3
+    for out, _ in results:
+        np.testing.assert_array_equal(out, want)
+    choices = {choice for _, choice in results}
+    assert len(choices) == 1
+    assert choices.pop().source == "profile, simulated"

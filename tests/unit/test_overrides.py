@@ -1,4 +1,4 @@
-"""PLAIT_ALGO: parsing, precedence over the built-in rules, and clear errors."""
+"""PLAIT_ALGO: parsing (segments too), precedence over the built-in rules, and clear errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 import plait
 from plait.selection.overrides import Override, parse
-from plait.selection.select import select
+from plait.selection.select import SEGMENT_BYTES, choose, select
 from plait.testing import run_ranks
 
 
@@ -43,6 +43,10 @@ def test_ranges(text: str, lo: int, hi: float) -> None:
         ("allreduce:ring:x-", "not a size"),
         ("allreduce:ring:1-2:3", "expected"),
         ("allreduce:", "expected"),
+        ("allreduce:ring@0", "at least one byte"),
+        ("allreduce:ring@x", "not a size"),
+        ("allreduce:ring@1K@2K", "expected"),
+        ("allreduce:ring:8K@1K", "a range is lo-hi"),
     ],
 )
 def test_errors_quote_the_entry(text: str, message: str) -> None:
@@ -76,3 +80,36 @@ def test_communicators_run_the_overridden_algorithm(monkeypatch: pytest.MonkeyPa
     for got in run_ranks(3, body):
         np.testing.assert_array_equal(got, np.arange(5.0) * 6)
     assert spied == ["direct"] * 3
+
+
+def test_segments() -> None:
+    got = parse("allreduce:ring:8K-@256K,recursive_doubling@4K,broadcast:binomial:-1M")
+    assert got == (
+        Override("allreduce", "ring", 8192, float("inf"), 256 << 10),
+        Override("allreduce", "recursive_doubling", 0, float("inf"), 4096),
+        Override("broadcast", "binomial", 0, 1 << 20),
+    )
+    assert [e.describe() for e in got] == [
+        "allreduce:ring:8K-@256K",
+        "allreduce:recursive_doubling@4K",
+        "broadcast:binomial:-1M",
+    ]
+    assert parse(",".join(e.describe() for e in got)) == got
+
+
+def test_an_override_sets_the_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_ALGO", "allreduce:ring:8K-@256K,direct")
+    big = choose("allreduce", 4, 1 << 20, commutative=True)
+    assert (big.name, big.segment_bytes, big.source) == ("ring", 256 << 10, "PLAIT_ALGO")
+    small = choose("allreduce", 4, 100, commutative=True)
+    assert (small.name, small.segment_bytes) == ("direct", SEGMENT_BYTES)
+
+
+def test_a_bad_plait_algo_fails_when_the_communicator_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from plait.testing import memory_communicators
+
+    monkeypatch.setenv("PLAIT_ALGO", "allreduce:ring:8K-@0")
+    with pytest.raises(ValueError, match="PLAIT_ALGO: 'allreduce:ring:8K-@0'"):
+        memory_communicators(2)

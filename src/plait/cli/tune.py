@@ -122,7 +122,8 @@ def _show(nproc: int, n_hosts: int = 1) -> int:
     if config.rules is None:
         print(f"# rules file: none at {path}")
     else:
-        print(f"# rules file: {config.rules.path} ({len(config.rules.entries)} entries)")
+        n = len(config.rules.entries)
+        print(f"# rules file: {config.rules.path} ({n} {'entry' if n == 1 else 'entries'})")
         for rule in config.rules.entries:
             print(f"#   {rule.describe()}")
     where = model.default_path()
