@@ -198,3 +198,14 @@ def test_communicators_run_the_rules_files_segment(rules_path: Path) -> None:
     for out, cut, whole in run_ranks(3, body):
         np.testing.assert_array_equal(out, np.arange(n, dtype=np.float64) * 6)
         assert cut > whole
+
+
+def test_the_example_in_the_performance_docs_parses() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "performance.md").read_text()
+    block = re.search(r"```toml\n(.*?)```", doc, re.S)
+    assert block is not None
+    entries = rules_file.parse(block.group(1), "performance.md").entries
+    assert [(e.algorithm, e.segment) for e in entries] == [
+        ("recursive_doubling", None),
+        ("ring", 256 << 10),
+    ]
