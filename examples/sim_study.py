@@ -8,6 +8,10 @@ allreduce algorithms on two 4,096-rank networks, over a range of sizes:
   100 Gb/s cables (α = 1 µs per cable, β = 1/12.5e9 s/B);
 - a 16×16×16 torus of the same cables (dimension-order routing).
 
+On the fat tree the switches can also reduce in flight (``--aggregation``
+bytes of memory each, 4 MiB by default; 0 turns it off), which adds the
+``in_network`` allreduce (SHARP/SwitchML-style) to its table.
+
 It prints one table per network (time in µs, the winner marked) and writes
 ``study.json`` and, with matplotlib, ``fat_tree.png`` and ``torus.png``
 (busbw against size) into ``--out``. ``--ranks`` and ``--sizes`` shrink it for
@@ -25,13 +29,22 @@ from pathlib import Path
 from plait import sim
 from plait.bench.sweep import bandwidths, format_size, parse_size
 
-ALGORITHMS = ["recursive_doubling", "rabenseifner", "swing", "double_binary_tree", "ring"]
+ALGORITHMS = [
+    "recursive_doubling",
+    "rabenseifner",
+    "swing",
+    "double_binary_tree",
+    "in_network",
+    "ring",
+]
 
 
-def networks(p: int) -> dict[str, sim.Network]:
+def networks(p: int, aggregation: int) -> dict[str, sim.Network]:
     link = sim.LinkParams(1e-6, 1 / 12.5e9)
     side = round(p ** (1 / 3))
-    nets = {"fat_tree": sim.fat_tree(p, 32, link, oversubscription=2.0)}
+    nets = {
+        "fat_tree": sim.fat_tree(p, 32, link, oversubscription=2.0, aggregation_memory=aggregation)
+    }
     if side**3 == p:
         nets["torus"] = sim.torus((side, side, side), link)
     return nets
@@ -42,17 +55,24 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=4096)
     parser.add_argument("--sizes", default="1K,64K,4M,256M")
     parser.add_argument("--ring", action="store_true", help="include ring above 1,024 ranks")
+    parser.add_argument("--aggregation", default="4M", help="fat-tree switch memory (0: none)")
+    parser.add_argument("--algorithms", help="comma-separated subset of the algorithms")
     parser.add_argument("--out", type=Path, default=Path("study"))
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     algos = [a for a in ALGORITHMS if a != "ring" or args.ring or args.ranks <= 1024]
+    if args.algorithms:
+        algos = args.algorithms.split(",")
+    aggregation = parse_size(args.aggregation)
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
-    for name, net in networks(args.ranks).items():
+    for name, net in networks(args.ranks, aggregation).items():
         print(f"# {net.description}")
         print("# " + "algorithm".ljust(20) + "".join(format_size(s).rjust(12) for s in sizes))
         table: dict[str, list[float]] = {}
         for algo in algos:
+            if algo == "in_network" and not net.reducing_switches():
+                continue
             row = []
             for nbytes in sizes:
                 start = time.perf_counter()
@@ -71,6 +91,8 @@ def main() -> int:
                 row.append(res.time)
             table[algo] = row
             print("  " + algo.ljust(20) + "".join(f"{t * 1e6:12.1f}" for t in row), flush=True)
+        if not table:
+            continue
         best = [min(table, key=lambda a, i=i: table[a][i]) for i in range(len(sizes))]
         print("  " + "fastest".ljust(20) + "".join(b[:11].rjust(12) for b in best))
         _plot(args.out / f"{name}.png", net.description, results, name)

@@ -87,3 +87,24 @@ def test_beta_accepts_a_fraction(capsys: pytest.CaptureFixture) -> None:
     )
     # 2 ranks, direct: each sends its 1 MiB once at 1 GB/s.
     assert float(row.split()[4]) == pytest.approx(1048576 / 1e9 * 1e6, rel=1e-3)
+
+
+def test_aggregation_runs_in_network(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--aggregation gives the switches memory; in_network then runs (with data) and is fastest."""
+    out = tmp_path / "agg.json"
+    trace = tmp_path / "t.json"
+    rc = main(
+        ["sim", "-n", "8", "-t", "fat-tree:4", "--aggregation", "64K", "-a",
+         "in_network,ring", "-s", "1M", "--with-data", "--json", str(out), "--trace", str(trace)]
+    )  # fmt: skip
+    assert rc == 0
+    times = {r["algorithm"]: r["time_s"] for r in json.loads(out.read_text())["results"]}
+    assert times["in_network"] < times["ring"]
+    names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("name") == "process_name"]  # fmt: skip
+    assert names[-3:] == ["switch 0", "switch 1", "switch 2"]
+    capsys.readouterr()
+    assert main(["sim", "-n", "8", "-a", "all", "-s", "1K"]) == 0  # all without switches: skipped
+    assert "in_network" not in capsys.readouterr().out
+    assert main(["sim", "-n", "8", "-t", "ring", "--aggregation", "1M", "-s", "1K"]) == 2
+    assert "needs switches" in capsys.readouterr().err

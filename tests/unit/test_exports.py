@@ -51,6 +51,7 @@ def test_algorithm_names() -> None:
         "direct",
         "hierarchical",
         "cascade",
+        "in_network",
     }
     assert set(plait.algorithms("reduce_scatter")) == {"ring", "recursive_halving", "pairwise"}
     assert set(plait.algorithms("allgather")) == {"ring", "recursive_doubling", "bruck"}

@@ -10,6 +10,7 @@ from plait.algos import (  # noqa: F401  (imported to register)
     dissemination,
     double_binary_tree,
     hierarchical,
+    in_network,
     pairwise,
     rabenseifner,
     recursive_doubling,

@@ -55,6 +55,10 @@ class AlgorithmSpec:
         in_place: whether it is correct when ``OUT`` is the same memory as ``IN``;
             if not, in-place calls stage the input in scratch first.
         summary: first line of the builder's docstring.
+        needs_fabric: whether it runs only where switches reduce in flight
+            (``Context.fabric``, which the simulator provides and plait's
+            transports do not); ``auto`` never picks such an algorithm for a
+            communicator.
     """
 
     collective: str
@@ -63,17 +67,24 @@ class AlgorithmSpec:
     commutative_only: bool = False
     in_place: bool = True
     summary: str = ""
+    needs_fabric: bool = False
 
-    def supports(self, *, commutative: bool) -> bool:
-        """Whether the restrictions allow an op of this commutativity."""
-        return commutative or not self.commutative_only
+    def supports(self, *, commutative: bool, fabric: bool = False) -> bool:
+        """Whether the restrictions allow an op of this commutativity (``fabric``: on a
+        network with aggregating switches)."""
+        return (commutative or not self.commutative_only) and (fabric or not self.needs_fabric)
 
 
 _REGISTRY: dict[str, dict[str, AlgorithmSpec]] = {c: {} for c in COLLECTIVES}
 
 
 def register(
-    collective: str, name: str, *, commutative_only: bool = False, in_place: bool = True
+    collective: str,
+    name: str,
+    *,
+    commutative_only: bool = False,
+    in_place: bool = True,
+    needs_fabric: bool = False,
 ) -> Callable[[BuildFn], BuildFn]:
     """Class the decorated builder as ``collective``'s algorithm ``name``."""
     if collective not in _REGISTRY:
@@ -84,7 +95,9 @@ def register(
         if name in table and table[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered for {collective}")
         summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else ""
-        table[name] = AlgorithmSpec(collective, name, build, commutative_only, in_place, summary)
+        table[name] = AlgorithmSpec(
+            collective, name, build, commutative_only, in_place, summary, needs_fabric
+        )
         return build
 
     return decorate
@@ -122,7 +135,12 @@ def get(collective: str, name: str) -> AlgorithmSpec:
 
 
 def buffer_counts(collective: str, size: int, count: int, rank: int, root: int) -> tuple[int, int]:
-    """Element counts of (IN, OUT) for one rank; see :class:`Context` for ``count``."""
+    """Element counts of (IN, OUT) for one rank; see :class:`Context` for ``count``.
+
+    A fabric's switches (``rank >= size``) have neither: they work in scratch.
+    """
+    if rank >= size:
+        return 0, 0
     is_root = rank == root
     if collective == "allreduce":
         return count, count

@@ -6,6 +6,7 @@
     plait sim --ranks 4096 --topology torus:16x16x16 --algorithm all --sizes 8:256M -f 8
     plait sim --ranks 64 --topology hosts:8 --intra-beta 1/50e9 --algorithm hierarchical,ring
     plait sim --ranks 16 --algorithm ring --sizes 1M --with-data --trace ring.json
+    plait sim --ranks 1024 --topology fat-tree:32:2 --aggregation 256K --algorithm in_network,ring
 
 The table has the form of ``plait bench``'s (time, algbw, busbw with the
 nccl-tests factors) with one series per algorithm; the time is virtual (when
@@ -21,6 +22,11 @@ port, ``--gamma`` the per-byte reduction cost of a rank):
 - ``hosts:K[:NICS]``: K ranks per host joined by fast ports (``--intra-alpha``,
   ``--intra-beta``), hosts by NICs of ``--alpha``/``--beta``;
 - ``ring``, ``torus:AxB[xC]``: cables between neighbours, dimension-order routing.
+
+``--aggregation BYTES`` gives the switches of ``switch``, ``fat-tree`` and
+``hosts`` that much aggregation memory, so that they reduce in flight (SHARP,
+SwitchML) and the ``in_network`` allreduce can run; ``--algorithm all``
+includes ``in_network`` only then.
 
 ``--beta`` and the other per-byte figures accept ``1/12.5e9`` style values
 (seconds per byte of a 12.5 GB/s link). See docs/simulator.md.
@@ -72,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--segment", default="default", help="pipelining unit in bytes, 0 or default"
     )
+    parser.add_argument(
+        "--aggregation",
+        default="0",
+        metavar="BYTES",
+        help="switches reduce in flight with this much memory each (0: they do not)",
+    )
     parser.add_argument("--with-data", action="store_true", help="move data; check results")
     parser.add_argument("--json", metavar="FILE", help="one record per algorithm and size")
     parser.add_argument("--trace", metavar="FILE", help="Chrome/Perfetto trace (largest size)")
@@ -79,9 +91,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_topology(
-    spec: str, p: int, alpha: float, beta: float, gamma: float, intra: tuple[float, float]
+    spec: str,
+    p: int,
+    alpha: float,
+    beta: float,
+    gamma: float,
+    intra: tuple[float, float],
+    aggregation: int = 0,
 ) -> Any:
     """The :class:`plait.sim.Network` a ``--topology`` string names (see the module doc).
+
+    ``aggregation``: bytes of aggregation memory per switch (0: switches do not reduce).
 
     Raises:
         ValueError: an unknown topology or bad parameters (the message says which).
@@ -91,19 +111,24 @@ def parse_topology(
     name, _, rest = spec.partition(":")
     args = [a for a in rest.split(":") if a] if rest else []
     link = sim.LinkParams(alpha, beta)
+    if aggregation and name not in ("switch", "fat-tree", "hosts"):
+        raise ValueError(
+            f"--aggregation needs switches: use it with switch, fat-tree or hosts, not {name}"
+        )
+    agg = {"aggregation_memory": aggregation} if aggregation else {}
     if name == "flat":
         return sim.flat(p, alpha, beta, gamma)
     if name == "flat-free":
         return sim.flat(p, alpha, beta, gamma, ports=False)
     if name == "switch":
-        return sim.single_switch(p, link, gamma=gamma)
+        return sim.single_switch(p, link, gamma=gamma, **agg)
     if name == "fat-tree":
         if not args:
             raise ValueError("fat-tree needs ranks per leaf: fat-tree:K[:OVERSUB[:SPINES]]")
         k = int(args[0])
         over = float(args[1]) if len(args) > 1 else 1.0
         spines = int(args[2]) if len(args) > 2 else 1
-        return sim.fat_tree(p, k, link, oversubscription=over, spines=spines, gamma=gamma)
+        return sim.fat_tree(p, k, link, oversubscription=over, spines=spines, gamma=gamma, **agg)
     if name == "hosts":
         if not args:
             raise ValueError("hosts needs ranks per host: hosts:K[:NICS]")
@@ -111,7 +136,7 @@ def parse_topology(
         if k < 1 or p % k:
             raise ValueError(f"--ranks {p} is not a multiple of {k} ranks per host")
         nics = int(args[1]) if len(args) > 1 else 1
-        return sim.hosts(p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma)
+        return sim.hosts(p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma, **agg)
     if name == "ring":
         return sim.ring(p, link, gamma=gamma)
     if name == "torus":
@@ -152,8 +177,15 @@ def main(args: argparse.Namespace) -> int:
                 f"unknown collective {args.collective!r}; expected one of "
                 + ", ".join(plait.COLLECTIVES)
             )
+        from plait.bench.sweep import parse_size
+
+        aggregation = parse_size(args.aggregation)
         known = plait.algorithms(args.collective)
         names = known if args.algorithm == "all" else tuple(args.algorithm.split(","))
+        if args.algorithm == "all" and not aggregation:  # nothing to run them on
+            names = tuple(
+                n for n in names if not plait._algorithms.get(args.collective, n).needs_fabric
+            )
         for n in names:
             if n not in known:
                 raise ValueError(
@@ -169,6 +201,7 @@ def main(args: argparse.Namespace) -> int:
             args.beta,
             args.gamma,
             (args.intra_alpha, args.intra_beta),
+            aggregation,
         )
     except (ValueError, TypeError) as exc:
         print(f"plait sim: {exc}", file=sys.stderr)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from plait.schedule.ir import IN, OUT, TMP, Buf, Region, Schedule, Step, StepKind
 
-__all__ = ["Builder", "Context", "HostLayout"]
+__all__ = ["Builder", "Context", "Fabric", "HostLayout"]
 
 
 class HostLayout:
@@ -68,6 +68,78 @@ class HostLayout:
         return f"HostLayout({list(self.hosts)})"
 
 
+class Fabric:
+    """Switches that reduce data in flight (in-network aggregation), as schedules see them.
+
+    SHARP and SwitchML put small reduction engines in the switches: each
+    switch sums what its children send it and passes one stream up a tree, and
+    the root's result flows back down. To an algorithm, each such switch is one
+    more participant with a schedule of its own: switch ``s`` is participant
+    ``size + s`` (ranks are ``0 .. size-1``). ``attach[r]`` is the switch rank
+    ``r`` sends to, ``parent[s]`` the switch above ``s`` (-1 for the root), and
+    ``memory`` the aggregation memory of the smallest switch, in bytes: the
+    most that may be in flight through any switch at once.
+
+    Only the simulator provides one (:meth:`plait.sim.Network.aggregation_fabric`);
+    plait's transports connect ranks only.
+    """
+
+    __slots__ = ("_hash", "attach", "memory", "parent")
+
+    def __init__(self, attach: Sequence[int], parent: Sequence[int], memory: int) -> None:
+        self.attach = tuple(attach)
+        self.parent = tuple(parent)
+        self.memory = int(memory)
+        n = len(self.parent)
+        if any(not 0 <= s < n for s in self.attach):
+            raise ValueError(f"Fabric: every rank must attach to one of the {n} switches")
+        if any(not -1 <= q < n or q == s for s, q in enumerate(self.parent)):
+            raise ValueError("Fabric: a switch's parent must be another switch or -1")
+        if self.parent.count(-1) != 1:
+            raise ValueError("Fabric: exactly one switch must be the root (parent -1)")
+        for s in range(n):  # every switch reaches the root without a cycle
+            seen, q = 0, s
+            while q != -1:
+                q, seen = self.parent[q], seen + 1
+                if seen > n:
+                    raise ValueError("Fabric: the parents form a cycle")
+        fed = set(self.attach) | {q for q in self.parent if q >= 0}
+        if len(fed) != n:
+            empty = min(set(range(n)) - fed)
+            raise ValueError(f"Fabric: switch {empty} has no child (no rank, no switch below it)")
+        if self.memory < 1:
+            raise ValueError(f"Fabric: aggregation memory must be >= 1 byte; got {memory}")
+        self._hash = hash((self.attach, self.parent, self.memory))
+
+    @property
+    def n_switches(self) -> int:
+        """Number of aggregating switches (extra participants)."""
+        return len(self.parent)
+
+    def children(self, switch: int) -> tuple[list[int], list[int]]:
+        """(ranks, switches) directly below ``switch``, each in increasing order."""
+        ranks = [r for r, s in enumerate(self.attach) if s == switch]
+        below = [q for q, s in enumerate(self.parent) if s == switch]
+        return ranks, below
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Fabric)
+            and other.attach == self.attach
+            and other.parent == self.parent
+            and other.memory == self.memory
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Fabric, (self.attach, self.parent, self.memory))
+
+    def __repr__(self) -> str:
+        return f"Fabric({self.n_switches} switches, {self.memory} B each)"
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """Everything a schedule builder may depend on. Identical on all ranks but ``rank``.
@@ -86,6 +158,12 @@ class Context:
     root: int = 0
     segment: int = 0  # elements per pipelined message; 0 means unsegmented
     hosts: HostLayout | None = None  # None: all ranks on one host
+    fabric: Fabric | None = None  # switches that reduce in flight (simulator only)
+
+    @property
+    def participants(self) -> int:
+        """Ranks plus the fabric's switches: every schedule this call has."""
+        return self.size + (self.fabric.n_switches if self.fabric is not None else 0)
 
     def with_rank(self, rank: int) -> Context:
         """The same call as seen by another rank."""
@@ -99,6 +177,7 @@ class Context:
             self.root,
             self.segment,
             self.hosts,
+            self.fabric,
         )
 
 
@@ -160,6 +239,7 @@ class Builder:
         self.ctx = ctx
         self.rank = ctx.rank
         self.size = ctx.size
+        self._participants = ctx.participants
         self._in_count = in_count
         self._out_count = out_count
         self._tmp_count = 0
@@ -186,14 +266,18 @@ class Builder:
         return region
 
     # -- steps -----------------------------------------------------------------
-    def send(self, peer: int, src: Region) -> int:
-        """Send ``src`` to ``peer``; returns the step index (-1 if empty)."""
+    def send(self, peer: int, src: Region, *, after: Sequence[int] = ()) -> int:
+        """Send ``src`` to ``peer``; returns the step index (-1 if empty).
+
+        ``after``: earlier steps that must finish first although no data links
+        them (flow control, e.g. a window of messages in flight); -1s are ignored.
+        """
         if src.count == 0:
             return -1
         self._check_peer(peer)
         tag = self._sent.get(peer, 0)
         self._sent[peer] = tag + 1
-        return self._add(Step(StepKind.SEND, peer, src=src, tag=tag), (src,), ())
+        return self._add(Step(StepKind.SEND, peer, src=src, tag=tag), (src,), (), after)
 
     def recv(self, peer: int, dst: Region) -> int:
         """Receive from ``peer`` into ``dst``."""
@@ -254,12 +338,20 @@ class Builder:
         return self._add(Step(kind, peer, dst=dst, first=first, tag=tag), (), (dst,))
 
     def _check_peer(self, peer: int) -> None:
-        if not 0 <= peer < self.size or peer == self.rank:
+        if not 0 <= peer < self._participants or peer == self.rank:
             raise ValueError(f"rank {self.rank}: invalid peer {peer} (size {self.size})")
 
-    def _add(self, step: Step, reads: tuple[Region, ...], writes: tuple[Region, ...]) -> int:
+    def _add(
+        self,
+        step: Step,
+        reads: tuple[Region, ...],
+        writes: tuple[Region, ...],
+        after: Sequence[int] = (),
+    ) -> int:
         index = len(self._steps)
-        deps: set[int] = set()
+        deps: set[int] = {i for i in after if i >= 0}
+        if any(i >= index for i in deps):
+            raise ValueError(f"rank {self.rank}: a step can only wait for earlier steps")
         for r in reads:
             self._hazards[r.buf].deps(r.offset, r.end, False, deps)
         for w in writes:

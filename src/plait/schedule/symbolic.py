@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plait.algos._registry import AlgorithmSpec, build_schedule
-from plait.schedule.builder import Context, HostLayout
+from plait.schedule.builder import Context, Fabric, HostLayout
 from plait.schedule.verify import ScheduleError, run_joint
 
 __all__ = ["expected", "prove"]
@@ -75,19 +75,19 @@ def prove(
     segment: int = 0,
     in_place: bool = False,
     hosts: Sequence[int] | None = None,
+    fabric: Fabric | None = None,
 ) -> None:
     """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
 
-    ``hosts`` gives the host index of every rank (None: one host).
+    ``hosts`` gives the host index of every rank (None: one host); ``fabric``
+    the aggregating switches, whose schedules run along (``in_network``).
     ``in_place`` runs with ``OUT`` aliasing ``IN`` (for collectives where the two
     have the same length on that rank), as an ``out=x`` call does.
     """
     c = spec.collective
     layout = HostLayout(hosts) if hosts is not None else None
-    scheds = [
-        build_schedule(spec, Context(c, r, size, count, 1, commutative, root, segment, layout))
-        for r in range(size)
-    ]
+    ctx = Context(c, 0, size, count, 1, commutative, root, segment, layout, fabric)
+    scheds = [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
     buffers: list[list[list[Any]]] = []
     for r, s in enumerate(scheds):
         inp: list[Any] = [_leaf(r, i) for i in range(s.in_count)]

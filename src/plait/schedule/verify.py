@@ -36,10 +36,14 @@ class ScheduleError(AssertionError):
 def check_static(schedules: Sequence[Schedule]) -> None:
     """Bounds, no writes to IN, deps point backwards, and send/recv pairs agree."""
     size = len(schedules)
+    ranks = schedules[0].size if schedules else 0
+    if ranks > size:
+        raise ScheduleError(f"{size} schedules for {ranks} ranks")
     sends: dict[tuple[int, int, int], int] = {}
     recvs: dict[tuple[int, int, int], int] = {}
     for rank, sched in enumerate(schedules):
-        if sched.rank != rank or sched.size != size:
+        # A fabric's switches follow the ranks (rank >= size): all claim the ranks' size.
+        if sched.rank != rank or sched.size != ranks:
             raise ScheduleError(f"schedule {rank} claims rank {sched.rank} of {sched.size}")
         limits = (sched.in_count, sched.out_count, sched.tmp_count)
         for i, step in enumerate(sched.steps):

@@ -30,6 +30,13 @@ The model, in short (details in :mod:`plait.sim.engine` and :mod:`plait.sim.netw
 * everything else follows the executor: dependencies, (src, dst, tag) matching,
   receive-and-reduce data that may arrive early.
 
+In-network aggregation: on a network built with ``aggregation_memory`` the
+switches can reduce in flight. For an algorithm that needs them
+(``in_network``), :meth:`Network.aggregation_fabric` arranges them into a
+tree, each switch becomes one more participant after the ranks (its schedule
+built by the same algorithm file) and runs on its switch node; ``Result``
+reports the ranks only.
+
 On :func:`flat` networks without contention (``ports=False``) and without
 pipelining, the simulated time equals the α-β-γ formulas of Thakur,
 Rabenseifner and Gropp (2005) as rederived for plait's schedules
@@ -229,11 +236,22 @@ def build_all(
     commutative: bool = True,
     network: Network | None = None,
 ) -> list[Schedule]:
-    """Every rank's schedule, exactly as the executor would get it."""
+    """Every rank's schedule, exactly as the executor would get it.
+
+    For an algorithm that needs a fabric (``in_network``), the network's
+    aggregating switches' schedules follow the ranks'.
+    """
     spec = get(collective, algorithm)
     hosts_layout = network.host_layout() if network is not None else None
-    ctx = Context(collective, 0, size, count, itemsize, commutative, root, segment, hosts_layout)
-    return [build_schedule(spec, ctx.with_rank(r)) for r in range(size)]
+    fabric = None
+    if spec.needs_fabric:
+        if network is None:
+            raise ValueError(f"{algorithm} needs a network with switches that reduce")
+        fabric = network.aggregation_fabric()[0]
+    ctx = Context(
+        collective, 0, size, count, itemsize, commutative, root, segment, hosts_layout, fabric
+    )
+    return [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
 
 
 def simulate(
@@ -280,9 +298,13 @@ def simulate(
     dt = np.dtype(dtype)
     op = op if op is not None else SUM
     spec = get(collective, algorithm)
-    if not spec.supports(commutative=op.commutative):
+    if not spec.supports(commutative=op.commutative, fabric=True):
         raise ValueError(f"{collective}/{algorithm} needs a commutative op; {op!r} is not")
     p = network.size
+    fabric, run_on = None, network
+    if spec.needs_fabric:  # the aggregating switches become participants after the ranks
+        fabric, nodes = network.aggregation_fabric()
+        run_on = network.with_agents(nodes)
     count = context_count(collective, nbytes, dt.itemsize, p)
     if segment_bytes is None:
         from plait.selection.select import SEGMENT_BYTES
@@ -300,6 +322,7 @@ def simulate(
         segment=segment,
         commutative=op.commutative,
         hosts=network.host_layout(),
+        fabric=fabric,
         workers=workers,
         keep_schedules=with_data,
     )
@@ -310,7 +333,7 @@ def simulate(
         assert program.schedules is not None
         xs = _inputs(collective, p, count, dt, root, inputs, seed)
         data = _buffers(collective, program.schedules, xs, dt, root, op)
-    out = run(program, network, sharing=sharing, data=data, record=trace)
+    out = run(program, run_on, sharing=sharing, data=data, record=trace)
     whole = count * p if collective in BLOCK_COLLECTIVES else count
     result = _result(
         collective, algorithm, p, count, whole * dt.itemsize, dt.itemsize, network, out
@@ -352,8 +375,8 @@ def _result(
         count=count,
         nbytes=nbytes,
         itemsize=itemsize,
-        time=out.time,
-        finish=np.asarray(out.finish, dtype=np.float64),
+        time=max(out.finish[:p], default=0.0),
+        finish=np.asarray(out.finish[:p], dtype=np.float64),
         link_bytes=np.asarray(out.link_bytes, dtype=np.float64),
         network=network,
         steps=out.steps,
@@ -417,7 +440,7 @@ def _buffers(
 ) -> Data:
     bufs = []
     for r, s in enumerate(schedules):
-        x = xs[r]
+        x = xs[r] if r < len(xs) else None  # a fabric's switches have no input
         inp = np.zeros(s.in_count, dt)
         if s.in_count and x is not None:
             inp[...] = x

@@ -23,9 +23,14 @@ Topologies (all constructors return a finished :class:`Network`)::
     ring(p, link), torus((4, 4, 4), link)
                                     direct networks, dimension-order routing
 
-Switches carry a hook for in-network aggregation (``Node.reduce``,
-``Node.memory``): the engine does not use it yet; an algorithm that reduces
-in switches can find them with :meth:`Network.reducing_switches`.
+In-network aggregation: switches built with ``aggregation_memory`` (on
+:func:`single_switch`, :func:`fat_tree` and :func:`hosts`, or ``reduce=True``
+on :meth:`Network.add_node`) can reduce data in flight, as SHARP and SwitchML
+switches do. :meth:`Network.aggregation_fabric` arranges them into a tree
+(each rank under the first such switch on its way to the root), and
+:meth:`Network.with_agents` gives each one a rank of its own, so algorithms
+that need a :class:`~plait.schedule.builder.Fabric` (``in_network``) run on
+it like any other schedule. A switch reduces at line rate (γ = δ = 0).
 
 Build your own with :meth:`Network.add_node`, :meth:`Network.add_rank`,
 :meth:`Network.add_cable` and, for anything but shortest paths,
@@ -39,7 +44,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from plait.schedule.builder import HostLayout
+from plait.schedule.builder import Fabric, HostLayout
 from plait.sim.model import LinkParams
 
 __all__ = [
@@ -196,6 +201,143 @@ class Network:
         """Nodes that can reduce in flight (the in-network aggregation hook)."""
         return [i for i, n in enumerate(self.nodes) if n.reduce]
 
+    def aggregation_fabric(self) -> tuple[Fabric, list[int]]:
+        """The tree of switches that reduce (:class:`Fabric`), and each switch's node.
+
+        The root is the reducing switch nearest to the farthest rank (ties: the
+        first added). Each rank attaches to the first reducing switch on its
+        shortest path to the root, and each other reducing switch to the next
+        one on its own path; switches that no rank reaches are left out. The
+        fabric's memory is the smallest of theirs.
+
+        Raises:
+            ValueError: no switch reduces, or a rank cannot reach the root.
+        """
+        reducing = self.reducing_switches()
+        if not reducing:
+            raise ValueError(
+                f"{self.name}: no switch reduces in flight; build the network with "
+                "aggregation_memory=... (or add_node(..., reduce=True, memory=...))"
+            )
+        rank_nodes = set(self.rank_node)
+        best: tuple[int, int] | None = None
+        for node in reducing:
+            hops = self._hops_to(node)
+            if any(n not in hops for n in rank_nodes):
+                continue
+            far = max(hops[n] for n in rank_nodes)
+            if best is None or far < best[0]:
+                best = (far, node)
+        if best is None:
+            raise ValueError(f"{self.name}: no reducing switch is reachable from every rank")
+        root = best[1]
+        toward = self._next_hop_to(root)
+        is_reducing = set(reducing)
+
+        def first_above(node: int) -> int:
+            while node != root:
+                node = self.link_dst[toward[node]]
+                if node in is_reducing:
+                    return node
+            return root
+
+        attach_node = [first_above(n) for n in self.rank_node]
+        used: list[int] = []  # switches in the tree: every attach point and everything above
+        parent_node: dict[int, int] = {}
+        for node in attach_node:
+            while node not in parent_node:
+                up = first_above(node) if node != root else -1
+                parent_node[node] = up
+                used.append(node)
+                if up == -1:
+                    break
+                node = up
+        used.sort()
+        index = {node: i for i, node in enumerate(used)}
+        memory = min(self.nodes[n].memory for n in used)
+        fabric = Fabric(
+            [index[n] for n in attach_node],
+            [index[parent_node[n]] if parent_node[n] >= 0 else -1 for n in used],
+            max(1, memory),
+        )
+        return fabric, used
+
+    def with_agents(self, nodes: Sequence[int]) -> Network:
+        """A copy with one more rank on each of ``nodes`` (a fabric's switches), after the ranks.
+
+        Messages among the original ranks take their usual routes; messages to
+        or from the new ranks take shortest paths.
+        """
+        net = Network.__new__(Network)
+        net.__dict__.update(self.__dict__)
+        net.rank_node = [*self.rank_node, *nodes]
+        net.gamma = [*self.gamma, *(0.0 for _ in nodes)]
+        net.delta = [*self.delta, *(0.0 for _ in nodes)]
+        p, inner = self.size, self._router
+        toward: dict[int, list[int]] = {}
+
+        def router(s: int, d: int) -> Sequence[int]:
+            if s < p and d < p and inner is not None:
+                return inner(s, d)
+            a, b = net.rank_node[s], net.rank_node[d]
+            if s < p:  # a rank to a switch above it: walk toward that switch
+                hop = toward.get(b)
+                if hop is None:
+                    hop = toward[b] = self._next_hop_to(b)
+                path = []
+                while a != b and a in hop:
+                    path.append(hop[a])
+                    a = self.link_dst[hop[a]]
+                if a == b:
+                    return tuple(path)
+                a = net.rank_node[s]
+            return self._shortest(a, b)
+
+        net._router = router
+        net.description = f"{self.description}, {len(nodes)} aggregating switch(es)"
+        return net
+
+    def _hops_to(self, node: int) -> dict[int, int]:
+        """Hops from every node that can reach ``node`` (BFS over reversed links)."""
+        into = self._links_into()
+        hops = {node: 0}
+        queue = deque([node])
+        while queue:
+            u = queue.popleft()
+            for i in into.get(u, ()):
+                v = self.link_src[i]
+                if v not in hops:
+                    hops[v] = hops[u] + 1
+                    queue.append(v)
+        return hops
+
+    def _next_hop_to(self, node: int) -> dict[int, int]:
+        """Per node that can reach ``node``: the first link of a shortest path to it."""
+        into = self._links_into()
+        hop: dict[int, int] = {}
+        seen = {node}
+        queue = deque([node])
+        while queue:
+            u = queue.popleft()
+            for i in into.get(u, ()):
+                v = self.link_src[i]
+                if v not in seen:
+                    seen.add(v)
+                    hop[v] = i
+                    queue.append(v)
+        return hop
+
+    def _links_into(self) -> dict[int, list[int]]:
+        """Per node, the links that end there (rebuilt when links were added)."""
+        cached = self.__dict__.get("_into")
+        if cached is not None and cached[0] == len(self.link_dst):
+            return cached[1]
+        into: dict[int, list[int]] = {}
+        for i, d in enumerate(self.link_dst):
+            into.setdefault(d, []).append(i)
+        self._into = (len(self.link_dst), into)
+        return into
+
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Links a message from rank ``src`` to rank ``dst`` crosses, in order."""
         if self._router is not None:
@@ -256,6 +398,13 @@ def _check_size(p: int) -> None:
 _FREE = LinkParams(0.0, 0.0)
 
 
+def _aggregating(memory: int) -> int:
+    """``memory`` checked: bytes of aggregation memory of each switch (0: they do not reduce)."""
+    if not isinstance(memory, int) or memory < 0:
+        raise ValueError(f"aggregation_memory must be an int >= 0 (bytes); got {memory!r}")
+    return memory
+
+
 # -- star-shaped networks ----------------------------------------------------------------
 
 
@@ -265,6 +414,7 @@ def single_switch(
     *,
     switch_latency: float = 0.0,
     backplane: LinkParams | None = None,
+    aggregation_memory: int = 0,
     gamma: float = 0.0,
     delta: float | None = None,
 ) -> Network:
@@ -274,12 +424,14 @@ def single_switch(
     ``2·link.alpha + switch_latency`` of latency, and the sender's and receiver's
     cable bandwidths. ``backplane`` (optional) is a switching capacity that all
     traffic through the switch shares (its ``alpha`` adds to the latency).
+    ``aggregation_memory`` (bytes, > 0) makes the switch reduce in flight.
     """
     _check_size(p)
     net = Network("single_switch", gamma=gamma, delta=delta)
     for _ in range(p):
         net.add_rank()
-    sw_in = net.add_node("switch", "switch")
+    agg = _aggregating(aggregation_memory)
+    sw_in = net.add_node("switch", "switch", reduce=agg > 0, memory=agg)
     sw_out = sw_in
     core = None
     if backplane is not None or switch_latency:
@@ -345,6 +497,7 @@ def _two_level(
     oversubscription: float,
     spines: int,
     klass: str,
+    aggregation_memory: int = 0,
 ) -> Callable[[int, int], list[int]]:
     """Hang ``endpoints`` (nodes) on leaves of ``per_leaf``, leaves on ``spines`` spines.
 
@@ -360,7 +513,10 @@ def _two_level(
         )
     n = len(endpoints)
     n_leaves = -(-n // per_leaf)
-    leaves = [net.add_node(f"leaf{i}", "switch") for i in range(n_leaves)]
+    agg = _aggregating(aggregation_memory)
+    leaves = [
+        net.add_node(f"leaf{i}", "switch", reduce=agg > 0, memory=agg) for i in range(n_leaves)
+    ]
     up = []
     down = []
     for e, node in enumerate(endpoints):
@@ -371,7 +527,9 @@ def _two_level(
     spine_up: list[list[int]] = []
     spine_down: list[list[int]] = []
     if n_leaves > 1:
-        spine_nodes = [net.add_node(f"spine{j}", "switch") for j in range(spines)]
+        spine_nodes = [
+            net.add_node(f"spine{j}", "switch", reduce=agg > 0, memory=agg) for j in range(spines)
+        ]
         for leaf in leaves:
             cables = [net.add_cable(leaf, s, uplink, "uplink") for s in spine_nodes]
             spine_up.append([c[0] for c in cables])
@@ -394,6 +552,7 @@ def fat_tree(
     *,
     oversubscription: float = 1.0,
     spines: int = 1,
+    aggregation_memory: int = 0,
     gamma: float = 0.0,
     delta: float | None = None,
 ) -> Network:
@@ -403,13 +562,23 @@ def fat_tree(
     carry ``ranks_per_leaf / oversubscription`` cables' worth of bandwidth (1:
     full bisection, 2: half, …), split over ``spines`` cables, one per spine.
     Ranks are placed in order (ranks 0..k-1 on leaf 0, …). Latency: 2·α within
-    a leaf, 4·α across leaves.
+    a leaf, 4·α across leaves. ``aggregation_memory`` (bytes, > 0) makes every
+    switch reduce in flight (the aggregation tree is leaves under spine 0).
     """
     _check_size(p)
     net = Network("fat_tree", gamma=gamma, delta=delta)
     for _ in range(p):
         net.add_rank()
-    router = _two_level(net, net.rank_node, ranks_per_leaf, link, oversubscription, spines, "port")
+    router = _two_level(
+        net,
+        net.rank_node,
+        ranks_per_leaf,
+        link,
+        oversubscription,
+        spines,
+        "port",
+        aggregation_memory,
+    )
     net.set_router(router)
     net.description = (
         f"fat tree, {p} ranks, {ranks_per_leaf} per leaf, {spines} spine(s), "
@@ -428,6 +597,7 @@ def hosts(
     hosts_per_leaf: int | None = None,
     oversubscription: float = 1.0,
     spines: int = 1,
+    aggregation_memory: int = 0,
     gamma: float = 0.0,
     delta: float | None = None,
 ) -> Network:
@@ -439,7 +609,8 @@ def hosts(
     NIC's cable and the receiving one); local rank ``j`` uses NIC ``j % nics``.
     The network is one non-blocking switch, or with ``hosts_per_leaf`` a
     two-level fat tree of NICs (see :func:`fat_tree`). Ranks are numbered host
-    by host, and host-aware algorithms see the layout.
+    by host, and host-aware algorithms see the layout. ``aggregation_memory``
+    (bytes, > 0) makes the switches between hosts reduce in flight.
     """
     _check_size(n_hosts)
     _check_size(ranks_per_host)
@@ -474,7 +645,8 @@ def hosts(
     nic_to_rank = [net.link(nic_nodes[nic_of[r]], net.rank_node[r]) for r in range(net.size)]
     between: Callable[[int, int], list[int]]
     if hosts_per_leaf is None:
-        core = net.add_node("switch", "switch")
+        agg = _aggregating(aggregation_memory)
+        core = net.add_node("switch", "switch", reduce=agg > 0, memory=agg)
         nic_up = []
         nic_down = []
         for node in nic_nodes:
@@ -488,7 +660,14 @@ def hosts(
         where = "one switch"
     else:
         between = _two_level(
-            net, nic_nodes, hosts_per_leaf * nics, half_inter, oversubscription, spines, "inter"
+            net,
+            nic_nodes,
+            hosts_per_leaf * nics,
+            half_inter,
+            oversubscription,
+            spines,
+            "inter",
+            aggregation_memory,
         )
         where = (
             f"fat tree of {hosts_per_leaf} hosts per leaf, oversubscription {oversubscription:g}"

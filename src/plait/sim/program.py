@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from plait.algos._registry import build_schedule, get
-from plait.schedule.builder import Context, HostLayout
+from plait.schedule.builder import Context, Fabric, HostLayout
 from plait.schedule.ir import Schedule, StepKind
 
 __all__ = ["Program", "build_program", "compile_schedules", "no_gc"]
@@ -208,9 +208,13 @@ def _unmatched(
 
 
 def compile_schedules(schedules: Sequence[Schedule], itemsize: int) -> Program:
-    """The :class:`Program` of ``schedules`` (one per rank, rank order)."""
+    """The :class:`Program` of ``schedules`` (one per rank, rank order).
+
+    With a fabric, its switches' schedules follow the ranks' (their ``rank`` is
+    at least their ``size``), and the program has one participant per schedule.
+    """
     for r, s in enumerate(schedules):
-        if s.rank != r or s.size != len(schedules):
+        if s.rank != r or not s.size <= len(schedules):
             raise ValueError(f"schedule {r} is rank {s.rank} of {s.size}, not of {len(schedules)}")
     return _assemble(
         len(schedules), [_pack([_rank_arrays(s) for s in schedules])], itemsize, schedules
@@ -222,10 +226,12 @@ def compile_schedules(schedules: Sequence[Schedule], itemsize: int) -> Program:
 
 def _build_chunk(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
     """Worker: build ranks ``lo..hi-1`` and return their arrays (never the Step objects)."""
-    collective, algorithm, p, count, itemsize, root, segment, commutative, hosts, lo, hi = args
+    collective, algorithm, p, count, itemsize, root, segment, commutative, hosts, fabric, lo, hi = (
+        args
+    )
     spec = get(collective, algorithm)
     layout = HostLayout(hosts) if hosts is not None else None
-    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, layout)
+    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, layout, fabric)
     build = build_schedule.__wrapped__  # no cache: each schedule is used once
     with no_gc():
         return _pack([_rank_arrays(build(spec, ctx.with_rank(r))) for r in range(lo, hi)])
@@ -257,6 +263,7 @@ def build_program(
     segment: int = 0,
     commutative: bool = True,
     hosts: HostLayout | None = None,
+    fabric: Fabric | None = None,
     workers: int | None = None,
     keep_schedules: bool = False,
 ) -> Program:
@@ -267,29 +274,27 @@ def build_program(
     processes; a process that runs other threads builds here instead, since
     forking it could deadlock the children. ``keep_schedules`` (needed to move
     real data) builds here, through the builder's cache, and keeps the
-    schedule objects.
+    schedule objects. With a ``fabric`` its switches get schedules too, after the ranks.
     """
     spec = get(collective, algorithm)
-    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, hosts)
+    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, hosts, fabric)
+    n = ctx.participants
     if workers is None:
         workers = default_workers() if p >= PARALLEL_RANKS else 1
     elif workers > 1 and default_workers() == 1:
         workers = 1
-    if keep_schedules or workers <= 1 or p < 2 * workers:
+    if keep_schedules or workers <= 1 or n < 2 * workers:
         with no_gc():
-            schedules = [build_schedule(spec, ctx.with_rank(r)) for r in range(p)]
+            schedules = [build_schedule(spec, ctx.with_rank(r)) for r in range(n)]
             program = compile_schedules(schedules, itemsize)
         if not keep_schedules:
             program.schedules = None
         return program
     host_tuple = hosts.hosts if hosts is not None else None
     chunks = 4 * workers  # smaller pieces balance ranks whose schedules differ in length
-    bounds = [p * i // chunks for i in range(chunks + 1)]
-    jobs = [
-        (collective, algorithm, p, count, itemsize, root, segment, commutative, host_tuple, lo, hi)
-        for lo, hi in pairwise(bounds)
-        if hi > lo
-    ]
+    bounds = [n * i // chunks for i in range(chunks + 1)]
+    common = (collective, algorithm, p, count, itemsize, root, segment, commutative)
+    jobs = [(*common, host_tuple, fabric, lo, hi) for lo, hi in pairwise(bounds) if hi > lo]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         arrays = pool.map(_build_chunk, jobs, chunksize=1)
-    return _assemble(p, arrays, itemsize, None)
+    return _assemble(n, arrays, itemsize, None)

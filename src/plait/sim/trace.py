@@ -22,8 +22,13 @@ __all__ = ["trace_events", "write_trace"]
 _US = 1e6  # trace timestamps are microseconds
 
 
-def trace_events(records: Sequence[StepRecord], *, name: str = "") -> dict[str, Any]:
-    """The trace as a dict (``{"traceEvents": [...], ...}``) from per-step records."""
+def trace_events(
+    records: Sequence[StepRecord], *, name: str = "", ranks: int | None = None
+) -> dict[str, Any]:
+    """The trace as a dict (``{"traceEvents": [...], ...}``) from per-step records.
+
+    ``ranks``: participants from this number on are a fabric's switches (named so).
+    """
     events: list[dict[str, Any]] = []
     by_rank: dict[int, list[StepRecord]] = {}
     for rec in records:
@@ -31,7 +36,8 @@ def trace_events(records: Sequence[StepRecord], *, name: str = "") -> dict[str, 
     where: dict[tuple[int, int, int], tuple[int, int, float]] = {}  # message -> (pid, tid, ts)
     arrows: list[tuple[tuple[int, int, int], int, int, float]] = []
     for rank in sorted(by_rank):
-        events.append(_meta("process_name", rank, 0, f"rank {rank}"))
+        who = f"rank {rank}" if ranks is None or rank < ranks else f"switch {rank - ranks}"
+        events.append(_meta("process_name", rank, 0, who))
         events.append(_meta("process_sort_index", rank, 0, rank, key="sort_index"))
         events.append(_meta("thread_name", rank, 0, "compute"))
         lanes: list[float] = []  # end time of the last slice on each net lane
@@ -73,7 +79,8 @@ def write_trace(result: Any, path: str | Path) -> None:
     if records is None:
         raise ValueError("no step records: run simulate(..., trace=True) to write a trace")
     name = f"{result.collective}/{result.algorithm} on {result.network.description}"
-    Path(path).write_text(json.dumps(trace_events(records, name=name)))
+    events = trace_events(records, name=name, ranks=getattr(result, "size", None))
+    Path(path).write_text(json.dumps(events))
 
 
 def _meta(what: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[str, Any]:
