@@ -167,13 +167,13 @@ def test_selection_bytes_is_what_the_communicator_selects_on(
 ) -> None:
     """The bench names the algorithm auto runs: it must feed the selector the same bytes."""
     seen: list[int] = []
-    real = plait.communicator.select
+    real = plait.communicator.choose
 
     def spy(c: str, size: int, nbytes: int, **kw: object) -> object:
         seen.append(nbytes)
         return real(c, size, nbytes, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plait.communicator, "select", spy)
+    monkeypatch.setattr(plait.communicator, "choose", spy)
     size, count = 3, 12
 
     def body(comm: plait.Communicator) -> None:
