@@ -226,3 +226,16 @@ def test_communicators_agree_on_a_simulated_choice(
     choices = {choice for _, choice in results}
     assert len(choices) == 1
     assert choices.pop().source == "profile, simulated"
+
+
+def test_one_host_without_two_formulas_the_simulator_decides(fresh_model: list[int]) -> None:
+    cfg = Settings(profile=PROFILE)
+    tiny = choose("gather", 4, 8, commutative=True, config=cfg)  # one algorithm, nothing to cut
+    assert tiny.source == "built-in rules"
+    assert fresh_model == []
+    big = choose("gather", 4, 256 << 10, commutative=True, config=cfg)  # 1 MiB in all
+    assert (big.name, big.source) == ("binomial", "profile, simulated")
+    assert big.segment_bytes in model.SEGMENTS
+    # alltoall: a formula for pairwise only, so both algorithms are simulated.
+    got = choose("alltoall", 4, 1024, commutative=True, config=cfg)
+    assert got.source == "profile, simulated"

@@ -18,9 +18,10 @@ segment size) and runs the fastest (:func:`predict`):
   at each segment size of :data:`SEGMENTS`, and the fastest (algorithm,
   segment) pair wins; the formulas cannot see pipelining.
 * Across hosts (a profile with an ``inter`` link, the same number of ranks on
-  every host, ranks numbered host by host), every algorithm is simulated on
-  the profile's hosts network at the default segment, then the two best at
-  the other segment sizes. Other layouts keep the built-in rules.
+  every host, ranks numbered host by host), and on one host for collectives
+  with fewer than two formulas, every algorithm is simulated on the profile's
+  network at the default segment, the built-in rules' choice first, then the
+  two best at the other segment sizes. Other layouts keep the built-in rules.
 
 The simulator is bounded so that a choice takes milliseconds: at most
 :data:`SIM_MAX_RANKS` ranks and :data:`SIM_STEPS` simulated steps per choice,
@@ -35,8 +36,8 @@ budget and the simulator are deterministic (ties go to the earlier
 candidate), so every rank picks the same pair, provided every rank loads the
 same profile (as with PLAIT_ALGO, ranks that disagree fail with
 MismatchError rather than exchange garbage). Calls the model does not cover
-(collectives with fewer than two candidates with a formula, uneven layouts,
-no ``inter`` link) keep the built-in rules.
+(uneven layouts, no ``inter`` link, one candidate and nothing to segment)
+keep the built-in rules.
 """
 
 from __future__ import annotations
@@ -274,16 +275,15 @@ def _predict(
     baseline: str | None,
     default_segment: int,
 ) -> Prediction | None:
+    from plait import sim
+
     whole = nbytes * size if collective in _BLOCK else nbytes
-    if hosts is None:
-        ranked = _formula_ranking(collective, size, whole, candidates, profile)
-        if len(ranked) < 2:
-            return None
+    ranked = _formula_ranking(collective, size, whole, candidates, profile) if not hosts else []
+    if len(ranked) >= 2:
+        # One host, formulas for two or more: they rank; the simulator looks at segments.
         first = Prediction(ranked[0][1], default_segment, ranked[0][0], "formulas")
         if whole <= SEGMENTS[0] or size > SIM_MAX_RANKS:
             return first
-        from plait import sim
-
         search = _Search(collective, size, whole, sim.from_profile(profile, size), commutative)
         finalists = [name for _, name in ranked[:FINALISTS]]
         if search.time(finalists[0], default_segment) is None:
@@ -291,14 +291,18 @@ def _predict(
         for name in finalists[1:]:
             search.time(name, default_segment)
     else:
-        if profile.inter is None or size > SIM_MAX_RANKS or baseline not in candidates:
+        # Across hosts, or too few formulas: simulate every candidate, the rules' first.
+        if baseline not in candidates or size > SIM_MAX_RANKS:
             return None
-        per_host = size // hosts.n_hosts
-        if hosts.hosts != tuple(r // per_host for r in range(size)):
-            return None  # uneven, or not numbered host by host: the network would differ
-        from plait import sim
-
-        net = sim.from_profile(profile, size, ranks_per_host=per_host)
+        if len(candidates) == 1 and whole <= SEGMENTS[0]:
+            return None  # nothing to choose
+        if hosts is None:
+            net = sim.from_profile(profile, size)
+        else:
+            per_host = size // hosts.n_hosts
+            if profile.inter is None or hosts.hosts != tuple(r // per_host for r in range(size)):
+                return None  # no inter link; uneven, or not numbered host by host
+            net = sim.from_profile(profile, size, ranks_per_host=per_host)
         search = _Search(collective, size, whole, net, commutative, hosts)
         assert baseline is not None
         if search.time(baseline, default_segment) is None:
