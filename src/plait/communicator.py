@@ -810,6 +810,13 @@ class Communicator:
             spec = get(c, algorithm)
         except ValueError as exc:
             raise ValueError(f"rank {self._rank}: {exc}") from None
+        if spec.needs_fabric:
+            raise UnsupportedError(
+                f"rank {self._rank}: {c}: algorithm {algorithm!r} needs switches that reduce in "
+                "flight (SHARP/SwitchML); plait's transports connect ranks only. Simulate it "
+                "with plait.sim on a network built with aggregation_memory=..., or use "
+                "algorithm='auto'"
+            )
         if not spec.supports(commutative=commutative):
             raise UnsupportedError(
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a commutative op and "
