@@ -108,6 +108,7 @@ def test_scatter_and_barrier_three_ranks(collective: str, extra: list[str], tmp_
         (["-n", "2", "-r", "2", "reduce"], "--root must be in 0..1"),
         (["--compare", "nccl"], "unknown system to compare with 'nccl'"),
         (["-t", "rdma"], "unknown transport 'rdma'"),
+        (["--algo", "in_network"], "needs switches that reduce"),
     ],
 )
 def test_bad_arguments_fail_before_any_rank_starts(

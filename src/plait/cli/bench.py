@@ -142,9 +142,11 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
         except TypeError as exc:
             raise _fail(f"{args.op} on {dtype}: {exc}") from None
     known = plait.algorithms(c)
-    algos = (
-        list(known) if args.algo == "all" else _choices(args.algo, ("auto", *known), "algorithm")
-    )
+    runnable = [a for a in known if not get(c, a).needs_fabric]  # not in_network: no switches
+    algos = runnable if args.algo == "all" else _choices(args.algo, ("auto", *known), "algorithm")
+    for a in algos:
+        if a != "auto" and get(c, a).needs_fabric:
+            raise _fail(f"{c} algorithm {a!r} needs switches that reduce; try it in plait sim")
     if c == "barrier" and algos != ["auto"]:
         algos = ["auto"]  # the barrier takes no algorithm=
     reduction = c in ("allreduce", "reduce", "reduce_scatter")
