@@ -26,6 +26,7 @@ from plait.rendezvous.store import MemoryStore
 from plait.transport import tcp
 from plait.transport.conformance import run_ranks, wait_all
 from plait.transport.tcp import (
+    CHUNK,
     EAGER_MAX,
     STRIPE_MIN,
     PeerProtocolError,
@@ -54,6 +55,38 @@ def _quiet(t: TcpTransport) -> None:
             assert not p.rts_out, (t.rank, p.rank, p.rts_out)
             assert not p.rts_in, (t.rank, p.rank, p.rts_in)
             assert not p.cleared, (t.rank, p.rank, p.cleared)
+
+
+def _small_buffers(t: TcpTransport, peer: int) -> None:
+    """Shrink the kernel's buffers of ``t``'s connections to ``peer`` (to 128 KiB or so).
+
+    Then the bytes in flight between two ranks are a few chunks, not many MiB,
+    so a test can tell a frame sent between two chunks from one sent after a
+    whole payload.
+    """
+    p = t._peers[peer]
+    assert p is not None
+    for c in p.conns:
+        assert c.sock is not None
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            c.sock.setsockopt(socket.SOL_SOCKET, opt, 64 << 10)
+
+
+def _step(*ts: TcpTransport) -> None:
+    """One round of progress on each transport, without blocking."""
+    for t in ts:
+        t.poll()
+
+
+def _left(t: TcpTransport, peer: int, h: object) -> int:
+    """Bytes of send ``h`` still in ``t``'s send queue on stream 0 to ``peer``."""
+    p = t._peers[peer]
+    assert p is not None
+    return sum(
+        item.total - item.off + (item.rest.nbytes if item.rest is not None else 0)
+        for item in p.conns[0].sendq
+        if item.op is h
+    )
 
 
 def _settle(a: TcpTransport, b: TcpTransport) -> None:
@@ -218,6 +251,58 @@ def test_large_messages_both_ways_at_once(streams: int) -> None:
             return True
 
         assert run_ranks(ts, body) == [True, True]
+    finally:
+        _close(ts)
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_large_exchange_is_full_duplex(streams: int) -> None:
+    """A large message answers its peer's while its own payload goes out: both ways at once.
+
+    Rank 0's 16 MiB payload has started when rank 1 announces 2 MiB the other
+    way. Rank 0's clear-to-send goes out between two chunks of its payload, so
+    rank 1's payload arrives while rank 0 still has most of its own to send.
+    (Sent as one frame, the payload held the clear-to-send back until its last
+    byte: the exchange ran one way, then the other.) One thread steps both
+    ranks, and small socket buffers keep the bytes in flight few, so the order
+    of events does not depend on timing.
+    """
+    ts = tcp_transports(2, streams=streams)
+    try:
+        a, b = ts
+        _small_buffers(a, 1)
+        _small_buffers(b, 0)
+        n_a, n_b = 16 << 20, 2 << 20
+        data_a, data_b = _pattern(n_a, 1), _pattern(n_b, 2)
+        got_b, got_a = np.zeros(n_a, np.uint8), np.zeros(n_b, np.uint8)
+        r1 = b.irecv(0, 1, got_b.data, 0)
+        h1 = a.isend(1, 1, data_a.data, 0)
+        conn = a._peers[1].conns[0]  # type: ignore[union-attr]
+        for _ in range(10000):  # until rank 0's payload has started
+            if conn.sendq and conn.sendq[0].op is h1 and conn.sendq[0].started():
+                break
+            _step(b, a)
+        assert conn.sendq, "the payload went out whole"
+        assert conn.sendq[0].op is h1, "the payload never started"
+        h2 = b.isend(0, 2, data_b.data, 0)
+        r2 = a.irecv(1, 2, got_a.data, 0)
+        left_at_r2 = None
+        for _ in range(100000):
+            _step(a, b)
+            if r2.done and left_at_r2 is None:
+                left_at_r2 = _left(a, 1, h1)
+                assert not h1.done, "rank 1's payload came only after rank 0's whole payload"
+            if all(h.done for h in (h1, h2, r1, r2)):
+                break
+        assert [h.error for h in (h1, h2, r1, r2)] == [None] * 4
+        # Rank 0 had most of its payload (of part 0 on stream 0) still to send.
+        part0 = n_a // streams
+        assert left_at_r2 is not None
+        assert left_at_r2 > part0 // 2, (left_at_r2, part0)
+        np.testing.assert_array_equal(got_b, data_a)
+        np.testing.assert_array_equal(got_a, data_b)
+        for t in ts:
+            _quiet(t)
     finally:
         _close(ts)
 
@@ -478,6 +563,82 @@ def test_cancel_striped_payload_finishes_from_a_private_copy() -> None:
         th.join(30)
         assert r.error is None
         np.testing.assert_array_equal(got, expected)
+    finally:
+        _close(ts)
+
+
+def test_cancel_in_the_middle_of_a_payload_finishes_it_from_a_private_copy() -> None:
+    """A send cancelled once chunks of its payload are out sends the rest from a copy."""
+    ts = tcp_transports(2)
+    try:
+        a, b = ts
+        _small_buffers(a, 1)
+        _small_buffers(b, 0)
+        n = 4 << 20
+        data = _pattern(n, 5)
+        expected = data.copy()
+        got = np.zeros(n, np.uint8)
+        r = b.irecv(0, 1, got.data, 0)
+        h = a.isend(1, 1, data.data, 0)
+        conn = a._peers[1].conns[0]  # type: ignore[union-attr]
+        for _ in range(10000):  # until a chunk is out and the rest waits in the queue
+            if conn.sendq and conn.sendq[0].op is h and conn.sendq[0].sent:
+                break
+            _step(b, a)
+        assert conn.sendq, "the payload went out whole"
+        assert conn.sendq[0].sent, "no chunk went out"
+        assert 0 < _left(a, 1, h) < n
+        a.cancel(h)
+        assert h.done
+        assert h.error is None
+        data[:] = 0  # the caller owns the buffer again
+        for _ in range(10000):
+            if r.done and not conn.sendq:
+                break
+            _step(a, b)
+        assert r.error is None
+        np.testing.assert_array_equal(got, expected)
+        for t in ts:
+            _quiet(t)
+    finally:
+        _close(ts)
+
+
+def test_receive_cancelled_in_the_middle_of_a_payload_is_never_written_again() -> None:
+    """Cancelled between two chunks, a receive stays as it was; the stream stays in step."""
+    ts = tcp_transports(2)
+    try:
+        a, b = ts
+        _small_buffers(a, 1)
+        _small_buffers(b, 0)
+        n = 4 << 20
+        buf = np.zeros(n, np.uint8)
+        r = b.irecv(0, 1, buf.data, 0)
+        h = a.isend(1, 1, _pattern(n, 6).data, 0)
+        conn = b._peers[0].conns[0]  # type: ignore[union-attr]
+        for _ in range(10000):  # until b has read part of the payload
+            rec = conn.rec or conn.cont
+            if rec is not None and rec.op is r and conn.pos > CHUNK:
+                break
+            _step(a, b)
+        assert conn.pos > CHUNK, "b never got into the payload"
+        b.cancel(r)
+        assert r.done
+        assert r.error is None
+        snapshot = buf.copy()
+        later = _pattern(BIG, 7)
+        got = np.zeros(BIG, np.uint8)
+        hs = [h, a.isend(1, 1, later.data, 0)]
+        r2 = b.irecv(0, 1, got.data, 0)
+        for _ in range(10000):
+            if r2.done and all(x.done for x in hs):
+                break
+            _step(a, b)
+        assert [x.error for x in [*hs, r2]] == [None] * 3
+        np.testing.assert_array_equal(buf, snapshot)  # not a byte after the cancel
+        np.testing.assert_array_equal(got, later)
+        for t in ts:
+            _quiet(t)
     finally:
         _close(ts)
 
@@ -752,3 +913,158 @@ def _recv_exactly_while(t: TcpTransport, sock: socket.socket, n: int) -> bytes:
     finally:
         sock.setblocking(True)
     raise AssertionError(f"got {len(data)} of {n} bytes")
+
+
+# -- chunked payloads seen from the wire ---------------------------------------------------------
+
+M = 1 << 20  # the message the intruder announces (tag 1, id 0) and rank 0 clears
+C = 256 << 10  # a chunk the intruder sends
+_RTS_M = _hdr(tcp._RTS, 0, 1, M) + tcp._ID.pack(0)
+_CHUNK_C = _hdr(tcp._RDATA, 0, 0, C) + bytes(C)
+
+# Each starts with _RTS_M; rank 0 has a receive of M bytes posted for it.
+BAD_CHUNKS = {
+    "longer-than-the-rest": _RTS_M + _CHUNK_C + _hdr(tcp._RDATA, 0, 0, M - C + 1),
+    "longer-than-the-message": _RTS_M + _hdr(tcp._RDATA, 0, 0, M + 1),
+    "empty": _RTS_M + _hdr(tcp._RDATA, 0, 0, 0),
+    "unannounced": _RTS_M + _hdr(tcp._RDATA, 0, 7, C),
+    "of-another-message": _RTS_M
+    + _hdr(tcp._RTS, 0, 3, M)
+    + tcp._ID.pack(1)
+    + _CHUNK_C
+    + _hdr(tcp._RDATA, 0, 1, C),
+    "other-check": _RTS_M + _CHUNK_C + _hdr(tcp._RDATA, 5, 0, C),
+    "after-completion": _RTS_M + _hdr(tcp._RDATA, 0, 0, M) + bytes(M) + _hdr(tcp._RDATA, 0, 0, C),
+    "eager-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._DATA, 0, 2, 8) + bytes(8),
+    "rts-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._RTS, 0, 3, M) + tcp._ID.pack(1),
+    "withdraw-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._WITHDRAW, 0, 0, 0),
+    "bye-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._BYE),
+}
+
+
+@pytest.mark.parametrize("frames", list(BAD_CHUNKS))
+def test_impossible_chunks_drop_the_peer(
+    with_intruder: tuple[list[TcpTransport], socket.socket], frames: str
+) -> None:
+    """A chunk that does not fit what the RTS announced, or a frame inside a payload, is fatal.
+
+    Nothing is written beyond the posted buffer and nothing is allocated for
+    the lengths the headers claim.
+    """
+    (t0, _), intruder = with_intruder
+    got = np.full(M, 0xEE, np.uint8)
+    posted = t0.irecv(2, 1, got.data, 0)
+    other = t0.irecv(2, 2, np.zeros(8, np.uint8).data, 0)
+    # More than the socket buffers may hold while rank 0 is not reading: send from a thread.
+    sender = threading.Thread(target=_send_quietly, args=(intruder, BAD_CHUNKS[frames]))
+    tracemalloc.start()
+    try:
+        sender.start()
+        wait_all(t0, [other], timeout=20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        sender.join(30)
+    assert peak < 4 << 20, f"rank 0 allocated {peak} B"
+    assert isinstance(other.error, PeerProtocolError), other.error
+    assert "protocol error" in str(other.error)
+    if frames == "after-completion":
+        assert posted.error is None
+        assert (got == 0).all()
+    else:
+        assert isinstance(posted.error, PeerProtocolError), posted.error
+    assert t0._peers[2].dead  # type: ignore[union-attr]
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the rank drops the connection midway
+        sock.sendall(data)
+
+
+def _send_while(t: TcpTransport, sock: socket.socket, data: bytes) -> None:
+    """Send ``data`` on ``sock`` while ``t`` makes progress (it reads only while driven)."""
+    sock.setblocking(False)
+    view = memoryview(data)
+    sent = 0
+    try:
+        for _ in range(2000):
+            with contextlib.suppress(BlockingIOError):
+                sent += sock.send(view[sent:])
+            if sent == len(view):
+                return
+            t.wait_any([], 0.005)
+    finally:
+        sock.setblocking(True)
+    raise AssertionError(f"sent {sent} of {len(view)} bytes")
+
+
+def _read_frame(t: TcpTransport, sock: socket.socket) -> tuple[int, int, int, int, bytes]:
+    """The next frame rank ``t`` sends on ``sock``: header fields and what follows it."""
+    kind, check, tag, nbytes = tcp._HDR.unpack(_recv_exactly_while(t, sock, tcp._HDR.size))
+    if kind == tcp._RTS:
+        body = _recv_exactly_while(t, sock, tcp._ID.size)
+    elif kind in (tcp._DATA, tcp._RDATA):
+        body = _recv_exactly_while(t, sock, nbytes)
+    else:
+        body = b""
+    return kind, check, tag, nbytes, body
+
+
+def test_a_cts_goes_out_between_two_chunks(
+    with_intruder: tuple[list[TcpTransport], socket.socket],
+) -> None:
+    """On the wire: a payload in chunks of at most CHUNK, a CTS between two of them.
+
+    The raw peer clears a 4 MiB message of rank 0, lets its payload start,
+    then announces one of its own; rank 0's clear-to-send for it comes before
+    the payload's last chunk. The raw peer sends its payload in uneven chunks,
+    which rank 0 takes as well.
+    """
+    (t0, _), intruder = with_intruder
+    _small_buffers(t0, 2)
+    intruder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    n = 4 << 20
+    data = _pattern(n, 11)
+    h = t0.isend(2, 1, data.data, 9)
+    kind, check, tag, nbytes, body = _read_frame(t0, intruder)
+    assert (kind, check, tag, nbytes) == (tcp._RTS, 9, 1, n)
+    (rid,) = tcp._ID.unpack(body)
+    intruder.sendall(_hdr(tcp._CTS, 0, rid, 0))
+    conn = t0._peers[2].conns[0]  # type: ignore[union-attr]
+    for _ in range(2000):  # until rank 0's payload has started and filled the socket
+        if conn.sendq and conn.sendq[0].op is h and conn.sendq[0].started():
+            break
+        t0.wait_any([h], 0.005)
+    assert conn.sendq, "the payload went out whole"
+    assert conn.sendq[0].op is h, "the payload never started"
+    theirs = _pattern(BIG, 12)
+    got = np.zeros(BIG, np.uint8)
+    r = t0.irecv(2, 2, got.data, 4)
+    intruder.sendall(_hdr(tcp._RTS, 4, 2, BIG) + tcp._ID.pack(0))
+    payload = bytearray()
+    cts_at = None
+    while len(payload) < n:
+        kind, check, tag, nbytes, body = _read_frame(t0, intruder)
+        if kind == tcp._CTS:
+            assert cts_at is None
+            assert (tag, nbytes) == (0, 0)
+            cts_at = len(payload)
+            chunks = [(0, 1000), (1000, 300_000), (300_000, BIG)]
+            _send_while(
+                t0,
+                intruder,
+                b"".join(
+                    _hdr(tcp._RDATA, 4, 0, hi - lo) + theirs[lo:hi].tobytes() for lo, hi in chunks
+                ),
+            )
+            continue
+        assert (kind, check, tag) == (tcp._RDATA, 9, rid)
+        assert 0 < nbytes <= CHUNK
+        payload += body
+    assert cts_at is not None, "no CTS before the payload's end"
+    assert cts_at < n - CHUNK, f"the CTS came after {cts_at} of {n} B"
+    assert bytes(payload) == data.tobytes()
+    wait_all(t0, [h, r])
+    assert h.error is None
+    assert r.error is None
+    np.testing.assert_array_equal(got, theirs)
