@@ -40,10 +40,11 @@ calibration. ``--check`` exits 1 when a ratio is off by more than
 root, no iproute2, namespaces refused).
 
 The simulator sends every message eagerly; the TCP transport hands messages
-above ``EAGER_MAX`` (512 KiB) over by rendezvous, whose clear-to-send can wait
-behind a payload going the other way on the same connection. ``--eager-max
-1G`` raises the limit in every rank (a diagnostic: it measures the same
-schedules without the handshake).
+above ``EAGER_MAX`` (512 KiB) over by rendezvous (a request, a clear-to-send,
+then the payload in chunks of at most ``CHUNK`` bytes, between which a
+clear-to-send for the other direction may go). ``--eager-max 1G`` raises the
+limit in every rank (a diagnostic: it measures the same schedules without the
+handshake).
 """
 
 from __future__ import annotations
