@@ -11,8 +11,18 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 os.environ["PLAIT_PROFILE"] = str(Path(__file__).parent / "no-such-profile.json")
 os.environ.pop("PLAIT_ALGO", None)
 os.environ["PLAIT_RULES"] = os.devnull  # an empty rules file, not ~/.config/plait/rules.toml
+
+
+@pytest.fixture(autouse=True)
+def _many_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process choices as on a host with cores for every rank (tests that want fewer say so)."""
+    from plait.selection import select
+
+    monkeypatch.setattr(select, "_cores", lambda: 1024)

@@ -29,13 +29,29 @@ def test_always_a_supported_choice(collective: str, commutative: bool) -> None:
 def test_small_and_large_messages() -> None:
     assert select("allreduce", 8, 8, commutative=True).name == "recursive_doubling"
     assert select("allreduce", 8, 256 << 10, commutative=True).name == "recursive_doubling"
-    assert select("allreduce", 8, 64 << 20, commutative=True).name == "rabenseifner"
-    assert select("allreduce", 6, 64 << 20, commutative=True).name == "ring"  # not a power of 2
+    assert select("allreduce", 8, 64 << 20, commutative=True).name == "direct"  # few ranks
+    assert select("allreduce", 16, 64 << 20, commutative=True).name == "rabenseifner"
+    assert select("allreduce", 12, 64 << 20, commutative=True).name == "ring"  # not a power of 2
     assert select("allreduce", 64, 256 << 10, commutative=True).name == "rabenseifner"
     assert select("allreduce", 8, 64 << 20, commutative=False).name == "direct"
     assert select("broadcast", 4, 64 << 20, commutative=True).name == "binomial"
     assert select("broadcast", 16, 64 << 20, commutative=True).name == "scatter_allgather"
     assert select("reduce_scatter", 4, 64 << 20, commutative=False).name == "pairwise"
+
+
+def test_more_ranks_than_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One host running more ranks than it has cores: binomial for small allreduces."""
+    from plait.selection import select as sel
+
+    monkeypatch.setattr(sel, "_cores", lambda: 2)
+    assert select("allreduce", 4, 8, commutative=True).name == "binomial"
+    assert select("allreduce", 4, 512 << 10, commutative=True).name == "binomial"
+    assert select("allreduce", 4, 1 << 20, commutative=True).name == "direct"
+    assert select("allreduce", 2, 8, commutative=True).name == "recursive_doubling"  # fits
+    from plait.schedule.builder import HostLayout
+
+    spread = HostLayout([0, 0, 1, 1])  # across hosts the rule does not apply
+    assert select("allreduce", 4, 8, commutative=True, hosts=spread).name != "binomial"
 
 
 def test_host_aware_choices() -> None:
@@ -50,5 +66,6 @@ def test_host_aware_choices() -> None:
         "recursive_doubling"
     )
     assert select("allreduce", 4, 64 << 20, commutative=False, hosts=two_hosts).name == "direct"
-    assert select("allreduce", 4, 64 << 20, commutative=True).name == "rabenseifner"
-    assert select("allreduce", 3, 64 << 20, commutative=True).name == "ring"
+    assert select("allreduce", 4, 64 << 20, commutative=True).name == "direct"  # one host
+    assert select("allreduce", 32, 64 << 20, commutative=True).name == "rabenseifner"
+    assert select("allreduce", 24, 64 << 20, commutative=True).name == "ring"

@@ -22,6 +22,8 @@ are identical on all ranks, so every rank chooses the same schedule.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 from plait.algos._registry import AlgorithmSpec, algorithms, get
@@ -52,24 +54,39 @@ class Rule:
     max_ranks: float = _INF
     multi_host: bool | None = None  # True/False: only when ranks do/don't span hosts
     pof2: bool | None = None  # True: only when the number of ranks is a power of two
+    # True/False: only when one host runs more/no more ranks than it has cores
+    oversubscribed: bool | None = None
 
-    def applies(self, size: int, nbytes: int, multi_host: bool) -> bool:
+    def applies(
+        self, size: int, nbytes: int, multi_host: bool, oversubscribed: bool = False
+    ) -> bool:
         """Whether the call is in this rule's range."""
         return (
             nbytes < self.max_bytes
             and self.min_ranks <= size < self.max_ranks
             and (self.multi_host is None or self.multi_host == multi_host)
             and (self.pof2 is None or self.pof2 == (size & (size - 1) == 0))
+            and (self.oversubscribed is None or self.oversubscribed == oversubscribed)
         )
 
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
-        # Measured with plait bench on 2 and 4 ranks (shared memory and TCP, 8 B .. 256 MiB):
+        # Measured with examples/auto_vs_best.py (plait bench, 2 and 4 ranks, shared memory
+        # and TCP, 8 B .. 128 MiB, medians of three runs; docs/performance.md).
+        # More ranks than cores on one host: every round of recursive doubling needs every
+        # rank scheduled, while a binomial reduce and broadcast keep half the ranks idle at
+        # each level, so fewer wait for a core (4 ranks on 2 cores: binomial the fastest or
+        # within noise of it from 8 B to 512 KiB, recursive doubling 1.05-2x slower).
+        Rule(("binomial",), max_bytes=1 << 20, multi_host=False, oversubscribed=True),
         # recursive doubling's lg p rounds win up to 512 KiB, where ring's 2(p-1) rounds of
-        # per-message cost still dominate; see docs/performance.md.
+        # per-message cost still dominate.
         # (With at most 8 ranks: recursive doubling sends lg p whole vectors, ring 2 in all.)
         Rule(("recursive_doubling",), max_bytes=512 << 10, max_ranks=9, multi_host=False),
+        # Large vectors on a few ranks of one host: direct's two steps reduce straight from
+        # the input (no copy of it first), the fastest or within 10 % of it from 2 to
+        # 128 MiB; Rabenseifner and ring 1.1-1.4x slower.
+        Rule(("direct",), max_ranks=9, multi_host=False),
         Rule(("recursive_doubling",), max_bytes=16 << 10),
         # Across hosts (inter-host links slower than intra-host ones): keep one
         # slice per rank on the network; pipeline the stages for large vectors.
@@ -77,7 +94,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule(("cascade", "direct"), multi_host=True),
         Rule(("rabenseifner", "recursive_doubling"), max_bytes=1 << 20, min_ranks=16),
         # Large vectors on a power of two: Rabenseifner moves as few bytes as ring in lg p
-        # rounds instead of 2(p - 1) (1.0-1.4x faster than ring at 2-128 MiB on 2 and 4 ranks).
+        # rounds instead of 2(p - 1).
         Rule(("rabenseifner", "ring", "direct"), pof2=True, multi_host=False),
         Rule(("ring", "direct")),
     ),
@@ -220,13 +237,21 @@ def select(
     return choose(collective, size, nbytes, commutative=commutative, hosts=hosts).spec
 
 
+@functools.cache
+def _cores() -> int:
+    """Cores of this host (os.cpu_count: the same for every process on it, whatever its
+    affinity, so every rank of a one-host job sees the same number)."""
+    return os.cpu_count() or 1
+
+
 def _by_rules(
     collective: str, size: int, nbytes: int, commutative: bool, multi_host: bool
 ) -> AlgorithmSpec:
     """The built-in rules' algorithm (:data:`RULES`)."""
     rules = RULES[collective]
+    crowded = not multi_host and size > _cores()
     for rule in rules:
-        if rule.applies(size, nbytes, multi_host):
+        if rule.applies(size, nbytes, multi_host, crowded):
             for name in rule.algorithms:
                 spec = get(collective, name)
                 if spec.supports(commutative=commutative):
