@@ -187,3 +187,26 @@ def test_runner_reports_ranks_that_wrote_nothing() -> None:
     s = runner._series(Series("plait", "plait", "shm", "auto"), 3, {"rows": [], "error": "x"}, 0.5)
     assert s.error == "x"
     assert sys.executable  # the helpers run the bench with this interpreter
+
+
+def test_model_column_with_a_profile(tmp_path: Path) -> None:
+    """With a plait tune profile, each plait row carries the model's time for its algorithm."""
+    from plait.selection.model import LinkCost, Profile, save
+    from plait.sim import formulas
+
+    prof = Profile(LinkCost(2e-5, 1e-9), None, 3e-10, 2e-10)
+    path = save(prof, tmp_path / "profile.json")
+    res, doc = bench(
+        "-n 2 -b 1K -e 4K -f 4 --algo ring,recursive_doubling", tmp_path,
+        env={"PLAIT_PROFILE": str(path)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "model_us" in res.stdout
+    assert doc is not None
+    rows = [r for s in doc["series"] for r in s["rows"]]
+    assert len(rows) == 4
+    for r in rows:
+        want = formulas.predict(
+            "allreduce", r["algorithm"], 2, r["bytes"], 2e-5, 1e-9, 3e-10, 2e-10
+        )
+        assert r["model_us"] == pytest.approx(want * 1e6, rel=1e-9)

@@ -8,7 +8,13 @@ Two derived columns are added to the rows the workers measured:
 - ``plait_ratio`` (the ``plait/other`` column, compared systems only): how
   many times faster plait is at that size, ``time(other) / time(plait)``,
   which is also ``busbw(plait) / busbw(other)``; plait's time is that of its
-  fastest series at the size. Above 1, plait is faster.
+  fastest series at the size. Above 1, plait is faster;
+- ``model_us`` (plait's series, when a ``plait tune`` profile is loaded): the
+  time the α-β-γ model that ``auto`` and the simulator share predicts for the
+  algorithm that ran (:func:`plait.sim.formulas.predict` with the profile's
+  link class: ``inter`` for the TCP transport when measured, else ``intra``),
+  so that measured and modelled times sit side by side; ``-`` where no
+  formula covers the algorithm.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ CSV_FIELDS = [
     "wrong",
     "limit_fraction",
     "plait_ratio",
+    "model_us",
 ]
 
 
@@ -61,8 +68,16 @@ def limit_for(series: Series, limits: dict[str, Any] | None) -> tuple[str, float
     return "memory copy, one core", float(limits["copy_gbps_1core"])
 
 
-def annotate(series: Sequence[Series], limits: dict[str, Any] | None) -> None:
-    """Add ``limit_fraction`` and (compared systems) ``plait_ratio`` to every row, in place."""
+def annotate(
+    series: Sequence[Series],
+    limits: dict[str, Any] | None,
+    *,
+    collective: str = "allreduce",
+    ranks: int = 0,
+    profile: Any = None,
+) -> None:
+    """Add ``limit_fraction``, ``plait_ratio`` (compared systems) and, with a profile,
+    ``model_us`` (plait's series) to every row, in place."""
     best: dict[int, float] = {}
     for s in series:
         if s.system != "plait":
@@ -79,6 +94,25 @@ def annotate(series: Sequence[Series], limits: dict[str, Any] | None) -> None:
             if s.system != "plait":
                 mine, plait = r.get("time_us", math.nan), best.get(r["bytes"])
                 r["plait_ratio"] = mine / plait if plait and mine == mine else None
+            elif profile is not None and ranks > 1:
+                r["model_us"] = _model_us(collective, r, ranks, s.transport, profile)
+
+
+def _model_us(
+    collective: str, row: dict[str, Any], ranks: int, transport: str, profile: Any
+) -> float | None:
+    """The profile's predicted time of the row's algorithm, in µs (None: no formula)."""
+    from plait.sim import formulas
+
+    link = profile.inter if transport == "tcp" and profile.inter is not None else profile.intra
+    try:
+        t = formulas.predict(
+            collective, row["algorithm"], ranks, row["bytes"], link.alpha, link.beta,
+            profile.gamma, profile.delta,
+        )  # fmt: skip
+    except KeyError:
+        return None
+    return t * 1e6
 
 
 def _num(x: float | None) -> str:
@@ -109,6 +143,7 @@ _LIMIT = (
     lambda r: "-" if r.get("limit_fraction") is None else f"{100 * r['limit_fraction']:.0f}%",
 )
 _RATIO = ("plait/other", 12, lambda r: _num(r.get("plait_ratio")))
+_MODEL = ("model_us", 10, lambda r: _num(r.get("model_us")))
 _WRONG = ("wrong", 7, lambda r: str(r["wrong"]))
 
 
@@ -124,6 +159,8 @@ def _series_table(s: Series, limits: dict[str, Any] | None) -> list[str]:
         columns.append(_LIMIT)
     if s.system != "plait":
         columns.append(_RATIO)
+    if any("model_us" in r for r in s.rows):
+        columns.append(_MODEL)
     columns.append(_WRONG)
     title = f"# {s.label} (transport {s.transport}, algorithm {s.requested}"
     limit = limit_for(s, limits)

@@ -253,7 +253,10 @@ def main(args: argparse.Namespace) -> int:
                     say(f"{s.label}: {len(s.rows)} rows in {s.seconds:.1f} s")
                 series.append(s)
 
-    report.annotate(series, limits)
+    from plait.selection import model
+
+    profile = model.load()
+    report.annotate(series, limits, collective=args.collective, ranks=args.nproc, profile=profile)
     header = _header(args, checked, len(rows))
     others = []
     for s in series:
@@ -265,6 +268,11 @@ def main(args: argparse.Namespace) -> int:
         header.append("# compared with " + "; ".join(dict.fromkeys(others)))
     if limits:
         header += format_limits(limits)
+    if profile is not None:
+        header.append(
+            f"# model_us: the α-β-γ time the profile {model.default_path()} predicts "
+            "for the algorithm that ran (what auto and plait sim use)"
+        )
     sys.stdout.write(report.render(header, series, limits))
     sys.stdout.flush()
     meta = {
