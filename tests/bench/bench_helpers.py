@@ -30,7 +30,10 @@ def bench(
     if fast:
         args += FAST
     out = tmp_path / "bench.json"
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
+    # No PLAIT_* settings from outside, but keep the suite's hermetic profile and rules
+    # (tests/conftest.py), or a tuned ~/.config/plait/profile.json would steer auto.
+    keep = ("PLAIT_PROFILE", "PLAIT_RULES")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_") or k in keep}
     full_env.update(env or {})
     res = subprocess.run(
         [*PLAIT, "bench", *args, "--json", str(out)],
