@@ -102,17 +102,11 @@ def _model_us(
     collective: str, row: dict[str, Any], ranks: int, transport: str, profile: Any
 ) -> float | None:
     """The profile's predicted time of the row's algorithm, in µs (None: no formula)."""
-    from plait.sim import formulas
+    from plait.selection.model import formula_time
 
     link = profile.inter if transport == "tcp" and profile.inter is not None else profile.intra
-    try:
-        t = formulas.predict(
-            collective, row["algorithm"], ranks, row["bytes"], link.alpha, link.beta,
-            profile.gamma, profile.delta,
-        )  # fmt: skip
-    except KeyError:
-        return None
-    return t * 1e6
+    t = formula_time(collective, row["algorithm"], ranks, row["bytes"], profile, link)
+    return None if t is None else t * 1e6
 
 
 def _num(x: float | None) -> str:

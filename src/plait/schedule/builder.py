@@ -349,9 +349,11 @@ class Builder:
         after: Sequence[int] = (),
     ) -> int:
         index = len(self._steps)
-        deps: set[int] = {i for i in after if i >= 0}
-        if any(i >= index for i in deps):
-            raise ValueError(f"rank {self.rank}: a step can only wait for earlier steps")
+        deps: set[int] = set()
+        if after:
+            deps.update(i for i in after if i >= 0)
+            if any(i >= index for i in deps):
+                raise ValueError(f"rank {self.rank}: a step can only wait for earlier steps")
         for r in reads:
             self._hazards[r.buf].deps(r.offset, r.end, False, deps)
         for w in writes:

@@ -63,6 +63,7 @@ __all__ = [
     "Prediction",
     "Profile",
     "default_path",
+    "formula_time",
     "load",
     "predict",
     "predict_best",
@@ -194,23 +195,27 @@ def predict_best(
     ``nbytes`` as ``auto`` counts it (one rank's block for block collectives).
     None when the formulas cover fewer than two candidates.
     """
+    whole = nbytes * size if collective in _BLOCK else nbytes
+    ranked = _formula_ranking(collective, size, whole, tuple(candidates), profile)
+    return (ranked[0][1], ranked[0][0]) if len(ranked) >= 2 else None
+
+
+def formula_time(
+    collective: str, algorithm: str, size: int, whole: int, profile: Profile, link: LinkCost
+) -> float | None:
+    """The closed-form time of ``algorithm`` with ``link``'s α, β and the profile's γ, δ.
+
+    ``whole``: the collective's whole buffer (as :mod:`plait.sim.formulas` counts
+    it); None where no formula covers the algorithm.
+    """
     from plait.sim import formulas
 
-    whole = nbytes * size if collective in _BLOCK else nbytes
-    link = profile.intra
-    best: tuple[str, float] | None = None
-    covered = 0
-    for name in candidates:
-        try:
-            t = formulas.predict(
-                collective, name, size, whole, link.alpha, link.beta, profile.gamma, profile.delta
-            )
-        except KeyError:
-            continue
-        covered += 1
-        if best is None or t < best[1]:
-            best = (name, t)
-    return best if covered >= 2 else None
+    try:
+        return formulas.predict(
+            collective, algorithm, size, whole, link.alpha, link.beta, profile.gamma, profile.delta
+        )
+    except KeyError:
+        return None
 
 
 _BLOCK = frozenset({"reduce_scatter", "allgather", "alltoall", "gather", "scatter"})
@@ -326,18 +331,11 @@ def _formula_ranking(
     collective: str, size: int, whole: int, candidates: tuple[str, ...], profile: Profile
 ) -> list[tuple[float, str]]:
     """(closed-form time, name) of the candidates with a formula, fastest first (stable)."""
-    from plait.sim import formulas
-
-    link = profile.intra
     times: list[tuple[float, str]] = []
     for name in candidates:
-        try:
-            t = formulas.predict(
-                collective, name, size, whole, link.alpha, link.beta, profile.gamma, profile.delta
-            )
-        except KeyError:
-            continue
-        times.append((t, name))
+        t = formula_time(collective, name, size, whole, profile, profile.intra)
+        if t is not None:
+            times.append((t, name))
     times.sort(key=lambda tn: tn[0])  # stable: ties keep the candidates' order
     return times
 

@@ -298,34 +298,27 @@ class Network:
         return net
 
     def _hops_to(self, node: int) -> dict[int, int]:
-        """Hops from every node that can reach ``node`` (BFS over reversed links)."""
-        into = self._links_into()
-        hops = {node: 0}
-        queue = deque([node])
-        while queue:
-            u = queue.popleft()
-            for i in into.get(u, ()):
-                v = self.link_src[i]
-                if v not in hops:
-                    hops[v] = hops[u] + 1
-                    queue.append(v)
-        return hops
+        """Hops to ``node`` from every node that can reach it."""
+        return {v: hops for v, (hops, _) in self._toward(node).items()}
 
     def _next_hop_to(self, node: int) -> dict[int, int]:
-        """Per node that can reach ``node``: the first link of a shortest path to it."""
+        """Per node that can reach ``node`` (but itself): the first link of a shortest path."""
+        return {v: link for v, (_, link) in self._toward(node).items() if link >= 0}
+
+    def _toward(self, node: int) -> dict[int, tuple[int, int]]:
+        """BFS over reversed links: per node that reaches ``node``, (hops, first link; -1 at it)."""
         into = self._links_into()
-        hop: dict[int, int] = {}
-        seen = {node}
+        found = {node: (0, -1)}
         queue = deque([node])
         while queue:
             u = queue.popleft()
+            hops = found[u][0] + 1
             for i in into.get(u, ()):
                 v = self.link_src[i]
-                if v not in seen:
-                    seen.add(v)
-                    hop[v] = i
+                if v not in found:
+                    found[v] = (hops, i)
                     queue.append(v)
-        return hop
+        return found
 
     def _links_into(self) -> dict[int, list[int]]:
         """Per node, the links that end there (rebuilt when links were added)."""
