@@ -2,8 +2,10 @@
 
 Run it with ``python examples/auto_vs_best.py --out autocheck/``. For each
 configuration (ranks and transport; default 2 and 4 ranks over shared memory
-and TCP) it runs ``plait bench --algo auto,<every allreduce algorithm>`` over
-8 B .. 128 MiB ``--reps`` times, takes each (algorithm, size)'s median over
+and TCP) it runs ``plait bench --algo auto,<every allreduce algorithm> --rounds R``
+over 8 B .. 256 MiB ``--reps`` times (in each run, every algorithm takes its
+turn R times at each size before the next size, so all of them meet the same
+moments of a drifting machine), takes each (algorithm, size)'s median over
 the runs, and prints per size:
 
 - the fastest forced algorithm and its time;
@@ -40,11 +42,14 @@ def forced() -> list[str]:
     return [a for a in plait.algorithms("allreduce") if not get("allreduce", a).needs_fabric]
 
 
-def bench(nproc: int, transport: str, begin: str, end: str, path: Path, seconds: float) -> dict:
+def bench(
+    nproc: int, transport: str, begin: str, end: str, path: Path, seconds: float, rounds: int
+) -> dict:
     """One ``plait bench`` sweep of auto and every forced algorithm; its JSON document."""
     cmd = [
         sys.executable, "-m", "plait", "bench", "-n", str(nproc), "-t", transport,
-        "-b", begin, "-e", end, "-f", "4", "--seconds", str(seconds), "--no-progress",
+        "-b", begin, "-e", end, "-f", "4", "--seconds", str(seconds), "--rounds", str(rounds),
+        "--no-progress",
         "--algo", ",".join(["auto", *forced()]), "--json", str(path),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
@@ -85,10 +90,11 @@ def summarize(runs: list[dict]) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="2:shm,4:shm,2:tcp,4:tcp", help="ranks:transport,…")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=1, help="plait bench runs per config")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds inside each run")
     parser.add_argument("--begin", default="8")
-    parser.add_argument("--end", default="128M")
-    parser.add_argument("--seconds", type=float, default=0.2, help="timed seconds per row")
+    parser.add_argument("--end", default="256M")
+    parser.add_argument("--seconds", type=float, default=0.5, help="timed seconds per row")
     parser.add_argument("--out", type=Path, default=Path("autocheck"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +104,7 @@ def main() -> int:
         for n, t in configs:
             start = time.perf_counter()
             doc = bench(n, t, args.begin, args.end, args.out / f"bench-{n}-{t}-{rep}.json",
-                        args.seconds)  # fmt: skip
+                        args.seconds, args.rounds)  # fmt: skip
             runs[f"{n}:{t}"].append(doc)
             print(f"# run {rep + 1}/{args.reps}: {n} ranks, {t}: "
                   f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip

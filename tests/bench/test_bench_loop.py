@@ -142,3 +142,61 @@ def test_errors_keep_the_rows_done_and_fail_the_worker(tmp_path: Path) -> None:
     result = json.loads(Path(spec.results).read_text())
     assert result["error"] == "rank 0: RuntimeError: boom"
     assert len(result["rows"]) == 1
+
+
+class RecordingBackend(FakeBackend):
+    """Records the order in which algorithms are prepared; ``slow`` ones take 2 ms a call."""
+
+    def __init__(self, slow: str) -> None:
+        super().__init__()
+        self.order: list[tuple[int, str]] = []
+        self.slow = slow
+        self.current = ""
+
+    def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:
+        self.order.append((point.nbytes, algorithm))
+        self.current = algorithm
+        return Prepared(lambda: None, algorithm, None)
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray:
+        other = np.full_like(row, 2e-3 if self.current == self.slow else 1e-3)
+        other[0] = 0
+        return np.stack([row, other])
+
+
+def test_rounds_take_turns_and_pool_their_calls(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "barrier", size=2, algorithms=["a", "b", "c"])
+    spec = replace(
+        spec,
+        points=[(16, 0), (64, 0)],  # nothing to check in a barrier's result
+        policy={"iters": 7, "warmup": 1, "seconds": 0.01, "rounds": 3},
+    )
+    backend = RecordingBackend(slow="b")
+    assert run_sweep(backend, spec) == 0
+    # each size: three rounds, the order reversed every other round, before the next size
+    turns = ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert backend.order == [(16, a) for a in turns] + [(64, a) for a in turns]
+    rows = json.loads(Path(spec.results).read_text())["rows"]
+    assert [(r["bytes"], r["requested"]) for r in rows] == [(n, a) for n in (16, 64) for a in "abc"]
+    for r in rows:
+        assert r["rounds"] == 3
+        assert r["iters"] == 9  # 7 calls asked for, ceil(7 / 3) = 3 per round
+        assert r["warmup"] == 3  # one per round
+        assert r["time_us"] == pytest.approx(2000.0 if r["requested"] == "b" else 1000.0)
+    progress = Path(spec.progress).read_text().splitlines()  # type: ignore[arg-type]
+    assert progress[-1].split()[:2] == ["6", "6"]
+
+
+def test_per_round_policy_divides_the_budget() -> None:
+    from plait.bench.sweep import IterationPolicy
+
+    one = IterationPolicy(seconds=0.3)
+    assert one.per_round() is one
+    split = IterationPolicy(seconds=0.3, rounds=3).per_round()
+    assert split.seconds == pytest.approx(0.1)
+    assert split.rounds == 1
+    assert split.min_iters == 2
+    assert split.max_iters == 334
+    assert split.iters_for(0.01) == 10
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        IterationPolicy(rounds=0).per_round()

@@ -14,6 +14,10 @@ For each row and algorithm:
 6. gather ``[wrong, t_1 … t_iters]`` to rank 0, which keeps per call the
    slowest rank's time and sums the wrong counts.
 
+With ``rounds`` above 1 in the policy, steps 1-6 run that many times per size
+with a share of the calls each, every algorithm taking its turn in each round
+(the order reversed every other round); a row pools its rounds' calls.
+
 Rank 0 writes the rows to ``spec.results`` as JSON and a line per row to
 ``spec.progress`` (the bench process draws the progress bar from it).
 
@@ -130,9 +134,20 @@ class Backend(Protocol):
         ...
 
 
-def _measure(
+@dataclass
+class _Round:
+    """One round of one (row, algorithm): what ran, and each call's time on the slowest rank."""
+
+    algorithm: str
+    warmup: int
+    slowest: np.ndarray
+    wrong: int
+
+
+def _time_round(
     backend: Backend, spec: SweepSpec, point: Point, algorithm: str, policy: IterationPolicy
-) -> dict[str, Any] | None:
+) -> _Round | None:
+    """Warm up, time the calls, check one result; rank 0 gets the round, the others None."""
     dtype = resolve_dtype(spec.dtype)
     op = op_by_name(spec.op)
     rank, size = backend.rank, backend.size
@@ -163,20 +178,27 @@ def _measure(
     if table is None:
         return None
     slowest = table[:, 1:].max(axis=0) if iters else np.empty(0)
+    return _Round(prepared.algorithm, warmup, slowest, int(table[:, 0].sum()))
+
+
+def _row(spec: SweepSpec, point: Point, rounds: list[_Round], size: int) -> dict[str, Any]:
+    """The row of one (size, algorithm) from its rounds: every timed call counts alike."""
+    slowest = np.concatenate([r.slowest for r in rounds])
     median, p10, p90 = summarize(slowest)
     algbw, busbw = bandwidths(spec.collective, point.nbytes, median * 1e-6, size)
     return {
         "bytes": point.nbytes,
         "count": point.count,
-        "algorithm": prepared.algorithm,
-        "warmup": warmup,
-        "iters": iters,
+        "algorithm": rounds[0].algorithm,
+        "warmup": sum(r.warmup for r in rounds),
+        "iters": int(slowest.size),
+        "rounds": len(rounds),
         "time_us": median,
         "p10_us": p10,
         "p90_us": p90,
         "algbw_gbps": algbw,
         "busbw_gbps": busbw,
-        "wrong": int(table[:, 0].sum()),
+        "wrong": sum(r.wrong for r in rounds),
     }
 
 
@@ -190,6 +212,7 @@ def _write_results(spec: SweepSpec, result: dict[str, Any]) -> None:
 def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = None) -> int:
     """Measure every row of ``spec`` for every algorithm; return the worker's exit code."""
     policy = IterationPolicy(**spec.policy)
+    per_round = policy.per_round()
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"label": spec.label, "size": backend.size, "info": info or {}}
     total = len(spec.points) * len(spec.algorithms)
@@ -197,9 +220,19 @@ def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = N
     status = 0
     try:
         for nbytes, count in spec.points:
+            point = Point(nbytes, count)
+            done: dict[str, list[_Round]] = {a: [] for a in spec.algorithms}
+            for r in range(policy.rounds):
+                # Every algorithm once per round, the order reversed every other round:
+                # a slow drift of the machine then falls on all of them alike.
+                order = spec.algorithms if r % 2 == 0 else spec.algorithms[::-1]
+                for algorithm in order:
+                    measured = _time_round(backend, spec, point, algorithm, per_round)
+                    if measured is not None:
+                        done[algorithm].append(measured)
             for algorithm in spec.algorithms:
-                row = _measure(backend, spec, Point(nbytes, count), algorithm, policy)
-                if row is not None:
+                if done[algorithm]:
+                    row = _row(spec, point, done[algorithm], backend.size)
                     row["requested"] = algorithm
                     rows.append(row)
                 if progress is not None:

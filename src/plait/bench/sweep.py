@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -191,6 +191,11 @@ class IterationPolicy:
     one call of a large one suffices to touch its pages). Timed: as many calls
     as fit in ``seconds`` at the speed measured during warm-up, between
     ``min_iters`` and ``max_iters``. ``iters``/``warmup`` fix the counts.
+
+    ``rounds`` splits each row's timed calls into that many rounds, every
+    algorithm of the sweep taking its turn in each round before the next size
+    (see :meth:`per_round`). Comparing algorithms then no longer means
+    comparing minutes apart on a machine whose speed drifts.
     """
 
     seconds: float = 0.2
@@ -200,6 +205,27 @@ class IterationPolicy:
     max_warmup: int = 20
     iters: int | None = None
     warmup: int | None = None
+    rounds: int = 1
+
+    def per_round(self) -> IterationPolicy:
+        """The policy of one round: ``seconds`` and ``iters`` divided among the rounds.
+
+        Each round warms up again (``warmup`` calls, or the adaptive count),
+        since other algorithms ran in between.
+        """
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be at least 1, not {self.rounds}")
+        if self.rounds == 1:
+            return self
+        iters = None if self.iters is None else -(-self.iters // self.rounds)
+        return replace(
+            self,
+            seconds=self.seconds / self.rounds,
+            min_iters=max(1, -(-self.min_iters // self.rounds)),
+            max_iters=max(1, -(-self.max_iters // self.rounds)),
+            iters=iters,
+            rounds=1,
+        )
 
     def warmup_for(self, nbytes: int) -> int:
         """Warm-up calls for a row of ``nbytes``."""

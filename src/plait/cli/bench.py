@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.2,
         help="timed seconds per row the call counts adapt to (default 0.2)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="split each row's calls into this many rounds, every algorithm taking a turn "
+        "in each (fairer comparisons on a busy machine; default 1)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write every result as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write one line per row as CSV")
     parser.add_argument("--plot", metavar="FILE", help="draw busbw and time against size (PNG, …)")
@@ -158,6 +165,8 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     for n, what in ((args.iters, "--iters"), (args.warmup, "--warmup")):
         if n is not None and n < 0:
             raise _fail(f"{what} must be >= 0")
+    if args.rounds < 1:
+        raise _fail(f"--rounds must be at least 1, not {args.rounds}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -195,6 +204,8 @@ def _header(args: argparse.Namespace, checked: dict[str, Any], n_rows: int) -> l
         if args.iters is not None
         else f"timed calls adapt to the size (about {args.seconds:g} s per row)"
     )
+    if args.rounds > 1:
+        policy += f" in {args.rounds} rounds, algorithms taking turns"
     return [
         f"# plait bench: {', '.join(what)}",
         f"# sizes {format_size(sizes[0])} .. {format_size(sizes[-1])} (x{args.factor}), "
@@ -213,7 +224,9 @@ def main(args: argparse.Namespace) -> int:
 
     checked = _check(args)
     rows = points(args.collective, checked["sizes"], checked["dtype"].itemsize, args.nproc)
-    policy = IterationPolicy(seconds=args.seconds, iters=args.iters, warmup=args.warmup)
+    policy = IterationPolicy(
+        seconds=args.seconds, iters=args.iters, warmup=args.warmup, rounds=args.rounds
+    )
     spec = SweepSpec(
         collective=args.collective,
         dtype=args.dtype,
@@ -222,7 +235,7 @@ def main(args: argparse.Namespace) -> int:
         in_place=args.in_place,
         points=[(p.nbytes, p.count) for p in rows],
         algorithms=checked["algos"],
-        policy={k: getattr(policy, k) for k in ("seconds", "iters", "warmup")},
+        policy={k: getattr(policy, k) for k in ("seconds", "iters", "warmup", "rounds")},
         results="",
     )
 
