@@ -9,12 +9,12 @@ moments of a drifting machine), takes each (algorithm, size)'s median over
 the runs, and prints per size:
 
 - the fastest forced algorithm and its time;
-- what ``auto`` ran, its time, and ``auto / best``;
-- ``chosen / best``: the forced time of the algorithm ``auto`` chose against
-  the best. Both ratios compare medians of separate runs; the second one is
-  free of the bias of comparing one measurement against the minimum of many
-  (on a noisy machine the minimum of eight algorithms' times is below what
-  any one of them usually takes).
+- what ``auto`` ran, its time, and ``auto / best``: auto's time in each round
+  over the best's in the same round, the median of those ratios;
+- ``chosen / best``: the same for the forced runs of the algorithm ``auto``
+  chose, which is free of the bias of comparing one series against the
+  minimum of many (on a noisy machine the minimum of eight algorithms' times
+  is below what any one of them usually takes).
 
 Set PLAIT_PROFILE (``plait tune``) or PLAIT_RULES before running it to check
 ``auto`` with a measured profile or a rules file instead of the built-in rules.
@@ -43,13 +43,13 @@ def forced() -> list[str]:
 
 
 def bench(
-    nproc: int, transport: str, begin: str, end: str, path: Path, seconds: float, rounds: int
+    nproc: int, transport: str, sizes: tuple[str, str, int], path: Path, seconds: float, rounds: int
 ) -> dict:
     """One ``plait bench`` sweep of auto and every forced algorithm; its JSON document."""
     cmd = [
         sys.executable, "-m", "plait", "bench", "-n", str(nproc), "-t", transport,
-        "-b", begin, "-e", end, "-f", "4", "--seconds", str(seconds), "--rounds", str(rounds),
-        "--no-progress",
+        "-b", sizes[0], "-e", sizes[1], "-f", str(sizes[2]), "--seconds", str(seconds),
+        "--rounds", str(rounds), "--no-progress",
         "--algo", ",".join(["auto", *forced()]), "--json", str(path),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
@@ -57,20 +57,36 @@ def bench(
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per size: medians over the runs, the best forced algorithm, auto's choice and ratios."""
-    times: dict[tuple[str, int], list[float]] = {}
+    """Per size: the best forced algorithm, auto's choice, and ratios paired round by round.
+
+    Each run's rows carry their rounds' medians (``round_us``); round k of every
+    algorithm ran within about a second of round k of the others. The best forced
+    algorithm has the lowest median over its rounds (of all runs); ``auto/best``
+    is the median over rounds of auto's round time over the best's same round, so
+    that a moment when the whole machine was slow counts against neither.
+    """
+    rounds: dict[tuple[str, int], list[list[float]]] = {}
     chosen: dict[int, list[str]] = {}
     for doc in runs:
         for series in doc["series"]:
             for row in series["rows"]:
-                times.setdefault((series["requested"], row["bytes"]), []).append(row["time_us"])
+                key = (series["requested"], row["bytes"])
+                rounds.setdefault(key, []).append(row.get("round_us", [row["time_us"]]))
                 if series["requested"] == "auto":
                     chosen.setdefault(row["bytes"], []).append(row["algorithm"])
+
+    def paired(a: str, b: str, nbytes: int) -> float:
+        pairs = zip(rounds[(a, nbytes)], rounds[(b, nbytes)], strict=True)
+        return statistics.median(x / y for ra, rb in pairs for x, y in zip(ra, rb, strict=True))
+
     out = []
     for nbytes in sorted(chosen):
-        med = {a: statistics.median(times[(a, nbytes)]) for a in forced() if (a, nbytes) in times}
+        med = {
+            a: statistics.median(t for run in rounds[(a, nbytes)] for t in run)
+            for a in forced()
+            if (a, nbytes) in rounds
+        }
         best = min(med, key=med.__getitem__)
-        auto = statistics.median(times[("auto", nbytes)])
         pick = max(set(chosen[nbytes]), key=chosen[nbytes].count)
         out.append(
             {
@@ -78,9 +94,9 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "best": best,
                 "best_us": med[best],
                 "auto": pick,
-                "auto_us": auto,
-                "auto_over_best": auto / med[best],
-                "chosen_over_best": med[pick] / med[best],
+                "auto_us": statistics.median(t for run in rounds[("auto", nbytes)] for t in run),
+                "auto_over_best": paired("auto", best, nbytes),
+                "chosen_over_best": paired(pick, best, nbytes),
                 "forced_us": med,
             }
         )
@@ -91,10 +107,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="2:shm,4:shm,2:tcp,4:tcp", help="ranks:transport,…")
     parser.add_argument("--reps", type=int, default=1, help="plait bench runs per config")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds inside each run")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds inside each run")
     parser.add_argument("--begin", default="8")
     parser.add_argument("--end", default="256M")
-    parser.add_argument("--seconds", type=float, default=0.5, help="timed seconds per row")
+    parser.add_argument("--factor", type=int, default=2, help="size multiplier")
+    parser.add_argument("--seconds", type=float, default=0.4, help="timed seconds per row")
     parser.add_argument("--out", type=Path, default=Path("autocheck"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +120,8 @@ def main() -> int:
     for rep in range(args.reps):  # repetitions interleaved, so slow drifts hit every config
         for n, t in configs:
             start = time.perf_counter()
-            doc = bench(n, t, args.begin, args.end, args.out / f"bench-{n}-{t}-{rep}.json",
+            sizes = (args.begin, args.end, args.factor)
+            doc = bench(n, t, sizes, args.out / f"bench-{n}-{t}-{rep}.json",
                         args.seconds, args.rounds)  # fmt: skip
             runs[f"{n}:{t}"].append(doc)
             print(f"# run {rep + 1}/{args.reps}: {n} ranks, {t}: "

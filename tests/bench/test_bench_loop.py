@@ -182,7 +182,9 @@ def test_rounds_take_turns_and_pool_their_calls(tmp_path: Path) -> None:
         assert r["rounds"] == 3
         assert r["iters"] == 9  # 7 calls asked for, ceil(7 / 3) = 3 per round
         assert r["warmup"] == 3  # one per round
-        assert r["time_us"] == pytest.approx(2000.0 if r["requested"] == "b" else 1000.0)
+        want = 2000.0 if r["requested"] == "b" else 1000.0
+        assert r["time_us"] == pytest.approx(want)
+        assert r["round_us"] == pytest.approx([want] * 3)
     progress = Path(spec.progress).read_text().splitlines()  # type: ignore[arg-type]
     assert progress[-1].split()[:2] == ["6", "6"]
 

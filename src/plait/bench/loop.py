@@ -193,6 +193,8 @@ def _row(spec: SweepSpec, point: Point, rounds: list[_Round], size: int) -> dict
         "warmup": sum(r.warmup for r in rounds),
         "iters": int(slowest.size),
         "rounds": len(rounds),
+        # each round's own median: adjacent in time across algorithms, for paired comparisons
+        "round_us": [summarize(r.slowest)[0] for r in rounds],
         "time_us": median,
         "p10_us": p10,
         "p90_us": p90,

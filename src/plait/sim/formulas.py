@@ -139,6 +139,26 @@ def allreduce_binomial(p: int, n: float, a: float, b: float, g: float, d: float)
     return reduce_binomial(p, n, a, b, g, d) + broadcast_binomial(p, n, a, b, g, d)
 
 
+def allreduce_direct_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """With ports: ``2α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ``, any p; one rank: ``nδ``.
+
+    Not in the paper. Each owner gets its slice from every rank at once, reduces
+    the p-1 contributions straight from its input (no copy) and sends the result
+    to all at once: the p-1 slices of each phase share the sender's port and the
+    owner's receive port, so every byte a rank sends or receives counts, and
+    the latency is paid once per phase. Only with ports: on the contention-free
+    model p-1 concurrent messages would cost one. ``auto``'s profile ranking
+    (:mod:`plait.selection.model`) leaves it out: α here is a latency paid once
+    for p-1 concurrent messages, while a transport spends its per-message
+    overhead on each of them, so on many ranks direct would look best for small
+    vectors, where it is not.
+    """
+    if p == 1:
+        return n * d
+    m = n / p
+    return 2 * a + 2 * (p - 1) * m * b + (p - 1) * m * g
+
+
 # -- reduce_scatter and allgather ------------------------------------------------------------
 
 
@@ -514,6 +534,7 @@ ON_PORTS: dict[tuple[str, str], tuple[Formula, str]] = {
     ("reduce_scatter", "pairwise"): (reduce_scatter_pairwise_ports, "any"),
     ("alltoall", "pairwise"): (alltoall_pairwise_ports, "any"),
     ("allreduce", "binomial"): (allreduce_binomial_ports, "pow2"),
+    ("allreduce", "direct"): (allreduce_direct_ports, "any"),
     # Power of two: no rank ever has two messages in or out at once, so ports change nothing.
     **{
         key: (COVERED[key], "pow2")
