@@ -273,7 +273,7 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--algorithms", required=True)
     p.add_argument("--sizes", required=True)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--iters", type=int, default=15)
     p.add_argument("--min-iters", type=int, default=3)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--eager-max", type=int, default=0)
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", default=ALGORITHMS, help=f"({ALGORITHMS})")
     parser.add_argument("--sizes", default="4M,16M,64M", help="allreduce bytes (4M,16M,64M)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up calls per row (1)")
-    parser.add_argument("--iters", type=int, default=5, help="timed calls per row, at most (5)")
+    parser.add_argument("--iters", type=int, default=15, help="timed calls per row, at most (15)")
     parser.add_argument("--min-iters", type=int, default=3, help="timed calls, at least (3)")
     parser.add_argument(
         "--seconds", type=float, default=3.0, help="timed seconds a row aims at (3)"
