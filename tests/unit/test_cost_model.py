@@ -173,8 +173,10 @@ def test_without_budget_the_formulas_or_the_rules_decide(
 ) -> None:
     monkeypatch.setattr(model, "SIM_STEPS", 0)
     cfg = Settings(profile=PROFILE)
-    got = choose("allreduce", 4, 4 << 20, commutative=True, config=cfg)
+    got = choose("allreduce", 16, 4 << 20, commutative=True, config=cfg)  # rules: a formula
     assert (got.segment_bytes, got.source) == (SEGMENT_BYTES, "profile")
+    got = choose("allreduce", 4, 4 << 20, commutative=True, config=cfg)  # rules: direct
+    assert (got.name, got.source) == ("direct", "built-in rules")
     layout = HostLayout([0, 0, 1, 1])
     got = choose("allreduce", 4, 4 << 20, commutative=True, hosts=layout, config=cfg)
     assert got.source == "built-in rules"
@@ -239,3 +241,40 @@ def test_one_host_without_two_formulas_the_simulator_decides(fresh_model: list[i
     # alltoall: a formula for pairwise only, so both algorithms are simulated.
     got = choose("alltoall", 4, 1024, commutative=True, config=cfg)
     assert got.source == "profile, simulated"
+
+
+def test_the_rules_choice_without_a_formula_is_simulated_too(fresh_model: list[int]) -> None:
+    """Large vectors on 4 ranks: the rules say direct, which has no contention-free formula;
+    it is simulated with the formulas' two best, and wins (no copy of the input, 2 latencies)."""
+    cfg = Settings(profile=PROFILE)
+    assert select("allreduce", 4, 4 << 20, commutative=True).name == "direct"  # the rules
+    got = choose("allreduce", 4, 4 << 20, commutative=True, config=cfg)
+    assert (got.name, got.source) == ("direct", "profile, simulated")
+    # Small vectors: the rules' recursive doubling has a formula; nothing is added.
+    small = choose("allreduce", 4, 256 << 10, commutative=True, config=cfg)
+    assert small.name != "direct"
+
+
+def test_more_ranks_than_cores_the_rules_decide(
+    fresh_model: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plait.selection import select as sel
+
+    cfg = Settings(profile=PROFILE)
+    assert choose("allreduce", 4, 8, commutative=True, config=cfg).source == "profile"
+    monkeypatch.setattr(sel, "_cores", lambda: 2)  # 4 ranks, 2 cores: scheduling decides
+    crowded = choose("allreduce", 4, 8, commutative=True, config=cfg)
+    assert (crowded.name, crowded.source) == ("binomial", "built-in rules")
+    assert choose("allreduce", 2, 8, commutative=True, config=cfg).source == "profile"
+
+
+def test_the_rules_choice_too_big_to_simulate_keeps_the_call(fresh_model: list[int]) -> None:
+    """Nothing weighs against the rules' direct when the simulator cannot time it."""
+    cfg = Settings(profile=PROFILE)
+    for size, nbytes in ((2, 128 << 20), (4, 128 << 20)):
+        got = choose("allreduce", size, nbytes, commutative=True, config=cfg)
+        assert (got.name, got.source) == ("direct", "built-in rules")
+    # Without the rules' choice among the candidates (a non-commutative op still allows
+    # direct, so use 16 ranks, where the rules pick Rabenseifner) the formulas decide.
+    big = choose("allreduce", 16, 1 << 30, commutative=True, config=cfg)
+    assert big.source == "profile"

@@ -14,9 +14,12 @@ segment size) and runs the fastest (:func:`predict`):
   (:mod:`plait.sim.formulas`, the formulas the simulator is tested against)
   rank the algorithms, unsegmented. For calls of more than the smallest of
   :data:`SEGMENTS`, the two best are then run in the simulator
-  (:mod:`plait.sim`, on :func:`plait.sim.from_profile`'s network, with ports)
-  at each segment size of :data:`SEGMENTS`, and the fastest (algorithm,
-  segment) pair wins; the formulas cannot see pipelining.
+  (:mod:`plait.sim`, on :func:`plait.sim.from_profile`'s network, with ports),
+  with the built-in rules' choice where no formula covers it (``direct``,
+  which the rules pick for large vectors on a few ranks; where it does not fit
+  in the simulator's budget, the rules decide); the two fastest of
+  those are run at each segment size of :data:`SEGMENTS`, and the fastest
+  (algorithm, segment) pair wins; the formulas cannot see pipelining.
 * Across hosts (a profile with an ``inter`` link, the same number of ranks on
   every host, ranks numbered host by host), and on one host for collectives
   with fewer than two formulas, every algorithm is simulated on the profile's
@@ -291,10 +294,18 @@ def _predict(
             return first
         search = _Search(collective, size, whole, sim.from_profile(profile, size), commutative)
         finalists = [name for _, name in ranked[:FINALISTS]]
+        # The rules' choice without a formula is simulated too; where it cannot be
+        # (over the budget), nothing weighs against it, and the rules decide.
+        unranked = baseline in candidates and all(name != baseline for _, name in ranked)
         if search.time(finalists[0], default_segment) is None:
-            return first  # too big to simulate: the formulas alone
+            return None if unranked else first  # too big to simulate: the formulas alone
+        if unranked:
+            assert baseline is not None
+            finalists.append(baseline)
         for name in finalists[1:]:
             search.time(name, default_segment)
+        if unranked and search.times.get((baseline, default_segment)) is None:
+            return None
     else:
         # Across hosts, or too few formulas: simulate every candidate, the rules' first.
         if baseline not in candidates or size > SIM_MAX_RANKS:

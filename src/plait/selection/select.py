@@ -8,7 +8,9 @@ In order (:func:`choose`):
 3. with a measured profile (``plait tune``), the (algorithm, segment) pair
    with the lowest predicted time (:mod:`plait.selection.model`: closed forms
    and the simulator, on one host, and across hosts where every host has the
-   same number of ranks);
+   same number of ranks), except on one host that runs more ranks than it has
+   cores: there the ranks wait for each other to be scheduled, which the
+   α-β-γ model has no term for, and the rules (4) decide;
 4. a rules table per collective, after MPICH's and Open MPI's defaults
    (Thakur et al. 2005): latency-optimal algorithms for small messages,
    bandwidth-optimal ones for large, and the world size where it matters.
@@ -202,7 +204,8 @@ def choose(
             )
     rule_spec = _by_rules(collective, size, nbytes, commutative, multi_host)
     profile = config.profile
-    if profile is not None and size > 1:
+    crowded = not multi_host and size > _cores()  # ranks share cores: the model has no term
+    if profile is not None and size > 1 and not crowded:
         names = tuple(
             n
             for n in algorithms(collective)
