@@ -75,17 +75,16 @@ def summarize(runs: list[dict]) -> list[dict]:
                 if series["requested"] == "auto":
                     chosen.setdefault(row["bytes"], []).append(row["algorithm"])
 
+    def pooled(a: str, nbytes: int) -> float:
+        return statistics.median(t for run in rounds[(a, nbytes)] for t in run)
+
     def paired(a: str, b: str, nbytes: int) -> float:
         pairs = zip(rounds[(a, nbytes)], rounds[(b, nbytes)], strict=True)
         return statistics.median(x / y for ra, rb in pairs for x, y in zip(ra, rb, strict=True))
 
     out = []
     for nbytes in sorted(chosen):
-        med = {
-            a: statistics.median(t for run in rounds[(a, nbytes)] for t in run)
-            for a in forced()
-            if (a, nbytes) in rounds
-        }
+        med = {a: pooled(a, nbytes) for a in forced() if (a, nbytes) in rounds}
         best = min(med, key=med.__getitem__)
         pick = max(set(chosen[nbytes]), key=chosen[nbytes].count)
         out.append(
@@ -94,7 +93,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "best": best,
                 "best_us": med[best],
                 "auto": pick,
-                "auto_us": statistics.median(t for run in rounds[("auto", nbytes)] for t in run),
+                "auto_us": pooled("auto", nbytes),
                 "auto_over_best": paired("auto", best, nbytes),
                 "chosen_over_best": paired(pick, best, nbytes),
                 "forced_us": med,

@@ -74,8 +74,8 @@ class Rule:
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
-        # Measured with examples/auto_vs_best.py (plait bench, 2 and 4 ranks, shared memory
-        # and TCP, 8 B .. 128 MiB, medians of three runs; docs/performance.md).
+        # Measured with examples/auto_vs_best.py (plait bench --rounds, 2 and 4 ranks, shared
+        # memory and TCP, 8 B .. 256 MiB, compared round by round; docs/performance.md).
         # More ranks than cores on one host: every round of recursive doubling needs every
         # rank scheduled, while a binomial reduce and broadcast keep half the ranks idle at
         # each level, so fewer wait for a core (4 ranks on 2 cores: binomial the fastest or
@@ -86,8 +86,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
         # (With at most 8 ranks: recursive doubling sends lg p whole vectors, ring 2 in all.)
         Rule(("recursive_doubling",), max_bytes=512 << 10, max_ranks=9, multi_host=False),
         # Large vectors on a few ranks of one host: direct's two steps reduce straight from
-        # the input (no copy of it first), the fastest or within 10 % of it from 2 to
-        # 128 MiB; Rabenseifner and ring 1.1-1.4x slower.
+        # the input (no copy of it first), the fastest or within 10 % of it from 1 to
+        # 256 MiB; Rabenseifner and ring 1.1-1.4x slower.
         Rule(("direct",), max_ranks=9, multi_host=False),
         Rule(("recursive_doubling",), max_bytes=16 << 10),
         # Across hosts (inter-host links slower than intra-host ones): keep one
@@ -202,10 +202,10 @@ def choose(
             return Choice(
                 get(collective, hit.algorithm), hit.segment or SEGMENT_BYTES, "rules file"
             )
-    rule_spec = _by_rules(collective, size, nbytes, commutative, multi_host)
+    crowded = not multi_host and size > _cores()  # ranks share cores
+    rule_spec = _by_rules(collective, size, nbytes, commutative, multi_host, crowded)
     profile = config.profile
-    crowded = not multi_host and size > _cores()  # ranks share cores: the model has no term
-    if profile is not None and size > 1 and not crowded:
+    if profile is not None and size > 1 and not crowded:  # the model has no term for sharing
         names = tuple(
             n
             for n in algorithms(collective)
@@ -248,11 +248,11 @@ def _cores() -> int:
 
 
 def _by_rules(
-    collective: str, size: int, nbytes: int, commutative: bool, multi_host: bool
+    collective: str, size: int, nbytes: int, commutative: bool, multi_host: bool, crowded: bool
 ) -> AlgorithmSpec:
-    """The built-in rules' algorithm (:data:`RULES`)."""
+    """The built-in rules' algorithm (:data:`RULES`); ``crowded``: one host, more ranks
+    than cores."""
     rules = RULES[collective]
-    crowded = not multi_host and size > _cores()
     for rule in rules:
         if rule.applies(size, nbytes, multi_host, crowded):
             for name in rule.algorithms:
