@@ -12,7 +12,9 @@ and averages the gradients over all ranks in four ways, timing each step:
   the earlier layers' gradients are still being computed.
 
 It prints the median step time of each and how much of the communication
-the overlap hid: ``(serial - overlap) / comm``. Every mode's gradients are
+the overlap hid: ``(serial - overlap) / comm``; or, where the overlapped step
+was no faster than the serial one, that overlap did not help, by how much it
+lost, and why that happens (:func:`summary`). Every mode's gradients are
 checked against each other, so the overlap changes the timing, not the result.
 
 Options: ``--layers``, ``--width``, ``--batch``, ``--steps``, ``--bucket-mb``.
@@ -42,6 +44,50 @@ def backward(weights: list[np.ndarray], acts: list[np.ndarray], grad_out: np.nda
     for i in reversed(range(len(weights))):
         emit(i, acts[i].T @ g)
         g = g @ weights[i].T
+
+
+def summary(serial_ms: float, overlap_ms: float, comm_ms: float, ranks: int, cores: int) -> str:
+    """The verdict on overlap, from the median step times; never a negative "hidden" share.
+
+    ``ranks`` run on this host, which has ``cores`` cores. Where the overlapped
+    step is faster, the verdict is the share of the communication time it hid,
+    ``(serial - overlap) / comm``. Where it is not, that share would be
+    negative, which reads as nonsense; the verdict then says that overlap did
+    not help, by how much the overlapped step lost, and the likely reason:
+    overlap needs something idle to overlap with, and the background thread
+    that moves the bytes needs a core of its own.
+    """
+    head = f"overlap step is {overlap_ms / serial_ms:.2f} of the serial step"
+    saved = serial_ms - overlap_ms
+    if saved > 0:
+        if comm_ms <= 0:
+            return f"{head}: it saved {saved:.1f} ms"
+        if saved > comm_ms:
+            return (
+                f"{head}: it saved {saved:.1f} ms, more than the {comm_ms:.1f} ms the "
+                "communication alone takes; the timings are noisy, try more --steps"
+            )
+        return f"{head}: it hides {100 * saved / comm_ms:.0f} % of the communication time"
+    lost = -saved
+    if round(100 * lost / serial_ms) == 0:
+        verdict = f"took as long as the serial one ({lost:.1f} ms longer)"
+    else:
+        verdict = f"took {100 * lost / serial_ms:.0f} % ({lost:.1f} ms) longer than the serial one"
+    if cores < 2 * ranks:
+        why = (
+            f"{ranks} ranks on {cores} cores leave no core free for the background threads "
+            "that move the bytes while backward runs, so they take CPU time from backward"
+        )
+    else:
+        why = (
+            "moving the bytes (copies, reductions) costs CPU time and memory bandwidth, which "
+            "backward needs too"
+        )
+    return (
+        f"{head}: overlap did not help here, the overlapped step {verdict}.\n"
+        f"This happens where nothing is idle: {why}. Overlap pays where communication waits "
+        "on a network."
+    )
 
 
 def main() -> int:
@@ -116,11 +162,8 @@ def main() -> int:
             )
             for m in modes:
                 print(f"  {m:8s} {med[m]:8.1f} ms")
-            hidden = (med["serial"] - med["overlap"]) / med["comm"] if med["comm"] else 0.0
-            print(
-                f"overlap step is {med['overlap'] / med['serial']:.2f} of the serial step; "
-                f"it hides {hidden:.0%} of the communication time"
-            )
+            cores = os.cpu_count() or 1
+            print(summary(med["serial"], med["overlap"], med["comm"], comm.local_size, cores))
     return 0
 
 
