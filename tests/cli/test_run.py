@@ -14,6 +14,8 @@ import pytest
 
 PLAIT = [sys.executable, "-m", "plait"]
 
+pytestmark = pytest.mark.multiprocess  # every test starts the plait command
+
 
 def run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PLAIT, *args], capture_output=True, text=True, timeout=60, **kw)  # type: ignore[call-overload]

@@ -1,0 +1,210 @@
+"""``plait run`` names the rank that started a failure, not a rank that failed because of it, and
+says how every rank ended; tracebacks carry their rank."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from plait.cli.run import _Traceback
+
+PLAIT = [sys.executable, "-m", "plait"]
+
+
+def plait_run(args: list[str], body: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [*PLAIT, "run", *args, str(script), str(tmp_path / "peers")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def status_lines(stderr: str) -> list[str]:
+    """The summary's lines, one per rank."""
+    return [line for line in stderr.splitlines() if re.match(r"plait run:   rank \d+: ", line)]
+
+
+def assert_every_line_has_an_owner(stderr: str) -> None:
+    for line in stderr.splitlines():
+        assert line.startswith("plait run: ") or re.match(r"\[\d\]: ", line), line
+
+
+#: Rank 1 raises ValueError; the others lose it as a peer and fail of PeerLostError, each its own
+#: way. Rank 1 exits last for sure: after printing its traceback, its interpreter waits until
+#: the other ranks have exited (each holds the write end of a FIFO that rank 1 reads to its end).
+CASCADE = """
+    import atexit, os, sys, traceback, numpy as np, plait
+    rank, fifo = int(os.environ["PLAIT_RANK"]), sys.argv[1]
+    if rank == 1:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        atexit.register(lambda: (os.set_blocking(fd, True), os.read(fd, 1)))
+    else:
+        held = os.open(fifo, os.O_WRONLY)  # until this rank exits
+    print("hello from", rank)
+    with plait.init(timeout=30) as comm:
+        comm.allreduce(np.ones(4))
+        if rank == 1:
+            raise ValueError("bad value on rank 1")
+        try:
+            comm.allreduce(np.ones(4))
+        except plait.PeerLostError as exc:
+            if rank == 0:
+                raise RuntimeError("training stopped") from exc
+            traceback.print_exc()
+            sys.exit(5)
+"""
+
+
+@pytest.mark.multiprocess
+def test_the_rank_whose_exception_started_it_is_named(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "peers")
+    res = plait_run(["-n", "3"], CASCADE, tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "plait run: rank 1 exited with code 1 (ValueError)" in res.stderr
+    assert status_lines(res.stderr) == [
+        "plait run:   rank 0: exit 1 (RuntimeError)",
+        "plait run:   rank 1: exit 1 (ValueError)   <- started the failure",
+        "plait run:   rank 2: exit 5 (PeerLostError)",
+    ]
+    assert res.stderr.endswith("plait run: rank 1 failed with ValueError: bad value on rank 1\n")
+    assert_every_line_has_an_owner(res.stderr)
+    assert "[1]: Traceback (most recent call last):" in res.stderr
+    assert "[0]: The above exception was the direct cause of the following exception:" in (
+        res.stderr
+    )
+    # Untagged stdout stays as the ranks printed it.
+    assert sorted(res.stdout.splitlines()) == [f"hello from {r}" for r in range(3)]
+
+
+@pytest.mark.multiprocess
+def test_ranks_stopped_by_the_launcher_are_said_so(tmp_path: Path) -> None:
+    body = """
+        import os, threading
+        if os.environ["PLAIT_RANK"] == "1":
+            raise ValueError("no")
+        threading.Event().wait()  # hangs: only the launcher can end it
+    """
+    res = plait_run(["-n", "3"], body, tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "plait run: rank 1 exited with code 1 (ValueError); stopping the other ranks" in (
+        res.stderr
+    )
+    assert status_lines(res.stderr) == [
+        "plait run:   rank 0: killed by SIGTERM (stopped by plait run)",
+        "plait run:   rank 1: exit 1 (ValueError)   <- started the failure",
+        "plait run:   rank 2: killed by SIGTERM (stopped by plait run)",
+    ]
+    assert "[1]: ValueError: no" in res.stderr
+    assert_every_line_has_an_owner(res.stderr)
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_raised_and_hangs_on_its_way_out_is_named(tmp_path: Path) -> None:
+    body = """
+        import threading, numpy as np, plait
+        with plait.init(timeout=30) as comm:
+            comm.allreduce(np.ones(4))
+            if comm.rank == 1:
+                threading.Thread(target=threading.Event().wait).start()  # Python waits for it
+                raise ValueError("stuck after this")
+            comm.allreduce(np.ones(4))
+    """
+    res = plait_run(["-n", "3"], body, tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "plait run: rank 1 raised ValueError but has not exited; stopping the other" in (
+        res.stderr
+    )
+    assert status_lines(res.stderr) == [
+        "plait run:   rank 0: exit 1 (PeerLostError)",
+        "plait run:   rank 1: killed by SIGTERM (stopped by plait run, after ValueError)"
+        "   <- started the failure",
+        "plait run:   rank 2: exit 1 (PeerLostError)",
+    ]
+
+
+# How a rank's stderr is read (Note [which rank started a failure] in plait.cli.run).
+
+
+def read(text: str) -> _Traceback:
+    """A parser fed ``text``, a line per second."""
+    tb = _Traceback()
+    for i, line in enumerate(text.splitlines(keepends=True)):
+        tb.feed(line.encode(), float(i))
+    return tb
+
+
+def test_a_chain_starts_with_its_first_exception() -> None:
+    tb = read(
+        textwrap.dedent("""\
+        some output
+        Traceback (most recent call last):
+          File "x.py", line 3, in <module>
+            comm.allreduce(x)
+            ^^^^^^^^^^^^^^^^^
+        plait.errors.PeerLostError: rank 0: allreduce: rank 2 has closed its transport
+
+        The above exception was the direct cause of the following exception:
+
+        Traceback (most recent call last):
+          File "x.py", line 5, in <module>
+        RuntimeError: training stopped
+        with a second line
+    """)
+    )
+    assert (tb.seen, tb.first, tb.last, tb.started) == (
+        True,
+        "plait.errors.PeerLostError",
+        "RuntimeError",
+        1.0,
+    )
+    assert tb.last_line == "RuntimeError: training stopped"
+
+
+def test_a_later_traceback_that_is_not_chained_starts_anew() -> None:
+    tb = read(
+        textwrap.dedent("""\
+        Traceback (most recent call last):
+          File "x.py", line 3, in <module>
+        KeyError: 'a'
+        handled; going on
+        Traceback (most recent call last):
+          File "x.py", line 9, in <module>
+          [Previous line repeated 2 more times]
+        __main__ stray line from another thread
+        ValueError
+    """)
+    )
+    assert (tb.first, tb.last, tb.started) == ("ValueError", "ValueError", 4.0)
+
+
+def test_an_exception_group_is_named_by_the_group() -> None:
+    tb = read(
+        "  + Exception Group Traceback (most recent call last):\n"
+        '  |   File "x.py", line 1, in <module>\n'
+        "  | ExceptionGroup: two (2 sub-exceptions)\n"
+        "  +-+---------------- 1 ----------------\n"
+        "    | ValueError: a\n"
+        "    +------------------------------------\n"
+    )
+    assert (tb.seen, tb.first, tb.last) == (True, "ExceptionGroup", "ExceptionGroup")
+
+
+def test_output_without_a_traceback_leaves_it_unset() -> None:
+    tb = read(
+        textwrap.dedent("""\
+        ValueError: printed, not raised
+        During handling of the above exception, another exception occurred:
+    """)
+    )
+    assert (tb.seen, tb.first) == (False, None)
+    assert tb.skim(b"Traceback is a word\nno\n")
+    assert not tb.skim(b"Traceback (most recent call last):\n")
