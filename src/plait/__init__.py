@@ -37,13 +37,19 @@ from plait.ops import SUM as SUM
 from plait.ops import Op as Op
 from plait.runtime.work import Work as Work
 
+#: The version, as in pyproject.toml (a test keeps the two equal); `plait --version` prints it.
 __version__ = "0.1.0"
 
 COLLECTIVES = _algorithms.COLLECTIVES
 
 
-def algorithms(collective: str) -> tuple[str, ...]:
-    """Names of the algorithms available for ``collective`` (plus ``"auto"``, always accepted)."""
+def algorithms(collective: str) -> tuple[_algorithms.AlgorithmName, ...]:
+    """Names of ``collective``'s algorithms, for ``algorithm=`` (which also takes ``"auto"``).
+
+    The names are strings. Those that only the simulator can run (``in_network``,
+    which needs switches that reduce in flight) have ``simulator_only`` set and
+    say so in their repr; a communicator refuses them with UnsupportedError.
+    """
     return _algorithms.algorithms(collective)
 
 

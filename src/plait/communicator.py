@@ -13,6 +13,17 @@ Note [in-place and staging]
     input. Non-contiguous inputs are copied into contiguous staging and
     non-contiguous outputs are written back after success, so any strided
     numpy array works, at the price of a copy.
+
+Note [result types]
+    A call returns what it was given: ``out`` itself when the caller passed
+    ``out=`` (broadcast and recv return ``x`` and ``buf``, which they fill),
+    otherwise a new array in the type of ``x``. A torch tensor in gives a
+    torch CPU tensor out, made with ``torch.from_numpy`` over the new numpy
+    array's memory (no copy); numpy arrays and every other array-like (lists,
+    buffer-protocol and DLPack objects) give numpy arrays. torch is never
+    imported by plait for this: a tensor can only be passed where torch is
+    already loaded, so ``sys.modules`` tells whether an argument can be one,
+    and numpy arguments pay nothing for the check.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 import zlib
@@ -143,7 +155,9 @@ class Communicator:
     :meth:`close`. Every collective validates its arguments on entry (a bad
     argument raises ValueError/TypeError before any byte moves), takes
     ``timeout=`` seconds (default: the communicator's) and ``async_op=True``,
-    which returns a :class:`plait.Work` instead of the result.
+    which returns a :class:`plait.Work` instead of the result. A result has the
+    type of the input: a torch tensor for a torch tensor, a numpy array for
+    anything else, ``out`` itself when given (see Note [result types]).
     """
 
     def __init__(
@@ -330,7 +344,7 @@ class Communicator:
         x: Any,
         op: Op = SUM,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -344,8 +358,9 @@ class Communicator:
             comm.allreduce(x)  ->   [11, 22] on both ranks
 
         Args:
-            x: array (any shape) or an object with the buffer protocol,
-                ``__array__`` or ``__dlpack__`` (torch CPU tensors).
+            x: a numpy array (any shape), a torch CPU tensor (bfloat16 too, with
+                ml_dtypes), or an object with the buffer protocol, ``__array__``
+                or ``__dlpack__``; read in place, without a copy.
             op: a :class:`plait.Op` (``plait.SUM``, ``plait.MAX``, …).
             out: where to write the result (same shape and dtype as x); ``out=x``
                 reduces in place. Without it a new array is returned and x is
@@ -359,7 +374,9 @@ class Communicator:
                 its own collectives (``algorithm`` must stay "auto").
 
         Returns:
-            The reduced array (``out`` if given), identical bit for bit on all ranks.
+            The reduced array, identical bit for bit on all ranks: ``out`` if
+            given, else a new torch tensor for a tensor ``x`` and a new numpy
+            array for anything else.
         """
         if compression is not None:
             return self._allreduce_compressed(x, op, out, algorithm, timeout, async_op, compression)
@@ -368,7 +385,7 @@ class Communicator:
         self._check_op(op, a.dtype, c)
         out_arr = self._out(out, a.shape, a.dtype, c)
         choice = self._choose(c, algorithm, a.nbytes, op)
-        req = self._request(choice, a.size, a, out_arr, a.shape, op)
+        req = self._request(choice, a.size, a, out_arr, a.shape, op, src=x, dst=out)
         return self._start(req, timeout, async_op)
 
     def _allreduce_compressed(
@@ -426,9 +443,9 @@ class Communicator:
         def run() -> Any:
             res = compression.allreduce(self, a, average=average, timeout=seconds)
             if out_arr is None:
-                return res
+                return res if a is x else _result_like(x, res)
             out_arr[...] = res
-            return out_arr
+            return out  # the caller's object (Note [result types])
 
         if not async_op:
             self._check_usable(c)
@@ -469,7 +486,7 @@ class Communicator:
         root: int = 0,
         op: Op = SUM,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -486,7 +503,9 @@ class Communicator:
         is_root = self._rank == root
         out_arr = self._out(out, a.shape, a.dtype, c) if is_root else None
         choice = self._choose(c, algorithm, a.nbytes, op)
-        req = self._request(choice, a.size, a, out_arr, a.shape, op, root=root, has_out=is_root)
+        req = self._request(
+            choice, a.size, a, out_arr, a.shape, op, root=root, has_out=is_root, src=x, dst=out
+        )
         return self._start(req, timeout, async_op)
 
     def broadcast(
@@ -517,7 +536,7 @@ class Communicator:
         x: Any,
         op: Op = SUM,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -534,14 +553,14 @@ class Communicator:
         shape = (rows, *a.shape[1:])
         out_arr = self._out(out, shape, a.dtype, c)
         choice = self._choose(c, algorithm, a.nbytes // self._size, op)
-        req = self._request(choice, a.size // self._size, a, out_arr, shape, op)
+        req = self._request(choice, a.size // self._size, a, out_arr, shape, op, src=x, dst=out)
         return self._start(req, timeout, async_op)
 
     def allgather(
         self,
         x: Any,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -552,14 +571,14 @@ class Communicator:
         shape = (self._size, *a.shape)
         out_arr = self._out(out, shape, a.dtype, c)
         choice = self._choose(c, algorithm, a.nbytes, None)
-        req = self._request(choice, a.size, a, out_arr, shape, None)
+        req = self._request(choice, a.size, a, out_arr, shape, None, src=x, dst=out)
         return self._start(req, timeout, async_op)
 
     def alltoall(
         self,
         x: Any,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -573,7 +592,7 @@ class Communicator:
         self._split_rows(a.shape, c)
         out_arr = self._out(out, a.shape, a.dtype, c)
         choice = self._choose(c, algorithm, a.nbytes // self._size, None)
-        req = self._request(choice, a.size // self._size, a, out_arr, a.shape, None)
+        req = self._request(choice, a.size // self._size, a, out_arr, a.shape, None, src=x, dst=out)
         return self._start(req, timeout, async_op)
 
     def gather(
@@ -581,7 +600,7 @@ class Communicator:
         x: Any,
         root: int = 0,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -594,7 +613,9 @@ class Communicator:
         is_root = self._rank == root
         out_arr = self._out(out, shape, a.dtype, c) if is_root else None
         choice = self._choose(c, algorithm, a.nbytes, None)
-        req = self._request(choice, a.size, a, out_arr, shape, None, root=root, has_out=is_root)
+        req = self._request(
+            choice, a.size, a, out_arr, shape, None, root=root, has_out=is_root, src=x, dst=out
+        )
         return self._start(req, timeout, async_op)
 
     def scatter(
@@ -602,7 +623,7 @@ class Communicator:
         x: Any,
         root: int = 0,
         *,
-        out: np.ndarray | None = None,
+        out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
@@ -637,7 +658,9 @@ class Communicator:
         count = int(np.prod(shape, dtype=np.int64))
         choice = self._choose(c, algorithm, count * dtype.itemsize, None)
         inp = a if is_root else None
-        req = self._request(choice, count, inp, out_arr, shape, None, root=root, dtype=dtype)
+        req = self._request(
+            choice, count, inp, out_arr, shape, None, root=root, dtype=dtype, src=x, dst=out
+        )
         return self._start(req, timeout, async_op)
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
@@ -661,7 +684,7 @@ class Communicator:
         self._check_usable("send")
         t = self._transport
         h = t.isend(dst, wire_tag, memoryview(data), _p2p_check(a.dtype))
-        self._wait_p2p(h, "send", dst, tag, timeout)
+        self._wait_p2p(h, "send", dst, tag, timeout, a)
 
     def recv(self, buf: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """Receive the next message from ``src`` with ``tag`` into ``buf``; returns ``buf``.
@@ -679,7 +702,7 @@ class Communicator:
         h = self._transport.irecv(
             src, wire_tag, memoryview(target.view(np.uint8)), _p2p_check(a.dtype)
         )
-        self._wait_p2p(h, "recv", src, tag, timeout)
+        self._wait_p2p(h, "recv", src, tag, timeout, a)
         if not contiguous:
             a[...] = target.reshape(a.shape)
         return buf
@@ -688,13 +711,15 @@ class Communicator:
     def _array(self, x: Any, what: str, c: str) -> np.ndarray:
         if isinstance(x, np.ndarray):
             a = x
+        elif _is_tensor(x):
+            a = _tensor_array(x, f"rank {self._rank}: {c}: {what}")
         elif hasattr(x, "__dlpack__"):
             try:
                 a = np.from_dlpack(x)
             except (TypeError, RuntimeError, BufferError, ValueError) as exc:
                 raise TypeError(
                     f"rank {self._rank}: {c}: cannot read {what} ({type(x).__name__}) without "
-                    f"a copy: {exc}; pass a CPU array, e.g. t.detach().cpu().numpy()"
+                    f"a copy: {exc}; pass an array in CPU memory, such as a numpy array"
                 ) from None
         else:
             try:
@@ -837,8 +862,15 @@ class Communicator:
         has_out: bool = True,
         result: Any = ...,
         dtype: np.dtype | None = None,
+        src: Any = None,
+        dst: Any = None,
     ) -> _Request:
-        """Flatten and stage the arrays (see Note [in-place and staging])."""
+        """Flatten and stage the arrays (see Note [in-place and staging]).
+
+        ``src`` and ``dst`` are the caller's ``x`` and ``out`` as passed, before
+        conversion: they decide what the call returns (Note [result types]),
+        unless ``result`` says it.
+        """
         dtype = dtype if dtype is not None else (inp.dtype if inp is not None else out.dtype)  # type: ignore[union-attr]
         spec = choice.spec
         c = spec.collective
@@ -870,7 +902,7 @@ class Communicator:
             new = np.empty(shape, dtype)
             flat_out = new.reshape(-1)
             if result is ...:
-                result = new
+                result = new if src is inp else _result_like(src, new)
         else:
             if out.flags.c_contiguous:
                 flat_out = out.reshape(-1)
@@ -883,7 +915,7 @@ class Communicator:
                 )
                 writeback = out
             if result is ...:
-                result = out
+                result = out if dst is None else dst
         if result is ...:
             result = None
         aliased = False
@@ -989,10 +1021,16 @@ class Communicator:
                 execute(schedule, buffers, self._transport, call, staging, req.aliased)
         except CommError as exc:
             self._broken = exc
+            notes = []
+            if isinstance(exc, MismatchError):
+                # The transport knows only that the digests differ; this rank knows its own call.
+                notes.append(f"this rank called {_signature(req)}")
+                if not self._detail:
+                    notes.append("set PLAIT_DEBUG=detail to compare every rank's call")
             if req.writes_caller_memory:
-                raise type(exc)(
-                    f"{exc}; the output buffer's contents are undefined"
-                ) from exc.__cause__
+                notes.append("the output buffer's contents are undefined")
+            if notes:
+                raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
             raise
         if req.writeback is not None:
             req.writeback[...] = req.out.reshape(req.writeback.shape)
@@ -1019,7 +1057,10 @@ class Communicator:
             detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
             raise MismatchError(f"rank {self._rank}: ranks made different calls: {detail}")
 
-    def _wait_p2p(self, handle: Any, c: str, peer: int, tag: int, timeout: float | None) -> None:
+    def _wait_p2p(
+        self, handle: Any, c: str, peer: int, tag: int, timeout: float | None, a: np.ndarray
+    ) -> None:
+        """Wait for a send or receive of ``a``; raise its error with the call named."""
         seconds = (
             self._timeout if timeout is None else _check_timeout(timeout, f"rank {self._rank}: {c}")
         )
@@ -1035,7 +1076,10 @@ class Communicator:
                 )
         if handle.error is not None:
             err = handle.error
-            raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}")
+            mine = ""
+            if isinstance(err, MismatchError):  # the check word of a send/recv is its dtype
+                mine = f"; this rank's {c}: {a.size} elements of {a.dtype.name}"
+            raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}{mine}")
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -1072,11 +1116,19 @@ _log = logging.getLogger("plait")
 
 
 def _signature(req: _Request) -> str:
+    """What a call is, as PLAIT_DEBUG=detail compares it and mismatch errors show it.
+
+    Every field the check word covers (see :func:`_call_digest`). The segment
+    is in bytes, formatted as the log of auto's choices formats it (``1 MiB``);
+    the schedule counts it in elements.
+    """
     ctx = req.ctx
+    dtype = req.out.dtype
     op = req.op.name if req.op is not None else "-"
+    segment = _bytes(ctx.segment * dtype.itemsize)
     return (
-        f"{ctx.collective}(count={ctx.count}, dtype={req.out.dtype.name}, op={op}, "
-        f"root={ctx.root}, algorithm={req.spec.name}, segment={ctx.segment})"
+        f"{ctx.collective}(count={ctx.count}, dtype={dtype.name}, op={op}, "
+        f"root={ctx.root}, algorithm={req.spec.name}, segment={segment})"
     )
 
 
@@ -1095,6 +1147,76 @@ def _enable_debug_log() -> None:
         handler.setFormatter(logging.Formatter("plait %(levelname)s %(message)s"))
         _log.addHandler(handler)
     _log.setLevel(logging.DEBUG)
+
+
+def _is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch.
+
+    Only a loaded torch can have made one, so torch's entry in ``sys.modules``
+    decides (subclasses such as ``torch.nn.Parameter`` included).
+    """
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, getattr(torch, "Tensor", ()))
+
+
+def _tensor_array(t: Any, where: str) -> np.ndarray:
+    """A numpy array over CPU tensor ``t``'s memory (no copy).
+
+    Detaches a tensor that requires grad (the same memory; collectives are
+    not differentiable, as in torch.distributed). bfloat16, which numpy lacks,
+    becomes ml_dtypes' bfloat16 over the same bytes.
+
+    Raises:
+        TypeError: a tensor whose memory cannot be read as it is; the message
+            (prefixed with ``where``) says what to call first.
+    """
+    import torch
+
+    if t.device.type != "cpu":
+        raise TypeError(
+            f"{where} is a tensor on {t.device}; plait reads CPU memory only: pass a CPU "
+            "copy (.cpu()) and copy the result back"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{where} has layout {t.layout}; plait reads dense tensors only: call .to_dense() first"
+        )
+    if t.is_quantized:
+        raise TypeError(f"{where} is quantized ({t.dtype}); dequantize it first")
+    if t.is_conj() or t.is_neg():
+        raise TypeError(
+            f"{where} is a lazily conjugated or negated view: call .resolve_conj() and "
+            ".resolve_neg() first"
+        )
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(
+                f"{where} is a bfloat16 tensor, which plait moves with the ml_dtypes package: "
+                "pip install 'plait[bfloat16]'"
+            ) from None
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise TypeError(f"{where} has dtype {t.dtype}, which plait cannot move ({exc})") from None
+
+
+def _result_like(src: Any, new: np.ndarray) -> Any:
+    """``new``, a call's fresh result, in the type of the caller's ``src`` (Note [result types]).
+
+    A torch tensor for a tensor, sharing ``new``'s memory; ``new`` itself otherwise.
+    """
+    if not _is_tensor(src):
+        return new
+    import torch
+
+    if new.dtype.kind == "V":  # ml_dtypes' bfloat16, the only such dtype a tensor gives
+        return torch.from_numpy(new.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(new)
 
 
 def _p2p_check(dtype: np.dtype) -> int:

@@ -1,6 +1,7 @@
 """The public surface is pinned: additions are deliberate, removals are breaking."""
 
 import numpy as np
+import pytest
 
 import plait
 
@@ -88,3 +89,28 @@ def test_user_op() -> None:
     assert op.commutative
     assert op.name == "logaddexp"
     assert not plait.Op(np.subtract, commutative=False).commutative
+
+
+def test_algorithm_names_are_strings_that_mark_simulator_only_ones() -> None:
+    """The listing stays a tuple of str; in_network is marked as needing aggregating switches."""
+    names = plait.algorithms("allreduce")
+    assert all(isinstance(n, str) for n in names)
+    assert [n for n in names if n.simulator_only] == ["in_network"]
+    (sim,) = (n for n in names if n == "in_network")
+    assert sim == "in_network"
+    assert hash(sim) == hash("in_network")
+    assert str(sim) == f"{sim}" == "in_network"
+    assert repr(sim) == "'in_network' (simulator only: needs aggregating switches)"
+    assert repr(plait.algorithms("allreduce")[0]) == repr(str(names[0]))
+    assert "simulator only" in repr(names)  # a listing printed at the prompt shows it
+    for c in plait.COLLECTIVES:  # only in_network is marked anywhere
+        assert all(not n.simulator_only for n in plait.algorithms(c) if n != "in_network")
+
+
+def test_simulator_only_algorithms_are_refused_by_a_communicator() -> None:
+    from plait.testing import memory_communicators
+
+    sim = next(n for n in plait.algorithms("allreduce") if n.simulator_only)
+    (comm,) = memory_communicators(1)
+    with comm, pytest.raises(plait.UnsupportedError, match=r"plait\.sim"):
+        comm.allreduce(np.ones(2), algorithm=sim)

@@ -19,6 +19,13 @@ from plait.algos import (  # noqa: F401  (imported to register)
     scatter_allgather,
     swing,
 )
-from plait.algos._registry import COLLECTIVES, AlgorithmSpec, algorithms, get, specs
+from plait.algos._registry import (
+    COLLECTIVES,
+    AlgorithmName,
+    AlgorithmSpec,
+    algorithms,
+    get,
+    specs,
+)
 
-__all__ = ["COLLECTIVES", "AlgorithmSpec", "algorithms", "get", "specs"]
+__all__ = ["COLLECTIVES", "AlgorithmName", "AlgorithmSpec", "algorithms", "get", "specs"]

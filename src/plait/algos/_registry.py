@@ -1,8 +1,11 @@
 """The registry of algorithms: one :class:`AlgorithmSpec` per (collective, name).
 
 Algorithm modules register themselves with :func:`register`; restrictions are
-data on the spec (``commutative_only``, ``in_place``) that the selector and the
-API read, so no caller repeats them as ``if`` statements.
+data on the spec (``commutative_only``, ``in_place``, ``needs_fabric``) that the
+selector and the API read, so no caller repeats them as ``if`` statements.
+:func:`algorithms` lists the names as :class:`AlgorithmName` strings, which
+carry the one restriction a listing must show: an algorithm that runs only in
+the simulator.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from plait.schedule.ir import Schedule
 
 __all__ = [
     "COLLECTIVES",
+    "SIMULATOR_ONLY",
+    "AlgorithmName",
     "AlgorithmSpec",
     "algorithms",
     "buffer_counts",
@@ -75,7 +80,35 @@ class AlgorithmSpec:
         return (commutative or not self.commutative_only) and (fabric or not self.needs_fabric)
 
 
+#: How listings mark an algorithm with ``needs_fabric`` (``plait algorithms``, reprs).
+SIMULATOR_ONLY = "simulator only: needs aggregating switches"
+
+
+class AlgorithmName(str):
+    """An algorithm's name as :func:`algorithms` lists it: the plain string, marked.
+
+    It compares, hashes, formats and is accepted as ``algorithm=`` exactly as
+    the plain name (the listing stays a tuple of strings). ``simulator_only``
+    says whether only :mod:`plait.sim` can run it (``in_network``: switches
+    that reduce in flight, which plait's transports do not have); such a name's
+    ``repr`` says so, so that a listing printed at the prompt shows it.
+    """
+
+    simulator_only: bool
+
+    def __new__(cls, name: str, *, simulator_only: bool = False) -> AlgorithmName:
+        self = super().__new__(cls, name)
+        self.simulator_only = simulator_only
+        return self
+
+    def __repr__(self) -> str:
+        plain = str.__repr__(self)
+        return f"{plain} ({SIMULATOR_ONLY})" if self.simulator_only else plain
+
+
 _REGISTRY: dict[str, dict[str, AlgorithmSpec]] = {c: {} for c in COLLECTIVES}
+#: The listed names per collective, made once at registration.
+_NAMES: dict[str, dict[str, AlgorithmName]] = {c: {} for c in COLLECTIVES}
 
 
 def register(
@@ -98,6 +131,7 @@ def register(
         table[name] = AlgorithmSpec(
             collective, name, build, commutative_only, in_place, summary, needs_fabric
         )
+        _NAMES[collective][name] = AlgorithmName(name, simulator_only=needs_fabric)
         return build
 
     return decorate
@@ -112,9 +146,14 @@ def _check_collective(collective: str) -> dict[str, AlgorithmSpec]:
         ) from None
 
 
-def algorithms(collective: str) -> tuple[str, ...]:
-    """Names of the algorithms available for ``collective``, in registration order."""
-    return tuple(_check_collective(collective))
+def algorithms(collective: str) -> tuple[AlgorithmName, ...]:
+    """Names of the algorithms of ``collective``, in registration order.
+
+    Each is an :class:`AlgorithmName`, a str whose ``simulator_only`` marks the
+    ones a communicator refuses (they need aggregating switches; see plait.sim).
+    """
+    _check_collective(collective)
+    return tuple(_NAMES[collective].values())
 
 
 def specs(collective: str) -> tuple[AlgorithmSpec, ...]:

@@ -10,11 +10,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["SUBCOMMANDS", "main"]
+from plait.cli import plain
+
+__all__ = ["SUBCOMMANDS", "main", "version"]
 
 #: name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("plait.cli.run", "start N ranks of a Python script or module"),
+    "run": ("plait.cli.run", "start N ranks of a Python script, a module or a command"),
     "algorithms": ("plait.cli.algorithms", "list the algorithms of each collective"),
     "sim": ("plait.cli.sim", "predict a collective's time on a modelled network"),
     "tune": ("plait.cli.tune", "measure this machine's α, β, γ for algorithm='auto'"),
@@ -22,26 +24,59 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """plait's version: the installed distribution's, else the package's ``__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("plait")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        import plait
+
+        return plait.__version__
+
+
+class _Version(argparse.Action):
+    """``--version``: print ``plait <version>`` and exit; looked up only when asked (~15 ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="print plait's version and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(f"plait {version()}")  # on stdout, as argparse's own version action does
+        parser.exit()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``plait`` console script and ``python -m plait``."""
     parser = argparse.ArgumentParser(
         prog="plait", description="plait: collective communication for Python."
     )
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         p = sub.add_parser(
             name,
             help=help_text,
-            description=module.__doc__,
+            description=plain(module.__doc__ or ""),
             formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the examples' lines
             # No prefixes of long options: `plait run -n 2 train.py --n 3` must hand `--n`
             # to the script, not complain that it could abbreviate --nproc or --nnodes.
             allow_abbrev=False,
         )
         module.add_arguments(p)
-        p.set_defaults(_module=module)
-    args = parser.parse_args(argv)
+        p.set_defaults(_module=module, _parser=p)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # report them with the subcommand's usage, not plait's
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args._module.main(args) or 0)
 
 

@@ -1,24 +1,44 @@
-"""List every collective's algorithms with the first line of each builder's docstring."""
+"""List every collective's algorithms with the first line of each builder's docstring.
+
+A note in parentheses after a line gives the algorithm's restrictions:
+"commutative ops only", or "simulator only: needs aggregating switches" for an
+algorithm that only plait sim can run (a communicator refuses it).
+"""
+
+# The docstring above is `plait algorithms --help`: plain text, no reStructuredText markup.
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_arguments", "main"]
+from plait.cli import plain
+
+__all__ = ["add_arguments", "main", "plain"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``plait algorithms``."""
-    parser.add_argument("collective", nargs="?", help="only this collective")
+    from plait.algos._registry import COLLECTIVES
+
+    parser.add_argument(
+        "collective",
+        nargs="?",
+        choices=COLLECTIVES,
+        metavar="COLLECTIVE",
+        help="only this collective: " + ", ".join(COLLECTIVES),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the table."""
-    from plait.algos._registry import COLLECTIVES, specs
+    from plait.algos._registry import COLLECTIVES, SIMULATOR_ONLY, specs
 
     chosen = [args.collective] if args.collective else list(COLLECTIVES)
     for c in chosen:
         for spec in specs(c):
-            flags = " (commutative ops only)" if spec.commutative_only else ""
-            print(f"{c:15} {spec.name:20} {spec.summary}{flags}")
+            notes = [SIMULATOR_ONLY] if spec.needs_fabric else []
+            if spec.commutative_only:
+                notes.append("commutative ops only")
+            flags = f" ({'; '.join(notes)})" if notes else ""
+            print(f"{c:15} {spec.name:20} {plain(spec.summary)}{flags}")
     return 0

@@ -1,6 +1,6 @@
-"""``plait tune``: measure α, β, γ on this machine and write the profile ``auto`` uses.
+"""plait tune: measure α, β, γ on this machine and write the profile auto uses.
 
-::
+Examples:
 
     plait tune                       # measure over shared memory (and TCP), write the profile
     plait tune --show -n 8           # the decision table auto follows for 8 ranks
@@ -8,21 +8,23 @@
     plait tune --output prof.json    # somewhere else (point PLAIT_PROFILE at it)
 
 Two ranks bounce messages of 8 B to 16 MiB through plait's own point-to-point
-calls, over shared memory (the ``intra`` link class) and over TCP (``inter``;
-on one machine that is loopback, a stand-in until it is run across hosts); a
+calls, over shared memory (the "intra" link class) and over TCP ("inter"; on
+one machine that is loopback, a stand-in until it is run across hosts); a
 straight line through the one-way times gives α (the 8-byte time) and β (the
 slope between the largest sizes). γ and δ are numpy's add and copy per byte.
-The profile is written to PLAIT_PROFILE or ``~/.config/plait/profile.json``;
-with it, ``algorithm="auto"`` picks per call the algorithm and segment size
-with the lowest predicted time (see :mod:`plait.selection.model`). Every rank
-of a job must load the same profile.
+The profile is written to PLAIT_PROFILE or ~/.config/plait/profile.json; with
+it, algorithm="auto" picks per call the algorithm and segment size with the
+lowest predicted time (see the module plait.selection.model). Every rank of a
+job must load the same profile.
 
-``--show`` prints what ``auto`` would run, per collective and size, after
-everything that decides it (:mod:`plait.selection.select`): PLAIT_ALGO, the
-rules file (:mod:`plait.selection.rules_file`), the profile and the built-in
-rules, with the entries of the first two and, per call, the algorithm, its
-segment size and who decided.
+--show prints what auto would run, per collective and size, after everything
+that decides it (plait.selection.select): PLAIT_ALGO, the rules file
+(plait.selection.rules_file), the profile and the built-in rules, with the
+entries of the first two and, per call, the algorithm, its segment size and
+who decided.
 """
+
+# The docstring above is `plait tune --help`: plain text, no reStructuredText markup.
 
 from __future__ import annotations
 

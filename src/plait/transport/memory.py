@@ -158,7 +158,8 @@ class MemoryTransport:
         if check != op.check:
             err = MismatchError(
                 f"rank {self.rank} received from rank {op.peer} a message of a different call "
-                "(the two ranks disagree on the collective, count, dtype, op, root or algorithm)"
+                "(the two ranks disagree on the collective, count, dtype, op, root, algorithm or "
+                "segment size; or, for a send and its recv, on the dtype)"
             )
             self._fail(op, err)
             if send is not None:

@@ -1211,7 +1211,8 @@ class ShmTransport:
             return MismatchError(
                 f"rank {self._me} received from rank {self._names[op.peer]} a message of a "
                 "different call "
-                "(the two ranks disagree on the collective, count, dtype, op, root or algorithm)"
+                "(the two ranks disagree on the collective, count, dtype, op, root, algorithm or "
+                "segment size; or, for a send and its recv, on the dtype)"
             )
         if nbytes != op.nbytes:
             return MismatchError(

@@ -2242,7 +2242,8 @@ class TcpTransport:
         if check != op.check:
             return MismatchError(
                 f"rank {self.rank} received from rank {peer} a message of a different call "
-                "(the two ranks disagree on the collective, count, dtype, op, root or algorithm)"
+                "(the two ranks disagree on the collective, count, dtype, op, root, algorithm or "
+                "segment size; or, for a send and its recv, on the dtype)"
             )
         if nbytes != op.buf.nbytes:
             return MismatchError(
