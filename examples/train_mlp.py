@@ -124,7 +124,8 @@ def main() -> None:
         acc = accuracy(params, x_test, y_test)
         if comm.rank == 0:
             print(
-                f"done: {comm.size} ranks, {args.steps} steps in {elapsed:.2f} s, "
+                f"done: {comm.size} rank{'s' * (comm.size != 1)}, {args.steps} steps in "
+                f"{elapsed:.2f} s, "
                 f"test accuracy {acc:.3f}, replicas identical: {identical}"
             )
         if not identical:

@@ -99,8 +99,9 @@ def main() -> None:
     identical = all(torch.equal(every[0], other) for other in every)
     if rank == 0:
         print(
-            f"done: {size} ranks, {args.epochs} epochs ({steps} steps per rank) in "
-            f"{elapsed:.2f} s, test accuracy {acc:.3f}, replicas identical: {identical}",
+            f"done: {size} rank{'s' * (size != 1)}, {args.epochs} epochs "
+            f"({steps} steps per rank) in {elapsed:.2f} s, test accuracy {acc:.3f}, "
+            f"replicas identical: {identical}",
             flush=True,
         )
     dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""Shared set-up: make ``tests/`` importable for the helpers module; hermetic settings.
+"""Shared set-up: make ``tests/`` importable for the helpers module; hermetic settings; markers.
 
 The tests must not depend on this machine's tuning: a profile written by
 ``plait tune`` (``~/.config/plait/profile.json``) or a PLAIT_ALGO in the
@@ -10,6 +10,8 @@ want them set their own.
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from plait.selection import select as _select
 
@@ -24,3 +26,34 @@ os.environ["PLAIT_RULES"] = os.devnull  # an empty rules file, not ~/.config/pla
 # (the oversubscribed rules would otherwise depend on it); tests that want fewer cores patch
 # select._cores themselves. Ranks in child processes see the real count.
 _select._cores = lambda: 1024
+
+
+# Folders whose every test starts processes or needs an extra; the marker goes on each test
+# (see pyproject.toml for the markers, and the README for the quick loop that leaves them out).
+# Modules elsewhere that start processes mark themselves with ``pytestmark``.
+_FOLDER_MARKERS = {
+    "multiprocess": ("multiprocess",),
+    "launchers": ("multiprocess",),
+    "multihost": ("multiprocess", "multihost"),
+    "torch_backend": ("torch",),
+}
+
+# Single modules elsewhere whose every test starts processes (ranks, servers, launchers).
+_MODULE_MARKERS = {
+    "test_torch_jobs.py": ("multiprocess",),
+    "test_bench_cli.py": ("multiprocess",),
+    "test_bench_compare.py": ("multiprocess",),
+    "test_redis_store.py": ("multiprocess",),
+    "test_compression_convergence.py": ("slow",),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        try:
+            folder = item.path.relative_to(here).parts[0]
+        except ValueError:
+            continue
+        for name in (*_FOLDER_MARKERS.get(folder, ()), *_MODULE_MARKERS.get(item.path.name, ())):
+            item.add_marker(name)

@@ -13,6 +13,7 @@ import pytest
 from plait.selection import model
 
 
+@pytest.mark.multiprocess
 def test_tune_measures_and_show_prints_the_table(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     env_cmd = [sys.executable, "-m", "plait", "tune"]

@@ -188,17 +188,44 @@ def test_mismatched_counts_raise_mismatch_error() -> None:
     run_ranks(2, body)
 
 
-def test_mismatched_collectives_raise_mismatch_error() -> None:
+def _mismatched_call(comm: plait.Communicator) -> Callable[[], Any]:
+    """Rank 0 allreduces (sends and receives); rank 1 is a broadcast root (only sends)."""
+    x = np.ones(8)
+    if comm.rank == 0:
+        return lambda: comm.allreduce(x, algorithm="recursive_doubling", timeout=10)
+    return lambda: comm.broadcast(x, root=1, algorithm="binomial", timeout=10)
+
+
+def test_mismatched_collectives_raise_on_every_rank_that_waits() -> None:
+    """Under zero buffering every send waits for its match, so both ranks see the mismatch."""
+
     def body(comm: plait.Communicator) -> Any:
-        x = np.ones(8)
-        if comm.rank == 0:
-            call = lambda: comm.allreduce(x, algorithm="recursive_doubling", timeout=10)  # noqa: E731
-        else:
-            call = lambda: comm.broadcast(x, root=1, algorithm="binomial", timeout=10)  # noqa: E731
+        with pytest.raises(plait.MismatchError, match="different call"):
+            _mismatched_call(comm)()
+
+    run_ranks(2, body, lockstep=True)
+
+
+def test_mismatched_collectives_a_rank_that_only_sends_may_return_first() -> None:
+    """The documented limit: a rank whose part only sends can finish before anyone checks.
+
+    Rank 1 (the broadcast root) completes its eager send before rank 0 starts; rank 0, which
+    receives the message of the other call, raises MismatchError.
+    """
+    sent = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        call = _mismatched_call(comm)
+        if comm.rank == 1:
+            call()  # returns: its message waits, unchecked, at rank 0
+            sent.set()
+            return "returned"
+        assert sent.wait(30)
         with pytest.raises(plait.MismatchError, match="different call"):
             call()
+        return "raised"
 
-    run_ranks(2, body)
+    assert run_ranks(2, body) == ["raised", "returned"]
 
 
 def test_mismatched_ops_raise_mismatch_error() -> None:

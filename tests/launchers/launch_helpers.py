@@ -9,6 +9,7 @@ job left in the temp dir.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -96,27 +97,18 @@ def plait_leftovers(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.iterdir() if p.name.startswith("plait"))
 
 
-def shm_entries() -> set[str]:
-    """plait's files in /dev/shm now."""
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("plait")}
-    except FileNotFoundError:
-        return set()
+def shm_left(out: Path) -> set[str]:
+    """This job's files still in /dev/shm, once its ranks have exited.
 
-
-def shm_left(before: set[str], settle: float = 3.0) -> set[str]:
-    """plait's files in /dev/shm that appeared since ``before`` and stay.
-
-    Segments live only during a rendezvous, so one of another test run on
-    this machine may be caught in passing: only those still there after
-    ``settle`` seconds count.
+    Every rank of rank_script.py writes the job tokens of its shared-memory
+    segments into ``out`` (``shm-*.txt``); only files of those jobs count, so
+    segments of other plait jobs running on this machine are never blamed.
+    Segments live only during a rendezvous: after the job none may remain.
     """
-    deadline = time.monotonic() + settle
-    left = shm_entries() - before
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left &= shm_entries()
-    return left
+    tokens = {
+        line for path in out.glob("shm-*.txt") for line in path.read_text().splitlines() if line
+    }
+    return {path for token in tokens for path in glob.glob(f"/dev/shm/plait-{token}-*")}
 
 
 @dataclass

@@ -53,6 +53,20 @@ def check(comm: plait.Communicator) -> dict:
     }
 
 
+def record_shm_jobs(comm: plait.Communicator) -> None:
+    """Write the job tokens of this rank's shared-memory segments for the leak check.
+
+    The launcher tests check that none of *this job's* segments stay in /dev/shm (other
+    plait jobs on the machine may have segments of their own at any moment).
+    """
+    t = comm._transport
+    shm = t if hasattr(t, "_create_segment") else getattr(t, "shm", None)
+    tokens = [shm.job] if shm is not None and shm.job else []
+    out = os.environ["PLAIT_TEST_OUT"]
+    with open(os.path.join(out, f"shm-{comm.rank}-{os.getpid()}-{id(comm)}.txt"), "w") as f:
+        f.write("\n".join(tokens))
+
+
 def main() -> None:
     mode = sys.argv[1]
     info = detect_launch()
@@ -74,6 +88,7 @@ def main() -> None:
     }
     if mode == "fail":
         comm = plait.init()
+        record_shm_jobs(comm)
         comm.allreduce(np.ones(10))
         if comm.rank == 1:
             os._exit(7)  # dies without closing
@@ -87,10 +102,13 @@ def main() -> None:
         first = plait.init()
         second = plait.init()
         with first, second:
+            record_shm_jobs(first)
+            record_shm_jobs(second)
             report.update(check(second))
             report["first"] = check(first)
     else:
         with plait.init() as comm:
+            record_shm_jobs(comm)
             assert comm.rank == info.rank
             assert comm.size == info.size
             report.update(check(comm))

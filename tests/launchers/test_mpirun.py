@@ -21,7 +21,6 @@ from launch_helpers import (
     plait_leftovers,
     read_results,
     run_job,
-    shm_entries,
     shm_left,
 )
 
@@ -94,7 +93,6 @@ def check_reports(reports: list[dict], n: int) -> None:
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_bare_init(transport: str) -> None:
-    before = shm_entries()
     with job_dirs() as (tmp, out):
         env = mpirun_env(tmp, out, PLAIT_TRANSPORT=transport)
         res = mpirun(4, "check", env)
@@ -111,7 +109,7 @@ def test_bare_init(transport: str) -> None:
             assert r["sub_sum"] == 0 + 1 + 2 + 3
         assert len({r["store_url"] for r in reports}) == 1
         assert plait_leftovers(tmp) == [], "the file store's directory was not removed"
-    assert shm_left(before) == set()
+        assert shm_left(out) == set()
     assert res.seconds < 30, res.seconds
 
 
@@ -177,7 +175,6 @@ def test_plait_store(scheme: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_failed_rank_ends_the_job_fast(transport: str) -> None:
-    before = shm_entries()
     with job_dirs() as (tmp, out):
         # With a 60 s timeout, only prompt failure detection ends the job in seconds.
         env = mpirun_env(tmp, out, PLAIT_TRANSPORT=transport, PLAIT_TIMEOUT="60")
@@ -188,5 +185,5 @@ def test_failed_rank_ends_the_job_fast(transport: str) -> None:
         assert res.returncode in (5, 7), res.describe()
         assert "lost:" in res.stdout or "Exit code:" in res.stderr, res.describe()
         assert plait_leftovers(tmp) == []
-    assert shm_left(before) == set()
+        assert shm_left(out) == set()
     assert res.seconds < 30, res.describe()

@@ -18,7 +18,6 @@ from launch_helpers import (
     plait_leftovers,
     read_results,
     run_ranks,
-    shm_entries,
     shm_left,
 )
 
@@ -61,7 +60,6 @@ def check_reports(reports: list[dict], n: int) -> None:
 )
 def test_file_store_keyed_by_job(transport: str, mode: str) -> None:
     job = str(secrets.randbelow(10**9))
-    before = shm_entries()
     with job_dirs() as (tmp, out):
         envs = srun_envs(4, job, tmp, out, PLAIT_TRANSPORT=transport)
         for res in run_ranks(envs, [mode]):
@@ -76,7 +74,7 @@ def test_file_store_keyed_by_job(transport: str, mode: str) -> None:
             assert (r["local_rank"], r["local_size"], r["cross_size"]) == (r["rank"], 4, 1)
             assert r["transport"] == ("ShmTransport" if transport == "auto" else "TcpTransport")
         assert plait_leftovers(tmp) == [], "the file store's directory was not removed"
-    assert shm_left(before) == set()
+        assert shm_left(out) == set()
 
 
 def test_emulated_hosts() -> None:

@@ -22,7 +22,6 @@ from launch_helpers import (
     read_results,
     run_job,
     run_ranks,
-    shm_entries,
     shm_left,
 )
 
@@ -55,7 +54,6 @@ def check_reports(reports: list[dict], n: int, launcher: str = "torchrun") -> No
 @pytest.mark.parametrize("mode", ["check", "torch"])
 def test_torchrun_bare_init(mode: str) -> None:
     port = free_port_pair()
-    before = shm_entries()
     with job_dirs() as (tmp, out):
         env = clean_env(TMPDIR=str(tmp), PLAIT_TEST_OUT=str(out), OMP_NUM_THREADS="1")
         args = ["--nproc-per-node", "3", "--master-addr", "127.0.0.1", "--master-port", str(port)]
@@ -69,7 +67,7 @@ def test_torchrun_bare_init(mode: str) -> None:
             if mode == "torch":  # torch's store on MASTER_PORT worked alongside plait's
                 assert r["torch_sum"] == 0 + 1 + 2
         assert plait_leftovers(tmp) == []
-    assert shm_left(before) == set()
+        assert shm_left(out) == set()
     assert res.seconds < 30, res.seconds
 
 
@@ -106,7 +104,6 @@ def env_ranks(n: int, port: int, tmp, out, **extra: str) -> list[dict[str, str]]
 @pytest.mark.parametrize("mode", ["check", "twice"])
 def test_torch_variables_without_torch(mode: str) -> None:
     port = free_port_pair()
-    before = shm_entries()
     with job_dirs() as (tmp, out):
         results = run_ranks(env_ranks(4, port, tmp, out), [mode])
         for res in results:
@@ -119,7 +116,7 @@ def test_torch_variables_without_torch(mode: str) -> None:
             if mode == "twice":  # the second init served its store on the same port
                 assert r["first"]["sub_sum"] == 6
         assert plait_leftovers(tmp) == []
-    assert shm_left(before) == set()
+        assert shm_left(out) == set()
     # the store died with rank 0: the port is free again for the next job
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -98,8 +98,13 @@ def _kill_all_in(namespaces: Sequence[str]) -> dict[int, str]:
     return found
 
 
+#: Prefix of this module's job ids, so that the leak check ignores other plait jobs' segments.
+JOB_PREFIX = f"mh{os.getpid()}"
+
+
 def _shm() -> set[str]:
-    return {p for p in os.listdir("/dev/shm") if p.startswith("plait")}
+    """This module's jobs' shared-memory segments now."""
+    return {p for p in os.listdir("/dev/shm") if p.startswith(f"plait-{JOB_PREFIX}x")}
 
 
 @dataclass
@@ -204,6 +209,8 @@ class Network:
         }
         # Launchers on several hosts must share the job's secret.
         environ["PLAIT_SECRET"] = f"multihost-test-{port}"
+        # Job ids of this module's jobs share a prefix: the leak check sees only their segments.
+        environ["PLAIT_JOB_ID"] = f"{JOB_PREFIX}x{port}"
         environ.update(env or {})
         nodes = []
         try:

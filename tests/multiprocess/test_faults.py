@@ -119,7 +119,8 @@ def test_close_after_error_releases_everything(tmp_path: Path) -> None:
         else:
             raise SystemExit("a broken communicator was used")
         comm.close()
-        leftover = [p for p in os.listdir("/dev/shm") if p.startswith("plait")]
+        mine = f"plait-{os.environ['PLAIT_JOB_ID']}-"  # this job's segments, not others'
+        leftover = [p for p in os.listdir("/dev/shm") if p.startswith(mine)]
         threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
         print("left:", leftover, threads, flush=True)
     """

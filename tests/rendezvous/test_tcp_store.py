@@ -108,6 +108,7 @@ def test_server_closing_during_a_wait_raises_instead_of_hanging() -> None:
         server.close()
 
 
+@pytest.mark.multiprocess
 def test_server_process_killed_during_a_get_raises_instead_of_hanging() -> None:
     code = (
         "import sys\n"

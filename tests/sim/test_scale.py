@@ -32,6 +32,7 @@ def expect(algorithm: str, p: int, nbytes: int = 64 << 20) -> float:
     return formulas.predict("allreduce", formula, p, nbytes, A, B, G, ports=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("algorithm", "p"), [("ring", 256), ("recursive_doubling", 2048), ("swing", 2048)]
 )

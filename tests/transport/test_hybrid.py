@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -37,10 +36,8 @@ LAYOUTS: dict[str, Callable[[int], list[str]]] = {
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_segments() -> Iterator[None]:
-    before = set(glob.glob("/dev/shm/plait-*"))
-    yield
-    assert set(glob.glob("/dev/shm/plait-*")) - before == set()
+def no_leftover_segments(own_segments: list[str]) -> None:
+    """Every test removes the segments its own transports created (see conftest.py)."""
 
 
 def factory(layout: Callable[[int], list[str]]) -> Callable[[int], Sequence[HybridTransport]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,16 +31,11 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /de
 SMALL = {"slot_bytes": 4096, "slots": 2}  # many chunks per message, cheaply
 
 
-def _segments() -> set[str]:
-    return set(glob.glob("/dev/shm/plait-*"))
-
-
 @pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
-    """Every test leaves no segment in /dev/shm and no thread behind."""
-    before, threads = _segments(), set(threading.enumerate())
+def no_leftovers(own_segments: list[str]) -> Iterator[None]:
+    """Every test leaves none of its segments in /dev/shm (see conftest.py) and no thread."""
+    threads = set(threading.enumerate())
     yield
-    assert _segments() - before == set()
     extra = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
     assert extra == []
 
@@ -397,16 +393,17 @@ def test_close_while_another_thread_waits() -> None:
 
 def test_rendezvous_details() -> None:
     store = MemoryStore(timeout=20)
+    job = f"test-{os.getpid()}-{secrets.token_hex(4)}"  # unique: other runs may be going on
     # Ranks may choose different geometries: senders follow the receiver's.
     ts = _in_threads(
         [
-            lambda: ShmTransport(0, 2, store, timeout=20, job="test-job", slot_bytes=4096, slots=2),
+            lambda: ShmTransport(0, 2, store, timeout=20, job=job, slot_bytes=4096, slots=2),
             lambda: ShmTransport(1, 2, store, timeout=20, slot_bytes=10000, slots=3),
         ]
     )
     try:
-        assert [t.job for t in ts] == ["test-job", "test-job"]
-        assert not glob.glob("/dev/shm/plait-test-job-*")  # unlinked once both attached
+        assert [t.job for t in ts] == [job, job]
+        assert not glob.glob(f"/dev/shm/plait-{job}-*")  # unlinked once both attached
         for nbytes in (0, 5000, 50_000):
             for r in (0, 1):
                 src, dst = payload(nbytes, r), np.zeros(nbytes, np.uint8)
@@ -418,8 +415,8 @@ def test_rendezvous_details() -> None:
         for t in ts:
             t.close()
     # More transports on the same store, even with one job id, get fresh names.
-    first = _make(2, store, job="test-job")
-    second = _make(2, store, job="test-job")
+    first = _make(2, store, job=job)
+    second = _make(2, store, job=job)
     for t in first + second:
         t.close()
 
@@ -431,16 +428,17 @@ def test_rendezvous_timeout_cleans_up() -> None:
 
 def test_job_must_agree() -> None:
     store = MemoryStore(timeout=5)
+    unique = f"{os.getpid()}-{secrets.token_hex(4)}"
     first = None
 
     def rank0() -> None:
         nonlocal first
         with contextlib.suppress(RendezvousError):
-            first = ShmTransport(0, 2, store, timeout=1, job="left")
+            first = ShmTransport(0, 2, store, timeout=1, job=f"left-{unique}")
 
     def rank1() -> None:
         with pytest.raises(RendezvousError, match="differs"):
-            ShmTransport(1, 2, store, timeout=1, job="right")
+            ShmTransport(1, 2, store, timeout=1, job=f"right-{unique}")
 
     _in_threads([rank0, rank1])
     assert first is None
@@ -540,6 +538,7 @@ def store_server() -> Iterator[int]:
         server.close()
 
 
+@pytest.mark.multiprocess
 def test_two_processes_allreduce(store_server: int) -> None:
     procs = [_spawn(store_server, r, 2, "allreduce") for r in range(2)]
     try:
@@ -554,6 +553,7 @@ def test_two_processes_allreduce(store_server: int) -> None:
         assert out.startswith("ok"), (out, err)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["stream", "fork-stream"])
 def test_sigkill_mid_transfer(store_server: int, mode: str) -> None:
     """A killed peer is noticed at once (end-of-file), or within ~1 s by its pid when a

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -20,10 +19,8 @@ GEOMETRIES = {"default": {}, "small-slots": {"slot_bytes": 8192, "slots": 3}}
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_segments() -> Iterator[None]:
-    before = set(glob.glob("/dev/shm/plait-*"))
-    yield
-    assert set(glob.glob("/dev/shm/plait-*")) - before == set()
+def no_leftover_segments(own_segments: list[str]) -> None:
+    """Every test removes the segments its own transports created (see conftest.py)."""
 
 
 def factory(**kwargs: Any) -> Callable[[int], Sequence[ShmTransport]]:

@@ -765,6 +765,7 @@ def test_communicator_allreduce_over_tcp(size: int) -> None:
             c.close()
 
 
+@pytest.mark.slow
 def test_strangers_and_wrong_secrets_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Junk and a client without the secret are dropped; the job goes on unaffected."""
     import os as _os

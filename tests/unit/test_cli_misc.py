@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import plait
-from plait.cli.__main__ import main
 from plait.cli import plain
+from plait.cli.__main__ import main
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: reStructuredText a terminal shows raw: inline literals, roles, a literal-block marker.

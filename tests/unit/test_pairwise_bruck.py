@@ -192,6 +192,7 @@ def test_flags() -> None:
     assert not get("alltoall", "bruck").in_place
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [34, 48, 64])
 def test_prove_beyond_33(size: int) -> None:
     for count in (0, 1, size + 1):

@@ -1,0 +1,33 @@
+"""Transport tests: leak checks for shared-memory segments that see only this test's own transports.
+
+Another plait job on the same machine (a second test run, a user's job) creates and
+removes ``/dev/shm/plait-*`` files of its own at any time, so a check that compared the
+whole directory before and after a test would blame this test for them. Instead, every
+segment path a ShmTransport of this process creates during the test is recorded, and only
+those must be gone at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from plait.transport import shm
+
+
+@pytest.fixture
+def own_segments(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The segment paths this test's transports created; after the test none may remain."""
+    created: list[str] = []
+    original = shm.ShmTransport._create_segment
+
+    def recording(self: shm.ShmTransport) -> None:
+        created.append(os.path.join(shm.SHM_DIR, f"{self._name}-{self.rank}"))
+        original(self)
+
+    monkeypatch.setattr(shm.ShmTransport, "_create_segment", recording)
+    yield created
+    left = [p for p in created if os.path.exists(p)]
+    assert left == [], f"segments left behind: {left}"
