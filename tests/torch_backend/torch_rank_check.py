@@ -500,6 +500,9 @@ def check_hooks(size: int, rank: int) -> None:
         assert all(torch.equal(every[0], e) for e in every), f"{name}: replicas differ"
     gloo = dist.new_group(backend="gloo")
     expect(TypeError, ("plait",), lambda: compression_hook(FP16())(gloo, None))
+    # Every rank has finished gloo's connection set-up before any closes its side (a rank that
+    # destroyed the group early made its peer's connect fail with "closed by peer").
+    dist.barrier(group=gloo)
     dist.destroy_process_group(gloo)
 
 
