@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.cli.run import _Traceback
+from plait.cli.relay import Traceback
 
 PLAIT = [sys.executable, "-m", "plait"]
 
@@ -134,9 +134,9 @@ def test_a_rank_that_raised_and_hangs_on_its_way_out_is_named(tmp_path: Path) ->
 # How a rank's stderr is read (Note [which rank started a failure] in plait.cli.run).
 
 
-def read(text: str) -> _Traceback:
+def read(text: str) -> Traceback:
     """A parser fed ``text``, a line per second."""
-    tb = _Traceback()
+    tb = Traceback()
     for i, line in enumerate(text.splitlines(keepends=True)):
         tb.feed(line.encode(), float(i))
     return tb

@@ -53,14 +53,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import glob
-import importlib
 import os
 import queue
 import re
 import secrets
-import selectors
 import shutil
 import signal
 import socket
@@ -68,9 +65,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, NoReturn
+from typing import NoReturn
+
+from plait.cli.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
 
 __all__ = ["add_arguments", "main", "rank_command"]
 
@@ -80,23 +79,6 @@ GRACE_SECONDS = 5.0
 #: gone), for a rank that failed otherwise (the cause) to exit by itself. See
 #: Note [which rank started a failure].
 LINGER_SECONDS = 3.0
-#: Seconds to wait, once a rank has exited, for the end of its output (a child process the
-#: rank left behind may hold its pipes open).
-DRAIN_SECONDS = 2.0
-#: Bytes read from a rank's pipe at a time (a pipe holds 64 KiB).
-_READ_SIZE = 1 << 16
-#: A line longer than this is written in pieces, so that memory stays bounded.
-_MAX_LINE = 1 << 20
-#: A line and its end: a newline, a carriage return (progress bars), or both.
-_RECORD = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
-#: The last line of a Python traceback: the exception's (module-qualified) name.
-_EXCEPTION_LINE = re.compile(rb"([A-Za-z_][\w.]*)(?::|$)")
-_TRACEBACK = b"Traceback (most recent call last):"
-_GROUP_TRACEBACK = b"  + Exception Group Traceback (most recent call last):"
-_CHAINED = (
-    b"The above exception was the direct cause of the following exception:",
-    b"During handling of the above exception, another exception occurred:",
-)
 _PYTHON = re.compile(r"python[\d.]*")
 
 
@@ -300,281 +282,6 @@ def rank_command(args: argparse.Namespace) -> list[str]:
 
 
 @dataclass
-class _Traceback:
-    """What a rank's stderr says about its latest traceback (Note [which rank started...])."""
-
-    #: A traceback has appeared: from then on an untagged stderr is prefixed with the rank.
-    seen: bool = False
-    #: Inside the frames of a traceback, waiting for its exception line.
-    in_frames: bool = False
-    #: The frames are an exception group's (their lines start with ``  | ``).
-    group: bool = False
-    #: The last non-blank line said that the next traceback is chained to the previous one.
-    chained: bool = False
-    #: The first exception of the latest chain, the last one, and its whole line.
-    first: str | None = None
-    last: str | None = None
-    last_line: str = ""
-    #: time.monotonic() when the latest chain began.
-    started: float = 0.0
-
-    def skim(self, data: bytes) -> bool:
-        """Whether ``data`` (whole lines) leaves the state as is but for ``chained``.
-
-        Most output holds no traceback; it is then not looked at line by line.
-        """
-        if self.in_frames or b"Traceback (most recent call last)" in data:
-            return False
-        if b"above exception" in data:
-            return False
-        self.chained = self.chained and not data.strip()
-        return True
-
-    def feed(self, record: bytes, now: float) -> None:
-        """Take one line of stderr (with its line end)."""
-        line = record.rstrip(b"\r\n")
-        if line == _TRACEBACK or line.startswith(_GROUP_TRACEBACK):
-            if not (self.chained and self.first is not None):
-                self.first, self.started = None, now
-            self.seen, self.in_frames, self.chained = True, True, False
-            self.group = line != _TRACEBACK
-            return
-        if self.in_frames:
-            if self.group:
-                if not line.startswith(b"  | ") or line[4:5].isspace():
-                    return
-                line = line[4:]
-            elif not line or line[:1].isspace():
-                return  # a frame, its source line or its carets
-            match = _EXCEPTION_LINE.match(line)
-            if match is None:
-                return  # another thread's line in the middle of the traceback
-            name = match.group(1).decode("ascii")
-            if self.first is None:
-                self.first = name
-            self.last, self.last_line = name, line.decode(errors="replace")
-            self.in_frames = False
-        elif line in _CHAINED:
-            self.chained = True
-        elif line.strip():
-            self.chained = False
-
-
-@dataclass
-class _Stream:
-    """One pipe from a rank: where it goes, its prefix, and the start of a line not yet ended."""
-
-    rank: int
-    pipe: IO[bytes]
-    sink: Callable[[bytes], None]
-    prefix: bytes
-    tagged: bool
-    traceback: _Traceback | None  # stderr only
-    pending: bytes = b""
-    at_line_start: bool = True
-    ended: bool = False
-
-
-def _writer(stream: IO[str] | None) -> Callable[[bytes], None]:
-    """A function that writes bytes to ``stream`` at once, or drops them once it is broken.
-
-    A closed stdout (``plait run ... | head``) must not stop the relay: the ranks would block
-    on full pipes.
-    """
-    if stream is None:
-        return lambda data: None
-    with contextlib.suppress(OSError, ValueError):
-        stream.flush()
-    buffer = getattr(stream, "buffer", None)
-    broken = False
-
-    def write(data: bytes) -> None:
-        nonlocal broken
-        if broken:
-            return
-        try:
-            if buffer is not None:
-                buffer.write(data)
-                buffer.flush()
-            else:
-                stream.write(data.decode(errors="replace"))
-                stream.flush()
-        except (OSError, ValueError):
-            broken = True
-
-    return write
-
-
-class _Relay:
-    """Relays the ranks' stdout and stderr to the launcher's, whole lines at a time.
-
-    One thread waits on every pipe with a selector (no thread per pipe, no polling) and reads
-    up to 64 KiB at a time; each read's complete lines go out in one write, under a lock that
-    the launcher's own messages take too, so no line is ever split between two writers. A
-    rank that prints a lot costs a read, a search for the last line end and a write per
-    64 KiB (plus a join with its prefix when tagged).
-    """
-
-    def __init__(self, tag_output: bool) -> None:
-        self._tag = tag_output
-        self._lock = threading.Lock()
-        self._out = _writer(sys.stdout)
-        self._err = _writer(sys.stderr)
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = os.pipe()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._streams: dict[int, _Stream] = {}
-        self._open: dict[int, int] = {}  # rank -> its pipes not yet at their end
-        self._ended = threading.Condition()
-        self._tracebacks: dict[int, _Traceback] = {}
-        self._thread = threading.Thread(target=self._loop, name="plait-run-output", daemon=True)
-        self._closed = False
-
-    def add(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
-        """Relay the pipes of ``proc`` (started with stdout and stderr pipes); before start()."""
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        prefix = f"[{rank}]: ".encode()
-        tb = self._tracebacks[rank] = _Traceback()
-        for pipe, sink, parser in ((proc.stdout, self._out, None), (proc.stderr, self._err, tb)):
-            os.set_blocking(pipe.fileno(), False)
-            s = _Stream(rank, pipe, sink, prefix, self._tag, parser)
-            self._streams[pipe.fileno()] = s
-            self._selector.register(pipe.fileno(), selectors.EVENT_READ, s)
-        self._open[rank] = 2
-
-    def start(self) -> None:
-        """Start relaying."""
-        self._thread.start()
-
-    def say(self, message: str) -> None:
-        """Write one line of the launcher's own to stderr, never inside a rank's line."""
-        with self._lock:
-            self._err(f"plait run: {message}\n".encode())
-
-    def drained(self, rank: int, timeout: float) -> bool:
-        """Wait until all of ``rank``'s output is relayed (its pipes ended), or ``timeout``."""
-        with self._ended:
-            return self._ended.wait_for(lambda: self._open.get(rank, 0) == 0, timeout)
-
-    def traceback(self, rank: int) -> _Traceback:
-        """What ``rank``'s stderr said about its latest traceback."""
-        return self._tracebacks[rank]
-
-    def close(self, timeout: float) -> None:
-        """Relay what is left: wait ``timeout`` for the pipes to end, then take what they hold.
-
-        Ends the relay; calling it again does nothing.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        if self._thread.ident is None:  # a rank failed to start before start()
-            self._thread.start()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            os.write(self._wake_w, b"x")
-            self._thread.join()
-        self._selector.close()
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
-
-    def _loop(self) -> None:
-        while self._streams:
-            for key, _ in self._selector.select():
-                if key.data is None:  # close(): take what the pipes hold now, and stop
-                    for s in list(self._streams.values()):
-                        while self._read(s):
-                            pass
-                        if not s.ended:
-                            self._end(s)
-                    return
-                self._read(key.data)
-
-    def _read(self, s: _Stream) -> bool:
-        """Relay what ``s`` holds now; False at its end or when it is empty."""
-        try:
-            data = os.read(s.pipe.fileno(), _READ_SIZE)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self._end(s)
-            return False
-        self._feed(s, data)
-        return True
-
-    def _feed(self, s: _Stream, data: bytes) -> None:
-        buf = s.pending + data if s.pending else data
-        end = max(buf.rfind(b"\n"), buf.rfind(b"\r"))
-        if end == len(buf) - 1 and buf[end] == 0x0D:  # may be the first half of \r\n
-            end = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
-        if end < 0:
-            s.pending = buf
-            if len(buf) > _MAX_LINE:  # a huge line: write its start, unended
-                s.pending = b""
-                self._write(s, buf, whole=False)
-            return
-        s.pending = buf[end + 1 :]
-        self._write(s, buf[: end + 1], whole=True)
-
-    def _write(self, s: _Stream, data: bytes, whole: bool) -> None:
-        """Write ``data`` (whole lines if ``whole``), prefixed as the options say."""
-        tb = s.traceback
-        if not whole:
-            tag = s.tagged or (tb is not None and tb.seen)
-            out = (s.prefix if tag and s.at_line_start else b"") + data
-            s.at_line_start = False
-        elif tb is not None and not tb.skim(data):
-            now = time.monotonic()
-            parts = []
-            for i, record in enumerate(_RECORD.findall(data)):
-                tb.feed(record, now)
-                tag = s.tagged or tb.seen
-                parts.append(s.prefix + record if tag and (i or s.at_line_start) else record)
-            out = b"".join(parts)
-            s.at_line_start = True
-        elif s.tagged or (tb is not None and tb.seen):
-            out = (s.prefix if s.at_line_start else b"") + s.prefix.join(_RECORD.findall(data))
-            s.at_line_start = True
-        else:
-            out = data
-            s.at_line_start = True
-        with self._lock:
-            s.sink(out)
-
-    def _end(self, s: _Stream) -> None:
-        """``s`` reached its end: write its unended line, ended, and count it out."""
-        fd = s.pipe.fileno()
-        s.ended = True
-        if s.pending or not s.at_line_start:
-            self._write(s, s.pending + b"\n", whole=True)
-            s.pending = b""
-        self._selector.unregister(fd)
-        del self._streams[fd]
-        s.pipe.close()
-        with self._ended:
-            self._open[s.rank] -= 1
-            self._ended.notify_all()
-
-
-@functools.lru_cache(maxsize=64)
-def _is_comm_error(name: str) -> bool:
-    """Whether the exception a traceback names (``plait.errors.PeerLostError``) is a CommError."""
-    module, _, attr = name.rpartition(".")
-    if module.split(".")[0] != "plait":
-        return False
-    from plait.errors import CommError
-
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except Exception:  # a name we cannot resolve: not one of ours
-        return False
-    return isinstance(cls, type) and issubclass(cls, CommError)
-
-
-@dataclass
 class _Rank:
     rank: int
     proc: subprocess.Popen[bytes]
@@ -590,7 +297,7 @@ _CAUSE, _EXIT, _SYMPTOM = 0, 1, 2
 _LINGER = {_EXIT: 1.0, _SYMPTOM: LINGER_SECONDS}
 
 
-def _kind(r: _Rank, relay: _Relay) -> int:
+def _kind(r: _Rank, relay: Relay) -> int:
     """How ``r`` failed: _CAUSE (a signal, or a traceback that starts with another exception
     than plait's CommError), _EXIT (a non-zero exit code and no traceback), or _SYMPTOM (a
     traceback that starts with a CommError: a peer failed first)."""
@@ -600,10 +307,10 @@ def _kind(r: _Rank, relay: _Relay) -> int:
         return _CAUSE
     if tb.first is None:
         return _EXIT
-    return _SYMPTOM if _is_comm_error(tb.first) else _CAUSE
+    return _SYMPTOM if is_comm_error(tb.first) else _CAUSE
 
 
-def _first_failure(failed: Sequence[_Rank], relay: _Relay) -> _Rank:
+def _first_failure(failed: Sequence[_Rank], relay: Relay) -> _Rank:
     """The rank that started the failure: the first by time of the likeliest kind."""
 
     def key(r: _Rank) -> tuple[int, float]:
@@ -615,17 +322,17 @@ def _first_failure(failed: Sequence[_Rank], relay: _Relay) -> _Rank:
     return min(failed, key=key)
 
 
-def _hung_causes(ranks: Sequence[_Rank], failed: Sequence[_Rank], relay: _Relay) -> list[_Rank]:
+def _hung_causes(ranks: Sequence[_Rank], failed: Sequence[_Rank], relay: Relay) -> list[_Rank]:
     """Ranks still running whose latest traceback, whole, starts with another exception than a
     CommError and began at most LINGER_SECONDS before the first failure: ranks that raised and
     then hung on their way out (on a thread that is not a daemon, say). A traceback printed
     long before is one the rank handled."""
     since = min(r.exit[1] for r in failed if r.exit is not None) - LINGER_SECONDS
 
-    def raised_lately(tb: _Traceback) -> bool:
+    def raised_lately(tb: Traceback) -> bool:
         first = tb.first
         whole = not tb.in_frames
-        return first is not None and whole and tb.started >= since and not _is_comm_error(first)
+        return first is not None and whole and tb.started >= since and not is_comm_error(first)
 
     return [r for r in ranks if r.exit is None and raised_lately(relay.traceback(r.rank))]
 
@@ -647,7 +354,7 @@ def _short(name: str) -> str:
     return name.rpartition(".")[2]
 
 
-def _status(r: _Rank, relay: _Relay) -> str:
+def _status(r: _Rank, relay: Relay) -> str:
     """How ``r`` ended, for the job's summary: ``exit 1 (ValueError)``, ``killed by SIGTERM``."""
     code = r.proc.returncode
     tb = relay.traceback(r.rank)
@@ -682,7 +389,7 @@ def _cleanup_shm(job: str) -> None:
             os.unlink(path)
 
 
-def _watch(ranks: Sequence[_Rank], relay: _Relay, events: queue.Queue[tuple[int, int]]) -> int:
+def _watch(ranks: Sequence[_Rank], relay: Relay, events: queue.Queue[tuple[int, int]]) -> int:
     """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
 
     After a failure that may not be the cause, wait a little for one that is (Note [which rank
@@ -775,7 +482,7 @@ def main(args: argparse.Namespace) -> int:
 
     events: queue.Queue[tuple[int, int]] = queue.Queue()
     ranks: list[_Rank] = []
-    relay = _Relay(args.tag_output)
+    relay = Relay(args.tag_output)
 
     def on_signal(signum: int, _frame: object) -> None:
         events.put((-1, -signum))
