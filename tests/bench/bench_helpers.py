@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,51 @@ def series(doc: dict[str, Any], label: str) -> dict[str, Any]:
     """The series called ``label`` in the JSON document."""
     (found,) = [s for s in doc["series"] if s["label"] == label]
     return found
+
+
+#: A row printed on stderr as soon as it is measured (plait.bench.progress.row_line).
+ROW_LINE = re.compile(r"busbw +[\d.]+ GB/s +wrong \d+ +\[(\d+)/(\d+)")
+
+
+class Running:
+    """A ``plait bench`` started in the background; a thread reads its stderr line by line.
+
+    ``first_row`` is set when the first row appears there, so a test can act on the
+    output itself (no sleeping). ``start_new_session``: its own process group, so that
+    a signal can reach the bench and its ranks at once, as Ctrl-C in a terminal does.
+    """
+
+    def __init__(self, args: list[str], new_session: bool = False) -> None:
+        keep = ("PLAIT_PROFILE", "PLAIT_RULES")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_") or k in keep}
+        self.proc = subprocess.Popen(
+            [*PLAIT, "bench", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=new_session,
+        )
+        self.err: list[str] = []
+        self.first_row = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.err.append(line)
+            if ROW_LINE.search(line):
+                self.first_row.set()
+        self.first_row.set()  # the bench ended: wake a waiting test either way
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        """Wait for the end: (exit code, stdout, stderr)."""
+        assert self.proc.stdout is not None
+        out = self.proc.stdout.read()
+        code = self.proc.wait(timeout)
+        self._reader.join(timeout)
+        self.proc.stdout.close()
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+        return code, out, "".join(self.err)

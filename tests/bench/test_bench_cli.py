@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
+import os
+import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
-from bench_helpers import assert_clean_table, bench, series, tables
+from bench_helpers import FAST, ROW_LINE, Running, assert_clean_table, bench, series, tables
 
 import plait
 from plait.bench import runner
@@ -51,6 +55,65 @@ def test_allreduce_two_ranks_table_json_and_csv(tmp_path: Path) -> None:
         lines = list(csv.DictReader(f))
     assert [int(x["bytes"]) for x in lines] == sizes
     assert "plait: 7 rows" in res.stderr
+    # each row was printed on stderr as it was measured, counted, with the time left
+    streamed = [ln for ln in res.stderr.splitlines() if ROW_LINE.search(ln)]
+    assert [ROW_LINE.search(ln).groups() for ln in streamed] == [  # type: ignore[union-attr]
+        (str(i), "7") for i in range(1, 8)
+    ]
+    assert all(ln.startswith("plait ") for ln in streamed)
+    assert "left]" in streamed[0]
+    assert "\r" not in res.stderr  # no bar when stderr is not a terminal
+
+
+def test_no_progress_prints_no_rows(tmp_path: Path) -> None:
+    res, _ = bench("-n 2 -b 8 -e 64 -f 8 --no-progress", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert not ROW_LINE.search(res.stderr)
+    assert "plait: 2 rows" in res.stderr
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["to-the-bench", "to-the-process-group"])
+def test_ctrl_c_prints_and_saves_the_rows_measured_so_far(group: bool, tmp_path: Path) -> None:
+    """SIGINT once the first row is out: the partial table, the files, exit code 130.
+
+    ``to-the-process-group`` sends it to the ranks too, as Ctrl-C in a terminal does.
+    """
+    out_json, out_csv = tmp_path / "out.json", tmp_path / "out.csv"
+    run = Running(
+        ["-n", "2", "-b", "8", "-e", "64M", "-a", "ring,recursive_doubling", *FAST,
+         "--json", str(out_json), "--csv", str(out_csv)],
+        new_session=group,
+    )  # fmt: skip
+    assert run.first_row.wait(90)
+    assert any(ROW_LINE.search(line) for line in run.err), run.err
+    assert run.proc.poll() is None, "the sweep ended before it could be interrupted"
+    if group:
+        os.killpg(run.proc.pid, signal.SIGINT)
+    else:
+        os.kill(run.proc.pid, signal.SIGINT)
+    code, out, err = run.finish()
+    assert code == 130, err
+    m = re.search(r"^# interrupted \(SIGINT\) after (\d+) of (\d+) rows", out, re.MULTILINE)
+    assert m is not None, out
+    done, planned = int(m.group(1)), int(m.group(2))
+    assert planned == 2 * 24  # two algorithms, 8 B .. 64 MiB
+    assert 1 <= done < planned
+    assert "plait bench: interrupted (SIGINT)" in err
+    # the table holds the rows measured, from the smallest size on
+    text = tables(out)
+    assert set(text) == {"plait ring", "plait recursive_doubling"}
+    assert sum(len(rows) for rows in text.values()) == done
+    assert text["plait ring"][0][0] == "8"
+    doc = json.loads(out_json.read_text())
+    assert doc["bench"]["interrupted"] == "SIGINT"
+    for s in doc["series"]:
+        assert s["error"] == f"interrupted (SIGINT) after {len(s['rows'])} rows"
+        sizes = [r["bytes"] for r in s["rows"]]
+        assert sizes == [8 << i for i in range(len(sizes))]
+        assert all(r["wrong"] == 0 for r in s["rows"])
+    assert sum(len(s["rows"]) for s in doc["series"]) == done
+    with out_csv.open() as f:
+        assert len(list(csv.DictReader(f))) == done
 
 
 def test_three_ranks_every_allgather_algorithm_in_place(tmp_path: Path) -> None:
@@ -108,7 +171,7 @@ def test_scatter_and_barrier_three_ranks(collective: str, extra: list[str], tmp_
         (["-n", "2", "-r", "2", "reduce"], "--root must be in 0..1"),
         (["--compare", "nccl"], "unknown system to compare with 'nccl'"),
         (["-t", "rdma"], "unknown transport 'rdma'"),
-        (["--algo", "in_network"], "needs switches that reduce"),
+        (["--algo", "in_network"], "'in_network' is simulator only: it needs aggregating"),
     ],
 )
 def test_bad_arguments_fail_before_any_rank_starts(

@@ -1,9 +1,8 @@
-"""The bench's table, ratios, limit fractions, JSON, CSV, plot and progress bar."""
+"""The bench's table, ratios, limit fractions, JSON, CSV and plot."""
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 import pytest
 
 from plait.bench import report
-from plait.bench.progress import ProgressBar, render
 from plait.bench.runner import Series
 
 LIMITS = {
@@ -151,22 +149,32 @@ def test_plot_writes_an_image(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_progress_line() -> None:
-    assert render("plait", 3, 12, 1 << 20, 2.54) == (
-        "plait          [#######.......................] 3/12  1 MiB  2.5 s"
+def test_columns_are_as_wide_as_their_content() -> None:
+    """A long algorithm name or a long time widens its column: nothing cut, all aligned."""
+    long_name = "a_very_long_algorithm_name_indeed"
+    s = Series(
+        "plait", "x", "shm", "auto", [row(8, 12345678901.0, 1.0, long_name), row(64, 5.0, 2.0)]
     )
-    assert render("gloo", 0, 4, None, 0.0).endswith("0/4  0.0 s")
-    assert "[" + "#" * 30 + "]" in render("x", 0, 0, None, 0.0)
+    lines = report.render([], [s], None).splitlines()
+    header = next(line for line in lines if "busbw_GB/s" in line)
+    data = [line for line in lines if not line.startswith("#")]
+    assert long_name in data[0]
+    assert data[0].split()[2] == long_name
+    assert "12345678901" in data[0].split()
+    # every column ends where its header ends
+    for name in ("iters", "time_us", "busbw_GB/s", "wrong"):
+        end = header.index(name) + len(name)
+        for line in data:
+            assert line[end - 1] != " ", (name, line)
+            assert end == len(line) or line[end] == " ", (name, line)
+    # a short table keeps the usual widths
+    short = report.render([], [Series("plait", "y", "shm", "auto", [row(8, 5.0, 1.0)])], None)
+    assert "#      bytes      count  algorithm          iters   time_us" in short
 
 
-def test_progress_bar_reads_the_workers_file(tmp_path: Path) -> None:
-    path = tmp_path / "progress"
-    stream = io.StringIO()
-    bar = ProgressBar("mpi-shm", str(path), 5, stream, enabled=True)
-    bar._draw()  # no file yet: nothing done
-    path.write_text("1 5 8\n2 5 64\n")
-    bar._draw()
-    out = stream.getvalue()
-    assert "0/5" in out
-    assert "2/5  64 B" in out
-    assert not ProgressBar("x", str(path), 5, io.StringIO()).enabled  # not a terminal
+def test_titles_name_what_the_series_ran_over() -> None:
+    s = Series("plait", "ring", "fat-tree:4", "ring", [row(8, 5.0, 1.0)])
+    assert "# ring (topology fat-tree:4, algorithm ring)" in report.render(
+        [], [s], None, where="topology"
+    )
+    assert "# ring (transport fat-tree:4, algorithm ring)" in report.render([], [s], None)

@@ -1,14 +1,17 @@
-"""``plait sim``: the table, JSON, trace, topologies and bad input."""
+"""``plait sim``: the table, JSON, trace, topologies, bad input, progress and its options."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from plait.cli.__main__ import main
-from plait.cli.sim import parse_topology
+from plait.cli.sim import _Progress, parse_topology
 from plait.sim import simulate
 
 
@@ -56,17 +59,25 @@ def test_with_data_checks_results_and_writes_a_trace(
      ("hosts:4", 16), ("hosts:4:2", 16), ("ring", 6), ("torus:2x3", 6), ("torus:2x2x2", 8)],
 )  # fmt: skip
 def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixture) -> None:
-    assert main(["sim", "-n", str(ranks), "-t", spec, "-a", "ring", "-s", "64K"]) == 0
-    assert "65536" in capsys.readouterr().out
+    assert main(["sim", "-n", str(ranks), "--topology", spec, "-a", "ring", "-s", "64K"]) == 0
+    out = capsys.readouterr().out
+    assert "65536" in out
+    # the header names the ranks once, whatever the topology's description says
+    header = out.splitlines()[0]
+    assert len(re.findall(r"\branks\b", header)) == 1, header
+    assert f"(topology {spec}, algorithm ring)" in out
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["-t", "mesh"], "unknown topology"),
-        (["-t", "torus:3x3"], "has 9 ranks"),
-        (["-t", "hosts:3"], "not a multiple"),
-        (["-t", "fat-tree"], "ranks per leaf"),
+        (["--topology", "mesh"], "unknown topology"),
+        (["--topology", "torus:3x3"], "has 9 ranks"),
+        (["--topology", "hosts:3"], "not a multiple"),
+        (["--topology", "fat-tree"], "ranks per leaf"),
+        (["-s", "1K", "-e", "2K"], "either as -s LO:HI or as -b LO -e HI"),
+        (["-c", "reduce", "-r", "8"], "--root must be in 0..7"),
+        (["gather", "-c", "scatter"], "two collectives given"),
         (["-a", "nope"], "no algorithm 'nope'"),
         (["-c", "allsum"], "unknown collective"),
         (["-f", "1"], "at least 2"),
@@ -94,7 +105,7 @@ def test_aggregation_runs_in_network(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "agg.json"
     trace = tmp_path / "t.json"
     rc = main(
-        ["sim", "-n", "8", "-t", "fat-tree:4", "--aggregation", "64K", "-a",
+        ["sim", "-n", "8", "--topology", "fat-tree:4", "--aggregation", "64K", "-a",
          "in_network,ring", "-s", "1M", "--with-data", "--json", str(out), "--trace", str(trace)]
     )  # fmt: skip
     assert rc == 0
@@ -105,6 +116,126 @@ def test_aggregation_runs_in_network(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert names[-3:] == ["switch 0", "switch 1", "switch 2"]
     capsys.readouterr()
     assert main(["sim", "-n", "8", "-a", "all", "-s", "1K"]) == 0  # all without switches: skipped
-    assert "in_network" not in capsys.readouterr().out
-    assert main(["sim", "-n", "8", "-t", "ring", "--aggregation", "1M", "-s", "1K"]) == 2
+    captured = capsys.readouterr()
+    assert "in_network" not in captured.out
+    assert "--algo all leaves out in_network: it needs aggregating switches" in (captured.err)
+    assert main(["sim", "-n", "8", "--topology", "ring", "--aggregation", "1M", "-s", "1K"]) == 2
     assert "needs switches" in capsys.readouterr().err
+
+
+def test_old_t_still_names_the_topology_with_a_note(capsys: pytest.CaptureFixture) -> None:
+    assert main(["sim", "-n", "6", "-t", "torus:2x3", "-a", "ring", "-s", "1K"]) == 0
+    captured = capsys.readouterr()
+    assert "(topology torus:2x3, algorithm ring)" in captured.out
+    assert "-t is deprecated here; write --topology" in captured.err
+
+
+def test_bench_spellings_work_here_too(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The collective as a positional argument, -b/-e/-f, -o, -r, --csv: as in plait bench."""
+    out = tmp_path / "sim.csv"
+    rc = main(["sim", "reduce", "-n", "4", "-b", "1K", "-e", "16K", "-f", "4", "-o", "max",
+               "-r", "2", "--algo", "binomial", "--csv", str(out), "--with-data"])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# plait sim: reduce, float32, max, root 2, ")
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["label"], r["bytes"], r["wrong"]) for r in rows] == [
+        ("binomial", "1024", "0"), ("binomial", "4096", "0"), ("binomial", "16384", "0")
+    ]  # fmt: skip
+    net = parse_topology("flat", 4, 1e-6, 1 / 12.5e9, 0.0, (2e-7, 1 / 50e9))
+    want = simulate("reduce", "binomial", 4096, net, root=2, segment_bytes=None).time
+    assert float(rows[1]["time_us"]) == pytest.approx(want * 1e6, rel=1e-12)
+
+
+def test_long_algorithm_names_are_whole_and_aligned(capsys: pytest.CaptureFixture) -> None:
+    assert main(["sim", "-n", "8", "-a", "ring,double_binary_tree", "-s", "1K"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(ln for ln in lines if "algorithm" in ln and "iters" in ln)
+    row = next(ln for ln in lines if "double_binary_tree" in ln and not ln.startswith("#"))
+    assert row.split()[2] == "double_binary_tree"
+    for name in ("count", "iters", "time_us", "busbw_GB/s"):
+        end = header.index(name) + len(name)
+        assert row[end - 1] != " "
+        assert row[end] == " "
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_is_quiet_for_short_runs_then_says_what_runs() -> None:
+    clock, out = Clock(), io.StringIO()
+    p = _Progress(out, 3, None, quiet=3.0, every=15.0, clock=clock)
+    p.begin("ring", 1024)
+    clock.now = 1.0
+    p.end()
+    assert out.getvalue() == ""  # one second in: nothing to report
+    p.begin("ring", 1 << 30)
+    clock.now = 10.0
+    p.tick()
+    assert out.getvalue() == ""  # on it for 9 s: not yet
+    clock.now = 16.2
+    p.tick()
+    assert out.getvalue() == "plait sim: ring, 1 GiB (2 of 3): running for 15 s; 16 s elapsed\n"
+    clock.now = 20.0
+    p.tick()  # said 3.8 s ago
+    clock.now = 31.5
+    p.tick()  # on it for 30.5 s, said 15.3 s ago
+    clock.now = 62.0
+    p.tick()  # on it for 61 s: lines every 30.5 s now
+    clock.now = 121.0
+    p.tick()  # on it for two minutes: lines every 60 s now, and it said 59 s ago
+    clock.now = 122.2
+    p.tick()
+    clock.now = 123.0
+    p.end()
+    p.begin("swing", 8)
+    p.end("failed")
+    p.finish()
+    assert out.getvalue().splitlines()[1:] == [
+        "plait sim: ring, 1 GiB (2 of 3): running for 30 s; 32 s elapsed",
+        "plait sim: ring, 1 GiB (2 of 3): running for 1 min 1 s; 1 min 2 s elapsed",
+        "plait sim: ring, 1 GiB (2 of 3): running for 2 min 1 s; 2 min 2 s elapsed",
+        "plait sim: ring, 1 GiB (2 of 3): done in 2 min 2 s; 2 min 3 s elapsed",
+        "plait sim: swing, 8 B (3 of 3): failed in 0 s; 2 min 3 s elapsed",
+        "plait sim: 3 simulations in 2 min 3 s",
+    ]
+
+
+def test_progress_forced_and_off() -> None:
+    clock, out = Clock(), io.StringIO()
+    p = _Progress(out, 1, True, clock=clock)
+    p.begin("ring", 1024)
+    clock.now = 0.5
+    p.end()
+    assert out.getvalue().splitlines() == [
+        "plait sim: ring, 1 KiB (1 of 1): started; 0 s elapsed",
+        "plait sim: ring, 1 KiB (1 of 1): done in 0 s; 0 s elapsed",
+    ]
+    off = _Progress(out := io.StringIO(), 1, False, clock=clock)
+    off.begin("ring", 1024)
+    clock.now = 100.0
+    off.tick()
+    off.end()
+    off.finish()
+    assert out.getvalue() == ""
+
+
+def test_progress_on_stderr_of_a_run(capsys: pytest.CaptureFixture) -> None:
+    assert main(["sim", "-n", "8", "-a", "ring,swing", "-s", "1K:4K", "--progress"]) == 0
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("plait sim: ")]
+    done = [ln for ln in lines if ": done in " in ln]
+    assert [ln.split(":")[1].strip() for ln in done] == [
+        "ring, 1 KiB (1 of 4)", "ring, 4 KiB (2 of 4)", "swing, 1 KiB (3 of 4)",
+        "swing, 4 KiB (4 of 4)",
+    ]  # fmt: skip
+    assert all(ln.endswith(" elapsed") for ln in done)
+    assert not re.search(r"^plait sim:", captured.out, re.MULTILINE)  # the table stays clean
+    assert main(["sim", "-n", "8", "-a", "ring", "-s", "1K"]) == 0
+    assert capsys.readouterr().err == ""  # a short run says nothing

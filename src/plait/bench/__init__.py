@@ -13,7 +13,12 @@ timings and prints the table. What runs where:
   torch.distributed's gloo backend;
 - :mod:`plait.bench.limits`: this machine's memory and loopback limits;
 - :mod:`plait.bench.runner`: launches each system and reads its results back;
-- :mod:`plait.bench.report`: table, JSON, CSV and plot.
+- :mod:`plait.bench.progress`: each row on stderr as it is measured, the time
+  left, the rows kept for an interrupted run;
+- :mod:`plait.bench.report`: table, JSON, CSV and plot (``plait sim`` prints
+  its tables with it too);
+- :mod:`plait.bench.options`: the options ``plait bench`` and ``plait sim``
+  share, spelled alike.
 """
 
 __all__: list[str] = []

@@ -18,8 +18,10 @@ With ``rounds`` above 1 in the policy, steps 1-6 run that many times per size
 with a share of the calls each, every algorithm taking its turn in each round
 (the order reversed every other round); a row pools its rounds' calls.
 
-Rank 0 writes the rows to ``spec.results`` as JSON and a line per row to
-``spec.progress`` (the bench process draws the progress bar from it).
+Rank 0 writes the rows to ``spec.results`` as JSON at the end, and each row as
+soon as it is measured to ``spec.progress``, one line ``done total nbytes
+{row as JSON}``: the bench process prints the rows from there as they come and
+keeps them if the run is interrupted (:mod:`plait.bench.progress`).
 
 A backend that cannot run a row at all (a dtype or op its library lacks)
 raises :class:`Unsupported` from ``prepare``, on every rank alike: the sweep
@@ -233,12 +235,13 @@ def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = N
                     if measured is not None:
                         done[algorithm].append(measured)
             for algorithm in spec.algorithms:
-                if done[algorithm]:
-                    row = _row(spec, point, done[algorithm], backend.size)
-                    row["requested"] = algorithm
-                    rows.append(row)
+                if not done[algorithm]:
+                    continue
+                row = _row(spec, point, done[algorithm], backend.size)
+                row["requested"] = algorithm
+                rows.append(row)
                 if progress is not None:
-                    progress.write(f"{len(rows)} {total} {nbytes}\n")
+                    progress.write(f"{len(rows)} {total} {nbytes} {json.dumps(row)}\n")
                     progress.flush()
     except Unsupported as exc:
         result["skipped"] = str(exc)

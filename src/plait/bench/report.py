@@ -147,7 +147,13 @@ def _line(cells: list[tuple[str, int]], comment: bool = False) -> str:
     return "#" + text[1:] if comment else text
 
 
-def _series_table(s: Series, limits: dict[str, Any] | None) -> list[str]:
+def _fit(width: int, header: str, cells: Sequence[str]) -> int:
+    """``width`` grown to hold the header and every cell with a space to spare (sign kept)."""
+    need = max([len(header), *(len(c) + 1 for c in cells)])
+    return -max(-width, need) if width < 0 else max(width, need)
+
+
+def _series_table(s: Series, limits: dict[str, Any] | None, where: str = "transport") -> list[str]:
     columns = list(_COLUMNS)
     if limits:
         columns.append(_LIMIT)
@@ -156,14 +162,21 @@ def _series_table(s: Series, limits: dict[str, Any] | None) -> list[str]:
     if any("model_us" in r for r in s.rows):
         columns.append(_MODEL)
     columns.append(_WRONG)
-    title = f"# {s.label} (transport {s.transport}, algorithm {s.requested}"
+    title = f"# {s.label} ({where} {s.transport}, algorithm {s.requested}"
     limit = limit_for(s, limits)
     title += f"; %limit of {limit[0]}, {limit[1]:.2f} GB/s)" if limit else ")"
     lines = ["#", title]
     if s.skipped:
         return [*lines, f"# skipped: {s.skipped}"]
-    lines.append(_line([(h, w) for h, w, _ in columns], comment=True))
-    lines.extend(_line([(f(r), w) for _, w, f in columns]) for r in s.rows)
+    # Columns as wide as their header and their cells need (a long algorithm name, a
+    # time of 10 digits): nothing is cut and every row lines up with the header.
+    cells = [[f(r) for r in s.rows] for _, _, f in columns]
+    widths = [_fit(w, h, texts) for (h, w, _), texts in zip(columns, cells, strict=True)]
+    lines.append(_line([(h, w) for (h, _, _), w in zip(columns, widths, strict=True)], True))
+    lines.extend(
+        _line([(texts[i], w) for texts, w in zip(cells, widths, strict=True)])
+        for i in range(len(s.rows))
+    )
     if s.error:
         lines.append(f"# error: {s.error}")
     return lines
@@ -199,11 +212,21 @@ def _side_by_side(series: Sequence[Series]) -> list[str]:
     return lines
 
 
-def render(header: Sequence[str], series: Sequence[Series], limits: dict[str, Any] | None) -> str:
-    """The whole text report: header comments, one table per series, then side by side."""
+def render(
+    header: Sequence[str],
+    series: Sequence[Series],
+    limits: dict[str, Any] | None,
+    *,
+    where: str = "transport",
+) -> str:
+    """The whole text report: header comments, one table per series, then side by side.
+
+    ``where``: what a series' ``transport`` field names in its title (``plait sim``
+    keeps the topology there).
+    """
     lines = list(header)
     for s in series:
-        lines.extend(_series_table(s, limits))
+        lines.extend(_series_table(s, limits, where))
     lines.extend(_side_by_side(series))
     return "\n".join(lines) + "\n"
 

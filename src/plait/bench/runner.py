@@ -6,9 +6,15 @@
   ``self,tcp`` restricted to the loopback interface for TCP; ``--mca pml ob1``
   so that these transports are the ones used).
 
-Workers write their rows to a JSON file of a private temp directory; their
-stdout is sent to the bench's stderr, so the bench's stdout holds nothing but
-the table.
+Workers write their rows to a JSON file of a private temp directory, and
+each row as it is measured to a progress file that the bench follows
+(:class:`plait.bench.progress.Follower`); their stdout is sent to the bench's
+stderr, so the bench's stdout holds nothing but the table.
+
+When the ranks stop because the bench was interrupted (Ctrl-C: the launcher
+exits 130, SIGTERM: 143), the runners raise :class:`Interrupted` with the
+series measured until then, taken from the progress file, so that nothing
+measured is lost.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plait.bench.loop import SweepSpec
-from plait.bench.progress import ProgressBar
+from plait.bench.progress import Follower, Live
 
 __all__ = [
+    "INTERRUPT_CODES",
+    "Interrupted",
     "RunOptions",
     "Series",
     "gloo_missing",
@@ -65,14 +73,35 @@ class Series:
     seconds: float = 0.0
 
 
+#: Exit codes of ``plait run``'s launcher stopped by SIGINT (Ctrl-C) or SIGTERM.
+INTERRUPT_CODES = {130: "SIGINT", 143: "SIGTERM"}
+
+
+class Interrupted(Exception):
+    """The bench was interrupted while a system's ranks ran.
+
+    ``series``: that system's series with the rows measured until then;
+    ``code``: the exit code the bench should end with (130 for Ctrl-C).
+    """
+
+    def __init__(self, series: list[Series], code: int = 130) -> None:
+        super().__init__(f"interrupted ({INTERRUPT_CODES.get(code, code)})")
+        self.series = series
+        self.code = code
+
+
 @dataclass(frozen=True)
 class RunOptions:
-    """How to start every system's ranks."""
+    """How to start every system's ranks, and where their rows go as they are measured."""
 
     nproc: int
     timeout: float  # seconds per call before a rank gives up
     tmpdir: str
-    progress: bool | None = None  # None: only on a terminal
+    live: Live | None = None  # None: rows are kept, nothing is printed
+
+
+def _live(opts: RunOptions) -> Live:
+    return opts.live if opts.live is not None else Live(rows=False, bar=False)
 
 
 @contextlib.contextmanager
@@ -142,8 +171,12 @@ def _launch(
     opts: RunOptions,
     transport: str | None,
     env: dict[str, str],
-) -> tuple[int, dict[str, Any] | None, float]:
-    """Run ``module`` on ``opts.nproc`` ranks with ``plait run``: (exit code, results, seconds)."""
+) -> tuple[int, dict[str, Any] | None, float, Live]:
+    """Run ``module`` on ``opts.nproc`` ranks with ``plait run``.
+
+    Returns (exit code, results, seconds, the rows as they came): the exit code is
+    130 if the bench got KeyboardInterrupt meanwhile.
+    """
     from plait.cli import run as run_cli
 
     spec.save(spec_path)
@@ -152,15 +185,15 @@ def _launch(
     if transport is not None:
         argv += ["--transport", transport]
     args = parser.parse_args([*argv, "-m", module, spec_path])
-    total = len(spec.points) * len(spec.algorithms)
     assert spec.progress is not None
-    with (
-        ProgressBar(spec.label, spec.progress, total, enabled=opts.progress) as bar,
-        _environment(env),
-        _stdout_to_stderr(),
-    ):
-        code = run_cli.main(args)
-    return code, _read(spec.results), bar.seconds
+    live = _live(opts)
+    with Follower(spec.label, spec.progress, live) as follower:
+        try:
+            with _environment(env), _stdout_to_stderr():
+                code = run_cli.main(args)  # 130 when the launcher got SIGINT
+        except KeyboardInterrupt:  # before or after the launcher watched for it
+            code = 130
+    return code, _read(spec.results), follower.seconds, live
 
 
 def _series(base: Series, code: int, result: dict[str, Any] | None, seconds: float) -> Series:
@@ -177,19 +210,58 @@ def _series(base: Series, code: int, result: dict[str, Any] | None, seconds: flo
     return s
 
 
+def _collect(
+    bases: list[Series],
+    job: str,
+    code: int,
+    result: dict[str, Any] | None,
+    seconds: float,
+    live: Live,
+) -> list[Series]:
+    """One series per requested algorithm; raise :class:`Interrupted` if the run was stopped.
+
+    Without a results file (the ranks were stopped, or died) the rows come from
+    the progress file, as they were measured.
+    """
+    out = []
+    for base in bases:
+        s = _series(base, code, result, seconds)
+        if result is None:
+            s.rows = live.series_rows(job, base.requested)
+            if s.rows:
+                s.error = f"the ranks exited with code {code} after {len(s.rows)} rows"
+        else:
+            s.rows = [r for r in s.rows if r.get("requested", "auto") == base.requested]
+        out.append(s)
+    if code in INTERRUPT_CODES:
+        for s in out:
+            s.error = f"interrupted ({INTERRUPT_CODES[code]}) after {len(s.rows)} rows"
+        raise Interrupted(out, code)
+    return out
+
+
 def run_plait(spec: SweepSpec, transport: str, opts: RunOptions) -> list[Series]:
-    """plait's sweep over ``transport``: one series per requested algorithm."""
-    label = "plait" if transport == "auto" else f"plait-{transport}"
+    """plait's sweep over ``transport``: one series per requested algorithm.
+
+    Raises:
+        Interrupted: the bench was interrupted; it carries the rows measured so far.
+    """
+    label = plait_label(transport)
     spec_path, results, progress = _paths(opts, label)
     spec = replace(spec, results=results, progress=progress, label=label)
-    code, result, seconds = _launch("plait.bench.worker", spec, spec_path, opts, transport, {})
-    out = []
-    for algo in spec.algorithms:
-        name = label if algo == "auto" else f"{label} {algo}"
-        s = _series(Series("plait", name, transport, algo), code, result, seconds)
-        s.rows = [r for r in s.rows if r.get("requested") == algo]
-        out.append(s)
-    return out
+    code, result, seconds, live = _launch(
+        "plait.bench.worker", spec, spec_path, opts, transport, {}
+    )
+    bases = [
+        Series("plait", label if algo == "auto" else f"{label} {algo}", transport, algo)
+        for algo in spec.algorithms
+    ]
+    return _collect(bases, label, code, result, seconds, live)
+
+
+def plait_label(transport: str) -> str:
+    """The label of plait's series over ``transport`` (``plait``, ``plait-shm``, …)."""
+    return "plait" if transport == "auto" else f"plait-{transport}"
 
 
 def gloo_missing() -> str | None:
@@ -210,6 +282,7 @@ def run_gloo(spec: SweepSpec, opts: RunOptions) -> Series:
     base = Series("gloo", "gloo", "tcp", "auto")
     why = gloo_missing()
     if why is not None:
+        _live(opts).end("gloo")
         return replace(base, skipped=why)
     spec_path, results, progress = _paths(opts, "gloo")
     options = {"port": _free_port(), "timeout": opts.timeout}
@@ -218,8 +291,8 @@ def run_gloo(spec: SweepSpec, opts: RunOptions) -> Series:
     )
     env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     module = "plait.bench.compare.gloo_worker"
-    code, result, seconds = _launch(module, spec, spec_path, opts, None, env)
-    return _series(base, code, result, seconds)
+    code, result, seconds, live = _launch(module, spec, spec_path, opts, None, env)
+    return _collect([base], "gloo", code, result, seconds, live)[0]
 
 
 def open_mpi_version() -> tuple[int, ...] | None:
@@ -285,6 +358,7 @@ def run_mpi(spec: SweepSpec, transport: str, opts: RunOptions) -> Series:
     base = Series("mpi", label, transport, "auto")
     why = mpi_missing()
     if why is not None:
+        _live(opts).end(label)
         return replace(base, skipped=why)
     spec_path, results, progress = _paths(opts, label)
     spec = replace(
@@ -303,19 +377,25 @@ def run_mpi(spec: SweepSpec, transport: str, opts: RunOptions) -> Series:
         env["PRTE_MCA_plm_ssh_agent"] = "false"
     # No per-call deadline in MPI: bound the whole run instead.
     limit = opts.timeout * (len(spec.points) + 2)
-    with ProgressBar(label, progress, len(spec.points), enabled=opts.progress) as bar:
+    live = _live(opts)
+    with Follower(label, progress, live) as follower:
         proc = subprocess.Popen(
             _mpirun_command(transport, opts.nproc, spec_path),
             env=env,
             stdout=sys.stderr.fileno(),
-            start_new_session=True,
+            start_new_session=True,  # a Ctrl-C reaches the bench only, which stops mpirun
         )
         try:
             code = proc.wait(limit)
         except subprocess.TimeoutExpired:
             _stop_group(proc)
-            return replace(base, error=f"stopped after {limit:.0f} s", seconds=bar.seconds)
+            base = replace(base, rows=live.series_rows(label, "auto"))
+            return replace(base, error=f"stopped after {limit:.0f} s", seconds=follower.seconds)
+        except KeyboardInterrupt:
+            _stop_group(proc)
+            code = 130
         except BaseException:
             _stop_group(proc)
             raise
-    return _series(base, code, _read(results), bar.seconds)
+    results_doc = _read(results) if code not in INTERRUPT_CODES else None
+    return _collect([base], label, code, results_doc, follower.seconds, live)[0]

@@ -1,73 +1,69 @@
-"""``plait bench``: time a collective over a range of sizes, like nccl-tests; check every result.
+"""plait bench: time a collective over a range of sizes, like nccl-tests.
 
-::
+Examples, with the time each took on a shared 2-core machine that was busy
+with other work:
 
-    plait bench                                  # allreduce, 2 ranks, 8 B .. 256 MiB
-    plait bench allgather -n 4 -b 1K -e 64M -d float64
-    plait bench -n 2 --algo ring,recursive_doubling --transport shm,tcp --in-place
-    plait bench -n 2 --compare mpi,gloo --limits --json out.json --plot out.png
+  15 s      plait bench -n 2 -b 8 -e 1M     (allreduce, 2 ranks, 8 B to 1 MiB)
+  30 s      plait bench                     (the same up to 256 MiB)
+  15 min+   plait bench -n 4 -a all --rounds 8   (every algorithm, 8 rounds)
+            plait bench allgather -n 4 -b 1K -e 64M -d float64
+            plait bench -n 2 -a ring,recursive_doubling -t shm,tcp --in-place
+            plait bench -n 2 --compare mpi,gloo --limits --json out.json
 
-The ranks are started on this host by ``plait run``'s launcher. Every row
-prints the median time of a call (the slowest rank's, per call) with its
+The ranks are started on this host by the launcher of plait run. Each row is
+printed on stderr as soon as it is measured, with the rows done and an
+estimate of the time left; the table goes to stdout at the end. Ctrl-C stops
+the ranks, prints the table of the rows measured until then, writes them to
+the --json and --csv files and exits with code 130.
+
+A row gives the median time of a call (the slowest rank's, per call) with its
 10th and 90th percentile, algbw and busbw (nccl-tests' definitions), the
-algorithm plait ran, and the number of wrong elements (checked against a
-numpy reference outside the timed loop). ``--compare`` runs the same sweep
-through Open MPI (mpi4py; shared memory and TCP) and torch.distributed's gloo
-where they are installed, ``--limits`` measures the machine's memory and
-loopback bandwidth. See docs/bench.md. The exit code is 1 if plait failed or
-returned a wrong element.
+algorithm plait ran, and the number of wrong elements (checked against a numpy
+reference outside the timed loop). --compare runs the same sweep through Open
+MPI (mpi4py; shared memory and TCP) and the gloo backend of torch.distributed
+where they are installed; --limits measures the machine's memory and loopback
+bandwidth. The exit code is 1 if plait failed or returned a wrong element.
+plait sim takes the same options for the same things. See docs/bench.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["add_arguments", "main"]
 
 _COMPARE = ("mpi", "gloo")
+#: The defaults of the options both commands have (plait.bench.options resolves them).
+_COLLECTIVE, _BEGIN, _END, _FACTOR, _RANKS = "allreduce", "8", "256M", 2, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``plait bench``."""
-    from plait.bench.sweep import COLLECTIVES
+    """Options of ``plait bench`` (the shared ones from :mod:`plait.bench.options`)."""
+    from plait.bench import options as o
 
+    o.add_collective(parser, _COLLECTIVE)
+    o.add_ranks(parser, "nproc", _RANKS)
+    o.add_sizes(parser, _BEGIN, _END, _FACTOR)
+    o.add_reduction(parser)
     parser.add_argument(
-        "collective",
-        nargs="?",
-        default="allreduce",
-        choices=COLLECTIVES,
-        help="the collective to time (default allreduce)",
-    )
-    parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("-b", "--begin", default="8", help="smallest size in bytes (default 8)")
-    parser.add_argument("-e", "--end", default="256M", help="largest size (default 256M)")
-    parser.add_argument("-f", "--factor", type=int, default=2, help="size multiplier (default 2)")
-    parser.add_argument("-d", "--dtype", default="float32", help="numpy dtype (default float32)")
-    parser.add_argument(
-        "-o",
-        "--op",
-        default="sum",
-        help="sum, prod, min, max, avg, band, bor or bxor (default sum)",
-    )
-    parser.add_argument("-r", "--root", type=int, default=0, help="root of rooted collectives")
-    parser.add_argument(
-        "-t",
-        "--transport",
-        default="auto",
-        help="auto, shm, tcp (as plait run --transport); several separated by commas "
-        "(default auto)",
-    )
-    parser.add_argument(
-        "-a",
-        "--algo",
-        default="auto",
-        help="auto, an algorithm, several separated by commas, or all (default auto)",
-    )
+        "-t", "--transport", default="auto",
+        help="auto, shm or tcp, as for plait run; several separated by commas give a series "
+        "each (default auto)",
+    )  # fmt: skip
+    o.add_algorithms(
+        parser, "algo", "auto",
+        "auto, an algorithm of the collective (listed below), several separated by commas, "
+        "or all: every one a communicator can run, which leaves out in_network (simulator "
+        "only: it needs aggregating switches, plait sim --aggregation) (default auto)",
+    )  # fmt: skip
     parser.add_argument(
         "--in-place",
         action=argparse.BooleanOptionalAction,
@@ -93,9 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="split each row's calls into this many rounds, every algorithm taking a turn "
         "in each (fairer comparisons on a busy machine; default 1)",
     )
-    parser.add_argument("--json", metavar="FILE", help="write every result as JSON")
-    parser.add_argument("--csv", metavar="FILE", help="write one line per row as CSV")
-    parser.add_argument("--plot", metavar="FILE", help="draw busbw and time against size (PNG, …)")
+    o.add_outputs(parser)
     parser.add_argument(
         "--compare", default="", metavar="mpi,gloo", help="also run the sweep through these"
     )
@@ -103,11 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds per call before a rank gives up (60)"
     )
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar on stderr (default: when stderr is a terminal)",
+    o.add_progress(
+        parser,
+        "each row on stderr as it is measured, and a bar on a terminal (default: the rows, "
+        "and the bar when stderr is a terminal; --no-progress: neither)",
+    )
+    parser.epilog = o.algorithm_listing(
+        "plait bench cannot run it and --algo all leaves it out; try plait sim --aggregation"
     )
 
 
@@ -124,24 +120,31 @@ def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> dict[str, Any]:
-    """Validate the arguments before any process starts; return the parsed values."""
+    """Validate the arguments before any process starts; return the parsed values.
+
+    The collective and the sizes are resolved into ``args`` (``collective``,
+    ``begin``, ``end``, ``factor``), as the header and the JSON file show them.
+    """
     import plait
     from plait.algos import get
+    from plait.bench import options
     from plait.bench.data import resolve_dtype
     from plait.bench.loop import op_by_name
     from plait.bench.runner import transports as known_transports
-    from plait.bench.sweep import parse_size, size_range
 
-    if args.nproc < 1:
-        raise _fail("-n must be at least 1")
-    if not 0 <= args.root < args.nproc:
-        raise _fail(f"--root must be in 0..{args.nproc - 1}")
     try:
-        sizes = size_range(parse_size(args.begin), parse_size(args.end), args.factor)
+        args.collective = options.resolve_collective(args, _COLLECTIVE)
+        args.begin, args.end, args.factor, sizes = options.resolve_sizes(
+            args, _BEGIN, _END, _FACTOR
+        )
         dtype = resolve_dtype(args.dtype)
         op = op_by_name(args.op)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    if args.nproc < 1:
+        raise _fail("-n must be at least 1")
+    if not 0 <= args.root < args.nproc:
+        raise _fail(f"--root must be in 0..{args.nproc - 1}")
     c = args.collective
     if c in ("allreduce", "reduce", "reduce_scatter"):
         try:
@@ -153,7 +156,18 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     algos = runnable if args.algo == "all" else _choices(args.algo, ("auto", *known), "algorithm")
     for a in algos:
         if a != "auto" and get(c, a).needs_fabric:
-            raise _fail(f"{c} algorithm {a!r} needs switches that reduce; try it in plait sim")
+            raise _fail(
+                f"{c} algorithm {a!r} is simulator only: it needs aggregating switches "
+                "(switches that reduce in flight), which plait's transports do not have; "
+                "try it in plait sim --aggregation"
+            )
+    left_out = [a for a in known if a not in runnable]
+    if args.algo == "all" and left_out:
+        print(
+            f"plait bench: --algo all leaves out {', '.join(left_out)} (simulator only: it "
+            "needs aggregating switches, plait sim --aggregation)",
+            file=sys.stderr,
+        )
     if c == "barrier" and algos != ["auto"]:
         algos = ["auto"]  # the barrier takes no algorithm=
     reduction = c in ("allreduce", "reduce", "reduce_scatter")
@@ -215,12 +229,44 @@ def _header(args: argparse.Namespace, checked: dict[str, Any], n_rows: int) -> l
     ]
 
 
+@contextlib.contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """Ignore Ctrl-C while the table and the files of an interrupted run are written."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to protect
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _plan(
+    args: argparse.Namespace, checked: dict[str, Any], sizes: list[int]
+) -> list[tuple[str, list[str], list[int]]]:
+    """Every system's (label, algorithms, sizes), in the order they run (for the estimate)."""
+    from plait.bench import runner
+
+    jobs = [(runner.plait_label(t), checked["algos"], sizes) for t in checked["transports"]]
+    if "mpi" in checked["compare"] and runner.mpi_missing() is None:
+        jobs += [(f"mpi-{t}", ["auto"], sizes) for t in ("shm", "tcp")]
+    if "gloo" in checked["compare"] and runner.gloo_missing() is None:
+        jobs.append(("gloo", ["auto"], sizes))
+    return jobs
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the sweeps, print the table, write the files; 1 if plait failed or was wrong."""
-    from plait.bench import report, runner
-    from plait.bench.limits import format_limits, measure_limits
+    """Run the sweeps, print the table, write the files.
+
+    Returns 1 if plait failed or was wrong; after Ctrl-C (or SIGTERM), the table
+    and files hold the rows measured until then and the code is 130 (or 143).
+    """
+    from plait.bench import progress, runner
+    from plait.bench.limits import measure_limits
     from plait.bench.loop import SweepSpec
-    from plait.bench.sweep import IterationPolicy, format_size, points
+    from plait.bench.sweep import IterationPolicy, points
 
     checked = _check(args)
     rows = points(args.collective, checked["sizes"], checked["dtype"].itemsize, args.nproc)
@@ -242,13 +288,21 @@ def main(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(f"plait bench: {message}", file=sys.stderr, flush=True)
 
+    plan = _plan(args, checked, [p.nbytes for p in rows])
+    estimator = progress.Estimator(policy, plan)
+    labels = [progress.series_label(job, a) for job, algos, _ in plan for a in algos]
+    live = progress.Live(
+        estimator,
+        sys.stderr,
+        rows=args.progress is not False,
+        bar=False if args.progress is False else args.progress,
+        width=max(map(len, labels), default=0),
+    )
     limits = None
-    if args.limits:
-        say("measuring this machine's limits")
-        limits = measure_limits()
     series: list[runner.Series] = []
+    stopped: int | None = None  # the exit code of an interrupted run
     with tempfile.TemporaryDirectory(prefix="plait-bench-") as tmp:
-        opts = runner.RunOptions(args.nproc, args.timeout, tmp, args.progress)
+        opts = runner.RunOptions(args.nproc, args.timeout, tmp, live)
         jobs: list[Any] = [
             (lambda t=t: runner.run_plait(spec, t, opts)) for t in checked["transports"]
         ]
@@ -256,21 +310,54 @@ def main(args: argparse.Namespace) -> int:
             jobs += [lambda t=t: [runner.run_mpi(spec, t, opts)] for t in ("shm", "tcp")]
         if "gloo" in checked["compare"]:
             jobs.append(lambda: [runner.run_gloo(spec, opts)])
-        for job in jobs:
-            for s in job():
-                if s.skipped:
-                    say(f"{s.label}: skipped: {s.skipped}")
-                elif s.error:
-                    say(f"{s.label}: {len(s.rows)} rows, then failed: {s.error}")
-                else:
-                    say(f"{s.label}: {len(s.rows)} rows in {s.seconds:.1f} s")
-                series.append(s)
+        try:
+            if args.limits:
+                say("measuring this machine's limits")
+                limits = measure_limits()
+            for job in jobs:
+                for s in job():
+                    if s.skipped:
+                        say(f"{s.label}: skipped: {s.skipped}")
+                    elif s.error:
+                        say(f"{s.label}: {len(s.rows)} rows, then failed: {s.error}")
+                    else:
+                        say(f"{s.label}: {len(s.rows)} rows in {s.seconds:.1f} s")
+                    series.append(s)
+        except runner.Interrupted as stop:
+            series.extend(stop.series)
+            stopped = stop.code
+        except KeyboardInterrupt:
+            stopped = 130
 
+    with _no_interrupts() if stopped is not None else contextlib.nullcontext():
+        return _finish(args, checked, series, limits, len(rows), stopped, estimator.planned)
+
+
+def _finish(
+    args: argparse.Namespace,
+    checked: dict[str, Any],
+    series: list[Any],
+    limits: dict[str, Any] | None,
+    n_rows: int,
+    stopped: int | None,
+    planned: int,
+) -> int:
+    """Print the table and write the files of the series measured; the exit code."""
+    from plait.bench import report
+    from plait.bench.limits import format_limits
+    from plait.bench.runner import INTERRUPT_CODES
+    from plait.bench.sweep import format_size
     from plait.selection import model
 
     profile = model.load()
     report.annotate(series, limits, collective=args.collective, ranks=args.nproc, profile=profile)
-    header = _header(args, checked, len(rows))
+    header = _header(args, checked, n_rows)
+    measured = sum(len(s.rows) for s in series)
+    if stopped is not None:
+        why = INTERRUPT_CODES.get(stopped, f"code {stopped}")
+        note = f"interrupted ({why}) after {measured} of {planned} rows"
+        header.append(f"# {note}: the tables hold the rows measured until then")
+        print(f"plait bench: {note}; writing what was measured", file=sys.stderr, flush=True)
     others = []
     for s in series:
         if s.system == "mpi" and "mpi" in s.info:
@@ -294,6 +381,8 @@ def main(args: argparse.Namespace) -> int:
         if not k.startswith("_") and isinstance(v, str | int | float | bool | type(None))
     }
     meta["sizes"] = checked["sizes"]
+    if stopped is not None:
+        meta["interrupted"] = INTERRUPT_CODES.get(stopped, stopped)
     if args.json:
         import json
 
@@ -305,6 +394,8 @@ def main(args: argparse.Namespace) -> int:
         sizes = checked["sizes"]
         title = header[0].lstrip("# ") + f" ({format_size(sizes[0])} .. {format_size(sizes[-1])})"
         report.plot(args.plot, title, series, limits)
+    if stopped is not None:
+        return stopped
     plait_series = [s for s in series if s.system == "plait"]
     failed = any(s.error for s in plait_series)
     wrong = any(r["wrong"] for s in plait_series for r in s.rows)

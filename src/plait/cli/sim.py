@@ -1,35 +1,47 @@
-"""``plait sim``: predict a collective's time on a modelled network with plait's own schedules.
+r"""plait sim: predict a collective's time on a modelled network.
 
-::
+Examples, fastest first, with the time each took on a shared 2-core machine
+that was busy with other work (thousands of ranks take minutes):
 
-    plait sim --ranks 1024 --topology fat-tree:32:2 --algorithm ring,rabenseifner --sizes 1K:1G
-    plait sim --ranks 4096 --topology torus:16x16x16 --algorithm all --sizes 8:256M -f 8
-    plait sim --ranks 64 --topology hosts:8 --intra-beta 1/50e9 --algorithm hierarchical,ring
-    plait sim --ranks 16 --algorithm ring --sizes 1M --with-data --trace ring.json
-    plait sim --ranks 1024 --topology fat-tree:32:2 --aggregation 256K --algorithm in_network,ring
+  3 s     plait sim -n 16 -a ring -s 1M --with-data --trace ring.json
+  13 s    plait sim -n 64 --topology hosts:8 --intra-beta 1/50e9 \
+              -a hierarchical,ring
+  25 s    plait sim -n 1024 --topology fat-tree:32:2 --aggregation 4M \
+              -a in_network,swing -s 16M
+  9 min   plait sim -n 1024 --topology fat-tree:32:2 --aggregation 256K \
+              -a in_network,ring
 
-The table has the form of ``plait bench``'s (time, algbw, busbw with the
-nccl-tests factors) with one series per algorithm; the time is virtual (when
-the last rank finishes), so p10 and p90 equal the median and ``iters`` is 1.
+Every rank runs plait's own schedule of the collective, in virtual time. The
+table has the form of plait bench's (time, algbw, busbw with the nccl-tests
+factors) with one series per algorithm; the time is virtual (when
+the last rank finishes), so p10 and p90 equal the median and iters is 1.
+Progress goes to stderr once a run has taken three seconds: a line as each
+simulation (an algorithm at a size) ends, with the time elapsed, and one now
+and then while a long one runs (after 15 s, 30 s, then every minute or so).
 
-Topologies (``--topology``; ``--alpha``/``--beta`` describe every cable or
-port, ``--gamma`` the per-byte reduction cost of a rank):
+Topologies (--topology; --alpha and --beta describe every cable or port,
+--gamma the per-byte reduction cost of a rank):
 
-- ``flat``: every rank a send and a receive port into a non-blocking core;
-- ``flat-free``: the contention-free α-β model of Thakur, Rabenseifner and Gropp;
-- ``switch``: one switch, a cable per rank;
-- ``fat-tree:K[:OVERSUB[:SPINES]]``: K ranks per leaf switch, uplinks oversubscribed;
-- ``hosts:K[:NICS]``: K ranks per host joined by fast ports (``--intra-alpha``,
-  ``--intra-beta``), hosts by NICs of ``--alpha``/``--beta``;
-- ``ring``, ``torus:AxB[xC]``: cables between neighbours, dimension-order routing.
+  flat         every rank a send and a receive port into a non-blocking core
+  flat-free    the contention-free alpha-beta model of Thakur et al. (2005)
+  switch       one switch, a cable per rank
+  fat-tree:K[:OVERSUB[:SPINES]]
+               K ranks per leaf switch, uplinks oversubscribed
+  hosts:K[:NICS]
+               K ranks per host joined by fast ports (--intra-alpha,
+               --intra-beta), hosts by NICs of --alpha and --beta
+  ring, torus:AxB[xC]
+               cables between neighbours, dimension-order routing
 
-``--aggregation BYTES`` gives the switches of ``switch``, ``fat-tree`` and
-``hosts`` that much aggregation memory, so that they reduce in flight (SHARP,
-SwitchML) and the ``in_network`` allreduce can run; ``--algorithm all``
-includes ``in_network`` only then.
+--aggregation BYTES gives the switches of switch, fat-tree and hosts that much
+aggregation memory, so that they reduce in flight (SHARP, SwitchML) and the
+in_network allreduce can run; --algo all includes in_network only then.
 
-``--beta`` and the other per-byte figures accept ``1/12.5e9`` style values
-(seconds per byte of a 12.5 GB/s link). See docs/simulator.md.
+--beta and the other per-byte figures accept 1/12.5e9 style values (seconds
+per byte of a 12.5 GB/s link). The options plait bench has too (-n, -b, -e,
+-f, -s, -d, -o, -r, -a, --json, --csv, --plot, --progress) mean the same here;
+-t, the transport in plait bench, is no topology here: write --topology.
+See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -37,7 +49,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -46,6 +62,8 @@ __all__ = ["add_arguments", "main", "parse_topology"]
 _DEFAULT_ALPHA = 1e-6
 _DEFAULT_BETA = 1 / 12.5e9  # a 100 Gb/s link
 _DEFAULT_INTRA = (2e-7, 1 / 50e9)
+#: The defaults of the options both commands have (plait.bench.options resolves them).
+_COLLECTIVE, _BEGIN, _END, _FACTOR, _RANKS = "allreduce", "1K", "64M", 4, 16
 
 
 def _number(text: str) -> float:
@@ -60,21 +78,32 @@ def _number(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``plait sim``."""
-    parser.add_argument("--ranks", "-n", type=int, default=16, help="number of ranks (16)")
-    parser.add_argument("--topology", "-t", default="flat", help="see above (flat)")
-    parser.add_argument("--collective", "-c", default="allreduce", help="(allreduce)")
+    """The options of ``plait sim`` (the shared ones from :mod:`plait.bench.options`)."""
+    from plait.bench import options as o
+
+    o.add_collective(parser, _COLLECTIVE)
+    o.add_ranks(parser, "ranks", _RANKS)
+    o.add_sizes(parser, _BEGIN, _END, _FACTOR)
+    o.add_reduction(parser)
+    parser.add_argument("--topology", default="flat", help="the network, see above (default flat)")
     parser.add_argument(
-        "--algorithm", "-a", default="all", help="names separated by commas, or all (all)"
-    )
-    parser.add_argument("--sizes", "-s", default="1K:64M", help="B or LO:HI bytes (1K:64M)")
-    parser.add_argument("-f", "--factor", type=int, default=4, help="size multiplier (4)")
-    parser.add_argument("--dtype", "-d", default="float32")
+        "-t", dest="topology", action=o.DeprecatedAlias, instead="--topology",
+        why="-t is the transport in plait bench",
+    )  # fmt: skip
+    o.add_algorithms(
+        parser, "algorithm", "all",
+        "algorithms separated by commas (listed below), or all: every one, in_network only "
+        "with --aggregation, since it needs aggregating switches (default all)",
+    )  # fmt: skip
     parser.add_argument("--alpha", type=_number, default=_DEFAULT_ALPHA, help="s per message")
     parser.add_argument("--beta", type=_number, default=_DEFAULT_BETA, help="s per byte")
     parser.add_argument("--gamma", type=_number, default=0.0, help="s per byte reduced")
-    parser.add_argument("--intra-alpha", type=_number, default=_DEFAULT_INTRA[0])
-    parser.add_argument("--intra-beta", type=_number, default=_DEFAULT_INTRA[1])
+    parser.add_argument(
+        "--intra-alpha", type=_number, default=_DEFAULT_INTRA[0], help="hosts: s per message"
+    )
+    parser.add_argument(
+        "--intra-beta", type=_number, default=_DEFAULT_INTRA[1], help="hosts: s per byte"
+    )
     parser.add_argument(
         "--segment", default="default", help="pipelining unit in bytes, 0 or default"
     )
@@ -85,9 +114,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="switches reduce in flight with this much memory each (0: they do not)",
     )
     parser.add_argument("--with-data", action="store_true", help="move data; check results")
-    parser.add_argument("--json", metavar="FILE", help="one record per algorithm and size")
+    o.add_outputs(parser)
     parser.add_argument("--trace", metavar="FILE", help="Chrome/Perfetto trace (largest size)")
-    parser.add_argument("--plot", metavar="FILE", help="busbw and time against size (PNG, …)")
+    o.add_progress(
+        parser,
+        "a line on stderr as each simulation starts and ends (default: a line per "
+        "simulation once the run has taken a few seconds; --no-progress: none)",
+    )
+    parser.epilog = o.algorithm_listing(
+        "it runs on --topology switch, fat-tree or hosts with --aggregation BYTES, and "
+        "--algo all takes it only then"
+    )
 
 
 def parse_topology(
@@ -115,20 +152,22 @@ def parse_topology(
         raise ValueError(
             f"--aggregation needs switches: use it with switch, fat-tree or hosts, not {name}"
         )
-    agg = {"aggregation_memory": aggregation} if aggregation else {}
     if name == "flat":
         return sim.flat(p, alpha, beta, gamma)
     if name == "flat-free":
         return sim.flat(p, alpha, beta, gamma, ports=False)
     if name == "switch":
-        return sim.single_switch(p, link, gamma=gamma, **agg)
+        return sim.single_switch(p, link, gamma=gamma, aggregation_memory=aggregation)
     if name == "fat-tree":
         if not args:
             raise ValueError("fat-tree needs ranks per leaf: fat-tree:K[:OVERSUB[:SPINES]]")
         k = int(args[0])
         over = float(args[1]) if len(args) > 1 else 1.0
         spines = int(args[2]) if len(args) > 2 else 1
-        return sim.fat_tree(p, k, link, oversubscription=over, spines=spines, gamma=gamma, **agg)
+        return sim.fat_tree(
+            p, k, link, oversubscription=over, spines=spines, gamma=gamma,
+            aggregation_memory=aggregation,
+        )  # fmt: skip
     if name == "hosts":
         if not args:
             raise ValueError("hosts needs ranks per host: hosts:K[:NICS]")
@@ -136,7 +175,10 @@ def parse_topology(
         if k < 1 or p % k:
             raise ValueError(f"--ranks {p} is not a multiple of {k} ranks per host")
         nics = int(args[1]) if len(args) > 1 else 1
-        return sim.hosts(p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma, **agg)
+        return sim.hosts(
+            p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma,
+            aggregation_memory=aggregation,
+        )  # fmt: skip
     if name == "ring":
         return sim.ring(p, link, gamma=gamma)
     if name == "torus":
@@ -152,47 +194,177 @@ def parse_topology(
     )
 
 
-def _sizes(text: str, factor: int) -> list[int]:
-    from plait.bench.sweep import parse_size, size_range
+class _Progress:
+    """Progress of a sim on stderr, so that a run of minutes says what it is doing.
 
-    lo, _, hi = text.partition(":")
-    begin = parse_size(lo)
-    end = parse_size(hi) if hi else begin
-    if factor < 2:
-        raise ValueError(f"-f must be at least 2, got {factor}")
-    return size_range(begin, end, factor)
+    ``mode`` None (the default): quiet for the first ``quiet`` seconds, then a line
+    as each simulation (an algorithm at a size) ends, and one while a simulation
+    runs on: after ``every`` seconds, then at intervals of half its running time,
+    between ``every`` and four times that. True: a line as each one starts and ends.
+    False: nothing. A thread calls :meth:`tick` every second while the ``with``
+    block runs; ``clock`` is the time source.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        total: int,
+        mode: bool | None,
+        *,
+        quiet: float = 3.0,
+        every: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream
+        self.total = total
+        self.mode = mode
+        self.quiet = quiet
+        self.every = every
+        self.clock = clock
+        self.start = clock()
+        self.index = 0
+        self.what = ""
+        self._since = self.start  # when the current simulation began
+        self._said = self.start  # when its latest line was written
+        self._running = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _say(self, text: str) -> None:
+        from plait.bench.progress import format_duration
+
+        elapsed = format_duration(self.clock() - self.start)
+        self.stream.write(f"plait sim: {text}; {elapsed} elapsed\n")
+        self.stream.flush()
+
+    def _loud(self) -> bool:
+        return self.mode is True or (self.mode is None and self.clock() - self.start >= self.quiet)
+
+    def begin(self, algorithm: str, nbytes: int) -> None:
+        """A simulation of ``algorithm`` at ``nbytes`` starts."""
+        from plait.bench.sweep import format_size
+
+        with self._lock:
+            self.index += 1
+            self.what = f"{algorithm}, {format_size(nbytes)} ({self.index} of {self.total})"
+            self._since = self._said = self.clock()
+            self._running = True
+            if self.mode is True:
+                self._say(f"{self.what}: started")
+
+    def end(self, outcome: str = "") -> None:
+        """The current simulation ended; ``outcome``: what to add (an error)."""
+        from plait.bench.progress import format_duration
+
+        with self._lock:
+            self._running = False
+            if self.mode is False or not self._loud():
+                return
+            took = format_duration(self.clock() - self._since)
+            self._say(f"{self.what}: {outcome or 'done'} in {took}")
+
+    def tick(self) -> None:
+        """Say which simulation is running, if it is time to (see the class)."""
+        from plait.bench.progress import format_duration
+
+        with self._lock:
+            if self.mode is False or not self._running:
+                return
+            now = self.clock()
+            interval = min(4 * self.every, max(self.every, (now - self._since) / 2))
+            if now - self._said >= interval and self._loud():
+                self._said = now
+                self._say(f"{self.what}: running for {format_duration(now - self._since)}")
+
+    def finish(self) -> None:
+        """A last line with the whole run's time, if any line was written."""
+        from plait.bench.progress import format_duration
+
+        with self._lock:
+            if self.mode is not False and self._loud():
+                took = format_duration(self.clock() - self.start)
+                self.stream.write(f"plait sim: {self.index} simulations in {took}\n")
+                self.stream.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.tick()
+
+    def __enter__(self) -> _Progress:
+        if self.mode is not False:
+            self._thread = threading.Thread(
+                target=self._run, name="plait-sim-progress", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
+    """The comment lines above the tables: what was simulated, on what, with which costs."""
+    import re
+
+    what = [args.collective, dtype.name]
+    if args.collective in ("allreduce", "reduce", "reduce_scatter"):
+        what.append(args.op)
+    if args.collective in ("reduce", "broadcast", "gather", "scatter"):
+        what.append(f"root {args.root}")
+    # The network's description names its ranks (``8 ranks``, ``2 hosts × 4 ranks``).
+    if not re.search(r"\branks?\b", net.description):
+        what.append(f"{args.ranks} ranks")
+    what.append(net.description)
+    header = [f"# plait sim: {', '.join(what)}"]
+    if "α=" not in net.description:
+        header.append(f"# α={args.alpha:g} s, β={args.beta:g} s/B, γ={args.gamma:g} s/B")
+    header.append("# virtual time: when the last rank finishes (p10 = p90 = the time)")
+    return header
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the sweep; print the table; write the requested files. Exit code 2 on bad input."""
     import plait
     from plait import sim
-    from plait.bench import report
+    from plait.bench import options, report
+    from plait.bench.data import resolve_dtype
+    from plait.bench.loop import op_by_name
     from plait.bench.runner import Series
-    from plait.bench.sweep import bandwidths, element_count
+    from plait.bench.sweep import bandwidths, element_count, parse_size
 
     try:
-        if args.collective not in plait.COLLECTIVES:
-            raise ValueError(
-                f"unknown collective {args.collective!r}; expected one of "
-                + ", ".join(plait.COLLECTIVES)
-            )
-        from plait.bench.sweep import parse_size
-
+        args.collective = options.resolve_collective(args, _COLLECTIVE)
+        args.begin, args.end, args.factor, sizes = options.resolve_sizes(
+            args, _BEGIN, _END, _FACTOR
+        )
         aggregation = parse_size(args.aggregation)
         known = plait.algorithms(args.collective)
         names = known if args.algorithm == "all" else tuple(args.algorithm.split(","))
-        if args.algorithm == "all" and not aggregation:  # nothing to run them on
-            names = tuple(
-                n for n in names if not plait._algorithms.get(args.collective, n).needs_fabric
+        needs = [n for n in known if plait._algorithms.get(args.collective, n).needs_fabric]
+        if args.algorithm == "all" and not aggregation and needs:  # nothing to run them on
+            names = tuple(n for n in names if n not in needs)
+            print(
+                f"plait sim: --algo all leaves out {', '.join(needs)}: it needs aggregating "
+                "switches (--aggregation BYTES with switch, fat-tree or hosts)",
+                file=sys.stderr,
             )
         for n in names:
             if n not in known:
                 raise ValueError(
                     f"{args.collective} has no algorithm {n!r}; expected {', '.join(known)}"
                 )
-        sizes = _sizes(args.sizes, args.factor)
-        dtype = np.dtype(args.dtype)
+        dtype = resolve_dtype(args.dtype)
+        op = op_by_name(args.op)
+        if not 0 <= args.root < args.ranks:
+            raise ValueError(f"--root must be in 0..{args.ranks - 1}")
         segment = None if args.segment == "default" else int(args.segment)
         net = parse_topology(
             args.topology,
@@ -203,6 +375,11 @@ def main(args: argparse.Namespace) -> int:
             (args.intra_alpha, args.intra_beta),
             aggregation,
         )
+        if args.plot:
+            import matplotlib  # noqa: F401
+    except ImportError:
+        print("plait sim: --plot needs matplotlib: pip install 'plait[plot]'", file=sys.stderr)
+        return 2
     except (ValueError, TypeError) as exc:
         print(f"plait sim: {exc}", file=sys.stderr)
         return 2
@@ -211,65 +388,72 @@ def main(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     last: dict[str, Any] = {}
     p = args.ranks
-    for name in names:
-        s = Series("plait", name, args.topology, name)
-        for nbytes in sizes:
-            try:
-                res = sim.simulate(
-                    args.collective,
-                    name,
-                    nbytes,
-                    net,
-                    dtype=dtype,
-                    segment_bytes=segment,
-                    with_data=args.with_data,
-                    trace=bool(args.trace),
+    progress = _Progress(sys.stderr, len(names) * len(sizes), args.progress)
+    with progress:
+        for name in names:
+            s = Series("plait", name, args.topology, name)
+            for nbytes in sizes:
+                progress.begin(name, nbytes)
+                try:
+                    res = sim.simulate(
+                        args.collective,
+                        name,
+                        nbytes,
+                        net,
+                        dtype=dtype,
+                        root=args.root,
+                        op=op,
+                        segment_bytes=segment,
+                        with_data=args.with_data,
+                        trace=bool(args.trace),
+                    )
+                except (ValueError, sim.SimCheckError) as exc:
+                    s.error = f"{nbytes} B: {exc}"
+                    progress.end("failed")
+                    progress.index += len(sizes) - sizes.index(nbytes) - 1
+                    break
+                progress.end()
+                algbw, busbw = bandwidths(args.collective, nbytes, res.time, p)
+                t_us = res.time * 1e6
+                s.rows.append(
+                    {
+                        "bytes": nbytes,
+                        "count": element_count(args.collective, nbytes, dtype.itemsize, p),
+                        "algorithm": name,
+                        "warmup": 0,
+                        "iters": 1,
+                        "time_us": t_us,
+                        "p10_us": t_us,
+                        "p90_us": t_us,
+                        "algbw_gbps": algbw,
+                        "busbw_gbps": busbw,
+                        "wrong": 0 if args.with_data else "-",
+                    }
                 )
-            except (ValueError, sim.SimCheckError) as exc:
-                s.error = f"{nbytes} B: {exc}"
-                break
-            algbw, busbw = bandwidths(args.collective, nbytes, res.time, p)
-            t_us = res.time * 1e6
-            s.rows.append(
-                {
-                    "bytes": nbytes,
-                    "count": element_count(args.collective, nbytes, dtype.itemsize, p),
-                    "algorithm": name,
-                    "warmup": 0,
-                    "iters": 1,
-                    "time_us": t_us,
-                    "p10_us": t_us,
-                    "p90_us": t_us,
-                    "algbw_gbps": algbw,
-                    "busbw_gbps": busbw,
-                    "wrong": 0 if args.with_data else "-",
-                }
-            )
-            records.append(
-                {
-                    "collective": args.collective,
-                    "algorithm": name,
-                    "ranks": p,
-                    "topology": args.topology,
-                    "bytes": nbytes,
-                    "time_s": res.time,
-                    "algbw_gbps": algbw,
-                    "busbw_gbps": busbw,
-                    "messages": res.messages,
-                    "sim_seconds": res.sim_seconds,
-                    "checked": bool(args.with_data),
-                }
-            )
-            last[name] = res
-        series.append(s)
-    header = [f"# plait sim: {args.collective}, {dtype.name}, {p} ranks, {net.description}"]
-    if "α=" not in net.description:
-        header.append(f"# α={args.alpha:g} s, β={args.beta:g} s/B, γ={args.gamma:g} s/B")
-    header.append("# virtual time: when the last rank finishes (p10 = p90 = the time)")
-    sys.stdout.write(report.render(header, series, None))
+                records.append(
+                    {
+                        "collective": args.collective,
+                        "algorithm": name,
+                        "ranks": p,
+                        "topology": args.topology,
+                        "bytes": nbytes,
+                        "time_s": res.time,
+                        "algbw_gbps": algbw,
+                        "busbw_gbps": busbw,
+                        "messages": res.messages,
+                        "sim_seconds": res.sim_seconds,
+                        "checked": bool(args.with_data),
+                    }
+                )
+                last[name] = res
+            series.append(s)
+    progress.finish()
+    sys.stdout.write(report.render(_header(args, dtype, net), series, None, where="topology"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sim": vars_of(args), "results": records}, f, indent=1)
+    if args.csv:
+        report.write_csv(args.csv, series)
     if args.trace and last:
         name = next(iter(last))
         sim.write_trace(last[name], args.trace)
