@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import threading
 import time
 import zlib
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plait import _tensor
 from plait.algos._registry import AlgorithmSpec, build_schedule, get
 from plait.errors import (
     ClosedError,
@@ -443,7 +443,7 @@ class Communicator:
         def run() -> Any:
             res = compression.allreduce(self, a, average=average, timeout=seconds)
             if out_arr is None:
-                return res if a is x else _result_like(x, res)
+                return res if a is x else _tensor.like(x, res)
             out_arr[...] = res
             return out  # the caller's object (Note [result types])
 
@@ -711,8 +711,8 @@ class Communicator:
     def _array(self, x: Any, what: str, c: str) -> np.ndarray:
         if isinstance(x, np.ndarray):
             a = x
-        elif _is_tensor(x):
-            a = _tensor_array(x, f"rank {self._rank}: {c}: {what}")
+        elif _tensor.is_tensor(x):
+            a = _tensor.as_array(x, f"rank {self._rank}: {c}: {what}")
         elif hasattr(x, "__dlpack__"):
             try:
                 a = np.from_dlpack(x)
@@ -902,7 +902,7 @@ class Communicator:
             new = np.empty(shape, dtype)
             flat_out = new.reshape(-1)
             if result is ...:
-                result = new if src is inp else _result_like(src, new)
+                result = new if src is inp else _tensor.like(src, new)
         else:
             if out.flags.c_contiguous:
                 flat_out = out.reshape(-1)
@@ -1147,76 +1147,6 @@ def _enable_debug_log() -> None:
         handler.setFormatter(logging.Formatter("plait %(levelname)s %(message)s"))
         _log.addHandler(handler)
     _log.setLevel(logging.DEBUG)
-
-
-def _is_tensor(x: Any) -> bool:
-    """Whether ``x`` is a torch tensor, without importing torch.
-
-    Only a loaded torch can have made one, so torch's entry in ``sys.modules``
-    decides (subclasses such as ``torch.nn.Parameter`` included).
-    """
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, getattr(torch, "Tensor", ()))
-
-
-def _tensor_array(t: Any, where: str) -> np.ndarray:
-    """A numpy array over CPU tensor ``t``'s memory (no copy).
-
-    Detaches a tensor that requires grad (the same memory; collectives are
-    not differentiable, as in torch.distributed). bfloat16, which numpy lacks,
-    becomes ml_dtypes' bfloat16 over the same bytes.
-
-    Raises:
-        TypeError: a tensor whose memory cannot be read as it is; the message
-            (prefixed with ``where``) says what to call first.
-    """
-    import torch
-
-    if t.device.type != "cpu":
-        raise TypeError(
-            f"{where} is a tensor on {t.device}; plait reads CPU memory only: pass a CPU "
-            "copy (.cpu()) and copy the result back"
-        )
-    if t.layout != torch.strided:
-        raise TypeError(
-            f"{where} has layout {t.layout}; plait reads dense tensors only: call .to_dense() first"
-        )
-    if t.is_quantized:
-        raise TypeError(f"{where} is quantized ({t.dtype}); dequantize it first")
-    if t.is_conj() or t.is_neg():
-        raise TypeError(
-            f"{where} is a lazily conjugated or negated view: call .resolve_conj() and "
-            ".resolve_neg() first"
-        )
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype == torch.bfloat16:
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError(
-                f"{where} is a bfloat16 tensor, which plait moves with the ml_dtypes package: "
-                "pip install 'plait[bfloat16]'"
-            ) from None
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    try:
-        return t.numpy()
-    except (TypeError, RuntimeError) as exc:
-        raise TypeError(f"{where} has dtype {t.dtype}, which plait cannot move ({exc})") from None
-
-
-def _result_like(src: Any, new: np.ndarray) -> Any:
-    """``new``, a call's fresh result, in the type of the caller's ``src`` (Note [result types]).
-
-    A torch tensor for a tensor, sharing ``new``'s memory; ``new`` itself otherwise.
-    """
-    if not _is_tensor(src):
-        return new
-    import torch
-
-    if new.dtype.kind == "V":  # ml_dtypes' bfloat16, the only such dtype a tensor gives
-        return torch.from_numpy(new.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(new)
 
 
 def _p2p_check(dtype: np.dtype) -> int:

@@ -249,7 +249,7 @@ def test_bfloat16_without_ml_dtypes_says_how_to_get_it(monkeypatch: pytest.Monke
 
 def test_result_tensors_share_the_result_arrays_memory() -> None:
     """The conversion itself: torch.from_numpy, no copy, bfloat16 included."""
-    from plait.communicator import _result_like
+    from plait._tensor import like as _result_like
 
     new = np.zeros(3, np.float32)
     t = _result_like(torch.ones(1), new)

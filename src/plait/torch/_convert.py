@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import plait
+from plait._tensor import as_array
 from plait.errors import UnsupportedError
 
 __all__ = ["OPS", "array", "check_one", "output_array", "plait_op", "reshaped_out", "seconds"]
@@ -72,32 +73,7 @@ def array(t: Any, call: str, what: str) -> np.ndarray:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{call}: {what} must be a torch.Tensor; got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise UnsupportedError(
-            f"{call}: {what} is on device {t.device}; the plait backend serves CPU tensors "
-            "only (move it with .cpu(), or use a GPU backend such as nccl for it)"
-        )
-    if t.layout != torch.strided:
-        raise UnsupportedError(
-            f"{call}: {what} has layout {t.layout}; the plait backend serves dense "
-            "(strided) tensors only (call .to_dense() first)"
-        )
-    if t.is_quantized:
-        raise UnsupportedError(f"{call}: {what} is quantized ({t.dtype}); plait cannot reduce it")
-    if t.is_conj() or t.is_neg():
-        raise UnsupportedError(
-            f"{call}: {what} is a lazily conjugated or negated view; call .resolve_conj() "
-            "and .resolve_neg() first"
-        )
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return _bfloat16(t, call, what)
-    try:
-        return t.numpy()
-    except (TypeError, RuntimeError) as exc:
-        raise TypeError(
-            f"{call}: {what} has dtype {t.dtype}, which plait cannot move ({exc})"
-        ) from None
+    return as_array(t, f"{call}: {what}", refuse=UnsupportedError)
 
 
 def output_array(t: Any, call: str, what: str) -> np.ndarray:
@@ -109,17 +85,6 @@ def output_array(t: Any, call: str, what: str) -> np.ndarray:
             "cannot be written into it: pass a tensor with its own memory (.clone())"
         )
     return a
-
-
-def _bfloat16(t: torch.Tensor, call: str, what: str) -> np.ndarray:
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise TypeError(
-            f"{call}: {what} is bfloat16, which plait moves with the ml_dtypes package: "
-            "pip install 'plait[bfloat16]'"
-        ) from None
-    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
 def reshaped_out(a: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, Callable[[], None]]:
