@@ -67,9 +67,11 @@ def as_array(t: Any, where: str, refuse: type[Exception] = TypeError) -> np.ndar
                 f"{where} is a bfloat16 tensor, which plait moves with the ml_dtypes package: "
                 "pip install 'plait[bfloat16]'"
             ) from None
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        bf16: np.ndarray = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return bf16
     try:
-        return t.numpy()
+        arr: np.ndarray = t.numpy()
+        return arr
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{where} has dtype {t.dtype}, which plait cannot move ({exc})") from None
 

@@ -683,7 +683,8 @@ class Communicator:
         data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         self._check_usable("send")
         t = self._transport
-        h = t.isend(dst, wire_tag, memoryview(data), _p2p_check(a.dtype))
+        # numpy's stubs give ndarray the buffer protocol (__buffer__) only from Python 3.12 on
+        h = t.isend(dst, wire_tag, memoryview(data), _p2p_check(a.dtype))  # type: ignore[arg-type]
         self._wait_p2p(h, "send", dst, tag, timeout, a)
 
     def recv(self, buf: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
@@ -699,8 +700,12 @@ class Communicator:
         contiguous = a.flags.c_contiguous
         target = a.reshape(-1) if contiguous else np.empty(a.size, a.dtype)
         self._check_usable("recv")
+        view = target.view(np.uint8)
         h = self._transport.irecv(
-            src, wire_tag, memoryview(target.view(np.uint8)), _p2p_check(a.dtype)
+            src,
+            wire_tag,
+            memoryview(view),  # type: ignore[arg-type]  # ndarray is a Buffer on 3.12+ stubs only
+            _p2p_check(a.dtype),
         )
         self._wait_p2p(h, "recv", src, tag, timeout, a)
         if not contiguous:

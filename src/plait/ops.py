@@ -93,7 +93,8 @@ class Op:
             )
         self.ufunc = ufunc
         self.commutative = bool(commutative)
-        self.name = name or getattr(ufunc, "__name__", type(ufunc).__name__)
+        default_name: str = getattr(ufunc, "__name__", type(ufunc).__name__)
+        self.name = name or default_name
         self._families = families
         self.average = _average
 

@@ -170,7 +170,8 @@ class StaleAverager:
         buf = np.array(grad, copy=True)
         self._pending.append(self.comm.allreduce(buf, AVG, out=buf, async_op=True))
         if len(self._pending) > self.staleness:
-            return self._pending.popleft().wait()
+            due: np.ndarray = self._pending.popleft().wait()
+            return due
         return None
 
     def drain(self) -> list[np.ndarray]:

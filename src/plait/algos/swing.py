@@ -59,7 +59,8 @@ __all__ = ["swing_order", "swing_peer", "swing_reachable", "swing_rho", "swing_s
 
 def swing_rho(step: int) -> int:
     """``rho(step) = sum_{i=0..step} (-2)**i``: 1, -1, 3, -5, 11, -21, …"""
-    return (1 - (-2) ** (step + 1)) // 3
+    rho: int = (1 - (-2) ** (step + 1)) // 3
+    return rho
 
 
 def swing_peer(rank: int, step: int, size: int) -> int:

@@ -48,7 +48,8 @@ def resolve_dtype(name: str) -> np.dtype:
             import ml_dtypes
         except ImportError:
             raise ValueError("bfloat16 needs ml_dtypes: pip install 'plait[bfloat16]'") from None
-        return np.dtype(ml_dtypes.bfloat16)
+        bf16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+        return bf16
     try:
         return np.dtype(name)
     except TypeError:
@@ -60,7 +61,8 @@ def pattern(rank: int, start: int, n: int, dtype: np.dtype) -> np.ndarray:
     v = (np.arange(start, start + n, dtype=np.int64) + _RANK_SHIFT * rank) % _PERIOD + 1
     family = dtype_family(dtype)
     if family == "bool":
-        return (v * 73 % _PERIOD) % 2 == 1
+        odd: np.ndarray = (v * 73 % _PERIOD) % 2 == 1
+        return odd
     if dtype == np.int8:
         v = v % 127 + 1
     if family == "complex":

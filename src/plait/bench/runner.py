@@ -144,14 +144,15 @@ def transports() -> tuple[str, ...]:
     """The transports ``plait run --transport`` accepts (``auto`` first)."""
     for action in _run_parser()._actions:
         if action.dest == "transport" and action.choices:
-            return tuple(action.choices)  # type: ignore[arg-type]
+            return tuple(action.choices)
     return ("auto",)  # pragma: no cover - plait run always has --transport
 
 
 def _read(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            return json.load(f)
+            data: dict[str, Any] = json.load(f)
+            return data
     except (OSError, ValueError):
         return None
 

@@ -80,7 +80,8 @@ class PlaitBackend:
 
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         """Every rank's ``row`` stacked on rank 0."""
-        return self.comm.gather(np.ascontiguousarray(row, np.float64), 0)
+        rows: np.ndarray | None = self.comm.gather(np.ascontiguousarray(row, np.float64), 0)
+        return rows
 
 
 def _make(spec: SweepSpec) -> tuple[PlaitBackend, dict[str, Any], Callable[[], None]]:

@@ -80,7 +80,8 @@ def _measure(transport: str, timeout: float) -> dict[str, Any]:
                 + (res.stderr or res.stdout)[-2000:]
             )
         with open(out) as f:
-            return json.load(f)
+            measured: dict[str, Any] = json.load(f)
+            return measured
 
 
 #: Sources of a choice, as --show marks them.

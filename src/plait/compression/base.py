@@ -68,7 +68,7 @@ class _Identity:
         return f"<array at {self.ident:#x}>"
 
 
-def _forget(table_ref: weakref.ref[_Table], key: _Identity) -> None:
+def _forget(table_ref: weakref.ref[_Table], key: Hashable) -> None:
     table = table_ref()
     if table is not None:
         table.pop(key, None)
@@ -205,6 +205,8 @@ class Keyed(Compressor):
 
     Cheap to make per call; the state stays in the wrapped compressor.
     """
+
+    inner: Compressor
 
     def __init__(self, inner: Compressor, key: Hashable) -> None:
         if isinstance(inner, Keyed):

@@ -95,7 +95,7 @@ class FP16(Compressor):
         with np.errstate(over="ignore"):
             scaled = x / np.asarray(comm.size, x.dtype) if average else x
             payload = np.asarray(scaled, dtype=np.float16)
-        total = comm.allreduce(payload, SUM, timeout=timeout)
+        total: np.ndarray = comm.allreduce(payload, SUM, timeout=timeout)
         return total.astype(x.dtype, copy=False).reshape(x.shape)
 
 

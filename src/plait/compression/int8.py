@@ -95,7 +95,8 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, block_size: int) -> np.nda
     grid = _blocks(rows, blocks, block_size)
     with np.errstate(invalid="ignore"):  # 0 * inf in a non-finite block: NaN, as meant
         grid = grid * scales.reshape(count, blocks, 1)
-    return grid.reshape(count, -1)[:, :n].reshape(codes.shape)
+    values: np.ndarray = grid.reshape(count, -1)[:, :n].reshape(codes.shape)
+    return values
 
 
 def _blocks(rows: np.ndarray, blocks: int, block_size: int) -> np.ndarray:

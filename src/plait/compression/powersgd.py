@@ -75,7 +75,7 @@ def orthogonalize(p: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
 
 def low_rank_product(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``p @ q.T`` as a sum of ``r`` outer products in column order (same bits everywhere)."""
-    out = np.multiply.outer(p[:, 0], q[:, 0])
+    out: np.ndarray = np.multiply.outer(p[:, 0], q[:, 0])
     for j in range(1, p.shape[1]):
         out += np.multiply.outer(p[:, j], q[:, j])
     return out
@@ -190,7 +190,8 @@ class PowerSGD(Compressor):
         """Power-iteration step, two allreduces, low-rank product; see the module docstring."""
         nm = self.matrix_shape(x.shape)
         if nm is None:
-            return comm.allreduce(x, AVG if average else SUM, timeout=timeout)
+            total: np.ndarray = comm.allreduce(x, AVG if average else SUM, timeout=timeout)
+            return total
         n, m = nm
         r = self.rank
         wd = work_dtype(x.dtype)

@@ -20,7 +20,7 @@ from collections import deque
 import numpy as np
 
 from plait.errors import CollectiveTimeout, CommError
-from plait.schedule.ir import Region, Schedule, StepKind
+from plait.schedule.ir import Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
 __all__ = ["Call", "Workspace", "execute"]
@@ -113,7 +113,8 @@ def execute(
         b = raw[region.buf]
         if b is None:
             b = raw[region.buf] = buffers[region.buf].view(np.uint8)
-        return memoryview(b[region.offset * itemsize : (region.offset + region.count) * itemsize])
+        # numpy's stubs give ndarray the buffer protocol (__buffer__) only from Python 3.12 on
+        return memoryview(b[region.offset * itemsize : (region.offset + region.count) * itemsize])  # type: ignore[arg-type]
 
     remaining = list(schedule.n_deps)
     dependents = schedule.dependents
@@ -156,7 +157,7 @@ def execute(
                 if step.kind is StepKind.RECV_REDUCE:
                     n = step.dst.count  # type: ignore[union-attr]
                     staged[i] = pool[offset : offset + n]
-                    mv = memoryview(pool_raw[offset * itemsize : (offset + n) * itemsize])
+                    mv = memoryview(pool_raw[offset * itemsize : (offset + n) * itemsize])  # type: ignore[arg-type]
                     pending[transport.irecv(step.peer, tag_base + step.tag, mv, check)] = i
                     offset += n
         while True:
@@ -181,10 +182,8 @@ def execute(
                             d.buf != s.buf and not (aliased and d.buf + s.buf == 1)  # type: ignore[union-attr]
                         ):
                             # numpy copies through a temporary when the regions overlap.
-                            buffers[d.buf][d.offset : d.offset + d.count] = buffers[s.buf][  # type: ignore[union-attr]
-                                s.offset : s.offset
-                                + s.count  # type: ignore[union-attr]
-                            ]
+                            part = buffers[s.buf][s.offset : s.offset + s.count]  # type: ignore[union-attr]
+                            buffers[d.buf][d.offset : d.offset + d.count] = part  # type: ignore[union-attr]
                     else:
                         src = buffers[s.buf][s.offset : s.offset + s.count]  # type: ignore[union-attr]
                         dst = buffers[d.buf][d.offset : d.offset + d.count]  # type: ignore[union-attr]
@@ -220,7 +219,9 @@ def execute(
         raise
 
 
-def _timeout(rank: int, call: Call, steps: tuple, pending: dict[Handle, int]) -> CollectiveTimeout:
+def _timeout(
+    rank: int, call: Call, steps: tuple[Step, ...], pending: dict[Handle, int]
+) -> CollectiveTimeout:
     waiting = sorted({steps[i].peer for h, i in pending.items() if not h.done})
     return CollectiveTimeout(
         f"rank {rank}: {call.describe} timed out waiting for rank(s) {waiting}: they may have "

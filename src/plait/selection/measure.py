@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def _bounce(comm: plait.Communicator, buf: np.ndarray, peer: int) -> None:
         comm.send(buf, peer)
 
 
-def _per_byte(fn, nbytes: int) -> float:
+def _per_byte(fn: Callable[[], object], nbytes: int) -> float:
     best = float("inf")
     for _ in range(7):
         t = time.perf_counter()

@@ -51,7 +51,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from plait.schedule.builder import HostLayout
 
@@ -304,7 +304,7 @@ def _predict(
             finalists.append(baseline)
         for name in finalists[1:]:
             search.time(name, default_segment)
-        if unranked and search.times.get((baseline, default_segment)) is None:
+        if unranked and search.times.get((cast(str, baseline), default_segment)) is None:
             return None
     else:
         # Across hosts, or too few formulas: simulate every candidate, the rules' first.

@@ -274,7 +274,7 @@ class Network:
         net.gamma = [*self.gamma, *(0.0 for _ in nodes)]
         net.delta = [*self.delta, *(0.0 for _ in nodes)]
         p, inner = self.size, self._router
-        toward: dict[int, list[int]] = {}
+        toward: dict[int, dict[int, int]] = {}
 
         def router(s: int, d: int) -> Sequence[int]:
             if s < p and d < p and inner is not None:
@@ -324,7 +324,8 @@ class Network:
         """Per node, the links that end there (rebuilt when links were added)."""
         cached = self.__dict__.get("_into")
         if cached is not None and cached[0] == len(self.link_dst):
-            return cached[1]
+            hit: dict[int, list[int]] = cached[1]
+            return hit
         into: dict[int, list[int]] = {}
         for i, d in enumerate(self.link_dst):
             into.setdefault(d, []).append(i)

@@ -115,7 +115,8 @@ class ProcessGroupPlait(dist.ProcessGroup):
     """
 
     def __init__(self, comm: plait.Communicator, global_ranks: Sequence[int] | None = None) -> None:
-        super().__init__(comm.rank, comm.size)
+        # torch's stub lists only the (store, rank, size) form; the binding has (rank, size) too
+        super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         self._comm = comm
         self._global = list(global_ranks) if global_ranks else list(range(comm.size))
         self._notifier = Notifier(f"plait-torch-futures-{comm.rank}")
@@ -316,7 +317,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
             finish,
         )
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # stub: user-facing signature
 
     # -- data movement -----------------------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
@@ -489,7 +490,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         outs = [(flat_out if flat_out is not None else oa)[r0:r1] for r0, r1 in _bounds(recvs)]
         return self._alltoallv(c, opts, ia.reshape(ia.shape[0], row), sends, recvs, outs, [output])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # stub: user-facing signature
 
     def alltoall(
         self,

@@ -8,8 +8,8 @@ error that names the call, the argument and what is wrong with it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -21,7 +21,10 @@ from plait.errors import UnsupportedError
 
 __all__ = ["OPS", "array", "check_one", "output_array", "plait_op", "reshaped_out", "seconds"]
 
-_RedOp = dist.ReduceOp.RedOpType
+_T = TypeVar("_T")
+
+# torch's stub declares RedOpType as an enum without members (SUM, ... exist at run time)
+_RedOp: Any = dist.ReduceOp.RedOpType
 
 #: torch's reduce ops and the plait op each one runs as.
 OPS: dict[Any, plait.Op] = {
@@ -54,7 +57,7 @@ def plait_op(op: Any, call: str) -> plait.Op:
     )
 
 
-def check_one(tensors: Any, call: str, what: str = "tensors") -> torch.Tensor:
+def check_one(tensors: Sequence[_T], call: str, what: str = "tensors") -> _T:
     """The single tensor of a per-process tensor list (plait runs one tensor per process)."""
     if len(tensors) != 1:
         raise UnsupportedError(

@@ -70,7 +70,8 @@ class TorchStore(Store):
 
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``."""
-        self._store.set(self._key(key), bytes(value))
+        # torch's stub says str; the binding takes bytes as well
+        self._store.set(self._key(key), bytes(value))  # type: ignore[arg-type]
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting until it is set."""

@@ -291,7 +291,8 @@ class PlaitWork(dist.Work):
         with self._lock:
             if self._future is not None:
                 return self._future
-            self._future = future = torch.futures.Future()
+            future: torch.futures.Future[Any] = torch.futures.Future()
+            self._future = future
         tasks = [p for p in self._pending if isinstance(p, Task) and not p.done()]
         others = [p for p in self._pending if not isinstance(p, Task) and not p.done()]
         if others:

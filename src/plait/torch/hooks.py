@@ -47,7 +47,7 @@ def _group(state: Any) -> ProcessGroupPlait:
     return pg
 
 
-def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Future]:
+def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Future[Any]]:
     """A DDP communication hook that averages every bucket with ``compressor``.
 
     Args:
@@ -59,7 +59,7 @@ def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Futu
         ``state`` is None (the default "plait" group) or a "plait" process group.
     """
 
-    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+    def hook(state: Any, bucket: Any) -> torch.futures.Future[Any]:
         pg = _group(state)
         comm = pg.communicator
         buf = bucket.buffer()

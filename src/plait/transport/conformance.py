@@ -333,7 +333,7 @@ def check_zero_length(make: Factory) -> None:
             return got
 
         got = run_ranks(ts, body)[1]
-        np.testing.assert_array_equal(got, _pattern(10, 1))  # type: ignore[arg-type]
+        np.testing.assert_array_equal(got, _pattern(10, 1))
     finally:
         _close_all(ts)
 

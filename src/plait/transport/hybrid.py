@@ -183,12 +183,14 @@ class HybridTransport:
     def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Handle:
         """Start sending ``data`` to ``peer`` over the transport that reaches it."""
         t, q = self._peer(peer)
-        return t.isend(q, tag, data, check)
+        h: Handle = t.isend(q, tag, data, check)
+        return h
 
     def irecv(self, peer: int, tag: int, into: memoryview, check: int) -> Handle:
         """Start receiving from ``peer`` over the transport that reaches it."""
         t, q = self._peer(peer)
-        return t.irecv(q, tag, into, check)
+        h: Handle = t.irecv(q, tag, into, check)
+        return h
 
     def cancel(self, handle: Handle) -> None:
         """Withdraw ``handle`` in the inner transport that made it."""

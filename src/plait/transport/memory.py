@@ -12,8 +12,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
+from typing import Any, cast
 
 from plait.errors import MismatchError, PeerLostError
+from plait.transport.base import Handle
 
 __all__ = ["MemoryFabric", "MemoryTransport"]
 
@@ -114,20 +116,24 @@ class MemoryTransport:
                 self._posted.setdefault(key, deque()).append(op)
         return op
 
-    def wait_any(self, handles: Sequence[_Op], timeout: float | None) -> bool:  # type: ignore[override]
+    def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: any(h.done for h in handles), timeout)
 
-    def cancel(self, handle: _Op) -> None:  # type: ignore[override]
+    def cancel(self, handle: Handle) -> None:
+        op = cast(_Op, handle)  # handles come from this transport's isend/irecv
         with self.fabric.lock:
-            if handle.done:
+            if op.done:
                 return
-            for table in (self._posted, self.fabric.endpoints[handle.peer]._unexpected):
+            # receives posted here, and messages (lockstep sends) waiting at the peer
+            tables: list[dict[tuple[int, int], deque[Any]]]
+            tables = [self._posted, self.fabric.endpoints[op.peer]._unexpected]
+            for table in tables:
                 for queue in table.values():
                     for item in list(queue):
-                        if item is handle or getattr(item, "send", None) is handle:
+                        if item is op or getattr(item, "send", None) is op:
                             queue.remove(item)
-            handle.done = True
+            op.done = True
 
     def close(self) -> None:
         with self.fabric.lock:
@@ -143,8 +149,8 @@ class MemoryTransport:
                             other._fail(op, lost)
                         queue.clear()
             # Lockstep sends to us that nobody will receive now.
-            for queue in self._unexpected.values():
-                for message in queue:
+            for messages in self._unexpected.values():
+                for message in messages:
                     if message.send is not None:
                         message.send.owner._fail(message.send, lost)
             self._unexpected.clear()

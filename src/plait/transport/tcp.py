@@ -160,6 +160,7 @@ import time
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from plait import _auth
 from plait.errors import (
@@ -611,7 +612,7 @@ def _bootstrap(
             with contextlib.suppress(RendezvousError):  # the peer may have a new address
                 d.addr = _parse_address(store.get(f"{prefix}/addr/{d.peer}", 0.0).decode())
 
-        def check_peer(what: str, fields: tuple, peer: int) -> None:
+        def check_peer(what: str, fields: tuple[Any, ...], peer: int) -> None:
             if fields[4] != size or fields[5] != streams:
                 raise RendezvousError(
                     f"rank {rank}: {what} rank {peer} disagrees on the setup: it has "
@@ -1193,7 +1194,7 @@ class TcpTransport:
                 if not queue:
                     del self._unexpected[key]
                 if rec.__class__ is _Rts:
-                    self._match_rts(op, rec)  # type: ignore[arg-type]
+                    self._match_rts(op, rec)
                 else:
                     self._match_unexpected(op, rec)  # type: ignore[arg-type]
             else:
@@ -2139,11 +2140,11 @@ class TcpTransport:
                 c.due.clear()
         if inbound:  # unexpected messages from p that will never finish arriving
             for key in [k for k in self._unexpected if k[0] == p.rank]:
-                queue = deque(
+                kept: deque[_Inbound | _Rts] = deque(
                     r for r in self._unexpected[key] if r.__class__ is _Inbound and r.complete
                 )
-                if queue:
-                    self._unexpected[key] = queue
+                if kept:
+                    self._unexpected[key] = kept
                 else:
                     del self._unexpected[key]
 
@@ -2371,6 +2372,7 @@ def _unsent(c: _Conn) -> bool:
         import fcntl
 
         raw = fcntl.ioctl(c.sock.fileno(), _TIOCOUTQ, b"\0\0\0\0")
-        return struct.unpack("i", raw)[0] > 0
+        queued: int = struct.unpack("i", raw)[0]
+        return queued > 0
     except (OSError, ImportError):
         return False
