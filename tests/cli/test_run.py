@@ -61,7 +61,9 @@ def test_failing_rank_stops_the_others(tmp_path: Path) -> None:
         import os, sys, time
         if os.environ["PLAIT_RANK"] == "2":
             sys.exit(3)
-        time.sleep(60)  # would hang the job if the launcher did not stop it
+        # Behaviour under test, not synchronisation: a rank that never ends on its own,
+        # so the job would hang if the launcher did not stop it.
+        time.sleep(60)
     """,
     )
     start = time.monotonic()
@@ -78,7 +80,7 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
         import os, signal, time
         if os.environ["PLAIT_RANK"] == "1":
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(60)
+        time.sleep(60)  # behaviour under test: a rank the launcher must stop, not a wait
     """,
     )
     res = run(["run", "-n", "2", s])
@@ -91,8 +93,8 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         tmp_path,
         """
         import os, time
-        print(os.getpid(), flush=True)
-        time.sleep(60)
+        print(os.getpid(), flush=True)  # the test reads this line: the rank is up
+        time.sleep(60)  # behaviour under test: a rank only Ctrl-C ends, not a wait
     """,
     )
     proc = subprocess.Popen(

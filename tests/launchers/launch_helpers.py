@@ -145,6 +145,8 @@ def _reap_group(pgid: int, grace: float = 5.0) -> bool:
         if time.monotonic() > deadline:
             _kill_group(pgid)
             return False
+        # A poll, not an event: the group's processes are not all our children (the
+        # launcher's ranks are its own), so nothing here can wait on them to exit.
         time.sleep(0.02)
     return True
 

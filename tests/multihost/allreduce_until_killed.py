@@ -26,6 +26,8 @@ def main() -> int:
     x = np.ones(1 << 20, np.float32)  # 4 MB
     for i in range(die_at + 1000):
         if comm.rank == victim and i == die_at:
+            # Behaviour under test, not synchronisation: the victim lingers so that the others
+            # are already blocked in this iteration's allreduce, waiting for it, when it dies.
             time.sleep(1.0)
             print(f"victim rank {comm.rank} dies at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ def _kill_all_in(namespaces: Sequence[str]) -> dict[int, str]:
             found.setdefault(pid, _cmdline(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # A poll, not an event: these processes are not our children (they run under
+        # `ip netns exec`), so nothing here can wait on them; the loop rechecks the namespaces.
         time.sleep(0.05)
     return found
 
@@ -237,15 +240,20 @@ class Network:
     def wait(self, job: Job, timeout: float = JOB_SECONDS) -> Job:
         """Wait for every launcher (recording when each exits); kill the job past ``timeout``."""
         deadline = time.monotonic() + timeout
+
+        def await_exit(n: Node) -> None:  # one thread per launcher: each exit time is exact
+            n.proc.wait()
+            n.ended = time.time()
+
+        waiters = [threading.Thread(target=await_exit, args=(n,)) for n in job.nodes]
         try:
-            while any(n.ended is None for n in job.nodes):
-                for n in job.nodes:
-                    if n.ended is None and n.proc.poll() is not None:
-                        n.ended = time.time()
-                if time.monotonic() > deadline:
-                    self.reap(job)
-                    pytest.fail(f"job still running after {timeout} s\n{job.report()}")
-                time.sleep(0.02)
+            for w in waiters:
+                w.start()
+            for w in waiters:
+                w.join(max(deadline - time.monotonic(), 0.0))
+            if any(w.is_alive() for w in waiters):
+                self.reap(job)  # kills the launchers: their waiting threads return
+                pytest.fail(f"job still running after {timeout} s\n{job.report()}")
         except BaseException:
             self.reap(job)
             raise

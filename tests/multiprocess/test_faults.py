@@ -69,7 +69,9 @@ def test_rank_skipping_a_collective_times_out_naming_it(tmp_path: Path, transpor
         comm = plait.init()
         comm.allreduce(np.ones(8))
         if comm.rank == 1:
-            time.sleep(8)  # skips the next allreduce (stays alive and silent)
+            # Behaviour under test, not synchronisation: rank 1 skips the next allreduce and
+            # stays alive and silent well past rank 0's 2 s timeout.
+            time.sleep(8)
             raise SystemExit(0)
         try:
             comm.allreduce(np.ones(8), algorithm="recursive_doubling", timeout=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 import shutil
 import subprocess
 import threading
@@ -31,6 +33,19 @@ def _no_stray_store_threads() -> Iterator[None]:
     assert not stray, f"store server threads left running: {stray}"
 
 
+def _read_until(fd: int, marker: bytes, timeout: float, port: int) -> None:
+    """Read a server's log from ``fd`` until ``marker``; fail if it exits or ``timeout`` passes."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            why = "exited" if ready else f"did not start within {timeout} s"
+            pytest.fail(f"redis-server on port {port} {why}:\n{seen.decode(errors='replace')}")
+        seen += chunk
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[tuple[str, int]]:
     """A throw-away redis-server on a free loopback port, killed at the end of the session."""
@@ -41,25 +56,20 @@ def redis_server() -> Iterator[tuple[str, int]]:
     host, port = "127.0.0.1", free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
-        # The server gives no readiness signal we can block on: ping it, backing off.
+        assert proc.stdout is not None
+        _read_until(proc.stdout.fileno(), b"Ready to accept connections", 10.0, port)
+        proc.stdout.close()  # the server ignores SIGPIPE: its later log lines go nowhere
         client = redis.Redis(host=host, port=port, socket_connect_timeout=1.0)
-        deadline, delay = time.monotonic() + 10.0, 0.01
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server on port {port} did not start")
-                time.sleep(delay)
-                delay = min(2 * delay, 0.2)
+        assert client.ping()
         client.close()
         yield host, port
     finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
         proc.terminate()
         try:
             proc.wait(timeout=5)

@@ -26,6 +26,39 @@ def tcp_transports(size: int, **kwargs: Any) -> list[TcpTransport]:
     return build_in_threads(size, lambda rank: TcpTransport(rank, size, store, **kwargs))
 
 
+class SelectWatch:
+    """Wraps a transport's selector to tell when a thread blocks in its ``select()``.
+
+    A thread that drives a :class:`TcpTransport` without the lock sits in
+    ``select()``; tests that need another thread to act exactly then wait on
+    :meth:`wait_blocked` instead of guessing with a sleep. Only calls that may
+    block count (a timeout of None or above zero), not the spin's zero-timeout
+    polls. Install it while no thread drives the transport.
+    """
+
+    def __init__(self, t: TcpTransport) -> None:
+        self._sel = t._sel
+        self._cond = threading.Condition()
+        self._blocked: list[threading.Thread] = []
+        t._sel = self  # type: ignore[assignment]
+
+    def select(self, timeout: float | None = None) -> list:
+        if timeout is None or timeout > 0:
+            with self._cond:
+                self._blocked.append(threading.current_thread())
+                self._cond.notify_all()
+        return self._sel.select(timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sel, name)
+
+    def wait_blocked(self, thread: threading.Thread, timeout: float = 10.0) -> None:
+        """Return once ``thread`` has entered a blocking ``select()``; fail after ``timeout``."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: thread in self._blocked, timeout)
+        assert ok, f"{thread.name} never blocked in the transport's select() within {timeout} s"
+
+
 def _fds() -> set[str]:
     try:
         return set(os.listdir("/proc/self/fd"))
@@ -43,14 +76,19 @@ def no_leaks() -> Iterator[None]:
     threads, fds = set(threading.enumerate()), _fds()
     yield
     end = time.monotonic() + 5.0
+    for t in threading.enumerate():  # threads the test started: give each until the deadline
+        if t not in threads:
+            t.join(max(end - time.monotonic(), 0.0))
+    extra_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
     while True:
-        extra_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
         extra_fds = _fds() - fds
-        if not extra_threads and not extra_fds:
-            return
-        if time.monotonic() > end:
+        if not extra_fds or time.monotonic() > end:
             break
+        # A poll, not an event: nothing signals when the last socket of a closed transport
+        # is gone; the deadline turns a descriptor that stays open into a failure.
         time.sleep(0.02)
+    if not extra_threads and not extra_fds:
+        return
     targets = {}
     for fd in sorted(extra_fds):
         try:

@@ -375,13 +375,35 @@ def test_peer_close() -> None:
         assert isinstance(closed.error, ClosedError)
 
 
+class _PollWatch:
+    """Wraps a transport's epoll object; ``asleep`` is set once a thread blocks in poll().
+
+    Calls with timeout 0 (checks between rounds of progress) do not count.
+    """
+
+    def __init__(self, t: ShmTransport) -> None:
+        self._poller = t._poller
+        self.asleep = threading.Event()
+        t._poller = self  # type: ignore[assignment]
+
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        if timeout != 0:
+            self.asleep.set()
+        return self._poller.poll(timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._poller, name)
+
+
 def test_close_while_another_thread_waits() -> None:
     with transports(2) as (a, _):
         h = a.irecv(1, 1, mv(np.zeros(4, np.uint8)), 0)
         result: list[bool] = []
+        watch = _PollWatch(a)
         t = threading.Thread(target=lambda: result.append(a.wait_any([h], 20)))
         t.start()
-        time.sleep(0.1)  # let it fall asleep in poll(); the test checks close() wakes it
+        # The thread is asleep in poll(); the test checks that close() wakes it.
+        assert watch.asleep.wait(10), "the waiting thread never blocked in poll()"
         a.close()
         t.join(5)
         assert result == [True]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import struct
@@ -12,11 +13,11 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from tcp_helpers import no_leaks, tcp_transports  # noqa: F401 (fixture)
+from tcp_helpers import SelectWatch, no_leaks, tcp_transports  # noqa: F401 (fixture)
 
 from plait.communicator import Communicator
 from plait.errors import (
@@ -70,6 +71,26 @@ def _build_each(size: int, kwargs_of: dict[int, dict], store: MemoryStore | None
     return out
 
 
+def _drive_until(
+    t: TcpTransport, cond: Callable[[], bool], what: str, timeout: float = 10.0
+) -> None:
+    """Drive ``t`` from this thread until ``cond()`` holds; fail saying ``what`` never happened.
+
+    Blocks on the transport's descriptor between rounds (the Drivable hooks), so it wakes
+    when bytes arrive rather than after a fixed nap.
+    """
+    deadline = time.monotonic() + timeout
+    while not cond():
+        left = deadline - time.monotonic()
+        assert left > 0, f"rank {t.rank}: {what} within {timeout} s"
+        if t.poll() or t.begin_sleep() == 0.0:
+            continue
+        try:
+            select.select([t.sleep_fd()], [], [], left)
+        finally:
+            t.end_sleep()
+
+
 def _close(objs: object) -> None:
     for x in objs.values() if isinstance(objs, dict) else objs:  # type: ignore[attr-defined]
         if isinstance(x, TcpTransport):
@@ -107,7 +128,13 @@ def test_striped_messages_arrive_intact_and_in_order(streams: int) -> None:
                 t.isend(other, 7, _pattern(n, 10 * t.rank + i).data, 1)
                 for i, n in enumerate(STRIPED_SIZES)
             ]
-            time.sleep(0.05)
+            # The rest only once the peer's messages (eager ones or announcements of large
+            # ones) wait unmatched here.
+            _drive_until(
+                t,
+                lambda: len(t._unexpected.get((other, 7), ())) == len(got) - 4,
+                f"the unmatched messages from rank {other} did not arrive",
+            )
             hs += [t.irecv(other, 7, g.data, 1) for g in got[4:]]
             wait_all(t, hs)
             assert all(h.error is None for h in hs), [h.error for h in hs]
@@ -187,6 +214,17 @@ def test_bootstrap_timeout_names_the_missing_ranks() -> None:
         TcpTransport(2, 3, MemoryStore(), timeout=0.3)
 
 
+def _assert_hung_up(s: socket.socket) -> None:
+    """Read ``s`` until the other side closes it (EOF or reset); fail on its timeout."""
+    try:
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail("rank 0 never dropped the connection that sent garbage")
+
+
 def test_garbage_connections_are_ignored() -> None:
     store = MemoryStore(timeout=10)
     result: dict[int, object] = {}
@@ -208,7 +246,10 @@ def test_garbage_connections_are_ignored() -> None:
                 s.sendall(payload)
             junk.append(s)
         junk[1].close()  # connects and leaves at once
-        time.sleep(0.1)
+        # Rank 0 has taken in the junk before rank 1 comes: it greets every connection it
+        # accepts (in order, so junk[1] too), and hangs up on the one that fails the handshake.
+        assert junk[2].recv(1), "rank 0 never accepted the connections"
+        _assert_hung_up(junk[0])
         result[1] = TcpTransport(1, 2, store, timeout=10)
         th.join(10)
         assert isinstance(result[0], TcpTransport), result[0]
@@ -380,6 +421,15 @@ def test_waiting_thread_takes_over_driving() -> None:
     ts = tcp_transports(2)
     try:
         a, b = ts
+        watch = SelectWatch(b)
+        waiting = threading.Event()  # set by a thread that waits for b's driver
+
+        class Watched(threading.Condition):
+            def wait(self, timeout: float | None = None) -> bool:
+                waiting.set()  # b's lock stays held until wait() lets go of it
+                return super().wait(timeout)
+
+        b._cond = Watched(b._lock)  # type: ignore[assignment]
         got = {1: np.zeros(8, np.uint8), 2: np.zeros(8, np.uint8)}
         done_at: dict[int, float] = {}
         cpu: dict[int, float] = {}
@@ -393,12 +443,14 @@ def test_waiting_thread_takes_over_driving() -> None:
 
         first = threading.Thread(target=waiter, args=(1,))
         first.start()
-        time.sleep(0.05)  # the first thread now drives, blocked in select()
+        watch.wait_blocked(first)  # the first thread drives, blocked in select()
         second = threading.Thread(target=waiter, args=(2,))
         second.start()
-        time.sleep(0.05)
+        assert waiting.wait(10), "the second thread never waited for the driver"
         wait_all(a, [a.isend(1, 1, np.full(8, 1, np.uint8).data, 0)])
-        time.sleep(0.3)  # the first thread returns; the second must take over
+        first.join(10)  # the first thread returns; the second must take over
+        assert not first.is_alive()
+        watch.wait_blocked(second)
         sent = time.monotonic()
         wait_all(a, [a.isend(1, 2, np.full(8, 2, np.uint8).data, 0)])
         first.join(10)
@@ -425,9 +477,10 @@ def test_send_from_a_thread_while_another_drives(nbytes: int) -> None:
             wait_all(a, [a.irecv(1, 9, reply.data, 0)], timeout=10)
             driver_done.set()
 
+        watch = SelectWatch(a)
         th = threading.Thread(target=driver)
         th.start()
-        time.sleep(0.1)
+        watch.wait_blocked(th)
         data = _pattern(nbytes, 5)
         got = np.zeros_like(data)
         h = a.isend(1, 1, data.data, 0)  # the driver is in select() now
@@ -559,9 +612,10 @@ def test_close_while_another_thread_waits() -> None:
         a = ts[0]
         h = a.irecv(1, 1, np.zeros(4, np.uint8).data, 0)
         result: list[bool] = []
+        watch = SelectWatch(a)
         th = threading.Thread(target=lambda: result.append(a.wait_any([h], 10)))
         th.start()
-        time.sleep(0.1)
+        watch.wait_blocked(th)  # close() must wake it from select()
         start = time.monotonic()
         a.close()
         th.join(5)

@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 import select
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-from tcp_helpers import no_leaks, tcp_transports  # noqa: F401 (fixture)
+from tcp_helpers import SelectWatch, no_leaks, tcp_transports  # noqa: F401 (fixture)
 
 from plait.errors import ClosedError
 from plait.transport.base import Drivable, Handle
@@ -238,12 +237,10 @@ def test_poll_leaves_progress_to_a_thread_that_drives() -> None:
         a, b = ts
         got = np.zeros(4, np.uint8)
         r = a.irecv(1, 1, got.data, 0)
+        watch = SelectWatch(a)
         waiter = threading.Thread(target=a.wait_any, args=([r], 30))
         waiter.start()
-        end = time.monotonic() + 30
-        while not a._in_select:  # the waiter has taken the I/O role and blocks in select()
-            assert time.monotonic() < end, "the waiter never started driving"
-            time.sleep(0.001)
+        watch.wait_blocked(waiter, 30)  # the waiter has taken the I/O role, blocks in select()
         assert a.poll() is False
         assert a.begin_sleep() == 0.0
         sent = b.isend(0, 1, np.ones(4, np.uint8).data, 0)
