@@ -30,7 +30,11 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda f: f.__name__.removeprefix("check_"))
-@pytest.mark.parametrize("transport", list(FACTORIES))
+@pytest.mark.parametrize(
+    "transport",
+    # the quick loop (-m "not slow") checks the buffered memory transport and plain TCP
+    [t if t in ("memory", "tcp") else pytest.param(t, marks=pytest.mark.slow) for t in FACTORIES],
+)
 def test_conformance(transport: str, check: Callable[[Factory], None]) -> None:
     if transport == "lockstep" and check in BUFFERED_CHECKS:
         pytest.skip("lockstep mode has zero buffering: a send waits for its receive by design")

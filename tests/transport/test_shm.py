@@ -132,6 +132,7 @@ def test_typed_buffers_and_self_send() -> None:
             a.isend(2, 1, memoryview(b"abc"), 0)
 
 
+@pytest.mark.slow
 def test_256_mib_message() -> None:
     nbytes = 256 << 20
     with transports(2) as (a, b):

@@ -34,7 +34,11 @@ def factory(**kwargs: Any) -> Callable[[int], Sequence[ShmTransport]]:
     return make
 
 
-@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize(
+    "geometry",
+    # the quick loop (-m "not slow") checks the default geometry
+    [g if g == "default" else pytest.param(g, marks=pytest.mark.slow) for g in GEOMETRIES],
+)
 @pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda f: f.__name__)
 def test_conformance(check: Callable[[conformance.Factory], None], geometry: str) -> None:
     check(factory(**GEOMETRIES[geometry]))
