@@ -7,14 +7,13 @@ ranks, and compares each method's test accuracy with the uncompressed run's.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from examples_loader import load_example
 from plait.testing import run_ranks
 
 pytest.importorskip("sklearn", reason="the digits data set comes with scikit-learn")
@@ -24,15 +23,7 @@ STEPS = 400
 
 
 def _example() -> ModuleType:
-    name = "plait_example_compression"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_example("compression")
 
 
 def _train(method: str) -> Any:

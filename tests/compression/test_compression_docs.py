@@ -9,39 +9,22 @@ scikit-learn's digits; those tests skip without it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from examples_loader import load_example
 from plait.testing import run_ranks
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    return _load("plait_example_compression", ROOT / "examples" / "compression.py")
+    return load_example("compression")
 
 
 @pytest.fixture(scope="module")
 def check() -> ModuleType:
-    return _load(
-        "plait_example_check_compression_doc", ROOT / "examples" / "check_compression_doc.py"
-    )
+    return load_example("check_compression_doc")
 
 
 @pytest.fixture(scope="module")

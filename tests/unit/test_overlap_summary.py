@@ -5,29 +5,20 @@ The example's timings themselves are not tested (speed is measured, not asserted
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from examples_loader import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "overlap.py"
 
 
 @pytest.fixture(scope="module")
 def summary() -> Callable[..., str]:
-    name = "plait_example_overlap"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        assert spec is not None
-        assert spec.loader is not None
-        module: ModuleType = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].summary
+    return load_example("overlap").summary
 
 
 def test_a_faster_overlap_hides_a_share_of_the_communication(summary: Callable[..., str]) -> None:
