@@ -139,6 +139,7 @@ def test_csv_has_one_line_per_row(tmp_path: Path) -> None:
     assert lines[0]["plait_ratio"] == ""
 
 
+@pytest.mark.slow  # imports matplotlib
 def test_plot_writes_an_image(tmp_path: Path) -> None:
     pytest.importorskip(
         "matplotlib", reason="matplotlib is not installed (pip install 'plait[plot]')"

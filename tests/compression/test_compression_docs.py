@@ -116,6 +116,7 @@ def test_a_doc_without_the_command_is_refused(check: ModuleType) -> None:
         check.doc_rows(text)
 
 
+@pytest.mark.slow  # trains the example twice
 def test_training_is_bit_identical_from_run_to_run(example: ModuleType) -> None:
     """The same weights, to the bit, on every rank and in two runs; another method differs."""
     pytest.importorskip("sklearn", reason="the digits data set comes with scikit-learn")

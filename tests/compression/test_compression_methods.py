@@ -65,7 +65,10 @@ ALL: dict[str, Callable[[], Compressor]] = {
 
 # -- identical everywhere, for every method, shape, dtype and world size -----------------------
 @pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("size", [1, 3, 4])
+# the quick loop (-m "not slow") checks 3 ranks; the full suite 1 and 4 too
+@pytest.mark.parametrize(
+    "size", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize(
     "shape", [(0,), (1,), (5,), (37, 11), (64, 48), (4, 3, 10)], ids=lambda s: "x".join(map(str, s))
 )

@@ -98,6 +98,7 @@ def test_add_from_threads_is_atomic(backend: Backend, shared_client: bool) -> No
     assert shared.get("counter") == str(threads * per_thread).encode()
 
 
+@pytest.mark.multiprocess
 def test_add_from_processes_is_atomic(backend: Backend) -> None:
     if backend.client_code is None:
         pytest.skip(f"the {backend.name} store lives in one process")
@@ -114,6 +115,7 @@ def test_add_from_processes_is_atomic(backend: Backend) -> None:
     assert store.get("counter") == str(procs * per_proc).encode()
 
 
+@pytest.mark.multiprocess
 def test_get_across_processes(backend: Backend) -> None:
     if backend.client_code is None:
         pytest.skip(f"the {backend.name} store lives in one process")

@@ -28,6 +28,12 @@ REGIMES = {
     "no-copy": (3.3e-6, 2.3e-10, 1.2e-10, 0.0),
 }
 SIZES = [*range(1, 18), 24, 31, 32, 33]
+#: The quick loop (``-m "not slow"``) checks these; the full suite checks the rest of SIZES too.
+QUICK_SIZES = [1, 2, 3, 4, 5, 7, 8, 17]
+SIZE_SETS = [
+    pytest.param(QUICK_SIZES, id="quick"),
+    pytest.param([p for p in SIZES if p not in QUICK_SIZES], id="rest", marks=pytest.mark.slow),
+]
 
 #: What the paper covers and plait has: every one must have a formula.
 PAPER = {
@@ -115,16 +121,18 @@ def test_the_papers_expressions_without_copies(collective: str, algorithm: str) 
             assert got.time == pytest.approx(_paper(collective, algorithm, p, n, a, b, g), rel=1e-9)
 
 
+@pytest.mark.parametrize("sizes", SIZE_SETS)
 @pytest.mark.parametrize(("collective", "algorithm"), sorted(formulas.COVERED))
-def test_contention_free(collective: str, algorithm: str) -> None:
-    for p in SIZES:
+def test_contention_free(collective: str, algorithm: str, sizes: list[int]) -> None:
+    for p in sizes:
         check(collective, algorithm, p, ports=False)
 
 
+@pytest.mark.parametrize("sizes", SIZE_SETS)
 @pytest.mark.parametrize(("collective", "algorithm"), sorted(formulas.ON_PORTS))
-def test_with_ports(collective: str, algorithm: str) -> None:
+def test_with_ports(collective: str, algorithm: str, sizes: list[int]) -> None:
     _, which = formulas.ON_PORTS[(collective, algorithm)]
-    for p in SIZES:
+    for p in sizes:
         if which == "pow2" and p & (p - 1):
             continue
         check(collective, algorithm, p, ports=True)

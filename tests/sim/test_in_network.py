@@ -90,7 +90,7 @@ def test_proven_on_provenance_sets(p: int, count: int) -> None:
         prove(SPEC, p, count, fabric=fabric)
 
 
-@pytest.mark.parametrize("p", [1, 3, 6])
+@pytest.mark.parametrize("p", [1, 3, pytest.param(6, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(("dtype", "op"), [("int32", plait.SUM), ("float64", plait.MAX)])
 def test_simulated_with_data(p: int, dtype: str, op: plait.Op) -> None:
     for net in _networks(p, memory=64):

@@ -55,6 +55,7 @@ def test_contended_fat_tree_at_scale() -> None:
     assert res.time > flat.time
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(threading.active_count() > 1, reason="forking needs a single-threaded process")
 def test_building_in_workers_gives_the_same_program() -> None:
     kwargs = {"itemsize": 4, "segment": 1000}

@@ -59,8 +59,8 @@ def factory(layout: Callable[[int], list[str]]) -> Callable[[int], Sequence[Hybr
 
 @pytest.mark.parametrize(
     "layout",
-    # the quick loop (-m "not slow") checks one layout
-    [name if name == "split" else pytest.param(name, marks=pytest.mark.slow) for name in LAYOUTS],
+    # slow: the quick loop checks shared memory and TCP, which this composes, on their own
+    [pytest.param(name, marks=pytest.mark.slow) for name in LAYOUTS],
 )
 @pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda f: f.__name__)
 def test_conformance(check: Callable[[conformance.Factory], None], layout: str) -> None:

@@ -40,7 +40,9 @@ def test_peers_p8() -> None:
     assert [swing_peer(r, 2, 8) for r in range(8)] == [3, 6, 5, 0, 7, 2, 1, 4]
 
 
-@pytest.mark.parametrize("size", POF2)
+@pytest.mark.parametrize(
+    "size", [p if p <= 64 else pytest.param(p, marks=pytest.mark.slow) for p in POF2]
+)
 def test_reachable_sets_nest(size: int) -> None:
     steps = size.bit_length() - 1
     for r in range(size):

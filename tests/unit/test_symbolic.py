@@ -27,7 +27,7 @@ def counts(p: int) -> list[int]:
 
 
 #: World sizes the quick loop proves (``-m "not slow"``); the full suite proves 1..33.
-QUICK_SIZES = {*range(1, 8), 12}
+QUICK_SIZES = {1, 2, 3, 4, 5, 7}
 PROVED_SIZES = [
     p if p in QUICK_SIZES else pytest.param(p, marks=pytest.mark.slow) for p in range(1, 34)
 ]
