@@ -1,12 +1,13 @@
 """The simulator reproduces the α-β-γ formulas of Thakur, Rabenseifner and Gropp exactly.
 
 On the flat network without pipelining (one segment), the simulated time of
-plait's own schedules equals the closed forms of :mod:`plait.sim.formulas` to
-1e-9 relative: on the contention-free model for every covered algorithm and
-every p in 1..33, and on the model with ports where :data:`ON_PORTS` says
-they hold. Four regimes of (α, β, γ, δ) make latency, bandwidth, reduction or
-copies dominate, so a formula that is wrong in any term, or in any of the
-max() choices it makes, fails somewhere. Element counts divide evenly among
+plait's own schedules equals the closed forms registered with them
+(``AlgorithmSpec.cost``, written next to each builder) to 1e-9 relative: on the
+contention-free model for every covered algorithm and every p in 1..33, and
+on the model with ports where the cost says they hold. Four regimes of
+(α, β, γ, δ) make latency, bandwidth, reduction or copies dominate, so a
+formula that is wrong in any term, or in any of the max() choices it makes,
+fails somewhere. Element counts divide evenly among
 the ranks and the virtual ranks (the formulas assume equal blocks).
 """
 
@@ -18,6 +19,7 @@ import pytest
 
 import plait
 from plait import sim
+from plait.algos._registry import COLLECTIVES, get, specs
 from plait.algos.topology import pof2_floor
 from plait.sim import formulas
 
@@ -66,7 +68,10 @@ def check(collective: str, algorithm: str, p: int, *, ports: bool) -> None:
     for name, (a, b, g, d) in REGIMES.items():
         net = sim.flat(p, a, b, g, delta=d, ports=ports)
         got = sim.simulate(collective, algorithm, n, net).time
-        want = formulas.predict(collective, algorithm, p, n, a, b, g, d, ports=ports)
+        cost = get(collective, algorithm).cost
+        assert cost is not None
+        want = cost.time(p, n, a, b, g, d, ports=ports)
+        assert want is not None, (collective, algorithm, p, ports)
         assert got == pytest.approx(want, rel=1e-9, abs=0), (
             f"{collective}/{algorithm} p={p} {name} ports={ports}: "
             f"simulated {got!r}, formula {want!r}"
@@ -105,10 +110,32 @@ NOT_THE_PAPERS = {
 }
 
 
+#: (collective, algorithm) of every registration with a formula on each model.
+COSTED = [(s.collective, s.name) for c in COLLECTIVES for s in specs(c) if s.cost is not None]
+FLAT = sorted(k for k in COSTED if get(*k).cost.flat is not None)  # type: ignore[union-attr]
+PORTS = sorted(k for k in COSTED if get(*k).cost.ports is not None)  # type: ignore[union-attr]
+
+
 def test_every_paper_algorithm_has_a_formula() -> None:
-    assert set(formulas.COVERED) >= PAPER
-    for c, a in formulas.COVERED:
+    assert set(FLAT) >= PAPER
+    for c, a in FLAT:
         assert a in plait.algorithms(c)
+
+
+def test_sim_formulas_reads_the_registrations() -> None:
+    """``plait.sim.formulas`` is the registrations' costs under their (collective, name)."""
+    assert sorted(formulas.COVERED) == FLAT
+    assert sorted(formulas.ON_PORTS) == PORTS
+    for key in PORTS:
+        cost = get(*key).cost
+        assert cost is not None
+        assert formulas.ON_PORTS[key] == (cost.ports, "pow2" if cost.ports_pow2 else "any")
+    want = get("allreduce", "ring").cost.time(8, 1 << 20, 1e-6, 1e-9, 1e-10)  # type: ignore[union-attr]
+    assert formulas.predict("allreduce", "ring", 8, 1 << 20, 1e-6, 1e-9, 1e-10) == want
+    with pytest.raises(KeyError, match="no formula"):
+        formulas.predict("allreduce", "direct", 8, 1 << 20, 1e-6, 1e-9, 1e-10)
+    with pytest.raises(KeyError, match="with ports at p = 3"):
+        formulas.predict("allreduce", "swing", 3, 1 << 20, 1e-6, 1e-9, 1e-10, ports=True)
 
 
 @pytest.mark.parametrize(("collective", "algorithm"), sorted(PAPER - NOT_THE_PAPERS))
@@ -122,17 +149,18 @@ def test_the_papers_expressions_without_copies(collective: str, algorithm: str) 
 
 
 @pytest.mark.parametrize("sizes", SIZE_SETS)
-@pytest.mark.parametrize(("collective", "algorithm"), sorted(formulas.COVERED))
+@pytest.mark.parametrize(("collective", "algorithm"), FLAT)
 def test_contention_free(collective: str, algorithm: str, sizes: list[int]) -> None:
     for p in sizes:
         check(collective, algorithm, p, ports=False)
 
 
 @pytest.mark.parametrize("sizes", SIZE_SETS)
-@pytest.mark.parametrize(("collective", "algorithm"), sorted(formulas.ON_PORTS))
+@pytest.mark.parametrize(("collective", "algorithm"), PORTS)
 def test_with_ports(collective: str, algorithm: str, sizes: list[int]) -> None:
-    _, which = formulas.ON_PORTS[(collective, algorithm)]
+    cost = get(collective, algorithm).cost
+    assert cost is not None
     for p in sizes:
-        if which == "pow2" and p & (p - 1):
+        if cost.ports_pow2 and p & (p - 1):
             continue
         check(collective, algorithm, p, ports=True)

@@ -14,11 +14,16 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plait.schedule.builder import Builder, Context
+from plait.algos._cost import Cost
+from plait.collectives import COLLECTIVES, REDUCING
+from plait.collectives import get as _collective
+from plait.schedule.builder import Builder, Context, record
 from plait.schedule.ir import Schedule
 
 __all__ = [
     "COLLECTIVES",
+    "REDUCING",
+    "SEGMENT_BYTES",
     "SIMULATOR_ONLY",
     "AlgorithmName",
     "AlgorithmSpec",
@@ -30,22 +35,12 @@ __all__ = [
     "specs",
 ]
 
-COLLECTIVES: tuple[str, ...] = (
-    "allreduce",
-    "reduce",
-    "broadcast",
-    "reduce_scatter",
-    "allgather",
-    "alltoall",
-    "gather",
-    "scatter",
-    "barrier",
-)
-
-#: Collectives whose schedules combine data with a reduction op.
-REDUCING: frozenset[str] = frozenset({"allreduce", "reduce", "reduce_scatter"})
-
 BuildFn = Callable[[Builder], None]
+
+#: Pipelining unit, in bytes, of the segmented algorithms (ring, trees) where nothing
+#: says otherwise: what a communicator's ``auto`` uses (re-exported by
+#: :mod:`plait.selection.select`) and what ``plait.sim.simulate(segment_bytes=None)`` means.
+SEGMENT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +59,9 @@ class AlgorithmSpec:
             (``Context.fabric``, which the simulator provides and plait's
             transports do not); ``auto`` never picks such an algorithm for a
             communicator.
+        cost: its closed-form time on the flat network (:class:`plait.algos._cost.Cost`),
+            written next to its builder; None where there is none. ``auto``'s
+            profile ranks candidates with it, and the tests hold it to the simulator.
     """
 
     collective: str
@@ -73,6 +71,7 @@ class AlgorithmSpec:
     in_place: bool = True
     summary: str = ""
     needs_fabric: bool = False
+    cost: Cost | None = None
 
     def supports(self, *, commutative: bool, fabric: bool = False) -> bool:
         """Whether the restrictions allow an op of this commutativity (``fabric``: on a
@@ -118,8 +117,12 @@ def register(
     commutative_only: bool = False,
     in_place: bool = True,
     needs_fabric: bool = False,
+    cost: Cost | None = None,
 ) -> Callable[[BuildFn], BuildFn]:
-    """Class the decorated builder as ``collective``'s algorithm ``name``."""
+    """Class the decorated builder as ``collective``'s algorithm ``name``.
+
+    ``cost``: its closed-form time, when it has one (see :mod:`plait.algos._cost`).
+    """
     if collective not in _REGISTRY:
         raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
 
@@ -129,7 +132,7 @@ def register(
             raise ValueError(f"algorithm {name!r} is already registered for {collective}")
         summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else ""
         table[name] = AlgorithmSpec(
-            collective, name, build, commutative_only, in_place, summary, needs_fabric
+            collective, name, build, commutative_only, in_place, summary, needs_fabric, cost
         )
         _NAMES[collective][name] = AlgorithmName(name, simulator_only=needs_fabric)
         return build
@@ -178,28 +181,7 @@ def buffer_counts(collective: str, size: int, count: int, rank: int, root: int) 
 
     A fabric's switches (``rank >= size``) have neither: they work in scratch.
     """
-    if rank >= size:
-        return 0, 0
-    is_root = rank == root
-    if collective == "allreduce":
-        return count, count
-    if collective == "reduce":
-        return count, count if is_root else 0
-    if collective == "broadcast":
-        return 0, count
-    if collective == "reduce_scatter":
-        return size * count, count
-    if collective == "allgather":
-        return count, size * count
-    if collective == "alltoall":
-        return size * count, size * count
-    if collective == "gather":
-        return count, size * count if is_root else 0
-    if collective == "scatter":
-        return size * count if is_root else 0, count
-    if collective == "barrier":
-        return 0, 0
-    raise ValueError(f"unknown collective {collective!r}")
+    return _collective(collective).buffer_counts(size, count, rank, root)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -207,7 +189,4 @@ def build_schedule(spec: AlgorithmSpec, ctx: Context) -> Schedule:
     """Record ``spec``'s schedule for ``ctx`` (cached: schedules are immutable)."""
     if ctx.collective != spec.collective:
         raise ValueError(f"{spec.name} builds {spec.collective}, not {ctx.collective}")
-    in_count, out_count = buffer_counts(ctx.collective, ctx.size, ctx.count, ctx.rank, ctx.root)
-    builder = Builder(ctx, in_count, out_count)
-    spec.build(builder)
-    return builder.build()
+    return record(spec.build, ctx)

@@ -43,8 +43,10 @@ Example, p=5, root=0 (each rank's subtree in brackets; children nearest first):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder, segments
@@ -144,7 +146,87 @@ def binomial_bcast(b: Builder, group: Sequence[int], me: int, region: Region, se
 # -- registered algorithms ------------------------------------------------------------
 
 
-@register("reduce", "binomial")
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def reduce_binomial(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Binomial reduce: power of two, ``max(nδ, α + nβ) + nγ + (lg p - 1)(α + nβ + nγ)``.
+
+    Paper: ``⌈lg p⌉(α + nβ + nγ)``. An inner node copies its input into its
+    working buffer (nδ) while its first child's message is on the way, then
+    reduces its children in order, each when its message is there. For other
+    p, a subtree of s ranks (children at distances 1, 2, 4, … with subtrees of
+    min(d, s-d) ranks) is ready to send at ``R(s)``: its copy, then each
+    child's message ``max(previous, R(child) + α + nβ) + nγ``; leaves send at
+    once. p = 1 is the copy alone.
+    """
+    return _binomial_ready(p, n, a, b, g, d) if p > 1 else n * d
+
+
+@functools.lru_cache(maxsize=1024)
+def _binomial_ready(s: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    if s == 1:
+        return 0.0
+    t = n * d
+    dist = 1
+    while dist < s:
+        child = min(dist, s - dist)
+        t = max(t, _binomial_ready(child, n, a, b, g, d) + a + n * b) + n * g
+        dist <<= 1
+    return t
+
+
+def broadcast_binomial(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``depth·(α + nβ)``: ``lg p·(α + nβ)`` for a power of two, the paper's.
+
+    The paper's root sends its ⌈lg p⌉ messages one after the other, so its
+    last child waits ⌈lg p⌉ message times. plait's ranks send to all their
+    children at once, so the time is the depth of the tree: the most set bits
+    of a vrank below p, ``max(popcount(p-1), bit_length(p-1) - 1)``, which is
+    ⌈lg p⌉ - 1 for some p that are not powers of two (p = 3, 5, 6, 9, …).
+    """
+    return _binomial_depth(p) * (a + n * b)
+
+
+def _binomial_depth(p: int) -> int:
+    """Edges from the root to the deepest vrank of a binomial tree over p ranks."""
+    x = p - 1
+    return max(x.bit_count(), x.bit_length() - 1) if x else 0
+
+
+def broadcast_binomial_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """With ports: a rank's k children share its send port, so all get the data after knβ.
+
+    A subtree of s ranks takes ``α + ⌈lg s⌉·nβ`` plus its slowest child's
+    subtree; for p = 2^k that is ``k·α + k(k+1)/2·nβ`` (the paper's
+    ``k(α + nβ)`` sends the same messages one after another).
+    """
+    return _bcast_ports(p, n * b, a)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bcast_ports(s: int, nb: float, a: float) -> float:
+    if s == 1:
+        return 0.0
+    children = []
+    dist = 1
+    while dist < s:
+        children.append(min(dist, s - dist))
+        dist <<= 1
+    return a + len(children) * nb + max(_bcast_ports(c, nb, a) for c in children)
+
+
+def allreduce_binomial(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Binomial reduce to rank 0, then binomial broadcast from it (see both)."""
+    return reduce_binomial(p, n, a, b, g, d) + broadcast_binomial(p, n, a, b, g, d)
+
+
+def allreduce_binomial_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """With ports: the reduce (no two messages meet for p = 2^k), then the broadcast."""
+    return reduce_binomial(p, n, a, b, g, d) + broadcast_binomial_ports(p, n, a, b, g, d)
+
+
+@register("reduce", "binomial", cost=Cost(reduce_binomial, reduce_binomial, ports_pow2=True))
 def reduce(b: Builder) -> None:
     """Binomial-tree reduce to the root: ⌈lg p⌉ steps of the whole vector, pipelined."""
     ctx = b.ctx
@@ -168,7 +250,7 @@ def reduce(b: Builder) -> None:
             b.recv(0, seg)
 
 
-@register("broadcast", "binomial")
+@register("broadcast", "binomial", cost=Cost(broadcast_binomial, broadcast_binomial_ports))
 def broadcast(b: Builder) -> None:
     """Binomial-tree broadcast from the root: ⌈lg p⌉ steps of the whole vector, pipelined."""
     ctx = b.ctx
@@ -176,7 +258,11 @@ def broadcast(b: Builder) -> None:
     binomial_bcast(b, relative_group(root, p), (ctx.rank - root) % p, b.out, ctx.segment)
 
 
-@register("allreduce", "binomial")
+@register(
+    "allreduce",
+    "binomial",
+    cost=Cost(allreduce_binomial, allreduce_binomial_ports, ports_pow2=True),
+)
 def allreduce(b: Builder) -> None:
     """Binomial reduce to rank 0, then binomial broadcast: 2⌈lg p⌉ steps, pipelined."""
     ctx = b.ctx

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.schedule.builder import Builder
 from plait.schedule.ir import IN, Region
@@ -99,7 +100,50 @@ def copy_blocks(b: Builder, pairs: Sequence[tuple[Region, Region]]) -> None:
         b.copy(src, dst)
 
 
-@register("allgather", "bruck")
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def allgather_bruck(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``⌈lg p⌉α + ((p-1)/p)·nβ`` for the messages when p is a power of two (the paper's).
+
+    Step j (distance 2^j) sends the first ``c_j = min(2^j, p - 2^j)`` blocks of
+    the rotated scratch buffer, which need only the receives of the steps
+    that filled them (position i arrives at step ⌊lg i⌋). So when p is not a
+    power of two the last, short step does not wait for the one before it:
+    fewer than ⌈lg p⌉ message times may be on the longest chain (p = 3 takes
+    one). plait also copies its block into OUT and into scratch, and every
+    received run on into OUT, one copy at a time on the rank, while messages
+    go on; the last run lands in OUT directly unless it wraps past rank p-1
+    on some rank. The time is the later of the message chain and the copies.
+    """
+    m = n / p
+    steps = []
+    dist = 1
+    while dist < p:
+        steps.append((dist, min(dist, p - dist)))
+        dist <<= 1
+    if not steps:
+        return m * d
+    scratch = m * d * (2 if len(steps) > 1 else 1)  # copies into OUT, then into scratch
+    arrive: list[float] = []
+    copies: list[tuple[float, int, float]] = []  # copy-outs: (ready, step, bytes)
+    for j, (dist, c) in enumerate(steps):
+        if j == 0:
+            send = 0.0  # the first message is IN itself
+        else:
+            needs = (c - 1).bit_length()  # positions [1, c) came in steps < needs
+            send = max([scratch, *arrive[:needs]])
+        arrive.append(send + a + c * m * b)
+        last = j == len(steps) - 1
+        if not last or p - dist >= 2:  # the last run wraps on some rank: copied out
+            copies.append((arrive[-1], j, c * m))
+    t = scratch
+    for ready, _, size in sorted(copies):
+        t = max(t, ready) + size * d
+    return max(t, *arrive)
+
+
+@register("allgather", "bruck", cost=Cost(allgather_bruck, allgather_bruck, ports_pow2=True))
 def allgather(b: Builder) -> None:
     """Bruck's allgather: ⌈lg p⌉ steps at distances 1, 2, 4, … in a rotated scratch buffer."""
     ctx = b.ctx

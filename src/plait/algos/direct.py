@@ -29,6 +29,7 @@ Example, p=3, vectors [a|b|c] on each rank cut into slices 0, 1, 2::
 
 from __future__ import annotations
 
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.algos.pairwise import pairwise_peers, reduce_to_owners
 from plait.schedule.builder import Builder, blocks, segments
@@ -36,7 +37,30 @@ from plait.schedule.builder import Builder, blocks, segments
 __all__: list[str] = []
 
 
-@register("allreduce", "direct")
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def allreduce_direct_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """With ports: ``2α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ``, any p; one rank: ``nδ``.
+
+    Not in the paper. Each owner gets its slice from every rank at once, reduces
+    the p-1 contributions straight from its input (no copy) and sends the result
+    to all at once: the p-1 slices of each phase share the sender's port and the
+    owner's receive port, so every byte a rank sends or receives counts, and
+    the latency is paid once per phase. Only with ports: on the contention-free
+    model p-1 concurrent messages would cost one. ``auto``'s profile ranking
+    (:mod:`plait.selection.model`) leaves it out: α here is a latency paid once
+    for p-1 concurrent messages, while a transport spends its per-message
+    overhead on each of them, so on many ranks direct would look best for small
+    vectors, where it is not.
+    """
+    if p == 1:
+        return n * d
+    m = n / p
+    return 2 * a + 2 * (p - 1) * m * b + (p - 1) * m * g
+
+
+@register("allreduce", "direct", cost=Cost(ports=allreduce_direct_ports))
 def allreduce(b: Builder) -> None:
     """Send each slice to its owner, which reduces it in rank order and sends it to all: 2 steps.
 

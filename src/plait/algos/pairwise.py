@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.schedule.builder import Builder, segments
 from plait.schedule.ir import Region
@@ -97,7 +98,55 @@ def reduce_to_owners(
         b.reduce(h, a, src_first=False)
 
 
-@register("reduce_scatter", "pairwise", in_place=False)
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def reduce_scatter_pairwise(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``max((n/p)δ, α + (n/p)β) + ((p-1)/p)·nγ`` (n = the whole input).
+
+    Paper: ``(p-1)α + ((p-1)/p)·n(β + γ)``: there each step is a blocking
+    exchange. plait posts all p-1 sends at once (no message depends on
+    another), so on the contention-free network all arrive after one message
+    time; the reductions into the result then run one after the other.
+    """
+    m = n / p
+    if p == 1:
+        return m * d
+    return max(m * d, a + m * b) + (p - 1) * m * g
+
+
+def reduce_scatter_pairwise_ports(
+    p: int, n: float, a: float, b: float, g: float, d: float
+) -> float:
+    """With ports: all p-1 messages share each rank's ports: ``α + ((p-1)/p)·nβ``, then reduces."""
+    m = n / p
+    if p == 1:
+        return m * d
+    return max(m * d, a + (p - 1) * m * b) + (p - 1) * m * g
+
+
+def alltoall_pairwise(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``max((n/p)δ, α + (n/p)β)`` (n = each rank's whole input); paper ``(p-1)α + nβ``.
+
+    As for reduce_scatter: every message is posted at once and none waits for
+    another; the copy of the rank's own block overlaps them.
+    """
+    m = n / p
+    return max(m * d, a + m * b) if p > 1 else m * d
+
+
+def alltoall_pairwise_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """With ports: ``max((n/p)δ, α + ((p-1)/p)·nβ)``: one latency, every byte through the port."""
+    m = n / p
+    return max(m * d, a + (p - 1) * m * b) if p > 1 else m * d
+
+
+@register(
+    "reduce_scatter",
+    "pairwise",
+    in_place=False,
+    cost=Cost(reduce_scatter_pairwise, reduce_scatter_pairwise_ports),
+)
 def reduce_scatter(b: Builder) -> None:
     """Pairwise exchange: step s sends block r+s to its owner and folds in r-s's piece of block r.
 
@@ -110,7 +159,9 @@ def reduce_scatter(b: Builder) -> None:
     reduce_to_owners(b, blocks, b.out, ctx.segment)
 
 
-@register("alltoall", "pairwise", in_place=False)
+@register(
+    "alltoall", "pairwise", in_place=False, cost=Cost(alltoall_pairwise, alltoall_pairwise_ports)
+)
 def alltoall(b: Builder) -> None:
     """Pairwise exchange: step s sends IN block r+s to r+s and receives OUT block r-s from r-s.
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plait.algos._cost import Cost, lg
 from plait.algos._registry import register
 from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, blocks, exchange, segments
@@ -241,7 +242,65 @@ def _fold_and_halve(b: Builder, work: Region, v: int) -> tuple[list[int], list[R
     return group, regions, folded
 
 
-@register("allreduce", "rabenseifner", commutative_only=True)
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def allreduce_rabenseifner(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Power of two: ``nδ + 2 lg p·α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ``.
+
+    Otherwise, with q = pof2_floor(p):
+    ``max(nδ, α + nβ) + nγ + 2 lg q·α + 2((q-1)/q)·nβ + ((q-1)/q)·nγ + α + nβ``.
+    Paper: ``(2⌊lg p⌋+2)α + (2(q-1)/q + 2)·nβ + (1 + (q-1)/q)·nγ`` (its p is our
+    q in the fractions). plait's folded-out rank sends its input at once,
+    while its neighbour copies its own into OUT, so the copy hides behind the
+    fold message (the max). Ranks that did not fold start earlier, but every
+    path through the halving and doubling from a folded rank back to one takes
+    each step's full cost, so the late start carries through.
+    """
+    q = pof2_floor(p)
+    k = lg(q)
+    core = 2 * k * a + 2 * (q - 1) / q * n * b + (q - 1) / q * n * g
+    if q == p:
+        return n * d + core
+    return max(n * d, a + n * b) + n * g + core + a + n * b
+
+
+def reduce_rabenseifner(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Rabenseifner's reduce to rank 0: the paper's cost plus nδ when p is a power of two.
+
+    ``nδ + 2 lg p·α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ`` (copy of IN into the
+    working buffer, recursive halving, binomial gather of the blocks along the
+    same hypercube). Otherwise: the fold as in allreduce, the halving over q
+    virtual ranks, and the gather, written as the longest chain over them (the
+    gather waits at each virtual rank for all the windows it collects). Rank 0
+    is folded out when p is not a power of two, so its neighbour gathers in
+    its place and forwards the whole result (α + nβ).
+    """
+    q = pof2_floor(p)
+    rem = p - q
+    mq = n / q
+    t = [max(n * d, a + n * b) + n * g if v < rem else n * d for v in range(q)]
+    half = q >> 1
+    while half:
+        t = [max(t[v], t[v ^ half] + a + half * mq * b) + half * mq * g for v in range(q)]
+        half >>= 1
+    # Gather to virtual rank 0: at distance `width` the ranks with that bit set send.
+    width = 1
+    while width < q:
+        t = [
+            max(t[v], t[v ^ width] + a + width * mq * b) if not v & width else t[v]
+            for v in range(q)
+        ]
+        width <<= 1
+    return t[0] + (a + n * b if rem else 0.0)
+
+
+@register(
+    "allreduce",
+    "rabenseifner",
+    commutative_only=True,
+    cost=Cost(allreduce_rabenseifner, allreduce_rabenseifner, ports_pow2=True),
+)
 def allreduce(b: Builder) -> None:
     """Recursive-halving reduce-scatter then recursive-doubling allgather: 2 lg p steps.
 
@@ -264,7 +323,12 @@ def allreduce(b: Builder) -> None:
         _send(b, r - 1, work, seg)
 
 
-@register("reduce", "rabenseifner", commutative_only=True)
+@register(
+    "reduce",
+    "rabenseifner",
+    commutative_only=True,
+    cost=Cost(reduce_rabenseifner, reduce_rabenseifner, ports_pow2=True),
+)
 def reduce(b: Builder) -> None:
     """Recursive-halving reduce-scatter then a binomial gather of the blocks to the root.
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plait.algos._cost import Cost, lg
 from plait.algos._registry import register
 from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder
@@ -59,14 +60,79 @@ def rd_allreduce(b: Builder, group: Sequence[int], me: int, region: Region) -> N
         b.send(group[me - 1], region)
 
 
-@register("allreduce", "recursive_doubling")
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def allreduce_recursive_doubling(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``nδ + lg p·(α + nβ + nγ)``; otherwise ``nδ + (⌊lg p⌋+1)(α + nβ + nγ) + α + nβ``.
+
+    Paper: ``lg p·α + n·lg p·β + n·lg p·γ``, and two more steps of n when it
+    folds, as plait does. plait first copies IN to OUT (nδ; the folded-out rank
+    too, since it sends OUT), and every exchange waits for its own message to
+    land (the receive-and-reduce rewrites the region it sent), so a step ends
+    when the later partner's message has arrived and the ranks stay in lock
+    step. Folding adds one reducing step, unfolding one plain message.
+    """
+    q = pof2_floor(p)
+    step = a + n * b + n * g
+    if q == p:
+        return n * d + lg(p) * step
+    return n * d + (lg(q) + 1) * step + a + n * b
+
+
+def allgather_recursive_doubling(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Power of two: ``(n/p)δ + lg p·α + ((p-1)/p)·nβ``, the paper's plus one copy.
+
+    Otherwise plait folds (the paper instead gives a separate scheme with
+    messages of uneven sizes): each folded-out rank sends its block to its odd
+    neighbour, which speaks for both, so virtual rank v's block is 2 real
+    blocks for v < p - q and 1 otherwise, and the hypercube exchanges carry
+    uneven windows. The time is then the longest chain of messages (each
+    exchange waits only for the receives that filled what it sends), written
+    as a max-plus recurrence over the q virtual ranks, plus the unfold: the
+    whole output (n) back to each folded-out rank.
+    """
+    m = n / p
+    q = pof2_floor(p)
+    rem = p - q
+    if q == p:
+        return m * d + lg(p) * a + (p - 1) * m * b
+    w = [2 * m if v < rem else m for v in range(q)]  # bytes each virtual rank speaks for
+    pre = [0.0]
+    for x in w:
+        pre.append(pre[-1] + x)
+
+    def window(v: int, width: int) -> float:  # bytes of the aligned window holding v
+        lo = v & ~(width - 1)
+        return pre[lo + width] - pre[lo]
+
+    # ready[v]: when v may send its next window (everything it sends has arrived).
+    ready = [m * d + a + m * b if v < rem else m * d for v in range(q)]
+    width = 1
+    while width < q:
+        ready = [
+            max(ready[v], ready[v ^ width] + a + window(v ^ width, width) * b) for v in range(q)
+        ]
+        width <<= 1
+    return max(max(ready), max(ready[:rem]) + a + n * b)
+
+
+@register(
+    "allreduce",
+    "recursive_doubling",
+    cost=Cost(allreduce_recursive_doubling, allreduce_recursive_doubling, ports_pow2=True),
+)
 def allreduce(b: Builder) -> None:
     """Exchange the whole vector with partners at distance 1, 2, 4, …: lg p steps."""
     b.copy(b.inp, b.out)
     rd_allreduce(b, range(b.ctx.size), b.ctx.rank, b.out)
 
 
-@register("allgather", "recursive_doubling")
+@register(
+    "allgather",
+    "recursive_doubling",
+    cost=Cost(allgather_recursive_doubling, allgather_recursive_doubling, ports_pow2=True),
+)
 def allgather(b: Builder) -> None:
     """Exchange all blocks gathered so far with partners at distance 1, 2, 4, …: lg p steps.
 

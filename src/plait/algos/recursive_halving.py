@@ -42,6 +42,7 @@ p=5 folds 0 onto 1 only: vrank 0 (rank 1) owns blocks 0-1, vranks 1..3 own 2..4.
 
 from __future__ import annotations
 
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.algos.rabenseifner import fold_spans, halving_reduce_scatter
 from plait.algos.topology import fold, pof2_floor, unfold
@@ -50,7 +51,51 @@ from plait.schedule.builder import Builder, segments
 __all__: list[str] = []
 
 
-@register("reduce_scatter", "recursive_halving", commutative_only=True)
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def reduce_scatter_recursive_halving(
+    p: int, n: float, a: float, b: float, g: float, d: float
+) -> float:
+    """Power of two: ``nδ + lg p·α + ((p-1)/p)·n(β + γ) + (n/p)δ`` (n = the whole input).
+
+    Paper: ``lg p·α + ((p-1)/p)·n(β + γ)``; plait reduces in scratch (copy in,
+    copy own block out). Otherwise the folded-out ranks send their whole input
+    (n) to their odd neighbour, which reduces it in (``max(nδ, α + nβ) + nγ``,
+    the copy hidden behind the message), the halving runs over q virtual
+    ranks of which v < p - q own two blocks (uneven windows: a max-plus
+    recurrence over the chains of receive-and-reduce steps, where a rank that
+    already has its partner's data only pays the reduction), and each folded
+    rank sends its neighbour's block back (α + (n/p)β) while copying its own.
+    """
+    m = n / p
+    q = pof2_floor(p)
+    rem = p - q
+    w = [2 * m if v < rem else m for v in range(q)]
+    pre = [0.0]
+    for x in w:
+        pre.append(pre[-1] + x)
+    t = [max(n * d, a + n * b) + n * g if v < rem else n * d for v in range(q)]
+    half = q >> 1
+    while half:
+        nxt = []
+        for v in range(q):
+            lo = v & ~(half - 1)  # v keeps the aligned window of `half` blocks holding it
+            kept = pre[lo + half] - pre[lo]
+            nxt.append(max(t[v], t[v ^ half] + a + kept * b) + kept * g)
+        t = nxt
+        half >>= 1
+    if not rem:
+        return max(t) + m * d
+    return max(max(t) + m * d, max(t[:rem]) + max(a + m * b, m * d))
+
+
+@register(
+    "reduce_scatter",
+    "recursive_halving",
+    commutative_only=True,
+    cost=Cost(reduce_scatter_recursive_halving, reduce_scatter_recursive_halving, ports_pow2=True),
+)
 def reduce_scatter(b: Builder) -> None:
     """Recursive halving in scratch, then each rank copies out its own block: lg p steps.
 

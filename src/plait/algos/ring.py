@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.schedule.builder import Builder, blocks, segments
 from plait.schedule.ir import Region
@@ -76,7 +77,36 @@ def _chunks(region: Region, parts: int) -> list[Region]:
     return [region.sub(o, n) for o, n in blocks(region.count, parts)]
 
 
-@register("allreduce", "ring", commutative_only=True)
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def allreduce_ring(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``nδ + 2(p-1)α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ``, any p.
+
+    Paper (as usually quoted, e.g. Patarasuk and Yuan): the same without nδ,
+    the copy of IN into OUT that every send waits for.
+    """
+    m = n / p
+    return n * d + (p - 1) * (2 * a + 2 * m * b + m * g)
+
+
+def reduce_scatter_ring(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``nδ + (p-1)(α + (n/p)β + (n/p)γ) + (n/p)δ``, any p (n = the whole input).
+
+    Paper: ``(p-1)α + ((p-1)/p)·n(β + γ)``. plait reduces in scratch: it copies
+    the input there first and its own block out at the end.
+    """
+    m = n / p
+    return n * d + (p - 1) * (a + m * b + m * g) + m * d
+
+
+def allgather_ring(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``(n/p)δ + (p-1)(α + (n/p)β)``, any p (n = the whole output); the paper's plus one copy."""
+    m = n / p
+    return m * d + (p - 1) * (a + m * b)
+
+
+@register("allreduce", "ring", commutative_only=True, cost=Cost(allreduce_ring, allreduce_ring))
 def allreduce(b: Builder) -> None:
     """Ring reduce-scatter then ring allgather: bandwidth-optimal, 2(p-1) steps."""
     ctx = b.ctx
@@ -87,7 +117,12 @@ def allreduce(b: Builder) -> None:
     ring_allgather(b, group, ctx.rank, chunks, ctx.segment)
 
 
-@register("reduce_scatter", "ring", commutative_only=True)
+@register(
+    "reduce_scatter",
+    "ring",
+    commutative_only=True,
+    cost=Cost(reduce_scatter_ring, reduce_scatter_ring),
+)
 def reduce_scatter(b: Builder) -> None:
     """Ring reduce-scatter in scratch, then each rank copies out its own block: p-1 steps."""
     ctx = b.ctx
@@ -99,7 +134,7 @@ def reduce_scatter(b: Builder) -> None:
     b.copy(chunks[ctx.rank], b.out)
 
 
-@register("allgather", "ring")
+@register("allgather", "ring", cost=Cost(allgather_ring, allgather_ring))
 def allgather(b: Builder) -> None:
     """Ring allgather: p-1 steps, each moving one rank's block one hop."""
     ctx = b.ctx

@@ -25,6 +25,9 @@ Example, p=4, root=1, vector [a|b|c|d] (chunk v goes to vrank v = rank (v+1)%4):
 
 from __future__ import annotations
 
+import functools
+
+from plait.algos._cost import Cost
 from plait.algos._registry import register
 from plait.algos.binomial import relative_group, subtree_size
 from plait.algos.ring import ring_allgather
@@ -35,7 +38,36 @@ from plait.schedule.ir import Region
 __all__: list[str] = []
 
 
-@register("broadcast", "scatter_allgather")
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def broadcast_scatter_allgather(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """``(lg p + p - 1)α + 2((p-1)/p)·nβ`` for a power of two (the paper's); any p below.
+
+    A binomial scatter of p chunks of n/p, every subtree's chunks in one
+    message, then a ring allgather. plait starts each rank's ring as soon as
+    its own chunk is there, and a chunk then moves one rank per step, so the
+    time is the latest chunk's arrival plus p - 1 ring steps. The latest
+    arrival is the longest root-to-leaf path, a hop into a subtree of s ranks
+    costing ``α + s(n/p)β``; for p = 2^k that is ``lg p·α + ((p-1)/p)·nβ``.
+    """
+    m = n / p
+    return _scatter_depth(p, a, m * b) + (p - 1) * (a + m * b)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scatter_depth(s: int, a: float, mb: float) -> float:
+    """Latest arrival in a binomial scatter over a subtree of s ranks (chunk time ``mb``)."""
+    best = 0.0
+    dist = 1
+    while dist < s:
+        child = min(dist, s - dist)
+        best = max(best, a + child * mb + _scatter_depth(child, a, mb))
+        dist <<= 1
+    return best
+
+
+@register("broadcast", "scatter_allgather", cost=Cost(broadcast_scatter_allgather))
 def broadcast(b: Builder) -> None:
     """Binomial scatter of p chunks from the root, then ring allgather: long vectors."""
     ctx = b.ctx

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 
+from plait.algos._cost import Cost, lg
 from plait.algos._registry import register
 from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, blocks, exchange
@@ -131,7 +132,32 @@ def swing_span(rank: int, step: int, size: int) -> tuple[int, int]:
     return lo, lo + width
 
 
-@register("allreduce", "swing", commutative_only=True)
+# -- closed-form cost (plait.algos._cost) ----------------------------------------------
+
+
+def allreduce_swing(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """Swing (De Sensi et al. 2024, after the paper): on the flat network, Rabenseifner's cost.
+
+    Power of two: ``nδ + 2 lg p·α + 2((p-1)/p)·nβ + ((p-1)/p)·nγ``: the same
+    volumes per step, only the peers differ (which matters on tori, not here).
+    Otherwise it folds like recursive doubling, whose extra rank copies IN to
+    OUT before sending OUT, so the fold is ``nδ + α + nβ + nγ`` (no overlap)
+    and the unfold ``α + nβ``.
+    """
+    q = pof2_floor(p)
+    k = lg(q)
+    core = 2 * k * a + 2 * (q - 1) / q * n * b + (q - 1) / q * n * g
+    if q == p:
+        return n * d + core
+    return n * d + a + n * b + n * g + core + a + n * b
+
+
+@register(
+    "allreduce",
+    "swing",
+    commutative_only=True,
+    cost=Cost(allreduce_swing, allreduce_swing, ports_pow2=True),
+)
 def allreduce(b: Builder) -> None:
     """Swing reduce-scatter then allgather, peers at distance 1, 1, 3, 5, 11, …: 2 lg p steps."""
     ctx = b.ctx

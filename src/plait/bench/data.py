@@ -14,10 +14,11 @@ the output (allgather, gather on root), or the output is this rank's block of
 the input (reduce_scatter, scatter on root). Broadcast is always in place.
 
 The check rebuilds the expected result of this rank from the pattern, chunk
-by chunk so that memory stays bounded for any size, with
-:func:`plait.testing.reference`, and counts the elements that differ (floats
-within a few ulps, to allow another order of summation; everything else
-exactly).
+by chunk so that memory stays bounded for any size, from the pieces the table
+of collectives gives for it (:attr:`plait.collectives.Collective.pieces`,
+reduced with :func:`plait.collectives.fold`, as the numpy reference does),
+and counts the elements that differ (floats within a few ulps, to allow
+another order of summation; everything else exactly).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plait.collectives import fold
+from plait.collectives import get as _collective
 from plait.ops import Op, dtype_family
-from plait.testing import reference
 
 __all__ = ["Buffers", "count_wrong", "fill", "make_buffers", "pattern", "resolve_dtype"]
 
@@ -101,7 +103,7 @@ class Buffers:
         """Zero the output, then write this rank's input pattern (root's for broadcast)."""
         if self.out is not None:
             self.out.fill(0)
-        if collective == "broadcast":
+        if _collective(collective).fills_x:
             if rank == root and self.out is not None:
                 fill(self.out, rank)
             return
@@ -112,68 +114,35 @@ class Buffers:
 def make_buffers(
     collective: str, rank: int, size: int, root: int, count: int, dtype: np.dtype, in_place: bool
 ) -> Buffers:
-    """This rank's buffers for a row whose buffer S holds ``count`` elements (not yet filled)."""
-    k = count // size
-    is_root = rank == root
-    if collective == "barrier":
+    """This rank's buffers for a row whose buffer S holds ``count`` elements (not yet filled).
+
+    Their lengths are the schedule's (:meth:`plait.collectives.Collective.counts`),
+    which are linear in the unit count: per unit, a rank has 0, 1 or ``size``
+    elements of input and of output. In place, equal lengths share one array
+    and unequal ones nest the shorter at this rank's block of the longer.
+    """
+    table = _collective(collective)
+    if table.synchronizes:
         return Buffers(None, None)
-    if collective == "broadcast":
+    k = table.unit_count(count, size)
+    if table.fills_x:
         buf = np.zeros(count, dtype)
         return Buffers(buf, buf)
-    if collective in ("allreduce", "alltoall"):
-        inp = np.zeros(count, dtype)
-        return Buffers(inp, inp if in_place else np.zeros(count, dtype))
-    if collective == "reduce":
-        inp = np.zeros(count, dtype)
-        out = (inp if in_place else np.zeros(count, dtype)) if is_root else None
-        return Buffers(inp, out)
-    if collective == "reduce_scatter":
-        inp = np.zeros(count, dtype)
-        if in_place:
-            return Buffers(inp, inp[rank * k : (rank + 1) * k], nested=True)
-        return Buffers(inp, np.zeros(k, dtype))
-    if collective == "allgather":
-        out = np.zeros(count, dtype)
-        if in_place:
-            return Buffers(out[rank * k : (rank + 1) * k], out, nested=True)
-        return Buffers(np.zeros(k, dtype), out)
-    if collective == "gather":
-        if not is_root:
-            return Buffers(np.zeros(k, dtype), None)
-        out = np.zeros(count, dtype)
-        if in_place:
-            return Buffers(out[rank * k : (rank + 1) * k], out, nested=True)
-        return Buffers(np.zeros(k, dtype), out)
-    if collective == "scatter":
-        if not is_root:
-            return Buffers(None, np.zeros(k, dtype))
-        inp = np.zeros(count, dtype)
-        if in_place:
-            return Buffers(inp, inp[rank * k : (rank + 1) * k], nested=True)
-        return Buffers(inp, np.zeros(k, dtype))
-    raise ValueError(f"unknown collective {collective!r}")
-
-
-# (offset in this rank's output, length, source ranks, offset in their inputs, reduced?)
-_Segment = tuple[int, int, tuple[int, ...], int, bool]
-
-
-def _segments(collective: str, rank: int, size: int, root: int, count: int) -> list[_Segment]:
-    k = count // size
-    every = tuple(range(size))
-    if collective == "allreduce" or (collective == "reduce" and rank == root):
-        return [(0, count, every, 0, True)]
-    if collective == "broadcast":
-        return [(0, count, (root,), 0, False)]
-    if collective == "reduce_scatter":
-        return [(0, k, every, rank * k, True)]
-    if collective == "allgather" or (collective == "gather" and rank == root):
-        return [(q * k, k, (q,), 0, False) for q in range(size)]
-    if collective == "alltoall":
-        return [(q * k, k, (q,), rank * k, False) for q in range(size)]
-    if collective == "scatter":
-        return [(0, k, (root,), rank * k, False)]
-    return []  # barrier; reduce and gather off root return nothing
+    per_in, per_out = table.counts(size, 1, rank, root)
+    if not per_out:
+        return Buffers(np.zeros(per_in * k, dtype), None)
+    if not per_in:
+        return Buffers(None, np.zeros(per_out * k, dtype))
+    if not in_place:
+        return Buffers(np.zeros(per_in * k, dtype), np.zeros(per_out * k, dtype))
+    if per_in == per_out:
+        inp = np.zeros(per_in * k, dtype)
+        return Buffers(inp, inp)
+    if per_in > per_out:
+        inp = np.zeros(per_in * k, dtype)
+        return Buffers(inp, inp[rank * k : (rank + 1) * k], nested=True)
+    out = np.zeros(per_out * k, dtype)
+    return Buffers(out[rank * k : (rank + 1) * k], out, nested=True)
 
 
 def _eps(dtype: np.dtype) -> float:
@@ -211,10 +180,10 @@ def count_wrong(
     The inputs are those :meth:`Buffers.reset` wrote. Returns 0 where the
     collective returns nothing on this rank.
     """
+    table = _collective(collective)
+    pieces = table.pieces(size, table.unit_count(count, size), rank, root) or ()
     total = 0
-    for out_off, length, sources, src_off, reduced in _segments(
-        collective, rank, size, root, count
-    ):
+    for out_off, length, sources, src_off, reduced in pieces:
         if not length:
             continue
         if out is None:
@@ -222,7 +191,11 @@ def count_wrong(
         for j in range(0, length, _CHUNK):
             n = min(_CHUNK, length - j)
             inputs = [pattern(q, src_off + j, n, dtype) for q in sources]
-            want = reference("allreduce", inputs, op=op)[0] if reduced else inputs[0]
-            assert want is not None
+            if reduced:
+                if op is None:
+                    raise ValueError(f"{collective} reduces: pass op=")
+                want = fold(op, inputs, size)
+            else:
+                want = inputs[0]
             total += _mismatches(out[out_off + j : out_off + j + n], want, size)
     return total

@@ -20,6 +20,9 @@ For the block collectives the count is rounded down to a multiple of the
 number of ranks, as nccl-tests does, so some small sizes collapse to the same
 row (kept once).
 
+The table of collectives (:mod:`plait.collectives`) holds which collectives
+are cut in blocks and each one's bus factor; this module applies them.
+
 Bandwidths are nccl-tests' too: ``algbw = S / t`` and ``busbw = algbw *
 factor``, the factor making busbw comparable across rank counts (it is the
 fraction of S that crosses the busiest link of an optimal algorithm):
@@ -42,6 +45,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from plait.collectives import BLOCK_COLLECTIVES, COLLECTIVES
+from plait.collectives import get as _collective
+
 __all__ = [
     "BLOCK_COLLECTIVES",
     "COLLECTIVES",
@@ -57,22 +63,6 @@ __all__ = [
     "size_range",
     "summarize",
 ]
-
-#: Every collective plait has, in the order ``plait bench -h`` lists them.
-COLLECTIVES: tuple[str, ...] = (
-    "allreduce",
-    "reduce",
-    "broadcast",
-    "reduce_scatter",
-    "allgather",
-    "alltoall",
-    "gather",
-    "scatter",
-    "barrier",
-)
-
-#: Collectives whose buffer S is cut in one block per rank.
-BLOCK_COLLECTIVES = frozenset({"reduce_scatter", "allgather", "alltoall", "gather", "scatter"})
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*$")
@@ -122,12 +112,8 @@ def size_range(begin: int, end: int, factor: int) -> list[int]:
 
 def element_count(collective: str, nbytes: int, itemsize: int, size: int) -> int:
     """Elements in the collective's whole buffer S for ``nbytes`` requested (see the module doc)."""
-    if collective == "barrier":
-        return 0
-    count = nbytes // itemsize
-    if collective in BLOCK_COLLECTIVES:
-        count -= count % size
-    return count
+    table = _collective(collective)
+    return table.whole_count(table.unit_count(nbytes // itemsize, size), size)
 
 
 @dataclass(frozen=True)
@@ -140,7 +126,7 @@ class Point:
 
 def points(collective: str, sizes: list[int], itemsize: int, size: int) -> list[Point]:
     """The distinct rows of a sweep, in order (sizes that round to one count give one row)."""
-    if collective == "barrier":
+    if _collective(collective).synchronizes:
         return [Point(0, 0)]
     seen: dict[int, Point] = {}
     for s in sizes:
@@ -151,16 +137,7 @@ def points(collective: str, sizes: list[int], itemsize: int, size: int) -> list[
 
 def bus_factor(collective: str, size: int) -> float:
     """busbw / algbw for ``size`` ranks (nccl-tests' factors; see the module doc)."""
-    n = size
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    if collective in ("reduce_scatter", "allgather", "alltoall", "gather", "scatter"):
-        return (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    if collective == "barrier":
-        return 0.0
-    raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+    return _collective(collective).bus_factor(size)
 
 
 def bandwidths(collective: str, nbytes: int, seconds: float, size: int) -> tuple[float, float]:
@@ -177,9 +154,7 @@ def selection_bytes(collective: str, count: int, itemsize: int, size: int) -> in
     Mirrors the Communicator: the whole vector for allreduce, reduce and
     broadcast, one rank's block for the block collectives.
     """
-    if collective in BLOCK_COLLECTIVES:
-        return count // size * itemsize
-    return count * itemsize
+    return _collective(collective).unit_count(count, size) * itemsize
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import plait
 from plait.bench.data import Buffers, resolve_dtype
 from plait.bench.loop import Prepared, SweepSpec, op_by_name, worker_main
 from plait.bench.sweep import Point, selection_bytes
+from plait.collectives import get as collective_of
 from plait.schedule.builder import HostLayout
 from plait.selection.select import select
 
@@ -36,9 +37,8 @@ class PlaitBackend:
         """The algorithm ``auto`` runs for this row (decided as the Communicator decides)."""
         c = spec.collective
         itemsize = resolve_dtype(spec.dtype).itemsize
-        nbytes = selection_bytes(c, point.count, itemsize, self.size) if c != "barrier" else 0
-        reduction = c in ("allreduce", "reduce", "reduce_scatter")
-        commutative = op_by_name(spec.op).commutative if reduction else True
+        nbytes = selection_bytes(c, point.count, itemsize, self.size)
+        commutative = op_by_name(spec.op).commutative if collective_of(c).reduces else True
         return select(c, self.size, nbytes, commutative=commutative, hosts=self._layout).name
 
     def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:

@@ -15,9 +15,10 @@ but only records steps. The builder:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from plait.collectives import get as _collective
 from plait.schedule.ir import IN, OUT, TMP, Buf, Region, Schedule, Step, StepKind
 
 __all__ = ["Builder", "Context", "Fabric", "HostLayout"]
@@ -423,5 +424,21 @@ def exchange(
                 b.recv(peer, takes[i])
 
 
-__all__ += ["blocks", "exchange", "segments"]
+def record(build: Callable[[Builder], None], ctx: Context) -> Schedule:
+    """Run the builder function ``build`` for ``ctx`` and return the schedule it recorded.
+
+    ``IN`` and ``OUT`` are sized by the collective's table entry
+    (:meth:`plait.collectives.Collective.buffer_counts`); the registry caches
+    the result per (algorithm, context), :func:`plait.schedule.symbolic.prove`
+    calls this directly.
+    """
+    in_count, out_count = _collective(ctx.collective).buffer_counts(
+        ctx.size, ctx.count, ctx.rank, ctx.root
+    )
+    builder = Builder(ctx, in_count, out_count)
+    build(builder)
+    return builder.build()
+
+
+__all__ += ["blocks", "exchange", "record", "segments"]
 _ = Buf  # re-exported for builders that annotate buffers

@@ -15,16 +15,41 @@ directly or transitively, from every other before it finishes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from plait.algos._registry import AlgorithmSpec, build_schedule
-from plait.schedule.builder import Context, Fabric, HostLayout
+from plait.collectives import get as _collective
+from plait.schedule.builder import Builder, Context, Fabric, HostLayout, record
+from plait.schedule.ir import Schedule
 from plait.schedule.verify import ScheduleError, run_joint
 
-__all__ = ["expected", "prove"]
+__all__ = ["Recipe", "expected", "prove"]
 
 Prov = tuple[tuple[int, int], ...]
+
+
+class Recipe(Protocol):
+    """What :func:`prove` needs of an algorithm: its collective, its name and its builder.
+
+    :class:`plait.algos.AlgorithmSpec` is one; so is any small object a test makes.
+    """
+
+    @property
+    def collective(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def build(self) -> Callable[[Builder], None]: ...
+
+
+#: How :func:`prove` gets one rank's schedule: ``(recipe, context) -> Schedule``.
+BuildSchedule = Callable[[Any, Context], Schedule]
+
+
+def _record(recipe: Recipe, ctx: Context) -> Schedule:
+    return record(recipe.build, ctx)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -33,27 +58,24 @@ def _reduced(size: int, index: int) -> Prov:
 
 
 def expected(collective: str, size: int, count: int, rank: int, root: int) -> list[Prov] | None:
-    """The provenance ``OUT`` must hold on ``rank``; None if ``OUT`` is unconstrained."""
-    k = count
-    if collective == "allreduce":
-        return [_reduced(size, i) for i in range(count)]
-    if collective == "reduce":
-        return [_reduced(size, i) for i in range(count)] if rank == root else None
-    if collective == "broadcast":
-        return [((root, i),) for i in range(count)]
-    if collective == "reduce_scatter":
-        return [_reduced(size, rank * k + i) for i in range(k)]
-    if collective == "allgather":
-        return [((q, i),) for q in range(size) for i in range(k)]
-    if collective == "alltoall":
-        return [((q, rank * k + i),) for q in range(size) for i in range(k)]
-    if collective == "gather":
-        return [((q, i),) for q in range(size) for i in range(k)] if rank == root else None
-    if collective == "scatter":
-        return [((root, rank * k + i),) for i in range(k)]
-    if collective == "barrier":
-        return []
-    raise ValueError(collective)
+    """The provenance ``OUT`` must hold on ``rank``; None if the call returns nothing there.
+
+    Read from the collective's pieces (:attr:`plait.collectives.Collective.pieces`):
+    a copied element is ``((source, index),)``, a reduced one every rank's
+    ``(rank, index)`` in rank order.
+    """
+    pieces = _collective(collective).pieces(size, count, rank, root)
+    if pieces is None:
+        return None
+    out: list[Prov] = []
+    for piece in pieces:
+        lo = piece.src_offset
+        if piece.reduced:
+            out += [_reduced(size, lo + i) for i in range(piece.length)]
+        else:
+            (q,) = piece.sources
+            out += [((q, lo + i),) for i in range(piece.length)]
+    return out
 
 
 def _combine(a: tuple[Prov, str], b: tuple[Prov, str]) -> tuple[Prov, str]:
@@ -66,7 +88,7 @@ def _leaf(rank: int, index: int) -> tuple[Prov, str]:
 
 
 def prove(
-    spec: AlgorithmSpec,
+    spec: Recipe,
     size: int,
     count: int,
     *,
@@ -76,22 +98,27 @@ def prove(
     in_place: bool = False,
     hosts: Sequence[int] | None = None,
     fabric: Fabric | None = None,
+    build: BuildSchedule = _record,
 ) -> None:
     """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
 
     ``hosts`` gives the host index of every rank (None: one host); ``fabric``
     the aggregating switches, whose schedules run along (``in_network``).
     ``in_place`` runs with ``OUT`` aliasing ``IN`` (for collectives where the two
-    have the same length on that rank), as an ``out=x`` call does.
+    have the same length on that rank), as an ``out=x`` call does. ``build``
+    gets one rank's schedule from ``spec`` and a :class:`Context`: by default
+    the builder runs afresh; the registry passes its cached
+    :func:`plait.algos._registry.build_schedule`, which the executor runs.
     """
     c = spec.collective
+    table = _collective(c)
     layout = HostLayout(hosts) if hosts is not None else None
     ctx = Context(c, 0, size, count, 1, commutative, root, segment, layout, fabric)
-    scheds = [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
+    scheds = [build(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
     buffers: list[list[list[Any]]] = []
     for r, s in enumerate(scheds):
         inp: list[Any] = [_leaf(r, i) for i in range(s.in_count)]
-        if c == "broadcast":
+        if table.fills_x:  # root's data starts in OUT; junk elsewhere must be overwritten
             out: list[Any] = [_leaf(r, i) if r == root else ("junk", r) for i in range(s.out_count)]
         elif in_place and s.in_count == s.out_count:
             out = inp
@@ -123,7 +150,7 @@ def prove(
             ok = g == w or (commutative and isinstance(g, tuple) and sorted(g) == list(w))
             if not ok:
                 raise ScheduleError(f"{where}: rank {r} OUT[{i}] = {g}, expected {w}")
-        if c == "allreduce" and r > 0:
+        if table.reduces and table.replicated and r > 0:
             # Same association and operand order everywhere: bit-identical floats.
             for i, (mine, first) in enumerate(zip(out, buffers[0][1], strict=True)):
                 if mine[1] != first[1]:
@@ -131,6 +158,6 @@ def prove(
                         f"{where}: OUT[{i}] is computed as {mine[1]} on rank {r} but as "
                         f"{first[1]} on rank 0; results would differ in the last bits"
                     )
-        if c == "barrier" and seen[r] != set(range(size)):
+        if table.synchronizes and seen[r] != set(range(size)):
             missing = sorted(set(range(size)) - seen[r])
             raise ScheduleError(f"{where}: rank {r} can leave before hearing from {missing}")

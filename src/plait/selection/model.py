@@ -10,8 +10,8 @@ PLAIT_PROFILE); every later run loads it.
 With a profile, ``auto`` predicts the time of each candidate (algorithm,
 segment size) and runs the fastest (:func:`predict`):
 
-* On one host, the closed-form α-β-γ costs of plait's own schedules
-  (:mod:`plait.sim.formulas`, the formulas the simulator is tested against)
+* On one host, the closed-form α-β-γ costs of plait's own schedules (each
+  algorithm's ``AlgorithmSpec.cost``, the formulas the simulator is tested against)
   rank the algorithms, unsegmented. For calls of more than the smallest of
   :data:`SEGMENTS`, the two best are then run in the simulator
   (:mod:`plait.sim`, on :func:`plait.sim.from_profile`'s network, with ports),
@@ -33,6 +33,12 @@ schedule) do not fit in what is left is skipped, and where the first one (the
 formulas' winner, or across hosts the built-in rules' choice) does not fit,
 the formulas or the rules decide alone. Results are cached per call shape.
 
+The closed forms come from the algorithms' registrations
+(``AlgorithmSpec.cost``); the simulator is :mod:`plait.sim`, which depends
+only on the table of collectives, the schedule IR and the algorithms, so this
+module reaches down to it. It is imported only when a profile asks for a
+simulation, which keeps ``import plait`` from loading it.
+
 Every input (collective, ranks, bytes, the op's commutativity, the host
 layout and the profile) is the same on every rank, and the formulas, the
 budget and the simulator are deterministic (ties go to the earlier
@@ -53,7 +59,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from plait.schedule.builder import HostLayout
+from plait.algos._registry import build_schedule, get
+from plait.collectives import get as _collective
+from plait.schedule.builder import Context, HostLayout
 
 if TYPE_CHECKING:
     from plait.sim.network import Network
@@ -198,7 +206,7 @@ def predict_best(
     ``nbytes`` as ``auto`` counts it (one rank's block for block collectives).
     None when the formulas cover fewer than two candidates.
     """
-    whole = nbytes * size if collective in _BLOCK else nbytes
+    whole = _collective(collective).whole_count(nbytes, size)
     ranked = _formula_ranking(collective, size, whole, tuple(candidates), profile)
     return (ranked[0][1], ranked[0][0]) if len(ranked) >= 2 else None
 
@@ -208,20 +216,16 @@ def formula_time(
 ) -> float | None:
     """The closed-form time of ``algorithm`` with ``link``'s α, β and the profile's γ, δ.
 
-    ``whole``: the collective's whole buffer (as :mod:`plait.sim.formulas` counts
-    it); None where no formula covers the algorithm.
+    ``whole``: the collective's whole buffer (as the formulas count it); None
+    where no formula covers the algorithm (or there is no such algorithm).
     """
-    from plait.sim import formulas
-
     try:
-        return formulas.predict(
-            collective, algorithm, size, whole, link.alpha, link.beta, profile.gamma, profile.delta
-        )
-    except KeyError:
+        cost = get(collective, algorithm).cost
+    except ValueError:
         return None
-
-
-_BLOCK = frozenset({"reduce_scatter", "allgather", "alltoall", "gather", "scatter"})
+    if cost is None:
+        return None
+    return cost.time(size, whole, link.alpha, link.beta, profile.gamma, profile.delta)
 
 
 @dataclass(frozen=True)
@@ -285,7 +289,7 @@ def _predict(
 ) -> Prediction | None:
     from plait import sim
 
-    whole = nbytes * size if collective in _BLOCK else nbytes
+    whole = _collective(collective).whole_count(nbytes, size)
     ranked = _formula_ranking(collective, size, whole, candidates, profile) if not hosts else []
     if len(ranked) >= 2:
         # One host, formulas for two or more: they rank; the simulator looks at segments.
@@ -379,11 +383,7 @@ class _Search:
 
     def _rank0_steps(self, name: str, segment: int) -> list[int]:
         """Element counts of rank 0's steps (itemsize 1: elements are bytes)."""
-        from plait.algos._registry import build_schedule, get
-        from plait.schedule.builder import Context
-        from plait.sim import context_count
-
-        count = context_count(self.collective, self.whole, 1, self.size)
+        count = _collective(self.collective).unit_count(self.whole, self.size)
         ctx = Context(
             self.collective, 0, self.size, count, 1, self.commutative, 0, segment, self.hosts
         )

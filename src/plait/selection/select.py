@@ -28,15 +28,12 @@ import functools
 import os
 from dataclasses import dataclass
 
-from plait.algos._registry import AlgorithmSpec, algorithms, get
+from plait.algos._registry import SEGMENT_BYTES, AlgorithmSpec, algorithms, get
 from plait.schedule.builder import HostLayout
 from plait.selection import model, rules_file
 from plait.selection.overrides import Override, overrides
 
 __all__ = ["RULES", "SEGMENT_BYTES", "Choice", "Rule", "Settings", "choose", "select", "settings"]
-
-#: Pipelining unit for segmented algorithms (ring, trees).
-SEGMENT_BYTES = 1 << 20
 
 _INF = float("inf")
 

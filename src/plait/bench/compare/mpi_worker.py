@@ -20,6 +20,7 @@ import numpy as np
 from plait.bench.data import Buffers
 from plait.bench.loop import Prepared, SweepSpec, Unsupported, worker_main
 from plait.bench.sweep import Point
+from plait.collectives import get as collective_of
 
 __all__ = ["MPIBackend", "main"]
 
@@ -56,7 +57,7 @@ class MPIBackend:
                 from_numpy_dtype(dtype).Free()
             except Exception as exc:
                 raise Unsupported(f"MPI has no datatype for {dtype}") from exc
-        op = self._op(spec.op, dtype) if c in ("allreduce", "reduce", "reduce_scatter") else None
+        op = self._op(spec.op, dtype) if collective_of(c).reduces else None
         check = out
         call: Callable[[], Any]
         if c == "allreduce":
