@@ -4,46 +4,29 @@
 default sends are eager (the payload is copied at once and the send completes);
 with ``lockstep=True`` a send completes only when its receive is posted and the
 bytes are copied straight into it, the strictest behaviour any transport can
-have, which surfaces schedules that would deadlock without buffering.
+have, which surfaces schedules that would deadlock without buffering. Each
+endpoint is an :class:`~plait.transport.endpoint.Endpoint` whose one link,
+:class:`MemoryLink`, reaches every rank (itself included); see ``docs/transport.md``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
-from collections import deque
-from collections.abc import Sequence
-from typing import Any, cast
 
-from plait.errors import MismatchError, PeerLostError
-from plait.transport.base import Handle
+from plait.errors import PeerLostError
+from plait.transport.endpoint import Endpoint
+from plait.transport.link import Message, Op
 
-__all__ = ["MemoryFabric", "MemoryTransport"]
-
-
-class _Op:
-    __slots__ = ("buf", "check", "done", "error", "owner", "peer", "tag")
-
-    def __init__(self, owner: MemoryTransport, peer: int, tag: int, buf: memoryview, check: int):
-        self.owner = owner
-        self.peer = peer
-        self.tag = tag
-        self.buf = buf
-        self.check = check
-        self.done = False
-        self.error: BaseException | None = None
-
-
-class _Message:
-    __slots__ = ("check", "data", "send")
-
-    def __init__(self, data: bytes | memoryview, check: int, send: _Op | None) -> None:
-        self.data = data
-        self.check = check
-        self.send = send  # lockstep: the send that completes when this is received
+__all__ = ["MemoryFabric", "MemoryLink", "MemoryTransport"]
 
 
 class MemoryFabric:
-    """``size`` connected in-process endpoints; ``fabric.endpoints[r]`` is rank r's."""
+    """``size`` connected in-process endpoints; ``fabric.endpoints[r]`` is rank r's.
+
+    One lock guards every endpoint of the fabric, so a send may complete the
+    receive of another rank directly.
+    """
 
     def __init__(self, size: int, *, lockstep: bool = False) -> None:
         if size < 1:
@@ -53,7 +36,7 @@ class MemoryFabric:
         self.endpoints = [MemoryTransport(self, r, size) for r in range(size)]
 
 
-class MemoryTransport:
+class MemoryTransport(Endpoint):
     """Rank ``rank``'s end of a :class:`MemoryFabric`; see :mod:`plait.transport.base`.
 
     Attributes:
@@ -62,134 +45,114 @@ class MemoryTransport:
     """
 
     def __init__(self, fabric: MemoryFabric, rank: int, size: int) -> None:
+        super().__init__(rank, size, lock=fabric.lock)
         self.fabric = fabric
-        self.rank = rank
-        self.size = size
-        self.closed = False
-        self._cond = threading.Condition(fabric.lock)
-        self._unexpected: dict[tuple[int, int], deque[_Message]] = {}
-        self._posted: dict[tuple[int, int], deque[_Op]] = {}
-        self.bytes_sent = 0
-        self.bytes_received = 0
+        self.link = MemoryLink(fabric, self)
+        self.attach(self.link, range(size))
 
-    # -- contract ----------------------------------------------------------------
-    def isend(self, peer: int, tag: int, data: memoryview, check: int) -> _Op:
-        op = _Op(self, peer, tag, data, check)
-        target = self.fabric.endpoints[peer]
-        with self.fabric.lock:
-            self.bytes_sent += data.nbytes
-            if target.closed:
-                self._fail(op, PeerLostError(f"rank {peer} has closed its communicator"))
-                return op
-            key = (self.rank, tag)
-            posted = target._posted.get(key)
-            if posted:
-                recv = posted.popleft()
-                if not posted:
-                    del target._posted[key]
-                target._deliver(recv, data, check, op)
-                self._complete(op)
-                return op
-            if self.fabric.lockstep:
-                message = _Message(data, check, op)
-            else:
-                message = _Message(bytes(data), check, None)
-                self._complete(op)
-            target._unexpected.setdefault(key, deque()).append(message)
-        return op
+    def _closed_error(self) -> BaseException:
+        # Peers see this rank as lost; its own pending receives fail the same way.
+        return PeerLostError(f"rank {self.rank} has closed its communicator")
 
-    def irecv(self, peer: int, tag: int, into: memoryview, check: int) -> _Op:
-        op = _Op(self, peer, tag, into, check)
-        key = (peer, tag)
-        with self.fabric.lock:
-            queue = self._unexpected.get(key)
-            if queue:
-                message = queue.popleft()
-                if not queue:
-                    del self._unexpected[key]
-                self._deliver(op, message.data, message.check, message.send)
-                if message.send is not None:
-                    message.send.owner._complete(message.send)
-            elif self.fabric.endpoints[peer].closed:
-                self._fail(op, PeerLostError(f"rank {peer} has closed its communicator"))
-            else:
-                self._posted.setdefault(key, deque()).append(op)
-        return op
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<MemoryTransport rank {self.rank} of {self.size}, {state}>"
 
-    def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: any(h.done for h in handles), timeout)
 
-    def cancel(self, handle: Handle) -> None:
-        op = cast(_Op, handle)  # handles come from this transport's isend/irecv
-        with self.fabric.lock:
-            if op.done:
-                return
-            # receives posted here, and messages (lockstep sends) waiting at the peer
-            tables: list[dict[tuple[int, int], deque[Any]]]
-            tables = [self._posted, self.fabric.endpoints[op.peer]._unexpected]
-            for table in tables:
-                for queue in table.values():
-                    for item in list(queue):
-                        if item is op or getattr(item, "send", None) is op:
-                            queue.remove(item)
-            op.done = True
+class MemoryLink:
+    """The link of one in-process endpoint to every rank of its fabric (the fabric's lock held).
 
-    def close(self) -> None:
-        with self.fabric.lock:
-            if self.closed:
-                return
-            self.closed = True
-            lost = PeerLostError(f"rank {self.rank} has closed its communicator")
-            # Receives that other ranks posted for our messages will never complete.
-            for other in self.fabric.endpoints:
-                for (src, _), queue in list(other._posted.items()):
-                    if src == self.rank:
-                        for op in queue:
-                            other._fail(op, lost)
-                        queue.clear()
-            # Lockstep sends to us that nobody will receive now.
-            for messages in self._unexpected.values():
-                for message in messages:
-                    if message.send is not None:
-                        message.send.owner._fail(message.send, lost)
-            self._unexpected.clear()
-            for queue in self._posted.values():
-                for op in queue:
-                    self._fail(op, lost)
-            self._posted.clear()
+    A send is copied straight into a posted receive at the peer's endpoint;
+    otherwise it is filed there as an unexpected message: a copy of its bytes
+    (eager), or the send itself, which completes when a receive takes it (lockstep).
+    """
 
-    # -- internals (lock held) ----------------------------------------------------
-    def _deliver(self, op: _Op, data: bytes | memoryview, check: int, send: _Op | None) -> None:
-        if check != op.check:
-            err = MismatchError(
-                f"rank {self.rank} received from rank {op.peer} a message of a different call "
-                "(the two ranks disagree on the collective, count, dtype, op, root, algorithm or "
-                "segment size; or, for a send and its recv, on the dtype)"
-            )
-            self._fail(op, err)
-            if send is not None:
-                send.owner._fail(send, err)
+    driven = False
+
+    def __init__(self, fabric: MemoryFabric, endpoint: Endpoint) -> None:
+        self._fabric = fabric
+        self._ep = endpoint
+
+    def send(self, op: Op) -> None:
+        """Deliver ``op`` to the peer's posted receive, or file it there as unexpected."""
+        ep = self._ep
+        ep.bytes_sent += op.nbytes
+        target = self._fabric.endpoints[op.peer]
+        recv = target.take_posted(ep.rank, op.tag)
+        if recv is not None:
+            if recv.check == op.check and recv.nbytes == op.nbytes:
+                recv.buf[:] = op.buf
+                target.bytes_received += op.nbytes
+                target.complete(recv)
+                ep.complete(op)
+            else:  # both ends fail, as in lockstep mode
+                err = target.mismatch(recv, op.check, op.nbytes)
+                assert err is not None
+                target.fail(recv, err)
+                ep.fail(op, err)
+            if target is not ep:
+                target.notify()
             return
-        if len(data) != op.buf.nbytes:
-            err = MismatchError(
-                f"rank {op.peer} sent {len(data)} bytes but rank {self.rank} expected "
-                f"{op.buf.nbytes} bytes"
-            )
-            self._fail(op, err)
-            if send is not None:
-                send.owner._fail(send, err)
-            return
-        op.buf[:] = data
-        self.bytes_received += len(data)
-        self._complete(op)
+        msg = Message(target.link, op.check, op.nbytes, buffer=False)
+        if self._fabric.lockstep:
+            msg.source = (ep, op)
+            op.state = msg  # for cancel
+        else:
+            msg.source = bytes(op.buf)
+            msg.complete = True
+            ep.complete(op)
+        target.add_unexpected(ep.rank, op.tag, msg)
 
-    def _complete(self, op: _Op) -> None:
-        op.done = True
-        op.owner._cond.notify_all()
+    def recv_posted(self, op: Op) -> None:
+        """Nothing to do: the peer's next send finds the receive."""
 
-    def _fail(self, op: _Op, err: BaseException) -> None:
-        if not op.done:
-            op.error = err
-            op.done = True
-            op.owner._cond.notify_all()
+    def claim(self, op: Op, msg: Message) -> None:
+        """Copy the message into ``op``; a lockstep send completes now."""
+        ep = self._ep
+        if msg.complete:
+            op.buf[:] = msg.source
+        else:
+            sender, send = msg.source
+            op.buf[:] = send.buf
+            sender.complete(send)
+            sender.notify()
+        ep.bytes_received += op.nbytes
+        ep.complete(op)
+
+    def reject(self, msg: Message, err: BaseException) -> None:
+        """A lockstep send fails with the receiver's error; eager bytes are dropped."""
+        if not msg.complete:
+            sender, send = msg.source
+            sender.fail(send, err)
+            sender.notify()
+
+    def cancel(self, op: Op) -> None:
+        """A lockstep send still waiting at its peer is withdrawn from there."""
+        if op.is_send and op.state is not None:
+            self._fabric.endpoints[op.peer].discard(op.state)
+            op.state = None
+
+    def progress(self, stalled: bool) -> bool:
+        """Never driven: sends complete inside the calls of the ranks."""
+        return False
+
+    def arm(self) -> float:
+        """Never driven."""
+        return math.inf
+
+    def disarm(self) -> None:
+        """Never driven."""
+
+    def check(self, now: float) -> None:
+        """Never driven."""
+
+    def shutdown(self, err: BaseException) -> None:
+        """Every other rank loses this one: receives posted there for it fail."""
+        me = self._ep.rank
+        for other in self._fabric.endpoints:
+            if other.rank != me:
+                other.lose(me, f"rank {me} has closed its communicator")
+                other.notify()
+
+    def release(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,595 @@
+"""The endpoint: the point-to-point contract of :mod:`plait.transport.base`, implemented once.
+
+An :class:`Endpoint` is one rank's end of a transport. It owns everything the
+contract promises (handles, matching on (peer, tag), mismatch errors, cancel,
+the fan-out of a lost peer, the closed state, byte counters, waiting and the
+"one thread drives, the others wait" policy) and routes each peer to a
+:class:`~plait.transport.link.Link`, which only moves the bytes of messages.
+See ``docs/transport.md`` for the design, the link interface and the rules a
+link must keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from plait.errors import ClosedError, MismatchError, PeerLostError
+from plait.transport.base import Handle, may_spin
+from plait.transport.link import Link, Message, Op, copy_bytes
+
+__all__ = ["Endpoint"]
+
+#: Seconds a waiting rank polls before it sleeps, and of those, how many without yielding.
+_SPIN = 50e-6
+_EAGER_SPIN = 5e-6
+#: Seconds of waiting without sleeping after which the links' descriptors are checked anyway.
+_LIVENESS_INTERVAL = 0.1
+
+
+def _as_bytes(data: Any, writable: bool, what: str) -> memoryview:
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if not mv.c_contiguous:
+        raise ValueError(f"{what} must be a contiguous buffer")
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise ValueError(f"{what} must be writable")
+    return mv
+
+
+class Endpoint:
+    """Rank ``rank``'s end of a transport among ``size`` ranks; see :mod:`plait.transport.base`.
+
+    A transport class derives from it, builds its links and calls
+    :meth:`attach` for each; the endpoint does the rest.
+
+    Args:
+        rank: this rank, ``0 <= rank < size``.
+        size: number of ranks.
+        names: how messages name the ranks (default: their numbers here).
+        lock: the lock guarding this endpoint (the in-process transport shares
+            one among all its endpoints); default a new one.
+
+    Attributes:
+        bytes_sent: payload bytes sent so far.
+        bytes_received: payload bytes delivered into posted receives so far.
+        spin: seconds a waiting rank polls its driven links before it sleeps.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        *,
+        names: Sequence[int] | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(f"invalid rank {rank} for size {size}; expected 0 <= rank < size")
+        if names is not None and len(names) != size:
+            raise ValueError(f"names must name {size} ranks, got {len(names)}")
+        self.rank = rank
+        self.size = size
+        self._names = list(range(size)) if names is None else [int(n) for n in names]
+        self._me = self._names[rank]
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.spin = _SPIN
+        self._lock = threading.Lock() if lock is None else lock
+        self._cond = threading.Condition(self._lock)
+        self._closed = False
+        self._polling = False  # a thread sleeps in poll() without the lock
+        self._waiters = 0  # threads waiting on _cond
+        self._completed = 0  # completions since the last _after_progress (wakes other threads)
+        self._posted: dict[tuple[int, int], deque[Op]] = {}
+        self._unexpected: dict[tuple[int, int], deque[Message]] = {}
+        self._links: list[Link] = []
+        self._driven: list[Link] = []
+        self._route: list[Link | None] = [None] * size
+        self._lost: list[str | None] = [None] * size
+        self._poller: Any = None  # epoll over the links' descriptors, made by watch()
+        self._handlers: dict[int, Callable[[int, int], None]] = {}
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._last_check = time.monotonic()
+
+    # -- building (for transport classes and links) ------------------------------------------
+    def attach(self, link: Link, peers: Sequence[int]) -> None:
+        """Route ``peers`` to ``link`` (a peer belongs to one link)."""
+        if link not in self._links:
+            self._links.append(link)
+            if link.driven:
+                self._driven.append(link)
+        for p in peers:
+            self._route[p] = link
+
+    def watch(
+        self, fd: int, handler: Callable[[int, int], None], events: int = select.EPOLLIN
+    ) -> None:
+        """Wake the endpoint when ``fd`` is ready for ``events``; then ``handler(fd, ready)``.
+
+        ``ready`` is the epoll mask that fired; the handler runs with the lock
+        held, and must not block (the descriptor may be ready no more).
+        """
+        if self._poller is None:
+            self._poller = select.epoll()
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._poller.register(self._wake_r.fileno(), select.EPOLLIN)
+        self._poller.register(fd, events)
+        self._handlers[fd] = handler
+
+    def rewatch(self, fd: int, events: int) -> None:
+        """Change what ``fd`` is watched for (a link with bytes queued adds ``EPOLLOUT``).
+
+        Takes effect at once, also for a thread asleep in epoll.
+        """
+        self._poller.modify(fd, events)
+
+    def unwatch(self, fd: int) -> None:
+        """Stop watching ``fd`` (before it is closed)."""
+        if self._handlers.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+
+    # -- for links (lock held) ---------------------------------------------------------------
+    def take_posted(self, peer: int, tag: int) -> Op | None:
+        """The oldest receive posted for (``peer``, ``tag``), removed from its queue, or None."""
+        key = (peer, tag)
+        queue = self._posted.get(key)
+        if not queue:
+            return None
+        op = queue.popleft()
+        if not queue:
+            del self._posted[key]
+        return op
+
+    def add_unexpected(self, peer: int, tag: int, msg: Message) -> None:
+        """File ``msg`` from ``peer`` for the next receive of (``peer``, ``tag``)."""
+        key = (peer, tag)
+        queue = self._unexpected.get(key)
+        if queue is None:
+            self._unexpected[key] = deque((msg,))
+        else:
+            queue.append(msg)
+
+    def discard(self, msg: Message) -> None:
+        """Remove ``msg`` from the unexpected messages (its sender withdrew or died)."""
+        for key, queue in list(self._unexpected.items()):
+            if msg in queue:
+                queue.remove(msg)
+                if not queue:
+                    del self._unexpected[key]
+                return
+
+    def mismatch(self, op: Op, check: int, nbytes: int) -> MismatchError | None:
+        """The error for a message (``check``, ``nbytes``) that ``op`` cannot take, or None."""
+        if check != op.check:
+            return MismatchError(
+                f"rank {self._me} received from rank {self._names[op.peer]} a message of a "
+                "different call "
+                "(the two ranks disagree on the collective, count, dtype, op, root, algorithm or "
+                "segment size; or, for a send and its recv, on the dtype)"
+            )
+        if nbytes != op.nbytes:
+            return MismatchError(
+                f"rank {self._names[op.peer]} sent {nbytes} bytes but rank {self._me} expected "
+                f"{op.nbytes} bytes"
+            )
+        return None
+
+    def deliver_buffered(self, op: Op, msg: Message) -> bool:
+        """Copy what ``msg`` holds into ``op``; complete ``op`` and return True if that is all."""
+        data = msg.data
+        assert data is not None
+        copy_bytes(op.buf, op.arr, 0, data.data, data, 0, msg.received)
+        self.bytes_received += msg.received
+        op.offset = msg.received
+        if msg.complete:
+            self.complete(op)
+            return True
+        return False
+
+    def complete(self, op: Op) -> None:
+        """Finish ``op`` successfully (unless it was cancelled meanwhile)."""
+        op.done = True
+        self._completed += 1
+
+    def fail(self, op: Op, err: BaseException) -> None:
+        """Finish ``op`` with ``err`` (unless it is done already)."""
+        if not op.done:
+            op.error = err
+            op.done = True
+            self._completed += 1
+
+    def lose(self, peer: int, reason: str) -> None:
+        """``peer`` closed or died: fail its posted receives and every later operation."""
+        if self._lost[peer] is not None:
+            return
+        self._lost[peer] = reason
+        err = PeerLostError(reason)
+        for key in [k for k in self._posted if k[0] == peer]:
+            for op in self._posted.pop(key):
+                self.fail(op, err)
+
+    def name(self, rank: int) -> int:
+        """How messages name ``rank``."""
+        return self._names[rank]
+
+    # -- the contract --------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Op:
+        """Start sending ``data`` to ``peer``; see :class:`~plait.transport.base.Transport`."""
+        link = self._route[peer] if 0 <= peer < self.size else None
+        if link is None:
+            raise self._not_a_peer(peer)
+        if not -0x8000000000000000 <= tag <= 0x7FFFFFFFFFFFFFFF:
+            raise ValueError(f"tag {tag} does not fit in a signed 64-bit integer")
+        if (
+            data.__class__ is not memoryview
+            or data.format != "B"
+            or data.ndim != 1
+            or not data.c_contiguous
+        ):
+            data = _as_bytes(data, False, "data")
+        op = Op(peer, tag, data, check, True)
+        with self._lock:
+            if self._closed:
+                self.fail(op, self._closed_error())
+            elif (lost := self._lost[peer]) is not None:
+                self.fail(op, PeerLostError(lost))
+            else:
+                link.send(op)
+            if self._completed:
+                self._after_progress()
+        return op
+
+    def irecv(self, peer: int, tag: int, into: memoryview, check: int) -> Op:
+        """Start receiving ``len(into)`` bytes from ``peer``; see the Transport contract."""
+        link = self._route[peer] if 0 <= peer < self.size else None
+        if link is None:
+            raise self._not_a_peer(peer)
+        if (
+            into.__class__ is not memoryview
+            or into.format != "B"
+            or into.ndim != 1
+            or not into.c_contiguous
+            or into.readonly
+        ):
+            into = _as_bytes(into, True, "into")
+        op = Op(peer, tag, into, check, False)
+        key = (peer, tag)
+        with self._lock:
+            queue = self._unexpected.get(key)
+            if self._closed:
+                self.fail(op, self._closed_error())
+            elif queue:
+                msg = queue.popleft()
+                if not queue:
+                    del self._unexpected[key]
+                if msg.check == op.check and msg.nbytes == op.nbytes:
+                    msg.link.claim(op, msg)
+                else:
+                    err = self.mismatch(op, msg.check, msg.nbytes)
+                    assert err is not None
+                    self.fail(op, err)
+                    msg.link.reject(msg, err)
+            elif (lost := self._lost[peer]) is not None:
+                self.fail(op, PeerLostError(lost))
+            else:
+                posted = self._posted.get(key)
+                if posted is None:
+                    self._posted[key] = deque((op,))
+                else:
+                    posted.append(op)
+                link.recv_posted(op)
+            if self._completed:
+                self._after_progress()
+        return op
+
+    def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
+        """Make progress until one of ``handles`` is done; False if ``timeout`` passes first."""
+        for h in handles:
+            if h.done:
+                return True
+        if not handles:
+            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            try:
+                return self._wait(handles, deadline)
+            finally:
+                if self._waiters:
+                    self._cond.notify_all()  # completions, or someone must take over driving
+
+    def cancel(self, handle: Handle) -> None:
+        """Withdraw ``handle``; it never touches its buffer after this returns."""
+        if not isinstance(handle, Op):
+            raise TypeError(f"rank {self._me}: {handle!r} is not a handle of this transport")
+        with self._lock:
+            if handle.done:
+                return
+            handle.done = True
+            if self._closed:
+                return
+            if not handle.is_send:
+                key = (handle.peer, handle.tag)
+                queue = self._posted.get(key)
+                if queue is not None and handle in queue:
+                    queue.remove(handle)
+                    if not queue:
+                        del self._posted[key]
+                    return
+            link = self._route[handle.peer]
+            if link is not None:
+                link.cancel(handle)
+
+    def close(self) -> None:
+        """Fail pending operations, tell peers (PeerLostError there), release everything.
+
+        Idempotent; safe to call while another thread waits in :meth:`wait_any`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            err = self._closed_error()
+            for queue in self._posted.values():
+                for op in queue:
+                    self.fail(op, err)
+            self._posted.clear()
+            for messages in self._unexpected.values():
+                for msg in messages:
+                    msg.link.reject(msg, err)
+            self._unexpected.clear()
+            for link in self._links:
+                link.shutdown(err)
+            if self._polling:  # let the driver leave poll() before the fds go away
+                self._wake()
+                self._waiters += 1
+                try:
+                    while self._polling:
+                        self._cond.wait()
+                finally:
+                    self._waiters -= 1
+            self._release()
+            self._cond.notify_all()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- driven from outside (plait.transport.base.Drivable) ---------------------------------
+    def poll(self) -> bool:
+        """One round of progress (and, now and then, the liveness checks); never blocks."""
+        with self._lock:
+            if self._closed or self._polling:
+                return False
+            moved = self._progress(False)
+            now = time.monotonic()
+            if not moved and now - self._last_check >= _LIVENESS_INTERVAL:
+                self._liveness(now)
+            completed = self._completed > 0
+            self._after_progress()
+            return moved or completed
+
+    def sleep_fd(self) -> int:
+        """The epoll descriptor of the links' descriptors and the wake-up pipe."""
+        return int(self._poller.fileno())
+
+    def begin_sleep(self) -> float:
+        """Arm every link unless something can move now; see Drivable.
+
+        A stalled driver takes in unmatched messages here, as :meth:`wait_any` does.
+        """
+        with self._lock:
+            if self._closed or self._polling:
+                return 0.0
+            limit = self._arm()
+            if limit <= 0 or self._completed:
+                if limit > 0:
+                    self._disarm()
+                self._after_progress()
+                return 0.0
+            self._polling = True  # other threads now write the wake-up pipe
+            return limit
+
+    def end_sleep(self) -> None:
+        """Disarm the links and handle whatever woke the driver."""
+        with self._lock:
+            self._polling = False
+            if self._waiters:
+                self._cond.notify_all()  # close() may wait for the driver to leave
+            if self._closed:
+                return
+            self._disarm()
+            self._liveness(time.monotonic())
+
+    # -- for subclasses ------------------------------------------------------------------------
+    def _closed_error(self) -> BaseException:
+        """The error of operations after (or cut short by) :meth:`close`."""
+        return ClosedError(f"rank {self._me}: the transport is closed")
+
+    def _release(self) -> None:
+        """Release the links and the endpoint's own descriptors (idempotent)."""
+        for link in self._links:
+            link.release()
+        self._handlers.clear()
+        if self._poller is not None:
+            assert self._wake_r is not None
+            assert self._wake_w is not None
+            self._wake_r.close()
+            self._wake_w.close()
+            self._poller.close()
+
+    # -- waiting (lock held) ---------------------------------------------------------------------
+    def _wait(self, handles: Sequence[Handle], deadline: float | None) -> bool:
+        spun = False
+        while True:
+            if any(h.done for h in handles):
+                return True
+            if self._closed:
+                return any(h.done for h in handles)
+            if self._polling or not self._driven:
+                # Another thread drives (or nothing needs driving): it notifies us on completions.
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._waiters += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiters -= 1
+                continue
+            moved = self._progress(False)
+            if moved:
+                self._after_progress()
+                spun = False
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:  # even while busy with other traffic
+                # A caller polling with timeout 0 is stalled too: take messages in, so peers
+                # never starve.
+                if not moved and self._progress(True):
+                    self._after_progress()
+                return any(h.done for h in handles)
+            if moved:
+                continue
+            if now - self._last_check >= _LIVENESS_INTERVAL:
+                self._liveness(now)
+                continue
+            if not spun:
+                spun = True
+                if may_spin() and self._spin(deadline):
+                    continue
+            if self._progress(True):  # stalled: take in unexpected messages
+                self._after_progress()
+                continue
+            self._sleep(None if deadline is None else deadline - time.monotonic())
+
+    def _progress(self, stalled: bool) -> bool:
+        moved = False
+        for link in self._driven:
+            if link.progress(stalled):
+                moved = True
+        return moved
+
+    def _spin(self, deadline: float | None) -> bool:
+        """Poll the links for up to ``self.spin`` seconds; whether anything moved."""
+        start = time.monotonic()
+        until = start + self.spin
+        if deadline is not None:
+            until = min(until, deadline)
+        eager = start + _EAGER_SPIN
+        while True:
+            if self._progress(False):
+                self._after_progress()
+                return True
+            now = time.monotonic()
+            if now >= until:
+                return False
+            if now >= eager:
+                # Let a peer that shares our CPU run: without this, a spinning rank
+                # on a busy machine delays the very message it waits for.
+                os.sched_yield()
+
+    def _arm(self) -> float:
+        """Arm every driven link; the longest sleep allowed, or 0.0 (nothing armed)."""
+        limit = math.inf
+        for i, link in enumerate(self._driven):
+            cap = link.arm()
+            if cap <= 0:
+                for armed in self._driven[:i]:
+                    armed.disarm()
+                return 0.0
+            limit = min(limit, cap)
+        return limit
+
+    def _disarm(self) -> None:
+        for link in self._driven:
+            link.disarm()
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Block in poll() until a link's descriptor, the wake-up pipe or ``timeout``."""
+        limit = self._arm()
+        if limit <= 0:
+            self._after_progress()
+            return
+        if timeout is None or timeout > limit:
+            timeout = None if limit == math.inf else limit
+        self._polling = True
+        self._lock.release()
+        try:
+            events = self._poller.poll(-1 if timeout is None else max(timeout, 0.0))
+        finally:
+            self._lock.acquire()
+            self._polling = False
+            if self._waiters:
+                self._cond.notify_all()
+        if self._closed:
+            return
+        self._disarm()
+        self._dispatch(events)
+        now = time.monotonic()
+        for link in self._driven:
+            link.check(now)
+        self._after_progress()
+
+    def _liveness(self, now: float) -> None:
+        """Handle whatever the links' descriptors report, and let the links check their peers."""
+        if self._poller is not None:
+            self._dispatch(self._poller.poll(0))
+        self._last_check = now
+        for link in self._driven:
+            link.check(now)
+        self._after_progress()
+
+    def _dispatch(self, events: list[tuple[int, int]]) -> None:
+        self._last_check = time.monotonic()
+        for fd, ready in events:
+            handler = self._handlers.get(fd)
+            if handler is not None:
+                handler(fd, ready)
+            elif self._wake_r is not None and fd == self._wake_r.fileno():
+                _drain(self._wake_r)
+        self._after_progress()
+
+    def _wake(self) -> None:
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+                self._wake_w.send(b"\0")
+
+    def _after_progress(self) -> None:
+        """Tell other threads about completions (called with the lock held)."""
+        if self._completed:
+            self._completed = 0
+            if self._waiters:
+                self._cond.notify_all()
+            if self._polling:
+                self._wake()
+
+    #: Wake threads waiting on this endpoint about completions (for links; lock held).
+    notify = _after_progress
+
+    def _not_a_peer(self, peer: int) -> ValueError:
+        return ValueError(f"rank {self._me}: peer {peer} is not in 0..{self.size - 1}")
+
+
+def _drain(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while sock.recv(4096):
+            pass
