@@ -14,20 +14,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from plait.transport import shm
+from plait.transport.shm import segment
 
 
 @pytest.fixture
 def own_segments(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The segment paths this test's transports created; after the test none may remain."""
     created: list[str] = []
-    original = shm.ShmTransport._create_segment
+    original = segment.create
 
-    def recording(self: shm.ShmTransport) -> None:
-        created.append(os.path.join(shm.SHM_DIR, f"{self._name}-{self.rank}"))
-        original(self)
+    def recording(path: str, nbytes: int, me: int, job: str) -> segment.Segment:
+        created.append(path)
+        return original(path, nbytes, me, job)
 
-    monkeypatch.setattr(shm.ShmTransport, "_create_segment", recording)
+    monkeypatch.setattr(segment, "create", recording)
     yield created
     left = [p for p in created if os.path.exists(p)]
     assert left == [], f"segments left behind: {left}"

@@ -22,9 +22,8 @@ import pytest
 import plait
 from plait.errors import ClosedError, MismatchError, PeerLostError, RendezvousError
 from plait.rendezvous.store import MemoryStore, Store
-from plait.transport import shm
 from plait.transport.base import Handle, Transport
-from plait.transport.shm import ShmTransport
+from plait.transport.shm import ShmTransport, segment
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
 
@@ -475,7 +474,7 @@ def test_libatomic_counters(monkeypatch: pytest.MonkeyPatch) -> None:
 
     if ctypes.util.find_library("atomic") is None:
         pytest.skip("no libatomic")
-    monkeypatch.setattr(shm, "_use_libatomic", True)
+    monkeypatch.setattr(segment, "use_libatomic", True)
     with transports(2, **SMALL) as (a, b):
         src, dst = payload(50_000), np.zeros(50_000, np.uint8)
         s, r = a.isend(1, 1, mv(src), 0), b.irecv(0, 1, mv(dst), 0)

@@ -158,9 +158,10 @@ class HybridTransport:
         self.spin = self.shm.spin if self.shm is not None else _SPIN
 
     def _handle_types(self) -> list[tuple[Any, Any]]:
-        from plait.transport import shm, tcp
+        from plait.transport import link, tcp
 
-        return [(t, mod._Op) for t, mod in ((self.shm, shm), (self.tcp, tcp)) if t is not None]
+        kinds = ((self.shm, link.Op), (self.tcp, tcp._Op))
+        return [(t, cls) for t, cls in kinds if t is not None]
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

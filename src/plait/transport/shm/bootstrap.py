@@ -1,0 +1,260 @@
+"""The shared-memory rendezvous: job token, segments, doorbell sockets, unlinking.
+
+Steps and cleanup rules: ``docs/transport.md`` (Note [lifetime and cleanup]).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import struct
+import time
+from collections.abc import Sequence
+
+from plait.errors import CommError, RendezvousError, TransportError
+from plait.rendezvous.store import Store
+from plait.transport.shm import segment
+from plait.transport.shm.doorbell import peer_credentials, peer_pid, process_start
+from plait.transport.shm.ring import RingEnd, segment_bytes
+from plait.transport.shm.segment import (
+    MAGIC,
+    SHM_DIR,
+    VERSION,
+    W_MAGIC,
+    W_PID,
+    W_SIZE,
+    W_SLOT_BYTES,
+    W_SLOTS,
+    W_VERSION,
+    Segment,
+)
+
+__all__ = ["JOB_RE", "Joined", "Wire", "join"]
+
+_HELLO = struct.Struct("<Q16s")  # rank, job token (to reject strangers)
+JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class Wire:
+    """What the rendezvous set up with one peer: its socket, process, segment and both rings."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.sock: socket.socket | None = None
+        self.pid = 0  # its process id, if another process visible from here
+        self.pid_start: str | None = None  # and its start time, if /proc tells
+        self.seg: Segment | None = None
+        self.out: RingEnd | None = None  # our ring in its segment
+        self.inbound: RingEnd | None = None  # its ring in ours
+
+    def release(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.seg is not None:
+            self.seg.release()
+            self.seg = None
+
+
+class Joined:
+    """The result of :func:`join`: the job, this rank's segment and a :class:`Wire` per peer."""
+
+    def __init__(self, job: str, seg: Segment, wires: list[Wire]) -> None:
+        self.job = job
+        self.seg = seg
+        self.wires = wires
+
+
+def join(
+    rank: int,
+    size: int,
+    store: Store,
+    *,
+    timeout: float,
+    job: str | None,
+    slots: int,
+    slot_bytes: int,
+    names: Sequence[int],
+) -> Joined:
+    """Meet the other ranks of this host through ``store``; see Note [lifetime and cleanup].
+
+    On failure everything made so far is released and this rank's segment unlinked.
+
+    Raises:
+        RendezvousError: the ranks did not all arrive within ``timeout``, or disagree.
+        TransportError: the OS refused a segment or socket.
+    """
+    r = _Join(rank, size, names)
+    try:
+        return r.run(store, timeout, job, slots, slot_bytes)
+    except (CommError, ValueError):
+        r.release()
+        raise
+    except OSError as exc:
+        r.release()
+        kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
+        raise kind(f"rank {names[rank]}: shared-memory rendezvous failed: {exc}") from exc
+    except BaseException:
+        r.release()
+        raise
+    finally:
+        r.unlink()
+
+
+class _Join:
+    def __init__(self, rank: int, size: int, names: Sequence[int]) -> None:
+        self.rank = rank
+        self.size = size
+        self.names = names
+        self.me = names[rank]
+        self.name = ""  # base of segment and socket names: plait-<job>-g<generation>
+        self.path: str | None = None  # our segment's file until unlinked
+        self.seg: Segment | None = None
+        self.wires: list[Wire] = []
+
+    def run(
+        self, store: Store, timeout: float, job: str | None, slots: int, slot_bytes: int
+    ) -> Joined:
+        deadline = time.monotonic() + timeout
+        rank, size = self.rank, self.size
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.001)
+
+        # One namespace per transport built on this store (every rank counts the same way).
+        generation = store.add(f"plait-shm/generation/{rank}", 1)
+        prefix = f"plait-shm/{generation}/"
+        if rank == 0:
+            token = job if job is not None else secrets.token_hex(8)
+            store.set(prefix + "job", token.encode())
+        else:
+            token = store.get(prefix + "job", left()).decode()
+            if job is not None and job != token:
+                raise RendezvousError(
+                    f"rank {self.me}: job {job!r} differs from rank {self.names[0]}'s {token!r}"
+                )
+        # Several transports of one job (one per group) must not collide either.
+        self.name = f"plait-{token}-g{generation}"
+        self.path = os.path.join(SHM_DIR, f"{self.name}-{rank}")
+        try:
+            seg = self.seg = segment.create(
+                self.path, segment_bytes(size, slots, slot_bytes), self.me, token
+            )
+        except BaseException:
+            self.path = None  # create() removed it
+            raise
+        w = seg.words
+        w[W_VERSION] = VERSION
+        w[W_PID] = os.getpid()
+        w[W_SIZE] = size
+        w[W_SLOTS] = slots
+        w[W_SLOT_BYTES] = slot_bytes
+        w[W_MAGIC] = MAGIC
+        self.wires = [Wire(r) for r in range(size) if r != rank]
+        by_rank = {p.rank: p for p in self.wires}
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self._address(rank))
+            listener.listen(size)
+            store.set(prefix + f"ready/{rank}", b"1")
+            store.wait([prefix + f"ready/{r}" for r in range(size)], left())
+            hello_token = token.encode()[:16].ljust(16, b"\0")
+            for p in self.wires:
+                if p.rank < rank:
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    p.sock = sock
+                    sock.settimeout(left())
+                    sock.connect(self._address(p.rank))
+                    p.pid = peer_pid(sock)
+                    p.pid_start = process_start(p.pid) if p.pid else None
+                    sock.sendall(_HELLO.pack(rank, hello_token))
+            missing = {p.rank for p in self.wires if p.rank > rank}
+            while missing:
+                listener.settimeout(left())
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    raise RendezvousError(
+                        f"rank {self.me}: ranks {sorted(self.names[r] for r in missing)} did "
+                        "not connect to the "
+                        f"shared-memory transport within {timeout} s"
+                    ) from None
+                conn.settimeout(left())
+                peer_rank = self._accept_hello(conn, hello_token, missing)
+                if peer_rank is None:
+                    conn.close()
+                    continue
+                missing.discard(peer_rank)
+                peer = by_rank[peer_rank]
+                peer.sock = conn
+                peer.pid = peer_pid(conn)
+                peer.pid_start = process_start(peer.pid) if peer.pid else None
+        finally:
+            listener.close()
+        for p in self.wires:
+            self._attach(p, slots, slot_bytes)
+            assert p.sock is not None
+            p.sock.sendall(b"A")  # "I have mapped your segment"
+        for p in self.wires:
+            assert p.sock is not None
+            p.sock.settimeout(left())
+            if _recv_exact(p.sock, 1) != b"A":
+                raise RendezvousError(
+                    f"rank {self.me}: rank {self.names[p.rank]} broke off the rendezvous"
+                )
+        for p in self.wires:
+            assert p.sock is not None
+            p.sock.setblocking(False)
+        return Joined(token, seg, self.wires)
+
+    def _address(self, rank: int) -> str:
+        return f"\0{self.name}-{rank}"  # abstract namespace: nothing to clean up
+
+    def _accept_hello(self, conn: socket.socket, token: bytes, missing: set[int]) -> int | None:
+        """The rank of a new connection, or None for a stranger."""
+        if peer_credentials(conn)[1] != os.getuid():
+            return None
+        peer_rank, peer_token = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+        if peer_token != token or peer_rank not in missing:
+            return None
+        return int(peer_rank)
+
+    def _attach(self, p: Wire, slots: int, slot_bytes: int) -> None:
+        path = os.path.join(SHM_DIR, f"{self.name}-{p.rank}")
+        seg = p.seg = segment.attach(path, self.me)
+        w = seg.words
+        if w[W_MAGIC] != MAGIC or w[W_VERSION] != VERSION or w[W_SIZE] != self.size:
+            raise RendezvousError(
+                f"rank {self.me}: {path} is not a plait segment of this job "
+                f"(size {w[W_SIZE]}, expected {self.size})"
+            )
+        # Senders follow the geometry the receiver recorded in its control block.
+        p.out = RingEnd(self.rank, p.rank, w[W_SLOTS], w[W_SLOT_BYTES])
+        p.inbound = RingEnd(p.rank, self.rank, slots, slot_bytes)
+
+    def unlink(self) -> None:
+        if self.path is not None:
+            path, self.path = self.path, None
+            segment.unlink(path)
+
+    def release(self) -> None:
+        for p in self.wires:
+            p.release()
+        if self.seg is not None:
+            self.seg.release()
+            self.seg = None
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except TimeoutError:
+            raise RendezvousError("a peer was silent during the shared-memory rendezvous") from None
+        if not chunk:
+            raise RendezvousError("a peer hung up during the shared-memory rendezvous")
+        data += chunk
+    return data

@@ -1,0 +1,215 @@
+"""A shared-memory segment: the file in ``/dev/shm``, its mapping, its counter words.
+
+Layout, memory ordering and cleanup rules: ``docs/transport.md`` (Note [segment
+layout], Note [memory ordering], Note [lifetime and cleanup]).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import platform
+import threading
+from typing import Any
+
+import numpy as np
+
+from plait.errors import TransportError, UnsupportedError
+
+__all__ = [
+    "CONTROL_BYTES",
+    "MAGIC",
+    "SHM_DIR",
+    "VERSION",
+    "W_CLOSED",
+    "W_MAGIC",
+    "W_PID",
+    "W_SIZE",
+    "W_SLEEPING",
+    "W_SLOTS",
+    "W_SLOT_BYTES",
+    "W_VERSION",
+    "Fence",
+    "Segment",
+    "attach",
+    "check_platform",
+    "create",
+    "unlink",
+]
+
+#: Where segments live (a tmpfs on Linux).
+SHM_DIR = "/dev/shm"
+
+MAGIC = 0x68732D7469616C70  # b"plait-sh" little-endian
+VERSION = 1
+#: Bytes of the control block at the start of every segment.
+CONTROL_BYTES = 4096
+# Word indexes (8-byte units) into the control block.
+W_MAGIC, W_VERSION, W_PID, W_SIZE, W_SLOTS, W_SLOT_BYTES, W_CLOSED = range(7)
+#: The owner's "asleep in poll" flag, on a cache line of its own.
+W_SLEEPING = 64 // 8
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+#: Whether counters go through libatomic (tests may set it to exercise that path).
+use_libatomic = not _X86
+
+
+class _AtomicWords:
+    """``words[i]`` / ``words[i] = v`` as seq_cst 8-byte atomics through libatomic."""
+
+    _SEQ_CST = 5
+    _lib: Any = None
+
+    def __init__(self, buffer: mmap.mmap) -> None:
+        lib = _AtomicWords.load_lib()
+        self._anchor: Any = ctypes.c_char.from_buffer(buffer)  # keeps an export; see release()
+        self._base = ctypes.addressof(self._anchor)
+        self._load = getattr(lib, "__atomic_load_8")
+        self._store = getattr(lib, "__atomic_store_8")
+
+    @classmethod
+    def load_lib(cls) -> Any:
+        if cls._lib is None:
+            name = ctypes.util.find_library("atomic")
+            if name is None:
+                raise UnsupportedError(
+                    f"the shared-memory transport needs libatomic on {platform.machine()} "
+                    "(weakly ordered memory); install it (e.g. the libatomic1 package)"
+                )
+            lib = ctypes.CDLL(name)
+            # getattr: written as attributes inside a class, the names would be mangled.
+            load = getattr(lib, "__atomic_load_8")
+            load.restype = ctypes.c_uint64
+            load.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            store = getattr(lib, "__atomic_store_8")
+            store.restype = None
+            store.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
+            cls._lib = lib
+        return cls._lib
+
+    def __getitem__(self, index: int) -> int:
+        return int(self._load(self._base + 8 * index, self._SEQ_CST))
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self._store(self._base + 8 * index, value, self._SEQ_CST)
+
+    def release(self) -> None:
+        self._anchor = None
+
+
+def check_platform() -> None:
+    """Refuse machines the transport cannot run on.
+
+    Raises:
+        UnsupportedError: no ``/dev/shm``, or a weakly ordered CPU without libatomic.
+    """
+    if not os.path.isdir(SHM_DIR):
+        raise UnsupportedError(f"the shared-memory transport needs {SHM_DIR} (Linux)")
+    if use_libatomic:
+        _AtomicWords.load_lib()
+
+
+class Segment:
+    """One mapped segment: raw views plus the counter words."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self.mm = mm
+        self.mv = memoryview(mm)
+        self.arr = np.frombuffer(mm, dtype=np.uint8)
+        self.words: Any = _AtomicWords(mm) if use_libatomic else self.mv.cast("Q")
+
+    def release(self) -> None:
+        self.words.release()
+        self.words = None
+        self.arr = None  # type: ignore[assignment]
+        self.mv.release()
+        # A view still referenced somewhere keeps the mapping until it dies.
+        with contextlib.suppress(BufferError):
+            self.mm.close()
+
+
+class Fence:
+    """A full memory fence on x86: an atomic read-modify-write (uncontended lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._needed = not use_libatomic  # seq_cst atomics need no separate fence
+
+    def __call__(self) -> None:
+        if self._needed:
+            self._lock.acquire()
+            self._lock.release()
+
+
+def create(path: str, nbytes: int, me: int, job: str) -> Segment:
+    """Create, reserve and map the segment file ``path`` of ``nbytes`` bytes.
+
+    The caller owns the file from now on (it must :func:`unlink` it), also
+    when this function raises after creating it.
+
+    Raises:
+        TransportError: the file exists already, or the OS refused it (e.g.
+            ``/dev/shm`` is full: reserved now rather than a SIGBUS later).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise TransportError(
+            f"rank {me}: {path} already exists: another job uses job id "
+            f"{job!r}, or a crashed one left it behind (then delete it)"
+        ) from None
+    except OSError as exc:
+        raise TransportError(f"rank {me}: cannot create {path}: {exc}") from exc
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                free = os.statvfs(SHM_DIR)
+                raise TransportError(
+                    f"rank {me}: {SHM_DIR} has {free.f_bavail * free.f_frsize} bytes "
+                    f"free, the segment needs {nbytes} (lower slot_bytes or slots)"
+                ) from exc
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    except OSError as exc:
+        unlink(path)
+        raise TransportError(f"rank {me}: cannot allocate {path}: {exc}") from exc
+    except BaseException:
+        unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return Segment(mm)
+
+
+def attach(path: str, me: int) -> Segment:
+    """Map a peer's segment ``path``.
+
+    Raises:
+        TransportError: the file cannot be opened or mapped.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TransportError(f"rank {me}: cannot open {path}: {exc}") from exc
+    try:
+        nbytes = os.fstat(fd).st_size
+        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    except OSError as exc:
+        raise TransportError(f"rank {me}: cannot map {path}: {exc}") from exc
+    finally:
+        os.close(fd)
+    return Segment(mm)
+
+
+def unlink(path: str) -> None:
+    """Remove a segment file (gone already is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
