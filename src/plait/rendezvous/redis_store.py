@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Self
 
+from plait import _net
 from plait.errors import RendezvousError
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout
 
@@ -67,7 +68,7 @@ class RedisStore(Store):
         except ImportError as exc:
             raise ImportError(_MISSING_REDIS) from exc
         self._redis = redis
-        self.host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        self.host = _net.strip_brackets(host)
         self.port = port
         self.db = db
         self.prefix = prefix

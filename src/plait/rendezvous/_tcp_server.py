@@ -1,0 +1,424 @@
+"""The built-in store's server: one thread, a selectors loop, parked blocking requests.
+
+:class:`TCPStoreServer` is usually run by the launcher or by rank 0; ranks talk to it
+through :class:`plait.rendezvous.tcp_store.TCPStore` (both are importable from there).
+The frames it reads and writes are in :mod:`plait.rendezvous._tcp_wire`.
+
+Note [server loop]
+    One thread runs a :mod:`selectors` loop over non-blocking sockets. A request
+    that must wait is *parked* on its connection under its first missing key;
+    each ``set``/``add`` re-examines only the requests parked on that key. The
+    deadlines of parked requests sit in a heap whose head sets the selector's
+    timeout, so expiry needs no timer thread and no polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import math
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Self
+
+from plait import _auth, _net
+from plait.errors import RendezvousError
+from plait.rendezvous._tcp_wire import (
+    HEADER,
+    MAX_PAYLOAD,
+    SECONDS,
+    BadRequest,
+    Op,
+    Status,
+    frame,
+    split_fields,
+)
+
+__all__ = ["TCPStoreServer"]
+
+_log = logging.getLogger("plait")
+#: Bytes the server reads from a socket per readiness event.
+_RECV_CHUNK = 1 << 20
+
+
+def _is_live(entry: tuple[float, int, _Conn]) -> bool:
+    """Whether a deadline-heap entry still belongs to a parked request."""
+    parked = entry[2].parked
+    return parked is not None and parked.seq == entry[1]
+
+
+class _Parked:
+    """A GET or WAIT the server answers later."""
+
+    __slots__ = ("keys", "op", "seq")
+
+    def __init__(self, op: Op, keys: list[bytes], seq: int) -> None:
+        self.op = op
+        self.keys = keys
+        self.seq = seq
+
+
+class _Conn:
+    """Server-side state of one client connection."""
+
+    __slots__ = ("closed", "inbuf", "nonce", "outbuf", "parked", "sock", "writing")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.nonce: bytes | None = None  # set until the client has authenticated
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.parked: _Parked | None = None
+        self.closed = False
+        self.writing = False  # registered for EVENT_WRITE
+
+
+class TCPStoreServer:
+    """Serves a key-value store over TCP from one background thread.
+
+    The data lives in this process and dies with the server. Clients connect
+    with :class:`TCPStore`; the server listens only on ``host``.
+
+    Args:
+        host: Address to listen on (``"127.0.0.1"``, ``"::1"``, ``"0.0.0.0"``, a
+            host name; an IPv6 literal may be bracketed).
+        port: Port to listen on; 0 picks a free one (read it from :attr:`port`).
+        backlog: Connections the kernel queues before the server accepts them.
+
+    Raises:
+        RendezvousError: the address cannot be bound (in use, not local, ...).
+
+    Example::
+
+        with TCPStoreServer("127.0.0.1", 0) as server:
+            store = TCPStore("127.0.0.1", server.port)
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        backlog: int = 1024,
+        secret: bytes | None = None,
+    ) -> None:
+        self.host = _net.strip_brackets(host)
+        # Clients must prove they know this key before any request is read.
+        self._key = _auth.secret() if secret is None else secret
+        address = _net.format_address(self.host, port)
+        try:
+            listener = _net.listen(self.host, port, backlog=backlog)
+        except OSError as exc:
+            raise RendezvousError(f"store server cannot listen on {address}: {exc}") from exc
+        self.port: int = listener.getsockname()[1]
+        #: ``host:port`` clients connect to (IPv6 literal bracketed).
+        self.address = _net.format_address(self.host, self.port)
+
+        self._listener = listener
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+        self._data: dict[bytes, bytes] = {}
+        self._conns: set[_Conn] = set()
+        self._waiters: dict[bytes, set[_Conn]] = {}  # key -> connections parked on it
+        self._deadlines: list[tuple[float, int, _Conn]] = []  # heap of parked deadlines
+        self._parked = 0
+        self._seq = itertools.count()
+        self._runnable: deque[_Conn] = deque()  # unparked, may hold more requests
+
+        self._closing = False
+        self._close_lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"plait-tcp-store-server {self.address}", daemon=True
+        )
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closing else "serving"
+        return f"TCPStoreServer({self.address}, {state})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving: close every connection and the listening socket.
+
+        Clients blocked in a call get :class:`~plait.errors.RendezvousError`.
+        Calling it again does nothing.
+        """
+        with self._close_lock:
+            if self._closing:
+                return
+            self._closing = True
+        with contextlib.suppress(OSError):  # the loop may have ended and closed it
+            self._wake_w.send(b"x")
+        self._thread.join()
+
+    # The rest runs on the server thread only.
+
+    def _serve(self) -> None:
+        try:
+            while not self._closing:
+                for key, mask in self._selector.select(self._next_timeout()):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._drain_wake()
+                    else:
+                        conn: _Conn = key.data
+                        if mask & selectors.EVENT_WRITE:
+                            self._flush(conn)
+                        if mask & selectors.EVENT_READ:
+                            self._read(conn)
+                self._expire()
+                while self._runnable:
+                    self._process(self._runnable.popleft())
+        finally:
+            for conn in list(self._conns):
+                self._drop(conn)
+            self._selector.close()
+            self._listener.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _next_timeout(self) -> float | None:
+        if self._runnable:
+            return 0.0
+        if not self._deadlines:
+            return None
+        return max(0.0, self._deadlines[0][0] - time.monotonic())
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of file descriptors; the client retries
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock)
+            self._conns.add(conn)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            hello, conn.nonce = _auth.challenge()
+            conn.outbuf += hello
+            self._flush(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._unpark(conn)
+        self._conns.discard(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+        conn.sock.close()
+
+    def _read(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        try:
+            chunk = conn.sock.recv(_RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not chunk:
+            self._drop(conn)
+            return
+        conn.inbuf += chunk
+        self._process(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        try:
+            while conn.outbuf:
+                sent = conn.sock.send(conn.outbuf)
+                del conn.outbuf[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(conn)
+            return
+        want_write = bool(conn.outbuf)
+        if want_write != conn.writing:
+            conn.writing = want_write
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
+            self._selector.modify(conn.sock, events, conn)
+
+    def _reply(self, conn: _Conn, status: Status, fields: Sequence[bytes] = ()) -> None:
+        if conn.closed:
+            return
+        conn.outbuf += frame(status, fields)
+        self._flush(conn)
+
+    def _process(self, conn: _Conn) -> None:
+        """Handle complete requests in ``conn``'s buffer until one parks."""
+        if conn.nonce is not None:  # still authenticating: nothing else is read
+            if len(conn.inbuf) < _auth.RESPONSE_BYTES:
+                return
+            answer = _auth.check_response(
+                self._key, conn.nonce, bytes(conn.inbuf[: _auth.RESPONSE_BYTES])
+            )
+            if answer is None:
+                _log.warning("store %s: dropped a client that failed authentication", self.address)
+                self._drop(conn)
+                return
+            del conn.inbuf[: _auth.RESPONSE_BYTES]
+            conn.nonce = None
+            conn.outbuf += answer
+            self._flush(conn)
+        while not conn.closed and conn.parked is None:
+            if len(conn.inbuf) < HEADER.size:
+                return
+            code, length = HEADER.unpack_from(conn.inbuf)
+            if length > MAX_PAYLOAD:  # not our protocol: stop reading this stream
+                self._drop(conn)
+                return
+            end = HEADER.size + length
+            if len(conn.inbuf) < end:
+                return
+            payload = bytes(conn.inbuf[HEADER.size : end])
+            del conn.inbuf[:end]
+            try:
+                self._handle(conn, code, split_fields(payload))
+            except BadRequest as exc:
+                self._reply(conn, Status.BAD_REQUEST, [str(exc).encode()])
+
+    def _handle(self, conn: _Conn, code: int, fields: list[bytes]) -> None:
+        try:
+            op = Op(code)
+        except ValueError:
+            raise BadRequest(f"unknown operation code {code}") from None
+        data = self._data
+        if op is Op.SET:
+            key, value = self._expect(op, fields, 2)
+            data[key] = value
+            self._reply(conn, Status.OK)
+            self._notify(key)
+        elif op is Op.GET:
+            seconds, key = self._expect(op, fields, 2)
+            if key in data:
+                self._reply(conn, Status.OK, [data[key]])
+            else:
+                self._park(conn, op, [key], self._seconds(seconds))
+        elif op is Op.ADD:
+            key, amount = self._expect(op, fields, 2)
+            try:
+                total = int(data.get(key, b"0")) + int(amount)
+            except ValueError:
+                message = f"value of key {key!r} is not an integer: {data.get(key)!r:.80}"
+                self._reply(conn, Status.BAD_VALUE, [message.encode()])
+                return
+            data[key] = str(total).encode()
+            self._reply(conn, Status.OK, [data[key]])
+            self._notify(key)
+        elif op is Op.WAIT:
+            if not fields:
+                raise BadRequest("WAIT needs a timeout field")
+            keys = fields[1:]
+            if all(k in data for k in keys):
+                self._reply(conn, Status.OK)
+            else:
+                self._park(conn, op, keys, self._seconds(fields[0]))
+        elif op is Op.CHECK:
+            self._reply(conn, Status.OK, [b"1" if all(k in data for k in fields) else b"0"])
+        else:  # Op.DELETE
+            (key,) = self._expect(op, fields, 1)
+            self._reply(conn, Status.OK, [b"1" if data.pop(key, None) is not None else b"0"])
+
+    @staticmethod
+    def _expect(op: Op, fields: list[bytes], count: int) -> list[bytes]:
+        if len(fields) != count:
+            raise BadRequest(f"{op.name} takes {count} fields, got {len(fields)}")
+        return fields
+
+    @staticmethod
+    def _seconds(field: bytes) -> float:
+        if len(field) != SECONDS.size:
+            raise BadRequest(f"a timeout is {SECONDS.size} bytes, got {len(field)}")
+        seconds = float(SECONDS.unpack(field)[0])
+        if math.isnan(seconds):
+            raise BadRequest("timeout is NaN")
+        return max(0.0, seconds)
+
+    def _park(self, conn: _Conn, op: Op, keys: list[bytes], seconds: float) -> None:
+        seq = next(self._seq)
+        conn.parked = _Parked(op, keys, seq)
+        self._parked += 1
+        if math.isfinite(seconds):
+            heapq.heappush(self._deadlines, (time.monotonic() + seconds, seq, conn))
+        self._try_answer(conn)
+
+    def _unpark(self, conn: _Conn) -> None:
+        parked = conn.parked
+        if parked is None:
+            return
+        conn.parked = None
+        self._parked -= 1
+        for key in parked.keys:  # the connection waits under at most one of them
+            waiters = self._waiters.get(key)
+            if waiters is not None and conn in waiters:
+                waiters.discard(conn)
+                if not waiters:
+                    del self._waiters[key]
+                break
+        # Completed requests leave stale heap entries; rebuild when they dominate.
+        if len(self._deadlines) > 64 and len(self._deadlines) > 4 * self._parked:
+            self._deadlines = [e for e in self._deadlines if _is_live(e)]
+            heapq.heapify(self._deadlines)
+        if not conn.closed:
+            self._runnable.append(conn)
+
+    def _try_answer(self, conn: _Conn) -> None:
+        """Answer ``conn``'s parked request if its keys are all set, else wait on one."""
+        parked = conn.parked
+        assert parked is not None
+        missing = next((k for k in parked.keys if k not in self._data), None)
+        if missing is not None:
+            self._waiters.setdefault(missing, set()).add(conn)
+            return
+        self._unpark(conn)
+        if parked.op is Op.GET:
+            self._reply(conn, Status.OK, [self._data[parked.keys[0]]])
+        else:
+            self._reply(conn, Status.OK)
+
+    def _notify(self, key: bytes) -> None:
+        for conn in self._waiters.pop(key, ()):
+            if conn.parked is not None and not conn.closed:
+                self._try_answer(conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, seq, conn = heapq.heappop(heap)
+            parked = conn.parked
+            if parked is None or parked.seq != seq or conn.closed:
+                continue  # answered or dropped already
+            missing = [k for k in parked.keys if k not in self._data]
+            self._unpark(conn)
+            self._reply(conn, Status.TIMEOUT, missing)
