@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.cli.relay import Traceback
+from plait.launch.relay import Traceback
 
 PLAIT = [sys.executable, "-m", "plait"]
 
@@ -131,7 +131,7 @@ def test_a_rank_that_raised_and_hangs_on_its_way_out_is_named(tmp_path: Path) ->
     ]
 
 
-# How a rank's stderr is read (Note [which rank started a failure] in plait.cli.run).
+# How a rank's stderr is read (Note [which rank started a failure] in plait.launch.watch).
 
 
 def read(text: str) -> Traceback:

@@ -1,7 +1,7 @@
 """Start each system's ranks for one sweep and read their rows back.
 
 - plait and gloo ranks are started by ``plait run``'s own launcher
-  (:func:`plait.cli.run.main`), which watches over them and cleans up;
+  (:func:`plait.launch.launch`), which watches over them and cleans up;
 - Open MPI's ranks by ``mpirun`` (``--mca btl self,vader`` for shared memory,
   ``self,tcp`` restricted to the loopback interface for TCP; ``--mca pml ob1``
   so that these transports are the ones used).
@@ -19,7 +19,6 @@ measured is lost.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -30,12 +29,12 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plait.bench.loop import SweepSpec
 from plait.bench.progress import Follower, Live
+from plait.launch import TRANSPORTS, Job, launch, module_command
 
 __all__ = [
     "INTERRUPT_CODES",
@@ -104,48 +103,9 @@ def _live(opts: RunOptions) -> Live:
     return opts.live if opts.live is not None else Live(rows=False, bar=False)
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Point file descriptor 1 at stderr, so processes started meanwhile keep stdout clean."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-@contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    from plait.cli import run as run_cli
-
-    parser = argparse.ArgumentParser(add_help=False)
-    run_cli.add_arguments(parser)
-    return parser
-
-
 def transports() -> tuple[str, ...]:
     """The transports ``plait run --transport`` accepts (``auto`` first)."""
-    for action in _run_parser()._actions:
-        if action.dest == "transport" and action.choices:
-            return tuple(action.choices)
-    return ("auto",)  # pragma: no cover - plait run always has --transport
+    return TRANSPORTS
 
 
 def _read(path: str) -> dict[str, Any] | None:
@@ -173,25 +133,25 @@ def _launch(
     transport: str | None,
     env: dict[str, str],
 ) -> tuple[int, dict[str, Any] | None, float, Live]:
-    """Run ``module`` on ``opts.nproc`` ranks with ``plait run``.
+    """Run ``module`` on ``opts.nproc`` ranks with ``plait run``'s launcher.
 
+    The ranks' stdout goes to the bench's stderr, so that its stdout holds only the table.
     Returns (exit code, results, seconds, the rows as they came): the exit code is
     130 if the bench got KeyboardInterrupt meanwhile.
     """
-    from plait.cli import run as run_cli
-
     spec.save(spec_path)
-    parser = _run_parser()
-    argv = ["-n", str(opts.nproc), "--timeout", str(opts.timeout)]
-    if transport is not None:
-        argv += ["--transport", transport]
-    args = parser.parse_args([*argv, "-m", module, spec_path])
+    job = Job(
+        module_command(module, spec_path),
+        nproc=opts.nproc,
+        env=env,
+        transport=transport,
+        timeout=opts.timeout,
+    )
     assert spec.progress is not None
     live = _live(opts)
     with Follower(spec.label, spec.progress, live) as follower:
         try:
-            with _environment(env), _stdout_to_stderr():
-                code = run_cli.main(args)  # 130 when the launcher got SIGINT
+            code = launch(job, stdout=sys.stderr)  # 130 when the launcher got SIGINT
         except KeyboardInterrupt:  # before or after the launcher watched for it
             code = 130
     return code, _read(spec.results), follower.seconds, live

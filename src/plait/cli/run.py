@@ -52,33 +52,17 @@ in /dev/shm are removed on the way out.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob
 import os
-import queue
 import re
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NoReturn
 
-from plait.cli.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
+from plait.launch import TRANSPORTS, Job, launch, module_command
 
 __all__ = ["add_arguments", "main", "rank_command"]
 
-#: Seconds between SIGTERM and SIGKILL when stopping ranks.
-GRACE_SECONDS = 5.0
-#: Seconds to wait, after a rank failed of a plait communication error (a symptom: a peer is
-#: gone), for a rank that failed otherwise (the cause) to exit by itself. See
-#: Note [which rank started a failure].
-LINGER_SECONDS = 3.0
 _PYTHON = re.compile(r"python[\d.]*")
 
 
@@ -134,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--transport",
-        choices=["auto", "shm", "tcp", "hybrid"],
+        choices=list(TRANSPORTS),
         default=None,
         help="force a transport (sets PLAIT_TRANSPORT)",
     )
@@ -229,7 +213,7 @@ def rank_command(args: argparse.Namespace) -> list[str]:
         module = [args.module] if isinstance(args.module, str) else list(args.module)
         if not module or module[0].startswith("-"):
             _usage_error("-m needs a module name")
-        return [sys.executable, "-u", "-m", *module, *words]
+        return [*module_command(*module, *words)]
     verbatim = bool(words) and words[0] == "--"
     if verbatim:
         words = words[1:]
@@ -254,199 +238,8 @@ def rank_command(args: argparse.Namespace) -> list[str]:
     )
 
 
-# Note [which rank started a failure]
-#     When one rank raises, say, ValueError, its communicator closes and its peers raise
-#     PeerLostError, and those peers may exit before it does (its interpreter is still
-#     printing the traceback and shutting down). Naming the first rank to exit would blame
-#     a bystander. So the launcher reads each rank's stderr for Python tracebacks: the
-#     exception a traceback starts with (the first of a chain of "During handling of..." or
-#     "The above exception was the direct cause...") says why the rank failed. Failures are
-#     of three kinds, from the likeliest cause to the likeliest symptom:
-#
-#     1. a traceback that starts with an exception other than plait's CommError, or a death
-#        by a signal: a cause;
-#     2. a non-zero exit code and no traceback (sys.exit(3), a command that is not Python):
-#        maybe a cause, maybe a rank that caught PeerLostError and exited;
-#     3. a traceback that starts with a CommError (PeerLostError and the like): a symptom.
-#
-#     The launcher stops the job at once on a failure of kind 1. After one of kind 2 or 3 it
-#     waits for one of kind 1 (at most 1 s, or LINGER_SECONDS after kind 3), or until every
-#     rank has exited, then names the first failure by time of the likeliest kind: its
-#     traceback's start if it printed one, else its exit. If no failure of kind 1 came, a
-#     rank still running whose stderr shows a whole traceback of kind 1, begun at most
-#     LINGER_SECONDS before the first failure, is named instead: it raised and then hung on
-#     its way out (on a thread that is not a daemon, say); the job exits with code 1, as
-#     Python would have. Reading tracebacks needs nothing from the ranks (a command that is
-#     not Python, or that never imports plait, works the same); an exception printed by a
-#     hook of the rank's own in another format counts as an exit of kind 2.
-
-
-@dataclass
-class _Rank:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    #: (exit code, time.monotonic()) once the rank has exited by itself.
-    exit: tuple[int, float] | None = None
-    #: The launcher stopped it.
-    stopped: bool = False
-
-
-#: Kinds of failure, most to least likely to have started a job's failure.
-_CAUSE, _EXIT, _SYMPTOM = 0, 1, 2
-#: Seconds to wait after a failure of each kind for a _CAUSE (see Note [which rank started...]).
-_LINGER = {_EXIT: 1.0, _SYMPTOM: LINGER_SECONDS}
-
-
-def _kind(r: _Rank, relay: Relay) -> int:
-    """How ``r`` failed: _CAUSE (a signal, or a traceback that starts with another exception
-    than plait's CommError), _EXIT (a non-zero exit code and no traceback), or _SYMPTOM (a
-    traceback that starts with a CommError: a peer failed first)."""
-    assert r.exit is not None
-    tb = relay.traceback(r.rank)
-    if r.exit[0] < 0:
-        return _CAUSE
-    if tb.first is None:
-        return _EXIT
-    return _SYMPTOM if is_comm_error(tb.first) else _CAUSE
-
-
-def _first_failure(failed: Sequence[_Rank], relay: Relay) -> _Rank:
-    """The rank that started the failure: the first by time of the likeliest kind."""
-
-    def key(r: _Rank) -> tuple[int, float]:
-        assert r.exit is not None
-        tb = relay.traceback(r.rank)
-        when = tb.started if tb.first is not None and r.exit[0] > 0 else r.exit[1]
-        return _kind(r, relay), when
-
-    return min(failed, key=key)
-
-
-def _hung_causes(ranks: Sequence[_Rank], failed: Sequence[_Rank], relay: Relay) -> list[_Rank]:
-    """Ranks still running whose latest traceback, whole, starts with another exception than a
-    CommError and began at most LINGER_SECONDS before the first failure: ranks that raised and
-    then hung on their way out (on a thread that is not a daemon, say). A traceback printed
-    long before is one the rank handled."""
-    since = min(r.exit[1] for r in failed if r.exit is not None) - LINGER_SECONDS
-
-    def raised_lately(tb: Traceback) -> bool:
-        first = tb.first
-        whole = not tb.in_frames
-        return first is not None and whole and tb.started >= since and not is_comm_error(first)
-
-    return [r for r in ranks if r.exit is None and raised_lately(relay.traceback(r.rank))]
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        return f"was killed by {_signal_name(-code)}"
-    return f"exited with code {code}"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _short(name: str) -> str:
-    return name.rpartition(".")[2]
-
-
-def _status(r: _Rank, relay: Relay) -> str:
-    """How ``r`` ended, for the job's summary: ``exit 1 (ValueError)``, ``killed by SIGTERM``."""
-    code = r.proc.returncode
-    tb = relay.traceback(r.rank)
-    text = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
-    stopped = r.stopped and code < 0  # else it exited by itself, in time or not
-    notes = []
-    if stopped:
-        notes.append("stopped by plait run")
-    if code != 0 and tb.last is not None:
-        notes.append(f"after {_short(tb.last)}" if stopped else _short(tb.last))
-    return text + (f" ({', '.join(notes)})" if notes else "")
-
-
-def _stop(ranks: Sequence[_Rank]) -> None:
-    for r in ranks:
-        if r.proc.poll() is None:
-            r.stopped = r.exit is None
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.terminate()
-    for r in ranks:
-        try:
-            r.proc.wait(GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.kill()
-            r.proc.wait()
-
-
-def _cleanup_shm(job: str) -> None:
-    for path in glob.glob(f"/dev/shm/plait-{job}*"):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def _watch(ranks: Sequence[_Rank], relay: Relay, events: queue.Queue[tuple[int, int]]) -> int:
-    """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
-
-    After a failure that may not be the cause, wait a little for one that is (Note [which rank
-    started a failure]), then stop the others and name the rank that started it.
-    """
-    deadline = float("inf")
-    running = len(ranks)
-    failed: list[_Rank] = []
-    while running:
-        timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
-        try:
-            rank, code = events.get(timeout=timeout)
-        except queue.Empty:
-            break  # no cause came within the linger
-        if rank < 0:  # a signal to the launcher
-            relay.say(f"received {_signal_name(-code)}; stopping all ranks")
-            _stop(ranks)
-            return 128 - code
-        r = ranks[rank - ranks[0].rank]
-        r.exit = (code, time.monotonic())
-        running -= 1
-        if code == 0:
-            continue
-        relay.drained(r.rank, DRAIN_SECONDS)  # its traceback, if any, has been read
-        failed.append(r)
-        kind = _kind(r, relay)
-        if kind == _CAUSE:
-            break
-        deadline = min(deadline, r.exit[1] + _LINGER[kind])
-    if not failed:
-        return 0
-    first = _first_failure(failed, relay)
-    hung = [] if _kind(first, relay) == _CAUSE else _hung_causes(ranks, failed, relay)
-    if hung:
-        first = min(hung, key=lambda r: relay.traceback(r.rank).started)
-    tb = relay.traceback(first.rank)
-    rest = "; stopping the other ranks" if running else ""
-    if first.exit is None:
-        code = 1  # what Python exits with after an uncaught exception
-        relay.say(f"rank {first.rank} raised {_short(tb.last or '?')} but has not exited{rest}")
-    else:
-        code = first.exit[0]
-        why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
-        relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
-    _stop(ranks)
-    relay.close(DRAIN_SECONDS)
-    relay.say("the job failed; every rank's exit status:")
-    for r in ranks:
-        mark = "   <- started the failure" if r is first else ""
-        relay.say(f"  rank {r.rank}: {_status(r, relay)}{mark}")
-    if tb.last is not None and code > 0:
-        relay.say(f"rank {first.rank} failed with {tb.last_line[:300]}")
-    return code if code > 0 else 128 - code
-
-
 def main(args: argparse.Namespace) -> int:
-    """Start the ranks, relay their output, and return the job's exit code."""
+    """Check the options, then start the ranks with :func:`plait.launch.launch`; the exit code."""
     if args.nproc < 1 or args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         _usage_error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if args.nnodes > 1 and getattr(args, "standalone", False):
@@ -454,81 +247,20 @@ def main(args: argparse.Namespace) -> int:
     if args.nnodes > 1 and args.master_port == 0:
         _usage_error("--nnodes > 1 needs --master-port (and --master-addr)")
     command = rank_command(args)
-    size = args.nproc * args.nnodes
-
-    from plait.rendezvous.tcp_store import TCPStoreServer
-
-    # Every connection of the job proves it knows this secret (see plait._auth).
-    # Hosts of one job must share it: launchers on several hosts need PLAIT_SECRET set.
-    secret = os.environ.get("PLAIT_SECRET")
-    if secret is None:
-        if args.nnodes > 1:
-            raise SystemExit(
-                "plait run: --nnodes > 1 needs the same PLAIT_SECRET in every launcher's "
-                "environment (e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
-            )
-        secret = secrets.token_hex(16)
-    server = None
-    if args.node_rank == 0:
-        server = TCPStoreServer(args.master_addr, args.master_port, secret=secret.encode())
-        port = server.port
-    else:
-        port = args.master_port
-    host = args.master_addr
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    job = os.environ.get("PLAIT_JOB_ID") or f"{port}{secrets.token_hex(4)}"
-    if args.nnodes > 1:
-        job = os.environ.get("PLAIT_JOB_ID") or f"{host.replace(':', '_')}-{port}"
-
-    events: queue.Queue[tuple[int, int]] = queue.Queue()
-    ranks: list[_Rank] = []
-    relay = Relay(args.tag_output)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        events.put((-1, -signum))
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for local in range(args.nproc):
-            rank = args.node_rank * args.nproc + local
-            env = dict(os.environ)
-            env.update(
-                PLAIT_RANK=str(rank),
-                PLAIT_SIZE=str(size),
-                PLAIT_LOCAL_RANK=str(local),
-                PLAIT_LOCAL_SIZE=str(args.nproc),
-                PLAIT_NODE_RANK=str(args.node_rank),
-                PLAIT_NNODES=str(args.nnodes),
-                PLAIT_STORE=f"tcp://{address}",
-                PLAIT_JOB_ID=job,
-                PLAIT_SECRET=secret,
-            )
-            # Output goes through pipes: without this, a Python command would hold its stdout
-            # in a block buffer, late and lost if it is killed.
-            env.setdefault("PYTHONUNBUFFERED", "1")
-            if args.nnodes > 1 and "PLAIT_HOST" not in os.environ:
-                # One launcher per host: its node index names the host, so that
-                # hosts emulated on one machine are told apart too.
-                env["PLAIT_HOST"] = f"{socket.gethostname()}-node{args.node_rank}"
-            if args.transport:
-                env["PLAIT_TRANSPORT"] = args.transport
-            if args.timeout:
-                env["PLAIT_TIMEOUT"] = str(args.timeout)
-            proc = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
-            )
-            relay.add(rank, proc)
-            ranks.append(_Rank(rank, proc))
-            threading.Thread(
-                target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
-            ).start()
-        relay.start()
-        return _watch(ranks, relay, events)
-    finally:
-        _stop(ranks)
-        relay.close(DRAIN_SECONDS)
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if server is not None:
-            server.close()
-        _cleanup_shm(job)
+    if args.nnodes > 1 and os.environ.get("PLAIT_SECRET") is None:
+        raise SystemExit(
+            "plait run: --nnodes > 1 needs the same PLAIT_SECRET in every launcher's "
+            "environment (e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
+        )
+    job = Job(
+        command,
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        transport=args.transport,
+        timeout=args.timeout,
+        tag_output=args.tag_output,
+    )
+    return launch(job)

@@ -1,12 +1,12 @@
 """The launcher's view of its ranks' output: relayed a whole line at a time, tracebacks read.
 
-plait run reads every rank's stdout and stderr through pipes on one thread (selectors, no
+The launcher reads every rank's stdout and stderr through pipes on one thread (selectors, no
 polling) and writes each complete line at once, so that lines of different ranks never mix;
-with --tag-output every line gets its ``[rank]: `` prefix, without it a rank's stderr gets it
+with ``tag_output`` every line gets its ``[rank]: `` prefix, without it a rank's stderr gets it
 from its first Python traceback on. While relaying, the stderr of each rank is read for
 tracebacks: which exception a rank's latest traceback starts with tells the launcher whether
 the rank started a failure or only suffered it (Note [which rank started a failure] in
-plait.cli.run).
+plait.launch.watch).
 """
 
 from __future__ import annotations
@@ -162,11 +162,24 @@ class Relay:
     64 KiB (plus a join with its prefix when tagged).
     """
 
-    def __init__(self, tag_output: bool) -> None:
+    def __init__(
+        self,
+        tag_output: bool,
+        *,
+        label: str = "plait run",
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+    ) -> None:
+        """Relay to ``stdout`` and ``stderr`` (None: ``sys.stdout``, ``sys.stderr``).
+
+        ``label`` starts every line of the launcher's own (:meth:`say`).
+        """
         self._tag = tag_output
+        #: What starts every line of the launcher's own: ``plait run``.
+        self.label = label
         self._lock = threading.Lock()
-        self._out = _writer(sys.stdout)
-        self._err = _writer(sys.stderr)
+        self._out = _writer(sys.stdout if stdout is None else stdout)
+        self._err = _writer(sys.stderr if stderr is None else stderr)
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
@@ -197,7 +210,7 @@ class Relay:
     def say(self, message: str) -> None:
         """Write one line of the launcher's own to stderr, never inside a rank's line."""
         with self._lock:
-            self._err(f"plait run: {message}\n".encode())
+            self._err(f"{self.label}: {message}\n".encode())
 
     def drained(self, rank: int, timeout: float) -> bool:
         """Wait until all of ``rank``'s output is relayed (its pipes ended), or ``timeout``."""

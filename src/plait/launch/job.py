@@ -1,0 +1,216 @@
+"""Start one host's ranks of a job, serve their store, relay their output, clean up after them.
+
+A :class:`Job` says what every rank runs and how many ranks there are; :func:`launch` runs
+it and returns the job's exit code. ``plait run`` (:mod:`plait.cli.run`) turns its command
+line into a ``Job``; ``plait bench`` (:mod:`plait.bench.runner`) builds one per system it
+times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from plait._net import format_address
+from plait.launch.relay import DRAIN_SECONDS, Relay
+from plait.launch.watch import RankProcess, stop, watch
+from plait.rendezvous.tcp_store import TCPStoreServer
+
+__all__ = ["TRANSPORTS", "Job", "launch", "module_command"]
+
+#: The transports a job can force (``PLAIT_TRANSPORT``); ``auto`` lets every rank choose.
+TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
+
+
+def module_command(module: str, *args: str) -> tuple[str, ...]:
+    """The command that runs ``module`` with this interpreter, like ``python -m``.
+
+    ``-u``: a rank's output goes through a pipe, where Python would otherwise hold it in a
+    block buffer, late and lost if the rank is killed.
+    """
+    return (sys.executable, "-u", "-m", module, *args)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One host's share of a job: what every rank runs, and where the ranks meet.
+
+    Ranks ``node_rank * nproc`` to ``(node_rank + 1) * nproc - 1`` of ``nproc * nnodes`` run
+    here. The launcher of node 0 serves the job's TCP store at ``master_addr:master_port``;
+    every rank finds its identity in its environment (``PLAIT_RANK``, ``PLAIT_SIZE``,
+    ``PLAIT_LOCAL_RANK``, ``PLAIT_LOCAL_SIZE``, ``PLAIT_NODE_RANK``, ``PLAIT_NNODES``,
+    ``PLAIT_STORE``, ``PLAIT_JOB_ID``, ``PLAIT_SECRET``), which a bare :func:`plait.init` reads.
+
+    Raises:
+        ValueError: the numbers do not make a job (``nproc < 1``, ``node_rank`` outside
+            ``0..nnodes-1``, several hosts without a fixed ``master_port``), ``command`` is
+            empty, or ``transport`` is not one of :data:`TRANSPORTS`.
+    """
+
+    #: The command line every rank runs (see :func:`module_command` for a Python module).
+    command: Sequence[str]
+    #: Ranks on this host.
+    nproc: int = 1
+    #: Hosts of the job, each with its own launcher, and this host's index.
+    nnodes: int = 1
+    node_rank: int = 0
+    #: Where node 0 serves the store; port 0: any free port (one host only).
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    #: Variables added to the launcher's environment for the ranks (``PLAIT_*`` win).
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: ``PLAIT_TRANSPORT`` for every rank (one of :data:`TRANSPORTS`); None: left as is.
+    transport: str | None = None
+    #: ``PLAIT_TIMEOUT``, default seconds per collective; None or 0: left as is.
+    timeout: float | None = None
+    #: Prefix every line of output with ``[rank]: ``.
+    tag_output: bool = False
+    #: The job's shared secret; None: ``PLAIT_SECRET``, or on one host a fresh one.
+    secret: str | None = None
+    #: What starts every line the launcher writes itself.
+    label: str = "plait run"
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("a job needs a command for its ranks to run")
+        if self.nproc < 1 or self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"need nproc >= 1, nnodes >= 1 and 0 <= node_rank < nnodes; got nproc="
+                f"{self.nproc}, nnodes={self.nnodes}, node_rank={self.node_rank}"
+            )
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError("a job on several hosts (nnodes > 1) needs a master_port")
+        if self.transport is not None and self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+
+
+def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
+    """Run ``job``'s ranks on this host until they end; return the job's exit code.
+
+    Every rank's stdout and stderr are relayed a whole line at a time to ``stdout`` and
+    ``stderr`` (None: ``sys.stdout``, ``sys.stderr``); without ``tag_output`` a rank's stderr
+    is prefixed with its rank from its first Python traceback on. If a rank fails, the
+    others are stopped (SIGTERM, then SIGKILL), the rank that started the failure is named
+    and every rank's exit status printed (:func:`plait.launch.watch.watch`). SIGINT and
+    SIGTERM to this process stop every rank the same way; call it from the main thread.
+    Shared-memory segments the job left in /dev/shm are removed on the way out.
+
+    Returns:
+        0 if every rank exited with 0; else the exit code of the rank that started the
+        failure (128 + N for a signal N, to that rank or to this process).
+
+    Raises:
+        ValueError: several hosts and no secret (neither ``job.secret`` nor ``PLAIT_SECRET``).
+        RendezvousError: node 0 cannot serve the store at ``master_addr:master_port``.
+        OSError: a rank's command cannot be started.
+    """
+    base = {**os.environ, **job.env}
+    # Every connection of the job proves it knows this secret (see plait._auth).
+    # Hosts of one job must share it: launchers on several hosts need PLAIT_SECRET set.
+    secret = job.secret if job.secret is not None else base.get("PLAIT_SECRET")
+    if secret is None:
+        if job.nnodes > 1:
+            raise ValueError(
+                "a job on several hosts needs the same secret in every launcher "
+                "(PLAIT_SECRET, e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
+            )
+        secret = secrets.token_hex(16)
+    server = None
+    if job.node_rank == 0:
+        server = TCPStoreServer(job.master_addr, job.master_port, secret=secret.encode())
+        port = server.port
+    else:
+        port = job.master_port
+    host = job.master_addr
+    job_id = base.get("PLAIT_JOB_ID") or f"{port}{secrets.token_hex(4)}"
+    if job.nnodes > 1:
+        job_id = base.get("PLAIT_JOB_ID") or f"{host.replace(':', '_')}-{port}"
+
+    events: queue.Queue[tuple[int, int]] = queue.Queue()
+    ranks: list[RankProcess] = []
+    relay = Relay(job.tag_output, label=job.label, stdout=stdout, stderr=stderr)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        events.put((-1, -signum))
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for local in range(job.nproc):
+            rank = job.node_rank * job.nproc + local
+            env = _rank_env(job, base, rank, local, format_address(host, port), job_id, secret)
+            proc = subprocess.Popen(
+                list(job.command),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+            )
+            relay.add(rank, proc)
+            ranks.append(RankProcess(rank, proc))
+            threading.Thread(
+                target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
+            ).start()
+        relay.start()
+        return watch(ranks, relay, events)
+    finally:
+        stop(ranks)
+        relay.close(DRAIN_SECONDS)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if server is not None:
+            server.close()
+        _cleanup_shm(job_id)
+
+
+def _rank_env(
+    job: Job,
+    base: Mapping[str, str],
+    rank: int,
+    local: int,
+    address: str,
+    job_id: str,
+    secret: str,
+) -> dict[str, str]:
+    """The environment of rank ``rank`` (``local`` on this host): ``base`` and its identity."""
+    env = dict(base)
+    env.update(
+        PLAIT_RANK=str(rank),
+        PLAIT_SIZE=str(job.nproc * job.nnodes),
+        PLAIT_LOCAL_RANK=str(local),
+        PLAIT_LOCAL_SIZE=str(job.nproc),
+        PLAIT_NODE_RANK=str(job.node_rank),
+        PLAIT_NNODES=str(job.nnodes),
+        PLAIT_STORE=f"tcp://{address}",
+        PLAIT_JOB_ID=job_id,
+        PLAIT_SECRET=secret,
+    )
+    # Output goes through pipes: without this, a Python command would hold its stdout
+    # in a block buffer, late and lost if it is killed.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if job.nnodes > 1 and "PLAIT_HOST" not in base:
+        # One launcher per host: its node index names the host, so that
+        # hosts emulated on one machine are told apart too.
+        env["PLAIT_HOST"] = f"{socket.gethostname()}-node{job.node_rank}"
+    if job.transport:
+        env["PLAIT_TRANSPORT"] = job.transport
+    if job.timeout:
+        env["PLAIT_TIMEOUT"] = str(job.timeout)
+    return env
+
+
+def _cleanup_shm(job_id: str) -> None:
+    """Remove the shared-memory segments of job ``job_id`` that its ranks left behind."""
+    for path in glob.glob(f"/dev/shm/plait-{job_id}*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)

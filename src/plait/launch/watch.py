@@ -1,0 +1,227 @@
+"""Watching a job's ranks: who started a failure, how every rank ended, stopping the rest.
+
+The launcher (:func:`plait.launch.launch`) hands every rank's process to :func:`watch`,
+which waits for the ranks to finish, for one to fail or for a signal to the launcher.
+On a failure it names the rank that started it (not one that failed because a peer had
+failed first), stops the others with SIGTERM and then SIGKILL (:func:`stop`), and prints
+every rank's exit status; it returns the exit code the job ends with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
+
+__all__ = ["GRACE_SECONDS", "LINGER_SECONDS", "RankProcess", "stop", "watch"]
+
+#: Seconds between SIGTERM and SIGKILL when stopping ranks.
+GRACE_SECONDS = 5.0
+#: Seconds to wait, after a rank failed of a plait communication error (a symptom: a peer is
+#: gone), for a rank that failed otherwise (the cause) to exit by itself. See
+#: Note [which rank started a failure].
+LINGER_SECONDS = 3.0
+
+
+# Note [which rank started a failure]
+#     When one rank raises, say, ValueError, its communicator closes and its peers raise
+#     PeerLostError, and those peers may exit before it does (its interpreter is still
+#     printing the traceback and shutting down). Naming the first rank to exit would blame
+#     a bystander. So the launcher reads each rank's stderr for Python tracebacks: the
+#     exception a traceback starts with (the first of a chain of "During handling of..." or
+#     "The above exception was the direct cause...") says why the rank failed. Failures are
+#     of three kinds, from the likeliest cause to the likeliest symptom:
+#
+#     1. a traceback that starts with an exception other than plait's CommError, or a death
+#        by a signal: a cause;
+#     2. a non-zero exit code and no traceback (sys.exit(3), a command that is not Python):
+#        maybe a cause, maybe a rank that caught PeerLostError and exited;
+#     3. a traceback that starts with a CommError (PeerLostError and the like): a symptom.
+#
+#     The launcher stops the job at once on a failure of kind 1. After one of kind 2 or 3 it
+#     waits for one of kind 1 (at most 1 s, or LINGER_SECONDS after kind 3), or until every
+#     rank has exited, then names the first failure by time of the likeliest kind: its
+#     traceback's start if it printed one, else its exit. If no failure of kind 1 came, a
+#     rank still running whose stderr shows a whole traceback of kind 1, begun at most
+#     LINGER_SECONDS before the first failure, is named instead: it raised and then hung on
+#     its way out (on a thread that is not a daemon, say); the job exits with code 1, as
+#     Python would have. Reading tracebacks needs nothing from the ranks (a command that is
+#     not Python, or that never imports plait, works the same); an exception printed by a
+#     hook of the rank's own in another format counts as an exit of kind 2.
+
+
+@dataclass
+class RankProcess:
+    """One rank's process, as the launcher started it, and how it ended."""
+
+    rank: int
+    proc: subprocess.Popen[bytes]
+    #: (exit code, time.monotonic()) once the rank has exited by itself.
+    exit: tuple[int, float] | None = None
+    #: The launcher stopped it.
+    stopped: bool = False
+
+
+#: Kinds of failure, most to least likely to have started a job's failure.
+_CAUSE, _EXIT, _SYMPTOM = 0, 1, 2
+#: Seconds to wait after a failure of each kind for a _CAUSE (see Note [which rank started...]).
+_LINGER = {_EXIT: 1.0, _SYMPTOM: LINGER_SECONDS}
+
+
+def _kind(r: RankProcess, relay: Relay) -> int:
+    """How ``r`` failed: _CAUSE (a signal, or a traceback that starts with another exception
+    than plait's CommError), _EXIT (a non-zero exit code and no traceback), or _SYMPTOM (a
+    traceback that starts with a CommError: a peer failed first)."""
+    assert r.exit is not None
+    tb = relay.traceback(r.rank)
+    if r.exit[0] < 0:
+        return _CAUSE
+    if tb.first is None:
+        return _EXIT
+    return _SYMPTOM if is_comm_error(tb.first) else _CAUSE
+
+
+def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
+    """The rank that started the failure: the first by time of the likeliest kind."""
+
+    def key(r: RankProcess) -> tuple[int, float]:
+        assert r.exit is not None
+        tb = relay.traceback(r.rank)
+        when = tb.started if tb.first is not None and r.exit[0] > 0 else r.exit[1]
+        return _kind(r, relay), when
+
+    return min(failed, key=key)
+
+
+def _hung_causes(
+    ranks: Sequence[RankProcess], failed: Sequence[RankProcess], relay: Relay
+) -> list[RankProcess]:
+    """Ranks still running whose latest traceback, whole, starts with another exception than a
+    CommError and began at most LINGER_SECONDS before the first failure: ranks that raised and
+    then hung on their way out (on a thread that is not a daemon, say). A traceback printed
+    long before is one the rank handled."""
+    since = min(r.exit[1] for r in failed if r.exit is not None) - LINGER_SECONDS
+
+    def raised_lately(tb: Traceback) -> bool:
+        first = tb.first
+        whole = not tb.in_frames
+        return first is not None and whole and tb.started >= since and not is_comm_error(first)
+
+    return [r for r in ranks if r.exit is None and raised_lately(relay.traceback(r.rank))]
+
+
+def _describe(code: int) -> str:
+    """How a rank that exited by itself ended, for the launcher's first message about it."""
+    if code < 0:
+        return f"was killed by {_signal_name(-code)}"
+    return f"exited with code {code}"
+
+
+def _signal_name(number: int) -> str:
+    """``SIGTERM`` for 15; a number no signal has is named as such."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _short(name: str) -> str:
+    """An exception's name without its module: ``PeerLostError``."""
+    return name.rpartition(".")[2]
+
+
+def _status(r: RankProcess, relay: Relay) -> str:
+    """How ``r`` ended, for the job's summary: ``exit 1 (ValueError)``, ``killed by SIGTERM``."""
+    code = r.proc.returncode
+    tb = relay.traceback(r.rank)
+    text = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
+    stopped = r.stopped and code < 0  # else it exited by itself, in time or not
+    notes = []
+    if stopped:
+        notes.append(f"stopped by {relay.label}")
+    if code != 0 and tb.last is not None:
+        notes.append(f"after {_short(tb.last)}" if stopped else _short(tb.last))
+    return text + (f" ({', '.join(notes)})" if notes else "")
+
+
+def stop(ranks: Sequence[RankProcess]) -> None:
+    """Stop every rank still running: SIGTERM, then SIGKILL after GRACE_SECONDS; reap them all."""
+    for r in ranks:
+        if r.proc.poll() is None:
+            r.stopped = r.exit is None
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.terminate()
+    for r in ranks:
+        try:
+            r.proc.wait(GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.kill()
+            r.proc.wait()
+
+
+def watch(ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[int, int]]) -> int:
+    """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
+
+    ``events`` carries ``(rank, exit code)`` as each rank exits, and ``(-1, -signum)`` when the
+    launcher receives a signal. The exit code is 0 if every rank exited with 0, else the code
+    of the rank that started the failure (128 + N for signal N, or for signal N to the
+    launcher).
+
+    After a failure that may not be the cause, wait a little for one that is (Note [which rank
+    started a failure]), then stop the others and name the rank that started it.
+    """
+    deadline = float("inf")
+    running = len(ranks)
+    failed: list[RankProcess] = []
+    while running:
+        timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+        try:
+            rank, code = events.get(timeout=timeout)
+        except queue.Empty:
+            break  # no cause came within the linger
+        if rank < 0:  # a signal to the launcher
+            relay.say(f"received {_signal_name(-code)}; stopping all ranks")
+            stop(ranks)
+            return 128 - code
+        r = ranks[rank - ranks[0].rank]
+        r.exit = (code, time.monotonic())
+        running -= 1
+        if code == 0:
+            continue
+        relay.drained(r.rank, DRAIN_SECONDS)  # its traceback, if any, has been read
+        failed.append(r)
+        kind = _kind(r, relay)
+        if kind == _CAUSE:
+            break
+        deadline = min(deadline, r.exit[1] + _LINGER[kind])
+    if not failed:
+        return 0
+    first = _first_failure(failed, relay)
+    hung = [] if _kind(first, relay) == _CAUSE else _hung_causes(ranks, failed, relay)
+    if hung:
+        first = min(hung, key=lambda r: relay.traceback(r.rank).started)
+    tb = relay.traceback(first.rank)
+    rest = "; stopping the other ranks" if running else ""
+    if first.exit is None:
+        code = 1  # what Python exits with after an uncaught exception
+        relay.say(f"rank {first.rank} raised {_short(tb.last or '?')} but has not exited{rest}")
+    else:
+        code = first.exit[0]
+        why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
+        relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
+    stop(ranks)
+    relay.close(DRAIN_SECONDS)
+    relay.say("the job failed; every rank's exit status:")
+    for r in ranks:
+        mark = "   <- started the failure" if r is first else ""
+        relay.say(f"  rank {r.rank}: {_status(r, relay)}{mark}")
+    if tb.last is not None and code > 0:
+        relay.say(f"rank {first.rank} failed with {tb.last_line[:300]}")
+    return code if code > 0 else 128 - code
