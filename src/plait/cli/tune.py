@@ -72,7 +72,7 @@ def _measure(transport: str, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="plait-tune-") as tmp:
         out = os.path.join(tmp, "measure.json")
         cmd = [sys.executable, "-m", "plait", "run", "-n", "2", "--transport", transport]
-        cmd += ["-m", "plait.selection.measure", out]
+        cmd += ["-m", "plait.cli.tune_rank", out]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
             raise RuntimeError(

@@ -1,10 +1,13 @@
 """The rank body of ``plait tune``: ping-pong times and this machine's γ and δ.
 
-Run on two ranks by ``plait tune`` (``plait run -n 2 -m plait.selection.measure OUT``):
+Run on two ranks by ``plait tune`` (``plait run -n 2 -m plait.cli.tune_rank OUT``):
 ranks 0 and 1 bounce messages of growing size through the communicator's own
 point-to-point calls (so α includes plait's per-message software cost, as the
 executor sees it), and rank 0 times numpy's add and copy per byte. Rank 0
-writes everything to the JSON file OUT.
+writes everything to the JSON file OUT, which ``plait tune`` fits α and β to
+(:func:`plait.cli.tune.fit`). It lives with the command line because it is a
+program that uses the public API, like any user's script, not a part of the
+selector.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 import plait
+
+__all__ = ["BUDGET", "MAX_ROUNDS", "SIZES", "main"]
 
 #: Message sizes of the ping-pong, bytes.
 SIZES = (8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -48,6 +53,7 @@ def _one_way(comm: plait.Communicator, nbytes: int) -> float:
 
 
 def _bounce(comm: plait.Communicator, buf: np.ndarray, peer: int) -> None:
+    """One round trip of ``buf``: rank 0 sends first, the other rank answers."""
     if comm.rank == 0:
         comm.send(buf, peer)
         comm.recv(buf, peer)
@@ -57,6 +63,7 @@ def _bounce(comm: plait.Communicator, buf: np.ndarray, peer: int) -> None:
 
 
 def _per_byte(fn: Callable[[], object], nbytes: int) -> float:
+    """Best of 7 seconds per byte of ``fn``, which touches ``nbytes``."""
     best = float("inf")
     for _ in range(7):
         t = time.perf_counter()
@@ -66,6 +73,7 @@ def _per_byte(fn: Callable[[], object], nbytes: int) -> float:
 
 
 def main() -> int:
+    """Measure between ranks 0 and 1; rank 0 writes the results to ``sys.argv[1]``."""
     out = sys.argv[1]
     with plait.init() as comm:
         if comm.size < 2:
