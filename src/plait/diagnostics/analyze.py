@@ -1,0 +1,544 @@
+"""Read the flight-recorder dumps of every rank and say what went wrong first.
+
+Examples:
+  plait analyze /tmp/plait-dumps/JOB          every dump of a job (a folder is searched)
+  plait analyze dumps/rank*.json --json       machine-readable, one object per communicator
+  plait analyze DIR --late 0.1                call a rank late from a 100 ms median on
+
+Each communicator's dumps are read together and checked, in this order:
+
+- the first call number at which ranks made different calls (another
+  collective, count, dtype, op, root or algorithm), with each rank's source
+  line, and whether a rank seems to have skipped a call or made an extra one;
+- the ranks that left no dump (probably dead) and the ranks that never
+  reached the call the others wait in, with their last call and when it ended;
+- where every rank is: waiting in which call for which peers since when, or
+  idle after which call; failed calls and their errors;
+- how late each rank arrived at the calls every rank completed (median and
+  max); a rank late by at least ``--late`` seconds is named a straggler.
+
+The exit status is 0 when nothing is wrong, 1 when a problem was found, and 2
+when no dump could be read. Dumps are written on a timeout, a lost peer or a
+mismatch, on SIGUSR1, and by ``plait run --stall-timeout``; see
+docs/debugging.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from plait.diagnostics.schema import CallRecord, Dump, load_all
+from plait.diagnostics.stragglers import Lateness, format_lateness, measure, stragglers
+
+__all__ = [
+    "Diagnosis",
+    "Finding",
+    "add_arguments",
+    "diagnose",
+    "diagnose_group",
+    "format_report",
+    "main",
+]
+
+#: Columns of the report's lines.
+WIDTH = 100
+#: An error message in the list of where each rank is is cut to this length.
+_ERROR_CHARS = 160
+#: Dumps of one communicator written further apart than this (seconds) may be from two runs.
+STALE_SPREAD = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing found wrong, in plain words.
+
+    ``kind``: ``mismatch``, ``skipped``, ``extra``, ``missing``,
+    ``never_arrived``, ``failed``, ``late``, ``size`` or ``stale``; ``seq``
+    the call number it concerns (None if none); ``ranks`` the ranks at fault.
+    """
+
+    kind: str
+    seq: int | None
+    ranks: tuple[int, ...]
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What the dumps of one communicator say.
+
+    ``findings`` come most telling first: ``findings[0]`` is what went wrong
+    first. ``where`` has one line per rank (where it is), ``lateness`` one
+    entry per rank with a dump.
+    """
+
+    job: str
+    comm: int
+    size: int
+    ranks: tuple[int, ...]
+    reasons: tuple[str, ...]
+    findings: tuple[Finding, ...]
+    where: tuple[str, ...]
+    lateness: tuple[Lateness, ...]
+    compared: tuple[int, int] | None  # the first and last call numbers lateness was measured on
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing was found wrong."""
+        return not self.findings
+
+
+# -- diagnosis ---------------------------------------------------------------------------
+
+
+def diagnose(dumps: Sequence[Dump], *, late: float = 0.01) -> list[Diagnosis]:
+    """One :class:`Diagnosis` per (job, communicator) among ``dumps``.
+
+    ``late``: the median lateness, in seconds, from which a rank is a straggler.
+    """
+    groups: dict[tuple[str, int], list[Dump]] = {}
+    for d in dumps:
+        groups.setdefault((d.job, d.comm), []).append(d)
+    return [diagnose_group(groups[key], late=late) for key in sorted(groups)]
+
+
+def diagnose_group(dumps: Sequence[Dump], *, late: float = 0.01) -> Diagnosis:
+    """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id)."""
+    if not dumps:
+        raise ValueError("no dumps to diagnose")
+    findings: list[Finding] = []
+    by_rank: dict[int, Dump] = {}
+    for d in sorted(dumps, key=lambda d: d.time):
+        by_rank[d.rank] = d  # a later dump of a rank replaces an earlier one
+    sizes = sorted({d.size for d in dumps})
+    size = sizes[-1]
+    if len(sizes) > 1:
+        findings.append(
+            Finding("size", None, (), f"the dumps disagree on the communicator's size: {sizes}")
+        )
+    times = [d.time for d in by_rank.values()]
+    if max(times) - min(times) > STALE_SPREAD:
+        findings.append(
+            Finding(
+                "stale",
+                None,
+                (),
+                f"the dumps were written {(max(times) - min(times)) / 60:.0f} minutes apart: "
+                "are they all from the same run?",
+            )
+        )
+    ranks = tuple(sorted(by_rank))
+    missing = tuple(r for r in range(size) if r not in by_rank)
+    calls = {r: {c.seq: c for c in by_rank[r].calls} for r in ranks}
+    mismatch = _first_mismatch(calls)
+    stuck = _stuck(by_rank, calls, missing)
+    if mismatch is not None and (
+        not stuck
+        or mismatch[0].seq is None
+        or stuck[0].seq is None
+        or mismatch[0].seq <= stuck[0].seq
+    ):
+        findings[:0] = [*mismatch, *stuck]
+    else:
+        findings[:0] = [*stuck, *(mismatch or ())]
+    explained = {f.seq for f in stuck if f.kind in ("never_arrived", "missing")}
+    findings.extend(f for f in _failures(by_rank) if f.seq not in explained)
+    limit = mismatch[0].seq if mismatch is not None else None
+    lateness, compared = _lateness(by_rank, calls, limit)
+    for x in stragglers(lateness, late):
+        rec = calls[x.rank].get(x.worst_seq) if x.worst_seq is not None else None
+        where = f", {rec.where}" if rec is not None else ""
+        findings.append(
+            Finding(
+                "late",
+                x.worst_seq,
+                (x.rank,),
+                f"rank {x.rank} arrives late: {_dur(x.median)} after the first rank (median) "
+                f"over {x.calls} calls, at worst {_dur(x.max)} at #{x.worst_seq}{where}",
+            )
+        )
+    return Diagnosis(
+        job=dumps[0].job,
+        comm=dumps[0].comm,
+        size=size,
+        ranks=ranks,
+        reasons=_reasons(by_rank),
+        findings=tuple(findings),
+        where=tuple(_where(r, by_rank.get(r)) for r in range(size)),
+        lateness=tuple(lateness),
+        compared=compared,
+    )
+
+
+def _first_mismatch(calls: dict[int, dict[int, CallRecord]]) -> list[Finding] | None:
+    """Findings about the first call number at which ranks' calls differ, or None."""
+    seqs = sorted({s for per in calls.values() for s in per})
+    for seq in seqs:
+        here = {r: per[seq] for r, per in calls.items() if seq in per}
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for r, c in here.items():
+            groups.setdefault(c.signature, []).append(r)
+        if len(groups) < 2:
+            continue
+        ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+        major = ordered[0]
+        ref = here[major[0]]
+        parts = []
+        odd: list[int] = []
+        for g in ordered[1:]:
+            c = here[g[0]]
+            parts.append(f"{_ranks(g)} {_is(g)} in {_call_text(c, ref)}")
+            odd.extend(g)
+        message = (
+            f"{'; '.join(parts)} while {_ranks(major)} {_is(major)} in {_call_text(ref, None)}"
+        )
+        out = [Finding("mismatch", seq, tuple(sorted(odd)), message)]
+        for g in ordered[1:]:
+            hint = _skip_hint(g, major, seq, calls)
+            if hint is not None:
+                out.append(hint)
+        return out
+    return None
+
+
+def _skip_hint(
+    odd: list[int], major: list[int], seq: int, calls: dict[int, dict[int, CallRecord]]
+) -> Finding | None:
+    """Whether ranks ``odd`` skipped a call (or made an extra one) at ``seq``, from evidence.
+
+    Two kinds of evidence, both facts of the dumps: the calls after ``seq``
+    line up once shifted by ``k`` (and not unshifted), or the others' call at
+    ``seq`` is one that ``odd`` made before from the same line and now did not.
+    """
+    mine, theirs = calls[odd[0]], calls[major[0]]
+    a, b = mine[seq], theirs[seq]
+    them = "its" if len(odd) == 1 else "their"
+
+    def same(x: CallRecord | None, y: CallRecord | None) -> bool | None:
+        if x is None or y is None:
+            return None
+        return x.signature == y.signature and x.where == y.where
+
+    unshifted = [same(mine.get(seq + i), theirs.get(seq + i)) for i in (1, 2, 3)]
+    if not any(unshifted):
+        for k in (1, 2, 3):
+            skipped = [same(mine.get(seq + i), theirs.get(seq + i + k)) for i in range(4)]
+            if skipped[0] and all(v is not False for v in skipped):
+                c = theirs[seq + k]
+                return Finding(
+                    "skipped",
+                    seq,
+                    tuple(odd),
+                    f"{_ranks(odd)} skipped {_plural(k, 'call')}: {them} #{seq} is the others' "
+                    f"#{seq + k} ({c.collective} at {c.where})",
+                )
+            extra = [same(mine.get(seq + i + k), theirs.get(seq + i)) for i in range(4)]
+            if extra[0] and all(v is not False for v in extra):
+                return Finding(
+                    "extra",
+                    seq,
+                    tuple(odd),
+                    f"{_ranks(odd)} made {_plural(k, 'extra call')} from #{seq} on "
+                    f"({a.collective} at {a.where}): {them} #{seq + k} is the others' #{seq}",
+                )
+    if a.where != b.where:
+        before = [c for s, c in mine.items() if s < seq and same(c, b)]
+        if before:
+            last = max(before, key=lambda c: c.seq)
+            return Finding(
+                "skipped",
+                seq,
+                tuple(odd),
+                f"{_ranks(odd)} did not make the others' {b.collective} at {b.where} this time "
+                f"({them} last one there was #{last.seq}) and went on to {a.collective} at "
+                f"{a.where}: a branch that only some ranks took?",
+            )
+    return None
+
+
+def _stuck(
+    by_rank: dict[int, Dump], calls: dict[int, dict[int, CallRecord]], missing: tuple[int, ...]
+) -> list[Finding]:
+    """Ranks that left no dump, and ranks that never reached the call the others block in."""
+    out: list[Finding] = []
+    # A rank blocks in its last call if that is in flight, or failed (a timeout dumps it).
+    blocked = {r: d.last for r, d in by_rank.items() if d.last is not None and d.last.blocked}
+    if not blocked:
+        if missing:
+            out.append(
+                Finding(
+                    "missing", None, missing, f"{_ranks(missing)} left no dump: {_died(missing)}"
+                )
+            )
+        return out
+    # The oldest call anyone blocks in: every rank has to pass it.
+    seq = min(c.seq for c in blocked.values())
+    in_it = sorted(r for r, c in blocked.items() if c.seq == seq)
+    ref = blocked[in_it[0]]
+    when = min((c.start or c.queued or 0.0) for c in (blocked[r] for r in in_it))
+    waited_for = sorted({p for r in in_it for p in blocked[r].waiting_on} - set(in_it))
+    wait_text = f" for {_ranks(waited_for)}" if waited_for else ""
+    verb = "wait" if any(blocked[r].in_flight for r in in_it) else "waited"
+    if len(in_it) == 1:
+        verb += "s" if verb == "wait" else ""
+    if missing:
+        out.append(
+            Finding(
+                "missing",
+                seq,
+                missing,
+                f"{_ranks(missing)} left no dump: {_died(missing)}; {_ranks(in_it)} {verb} "
+                f"in {ref.describe()}{wait_text}",
+            )
+        )
+    behind = sorted(
+        r for r, d in by_rank.items() if r not in blocked and (d.last is None or d.last.seq < seq)
+    )
+    if behind:
+        parts = []
+        for r in behind:
+            last = by_rank[r].last
+            if last is None:
+                parts.append(f"rank {r} made no call at all")
+                continue
+            ended = last.end or last.start
+            gap = (
+                f", {_dur(when - ended)} before the first rank began #{seq}"
+                if ended and when and when > ended
+                else ""
+            )
+            parts.append(f"rank {r}'s last call, {last.describe()}, ended at {_clock(ended)}{gap}")
+        out.append(
+            Finding(
+                "never_arrived",
+                seq,
+                tuple(behind),
+                f"{_ranks(behind)} never reached call #{seq} ({ref.collective} at {ref.where}), "
+                f"where {_ranks(in_it)} {verb}{wait_text} from {_clock(when)} on: "
+                + "; ".join(parts),
+            )
+        )
+    return out
+
+
+def _failures(by_rank: dict[int, Dump]) -> list[Finding]:
+    """The first failed call of each rank, grouped by call number."""
+    first: dict[int, CallRecord] = {}
+    for r, d in by_rank.items():
+        for c in d.calls:
+            if c.state == "failed":
+                first[r] = c
+                break
+    out = []
+    for seq in sorted({c.seq for c in first.values()}):
+        rs = sorted(r for r, c in first.items() if c.seq == seq)
+        c = first[rs[0]]
+        out.append(
+            Finding("failed", seq, tuple(rs), f"{_ranks(rs)}: {c.describe()} failed: {c.error}")
+        )
+    return out
+
+
+def _lateness(
+    by_rank: dict[int, Dump], calls: dict[int, dict[int, CallRecord]], limit: int | None
+) -> tuple[list[Lateness], tuple[int, int] | None]:
+    """Lateness over the calls every rank with a dump completed (before ``limit``)."""
+    ranks = sorted(by_rank)
+    if not ranks:
+        return [], None
+    common = set.intersection(*(set(calls[r]) for r in ranks))
+    seqs = sorted(
+        s
+        for s in common
+        if (limit is None or s < limit)
+        and all(calls[r][s].state == "done" and calls[r][s].start is not None for r in ranks)
+    )
+    if not seqs:
+        return [Lateness(r, 0, 0.0, 0.0, 0.0, None) for r in ranks], None
+    nan = float("nan")
+    starts = np.array([[calls[r][s].start or nan for r in ranks] for s in seqs])
+    ends = np.array([[calls[r][s].end or nan for r in ranks] for s in seqs])
+    collectives = [calls[ranks[0]][s].collective for s in seqs]
+    same_clock = len({by_rank[r].host for r in ranks}) == 1
+    result = measure(starts, ends, seqs, collectives, same_clock=same_clock)
+    # measure numbers columns 0..n-1; give them their ranks back.
+    return [dataclasses.replace(x, rank=ranks[i]) for i, x in enumerate(result)], (
+        seqs[0],
+        seqs[-1],
+    )
+
+
+def _reasons(by_rank: dict[int, Dump]) -> tuple[str, ...]:
+    """Why the dumps were written, by kind: ``CollectiveTimeout (ranks 0, 1, 2)``."""
+    kinds: dict[str, list[int]] = {}
+    for r, d in sorted(by_rank.items()):
+        kinds.setdefault(d.reason.split(":", 1)[0], []).append(r)
+    return tuple(f"{kind} ({_ranks(rs)})" for kind, rs in kinds.items())
+
+
+def _where(rank: int, d: Dump | None) -> str:
+    if d is None:
+        return f"rank {rank}: no dump"
+    last = d.last
+    if last is None:
+        return f"rank {rank}: no call recorded"
+    peers = f" for {_ranks(last.waiting_on)}" if last.waiting_on else ""
+    if last.in_flight:
+        since = last.start or last.queued
+        waited = f" ({_dur(d.time - since)} before its dump)" if since else ""
+        verb = "queued behind" if last.state == "queued" else "waiting in"
+        return f"rank {rank}: {verb} {last.describe()}{peers} since {_clock(since)}{waited}"
+    if last.state == "failed":
+        error = last.error or "?"
+        if len(error) > _ERROR_CHARS:
+            error = error[: _ERROR_CHARS - 3] + "..."
+        return f"rank {rank}: failed in {last.describe()}{peers} at {_clock(last.end)}: {error}"
+    return f"rank {rank}: done with {last.describe()} at {_clock(last.end)}; no call since"
+
+
+# -- words -------------------------------------------------------------------------------
+
+
+def _ranks(rs: Sequence[int]) -> str:
+    rs = sorted(rs)
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    return "ranks " + ", ".join(map(str, rs))
+
+
+def _is(rs: Sequence[int]) -> str:
+    return "is" if len(rs) == 1 else "are"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{'a' if n == 1 else n} {word}{'' if n == 1 else 's'}"
+
+
+def _died(rs: Sequence[int]) -> str:
+    if len(rs) == 1:
+        it, was, its = "it", "was", "its"
+    else:
+        it, was, its = "they", "were", "their"
+    return (
+        f"{it} probably died or {was} killed (see {its} exit status in plait run's output), "
+        f"or {it} wrote to another folder or host"
+    )
+
+
+def _call_text(c: CallRecord, ref: CallRecord | None) -> str:
+    """``allreduce #17 (train.py:42)``, plus the fields that differ from ``ref``'s call."""
+    if ref is None or ref.collective != c.collective:
+        return c.describe()
+    diff = [
+        f"{name}={getattr(c, name)}"
+        for name in ("algorithm", "count", "dtype", "op", "root")
+        if getattr(c, name) != getattr(ref, name)
+    ]
+    return f"{c.collective} #{c.seq} with {', '.join(diff)} ({c.where})"
+
+
+def _clock(t: float | None) -> str:
+    if not t:
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d} UTC"
+
+
+def _dur(t: float) -> str:
+    if t >= 1:
+        return f"{t:.1f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.1f} ms"
+    return f"{t * 1e6:.0f} µs"
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def format_report(diagnoses: Sequence[Diagnosis], skipped: Sequence[str] = ()) -> str:
+    """The plain-words report ``plait analyze`` prints."""
+    lines: list[str] = [f"skipped {s}" for s in skipped]
+    for d in diagnoses:
+        comm = "the world communicator" if d.comm == 0 else f"communicator {d.comm:x}"
+        lines.append(
+            f"job {d.job}, {comm} of {d.size} ranks: dumps from {len(d.ranks)} of {d.size} ranks"
+        )
+        lines.append(f"dumped on: {', '.join(d.reasons)}")
+        if d.ok:
+            span = f" (calls #{d.compared[0]} to #{d.compared[1]})" if d.compared else ""
+            lines.append(f"no problem found: every rank made the same calls{span}; none is stuck")
+        else:
+            first, *rest = d.findings
+            lines.append(_wrap(f"first problem: {first.message}", ""))
+            lines.extend(_wrap(f"then: {f.message}", "") for f in rest)
+        lines.append("where each rank is:")
+        lines.extend(_wrap(w, "  ") for w in d.where)
+        if d.compared is not None:
+            lines.append(
+                f"lateness at the calls every rank completed (#{d.compared[0]} to "
+                f"#{d.compared[1]}), after the first rank to arrive:"
+            )
+            lines.extend(f"  {x}" for x in format_lateness(d.lateness))
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _wrap(text: str, indent: str) -> str:
+    """``text`` in lines of at most :data:`WIDTH` columns, continuations indented 4 more."""
+    return textwrap.fill(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + "    ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``plait analyze``."""
+    parser.add_argument("dumps", nargs="+", metavar="DUMPS", help="dump files or folders")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument(
+        "--late",
+        type=float,
+        default=0.01,
+        metavar="SECONDS",
+        help="median lateness from which a rank is called a straggler (default 0.01)",
+    )
+
+
+def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
+    """``plait analyze``: takes parsed arguments (the CLI registry) or an argv list."""
+    if not isinstance(args, argparse.Namespace):
+        parser = argparse.ArgumentParser(
+            prog="plait analyze",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        add_arguments(parser)
+        args = parser.parse_args(args)
+    dumps, skipped = load_all(args.dumps)
+    if not dumps:
+        for s in skipped:
+            print(f"plait analyze: {s}", file=sys.stderr)
+        print("plait analyze: no flight-recorder dump found", file=sys.stderr)
+        return 2
+    diagnoses = diagnose(dumps, late=args.late)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(d) for d in diagnoses], indent=1))
+    else:
+        sys.stdout.write(format_report(diagnoses, skipped))
+    return 0 if all(d.ok for d in diagnoses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

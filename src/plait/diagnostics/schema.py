@@ -1,0 +1,261 @@
+"""The flight recorder's dump file: its JSON schema, and reading it back.
+
+A dump is one JSON object per communicator and rank, written by
+:meth:`plait.diagnostics.recorder.FlightRecorder.dump`. Version 1::
+
+    {
+      "format": "plait-flight-recorder",  always this string
+      "version": 1,                       bumped on any incompatible change
+      "job": "1a2b3c",                    PLAIT_JOB_ID (or the launcher's job id); "local" if none
+      "comm": 0,                          communicator id: 0 for the world, else a split's id
+      "rank": 2, "size": 4,               rank within that communicator, and its size
+      "global_rank": 2,                   the process's rank in the job (PLAIT_RANK, RANK), or null
+      "pid": 4242, "host": "node1",
+      "reason": "CollectiveTimeout: rank 2: allreduce (ring, call #17) timed out ...",
+      "time": 1764612345.123456,          wall clock (seconds since the epoch) of the dump
+      "capacity": 2000,                   slots in the ring
+      "recorded": 2017,                   calls numbered so far: the newest call number + 1
+      "calls": [                          the last min(recorded, capacity) calls, oldest first
+        {
+          "seq": 17,                      the call number (equal on every rank for one call)
+          "collective": "allreduce", "algorithm": "ring",
+          "count": 2, "dtype": "float32", "nbytes": 8, "op": "SUM", "root": 0,
+          "state": "running",             queued | running | done | failed
+          "queued": null,                 when an async_op=True call was submitted (else null)
+          "start": 1764612285.001,        when the rank began the call (wall clock seconds)
+          "end": null,                    when it ended (null while in flight)
+          "waiting_on": [3],              peers whose messages it still waits for (in flight), or
+                                          waited for when it failed; [] once done
+          "error": null,                  "ErrorType: message" of a failed call
+          "stack": [["/job/train.py", 42, "step"], ...]
+                                          the caller's frames, innermost first, from the first
+                                          frame outside plait; [] when not captured
+        }
+      ],
+      "threads": [                        every thread's stack when the dump was written
+        {"name": "MainThread", "id": 1403, "stack": [["/job/train.py", 42, "step"], ...]}
+      ]                                   innermost frame first, at most 64 frames
+    }
+
+Readers accept any version up to :data:`VERSION` and ignore fields they do not
+know, so a field can be added without a new version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT",
+    "STATES",
+    "VERSION",
+    "CallRecord",
+    "Dump",
+    "DumpError",
+    "find_dumps",
+    "load",
+    "load_all",
+    "parse",
+]
+
+#: The ``format`` field of every dump.
+FORMAT = "plait-flight-recorder"
+#: The schema version written; readers accept this and older ones.
+VERSION = 1
+#: The ``state`` values of a call.
+STATES = ("queued", "running", "done", "failed")
+
+
+class DumpError(ValueError):
+    """A file is not a flight-recorder dump this version of plait can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One call of a dump (see the module docstring for the fields)."""
+
+    seq: int
+    collective: str
+    algorithm: str
+    count: int
+    dtype: str
+    nbytes: int
+    op: str
+    root: int
+    state: str
+    queued: float | None
+    start: float | None
+    end: float | None
+    waiting_on: tuple[int, ...]
+    error: str | None
+    stack: tuple[tuple[str, int, str], ...]
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether the call had not ended when the dump was written."""
+        return self.state in ("queued", "running")
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the call is in flight or failed: the rank got no further."""
+        return self.state != "done"
+
+    @property
+    def where(self) -> str:
+        """The caller's line, short: ``train.py:42`` (``?`` when not captured)."""
+        if not self.stack:
+            return "?"
+        path, line, _ = self.stack[0]
+        return f"{os.path.basename(path)}:{line}"
+
+    @property
+    def signature(self) -> tuple[str, str, int, str, str, int]:
+        """What must be equal on every rank for one call number."""
+        return (self.collective, self.algorithm, self.count, self.dtype, self.op, self.root)
+
+    def describe(self) -> str:
+        """``allreduce #17 (train.py:42)``."""
+        return f"{self.collective} #{self.seq} ({self.where})"
+
+
+@dataclass(frozen=True, slots=True)
+class Dump:
+    """One rank's dump of one communicator."""
+
+    job: str
+    comm: int
+    rank: int
+    size: int
+    global_rank: int | None
+    pid: int
+    host: str
+    reason: str
+    time: float
+    capacity: int
+    recorded: int
+    calls: tuple[CallRecord, ...]
+    threads: tuple[tuple[str, tuple[tuple[str, int, str], ...]], ...] = ()
+    path: str = ""
+
+    def call(self, seq: int) -> CallRecord | None:
+        """The record of call number ``seq``, if it is still in this dump's window."""
+        for c in self.calls:
+            if c.seq == seq:
+                return c
+        return None
+
+    @property
+    def last(self) -> CallRecord | None:
+        """The newest call recorded (None for a rank that made no call)."""
+        return self.calls[-1] if self.calls else None
+
+
+def parse(obj: Any, path: str = "") -> Dump:
+    """A :class:`Dump` from the parsed JSON ``obj``.
+
+    Raises:
+        DumpError: ``obj`` is not a dump, or is of a newer version.
+    """
+    where = path or "dump"
+    if not isinstance(obj, Mapping) or obj.get("format") != FORMAT:
+        raise DumpError(f"{where}: not a plait flight-recorder dump (no format {FORMAT!r})")
+    version = obj.get("version")
+    if not isinstance(version, int) or not 1 <= version <= VERSION:
+        raise DumpError(f"{where}: dump version {version!r}; this plait reads 1 to {VERSION}")
+    try:
+        calls = tuple(_call(c) for c in obj["calls"])
+        gr = obj.get("global_rank")
+        return Dump(
+            job=str(obj["job"]),
+            comm=int(obj["comm"]),
+            rank=int(obj["rank"]),
+            size=int(obj["size"]),
+            global_rank=None if gr is None else int(gr),
+            pid=int(obj["pid"]),
+            host=str(obj["host"]),
+            reason=str(obj["reason"]),
+            time=float(obj["time"]),
+            capacity=int(obj["capacity"]),
+            recorded=int(obj["recorded"]),
+            calls=calls,
+            threads=tuple(
+                (str(t["name"]), _stack(t.get("stack", ()))) for t in obj.get("threads", ())
+            ),
+            path=path,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DumpError(f"{where}: malformed dump: {type(exc).__name__}: {exc}") from None
+
+
+def _opt(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _call(c: Mapping[str, Any]) -> CallRecord:
+    state = str(c["state"])
+    if state not in STATES:
+        raise ValueError(f"call #{c.get('seq')}: unknown state {state!r}")
+    return CallRecord(
+        seq=int(c["seq"]),
+        collective=str(c["collective"]),
+        algorithm=str(c["algorithm"]),
+        count=int(c["count"]),
+        dtype=str(c["dtype"]),
+        nbytes=int(c.get("nbytes", 0)),
+        op=str(c["op"]),
+        root=int(c["root"]),
+        state=state,
+        queued=_opt(c.get("queued")),
+        start=_opt(c.get("start")),
+        end=_opt(c.get("end")),
+        waiting_on=tuple(int(p) for p in c.get("waiting_on", ())),
+        error=None if c.get("error") is None else str(c["error"]),
+        stack=_stack(c.get("stack", ())),
+    )
+
+
+def _stack(frames: Iterable[Sequence[Any]]) -> tuple[tuple[str, int, str], ...]:
+    return tuple((str(f), int(n), str(fn)) for f, n, fn in frames)
+
+
+def load(path: str | os.PathLike[str]) -> Dump:
+    """Read and parse one dump file.
+
+    Raises:
+        DumpError: the file is not valid JSON or not a dump.
+        OSError: it cannot be read.
+    """
+    p = str(path)
+    try:
+        obj = json.loads(Path(p).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DumpError(f"{p}: not JSON ({exc}); was the dump cut short?") from None
+    return parse(obj, p)
+
+
+def find_dumps(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The dump files named by ``paths``: files as given, folders searched for ``*.json``."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.extend(sorted(q for q in p.rglob("*.json") if q.is_file()))
+        else:
+            found.append(p)
+    return found
+
+
+def load_all(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Dump], list[str]]:
+    """Every dump under ``paths`` (files or folders), and a line per file that was not one."""
+    dumps: list[Dump] = []
+    skipped: list[str] = []
+    for p in find_dumps(paths):
+        try:
+            dumps.append(load(p))
+        except (DumpError, OSError) as exc:
+            skipped.append(str(exc))
+    return dumps, skipped

@@ -1,0 +1,255 @@
+"""When the flight recorders dump: on a communication error, on SIGUSR1, on a stall.
+
+- :func:`dump_on_error` is what a communicator calls when a collective fails
+  with a timeout, a lost peer or a mismatch: it dumps that communicator's
+  recorder (at most once per recorder and error) and never raises.
+- :func:`install_signal_handler` makes SIGUSR1 dump every recorder in the
+  process (``kill -USR1 <pid>``, or ``plait run`` on a stall), then run the
+  handler that was there before, if any.
+- :class:`Watchdog` is a thread that notices a call in flight for longer
+  than the stall timeout (PLAIT_STALL_TIMEOUT, which ``plait run
+  --stall-timeout`` sets), dumps every recorder of its process and prints
+  one line starting with :data:`STALL_MARKER` on stderr, so that the launcher
+  can send SIGUSR1 to the other ranks: a rank stuck outside any collective
+  then dumps too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from plait.diagnostics.recorder import FlightRecorder, live_recorders
+from plait.errors import CommTimeout, MismatchError, PeerLostError
+
+__all__ = [
+    "DUMP_ERRORS",
+    "STALL_MARKER",
+    "Watchdog",
+    "catches_signal",
+    "dump_all",
+    "dump_on_error",
+    "install_signal_handler",
+    "parse_stall_line",
+    "stall_timeout_from_env",
+]
+
+_log = logging.getLogger("plait")
+
+#: Errors that make a communicator dump its recorder.
+DUMP_ERRORS: tuple[type[BaseException], ...] = (CommTimeout, PeerLostError, MismatchError)
+#: The start of the line a rank prints on stderr when its watchdog sees a stall.
+STALL_MARKER = "plait: stall:"
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list[Path]:
+    """Dump every recorder of this process (or ``recorders``); the files written.
+
+    A recorder that cannot be written is logged and skipped: this runs while
+    something already went wrong, and must not add an error of its own.
+    """
+    written = []
+    for rec in live_recorders() if recorders is None else recorders:
+        try:
+            written.append(rec.dump(reason))
+            if rec.timeline is not None:
+                rec.timeline.write()  # what led here, in case the process dies next
+        except OSError as exc:
+            _log.warning("rank %d: flight recorder dump failed: %s", rec.rank, exc)
+    return written
+
+
+def dump_on_error(recorder: FlightRecorder | None, error: BaseException) -> Path | None:
+    """Dump ``recorder`` if ``error`` is one of :data:`DUMP_ERRORS`; where it went, or None.
+
+    Never raises (a failed dump is logged). The path is worth adding to the
+    error's message: ``flight recorder dump: /tmp/plait-dumps/JOB/rank2.json``.
+    """
+    if recorder is None or not isinstance(error, DUMP_ERRORS):
+        return None
+    try:
+        path = recorder.dump(f"{type(error).__name__}: {error}")
+        if recorder.timeline is not None:
+            recorder.timeline.write()
+        return path
+    except OSError as exc:
+        _log.warning("rank %d: flight recorder dump failed: %s", recorder.rank, exc)
+        return None
+
+
+def install_signal_handler(signum: int = signal.SIGUSR1) -> bool:
+    """Make ``signum`` dump every recorder of the process; True if installed now.
+
+    Only the main thread can install a handler, and only once: elsewhere, or
+    a second time, this does nothing and returns False. A handler installed
+    before is called after the dump; if the signal was ignored it stays
+    ignored apart from the dump. Python runs the handler on the main thread
+    as soon as that thread gets control back; a thread blocked on a lock or
+    in ``select`` is woken for it (PEP 475), so a rank blocked in a
+    collective dumps at once.
+    """
+    global _installed
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    with _install_lock:
+        if _installed:
+            return False
+        previous = signal.getsignal(signum)
+
+        def handler(sig: int, frame: FrameType | None) -> None:
+            paths = dump_all(f"signal {signal.Signals(sig).name}")
+            if paths:
+                print(
+                    f"plait: flight recorder dumped to {', '.join(map(str, paths))}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if callable(previous):
+                previous(sig, frame)
+
+        signal.signal(signum, handler)
+        _installed = True
+        return True
+
+
+def catches_signal(pid: int, signum: int = signal.SIGUSR1) -> bool | None:
+    """Whether process ``pid`` has a handler for ``signum`` (None: cannot tell).
+
+    The launcher asks before it sends SIGUSR1 to a rank: a process without a
+    handler (a rank that never made a communicator, a command that is not
+    Python) would be killed by it. Reads the ``SigCgt`` mask of
+    ``/proc/<pid>/status`` (Linux).
+    """
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(signum) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def stall_timeout_from_env() -> float | None:
+    """PLAIT_STALL_TIMEOUT in seconds, or None when unset or 0.
+
+    Raises:
+        ValueError: it is not a non-negative number.
+    """
+    text = os.environ.get("PLAIT_STALL_TIMEOUT", "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"PLAIT_STALL_TIMEOUT must be a number of seconds >= 0; got {text!r}")
+    return value or None
+
+
+def parse_stall_line(line: str) -> str | None:
+    """The description after :data:`STALL_MARKER` if ``line`` is a stall line, else None.
+
+    For the launcher, which reads every rank's stderr.
+    """
+    text = line.strip()
+    # The launcher may prefix lines with ``[rank]: ``.
+    at = text.find(STALL_MARKER)
+    if at < 0:
+        return None
+    return text[at + len(STALL_MARKER) :].strip()
+
+
+class Watchdog:
+    """A daemon thread that dumps when a call stays in flight ``stall_timeout`` seconds.
+
+    It looks every ``interval`` seconds (default: a quarter of the timeout, at
+    most 5 s) at the recorders' in-flight calls; reading them costs the calls
+    nothing. It reports each stalled call once: it dumps every recorder of
+    the process (:func:`dump_all`) and calls ``on_stall(line)`` with a line
+    that starts with :data:`STALL_MARKER` (default: print it on ``stream``,
+    stderr). :meth:`check` does one look, for tests and for callers with
+    their own thread.
+    """
+
+    def __init__(
+        self,
+        stall_timeout: float,
+        *,
+        interval: float | None = None,
+        recorders: Callable[[], list[FlightRecorder]] = live_recorders,
+        on_stall: Callable[[str], Any] | None = None,
+        stream: IO[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not stall_timeout > 0:
+            raise ValueError(f"stall timeout must be > 0 seconds; got {stall_timeout!r}")
+        self.stall_timeout = stall_timeout
+        self.interval = interval if interval is not None else min(stall_timeout / 4, 5.0)
+        self._recorders = recorders
+        self._on_stall = on_stall
+        self._stream = stream
+        self._clock = clock
+        self._reported: set[tuple[int, int]] = set()  # (id of recorder, call number)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Watchdog:
+        """Start the thread (once); returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="plait-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.check()
+
+    def check(self) -> str | None:
+        """Look once; the stall line if a new stall was found (and reported), else None."""
+        now = self._clock()
+        stalled = None
+        for rec in self._recorders():
+            for slot in rec.in_flight():
+                since = slot.start or slot.queued
+                key = (id(rec), slot.seq)
+                if since and now - since >= self.stall_timeout and key not in self._reported:
+                    self._reported.add(key)
+                    if stalled is None:
+                        stalled = (rec, slot, now - since)
+        if stalled is None:
+            return None
+        rec, slot, waited = stalled
+        c = slot.shape.collective
+        paths = dump_all(f"stall: {c} #{slot.seq} in flight for {waited:.0f} s")
+        where = paths[0].parent if paths else "nowhere (dump failed)"
+        line = (
+            f"{STALL_MARKER} rank {rec.rank}: {c} #{slot.seq} ({slot.shape.algorithm}) "
+            f"in flight for {waited:.0f} s; flight recorder dumped to {where}"
+        )
+        if self._on_stall is not None:
+            self._on_stall(line)
+        else:
+            stream = self._stream if self._stream is not None else sys.stderr
+            with contextlib.suppress(OSError, ValueError):
+                print(line, file=stream, flush=True)
+        return line

@@ -1,0 +1,307 @@
+"""plait analyze: what went wrong first, in plain words, from the dumps of every rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dumpkit import T0, FakeClock, call, dump, write
+
+import plait
+from plait.diagnostics import analyze
+from plait.diagnostics.analyze import diagnose, format_report, main
+from plait.diagnostics.recorder import CallShape, FlightRecorder
+from plait.diagnostics.schema import Dump, load, load_all, parse
+
+
+def parsed(dumps: list[dict[str, Any]]) -> list[Dump]:
+    return [parse(d) for d in dumps]
+
+
+def training(steps: int, *, skip_at: int | None = None) -> list[dict[str, Any]]:
+    """A rank's calls for ``steps`` steps of: broadcast (line 40), then allreduce (line 42).
+
+    ``skip_at``: the step whose broadcast this rank skips; its allreduce then
+    blocks (in flight) as the others' broadcast does.
+    """
+    calls = []
+    seq = 0
+    for step in range(steps):
+        if step != skip_at:
+            calls.append(call(seq, "broadcast", line=40, algorithm="binomial", op="-"))
+            seq += 1
+        calls.append(call(seq, "allreduce", line=42))
+        seq += 1
+    return calls
+
+
+def test_all_well() -> None:
+    [d] = diagnose(parsed([dump(r, 4, training(5)) for r in range(4)]))
+    assert d.ok
+    assert d.compared == (0, 9)
+    assert [x.calls for x in d.lateness] == [10] * 4
+    report = format_report([d])
+    assert "no problem found: every rank made the same calls (calls #0 to #9)" in report
+    assert "rank 3: done with allreduce #9 (train.py:42)" in report
+
+
+def test_a_skipped_call() -> None:
+    dumps = [dump(r, 4, training(5)) for r in (0, 1, 3)]
+    mine = training(3, skip_at=2)
+    mine[-1].update(state="running", end=None, waiting_on=[1, 3])
+    dumps.append(dump(2, 4, mine))
+    for d in dumps[:3]:  # the others block in the broadcast #4
+        del d["calls"][5:]
+        d["calls"][4].update(state="running", end=None, waiting_on=[2])
+    [d] = diagnose(parsed(dumps))
+    first, hint = d.findings[:2]
+    assert first.kind == "mismatch"
+    assert first.seq == 4
+    assert first.ranks == (2,)
+    assert first.message == (
+        "rank 2 is in allreduce #4 (train.py:42) while ranks 0, 1, 3 are in broadcast #4 "
+        "(train.py:40)"
+    )
+    assert hint.kind == "skipped"
+    assert hint.message == (
+        "rank 2 did not make the others' broadcast at train.py:40 this time (its last one "
+        "there was #2) and went on to allreduce at train.py:42: a branch that only some ranks "
+        "took?"
+    )
+    assert d.compared == (0, 3)  # lateness stops before the mismatch
+    assert not d.ok
+
+
+def test_a_skip_seen_in_the_calls_that_follow() -> None:
+    """Rank 1 skipped #2; its later calls are the others', one number earlier."""
+    lines = [40, 42, 44, 46, 48, 50]
+    kinds = ["allreduce", "broadcast", "allgather"] * 2
+    others = [call(s, kinds[s], line=lines[s]) for s in range(6)]
+    mine = [call(s, kinds[s + (s >= 2)], line=lines[s + (s >= 2)]) for s in range(5)]
+    [d] = diagnose(parsed([dump(0, 3, others), dump(1, 3, mine), dump(2, 3, others)]))
+    mismatch, skipped = d.findings[:2]
+    assert mismatch.seq == 2
+    assert (
+        skipped.message
+        == "rank 1 skipped a call: its #2 is the others' #3 (allreduce at train.py:46)"
+    )
+
+
+def test_an_isolated_difference_is_not_a_skip() -> None:
+    dumps = [
+        dump(r, 2, [call(s, count=8 if (r, s) == (1, 1) else 1024) for s in range(4)])
+        for r in range(2)
+    ]
+    [d] = diagnose(parsed(dumps))
+    assert [f.kind for f in d.findings] == ["mismatch"]
+
+
+def test_a_rank_in_a_different_collective() -> None:
+    dumps = [dump(r, 3, [call(0), call(1), call(2, state="running", end=None)]) for r in (0, 2)]
+    odd = [call(0), call(1), call(2, "allgather", line=57, state="running", end=None)]
+    dumps.insert(1, dump(1, 3, odd))
+    [d] = diagnose(parsed(dumps))
+    assert d.findings[0].kind == "mismatch"
+    assert d.findings[0].message == (
+        "rank 1 is in allgather #2 (train.py:57) while ranks 0, 2 are in allreduce #2 (train.py:42)"
+    )
+
+
+def test_a_rank_with_another_count() -> None:
+    dumps = [dump(r, 2, [call(0, count=1024 if r == 0 else 1000)]) for r in range(2)]
+    [d] = diagnose(parsed(dumps))
+    assert d.findings[0].message == (
+        "rank 1 is in allreduce #0 with count=1000 (train.py:42) while rank 0 is in "
+        "allreduce #0 (train.py:42)"
+    )
+
+
+def test_a_sleeping_rank() -> None:
+    def rank_calls(r: int) -> list[dict[str, Any]]:
+        late = 0.3 if r == 2 else 0.001 * r
+        return [call(s, start=T0 + s + late, end=T0 + s + 0.31) for s in range(20)]
+
+    [d] = diagnose(parsed([dump(r, 4, rank_calls(r)) for r in range(4)]))
+    [late] = d.findings
+    assert late.kind == "late"
+    assert late.ranks == (2,)
+    assert late.message.startswith(
+        "rank 2 arrives late: 300.0 ms after the first rank (median) over 20 calls"
+    )
+    assert d.lateness[2].median == pytest.approx(0.3)
+    assert d.lateness[0].median == pytest.approx(0.0)
+    report = format_report([d])
+    assert "first problem: rank 2 arrives late" in report
+    assert "  rank 2: median 300.0 ms" in report
+
+
+def test_a_sleeping_rank_on_another_host_is_found_from_waits() -> None:
+    """Across hosts the clocks are not compared: a late rank waits less in an allreduce."""
+
+    def rank_calls(r: int) -> list[dict[str, Any]]:
+        skew = 5.0 * r  # these hosts' clocks disagree by seconds
+        late = 0.3 if r == 1 else 0.0
+        return [call(s, start=T0 + s + late + skew, end=T0 + s + 0.31 + skew) for s in range(9)]
+
+    dumps = [dump(r, 3, rank_calls(r), host=f"node{r}") for r in range(3)]
+    [d] = diagnose(parsed(dumps))
+    assert [f.ranks for f in d.findings] == [(1,)]
+    assert d.lateness[1].median == pytest.approx(0.3)
+    assert d.lateness[2].median == pytest.approx(0.0)
+
+
+def test_a_dead_rank_left_no_dump() -> None:
+    dumps = []
+    for r in range(3):
+        calls = [call(s) for s in range(10)]
+        calls.append(call(10, state="running", end=None, waiting_on=(3,)))
+        dumps.append(dump(r, 4, calls))
+    [d] = diagnose(parsed(dumps))
+    assert d.findings[0].kind == "missing"
+    assert d.findings[0].ranks == (3,)
+    assert d.findings[0].message.startswith("rank 3 left no dump: it probably died")
+    assert d.findings[0].message.endswith(
+        "ranks 0, 1, 2 wait in allreduce #10 (train.py:42) for rank 3"
+    )
+    assert len(d.findings) == 1
+    assert d.where[3] == "rank 3: no dump"
+
+
+def test_a_rank_that_never_arrived() -> None:
+    dumps = []
+    for r in range(3):
+        calls = [call(s) for s in range(10)]
+        calls.append(
+            call(
+                10,
+                state="failed",
+                end=T0 + 310,
+                waiting_on=(3,),
+                error="CollectiveTimeout: rank 0: allreduce (ring, call #10) timed out",
+            )
+        )
+        dumps.append(dump(r, 4, calls, reason="CollectiveTimeout: ..."))
+    dumps.append(dump(3, 4, [call(s) for s in range(10)], reason="signal SIGUSR1"))
+    [d] = diagnose(parsed(dumps))
+    [never] = d.findings  # the timeouts it caused are not another problem
+    assert never.kind == "never_arrived"
+    assert never.ranks == (3,)
+    assert never.message == (
+        "rank 3 never reached call #10 (allreduce at train.py:42), where ranks 0, 1, 2 waited "
+        "for rank 3 from 12:00:10.000 UTC on: rank 3's last call, allreduce #9 (train.py:42), "
+        "ended at 12:00:09.010 UTC, 990.0 ms before the first rank began #10"
+    )
+    assert d.where[0].startswith("rank 0: failed in allreduce #10 (train.py:42) for rank 3 at")
+    assert d.reasons == ("CollectiveTimeout (ranks 0, 1, 2)", "signal SIGUSR1 (rank 3)")
+
+
+def test_the_first_problem_comes_first() -> None:
+    """A mismatch at #3 went wrong before a rank that never reached #5."""
+    dumps = []
+    for r in range(3):
+        calls = [call(s, count=8 if (r, s) == (1, 3) else 1024) for s in range(5)]
+        if r != 2:
+            calls.append(call(5, state="running", end=None))
+        dumps.append(dump(r, 3, calls))
+    [d] = diagnose(parsed(dumps))
+    assert [f.kind for f in d.findings] == ["mismatch", "never_arrived"]
+
+
+def test_communicators_and_jobs_are_diagnosed_apart() -> None:
+    dumps = [dump(r, 2, [call(0)], comm=c) for r in range(2) for c in (0, 0xA)]
+    dumps.append(dump(0, 2, [call(0)], job="other"))
+    result = diagnose(parsed(dumps))
+    assert [(d.job, d.comm, d.ranks) for d in result] == [
+        ("job1", 0, (0, 1)),
+        ("job1", 0xA, (0, 1)),
+        ("other", 0, (0,)),
+    ]
+    assert result[2].findings[0].kind == "missing"
+
+
+def test_dumps_from_different_runs_are_flagged() -> None:
+    dumps = [dump(0, 2, [call(0)]), dump(1, 2, [call(0)], time=T0 + 7200)]
+    [d] = diagnose(parsed(dumps))
+    assert d.findings[0].kind == "stale"
+
+
+def test_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path / "ok", [dump(r, 2, [call(0)]) for r in range(2)])
+    assert main([str(tmp_path / "ok")]) == 0
+    assert "no problem found" in capsys.readouterr().out
+    write(tmp_path / "bad", [dump(0, 2, [call(0, state="running", end=None)])])
+    (tmp_path / "bad" / "notes.json").write_text("[1, 2]")
+    assert main([str(tmp_path / "bad"), "--json"]) == 1
+    out = capsys.readouterr().out
+    [d] = json.loads(out)
+    assert d["findings"][0]["kind"] == "missing"
+    assert main([str(tmp_path / "nothing-here")]) == 2
+    assert "no flight-recorder dump found" in capsys.readouterr().err
+
+
+def test_real_recorders_end_to_end(tmp_path: Path, clock: FakeClock) -> None:
+    """Dumps written by FlightRecorder itself: rank 2 stops after call #4."""
+    shape = CallShape("allreduce", "ring", 256, np.dtype(np.float32), plait.SUM)
+    recs = [FlightRecorder(r, 3, job="e2e") for r in range(3)]
+    for seq in range(5):
+        for rec in recs:
+            clock.advance(0.001)
+            rec.end(rec.begin(shape, seq))
+    clock.advance(2.0)
+    stuck = [rec.begin(shape, 5) for rec in recs[:2]]
+    line = stuck[0].code.co_firstlineno if stuck[0].code else 0
+    assert line
+    for rec, slot in zip(recs[:2], stuck, strict=True):
+        rec.waiting_on(slot, [2])
+    clock.advance(60.0)
+    paths = [rec.dump("signal SIGUSR1") for rec in recs]
+    assert {p.parent for p in paths} == {tmp_path / "dumps" / "e2e"}
+    dumps, skipped = load_all([tmp_path / "dumps"])
+    assert skipped == []
+    [d] = diagnose(dumps)
+    [never] = d.findings
+    assert never.kind == "never_arrived"
+    assert never.ranks == (2,)
+    assert never.message.startswith("rank 2 never reached call #5 (allreduce at test_analyze.py:")
+    assert "where ranks 0, 1 wait for rank 2" in never.message
+    assert d.where[0].startswith("rank 0: waiting in allreduce #5 (test_analyze.py:")
+    assert "(60.0 s before its dump)" in d.where[0]
+    assert load(paths[2]).last is not None
+
+
+def test_a_failure_nothing_else_explains() -> None:
+    error = "PeerLostError: rank 0: allreduce (ring, call #3): rank 1 closed its connection"
+    dumps = [
+        dump(
+            0, 2, [*(call(s) for s in range(3)), call(3, state="failed", end=T0 + 4, error=error)]
+        ),
+        dump(1, 2, [call(s) for s in range(4)]),
+    ]
+    [d] = diagnose(parsed(dumps))
+    [failed] = d.findings
+    assert failed.kind == "failed"
+    assert failed.message == f"rank 0: allreduce #3 (train.py:42) failed: {error}"
+
+
+def test_a_rank_that_made_no_call() -> None:
+    dumps = [dump(0, 2, [call(0, state="running", end=None, waiting_on=(1,))]), dump(1, 2, [])]
+    [d] = diagnose(parsed(dumps))
+    [never] = d.findings
+    assert never.message.endswith("rank 1 made no call at all")
+    assert d.where[1] == "rank 1: no call recorded"
+    assert d.compared is None
+
+
+def test_main_as_a_registered_subcommand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plait CLI registry calls add_arguments(parser), then main(parsed arguments)."""
+    write(tmp_path, [dump(r, 2, [call(0)]) for r in range(2)])
+    parser = argparse.ArgumentParser(prog="plait analyze")
+    analyze.add_arguments(parser)
+    assert analyze.main(parser.parse_args([str(tmp_path), "--late", "0.5"])) == 0
+    assert "no problem found" in capsys.readouterr().out

@@ -1,0 +1,159 @@
+"""PLAIT_TIMELINE: per-rank Chrome traces in the format of plait sim --trace, and their merge."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dumpkit import FakeClock
+
+import plait
+from plait.diagnostics import timeline as timeline_module
+from plait.diagnostics.recorder import CallShape, FlightRecorder
+from plait.diagnostics.timeline import CALLS_TID, Timeline, merge, rank_path
+
+SHAPE = CallShape("allreduce", "ring", 4, np.dtype(np.float32), plait.SUM)
+
+
+def test_rank_paths() -> None:
+    assert rank_path("out/trace.json", 3) == Path("out/trace.rank3.json")
+    assert rank_path("trace", 0) == Path("trace.rank0.json")
+    assert rank_path("t/{rank}/x.json", 12) == Path("t/12/x.json")
+
+
+def record_rank(rank: int, clock: FakeClock, path: Path) -> Timeline:
+    """Two ring allreduces of 2 ranks: each step sends to and receives from the other."""
+    tl = Timeline(path, rank)
+    rec = FlightRecorder(rank, 2, timeline=tl)
+    peer = 1 - rank
+    for seq in range(2):
+        slot = rec.begin(SHAPE, seq)
+        t0 = clock()
+        tl.step("send", peer, 8, 100 + seq, 0, t0, t0 + 0.002)
+        tl.step("recv", peer, 8, 100 + seq, 1, t0, t0 + 0.003)
+        tl.wait(t0 + 0.0005, t0 + 0.003, [peer])
+        tl.step("reduce", -1, 8, 0, 2, t0 + 0.003, t0 + 0.004)
+        clock.advance(0.005)
+        rec.end(slot)
+        clock.advance(0.001)
+    return tl
+
+
+def events_of(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"traceEvents", "displayTimeUnit", "otherData"}
+    assert doc["displayTimeUnit"] == "ns"
+    events: list[dict[str, Any]] = doc["traceEvents"]
+    return events
+
+
+def test_a_rank_trace_is_a_chrome_trace(tmp_path: Path, clock: FakeClock) -> None:
+    path = record_rank(0, clock, tmp_path / "t.rank0.json").write()
+    events = events_of(path)
+    names = {(e["tid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert names == {(CALLS_TID, "calls"), (0, "compute"), (1, "net 0"), (2, "net 1")}
+    assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == ["rank 0"]
+    slices = [e for e in events if e["ph"] == "X"]
+    for e in slices:
+        assert set(e) == {"name", "cat", "ph", "pid", "tid", "ts", "dur", "args"}
+        assert e["pid"] == 0
+        assert e["dur"] >= 0
+    calls = [e for e in slices if e["cat"] == "call"]
+    assert [e["name"] for e in calls] == ["allreduce #0", "allreduce #1"]
+    assert calls[0]["args"] == {
+        "algorithm": "ring", "count": 4, "dtype": "float32", "op": "SUM", "root": 0, "seq": 0,
+    }  # fmt: skip
+    assert calls[0]["dur"] == pytest.approx(5000, abs=1)  # µs
+    waits = [e for e in slices if e["cat"] == "wait"]
+    assert [e["name"] for e in waits] == ["wait r1", "wait r1"]
+    for call, wait in zip(calls, waits, strict=True):  # each wait lies inside its call
+        assert call["ts"] <= wait["ts"]
+        assert wait["ts"] + wait["dur"] <= call["ts"] + call["dur"] + 1e-3
+    steps = {e["name"]: e for e in slices if e["cat"] in ("send", "recv", "reduce")}
+    assert set(steps) == {"send -> r1", "recv <- r1", "reduce"}
+    assert steps["send -> r1"]["args"] == {"step": 0, "bytes": 8, "tag": 101, "peer": 1}
+    tracks: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in slices:
+        if e["tid"] != CALLS_TID:
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert start >= end - 1e-3  # slices on one track do not overlap
+
+
+def test_merge_draws_each_message(tmp_path: Path, clock: FakeClock) -> None:
+    paths = [record_rank(r, clock, tmp_path / f"t.rank{r}.json").write() for r in (0, 1)]
+    out = merge(paths, tmp_path / "merged.json")
+    events = events_of(out)
+    assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {
+        "rank 0",
+        "rank 1",
+    }
+    starts = [e for e in events if e["ph"] == "s"]
+    finishes = [e for e in events if e["ph"] == "f"]
+    assert len(starts) == len(finishes) == 4  # 2 calls x 2 directions
+    for s, f in zip(starts, finishes, strict=True):
+        assert s["id"] == f["id"]
+        assert s["pid"] != f["pid"]
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a Chrome trace"):
+        merge([tmp_path / "x.json"], tmp_path / "y.json")
+
+
+def test_the_limit_drops_and_counts(tmp_path: Path, clock: FakeClock) -> None:
+    tl = Timeline(tmp_path / "t.json", 0, limit=3)
+    for i in range(5):
+        tl.wait(clock(), clock() + 0.001, [i])
+    doc = json.loads(tl.write().read_text())
+    assert doc["otherData"]["dropped_events"] == 2
+    assert sum(e["ph"] == "X" for e in doc["traceEvents"]) == 3
+
+
+def test_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    registered: list[object] = []
+    monkeypatch.setattr(timeline_module.atexit, "register", registered.append)
+    monkeypatch.setattr(timeline_module, "_by_path", {})
+    monkeypatch.delenv("PLAIT_TIMELINE", raising=False)
+    assert Timeline.from_env(0) is None
+    monkeypatch.setenv("PLAIT_TIMELINE", str(tmp_path / "trace.json"))
+    tl = Timeline.from_env(1)
+    assert tl is not None
+    assert tl.path == tmp_path / "trace.rank1.json"
+    assert Timeline.from_env(1) is tl  # a split communicator shares its rank's timeline
+    assert len(registered) == 1  # written at exit
+    monkeypatch.setenv("PLAIT_TIMELINE_EVENTS", "0")
+    with pytest.raises(ValueError, match="PLAIT_TIMELINE_EVENTS"):
+        Timeline.from_env(2)
+
+
+def test_the_same_format_as_plait_sim_trace(tmp_path: Path, clock: FakeClock) -> None:
+    """A real run's events have the keys and names of a simulated run's (plait.sim.trace)."""
+    from plait import sim
+
+    res = sim.simulate("allreduce", "ring", 2 * 8, sim.flat(2, 1e-6, 1e-9), trace=True)
+    sim.write_trace(res, tmp_path / "sim.json")
+    simulated = events_of(tmp_path / "sim.json")
+    real = events_of(record_rank(0, clock, tmp_path / "real.json").write())
+
+    def kinds(events: list[dict[str, Any]]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for e in events:
+            if e["ph"] in ("X", "M"):
+                out.setdefault(e["ph"], set()).update(e)
+        return out
+
+    assert kinds(real) == kinds(simulated)
+    sim_threads = {e["args"]["name"] for e in simulated if e["name"] == "thread_name"}
+    real_threads = {e["args"]["name"] for e in real if e["name"] == "thread_name"}
+    assert sim_threads <= real_threads
+    sim_names = {e["name"] for e in simulated if e["ph"] == "X"}
+    assert {"send -> r1", "recv <- r1"} <= sim_names
+    assert {"send -> r1", "recv <- r1"} <= {e["name"] for e in real if e["ph"] == "X"}
+    for e in simulated:
+        if e["ph"] == "X":
+            assert {"step", "bytes", "tag"} <= set(e["args"])

@@ -1,0 +1,120 @@
+"""When recorders dump: on a communication error, on SIGUSR1, on a stall."""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dumpkit import FakeClock
+
+import plait
+from plait.diagnostics import triggers
+from plait.diagnostics.recorder import CallShape, FlightRecorder
+from plait.diagnostics.schema import load
+from plait.diagnostics.triggers import (
+    STALL_MARKER,
+    Watchdog,
+    catches_signal,
+    dump_all,
+    dump_on_error,
+    install_signal_handler,
+    parse_stall_line,
+    stall_timeout_from_env,
+)
+
+SHAPE = CallShape("allreduce", "ring", 2, np.dtype(np.float32), plait.SUM)
+
+
+def test_dump_on_a_communication_error(tmp_path: Path) -> None:
+    rec = FlightRecorder(1, 2)
+    err = plait.PeerLostError("rank 1: allreduce (ring, call #0): rank 0 closed its connection")
+    rec.end(rec.begin(SHAPE, 0), err)
+    path = dump_on_error(rec, err)
+    assert path == tmp_path / "dumps" / "testjob" / "rank1.json"
+    assert load(path).reason.startswith("PeerLostError: rank 1: allreduce")
+    assert dump_on_error(rec, ValueError("a bad argument")) is None
+    assert dump_on_error(None, err) is None
+
+
+def test_a_dump_that_cannot_be_written_does_not_raise(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    rec = FlightRecorder(0, 2, folder=tmp_path / "file")  # a file where a folder should be
+    assert dump_on_error(rec, plait.MismatchError("x")) is None
+    assert dump_all("x", [rec]) == []
+
+
+@pytest.fixture
+def restore_sigusr1(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    old = signal.getsignal(signal.SIGUSR1)
+    monkeypatch.setattr(triggers, "_installed", False)
+    yield
+    signal.signal(signal.SIGUSR1, old)
+
+
+@pytest.mark.usefixtures("restore_sigusr1")
+def test_sigusr1_dumps_every_recorder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gc.collect()  # recorders of earlier tests must not dump into this one's folder
+    seen: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda sig, frame: seen.append(sig))
+    recs = [FlightRecorder(r, 2, job="sig") for r in range(2)]
+    slot = recs[0].begin(SHAPE, 0)
+    assert install_signal_handler()
+    assert not install_signal_handler()  # once per process
+    signal.raise_signal(signal.SIGUSR1)  # runs the handler before it returns
+    for r in range(2):
+        d = load(tmp_path / "dumps" / "sig" / f"rank{r}.json")
+        assert d.reason == "signal SIGUSR1"
+    assert "flight recorder dumped to" in capsys.readouterr().err
+    assert seen == [signal.SIGUSR1]  # the handler that was there runs too
+    recs[0].end(slot)
+    if Path("/proc/self/status").exists():
+        assert catches_signal(os.getpid()) is True
+    assert catches_signal(-1) is None
+
+
+def test_the_watchdog_reports_a_stall_once(clock: FakeClock, tmp_path: Path) -> None:
+    rec = FlightRecorder(3, 4, job="stall")
+    rec.end(rec.begin(SHAPE, 0))
+    slot = rec.begin(SHAPE, 1)
+    stream = io.StringIO()
+    dog = Watchdog(60.0, recorders=lambda: [rec], stream=stream, clock=clock)
+    assert dog.interval == 5.0
+    clock.advance(59.0)
+    assert dog.check() is None
+    clock.advance(2.0)
+    line = dog.check()
+    assert line is not None
+    assert line.startswith(f"{STALL_MARKER} rank 3: allreduce #1 (ring) in flight for 61 s")
+    assert stream.getvalue() == line + "\n"
+    assert load(tmp_path / "dumps" / "stall" / "rank3.json").reason.startswith("stall:")
+    assert dog.check() is None  # reported once
+    rec.end(slot)
+    assert parse_stall_line(f"[3]: {line}") == line[len(STALL_MARKER) :].strip()
+    assert parse_stall_line("loss 0.25") is None
+
+
+def test_the_watchdog_thread_starts_and_stops() -> None:
+    found: list[str] = []
+    dog = Watchdog(1000.0, interval=0.001, recorders=list, on_stall=found.append).start()
+    dog.stop()
+    assert found == []
+
+
+def test_stall_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PLAIT_STALL_TIMEOUT", raising=False)
+    assert stall_timeout_from_env() is None
+    monkeypatch.setenv("PLAIT_STALL_TIMEOUT", "90")
+    assert stall_timeout_from_env() == 90.0
+    monkeypatch.setenv("PLAIT_STALL_TIMEOUT", "0")
+    assert stall_timeout_from_env() is None
+    monkeypatch.setenv("PLAIT_STALL_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="PLAIT_STALL_TIMEOUT"):
+        stall_timeout_from_env()
+    with pytest.raises(ValueError, match="stall timeout"):
+        Watchdog(0)
