@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from plait.errors import CommTimeout
 from plait.transport.base import background_thread
 
 __all__ = ["Work"]
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
 
-class Work:
+    #: What the call returns: ``Work[np.ndarray]`` for ``comm.allreduce(x, async_op=True)``;
+    #: a bare ``Work`` is ``Work[Any]``.
+    R = TypeVar("R", default=Any)
+else:
+    from typing import TypeVar
+
+    R = TypeVar("R")  # the default above needs Python 3.13's TypeVar at run time
+
+
+class Work(Generic[R]):
     """A collective in flight. ``wait()`` returns its result or raises its error.
 
     The arrays given to the call must not be touched until the work is done;
-    the result is the same object the blocking call would have returned.
+    the result is the same object the blocking call would have returned, and
+    ``Work[R]`` types it as ``R``.
     """
 
     __slots__ = ("_describe", "_done", "_error", "_result")
@@ -36,7 +48,7 @@ class Work:
         """Whether the call has finished, successfully or not (never blocks)."""
         return self._done.is_set()
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> R:
         """Block until the call finishes and return its result.
 
         Args:
@@ -51,7 +63,8 @@ class Work:
             raise CommTimeout(f"{self._describe} did not finish within {timeout} s of wait()")
         if self._error is not None:
             raise self._error
-        return self._result
+        result: R = self._result
+        return result
 
     def exception(self) -> BaseException | None:
         """The error the call failed with, or None (None too while it runs)."""

@@ -1,0 +1,325 @@
+"""Requests: a checked call turned into flat arrays, a cached plan and a result to return.
+
+Below the API edge nothing re-checks a call: :class:`Stager` turns the checked
+arguments into an immutable :class:`Request` that the call runner
+(:mod:`plait._runner`) executes. What depends only on the call's shape
+(context, schedule, check word) is a :class:`Plan`, built once per shape.
+:func:`allreduce_compressed` hands ``allreduce(compression=...)`` to its
+compressor instead.
+
+Note [in-place and staging]
+    ``out=x`` makes OUT the same memory as IN. Algorithms that are correct
+    under that aliasing (every allreduce: they copy IN to OUT first and then
+    work in OUT) run on it directly; the others get a private copy of the
+    input. Non-contiguous inputs are copied into contiguous staging and
+    non-contiguous outputs are written back after success, so any strided
+    numpy array works, at the price of a copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from plait import _tensor
+from plait._checks import CACHE_LIMIT, as_array, check_out
+from plait.algos._registry import AlgorithmSpec, build_schedule
+from plait.ops import AVG, SUM, Op
+from plait.runtime.work import Work
+from plait.schedule.builder import Context, HostLayout
+
+if TYPE_CHECKING:
+    from plait._runner import CallRunner
+    from plait.communicator import Communicator
+    from plait.compression.base import Compressor
+    from plait.selection.select import Choice
+
+__all__ = ["Plan", "Request", "Stager", "allreduce_compressed", "call_digest", "signature"]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A validated call: everything below the API edge trusts it."""
+
+    spec: AlgorithmSpec
+    ctx: Context
+    op: Op | None
+    inp: np.ndarray  # flat, contiguous
+    out: np.ndarray  # flat, contiguous; may be the same memory as inp
+    writeback: np.ndarray | None  # caller's non-contiguous destination, filled on success
+    result: Any  # what the call returns on success (Note [result types] in plait.communicator)
+    writes_caller_memory: bool  # a failure leaves caller memory undefined
+    average: bool  # divide the reduced elements by size on success
+    plan: Plan  # what depends only on the call's shape, cached
+    aliased: bool  # inp and out are the same memory (an in-place call)
+
+
+class Plan:
+    """The parts of a call that depend only on its shape, computed once per shape.
+
+    A training loop or benchmark repeats a few call shapes; caching the
+    context, schedule, digest and error-state need keeps per-call work small.
+    """
+
+    __slots__ = ("check", "ctx", "guard", "schedule")
+
+    def __init__(self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None) -> None:
+        self.ctx = ctx
+        self.schedule = build_schedule(spec, ctx)
+        self.check = call_digest(spec.name, ctx, dtype, op)
+        # numpy warns (an error under -W error) on float overflow or invalid values: silence
+        # it only where a reduction can produce one; np.errstate costs about a microsecond.
+        self.guard = op is not None and (
+            dtype.kind not in "iub" or op.ufunc not in _QUIET_INT_UFUNCS or op.average
+        )
+
+
+#: Ufuncs that never warn on integer or bool arrays (they wrap around silently).
+_QUIET_INT_UFUNCS = frozenset(
+    (
+        np.add,
+        np.multiply,
+        np.maximum,
+        np.minimum,
+        np.bitwise_and,
+        np.bitwise_or,
+        np.bitwise_xor,
+        np.logical_and,
+        np.logical_or,
+        np.logical_xor,
+    )
+)
+
+
+class Stager:
+    """Turns one communicator's checked calls into :class:`Request`\\ s.
+
+    It keeps the plan cache ``plans``, keyed by
+    ``(spec, count, dtype, op, root, segment)`` and cleared when it holds
+    CACHE_LIMIT plans.
+    """
+
+    __slots__ = ("_layout", "_rank", "_size", "plans")
+
+    def __init__(self, rank: int, size: int, layout: HostLayout | None) -> None:
+        self._rank = rank
+        self._size = size
+        self._layout = layout
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+
+    def request(
+        self,
+        choice: Choice,
+        count: int,
+        inp: np.ndarray | None,
+        out: np.ndarray | None,
+        shape: tuple[int, ...],
+        op: Op | None,
+        *,
+        root: int = 0,
+        has_out: bool = True,
+        result: Any = ...,
+        dtype: np.dtype | None = None,
+        src: Any = None,
+        dst: Any = None,
+    ) -> Request:
+        """Flatten and stage the arrays (see Note [in-place and staging]).
+
+        ``inp`` and ``out`` are the checked arrays (``out`` None: a new array
+        of ``shape``; ``has_out`` False: the call writes no output here).
+        ``src`` and ``dst`` are the caller's ``x`` and ``out`` as passed, before
+        conversion: they decide what the call returns (Note [result types] in
+        :mod:`plait.communicator`), unless ``result`` says it.
+        """
+        if dtype is None:
+            given = inp if inp is not None else out
+            assert given is not None, "a call passes inp, out or dtype"
+            dtype = given.dtype
+        spec = choice.spec
+        c = spec.collective
+        segment = choice.segment(dtype.itemsize)
+        key = (spec, count, dtype, op, root, segment)
+        plan = self.plans.get(key)
+        if plan is None:
+            ctx = Context(
+                c,
+                self._rank,
+                self._size,
+                count,
+                dtype.itemsize,
+                op.commutative if op is not None else True,
+                root,
+                segment,
+                self._layout,
+            )
+            if len(self.plans) >= CACHE_LIMIT:
+                self.plans.clear()
+            plan = self.plans[key] = Plan(spec, ctx, dtype, op)
+        same_array = inp is not None and out is inp and inp.flags.c_contiguous
+        flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
+        writeback = None
+        caller_out = out is not None
+        if not has_out:
+            flat_out = np.empty(0, dtype)
+        elif out is None:
+            new = np.empty(shape, dtype)
+            flat_out = new.reshape(-1)
+            if result is ...:
+                result = new if src is inp else _tensor.like(src, new)
+        else:
+            if out.flags.c_contiguous:
+                flat_out = out.reshape(-1)
+            else:
+                # Broadcast's root sends from OUT, so its staging starts as a copy.
+                flat_out = (
+                    np.ascontiguousarray(out).reshape(-1)
+                    if c == "broadcast"
+                    else np.empty(out.size, dtype)
+                )
+                writeback = out
+            if result is ...:
+                result = out if dst is None else dst
+        if result is ...:
+            result = None
+        aliased = False
+        if same_array and flat_in.size == flat_out.size:
+            aliased = spec.in_place
+            if not aliased and flat_in.size:
+                flat_in = flat_in.copy()
+        elif flat_in.size and flat_out.size and np.may_share_memory(flat_in, flat_out):
+            same = flat_in.ctypes.data == flat_out.ctypes.data and flat_in.size == flat_out.size
+            aliased = same and spec.in_place
+            if not aliased:
+                flat_in = flat_in.copy()
+        return Request(
+            spec=spec,
+            ctx=plan.ctx,
+            op=op,
+            inp=flat_in,
+            out=flat_out,
+            writeback=writeback,
+            result=result,
+            writes_caller_memory=caller_out or c == "broadcast",
+            average=op is not None and op.average,
+            plan=plan,
+            aliased=aliased,
+        )
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+
+
+@functools.lru_cache(maxsize=4096)
+def call_digest(algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None) -> int:
+    """The check word of a call: equal on all ranks exactly when their calls match.
+
+    Cached per call shape: a hot loop repeats the same few calls.
+    """
+    key = op.key if op is not None else "-"
+    text = f"{ctx.collective}|{algorithm}|{ctx.count}|{dtype.name}|{key}|{ctx.root}|{ctx.segment}"
+    return zlib.crc32(text.encode())
+
+
+def signature(req: Request) -> str:
+    """What a call is, as PLAIT_DEBUG=detail compares it and mismatch errors show it.
+
+    Every field the check word covers (see :func:`call_digest`). The segment
+    is in bytes, formatted as the log of auto's choices formats it (``1 MiB``);
+    the schedule counts it in elements.
+    """
+    ctx = req.ctx
+    dtype = req.out.dtype
+    op = req.op.name if req.op is not None else "-"
+    segment = format_bytes(ctx.segment * dtype.itemsize)
+    return (
+        f"{ctx.collective}(count={ctx.count}, dtype={dtype.name}, op={op}, "
+        f"root={ctx.root}, algorithm={req.spec.name}, segment={segment})"
+    )
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a log line: 256 KiB, 1 MiB, 100 B."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def allreduce_compressed(
+    comm: Communicator,
+    runner: CallRunner,
+    x: Any,
+    op: Op,
+    out: Any,
+    algorithm: Any,
+    timeout: float | None,
+    async_op: bool,
+    compression: Compressor,
+) -> Any:
+    """``allreduce(compression=...)``: check everything here, then let the compressor run.
+
+    The compressor makes its calls through the communicator's public
+    collectives. With ``async_op=True`` it runs on the worker thread, so
+    the sequence numbers of its calls are taken now, in call order (the
+    compressor says how many it makes), and its calls use them there:
+    calls made meanwhile by the caller cannot take their places.
+    """
+    from plait.compression.base import Compressor, Keyed
+
+    c = "allreduce"
+    r = comm.rank
+    if not isinstance(compression, Compressor):
+        raise TypeError(
+            f"rank {r}: {c}: compression must be a plait.compression compressor such as "
+            f"plait.compression.FP16(); got {compression!r}"
+        )
+    a = as_array(x, "x", r, c)
+    if a.dtype.kind != "f" or a.dtype.itemsize > 8:
+        raise TypeError(
+            f"rank {r}: {c}: compression needs float16, float32 or float64 data; got {a.dtype}"
+        )
+    if op is not SUM and op is not AVG:
+        raise ValueError(f"rank {r}: {c}: compression supports plait.SUM and plait.AVG; got {op!r}")
+    if algorithm != "auto":
+        raise ValueError(
+            f"rank {r}: {c}: with compression the compressor chooses its collectives; "
+            f"leave algorithm='auto' (got {algorithm!r})"
+        )
+    out_arr = check_out(out, a.shape, a.dtype, r, c)
+    seconds = runner.seconds(timeout, c)
+    if compression.stateful and a is not x and not isinstance(compression, Keyed):
+        raise TypeError(
+            f"rank {r}: {c}: {compression.name} keeps state per tensor and "
+            f"{type(x).__name__} is not a numpy array whose identity can key it; name the "
+            "tensor: compression=c.with_key(name)"
+        )
+    compression.check(a, comm)
+    average = op is AVG
+
+    def run() -> Any:
+        res = compression.allreduce(comm, a, average=average, timeout=seconds)
+        if out_arr is None:
+            return res if a is x else _tensor.like(x, res)
+        out_arr[...] = res
+        return out  # the caller's object (Note [result types])
+
+    if not async_op:
+        runner.check_usable(c)
+        return run()
+    calls = compression.collectives(a, comm)
+    work = Work(f"rank {r}: {c} ({compression.name} compression)")
+    if runner.detail:
+        # PLAIT_DEBUG=detail checks every call with a nested allgather on the calling
+        # thread; keep that simple by running the compressed call here.
+        try:
+            work._finish(run())
+        except BaseException as exc:
+            work._finish(error=exc)
+        return work
+    runner.submit_reserved(work, calls, c, run)
+    return work

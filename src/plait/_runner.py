@@ -1,0 +1,263 @@
+"""The call runner: numbers a communicator's calls and runs them, now or on its worker.
+
+Every rank numbers its calls alike (the sequence number goes into every wire
+tag, Note [wire tags] in :mod:`plait.group`), so numbers are taken on the
+calling thread, in program order, under a lock. A blocking call then runs
+there; an ``async_op=True`` call runs on the communicator's one
+:class:`~plait.runtime.work.Worker` thread behind a :class:`~plait.Work`.
+The first :class:`~plait.errors.CommError` leaves the communicator *broken*:
+the ranks may disagree about what completed, so every later call refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from plait._checks import check_timeout
+from plait._request import Request, signature
+from plait.errors import ClosedError, CommError, CommTimeout, InternalError, MismatchError
+from plait.group import collective_tag
+from plait.runtime.executor import Call, Workspace, execute
+from plait.runtime.work import Work, Worker
+from plait.transport.base import Handle, Transport
+
+if TYPE_CHECKING:
+    from plait._edge import CollectiveMethods
+
+__all__ = ["CallRunner"]
+
+#: plait's logger: auto's choices and, with PLAIT_DEBUG=detail, every call's signature.
+_log = logging.getLogger("plait")
+#: Room for one call's signature in PLAIT_DEBUG=detail's allgather.
+_SIGNATURE_BYTES = 160
+
+
+class CallRunner:
+    """Takes sequence numbers, runs requests and keeps the closed and broken state.
+
+    One per communicator. ``seq`` is the number the next call takes;
+    ``broken`` is the error that made the communicator unusable (None while
+    it is usable); ``detail`` is PLAIT_DEBUG=detail (compare every call
+    across ranks first).
+    """
+
+    __slots__ = (
+        "_comm_id",
+        "_lock",
+        "_rank",
+        "_size",
+        "_transport",
+        "_worker",
+        "_workspaces",
+        "broken",
+        "closed",
+        "detail",
+        "seq",
+        "timeout",
+    )
+
+    def __init__(self, transport: Transport, comm_id: int, timeout: float, detail: bool) -> None:
+        self._transport = transport
+        self._rank = transport.rank
+        self._size = transport.size
+        self._comm_id = comm_id
+        self.timeout = timeout
+        self.detail = detail
+        self.seq = 0
+        self.closed = False
+        self.broken: BaseException | None = None
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+        self._workspaces = threading.local()  # one Workspace per thread that runs calls
+
+    def close(self) -> None:
+        """Finish queued async calls, then release the transport (call once)."""
+        if self._worker is not None:
+            self._worker.stop()
+        self.closed = True
+        self._transport.close()
+
+    def check_usable(self, c: str) -> None:
+        """Raise ClosedError after close, CommError after a failure; else nothing."""
+        if self.closed:
+            raise ClosedError(f"rank {self._rank}: {c} on a closed communicator")
+        if self.broken is not None:
+            raise CommError(
+                f"rank {self._rank}: {c}: this communicator is unusable after an earlier "
+                f"failure ({self.broken}); create a new one"
+            )
+
+    def seconds(self, timeout: float | None, c: str) -> float:
+        """A call's ``timeout=``, checked, or the communicator's default."""
+        return (
+            self.timeout if timeout is None else check_timeout(timeout, f"rank {self._rank}: {c}")
+        )
+
+    def start(
+        self, req: Request, timeout: float | None, async_op: bool, comm: CollectiveMethods
+    ) -> Any:
+        """Number ``req`` and run it: return its result, or a Work for ``async_op``.
+
+        ``comm`` is the communicator the call came to: PLAIT_DEBUG=detail
+        compares the call across ranks through its allgather first.
+        """
+        c = req.spec.collective
+        # self.seconds(timeout, c), inlined: this runs on every call
+        seconds = (
+            self.timeout if timeout is None else check_timeout(timeout, f"rank {self._rank}: {c}")
+        )
+        if self.detail:
+            self._verify_same_call(req, seconds, comm)
+        # A compressed async allreduce reserved its calls' numbers (see submit_reserved).
+        pinned = getattr(self._workspaces, "pinned", None)
+        with self._lock:
+            if self.closed or self.broken is not None:
+                self.check_usable(c)
+            if pinned is None:
+                seq = self.seq
+                self.seq += 1
+            elif pinned:
+                seq = pinned.pop()
+            else:
+                raise InternalError(
+                    f"rank {self._rank}: {c}: a compressor made more calls than it reserved"
+                )
+        describe = (c, req.spec.name, seq)  # formatted only when needed
+        if self.detail:
+            _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
+        if not async_op:
+            return self._run(req, seq, seconds, describe)
+        work = Work(f"rank {self._rank}: {_describe(describe)}")
+        if self._worker is None:
+            self._worker = Worker(f"plait-rank{self._rank}")
+
+        def job() -> None:
+            try:
+                work._finish(self._run(req, seq, seconds, describe))
+            except BaseException as exc:
+                work._finish(error=exc)
+
+        self._worker.submit(job)
+        return work
+
+    def submit_reserved(self, work: Work, calls: int, c: str, fn: Callable[[], Any]) -> None:
+        """Reserve the next ``calls`` numbers now; run ``fn`` on the worker with them.
+
+        The calls ``fn`` makes take the reserved numbers in order (numbers
+        left unused are skipped alike on every rank); ``work`` gets its result.
+        """
+        with self._lock:
+            self.check_usable(c)
+            seqs = list(range(self.seq + calls - 1, self.seq - 1, -1))  # popped from the end
+            self.seq += calls
+        if self._worker is None:
+            self._worker = Worker(f"plait-rank{self._rank}")
+
+        def job() -> None:
+            self._workspaces.pinned = seqs
+            try:
+                work._finish(fn())
+            except BaseException as exc:
+                work._finish(error=exc)
+            finally:
+                self._workspaces.pinned = None
+
+        self._worker.submit(job)
+
+    def _run(self, req: Request, seq: int, seconds: float, describe: tuple[str, str, int]) -> Any:
+        plan = req.plan
+        schedule = plan.schedule
+        dtype = req.out.dtype
+        workspace = getattr(self._workspaces, "ws", None)
+        if workspace is None:  # first call on this thread
+            workspace = self._workspaces.ws = Workspace()
+        tmp = workspace.take(schedule.tmp_count, dtype)
+        staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
+        op = req.op
+        call = Call(
+            describe,
+            collective_tag(self._comm_id, seq),
+            plan.check,
+            op.ufunc if op is not None else np.bitwise_or,
+            time.monotonic() + seconds,
+        )
+        if self.broken is not None or self.closed:
+            self.check_usable(req.spec.collective)
+        buffers = (req.inp, req.out, tmp)
+        try:
+            if plan.guard:
+                with np.errstate(all="ignore"):
+                    execute(schedule, buffers, self._transport, call, staging, req.aliased)
+                    if req.average and req.out.size:
+                        np.divide(req.out, self._size, out=req.out)
+            else:
+                execute(schedule, buffers, self._transport, call, staging, req.aliased)
+        except CommError as exc:
+            self.broken = exc
+            notes = []
+            if isinstance(exc, MismatchError):
+                # The transport knows only that the digests differ; this rank knows its own call.
+                notes.append(f"this rank called {signature(req)}")
+                if not self.detail:
+                    notes.append("set PLAIT_DEBUG=detail to compare every rank's call")
+            if req.writes_caller_memory:
+                notes.append("the output buffer's contents are undefined")
+            if notes:
+                raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
+            raise
+        if req.writeback is not None:
+            req.writeback[...] = req.out.reshape(req.writeback.shape)
+        return req.result
+
+    def _verify_same_call(self, req: Request, seconds: float, comm: CollectiveMethods) -> None:
+        """PLAIT_DEBUG=detail: allgather every rank's call signature and compare them all.
+
+        Costs one small allgather per call; the default check (a digest in every
+        message header) costs nothing extra but can only say that calls differ.
+        """
+        text = signature(req).encode()[: _SIGNATURE_BYTES - 1]
+        mine = np.zeros(_SIGNATURE_BYTES, np.uint8)
+        mine[: len(text)] = np.frombuffer(text, np.uint8)
+        self.detail = False  # the check itself is not checked
+        try:
+            table = comm.allgather(mine, algorithm="bruck", timeout=seconds)
+        finally:
+            self.detail = True
+        calls: dict[str, list[int]] = {}
+        for r, row in enumerate(table):
+            calls.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(r)
+        if len(calls) > 1:
+            detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
+            raise MismatchError(f"rank {self._rank}: ranks made different calls: {detail}")
+
+    def wait_p2p(
+        self, handle: Handle, c: str, peer: int, tag: int, timeout: float | None, a: np.ndarray
+    ) -> None:
+        """Wait for a send or receive of ``a``; raise its error with the call named."""
+        seconds = self.seconds(timeout, c)
+        deadline = time.monotonic() + seconds
+        t = self._transport
+        while not handle.done:
+            left = deadline - time.monotonic()
+            if left <= 0 or not t.wait_any([handle], left):
+                t.cancel(handle)
+                raise CommTimeout(
+                    f"rank {self._rank}: {c} with rank {peer} (tag {tag}) timed out after "
+                    f"{seconds} s; the peer may have died or not made the matching call"
+                )
+        if handle.error is not None:
+            err = handle.error
+            mine = ""
+            if isinstance(err, MismatchError):  # the check word of a send/recv is its dtype
+                mine = f"; this rank's {c}: {a.size} elements of {a.dtype.name}"
+            raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}{mine}")
+
+
+def _describe(label: tuple[str, str, int]) -> str:
+    return f"{label[0]} ({label[1]}, call #{label[2]})"
