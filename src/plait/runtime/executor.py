@@ -10,6 +10,15 @@ Reductions are numpy ufuncs writing into the destination (no temporaries).
 
 On any failure it withdraws every unfinished operation from the transport, so
 nothing writes into the caller's buffers after the call has returned.
+
+Note [step fields]
+    A :class:`~plait.schedule.ir.Step` has the fields of every kind, so its
+    ``src`` and ``dst`` are ``Region | None``. For each step the executor
+    reads the regions its kind uses into locals and compares them with None
+    once: the same attribute loads as before plus one comparison, nothing
+    allocated, and the locals are narrowed to ``Region`` for the type
+    checker. A step lacking one (never recorded by the builder; a hand-made
+    schedule can have it) raises InternalError naming the step.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from collections import deque
 
 import numpy as np
 
-from plait.errors import CollectiveTimeout, CommError
+from plait.errors import CollectiveTimeout, CommError, InternalError
 from plait.schedule.ir import Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
@@ -64,13 +73,15 @@ class Call:
         describe: str | tuple[str, str, int],
         tag_base: int,
         check: int,
-        ufunc: np.ufunc | None,
+        ufunc: np.ufunc,
         deadline: float | None,
     ) -> None:
         self._label = describe  # a string, or (collective, algorithm, seq) formatted on demand
         self.tag_base = tag_base  # tag of message 0 (see Note [wire tags] in plait.group)
         self.check = check  # digest of the call's parameters, compared by the transport
-        self.ufunc = ufunc  # the reduction, for schedules that reduce
+        # The reduction. Only schedules that reduce call it; for the others the
+        # communicator passes np.bitwise_or, so it is never None.
+        self.ufunc = ufunc
         self.deadline = deadline  # time.monotonic() deadline; None waits forever
 
     @property
@@ -113,8 +124,9 @@ def execute(
         b = raw[region.buf]
         if b is None:
             b = raw[region.buf] = buffers[region.buf].view(np.uint8)
-        # numpy's stubs give ndarray the buffer protocol (__buffer__) only from Python 3.12 on
-        return memoryview(b[region.offset * itemsize : (region.offset + region.count) * itemsize])  # type: ignore[arg-type]
+        # ``.data`` is memoryview(...) typed as one (numpy's stubs give ndarray the buffer
+        # protocol only from Python 3.12 on), and a little cheaper than calling it.
+        return b[region.offset * itemsize : (region.offset + region.count) * itemsize].data
 
     remaining = list(schedule.n_deps)
     dependents = schedule.dependents
@@ -138,12 +150,14 @@ def execute(
     def combine(i: int) -> None:
         step = steps[i]
         r = step.dst
-        dst = buffers[r.buf][r.offset : r.offset + r.count]  # type: ignore[union-attr]
+        if r is None:
+            raise _malformed(schedule.rank, call, step)
+        dst = buffers[r.buf][r.offset : r.offset + r.count]
         data = staged.pop(i)
         if step.first:
-            ufunc(data, dst, out=dst)  # type: ignore[misc]
+            ufunc(data, dst, out=dst)
         else:
-            ufunc(dst, data, out=dst)  # type: ignore[misc]
+            ufunc(dst, data, out=dst)
         finish(i)
 
     try:
@@ -155,9 +169,12 @@ def execute(
             offset = 0
             for i, step in enumerate(steps):
                 if step.kind is StepKind.RECV_REDUCE:
-                    n = step.dst.count  # type: ignore[union-attr]
+                    d = step.dst
+                    if d is None:
+                        raise _malformed(schedule.rank, call, step)
+                    n = d.count
                     staged[i] = pool[offset : offset + n]
-                    mv = memoryview(pool_raw[offset * itemsize : (offset + n) * itemsize])  # type: ignore[arg-type]
+                    mv = pool_raw[offset * itemsize : (offset + n) * itemsize].data
                     pending[transport.irecv(step.peer, tag_base + step.tag, mv, check)] = i
                     offset += n
         while True:
@@ -165,32 +182,40 @@ def execute(
                 i = ready.popleft()
                 step = steps[i]
                 kind = step.kind
+                # Each kind reads the Region fields it uses into locals once, checked
+                # against None (see Note [step fields]); no allocation per step.
                 if kind is StepKind.SEND:
-                    h = transport.isend(step.peer, tag_base + step.tag, wire(step.src), check)  # type: ignore[arg-type]
-                    pending[h] = i
+                    s = step.src
+                    if s is None:
+                        raise _malformed(schedule.rank, call, step)
+                    pending[transport.isend(step.peer, tag_base + step.tag, wire(s), check)] = i
                 elif kind is StepKind.RECV:
-                    h = transport.irecv(step.peer, tag_base + step.tag, wire(step.dst), check)  # type: ignore[arg-type]
-                    pending[h] = i
+                    d = step.dst
+                    if d is None:
+                        raise _malformed(schedule.rank, call, step)
+                    pending[transport.irecv(step.peer, tag_base + step.tag, wire(d), check)] = i
                 elif kind is StepKind.RECV_REDUCE:
                     deps_met.add(i)
                     if i in arrived:
                         combine(i)
                 else:
                     s, d = step.src, step.dst
+                    if s is None or d is None:
+                        raise _malformed(schedule.rank, call, step)
                     if kind is StepKind.COPY:
-                        if d.offset != s.offset or (  # type: ignore[union-attr]
-                            d.buf != s.buf and not (aliased and d.buf + s.buf == 1)  # type: ignore[union-attr]
+                        if d.offset != s.offset or (
+                            d.buf != s.buf and not (aliased and d.buf + s.buf == 1)
                         ):
                             # numpy copies through a temporary when the regions overlap.
-                            part = buffers[s.buf][s.offset : s.offset + s.count]  # type: ignore[union-attr]
-                            buffers[d.buf][d.offset : d.offset + d.count] = part  # type: ignore[union-attr]
+                            part = buffers[s.buf][s.offset : s.offset + s.count]
+                            buffers[d.buf][d.offset : d.offset + d.count] = part
                     else:
-                        src = buffers[s.buf][s.offset : s.offset + s.count]  # type: ignore[union-attr]
-                        dst = buffers[d.buf][d.offset : d.offset + d.count]  # type: ignore[union-attr]
+                        src = buffers[s.buf][s.offset : s.offset + s.count]
+                        dst = buffers[d.buf][d.offset : d.offset + d.count]
                         if step.first:
-                            ufunc(src, dst, out=dst)  # type: ignore[misc]
+                            ufunc(src, dst, out=dst)
                         else:
-                            ufunc(dst, src, out=dst)  # type: ignore[misc]
+                            ufunc(dst, src, out=dst)
                     finish(i)
             if left == 0:
                 return
@@ -226,6 +251,13 @@ def _timeout(
     return CollectiveTimeout(
         f"rank {rank}: {call.describe} timed out waiting for rank(s) {waiting}: they may have "
         "died, be stuck in other work, be slower than the timeout, or be in a different call"
+    )
+
+
+def _malformed(rank: int, call: Call, step: Step) -> InternalError:
+    """A step without a region its kind needs (see Note [step fields])."""
+    return InternalError(
+        f"rank {rank}: {call.describe}: {step!r} lacks a region a {step.kind.name} step needs"
     )
 
 
