@@ -48,10 +48,19 @@ from plait.errors import UnsupportedError
 from plait.torch._convert import (
     array,
     check_one,
+    check_peer,
+    check_root,
+    check_tag,
+    copy_rows,
     output_array,
+    output_targets,
     plait_op,
     reshaped_out,
+    row_blocks,
+    same_dtype,
     seconds,
+    split_sizes,
+    stack_inputs,
 )
 from plait.torch._store import TorchStore
 from plait.torch._work import Lane, Notifier, PlaitWork
@@ -63,7 +72,6 @@ BACKEND_NAME = "plait"
 _C10D = torch._C._distributed_c10d
 #: Seconds shutdown() waits for a helper thread to finish what is queued.
 _STOP_WAIT = 10.0
-_MAX_TAG = (1 << 31) - 1
 
 Start = Callable[[bool, float | None], Any]
 
@@ -254,7 +262,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         c = "reduce"
         t = check_one(tensors, c)
         op = plait_op(opts.reduceOp, c)
-        root = self._root(opts.rootRank, c)
+        root = check_root(opts.rootRank, self._comm.size, c)
         is_root = root == self._comm.rank
         a = output_array(t, c, "tensor") if is_root else array(t, c, "tensor")
         out = a if is_root else None
@@ -279,7 +287,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         inputs = check_one(input_tensors, c, "input_tensors")
         op = plait_op(opts.reduceOp, c)
         oa = output_array(out, c, "output")
-        stacked = self._stack(inputs, oa, c, "input_list")
+        stacked = stack_inputs(self._comm.size, inputs, oa, c, "input_list")
         target, finish = reshaped_out(oa, (1, *oa.shape))
         comm = self._comm
         return self._run(
@@ -300,7 +308,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         oa = output_array(output, c, "output")
         ia = array(input, c, "input")
         size = self._comm.size
-        self._same_dtype(ia, oa, c)
+        same_dtype(ia, oa, c)
         if ia.size != size * oa.size:
             raise ValueError(
                 f"{c}: input has {ia.size} elements; expected world size {size} x the "
@@ -327,7 +335,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         t = check_one(tensors, c)
         if opts.rootTensor != 0:
             raise UnsupportedError(f"{c}: rootTensor must be 0 (one tensor per process)")
-        root = self._root(opts.rootRank, c)
+        root = check_root(opts.rootRank, self._comm.size, c)
         a = array(t, c, "tensor") if root == self._comm.rank else output_array(t, c, "tensor")
         comm = self._comm
         return self._run(
@@ -346,7 +354,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         x = check_one(input_tensors, c, "input_tensors")
         outs = check_one(output_tensors, c, "output_tensors")
         xa = array(x, c, "tensor")
-        targets = self._targets(outs, xa, c, "tensor_list")
+        targets = output_targets(self._comm.size, outs, xa, c, "tensor_list")
         buf = np.empty((self._comm.size, *xa.shape), xa.dtype)
         comm = self._comm
         return self._run(
@@ -354,7 +362,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
             opts,
             lambda asy, to: comm.allgather(xa, out=buf, timeout=to, async_op=asy),
             output_tensors,
-            _copy_rows(buf, targets),
+            copy_rows(buf, targets),
         )
 
     def all_gather_single(
@@ -366,7 +374,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         xa = array(input, c, "input")
         oa = output_array(output, c, "output")
         size = self._comm.size
-        self._same_dtype(xa, oa, c)
+        same_dtype(xa, oa, c)
         if oa.size != size * xa.size:
             raise ValueError(
                 f"{c}: output has {oa.size} elements; expected world size {size} x the "
@@ -394,7 +402,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         opts = opts if opts is not None else _C10D.GatherOptions()
         c = "gather"
         x = check_one(input_tensors, c, "input_tensors")
-        root = self._root(opts.rootRank, c)
+        root = check_root(opts.rootRank, self._comm.size, c)
         xa = array(x, c, "tensor")
         comm = self._comm
         if root != comm.rank:
@@ -404,14 +412,14 @@ class ProcessGroupPlait(dist.ProcessGroup):
                 c, opts, lambda asy, to: comm.gather(xa, root, timeout=to, async_op=asy), []
             )
         outs = check_one(output_tensors, c, "output_tensors")
-        targets = self._targets(outs, xa, c, "gather_list")
+        targets = output_targets(self._comm.size, outs, xa, c, "gather_list")
         buf = np.empty((comm.size, *xa.shape), xa.dtype)
         return self._run(
             c,
             opts,
             lambda asy, to: comm.gather(xa, root, out=buf, timeout=to, async_op=asy),
             output_tensors,
-            _copy_rows(buf, targets),
+            copy_rows(buf, targets),
         )
 
     def scatter(
@@ -424,14 +432,14 @@ class ProcessGroupPlait(dist.ProcessGroup):
         opts = opts if opts is not None else _C10D.ScatterOptions()
         c = "scatter"
         out = check_one(output_tensors, c, "output_tensors")
-        root = self._root(opts.rootRank, c)
+        root = check_root(opts.rootRank, self._comm.size, c)
         oa = output_array(out, c, "tensor")
         target, finish = reshaped_out(oa, (1, *oa.shape))
         comm = self._comm
         stacked: np.ndarray | None = None
         if root == comm.rank:
-            stacked = self._stack(
-                check_one(input_tensors, c, "input_tensors"), oa, c, "scatter_list"
+            stacked = stack_inputs(
+                self._comm.size, check_one(input_tensors, c, "input_tensors"), oa, c, "scatter_list"
             )
         elif input_tensors and any(len(i) for i in input_tensors):
             raise ValueError(f"{c}: scatter_list must be empty on ranks other than src")
@@ -460,7 +468,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         c = "all_to_all_single"
         ia = array(input, c, "input")
         oa = output_array(output, c, "output")
-        self._same_dtype(ia, oa, c)
+        same_dtype(ia, oa, c)
         size = self._comm.size
         if not output_split_sizes and not input_split_sizes:
             if ia.size != oa.size or not ia.shape or ia.shape[0] % size:
@@ -484,10 +492,10 @@ class ProcessGroupPlait(dist.ProcessGroup):
                 f"{c}: input {tuple(ia.shape)} and output {tuple(oa.shape)} must agree beyond dim 0"
             )
         row = int(np.prod(ia.shape[1:], dtype=np.int64))
-        sends = self._splits(input_split_sizes, ia.shape[0], c, "input")
-        recvs = self._splits(output_split_sizes, oa.shape[0], c, "output")
+        sends = split_sizes(self._comm.size, input_split_sizes, ia.shape[0], c, "input")
+        recvs = split_sizes(self._comm.size, output_split_sizes, oa.shape[0], c, "output")
         flat_out = oa.reshape(oa.shape[0], row) if oa.flags.c_contiguous else None
-        outs = [(flat_out if flat_out is not None else oa)[r0:r1] for r0, r1 in _bounds(recvs)]
+        outs = [(flat_out if flat_out is not None else oa)[r0:r1] for r0, r1 in row_blocks(recvs)]
         return self._alltoallv(c, opts, ia.reshape(ia.shape[0], row), sends, recvs, outs, [output])
 
     alltoall_base = all_to_all_single  # type: ignore[assignment]  # stub: user-facing signature
@@ -551,7 +559,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         width = x.shape[1]
         block = int(sent.max()) if size else 0
         send = np.zeros((size, block * width), x.dtype)
-        for j, (r0, r1) in enumerate(_bounds(sends)):
+        for j, (r0, r1) in enumerate(row_blocks(sends)):
             send[j, : (r1 - r0) * width] = x[r0:r1].reshape(-1)
         recv = np.empty_like(send)
 
@@ -581,8 +589,8 @@ class ProcessGroupPlait(dist.ProcessGroup):
         c = "send"
         t = check_one(tensors, c)
         a = array(t, c, "tensor")
-        dst = self._peer(dstRank, c, "dst")
-        tag = self._tag(tag, c)
+        dst = check_peer(dstRank, self._comm.rank, self._comm.size, c, "dst")
+        tag = check_tag(tag, c)
         comm = self._comm
         task = self._lane("send", dst, tag).submit(
             self._describe(f"send to rank {dst} (tag {tag})"), lambda: comm.send(a, dst, tag)
@@ -594,8 +602,8 @@ class ProcessGroupPlait(dist.ProcessGroup):
         c = "recv"
         t = check_one(tensors, c)
         a = output_array(t, c, "tensor")
-        src = self._peer(srcRank, c, "src")
-        tag = self._tag(tag, c)
+        src = check_peer(srcRank, self._comm.rank, self._comm.size, c, "src")
+        tag = check_tag(tag, c)
         comm = self._comm
         task = self._lane("recv", src, tag).submit(
             self._describe(f"recv from rank {src} (tag {tag})"), lambda: comm.recv(a, src, tag)
@@ -608,80 +616,6 @@ class ProcessGroupPlait(dist.ProcessGroup):
             "recv: the plait backend cannot receive from any source (src=None); pass src="
         )
 
-    # -- checks ----------------------------------------------------------------------------
-    def _root(self, root: int, c: str) -> int:
-        if not 0 <= root < self._comm.size:
-            raise ValueError(f"{c}: root {root} is out of range for group size {self._comm.size}")
-        return int(root)
-
-    def _peer(self, peer: int, c: str, what: str) -> int:
-        if not 0 <= peer < self._comm.size or peer == self._comm.rank:
-            raise ValueError(
-                f"rank {self._comm.rank}: {c}: {what}={peer} must be another rank of the group "
-                f"(0..{self._comm.size - 1})"
-            )
-        return int(peer)
-
-    @staticmethod
-    def _tag(tag: int, c: str) -> int:
-        if not 0 <= tag <= _MAX_TAG:
-            raise ValueError(f"{c}: tag {tag} is out of range 0..{_MAX_TAG} for the plait backend")
-        return int(tag)
-
-    @staticmethod
-    def _same_dtype(a: np.ndarray, b: np.ndarray, c: str) -> None:
-        if a.dtype != b.dtype:
-            raise TypeError(f"{c}: input and output dtypes differ: {a.dtype} and {b.dtype}")
-
-    def _splits(self, splits: list[int], rows: int, c: str, what: str) -> list[int]:
-        size = self._comm.size
-        if not splits:
-            if rows % size:
-                raise ValueError(
-                    f"{c}: {what} has {rows} rows, not a multiple of world size {size}; pass "
-                    f"{what}_split_sizes"
-                )
-            return [rows // size] * size
-        sizes = [int(s) for s in splits]
-        if len(sizes) != size or min(sizes) < 0 or sum(sizes) != rows:
-            raise ValueError(
-                f"{c}: {what}_split_sizes {sizes} must be {size} non-negative sizes that add "
-                f"up to dim 0 of the {what} ({rows})"
-            )
-        return sizes
-
-    def _targets(
-        self, outs: Sequence[torch.Tensor], xa: np.ndarray, c: str, what: str
-    ) -> list[np.ndarray]:
-        size = self._comm.size
-        if len(outs) != size:
-            raise ValueError(f"{c}: {what} has {len(outs)} tensors; expected world size {size}")
-        targets = [output_array(o, c, f"{what}[{j}]") for j, o in enumerate(outs)]
-        for j, o in enumerate(targets):
-            if o.dtype != xa.dtype or o.size != xa.size:
-                raise ValueError(
-                    f"{c}: {what}[{j}] is {o.dtype} with {o.size} elements; expected "
-                    f"{xa.dtype} with {xa.size}, like the input"
-                )
-        return targets
-
-    def _stack(
-        self, inputs: Sequence[torch.Tensor], like: np.ndarray, c: str, what: str
-    ) -> np.ndarray:
-        size = self._comm.size
-        if len(inputs) != size:
-            raise ValueError(f"{c}: {what} has {len(inputs)} tensors; expected world size {size}")
-        stacked = np.empty((size, *like.shape), like.dtype)
-        for j, t in enumerate(inputs):
-            a = array(t, c, f"{what}[{j}]")
-            if a.dtype != like.dtype or a.size != like.size:
-                raise ValueError(
-                    f"{c}: {what}[{j}] is {a.dtype} with {a.size} elements; expected "
-                    f"{like.dtype} with {like.size}, like the output"
-                )
-            stacked[j] = a.reshape(like.shape)
-        return stacked
-
     def _lane(self, direction: str, peer: int, tag: int) -> Lane:
         key = (direction, peer, tag)
         with self._lock:
@@ -692,19 +626,3 @@ class ProcessGroupPlait(dist.ProcessGroup):
                 name = f"plait-torch-{direction}-{self._comm.rank}-{peer}-{tag}"
                 lane = self._lanes[key] = Lane(name)
             return lane
-
-
-def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """(start, end) of consecutive blocks of ``sizes`` rows."""
-    ends = np.cumsum(sizes, dtype=np.int64).tolist()
-    return [(end - n, end) for n, end in zip(sizes, ends, strict=True)]
-
-
-def _copy_rows(buf: np.ndarray, targets: list[np.ndarray]) -> Callable[[], None]:
-    """A finish step that copies row j of ``buf`` into ``targets[j]``."""
-
-    def finish() -> None:
-        for row, dst in zip(buf, targets, strict=True):
-            dst[...] = row.reshape(dst.shape)
-
-    return finish

@@ -19,9 +19,28 @@ import plait
 from plait._tensor import as_array
 from plait.errors import UnsupportedError
 
-__all__ = ["OPS", "array", "check_one", "output_array", "plait_op", "reshaped_out", "seconds"]
+__all__ = [
+    "OPS",
+    "array",
+    "check_one",
+    "check_peer",
+    "check_root",
+    "check_tag",
+    "copy_rows",
+    "output_array",
+    "output_targets",
+    "plait_op",
+    "reshaped_out",
+    "row_blocks",
+    "same_dtype",
+    "seconds",
+    "split_sizes",
+    "stack_inputs",
+]
 
 _T = TypeVar("_T")
+#: The largest tag the backend passes on (plait's user tags are 31 bits).
+_MAX_TAG = (1 << 31) - 1
 
 # torch's stub declares RedOpType as an enum without members (SUM, ... exist at run time)
 _RedOp: Any = dist.ReduceOp.RedOpType
@@ -118,3 +137,101 @@ def seconds(timeout: Any) -> float | None:
         return None
     total = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
     return total if total > 0 else None
+
+
+# -- the arguments of the process group's calls --------------------------------------------
+def check_root(root: int, size: int, c: str) -> int:
+    """``root`` (an options object's ``rootRank``) as a rank of a group of ``size``."""
+    if not 0 <= root < size:
+        raise ValueError(f"{c}: root {root} is out of range for group size {size}")
+    return int(root)
+
+
+def check_peer(peer: int, rank: int, size: int, c: str, what: str) -> int:
+    """``peer`` (the argument ``what``: ``"dst"`` or ``"src"``) as another rank of the group."""
+    if not 0 <= peer < size or peer == rank:
+        raise ValueError(
+            f"rank {rank}: {c}: {what}={peer} must be another rank of the group (0..{size - 1})"
+        )
+    return int(peer)
+
+
+def check_tag(tag: int, c: str) -> int:
+    """A point-to-point ``tag`` in the range plait's tags have."""
+    if not 0 <= tag <= _MAX_TAG:
+        raise ValueError(f"{c}: tag {tag} is out of range 0..{_MAX_TAG} for the plait backend")
+    return int(tag)
+
+
+def same_dtype(a: np.ndarray, b: np.ndarray, c: str) -> None:
+    """An input and an output of one dtype (plait converts nothing)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"{c}: input and output dtypes differ: {a.dtype} and {b.dtype}")
+
+
+def split_sizes(size: int, splits: list[int], rows: int, c: str, what: str) -> list[int]:
+    """The rows for each of ``size`` ranks: ``splits`` checked, or equal blocks if empty."""
+    if not splits:
+        if rows % size:
+            raise ValueError(
+                f"{c}: {what} has {rows} rows, not a multiple of world size {size}; pass "
+                f"{what}_split_sizes"
+            )
+        return [rows // size] * size
+    sizes = [int(s) for s in splits]
+    if len(sizes) != size or min(sizes) < 0 or sum(sizes) != rows:
+        raise ValueError(
+            f"{c}: {what}_split_sizes {sizes} must be {size} non-negative sizes that add "
+            f"up to dim 0 of the {what} ({rows})"
+        )
+    return sizes
+
+
+def output_targets(
+    size: int, outs: Sequence[torch.Tensor], xa: np.ndarray, c: str, what: str
+) -> list[np.ndarray]:
+    """The ``size`` output tensors of a list (``what``) as arrays, each like the input ``xa``."""
+    if len(outs) != size:
+        raise ValueError(f"{c}: {what} has {len(outs)} tensors; expected world size {size}")
+    targets = [output_array(o, c, f"{what}[{j}]") for j, o in enumerate(outs)]
+    for j, o in enumerate(targets):
+        if o.dtype != xa.dtype or o.size != xa.size:
+            raise ValueError(
+                f"{c}: {what}[{j}] is {o.dtype} with {o.size} elements; expected "
+                f"{xa.dtype} with {xa.size}, like the input"
+            )
+    return targets
+
+
+def stack_inputs(
+    size: int, inputs: Sequence[torch.Tensor], like: np.ndarray, c: str, what: str
+) -> np.ndarray:
+    """The ``size`` input tensors of a list (``what``), each like ``like``, as one array."""
+    if len(inputs) != size:
+        raise ValueError(f"{c}: {what} has {len(inputs)} tensors; expected world size {size}")
+    stacked = np.empty((size, *like.shape), like.dtype)
+    for j, t in enumerate(inputs):
+        a = array(t, c, f"{what}[{j}]")
+        if a.dtype != like.dtype or a.size != like.size:
+            raise ValueError(
+                f"{c}: {what}[{j}] is {a.dtype} with {a.size} elements; expected "
+                f"{like.dtype} with {like.size}, like the output"
+            )
+        stacked[j] = a.reshape(like.shape)
+    return stacked
+
+
+def row_blocks(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of consecutive blocks of ``sizes`` rows."""
+    ends = np.cumsum(sizes, dtype=np.int64).tolist()
+    return [(end - n, end) for n, end in zip(sizes, ends, strict=True)]
+
+
+def copy_rows(buf: np.ndarray, targets: list[np.ndarray]) -> Callable[[], None]:
+    """A finish step that copies row j of ``buf`` into ``targets[j]``."""
+
+    def finish() -> None:
+        for row, dst in zip(buf, targets, strict=True):
+            dst[...] = row.reshape(dst.shape)
+
+    return finish
