@@ -126,6 +126,7 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     ``begin``, ``end``, ``factor``), as the header and the JSON file show them.
     """
     import plait
+    from plait import collectives
     from plait.algos import get
     from plait.bench import options
     from plait.bench.data import resolve_dtype
@@ -146,7 +147,8 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 <= args.root < args.nproc:
         raise _fail(f"--root must be in 0..{args.nproc - 1}")
     c = args.collective
-    if c in ("allreduce", "reduce", "reduce_scatter"):
+    described = collectives.get(c)
+    if described.reduces:
         try:
             op.check(dtype)
         except TypeError as exc:
@@ -168,11 +170,10 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
             "needs aggregating switches, plait sim --aggregation)",
             file=sys.stderr,
         )
-    if c == "barrier" and algos != ["auto"]:
+    if described.synchronizes and algos != ["auto"]:
         algos = ["auto"]  # the barrier takes no algorithm=
-    reduction = c in ("allreduce", "reduce", "reduce_scatter")
     for a in algos:
-        if reduction and a != "auto" and not get(c, a).supports(commutative=op.commutative):
+        if described.reduces and a != "auto" and not get(c, a).supports(commutative=op.commutative):
             raise _fail(f"{c} algorithm {a!r} needs a commutative op; {args.op} is not")
     transports = _choices(args.transport, known_transports(), "transport")
     compare = _choices(args.compare, _COMPARE, "system to compare with")
@@ -199,18 +200,20 @@ def _header(args: argparse.Namespace, checked: dict[str, Any], n_rows: int) -> l
     import numpy as np
 
     import plait
+    from plait import collectives
     from plait.bench.sweep import format_size
 
     c = args.collective
+    described = collectives.get(c)
     what = [c]
-    if c != "barrier":
+    if not described.synchronizes:  # the barrier moves no data: no dtype, no op
         what.append(args.dtype)
-        if c in ("allreduce", "reduce", "reduce_scatter"):
+        if described.reduces:
             what.append(args.op)
     what.append(f"{args.nproc} ranks")
-    if c not in ("barrier", "broadcast"):
+    if not (described.synchronizes or described.fills_x):  # broadcast is always in x
         what.append("in place" if args.in_place else "out of place")
-    if c in ("reduce", "broadcast", "gather", "scatter"):
+    if described.rooted:
         what.append(f"root {args.root}")
     sizes = checked["sizes"]
     policy = (

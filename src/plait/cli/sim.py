@@ -314,10 +314,13 @@ def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
     """The comment lines above the tables: what was simulated, on what, with which costs."""
     import re
 
+    from plait import collectives
+
+    described = collectives.get(args.collective)
     what = [args.collective, dtype.name]
-    if args.collective in ("allreduce", "reduce", "reduce_scatter"):
+    if described.reduces:
         what.append(args.op)
-    if args.collective in ("reduce", "broadcast", "gather", "scatter"):
+    if described.rooted:
         what.append(f"root {args.root}")
     # The network's description names its ranks (``8 ranks``, ``2 hosts × 4 ranks``).
     if not re.search(r"\branks?\b", net.description):

@@ -96,7 +96,7 @@ _MARKS = {
 
 def _show(nproc: int, n_hosts: int = 1) -> int:
     """Print the decision table; 1 (with the reason on stderr) if the settings are invalid."""
-    from plait import COLLECTIVES, algorithms
+    from plait import COLLECTIVES, algorithms, collectives
     from plait.bench.sweep import format_size
     from plait.schedule.builder import HostLayout
     from plait.selection import model, overrides, rules_file
@@ -141,7 +141,7 @@ def _show(nproc: int, n_hosts: int = 1) -> int:
     width = 24
     print("# " + "collective".ljust(16) + "".join(format_size(s).rjust(width) for s in sizes))
     for c in COLLECTIVES:
-        if c == "barrier" or len(algorithms(c)) < 2:
+        if collectives.get(c).synchronizes or len(algorithms(c)) < 2:
             continue
         cells = []
         for nbytes in sizes:
