@@ -5,8 +5,8 @@ Note [threat model]
     rank, rank to store) starts with a challenge-response in both directions
     keyed by a shared secret, so a process that does not know the secret can
     neither join a job, read from the store, nor pose as a rank or a store:
-    its connection is dropped (and logged) before any of its bytes are
-    interpreted. The secret comes from PLAIT_SECRET; ``plait run`` generates a
+    its connection is dropped (and logged, see :class:`FailureLog`) before any
+    of its bytes are interpreted. The secret comes from PLAIT_SECRET; ``plait run`` generates a
     fresh one per job and hands it to its ranks. Other launchers must set
     PLAIT_SECRET themselves on every rank; without it the key is empty and the
     handshake only protects against accidental cross-talk between jobs, not
@@ -25,18 +25,24 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
+from collections.abc import Callable
 
 from plait.errors import TransportError
 
 __all__ = [
     "CHALLENGE_BYTES",
+    "FAILURE_SUMMARY_SECONDS",
     "MAGIC",
     "RESPONSE_BYTES",
     "AuthError",
+    "FailureLog",
+    "HandshakeUnanswered",
     "challenge",
     "client_handshake",
     "client_proof",
@@ -51,8 +57,115 @@ CHALLENGE_BYTES = len(MAGIC) + NONCE
 RESPONSE_BYTES = NONCE + MAC
 
 
+#: Seconds between two summaries of failed authentications (see :class:`FailureLog`).
+FAILURE_SUMMARY_SECONDS = 60.0
+
+_log = logging.getLogger("plait")
+
+
 class AuthError(TransportError):
     """The other side of a connection failed the shared-secret handshake."""
+
+
+class HandshakeUnanswered(AuthError):
+    """The server closed the connection or stayed silent before its challenge.
+
+    Nothing about secrets has been exchanged yet, so this is never a wrong
+    PLAIT_SECRET: the server is overloaded (out of file descriptors, or over its
+    cap of connections still authenticating) or is not a plait server at all.
+    A client may retry.
+    """
+
+
+class FailureLog:
+    """Warnings about connections that failed authentication, at a bounded rate.
+
+    Anyone who can reach a port can fail the handshake as often as they like; a
+    warning per failure would let them flood the job's output. The first failure
+    is logged at once (with the peer and the likely cause), later ones are counted
+    and summarised in one line at most every ``interval`` seconds, and
+    :meth:`flush` (call it when the listener closes) reports what is still
+    counted. Safe to call from several threads.
+
+    Args:
+        where: Who is listening, for the messages ("store 10.0.0.1:29400", "rank 3").
+        interval: Least seconds between two summaries.
+        clock: The time source (tests pass a fake one).
+        emit: Where a line goes; None: a warning on the ``plait`` logger.
+
+    Example::
+
+        refused = FailureLog(f"rank {rank}")
+        ...
+        if _auth.check_response(key, nonce, response) is None:
+            refused.failed(peer)  # then drop the connection
+        ...
+        refused.flush()  # on close
+    """
+
+    def __init__(
+        self,
+        where: str,
+        *,
+        interval: float = FAILURE_SUMMARY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        emit: Callable[[str], None] | None = None,
+    ) -> None:
+        self.where = where
+        self.interval = interval
+        self._clock = clock
+        self._emit = emit if emit is not None else _log.warning
+        self._lock = threading.Lock()
+        self._total = 0
+        self._unreported = 0
+        self._latest: str | None = None
+        self._since = 0.0  # when the last line was written
+
+    @property
+    def total(self) -> int:
+        """Failures seen so far, reported or not."""
+        return self._total
+
+    def failed(self, peer: str | None = None) -> None:
+        """Count one failed authentication from ``peer`` (``host:port``), logging as due."""
+        now = self._clock()
+        with self._lock:
+            self._total += 1
+            self._latest = peer
+            if self._total == 1:
+                self._since = now
+                line = (
+                    f"{self.where}: dropped a connection{_from(peer)} that failed "
+                    "authentication (it does not know this job's PLAIT_SECRET); further "
+                    f"failures are counted and reported at most every {self.interval:g} s"
+                )
+            else:
+                self._unreported += 1
+                if now - self._since < self.interval:
+                    return
+                line = self._summary(now)
+        self._emit(line)
+
+    def flush(self) -> None:
+        """Report the failures not reported yet, if any."""
+        with self._lock:
+            if not self._unreported:
+                return
+            line = self._summary(self._clock())
+        self._emit(line)
+
+    def _summary(self, now: float) -> str:
+        count, self._unreported = self._unreported, 0
+        seconds, self._since = now - self._since, now
+        return (
+            f"{self.where}: {count} more connection{'s' if count != 1 else ''} failed "
+            f"authentication in the last {seconds:.0f} s (latest{_from(self._latest)}; "
+            f"{self._total} in all)"
+        )
+
+
+def _from(peer: str | None) -> str:
+    return f" from {peer}" if peer else ""
 
 
 def secret() -> bytes:
@@ -86,11 +199,31 @@ def check_response(key: bytes, server_nonce: bytes, response: bytes) -> bytes | 
     return server_proof(key, server_nonce, client_nonce)
 
 
-def _recv_exactly(sock: socket.socket, n: int, deadline: float, what: str) -> bytes:
+#: Why a server may close a connection or stay silent before its challenge.
+_OVERLOADED = (
+    "it may be out of file descriptors or holding too many connections that are still "
+    "authenticating; no secret was exchanged yet, so the secret is not the cause"
+)
+
+
+def _recv_exactly(
+    sock: socket.socket, n: int, deadline: float, what: str, *, answered: bool = True
+) -> bytes:
+    """``n`` bytes before ``deadline``; ``answered``: the other side has spoken already.
+
+    Before the other side's first byte (``answered`` False) a closed or silent
+    connection is :class:`HandshakeUnanswered`: it cannot be about the secret.
+    """
     data = bytearray()
+    started = time.monotonic()
     while len(data) < n:
         left = deadline - time.monotonic()
         if left <= 0:
+            if not answered and not data:
+                raise HandshakeUnanswered(
+                    f"{what}: the server accepted the connection but did not start the "
+                    f"handshake within {deadline - started:.3g} s ({_OVERLOADED})"
+                )
             raise AuthError(f"{what}: no handshake within the time allowed")
         sock.settimeout(left)
         try:
@@ -98,11 +231,20 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float, what: str) -> by
         except TimeoutError:
             continue
         except OSError as exc:
+            if not answered and not data:
+                raise HandshakeUnanswered(
+                    f"{what}: the connection failed before the handshake: {exc} ({_OVERLOADED})"
+                ) from exc
             raise AuthError(f"{what}: connection failed during the handshake: {exc}") from exc
         if not chunk:
+            if not answered and not data:
+                raise HandshakeUnanswered(
+                    f"{what}: the server closed the connection before the handshake ({_OVERLOADED})"
+                )
             raise AuthError(
-                f"{what}: the other side closed the connection during the handshake "
-                "(a different PLAIT_SECRET?)"
+                f"{what}: the other side closed the connection during the handshake: it "
+                "does not accept our PLAIT_SECRET (or it dropped us as one of too many "
+                "connections still authenticating)"
             )
         data += chunk
     return bytes(data)
@@ -112,11 +254,16 @@ def client_handshake(sock: socket.socket, key: bytes, timeout: float, what: str)
     """Run the client side on a connected blocking socket; AuthError if the server fails.
 
     ``what`` names the connection in messages (e.g. "rank 3 -> store 10.0.0.1:29400").
+
+    Raises:
+        HandshakeUnanswered: the server closed the connection or stayed silent
+            before its challenge (overloaded; worth retrying).
+        AuthError: the server refused our proof or failed its own.
     """
     deadline = time.monotonic() + timeout
     previous = sock.gettimeout()
     try:
-        hello = _recv_exactly(sock, CHALLENGE_BYTES, deadline, what)
+        hello = _recv_exactly(sock, CHALLENGE_BYTES, deadline, what, answered=False)
         if not hello.startswith(MAGIC):
             raise AuthError(f"{what}: the other side does not speak plait's protocol")
         server_nonce = hello[len(MAGIC) :]

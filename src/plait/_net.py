@@ -32,6 +32,7 @@ __all__ = [
     "family",
     "format_address",
     "interface_addresses",
+    "is_loopback",
     "listen",
     "match_ifnames",
     "parse_address",
@@ -271,3 +272,19 @@ def connect(host: str, port: int, patience: float) -> socket.socket:
             continue
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP literal, maybe bracketed) reaches only this machine.
+
+    Wildcards (``0.0.0.0``, ``::``) are not loopback: they listen on every interface.
+    An IPv4 address mapped into IPv6 (``::ffff:127.0.0.1``) counts as its IPv4 self;
+    a string that is not an IP literal counts as not loopback.
+    """
+    try:
+        ip = ipaddress.ip_address(strip_brackets(address).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback

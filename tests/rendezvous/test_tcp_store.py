@@ -324,7 +324,10 @@ def test_malformed_requests_do_not_disturb_the_server() -> None:
             code, body = _raw_response(raw)
             assert code == 3
             assert b"SET takes 2 fields" in body
-            raw.sendall(struct.pack("!BQ", 1, 1 << 60))  # absurd length: dropped
+            raw.sendall(struct.pack("!BQ", 1, 1 << 60))  # absurd length: refused, dropped
+            code, body = _raw_response(raw)
+            assert code == 3
+            assert b"over this store's limit" in body
             assert raw.recv(1) == b""
         with _authenticated(server.port) as raw:
             # A client that parks a wait and vanishes.

@@ -10,15 +10,37 @@ Note [server loop]
     each ``set``/``add`` re-examines only the requests parked on that key. The
     deadlines of parked requests sit in a heap whose head sets the selector's
     timeout, so expiry needs no timer thread and no polling.
+
+Note [hostile peers]
+    Anyone who can reach the port can connect, so nothing a peer does before it
+    has authenticated may cost the server more than a bounded amount:
+
+    * a connection has :data:`HANDSHAKE_SECONDS` to answer the challenge, and at
+      most ``max_unauthenticated`` connections may be authenticating at once
+      (accepting one more drops the oldest), so idle connections cannot pile up
+      until the process runs out of file descriptors;
+    * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``) the
+      listener leaves the selector for a growing pause (:data:`ACCEPT_BACKOFF`)
+      instead of being reported readable again at once, which would spin a
+      core; the first time is logged, and accepting resumes by itself;
+    * failed handshakes are logged by an :class:`plait._auth.FailureLog`: the
+      first one, then a count at most every minute;
+    * a request larger than the value limit (PLAIT_STORE_MAX_VALUE, 64 MiB by
+      default) is refused from its header, before its payload is read.
+
+    A server that listens beyond the loopback interface with an empty key
+    (no PLAIT_SECRET, as under torchrun) says once that it is open to anyone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import itertools
 import logging
 import math
+import resource
 import selectors
 import socket
 import threading
@@ -31,7 +53,7 @@ from plait import _auth, _net
 from plait.errors import RendezvousError
 from plait.rendezvous._tcp_wire import (
     HEADER,
-    MAX_PAYLOAD,
+    REQUEST_OVERHEAD,
     SECONDS,
     BadRequest,
     Op,
@@ -39,12 +61,38 @@ from plait.rendezvous._tcp_wire import (
     frame,
     split_fields,
 )
+from plait.rendezvous._tcp_wire import (
+    max_value_bytes as _max_value,
+)
 
-__all__ = ["TCPStoreServer"]
+__all__ = ["ACCEPT_BACKOFF", "HANDSHAKE_SECONDS", "MAX_UNAUTHENTICATED", "TCPStoreServer"]
 
 _log = logging.getLogger("plait")
 #: Bytes the server reads from a socket per readiness event.
 _RECV_CHUNK = 1 << 20
+#: Seconds a new connection has to complete the handshake (as long as a client waits).
+HANDSHAKE_SECONDS = 10.0
+#: Most connections authenticating at once, unless ``max_unauthenticated=`` says
+#: otherwise; never more than a quarter of the descriptor limit (but at least
+#: :data:`_MIN_UNAUTHENTICATED`). An honest client authenticates within one round
+#: trip, so only a burst this large within one round trip could push one out.
+MAX_UNAUTHENTICATED = 256
+_MIN_UNAUTHENTICATED = 16
+#: First and longest pause in accepting after running out of file descriptors.
+ACCEPT_BACKOFF = (0.05, 1.0)
+#: ``accept`` errors that mean "out of resources": retrying at once would spin.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _unauthenticated_cap(explicit: int | None) -> int:
+    """The cap on connections authenticating at once (see :data:`MAX_UNAUTHENTICATED`)."""
+    cap = MAX_UNAUTHENTICATED if explicit is None else explicit
+    if cap < 1:
+        raise ValueError(f"max_unauthenticated must be at least 1, got {cap}")
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        cap = min(cap, max(_MIN_UNAUTHENTICATED, soft // 4))
+    return cap
 
 
 def _is_live(entry: tuple[float, int, _Conn]) -> bool:
@@ -67,10 +115,11 @@ class _Parked:
 class _Conn:
     """Server-side state of one client connection."""
 
-    __slots__ = ("closed", "inbuf", "nonce", "outbuf", "parked", "sock", "writing")
+    __slots__ = ("closed", "inbuf", "nonce", "outbuf", "parked", "peer", "sock", "writing")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer: str) -> None:
         self.sock = sock
+        self.peer = peer  # host:port, for messages
         self.nonce: bytes | None = None  # set until the client has authenticated
         self.inbuf = bytearray()
         self.outbuf = bytearray()
@@ -90,9 +139,16 @@ class TCPStoreServer:
             host name; an IPv6 literal may be bracketed).
         port: Port to listen on; 0 picks a free one (read it from :attr:`port`).
         backlog: Connections the kernel queues before the server accepts them.
+        secret: The key clients must prove they know; None: PLAIT_SECRET.
+        max_value_bytes: Largest value accepted; None: PLAIT_STORE_MAX_VALUE or
+            64 MiB. A larger request is refused from its header (see
+            Note [hostile peers]).
+        max_unauthenticated: Most connections authenticating at once; None:
+            :data:`MAX_UNAUTHENTICATED`, bounded by a quarter of the descriptor limit.
 
     Raises:
         RendezvousError: the address cannot be bound (in use, not local, ...).
+        ValueError: PLAIT_STORE_MAX_VALUE or a limit is not a positive number.
 
     Example::
 
@@ -107,10 +163,17 @@ class TCPStoreServer:
         *,
         backlog: int = 1024,
         secret: bytes | None = None,
+        max_value_bytes: int | None = None,
+        max_unauthenticated: int | None = None,
     ) -> None:
         self.host = _net.strip_brackets(host)
         # Clients must prove they know this key before any request is read.
         self._key = _auth.secret() if secret is None else secret
+        #: Largest value this server stores.
+        self.max_value_bytes = _max_value(max_value_bytes)
+        self._max_request = self.max_value_bytes + REQUEST_OVERHEAD
+        self._max_pending = _unauthenticated_cap(max_unauthenticated)
+        self._handshake_seconds = HANDSHAKE_SECONDS
         address = _net.format_address(self.host, port)
         try:
             listener = _net.listen(self.host, port, backlog=backlog)
@@ -121,6 +184,13 @@ class TCPStoreServer:
         self.address = _net.format_address(self.host, self.port)
 
         self._listener = listener
+        if not self._key and not _net.is_loopback(listener.getsockname()[0]):
+            _log.warning(
+                "store %s listens beyond this machine without a shared secret: anyone who "
+                "can reach it can read and write the job's store. Set PLAIT_SECRET to the "
+                "same value on every rank (plait run does this itself).",
+                self.address,
+            )
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector = selectors.DefaultSelector()
@@ -134,6 +204,13 @@ class TCPStoreServer:
         self._parked = 0
         self._seq = itertools.count()
         self._runnable: deque[_Conn] = deque()  # unparked, may hold more requests
+        # Connections still authenticating, oldest first, with their deadlines.
+        self._pending: dict[_Conn, float] = {}
+        self._refused = _auth.FailureLog(f"store {self.address}")
+        self._accept_paused_until: float | None = None  # out of descriptors until then
+        self._accept_backoff = ACCEPT_BACKOFF[0]
+        self._exhausted_logged = False
+        self._oversized = 0  # requests refused for their size
 
         self._closing = False
         self._close_lock = threading.Lock()
@@ -171,6 +248,7 @@ class TCPStoreServer:
     def _serve(self) -> None:
         try:
             while not self._closing:
+                self._resume_accepting()
                 for key, mask in self._selector.select(self._next_timeout()):
                     if key.fileobj is self._listener:
                         self._accept()
@@ -188,6 +266,7 @@ class TCPStoreServer:
         finally:
             for conn in list(self._conns):
                 self._drop(conn)
+            self._refused.flush()
             self._selector.close()
             self._listener.close()
             self._wake_r.close()
@@ -196,9 +275,16 @@ class TCPStoreServer:
     def _next_timeout(self) -> float | None:
         if self._runnable:
             return 0.0
-        if not self._deadlines:
-            return None
-        return max(0.0, self._deadlines[0][0] - time.monotonic())
+        due = [
+            t
+            for t in (
+                self._deadlines[0][0] if self._deadlines else None,
+                next(iter(self._pending.values()), None),
+                self._accept_paused_until,
+            )
+            if t is not None
+        ]
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _drain_wake(self) -> None:
         try:
@@ -208,21 +294,61 @@ class TCPStoreServer:
             pass
 
     def _accept(self) -> None:
-        while True:
+        # At most one cap's worth per round, so that the handshakes of a burst of
+        # honest clients are read before their own burst pushes them out.
+        for _ in range(self._max_pending):
             try:
-                sock, _ = self._listener.accept()
+                sock, peer = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # e.g. out of file descriptors; the client retries
+            except (ConnectionAbortedError, PermissionError):
+                continue  # that one connection is gone or was filtered: take the next
+            except OSError as exc:
+                self._pause_accepting(exc)
                 return
+            self._accept_backoff = ACCEPT_BACKOFF[0]
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock)
+            if len(self._pending) >= self._max_pending:
+                self._drop(next(iter(self._pending)))  # the oldest still authenticating
+            conn = _Conn(sock, _net.format_address(str(peer[0]), int(peer[1])))
             self._conns.add(conn)
+            self._pending[conn] = time.monotonic() + self._handshake_seconds
             self._selector.register(sock, selectors.EVENT_READ, conn)
             hello, conn.nonce = _auth.challenge()
             conn.outbuf += hello
             self._flush(conn)
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Stop watching the listener for a while after ``accept`` failed with ``exc``.
+
+        The failed connection stays in the kernel's queue, so the listener would be
+        reported readable again at once: without a pause the loop spins a core.
+        """
+        if exc.errno in _EXHAUSTED and not self._exhausted_logged:
+            self._exhausted_logged = True
+            _log.warning(
+                "store %s: out of file descriptors (%s): not accepting connections for "
+                "now, retrying every %g s at most; raise the limit (ulimit -n) if this "
+                "is not an attack",
+                self.address,
+                exc.strerror or exc,
+                ACCEPT_BACKOFF[1],
+            )
+        elif exc.errno not in _EXHAUSTED:
+            _log.debug("store %s: accept failed: %s", self.address, exc)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(self._listener)
+        self._accept_paused_until = time.monotonic() + self._accept_backoff
+        self._accept_backoff = min(2 * self._accept_backoff, ACCEPT_BACKOFF[1])
+
+    def _resume_accepting(self) -> None:
+        """Watch the listener again once a pause from :meth:`_pause_accepting` is over."""
+        until = self._accept_paused_until
+        if until is None or time.monotonic() < until:
+            return
+        self._accept_paused_until = None
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.closed:
@@ -230,6 +356,7 @@ class TCPStoreServer:
         conn.closed = True
         self._unpark(conn)
         self._conns.discard(conn)
+        self._pending.pop(conn, None)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
         conn.sock.close()
@@ -249,6 +376,10 @@ class TCPStoreServer:
             return
         conn.inbuf += chunk
         self._process(conn)
+        # An honest client sends one request at a time; a stream piling up behind a
+        # parked request is not one, and must not grow without bound.
+        if not conn.closed and len(conn.inbuf) > HEADER.size + self._max_request:
+            self._refuse(conn, len(conn.inbuf), "unanswered requests")
 
     def _flush(self, conn: _Conn) -> None:
         if conn.closed:
@@ -283,19 +414,20 @@ class TCPStoreServer:
                 self._key, conn.nonce, bytes(conn.inbuf[: _auth.RESPONSE_BYTES])
             )
             if answer is None:
-                _log.warning("store %s: dropped a client that failed authentication", self.address)
+                self._refused.failed(conn.peer)
                 self._drop(conn)
                 return
             del conn.inbuf[: _auth.RESPONSE_BYTES]
             conn.nonce = None
+            self._pending.pop(conn, None)
             conn.outbuf += answer
             self._flush(conn)
         while not conn.closed and conn.parked is None:
             if len(conn.inbuf) < HEADER.size:
                 return
             code, length = HEADER.unpack_from(conn.inbuf)
-            if length > MAX_PAYLOAD:  # not our protocol: stop reading this stream
-                self._drop(conn)
+            if length > self._max_request:  # refused before its payload is read
+                self._refuse(conn, length, "a request")
                 return
             end = HEADER.size + length
             if len(conn.inbuf) < end:
@@ -306,6 +438,19 @@ class TCPStoreServer:
                 self._handle(conn, code, split_fields(payload))
             except BadRequest as exc:
                 self._reply(conn, Status.BAD_REQUEST, [str(exc).encode()])
+
+    def _refuse(self, conn: _Conn, nbytes: int, what: str) -> None:
+        """Answer that ``what`` of ``nbytes`` is over the limit, and drop ``conn``."""
+        message = (
+            f"{what} of {nbytes} bytes is over this store's limit of {self.max_value_bytes} "
+            "bytes per value (PLAIT_STORE_MAX_VALUE)"
+        )
+        # Logged in full once: an authenticated peer must not be able to flood the log either.
+        self._oversized += 1
+        level = logging.WARNING if self._oversized == 1 else logging.DEBUG
+        _log.log(level, "store %s: dropped %s: %s", self.address, conn.peer, message)
+        self._reply(conn, Status.BAD_REQUEST, [message.encode()])
+        self._drop(conn)
 
     def _handle(self, conn: _Conn, code: int, fields: list[bytes]) -> None:
         try:
@@ -413,6 +558,11 @@ class TCPStoreServer:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        while self._pending:  # in accept order, so in deadline order
+            conn, deadline = next(iter(self._pending.items()))
+            if deadline > now:
+                break
+            self._drop(conn)  # never answered the challenge in time
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, seq, conn = heapq.heappop(heap)

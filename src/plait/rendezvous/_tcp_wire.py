@@ -35,20 +35,25 @@ Note [wire protocol]
 from __future__ import annotations
 
 import enum
+import os
+import re
 import socket
 import struct
 from collections.abc import Sequence
 
 __all__ = [
+    "DEFAULT_MAX_VALUE",
     "FIELD",
     "HEADER",
     "MAX_PAYLOAD",
+    "REQUEST_OVERHEAD",
     "SECONDS",
     "BadRequest",
     "Op",
     "Status",
     "frame",
     "key_list",
+    "max_value_bytes",
     "recv_exact",
     "split_fields",
 ]
@@ -62,6 +67,16 @@ SECONDS = struct.Struct("!d")
 
 #: Largest frame either side accepts (a frame bigger than this is a corrupt stream).
 MAX_PAYLOAD = 1 << 32
+
+#: Largest value a store holds unless PLAIT_STORE_MAX_VALUE or ``max_value_bytes=`` says
+#: otherwise. A store carries addresses, counters and small blobs; 64 MiB leaves room
+#: for a large pickled object while bounding what one authenticated client can make the
+#: server buffer (a frame's length would allow 4 GiB).
+DEFAULT_MAX_VALUE = 64 << 20
+#: Bytes a request may carry besides its value: keys, field lengths, a timeout.
+REQUEST_OVERHEAD = 1 << 20
+
+_SIZE = re.compile(r"\s*(\d+)\s*([kmg]?)(?:i?b)?\s*", re.IGNORECASE)
 
 
 class Op(enum.IntEnum):
@@ -112,6 +127,32 @@ def split_fields(payload: bytes) -> list[bytes]:
         fields.append(payload[pos : pos + length])
         pos += length
     return fields
+
+
+def max_value_bytes(explicit: int | None = None) -> int:
+    """The largest value a store accepts: ``explicit``, else PLAIT_STORE_MAX_VALUE, else 64 MiB.
+
+    PLAIT_STORE_MAX_VALUE is a byte count with an optional binary suffix (``65536``,
+    ``64K``, ``256M``, ``1G``). Server and clients read it alike, so a client refuses
+    an oversized value itself, naming the key, before sending it.
+
+    Raises:
+        ValueError: the setting is not a positive size.
+    """
+    if explicit is not None:
+        if explicit < 1:
+            raise ValueError(f"max_value_bytes must be at least 1, got {explicit}")
+        return int(explicit)
+    text = os.environ.get("PLAIT_STORE_MAX_VALUE", "")
+    if not text.strip():
+        return DEFAULT_MAX_VALUE
+    match = _SIZE.fullmatch(text)
+    if match is None or int(match.group(1)) < 1:
+        raise ValueError(
+            f"PLAIT_STORE_MAX_VALUE={text!r} is not a size in bytes (e.g. 67108864 or 64M)"
+        )
+    shift = {"": 0, "k": 10, "m": 20, "g": 30}[match.group(2).lower()]
+    return int(match.group(1)) << shift
 
 
 def key_list(keys: Sequence[bytes]) -> list[str]:

@@ -16,6 +16,7 @@ import contextlib
 import math
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Self
 
@@ -25,6 +26,7 @@ from plait.rendezvous._tcp_server import TCPStoreServer
 from plait.rendezvous._tcp_wire import (
     HEADER,
     MAX_PAYLOAD,
+    REQUEST_OVERHEAD,
     SECONDS,
     BadRequest,
     Op,
@@ -34,6 +36,7 @@ from plait.rendezvous._tcp_wire import (
     recv_exact,
     split_fields,
 )
+from plait.rendezvous._tcp_wire import max_value_bytes as _max_value
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout
 
 __all__ = ["StoreConnectError", "TCPStore", "TCPStoreServer"]
@@ -65,9 +68,18 @@ class TCPStore(Store):
         port: The server's port.
         timeout: Default seconds for blocking calls (``get``, ``wait``).
         connect_timeout: Seconds to keep trying to connect; None: ``timeout``.
+            A server that closes a connection before its challenge (overloaded)
+            is retried within this time too.
+        secret: The shared secret; None: PLAIT_SECRET.
+        max_value_bytes: Largest value :meth:`set` sends; None:
+            PLAIT_STORE_MAX_VALUE or 64 MiB, as the server (see
+            :func:`plait.rendezvous._tcp_wire.max_value_bytes`).
 
     Raises:
-        StoreConnectError: nothing accepted a connection at ``host:port`` in time.
+        StoreConnectError: nothing accepted a connection at ``host:port`` in
+            time, the server never started the handshake (its message says it is
+            overloaded, not a secret problem), or the secrets differ.
+        ValueError: PLAIT_STORE_MAX_VALUE is not a size.
 
     Every call raises :class:`~plait.errors.RendezvousError` if the server dies
     or closes the connection; blocking calls raise
@@ -82,10 +94,13 @@ class TCPStore(Store):
         timeout: float = DEFAULT_STORE_TIMEOUT,
         connect_timeout: float | None = None,
         secret: bytes | None = None,
+        max_value_bytes: int | None = None,
     ) -> None:
         self.host = _net.strip_brackets(host)
         self.port = port
         self._key = _auth.secret() if secret is None else secret
+        #: Largest value :meth:`set` sends.
+        self.max_value_bytes = _max_value(max_value_bytes)
         self.address = _net.format_address(self.host, port)
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
@@ -157,7 +172,20 @@ class TCPStore(Store):
     # ---- Store operations
 
     def set(self, key: str, value: bytes) -> None:
-        self._call(Op.SET, [_key(key), _value(value)], f"set({key!r})")
+        """Store ``value`` under ``key``.
+
+        Raises:
+            ValueError: ``value`` is over :attr:`max_value_bytes` (nothing is sent).
+        """
+        data = _value(value)
+        if len(data) > self.max_value_bytes:
+            raise ValueError(
+                f"store {self.address}: set({key!r}): the value of {len(data)} bytes is over "
+                f"the store's limit of {self.max_value_bytes} bytes per value; keep large "
+                "data out of the store, or raise PLAIT_STORE_MAX_VALUE on every process "
+                "(server and clients)"
+            )
+        self._call(Op.SET, [_key(key), data], f"set({key!r})")
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         seconds = _seconds(self._timeout(timeout))
@@ -196,21 +224,38 @@ class TCPStore(Store):
     # ---- connections
 
     def _connect(self, patience: float) -> socket.socket:
-        """A connection to the server, retrying refused attempts for ``patience`` seconds."""
-        try:
-            sock = _net.connect(self.host, self.port, patience)
-        except OSError as exc:
-            within = f" within {patience} s" if patience > 0 else ""
-            raise StoreConnectError(
-                f"cannot connect to the store server at {self.address}{within} "
-                f"({exc}); is it running, and is the address right?"
-            ) from exc
-        try:
-            _auth.client_handshake(sock, self._key, _HANDSHAKE_SECONDS, f"store {self.address}")
-        except _auth.AuthError as exc:
-            sock.close()
-            raise StoreConnectError(f"{exc}; check PLAIT_SECRET") from exc
-        return sock
+        """An authenticated connection, retrying for ``patience`` seconds.
+
+        Retried: refused connections (the server may not be up yet) and
+        connections the server closes before its challenge (it is overloaded and
+        sheds load; see Note [hostile peers] in :mod:`._tcp_server`). Not
+        retried: a handshake that fails on the secret.
+        """
+        deadline = time.monotonic() + patience
+        delay, max_delay = _net.CONNECT_BACKOFF
+        while True:
+            try:
+                sock = _net.connect(self.host, self.port, max(0.0, deadline - time.monotonic()))
+            except OSError as exc:
+                within = f" within {patience} s" if patience > 0 else ""
+                raise StoreConnectError(
+                    f"cannot connect to the store server at {self.address}{within} "
+                    f"({exc}); is it running, and is the address right?"
+                ) from exc
+            try:
+                _auth.client_handshake(sock, self._key, _HANDSHAKE_SECONDS, f"store {self.address}")
+            except _auth.HandshakeUnanswered as exc:
+                sock.close()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreConnectError(str(exc)) from exc
+                time.sleep(min(delay, left))  # nothing to wait on: the server shed us
+                delay = min(2 * delay, max_delay)
+                continue
+            except _auth.AuthError as exc:
+                sock.close()
+                raise StoreConnectError(f"{exc}; check PLAIT_SECRET") from exc
+            return sock
 
     def _acquire(self, what: str) -> socket.socket:
         with self._lock:
@@ -240,6 +285,13 @@ class TCPStore(Store):
         self, op: Op, fields: Sequence[bytes], what: str, blocking: float | None = None
     ) -> tuple[Status, list[bytes]]:
         """Send one request and read its answer on a pooled connection."""
+        request = frame(op, fields)
+        if len(request) - HEADER.size > self.max_value_bytes + REQUEST_OVERHEAD:
+            raise ValueError(
+                f"store {self.address}: {what}: a request of {len(request)} bytes is over the "
+                f"store's limit ({self.max_value_bytes} bytes per value and "
+                f"{REQUEST_OVERHEAD} bytes of keys)"
+            )
         sock = self._acquire(what)
         # A blocking call may legitimately take ``blocking`` seconds: the server
         # answers "timeout" itself, the grace only covers a server gone silent.
@@ -247,7 +299,7 @@ class TCPStore(Store):
         io_timeout = patience + _ANSWER_GRACE if math.isfinite(patience) else None
         try:
             sock.settimeout(io_timeout)
-            sock.sendall(frame(op, fields))
+            sock.sendall(request)
             code, length = HEADER.unpack(recv_exact(sock, HEADER.size))
             if length > MAX_PAYLOAD:
                 raise ConnectionError(f"answer of {length} bytes is not plait's store protocol")
