@@ -47,6 +47,14 @@ named only when no rank failed otherwise: after such a failure the launcher
 waits up to 3 s for the rank that started it. Ctrl-C (SIGINT) or SIGTERM to
 the launcher stops every rank the same way. Shared-memory segments the job left
 in /dev/shm are removed on the way out.
+
+Restarts: with --max-restarts K (torchrun's option), a failure as above is
+reported, and then every rank is started again, up to K times; the job's exit
+code is that of its last attempt. Each attempt gets a new, empty store and a new
+job id (nothing of a failed attempt is reused), and its ranks read the attempt
+from PLAIT_RESTART_COUNT (0, 1, ..., K; torchrun's TORCHELASTIC_RESTART_COUNT)
+and K from PLAIT_MAX_RESTARTS. A signal to the launcher is never followed by a
+restart. Restarts are for jobs on one host.
 """
 
 from __future__ import annotations
@@ -121,6 +129,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(TRANSPORTS),
         default=None,
         help="force a transport (sets PLAIT_TRANSPORT)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="when a rank fails, stop the ranks and start them all again, up to K times "
+        "(default 0; one host only); a rank reads its attempt from PLAIT_RESTART_COUNT",
     )
     parser.add_argument(
         "--timeout",
@@ -246,6 +264,11 @@ def main(args: argparse.Namespace) -> int:
         _usage_error("--standalone is a job on one host: drop it or --nnodes")
     if args.nnodes > 1 and args.master_port == 0:
         _usage_error("--nnodes > 1 needs --master-port (and --master-addr)")
+    max_restarts = getattr(args, "max_restarts", 0)
+    if max_restarts < 0:
+        _usage_error(f"--max-restarts must be >= 0, not {max_restarts}")
+    if max_restarts and args.nnodes > 1:
+        _usage_error("--max-restarts is for a job on one host (--nnodes 1)")
     command = rank_command(args)
     if args.nnodes > 1 and os.environ.get("PLAIT_SECRET") is None:
         raise SystemExit(
@@ -262,5 +285,6 @@ def main(args: argparse.Namespace) -> int:
         transport=args.transport,
         timeout=args.timeout,
         tag_output=args.tag_output,
+        max_restarts=max_restarts,
     )
     return launch(job)

@@ -50,12 +50,14 @@ class Job:
     here. The launcher of node 0 serves the job's TCP store at ``master_addr:master_port``;
     every rank finds its identity in its environment (``PLAIT_RANK``, ``PLAIT_SIZE``,
     ``PLAIT_LOCAL_RANK``, ``PLAIT_LOCAL_SIZE``, ``PLAIT_NODE_RANK``, ``PLAIT_NNODES``,
-    ``PLAIT_STORE``, ``PLAIT_JOB_ID``, ``PLAIT_SECRET``), which a bare :func:`plait.init` reads.
+    ``PLAIT_STORE``, ``PLAIT_JOB_ID``, ``PLAIT_SECRET``, ``PLAIT_RESTART_COUNT``,
+    ``PLAIT_MAX_RESTARTS``), which a bare :func:`plait.init` reads.
 
     Raises:
         ValueError: the numbers do not make a job (``nproc < 1``, ``node_rank`` outside
-            ``0..nnodes-1``, several hosts without a fixed ``master_port``), ``command`` is
-            empty, or ``transport`` is not one of :data:`TRANSPORTS`.
+            ``0..nnodes-1``, several hosts without a fixed ``master_port``, restarts on
+            several hosts or fewer than 0), ``command`` is empty, or ``transport`` is not
+            one of :data:`TRANSPORTS`.
     """
 
     #: The command line every rank runs (see :func:`module_command` for a Python module).
@@ -80,6 +82,8 @@ class Job:
     secret: str | None = None
     #: What starts every line the launcher writes itself.
     label: str = "plait run"
+    #: Times to start every rank again after a rank fails (Note [restarts]); one host only.
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -91,6 +95,13 @@ class Job:
             )
         if self.nnodes > 1 and self.master_port == 0:
             raise ValueError("a job on several hosts (nnodes > 1) needs a master_port")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.max_restarts and self.nnodes > 1:
+            raise ValueError(
+                "restarts (max_restarts) are for a job on one host: with several hosts the "
+                "launchers would have to agree on when to restart"
+            )
         if self.transport is not None and self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
 
@@ -102,13 +113,15 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
     ``stderr`` (None: ``sys.stdout``, ``sys.stderr``); without ``tag_output`` a rank's stderr
     is prefixed with its rank from its first Python traceback on. If a rank fails, the
     others are stopped (SIGTERM, then SIGKILL), the rank that started the failure is named
-    and every rank's exit status printed (:func:`plait.launch.watch.watch`). SIGINT and
-    SIGTERM to this process stop every rank the same way; call it from the main thread.
-    Shared-memory segments the job left in /dev/shm are removed on the way out.
+    and every rank's exit status printed (:func:`plait.launch.watch.watch`); with
+    ``max_restarts`` left, every rank is then started again (Note [restarts]). SIGINT and
+    SIGTERM to this process stop every rank the same way, and are never followed by a
+    restart; call it from the main thread. Shared-memory segments the job left in /dev/shm
+    are removed after every attempt.
 
     Returns:
         0 if every rank exited with 0; else the exit code of the rank that started the
-        failure (128 + N for a signal N, to that rank or to this process).
+        last attempt's failure (128 + N for a signal N, to that rank or to this process).
 
     Raises:
         ValueError: several hosts and no secret (neither ``job.secret`` nor ``PLAIT_SECRET``).
@@ -126,6 +139,75 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
                 "(PLAIT_SECRET, e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
             )
         secret = secrets.token_hex(16)
+    signals = _Signals()
+    old = {s: signal.signal(s, signals.receive) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        restart = 0
+        while True:
+            code = _attempt(job, base, secret, restart, signals, stdout, stderr)
+            if code == 0 or signals.received or restart >= job.max_restarts:
+                if code != 0 and restart > 0 and not signals.received:
+                    _say(job, stderr, f"no restarts left ({restart} of {job.max_restarts} used)")
+                return code
+            restart += 1
+            _say(
+                job,
+                stderr,
+                f"restart {restart} of {job.max_restarts}: starting every rank again "
+                f"(PLAIT_RESTART_COUNT={restart})",
+            )
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+# Note [restarts]
+#     With ``max_restarts`` K, a failed attempt (a rank exited with a non-zero code or
+#     died from a signal) is followed by another, up to K times, as torchrun's elastic
+#     agent does: the failure is reported as usual (the rank that started it and every
+#     rank's status), every rank is stopped, and all ``nproc`` ranks start again.
+#     Nothing of the failed attempt is reused: node 0 serves a new, empty store (on the
+#     same port if ``master_port`` was given, else on a new free one), so no rank reads
+#     an address or key of the old attempt; the job id gets an ``-rN`` suffix, so
+#     shared-memory segments get new names (the old attempt's are removed, as at the
+#     end of every attempt); and a rank can tell which attempt it is in from
+#     PLAIT_RESTART_COUNT (0 on the first, like TORCHELASTIC_RESTART_COUNT) and
+#     PLAIT_MAX_RESTARTS. A signal to the launcher ends the job without a restart.
+#     Restarts are for jobs on one host: with several hosts, each launcher would have to
+#     agree with the others on when to restart, which needs a rendezvous of launchers
+#     (torchrun's) that plait run does not have.
+
+
+class _Signals:
+    """SIGINT and SIGTERM to the launcher: remembered, and passed to the current attempt."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.events: queue.Queue[tuple[int, int]] | None = None
+
+    def receive(self, signum: int, _frame: object) -> None:
+        self.received = signum
+        if self.events is not None:
+            self.events.put((-1, -signum))
+
+
+def _say(job: Job, stream: IO[str] | None, message: str) -> None:
+    """One line of the launcher's own on ``stream`` (None: sys.stderr), between attempts."""
+    out = stream if stream is not None else sys.stderr
+    out.write(f"{job.label}: {message}\n")
+    out.flush()
+
+
+def _attempt(
+    job: Job,
+    base: Mapping[str, str],
+    secret: str,
+    restart: int,
+    signals: _Signals,
+    stdout: IO[str] | None,
+    stderr: IO[str] | None,
+) -> int:
+    """Start every rank of this host once, with a new store on node 0; the exit code."""
     server = None
     if job.node_rank == 0:
         server = TCPStoreServer(job.master_addr, job.master_port, secret=secret.encode())
@@ -136,19 +218,20 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
     job_id = base.get("PLAIT_JOB_ID") or f"{port}{secrets.token_hex(4)}"
     if job.nnodes > 1:
         job_id = base.get("PLAIT_JOB_ID") or f"{host.replace(':', '_')}-{port}"
+    if restart:
+        job_id = f"{job_id}-r{restart}"
 
     events: queue.Queue[tuple[int, int]] = queue.Queue()
     ranks: list[RankProcess] = []
     relay = Relay(job.tag_output, label=job.label, stdout=stdout, stderr=stderr)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        events.put((-1, -signum))
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals.events = events
     try:
+        if signals.received:  # between two attempts: do not start another
+            return 128 + signals.received
         for local in range(job.nproc):
             rank = job.node_rank * job.nproc + local
-            env = _rank_env(job, base, rank, local, format_address(host, port), job_id, secret)
+            address = format_address(host, port)
+            env = _rank_env(job, base, rank, local, address, job_id, secret, restart)
             proc = subprocess.Popen(
                 list(job.command),
                 env=env,
@@ -164,10 +247,9 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
         relay.start()
         return watch(ranks, relay, events)
     finally:
+        signals.events = None
         stop(ranks)
         relay.close(DRAIN_SECONDS)
-        for s, handler in old.items():
-            signal.signal(s, handler)
         if server is not None:
             server.close()
         _cleanup_shm(job_id)
@@ -181,8 +263,9 @@ def _rank_env(
     address: str,
     job_id: str,
     secret: str,
+    restart: int = 0,
 ) -> dict[str, str]:
-    """The environment of rank ``rank`` (``local`` on this host): ``base`` and its identity."""
+    """The environment of rank ``rank`` (``local`` on this host) in attempt ``restart``."""
     env = dict(base)
     env.update(
         PLAIT_RANK=str(rank),
@@ -194,6 +277,8 @@ def _rank_env(
         PLAIT_STORE=f"tcp://{address}",
         PLAIT_JOB_ID=job_id,
         PLAIT_SECRET=secret,
+        PLAIT_RESTART_COUNT=str(restart),
+        PLAIT_MAX_RESTARTS=str(job.max_restarts),
     )
     # Output goes through pipes: without this, a Python command would hold its stdout
     # in a block buffer, late and lost if it is killed.
