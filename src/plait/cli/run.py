@@ -55,6 +55,15 @@ job id (nothing of a failed attempt is reused), and its ranks read the attempt
 from PLAIT_RESTART_COUNT (0, 1, ..., K; torchrun's TORCHELASTIC_RESTART_COUNT)
 and K from PLAIT_MAX_RESTARTS. A signal to the launcher is never followed by a
 restart. Restarts are for jobs on one host.
+
+Stalls: with --stall-timeout S (PLAIT_STALL_TIMEOUT for the ranks), a rank whose
+call makes no progress for S seconds dumps its flight recorder and prints a line
+starting with "plait: stall:"; the launcher then sends SIGUSR1 to the ranks of
+its host that have a handler for it (plait.init installs one) and did not report
+the stall themselves, so that every rank dumps, and prints the folder of the
+dumps with the plait analyze command to read them. One stall sends each rank at
+most one signal per S seconds, and the job goes on (the collectives' own timeout
+still applies). See docs/debugging.md.
 """
 
 from __future__ import annotations
@@ -145,6 +154,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="default seconds per collective (sets PLAIT_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        "--stall_timeout",
+        dest="stall_timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="when a call makes no progress for SECONDS, every rank dumps its flight recorder "
+        "and the folder to give plait analyze is printed; the job goes on "
+        "(sets PLAIT_STALL_TIMEOUT)",
     )
     parser.add_argument(
         "-m",
@@ -269,6 +289,9 @@ def main(args: argparse.Namespace) -> int:
         _usage_error(f"--max-restarts must be >= 0, not {max_restarts}")
     if max_restarts and args.nnodes > 1:
         _usage_error("--max-restarts is for a job on one host (--nnodes 1)")
+    stall_timeout = getattr(args, "stall_timeout", None)
+    if stall_timeout is not None and not stall_timeout >= 0:
+        _usage_error(f"--stall-timeout must be a number of seconds >= 0, not {stall_timeout}")
     command = rank_command(args)
     if args.nnodes > 1 and os.environ.get("PLAIT_SECRET") is None:
         raise SystemExit(
@@ -284,6 +307,7 @@ def main(args: argparse.Namespace) -> int:
         master_port=args.master_port,
         transport=args.transport,
         timeout=args.timeout,
+        stall_timeout=stall_timeout,
         tag_output=args.tag_output,
         max_restarts=max_restarts,
     )

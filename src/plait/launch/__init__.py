@@ -8,10 +8,11 @@
 
 :func:`launch` starts ``nproc`` processes of one command, serves the job's TCP store (on
 node 0), gives every rank its identity in ``PLAIT_*`` variables, relays their output a
-whole line at a time (:mod:`plait.launch.relay`), stops the job when a rank fails and
+whole line at a time (:mod:`plait.launch.relay`), has every rank dump its flight recorder
+when one reports a stall (:mod:`plait.launch.stall`), stops the job when a rank fails and
 names the rank that started the failure (:mod:`plait.launch.watch`), and returns the
 job's exit code. ``plait run`` and ``plait bench`` both launch through it; it imports
-nothing above the rendezvous layer.
+nothing of plait above the rendezvous layer and the diagnostics.
 """
 
 from __future__ import annotations

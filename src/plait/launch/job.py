@@ -24,6 +24,7 @@ from typing import IO
 
 from plait._net import format_address
 from plait.launch.relay import DRAIN_SECONDS, Relay
+from plait.launch.stall import StallResponder, dump_folder, stall_timeout
 from plait.launch.watch import RankProcess, stop, watch
 from plait.rendezvous.tcp_store import TCPStoreServer
 
@@ -53,11 +54,15 @@ class Job:
     ``PLAIT_STORE``, ``PLAIT_JOB_ID``, ``PLAIT_SECRET``, ``PLAIT_RESTART_COUNT``,
     ``PLAIT_MAX_RESTARTS``), which a bare :func:`plait.init` reads.
 
+    With ``stall_timeout``, every rank also gets ``PLAIT_STALL_TIMEOUT``: its watchdog dumps
+    its flight recorders and prints a stall line when a call makes no progress for that
+    long, and the launcher then has the other ranks dump too (:mod:`plait.launch.stall`).
+
     Raises:
         ValueError: the numbers do not make a job (``nproc < 1``, ``node_rank`` outside
             ``0..nnodes-1``, several hosts without a fixed ``master_port``, restarts on
-            several hosts or fewer than 0), ``command`` is empty, or ``transport`` is not
-            one of :data:`TRANSPORTS`.
+            several hosts or fewer than 0), ``command`` is empty, ``transport`` is not
+            one of :data:`TRANSPORTS`, or ``stall_timeout`` is negative.
     """
 
     #: The command line every rank runs (see :func:`module_command` for a Python module).
@@ -76,6 +81,9 @@ class Job:
     transport: str | None = None
     #: ``PLAIT_TIMEOUT``, default seconds per collective; None or 0: left as is.
     timeout: float | None = None
+    #: ``PLAIT_STALL_TIMEOUT``, seconds a call may make no progress before every rank dumps
+    #: its flight recorders (:mod:`plait.launch.stall`); None or 0: left as is.
+    stall_timeout: float | None = None
     #: Prefix every line of output with ``[rank]: ``.
     tag_output: bool = False
     #: The job's shared secret; None: ``PLAIT_SECRET``, or on one host a fresh one.
@@ -104,6 +112,8 @@ class Job:
             )
         if self.transport is not None and self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.stall_timeout is not None and not self.stall_timeout >= 0:
+            raise ValueError(f"stall_timeout must be >= 0 seconds, got {self.stall_timeout}")
 
 
 def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
@@ -221,17 +231,25 @@ def _attempt(
     if restart:
         job_id = f"{job_id}-r{restart}"
 
+    address = format_address(host, port)
+    first = job.node_rank * job.nproc
+    envs = [
+        _rank_env(job, base, first + local, local, address, job_id, secret, restart)
+        for local in range(job.nproc)
+    ]
     events: queue.Queue[tuple[int, int]] = queue.Queue()
     ranks: list[RankProcess] = []
-    relay = Relay(job.tag_output, label=job.label, stdout=stdout, stderr=stderr)
+    # The ranks' stall lines make the others dump too; the ranks all share one dump folder.
+    stalls = StallResponder(ranks, dump_folder(envs[0]), stall_timeout(envs[0]))
+    relay = Relay(
+        job.tag_output, label=job.label, stdout=stdout, stderr=stderr, on_stall=stalls.report
+    )
     signals.events = events
     try:
         if signals.received:  # between two attempts: do not start another
             return 128 + signals.received
-        for local in range(job.nproc):
-            rank = job.node_rank * job.nproc + local
-            address = format_address(host, port)
-            env = _rank_env(job, base, rank, local, address, job_id, secret, restart)
+        for local, env in enumerate(envs):
+            rank = first + local
             proc = subprocess.Popen(
                 list(job.command),
                 env=env,
@@ -291,6 +309,8 @@ def _rank_env(
         env["PLAIT_TRANSPORT"] = job.transport
     if job.timeout:
         env["PLAIT_TIMEOUT"] = str(job.timeout)
+    if job.stall_timeout:
+        env["PLAIT_STALL_TIMEOUT"] = str(job.stall_timeout)
     return env
 
 

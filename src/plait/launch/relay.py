@@ -6,7 +6,8 @@ with ``tag_output`` every line gets its ``[rank]: `` prefix, without it a rank's
 from its first Python traceback on. While relaying, the stderr of each rank is read for
 tracebacks: which exception a rank's latest traceback starts with tells the launcher whether
 the rank started a failure or only suffered it (Note [which rank started a failure] in
-plait.launch.watch).
+plait.launch.watch), and for stall lines (:data:`plait.diagnostics.triggers.STALL_MARKER`),
+which go to the launcher's stall handler (:mod:`plait.launch.stall`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
+from plait.diagnostics.triggers import STALL_MARKER, parse_stall_line
+
 __all__ = ["DRAIN_SECONDS", "Relay", "Traceback", "is_comm_error"]
 
 #: Seconds to wait, once a rank has exited, for the end of its output (a child process the
@@ -38,6 +41,8 @@ _MAX_LINE = 1 << 20
 _RECORD = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 #: The last line of a Python traceback: the exception's (module-qualified) name.
 _EXCEPTION_LINE = re.compile(rb"([A-Za-z_][\w.]*)(?::|$)")
+#: What a rank's stall line holds (it may follow a ``[rank]: `` prefix of the rank's own).
+_STALL = STALL_MARKER.encode()
 _TRACEBACK = b"Traceback (most recent call last):"
 _GROUP_TRACEBACK = b"  + Exception Group Traceback (most recent call last):"
 _CHAINED = (
@@ -169,10 +174,13 @@ class Relay:
         label: str = "plait run",
         stdout: IO[str] | None = None,
         stderr: IO[str] | None = None,
+        on_stall: Callable[[int, str], str | None] | None = None,
     ) -> None:
         """Relay to ``stdout`` and ``stderr`` (None: ``sys.stdout``, ``sys.stderr``).
 
-        ``label`` starts every line of the launcher's own (:meth:`say`).
+        ``label`` starts every line of the launcher's own (:meth:`say`). ``on_stall(rank,
+        description)`` is called, on the relay's thread, for every stall line of a rank's
+        stderr once the line is relayed; a line it returns is said (:meth:`say`).
         """
         self._tag = tag_output
         #: What starts every line of the launcher's own: ``plait run``.
@@ -187,6 +195,7 @@ class Relay:
         self._open: dict[int, int] = {}  # rank -> its pipes not yet at their end
         self._ended = threading.Condition()
         self._tracebacks: dict[int, Traceback] = {}
+        self._on_stall = on_stall
         self._thread = threading.Thread(target=self._loop, name="plait-run-output", daemon=True)
         self._closed = False
 
@@ -303,6 +312,23 @@ class Relay:
             s.at_line_start = True
         with self._lock:
             s.sink(out)
+        if whole and tb is not None and self._on_stall is not None and _STALL in data:
+            self._stalls(s.rank, data)
+
+    def _stalls(self, rank: int, data: bytes) -> None:
+        """Hand the stall lines among ``data`` (whole lines of ``rank``'s stderr) to on_stall."""
+        assert self._on_stall is not None
+        for record in _RECORD.findall(data):
+            if _STALL in record:
+                description = parse_stall_line(record.decode(errors="replace"))
+                if description is None:
+                    continue
+                try:
+                    message = self._on_stall(rank, description)
+                except Exception as exc:  # the relay must go on, or the ranks block on their pipes
+                    message = f"could not handle rank {rank}'s stall: {exc!r}"
+                if message is not None:
+                    self.say(message)
 
     def _end(self, s: _Stream) -> None:
         """``s`` reached its end: write its unended line, ended, and count it out."""
