@@ -481,6 +481,12 @@ def init(
         ValueError: a bad argument, or a launcher variable that is not a
             valid number (the message names it).
     """
+    # Flight-recorder dumps on SIGUSR1 and on a stall (docs/debugging.md): once per
+    # process; the handler only from the main thread, where Python runs handlers.
+    from plait.diagnostics.triggers import install_signal_handler, start_watchdog
+
+    install_signal_handler()
+    start_watchdog()
     if transport is not None and not isinstance(transport, str):
         if rank is not None and rank != transport.rank:
             raise ValueError(f"rank={rank} disagrees with the transport's rank {transport.rank}")
@@ -535,33 +541,16 @@ def init(
         group.set(f"host/{rank}", host.encode())
         group.wait([f"host/{r}" for r in range(size)], timeout)
         hosts = [group.get(f"host/{r}").decode() for r in range(size)]
-        if kind == "auto":
-            n_hosts = len(set(hosts))
-            kind = "shm" if n_hosts == 1 else "tcp" if n_hosts == size else "hybrid"
-        if kind == "shm":
-            if len(set(hosts)) != 1:
-                raise RendezvousError(
-                    f"rank {rank}: the shared-memory transport needs all ranks on one host; "
-                    f"ranks are on {sorted(set(hosts))}"
-                )
-            from plait.transport.shm import ShmTransport
+        # One place chooses the link per peer pair (plait.transport.route); "hybrid" and
+        # "auto" allow both kinds, shared memory first.
+        from plait.transport.route import LINKS, connect
 
-            # Only plait run cleans /dev/shm by job id; elsewhere rank 0 draws a
-            # fresh token, so that jobs with equal ids (torchrun's default run id
-            # is "none") never share segment names.
-            job = info.job_id if info.launcher == "plait" else None
-            t = ShmTransport(rank, size, PrefixStore("shm", group), timeout=seconds, job=job)
-        elif kind == "hybrid":
-            from plait.transport.hybrid import HybridTransport
-
-            job = info.job_id if info.launcher == "plait" else None
-            t = HybridTransport(
-                rank, size, hosts, PrefixStore("hybrid", group), timeout=seconds, job=job
-            )
-        else:
-            from plait.transport.tcp import TcpTransport
-
-            t = TcpTransport(rank, size, PrefixStore("tcp", group), timeout=seconds)
+        links = {"shm": ("shm",), "tcp": ("tcp",)}.get(kind, LINKS)
+        # Only plait run cleans /dev/shm by job id; elsewhere rank 0 draws a
+        # fresh token, so that jobs with equal ids (torchrun's default run id
+        # is "none") never share segment names.
+        job = info.job_id if info.launcher == "plait" else None
+        t = connect(rank, size, hosts, group, links=links, timeout=seconds, job=job)
     finally:
         if owned:
             _leave(store, group, size, temp=info.store_is_temp and from_env)

@@ -110,7 +110,7 @@ def _transports(kind: str) -> list[Any]:
         from plait.transport.tcp import TcpTransport
 
         return build_in_threads(P, lambda r: TcpTransport(r, P, store, timeout=30))
-    from plait.transport.hybrid import HybridTransport
+    from plait.transport.route import HybridTransport
 
     hosts = ["a", "a", "b", "b"]
     return build_in_threads(

@@ -27,36 +27,36 @@ def tcp_transports(size: int, **kwargs: Any) -> list[TcpTransport]:
 
 
 class SelectWatch:
-    """Wraps a transport's selector to tell when a thread blocks in its ``select()``.
+    """Wraps a transport's epoll to tell when a thread blocks in it.
 
     A thread that drives a :class:`TcpTransport` without the lock sits in
-    ``select()``; tests that need another thread to act exactly then wait on
+    ``epoll.poll()``; tests that need another thread to act exactly then wait on
     :meth:`wait_blocked` instead of guessing with a sleep. Only calls that may
-    block count (a timeout of None or above zero), not the spin's zero-timeout
+    block count (a timeout of -1 or above zero), not the spin's zero-timeout
     polls. Install it while no thread drives the transport.
     """
 
     def __init__(self, t: TcpTransport) -> None:
-        self._sel = t._sel
+        self._poller = t._poller
         self._cond = threading.Condition()
         self._blocked: list[threading.Thread] = []
-        t._sel = self  # type: ignore[assignment]
+        t._poller = self
 
-    def select(self, timeout: float | None = None) -> list:
-        if timeout is None or timeout > 0:
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        if timeout < 0 or timeout > 0:
             with self._cond:
                 self._blocked.append(threading.current_thread())
                 self._cond.notify_all()
-        return self._sel.select(timeout)
+        return self._poller.poll(timeout)  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._sel, name)
+        return getattr(self._poller, name)
 
     def wait_blocked(self, thread: threading.Thread, timeout: float = 10.0) -> None:
-        """Return once ``thread`` has entered a blocking ``select()``; fail after ``timeout``."""
+        """Return once ``thread`` has entered a blocking poll; fail after ``timeout``."""
         with self._cond:
             ok = self._cond.wait_for(lambda: thread in self._blocked, timeout)
-        assert ok, f"{thread.name} never blocked in the transport's select() within {timeout} s"
+        assert ok, f"{thread.name} never blocked in the transport's epoll within {timeout} s"
 
 
 def _fds() -> set[str]:

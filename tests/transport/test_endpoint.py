@@ -87,6 +87,10 @@ class QueueLink:
     def check(self, now: float) -> None:
         """Closing peers ring the doorbell; nothing dies silently here."""
 
+    def flush(self, err: BaseException) -> float | None:
+        """Nothing to flush: queued sends fail at shutdown."""
+        return None
+
     def shutdown(self, err: BaseException) -> None:
         self.fabric.closed[self.ep.rank] = True
         for peer in self.peers:

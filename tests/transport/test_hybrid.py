@@ -1,4 +1,4 @@
-"""The hybrid transport: shared memory within a host, TCP across, one thread driving both."""
+"""An endpoint with a link per peer: shared memory within a host, TCP across, one wait for both."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from plait.errors import PeerLostError
+from plait.errors import PeerLostError, RendezvousError
 from plait.rendezvous.store import MemoryStore, PrefixStore
 from plait.transport import conformance
-from plait.transport.hybrid import HybridTransport
+from plait.transport.endpoint import Endpoint
+from plait.transport.route import LINKS, HybridTransport, choose, connect
 from plait.transport.shm import ShmTransport
+from plait.transport.shm.link import ShmLink
 from plait.transport.tcp import TcpTransport
+from plait.transport.tcp.link import TcpLink
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
 
@@ -71,12 +74,13 @@ def test_routes_each_pair_by_host() -> None:
     ts = factory(split_hosts)(4)
     try:
         t0 = ts[0]
-        assert isinstance(t0.shm, ShmTransport)
-        assert isinstance(t0.tcp, TcpTransport)
+        assert isinstance(t0.shm, ShmLink)
+        assert isinstance(t0.tcp, TcpLink)
         assert t0.local == [0, 1]
+        assert [t0._route[p] for p in (1, 2, 3)] == [t0.shm, t0.tcp, t0.tcp]
         data = np.arange(1000, dtype=np.uint8)
 
-        def body(t: HybridTransport) -> tuple[int, int]:
+        def body(t: HybridTransport) -> int:
             rank = t.rank
             out = [np.zeros(1000, np.uint8) for _ in range(4)]
             hs = []
@@ -88,11 +92,11 @@ def test_routes_each_pair_by_host() -> None:
             for peer in range(4):
                 if peer != rank:
                     assert np.array_equal(out[peer], data)
-            return t.shm.bytes_sent, t.tcp.bytes_sent
+            return t.bytes_sent
 
         sent = conformance.run_ranks(ts, body)
         # Each rank sends 1000 B to its one neighbour on the host, 2000 B across hosts.
-        assert sent == [(1000, 2000)] * 4
+        assert sent == [3000] * 4
     finally:
         for t in ts:
             t.close()
@@ -169,3 +173,75 @@ def test_bad_arguments() -> None:
         HybridTransport(0, 2, ["a"], store)
     with pytest.raises(ValueError, match="invalid rank"):
         HybridTransport(2, 2, ["a", "b"], store)
+
+
+def test_a_message_over_either_link_wakes_a_sleeping_waiter() -> None:
+    """One wait covers both links: a thread asleep on a TCP and a shared-memory receive
+    wakes for whichever comes, here the shared-memory one, then for the TCP one."""
+    ts = factory(split_hosts)(4)
+    try:
+        t0 = ts[0]
+        local_buf, remote_buf = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+        from_local = t0.irecv(1, 3, memoryview(local_buf), 0)
+        from_remote = t0.irecv(2, 3, memoryview(remote_buf), 0)
+        done: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: done.append(t0.wait_any([from_local, from_remote], 20.0))
+        )
+        waiter.start()
+        conformance.wait_all(ts[1], [ts[1].isend(0, 3, memoryview(np.full(64, 1, np.uint8)), 0)])
+        waiter.join(20.0)
+        assert done == [True]
+        assert from_local.done
+        assert not from_remote.done
+        conformance.wait_all(ts[2], [ts[2].isend(0, 3, memoryview(np.full(64, 2, np.uint8)), 0)])
+        assert t0.wait_any([from_remote], 20.0)
+        assert (local_buf == 1).all()
+        assert (remote_buf == 2).all()
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_choose_takes_the_first_link_that_reaches_each_peer() -> None:
+    hosts = ["a", "b", "a", "c"]
+    assert choose(0, hosts) == {"shm": [2], "tcp": [1, 3]}
+    assert choose(3, hosts) == {"shm": [], "tcp": [0, 1, 2]}
+    assert choose(0, hosts, ("tcp", "shm")) == {"tcp": [1, 2, 3], "shm": []}
+    assert LINKS == ("shm", "tcp")
+    with pytest.raises(RendezvousError, match="needs all ranks on one host"):
+        choose(0, hosts, ("shm",))
+    with pytest.raises(ValueError, match="unknown link"):
+        choose(0, hosts, ("carrier-pigeon",))
+
+
+@pytest.mark.parametrize(
+    ("hosts", "kind"),
+    [
+        (["a", "a"], ShmTransport),
+        (["a", "b"], TcpTransport),
+        (["a", "a", "b"], HybridTransport),  # rank 2 is alone on b, yet every rank agrees
+    ],
+)
+def test_connect_builds_one_class_for_the_whole_job(hosts: list[str], kind: type) -> None:
+    store = MemoryStore(timeout=30)
+    size = len(hosts)
+    ts = conformance.build_in_threads(
+        size, lambda rank: connect(rank, size, hosts, store, timeout=30)
+    )
+    try:
+        assert all(type(t) is kind for t in ts)
+
+        def ring(t: Endpoint) -> int:
+            got = np.zeros(1, np.uint8)
+            hs = [
+                t.isend((t.rank + 1) % size, 1, memoryview(np.full(1, t.rank, np.uint8)), 0),
+                t.irecv((t.rank - 1) % size, 1, memoryview(got), 0),
+            ]
+            conformance.wait_all(t, hs)
+            return int(got[0])
+
+        assert conformance.run_ranks(ts, ring) == [(r - 1) % size for r in range(size)]
+    finally:
+        for t in ts:
+            t.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import socket
 import struct
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from tcp_helpers import SelectWatch, no_leaks, tcp_transports  # noqa: F401 (fixture)
 
+from plait._net import route_to
 from plait.communicator import Communicator
 from plait.errors import (
     ClosedError,
@@ -28,7 +28,6 @@ from plait.errors import (
     TransportError,
 )
 from plait.rendezvous.store import MemoryStore, PrefixStore
-from plait.transport import tcp
 from plait.transport.conformance import build_in_threads, run_ranks, wait_all
 from plait.transport.tcp import (
     SOCKET_BUFFER,
@@ -37,9 +36,8 @@ from plait.transport.tcp import (
     IfnameSpec,
     PeerProtocolError,
     TcpTransport,
-    _route_to,
-    _store_host,
     interface_addresses,
+    interfaces,
     match_ifnames,
     parse_ifname,
     select_interface_address,
@@ -76,19 +74,14 @@ def _drive_until(
 ) -> None:
     """Drive ``t`` from this thread until ``cond()`` holds; fail saying ``what`` never happened.
 
-    Blocks on the transport's descriptor between rounds (the Drivable hooks), so it wakes
-    when bytes arrive rather than after a fixed nap.
+    Each round waits in the transport for at most 10 ms (in its epoll, so bytes that
+    arrive are handled at once), then looks at ``cond()`` again.
     """
     deadline = time.monotonic() + timeout
     while not cond():
         left = deadline - time.monotonic()
         assert left > 0, f"rank {t.rank}: {what} within {timeout} s"
-        if t.poll() or t.begin_sleep() == 0.0:
-            continue
-        try:
-            select.select([t.sleep_fd()], [], [], left)
-        finally:
-            t.end_sleep()
+        t.wait_any([], min(left, 0.01))
 
 
 def _close(objs: object) -> None:
@@ -148,7 +141,7 @@ def test_striped_messages_arrive_intact_and_in_order(streams: int) -> None:
                 )
         striped = sum(n >= STRIPE_MIN for n in STRIPED_SIZES)
         for t in ts:
-            peer = t._peers[1 - t.rank]
+            peer = t._link.peers[1 - t.rank]
             assert peer is not None
             assert len(peer.conns) == streams
             assert (peer.seq_out, peer.seq_in) == (striped, striped)
@@ -354,10 +347,10 @@ def test_default_address_follows_the_store_host() -> None:
     class HostStore(MemoryStore):
         host = "localhost"
 
-    assert _store_host(MemoryStore()) is None
-    assert _store_host(PrefixStore("group", HostStore())) == "localhost"
-    assert _route_to("localhost") in ("127.0.0.1", "::1")
-    assert _route_to("127.0.0.5") == "127.0.0.1"
+    assert interfaces.store_host(MemoryStore()) is None
+    assert interfaces.store_host(PrefixStore("group", HostStore())) == "localhost"
+    assert route_to("localhost") in ("127.0.0.1", "::1")
+    assert route_to("127.0.0.5") == "127.0.0.1"
     t = TcpTransport(0, 1, HostStore(), timeout=5)
     try:
         assert t.address.startswith(("127.0.0.1:", "[::1]:"))
@@ -368,10 +361,10 @@ def test_default_address_follows_the_store_host() -> None:
 @pytest.mark.parametrize("autotune", [0, 64 << 20])
 def test_socket_buffers(monkeypatch: pytest.MonkeyPatch, autotune: int) -> None:
     """Buffers are raised to SOCKET_BUFFER only where kernel autotuning cannot get there."""
-    monkeypatch.setattr(tcp, "_autotune_max", lambda opt: autotune)
+    monkeypatch.setattr(interfaces, "_autotune_max", lambda opt: autotune)
     with socket.socket() as s:
         before = [s.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_SNDBUF, socket.SO_RCVBUF)]
-        tcp._tune(s)
+        interfaces.tune(s)
         after = [s.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_SNDBUF, socket.SO_RCVBUF)]
     if autotune:
         assert after == before
@@ -429,7 +422,7 @@ def test_waiting_thread_takes_over_driving() -> None:
                 waiting.set()  # b's lock stays held until wait() lets go of it
                 return super().wait(timeout)
 
-        b._cond = Watched(b._lock)  # type: ignore[assignment]
+        b._cond = Watched(b._lock)
         got = {1: np.zeros(8, np.uint8), 2: np.zeros(8, np.uint8)}
         done_at: dict[int, float] = {}
         cpu: dict[int, float] = {}
@@ -555,7 +548,7 @@ def test_cancel_partially_written_send() -> None:
         got = np.zeros(n, np.uint8)
         r = b.irecv(0, 3, got.data, 0)
         h = a.isend(1, 3, data.data, 0)
-        conn = a._peers[1].conns[0]  # type: ignore[union-attr]
+        conn = a._link.peers[1].conns[0]  # type: ignore[union-attr]
         for _ in range(500):  # until the payload has started (b reads nothing of it yet)
             if conn.sendq and conn.sendq[0].op is h and conn.sendq[0].off > 0:
                 break
@@ -631,10 +624,10 @@ def test_connection_reset_fails_with_peer_lost_and_the_os_error_as_cause() -> No
     try:
         a, b = ts
         h = a.irecv(1, 1, np.zeros(4, np.uint8).data, 0)
-        conn = b._peers[0].conns[0]  # type: ignore[union-attr]
+        conn = b._link.peers[0].conns[0]  # type: ignore[union-attr]
         assert conn.sock is not None
         conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        b._drop(conn)  # closing with linger 0 resets the connection
+        b._link.drop(conn)  # closing with linger 0 resets the connection
         wait_all(a, [h], timeout=5)
         assert isinstance(h.error, PeerLostError), h.error
         assert "rank 0: connection to rank 1 lost" in str(h.error)
@@ -648,7 +641,7 @@ def test_protocol_garbage_fails_with_peer_protocol_error() -> None:
     try:
         a, b = ts
         h = a.irecv(1, 1, np.zeros(4, np.uint8).data, 0)
-        conn = b._peers[0].conns[0]  # type: ignore[union-attr]
+        conn = b._link.peers[0].conns[0]  # type: ignore[union-attr]
         assert conn.sock is not None
         conn.sock.send(b"\x09" + b"\0" * 23)  # a frame kind that does not exist
         wait_all(a, [h], timeout=5)

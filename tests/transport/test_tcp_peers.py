@@ -36,9 +36,9 @@ def test_mesh_across_hosts_only(streams: int) -> None:
     try:
         for t in ts:
             assert t.peers == frozenset(_across(t.rank))
-            connected = [j for j, p in enumerate(t._peers) if p is not None]
+            connected = [j for j, p in enumerate(t._link.peers) if p is not None]
             assert connected == _across(t.rank)
-            assert all(len(p.conns) == streams for p in t._peers if p is not None)
+            assert all(len(p.conns) == streams for p in t._link.peers if p is not None)
         sizes = [8, 600_000, 3 << 20]
 
         def body(t: TcpTransport) -> dict[tuple[int, int], np.ndarray]:

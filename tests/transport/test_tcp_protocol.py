@@ -23,7 +23,7 @@ from tcp_helpers import no_leaks, tcp_transports  # noqa: F401 (fixture)
 from plait import _auth
 from plait.errors import ClosedError, MismatchError, PeerLostError
 from plait.rendezvous.store import MemoryStore
-from plait.transport import tcp
+from plait.transport import endpoint
 from plait.transport.conformance import run_ranks, wait_all
 from plait.transport.tcp import (
     CHUNK,
@@ -31,6 +31,7 @@ from plait.transport.tcp import (
     STRIPE_MIN,
     PeerProtocolError,
     TcpTransport,
+    wire,
 )
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -50,7 +51,7 @@ def _close(ts: list[TcpTransport]) -> None:
 def _quiet(t: TcpTransport) -> None:
     """Assert that ``t`` holds no rendezvous state and no unexpected message any more."""
     assert not t._unexpected, t._unexpected
-    for p in t._peers:
+    for p in t._link.peers:
         if p is not None:
             assert not p.rts_out, (t.rank, p.rank, p.rts_out)
             assert not p.rts_in, (t.rank, p.rank, p.rts_in)
@@ -64,7 +65,7 @@ def _small_buffers(t: TcpTransport, peer: int) -> None:
     so a test can tell a frame sent between two chunks from one sent after a
     whole payload.
     """
-    p = t._peers[peer]
+    p = t._link.peers[peer]
     assert p is not None
     for c in p.conns:
         assert c.sock is not None
@@ -75,12 +76,12 @@ def _small_buffers(t: TcpTransport, peer: int) -> None:
 def _step(*ts: TcpTransport) -> None:
     """One round of progress on each transport, without blocking."""
     for t in ts:
-        t.poll()
+        t.wait_any([], 0)
 
 
 def _left(t: TcpTransport, peer: int, h: object) -> int:
     """Bytes of send ``h`` still in ``t``'s send queue on stream 0 to ``peer``."""
-    p = t._peers[peer]
+    p = t._link.peers[peer]
     assert p is not None
     return sum(
         item.total - item.off + (item.rest.nbytes if item.rest is not None else 0)
@@ -177,8 +178,8 @@ def test_unexpected_large_messages_cost_a_record_not_a_buffer(streams: int) -> N
         small = a.isend(1, 7, _pattern(16, 1).data, 0)
         _settle(a, b)
         queue = b._unexpected[(0, 7)]
-        assert [type(r).__name__ for r in queue] == ["_Rts", "_Rts", "_Rts", "_Inbound"]
-        assert all(r.__class__ is not tcp._Inbound or r.nbytes == 16 for r in queue)
+        assert [type(r.source).__name__ for r in queue] == ["Rts", "Rts", "Rts", "Inbound"]
+        assert all(r.data is None or r.nbytes == 16 for r in queue)
         assert not any(h.done for h in hs), "a large send finished before its receive was posted"
         got = [np.zeros(n, np.uint8) for n in [*sizes, 16]]
         rs = [b.irecv(0, 7, g.data, 0) for g in got]
@@ -277,7 +278,7 @@ def test_large_exchange_is_full_duplex(streams: int) -> None:
         got_b, got_a = np.zeros(n_a, np.uint8), np.zeros(n_b, np.uint8)
         r1 = b.irecv(0, 1, got_b.data, 0)
         h1 = a.isend(1, 1, data_a.data, 0)
-        conn = a._peers[1].conns[0]  # type: ignore[union-attr]
+        conn = a._link.peers[1].conns[0]  # type: ignore[union-attr]
         for _ in range(10000):  # until rank 0's payload has started
             if conn.sendq and conn.sendq[0].op is h1 and conn.sendq[0].started():
                 break
@@ -384,7 +385,7 @@ def test_large_mismatch_fails_the_receive_and_completes_the_send(
 
 def _fill(a: TcpTransport, peer: int, tag: int) -> list:
     """Eager sends to ``peer`` until ``a``'s send queue to it is backed up (peer not reading)."""
-    conn = a._peers[peer].conns[0]  # type: ignore[union-attr]
+    conn = a._link.peers[peer].conns[0]  # type: ignore[union-attr]
     block = np.zeros(EAGER_MAX, np.uint8)
     hs = []
     for _ in range(4096):
@@ -401,11 +402,11 @@ def test_cancel_before_the_announcement_is_written() -> None:
         a, b = ts
         fill = _fill(a, 1, 9)
         h = a.isend(1, 1, _pattern(BIG, 1).data, 0)
-        assert a._peers[1].rts_out  # type: ignore[union-attr]
+        assert a._link.peers[1].rts_out  # type: ignore[union-attr]
         a.cancel(h)
         assert h.done
         assert h.error is None
-        assert not a._peers[1].rts_out  # type: ignore[union-attr]
+        assert not a._link.peers[1].rts_out  # type: ignore[union-attr]
         later = a.isend(1, 1, _pattern(BIG, 2).data, 0)
         sink = np.zeros(EAGER_MAX, np.uint8)
         got = np.zeros(BIG, np.uint8)
@@ -439,7 +440,7 @@ def test_cancel_after_the_announcement_with_nothing_posted() -> None:
         a.cancel(h)
         assert h.done
         assert h.error is None
-        assert a._peers[1].rts_out  # type: ignore[union-attr] # a tombstone until the answer
+        assert a._link.peers[1].rts_out  # type: ignore[union-attr] # a tombstone until the answer
         _settle(a, b)  # b reads WITHDRAW and refuses; a reads the answer
         for t in ts:
             _quiet(t)
@@ -464,7 +465,7 @@ def test_cancel_after_the_receiver_cleared_it() -> None:
         buf = np.full(BIG, 0xEE, np.uint8)
         r = b.irecv(0, 1, buf.data, 0)
         h = a.isend(1, 1, _pattern(BIG, 1).data, 0)
-        p = b._peers[0]
+        p = b._link.peers[0]
         assert p is not None
         for _ in range(1000):  # until b has read the announcement and answered it
             if p.cleared:
@@ -498,7 +499,7 @@ def test_cancel_when_the_payload_is_queued_but_not_started() -> None:
         h2 = a.isend(1, 5, _pattern(BIG, 2).data, 0)
         h3 = a.isend(1, 6, first.data, 0)
         r3 = b.irecv(0, 6, got_first.data, 0)
-        conn = a._peers[1].conns[0]  # type: ignore[union-attr]
+        conn = a._link.peers[1].conns[0]  # type: ignore[union-attr]
         for _ in range(1000):  # until the 32 MiB payload has started and filled the socket
             if conn.sendq and conn.sendq[0].op is h3 and conn.sendq[0].off > 0:
                 break
@@ -542,7 +543,7 @@ def test_cancel_striped_payload_finishes_from_a_private_copy() -> None:
         got = np.zeros(n, np.uint8)
         r = b.irecv(0, 1, got.data, 0)
         h = a.isend(1, 1, data.data, 0)
-        pa = a._peers[1]
+        pa = a._link.peers[1]
         assert pa is not None
         for _ in range(1000):  # until a read the CTS and queued the parts
             if not pa.rts_out:
@@ -580,7 +581,7 @@ def test_cancel_in_the_middle_of_a_payload_finishes_it_from_a_private_copy() -> 
         got = np.zeros(n, np.uint8)
         r = b.irecv(0, 1, got.data, 0)
         h = a.isend(1, 1, data.data, 0)
-        conn = a._peers[1].conns[0]  # type: ignore[union-attr]
+        conn = a._link.peers[1].conns[0]  # type: ignore[union-attr]
         for _ in range(10000):  # until a chunk is out and the rest waits in the queue
             if conn.sendq and conn.sendq[0].op is h and conn.sendq[0].sent:
                 break
@@ -615,7 +616,7 @@ def test_receive_cancelled_in_the_middle_of_a_payload_is_never_written_again() -
         buf = np.zeros(n, np.uint8)
         r = b.irecv(0, 1, buf.data, 0)
         h = a.isend(1, 1, _pattern(n, 6).data, 0)
-        conn = b._peers[0].conns[0]  # type: ignore[union-attr]
+        conn = b._link.peers[0].conns[0]  # type: ignore[union-attr]
         for _ in range(10000):  # until b has read part of the payload
             rec = conn.rec or conn.cont
             if rec is not None and rec.op is r and conn.pos > CHUNK:
@@ -653,7 +654,7 @@ def test_cancelled_receive_after_cts_discards_the_payload(streams: int) -> None:
         h = a.isend(1, 1, _pattern(n, 1).data, 0)
         buf = np.full(n, 0xEE, np.uint8)
         r = b.irecv(0, 1, buf.data, 0)
-        p = b._peers[0]
+        p = b._link.peers[0]
         assert p is not None
         for _ in range(1000):
             if p.cleared:
@@ -709,7 +710,7 @@ def test_close_fails_large_sends_and_receives_at_every_stage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Closing a rank fails its own waiting operations and its peer's, promptly."""
-    monkeypatch.setattr(tcp, "CLOSE_FLUSH_SECONDS", 0.3)  # the wait for a CTS that never comes
+    monkeypatch.setattr(endpoint, "CLOSE_FLUSH_SECONDS", 0.3)  # the wait for a CTS that never comes
     ts = tcp_transports(2)
     try:
         a, b = ts
@@ -719,7 +720,7 @@ def test_close_fails_large_sends_and_receives_at_every_stage(
         r_cleared = a.irecv(1, 2, cleared.data, 0)
         h_cleared = b.isend(0, 2, _pattern(BIG, 2).data, 0)
         announced = b.isend(0, 3, _pattern(BIG, 3).data, 0)  # a never posts a receive either
-        pa = a._peers[1]
+        pa = a._link.peers[1]
         assert pa is not None
         for _ in range(1000):  # a clears the first and keeps the second as unexpected
             if pa.cleared and a._unexpected.get((1, 3)):
@@ -760,9 +761,9 @@ def _dial(store: MemoryStore, rank: int, size: int, target: int) -> socket.socke
     sock.sendall(
         ours
         + _auth.client_proof(key, server_nonce, ours)
-        + tcp._HELLO.pack(tcp._MAGIC, tcp._VERSION, 0, rank, size, 1)
+        + wire.HELLO.pack(wire.MAGIC, wire.VERSION, 0, rank, size, 1)
     )
-    answer = _recv_exactly(sock, _auth.MAC + tcp._HELLO.size)
+    answer = _recv_exactly(sock, _auth.MAC + wire.HELLO.size)
     assert answer[: _auth.MAC] == _auth.server_proof(key, server_nonce, ours)
     return sock
 
@@ -814,27 +815,27 @@ def with_intruder(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list, socke
 
 
 def _hdr(kind: int, check: int = 0, tag: int = 0, nbytes: int = 0) -> bytes:
-    return tcp._HDR.pack(kind, check, tag, nbytes)
+    return wire.HDR.pack(kind, check, tag, nbytes)
 
 
 BAD_FRAMES = {
-    "eager-2**50": _hdr(tcp._DATA, 0, 4, 2**50),
-    "eager-1GiB": _hdr(tcp._DATA, 0, 4, 1 << 30),
-    "eager-above-limit": _hdr(tcp._DATA, 0, 4, EAGER_MAX + 1) + b"x" * 1000,
-    "payload-never-cleared": _hdr(tcp._RDATA, 0, 0, 1 << 30),
-    "cts-unknown-id": _hdr(tcp._CTS, 0, 7, 0),
-    "refuse-unknown-id": _hdr(tcp._REFUSE, 0, 0, 0),
-    "withdraw-never-announced": _hdr(tcp._WITHDRAW, 0, 3, 0),
-    "cts-with-length": _hdr(tcp._CTS, 0, 0, 100),
-    "rts-small": _hdr(tcp._RTS, 0, 4, 100) + tcp._ID.pack(0),
-    "rts-id-reused": _hdr(tcp._RTS, 0, 4, 1 << 40)
-    + tcp._ID.pack(5)
-    + _hdr(tcp._RTS, 0, 4, 1 << 40)
-    + tcp._ID.pack(5),
-    "payload-wrong-length": _hdr(tcp._RTS, 0, 1, 1 << 20)
-    + tcp._ID.pack(0)
-    + _hdr(tcp._RDATA, 0, 0, 1 << 30),
-    "part-on-stream-0": _hdr(tcp._PART, 0, 0, 1 << 30),
+    "eager-2**50": _hdr(wire.DATA, 0, 4, 2**50),
+    "eager-1GiB": _hdr(wire.DATA, 0, 4, 1 << 30),
+    "eager-above-limit": _hdr(wire.DATA, 0, 4, EAGER_MAX + 1) + b"x" * 1000,
+    "payload-never-cleared": _hdr(wire.RDATA, 0, 0, 1 << 30),
+    "cts-unknown-id": _hdr(wire.CTS, 0, 7, 0),
+    "refuse-unknown-id": _hdr(wire.REFUSE, 0, 0, 0),
+    "withdraw-never-announced": _hdr(wire.WITHDRAW, 0, 3, 0),
+    "cts-with-length": _hdr(wire.CTS, 0, 0, 100),
+    "rts-small": _hdr(wire.RTS, 0, 4, 100) + wire.ID.pack(0),
+    "rts-id-reused": _hdr(wire.RTS, 0, 4, 1 << 40)
+    + wire.ID.pack(5)
+    + _hdr(wire.RTS, 0, 4, 1 << 40)
+    + wire.ID.pack(5),
+    "payload-wrong-length": _hdr(wire.RTS, 0, 1, 1 << 20)
+    + wire.ID.pack(0)
+    + _hdr(wire.RDATA, 0, 0, 1 << 30),
+    "part-on-stream-0": _hdr(wire.PART, 0, 0, 1 << 30),
     "unknown-kind": _hdr(99, 0, 0, 1 << 30),
 }
 
@@ -889,11 +890,11 @@ def test_intruder_speaking_the_protocol_is_served(
     (t0, _), intruder = with_intruder
     got = np.zeros(BIG, np.uint8)
     r = t0.irecv(2, 1, got.data, 0)
-    intruder.sendall(_hdr(tcp._RTS, 0, 1, BIG) + tcp._ID.pack(0))
-    answer = _recv_exactly_while(t0, intruder, tcp._HDR.size)
-    assert tcp._HDR.unpack(answer) == (tcp._CTS, 0, 0, 0)
+    intruder.sendall(_hdr(wire.RTS, 0, 1, BIG) + wire.ID.pack(0))
+    answer = _recv_exactly_while(t0, intruder, wire.HDR.size)
+    assert wire.HDR.unpack(answer) == (wire.CTS, 0, 0, 0)
     payload = _pattern(BIG, 9)
-    intruder.sendall(_hdr(tcp._RDATA, 0, 0, BIG) + payload.tobytes())
+    intruder.sendall(_hdr(wire.RDATA, 0, 0, BIG) + payload.tobytes())
     wait_all(t0, [r])
     assert r.error is None
     np.testing.assert_array_equal(got, payload)
@@ -919,26 +920,26 @@ def _recv_exactly_while(t: TcpTransport, sock: socket.socket, n: int) -> bytes:
 
 M = 1 << 20  # the message the intruder announces (tag 1, id 0) and rank 0 clears
 C = 256 << 10  # a chunk the intruder sends
-_RTS_M = _hdr(tcp._RTS, 0, 1, M) + tcp._ID.pack(0)
-_CHUNK_C = _hdr(tcp._RDATA, 0, 0, C) + bytes(C)
+_RTS_M = _hdr(wire.RTS, 0, 1, M) + wire.ID.pack(0)
+_CHUNK_C = _hdr(wire.RDATA, 0, 0, C) + bytes(C)
 
 # Each starts with _RTS_M; rank 0 has a receive of M bytes posted for it.
 BAD_CHUNKS = {
-    "longer-than-the-rest": _RTS_M + _CHUNK_C + _hdr(tcp._RDATA, 0, 0, M - C + 1),
-    "longer-than-the-message": _RTS_M + _hdr(tcp._RDATA, 0, 0, M + 1),
-    "empty": _RTS_M + _hdr(tcp._RDATA, 0, 0, 0),
-    "unannounced": _RTS_M + _hdr(tcp._RDATA, 0, 7, C),
+    "longer-than-the-rest": _RTS_M + _CHUNK_C + _hdr(wire.RDATA, 0, 0, M - C + 1),
+    "longer-than-the-message": _RTS_M + _hdr(wire.RDATA, 0, 0, M + 1),
+    "empty": _RTS_M + _hdr(wire.RDATA, 0, 0, 0),
+    "unannounced": _RTS_M + _hdr(wire.RDATA, 0, 7, C),
     "of-another-message": _RTS_M
-    + _hdr(tcp._RTS, 0, 3, M)
-    + tcp._ID.pack(1)
+    + _hdr(wire.RTS, 0, 3, M)
+    + wire.ID.pack(1)
     + _CHUNK_C
-    + _hdr(tcp._RDATA, 0, 1, C),
-    "other-check": _RTS_M + _CHUNK_C + _hdr(tcp._RDATA, 5, 0, C),
-    "after-completion": _RTS_M + _hdr(tcp._RDATA, 0, 0, M) + bytes(M) + _hdr(tcp._RDATA, 0, 0, C),
-    "eager-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._DATA, 0, 2, 8) + bytes(8),
-    "rts-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._RTS, 0, 3, M) + tcp._ID.pack(1),
-    "withdraw-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._WITHDRAW, 0, 0, 0),
-    "bye-between-chunks": _RTS_M + _CHUNK_C + _hdr(tcp._BYE),
+    + _hdr(wire.RDATA, 0, 1, C),
+    "other-check": _RTS_M + _CHUNK_C + _hdr(wire.RDATA, 5, 0, C),
+    "after-completion": _RTS_M + _hdr(wire.RDATA, 0, 0, M) + bytes(M) + _hdr(wire.RDATA, 0, 0, C),
+    "eager-between-chunks": _RTS_M + _CHUNK_C + _hdr(wire.DATA, 0, 2, 8) + bytes(8),
+    "rts-between-chunks": _RTS_M + _CHUNK_C + _hdr(wire.RTS, 0, 3, M) + wire.ID.pack(1),
+    "withdraw-between-chunks": _RTS_M + _CHUNK_C + _hdr(wire.WITHDRAW, 0, 0, 0),
+    "bye-between-chunks": _RTS_M + _CHUNK_C + _hdr(wire.BYE),
 }
 
 
@@ -973,7 +974,7 @@ def test_impossible_chunks_drop_the_peer(
         assert (got == 0).all()
     else:
         assert isinstance(posted.error, PeerProtocolError), posted.error
-    assert t0._peers[2].dead  # type: ignore[union-attr]
+    assert t0._link.peers[2].dead  # type: ignore[union-attr]
 
 
 def _send_quietly(sock: socket.socket, data: bytes) -> None:
@@ -1000,10 +1001,10 @@ def _send_while(t: TcpTransport, sock: socket.socket, data: bytes) -> None:
 
 def _read_frame(t: TcpTransport, sock: socket.socket) -> tuple[int, int, int, int, bytes]:
     """The next frame rank ``t`` sends on ``sock``: header fields and what follows it."""
-    kind, check, tag, nbytes = tcp._HDR.unpack(_recv_exactly_while(t, sock, tcp._HDR.size))
-    if kind == tcp._RTS:
-        body = _recv_exactly_while(t, sock, tcp._ID.size)
-    elif kind in (tcp._DATA, tcp._RDATA):
+    kind, check, tag, nbytes = wire.HDR.unpack(_recv_exactly_while(t, sock, wire.HDR.size))
+    if kind == wire.RTS:
+        body = _recv_exactly_while(t, sock, wire.ID.size)
+    elif kind in (wire.DATA, wire.RDATA):
         body = _recv_exactly_while(t, sock, nbytes)
     else:
         body = b""
@@ -1027,10 +1028,10 @@ def test_a_cts_goes_out_between_two_chunks(
     data = _pattern(n, 11)
     h = t0.isend(2, 1, data.data, 9)
     kind, check, tag, nbytes, body = _read_frame(t0, intruder)
-    assert (kind, check, tag, nbytes) == (tcp._RTS, 9, 1, n)
-    (rid,) = tcp._ID.unpack(body)
-    intruder.sendall(_hdr(tcp._CTS, 0, rid, 0))
-    conn = t0._peers[2].conns[0]  # type: ignore[union-attr]
+    assert (kind, check, tag, nbytes) == (wire.RTS, 9, 1, n)
+    (rid,) = wire.ID.unpack(body)
+    intruder.sendall(_hdr(wire.CTS, 0, rid, 0))
+    conn = t0._link.peers[2].conns[0]  # type: ignore[union-attr]
     for _ in range(2000):  # until rank 0's payload has started and filled the socket
         if conn.sendq and conn.sendq[0].op is h and conn.sendq[0].started():
             break
@@ -1040,12 +1041,12 @@ def test_a_cts_goes_out_between_two_chunks(
     theirs = _pattern(BIG, 12)
     got = np.zeros(BIG, np.uint8)
     r = t0.irecv(2, 2, got.data, 4)
-    intruder.sendall(_hdr(tcp._RTS, 4, 2, BIG) + tcp._ID.pack(0))
+    intruder.sendall(_hdr(wire.RTS, 4, 2, BIG) + wire.ID.pack(0))
     payload = bytearray()
     cts_at = None
     while len(payload) < n:
         kind, check, tag, nbytes, body = _read_frame(t0, intruder)
-        if kind == tcp._CTS:
+        if kind == wire.CTS:
             assert cts_at is None
             assert (tag, nbytes) == (0, 0)
             cts_at = len(payload)
@@ -1054,11 +1055,11 @@ def test_a_cts_goes_out_between_two_chunks(
                 t0,
                 intruder,
                 b"".join(
-                    _hdr(tcp._RDATA, 4, 0, hi - lo) + theirs[lo:hi].tobytes() for lo, hi in chunks
+                    _hdr(wire.RDATA, 4, 0, hi - lo) + theirs[lo:hi].tobytes() for lo, hi in chunks
                 ),
             )
             continue
-        assert (kind, check, tag) == (tcp._RDATA, 9, rid)
+        assert (kind, check, tag) == (wire.RDATA, 9, rid)
         assert 0 < nbytes <= CHUNK
         payload += body
     assert cts_at is not None, "no CTS before the payload's end"

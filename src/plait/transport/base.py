@@ -58,7 +58,7 @@ def may_spin() -> bool:
     return not getattr(_thread, "background", False)
 
 
-__all__ = ["Drivable", "Handle", "Transport", "background_thread", "may_spin", "spin_seconds"]
+__all__ = ["Handle", "Transport", "background_thread", "may_spin", "spin_seconds"]
 
 
 @runtime_checkable
@@ -100,40 +100,4 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Release resources; peers waiting on this rank fail with PeerLostError."""
-        ...
-
-
-@runtime_checkable
-class Drivable(Protocol):
-    """A transport whose progress another object can drive.
-
-    The hybrid transport waits on several transports at once (shared memory
-    to the ranks on this host, TCP to the others) from one thread: it calls
-    :meth:`poll` on each until nothing moves, then blocks in ``poll(2)`` on
-    every :meth:`sleep_fd` between :meth:`begin_sleep` and :meth:`end_sleep`.
-    While a driver uses these, nobody calls the transport's own ``wait_any``.
-    """
-
-    def poll(self) -> bool:
-        """One round of progress that never blocks; whether anything moved or completed."""
-        ...
-
-    def sleep_fd(self) -> int:
-        """A descriptor that is readable whenever :meth:`poll` may make progress."""
-        ...
-
-    def begin_sleep(self) -> float:
-        """Arm wake-ups before the driver blocks on :meth:`sleep_fd`.
-
-        From now on, whatever needs the driver (a peer's data, a doorbell,
-        another thread's ``isend``/``irecv``/``cancel``/``close`` or a
-        completion it causes) makes the descriptor readable. Returns the
-        longest the driver may block (``math.inf``: no limit), or 0.0 when
-        progress happened meanwhile: then nothing is armed, the driver must
-        not block and must not call :meth:`end_sleep`.
-        """
-        ...
-
-    def end_sleep(self) -> None:
-        """Disarm after blocking; the next :meth:`poll` handles what woke the driver."""
         ...

@@ -17,20 +17,22 @@ Use it from a test module::
 completes before its receive is posted); a zero-buffer transport (the memory
 transport's lockstep mode) skips them. :func:`build_in_threads` builds
 transports whose constructors block until all ranks are there (TCP, shared
-memory) on one thread per rank.
+memory) on one thread per rank; it and the other helpers live in
+:mod:`plait.transport.harness`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
 
 import numpy as np
 
 from plait.errors import ClosedError, MismatchError, PeerLostError
-from plait.transport.base import Handle, Transport
+from plait.transport import harness
+from plait.transport.base import Transport
+from plait.transport.harness import WAIT, Factory, build_in_threads, run_ranks, wait_all
 
 __all__ = [
     "BUFFERED_CHECKS",
@@ -60,164 +62,28 @@ __all__ = [
     "wait_all",
 ]
 
-#: ``make(size)`` -> ``size`` connected transports, index = rank.
-Factory = Callable[[int], Sequence[Transport]]
-
-T = TypeVar("T")
-
-
-class _Closable(Protocol):
-    def close(self) -> None: ...
-
-
-TT = TypeVar("TT", bound=_Closable)
-
-#: Seconds any single wait in a check may take before the check fails.
-WAIT = 20.0
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-
-def build_in_threads(size: int, build: Callable[[int], T], timeout: float = 60.0) -> list[T]:
-    """Call ``build(rank)`` for every rank on its own thread; the results in rank order.
-
-    For transports whose constructor blocks until all ranks have arrived. If
-    any rank fails, the others that were built are closed and the first error
-    (in rank order) is raised.
-
-    Raises:
-        BaseException: whatever the first failing ``build`` raised.
-        TimeoutError: some rank took longer than ``timeout``.
-    """
-    results: list[Any] = [None] * size
-    errors: dict[int, BaseException] = {}
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = build(rank)
-        except BaseException as exc:
-            errors[rank] = exc
-
-    threads = [
-        threading.Thread(target=body, args=(r,), name=f"build-rank-{r}", daemon=True)
-        for r in range(size)
-    ]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(end - time.monotonic(), 0.0))
-    if any(t.is_alive() for t in threads):
-        raise TimeoutError(f"building {size} transports took more than {timeout} s")
-    if errors:
-        for r in results:
-            if r is not None and hasattr(r, "close"):
-                r.close()
-        raise errors[min(errors)]
-    return results
-
-
-def run_ranks(transports: Sequence[TT], fn: Callable[[TT], T], timeout: float = 60.0) -> list[T]:
-    """Run ``fn(transport)`` on one thread per rank; the results in rank order.
-
-    Raises:
-        AssertionError: some rank failed (its error is chained) or hung.
-    """
-    results: list[Any] = [None] * len(transports)
-    errors: dict[int, BaseException] = {}
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(transports[rank])
-        except BaseException as exc:
-            errors[rank] = exc
-
-    threads = [
-        threading.Thread(target=body, args=(r,), name=f"rank-{r}", daemon=True)
-        for r in range(len(transports))
-    ]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(end - time.monotonic(), 0.0))
-    hung = [r for r, t in enumerate(threads) if t.is_alive()]
-    if hung:
-        for tr in transports:  # unblock them so the threads end
-            tr.close()
-        for t in threads:
-            t.join(5.0)
-        raise AssertionError(f"rank(s) {hung} did not finish within {timeout} s")
-    if errors:
-        first = min(errors)
-        raise AssertionError(f"rank {first} failed: {errors[first]!r}") from errors[first]
-    return results
-
-
-def wait_all(t: Transport, handles: Sequence[Handle], timeout: float = WAIT) -> None:
-    """Wait until every handle is done; assert it happened within ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while True:
-        left = [h for h in handles if not h.done]
-        if not left:
-            return
-        remaining = end - time.monotonic()
-        assert remaining > 0, f"rank {t.rank}: {len(left)} handle(s) not done after {timeout} s"
-        t.wait_any(left, remaining)
-
-
-def _ok(t: Transport, handles: Sequence[Handle], timeout: float = WAIT) -> None:
-    wait_all(t, handles, timeout)
-    errors = [h.error for h in handles if h.error is not None]
-    assert not errors, f"rank {t.rank}: unexpected errors {errors!r}"
-
-
-def _pattern(nbytes: int, seed: int) -> np.ndarray:
-    """Bytes that differ between seeds and positions (catches shifted or swapped data)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, nbytes, dtype=np.uint8)
-
-
-def _mv(a: np.ndarray) -> memoryview:
-    return a.data  # a 1-D contiguous uint8 array: format "B"
-
-
-def _close_all(transports: Sequence[Transport]) -> None:
-    for t in transports:
-        t.close()
-
-
-def _made(make: Factory, size: int) -> Sequence[Transport]:
-    ts = make(size)
-    assert len(ts) == size, f"make({size}) returned {len(ts)} transports"
-    for r, t in enumerate(ts):
-        assert (t.rank, t.size) == (r, size), f"transport {r} says rank {t.rank} of {t.size}"
-    return ts
-
-
 # -- checks -----------------------------------------------------------------------------------
 
 
 def check_send_recv(make: Factory) -> None:
     """One message each way between two ranks arrives intact, with error None."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> np.ndarray:
             other = 1 - t.rank
-            data = _pattern(100, t.rank)
+            data = harness.pattern(100, t.rank)
             got = np.zeros(100, np.uint8)
-            hs = t.isend(other, 5, _mv(data), 7), t.irecv(other, 5, _mv(got), 7)
-            _ok(t, hs)
+            hs = t.isend(other, 5, harness.mv(data), 7), t.irecv(other, 5, harness.mv(got), 7)
+            harness.ok(t, hs)
             assert all(h.peer == other for h in hs), [h.peer for h in hs]
             return got
 
         got = run_ranks(ts, body)
         for r in range(2):
-            np.testing.assert_array_equal(got[r], _pattern(100, 1 - r))
+            np.testing.assert_array_equal(got[r], harness.pattern(100, 1 - r))
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_fifo_per_tag(make: Factory) -> None:
@@ -227,54 +93,60 @@ def check_fifo_per_tag(make: Factory) -> None:
     (second half); sizes mix small messages with large ones.
     """
     sizes = [8, 1, 300_000, 16, 0, 1 << 20, 3, 70_000, 8, 2_000_000, 5, 8]
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> list[np.ndarray] | None:
             if t.rank == 0:
-                hs = [t.isend(1, 9, _mv(_pattern(n, i)), 1) for i, n in enumerate(sizes)]
-                _ok(t, hs)
+                hs = [
+                    t.isend(1, 9, harness.mv(harness.pattern(n, i)), 1) for i, n in enumerate(sizes)
+                ]
+                harness.ok(t, hs)
                 return None
             got = [np.zeros(n, np.uint8) for n in sizes]
             half = len(sizes) // 2
-            hs = [t.irecv(0, 9, _mv(got[i]), 1) for i in range(half)]
-            _ok(t, hs)
-            hs = [t.irecv(0, 9, _mv(got[i]), 1) for i in range(half, len(sizes))]
-            _ok(t, hs)
+            hs = [t.irecv(0, 9, harness.mv(got[i]), 1) for i in range(half)]
+            harness.ok(t, hs)
+            hs = [t.irecv(0, 9, harness.mv(got[i]), 1) for i in range(half, len(sizes))]
+            harness.ok(t, hs)
             return got
 
         got = run_ranks(ts, body)[1]
         assert got is not None
         for i, n in enumerate(sizes):
-            np.testing.assert_array_equal(got[i], _pattern(n, i), err_msg=f"message {i} ({n} B)")
+            np.testing.assert_array_equal(
+                got[i], harness.pattern(n, i), err_msg=f"message {i} ({n} B)"
+            )
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_tags_match_out_of_order(make: Factory) -> None:
     """Receives with different tags match their own messages, in any posting order."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> dict[int, np.ndarray] | None:
             if t.rank == 0:
-                hs = [t.isend(1, tag, _mv(_pattern(64, tag)), 3) for tag in (1, 2, 3, 4)]
-                _ok(t, hs)
+                hs = [
+                    t.isend(1, tag, harness.mv(harness.pattern(64, tag)), 3) for tag in (1, 2, 3, 4)
+                ]
+                harness.ok(t, hs)
                 return None
             got = {tag: np.zeros(64, np.uint8) for tag in (1, 2, 3, 4)}
             # Tag 4 first and alone: it must complete although 1..3 were sent before it.
-            h4 = t.irecv(0, 4, _mv(got[4]), 3)
-            _ok(t, [h4])
-            hs = [t.irecv(0, tag, _mv(got[tag]), 3) for tag in (3, 1, 2)]
-            _ok(t, hs)
+            h4 = t.irecv(0, 4, harness.mv(got[4]), 3)
+            harness.ok(t, [h4])
+            hs = [t.irecv(0, tag, harness.mv(got[tag]), 3) for tag in (3, 1, 2)]
+            harness.ok(t, hs)
             return got
 
         got = run_ranks(ts, body)[1]
         assert got is not None
         for tag, arr in got.items():
-            np.testing.assert_array_equal(arr, _pattern(64, tag), err_msg=f"tag {tag}")
+            np.testing.assert_array_equal(arr, harness.pattern(64, tag), err_msg=f"tag {tag}")
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_unexpected_then_posted(make: Factory) -> None:
@@ -283,73 +155,73 @@ def check_unexpected_then_posted(make: Factory) -> None:
     Includes a large one that is likely still arriving when its receive is posted.
     """
     sizes = [24, 5_000_000]
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     posted = threading.Event()
     try:
 
         def body(t: Transport) -> list[np.ndarray] | None:
             if t.rank == 0:
-                hs = [t.isend(1, 11, _mv(_pattern(n, n)), 2) for n in sizes]
-                _ok(t, hs)
+                hs = [t.isend(1, 11, harness.mv(harness.pattern(n, n)), 2) for n in sizes]
+                harness.ok(t, hs)
                 return None
             time.sleep(0.2)  # let the messages arrive (or start to) with nothing posted
             got = [np.zeros(n, np.uint8) for n in sizes]
-            hs = [t.irecv(0, 11, _mv(g), 2) for g in got]
+            hs = [t.irecv(0, 11, harness.mv(g), 2) for g in got]
             posted.set()
-            _ok(t, hs)
+            harness.ok(t, hs)
             return got
 
         got = run_ranks(ts, body)[1]
         assert got is not None
         for g, n in zip(got, sizes, strict=True):
-            np.testing.assert_array_equal(g, _pattern(n, n), err_msg=f"{n} B")
+            np.testing.assert_array_equal(g, harness.pattern(n, n), err_msg=f"{n} B")
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_zero_length(make: Factory) -> None:
     """Zero-byte messages are allowed, complete, and keep their place in the (peer, tag) order."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> np.ndarray | None:
             empty = np.zeros(0, np.uint8)
             if t.rank == 0:
                 hs = [
-                    t.isend(1, 2, _mv(empty), 4),
-                    t.isend(1, 2, _mv(_pattern(10, 1)), 4),
-                    t.isend(1, 2, _mv(empty), 4),
+                    t.isend(1, 2, harness.mv(empty), 4),
+                    t.isend(1, 2, harness.mv(harness.pattern(10, 1)), 4),
+                    t.isend(1, 2, harness.mv(empty), 4),
                 ]
-                _ok(t, hs)
+                harness.ok(t, hs)
                 return None
             got = np.zeros(10, np.uint8)
             sink = np.zeros(0, np.uint8)
             hs = [
-                t.irecv(0, 2, _mv(sink), 4),
-                t.irecv(0, 2, _mv(got), 4),
-                t.irecv(0, 2, _mv(sink), 4),
+                t.irecv(0, 2, harness.mv(sink), 4),
+                t.irecv(0, 2, harness.mv(got), 4),
+                t.irecv(0, 2, harness.mv(sink), 4),
             ]
-            _ok(t, hs)
+            harness.ok(t, hs)
             return got
 
         got = run_ranks(ts, body)[1]
-        np.testing.assert_array_equal(got, _pattern(10, 1))
+        np.testing.assert_array_equal(got, harness.pattern(10, 1))
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_large_message(make: Factory, nbytes: int = 64 << 20) -> None:
     """A large message each way at once (both ranks send first): full duplex, no deadlock."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> bool:
             other = 1 - t.rank
-            data = _pattern(nbytes, t.rank)
+            data = harness.pattern(nbytes, t.rank)
             got = np.zeros(nbytes, np.uint8)
-            hs = [t.isend(other, 1, _mv(data), 5), t.irecv(other, 1, _mv(got), 5)]
-            _ok(t, hs, timeout=60.0)
-            expected = _pattern(nbytes, other)
+            hs = [t.isend(other, 1, harness.mv(data), 5), t.irecv(other, 1, harness.mv(got), 5)]
+            harness.ok(t, hs, timeout=60.0)
+            expected = harness.pattern(nbytes, other)
             bad = np.flatnonzero(got != expected)
             first = bad[0] if bad.size else 0
             assert bad.size == 0, f"rank {t.rank}: {bad.size} wrong bytes, first at {first}"
@@ -357,12 +229,12 @@ def check_large_message(make: Factory, nbytes: int = 64 << 20) -> None:
 
         assert run_ranks(ts, body, timeout=90.0) == [True, True]
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_many_peers(make: Factory, size: int = 5) -> None:
     """All-to-all among ``size`` ranks at once, small and large messages, two tags."""
-    ts = _made(make, size)
+    ts = harness.made(make, size)
 
     def nbytes(src: int, dst: int) -> int:
         return 400_000 if (src + dst) % 3 == 0 else 10 + src * size + dst
@@ -378,10 +250,10 @@ def check_many_peers(make: Factory, size: int = 5) -> None:
                     continue
                 for tag in (0, 1):
                     got[other, tag] = np.zeros(nbytes(other, r), np.uint8)
-                    hs.append(t.irecv(other, tag, _mv(got[other, tag]), 6))
-                    data = _pattern(nbytes(r, other), 1000 * r + 10 * other + tag)
-                    hs.append(t.isend(other, tag, _mv(data), 6))
-            _ok(t, hs)
+                    hs.append(t.irecv(other, tag, harness.mv(got[other, tag]), 6))
+                    data = harness.pattern(nbytes(r, other), 1000 * r + 10 * other + tag)
+                    hs.append(t.isend(other, tag, harness.mv(data), 6))
+            harness.ok(t, hs)
             return got
 
         results = run_ranks(ts, body)
@@ -389,24 +261,28 @@ def check_many_peers(make: Factory, size: int = 5) -> None:
             for (src, tag), arr in got.items():
                 np.testing.assert_array_equal(
                     arr,
-                    _pattern(nbytes(src, dst), 1000 * src + 10 * dst + tag),
+                    harness.pattern(nbytes(src, dst), 1000 * src + 10 * dst + tag),
                     err_msg=f"{src} -> {dst} tag {tag}",
                 )
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def _check_mismatch(make: Factory, send_n: int, send_check: int, what: str) -> None:
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> None:
             if t.rank == 0:
                 hs = [
-                    t.isend(1, 3, _mv(_pattern(send_n, 1)), send_check),  # posted-first case
-                    t.isend(1, 3, _mv(_pattern(8, 2)), 1),
-                    t.isend(1, 4, _mv(_pattern(send_n, 3)), send_check),  # arrives-first case
-                    t.isend(1, 4, _mv(_pattern(8, 4)), 1),
+                    t.isend(
+                        1, 3, harness.mv(harness.pattern(send_n, 1)), send_check
+                    ),  # posted-first case
+                    t.isend(1, 3, harness.mv(harness.pattern(8, 2)), 1),
+                    t.isend(
+                        1, 4, harness.mv(harness.pattern(send_n, 3)), send_check
+                    ),  # arrives-first case
+                    t.isend(1, 4, harness.mv(harness.pattern(8, 4)), 1),
                 ]
                 wait_all(t, hs)  # a transport may fail the bad sends too
                 assert hs[1].error is None, hs[1].error
@@ -414,25 +290,25 @@ def _check_mismatch(make: Factory, send_n: int, send_check: int, what: str) -> N
                 return
             bad = np.full(8, 0xAB, np.uint8)
             good = np.zeros(8, np.uint8)
-            h = t.irecv(0, 3, _mv(bad), 1)
+            h = t.irecv(0, 3, harness.mv(bad), 1)
             wait_all(t, [h])
             assert isinstance(h.error, MismatchError), f"{what}: got {h.error!r}"
             assert (bad == 0xAB).all(), f"{what}: the failed receive wrote into its buffer"
-            h = t.irecv(0, 3, _mv(good), 1)  # the stream is still in step
-            _ok(t, [h])
-            np.testing.assert_array_equal(good, _pattern(8, 2))
+            h = t.irecv(0, 3, harness.mv(good), 1)  # the stream is still in step
+            harness.ok(t, [h])
+            np.testing.assert_array_equal(good, harness.pattern(8, 2))
             time.sleep(0.1)
-            h = t.irecv(0, 4, _mv(bad), 1)
+            h = t.irecv(0, 4, harness.mv(bad), 1)
             wait_all(t, [h])
             assert isinstance(h.error, MismatchError), f"{what} (unexpected): got {h.error!r}"
             assert (bad == 0xAB).all(), f"{what}: the failed receive wrote into its buffer"
-            h = t.irecv(0, 4, _mv(good), 1)
-            _ok(t, [h])
-            np.testing.assert_array_equal(good, _pattern(8, 4))
+            h = t.irecv(0, 4, harness.mv(good), 1)
+            harness.ok(t, [h])
+            np.testing.assert_array_equal(good, harness.pattern(8, 4))
 
         run_ranks(ts, body)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_length_mismatch(make: Factory) -> None:
@@ -451,7 +327,7 @@ def check_peer_close(make: Factory) -> None:
 
     Operations with the other peers keep working.
     """
-    ts = _made(make, 3)
+    ts = harness.made(make, 3)
     try:
         closed = threading.Event()
         closed_at: list[float] = []
@@ -465,70 +341,70 @@ def check_peer_close(make: Factory) -> None:
                 return None
             if t.rank == 2:
                 got = np.zeros(4, np.uint8)
-                h = t.irecv(1, 1, _mv(got), 0)
-                _ok(t, [h])
+                h = t.irecv(1, 1, harness.mv(got), 0)
+                harness.ok(t, [h])
                 assert got.tolist() == [1, 2, 3, 4], got
                 return None
             buf = np.zeros(4, np.uint8)
-            h = t.irecv(0, 1, _mv(buf), 0)
+            h = t.irecv(0, 1, harness.mv(buf), 0)
             wait_all(t, [h], timeout=10.0)
             seen = time.monotonic()
             assert closed.is_set(), "the receive finished before its peer closed"
             assert isinstance(h.error, PeerLostError), f"got {h.error!r}"
             delay = seen - closed_at[0]
             assert delay < 2.0, f"the lost peer was noticed only after {delay:.2f} s"
-            later = [t.irecv(0, 2, _mv(buf), 0), t.isend(0, 2, _mv(buf), 0)]
+            later = [t.irecv(0, 2, harness.mv(buf), 0), t.isend(0, 2, harness.mv(buf), 0)]
             wait_all(t, later, timeout=10.0)
             for x in later:
                 assert isinstance(x.error, PeerLostError), f"after close: {x.error!r}"
-            _ok(t, [t.isend(2, 1, _mv(np.array([1, 2, 3, 4], np.uint8)), 0)])
+            harness.ok(t, [t.isend(2, 1, harness.mv(np.array([1, 2, 3, 4], np.uint8)), 0)])
             return seen
 
         run_ranks(ts, body)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_send_then_close(make: Factory) -> None:
     """Messages sent before a close are still delivered (needs buffering)."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
-        data = _pattern(1000, 9)
-        h = ts[0].isend(1, 1, _mv(data), 0)
+        data = harness.pattern(1000, 9)
+        h = ts[0].isend(1, 1, harness.mv(data), 0)
         wait_all(ts[0], [h])
         ts[0].close()
         got = np.zeros(1000, np.uint8)
-        r = ts[1].irecv(0, 1, _mv(got), 0)
-        _ok(ts[1], [r])
+        r = ts[1].irecv(0, 1, harness.mv(got), 0)
+        harness.ok(ts[1], [r])
         np.testing.assert_array_equal(got, data)
-        r = ts[1].irecv(0, 1, _mv(got), 0)
+        r = ts[1].irecv(0, 1, harness.mv(got), 0)
         wait_all(ts[1], [r])
         assert isinstance(r.error, PeerLostError), f"got {r.error!r}"
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_close_fails_own_pending(make: Factory) -> None:
     """close() completes this rank's pending receives with an error; close is idempotent."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
         buf = np.full(4, 7, np.uint8)
-        h = ts[0].irecv(1, 1, _mv(buf), 0)
+        h = ts[0].irecv(1, 1, harness.mv(buf), 0)
         ts[0].close()
         ts[0].close()
         assert h.done, "a pending receive is still pending after close()"
         assert isinstance(h.error, ClosedError | PeerLostError), f"got {h.error!r}"
         assert (buf == 7).all()
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_wait_any_timeout(make: Factory) -> None:
     """wait_any returns False after about ``timeout`` seconds, without burning the CPU."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
         t = ts[0]
-        h = t.irecv(1, 1, _mv(np.zeros(4, np.uint8)), 0)
+        h = t.irecv(1, 1, harness.mv(np.zeros(4, np.uint8)), 0)
         assert t.wait_any([h], 0) is False
         cpu, start = time.thread_time(), time.monotonic()
         assert t.wait_any([h], 0.3) is False
@@ -538,92 +414,95 @@ def check_wait_any_timeout(make: Factory) -> None:
         assert not h.done
         t.cancel(h)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_cancel(make: Factory) -> None:
     """A cancelled receive is done, never written to, and does not consume a message."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     cancelled = threading.Event()
     try:
 
         def body(t: Transport) -> None:
             if t.rank == 0:
                 assert cancelled.wait(WAIT)
-                _ok(t, [t.isend(1, 1, _mv(_pattern(32, 1)), 0)])
+                harness.ok(t, [t.isend(1, 1, harness.mv(harness.pattern(32, 1)), 0)])
                 return
             first = np.full(32, 0xEE, np.uint8)
-            h = t.irecv(0, 1, _mv(first), 0)
+            h = t.irecv(0, 1, harness.mv(first), 0)
             t.cancel(h)
             assert h.done, "a cancelled handle must be done"
             cancelled.set()
             second = np.zeros(32, np.uint8)
-            h2 = t.irecv(0, 1, _mv(second), 0)
-            _ok(t, [h2])
-            np.testing.assert_array_equal(second, _pattern(32, 1))
+            h2 = t.irecv(0, 1, harness.mv(second), 0)
+            harness.ok(t, [h2])
+            np.testing.assert_array_equal(second, harness.pattern(32, 1))
             assert (first == 0xEE).all(), "the cancelled receive was written to"
 
         run_ranks(ts, body)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_cancel_completed(make: Factory) -> None:
     """Cancelling a finished handle changes nothing."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> None:
             other = 1 - t.rank
             got = np.zeros(8, np.uint8)
-            hs = [t.isend(other, 1, _mv(_pattern(8, t.rank)), 0), t.irecv(other, 1, _mv(got), 0)]
-            _ok(t, hs)
+            hs = [
+                t.isend(other, 1, harness.mv(harness.pattern(8, t.rank)), 0),
+                t.irecv(other, 1, harness.mv(got), 0),
+            ]
+            harness.ok(t, hs)
             for h in hs:
                 t.cancel(h)
                 assert h.done
                 assert h.error is None
-            np.testing.assert_array_equal(got, _pattern(8, other))
+            np.testing.assert_array_equal(got, harness.pattern(8, other))
 
         run_ranks(ts, body)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_send_completes_without_recv(make: Factory) -> None:
     """A small send completes before its receive is posted (needs buffering)."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
-        data = _pattern(64, 3)
-        h = ts[0].isend(1, 1, _mv(data), 0)
+        data = harness.pattern(64, 3)
+        h = ts[0].isend(1, 1, harness.mv(data), 0)
         wait_all(ts[0], [h], timeout=5.0)
         assert h.error is None, h.error
         got = np.zeros(64, np.uint8)
-        _ok(ts[1], [ts[1].irecv(0, 1, _mv(got), 0)])
+        harness.ok(ts[1], [ts[1].irecv(0, 1, harness.mv(got), 0)])
         np.testing.assert_array_equal(got, data)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_self_send(make: Factory) -> None:
     """A rank may send to itself; (peer, tag) order holds there too."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
         t = ts[1]
-        a, b = _pattern(16, 1), _pattern(16, 2)
+        a, b = harness.pattern(16, 1), harness.pattern(16, 2)
         got = [np.zeros(16, np.uint8), np.zeros(16, np.uint8)]
-        h0 = t.irecv(1, 4, _mv(got[0]), 0)
-        hs = [h0, t.isend(1, 4, _mv(a), 0), t.isend(1, 4, _mv(b), 0)]
-        hs.append(t.irecv(1, 4, _mv(got[1]), 0))
-        _ok(t, hs)
+        h0 = t.irecv(1, 4, harness.mv(got[0]), 0)
+        hs = [h0, t.isend(1, 4, harness.mv(a), 0), t.isend(1, 4, harness.mv(b), 0)]
+        hs.append(t.irecv(1, 4, harness.mv(got[1]), 0))
+        harness.ok(t, hs)
         np.testing.assert_array_equal(got[0], a)
         np.testing.assert_array_equal(got[1], b)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_counters(make: Factory) -> None:
     """``bytes_sent``/``bytes_received`` (where present) count payload bytes."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
         if not all(hasattr(t, "bytes_sent") and hasattr(t, "bytes_received") for t in ts):
             return
@@ -633,7 +512,13 @@ def check_counters(make: Factory) -> None:
             other = 1 - t.rank
             n = 1000 + 500_000 * t.rank
             got = np.zeros(1000 + 500_000 * other, np.uint8)
-            _ok(t, [t.isend(other, 1, _mv(_pattern(n, 0)), 0), t.irecv(other, 1, _mv(got), 0)])
+            harness.ok(
+                t,
+                [
+                    t.isend(other, 1, harness.mv(harness.pattern(n, 0)), 0),
+                    t.irecv(other, 1, harness.mv(got), 0),
+                ],
+            )
 
         run_ranks(ts, body)
         for r, t in enumerate(ts):
@@ -644,12 +529,12 @@ def check_counters(make: Factory) -> None:
                 f"rank {r} bytes_received grew by {received}"
             )
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 def check_concurrent_threads(make: Factory, rounds: int = 200) -> None:
     """Two threads of each rank use one transport at once (distinct tags), correctly."""
-    ts = _made(make, 2)
+    ts = harness.made(make, 2)
     try:
 
         def body(t: Transport) -> None:
@@ -660,14 +545,14 @@ def check_concurrent_threads(make: Factory, rounds: int = 200) -> None:
                 try:
                     for i in range(rounds):
                         n = 300_000 if i % 50 == 7 else 8 + i % 13
-                        data = _pattern(n, (t.rank << 20) + (tag << 16) + i)
+                        data = harness.pattern(n, (t.rank << 20) + (tag << 16) + i)
                         got = np.zeros(n, np.uint8)
                         hs = [
-                            t.isend(other, tag, _mv(data), tag),
-                            t.irecv(other, tag, _mv(got), tag),
+                            t.isend(other, tag, harness.mv(data), tag),
+                            t.irecv(other, tag, harness.mv(got), tag),
                         ]
-                        _ok(t, hs)
-                        expected = _pattern(n, (other << 20) + (tag << 16) + i)
+                        harness.ok(t, hs)
+                        expected = harness.pattern(n, (other << 20) + (tag << 16) + i)
                         assert np.array_equal(got, expected), f"tag {tag} round {i}: wrong data"
                 except BaseException as exc:
                     errors.append(exc)
@@ -683,7 +568,7 @@ def check_concurrent_threads(make: Factory, rounds: int = 200) -> None:
 
         run_ranks(ts, body, timeout=90.0)
     finally:
-        _close_all(ts)
+        harness.close_all(ts)
 
 
 #: Every check, in a sensible order.

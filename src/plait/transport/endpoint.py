@@ -26,7 +26,10 @@ from plait.errors import ClosedError, MismatchError, PeerLostError
 from plait.transport.base import Handle, may_spin
 from plait.transport.link import Link, Message, Op, copy_bytes
 
-__all__ = ["Endpoint"]
+__all__ = ["CLOSE_FLUSH_SECONDS", "Endpoint"]
+
+#: Seconds :meth:`Endpoint.close` spends at most letting links flush queued sends.
+CLOSE_FLUSH_SECONDS = 2.0
 
 #: Seconds a waiting rank polls before it sleeps, and of those, how many without yielding.
 _SPIN = 50e-6
@@ -42,7 +45,7 @@ def _as_bytes(data: Any, writable: bool, what: str) -> memoryview:
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     if writable and mv.readonly:
-        raise ValueError(f"{what} must be writable")
+        raise ValueError(f"{what} is read-only; it must be writable")
     return mv
 
 
@@ -63,6 +66,8 @@ class Endpoint:
         bytes_sent: payload bytes sent so far.
         bytes_received: payload bytes delivered into posted receives so far.
         spin: seconds a waiting rank polls its driven links before it sleeps.
+        eager_spin: seconds of that polling done flat out, before it starts to
+            yield the CPU between polls.
     """
 
     def __init__(
@@ -84,6 +89,7 @@ class Endpoint:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.spin = _SPIN
+        self.eager_spin = _EAGER_SPIN
         self._lock = threading.Lock() if lock is None else lock
         self._cond = threading.Condition(self._lock)
         self._closed = False
@@ -95,9 +101,11 @@ class Endpoint:
         self._links: list[Link] = []
         self._driven: list[Link] = []
         self._route: list[Link | None] = [None] * size
-        self._lost: list[str | None] = [None] * size
+        #: Why each peer is lost: a reason (a new PeerLostError per operation) or the error.
+        self._lost: list[str | BaseException | None] = [None] * size
         self._poller: Any = None  # epoll over the links' descriptors, made by watch()
         self._handlers: dict[int, Callable[[int, int], None]] = {}
+        self._polled: set[int] = set()  # descriptors the polling rounds check too
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._last_check = time.monotonic()
@@ -113,12 +121,20 @@ class Endpoint:
             self._route[p] = link
 
     def watch(
-        self, fd: int, handler: Callable[[int, int], None], events: int = select.EPOLLIN
+        self,
+        fd: int,
+        handler: Callable[[int, int], None],
+        events: int = select.EPOLLIN,
+        *,
+        polled: bool = False,
     ) -> None:
         """Wake the endpoint when ``fd`` is ready for ``events``; then ``handler(fd, ready)``.
 
         ``ready`` is the epoll mask that fired; the handler runs with the lock
         held, and must not block (the descriptor may be ready no more).
+        ``polled``: the polling rounds of a waiting thread check ``fd`` too
+        (one ``epoll`` call with timeout 0 for all such descriptors), for links
+        that have no counters of their own to poll, such as sockets.
         """
         if self._poller is None:
             self._poller = select.epoll()
@@ -128,6 +144,8 @@ class Endpoint:
             self._poller.register(self._wake_r.fileno(), select.EPOLLIN)
         self._poller.register(fd, events)
         self._handlers[fd] = handler
+        if polled:
+            self._polled.add(fd)
 
     def rewatch(self, fd: int, events: int) -> None:
         """Change what ``fd`` is watched for (a link with bytes queued adds ``EPOLLOUT``).
@@ -140,6 +158,7 @@ class Endpoint:
         """Stop watching ``fd`` (before it is closed)."""
         if self._handlers.pop(fd, None) is not None:
             self._poller.unregister(fd)
+            self._polled.discard(fd)
 
     # -- for links (lock held) ---------------------------------------------------------------
     def take_posted(self, peer: int, tag: int) -> Op | None:
@@ -211,12 +230,16 @@ class Endpoint:
             op.done = True
             self._completed += 1
 
-    def lose(self, peer: int, reason: str) -> None:
-        """``peer`` closed or died: fail its posted receives and every later operation."""
+    def lose(self, peer: int, reason: str | BaseException) -> None:
+        """``peer`` closed or died: fail its posted receives and every later operation.
+
+        ``reason`` is a message (each operation fails with a PeerLostError of its
+        own) or the error to fail them all with (a link that tells errors apart).
+        """
         if self._lost[peer] is not None:
             return
         self._lost[peer] = reason
-        err = PeerLostError(reason)
+        err = _lost_error(reason)
         for key in [k for k in self._posted if k[0] == peer]:
             for op in self._posted.pop(key):
                 self.fail(op, err)
@@ -250,7 +273,7 @@ class Endpoint:
             if self._closed:
                 self.fail(op, self._closed_error())
             elif (lost := self._lost[peer]) is not None:
-                self.fail(op, PeerLostError(lost))
+                self.fail(op, _lost_error(lost))
             else:
                 link.send(op)
             if self._completed:
@@ -288,7 +311,7 @@ class Endpoint:
                     self.fail(op, err)
                     msg.link.reject(msg, err)
             elif (lost := self._lost[peer]) is not None:
-                self.fail(op, PeerLostError(lost))
+                self.fail(op, _lost_error(lost))
             else:
                 posted = self._posted.get(key)
                 if posted is None:
@@ -301,12 +324,15 @@ class Endpoint:
         return op
 
     def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
-        """Make progress until one of ``handles`` is done; False if ``timeout`` passes first."""
+        """Make progress until one of ``handles`` is done; False if ``timeout`` passes first.
+
+        With no handles, makes progress until ``timeout`` passes (at once for None).
+        """
         for h in handles:
             if h.done:
                 return True
-        if not handles:
-            return False
+        if not handles and timeout is None:
+            return False  # nothing could ever end the wait
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             try:
@@ -323,8 +349,15 @@ class Endpoint:
             if handle.done:
                 return
             handle.done = True
-            if self._closed:
-                return
+            self._completed += 1  # wake a thread that waits on it, even one asleep in epoll
+            try:
+                self._cancel(handle)
+            finally:
+                self._after_progress()
+
+    def _cancel(self, handle: Op) -> None:
+        """Take a cancelled ``handle`` out of the posted queues, or out of its link's hands."""
+        if not self._closed:
             if not handle.is_send:
                 key = (handle.peer, handle.tag)
                 queue = self._posted.get(key)
@@ -355,8 +388,6 @@ class Endpoint:
                 for msg in messages:
                     msg.link.reject(msg, err)
             self._unexpected.clear()
-            for link in self._links:
-                link.shutdown(err)
             if self._polling:  # let the driver leave poll() before the fds go away
                 self._wake()
                 self._waiters += 1
@@ -365,6 +396,9 @@ class Endpoint:
                         self._cond.wait()
                 finally:
                     self._waiters -= 1
+            self._flush(err)
+            for link in self._links:
+                link.shutdown(err)
             self._release()
             self._cond.notify_all()
 
@@ -374,51 +408,26 @@ class Endpoint:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- driven from outside (plait.transport.base.Drivable) ---------------------------------
-    def poll(self) -> bool:
-        """One round of progress (and, now and then, the liveness checks); never blocks."""
-        with self._lock:
-            if self._closed or self._polling:
-                return False
-            moved = self._progress(False)
-            now = time.monotonic()
-            if not moved and now - self._last_check >= _LIVENESS_INTERVAL:
-                self._liveness(now)
-            completed = self._completed > 0
-            self._after_progress()
-            return moved or completed
+    def _flush(self, err: BaseException) -> None:
+        """Drive the links that still have output to send, for at most CLOSE_FLUSH_SECONDS.
 
-    def sleep_fd(self) -> int:
-        """The epoll descriptor of the links' descriptors and the wake-up pipe."""
-        return int(self._poller.fileno())
-
-    def begin_sleep(self) -> float:
-        """Arm every link unless something can move now; see Drivable.
-
-        A stalled driver takes in unmatched messages here, as :meth:`wait_any` does.
+        Operations of other threads fail at once meanwhile (the endpoint is closed).
         """
-        with self._lock:
-            if self._closed or self._polling:
-                return 0.0
-            limit = self._arm()
-            if limit <= 0 or self._completed:
-                if limit > 0:
-                    self._disarm()
-                self._after_progress()
-                return 0.0
-            self._polling = True  # other threads now write the wake-up pipe
-            return limit
-
-    def end_sleep(self) -> None:
-        """Disarm the links and handle whatever woke the driver."""
-        with self._lock:
-            self._polling = False
-            if self._waiters:
-                self._cond.notify_all()  # close() may wait for the driver to leave
-            if self._closed:
+        deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
+        while True:
+            waits = [w for link in self._driven if (w := link.flush(err)) is not None]
+            left = deadline - time.monotonic()
+            if not waits or left <= 0 or self._poller is None:
                 return
-            self._disarm()
-            self._liveness(time.monotonic())
+            self._progress(False)
+            self._polling = True
+            self._lock.release()
+            try:
+                events = self._poller.poll(min(*waits, left))
+            finally:
+                self._lock.acquire()
+                self._polling = False
+            self._dispatch(events)
 
     # -- for subclasses ------------------------------------------------------------------------
     def _closed_error(self) -> BaseException:
@@ -474,7 +483,7 @@ class Endpoint:
                 continue
             if not spun:
                 spun = True
-                if may_spin() and self._spin(deadline):
+                if self.spin > 0 and may_spin() and self._spin(deadline):
                     continue
             if self._progress(True):  # stalled: take in unexpected messages
                 self._after_progress()
@@ -486,6 +495,11 @@ class Endpoint:
         for link in self._driven:
             if link.progress(stalled):
                 moved = True
+        if self._polled and not stalled:  # the stalled pass follows a polling round
+            events = self._poller.poll(0)
+            if events:
+                self._dispatch(events)
+                moved = True
         return moved
 
     def _spin(self, deadline: float | None) -> bool:
@@ -494,7 +508,7 @@ class Endpoint:
         until = start + self.spin
         if deadline is not None:
             until = min(until, deadline)
-        eager = start + _EAGER_SPIN
+        eager = start + self.eager_spin
         while True:
             if self._progress(False):
                 self._after_progress()
@@ -587,6 +601,11 @@ class Endpoint:
 
     def _not_a_peer(self, peer: int) -> ValueError:
         return ValueError(f"rank {self._me}: peer {peer} is not in 0..{self.size - 1}")
+
+
+def _lost_error(lost: str | BaseException) -> BaseException:
+    """The error of an operation with a lost peer (see :meth:`Endpoint.lose`)."""
+    return PeerLostError(lost) if isinstance(lost, str) else lost
 
 
 def _drain(sock: socket.socket) -> None:

@@ -140,6 +140,17 @@ class Link(Protocol):
         """Now and then while waiting: notice peers that died without a sound."""
         ...
 
+    def flush(self, err: BaseException) -> float | None:
+        """The endpoint closes: one step of sending what is still queued, and goodbyes.
+
+        Returns None when the link has nothing left to send (or gives up on it);
+        else the longest the endpoint may wait for its descriptors before it
+        asks again (``math.inf``: until one is ready). The endpoint asks for at
+        most ``CLOSE_FLUSH_SECONDS``; ``err`` is the error of operations the
+        link gives up on meanwhile.
+        """
+        ...
+
     def shutdown(self, err: BaseException) -> None:
         """The endpoint closes: fail what the link holds with ``err`` and tell the peers."""
         ...

@@ -71,6 +71,10 @@ class Loopback:
     def check(self, now: float) -> None:
         """Never driven."""
 
+    def flush(self, err: BaseException) -> float | None:
+        """Nothing to flush: queued sends fail at shutdown."""
+        return None
+
     def shutdown(self, err: BaseException) -> None:
         """Nothing held."""
 

@@ -146,6 +146,10 @@ class MemoryLink:
     def check(self, now: float) -> None:
         """Never driven."""
 
+    def flush(self, err: BaseException) -> float | None:
+        """Nothing to flush: queued sends fail at shutdown."""
+        return None
+
     def shutdown(self, err: BaseException) -> None:
         """Every other rank loses this one: receives posted there for it fail."""
         me = self._ep.rank

@@ -60,6 +60,8 @@ class ShmLink:
     def __init__(self, endpoint: Endpoint, joined: Joined) -> None:
         #: A rank alone on its host has nothing to drive (its link only owns its segment).
         self.driven = bool(joined.wires)
+        #: The job id in the names of this link's segments and sockets.
+        self.job = joined.job
         self._ep = endpoint
         self._seg: Segment | None = joined.seg
         self._words: Any = joined.seg.words
@@ -165,6 +167,10 @@ class ShmLink:
         for p in self._peers:
             if p.pid and p.lost is None and not alive(p.pid, p.pid_start):
                 self._lose(p)
+
+    def flush(self, err: BaseException) -> float | None:
+        """Nothing to flush: queued sends fail at shutdown."""
+        return None
 
     def shutdown(self, err: BaseException) -> None:
         """Fail queued sends and the receive being filled; tell peers through our closed flag."""
