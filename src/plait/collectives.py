@@ -25,6 +25,24 @@ reduced in rank order), and rank 1 of alltoall holds three,
 ``Piece(0, 2, (0,), 2, False)``, ``Piece(2, 2, (1,), 2, False)`` and
 ``Piece(4, 2, (2,), 2, False)``.
 
+The *uneven* collectives (``allgatherv``, ``gatherv``, ``scatterv``,
+``alltoallv``, ``reduce_scatterv``: MPI's ``Allgatherv``, ``Gatherv``,
+``Scatterv``, ``Alltoallv`` and ``Reduce_scatter``) carry per-rank counts
+instead of one ``count`` (:class:`Uneven`; ``Context.counts``). Each is the
+table entry of its even twin generalised: with every count equal to ``k`` it
+is that twin with ``count = k``, which is what its ``counts``, ``pieces`` and
+``result_shape`` describe (so bench-style sizing by one ``count`` still
+works), while :meth:`Collective.buffer_counts`, :meth:`Collective.output_pieces`
+and :meth:`Collective.reference` take the per-rank counts. Their results are
+flat: the counts are element counts of the flat buffers. They are kept out of
+:data:`COLLECTIVES` (what listings, ``auto``, the bench and the tuner offer)
+and listed in :data:`UNEVEN_COLLECTIVES`.
+
+For 3 ranks and counts ``(2, 0, 1)``, rank 1 of allgatherv holds three pieces,
+``Piece(0, 2, (0,), 0, False)``, ``Piece(2, 0, (1,), 0, False)`` and
+``Piece(2, 1, (2,), 0, False)``; alltoallv's counts are the 3×3 matrix of what
+rank i sends rank j, row-major.
+
 This module sits at the bottom of the package: it imports only
 :mod:`plait.ops` and numpy.
 """
@@ -44,8 +62,11 @@ __all__ = [
     "COLLECTIVES",
     "REDUCING",
     "TABLE",
+    "UNEVEN_COLLECTIVES",
     "Collective",
     "Piece",
+    "Uneven",
+    "displacements",
     "fold",
     "get",
     "reference",
@@ -73,6 +94,48 @@ CountsFn = Callable[[int, int, int, int], tuple[int, int]]
 #: ``(size, count, rank, root) ->`` the pieces of the rank's ``OUT``, or None.
 PiecesFn = Callable[[int, int, int, int], tuple[Piece, ...] | None]
 Shape = tuple[int, ...]
+#: Per-rank counts of an uneven call: one per rank, or a size×size matrix row-major.
+Counts = tuple[int, ...]
+#: ``(size, counts, rank, root) -> (IN, OUT)`` element counts of an uneven call.
+UnevenCountsFn = Callable[[int, Counts, int, int], tuple[int, int]]
+#: ``(size, counts, rank, root) ->`` the pieces of the rank's ``OUT``, or None.
+UnevenPiecesFn = Callable[[int, Counts, int, int], tuple[Piece, ...] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Uneven:
+    """How an uneven collective reads its per-rank counts.
+
+    Attributes:
+        even: the collective it generalises (``allgather`` for ``allgatherv``).
+        matrix: whether the counts are a size×size matrix, row-major, entry
+            ``i * size + j`` what rank i sends rank j (alltoallv); otherwise
+            one count per rank (the block rank r contributes or receives).
+        counts: ``(size, counts, rank, root) -> (IN, OUT)`` element counts.
+        pieces: ``(size, counts, rank, root) ->`` the pieces of the rank's ``OUT``.
+    """
+
+    even: str
+    matrix: bool
+    counts: UnevenCountsFn
+    pieces: UnevenPiecesFn
+
+    def length(self, size: int) -> int:
+        """How many counts a call on ``size`` ranks carries."""
+        return size * size if self.matrix else size
+
+
+def displacements(counts: Sequence[int]) -> list[int]:
+    """Exclusive prefix sums: where each block starts when the blocks lie back to back.
+
+    >>> displacements([2, 0, 3])
+    [0, 2, 2]
+    """
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +163,9 @@ class Collective:
         result_shape: ``(x.shape, size) ->`` the shape of the array a call returns.
         bus_factor: ``size -> busbw / algbw``, nccl-tests' factor: the fraction of
             ``S`` that crosses the busiest link of an optimal algorithm.
+        uneven: for an uneven collective, how it reads per-rank counts; None for
+            the even ones. ``counts``, ``pieces`` and ``result_shape`` then
+            describe the call whose counts are all ``count``.
     """
 
     name: str
@@ -114,12 +180,74 @@ class Collective:
     pieces: PiecesFn
     result_shape: Callable[[Shape, int], Shape]
     bus_factor: Callable[[int], float]
+    uneven: Uneven | None = None
 
-    def buffer_counts(self, size: int, count: int, rank: int, root: int) -> tuple[int, int]:
-        """Element counts of (IN, OUT) of ``rank``'s schedule; (0, 0) for a fabric's switch."""
+    def check_counts(self, size: int, counts: Sequence[int] | None) -> None:
+        """ValueError unless ``counts`` fits this collective on ``size`` ranks.
+
+        Even collectives take none; uneven ones take None (every count equal
+        to ``count``) or :meth:`Uneven.length` non-negative integers.
+        """
+        if counts is None:
+            return
+        self._uneven_of(size, counts)
+        if any(not isinstance(c, int | np.integer) or c < 0 for c in counts):
+            raise ValueError(f"{self.name}: counts must be integers >= 0; got {list(counts)}")
+
+    def _uneven_of(self, size: int, counts: Sequence[int]) -> Uneven:
+        """The :class:`Uneven` entry, if ``counts`` has the length it needs (O(1))."""
+        if self.uneven is None:
+            raise ValueError(f"{self.name} takes one count, not per-rank counts")
+        want = self.uneven.length(size)
+        if len(counts) != want:
+            what = f"a {size}x{size} matrix" if self.uneven.matrix else "one per rank"
+            raise ValueError(
+                f"{self.name} on {size} ranks needs {want} counts ({what}); got {len(counts)}"
+            )
+        return self.uneven
+
+    def even_counts(self, size: int, count: int) -> Counts:
+        """The per-rank counts of the call whose counts are all ``count`` (uneven collectives)."""
+        if self.uneven is None:
+            raise ValueError(f"{self.name} takes one count, not per-rank counts")
+        return (count,) * self.uneven.length(size)
+
+    def buffer_counts(
+        self, size: int, count: int, rank: int, root: int, counts: Counts | None = None
+    ) -> tuple[int, int]:
+        """Element counts of (IN, OUT) of ``rank``'s schedule; (0, 0) for a fabric's switch.
+
+        ``counts``: an uneven call's per-rank counts; None reads ``count``. Only
+        their length is checked here, once per rank and call; whoever takes
+        counts from a caller checks their values once (:meth:`check_counts`).
+        """
+        uneven = self._uneven_of(size, counts) if counts is not None else None
         if rank >= size:
             return 0, 0
+        if uneven is not None:
+            assert counts is not None
+            return uneven.counts(size, counts, rank, root)
         return self.counts(size, count, rank, root)
+
+    def output_pieces(
+        self, size: int, count: int, rank: int, root: int, counts: Counts | None = None
+    ) -> tuple[Piece, ...] | None:
+        """What ``rank``'s ``OUT`` holds (see :attr:`pieces`), for per-rank ``counts`` too."""
+        if counts is not None:
+            return self._uneven_of(size, counts).pieces(size, counts, rank, root)
+        return self.pieces(size, count, rank, root)
+
+    def uneven_whole(self, size: int, counts: Counts) -> int:
+        """The whole buffer ``S`` of an uneven call, in elements (as ``whole_count`` for even).
+
+        The sum of the counts (every block once), or for a matrix the most any
+        one rank sends or receives: with equal counts both are ``size * count``.
+        """
+        if not self._uneven_of(size, counts).matrix:
+            return sum(counts)
+        rows = [sum(counts[i * size : (i + 1) * size]) for i in range(size)]
+        cols = [sum(counts[j::size]) for j in range(size)]
+        return max([*rows, *cols], default=0)
 
     def unit_count(self, whole: int, size: int) -> int:
         """``count`` for a whole buffer of ``whole`` elements (rounded down to whole blocks).
@@ -144,6 +272,7 @@ class Collective:
         *,
         op: Op | None = None,
         root: int = 0,
+        counts: Sequence[int] | None = None,
     ) -> list[np.ndarray | None]:
         """Every rank's expected result, computed directly with numpy (see :func:`reference`)."""
         size = len(inputs)
@@ -154,10 +283,12 @@ class Collective:
         if shaped is None:
             shaped = np.empty(0)
         count = self.x_count(shaped.size, size)
+        self.check_counts(size, counts)
+        given = tuple(int(c) for c in counts) if counts is not None else None
         flat = [a.reshape(-1) if a is not None else None for a in arrays]
         results: list[np.ndarray | None] = []
         for r in range(size):
-            pieces = self.pieces(size, count, r, root)
+            pieces = self.output_pieces(size, count, r, root, given)
             if pieces is None:
                 results.append(None)
                 continue
@@ -176,8 +307,15 @@ class Collective:
                     parts.append(fold(op, runs, size))
                 else:
                     parts.append(runs[0])
-            out = np.concatenate(parts) if len(parts) != 1 else np.array(parts[0], copy=True)
-            results.append(out.reshape(self.result_shape(shaped.shape, size)))
+            if not parts:
+                out = np.empty(0, dtype=shaped.dtype)
+            elif len(parts) == 1:
+                out = np.array(parts[0], copy=True)
+            else:
+                out = np.concatenate(parts)
+            if given is None:  # an uneven call's result is flat
+                out = out.reshape(self.result_shape(shaped.shape, size))
+            results.append(out)
         return results
 
 
@@ -255,7 +393,109 @@ def _all_but_one(size: int) -> float:
     return (size - 1) / size
 
 
-TABLE: Mapping[str, Collective] = {
+def _flat_stacked(shape: Shape, size: int) -> Shape:
+    return (size * int(np.prod(shape, dtype=np.int64)),)
+
+
+def _flat_same(shape: Shape, size: int) -> Shape:
+    return (int(np.prod(shape, dtype=np.int64)),)
+
+
+def _flat_one_block(shape: Shape, size: int) -> Shape:
+    return (int(np.prod(shape, dtype=np.int64)) // size,)
+
+
+# -- uneven collectives: one count per rank (c), or a matrix (m[i * size + j]: i sends j) ---
+
+
+def _allgatherv_counts(size: int, c: Counts, rank: int, root: int) -> tuple[int, int]:
+    return c[rank], sum(c)
+
+
+def _allgatherv_pieces(size: int, c: Counts, rank: int, root: int) -> tuple[Piece, ...]:
+    at = displacements(c)
+    return tuple(Piece(at[q], c[q], (q,), 0, False) for q in range(size))
+
+
+def _gatherv_counts(size: int, c: Counts, rank: int, root: int) -> tuple[int, int]:
+    return c[rank], sum(c) if rank == root else 0
+
+
+def _gatherv_pieces(size: int, c: Counts, rank: int, root: int) -> tuple[Piece, ...] | None:
+    return _allgatherv_pieces(size, c, rank, root) if rank == root else None
+
+
+def _scatterv_counts(size: int, c: Counts, rank: int, root: int) -> tuple[int, int]:
+    return sum(c) if rank == root else 0, c[rank]
+
+
+def _scatterv_pieces(size: int, c: Counts, rank: int, root: int) -> tuple[Piece, ...]:
+    return (Piece(0, c[rank], (root,), displacements(c)[rank], False),)
+
+
+def _reduce_scatterv_counts(size: int, c: Counts, rank: int, root: int) -> tuple[int, int]:
+    return sum(c), c[rank]
+
+
+def _reduce_scatterv_pieces(size: int, c: Counts, rank: int, root: int) -> tuple[Piece, ...]:
+    return (Piece(0, c[rank], _every(size), displacements(c)[rank], True),)
+
+
+def _alltoallv_counts(size: int, m: Counts, rank: int, root: int) -> tuple[int, int]:
+    return sum(m[rank * size : (rank + 1) * size]), sum(m[rank::size])
+
+
+def _alltoallv_pieces(size: int, m: Counts, rank: int, root: int) -> tuple[Piece, ...]:
+    # From rank q: m[q][rank] elements, at q's send offset for us, after lower ranks' in OUT.
+    at = displacements(m[rank::size])
+    return tuple(
+        Piece(at[q], m[q * size + rank], (q,), sum(m[q * size : q * size + rank]), False)
+        for q in range(size)
+    )
+
+
+def _even(uneven: UnevenCountsFn, matrix: bool) -> CountsFn:
+    def counts(size: int, k: int, rank: int, root: int) -> tuple[int, int]:
+        return uneven(size, (k,) * (size * size if matrix else size), rank, root)
+
+    return counts
+
+
+def _even_pieces(uneven: UnevenPiecesFn, matrix: bool) -> PiecesFn:
+    def pieces(size: int, k: int, rank: int, root: int) -> tuple[Piece, ...] | None:
+        return uneven(size, (k,) * (size * size if matrix else size), rank, root)
+
+    return pieces
+
+
+def _uneven(
+    name: str,
+    even: Collective,
+    counts: UnevenCountsFn,
+    pieces: UnevenPiecesFn,
+    result_shape: Callable[[Shape, int], Shape],
+    *,
+    matrix: bool = False,
+) -> Collective:
+    """The uneven twin of ``even``: the same flags and bus factor, per-rank counts, flat results."""
+    return Collective(
+        name,
+        reduces=even.reduces,
+        rooted=even.rooted,
+        blocked=even.blocked,
+        split_input=even.split_input,
+        fills_x=even.fills_x,
+        replicated=even.replicated,
+        synchronizes=even.synchronizes,
+        counts=_even(counts, matrix),
+        pieces=_even_pieces(pieces, matrix),
+        result_shape=result_shape,
+        bus_factor=even.bus_factor,
+        uneven=Uneven(even.name, matrix, counts, pieces),
+    )
+
+
+_EVEN: dict[str, Collective] = {
     c.name: c
     for c in (
         Collective(
@@ -388,12 +628,52 @@ TABLE: Mapping[str, Collective] = {
     )
 }
 
-#: Every collective, in the order listings show them.
-COLLECTIVES: tuple[str, ...] = tuple(TABLE)
-#: Collectives whose schedules combine data with a reduction op.
-REDUCING: frozenset[str] = frozenset(c.name for c in TABLE.values() if c.reduces)
-#: Collectives whose whole buffer is ``size`` blocks of ``count`` (nccl-tests' convention).
-BLOCK_COLLECTIVES: frozenset[str] = frozenset(c.name for c in TABLE.values() if c.blocked)
+#: Every even collective, in the order listings show them: what ``plait algorithms``,
+#: ``auto``, the bench and the tuner offer.
+COLLECTIVES: tuple[str, ...] = tuple(_EVEN)
+#: Collectives of :data:`COLLECTIVES` whose schedules combine data with a reduction op.
+REDUCING: frozenset[str] = frozenset(c.name for c in _EVEN.values() if c.reduces)
+#: Collectives of :data:`COLLECTIVES` whose whole buffer is ``size`` blocks of ``count``
+#: (nccl-tests' convention).
+BLOCK_COLLECTIVES: frozenset[str] = frozenset(c.name for c in _EVEN.values() if c.blocked)
+
+#: Every collective, even and uneven, by name.
+TABLE: Mapping[str, Collective] = {
+    **_EVEN,
+    **{
+        c.name: c
+        for c in (
+            _uneven(
+                "allgatherv",
+                _EVEN["allgather"],
+                _allgatherv_counts,
+                _allgatherv_pieces,
+                _flat_stacked,
+            ),
+            _uneven("gatherv", _EVEN["gather"], _gatherv_counts, _gatherv_pieces, _flat_stacked),
+            _uneven(
+                "scatterv", _EVEN["scatter"], _scatterv_counts, _scatterv_pieces, _flat_one_block
+            ),
+            _uneven(
+                "alltoallv",
+                _EVEN["alltoall"],
+                _alltoallv_counts,
+                _alltoallv_pieces,
+                _flat_same,
+                matrix=True,
+            ),
+            _uneven(
+                "reduce_scatterv",
+                _EVEN["reduce_scatter"],
+                _reduce_scatterv_counts,
+                _reduce_scatterv_pieces,
+                _flat_one_block,
+            ),
+        )
+    },
+}
+#: The uneven collectives (per-rank counts, :class:`Uneven`), in the order listings show them.
+UNEVEN_COLLECTIVES: tuple[str, ...] = tuple(c for c in TABLE if c not in COLLECTIVES)
 
 
 def get(name: str) -> Collective:
@@ -402,7 +682,8 @@ def get(name: str) -> Collective:
         return TABLE[name]
     except KeyError:
         raise ValueError(
-            f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVES)}"
+            f"unknown collective {name!r}; expected one of "
+            + ", ".join((*COLLECTIVES, *UNEVEN_COLLECTIVES))
         ) from None
 
 
@@ -412,6 +693,7 @@ def reference(
     *,
     op: Op | None = None,
     root: int = 0,
+    counts: Sequence[int] | None = None,
 ) -> list[np.ndarray | None]:
     """Every rank's expected result of a collective, computed directly with numpy.
 
@@ -419,6 +701,7 @@ def reference(
     read). Reductions fold ``op`` over ranks in rank order, then divide by the
     number of ranks for ``AVG``. Returns one entry per rank: the array that
     rank's call returns, or None where it returns None (reduce and gather off
-    root, barrier).
+    root, barrier). ``counts``: an uneven collective's per-rank counts
+    (:class:`Uneven`); its results are then flat.
     """
-    return get(collective).reference(inputs, op=op, root=root)
+    return get(collective).reference(inputs, op=op, root=root, counts=counts)

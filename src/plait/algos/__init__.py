@@ -18,6 +18,7 @@ from plait.algos import (  # noqa: F401  (imported to register)
     ring,
     scatter_allgather,
     swing,
+    uneven,
 )
 from plait.algos._registry import (
     COLLECTIVES,

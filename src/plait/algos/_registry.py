@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.algos._cost import Cost
-from plait.collectives import COLLECTIVES, REDUCING
+from plait.collectives import COLLECTIVES, REDUCING, TABLE, UNEVEN_COLLECTIVES
 from plait.collectives import get as _collective
 from plait.schedule.builder import Builder, Context, record
 from plait.schedule.ir import Schedule
@@ -25,6 +25,7 @@ __all__ = [
     "REDUCING",
     "SEGMENT_BYTES",
     "SIMULATOR_ONLY",
+    "UNEVEN_COLLECTIVES",
     "AlgorithmName",
     "AlgorithmSpec",
     "algorithms",
@@ -105,9 +106,10 @@ class AlgorithmName(str):
         return f"{plain} ({SIMULATOR_ONLY})" if self.simulator_only else plain
 
 
-_REGISTRY: dict[str, dict[str, AlgorithmSpec]] = {c: {} for c in COLLECTIVES}
+#: Every collective of the table, the uneven ones (:data:`UNEVEN_COLLECTIVES`) too.
+_REGISTRY: dict[str, dict[str, AlgorithmSpec]] = {c: {} for c in TABLE}
 #: The listed names per collective, made once at registration.
-_NAMES: dict[str, dict[str, AlgorithmName]] = {c: {} for c in COLLECTIVES}
+_NAMES: dict[str, dict[str, AlgorithmName]] = {c: {} for c in TABLE}
 
 
 def register(
@@ -124,7 +126,7 @@ def register(
     ``cost``: its closed-form time, when it has one (see :mod:`plait.algos._cost`).
     """
     if collective not in _REGISTRY:
-        raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+        raise ValueError(f"unknown collective {collective!r}; expected one of {tuple(TABLE)}")
 
     def decorate(build: BuildFn) -> BuildFn:
         table = _REGISTRY[collective]
@@ -145,7 +147,7 @@ def _check_collective(collective: str) -> dict[str, AlgorithmSpec]:
         return _REGISTRY[collective]
     except KeyError:
         raise ValueError(
-            f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}"
+            f"unknown collective {collective!r}; expected one of {', '.join(TABLE)}"
         ) from None
 
 
@@ -176,12 +178,19 @@ def get(collective: str, name: str) -> AlgorithmSpec:
         ) from None
 
 
-def buffer_counts(collective: str, size: int, count: int, rank: int, root: int) -> tuple[int, int]:
-    """Element counts of (IN, OUT) for one rank; see :class:`Context` for ``count``.
+def buffer_counts(
+    collective: str,
+    size: int,
+    count: int,
+    rank: int,
+    root: int,
+    counts: tuple[int, ...] | None = None,
+) -> tuple[int, int]:
+    """Element counts of (IN, OUT) for one rank; see :class:`Context` for ``count`` and ``counts``.
 
     A fabric's switches (``rank >= size``) have neither: they work in scratch.
     """
-    return _collective(collective).buffer_counts(size, count, rank, root)
+    return _collective(collective).buffer_counts(size, count, rank, root, counts)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -148,6 +148,16 @@ class Context:
     ``count`` means, per collective: the vector length (allreduce, reduce,
     broadcast); the per-rank block length (reduce_scatter, allgather, gather,
     scatter); the per-destination block length (alltoall); 0 (barrier).
+
+    ``counts`` is for the uneven collectives only (:class:`plait.collectives.Uneven`):
+    one element count per rank (allgatherv, gatherv, scatterv: the block rank r
+    contributes or receives; reduce_scatterv: the recvcounts), or for alltoallv
+    the size×size matrix, row-major, entry ``i * size + j`` what rank i sends
+    rank j. Every rank's context carries all of it, since a rank lays out its
+    receives by what the others send. A tuple, so contexts stay hashable cache
+    keys; ``count`` is not read when it is given (0 by convention). None: every
+    count is ``count`` (the even collectives always; an uneven one then builds
+    what its even twin would).
     """
 
     collective: str
@@ -160,6 +170,7 @@ class Context:
     segment: int = 0  # elements per pipelined message; 0 means unsegmented
     hosts: HostLayout | None = None  # None: all ranks on one host
     fabric: Fabric | None = None  # switches that reduce in flight (simulator only)
+    counts: tuple[int, ...] | None = None  # per-rank counts of an uneven collective
 
     @property
     def participants(self) -> int:
@@ -179,7 +190,14 @@ class Context:
             self.segment,
             self.hosts,
             self.fabric,
+            self.counts,
         )
+
+    def block_counts(self) -> tuple[int, ...]:
+        """An uneven call's per-rank counts: ``counts``, or ``count`` for every entry."""
+        if self.counts is not None:
+            return self.counts
+        return _collective(self.collective).even_counts(self.size, self.count)
 
 
 class _Hazards:
@@ -428,12 +446,14 @@ def record(build: Callable[[Builder], None], ctx: Context) -> Schedule:
     """Run the builder function ``build`` for ``ctx`` and return the schedule it recorded.
 
     ``IN`` and ``OUT`` are sized by the collective's table entry
-    (:meth:`plait.collectives.Collective.buffer_counts`); the registry caches
-    the result per (algorithm, context), :func:`plait.schedule.symbolic.prove`
+    (:meth:`plait.collectives.Collective.buffer_counts`, which also refuses
+    ``ctx.counts`` of the wrong length; their values are checked where they
+    enter, by :meth:`~plait.collectives.Collective.check_counts`); the registry
+    caches the result per (algorithm, context), :func:`plait.schedule.symbolic.prove`
     calls this directly.
     """
     in_count, out_count = _collective(ctx.collective).buffer_counts(
-        ctx.size, ctx.count, ctx.rank, ctx.root
+        ctx.size, ctx.count, ctx.rank, ctx.root, ctx.counts
     )
     builder = Builder(ctx, in_count, out_count)
     build(builder)

@@ -57,14 +57,21 @@ def _reduced(size: int, index: int) -> Prov:
     return tuple((r, index) for r in range(size))
 
 
-def expected(collective: str, size: int, count: int, rank: int, root: int) -> list[Prov] | None:
+def expected(
+    collective: str,
+    size: int,
+    count: int,
+    rank: int,
+    root: int,
+    counts: tuple[int, ...] | None = None,
+) -> list[Prov] | None:
     """The provenance ``OUT`` must hold on ``rank``; None if the call returns nothing there.
 
-    Read from the collective's pieces (:attr:`plait.collectives.Collective.pieces`):
-    a copied element is ``((source, index),)``, a reduced one every rank's
-    ``(rank, index)`` in rank order.
+    Read from the collective's pieces (:meth:`plait.collectives.Collective.output_pieces`,
+    ``counts`` for an uneven call): a copied element is ``((source, index),)``, a
+    reduced one every rank's ``(rank, index)`` in rank order.
     """
-    pieces = _collective(collective).pieces(size, count, rank, root)
+    pieces = _collective(collective).output_pieces(size, count, rank, root, counts)
     if pieces is None:
         return None
     out: list[Prov] = []
@@ -98,6 +105,7 @@ def prove(
     in_place: bool = False,
     hosts: Sequence[int] | None = None,
     fabric: Fabric | None = None,
+    counts: Sequence[int] | None = None,
     build: BuildSchedule = _record,
 ) -> None:
     """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
@@ -109,11 +117,15 @@ def prove(
     gets one rank's schedule from ``spec`` and a :class:`Context`: by default
     the builder runs afresh; the registry passes its cached
     :func:`plait.algos._registry.build_schedule`, which the executor runs.
+    ``counts``: an uneven collective's per-rank counts (``Context.counts``;
+    ``count`` is then not read).
     """
     c = spec.collective
     table = _collective(c)
     layout = HostLayout(hosts) if hosts is not None else None
-    ctx = Context(c, 0, size, count, 1, commutative, root, segment, layout, fabric)
+    table.check_counts(size, counts)
+    given = tuple(int(n) for n in counts) if counts is not None else None
+    ctx = Context(c, 0, size, count, 1, commutative, root, segment, layout, fabric, given)
     scheds = [build(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
     buffers: list[list[list[Any]]] = []
     for r, s in enumerate(scheds):
@@ -128,12 +140,14 @@ def prove(
     where = f"{c}/{spec.name} size={size} count={count} root={root} commutative={commutative}"
     if hosts is not None:
         where += f" hosts={list(hosts)}"
+    if given is not None:
+        where += f" counts={list(given)}"
     try:
         seen = run_joint(scheds, buffers, _combine)
     except ScheduleError as exc:
         raise ScheduleError(f"{where}: {exc}") from None
     for r in range(size):
-        want = expected(c, size, count, r, root)
+        want = expected(c, size, count, r, root, given)
         if want is None:
             continue
         out = buffers[r][1]

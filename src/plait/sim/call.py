@@ -110,11 +110,13 @@ def build_all(
     segment: int = 0,
     commutative: bool = True,
     network: Network | None = None,
+    counts: Sequence[int] | None = None,
 ) -> list[Schedule]:
     """Every rank's schedule, exactly as the executor would get it.
 
     For an algorithm that needs a fabric (``in_network``), the network's
-    aggregating switches' schedules follow the ranks'.
+    aggregating switches' schedules follow the ranks'. ``counts``: an uneven
+    collective's per-rank counts (``Context.counts``; ``count`` is then not read).
     """
     spec = get(collective, algorithm)
     hosts_layout = network.host_layout() if network is not None else None
@@ -123,8 +125,20 @@ def build_all(
         if network is None:
             raise ValueError(f"{algorithm} needs a network with switches that reduce")
         fabric = network.aggregation_fabric()[0]
+    _collective(collective).check_counts(size, counts)
+    given = tuple(int(c) for c in counts) if counts is not None else None
     ctx = Context(
-        collective, 0, size, count, itemsize, commutative, root, segment, hosts_layout, fabric
+        collective,
+        0,
+        size,
+        count,
+        itemsize,
+        commutative,
+        root,
+        segment,
+        hosts_layout,
+        fabric,
+        given,
     )
     return [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
 
@@ -145,6 +159,7 @@ def simulate(
     trace: bool = False,
     seed: int = 0,
     workers: int | None = None,
+    counts: Sequence[int] | None = None,
 ) -> Result:
     """Simulate one call of ``collective`` with ``algorithm`` on every rank of ``network``.
 
@@ -166,6 +181,12 @@ def simulate(
         seed: seeds the random inputs of ``with_data``.
         workers: processes that build the schedules (None: all cores for big
             jobs, see :func:`plait.sim.program.build_program`; 1: this one).
+        counts: for an uneven collective (``allgatherv``, ...), its per-rank
+            element counts (``Context.counts``: one per rank, or alltoallv's
+            size×size matrix row-major); ``nbytes`` is then not read and the
+            result's ``nbytes`` is the whole buffer the counts make
+            (:meth:`plait.collectives.Collective.uneven_whole`). None: the
+            even call that ``nbytes`` sizes.
 
     Raises:
         ValueError: bad arguments (unknown algorithm, op not allowed by it, ...).
@@ -181,7 +202,10 @@ def simulate(
     if spec.needs_fabric:  # the aggregating switches become participants after the ranks
         fabric, nodes = network.aggregation_fabric()
         run_on = network.with_agents(nodes)
-    count = context_count(collective, nbytes, dt.itemsize, p)
+    table = _collective(collective)
+    table.check_counts(p, counts)
+    given = tuple(int(c) for c in counts) if counts is not None else None
+    count = 0 if given is not None else context_count(collective, nbytes, dt.itemsize, p)
     if segment_bytes is None:
         segment_bytes = SEGMENT_BYTES
     segment = max(1, segment_bytes // dt.itemsize) if segment_bytes else 0
@@ -199,23 +223,24 @@ def simulate(
         fabric=fabric,
         workers=workers,
         keep_schedules=with_data,
+        counts=given,
     )
     built = time.perf_counter() - t0
     data = None
     xs: list[np.ndarray | None] = []
     if with_data:
         assert program.schedules is not None
-        xs = input_arrays(collective, p, count, dt, inputs, seed)
+        xs = input_arrays(collective, p, count, dt, inputs, seed, counts=given, root=root)
         data = start_buffers(collective, program.schedules, xs, dt, root, op)
     out = run(program, run_on, sharing=sharing, data=data, record=trace)
-    whole = _collective(collective).whole_count(count, p)
+    whole = table.uneven_whole(p, given) if given is not None else table.whole_count(count, p)
     result = _result(
         collective, algorithm, p, count, whole * dt.itemsize, dt.itemsize, network, out
     )
     result.build_seconds = built
     if with_data:
         assert program.schedules is not None
-        result.outputs = check(collective, out, xs, op, root, p)
+        result.outputs = check(collective, out, xs, op, root, p, counts=given)
     return result
 
 

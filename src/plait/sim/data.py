@@ -32,12 +32,22 @@ def input_arrays(
     dt: np.dtype,
     given: Sequence[np.ndarray | None] | None,
     seed: int,
+    *,
+    counts: tuple[int, ...] | None = None,
+    root: int = 0,
 ) -> list[np.ndarray | None]:
-    """Each rank's ``x`` as the communicator takes it (flat); random unless given."""
+    """Each rank's ``x`` as the communicator takes it (flat); random unless given.
+
+    With an uneven call's ``counts`` each rank's ``x`` is as long as its
+    ``IN`` (empty where the call reads none, as scatterv off root).
+    """
     table = _collective(collective)
     if table.synchronizes:
         return [None] * p
     n = p * count if table.split_input else count
+    sizes = [n] * p
+    if counts is not None:
+        sizes = [table.buffer_counts(p, 0, r, root, counts)[0] for r in range(p)]
     if given is not None:
         if len(given) != p:
             raise ValueError(f"inputs: {len(given)} arrays for {p} ranks")
@@ -47,13 +57,13 @@ def input_arrays(
                 xs.append(None)
                 continue
             a = np.ascontiguousarray(np.asarray(x, dtype=dt)).reshape(-1)
-            if a.size != n:
-                raise ValueError(f"inputs[{r}] has {a.size} elements; the call needs {n}")
+            if a.size != sizes[r]:
+                raise ValueError(f"inputs[{r}] has {a.size} elements; the call needs {sizes[r]}")
             xs.append(a)
         return xs
     rng = np.random.default_rng(seed)
     out: list[np.ndarray | None] = []
-    for _ in range(p):
+    for n in sizes:
         if dt.kind == "b":
             out.append(rng.integers(0, 2, n).astype(dt))
         elif dt.kind in "iu":
@@ -96,8 +106,12 @@ def check(
     op: Op,
     root: int,
     p: int,
+    *,
+    counts: tuple[int, ...] | None = None,
 ) -> list[np.ndarray | None]:
     """Every rank's result (None where the call returns nothing), checked against the reference.
+
+    ``counts``: an uneven call's per-rank counts, which the reference reads too.
 
     Raises:
         ValueError: a rank whose input the result needs has none.
@@ -115,7 +129,7 @@ def check(
         results.append(o)
     if table.rooted and not table.reduces and xs[root] is None:
         raise ValueError("with data: the root needs an input")
-    want = table.reference(xs, op=op if table.reduces else None, root=root)
+    want = table.reference(xs, op=op if table.reduces else None, root=root, counts=counts)
     for r in range(p):
         w, got = want[r], results[r]
         if w is None:

@@ -226,12 +226,26 @@ def compile_schedules(schedules: Sequence[Schedule], itemsize: int) -> Program:
 
 def _build_chunk(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
     """Worker: build ranks ``lo..hi-1`` and return their arrays (never the Step objects)."""
-    collective, algorithm, p, count, itemsize, root, segment, commutative, hosts, fabric, lo, hi = (
-        args
-    )
+    (
+        collective,
+        algorithm,
+        p,
+        count,
+        itemsize,
+        root,
+        segment,
+        commutative,
+        hosts,
+        fabric,
+        counts,
+        lo,
+        hi,
+    ) = args
     spec = get(collective, algorithm)
     layout = HostLayout(hosts) if hosts is not None else None
-    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, layout, fabric)
+    ctx = Context(
+        collective, 0, p, count, itemsize, commutative, root, segment, layout, fabric, counts
+    )
     build = build_schedule.__wrapped__  # no cache: each schedule is used once
     with no_gc():
         return _pack([_rank_arrays(build(spec, ctx.with_rank(r))) for r in range(lo, hi)])
@@ -266,6 +280,7 @@ def build_program(
     fabric: Fabric | None = None,
     workers: int | None = None,
     keep_schedules: bool = False,
+    counts: tuple[int, ...] | None = None,
 ) -> Program:
     """Build every rank's schedule and compile them into a :class:`Program`.
 
@@ -275,9 +290,12 @@ def build_program(
     forking it could deadlock the children. ``keep_schedules`` (needed to move
     real data) builds here, through the builder's cache, and keeps the
     schedule objects. With a ``fabric`` its switches get schedules too, after the ranks.
+    ``counts``: an uneven collective's per-rank counts (``Context.counts``).
     """
     spec = get(collective, algorithm)
-    ctx = Context(collective, 0, p, count, itemsize, commutative, root, segment, hosts, fabric)
+    ctx = Context(
+        collective, 0, p, count, itemsize, commutative, root, segment, hosts, fabric, counts
+    )
     n = ctx.participants
     if workers is None:
         workers = default_workers() if p >= PARALLEL_RANKS else 1
@@ -294,7 +312,7 @@ def build_program(
     chunks = 4 * workers  # smaller pieces balance ranks whose schedules differ in length
     bounds = [n * i // chunks for i in range(chunks + 1)]
     common = (collective, algorithm, p, count, itemsize, root, segment, commutative)
-    jobs = [(*common, host_tuple, fabric, lo, hi) for lo, hi in pairwise(bounds) if hi > lo]
+    jobs = [(*common, host_tuple, fabric, counts, lo, hi) for lo, hi in pairwise(bounds) if hi > lo]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         arrays = pool.map(_build_chunk, jobs, chunksize=1)
     return _assemble(n, arrays, itemsize, None)
