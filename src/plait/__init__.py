@@ -43,6 +43,28 @@ __version__ = "0.1.0"
 COLLECTIVES = _algorithms.COLLECTIVES
 
 
+def restart_count() -> int:
+    """Which attempt of the job this process belongs to: 0 on the first, 1 after a restart, ...
+
+    ``plait run --max-restarts K`` starts every rank again when one fails, up
+    to K times, and tells each attempt its number in PLAIT_RESTART_COUNT (as
+    torchrun does in TORCHELASTIC_RESTART_COUNT); a script reads it here to
+    resume from its last checkpoint rather than start over. 0 when the job
+    was not restarted or PLAIT_RESTART_COUNT is unset.
+
+    Raises:
+        ValueError: PLAIT_RESTART_COUNT is set but not a non-negative integer.
+    """
+    import os
+
+    text = os.environ.get("PLAIT_RESTART_COUNT", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"PLAIT_RESTART_COUNT must be a non-negative integer; got {text!r}")
+    return int(text)
+
+
 def algorithms(collective: str) -> tuple[_algorithms.AlgorithmName, ...]:
     """Names of ``collective``'s algorithms, for ``algorithm=`` (which also takes ``"auto"``).
 
@@ -80,4 +102,5 @@ __all__ = [
     "__version__",
     "algorithms",
     "init",
+    "restart_count",
 ]

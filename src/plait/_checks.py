@@ -22,6 +22,7 @@ __all__ = [
     "CACHE_LIMIT",
     "MAX_USER_TAG",
     "as_array",
+    "as_writable",
     "check_op",
     "check_out",
     "check_peer",
@@ -73,6 +74,43 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
             raise TypeError(f"rank {rank}: {c}: {what}: {exc}") from None
         _GOOD_DTYPES.add(a.dtype)
     return a
+
+
+def as_writable(x: Any, what: str, rank: int, c: str) -> np.ndarray:
+    """``x`` as an array over its own memory, for an argument the call writes into.
+
+    That is ``out=``, broadcast's ``x`` and recv's ``buf``: a numpy array, a
+    torch CPU tensor, a DLPack object, an object with the buffer protocol
+    (``bytearray``, ``array.array``, ``memoryview``) or with
+    ``__array_interface__``, all of which numpy reads over their own memory.
+    Anything else (a list, a tuple, an object with only ``__array__``, which
+    may return a copy) would be copied by :func:`as_array`, the result
+    written into the copy and the caller's object left as it was, so it is
+    refused. Whether the memory is writeable is the caller's check
+    (broadcast's root only reads its ``x``).
+    """
+    if not isinstance(x, np.ndarray) and not (
+        _tensor.is_tensor(x)
+        or hasattr(x, "__dlpack__")
+        or hasattr(x, "__array_interface__")
+        or _has_buffer(x)
+    ):
+        hint = "; pass a numpy array (np.empty(shape, dtype)) or leave out= off" * (what == "out")
+        raise TypeError(
+            f"rank {rank}: {c}: {what} must be memory the call can write in place: a numpy "
+            f"array, a torch CPU tensor or a writeable buffer (bytearray, array.array); got "
+            f"{type(x).__name__}, which would be copied and only the copy written{hint}"
+        )
+    return as_array(x, what, rank, c)
+
+
+def _has_buffer(x: Any) -> bool:
+    """Whether ``x`` exposes its memory through the buffer protocol."""
+    try:
+        memoryview(x)
+    except TypeError:
+        return False
+    return True
 
 
 def check_op(
@@ -136,13 +174,19 @@ def split_rows(shape: tuple[int, ...], rank: int, size: int, c: str) -> int:
 def check_out(
     out: Any, shape: tuple[int, ...], dtype: np.dtype, rank: int, c: str
 ) -> np.ndarray | None:
-    """``out`` as a writeable array of ``shape`` and ``dtype``, or None when not given."""
+    """``out`` as a writeable array of ``shape`` and ``dtype``, or None when not given.
+
+    ``out`` must be memory the call can write in place (:func:`as_writable`).
+    Its byte order may differ from ``dtype``'s: the call computes in native
+    byte order and converts on the way in and out (see
+    :class:`plait._request.Stager`).
+    """
     if out is None:
         return None
-    o = out if isinstance(out, np.ndarray) else as_array(out, "out", rank, c)
-    if o.dtype != dtype:
+    o = out if isinstance(out, np.ndarray) else as_writable(out, "out", rank, c)
+    if o.dtype != dtype and o.dtype.newbyteorder("=") != dtype.newbyteorder("="):
         raise TypeError(f"rank {rank}: {c}: out has dtype {o.dtype}; expected {dtype}")
-    if tuple(o.shape) != tuple(shape):
+    if o.shape != tuple(shape):
         raise ValueError(
             f"rank {rank}: {c}: out has shape {tuple(o.shape)}; expected {tuple(shape)}"
         )

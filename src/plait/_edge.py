@@ -6,7 +6,13 @@ immutable request (:class:`plait._request.Stager`) and hand it to the call
 runner (:class:`plait._runner.CallRunner`), which returns the result or, with
 ``async_op=True``, a :class:`plait.Work`. :class:`CollectiveMethods` holds them so
 that :mod:`plait.communicator` keeps the communicator's own life (identity,
-groups, point to point, algorithm choice).
+groups, point to point, algorithm choice). Six of them (allreduce, reduce,
+reduce_scatter, allgather, alltoall, gather) are that recipe and nothing
+else: ``CollectiveMethods._collective`` runs it, reading what differs
+(root, op, blocks, result shape, whether a rank gets a result) from their
+row of :data:`plait.collectives.TABLE` rather than from their names.
+Broadcast (which fills ``x``), scatter (whose non-roots may pass only
+``out``) and barrier (no data) spell theirs out.
 
 Typing (see Note [result types] in :mod:`plait.communicator`): a torch tensor
 ``x`` gives a tensor, anything else a numpy array, ``out=`` gives ``out``
@@ -21,7 +27,9 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from plait._checks import as_array, check_op, check_out, check_root, split_rows
+from plait import collectives
+from plait._checks import as_array, as_writable, check_op, check_out, check_root, split_rows
+from plait.collectives import Collective
 from plait.ops import SUM, Op, check_dtype
 
 if TYPE_CHECKING:
@@ -83,6 +91,15 @@ if TYPE_CHECKING:
 
 __all__ = ["CollectiveMethods"]
 
+# Looked up once here, not per call (collectives.get costs a call and a dict lookup).
+_ALLREDUCE = collectives.get("allreduce")
+_REDUCE = collectives.get("reduce")
+_REDUCE_SCATTER = collectives.get("reduce_scatter")
+_ALLGATHER = collectives.get("allgather")
+_ALLTOALL = collectives.get("alltoall")
+_GATHER = collectives.get("gather")
+_SCATTER = collectives.get("scatter")
+
 
 class CollectiveMethods:
     """The collectives; :class:`plait.Communicator` provides what they use.
@@ -119,6 +136,49 @@ class CollectiveMethods:
     ) -> Any:
         """``allreduce(compression=...)`` (defined by the communicator)."""
         raise NotImplementedError
+
+    def _collective(
+        self,
+        t: Collective,
+        x: Any,
+        op: Op | None,
+        root: int,
+        out: Any,
+        algorithm: Any,
+        timeout: float | None,
+        async_op: bool,
+    ) -> Any:
+        """The recipe of the collectives that read ``x`` and return a new result.
+
+        What differs between them is read from their row ``t`` of
+        :data:`plait.collectives.TABLE`, not from their names: whether a root
+        and an op are checked, whether axis 0 of ``x`` is cut into ``size``
+        blocks, the result's shape, whether this rank gets a result at all
+        (``reduce`` and ``gather`` return None off root and ignore ``out``
+        there) and the call's count (one block for the block collectives),
+        which also sizes the algorithm choice.
+        """
+        c = t.name
+        r = self._rank
+        size = self._size
+        a = as_array(x, "x", r, c)
+        if t.rooted:
+            check_root(root, r, size, c)
+        if t.reduces:
+            check_op(op, a.dtype, r, c, self._checked)
+        if t.split_input:
+            split_rows(a.shape, r, size, c)
+        shape = t.result_shape(a.shape, size)
+        # Only a rooted collective can leave a rank without a result (its OUT is empty).
+        has_out = not t.rooted or t.counts(size, 1, r, root)[1] > 0
+        out_arr = check_out(out, shape, a.dtype, r, c) if has_out else None
+        count = t.x_count(a.size, size)
+        choice = self._choose(c, algorithm, count * a.itemsize, op)
+        req = self._stage.request(
+            choice, count, a, out_arr, shape, op, root=root, has_out=has_out, src=x, dst=out
+        )
+        # 4: the user's frame is beyond this one and the collective method's
+        return self._runner.start(req, timeout, async_op, self, 4)
 
     @overload
     def allreduce(
@@ -181,13 +241,7 @@ class CollectiveMethods:
         """
         if compression is not None:
             return self._allreduce_compressed(x, op, out, algorithm, timeout, async_op, compression)
-        c = "allreduce"
-        a = as_array(x, "x", self._rank, c)
-        check_op(op, a.dtype, self._rank, c, self._checked)
-        out_arr = check_out(out, a.shape, a.dtype, self._rank, c)
-        choice = self._choose(c, algorithm, a.nbytes, op)
-        req = self._stage.request(choice, a.size, a, out_arr, a.shape, op, src=x, dst=out)
-        return self._runner.start(req, timeout, async_op, self)
+        return self._collective(_ALLREDUCE, x, op, 0, out, algorithm, timeout, async_op)
 
     @overload
     def reduce(
@@ -237,17 +291,7 @@ class CollectiveMethods:
         Returns the reduced array on ``root`` (``out`` if given) and None
         elsewhere; ``out`` is ignored on other ranks.
         """
-        c = "reduce"
-        a = as_array(x, "x", self._rank, c)
-        check_root(root, self._rank, self._size, c)
-        check_op(op, a.dtype, self._rank, c, self._checked)
-        is_root = self._rank == root
-        out_arr = check_out(out, a.shape, a.dtype, self._rank, c) if is_root else None
-        choice = self._choose(c, algorithm, a.nbytes, op)
-        req = self._stage.request(
-            choice, a.size, a, out_arr, a.shape, op, root=root, has_out=is_root, src=x, dst=out
-        )
-        return self._runner.start(req, timeout, async_op, self)
+        return self._collective(_REDUCE, x, op, root, out, algorithm, timeout, async_op)
 
     @overload
     def broadcast(self, x: _X, root: int = ..., **kw: Unpack[Blocking]) -> _X: ...
@@ -270,7 +314,7 @@ class CollectiveMethods:
         than root it must be writeable.
         """
         c = "broadcast"
-        a = as_array(x, "x", self._rank, c)
+        a = as_writable(x, "x", self._rank, c)
         check_root(root, self._rank, self._size, c)
         if self._rank != root and not a.flags.writeable:
             raise ValueError(f"rank {self._rank}: {c}: x is read-only; it receives root's data")
@@ -313,17 +357,7 @@ class CollectiveMethods:
         Axis 0 of ``x`` must have ``size * k`` rows; the result has shape
         ``(k, *x.shape[1:])``.
         """
-        c = "reduce_scatter"
-        a = as_array(x, "x", self._rank, c)
-        check_op(op, a.dtype, self._rank, c, self._checked)
-        rows = split_rows(a.shape, self._rank, self._size, c)
-        shape = (rows, *a.shape[1:])
-        out_arr = check_out(out, shape, a.dtype, self._rank, c)
-        choice = self._choose(c, algorithm, a.nbytes // self._size, op)
-        req = self._stage.request(
-            choice, a.size // self._size, a, out_arr, shape, op, src=x, dst=out
-        )
-        return self._runner.start(req, timeout, async_op, self)
+        return self._collective(_REDUCE_SCATTER, x, op, 0, out, algorithm, timeout, async_op)
 
     @overload
     def allgather(self, x: Tensor, *, out: _T | None = ..., **kw: Unpack[Blocking]) -> _T: ...
@@ -345,13 +379,7 @@ class CollectiveMethods:
         async_op: bool = False,
     ) -> Any:
         """Gather every rank's ``x`` on every rank: shape ``(size, *x.shape)``, rank order."""
-        c = "allgather"
-        a = as_array(x, "x", self._rank, c)
-        shape = (self._size, *a.shape)
-        out_arr = check_out(out, shape, a.dtype, self._rank, c)
-        choice = self._choose(c, algorithm, a.nbytes, None)
-        req = self._stage.request(choice, a.size, a, out_arr, shape, None, src=x, dst=out)
-        return self._runner.start(req, timeout, async_op, self)
+        return self._collective(_ALLGATHER, x, None, 0, out, algorithm, timeout, async_op)
 
     @overload
     def alltoall(self, x: Tensor, *, out: _T | None = ..., **kw: Unpack[Blocking]) -> _T: ...
@@ -376,15 +404,7 @@ class CollectiveMethods:
 
         Returns the parts received, in rank order, with the shape of ``x``.
         """
-        c = "alltoall"
-        a = as_array(x, "x", self._rank, c)
-        split_rows(a.shape, self._rank, self._size, c)
-        out_arr = check_out(out, a.shape, a.dtype, self._rank, c)
-        choice = self._choose(c, algorithm, a.nbytes // self._size, None)
-        req = self._stage.request(
-            choice, a.size // self._size, a, out_arr, a.shape, None, src=x, dst=out
-        )
-        return self._runner.start(req, timeout, async_op, self)
+        return self._collective(_ALLTOALL, x, None, 0, out, algorithm, timeout, async_op)
 
     @overload
     def gather(
@@ -417,17 +437,7 @@ class CollectiveMethods:
         async_op: bool = False,
     ) -> Any:
         """Gather every rank's ``x`` on root: shape ``(size, *x.shape)`` there, None elsewhere."""
-        c = "gather"
-        a = as_array(x, "x", self._rank, c)
-        check_root(root, self._rank, self._size, c)
-        shape = (self._size, *a.shape)
-        is_root = self._rank == root
-        out_arr = check_out(out, shape, a.dtype, self._rank, c) if is_root else None
-        choice = self._choose(c, algorithm, a.nbytes, None)
-        req = self._stage.request(
-            choice, a.size, a, out_arr, shape, None, root=root, has_out=is_root, src=x, dst=out
-        )
-        return self._runner.start(req, timeout, async_op, self)
+        return self._collective(_GATHER, x, None, root, out, algorithm, timeout, async_op)
 
     @overload
     def scatter(
@@ -465,7 +475,8 @@ class CollectiveMethods:
         an array of the same shape and dtype (its contents are not used) or
         ``x=None`` with ``out`` of shape ``(k, *x.shape[1:])``.
         """
-        c = "scatter"
+        t = _SCATTER
+        c = t.name
         r = self._rank
         check_root(root, r, self._size, c)
         is_root = r == root
@@ -474,7 +485,7 @@ class CollectiveMethods:
                 raise ValueError(
                     f"rank {r}: {c}: pass x (root's shape and dtype) or out= on non-root"
                 )
-            o = as_array(out, "out", r, c)
+            o = as_writable(out, "out", r, c)
             shape: tuple[int, ...] = tuple(o.shape)
             if not shape:
                 raise ValueError(f"rank {r}: {c}: out must have at least one dimension")
@@ -483,11 +494,11 @@ class CollectiveMethods:
             a = np.empty(0, dtype)
         else:
             a = as_array(x, "x", r, c)
-            rows = split_rows(a.shape, r, self._size, c)
-            shape = (rows, *a.shape[1:])
+            split_rows(a.shape, r, self._size, c)
+            shape = t.result_shape(a.shape, self._size)
             dtype = a.dtype
         out_arr = check_out(out, shape, dtype, r, c)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = int(np.prod(shape, dtype=np.int64))  # t.x_count of root's x
         choice = self._choose(c, algorithm, count * dtype.itemsize, None)
         inp = a if is_root else None
         req = self._stage.request(

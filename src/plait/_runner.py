@@ -7,6 +7,14 @@ there; an ``async_op=True`` call runs on the communicator's one
 :class:`~plait.runtime.work.Worker` thread behind a :class:`~plait.Work`.
 The first :class:`~plait.errors.CommError` leaves the communicator *broken*:
 the ranks may disagree about what completed, so every later call refuses.
+
+Every call is recorded by the communicator's
+:class:`~plait.diagnostics.recorder.FlightRecorder` (unless
+PLAIT_RECORDER_SIZE=0): :meth:`CallRunner.start` fills the call's slot when
+it takes its number, the executor links the slot to its unfinished handles,
+and :meth:`CallRunner._run` ends it on every path out. A timeout, a lost
+peer or a mismatch dumps the recorder, and the error names the file
+(docs/debugging.md).
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ import numpy as np
 
 from plait._checks import check_timeout
 from plait._request import Request, signature
+from plait.diagnostics.recorder import FlightRecorder, Slot
+from plait.diagnostics.timeline import Timeline
+from plait.diagnostics.triggers import dump_on_error
 from plait.errors import ClosedError, CommError, CommTimeout, InternalError, MismatchError
 from plait.group import collective_tag
 from plait.runtime.executor import Call, Workspace, execute
@@ -44,7 +55,14 @@ class CallRunner:
     One per communicator. ``seq`` is the number the next call takes;
     ``broken`` is the error that made the communicator unusable (None while
     it is usable); ``detail`` is PLAIT_DEBUG=detail (compare every call
-    across ranks first).
+    across ranks first); ``recorder`` is the communicator's flight recorder
+    (None when PLAIT_RECORDER_SIZE=0) and ``timeline`` the rank's
+    PLAIT_TIMELINE trace (None unless set, or without a recorder, which
+    reports the calls to it). ``world_rank`` is the rank of the process in
+    the world communicator: a split's calls go to its parent's timeline.
+
+    Raises:
+        ValueError: a PLAIT_RECORDER_* or PLAIT_TIMELINE_EVENTS setting is invalid.
     """
 
     __slots__ = (
@@ -58,11 +76,20 @@ class CallRunner:
         "broken",
         "closed",
         "detail",
+        "recorder",
         "seq",
+        "timeline",
         "timeout",
     )
 
-    def __init__(self, transport: Transport, comm_id: int, timeout: float, detail: bool) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        comm_id: int,
+        timeout: float,
+        detail: bool,
+        world_rank: int | None = None,
+    ) -> None:
         self._transport = transport
         self._rank = transport.rank
         self._size = transport.size
@@ -75,6 +102,11 @@ class CallRunner:
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._workspaces = threading.local()  # one Workspace per thread that runs calls
+        world = self._rank if world_rank is None else world_rank
+        self.recorder = FlightRecorder.from_env(
+            self._rank, self._size, comm_id, timeline=Timeline.from_env(world)
+        )
+        self.timeline = self.recorder.timeline if self.recorder is not None else None
 
     def close(self) -> None:
         """Finish queued async calls, then release the transport (call once)."""
@@ -100,12 +132,21 @@ class CallRunner:
         )
 
     def start(
-        self, req: Request, timeout: float | None, async_op: bool, comm: CollectiveMethods
+        self,
+        req: Request,
+        timeout: float | None,
+        async_op: bool,
+        comm: CollectiveMethods,
+        skip: int = 3,
     ) -> Any:
         """Number ``req`` and run it: return its result, or a Work for ``async_op``.
 
         ``comm`` is the communicator the call came to: PLAIT_DEBUG=detail
-        compares the call across ranks through its allgather first.
+        compares the call across ranks through its allgather first. ``skip``
+        is how far out from the recorder's ``begin`` the user's frame is: 3
+        when the collective method calls this directly (begin, start, the
+        method), 4 through ``CollectiveMethods._collective``; a wrong guess
+        costs the recorder a short walk, never a wrong line.
         """
         c = req.spec.collective
         # self.seconds(timeout, c), inlined: this runs on every call
@@ -131,15 +172,21 @@ class CallRunner:
         describe = (c, req.spec.name, seq)  # formatted only when needed
         if self.detail:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
+        rec = self.recorder
         if not async_op:
-            return self._run(req, seq, seconds, describe)
+            slot = rec.begin(req.plan.shape, seq, skip) if rec is not None else None
+            return self._run(req, seq, seconds, describe, slot)  # which ends the slot
         work = Work(f"rank {self._rank}: {_describe(describe)}")
         if self._worker is None:
             self._worker = Worker(f"plait-rank{self._rank}")
+        # Nothing that can fail comes between begin and the job that ends the slot.
+        slot = rec.begin(req.plan.shape, seq, skip, True) if rec is not None else None
 
         def job() -> None:
+            if slot is not None and rec is not None:
+                rec.started(slot)
             try:
-                work._finish(self._run(req, seq, seconds, describe))
+                work._finish(self._run(req, seq, seconds, describe, slot))
             except BaseException as exc:
                 work._finish(error=exc)
 
@@ -170,49 +217,73 @@ class CallRunner:
 
         self._worker.submit(job)
 
-    def _run(self, req: Request, seq: int, seconds: float, describe: tuple[str, str, int]) -> Any:
-        plan = req.plan
-        schedule = plan.schedule
-        dtype = req.out.dtype
-        workspace = getattr(self._workspaces, "ws", None)
-        if workspace is None:  # first call on this thread
-            workspace = self._workspaces.ws = Workspace()
-        tmp = workspace.take(schedule.tmp_count, dtype)
-        staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
-        op = req.op
-        call = Call(
-            describe,
-            collective_tag(self._comm_id, seq),
-            plan.check,
-            op.ufunc if op is not None else np.bitwise_or,
-            time.monotonic() + seconds,
-        )
-        if self.broken is not None or self.closed:
-            self.check_usable(req.spec.collective)
-        buffers = (req.inp, req.out, tmp)
+    def _run(
+        self,
+        req: Request,
+        seq: int,
+        seconds: float,
+        describe: tuple[str, str, int],
+        slot: Slot | None,
+    ) -> Any:
+        """Run ``req`` as call number ``seq``; end its recorder ``slot`` on every way out."""
+        rec = self.recorder
         try:
-            if plan.guard:
-                with np.errstate(all="ignore"):
+            if self.broken is not None or self.closed:
+                self.check_usable(req.spec.collective)
+            plan = req.plan
+            schedule = plan.schedule
+            dtype = req.out.dtype
+            workspace = getattr(self._workspaces, "ws", None)
+            if workspace is None:  # first call on this thread
+                workspace = self._workspaces.ws = Workspace()
+            tmp = workspace.take(schedule.tmp_count, dtype)
+            staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
+            op = req.op
+            call = Call(
+                describe,
+                collective_tag(self._comm_id, seq),
+                plan.check,
+                op.ufunc if op is not None else np.bitwise_or,
+                time.monotonic() + seconds,
+                slot,
+                rec,
+                self.timeline,
+            )
+            buffers = (req.inp, req.out, tmp)
+            try:
+                if plan.guard:
+                    with np.errstate(all="ignore"):
+                        execute(schedule, buffers, self._transport, call, staging, req.aliased)
+                        if req.average and req.out.size:
+                            np.divide(req.out, self._size, out=req.out)
+                else:
                     execute(schedule, buffers, self._transport, call, staging, req.aliased)
-                    if req.average and req.out.size:
-                        np.divide(req.out, self._size, out=req.out)
-            else:
-                execute(schedule, buffers, self._transport, call, staging, req.aliased)
-        except CommError as exc:
-            self.broken = exc
-            notes = []
-            if isinstance(exc, MismatchError):
-                # The transport knows only that the digests differ; this rank knows its own call.
-                notes.append(f"this rank called {signature(req)}")
-                if not self.detail:
-                    notes.append("set PLAIT_DEBUG=detail to compare every rank's call")
-            if req.writes_caller_memory:
-                notes.append("the output buffer's contents are undefined")
-            if notes:
-                raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
+            except CommError as exc:
+                self.broken = exc
+                notes = []
+                if isinstance(exc, MismatchError):
+                    # The transport knows only that the digests differ; this rank knows its call.
+                    notes.append(f"this rank called {signature(req)}")
+                    if not self.detail:
+                        notes.append("set PLAIT_DEBUG=detail to compare every rank's call")
+                if req.writes_caller_memory:
+                    notes.append("the output buffer's contents are undefined")
+                if slot is not None and rec is not None:
+                    rec.end(slot, exc)  # before the dump, which then shows the failure
+                    path = dump_on_error(rec, exc)
+                    if path is not None:
+                        notes.append(f"flight recorder dump: {path}")
+                if notes:
+                    raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
+                raise
+            if req.writeback is not None:
+                req.writeback[...] = req.out.reshape(req.writeback.shape)
+        except BaseException as exc:
+            if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
+                rec.end(slot, exc)
             raise
-        if req.writeback is not None:
-            req.writeback[...] = req.out.reshape(req.writeback.shape)
+        if slot is not None and rec is not None:
+            rec.end(slot)
         return req.result
 
     def _verify_same_call(self, req: Request, seconds: float, comm: CollectiveMethods) -> None:

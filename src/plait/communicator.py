@@ -42,6 +42,7 @@ import numpy as np
 from plait._checks import (
     CACHE_LIMIT,
     as_array,
+    as_writable,
     check_peer,
     check_timeout,
     check_user_tag,
@@ -50,9 +51,16 @@ from plait._edge import CollectiveMethods
 from plait._request import Stager, allreduce_compressed, format_bytes
 from plait._runner import CallRunner
 from plait.algos._registry import get
+from plait.diagnostics.stragglers import (
+    Lateness,
+    from_table,
+    local_collectives,
+    local_row,
+    newest_done,
+)
 from plait.errors import UnsupportedError
 from plait.group import GroupTransport, child_comm_id, p2p_tag
-from plait.ops import Op
+from plait.ops import MIN, Op
 from plait.schedule.builder import HostLayout
 from plait.selection.select import SEGMENT_BYTES, Choice, Settings, choose, settings
 from plait.transport.base import Transport
@@ -110,6 +118,7 @@ class Communicator(CollectiveMethods):
         hosts: Sequence[str] | None = None,
         _comm_id: int = 0,
         _settings: Settings | None = None,
+        _world_rank: int | None = None,
     ) -> None:
         # What auto follows (PLAIT_ALGO, the rules file, the profile), read once here so
         # that a bad setting fails now, before any collective, and later changes to the
@@ -137,7 +146,15 @@ class Communicator(CollectiveMethods):
         if self._log_choices:
             _enable_debug_log()
         seconds = check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
-        self._runner = CallRunner(transport, _comm_id, seconds, debug == "detail")
+        # The rank in the world communicator names this process's timeline file.
+        self._world_rank = self._rank if _world_rank is None else _world_rank
+        try:  # a bad PLAIT_RECORDER_* setting fails here, as a bad PLAIT_ALGO does above
+            self._runner = CallRunner(
+                transport, _comm_id, seconds, debug == "detail", self._world_rank
+            )
+        except ValueError:
+            transport.close()
+            raise
         self._stage = Stager(self._rank, self._size, self._layout)
         self._plans = self._stage.plans  # the plan cache, by call shape (see plait._request)
         self._auto: dict[tuple[str, int, bool], Choice] = {}  # auto's choice per shape
@@ -277,11 +294,67 @@ class Communicator(CollectiveMethods):
             hosts=[self._hosts[r] for r in ranks],
             _comm_id=child_comm_id(self._comm_id, seq, int(color)),
             _settings=self._settings,
+            _world_rank=self._world_rank,
         )
 
     def split_by_host(self, *, timeout: float | None = None) -> Communicator:
         """The sub-communicator of the ranks on this rank's host, in rank order."""
         return self.split(self.cross_rank, self._rank, timeout=timeout)
+
+    # -- diagnostics -----------------------------------------------------------------------
+    def stragglers(
+        self, window: int | None = None, *, timeout: float | None = None
+    ) -> list[Lateness]:
+        """How late each rank arrived at this communicator's last calls, in rank order.
+
+        A rank's lateness at a call is how long after the first rank it began
+        it; a rank whose median stands out makes every other rank wait. This
+        is itself a collective (every rank must call it, and every rank gets
+        the same list): an allreduce of 16 bytes agrees on the calls to
+        measure, the last ``window`` calls every rank has completed, and an
+        allgather of 16 bytes per call brings every rank the others' times
+        (Note [live stragglers] in :mod:`plait.diagnostics.stragglers`). The
+        two calls it makes are not among those it measures. Ranks on one host
+        are compared by their start times; across hosts, whose clocks may
+        disagree, through how long each rank waited in the synchronizing
+        collectives. ``plait analyze`` gives the same numbers from dumps.
+
+        Args:
+            window: how many calls to measure, at most; default (and at most)
+                the calls the flight recorder keeps (PLAIT_RECORDER_SIZE). The
+                smallest value any rank passes is used.
+            timeout: seconds for each of the two calls it makes.
+
+        Returns:
+            One :class:`plait.diagnostics.Lateness` per rank, in seconds;
+            ``calls`` 0 for every rank before any call completed.
+
+        Raises:
+            UnsupportedError: the flight recorder is off (PLAIT_RECORDER_SIZE=0).
+            ValueError: ``window`` is not a positive int.
+        """
+        r = self._rank
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1
+        ):
+            raise ValueError(f"rank {r}: stragglers: window must be an int >= 1; got {window!r}")
+        rec = self._runner.recorder
+        if rec is None:
+            raise UnsupportedError(
+                f"rank {r}: stragglers needs the flight recorder, which PLAIT_RECORDER_SIZE=0 "
+                "turned off"
+            )
+        wanted = rec.capacity if window is None else min(int(window), rec.capacity)
+        agreed = self.allreduce(
+            np.array([newest_done(rec), wanted], np.int64), MIN, timeout=timeout
+        )
+        hi, n = int(agreed[0]), min(int(agreed[1]), int(agreed[0]) + 1)
+        if n <= 0:  # no call completed on every rank yet (alike on every rank)
+            return [Lateness(q, 0, 0.0, 0.0, 0.0, None) for q in range(self._size)]
+        first = hi - n + 1
+        table = self.allgather(local_row(rec, first, n), timeout=timeout)
+        names = local_collectives(rec, first, n)
+        return from_table(table, first, names, same_clock=self.cross_size == 1)
 
     # -- point to point --------------------------------------------------------------------
     def send(self, x: object, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
@@ -293,6 +366,10 @@ class Communicator(CollectiveMethods):
         a = as_array(x, "x", r, "send")
         check_peer(dst, r, self._size, "send", "dst")
         wire_tag = p2p_tag(self._comm_id, check_user_tag(tag, r, "send"))
+        if (
+            not a.dtype.isnative
+        ):  # the wire carries native order (Note [byte order] in plait._request)
+            a = a.astype(a.dtype.newbyteorder("="))
         data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         self._runner.check_usable("send")
         t = self._transport
@@ -307,16 +384,17 @@ class Communicator(CollectiveMethods):
         The message must have exactly ``buf``'s size and dtype.
         """
         r = self._rank
-        a = as_array(buf, "buf", r, "recv")
+        a = as_writable(buf, "buf", r, "recv")
         if not a.flags.writeable:
             raise ValueError(f"rank {r}: recv: buf is read-only")
         check_peer(src, r, self._size, "recv", "src")
         wire_tag = p2p_tag(self._comm_id, check_user_tag(tag, r, "recv"))
-        contiguous = a.flags.c_contiguous
-        target = a.reshape(-1) if contiguous else np.empty(a.size, a.dtype)
+        # Non-contiguous or non-native memory receives into a native copy, written back.
+        contiguous = a.flags.c_contiguous and a.dtype.isnative
+        target = a.reshape(-1) if contiguous else np.empty(a.size, a.dtype.newbyteorder("="))
         self._runner.check_usable("recv")
         view = target.view(np.uint8)
-        h = self._transport.irecv(src, wire_tag, view.data, _p2p_check(a.dtype))
+        h = self._transport.irecv(src, wire_tag, view.data, _p2p_check(target.dtype))
         self._runner.wait_p2p(h, "recv", src, tag, timeout, a)
         if not contiguous:
             a[...] = target.reshape(a.shape)

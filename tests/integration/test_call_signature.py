@@ -36,7 +36,9 @@ def test_mismatch_names_this_ranks_call_and_the_hint() -> None:
             f"; this rank called allreduce(count={5 + r}, dtype=float64, op=SUM, root=0, "
             "algorithm=recursive_doubling, segment=1 MiB)" in msg
         )
-        assert msg.endswith(HINT)
+        # then where this rank's flight recorder was dumped (docs/debugging.md)
+        assert f"; {HINT}; flight recorder dump: " in msg
+        assert msg.endswith(f"rank{r}.json")
 
 
 def test_mismatch_of_collectives_names_each_ranks_own() -> None:
@@ -55,10 +57,10 @@ def test_mismatch_of_collectives_names_each_ranks_own() -> None:
 
     first, second = run_ranks(2, body)
     assert "this rank called allreduce(count=8, dtype=int32, op=MAX, root=0, " in first
-    assert first.endswith(HINT)
+    assert f"; {HINT}; flight recorder dump: " in first
     assert "this rank called allgather(count=8, dtype=int32, op=-, root=0, " in second
     # allgather wrote into out: the error says so, after the call's description.
-    assert second.endswith(f"{HINT}; the output buffer's contents are undefined")
+    assert f"{HINT}; the output buffer's contents are undefined; flight recorder dump: " in second
 
 
 def test_mismatched_send_and_recv_name_the_receivers_call() -> None:

@@ -368,6 +368,17 @@ class FlightRecorder:
         slot.pending = pending
         slot.steps = steps
 
+    def unwatch(self, slot: Slot) -> None:
+        """Keep who the call in ``slot`` waits for now, and drop the links of :meth:`watch`.
+
+        The executor calls it when the call fails, before it withdraws its
+        unfinished handles from the transport (which marks them done): the
+        failed call's ``waiting_on`` then still names the peers it waited for.
+        """
+        slot.peers = _waiting(slot)
+        slot.pending = None
+        slot.steps = None
+
     def waiting_on(self, slot: Slot, peers: Sequence[int]) -> None:
         """Say outright which peers the call waits for (instead of :meth:`watch`)."""
         slot.peers = peers

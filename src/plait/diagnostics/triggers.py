@@ -11,7 +11,9 @@
   --stall-timeout`` sets), dumps every recorder of its process and prints
   one line starting with :data:`STALL_MARKER` on stderr, so that the launcher
   can send SIGUSR1 to the other ranks: a rank stuck outside any collective
-  then dumps too.
+  then dumps too. :func:`start_watchdog` starts one per process when
+  PLAIT_STALL_TIMEOUT is set; :func:`plait.init` calls it, and
+  :func:`install_signal_handler`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "install_signal_handler",
     "parse_stall_line",
     "stall_timeout_from_env",
+    "start_watchdog",
 ]
 
 _log = logging.getLogger("plait")
@@ -52,6 +55,7 @@ STALL_MARKER = "plait: stall:"
 
 _installed = False
 _install_lock = threading.Lock()
+_watchdog: Watchdog | None = None  # the process's, from start_watchdog
 
 
 def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list[Path]:
@@ -253,3 +257,20 @@ class Watchdog:
             with contextlib.suppress(OSError, ValueError):
                 print(line, file=stream, flush=True)
         return line
+
+
+def start_watchdog() -> Watchdog | None:
+    """The process's stall watchdog, started on the first call if PLAIT_STALL_TIMEOUT is set.
+
+    One per process, whatever the number of communicators (it watches every
+    live recorder); None when the variable is unset or 0.
+
+    Raises:
+        ValueError: PLAIT_STALL_TIMEOUT is not a number of seconds.
+    """
+    global _watchdog
+    seconds = stall_timeout_from_env()
+    with _install_lock:
+        if _watchdog is None and seconds is not None:
+            _watchdog = Watchdog(seconds).start()
+        return _watchdog

@@ -19,12 +19,25 @@ Note [step fields]
     allocated, and the locals are narrowed to ``Region`` for the type
     checker. A step lacking one (never recorded by the builder; a hand-made
     schedule can have it) raises InternalError naming the step.
+
+Note [executor diagnostics]
+    A call may carry its flight-recorder slot (:mod:`plait.diagnostics`):
+    the executor links the slot to its table of unfinished handles once
+    (``FlightRecorder.watch``, two stores), so that a dump can say whom a
+    blocked call waits for without the executor doing anything per step; on
+    a failure it has the recorder keep those peers before withdrawing the
+    handles (``unwatch``). With PLAIT_TIMELINE set the call also carries the
+    rank's :class:`~plait.diagnostics.timeline.Timeline`, and the executor
+    reports every step (from being started, or handed to the transport, to
+    being seen done) and every time it blocks in ``wait_any``: two clock
+    reads per step, paid only then.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,9 +45,15 @@ from plait.errors import CollectiveTimeout, CommError, InternalError
 from plait.schedule.ir import Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
+if TYPE_CHECKING:
+    from plait.diagnostics.recorder import FlightRecorder, Slot
+    from plait.diagnostics.timeline import Timeline
+
 __all__ = ["Call", "Workspace", "execute"]
 
 _EMPTY: dict[np.dtype, np.ndarray] = {}  # zero-length arrays, one per dtype
+_now = time.monotonic  # the timeline's clock (Note [executor diagnostics])
+_NOTHING_ISSUED: dict[int, float] = {}  # stands in for the timeline's table when it is off
 
 
 class Workspace:
@@ -66,7 +85,7 @@ class Workspace:
 class Call:
     """What the executor needs to know about the call besides the schedule."""
 
-    __slots__ = ("_label", "check", "deadline", "tag_base", "ufunc")
+    __slots__ = ("_label", "check", "deadline", "recorder", "slot", "tag_base", "timeline", "ufunc")
 
     def __init__(
         self,
@@ -75,6 +94,9 @@ class Call:
         check: int,
         ufunc: np.ufunc,
         deadline: float | None,
+        slot: Slot | None = None,
+        recorder: FlightRecorder | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self._label = describe  # a string, or (collective, algorithm, seq) formatted on demand
         self.tag_base = tag_base  # tag of message 0 (see Note [wire tags] in plait.group)
@@ -83,6 +105,11 @@ class Call:
         # communicator passes np.bitwise_or, so it is never None.
         self.ufunc = ufunc
         self.deadline = deadline  # time.monotonic() deadline; None waits forever
+        # The call's flight-recorder slot, its recorder and the rank's timeline, or None
+        # (Note [executor diagnostics]); slot and recorder are both set or both None.
+        self.slot = slot
+        self.recorder = recorder
+        self.timeline = timeline
 
     @property
     def describe(self) -> str:
@@ -138,6 +165,11 @@ def execute(
     deps_met: set[int] = set()
     left = len(steps)
     tag_base, check = call.tag_base, call.check
+    rec, slot, tl = call.recorder, call.slot, call.timeline
+    if rec is not None and slot is not None:
+        rec.watch(slot, pending, steps)  # read only when dumped (Note [executor diagnostics])
+    # step -> when it was started; filled only for the timeline (nothing made per call without)
+    issued: dict[int, float] = {} if tl is not None else _NOTHING_ISSUED
 
     def finish(i: int) -> None:
         nonlocal left
@@ -158,6 +190,8 @@ def execute(
             ufunc(data, dst, out=dst)
         else:
             ufunc(dst, data, out=dst)
+        if tl is not None:
+            _note(tl, steps[i], i, issued.pop(i), itemsize, tag_base)
         finish(i)
 
     try:
@@ -176,6 +210,8 @@ def execute(
                     staged[i] = pool[offset : offset + n]
                     mv = pool_raw[offset * itemsize : (offset + n) * itemsize].data
                     pending[transport.irecv(step.peer, tag_base + step.tag, mv, check)] = i
+                    if tl is not None:
+                        issued[i] = _now()
                     offset += n
         while True:
             while ready:
@@ -189,11 +225,15 @@ def execute(
                     if s is None:
                         raise _malformed(schedule.rank, call, step)
                     pending[transport.isend(step.peer, tag_base + step.tag, wire(s), check)] = i
+                    if tl is not None:
+                        issued[i] = _now()
                 elif kind is StepKind.RECV:
                     d = step.dst
                     if d is None:
                         raise _malformed(schedule.rank, call, step)
                     pending[transport.irecv(step.peer, tag_base + step.tag, wire(d), check)] = i
+                    if tl is not None:
+                        issued[i] = _now()
                 elif kind is StepKind.RECV_REDUCE:
                     deps_met.add(i)
                     if i in arrived:
@@ -202,6 +242,7 @@ def execute(
                     s, d = step.src, step.dst
                     if s is None or d is None:
                         raise _malformed(schedule.rank, call, step)
+                    start = _now() if tl is not None else 0.0
                     if kind is StepKind.COPY:
                         if d.offset != s.offset or (
                             d.buf != s.buf and not (aliased and d.buf + s.buf == 1)
@@ -216,16 +257,22 @@ def execute(
                             ufunc(src, dst, out=dst)
                         else:
                             ufunc(dst, src, out=dst)
+                    if tl is not None:
+                        _note(tl, step, i, start, itemsize, tag_base)
                     finish(i)
             if left == 0:
                 return
             done = [h for h in pending if h.done]
             if not done:
                 timeout = None if call.deadline is None else call.deadline - time.monotonic()
+                if tl is not None:
+                    blocked, waited = _now(), _waiting(steps, pending)
                 if (timeout is not None and timeout <= 0) or not transport.wait_any(
                     list(pending), timeout
                 ):
                     raise _timeout(schedule.rank, call, steps, pending)
+                if tl is not None:
+                    tl.wait(blocked, _now(), waited)
                 done = [h for h in pending if h.done]
             for h in done:
                 i = pending.pop(h)
@@ -236,18 +283,34 @@ def execute(
                     if i in deps_met:
                         combine(i)
                 else:
+                    if tl is not None:
+                        _note(tl, steps[i], i, issued.pop(i), itemsize, tag_base)
                     finish(i)
     except BaseException:
+        if rec is not None and slot is not None:
+            rec.unwatch(slot)  # before cancel marks the handles done
         for h in pending:
             if not h.done:
                 transport.cancel(h)
         raise
 
 
+def _note(tl: Timeline, step: Step, i: int, start: float, itemsize: int, tag_base: int) -> None:
+    """Report step ``i``, from ``start`` to now, to the timeline."""
+    r = step.dst if step.dst is not None else step.src
+    nbytes = r.count * itemsize if r is not None else 0
+    tl.step(step.kind.name.lower(), step.peer, nbytes, tag_base + step.tag, i, start, _now())
+
+
+def _waiting(steps: tuple[Step, ...], pending: dict[Handle, int]) -> list[int]:
+    """The peers of the unfinished handles: whom the call waits for."""
+    return sorted({steps[i].peer for h, i in pending.items() if not h.done})
+
+
 def _timeout(
     rank: int, call: Call, steps: tuple[Step, ...], pending: dict[Handle, int]
 ) -> CollectiveTimeout:
-    waiting = sorted({steps[i].peer for h, i in pending.items() if not h.done})
+    waiting = _waiting(steps, pending)
     return CollectiveTimeout(
         f"rank {rank}: {call.describe} timed out waiting for rank(s) {waiting}: they may have "
         "died, be stuck in other work, be slower than the timeout, or be in a different call"

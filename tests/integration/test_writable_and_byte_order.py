@@ -1,0 +1,192 @@
+"""Issue 15: ``out=`` that cannot be written in place, and arrays in the other byte order.
+
+A list as ``out=`` used to be accepted and never written (the call filled a
+copy); it is refused now, for every argument a call writes into. An array in
+non-native byte order used to be summed as if it were native, and a rank
+passing ``>f8`` against ``<f8`` elsewhere got a wrong sum that ranks did not
+agree on; such arrays are converted at the edge now (Note [byte order] in
+plait._request), with the result in the caller's dtype.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+import plait.testing
+from plait._request import call_digest
+from plait.schedule.builder import Context
+from plait.testing import memory_communicators, run_ranks
+
+#: The byte order that is not this machine's.
+SWAPPED = ">" if np.little_endian else "<"
+FOREIGN = np.dtype(f"{SWAPPED}f8")
+
+
+def _foreign(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).astype(FOREIGN)
+
+
+# -- out= that cannot be written in place ---------------------------------------------------
+
+#: Each collective that takes out=, called by rank 1 of 2 with out= a list or a tuple; the
+#: argument checks refuse it before anything is sent, so rank 0 need not take part.
+WRITES_OUT: dict[str, Callable[[plait.Communicator, Any], Any]] = {
+    "allreduce": lambda comm, out: comm.allreduce(np.ones(2), out=out),
+    "reduce": lambda comm, out: comm.reduce(np.ones(2), 1, out=out),
+    "reduce_scatter": lambda comm, out: comm.reduce_scatter(np.ones(2), out=out),
+    "allgather": lambda comm, out: comm.allgather(np.ones(2), out=out),
+    "alltoall": lambda comm, out: comm.alltoall(np.ones(2), out=out),
+    "gather": lambda comm, out: comm.gather(np.ones(2), 1, out=out),
+    "scatter": lambda comm, out: comm.scatter(np.ones(2), 1, out=out),
+    "scatter x=None": lambda comm, out: comm.scatter(None, 0, out=out),
+    "allreduce compressed": lambda comm, out: comm.allreduce(
+        np.ones(2), out=out, compression=plait_fp16()
+    ),
+}
+
+
+def plait_fp16() -> Any:
+    from plait.compression import FP16
+
+    return FP16()
+
+
+@pytest.mark.parametrize("call", list(WRITES_OUT))
+@pytest.mark.parametrize("out", [[0.0, 0.0], (0.0, 0.0)], ids=["list", "tuple"])
+def test_out_that_cannot_be_written_in_place_is_refused(call: str, out: Any) -> None:
+    comms = memory_communicators(2, timeout=5)
+    try:
+        with pytest.raises(TypeError, match=r"write in place.*leave out= off") as info:
+            WRITES_OUT[call](comms[1], out)
+    finally:
+        for comm in comms:
+            comm.close()
+    assert type(out).__name__ in str(info.value)
+    assert out in ([0.0, 0.0], (0.0, 0.0))  # untouched, and nothing was sent
+
+
+def test_broadcast_x_and_recv_buf_must_be_writable_in_place() -> None:
+    [comm] = memory_communicators(1)
+    with comm:
+        with pytest.raises(TypeError, match="broadcast: x must be memory the call can write"):
+            comm.broadcast([1.0, 2.0])
+        with pytest.raises(TypeError, match="recv: buf must be memory the call can write"):
+            comm.recv([0.0], 0)
+
+
+def test_out_may_be_a_writable_buffer() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        out = array.array("d", [0.0, 0.0])
+        res = comm.allreduce(np.array([1.0, 2.0]) * (comm.rank + 1), out=out)
+        assert res is out
+        raw = bytearray(2)
+        comm.allreduce(np.array([1, 2], np.uint8), out=raw)
+        held = np.zeros(2)
+        view = _Interface(held)  # numpy reads it over held's memory
+        assert comm.allreduce(np.ones(2), out=view) is view
+        return list(out), bytes(raw), held
+
+    for values, raw, held in run_ranks(2, body):
+        assert values == [3.0, 6.0]
+        assert raw == bytes([2, 4])
+        np.testing.assert_array_equal(held, [2.0, 2.0])
+
+
+class _Interface:
+    """An object that shows its memory to numpy through ``__array_interface__`` only."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+def test_read_only_buffer_as_out_is_refused() -> None:
+    [comm] = memory_communicators(1)
+    with comm, pytest.raises(ValueError, match="out is read-only"):
+        comm.allreduce(np.array([1, 2], np.uint8), out=memoryview(b"\0\0"))
+
+
+# -- byte order -----------------------------------------------------------------------------
+
+
+def test_check_word_holds_the_byte_order() -> None:
+    ctx = Context("allreduce", 0, 2, 4, 8, True, 0, 4, None)
+    native, swapped = np.dtype("=f8"), FOREIGN
+    assert native.name == swapped.name
+    assert call_digest("ring", ctx, native, plait.SUM) != call_digest(
+        "ring", ctx, swapped, plait.SUM
+    )
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_non_native_input_on_every_rank(size: int) -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = _foreign(np.arange(5) + 10.0 * comm.rank)
+        res = comm.allreduce(x)
+        assert res.dtype == FOREIGN  # the caller's dtype
+        inplace = x.copy()
+        assert comm.allreduce(inplace, out=inplace) is inplace
+        np.testing.assert_array_equal(inplace, res)
+        native_out = np.empty(5)
+        comm.allreduce(x, out=native_out)
+        np.testing.assert_array_equal(native_out, res)
+        return res
+
+    expected = sum(np.arange(5) + 10.0 * r for r in range(size))
+    for res in run_ranks(size, body):
+        np.testing.assert_array_equal(res, expected)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_byte_orders_mixed_across_ranks(size: int) -> None:
+    def body(comm: plait.Communicator) -> dict[str, Any]:
+        r = comm.rank
+        mine = np.arange(2.0 * size) + 100.0 * r
+        x = _foreign(mine) if r == 0 else mine
+        got: dict[str, Any] = {
+            "allreduce": comm.allreduce(x),
+            "allreduce MAX": comm.allreduce(x, plait.MAX, algorithm="ring"),
+            "reduce_scatter": comm.reduce_scatter(x),
+            "allgather": comm.allgather(x),
+            "alltoall": comm.alltoall(x),
+            "reduce": comm.reduce(x, 1),
+            "gather": comm.gather(x, 1),
+            "scatter": comm.scatter(x, 0),
+        }
+        b = x.copy()
+        comm.broadcast(b, 0)
+        got["broadcast"] = b
+        return {k: None if v is None else np.asarray(v, np.float64) for k, v in got.items()}
+
+    inputs = [np.arange(2.0 * size) + 100.0 * r for r in range(size)]
+    results = run_ranks(size, body)
+    for name in results[0]:
+        c, _, op = name.partition(" ")
+        expected = plait.testing.reference(
+            c, inputs, op=plait.MAX if op else plait.SUM, root=1 if c in ("reduce", "gather") else 0
+        )
+        for r in range(size):
+            want = expected[r]
+            if want is None:
+                assert results[r][name] is None, (name, r)
+            else:
+                np.testing.assert_array_equal(results[r][name], want, err_msg=f"{name}, rank {r}")
+
+
+def test_point_to_point_in_the_other_byte_order() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 0:
+            comm.send(_foreign([1.5, -2.0]), 1)
+            return None
+        buf = np.empty(2, FOREIGN)
+        assert comm.recv(buf, 0) is buf
+        return buf
+
+    _, got = run_ranks(2, body)
+    np.testing.assert_array_equal(got, [1.5, -2.0])
