@@ -39,9 +39,8 @@ if TYPE_CHECKING:
     from torch import Tensor
     from typing_extensions import TypeVar
 
-    from plait._request import Stager
+    from plait._request import Compression, Stager
     from plait._runner import CallRunner
-    from plait.compression.base import Compressor
     from plait.runtime.work import Work
     from plait.selection.select import Choice
 
@@ -76,17 +75,17 @@ if TYPE_CHECKING:
     class CompressedBlocking(Blocking, total=False):
         """allreduce's blocking options, with ``compression=``."""
 
-        compression: Compressor | None
+        compression: Compression | None
 
     class CompressedAsync(Async, total=False):
         """allreduce's async options, with ``compression=``."""
 
-        compression: Compressor | None
+        compression: Compression | None
 
     class CompressedEither(Either, total=False):
         """allreduce's options for a run-time ``async_op``, with ``compression=``."""
 
-        compression: Compressor | None
+        compression: Compression | None
 
 
 __all__ = ["CollectiveMethods"]
@@ -132,7 +131,7 @@ class CollectiveMethods:
         algorithm: Any,
         timeout: float | None,
         async_op: bool,
-        compression: Compressor,
+        compression: Compression,
     ) -> Any:
         """``allreduce(compression=...)`` (defined by the communicator)."""
         raise NotImplementedError
@@ -209,7 +208,7 @@ class CollectiveMethods:
         algorithm: str = "auto",
         timeout: float | None = None,
         async_op: bool = False,
-        compression: Compressor | None = None,
+        compression: Compression | None = None,
     ) -> Any:
         """Reduce ``x`` element-wise over all ranks; every rank gets the result.
 

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -52,10 +53,51 @@ from plait.schedule.builder import Context, HostLayout
 if TYPE_CHECKING:
     from plait._runner import CallRunner
     from plait.communicator import Communicator
-    from plait.compression.base import Compressor
     from plait.selection.select import Choice
 
-__all__ = ["Plan", "Request", "Stager", "allreduce_compressed", "call_digest", "signature"]
+__all__ = [
+    "Compression",
+    "Plan",
+    "Request",
+    "Stager",
+    "allreduce_compressed",
+    "call_digest",
+    "signature",
+]
+
+
+@runtime_checkable
+class Compression(Protocol):
+    """What ``allreduce(compression=c)`` needs of ``c``; each :mod:`plait.compression` class has it.
+
+    Defined here rather than imported from :mod:`plait.compression`: the
+    compressors sit a layer above the communicator and call its public
+    collectives, so the communicator names only this contract.
+    """
+
+    name: str
+
+    @property
+    def stateful(self) -> bool:
+        """Whether results depend on earlier calls for the same tensor."""
+        ...
+
+    @property
+    def keyed(self) -> bool:
+        """Whether its state is keyed by a name (``c.with_key(name)``), not by array identity."""
+        ...
+
+    def check(self, x: np.ndarray, comm: Any, key: Hashable | None = None) -> None:
+        """Raise before any byte moves if this call cannot be served."""
+        ...
+
+    def collectives(self, x: np.ndarray, comm: Any) -> int:
+        """How many collective calls :meth:`allreduce` makes for ``x``."""
+        ...
+
+    def allreduce(self, comm: Any, x: np.ndarray, *, average: bool, timeout: float) -> np.ndarray:
+        """Compress, exchange through ``comm``'s public collectives, decompress."""
+        ...
 
 
 class Request(NamedTuple):
@@ -335,7 +377,7 @@ def allreduce_compressed(
     algorithm: Any,
     timeout: float | None,
     async_op: bool,
-    compression: Compressor,
+    compression: Compression,
 ) -> Any:
     """``allreduce(compression=...)``: check everything here, then let the compressor run.
 
@@ -345,11 +387,9 @@ def allreduce_compressed(
     compressor says how many it makes), and its calls use them there:
     calls made meanwhile by the caller cannot take their places.
     """
-    from plait.compression.base import Compressor, Keyed
-
     c = "allreduce"
     r = comm.rank
-    if not isinstance(compression, Compressor):
+    if not isinstance(compression, Compression):
         raise TypeError(
             f"rank {r}: {c}: compression must be a plait.compression compressor such as "
             f"plait.compression.FP16(); got {compression!r}"
@@ -368,7 +408,7 @@ def allreduce_compressed(
         )
     out_arr = check_out(out, a.shape, a.dtype, r, c)
     seconds = runner.seconds(timeout, c)
-    if compression.stateful and a is not x and not isinstance(compression, Keyed):
+    if compression.stateful and a is not x and not compression.keyed:
         raise TypeError(
             f"rank {r}: {c}: {compression.name} keeps state per tensor and "
             f"{type(x).__name__} is not a numpy array whose identity can key it; name the "

@@ -66,7 +66,7 @@ from plait.selection.select import SEGMENT_BYTES, Choice, Settings, choose, sett
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
-    from plait.compression.base import Compressor
+    from plait._request import Compression
 
 __all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats"]
 
@@ -459,7 +459,7 @@ class Communicator(CollectiveMethods):
         algorithm: Any,
         timeout: float | None,
         async_op: bool,
-        compression: Compressor,
+        compression: Compression,
     ) -> Any:
         """``allreduce(compression=...)``: see :func:`plait._request.allreduce_compressed`."""
         return allreduce_compressed(

@@ -93,8 +93,14 @@ def job_dirs() -> Iterator[tuple[Path, Path]]:
 
 
 def plait_leftovers(tmp: Path) -> list[str]:
-    """Entries plait left in the job's temp dir."""
-    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("plait"))
+    """Entries plait left in the job's temp dir.
+
+    The flight recorder's dumps (``plait-dumps``, written when a call fails: see
+    docs/debugging.md) are the job's output, not leftovers.
+    """
+    return sorted(
+        p.name for p in tmp.iterdir() if p.name.startswith("plait") and p.name != "plait-dumps"
+    )
 
 
 def shm_left(out: Path) -> set[str]:

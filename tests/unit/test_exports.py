@@ -32,6 +32,7 @@ EXPECTED = {
     "__version__",
     "algorithms",
     "init",
+    "restart_count",
 }
 
 

@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("plait.cli.sim", "predict a collective's time on a modelled network"),
     "tune": ("plait.cli.tune", "measure this machine's α, β, γ for algorithm='auto'"),
     "bench": ("plait.cli.bench", "time a collective over a range of sizes; compare with MPI, gloo"),
+    "analyze": (
+        "plait.diagnostics.analyze",
+        "say what went wrong first, from the flight-recorder dumps of every rank",
+    ),
 }
 
 

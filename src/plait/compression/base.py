@@ -97,6 +97,11 @@ class Compressor(ABC):
         """Whether results depend on earlier calls for the same tensor (error feedback, warm Q)."""
         return False
 
+    @property
+    def keyed(self) -> bool:
+        """Whether the state is keyed by a name (:meth:`with_key`) rather than by the array."""
+        return False
+
     def check(self, x: np.ndarray, comm: Communicator, key: Hashable | None = None) -> None:
         """Raise ValueError/TypeError if this call cannot be served; runs before any byte moves.
 
@@ -222,6 +227,11 @@ class Keyed(Compressor):
     def stateful(self) -> bool:
         """Whether the wrapped compressor keeps state."""
         return self.inner.stateful
+
+    @property
+    def keyed(self) -> bool:
+        """Always: the state is kept under :attr:`key`."""
+        return True
 
     def check(self, x: np.ndarray, comm: Communicator, key: Hashable | None = None) -> None:
         """The wrapped compressor's checks, with this key."""
