@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plait.collectives import COLLECTIVES
+from plait.collectives import get as get_collective
 from plait.diagnostics.recorder import FlightRecorder
 
 __all__ = [
@@ -58,8 +60,9 @@ __all__ = [
     "stragglers",
 ]
 
-#: Collectives that end at nearly the same time on every rank (see the module docstring).
-SYNCHRONIZING = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "barrier"})
+#: Collectives that end at nearly the same time on every rank (see the module docstring): those
+#: without a root, where every rank's result needs every rank's call (plait.collectives).
+SYNCHRONIZING = frozenset(c for c in COLLECTIVES if not get_collective(c).rooted)
 
 
 @dataclass(frozen=True, slots=True)
