@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import ipaddress
 import json
 import os
 import re
@@ -36,6 +35,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
+from plait._net import route_to
 from plait.errors import RendezvousError
 from plait.rendezvous.store import Store, StoreTimeout
 
@@ -203,13 +203,4 @@ def _local_address(plait_store: Store) -> str:
     if not isinstance(host, str) or not host:
         nodes = os.environ.get("PLAIT_NNODES", "1").strip() or "1"
         return "127.0.0.1" if nodes == "1" else socket.gethostname()
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
-        ip = ipaddress.ip_address(sockaddr[0])
-        if ip.is_loopback or ip.is_unspecified:
-            return "127.0.0.1" if ip.version == 4 else "::1"
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect(sockaddr)  # UDP: picks the route, sends nothing
-            return str(s.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
+    return route_to(host)
