@@ -23,10 +23,12 @@ __all__ = [
     "MAX_USER_TAG",
     "as_array",
     "as_writable",
+    "check_counts",
     "check_op",
     "check_out",
     "check_peer",
     "check_root",
+    "check_rows",
     "check_timeout",
     "check_user_tag",
     "split_rows",
@@ -169,6 +171,48 @@ def split_rows(shape: tuple[int, ...], rank: int, size: int, c: str) -> int:
             f"(size*k rows); got shape {shape}"
         )
     return shape[0] // size
+
+
+def check_counts(counts: Any, n: int, what: str, rank: int, c: str) -> tuple[int, ...]:
+    """``counts`` as a tuple of ``n`` ints >= 0 (row counts of an uneven collective).
+
+    A list, tuple or 1-D integer array; ``what`` names the argument
+    (``"counts"``, ``"send_counts"``) in messages.
+    """
+    if isinstance(counts, np.ndarray):
+        if counts.ndim != 1 or counts.dtype.kind not in "iu":
+            raise TypeError(
+                f"rank {rank}: {c}: {what} must be a 1-D integer array, a list or a tuple; "
+                f"got an array of shape {counts.shape} and dtype {counts.dtype}"
+            )
+        counts = counts.tolist()
+    if not isinstance(counts, list | tuple):
+        raise TypeError(
+            f"rank {rank}: {c}: {what} must be a list or tuple of ints (one per rank); "
+            f"got {type(counts).__name__}"
+        )
+    if len(counts) != n:
+        raise ValueError(
+            f"rank {rank}: {c}: {what} needs {n} entries, one per rank; got {len(counts)}"
+        )
+    for k in counts:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
+            raise ValueError(
+                f"rank {rank}: {c}: {what} must be ints >= 0 (rows per rank); got {list(counts)}"
+            )
+    return tuple(int(k) for k in counts)
+
+
+def check_rows(shape: tuple[int, ...], rows: int, what: str, rank: int, c: str) -> None:
+    """Axis 0 of ``shape`` (``what``'s rows, as the counts say) has ``rows`` entries."""
+    if not shape:
+        raise ValueError(
+            f"rank {rank}: {c}: x must have at least one dimension (the counts count its rows)"
+        )
+    if shape[0] != rows:
+        raise ValueError(
+            f"rank {rank}: {c}: x has {shape[0]} rows (shape {shape}) but {what} says {rows}"
+        )
 
 
 def check_out(

@@ -194,6 +194,7 @@ class Stager:
         dtype: np.dtype | None = None,
         src: Any = None,
         dst: Any = None,
+        counts: tuple[int, ...] | None = None,
     ) -> Request:
         """Flatten and stage the arrays (see Note [in-place and staging]).
 
@@ -201,7 +202,9 @@ class Stager:
         of ``shape``; ``has_out`` False: the call writes no output here).
         ``src`` and ``dst`` are the caller's ``x`` and ``out`` as passed, before
         conversion: they decide what the call returns (Note [result types] in
-        :mod:`plait.communicator`), unless ``result`` says it.
+        :mod:`plait.communicator`), unless ``result`` says it. ``counts``: an
+        uneven call's checked per-rank element counts (``Context.counts``,
+        ``count`` then 0); they are part of the plan's key and check word.
         """
         if dtype is None:
             given = inp if inp is not None else out
@@ -209,11 +212,16 @@ class Stager:
             dtype = given.dtype
         if not dtype.isnative or (out is not None and not out.dtype.isnative):
             return self._in_native_order(
-                choice, count, inp, out, shape, op, root, has_out, result, dtype, src, dst
+                choice, count, inp, out, shape, op, root, has_out, result, dtype, src, dst, counts
             )
         spec = choice.spec
         segment = choice.segment(dtype.itemsize)
-        key = (spec, count, dtype, op, root, segment)
+        # An uneven call's key is one longer, so it never meets an even call's.
+        key = (
+            (spec, count, dtype, op, root, segment)
+            if counts is None
+            else (spec, count, dtype, op, root, segment, counts)
+        )
         plan = self.plans.get(key)
         if plan is None:
             ctx = Context(
@@ -226,6 +234,7 @@ class Stager:
                 root,
                 segment,
                 self._layout,
+                counts=counts,
             )
             if len(self.plans) >= CACHE_LIMIT:
                 self.plans.clear()
@@ -295,6 +304,7 @@ class Stager:
         dtype: np.dtype,
         src: Any,
         dst: Any,
+        counts: tuple[int, ...] | None,
     ) -> Request:
         """The request of a call whose ``x`` or ``out`` is not in native byte order.
 
@@ -318,7 +328,7 @@ class Stager:
                 stage = np.empty(shape, native)
         req = self.request(
             choice, count, inp, stage, shape, op, root=root, has_out=has_out,
-            result=result, dtype=native, src=src, dst=dst,
+            result=result, dtype=native, src=src, dst=dst, counts=counts,
         )  # fmt: skip
         if target is None:
             return req
@@ -335,11 +345,15 @@ def _flat(a: np.ndarray) -> np.ndarray:
 def call_digest(algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None) -> int:
     """The check word of a call: equal on all ranks exactly when their calls match.
 
-    Cached per call shape: a hot loop repeats the same few calls.
+    Cached per call shape: a hot loop repeats the same few calls. An uneven
+    call's per-rank counts are part of it, so ranks that disagree on any
+    count fail with MismatchError instead of misreading each other's blocks.
     """
     key = op.key if op is not None else "-"
     # dtype.str, not dtype.name: the name is the same in both byte orders (Note [byte order])
     text = f"{ctx.collective}|{algorithm}|{ctx.count}|{dtype.str}|{key}|{ctx.root}|{ctx.segment}"
+    if ctx.counts is not None:
+        text += "|" + ",".join(map(str, ctx.counts))
     return zlib.crc32(text.encode())
 
 
@@ -354,8 +368,9 @@ def signature(req: Request) -> str:
     dtype = req.out.dtype
     op = req.op.name if req.op is not None else "-"
     segment = format_bytes(ctx.segment * dtype.itemsize)
+    count = f"counts={list(ctx.counts)}" if ctx.counts is not None else f"count={ctx.count}"
     return (
-        f"{ctx.collective}(count={ctx.count}, dtype={dtype.name}, op={op}, "
+        f"{ctx.collective}({count}, dtype={dtype.name}, op={op}, "
         f"root={ctx.root}, algorithm={req.spec.name}, segment={segment})"
     )
 

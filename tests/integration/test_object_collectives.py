@@ -1,0 +1,170 @@
+"""The object collectives on the communicator, against pickle and plain Python.
+
+Threads play the ranks. Nested objects carry numpy arrays above and below
+the out-of-band and separate-message sizes; a rank whose object fails to
+pickle makes every rank raise, naming it, and leaves the communicator
+usable; ``allreduce_object`` folds a non-commutative op in rank order.
+"""
+
+from __future__ import annotations
+
+import operator
+import pickle
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.testing import run_ranks
+
+QUICK = [1, 2, 3, 5]
+SIZES = [*QUICK, *(pytest.param(p, marks=pytest.mark.slow) for p in (4, 7, 8))]
+
+
+def _obj(q: int, tag: str = "") -> dict[str, Any]:
+    """A nested object of rank ``q``: small and large arrays, strings, tuples, None."""
+    return {
+        "rank": q,
+        "tag": tag,
+        "small": np.arange(q + 1, dtype=np.int16),
+        "big": np.full((300 * (q + 1), 3), q, np.float32),  # out of band (>= 1 KiB)
+        "strided": np.arange(4000.0)[:: q + 2],  # not contiguous: copied once on the sender
+        "nested": [("x" * q, {"y": None, "z": np.ones(q, np.uint8)})],
+    }
+
+
+def _same(got: Any, want: Any) -> None:
+    """Equal, arrays compared by dtype, shape and value."""
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray)
+        assert got.dtype == want.dtype
+        assert got.shape == want.shape
+        assert np.array_equal(got, want)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict)
+        assert got.keys() == want.keys()
+        for k in want:
+            _same(got[k], want[k])
+    elif isinstance(want, list | tuple):
+        assert type(got) is type(want)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+    else:
+        assert got == want
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("size", SIZES)
+def test_object_collectives_match_pickle(size: int) -> None:
+    def body(comm: plait.Communicator) -> None:
+        r = comm.rank
+        mine = _obj(r)
+        for root in sorted({0, size - 1}):
+            _same(comm.bcast_object(mine if r == root else None, root), _obj(root))
+            got = comm.gather_object(mine, root)
+            if r == root:
+                _same(got, [_obj(q) for q in range(size)])
+            else:
+                assert got is None
+            objs = [_obj(q, f"from {root}") for q in range(size)] if r == root else None
+            _same(comm.scatter_object(objs, root), _obj(r, f"from {root}"))
+        _same(comm.allgather_object(mine), [_obj(q) for q in range(size)])
+        sent = [_obj(j, f"{r}->{j}") for j in range(size)]
+        _same(comm.alltoall_object(sent), [_obj(r, f"{q}->{r}") for q in range(size)])
+        assert comm.allgather_object(None) == [None] * size
+        word = comm.allreduce_object(chr(ord("a") + r), operator.add)
+        assert word == "".join(chr(ord("a") + q) for q in range(size))  # rank order
+        assert comm.allreduce_object([r], operator.add) == list(range(size))
+
+    run_ranks(size, body, timeout=120)
+
+
+def test_large_buffers_travel_as_messages_of_their_own() -> None:
+    """bcast and send move buffers of 1 MiB and more uncopied; the arrays arrive writable."""
+
+    def body(comm: plait.Communicator) -> None:
+        big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
+        got = comm.bcast_object({"w": big, "b": b"bytes"} if comm.rank == 0 else None)
+        assert np.array_equal(got["w"], big)
+        assert got["b"] == b"bytes"
+        if comm.rank == 0:
+            comm.send_object([big, "tail"], 1, tag=7)
+        else:
+            arr, tail = comm.recv_object(0, tag=7)
+            assert np.array_equal(arr, big)
+            assert tail == "tail"
+            assert arr.flags.writeable
+
+    run_ranks(2, body)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_a_rank_that_cannot_pickle_makes_every_rank_raise(size: int) -> None:
+    bad = size - 1
+
+    def body(comm: plait.Communicator) -> None:
+        r = comm.rank
+        obj = threading.Lock() if r == bad else r
+        calls = [
+            lambda: comm.allgather_object(obj),
+            lambda: comm.gather_object(obj, 0),
+            lambda: comm.allreduce_object(obj, operator.add),
+            lambda: comm.bcast_object(obj, bad),
+            lambda: comm.alltoall_object([obj] * size),
+            lambda: comm.scatter_object([obj] * size if r == bad else None, bad),
+        ]
+        for call in calls:
+            with pytest.raises(pickle.PicklingError, match=rf"\b{bad}\b.*could not be pickled"):
+                call()
+        # every rank made the same collectives: the communicator is still usable
+        assert comm.allgather_object(r) == list(range(size))
+
+    run_ranks(size, body)
+
+
+def test_send_object_that_cannot_pickle_raises_on_both_ends() -> None:
+    def body(comm: plait.Communicator) -> None:
+        call = (
+            (lambda: comm.send_object(lambda: 1, 1))
+            if comm.rank == 0
+            else (lambda: comm.recv_object(0))
+        )
+        with pytest.raises(pickle.PicklingError, match="rank 0"):
+            call()
+        if comm.rank == 0:
+            comm.send_object("ok", 1)
+        else:
+            assert comm.recv_object(0) == "ok"
+
+    run_ranks(2, body)
+
+
+def test_wrong_arguments_raise() -> None:
+    def body(comm: plait.Communicator) -> None:
+        with pytest.raises(ValueError, match="root 2 is out of range"):
+            comm.bcast_object(1, 2)
+        with pytest.raises(TypeError, match="op must be callable"):
+            comm.allreduce_object(1, "add")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"dst=\d is invalid"):
+            comm.send_object(1, comm.rank)
+        # a wrong list length on one rank: it raises ValueError, the others PicklingError
+        objs = [1] if comm.rank == 0 else [1, 2]
+        err = ValueError if comm.rank == 0 else pickle.PicklingError
+        with pytest.raises(err):
+            comm.alltoall_object(objs)
+        assert comm.alltoall_object([comm.rank] * 2) == [0, 1]
+
+    run_ranks(2, body)
+
+
+def test_an_op_that_raises_does_so_on_every_rank() -> None:
+    def body(comm: plait.Communicator) -> None:
+        obj: Any = 1 if comm.rank == 0 else "s"
+        with pytest.raises(TypeError) as info:
+            comm.allreduce_object(obj, operator.add)
+        assert "rank 1's object" in "".join(info.value.__notes__)
+
+    run_ranks(2, body)
