@@ -9,6 +9,27 @@ size, streams); the accepting side checks both (garbage and strangers are droppe
 wait goes on) and answers with its own. Ranks that disagree on ``size`` or ``streams``
 fail with :class:`~plait.errors.RendezvousError`; ranks that never show up within
 ``timeout`` fail with :class:`BootstrapTimeout`, which names them.
+
+Note [hostile connections during setup]
+    A rank's listening port is open to anyone who can reach it while the mesh is
+    being set up, so nothing a stranger does may block or exhaust the setup (the
+    same rules as the store's, ``plait/rendezvous/_tcp_server.py`` Note [hostile
+    peers]):
+
+    * an accepted connection has :data:`HANDSHAKE_SECONDS` to answer the
+      challenge and say hello, and at most :data:`MAX_UNAUTHENTICATED` may be
+      pending at once (never fewer than the honest connections this rank
+      expects, never more than a quarter of the descriptor limit); accepting
+      one more drops the oldest, whose honest owner would dial again;
+    * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``)
+      the listener leaves the selector for a growing pause
+      (:data:`ACCEPT_BACKOFF`) instead of spinning a core, logged once;
+    * failed authentications go to an :class:`plait._auth.FailureLog`: the
+      first is logged, then a count at most every minute;
+    * on the dialling side, a peer that closes the connection or stays silent
+      before its challenge is dialled again, and is reported as unanswered
+      (:class:`plait._auth.HandshakeUnanswered`: overloaded, or not a plait
+      rank), never as a wrong secret: no secret was exchanged yet.
 """
 
 from __future__ import annotations
@@ -16,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import hmac
+import itertools
 import logging
 import os
+import resource
 import selectors
 import socket
 import time
@@ -29,11 +52,31 @@ from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.tcp.interfaces import tune
 from plait.transport.tcp.wire import HELLO, MAGIC, VERSION
 
-__all__ = ["BootstrapTimeout", "connect_mesh"]
+__all__ = [
+    "ACCEPT_BACKOFF",
+    "HANDSHAKE_SECONDS",
+    "MAX_UNAUTHENTICATED",
+    "BootstrapTimeout",
+    "connect_mesh",
+]
 
 _log = logging.getLogger("plait")
 _RETRY = 0.05  # seconds between connection attempts while a peer is not listening yet
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+#: Seconds an accepted connection has to authenticate and say hello, and a dialled
+#: peer to send its challenge (then it is dialled again).
+HANDSHAKE_SECONDS = 10.0
+#: Most accepted connections authenticating at once (see Note [hostile connections
+#: during setup]); a quarter of the descriptor limit at most, but at least
+#: :data:`_MIN_UNAUTHENTICATED` and the honest connections this rank expects.
+MAX_UNAUTHENTICATED = 256
+_MIN_UNAUTHENTICATED = 16
+#: First and longest pause in accepting after running out of file descriptors.
+ACCEPT_BACKOFF = (0.05, 1.0)
+#: ``accept`` errors that mean "out of resources": retrying at once would spin.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: Why a dialled peer may close or stay silent before its challenge.
+_UNANSWERED = "overloaded, or not a plait rank; no secret was exchanged, so not PLAIT_SECRET"
 
 
 class BootstrapTimeout(RendezvousError, CommTimeout):
@@ -52,10 +95,31 @@ def _address(text: str) -> tuple[str, int]:
         raise RendezvousError(f"malformed TCP address {text!r} in the store") from None
 
 
+def _unauthenticated_cap(honest: int) -> int:
+    """The cap on accepted connections still authenticating, for ``honest`` expected ones."""
+    cap = MAX_UNAUTHENTICATED
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        cap = min(cap, max(_MIN_UNAUTHENTICATED, soft // 4))
+    return max(cap, honest, 1)
+
+
 class _Dial:
     """One outgoing connection being set up (to ``peer``, stream ``stream``)."""
 
-    __slots__ = ("addr", "buf", "error", "nonces", "peer", "retry_at", "sock", "stage", "stream")
+    __slots__ = (
+        "addr",
+        "buf",
+        "error",
+        "nonces",
+        "peer",
+        "retry_at",
+        "silent_until",
+        "sock",
+        "stage",
+        "stream",
+        "unanswered",
+    )
 
     def __init__(self, peer: int, stream: int, addr: tuple[str, int]) -> None:
         self.peer = peer
@@ -67,18 +131,128 @@ class _Dial:
         self.stage = 0
         self.nonces = (b"", b"")  # (server's, ours) once the challenge is answered
         self.retry_at = 0.0
+        self.silent_until = 0.0  # in stage 1: when a silent peer is dialled again
         self.error: str | None = None
+        self.unanswered = False  # the last failure came before the peer's challenge
 
 
 class _Answer:
     """One accepted connection whose authentication and hello have not been read yet."""
 
-    __slots__ = ("buf", "nonce", "sock")
+    __slots__ = ("buf", "deadline", "nonce", "peer", "sock")
 
-    def __init__(self, sock: socket.socket, nonce: bytes) -> None:
+    def __init__(self, sock: socket.socket, nonce: bytes, peer: str, deadline: float) -> None:
         self.sock = sock
         self.buf = b""
         self.nonce = nonce  # our challenge, which the client must answer
+        self.peer = peer  # host:port, for the failure log
+        self.deadline = deadline  # dropped unless answered by then
+
+
+class _Listener:
+    """The listening socket during setup: accepts and greets, bounding what strangers cost.
+
+    See Note [hostile connections during setup]. ``pending`` holds the accepted
+    connections still authenticating, oldest first.
+    """
+
+    def __init__(
+        self, sock: socket.socket, sel: selectors.BaseSelector, rank: int, honest: int
+    ) -> None:
+        self.sock = sock
+        self.sel = sel
+        self.rank = rank
+        self.cap = _unauthenticated_cap(honest)
+        self.refused = _auth.FailureLog(f"rank {rank}")
+        self.pending: dict[_Answer, None] = {}
+        self.paused_until: float | None = None
+        self.backoff = ACCEPT_BACKOFF[0]
+        self.exhausted_logged = False
+        sel.register(sock, _READ, None)
+
+    def accept(self) -> None:
+        """Accept and greet what is queued (at most one cap's worth per call)."""
+        for _ in range(self.cap):
+            try:
+                sock, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except (ConnectionAbortedError, PermissionError):
+                continue  # that one connection is gone or was filtered: take the next
+            except OSError as exc:
+                self._pause(exc)
+                return
+            self.backoff = ACCEPT_BACKOFF[0]
+            sock.setblocking(False)
+            hello, nonce = _auth.challenge()
+            try:
+                sock.send(hello)  # a few bytes into a fresh socket's buffer
+            except OSError:
+                sock.close()
+                continue
+            if len(self.pending) >= self.cap:
+                self.drop(next(iter(self.pending)))  # the oldest still authenticating
+            peer = _net.format_address(str(addr[0]), int(addr[1]))
+            a = _Answer(sock, nonce, peer, time.monotonic() + HANDSHAKE_SECONDS)
+            self.pending[a] = None
+            self.sel.register(sock, _READ, a)
+
+    def _pause(self, exc: OSError) -> None:
+        """Stop watching the listener for a while after ``accept`` failed with ``exc``.
+
+        The failed connection stays in the kernel's queue, so the listener would be
+        reported readable again at once: without a pause the loop spins a core.
+        """
+        if exc.errno in _EXHAUSTED and not self.exhausted_logged:
+            self.exhausted_logged = True
+            _log.warning(
+                "rank %d: out of file descriptors during the TCP setup (%s): not accepting "
+                "connections for now, retrying every %g s at most; raise the limit "
+                "(ulimit -n) if this is not an attack",
+                self.rank,
+                exc.strerror or exc,
+                ACCEPT_BACKOFF[1],
+            )
+        elif exc.errno not in _EXHAUSTED:
+            _log.debug("rank %d: accept failed: %s", self.rank, exc)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(self.sock)
+        self.paused_until = time.monotonic() + self.backoff
+        self.backoff = min(2 * self.backoff, ACCEPT_BACKOFF[1])
+
+    def tick(self, now: float) -> float | None:
+        """Resume accepting after a pause, drop overdue handshakes; the next time to act."""
+        if self.paused_until is not None and now >= self.paused_until:
+            self.paused_until = None
+            self.sel.register(self.sock, _READ, None)
+        while self.pending:  # in accept order, so in deadline order
+            oldest = next(iter(self.pending))
+            if oldest.deadline > now:
+                break
+            self.drop(oldest)
+        due = [a.deadline for a in itertools.islice(self.pending, 1)]
+        if self.paused_until is not None:
+            due.append(self.paused_until)
+        return min(due, default=None)
+
+    def take(self, a: _Answer) -> None:
+        """``a`` has answered: it leaves the selector and the pending connections."""
+        self.sel.unregister(a.sock)
+        del self.pending[a]
+
+    def drop(self, a: _Answer) -> None:
+        """Close a pending connection."""
+        self.take(a)
+        a.sock.close()
+
+    def close(self) -> None:
+        """Close the pending connections and the listener; report uncounted failures."""
+        for a in list(self.pending):
+            self.drop(a)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(self.sock)
+        self.sock.close()
+        self.refused.flush()
 
 
 def connect_mesh(
@@ -94,27 +268,34 @@ def connect_mesh(
     """Connect rank ``rank`` to its ``peers``; returns (published address, {(peer, stream): sock}).
 
     Raises:
-        BootstrapTimeout: some ranks did not publish, connect or answer in time.
+        BootstrapTimeout: some ranks did not publish, connect or answer in time (its
+            cause is a :class:`plait._auth.HandshakeUnanswered` when a peer closed or
+            stayed silent before its challenge).
         RendezvousError: ranks disagree on size or streams, or an address is malformed.
         TransportError: this rank cannot listen on ``host``.
     """
     deadline = time.monotonic() + timeout
     secret = _auth.secret()
     done: dict[tuple[int, int], socket.socket] = {}
-    listener = socket.socket(_net.family(host), socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
     dials: list[_Dial] = []
-    answers: list[_Answer] = []
+    expected = {(j, s) for j in peers if j > rank for s in range(streams)}
+    sock = socket.socket(_net.family(host), socket.SOCK_STREAM)
     try:
-        tune(listener)
+        tune(sock)
         try:
-            listener.bind((host, 0))
-            backlog = min(socket.SOMAXCONN, max(16, sum(j > rank for j in peers) * streams))
-            listener.listen(backlog)
+            sock.bind((host, 0))
+            sock.listen(min(socket.SOMAXCONN, max(16, len(expected))))
         except OSError as exc:
             raise TransportError(f"rank {rank}: cannot listen on {host!r}: {exc}") from exc
-        listener.setblocking(False)
-        address = _net.format_address(host, listener.getsockname()[1])
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        sel.close()
+        raise
+    listener = _Listener(sock, sel, rank, len(expected))
+    try:
+        address = _net.format_address(host, sock.getsockname()[1])
         store.set(f"{prefix}/addr/{rank}", address.encode())
 
         lower = sorted(j for j in peers if j < rank)
@@ -131,29 +312,28 @@ def connect_mesh(
         for j, key in zip(lower, keys, strict=True):
             addr = _address(store.get(key).decode())
             dials.extend(_Dial(j, s, addr) for s in range(streams))
-        expected = {(j, s) for j in peers if j > rank for s in range(streams)}
-        sel.register(listener, _READ, None)
 
         def start(d: _Dial) -> None:
-            sock = socket.socket(_net.family(d.addr[0]), socket.SOCK_STREAM)
-            tune(sock)
-            sock.setblocking(False)
-            err = sock.connect_ex(d.addr)
+            s = socket.socket(_net.family(d.addr[0]), socket.SOCK_STREAM)
+            tune(s)
+            s.setblocking(False)
+            err = s.connect_ex(d.addr)
             if err not in (0, errno.EINPROGRESS):
-                sock.close()
+                s.close()
                 retry(d, os.strerror(err))
                 return
-            d.sock = sock
+            d.sock = s
             d.buf = b""
             d.stage = 0
-            sel.register(sock, _WRITE, d)
+            sel.register(s, _WRITE, d)
 
-        def retry(d: _Dial, why: str) -> None:
+        def retry(d: _Dial, why: str, *, unanswered: bool = False) -> None:
             if d.sock is not None:
                 sel.unregister(d.sock)
                 d.sock.close()
                 d.sock = None
             d.error = why
+            d.unanswered = unanswered
             d.retry_at = time.monotonic() + _RETRY
             with contextlib.suppress(RendezvousError):  # the peer may have a new address
                 d.addr = _address(store.get(f"{prefix}/addr/{d.peer}", 0.0).decode())
@@ -166,24 +346,150 @@ def connect_mesh(
                     f"streams={streams} (set PLAIT_TCP_STREAMS alike on every rank)"
                 )
 
+        def timed_out() -> BootstrapTimeout:
+            out = sorted({d.peer for d in dials if (d.peer, d.stream) not in done})
+            inc = sorted({j for j, s in expected if (j, s) not in done})
+            parts = []
+            if inc:
+                parts.append(f"no connection from rank(s) {inc}")
+            if out:
+                errs = sorted({d.error for d in dials if d.error})
+                parts.append(f"could not connect to rank(s) {out} (last errors: {errs})")
+            return BootstrapTimeout(
+                f"rank {rank}: TCP bootstrap did not finish within {timeout} s: " + "; ".join(parts)
+            )
+
+        def answered(a: _Answer) -> None:
+            """``a`` sent its proof and hello (or hung up): keep it or drop it."""
+            listener.take(a)
+            want = _auth.RESPONSE_BYTES + HELLO.size
+            proof = (
+                _auth.check_response(secret, a.nonce, a.buf[: _auth.RESPONSE_BYTES])
+                if len(a.buf) == want
+                else None
+            )
+            if proof is None:  # wrong secret or garbage: drop it and keep waiting
+                if a.buf:  # (a bare connect and close is no attempt to authenticate)
+                    listener.refused.failed(a.peer)
+                a.sock.close()
+                return
+            fields = HELLO.unpack(a.buf[_auth.RESPONSE_BYTES :])
+            if fields[0] != MAGIC or fields[1] != VERSION:
+                a.sock.close()
+                return
+            reply = proof + HELLO.pack(MAGIC, VERSION, fields[2], rank, size, streams)
+            if fields[4] != size or fields[5] != streams:
+                with contextlib.suppress(OSError):  # tell the other side too, then fail
+                    a.sock.send(reply)
+                a.sock.close()
+                check_peer("connecting", fields, fields[3])
+            src = (fields[3], fields[2])
+            if src not in expected or src in done:
+                if fields[3] not in peers and 0 <= fields[3] < size and fields[3] != rank:
+                    _log.warning(
+                        "rank %d: dropped a connection from rank %d, which is not "
+                        "among this rank's peers (peers= must be symmetric)",
+                        rank,
+                        fields[3],
+                    )
+                a.sock.close()  # a stranger or a duplicate
+                return
+            try:
+                a.sock.send(reply)
+            except OSError:
+                a.sock.close()
+                return
+            done[src] = a.sock
+
+        def dialled(d: _Dial) -> None:
+            """Bytes (or an end) arrived on an outgoing connection in stage 1 or 2."""
+            assert d.sock is not None
+            want = _auth.CHALLENGE_BYTES if d.stage == 1 else _auth.MAC + HELLO.size
+            try:
+                chunk = d.sock.recv(want - len(d.buf))
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if d.stage == 1 and not d.buf:
+                    retry(
+                        d,
+                        f"{d.addr} failed before its challenge: {exc} ({_UNANSWERED})",
+                        unanswered=True,
+                    )
+                else:
+                    retry(d, str(exc))
+                return
+            if not chunk:
+                if d.stage == 1:
+                    retry(
+                        d,
+                        f"{d.addr} closed the connection before its challenge ({_UNANSWERED})",
+                        unanswered=not d.buf,
+                    )
+                else:
+                    retry(
+                        d,
+                        "connection closed during the handshake (did the peer reject our "
+                        "PLAIT_SECRET, or drop us as one of too many connections "
+                        "authenticating?)",
+                    )
+                return
+            d.buf += chunk
+            if len(d.buf) < want:
+                return
+            if d.stage == 1:  # the challenge: answer it and say hello
+                if not d.buf.startswith(_auth.MAGIC):
+                    retry(d, f"{d.addr} does not speak plait's protocol")
+                    return
+                server_nonce = d.buf[len(_auth.MAGIC) :]
+                ours = os.urandom(_auth.NONCE)
+                d.nonces = (server_nonce, ours)
+                try:
+                    d.sock.send(
+                        ours
+                        + _auth.client_proof(secret, server_nonce, ours)
+                        + HELLO.pack(MAGIC, VERSION, d.stream, rank, size, streams)
+                    )
+                except OSError as exc:
+                    retry(d, str(exc))
+                    return
+                d.buf = b""
+                d.stage = 2
+                return
+            if not hmac.compare_digest(d.buf[: _auth.MAC], _auth.server_proof(secret, *d.nonces)):
+                sel.unregister(d.sock)
+                d.sock.close()
+                d.sock = None
+                raise _auth.AuthError(
+                    f"rank {rank}: {d.addr}, published as rank {d.peer}, failed "
+                    "authentication: it does not know this job's PLAIT_SECRET"
+                )
+            fields = HELLO.unpack(d.buf[_auth.MAC :])
+            if (
+                fields[0] != MAGIC
+                or fields[1] != VERSION
+                or fields[2] != d.stream
+                or fields[3] != d.peer
+            ):
+                retry(d, f"{d.addr} answered with something other than rank {d.peer}")
+                return
+            sel.unregister(d.sock)
+            check_peer("accepting", fields, d.peer)
+            done[(d.peer, d.stream)] = d.sock
+            d.sock = None
+            waiting.remove(d)
+
         for d in dials:
             start(d)
         waiting = list(dials)
         while waiting or len(done) < len(dials) + len(expected):
             now = time.monotonic()
             if now >= deadline:
-                out = sorted({d.peer for d in dials if (d.peer, d.stream) not in done})
-                inc = sorted({j for j, s in expected if (j, s) not in done})
-                parts = []
-                if inc:
-                    parts.append(f"no connection from rank(s) {inc}")
-                if out:
-                    errs = sorted({d.error for d in dials if d.error})
-                    parts.append(f"could not connect to rank(s) {out} (last errors: {errs})")
-                raise BootstrapTimeout(
-                    f"rank {rank}: TCP bootstrap did not finish within {timeout} s: "
-                    + "; ".join(parts)
-                )
+                late = timed_out()
+                silent = [d.error for d in waiting if d.unanswered]
+                if silent:
+                    raise late from _auth.HandshakeUnanswered(f"rank {rank}: {silent[0]}")
+                raise late
             wake = deadline
             for d in waiting:
                 if d.sock is None:
@@ -191,27 +497,27 @@ def connect_mesh(
                         start(d)
                     if d.sock is None:
                         wake = min(wake, d.retry_at)
+                elif d.stage == 1 and not d.buf:
+                    if now >= d.silent_until:
+                        retry(
+                            d,
+                            f"{d.addr} stayed silent for {HANDSHAKE_SECONDS:g} s instead of "
+                            f"sending its challenge ({_UNANSWERED})",
+                            unanswered=True,
+                        )
+                        wake = min(wake, d.retry_at)
+                    else:
+                        wake = min(wake, d.silent_until)
+            due = listener.tick(now)
+            if due is not None:
+                wake = min(wake, due)
             for sk, _ in sel.select(max(wake - time.monotonic(), 0.0)):
                 item = sk.data
-                if item is None:  # the listener: accept everything pending
-                    while True:
-                        try:
-                            sock, _ = listener.accept()
-                        except BlockingIOError:
-                            break
-                        except OSError:
-                            break
-                        sock.setblocking(False)
-                        hello, nonce = _auth.challenge()
-                        try:
-                            sock.send(hello)  # a few bytes into a fresh socket's buffer
-                        except OSError:
-                            sock.close()
-                            continue
-                        a = _Answer(sock, nonce)
-                        answers.append(a)
-                        sel.register(sock, _READ, a)
+                if item is None:
+                    listener.accept()
                 elif isinstance(item, _Answer):
+                    if item not in listener.pending:
+                        continue  # dropped by an accept earlier in this round
                     want = _auth.RESPONSE_BYTES + HELLO.size
                     try:
                         chunk = item.sock.recv(want - len(item.buf))
@@ -222,131 +528,29 @@ def connect_mesh(
                     item.buf += chunk
                     if chunk and len(item.buf) < want:
                         continue
-                    sel.unregister(item.sock)
-                    answers.remove(item)
-                    proof = (
-                        _auth.check_response(secret, item.nonce, item.buf[: _auth.RESPONSE_BYTES])
-                        if len(item.buf) == want
-                        else None
-                    )
-                    if proof is None:  # wrong secret or garbage: drop it and keep waiting
-                        _log.warning(
-                            "rank %d: dropped a connection that failed authentication", rank
-                        )
-                        item.sock.close()
-                        continue
-                    fields = HELLO.unpack(item.buf[_auth.RESPONSE_BYTES :])
-                    if fields[0] != MAGIC or fields[1] != VERSION:
-                        item.sock.close()
-                        continue
-                    reply = proof + HELLO.pack(MAGIC, VERSION, fields[2], rank, size, streams)
-                    if fields[4] != size or fields[5] != streams:
-                        with contextlib.suppress(OSError):  # tell the other side too, then fail
-                            item.sock.send(reply)
-                        item.sock.close()
-                        check_peer("connecting", fields, fields[3])
-                    src = (fields[3], fields[2])
-                    if src not in expected or src in done:
-                        if fields[3] not in peers and 0 <= fields[3] < size and fields[3] != rank:
-                            _log.warning(
-                                "rank %d: dropped a connection from rank %d, which is not "
-                                "among this rank's peers (peers= must be symmetric)",
-                                rank,
-                                fields[3],
-                            )
-                        item.sock.close()  # a stranger or a duplicate
-                        continue
-                    try:
-                        item.sock.send(reply)
-                    except OSError:
-                        item.sock.close()
-                        continue
-                    done[src] = item.sock
+                    answered(item)
                 else:
                     d = item
-                    assert d.sock is not None
+                    if d.sock is None:
+                        continue
                     if d.stage == 0:  # connect finished (or failed)
                         err = d.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                         if err:
                             retry(d, os.strerror(err))
                             continue
                         d.stage = 1
+                        d.silent_until = time.monotonic() + HANDSHAKE_SECONDS
                         sel.modify(d.sock, _READ, d)
                         continue
-                    want = _auth.CHALLENGE_BYTES if d.stage == 1 else _auth.MAC + HELLO.size
-                    try:
-                        chunk = d.sock.recv(want - len(d.buf))
-                    except BlockingIOError:
-                        continue
-                    except OSError as exc:
-                        retry(d, str(exc))
-                        continue
-                    if not chunk:
-                        retry(
-                            d,
-                            "connection closed during the handshake "
-                            "(did the peer reject our PLAIT_SECRET?)",
-                        )
-                        continue
-                    d.buf += chunk
-                    if len(d.buf) < want:
-                        continue
-                    if d.stage == 1:  # the challenge: answer it and say hello
-                        if not d.buf.startswith(_auth.MAGIC):
-                            retry(d, f"{d.addr} does not speak plait's protocol")
-                            continue
-                        server_nonce = d.buf[len(_auth.MAGIC) :]
-                        ours = os.urandom(_auth.NONCE)
-                        d.nonces = (server_nonce, ours)
-                        try:
-                            d.sock.send(
-                                ours
-                                + _auth.client_proof(secret, server_nonce, ours)
-                                + HELLO.pack(MAGIC, VERSION, d.stream, rank, size, streams)
-                            )
-                        except OSError as exc:
-                            retry(d, str(exc))
-                            continue
-                        d.buf = b""
-                        d.stage = 2
-                        continue
-                    if not hmac.compare_digest(
-                        d.buf[: _auth.MAC], _auth.server_proof(secret, *d.nonces)
-                    ):
-                        sel.unregister(d.sock)
-                        d.sock.close()
-                        d.sock = None
-                        raise _auth.AuthError(
-                            f"rank {rank}: {d.addr}, published as rank {d.peer}, failed "
-                            "authentication: it does not know this job's PLAIT_SECRET"
-                        )
-                    fields = HELLO.unpack(d.buf[_auth.MAC :])
-                    if (
-                        fields[0] != MAGIC
-                        or fields[1] != VERSION
-                        or fields[2] != d.stream
-                        or fields[3] != d.peer
-                    ):
-                        retry(d, f"{d.addr} answered with something other than rank {d.peer}")
-                        continue
-                    sel.unregister(d.sock)
-                    check_peer("accepting", fields, d.peer)
-                    done[(d.peer, d.stream)] = d.sock
-                    d.sock = None
-                    waiting.remove(d)
+                    dialled(d)
         return address, done
     except BaseException:
-        for sock in done.values():
-            sock.close()
+        for s in done.values():
+            s.close()
         for d in dials:
             if d.sock is not None:
                 d.sock.close()
         raise
     finally:
-        for a in answers:
-            a.sock.close()
-        sel.close()
         listener.close()
-
-
-# -- runtime state -------------------------------------------------------------------------------
+        sel.close()
