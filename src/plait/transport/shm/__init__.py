@@ -48,9 +48,10 @@ class ShmTransport(Endpoint):
         size: number of ranks, all on this host.
         store: rendezvous store shared by the ranks; keys go under ``plait-shm/``.
         timeout: seconds the rendezvous may take.
-        job: job id used in segment and socket names (``[A-Za-z0-9_.-]``, at
-            most 64 characters); default: a random token drawn by rank 0. Two
-            live jobs must not share one.
+        job: job id that starts segment and socket names (``[A-Za-z0-9_.-]``,
+            at most 64 characters; each rank ends its names in a random part of
+            its own, see Note [segment names]); default: a random token drawn
+            by rank 0.
         slot_bytes: payload bytes per ring slot (default 1 MiB, less for many
             ranks so that a rank's inbound rings stay within 256 MiB).
         slots: slots per ring (default 4).

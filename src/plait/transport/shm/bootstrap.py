@@ -1,6 +1,7 @@
 """The shared-memory rendezvous: job token, segments, doorbell sockets, unlinking.
 
-Steps and cleanup rules: ``docs/transport.md`` (Note [lifetime and cleanup]).
+Steps, names and cleanup rules: ``docs/transport.md`` (Note [segment names], Note
+[lifetime and cleanup]).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from plait.transport.shm.segment import (
 __all__ = ["JOB_RE", "Joined", "Wire", "join"]
 
 _HELLO = struct.Struct("<Q16s")  # rank, job token (to reject strangers)
+#: Random bytes at the end of every segment and socket name (Note [segment names]).
+_TAIL_BYTES = 8
+_TAIL_RE = re.compile(f"[0-9a-f]{{{2 * _TAIL_BYTES}}}")
 JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -42,6 +46,8 @@ class Wire:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        self.name = ""  # its segment's and socket's name (announced in the store)
+        self.nbytes = 0  # its segment's size (announced in the store)
         self.sock: socket.socket | None = None
         self.pid = 0  # its process id, if another process visible from here
         self.pid_start: str | None = None  # and its start time, if /proc tells
@@ -109,7 +115,7 @@ class _Join:
         self.size = size
         self.names = names
         self.me = names[rank]
-        self.name = ""  # base of segment and socket names: plait-<job>-g<generation>
+        self.name = ""  # start of segment and socket names: plait-<job>-g<generation>
         self.path: str | None = None  # our segment's file until unlinked
         self.seg: Segment | None = None
         self.wires: list[Wire] = []
@@ -135,13 +141,15 @@ class _Join:
                 raise RendezvousError(
                     f"rank {self.me}: job {job!r} differs from rank {self.names[0]}'s {token!r}"
                 )
-        # Several transports of one job (one per group) must not collide either.
+        # Several transports of one job (one per group) must not collide either, and
+        # no other process may squat a name: see Note [segment names].
         self.name = f"plait-{token}-g{generation}"
-        self.path = os.path.join(SHM_DIR, f"{self.name}-{rank}")
+        tail = secrets.token_hex(_TAIL_BYTES)
+        own = f"{self.name}-{rank}-{tail}"
+        self.path = os.path.join(SHM_DIR, own)
+        nbytes = segment_bytes(size, slots, slot_bytes)
         try:
-            seg = self.seg = segment.create(
-                self.path, segment_bytes(size, slots, slot_bytes), self.me, token
-            )
+            seg = self.seg = segment.create(self.path, nbytes, self.me, token)
         except BaseException:
             self.path = None  # create() removed it
             raise
@@ -152,22 +160,34 @@ class _Join:
         w[W_SLOTS] = slots
         w[W_SLOT_BYTES] = slot_bytes
         w[W_MAGIC] = MAGIC
+        # Peers receive the open file over their socket: from here on nothing in
+        # /dev/shm refers to this rank, whatever happens to it.
+        self.unlink()
         self.wires = [Wire(r) for r in range(size) if r != rank]
         by_rank = {p.rank: p for p in self.wires}
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(self._address(rank))
+            listener.bind(f"\0{own}")  # abstract namespace: nothing to clean up
             listener.listen(size)
-            store.set(prefix + f"ready/{rank}", b"1")
+            store.set(prefix + f"ready/{rank}", f"{tail}:{nbytes}".encode())
             store.wait([prefix + f"ready/{r}" for r in range(size)], left())
+            for p in self.wires:
+                p.name, p.nbytes = self._announced(store.get(prefix + f"ready/{p.rank}"), p.rank)
             hello_token = token.encode()[:16].ljust(16, b"\0")
             for p in self.wires:
                 if p.rank < rank:
                     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                     p.sock = sock
                     sock.settimeout(left())
-                    sock.connect(self._address(p.rank))
-                    p.pid = peer_pid(sock)
+                    sock.connect(f"\0{p.name}")
+                    pid, uid = peer_credentials(sock)
+                    if uid != os.geteuid():
+                        raise TransportError(
+                            f"rank {self.me}: the socket @{p.name} of rank "
+                            f"{self.names[p.rank]} is held by a process of uid {uid}, not "
+                            f"of this user ({os.geteuid()}): refusing it"
+                        )
+                    p.pid = 0 if pid == os.getpid() else pid
                     p.pid_start = process_start(p.pid) if p.pid else None
                     sock.sendall(_HELLO.pack(rank, hello_token))
             missing = {p.rank for p in self.wires if p.rank > rank}
@@ -193,10 +213,15 @@ class _Join:
                 peer.pid_start = process_start(peer.pid) if peer.pid else None
         finally:
             listener.close()
-        for p in self.wires:
+        assert seg.fd is not None
+        for p in self.wires:  # every peer gets our segment's file...
+            assert p.sock is not None
+            socket.send_fds(p.sock, [b"S"], [seg.fd])
+        for p in self.wires:  # ...and we map theirs
             self._attach(p, slots, slot_bytes)
             assert p.sock is not None
             p.sock.sendall(b"A")  # "I have mapped your segment"
+        seg.close_fd()
         for p in self.wires:
             assert p.sock is not None
             p.sock.settimeout(left())
@@ -209,12 +234,18 @@ class _Join:
             p.sock.setblocking(False)
         return Joined(token, seg, self.wires)
 
-    def _address(self, rank: int) -> str:
-        return f"\0{self.name}-{rank}"  # abstract namespace: nothing to clean up
+    def _announced(self, value: bytes, rank: int) -> tuple[str, int]:
+        """(segment and socket name, segment bytes) from what ``rank`` published."""
+        tail, _, nbytes = value.decode(errors="replace").partition(":")
+        if not _TAIL_RE.fullmatch(tail) or not nbytes.isdigit():
+            raise RendezvousError(
+                f"rank {self.me}: rank {self.names[rank]} published {value!r}, not a segment"
+            )
+        return f"{self.name}-{rank}-{tail}", int(nbytes)
 
     def _accept_hello(self, conn: socket.socket, token: bytes, missing: set[int]) -> int | None:
-        """The rank of a new connection, or None for a stranger."""
-        if peer_credentials(conn)[1] != os.getuid():
+        """The rank of a new connection, or None for a stranger (another user, another job)."""
+        if peer_credentials(conn)[1] != os.geteuid():
             return None
         peer_rank, peer_token = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
         if peer_token != token or peer_rank not in missing:
@@ -222,8 +253,21 @@ class _Join:
         return int(peer_rank)
 
     def _attach(self, p: Wire, slots: int, slot_bytes: int) -> None:
-        path = os.path.join(SHM_DIR, f"{self.name}-{p.rank}")
-        seg = p.seg = segment.attach(path, self.me)
+        assert p.sock is not None
+        path = os.path.join(SHM_DIR, p.name)
+        msg, fds, flags, _ = socket.recv_fds(p.sock, 1, 1)
+        if msg != b"S" or len(fds) != 1 or flags & socket.MSG_CTRUNC:
+            for fd in fds:
+                os.close(fd)
+            if not msg:
+                raise RendezvousError(
+                    f"rank {self.me}: rank {self.names[p.rank]} hung up during the "
+                    "shared-memory rendezvous"
+                )
+            raise RendezvousError(
+                f"rank {self.me}: rank {self.names[p.rank]} did not hand over its segment {path}"
+            )
+        seg = p.seg = segment.attach(fds[0], path, p.nbytes, self.me)
         w = seg.words
         if w[W_MAGIC] != MAGIC or w[W_VERSION] != VERSION or w[W_SIZE] != self.size:
             raise RendezvousError(

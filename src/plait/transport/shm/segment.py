@@ -1,7 +1,7 @@
 """A shared-memory segment: the file in ``/dev/shm``, its mapping, its counter words.
 
 Layout, memory ordering and cleanup rules: ``docs/transport.md`` (Note [segment
-layout], Note [memory ordering], Note [lifetime and cleanup]).
+layout], Note [memory ordering], Note [segment names], Note [lifetime and cleanup]).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import errno
 import mmap
 import os
 import platform
+import stat
 import threading
 from typing import Any
 
@@ -114,15 +115,27 @@ def check_platform() -> None:
 
 
 class Segment:
-    """One mapped segment: raw views plus the counter words."""
+    """One mapped segment: raw views plus the counter words.
 
-    def __init__(self, mm: mmap.mmap) -> None:
+    ``fd`` is the open file of a segment this process created, kept until the
+    rendezvous has handed it to every peer (:meth:`close_fd`); None otherwise.
+    """
+
+    def __init__(self, mm: mmap.mmap, fd: int | None = None) -> None:
         self.mm = mm
+        self.fd = fd
         self.mv = memoryview(mm)
         self.arr = np.frombuffer(mm, dtype=np.uint8)
         self.words: Any = _AtomicWords(mm) if use_libatomic else self.mv.cast("Q")
 
+    def close_fd(self) -> None:
+        """Close the file descriptor (the mapping stays)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
     def release(self) -> None:
+        self.close_fd()
         self.words.release()
         self.words = None
         self.arr = None  # type: ignore[assignment]
@@ -148,8 +161,9 @@ class Fence:
 def create(path: str, nbytes: int, me: int, job: str) -> Segment:
     """Create, reserve and map the segment file ``path`` of ``nbytes`` bytes.
 
-    The caller owns the file from now on (it must :func:`unlink` it), also
-    when this function raises after creating it.
+    The caller owns the file from now on (it must :func:`unlink` it; this
+    function removes it when it raises after creating it). The segment keeps the
+    file open (``fd``) so that it can be handed to peers.
 
     Raises:
         TransportError: the file exists already, or the OS refused it (e.g.
@@ -159,8 +173,8 @@ def create(path: str, nbytes: int, me: int, job: str) -> Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         raise TransportError(
-            f"rank {me}: {path} already exists: another job uses job id "
-            f"{job!r}, or a crashed one left it behind (then delete it)"
+            f"rank {me}: {path} already exists: another process of job {job!r} made it "
+            "first (segment names end in a random part, so this is no accident)"
         ) from None
     except OSError as exc:
         raise TransportError(f"rank {me}: cannot create {path}: {exc}") from exc
@@ -179,31 +193,43 @@ def create(path: str, nbytes: int, me: int, job: str) -> Segment:
             os.ftruncate(fd, nbytes)
         mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     except OSError as exc:
+        os.close(fd)
         unlink(path)
         raise TransportError(f"rank {me}: cannot allocate {path}: {exc}") from exc
     except BaseException:
+        os.close(fd)
         unlink(path)
         raise
-    finally:
-        os.close(fd)
-    return Segment(mm)
+    return Segment(mm, fd)
 
 
-def attach(path: str, me: int) -> Segment:
-    """Map a peer's segment ``path``.
+def attach(fd: int, name: str, nbytes: int, me: int) -> Segment:
+    """Map a peer's segment from the descriptor ``fd`` it handed over (closed here).
+
+    The file must be what the peer announced and nothing else can be: a regular
+    file of ``nbytes`` bytes, owned by our user and accessible by it alone
+    (see Note [segment names]).
 
     Raises:
-        TransportError: the file cannot be opened or mapped.
+        TransportError: the file is not such a segment, or cannot be mapped; the
+            message names the segment.
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        raise TransportError(f"rank {me}: cannot open {path}: {exc}") from exc
-    try:
-        nbytes = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid != os.geteuid():
+            why = f"belongs to uid {st.st_uid}, not to this user ({os.geteuid()})"
+        elif st.st_mode & 0o077:
+            why = f"is accessible by other users (mode {stat.S_IMODE(st.st_mode):o})"
+        elif st.st_size != nbytes or nbytes < CONTROL_BYTES:
+            why = f"has {st.st_size} bytes, its rank announced {nbytes}"
+        if why is not None:
+            raise TransportError(f"rank {me}: refusing segment {name}: it {why}")
         mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     except OSError as exc:
-        raise TransportError(f"rank {me}: cannot map {path}: {exc}") from exc
+        raise TransportError(f"rank {me}: cannot map segment {name}: {exc}") from exc
     finally:
         os.close(fd)
     return Segment(mm)

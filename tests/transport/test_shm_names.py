@@ -1,0 +1,277 @@
+"""Shared-memory names nobody else can take, peers of other users refused, nothing left behind.
+
+See ``docs/transport.md``, Note [segment names] and Note [lifetime and cleanup].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plait.errors import TransportError
+from plait.rendezvous.store import MemoryStore
+from plait.transport.shm import ShmTransport, segment
+from plait.transport.shm.ring import segment_bytes
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as nobody")
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(own_segments: list[str]) -> Iterator[None]:
+    """No segment of this test stays in /dev/shm (see conftest.py), no thread runs on."""
+    threads = set(threading.enumerate())
+    yield
+    assert [t for t in threading.enumerate() if t not in threads and t.is_alive()] == []
+
+
+def _job() -> str:
+    return f"names-{os.getpid()}-{secrets.token_hex(4)}"  # unique: other runs may be going on
+
+
+def _pair(store: MemoryStore, job: str) -> list[ShmTransport]:
+    """Ranks 0 and 1 of ``job`` on threads; both must come up."""
+    out: dict[int, object] = {}
+
+    def build(rank: int) -> None:
+        try:
+            out[rank] = ShmTransport(rank, 2, store, timeout=20, job=job)
+        except BaseException as exc:
+            out[rank] = exc
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    made = [x for x in out.values() if isinstance(x, ShmTransport)]
+    if len(made) < 2:
+        for t in made:
+            t.close()
+        pytest.fail(f"init failed: {out}")
+    return [out[0], out[1]]  # type: ignore[list-item]
+
+
+def _exchange(ts: list[ShmTransport]) -> None:
+    src, dst = np.arange(16, dtype=np.uint8), np.zeros(16, np.uint8)
+    r = ts[1].irecv(0, 7, dst.data.cast("B"), 0)
+    s = ts[0].isend(1, 7, src.data.cast("B"), 0)
+    assert ts[0].wait_any([s], 20)
+    assert ts[1].wait_any([r], 20)
+    assert r.error is None
+    assert s.error is None
+    assert dst.tolist() == src.tolist()
+
+
+def test_squatted_predictable_names_do_not_break_init() -> None:
+    """Files and sockets made first under the names derived from the job id alone."""
+    job = _job()
+    squatted = [f"/dev/shm/plait-{job}-g1-{r}" for r in (0, 1)]
+    socks: list[socket.socket] = []
+    try:
+        for path in squatted:
+            Path(path).touch(mode=0o644)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind("\0" + os.path.basename(path))
+            s.listen(4)
+        ts = _pair(MemoryStore(timeout=20), job)
+        try:
+            _exchange(ts)
+        finally:
+            for t in ts:
+                t.close()
+    finally:
+        for s in socks:
+            s.close()
+        for path in squatted:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+# Children start as root and drop to nobody once Python is loaded (the interpreter may
+# live where nobody cannot read it).
+_AS_NOBODY = (
+    f"import os, socket, struct, sys\nos.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
+)
+
+_HOLD = _AS_NOBODY + textwrap.dedent(
+    """
+    import socket, sys
+    socks = []
+    for name in sys.argv[1:]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind("\\0" + name)
+        s.listen(4)
+        socks.append(s)
+    print("ready", flush=True)
+    sys.stdin.read()  # until the test closes our stdin
+    """
+)
+
+
+@contextlib.contextmanager
+def _held_by_nobody(*names: str) -> Iterator[None]:
+    """Abstract Unix sockets ``names`` bound and listening in a process of uid 65534."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, *names],
+        cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        yield
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(30)
+        assert child.stdout is not None
+        child.stdout.close()
+
+
+@as_root
+def test_a_peer_socket_of_another_user_is_refused() -> None:
+    """Rank 1 finds rank 0's announced socket held by uid 65534: a clear error, at once."""
+    job, tail = _job(), secrets.token_hex(8)
+    store = MemoryStore(timeout=20)
+    store.set("plait-shm/generation/0", b"1")
+    store.set("plait-shm/1/job", job.encode())
+    store.set("plait-shm/1/ready/0", f"{tail}:{segment_bytes(2, 2, 4096)}".encode())
+    # Also the name the job id alone once gave, so that the old scheme meets it too.
+    with (
+        _held_by_nobody(f"plait-{job}-g1-0-{tail}", f"plait-{job}-g1-0"),
+        pytest.raises(TransportError, match=f"uid {NOBODY}, not of this user") as info,
+    ):
+        ShmTransport(1, 2, store, timeout=20, job=job, slots=2, slot_bytes=4096)
+    assert f"@plait-{job}-g1-0-{tail}" in str(info.value)
+
+
+_INTRUDE = _AS_NOBODY + textwrap.dedent(
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\\0" + sys.argv[1])
+    s.sendall(struct.pack("<Q16s", 1, sys.argv[2].encode()[:16].ljust(16, b"\\0")))
+    print("connected", flush=True)
+    s.settimeout(20)
+    try:
+        got = s.recv(1)
+    except ConnectionResetError:  # closed with our hello unread
+        got = b""
+    print("dropped" if got == b"" else "answered", flush=True)
+    """
+)
+
+
+@as_root
+def test_a_connection_from_another_user_is_dropped() -> None:
+    """A process of uid 65534 with the right hello, ahead of rank 1, cannot take its place."""
+    job = _job()
+    store = MemoryStore(timeout=20)
+    out: dict[int, object] = {}
+
+    def build(rank: int) -> None:
+        try:
+            out[rank] = ShmTransport(rank, 2, store, timeout=20, job=job)
+        except BaseException as exc:
+            out[rank] = exc
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+    threads[0].start()
+    try:
+        tail = store.get("plait-shm/1/ready/0", 20).decode().partition(":")[0]
+        with subprocess.Popen(
+            [sys.executable, "-c", _INTRUDE, f"plait-{job}-g1-0-{tail}", job],
+            cwd="/",
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as intruder:
+            assert intruder.stdout is not None
+            assert intruder.stdout.readline() == "connected\n"  # queued before rank 1
+            threads[1].start()
+            assert intruder.stdout.readline() == "dropped\n"
+    finally:
+        for t in threads:
+            if t.ident is not None:
+                t.join(30)
+    made = [out[r] for r in (0, 1) if isinstance(out.get(r), ShmTransport)]
+    try:
+        assert len(made) == 2, out
+        _exchange(made)
+    finally:
+        for t in made:
+            t.close()
+
+
+def test_a_segment_that_is_not_what_was_announced_is_refused(tmp_path: Path) -> None:
+    nbytes = segment.CONTROL_BYTES * 2
+
+    def handed(mode: int, size: int, uid: int | None = None) -> int:
+        path = tmp_path / f"seg-{mode:o}-{size}-{uid}"
+        path.write_bytes(b"\0" * size)
+        path.chmod(mode)
+        if uid is not None:
+            os.chown(path, uid, -1)
+        return os.open(path, os.O_RDWR)
+
+    with pytest.raises(TransportError, match="refusing segment /x: it is accessible by other"):
+        segment.attach(handed(0o644, nbytes), "/x", nbytes, 3)
+    with pytest.raises(TransportError, match=f"it has {nbytes - 8} bytes, its rank announced"):
+        segment.attach(handed(0o600, nbytes - 8), "/x", nbytes, 3)
+    if os.geteuid() == 0:
+        with pytest.raises(TransportError, match=f"it belongs to uid {NOBODY}"):
+            segment.attach(handed(0o600, nbytes, NOBODY), "/x", nbytes, 3)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    fd = os.open(fifo, os.O_RDWR)
+    with pytest.raises(TransportError, match="it is not a regular file"):
+        segment.attach(fd, "/x", nbytes, 3)
+    seg = segment.attach(handed(0o600, nbytes), "/x", nbytes, 3)  # a good one maps
+    seg.release()
+
+
+_KILLED_IN_SETUP = textwrap.dedent(
+    """
+    import os, signal, sys
+    from plait.rendezvous.store import MemoryStore
+    from plait.transport.shm import ShmTransport
+
+    class Store(MemoryStore):
+        def set(self, key, value):
+            super().set(key, value)
+            if "/ready/" in key:  # segment made, peers about to look for it: die here
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    ShmTransport(0, 2, Store(timeout=30), timeout=30, job=sys.argv[1])
+    """
+)
+
+
+def test_a_rank_killed_during_setup_leaves_nothing_in_dev_shm() -> None:
+    """SIGKILL right after announcing its segment, outside ``plait run`` (no cleanup)."""
+    job = _job()
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _KILLED_IN_SETUP, job], capture_output=True, timeout=60
+        )
+        assert child.returncode == -9, child
+        assert glob.glob(f"/dev/shm/plait-{job}-*") == []
+    finally:
+        for path in glob.glob(f"/dev/shm/plait-{job}-*"):
+            os.unlink(path)
