@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "plait._tensor": 0,
     "plait._auth": 0,
     "plait._net": 0,
+    "plait._guard": 0,
     "plait.collectives": 0,
     "plait.objects": 0,
     "plait.diagnostics": 0,

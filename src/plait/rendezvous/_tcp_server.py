@@ -13,20 +13,15 @@ Note [server loop]
 
 Note [hostile peers]
     Anyone who can reach the port can connect, so nothing a peer does before it
-    has authenticated may cost the server more than a bounded amount:
-
-    * a connection has :data:`HANDSHAKE_SECONDS` to answer the challenge, and at
-      most ``max_unauthenticated`` connections may be authenticating at once
-      (accepting one more drops the oldest), so idle connections cannot pile up
-      until the process runs out of file descriptors;
-    * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``) the
-      listener leaves the selector for a growing pause (:data:`ACCEPT_BACKOFF`)
-      instead of being reported readable again at once, which would spin a
-      core; the first time is logged, and accepting resumes by itself;
-    * failed handshakes are logged by an :class:`plait._auth.FailureLog`: the
-      first one, then a count at most every minute;
-    * a request larger than the value limit (PLAIT_STORE_MAX_VALUE, 64 MiB by
-      default) is refused from its header, before its payload is read.
+    has authenticated may cost the server more than a bounded amount. The rules
+    it shares with the TCP transport's setup are in one place,
+    :mod:`plait._guard` Note [unauthenticated connections]: here a connection has
+    :data:`HANDSHAKE_SECONDS` to answer the challenge, at most
+    ``max_unauthenticated`` may be authenticating at once (oldest dropped first),
+    ``accept`` out of descriptors pauses the listener (:data:`ACCEPT_BACKOFF`,
+    logged once) and failed handshakes go to an :class:`plait._auth.FailureLog`.
+    Beyond those, a request larger than the value limit (PLAIT_STORE_MAX_VALUE,
+    64 MiB by default) is refused from its header, before its payload is read.
 
     A server that listens beyond the loopback interface with an empty key
     (no PLAIT_SECRET, as under torchrun) says once that it is open to anyone.
@@ -35,12 +30,10 @@ Note [hostile peers]
 from __future__ import annotations
 
 import contextlib
-import errno
 import heapq
 import itertools
 import logging
 import math
-import resource
 import selectors
 import socket
 import threading
@@ -49,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Self
 
-from plait import _auth, _net
+from plait import _auth, _guard, _net
 from plait.errors import RendezvousError
 from plait.rendezvous._tcp_wire import (
     HEADER,
@@ -70,18 +63,17 @@ __all__ = ["ACCEPT_BACKOFF", "HANDSHAKE_SECONDS", "MAX_UNAUTHENTICATED", "TCPSto
 _log = logging.getLogger("plait")
 #: Bytes the server reads from a socket per readiness event.
 _RECV_CHUNK = 1 << 20
+# The store's own copies of the limits of Note [unauthenticated connections], read
+# when a server starts, so that the store can be tuned apart from the TCP setup.
 #: Seconds a new connection has to complete the handshake (as long as a client waits).
-HANDSHAKE_SECONDS = 10.0
+HANDSHAKE_SECONDS = _guard.HANDSHAKE_SECONDS
 #: Most connections authenticating at once, unless ``max_unauthenticated=`` says
 #: otherwise; never more than a quarter of the descriptor limit (but at least
-#: :data:`_MIN_UNAUTHENTICATED`). An honest client authenticates within one round
-#: trip, so only a burst this large within one round trip could push one out.
-MAX_UNAUTHENTICATED = 256
-_MIN_UNAUTHENTICATED = 16
+#: :data:`_MIN_UNAUTHENTICATED`).
+MAX_UNAUTHENTICATED = _guard.MAX_UNAUTHENTICATED
+_MIN_UNAUTHENTICATED = _guard.MIN_UNAUTHENTICATED
 #: First and longest pause in accepting after running out of file descriptors.
-ACCEPT_BACKOFF = (0.05, 1.0)
-#: ``accept`` errors that mean "out of resources": retrying at once would spin.
-_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_BACKOFF = _guard.ACCEPT_BACKOFF
 
 
 def _unauthenticated_cap(explicit: int | None) -> int:
@@ -89,10 +81,7 @@ def _unauthenticated_cap(explicit: int | None) -> int:
     cap = MAX_UNAUTHENTICATED if explicit is None else explicit
     if cap < 1:
         raise ValueError(f"max_unauthenticated must be at least 1, got {cap}")
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY:
-        cap = min(cap, max(_MIN_UNAUTHENTICATED, soft // 4))
-    return cap
+    return _guard.unauthenticated_cap(cap, _MIN_UNAUTHENTICATED)
 
 
 def _is_live(entry: tuple[float, int, _Conn]) -> bool:
@@ -172,8 +161,10 @@ class TCPStoreServer:
         #: Largest value this server stores.
         self.max_value_bytes = _max_value(max_value_bytes)
         self._max_request = self.max_value_bytes + REQUEST_OVERHEAD
-        self._max_pending = _unauthenticated_cap(max_unauthenticated)
-        self._handshake_seconds = HANDSHAKE_SECONDS
+        # Connections still authenticating, oldest first, with their deadlines.
+        self._pending = _guard.PendingHandshakes[_Conn](
+            _unauthenticated_cap(max_unauthenticated), HANDSHAKE_SECONDS
+        )
         address = _net.format_address(self.host, port)
         try:
             listener = _net.listen(self.host, port, backlog=backlog)
@@ -194,7 +185,9 @@ class TCPStoreServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector = selectors.DefaultSelector()
-        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._accepting = _guard.AcceptBackoff(
+            listener, self._selector, f"store {self.address}", schedule=ACCEPT_BACKOFF
+        )
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
 
         self._data: dict[bytes, bytes] = {}
@@ -204,12 +197,7 @@ class TCPStoreServer:
         self._parked = 0
         self._seq = itertools.count()
         self._runnable: deque[_Conn] = deque()  # unparked, may hold more requests
-        # Connections still authenticating, oldest first, with their deadlines.
-        self._pending: dict[_Conn, float] = {}
         self._refused = _auth.FailureLog(f"store {self.address}")
-        self._accept_paused_until: float | None = None  # out of descriptors until then
-        self._accept_backoff = ACCEPT_BACKOFF[0]
-        self._exhausted_logged = False
         self._oversized = 0  # requests refused for their size
 
         self._closing = False
@@ -248,7 +236,7 @@ class TCPStoreServer:
     def _serve(self) -> None:
         try:
             while not self._closing:
-                self._resume_accepting()
+                self._accepting.resume(time.monotonic())
                 for key, mask in self._selector.select(self._next_timeout()):
                     if key.fileobj is self._listener:
                         self._accept()
@@ -279,8 +267,8 @@ class TCPStoreServer:
             t
             for t in (
                 self._deadlines[0][0] if self._deadlines else None,
-                next(iter(self._pending.values()), None),
-                self._accept_paused_until,
+                self._pending.next_deadline(),
+                self._accepting.paused_until,
             )
             if t is not None
         ]
@@ -294,61 +282,18 @@ class TCPStoreServer:
             pass
 
     def _accept(self) -> None:
-        # At most one cap's worth per round, so that the handshakes of a burst of
-        # honest clients are read before their own burst pushes them out.
-        for _ in range(self._max_pending):
-            try:
-                sock, peer = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except (ConnectionAbortedError, PermissionError):
-                continue  # that one connection is gone or was filtered: take the next
-            except OSError as exc:
-                self._pause_accepting(exc)
-                return
-            self._accept_backoff = ACCEPT_BACKOFF[0]
+        for sock, peer in self._accepting.accepted(self._pending.cap):
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if len(self._pending) >= self._max_pending:
-                self._drop(next(iter(self._pending)))  # the oldest still authenticating
-            conn = _Conn(sock, _net.format_address(str(peer[0]), int(peer[1])))
+            conn = _Conn(sock, peer)
             self._conns.add(conn)
-            self._pending[conn] = time.monotonic() + self._handshake_seconds
+            oldest = self._pending.admit(conn, time.monotonic())
+            if oldest is not None:
+                self._drop(oldest)
             self._selector.register(sock, selectors.EVENT_READ, conn)
             hello, conn.nonce = _auth.challenge()
             conn.outbuf += hello
             self._flush(conn)
-
-    def _pause_accepting(self, exc: OSError) -> None:
-        """Stop watching the listener for a while after ``accept`` failed with ``exc``.
-
-        The failed connection stays in the kernel's queue, so the listener would be
-        reported readable again at once: without a pause the loop spins a core.
-        """
-        if exc.errno in _EXHAUSTED and not self._exhausted_logged:
-            self._exhausted_logged = True
-            _log.warning(
-                "store %s: out of file descriptors (%s): not accepting connections for "
-                "now, retrying every %g s at most; raise the limit (ulimit -n) if this "
-                "is not an attack",
-                self.address,
-                exc.strerror or exc,
-                ACCEPT_BACKOFF[1],
-            )
-        elif exc.errno not in _EXHAUSTED:
-            _log.debug("store %s: accept failed: %s", self.address, exc)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(self._listener)
-        self._accept_paused_until = time.monotonic() + self._accept_backoff
-        self._accept_backoff = min(2 * self._accept_backoff, ACCEPT_BACKOFF[1])
-
-    def _resume_accepting(self) -> None:
-        """Watch the listener again once a pause from :meth:`_pause_accepting` is over."""
-        until = self._accept_paused_until
-        if until is None or time.monotonic() < until:
-            return
-        self._accept_paused_until = None
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.closed:
@@ -356,7 +301,7 @@ class TCPStoreServer:
         conn.closed = True
         self._unpark(conn)
         self._conns.discard(conn)
-        self._pending.pop(conn, None)
+        self._pending.discard(conn)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
         conn.sock.close()
@@ -419,7 +364,7 @@ class TCPStoreServer:
                 return
             del conn.inbuf[: _auth.RESPONSE_BYTES]
             conn.nonce = None
-            self._pending.pop(conn, None)
+            self._pending.discard(conn)
             conn.outbuf += answer
             self._flush(conn)
         while not conn.closed and conn.parked is None:
@@ -558,10 +503,7 @@ class TCPStoreServer:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        while self._pending:  # in accept order, so in deadline order
-            conn, deadline = next(iter(self._pending.items()))
-            if deadline > now:
-                break
+        for conn in self._pending.overdue(now):
             self._drop(conn)  # never answered the challenge in time
         heap = self._deadlines
         while heap and heap[0][0] <= now:

@@ -12,20 +12,16 @@ fail with :class:`~plait.errors.RendezvousError`; ranks that never show up withi
 
 Note [hostile connections during setup]
     A rank's listening port is open to anyone who can reach it while the mesh is
-    being set up, so nothing a stranger does may block or exhaust the setup (the
-    same rules as the store's, ``plait/rendezvous/_tcp_server.py`` Note [hostile
-    peers]):
+    being set up, so nothing a stranger does may block or exhaust the setup. The
+    rules it shares with the store server are in one place, :mod:`plait._guard`
+    Note [unauthenticated connections]: here an accepted connection has
+    :data:`HANDSHAKE_SECONDS` to answer the challenge and say hello, at most
+    :data:`MAX_UNAUTHENTICATED` may be pending at once (oldest dropped first),
+    ``accept`` out of descriptors pauses the listener (:data:`ACCEPT_BACKOFF`,
+    logged once) and failed authentications go to an
+    :class:`plait._auth.FailureLog`. Beyond those:
 
-    * an accepted connection has :data:`HANDSHAKE_SECONDS` to answer the
-      challenge and say hello, and at most :data:`MAX_UNAUTHENTICATED` may be
-      pending at once (never fewer than the honest connections this rank
-      expects, never more than a quarter of the descriptor limit); accepting
-      one more drops the oldest, whose honest owner would dial again;
-    * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``)
-      the listener leaves the selector for a growing pause
-      (:data:`ACCEPT_BACKOFF`) instead of spinning a core, logged once;
-    * failed authentications go to an :class:`plait._auth.FailureLog`: the
-      first is logged, then a count at most every minute;
+    * the cap is never fewer than the honest connections this rank expects;
     * on the dialling side, a peer that closes the connection or stays silent
       before its challenge is dialled again, and is reported as unanswered
       (:class:`plait._auth.HandshakeUnanswered`: overloaded, or not a plait
@@ -37,16 +33,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import hmac
-import itertools
 import logging
 import os
-import resource
 import selectors
 import socket
 import time
 from typing import Any
 
-from plait import _auth, _net
+from plait import _auth, _guard, _net
 from plait.errors import CommTimeout, RendezvousError, TransportError
 from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.tcp.interfaces import tune
@@ -63,18 +57,18 @@ __all__ = [
 _log = logging.getLogger("plait")
 _RETRY = 0.05  # seconds between connection attempts while a peer is not listening yet
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+# The setup's own copies of the limits of Note [unauthenticated connections], read
+# when a rank starts listening, so that the setup can be tuned apart from the store.
 #: Seconds an accepted connection has to authenticate and say hello, and a dialled
 #: peer to send its challenge (then it is dialled again).
-HANDSHAKE_SECONDS = 10.0
+HANDSHAKE_SECONDS = _guard.HANDSHAKE_SECONDS
 #: Most accepted connections authenticating at once (see Note [hostile connections
 #: during setup]); a quarter of the descriptor limit at most, but at least
 #: :data:`_MIN_UNAUTHENTICATED` and the honest connections this rank expects.
-MAX_UNAUTHENTICATED = 256
-_MIN_UNAUTHENTICATED = 16
+MAX_UNAUTHENTICATED = _guard.MAX_UNAUTHENTICATED
+_MIN_UNAUTHENTICATED = _guard.MIN_UNAUTHENTICATED
 #: First and longest pause in accepting after running out of file descriptors.
-ACCEPT_BACKOFF = (0.05, 1.0)
-#: ``accept`` errors that mean "out of resources": retrying at once would spin.
-_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_BACKOFF = _guard.ACCEPT_BACKOFF
 #: Why a dialled peer may close or stay silent before its challenge.
 _UNANSWERED = "overloaded, or not a plait rank; no secret was exchanged, so not PLAIT_SECRET"
 
@@ -97,11 +91,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def _unauthenticated_cap(honest: int) -> int:
     """The cap on accepted connections still authenticating, for ``honest`` expected ones."""
-    cap = MAX_UNAUTHENTICATED
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY:
-        cap = min(cap, max(_MIN_UNAUTHENTICATED, soft // 4))
-    return max(cap, honest, 1)
+    return max(_guard.unauthenticated_cap(MAX_UNAUTHENTICATED, _MIN_UNAUTHENTICATED), honest, 1)
 
 
 class _Dial:
@@ -139,21 +129,20 @@ class _Dial:
 class _Answer:
     """One accepted connection whose authentication and hello have not been read yet."""
 
-    __slots__ = ("buf", "deadline", "nonce", "peer", "sock")
+    __slots__ = ("buf", "nonce", "peer", "sock")
 
-    def __init__(self, sock: socket.socket, nonce: bytes, peer: str, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, nonce: bytes, peer: str) -> None:
         self.sock = sock
         self.buf = b""
         self.nonce = nonce  # our challenge, which the client must answer
         self.peer = peer  # host:port, for the failure log
-        self.deadline = deadline  # dropped unless answered by then
 
 
 class _Listener:
     """The listening socket during setup: accepts and greets, bounding what strangers cost.
 
     See Note [hostile connections during setup]. ``pending`` holds the accepted
-    connections still authenticating, oldest first.
+    connections still authenticating, oldest first, with their deadlines.
     """
 
     def __init__(
@@ -161,28 +150,17 @@ class _Listener:
     ) -> None:
         self.sock = sock
         self.sel = sel
-        self.rank = rank
-        self.cap = _unauthenticated_cap(honest)
         self.refused = _auth.FailureLog(f"rank {rank}")
-        self.pending: dict[_Answer, None] = {}
-        self.paused_until: float | None = None
-        self.backoff = ACCEPT_BACKOFF[0]
-        self.exhausted_logged = False
-        sel.register(sock, _READ, None)
+        self.pending = _guard.PendingHandshakes[_Answer](
+            _unauthenticated_cap(honest), HANDSHAKE_SECONDS
+        )
+        self.accepting = _guard.AcceptBackoff(
+            sock, sel, f"rank {rank}", during="during the TCP setup", schedule=ACCEPT_BACKOFF
+        )
 
     def accept(self) -> None:
         """Accept and greet what is queued (at most one cap's worth per call)."""
-        for _ in range(self.cap):
-            try:
-                sock, addr = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except (ConnectionAbortedError, PermissionError):
-                continue  # that one connection is gone or was filtered: take the next
-            except OSError as exc:
-                self._pause(exc)
-                return
-            self.backoff = ACCEPT_BACKOFF[0]
+        for sock, peer in self.accepting.accepted(self.pending.cap):
             sock.setblocking(False)
             hello, nonce = _auth.challenge()
             try:
@@ -190,55 +168,24 @@ class _Listener:
             except OSError:
                 sock.close()
                 continue
-            if len(self.pending) >= self.cap:
-                self.drop(next(iter(self.pending)))  # the oldest still authenticating
-            peer = _net.format_address(str(addr[0]), int(addr[1]))
-            a = _Answer(sock, nonce, peer, time.monotonic() + HANDSHAKE_SECONDS)
-            self.pending[a] = None
+            a = _Answer(sock, nonce, peer)
+            oldest = self.pending.admit(a, time.monotonic())
+            if oldest is not None:
+                self.drop(oldest)
             self.sel.register(sock, _READ, a)
-
-    def _pause(self, exc: OSError) -> None:
-        """Stop watching the listener for a while after ``accept`` failed with ``exc``.
-
-        The failed connection stays in the kernel's queue, so the listener would be
-        reported readable again at once: without a pause the loop spins a core.
-        """
-        if exc.errno in _EXHAUSTED and not self.exhausted_logged:
-            self.exhausted_logged = True
-            _log.warning(
-                "rank %d: out of file descriptors during the TCP setup (%s): not accepting "
-                "connections for now, retrying every %g s at most; raise the limit "
-                "(ulimit -n) if this is not an attack",
-                self.rank,
-                exc.strerror or exc,
-                ACCEPT_BACKOFF[1],
-            )
-        elif exc.errno not in _EXHAUSTED:
-            _log.debug("rank %d: accept failed: %s", self.rank, exc)
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(self.sock)
-        self.paused_until = time.monotonic() + self.backoff
-        self.backoff = min(2 * self.backoff, ACCEPT_BACKOFF[1])
 
     def tick(self, now: float) -> float | None:
         """Resume accepting after a pause, drop overdue handshakes; the next time to act."""
-        if self.paused_until is not None and now >= self.paused_until:
-            self.paused_until = None
-            self.sel.register(self.sock, _READ, None)
-        while self.pending:  # in accept order, so in deadline order
-            oldest = next(iter(self.pending))
-            if oldest.deadline > now:
-                break
-            self.drop(oldest)
-        due = [a.deadline for a in itertools.islice(self.pending, 1)]
-        if self.paused_until is not None:
-            due.append(self.paused_until)
-        return min(due, default=None)
+        self.accepting.resume(now)
+        for a in self.pending.overdue(now):
+            self.drop(a)
+        due = (self.pending.next_deadline(), self.accepting.paused_until)
+        return min((t for t in due if t is not None), default=None)
 
     def take(self, a: _Answer) -> None:
         """``a`` has answered: it leaves the selector and the pending connections."""
         self.sel.unregister(a.sock)
-        del self.pending[a]
+        self.pending.discard(a)
 
     def drop(self, a: _Answer) -> None:
         """Close a pending connection."""
@@ -247,7 +194,7 @@ class _Listener:
 
     def close(self) -> None:
         """Close the pending connections and the listener; report uncounted failures."""
-        for a in list(self.pending):
+        for a in self.pending.clear():
             self.drop(a)
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(self.sock)
