@@ -1,0 +1,371 @@
+"""The object collectives of :class:`plait.Communicator`: any picklable Python object.
+
+mpi4py's lower-case API (docs/mpi.md, "Object collectives"): ``bcast_object``,
+``allgather_object``, ``gather_object``, ``scatter_object``,
+``alltoall_object``, ``allreduce_object``, ``send_object`` and
+``recv_object``. Each pickles with protocol 5 into the frames of
+:mod:`plait.objects` and moves them with the communicator's own collectives:
+first the lengths (one 64-bit word per object, PICKLE_FAILED for an object
+that could not be pickled, so every rank learns of a failure and raises alike
+after the same calls, leaving the communicator usable), then the messages.
+scatter_object and alltoall_object, whose lengths every rank already has
+after the first call, start their scatterv and alltoallv through
+``_uneven`` directly rather than exchange the counts a second time.
+
+:class:`ObjectMethods` is a mixin on top of the even and uneven collectives;
+point to point (``send``, ``recv``) comes from :class:`plait.Communicator`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from plait import objects
+from plait._checks import check_peer, check_root, check_user_tag
+from plait._uneven_edge import UnevenMethods
+from plait.collectives import displacements
+from plait.collectives import get as collective
+
+__all__ = ["ObjectMethods"]
+
+#: What recv fills and returns: ``buf`` itself.
+_B = TypeVar("_B")
+#: An object ``allreduce_object`` combines.
+_O = TypeVar("_O")
+
+_BYTE = np.dtype(np.uint8)
+_FAILED = objects.PICKLE_FAILED
+_SEP = objects.SEPARATE_MIN
+_SCATTERV = collective("scatterv")
+_ALLTOALLV = collective("alltoallv")
+
+
+class ObjectMethods(UnevenMethods):
+    """The object collectives, built on the collectives below and on point to point."""
+
+    if TYPE_CHECKING:
+        # Point to point is the communicator's own (plait.communicator): declared here for
+        # the type checker only, so that at run time this mixin has no send or recv at all.
+        def send(
+            self, x: object, dst: int, tag: int = 0, *, timeout: float | None = None
+        ) -> None: ...
+
+        def recv(self, buf: _B, src: int, tag: int = 0, *, timeout: float | None = None) -> _B: ...
+
+    def bcast_object(self, obj: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
+        """Root's ``obj`` on every rank (mpi4py's ``bcast``); other ranks' ``obj`` is ignored.
+
+        One broadcast of the first message's length, one of the first message,
+        one per buffer of :data:`plait.objects.SEPARATE_MIN` bytes or more
+        (sent from the object's memory, received into the new array's). Root
+        gets its own ``obj`` back, not a copy.
+
+        Raises:
+            pickle.PicklingError: on every rank, when root's object cannot be pickled.
+        """
+        c = "bcast_object"
+        r = self._rank
+        check_root(root, r, self._size, c)
+        word = np.zeros(1, np.uint64)
+        messages: list[memoryview] = []
+        err: BaseException | None = None
+        if r == root:
+            try:
+                messages = objects.pack(objects.dumps(obj), separate_min=_SEP)
+                word[0] = messages[0].nbytes
+            except Exception as exc:
+                err, word[0] = exc, _FAILED
+        self.broadcast(word, root, timeout=timeout)
+        self._raise_if_failed(c, word, err, [root])
+        if r == root:
+            for m in messages:
+                self.broadcast(np.frombuffer(m, np.uint8), root, timeout=timeout)
+            return obj
+        first = objects.empty(int(word[0]))
+        self.broadcast(np.frombuffer(first, np.uint8), root, timeout=timeout)
+        layout = objects.Layout.read(first, separate_min=_SEP)
+        rest = [objects.empty(n) for n in layout.message_lens[1:]]
+        for m in rest:
+            self.broadcast(np.frombuffer(m, np.uint8), root, timeout=timeout)
+        return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
+
+    def allgather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
+        """Every rank's ``obj`` on every rank, in rank order (mpi4py's ``allgather``).
+
+        Two collectives: an allgather of each rank's message length (one
+        64-bit word), then an allgatherv of the messages, each one pickle
+        with its arrays inline (see :mod:`plait.objects`).
+
+        Raises:
+            pickle.PicklingError: on every rank, naming the ranks whose object
+                could not be pickled.
+        """
+        c = "allgather_object"
+        first, err = _first_message(obj)
+        sizes = self.allgather(_word(first), timeout=timeout)
+        counts = self._raise_if_failed(c, sizes, err)
+        out = np.frombuffer(objects.empty(sum(counts)), np.uint8)
+        self.allgatherv(_as_bytes(first), counts, out=out, timeout=timeout)
+        return _load_all(out, counts)
+
+    def gather_object(
+        self, obj: Any, root: int = 0, *, timeout: float | None = None
+    ) -> list[Any] | None:
+        """Every rank's ``obj`` on root, in rank order; None elsewhere (mpi4py's ``gather``).
+
+        Two collectives: an allgather of the lengths (every rank's schedule
+        needs them all), then a gatherv of the messages.
+        """
+        c = "gather_object"
+        check_root(root, self._rank, self._size, c)
+        first, err = _first_message(obj)
+        sizes = self.allgather(_word(first), timeout=timeout)
+        counts = self._raise_if_failed(c, sizes, err)
+        out = None
+        if self._rank == root:
+            out = np.frombuffer(objects.empty(sum(counts)), np.uint8)
+        self.gatherv(_as_bytes(first), counts, root, out=out, timeout=timeout)
+        return _load_all(out, counts) if out is not None else None
+
+    def scatter_object(
+        self, objs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None
+    ) -> Any:
+        """Root's ``objs[r]`` on rank r (mpi4py's ``scatter``); ``objs`` is read on root only.
+
+        Two collectives: a broadcast of the ``size`` lengths from root, then a
+        scatterv of the messages, laid end to end on root.
+
+        Raises:
+            ValueError: on root, ``objs`` is not a sequence of ``size`` objects
+                (the other ranks raise pickle.PicklingError).
+            pickle.PicklingError: on every rank, naming the ranks whose object
+                could not be pickled.
+        """
+        c = "scatter_object"
+        r, size = self._rank, self._size
+        check_root(root, r, size, c)
+        table = np.zeros(size, np.uint64)
+        frames: list[objects.Frames | None] = []
+        err: BaseException | None = None
+        usage: ValueError | None = None  # raised here after the others learn of it
+        if r == root:
+            if not isinstance(objs, Sequence) or len(objs) != size:
+                usage = ValueError(
+                    f"rank {r}: {c}: root must pass a sequence of {size} objects, one per rank; "
+                    f"got {type(objs).__name__}"
+                )
+                table[:] = _FAILED
+            else:
+                frames, err = _pickle_each(objs, table)
+        self.broadcast(table, root, timeout=timeout)
+        if usage is not None:
+            raise usage
+        counts = self._raise_if_failed(c, table, err, "the objects root gave to ranks")
+        send = None
+        if r == root:
+            send = np.frombuffer(objects.empty(sum(counts)), np.uint8)
+            _pack_all(frames, send, counts)
+        out = np.frombuffer(objects.empty(counts[r]), np.uint8)
+        self._uneven(
+            _SCATTERV, send, _BYTE, (), counts, counts[r], None, root, send, out,
+            "auto", timeout, False,
+        )  # fmt: skip
+        return objects.loads(*objects.unpack([out]))
+
+    def alltoall_object(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
+        """``objs[j]`` goes to rank j; returns what every rank sent here, in rank order.
+
+        mpi4py's ``alltoall``. Two collectives: an allgather of each rank's
+        ``size`` lengths (the whole matrix, which every schedule needs), then
+        an alltoallv of the messages.
+
+        Raises:
+            ValueError: ``objs`` is not a sequence of ``size`` objects (the
+                other ranks raise pickle.PicklingError).
+            pickle.PicklingError: on every rank, naming the ranks with an object
+                that could not be pickled.
+        """
+        c = "alltoall_object"
+        r, size = self._rank, self._size
+        row = np.zeros(size, np.uint64)
+        frames: list[objects.Frames | None] = []
+        err: BaseException | None = None
+        usage: ValueError | None = None  # raised here after the others learn of it
+        if not isinstance(objs, Sequence) or len(objs) != size:
+            usage = ValueError(
+                f"rank {r}: {c}: objs must be a sequence of {size} objects, one per rank; "
+                f"got {type(objs).__name__}"
+            )
+            row[:] = _FAILED
+        else:
+            frames, err = _pickle_each(objs, row)
+        matrix = self.allgather(row, timeout=timeout)
+        if usage is not None:
+            raise usage
+        # a rank with any object that failed fails as a whole
+        by_rank = np.where((matrix == _FAILED).any(axis=1), np.uint64(_FAILED), np.uint64(0))
+        self._raise_if_failed(c, by_rank, err)
+        m = [int(k) for k in matrix.reshape(-1)]
+        mine = m[r * size : (r + 1) * size]
+        col = m[r::size]
+        send = np.frombuffer(objects.empty(sum(mine)), np.uint8)
+        _pack_all(frames, send, mine)
+        out = np.frombuffer(objects.empty(sum(col)), np.uint8)
+        self._uneven(
+            _ALLTOALLV, send, _BYTE, (), tuple(m), sum(col), None, 0, send, out,
+            "auto", timeout, False,
+        )  # fmt: skip
+        return _load_all(out, col)
+
+    def allreduce_object(
+        self, obj: _O, op: Callable[[_O, _O], _O], *, timeout: float | None = None
+    ) -> _O:
+        """``op`` over every rank's ``obj``, in rank order, on every rank (mpi4py's ``allreduce``).
+
+        ``op(op(o0, o1), o2) ...``: any function of two objects, commutative or
+        not (string concatenation gives ``o0 + o1 + ...``); every rank gets an
+        equal result when ``op`` is deterministic. An allgather_object, then
+        the fold on every rank (:func:`plait.objects.reduce_in_rank_order`).
+
+        Raises:
+            TypeError: ``op`` is not callable (before any byte moves).
+            Whatever ``op`` raises, on every rank, with a note naming the ranks.
+        """
+        if not callable(op):
+            raise TypeError(f"rank {self._rank}: allreduce_object: op must be callable; got {op!r}")
+        objs: list[_O] = self.allgather_object(obj, timeout=timeout)
+        return objects.reduce_in_rank_order(objs, op)
+
+    def send_object(
+        self, obj: Any, dst: int, tag: int = 0, *, timeout: float | None = None
+    ) -> None:
+        """Send ``obj`` to rank ``dst``, matched by ``recv_object`` there (mpi4py's ``send``).
+
+        Messages on ``tag``: the first message's length (one word), the first
+        message, then each buffer of :data:`plait.objects.SEPARATE_MIN` bytes
+        or more straight from the object's memory.
+
+        Raises:
+            pickle.PicklingError: ``obj`` cannot be pickled (``dst`` raises too).
+        """
+        c = "send_object"
+        check_peer(dst, self._rank, self._size, c, "dst")
+        check_user_tag(tag, self._rank, c)
+        messages: list[memoryview] = []
+        err: BaseException | None = None
+        try:
+            messages = objects.pack(objects.dumps(obj), separate_min=_SEP)
+        except Exception as exc:
+            err = exc
+        word = np.array([messages[0].nbytes if messages else _FAILED], np.uint64)
+        self.send(word, dst, tag, timeout=timeout)
+        self._raise_if_failed(c, word, err, [self._rank])
+        for m in messages:
+            self.send(np.frombuffer(m, np.uint8), dst, tag, timeout=timeout)
+
+    def recv_object(self, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
+        """The next object ``send_object`` sent from ``src`` with ``tag`` (mpi4py's ``recv``).
+
+        Each message is received once, at its exact size, into memory that the
+        object's arrays then use.
+
+        Raises:
+            pickle.PicklingError: ``src``'s object could not be pickled.
+        """
+        c = "recv_object"
+        check_peer(src, self._rank, self._size, c, "src")
+        check_user_tag(tag, self._rank, c)
+        word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=timeout)
+        self._raise_if_failed(c, word, None, [src])
+        first = objects.empty(int(word[0]))
+        self.recv(np.frombuffer(first, np.uint8), src, tag, timeout=timeout)
+        layout = objects.Layout.read(first, separate_min=_SEP)
+        rest = [objects.empty(n) for n in layout.message_lens[1:]]
+        for m in rest:
+            self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=timeout)
+        return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
+
+    def _raise_if_failed(
+        self,
+        c: str,
+        sizes: np.ndarray,
+        err: BaseException | None,
+        ranks: Sequence[int] | str = "ranks",
+    ) -> tuple[int, ...]:
+        """The lengths in ``sizes``, or PicklingError if any is PICKLE_FAILED.
+
+        ``sizes[q]`` is rank q's length (``ranks`` names whose each entry is:
+        a list of ranks, or a phrase); ``err`` is this rank's own pickling
+        error, chained. Every rank sees the same ``sizes``, so all raise
+        alike, and all after the same collectives: the communicator stays usable.
+        """
+        words = [int(k) for k in sizes.reshape(-1)]
+        failed = [q for q, k in enumerate(words) if k == _FAILED]
+        if not failed:
+            return tuple(words)
+        if isinstance(ranks, str):
+            who = f"{ranks} {failed}"
+        else:
+            who = "rank " + ", ".join(str(ranks[q]) for q in failed)
+        mine = f" (here: {type(err).__name__}: {err})" if err is not None else ""
+        raise pickle.PicklingError(
+            f"rank {self._rank}: {c}: the object of {who} could not be pickled{mine}; "
+            "nothing was delivered"
+        ) from err
+
+
+def _first_message(obj: Any) -> tuple[memoryview | None, BaseException | None]:
+    """``obj`` packed as one message (arrays inline), or None and the error pickling raised."""
+    try:
+        return objects.pack(objects.dumps(obj))[0], None
+    except Exception as exc:
+        return None, exc
+
+
+def _word(first: memoryview | None) -> np.ndarray:
+    """The length word a rank sends first: the message's length, or PICKLE_FAILED."""
+    return np.array(first.nbytes if first is not None else _FAILED, np.uint64)
+
+
+def _as_bytes(first: memoryview | None) -> np.ndarray:
+    """The message as the bytes a rank contributes: none where its object failed to pickle."""
+    return np.frombuffer(first, np.uint8) if first is not None else np.empty(0, np.uint8)
+
+
+def _pickle_each(
+    objs: Sequence[Any], lengths: np.ndarray
+) -> tuple[list[objects.Frames | None], BaseException | None]:
+    """Pickle every object; ``lengths[j]``: the first message's length or PICKLE_FAILED."""
+    frames: list[objects.Frames | None] = []
+    err: BaseException | None = None
+    for j, o in enumerate(objs):
+        try:
+            f = objects.dumps(o)
+        except Exception as exc:
+            err, lengths[j] = exc, _FAILED
+            frames.append(None)
+            continue
+        frames.append(f)
+        lengths[j] = objects.Layout.of(len(f.header), f.buffer_lens).first_nbytes
+    return frames, err
+
+
+def _pack_all(
+    frames: Sequence[objects.Frames | None], out: np.ndarray, counts: Sequence[int]
+) -> None:
+    """Each object's first message into ``out``, end to end, at ``counts``' displacements."""
+    for f, d, n in zip(frames, displacements(counts), counts, strict=True):
+        assert f is not None
+        objects.pack_into(f, out[d : d + n].data)
+
+
+def _load_all(buf: np.ndarray, counts: Sequence[int]) -> list[Any]:
+    """The objects whose messages lie end to end in ``buf``, ``counts`` bytes each."""
+    return [
+        objects.loads(*objects.unpack([buf[d : d + n]]))
+        for d, n in zip(displacements(counts), counts, strict=True)
+    ]

@@ -1,0 +1,495 @@
+"""The uneven collectives of :class:`plait.Communicator`: per-rank row counts.
+
+allgatherv, gatherv, scatterv, alltoallv and ``reduce_scatter(counts=)``
+(docs/mpi.md, "Uneven collectives") count rows along axis 0 and share
+``UnevenMethods._uneven``, which turns the rows into the element counts the
+plan, the schedule and the check word carry. Every rank needs every count,
+so where a caller cannot give them all (gatherv or allgatherv without counts,
+scatterv off root, alltoallv's matrix) the call first learns them with one
+small even collective (``_after_exchange``); docs/mpi.md says what each costs.
+
+They are a mixin on top of the even collectives
+(:class:`plait._edge.CollectiveMethods`), which the count exchanges call, and
+they follow the same recipe: check, choose, request, start. Their overloads
+read the types of :mod:`plait._edge_types`, as the even ones do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from plait import collectives
+from plait._checks import (
+    as_array,
+    as_writable,
+    check_counts,
+    check_op,
+    check_out,
+    check_root,
+    check_rows,
+)
+from plait._edge import CollectiveMethods
+from plait.collectives import Collective
+from plait.ops import Op, check_dtype
+from plait.runtime.work import Work
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from torch import Tensor
+
+    from plait._edge_types import _A, _T, Async, Blocking, Either, RowCounts
+
+__all__ = ["UnevenMethods"]
+
+_ALLGATHERV = collectives.get("allgatherv")
+_GATHERV = collectives.get("gatherv")
+_SCATTERV = collectives.get("scatterv")
+_ALLTOALLV = collectives.get("alltoallv")
+_REDUCE_SCATTERV = collectives.get("reduce_scatterv")
+
+#: ``auto`` for the uneven collectives: ``(mean block bytes, commutative) -> algorithm``.
+#: A fixed map, not :data:`plait.selection.select.RULES` (what the bench, the tuner, the
+#: rules file and PLAIT_ALGO cover: the even collectives, measured), until they are measured:
+#: each takes its even twin's all-round choice. reduce_scatterv keeps rank order (pairwise,
+#: any op) up to 64 KiB blocks and, for a commutative op, moves large blocks by ring.
+#: ``Communicator._choose`` reads it.
+_UNEVEN_AUTO: dict[str, Callable[[int, bool], str]] = {
+    "allgatherv": lambda nbytes, commutative: "ring",
+    "gatherv": lambda nbytes, commutative: "binomial",
+    "scatterv": lambda nbytes, commutative: "binomial",
+    "alltoallv": lambda nbytes, commutative: "pairwise",
+    "reduce_scatterv": lambda nbytes, commutative: (
+        "ring" if commutative and nbytes >= 64 << 10 else "pairwise"
+    ),
+}
+
+
+class UnevenMethods(CollectiveMethods):
+    """The uneven collectives, on top of the even ones they exchange counts with."""
+
+    def _reduce_scatterv(
+        self,
+        x: Any,
+        op: Op,
+        counts: RowCounts,
+        out: Any,
+        algorithm: Any,
+        timeout: float | None,
+        async_op: bool,
+    ) -> Any:
+        """``reduce_scatter(counts=...)``: every rank passes the same counts, so no exchange."""
+        t = _REDUCE_SCATTERV
+        c = "reduce_scatter"
+        r = self._rank
+        a = as_array(x, "x", r, c)
+        check_op(op, a.dtype, r, c, self._checked)
+        rows = check_counts(counts, self._size, "counts", r, c)
+        check_rows(a.shape, sum(rows), "sum(counts)", r, c)
+        return self._uneven(
+            t, a, a.dtype, a.shape[1:], rows, rows[r], op, 0, x, out, algorithm, timeout, async_op
+        )
+
+    def _uneven(
+        self,
+        t: Collective,
+        inp: np.ndarray | None,
+        dtype: np.dtype,
+        rest: tuple[int, ...],
+        rows: tuple[int, ...],
+        out_rows: int | None,
+        op: Op | None,
+        root: int,
+        x: Any,
+        out: Any,
+        algorithm: Any,
+        timeout: float | None,
+        async_op: bool,
+    ) -> Any:
+        """Start an uneven call whose arguments are checked and whose ``rows`` every rank knows.
+
+        ``rows``: rows per rank (alltoallv: the size×size matrix, row-major);
+        ``rest``: the shape of one row; ``out_rows``: the rows of this rank's
+        result, None where it gets none (gatherv off root). The counts go
+        below as element counts of the flat buffers, into the plan's key and
+        the check word, so ranks that disagree on a count, or on the size of
+        a row, fail with MismatchError instead of misreading each other.
+        """
+        size = self._size
+        row = int(np.prod(rest, dtype=np.int64))
+        has_out = out_rows is not None
+        shape = (out_rows or 0, *rest)
+        out_arr = check_out(out, shape, dtype, self._rank, t.name) if has_out else None
+        elems = tuple(k * row for k in rows)
+        nbytes = (
+            t.uneven_whole(size, elems) * dtype.itemsize // size
+        )  # auto sizes by the mean block
+        choice = self._choose(t.name, algorithm, nbytes, op)
+        req = self._stage.request(
+            choice, 0, inp, out_arr, shape, op, root=root, has_out=has_out,
+            dtype=dtype, src=x, dst=out, counts=elems,
+        )  # fmt: skip
+        # 4: the user's frame is beyond this one and the collective method's (further out
+        # for reduce_scatter(counts=) and the object collectives: the recorder walks on)
+        return self._runner.start(req, timeout, async_op, self, 4)
+
+    def _check_algorithm(self, c: str, algorithm: Any) -> None:
+        """Refuse a bad ``algorithm=`` before a count exchange, not after it (on one rank)."""
+        if algorithm != "auto":
+            self._choose(c, algorithm, 0, None)
+
+    def _after_exchange(
+        self,
+        c: str,
+        exchange: Callable[[], np.ndarray],
+        finish: Callable[[np.ndarray], Any],
+        async_op: bool,
+    ) -> Any:
+        """Exchange counts (one small collective), then make the call (``finish``, one more).
+
+        With ``async_op`` both run on the worker thread; their sequence numbers
+        are reserved now, in call order, as a compressed allreduce's are, so
+        calls made meanwhile cannot take their places.
+        """
+        if not async_op:
+            return finish(exchange())
+        work: Work[Any] = Work(f"rank {self._rank}: {c} (after its count exchange)")
+        runner = self._runner
+        if runner.detail:
+            # PLAIT_DEBUG=detail checks each call with a nested allgather: run here.
+            try:
+                work._finish(finish(exchange()))
+            except BaseException as exc:
+                work._finish(error=exc)
+            return work
+        runner.submit_reserved(work, 2, c, lambda: finish(exchange()))
+        return work
+
+    @overload
+    def allgatherv(
+        self, x: Tensor, counts: RowCounts | None = ..., *, out: _T | None = ...,
+        **kw: Unpack[Blocking],
+    ) -> _T: ...  # fmt: skip
+    @overload
+    def allgatherv(
+        self, x: object, counts: RowCounts | None = ..., *, out: _A | None = ...,
+        **kw: Unpack[Blocking],
+    ) -> _A: ...  # fmt: skip
+    @overload
+    def allgatherv(
+        self, x: Tensor, counts: RowCounts | None = ..., *, out: _T | None = ...,
+        **kw: Unpack[Async],
+    ) -> Work[_T]: ...  # fmt: skip
+    @overload
+    def allgatherv(
+        self, x: object, counts: RowCounts | None = ..., *, out: _A | None = ...,
+        **kw: Unpack[Async],
+    ) -> Work[_A]: ...  # fmt: skip
+    @overload
+    def allgatherv(
+        self, x: object, counts: RowCounts | None = ..., *, out: object = ...,
+        **kw: Unpack[Either],
+    ) -> Any: ...  # fmt: skip
+    def allgatherv(
+        self,
+        x: Any,
+        counts: RowCounts | None = None,
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Gather every rank's rows on every rank, concatenated in rank order (MPI_Allgatherv).
+
+        Example with 3 ranks, ``counts=[2, 0, 1]``::
+
+            rank 0: x = [[1, 2], [3, 4]]   rank 1: x of shape (0, 2)   rank 2: x = [[5, 6]]
+            comm.allgatherv(x, [2, 0, 1])  ->  [[1, 2], [3, 4], [5, 6]] on every rank
+
+        Args:
+            x: this rank's ``counts[rank]`` rows (axis 0); the shape of a row
+                (``x.shape[1:]``) and the dtype are the same on every rank.
+            counts: rows per rank, the same on every rank. None on every rank:
+                learn them with one allgather of an int64 per rank first.
+            out: where to write the result, shape ``(sum(counts), *x.shape[1:])``.
+            algorithm: ``"auto"`` (ring) or a name from ``plait.algorithms("allgatherv")``.
+
+        Returns:
+            One array of ``sum(counts)`` rows, bit-identical on every rank; rank
+            q's rows start at ``plait.collectives.displacements(counts)[q]``, so
+            ``np.split(result, np.cumsum(counts)[:-1])`` gives the per-rank list.
+        """
+        t = _ALLGATHERV
+        c = t.name
+        r = self._rank
+        a = as_array(x, "x", r, c)
+        if counts is not None:
+            rows = check_counts(counts, self._size, "counts", r, c)
+            check_rows(a.shape, rows[r], f"counts[{r}]", r, c)
+            return self._uneven(
+                t, a, a.dtype, a.shape[1:], rows, sum(rows), None, 0, x, out, algorithm,
+                timeout, async_op,
+            )  # fmt: skip
+        check_rows(a.shape, a.shape[0] if a.shape else 0, "x.shape[0]", r, c)  # refuses 0-d
+        self._check_algorithm(c, algorithm)
+
+        def finish(got: np.ndarray) -> Any:
+            rows = tuple(got.tolist())
+            return self._uneven(
+                t, a, a.dtype, a.shape[1:], rows, sum(rows), None, 0, x, out, algorithm,
+                timeout, False,
+            )  # fmt: skip
+
+        mine = np.array(a.shape[0], np.int64)
+        return self._after_exchange(
+            c, lambda: self.allgather(mine, timeout=timeout), finish, async_op
+        )
+
+    @overload
+    def gatherv(
+        self, x: Tensor, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _T | None = ..., **kw: Unpack[Blocking],
+    ) -> _T | None: ...  # fmt: skip
+    @overload
+    def gatherv(
+        self, x: object, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _A | None = ..., **kw: Unpack[Blocking],
+    ) -> _A | None: ...  # fmt: skip
+    @overload
+    def gatherv(
+        self, x: Tensor, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _T | None = ..., **kw: Unpack[Async],
+    ) -> Work[_T | None]: ...  # fmt: skip
+    @overload
+    def gatherv(
+        self, x: object, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _A | None = ..., **kw: Unpack[Async],
+    ) -> Work[_A | None]: ...  # fmt: skip
+    @overload
+    def gatherv(
+        self, x: object, counts: RowCounts | None = ..., root: int = ..., *,
+        out: object = ..., **kw: Unpack[Either],
+    ) -> Any: ...  # fmt: skip
+    def gatherv(
+        self,
+        x: Any,
+        counts: RowCounts | None = None,
+        root: int = 0,
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Gather every rank's rows on root, concatenated in rank order (MPI_Gatherv).
+
+        Every rank passes its ``x`` of ``counts[rank]`` rows. ``counts``: rows
+        per rank, the same on every rank, or None on every rank to learn them
+        with one allgather of an int64 per rank first (every rank, not only
+        root, needs them: a binomial tree forwards whole subtrees). Returns
+        ``sum(counts)`` rows on root (``out`` if given) and None elsewhere;
+        ``algorithm``: ``"auto"`` (binomial) or ``"direct"``.
+        """
+        t = _GATHERV
+        c = t.name
+        r = self._rank
+        a = as_array(x, "x", r, c)
+        check_root(root, r, self._size, c)
+
+        def start(rows: tuple[int, ...], async_op: bool) -> Any:
+            total = sum(rows) if r == root else None
+            return self._uneven(
+                t, a, a.dtype, a.shape[1:], rows, total, None, root, x, out, algorithm,
+                timeout, async_op,
+            )  # fmt: skip
+
+        if counts is not None:
+            rows = check_counts(counts, self._size, "counts", r, c)
+            check_rows(a.shape, rows[r], f"counts[{r}]", r, c)
+            return start(rows, async_op)
+        check_rows(a.shape, a.shape[0] if a.shape else 0, "x.shape[0]", r, c)
+        self._check_algorithm(c, algorithm)
+        mine = np.array(a.shape[0], np.int64)
+        return self._after_exchange(
+            c,
+            lambda: self.allgather(mine, timeout=timeout),
+            lambda got: start(tuple(got.tolist()), False),
+            async_op,
+        )
+
+    @overload
+    def scatterv(
+        self, x: Tensor, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _T | None = ..., **kw: Unpack[Blocking],
+    ) -> _T: ...  # fmt: skip
+    @overload
+    def scatterv(
+        self, x: object, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _A | None = ..., **kw: Unpack[Blocking],
+    ) -> _A: ...  # fmt: skip
+    @overload
+    def scatterv(
+        self, x: Tensor, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _T | None = ..., **kw: Unpack[Async],
+    ) -> Work[_T]: ...  # fmt: skip
+    @overload
+    def scatterv(
+        self, x: object, counts: RowCounts | None = ..., root: int = ..., *,
+        out: _A | None = ..., **kw: Unpack[Async],
+    ) -> Work[_A]: ...  # fmt: skip
+    @overload
+    def scatterv(
+        self, x: object, counts: RowCounts | None = ..., root: int = ..., *,
+        out: object = ..., **kw: Unpack[Either],
+    ) -> Any: ...  # fmt: skip
+    def scatterv(
+        self,
+        x: Any,
+        counts: RowCounts | None = None,
+        root: int = 0,
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Split root's rows by ``counts``; rank r gets ``counts[r]`` rows (MPI_Scatterv).
+
+        On root, ``x`` has ``sum(counts)`` rows and ``counts`` is required;
+        elsewhere ``counts`` is ignored, as MPI's sendcounts are, and ``x`` is
+        an array whose rows have root's shape and dtype (any number of rows;
+        the contents are not read), or None with ``out=``. Root sends the
+        counts first, one broadcast of an int64 per rank, since every rank's
+        schedule needs them all. Returns this rank's ``counts[r]`` rows;
+        ``algorithm``: ``"auto"`` (binomial) or ``"direct"``.
+        """
+        t = _SCATTERV
+        c = t.name
+        r = self._rank
+        size = self._size
+        check_root(root, r, size, c)
+        is_root = r == root
+        a: np.ndarray | None
+        if x is None and not is_root:
+            if out is None:
+                raise ValueError(
+                    f"rank {r}: {c}: pass x (rows of root's shape) or out= on non-root"
+                )
+            o = as_writable(out, "out", r, c)
+            check_rows(o.shape, o.shape[0] if o.shape else 0, "out.shape[0]", r, c)
+            rest, dtype, a = tuple(o.shape[1:]), o.dtype, None
+            check_dtype(dtype)
+        else:
+            a = as_array(x, "x", r, c)
+            check_rows(a.shape, a.shape[0] if a.shape else 0, "x.shape[0]", r, c)
+            rest, dtype = tuple(a.shape[1:]), a.dtype
+        if is_root:
+            if counts is None:
+                raise ValueError(f"rank {r}: {c}: root must pass counts (rows per rank)")
+            assert a is not None
+            rows = check_counts(counts, size, "counts", r, c)
+            check_rows(a.shape, sum(rows), "sum(counts)", r, c)
+            table = np.array(rows, np.int64)
+        else:
+            table = np.zeros(size, np.int64)
+        self._check_algorithm(c, algorithm)
+
+        def finish(got: np.ndarray) -> Any:
+            rows = tuple(got.tolist())
+            inp = a if is_root else None
+            return self._uneven(
+                t, inp, dtype, rest, rows, rows[r], None, root, x, out, algorithm, timeout, False
+            )
+
+        return self._after_exchange(
+            c, lambda: self.broadcast(table, root, timeout=timeout), finish, async_op
+        )
+
+    @overload
+    def alltoallv(
+        self, x: Tensor, send_counts: RowCounts, recv_counts: RowCounts | None = ..., *,
+        out: _T | None = ..., **kw: Unpack[Blocking],
+    ) -> _T: ...  # fmt: skip
+    @overload
+    def alltoallv(
+        self, x: object, send_counts: RowCounts, recv_counts: RowCounts | None = ..., *,
+        out: _A | None = ..., **kw: Unpack[Blocking],
+    ) -> _A: ...  # fmt: skip
+    @overload
+    def alltoallv(
+        self, x: Tensor, send_counts: RowCounts, recv_counts: RowCounts | None = ..., *,
+        out: _T | None = ..., **kw: Unpack[Async],
+    ) -> Work[_T]: ...  # fmt: skip
+    @overload
+    def alltoallv(
+        self, x: object, send_counts: RowCounts, recv_counts: RowCounts | None = ..., *,
+        out: _A | None = ..., **kw: Unpack[Async],
+    ) -> Work[_A]: ...  # fmt: skip
+    @overload
+    def alltoallv(
+        self, x: object, send_counts: RowCounts, recv_counts: RowCounts | None = ..., *,
+        out: object = ..., **kw: Unpack[Either],
+    ) -> Any: ...  # fmt: skip
+    def alltoallv(
+        self,
+        x: Any,
+        send_counts: RowCounts,
+        recv_counts: RowCounts | None = None,
+        *,
+        out: Any = None,
+        algorithm: str = "auto",
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Exchange uneven blocks of rows: ``send_counts[j]`` rows go to rank j (MPI_Alltoallv).
+
+        torch's ``all_to_all_single`` with split sizes: ``x`` has
+        ``sum(send_counts)`` rows, block j (from ``sum(send_counts[:j])`` on)
+        for rank j. The schedules and the check word need the whole matrix,
+        so the ranks first allgather their ``send_counts`` and
+        ``recv_counts`` (2·size int64 per rank); ``recv_counts``, if given,
+        is checked against what the others send, on every rank alike
+        (ValueError everywhere naming the ranks whose counts disagree).
+        Returns the blocks received, in rank order: ``sum(recv_counts)`` rows.
+        """
+        t = _ALLTOALLV
+        c = t.name
+        r = self._rank
+        size = self._size
+        a = as_array(x, "x", r, c)
+        send = check_counts(send_counts, size, "send_counts", r, c)
+        check_rows(a.shape, sum(send), "sum(send_counts)", r, c)
+        recv = None
+        if recv_counts is not None:
+            recv = check_counts(recv_counts, size, "recv_counts", r, c)
+        self._check_algorithm(c, algorithm)
+        mine = np.array([*send, *(recv if recv is not None else (-1,) * size)], np.int64)
+
+        def finish(table: np.ndarray) -> Any:
+            m = table[:, :size]  # m[i, j]: rows rank i sends rank j
+            bad = [
+                q
+                for q in range(size)
+                if table[q, size] >= 0 and not np.array_equal(table[q, size:], m[:, q])
+            ]
+            if bad:
+                raise ValueError(
+                    f"rank {r}: {c}: recv_counts disagree with what the others send on ranks "
+                    + ", ".join(
+                        f"{q} (recv_counts {table[q, size:].tolist()}, sent {m[:, q].tolist()})"
+                        for q in bad
+                    )
+                )
+            rows = tuple(m.reshape(-1).tolist())
+            return self._uneven(
+                t, a, a.dtype, a.shape[1:], rows, int(m[:, r].sum()), None, 0, x, out,
+                algorithm, timeout, False,
+            )  # fmt: skip
+
+        return self._after_exchange(
+            c, lambda: self.allgather(mine, timeout=timeout), finish, async_op
+        )
