@@ -26,7 +26,7 @@ import plait.torch  # noqa: E402
 from plait.rendezvous.store import StoreTimeout  # noqa: E402
 from plait.rendezvous.tcp_store import TCPStoreServer  # noqa: E402
 from plait.torch._convert import plait_op, reshaped_out  # noqa: E402
-from plait.torch._work import Lane, PlaitWork  # noqa: E402
+from plait.torch._work import Lane, PlaitWork, Reworded  # noqa: E402
 
 R = dist.ReduceOp
 
@@ -141,6 +141,10 @@ def test_bad_arguments_are_plain_errors(world: dist.ProcessGroup) -> None:
         dist.all_reduce(torch.ones(2, dtype=torch.int64), op=R.AVG)
     with pytest.raises(ValueError, match="tensor_list has 2 tensors; expected world size 1"):
         dist.all_gather([torch.empty(2), torch.empty(2)], torch.ones(2))
+    with pytest.raises(ValueError, match=r"tensor_list\[0\] has 3 elements; expected 2"):
+        dist.all_gather([torch.empty(3)], torch.ones(2))  # this rank's own slot
+    with pytest.raises(ValueError, match=r"input_list\[0\] has 3 elements and the output 2"):
+        dist.reduce_scatter(torch.empty(2), [torch.ones(3)])
     with pytest.raises(ValueError, match="input_split_sizes"):
         dist.all_to_all_single(torch.empty(3), torch.ones(3), [3], [2])
     with pytest.raises(ValueError, match="elements"):
@@ -149,6 +153,25 @@ def test_bad_arguments_are_plain_errors(world: dist.ProcessGroup) -> None:
         dist.isend(torch.ones(1), dst=0)
     with pytest.raises(TypeError, match="pg_options"):
         dist.new_group(backend="plait", pg_options=object())
+
+
+def test_communicator_of_a_plait_group(world: dist.ProcessGroup) -> None:
+    """plait's own calls (the object collectives) on the group's communicator."""
+    comm = plait.torch.communicator()
+    assert comm is world.communicator
+    assert plait.torch.communicator(world) is comm
+    assert comm.allgather_object({"a": np.arange(3)})[0]["a"].tolist() == [0, 1, 2]
+    empty = torch.empty(2, 0).t()  # no memory to overlap, though numpy gives it zero strides
+    dist.all_to_all_single(empty, torch.empty(0, 2), [0], [0])
+
+
+def test_communicator_of_another_backend_is_refused() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(TypeError, match="'plait' backend"):
+            plait.torch.communicator()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_bfloat16_without_ml_dtypes_says_how_to_install(
@@ -204,6 +227,32 @@ def test_work_over_a_lane_completes_future_and_raises_plaits_error() -> None:
         assert not bad.is_success()
     finally:
         release.set()
+        lane.stop(10)
+
+
+def test_reworded_argument_errors_and_plaits_own() -> None:
+    """A late argument error is raised in the caller's terms, once; plait's own pass unchanged."""
+    lane = Lane("test-lane")
+
+    def fail(exc: BaseException) -> None:
+        raise exc
+
+    try:
+        late = ValueError("recv_counts disagree")
+        task = lane.submit("late", lambda: fail(late))
+        work = Reworded(task, lambda e: ValueError(f"torch ({e})"))
+        with pytest.raises(ValueError, match=r"torch \(recv_counts disagree\)") as first:
+            work.wait()
+        assert first.value.__cause__ is late
+        with pytest.raises(ValueError, match="torch") as again:
+            work.wait(0)
+        assert again.value is first.value
+        own = plait.UnsupportedError("plait's own")  # a ValueError too, but plait's
+        other = Reworded(lane.submit("own", lambda: fail(own)), lambda e: ValueError("no"))
+        with pytest.raises(plait.UnsupportedError) as info:
+            other.wait()
+        assert info.value is own
+    finally:
         lane.stop(10)
 
 

@@ -8,6 +8,7 @@
     dist.init_process_group("plait")  # env:// under torchrun or plait run, or store=/init_method=
     dist.all_reduce(tensor)
     model = torch.nn.parallel.DistributedDataParallel(model)
+    objs = plait.torch.communicator().allgather_object(obj)  # plait's object collectives
 
 Importing this module registers the backend with
 ``torch.distributed.Backend.register_backend("plait", ..., extended_api=True,
@@ -29,8 +30,9 @@ if not _dist.is_available():  # pragma: no cover - torch built without distribut
 
 from plait.torch._backend import BACKEND_NAME as BACKEND_NAME
 from plait.torch._backend import ProcessGroupPlait as ProcessGroupPlait
-from plait.torch._backend import create_process_group as create_process_group
 from plait.torch._convert import OPS as OPS
+from plait.torch._group import communicator as communicator
+from plait.torch._group import create_process_group as create_process_group
 from plait.torch._store import TorchStore as TorchStore
 from plait.torch._store import install_env_rendezvous as _install_env_rendezvous
 from plait.torch._work import PlaitWork as PlaitWork
@@ -41,6 +43,7 @@ __all__ = [
     "PlaitWork",
     "ProcessGroupPlait",
     "TorchStore",
+    "communicator",
     "create_process_group",
     "register",
 ]

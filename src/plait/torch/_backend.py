@@ -3,9 +3,10 @@
 torch 2.13 lets Python backends in through a subclass of
 ``torch.distributed.ProcessGroup`` (its C++ ``Backend`` class cannot be
 subclassed from Python). ``init_process_group("plait")`` calls
-:func:`create_process_group`, and the :class:`ProcessGroupPlait` it returns
-is the group itself. torch calls its methods by their C++ names and shapes
-(``allreduce(tensors, opts)``, ``allgather(output_lists, inputs, opts)``, …),
+``create_process_group`` (in ``plait.torch._group``), and the
+:class:`ProcessGroupPlait` it returns is the group itself. torch calls its
+methods by their C++ names and shapes (``allreduce(tensors, opts)``,
+``allgather(output_lists, inputs, opts)``, …),
 from Python for ``dist.all_reduce`` and friends and from C++ for
 DistributedDataParallel; each returns a :class:`~plait.torch.PlaitWork`.
 
@@ -20,15 +21,29 @@ Note [sync and async calls]
     thread per (direction, peer, tag), which keeps messages with one peer and
     tag in order and never lets a blocked send hold up a receive.
 
-Note [uneven all_to_all]
-    plait's alltoall moves equal blocks. ``all_to_all_single`` with split
-    sizes (and ``all_to_all`` with tensors of different sizes) first
-    allgathers every rank's split sizes (a small blocking collective, even for
-    ``async_op=True``), so that every rank can check that what each rank
-    sends is what its peer expects and raise the same error if not; then it
-    runs one alltoall with every block padded to the largest split. That
-    costs up to ``size`` times the bytes for very skewed splits, and nothing
-    extra when the splits happen to be equal.
+Note [uneven collectives]
+    torch has uneven forms of four calls, and each runs on plait's uneven
+    collective of the same shape, which moves every block at its own size
+    (no padding to the largest):
+
+    - ``all_to_all_single`` with split sizes, and ``all_to_all`` with tensors
+      of different sizes: ``alltoallv(x, sends, recvs)``. It starts with an
+      allgather of every rank's split sizes (2·size int64 per rank; on
+      plait's worker with ``async_op=True``, so the call returns at once),
+      after which every rank checks every rank's output splits against what
+      the others send and all raise the same ValueError, reworded here in
+      torch's terms (:class:`~plait.torch._work.Reworded`).
+    - ``all_gather`` into a list of tensors of different sizes (gloo refuses
+      them): ``allgatherv(x, counts)``, the counts read from the output list.
+    - ``reduce_scatter`` of an input list of different sizes:
+      ``reduce_scatter(x, op, counts=)``, the counts read from the input list.
+
+    Those two need no exchange: every rank passes the whole list, so knows
+    every count; ranks whose lists disagree fail with plait's MismatchError.
+    Lists run on flat element counts (any shapes; a list's tensors are copied
+    into or out of one buffer), ``all_to_all_single`` on rows (straight from
+    and into its tensors). torch's other calls (``all_gather_into_tensor``,
+    ``reduce_scatter_tensor``, ``gather``, ``scatter``) require equal sizes.
 """
 
 from __future__ import annotations
@@ -40,10 +55,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.constants import default_pg_timeout
 
 import plait
-from plait.communicator import DEFAULT_TIMEOUT
 from plait.errors import UnsupportedError
 from plait.torch._convert import (
     array,
@@ -51,21 +64,23 @@ from plait.torch._convert import (
     check_peer,
     check_root,
     check_tag,
+    copy_blocks,
     copy_rows,
+    input_arrays,
     output_array,
+    output_blocks,
     output_targets,
     plait_op,
     reshaped_out,
-    row_blocks,
     same_dtype,
     seconds,
     split_sizes,
     stack_inputs,
+    stacked,
 )
-from plait.torch._store import TorchStore
-from plait.torch._work import Lane, Notifier, PlaitWork
+from plait.torch._work import Lane, Notifier, PlaitWork, Reworded, reworded
 
-__all__ = ["BACKEND_NAME", "ProcessGroupPlait", "create_process_group"]
+__all__ = ["BACKEND_NAME", "ProcessGroupPlait"]
 
 #: The name torch knows the backend by: ``init_process_group("plait")``.
 BACKEND_NAME = "plait"
@@ -74,36 +89,6 @@ _C10D = torch._C._distributed_c10d
 _STOP_WAIT = 10.0
 
 Start = Callable[[bool, float | None], Any]
-
-
-def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlait:
-    """Make this rank's plait process group; torch calls it (``extended_api=True``).
-
-    The ranks meet through the store torch passes (see Note [which store the
-    plait backend uses] in ``plait.torch._store``). ``init_process_group``'s
-    ``timeout`` becomes plait's per-call timeout, except torch's default of 30
-    minutes, which is replaced by plait's own default (PLAIT_TIMEOUT, else 300 s).
-
-    Raises:
-        TypeError: ``pg_options`` were given (the plait backend takes none).
-        plait.RendezvousError: the ranks could not meet in time.
-    """
-    if pg_options is not None:
-        raise TypeError(
-            "the plait backend takes no pg_options; set PLAIT_TRANSPORT or PLAIT_TIMEOUT "
-            f"in the environment instead (got {type(pg_options).__name__})"
-        )
-    timeout = backend_opts.timeout
-    explicit = timeout is not None and timeout != default_pg_timeout
-    call_timeout = seconds(timeout) if explicit else None
-    store = TorchStore(backend_opts.store, call_timeout or DEFAULT_TIMEOUT)
-    comm = plait.init(
-        rank=backend_opts.group_rank,
-        size=backend_opts.group_size,
-        store=store,
-        timeout=call_timeout,
-    )
-    return ProcessGroupPlait(comm, global_ranks=list(backend_opts.global_ranks_in_group))
 
 
 class ProcessGroupPlait(dist.ProcessGroup):
@@ -195,19 +180,29 @@ class ProcessGroupPlait(dist.ProcessGroup):
         start: Start,
         outputs: Any,
         finish: Callable[[], None] | None = None,
+        reword: Callable[[ValueError], ValueError] | None = None,
     ) -> PlaitWork:
-        """Start a collective (Note [sync and async calls]) and return its work."""
+        """Start a collective (Note [sync and async calls]) and return its work.
+
+        ``reword`` turns an argument error that plait finds only once the
+        ranks have met into the one torch's caller gets (see :class:`Reworded`).
+        """
         timeout = seconds(getattr(opts, "timeout", None))
         describe = self._describe(call)
         if not getattr(opts, "asyncOp", True):
-            start(False, timeout)
+            try:
+                start(False, timeout)
+            except ValueError as exc:
+                if reword is None:
+                    raise
+                raise reworded(exc, reword)  # noqa: B904 - chained by reworded()
             if finish is not None:
                 finish()
             return PlaitWork.completed(describe, outputs)
         work = start(True, timeout)
         return PlaitWork(
             describe,
-            [work],
+            [work if reword is None else Reworded(work, reword)],
             outputs,
             finish=finish,
             notifier=self._notifier,
@@ -280,20 +275,38 @@ class ProcessGroupPlait(dist.ProcessGroup):
         input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
     ) -> PlaitWork:
-        """``dist.reduce_scatter``: reduce ``input_list[r]`` over ranks into rank r's output."""
+        """``dist.reduce_scatter``: reduce ``input_list[r]`` over ranks into rank r's output.
+
+        The tensors of ``input_list`` may differ in size (Note [uneven collectives]).
+        """
         opts = opts if opts is not None else _C10D.ReduceScatterOptions()
         c = "reduce_scatter"
         out = check_one(output_tensors, c, "output_tensors")
         inputs = check_one(input_tensors, c, "input_tensors")
         op = plait_op(opts.reduceOp, c)
         oa = output_array(out, c, "output")
-        stacked = stack_inputs(self._comm.size, inputs, oa, c, "input_list")
-        target, finish = reshaped_out(oa, (1, *oa.shape))
         comm = self._comm
+        arrays = input_arrays(comm.size, inputs, oa, c, "input_list")
+        sizes = [a.size for a in arrays]
+        counts: list[int] | None = None  # equal blocks: one row of x per rank
+        if all(n == oa.size for n in sizes):
+            x = stacked(arrays, oa, c, "input_list")
+            target, finish = reshaped_out(oa, (1, *oa.shape))
+        elif sizes[comm.rank] != oa.size:
+            raise ValueError(
+                f"{c}: input_list[{comm.rank}] has {sizes[comm.rank]} elements and the output "
+                f"{oa.size}; rank {comm.rank}'s output gets the reduction of "
+                f"input_list[{comm.rank}]"
+            )
+        else:  # Note [uneven collectives]
+            x, counts = np.concatenate([a.reshape(-1) for a in arrays]), sizes
+            target, finish = reshaped_out(oa, (oa.size,))
         return self._run(
             c,
             opts,
-            lambda asy, to: comm.reduce_scatter(stacked, op, out=target, timeout=to, async_op=asy),
+            lambda asy, to: comm.reduce_scatter(
+                x, op, counts=counts, out=target, timeout=to, async_op=asy
+            ),
             [out],
             finish,
         )
@@ -348,15 +361,29 @@ class ProcessGroupPlait(dist.ProcessGroup):
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> PlaitWork:
-        """``dist.all_gather``: every rank's tensor into the output list, in rank order."""
+        """``dist.all_gather``: every rank's tensor into the output list, in rank order.
+
+        The tensors of the list may differ in size (Note [uneven collectives]).
+        """
         opts = opts if opts is not None else _C10D.AllgatherOptions()
         c = "all_gather"
         x = check_one(input_tensors, c, "input_tensors")
         outs = check_one(output_tensors, c, "output_tensors")
         xa = array(x, c, "tensor")
-        targets = output_targets(self._comm.size, outs, xa, c, "tensor_list")
-        buf = np.empty((self._comm.size, *xa.shape), xa.dtype)
         comm = self._comm
+        targets = output_blocks(comm.size, outs, xa, comm.rank, c, "tensor_list")
+        counts = [t.size for t in targets]
+        if any(n != xa.size for n in counts):
+            flat = np.empty(sum(counts), xa.dtype)
+            mine = xa.reshape(-1)
+            return self._run(
+                c,
+                opts,
+                lambda asy, to: comm.allgatherv(mine, counts, out=flat, timeout=to, async_op=asy),
+                output_tensors,
+                copy_blocks(flat, targets),
+            )
+        buf = np.empty((comm.size, *xa.shape), xa.dtype)
         return self._run(
             c,
             opts,
@@ -462,7 +489,7 @@ class ProcessGroupPlait(dist.ProcessGroup):
         """``dist.all_to_all_single``: dim-0 blocks of the input to each rank, in rank order.
 
         Equal blocks when no split sizes are given; uneven ones as in Note
-        [uneven all_to_all].
+        [uneven collectives].
         """
         opts = opts if opts is not None else _C10D.AllToAllOptions()
         c = "all_to_all_single"
@@ -491,12 +518,16 @@ class ProcessGroupPlait(dist.ProcessGroup):
             raise ValueError(
                 f"{c}: input {tuple(ia.shape)} and output {tuple(oa.shape)} must agree beyond dim 0"
             )
-        row = int(np.prod(ia.shape[1:], dtype=np.int64))
-        sends = split_sizes(self._comm.size, input_split_sizes, ia.shape[0], c, "input")
-        recvs = split_sizes(self._comm.size, output_split_sizes, oa.shape[0], c, "output")
-        flat_out = oa.reshape(oa.shape[0], row) if oa.flags.c_contiguous else None
-        outs = [(flat_out if flat_out is not None else oa)[r0:r1] for r0, r1 in row_blocks(recvs)]
-        return self._alltoallv(c, opts, ia.reshape(ia.shape[0], row), sends, recvs, outs, [output])
+        sends = split_sizes(size, input_split_sizes, ia.shape[0], c, "input")
+        recvs = split_sizes(size, output_split_sizes, oa.shape[0], c, "output")
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.alltoallv(ia, sends, recvs, out=oa, timeout=to, async_op=asy),
+            [output],
+            reword=self._split_mismatch(c, "output_split_sizes", "input_split_sizes"),
+        )
 
     alltoall_base = all_to_all_single  # type: ignore[assignment]  # stub: user-facing signature
 
@@ -506,7 +537,11 @@ class ProcessGroupPlait(dist.ProcessGroup):
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> PlaitWork:
-        """``dist.all_to_all``: ``input_list[j]`` to rank j, into its ``output_list[me]``."""
+        """``dist.all_to_all``: ``input_list[j]`` to rank j, into its ``output_list[me]``.
+
+        The tensors may have any sizes; it runs as in Note [uneven collectives]
+        (a rank cannot tell on its own that every rank's are equal).
+        """
         opts = opts if opts is not None else _C10D.AllToAllOptions()
         c = "all_to_all"
         size = self._comm.size
@@ -523,57 +558,37 @@ class ProcessGroupPlait(dist.ProcessGroup):
         dtypes = {a.dtype for a in ins + outs}
         if len(dtypes) > 1:
             raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
-        flat_in = np.concatenate([a.reshape(-1) for a in ins]).reshape(-1, 1)
-        rows = [a.reshape(-1, 1) if a.flags.c_contiguous else a for a in outs]
-        return self._alltoallv(
-            c, opts, flat_in, [a.size for a in ins], [a.size for a in outs], rows, output_tensors
-        )
-
-    def _alltoallv(
-        self,
-        c: str,
-        opts: Any,
-        x: np.ndarray,
-        sends: list[int],
-        recvs: list[int],
-        outs: list[np.ndarray],
-        outputs: Any,
-    ) -> PlaitWork:
-        """Uneven alltoall of the rows of 2-D ``x``; see Note [uneven all_to_all].
-
-        ``sends[j]`` rows go to rank j; ``recvs[j]`` rows come from rank j into
-        ``outs[j]`` (an array of that many elements per row, any shape).
-        """
+        flat = np.concatenate([a.reshape(-1) for a in ins])
+        sends, recvs = [a.size for a in ins], [a.size for a in outs]
+        got = np.empty(sum(recvs), flat.dtype)
         comm = self._comm
-        size, me = comm.size, comm.rank
-        timeout = seconds(getattr(opts, "timeout", None))
-        table = comm.allgather(np.array(sends + recvs, np.int64), timeout=timeout)
-        sent, expected = table[:, :size], table[:, size:]
-        bad = [(i, j) for i in range(size) for j in range(size) if sent[i, j] != expected[j, i]]
-        if bad:
-            text = "; ".join(
-                f"rank {i} sends {sent[i, j]} rows to rank {j}, which expects {expected[j, i]}"
-                for i, j in bad[:4]
-            )
-            raise ValueError(f"rank {me}: {c}: split sizes disagree between ranks: {text}")
-        width = x.shape[1]
-        block = int(sent.max()) if size else 0
-        send = np.zeros((size, block * width), x.dtype)
-        for j, (r0, r1) in enumerate(row_blocks(sends)):
-            send[j, : (r1 - r0) * width] = x[r0:r1].reshape(-1)
-        recv = np.empty_like(send)
-
-        def finish() -> None:
-            for j, dst in enumerate(outs):
-                dst[...] = recv[j, : recvs[j] * width].reshape(dst.shape)
-
         return self._run(
             c,
             opts,
-            lambda asy, to: comm.alltoall(send, out=recv, timeout=to, async_op=asy),
-            outputs,
-            finish,
+            lambda asy, to: comm.alltoallv(flat, sends, recvs, out=got, timeout=to, async_op=asy),
+            output_tensors,
+            copy_blocks(got, outs),
+            self._split_mismatch(c, "output_tensor_list", "input_tensor_list"),
         )
+
+    def _split_mismatch(self, c: str, recv: str, send: str) -> Callable[[ValueError], ValueError]:
+        """The error each rank raises when the ranks' split sizes disagree.
+
+        See Note [uneven collectives].
+
+        plait's alltoallv compares every rank's ``recv_counts`` (torch's
+        ``recv``) with what the others' ``send_counts`` (``send``) send it,
+        on every rank alike.
+        """
+        describe = self._describe(c)
+
+        def reword(exc: ValueError) -> ValueError:
+            return ValueError(
+                f"{describe}: split sizes disagree between ranks: on each rank, {recv}[j] must "
+                f"be the size of what rank j sends it in its {send} ({exc})"
+            )
+
+        return reword
 
     def barrier(self, opts: Any = None) -> PlaitWork:
         """``dist.barrier``: returns once every rank has entered."""

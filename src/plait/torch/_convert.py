@@ -26,8 +26,11 @@ __all__ = [
     "check_peer",
     "check_root",
     "check_tag",
+    "copy_blocks",
     "copy_rows",
+    "input_arrays",
     "output_array",
+    "output_blocks",
     "output_targets",
     "plait_op",
     "reshaped_out",
@@ -36,6 +39,7 @@ __all__ = [
     "seconds",
     "split_sizes",
     "stack_inputs",
+    "stacked",
 ]
 
 _T = TypeVar("_T")
@@ -101,7 +105,8 @@ def array(t: Any, call: str, what: str) -> np.ndarray:
 def output_array(t: Any, call: str, what: str) -> np.ndarray:
     """Like :func:`array`, for a tensor plait writes into: it must not overlap itself."""
     a = array(t, call, what)
-    if any(step == 0 and n > 1 for step, n in zip(a.strides, a.shape, strict=True)):
+    # an empty tensor has no memory to overlap (numpy may give it zero strides)
+    if a.size and any(step == 0 and n > 1 for step, n in zip(a.strides, a.shape, strict=True)):
         raise UnsupportedError(
             f"{call}: {what} has overlapping memory (stride 0, as from expand()); results "
             "cannot be written into it: pass a tensor with its own memory (.clone())"
@@ -191,11 +196,9 @@ def output_targets(
     size: int, outs: Sequence[torch.Tensor], xa: np.ndarray, c: str, what: str
 ) -> list[np.ndarray]:
     """The ``size`` output tensors of a list (``what``) as arrays, each like the input ``xa``."""
-    if len(outs) != size:
-        raise ValueError(f"{c}: {what} has {len(outs)} tensors; expected world size {size}")
-    targets = [output_array(o, c, f"{what}[{j}]") for j, o in enumerate(outs)]
+    targets = output_blocks(size, outs, xa, None, c, what)
     for j, o in enumerate(targets):
-        if o.dtype != xa.dtype or o.size != xa.size:
+        if o.size != xa.size:
             raise ValueError(
                 f"{c}: {what}[{j}] is {o.dtype} with {o.size} elements; expected "
                 f"{xa.dtype} with {xa.size}, like the input"
@@ -203,28 +206,77 @@ def output_targets(
     return targets
 
 
+def output_blocks(
+    size: int, outs: Sequence[torch.Tensor], xa: np.ndarray, rank: int | None, c: str, what: str
+) -> list[np.ndarray]:
+    """The ``size`` output tensors of a list (``what``) as arrays of ``xa``'s dtype.
+
+    Their sizes may differ (torch's uneven ``all_gather``), except that the
+    block of ``rank`` (when given) is this rank's own and so has the input's.
+    """
+    if len(outs) != size:
+        raise ValueError(f"{c}: {what} has {len(outs)} tensors; expected world size {size}")
+    targets = [output_array(o, c, f"{what}[{j}]") for j, o in enumerate(outs)]
+    for j, o in enumerate(targets):
+        if o.dtype != xa.dtype:
+            raise ValueError(f"{c}: {what}[{j}] is {o.dtype}; expected {xa.dtype}, like the input")
+        if j == rank and o.size != xa.size:
+            raise ValueError(
+                f"{c}: {what}[{j}] has {o.size} elements; expected {xa.size}, like the "
+                f"input: rank {rank}'s own tensor goes there"
+            )
+    return targets
+
+
+def input_arrays(
+    size: int, inputs: Sequence[torch.Tensor], like: np.ndarray, c: str, what: str
+) -> list[np.ndarray]:
+    """The ``size`` input tensors of a list (``what``) as arrays of ``like``'s dtype."""
+    if len(inputs) != size:
+        raise ValueError(f"{c}: {what} has {len(inputs)} tensors; expected world size {size}")
+    arrays = [array(t, c, f"{what}[{j}]") for j, t in enumerate(inputs)]
+    for j, a in enumerate(arrays):
+        if a.dtype != like.dtype:
+            raise TypeError(
+                f"{c}: {what}[{j}] is {a.dtype}; expected {like.dtype}, like the output"
+            )
+    return arrays
+
+
 def stack_inputs(
     size: int, inputs: Sequence[torch.Tensor], like: np.ndarray, c: str, what: str
 ) -> np.ndarray:
     """The ``size`` input tensors of a list (``what``), each like ``like``, as one array."""
-    if len(inputs) != size:
-        raise ValueError(f"{c}: {what} has {len(inputs)} tensors; expected world size {size}")
-    stacked = np.empty((size, *like.shape), like.dtype)
-    for j, t in enumerate(inputs):
-        a = array(t, c, f"{what}[{j}]")
-        if a.dtype != like.dtype or a.size != like.size:
+    return stacked(input_arrays(size, inputs, like, c, what), like, c, what)
+
+
+def stacked(arrays: Sequence[np.ndarray], like: np.ndarray, c: str, what: str) -> np.ndarray:
+    """``arrays``, each with as many elements as ``like``, as one array of ``like``'s rows."""
+    out = np.empty((len(arrays), *like.shape), like.dtype)
+    for j, a in enumerate(arrays):
+        if a.size != like.size:
             raise ValueError(
                 f"{c}: {what}[{j}] is {a.dtype} with {a.size} elements; expected "
                 f"{like.dtype} with {like.size}, like the output"
             )
-        stacked[j] = a.reshape(like.shape)
-    return stacked
+        out[j] = a.reshape(like.shape)
+    return out
 
 
 def row_blocks(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """(start, end) of consecutive blocks of ``sizes`` rows."""
     ends = np.cumsum(sizes, dtype=np.int64).tolist()
     return [(end - n, end) for n, end in zip(sizes, ends, strict=True)]
+
+
+def copy_blocks(flat: np.ndarray, targets: list[np.ndarray]) -> Callable[[], None]:
+    """A finish step that copies consecutive blocks of 1-D ``flat`` into ``targets``."""
+
+    def finish() -> None:
+        for (start, end), dst in zip(row_blocks([t.size for t in targets]), targets, strict=True):
+            dst[...] = flat[start:end].reshape(dst.shape)
+
+    return finish
 
 
 def copy_rows(buf: np.ndarray, targets: list[np.ndarray]) -> Callable[[], None]:

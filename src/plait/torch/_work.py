@@ -32,10 +32,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from plait.errors import CommTimeout
+from plait.errors import CommError, CommTimeout
 from plait.torch._convert import seconds
 
-__all__ = ["Lane", "Notifier", "PlaitWork", "Task"]
+__all__ = ["Lane", "Notifier", "PlaitWork", "Reworded", "Task", "reworded"]
 
 #: Seconds an idle helper thread sleeps between checks that it should stop.
 _IDLE_POLL = 5.0
@@ -100,6 +100,45 @@ class Task:
                 self._callbacks.append(callback)
                 return
         callback(self)
+
+
+def reworded(exc: ValueError, reword: Callable[[ValueError], ValueError]) -> ValueError:
+    """``reword(exc)``, chained to ``exc``; plait's own errors (CommError) stay as they are."""
+    if isinstance(exc, CommError):
+        return exc
+    error = reword(exc)
+    error.__cause__ = exc
+    return error
+
+
+class Reworded:
+    """A pending call whose argument error is raised in the caller's terms.
+
+    plait checks some arguments only once every rank's are known (the split
+    sizes of an uneven all_to_all are compared after a count exchange); its
+    ValueError then speaks of plait's arguments. ``reword(exc)`` makes the
+    error torch's caller gets, chained to plait's (:func:`reworded`).
+    """
+
+    __slots__ = ("_error", "_pending", "_reword")
+
+    def __init__(self, pending: Pending, reword: Callable[[ValueError], ValueError]) -> None:
+        self._pending = pending
+        self._reword = reword
+        self._error: ValueError | None = None
+
+    def done(self) -> bool:
+        """Whether the call has finished (never blocks)."""
+        return self._pending.done()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The call's result; raises its (reworded) error, or CommTimeout after ``timeout`` s."""
+        try:
+            return self._pending.wait(timeout)
+        except ValueError as exc:
+            if self._error is None:  # one error object, however often it is asked for
+                self._error = reworded(exc, self._reword)
+            raise self._error  # noqa: B904 - chained by reworded()
 
 
 class Lane:

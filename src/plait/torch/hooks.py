@@ -31,20 +31,10 @@ import torch
 import torch.distributed as dist
 
 import plait
-from plait.torch._backend import ProcessGroupPlait
+from plait.torch._group import plait_group
 from plait.torch._work import PlaitWork
 
 __all__ = ["compression_hook"]
-
-
-def _group(state: Any) -> ProcessGroupPlait:
-    pg = state if state is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, ProcessGroupPlait):
-        raise TypeError(
-            f"compression_hook needs a process group of the 'plait' backend; got {pg!r} "
-            '(initialise with dist.init_process_group("plait"), or pass such a group as state)'
-        )
-    return pg
 
 
 def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Future[Any]]:
@@ -60,7 +50,7 @@ def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Futu
     """
 
     def hook(state: Any, bucket: Any) -> torch.futures.Future[Any]:
-        pg = _group(state)
+        pg = plait_group(state, "compression_hook", ", or pass such a group as state")
         comm = pg.communicator
         buf = bucket.buffer()
         a = buf.detach().numpy()

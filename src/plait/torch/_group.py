@@ -1,0 +1,84 @@
+"""Making and finding "plait" process groups.
+
+:func:`create_process_group` is the creator torch calls for
+``init_process_group("plait")`` and ``new_group(backend="plait")``;
+:func:`communicator` finds the :class:`plait.Communicator` behind a group, for
+plait's own calls (the object collectives above all) on a torch group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
+
+import plait
+from plait.communicator import DEFAULT_TIMEOUT
+from plait.torch._backend import ProcessGroupPlait
+from plait.torch._convert import seconds
+from plait.torch._store import TorchStore
+
+__all__ = ["communicator", "create_process_group", "plait_group"]
+
+
+def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlait:
+    """Make this rank's plait process group; torch calls it (``extended_api=True``).
+
+    The ranks meet through the store torch passes (see Note [which store the
+    plait backend uses] in ``plait.torch._store``). ``init_process_group``'s
+    ``timeout`` becomes plait's per-call timeout, except torch's default of 30
+    minutes, which is replaced by plait's own default (PLAIT_TIMEOUT, else 300 s).
+
+    Raises:
+        TypeError: ``pg_options`` were given (the plait backend takes none).
+        plait.RendezvousError: the ranks could not meet in time.
+    """
+    if pg_options is not None:
+        raise TypeError(
+            "the plait backend takes no pg_options; set PLAIT_TRANSPORT or PLAIT_TIMEOUT "
+            f"in the environment instead (got {type(pg_options).__name__})"
+        )
+    timeout = backend_opts.timeout
+    explicit = timeout is not None and timeout != default_pg_timeout
+    call_timeout = seconds(timeout) if explicit else None
+    store = TorchStore(backend_opts.store, call_timeout or DEFAULT_TIMEOUT)
+    comm = plait.init(
+        rank=backend_opts.group_rank,
+        size=backend_opts.group_size,
+        store=store,
+        timeout=call_timeout,
+    )
+    return ProcessGroupPlait(comm, global_ranks=list(backend_opts.global_ranks_in_group))
+
+
+def communicator(group: dist.ProcessGroup | None = None) -> plait.Communicator:
+    """The :class:`plait.Communicator` that runs a "plait" process group's calls.
+
+    For plait's own calls on a torch group, above all the object collectives
+    (``comm.allgather_object(obj)`` for ``dist.all_gather_object``). torch's
+    ``*_object`` functions pickle each object into a byte tensor and run the
+    tensor collectives (all_gather_object, gather_object and
+    scatter_object_list padding every object to the largest); torch offers a
+    backend no way to serve them itself. The communicator's move each object
+    at its own size, arrays and tensors without a copy (docs/torch.md,
+    "Object collectives"). Its ranks are the group's (``dist.get_rank(group)``).
+
+    Args:
+        group: a process group of the "plait" backend; None: the default group.
+
+    Raises:
+        TypeError: the group is not one of the plait backend.
+    """
+    return plait_group(group, "plait.torch.communicator").communicator
+
+
+def plait_group(group: Any, who: str, hint: str = "") -> ProcessGroupPlait:
+    """``group`` (None: the default group) as a "plait" process group, or TypeError from ``who``."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupPlait):
+        raise TypeError(
+            f"{who} needs a process group of the 'plait' backend; got {pg!r} "
+            f'(initialise with dist.init_process_group("plait"){hint})'
+        )
+    return pg
