@@ -41,6 +41,7 @@ _FOLDER_MARKERS = {
 # Single modules elsewhere whose every test starts processes (ranks, servers, launchers).
 _MODULE_MARKERS = {
     "test_torch_jobs.py": ("multiprocess",),
+    "test_torch_uneven.py": ("multiprocess",),
     "test_bench_cli.py": ("multiprocess",),
     "test_bench_compare.py": ("multiprocess",),
     "test_redis_store.py": ("multiprocess",),

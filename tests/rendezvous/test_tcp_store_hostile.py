@@ -197,6 +197,7 @@ def _read_until(fd: int, marker: bytes) -> bytes:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess  # the store runs in a child process with few descriptors
 def test_out_of_descriptors_backs_off_logs_once_and_recovers() -> None:
     room = 6
     proc = subprocess.Popen(
