@@ -46,6 +46,9 @@ _MODULE_MARKERS = {
     "test_bench_compare.py": ("multiprocess",),
     "test_redis_store.py": ("multiprocess",),
     "test_compression_convergence.py": ("slow",),
+    # TCP's wire-level and hostile-setup cases; the quick loop keeps its conformance and test_tcp.py
+    "test_tcp_protocol.py": ("slow",),
+    "test_tcp_bootstrap.py": ("slow",),
 }
 
 

@@ -19,7 +19,9 @@ from plait.rendezvous.file_store import FileStore
 from plait.rendezvous.store import MemoryStore, Store
 from plait.rendezvous.tcp_store import TCPStore, TCPStoreServer
 
-BACKENDS = ["memory", "tcp", "file", "redis"]
+# redis starts a redis-server process, so its cases are left out of the quick loop with the rest
+# of the tests that start processes.
+BACKENDS = ["memory", "tcp", "file", pytest.param("redis", marks=pytest.mark.multiprocess)]
 
 
 @pytest.fixture(autouse=True)

@@ -32,8 +32,10 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("check", CHECKS, ids=lambda f: f.__name__.removeprefix("check_"))
 @pytest.mark.parametrize(
     "transport",
-    # the quick loop (-m "not slow") checks the buffered memory transport and plain TCP
-    [t if t in ("memory", "tcp") else pytest.param(t, marks=pytest.mark.slow) for t in FACTORIES],
+    # the quick loop (-m "not slow") checks plain TCP here; shared memory in
+    # test_shm_conformance.py, the endpoint over a toy link in test_endpoint.py, and the memory
+    # transport under every real-data test of tests/integration
+    [t if t == "tcp" else pytest.param(t, marks=pytest.mark.slow) for t in FACTORIES],
 )
 def test_conformance(transport: str, check: Callable[[Factory], None]) -> None:
     if transport == "lockstep" and check in BUFFERED_CHECKS:

@@ -495,6 +495,7 @@ def test_send_from_a_thread_while_another_drives(nbytes: int) -> None:
 # -- cancel and close ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 32 MiB, cancelled midway
 def test_cancel_partially_received_message() -> None:
     """A receive cancelled mid-payload is never written again; the stream stays in step."""
     ts = tcp_transports(2)
