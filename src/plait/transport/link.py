@@ -7,6 +7,7 @@ keeps the contract (matching, errors, waiting). See ``docs/transport.md``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import numpy as np
@@ -158,6 +159,36 @@ class Link(Protocol):
     def release(self) -> None:
         """Free sockets and memory (nobody polls the link's descriptors any more)."""
         ...
+
+
+class UndrivenLink:
+    """The waiting hooks of a link whose operations complete inside the calls of some rank.
+
+    Such a link (a rank's loopback, the in-process memory fabric) is never
+    driven: the endpoint never calls :meth:`progress` while it waits, has no
+    descriptor of it to sleep on, and nothing of it is queued at close.
+    Subclasses implement the moving of messages and ``shutdown``/``release``.
+    """
+
+    driven = False
+
+    def progress(self, stalled: bool) -> bool:
+        """Never driven."""
+        return False
+
+    def arm(self) -> float:
+        """Never driven."""
+        return math.inf
+
+    def disarm(self) -> None:
+        """Never driven."""
+
+    def check(self, now: float) -> None:
+        """Never driven."""
+
+    def flush(self, err: BaseException) -> float | None:
+        """Nothing to flush: queued sends fail at shutdown."""
+        return None
 
 
 def copy_bytes(

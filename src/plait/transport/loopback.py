@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from plait.transport.link import Message, Op, copy_bytes
+from plait.transport.link import Message, Op, UndrivenLink, copy_bytes
 
 if TYPE_CHECKING:
     from plait.transport.endpoint import Endpoint
@@ -15,10 +14,8 @@ if TYPE_CHECKING:
 __all__ = ["Loopback"]
 
 
-class Loopback:
+class Loopback(UndrivenLink):
     """The link of a rank to itself: a send is copied into its receive, or buffered."""
-
-    driven = False
 
     def __init__(self, endpoint: Endpoint) -> None:
         self._ep = endpoint
@@ -56,24 +53,6 @@ class Loopback:
 
     def cancel(self, op: Op) -> None:
         """Nothing to do: sends to self complete at once."""
-
-    def progress(self, stalled: bool) -> bool:
-        """Never driven."""
-        return False
-
-    def arm(self) -> float:
-        """Never driven."""
-        return math.inf
-
-    def disarm(self) -> None:
-        """Never driven."""
-
-    def check(self, now: float) -> None:
-        """Never driven."""
-
-    def flush(self, err: BaseException) -> float | None:
-        """Nothing to flush: queued sends fail at shutdown."""
-        return None
 
     def shutdown(self, err: BaseException) -> None:
         """Nothing held."""

@@ -11,12 +11,11 @@ endpoint is an :class:`~plait.transport.endpoint.Endpoint` whose one link,
 
 from __future__ import annotations
 
-import math
 import threading
 
 from plait.errors import PeerLostError
 from plait.transport.endpoint import Endpoint
-from plait.transport.link import Message, Op
+from plait.transport.link import Message, Op, UndrivenLink
 
 __all__ = ["MemoryFabric", "MemoryLink", "MemoryTransport"]
 
@@ -59,15 +58,13 @@ class MemoryTransport(Endpoint):
         return f"<MemoryTransport rank {self.rank} of {self.size}, {state}>"
 
 
-class MemoryLink:
+class MemoryLink(UndrivenLink):
     """The link of one in-process endpoint to every rank of its fabric (the fabric's lock held).
 
     A send is copied straight into a posted receive at the peer's endpoint;
     otherwise it is filed there as an unexpected message: a copy of its bytes
     (eager), or the send itself, which completes when a receive takes it (lockstep).
     """
-
-    driven = False
 
     def __init__(self, fabric: MemoryFabric, endpoint: Endpoint) -> None:
         self._fabric = fabric
@@ -131,24 +128,6 @@ class MemoryLink:
         if op.is_send and op.state is not None:
             self._fabric.endpoints[op.peer].discard(op.state)
             op.state = None
-
-    def progress(self, stalled: bool) -> bool:
-        """Never driven: sends complete inside the calls of the ranks."""
-        return False
-
-    def arm(self) -> float:
-        """Never driven."""
-        return math.inf
-
-    def disarm(self) -> None:
-        """Never driven."""
-
-    def check(self, now: float) -> None:
-        """Never driven."""
-
-    def flush(self, err: BaseException) -> float | None:
-        """Nothing to flush: queued sends fail at shutdown."""
-        return None
 
     def shutdown(self, err: BaseException) -> None:
         """Every other rank loses this one: receives posted there for it fail."""
