@@ -26,6 +26,11 @@ def networks(p: int) -> list[sim.Network]:
     ]
 
 
+def window(spec: plait.algos.AlgorithmSpec) -> int:
+    """The window a one-sided algorithm needs (the ranks share one host); 0 for the others."""
+    return 1 << 20 if spec.needs_window else 0
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.collective}-{s.name}")
 def test_every_algorithm_matches_the_reference(spec: plait.algos.AlgorithmSpec) -> None:
     c = spec.collective
@@ -37,7 +42,14 @@ def test_every_algorithm_matches_the_reference(spec: plait.algos.AlgorithmSpec) 
                 )
                 for root in roots:
                     sim.simulate(
-                        c, spec.name, nbytes, net, dtype=np.int32, with_data=True, root=root
+                        c,
+                        spec.name,
+                        nbytes,
+                        net,
+                        dtype=np.int32,
+                        with_data=True,
+                        root=root,
+                        window=window(spec),
                     )
         # Segmented, on one network.
         sim.simulate(
@@ -48,6 +60,7 @@ def test_every_algorithm_matches_the_reference(spec: plait.algos.AlgorithmSpec) 
             dtype=np.int64,
             with_data=True,
             segment_bytes=16,
+            window=window(spec),
         )
 
 
@@ -91,6 +104,7 @@ def test_non_commutative_ops_keep_rank_order(c: str) -> None:
                 dtype=np.int32,
                 op=op,
                 with_data=True,
+                window=window(spec),
             )
             assert res.outputs is not None
 

@@ -9,7 +9,10 @@ but only records steps. The builder:
   disjoint data may overlap and segmented pipelines need no extra bookkeeping;
 * drops empty steps (zero elements, or a copy onto itself), which both ends of
   a message agree on because they compute the same counts;
-* hands out scratch regions (``b.scratch(n)``) and sizes ``TMP`` accordingly.
+* hands out scratch regions (``b.scratch(n)``) and sizes ``TMP`` accordingly;
+* likewise hands out window regions (``b.shared(n)``) for one-sided steps
+  (``b.post``, ``b.get``, ``b.get_reduce``, ``b.wait``), sizes ``SHARED`` and
+  chains the steps of a one-sided schedule in order (see :mod:`plait.schedule.ir`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from plait.collectives import get as _collective
-from plait.schedule.ir import IN, OUT, TMP, Buf, Region, Schedule, Step, StepKind
+from plait.schedule.ir import IN, OUT, SHARED, TMP, Buf, Region, Schedule, Step, StepKind
 
 __all__ = ["Builder", "Context", "Fabric", "HostLayout"]
 
@@ -158,6 +161,10 @@ class Context:
     keys; ``count`` is not read when it is given (0 by convention). None: every
     count is ``count`` (the even collectives always; an uneven one then builds
     what its even twin would).
+
+    ``window`` is the bytes of its window (``SHARED``) each rank may use in one
+    call, where the ranks share an arena (one host); 0 where they do not. The
+    one-sided algorithms cut larger calls into pieces that fit it.
     """
 
     collective: str
@@ -171,6 +178,7 @@ class Context:
     hosts: HostLayout | None = None  # None: all ranks on one host
     fabric: Fabric | None = None  # switches that reduce in flight (simulator only)
     counts: tuple[int, ...] | None = None  # per-rank counts of an uneven collective
+    window: int = 0  # bytes of SHARED per rank and call; 0: no shared arena
 
     @property
     def participants(self) -> int:
@@ -191,6 +199,7 @@ class Context:
             self.hosts,
             self.fabric,
             self.counts,
+            self.window,
         )
 
     def block_counts(self) -> tuple[int, ...]:
@@ -262,10 +271,12 @@ class Builder:
         self._in_count = in_count
         self._out_count = out_count
         self._tmp_count = 0
+        self._shared_count = 0
+        self._phase = 0  # the last phase posted
         self._steps: list[Step] = []
         self._sent: dict[int, int] = {}
         self._received: dict[int, int] = {}
-        self._hazards = (_Hazards(), _Hazards(), _Hazards())
+        self._hazards = (_Hazards(), _Hazards(), _Hazards(), _Hazards())
 
     # -- regions ---------------------------------------------------------------
     @property
@@ -282,6 +293,24 @@ class Builder:
         """A fresh scratch region of ``count`` elements, disjoint from all others."""
         region = Region(TMP, self._tmp_count, count)
         self._tmp_count += count
+        return region
+
+    def shared(self, count: int) -> Region:
+        """A fresh region of ``count`` elements of this rank's window (``SHARED``).
+
+        Regions are handed out in order, so ranks that ask for the same sizes in
+        the same order find each other's regions at the same offsets.
+
+        Raises:
+            ValueError: the window (``ctx.window`` bytes) cannot hold it.
+        """
+        region = Region(SHARED, self._shared_count, count)
+        self._shared_count += count
+        if self._shared_count * self.ctx.itemsize > self.ctx.window:
+            raise ValueError(
+                f"rank {self.rank}: {self._shared_count} elements of {self.ctx.itemsize} bytes "
+                f"do not fit the window of {self.ctx.window} bytes"
+            )
         return region
 
     # -- steps -----------------------------------------------------------------
@@ -327,8 +356,45 @@ class Builder:
             return -1
         return self._add(Step(StepKind.REDUCE, src=src, dst=dst, first=src_first), (src,), (dst,))
 
+    # -- one-sided steps (ranks sharing an arena; see plait.schedule.ir) -----------
+    def post(self, phase: int) -> int:
+        """Publish ``phase``: peers waiting for it see every earlier write to ``SHARED``.
+
+        Raises:
+            ValueError: ``phase`` is not above the last phase posted.
+        """
+        if phase <= self._phase:
+            raise ValueError(
+                f"rank {self.rank}: phase {phase} posted after phase {self._phase}; "
+                "phases must increase"
+            )
+        self._phase = phase
+        # It reads the whole window: it follows every write to it, and writes wait for it.
+        return self._add(Step(StepKind.POST, tag=phase), (Region(SHARED, 0, _ALL),), ())
+
+    def get(self, peer: int, src: Region, dst: Region, phase: int) -> int:
+        """``dst = peer's SHARED[src]`` once ``peer`` has posted ``phase`` (-1 if empty)."""
+        return self._get(StepKind.GET, peer, src, dst, phase, first=False)
+
+    def get_reduce(
+        self, peer: int, src: Region, dst: Region, phase: int, *, get_first: bool
+    ) -> int:
+        """``dst = peer's SHARED[src] ∘ dst`` if ``get_first`` else ``dst ∘ peer's SHARED[src]``."""
+        return self._get(StepKind.GET_REDUCE, peer, src, dst, phase, first=get_first)
+
+    def wait(self, peer: int, phase: int) -> int:
+        """Wait until ``peer`` has posted ``phase`` (it has read what it needed of ours)."""
+        self._check_peer(peer)
+        if phase < 1:
+            raise ValueError(f"rank {self.rank}: phases start at 1, got {phase}")
+        # It reads nothing locally but orders what follows: writes to SHARED come after it.
+        return self._add(Step(StepKind.WAIT, peer, tag=phase), (Region(SHARED, 0, _ALL),), ())
+
     def build(self) -> Schedule:
         """Freeze the recorded steps into a :class:`Schedule`."""
+        one_sided = self._shared_count > 0 or any(s.kind >= StepKind.POST for s in self._steps)
+        if one_sided:
+            self._chain()
         steps = tuple(self._steps)
         dependents: list[list[int]] = [[] for _ in steps]
         for i, step in enumerate(steps):
@@ -345,9 +411,46 @@ class Builder:
             n_deps=tuple(len(s.deps) for s in steps),
             staged_count=sum(s.count for s in steps if s.kind is StepKind.RECV_REDUCE),
             roots=tuple(i for i, s in enumerate(steps) if not s.deps),
+            shared_count=self._shared_count,
+            one_sided=one_sided,
         )
 
     # -- internals -------------------------------------------------------------
+    def _get(
+        self, kind: StepKind, peer: int, src: Region, dst: Region, phase: int, *, first: bool
+    ) -> int:
+        if src.buf is not SHARED:
+            raise ValueError(f"rank {self.rank}: a get reads a peer's window, not {src}")
+        if src.count != dst.count:
+            raise ValueError(f"get of r{peer}.{src} into {dst}: lengths differ")
+        if dst.buf is IN:
+            raise ValueError(f"rank {self.rank}: a get cannot write the input ({dst})")
+        if src.count == 0:
+            return -1
+        self._check_peer(peer)
+        if phase < 1:
+            raise ValueError(f"rank {self.rank}: phases start at 1, got {phase}")
+        reads = (dst,) if kind is StepKind.GET_REDUCE else ()
+        return self._add(Step(kind, peer, src=src, dst=dst, first=first, tag=phase), reads, (dst,))
+
+    def _chain(self) -> None:
+        """Make every step depend on the one before: a one-sided schedule runs in order.
+
+        Raises:
+            ValueError: the schedule also exchanges messages (not supported together).
+        """
+        for i, step in enumerate(self._steps):
+            if step.kind in (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE):
+                raise ValueError(
+                    f"rank {self.rank}: step {i} {step!r}: a schedule with one-sided steps "
+                    "cannot also exchange messages"
+                )
+            if i and (not step.deps or step.deps[-1] != i - 1):
+                deps = tuple(sorted({*step.deps, i - 1}))
+                self._steps[i] = Step(
+                    step.kind, step.peer, step.src, step.dst, step.first, step.tag, deps
+                )
+
     def _recv(self, kind: StepKind, peer: int, dst: Region, *, first: bool) -> int:
         if dst.count == 0:
             return -1
@@ -388,6 +491,10 @@ class Builder:
             )
         self._steps.append(step)
         return index
+
+
+#: The length of a region that stands for the whole window in the hazard tables.
+_ALL = 1 << 61
 
 
 def blocks(count: int, parts: int) -> list[tuple[int, int]]:

@@ -11,6 +11,8 @@ Buffers
 ``IN``   the caller's input. Steps may read it, never write it.
 ``OUT``  the caller's output (for in-place calls the same memory as ``IN``).
 ``TMP``  scratch owned by the executor, sized by ``Schedule.tmp_count``.
+``SHARED`` this rank's window: memory its peers on the host can read, sized by
+         ``Schedule.shared_count`` (see "One-sided steps" below).
 
 Steps
 -----
@@ -20,6 +22,25 @@ Steps
                  ``dst = recv ∘ dst`` if ``first`` else ``dst ∘ recv``.
 ``COPY``         ``dst = src``.
 ``REDUCE``       ``dst = src ∘ dst`` if ``first`` else ``dst ∘ src``.
+
+One-sided steps (ranks of one host sharing an arena, :mod:`plait.transport.shm.window`):
+``POST``         publish phase ``tag``: every earlier write of this rank to ``SHARED``
+                 becomes visible to peers that wait for this phase or a later one.
+                 Phases are numbered from 1 and increase along a schedule.
+``GET``          ``dst = peer's SHARED[src]``, once ``peer`` has posted phase ``tag``.
+``GET_REDUCE``   the same, combining: ``dst = peer ∘ dst`` if ``first`` else
+                 ``dst ∘ peer``.
+``WAIT``         wait until ``peer`` has posted phase ``tag`` (it has finished reading
+                 what this rank published before, so the region may be reused).
+
+A schedule with one-sided steps is *one-sided*: it has no ``SEND`` or ``RECV``
+steps, and it runs in step order (the builder makes every step depend on the one
+before), so a phase a rank posts covers everything it did before. A rank may
+overwrite a region of its ``SHARED`` only once every peer that reads it has
+finished reading (it knows through a ``GET`` or ``WAIT`` on a phase the reader
+posts afterwards); :func:`plait.schedule.verify.run_joint` checks this for every
+interleaving. Between calls the executor alternates two halves of the window
+(Note [window reuse] in :mod:`plait.transport.shm.window`).
 
 Messages between an ordered pair of ranks match in order: the k-th send from
 a to b (``tag == k``) meets the k-th receive at b from a. ``deps`` lists the
@@ -33,7 +54,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["IN", "OUT", "TMP", "Buf", "Region", "Schedule", "Step", "StepKind"]
+__all__ = [
+    "IN",
+    "ONE_SIDED",
+    "OUT",
+    "SHARED",
+    "TMP",
+    "Buf",
+    "Region",
+    "Schedule",
+    "Step",
+    "StepKind",
+]
 
 
 class Buf(enum.IntEnum):
@@ -42,11 +74,13 @@ class Buf(enum.IntEnum):
     IN = 0
     OUT = 1
     TMP = 2
+    SHARED = 3
 
 
 IN = Buf.IN
 OUT = Buf.OUT
 TMP = Buf.TMP
+SHARED = Buf.SHARED
 
 
 class StepKind(enum.IntEnum):
@@ -57,6 +91,14 @@ class StepKind(enum.IntEnum):
     RECV_REDUCE = 2
     COPY = 3
     REDUCE = 4
+    POST = 5
+    GET = 6
+    GET_REDUCE = 7
+    WAIT = 8
+
+
+#: The one-sided step kinds (they name a peer but exchange no message).
+ONE_SIDED = frozenset((StepKind.POST, StepKind.GET, StepKind.GET_REDUCE, StepKind.WAIT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +138,9 @@ class Step:
 
     @property
     def count(self) -> int:
-        """Number of elements the step moves or combines."""
+        """Number of elements the step moves or combines (0 for ``POST`` and ``WAIT``)."""
         region = self.src if self.src is not None else self.dst
-        assert region is not None
-        return region.count
+        return 0 if region is None else region.count
 
     def __repr__(self) -> str:
         k = self.kind
@@ -112,6 +153,15 @@ class Step:
             body = f"recv_reduce {self.dst} <- r{self.peer} #{self.tag} ({order})"
         elif k is StepKind.COPY:
             body = f"copy {self.src} -> {self.dst}"
+        elif k is StepKind.POST:
+            body = f"post phase {self.tag}"
+        elif k is StepKind.WAIT:
+            body = f"wait r{self.peer} phase {self.tag}"
+        elif k is StepKind.GET:
+            body = f"get r{self.peer}.{self.src} -> {self.dst} @{self.tag}"
+        elif k is StepKind.GET_REDUCE:
+            order = "get∘dst" if self.first else "dst∘get"
+            body = f"get_reduce r{self.peer}.{self.src} -> {self.dst} @{self.tag} ({order})"
         else:
             order = "src∘dst" if self.first else "dst∘src"
             body = f"reduce {self.src} -> {self.dst} ({order})"
@@ -135,10 +185,14 @@ class Schedule:
     staged_count: int = 0
     # Steps without dependencies (ready at the start), derived once for executors.
     roots: tuple[int, ...] = field(repr=False, default=())
+    # Elements of this rank's window (SHARED) the schedule uses; one-sided schedules only.
+    shared_count: int = 0
+    # Whether the schedule has one-sided steps (and so runs in step order, without messages).
+    one_sided: bool = False
 
     def buffer_count(self, buf: Buf) -> int:
         """Number of elements ``buf`` must hold."""
-        return (self.in_count, self.out_count, self.tmp_count)[buf]
+        return (self.in_count, self.out_count, self.tmp_count, self.shared_count)[buf]
 
     @property
     def peers(self) -> frozenset[int]:

@@ -107,6 +107,7 @@ def prove(
     fabric: Fabric | None = None,
     counts: Sequence[int] | None = None,
     build: BuildSchedule = _record,
+    window: int = 1 << 40,
 ) -> None:
     """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
 
@@ -118,14 +119,19 @@ def prove(
     the builder runs afresh; the registry passes its cached
     :func:`plait.algos._registry.build_schedule`, which the executor runs.
     ``counts``: an uneven collective's per-rank counts (``Context.counts``;
-    ``count`` is then not read).
+    ``count`` is then not read). ``window``: the bytes of ``SHARED`` each rank
+    may use (``Context.window``; elements here, the itemsize being 1); every
+    rank's window starts unwritten (``None``), so a ``GET`` of what its owner
+    never wrote before publishing it fails the proof.
     """
     c = spec.collective
     table = _collective(c)
     layout = HostLayout(hosts) if hosts is not None else None
     table.check_counts(size, counts)
     given = tuple(int(n) for n in counts) if counts is not None else None
-    ctx = Context(c, 0, size, count, 1, commutative, root, segment, layout, fabric, given)
+    ctx = Context(
+        c, 0, size, count, 1, commutative, root, segment, layout, fabric, given, window=window
+    )
     scheds = [build(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
     buffers: list[list[list[Any]]] = []
     for r, s in enumerate(scheds):
@@ -136,7 +142,7 @@ def prove(
             out = inp
         else:
             out = [None] * s.out_count
-        buffers.append([inp, out, [None] * s.tmp_count])
+        buffers.append([inp, out, [None] * s.tmp_count, [None] * s.shared_count])
     where = f"{c}/{spec.name} size={size} count={count} root={root} commutative={commutative}"
     if hosts is not None:
         where += f" hosts={list(hosts)}"
@@ -147,6 +153,9 @@ def prove(
     except ScheduleError as exc:
         raise ScheduleError(f"{where}: {exc}") from None
     for r in range(size):
+        if table.synchronizes and seen[r] != set(range(size)):
+            missing = sorted(set(range(size)) - seen[r])
+            raise ScheduleError(f"{where}: rank {r} can leave before hearing from {missing}")
         want = expected(c, size, count, r, root, given)
         if want is None:
             continue
@@ -172,6 +181,3 @@ def prove(
                         f"{where}: OUT[{i}] is computed as {mine[1]} on rank {r} but as "
                         f"{first[1]} on rank 0; results would differ in the last bits"
                     )
-        if table.synchronizes and seen[r] != set(range(size)):
-            missing = sorted(set(range(size)) - seen[r])
-            raise ScheduleError(f"{where}: rank {r} can leave before hearing from {missing}")

@@ -29,6 +29,9 @@ The model, in short (details in :mod:`plait.sim.engine` and :mod:`plait.sim.netw
   instant at which a flow starts or ends; the messages from one rank to another
   go one after another (one ordered channel per pair, like plait's transports);
 * copies cost δ and reductions γ seconds per byte, one at a time per rank;
+* one-sided steps: a post is visible to a peer a message's latency later, and
+  a get costs what a copy (a get-and-reduce: a reduction) of its bytes does
+  once the post it needs is visible (:mod:`plait.sim.onesided`);
 * everything else follows the executor: dependencies, (src, dst, tag) matching,
   receive-and-reduce data that may arrive early.
 
@@ -47,7 +50,8 @@ looks them up; asserted to 1e-9 by the tests for p = 1..33).
 
 Modules: :mod:`plait.sim.call` (:func:`simulate` and its :class:`Result`),
 :mod:`plait.sim.program` (schedules compiled to flat arrays),
-:mod:`plait.sim.engine` (the discrete-event run), :mod:`plait.sim.network`
+:mod:`plait.sim.engine` (the discrete-event run; its one-sided steps in
+:mod:`plait.sim.onesided`), :mod:`plait.sim.network`
 and :mod:`plait.sim.topologies` (the modelled networks),
 :mod:`plait.sim.data` (with data), :mod:`plait.sim.trace` (Chrome traces).
 

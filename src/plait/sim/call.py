@@ -111,12 +111,14 @@ def build_all(
     commutative: bool = True,
     network: Network | None = None,
     counts: Sequence[int] | None = None,
+    window: int = 0,
 ) -> list[Schedule]:
     """Every rank's schedule, exactly as the executor would get it.
 
     For an algorithm that needs a fabric (``in_network``), the network's
     aggregating switches' schedules follow the ranks'. ``counts``: an uneven
     collective's per-rank counts (``Context.counts``; ``count`` is then not read).
+    ``window``: the bytes of shared window each rank may use (``Context.window``).
     """
     spec = get(collective, algorithm)
     hosts_layout = network.host_layout() if network is not None else None
@@ -139,8 +141,14 @@ def build_all(
         hosts_layout,
         fabric,
         given,
+        window,
     )
     return [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
+
+
+#: The window :func:`simulate` gives one-sided algorithms by default: 2 MiB per rank, the
+#: shared-memory transport's default (``PLAIT_SHM_WINDOW``).
+WINDOW_BYTES = 2 << 20
 
 
 def simulate(
@@ -160,6 +168,7 @@ def simulate(
     seed: int = 0,
     workers: int | None = None,
     counts: Sequence[int] | None = None,
+    window: int | None = None,
 ) -> Result:
     """Simulate one call of ``collective`` with ``algorithm`` on every rank of ``network``.
 
@@ -187,6 +196,10 @@ def simulate(
             result's ``nbytes`` is the whole buffer the counts make
             (:meth:`plait.collectives.Collective.uneven_whole`). None: the
             even call that ``nbytes`` sizes.
+        window: the bytes of shared window each rank may use (``Context.window``;
+            0: no shared arena, as between hosts), for the one-sided algorithms;
+            None: :data:`WINDOW_BYTES` for those (the shared-memory transport's
+            default), 0 for the others.
 
     Raises:
         ValueError: bad arguments (unknown algorithm, op not allowed by it, ...).
@@ -197,6 +210,8 @@ def simulate(
     spec = get(collective, algorithm)
     if not spec.supports(commutative=op.commutative, fabric=True):
         raise ValueError(f"{collective}/{algorithm} needs a commutative op; {op!r} is not")
+    if window is None:
+        window = WINDOW_BYTES if spec.needs_window else 0
     p = network.size
     fabric, run_on = None, network
     if spec.needs_fabric:  # the aggregating switches become participants after the ranks
@@ -224,6 +239,7 @@ def simulate(
         workers=workers,
         keep_schedules=with_data,
         counts=given,
+        window=window,
     )
     built = time.perf_counter() - t0
     data = None

@@ -81,7 +81,7 @@ def start_buffers(
     root: int,
     op: Op,
 ) -> Data:
-    """Every participant's ``(IN, OUT, TMP)`` as the executor would start them, and the op."""
+    """Every participant's ``(IN, OUT, TMP, SHARED)`` as the executor starts them, and the op."""
     table = _collective(collective)
     bufs = []
     for r, s in enumerate(schedules):
@@ -95,7 +95,7 @@ def start_buffers(
             )
         else:
             out = np.zeros(s.out_count, dt)
-        bufs.append((inp, out, np.zeros(s.tmp_count, dt)))
+        bufs.append((inp, out, np.zeros(s.tmp_count, dt), np.zeros(s.shared_count, dt)))
     return Data(bufs, op.ufunc if table.reduces else np.bitwise_or)
 
 

@@ -16,7 +16,11 @@ It interprets :class:`~plait.schedule.ir.Schedule` objects exactly as
   the data and the dependencies are there;
 * ``COPY``, ``REDUCE`` and the reduction of ``RECV_REDUCE`` are a rank's local
   work: they cost δ (copy) or γ (reduce) seconds per byte and run one at a
-  time per rank, in the order they become ready.
+  time per rank, in the order they become ready;
+* the one-sided steps (``POST``, ``WAIT``, ``GET``, ``GET_REDUCE``) are charged
+  as :mod:`plait.sim.onesided` says: a post is free and visible to a peer a
+  message's latency later; a ``GET``/``GET_REDUCE`` waits for it and then
+  costs what a ``COPY``/``REDUCE`` of its bytes would.
 
 Messages are fluid flows (:mod:`plait.sim.network`): a flow streams its bytes
 at a rate that the network assigns, and arrives its path's latency after its
@@ -55,11 +59,15 @@ import numpy as np
 
 from plait.schedule.ir import Schedule, StepKind
 from plait.sim.network import Network
+from plait.sim.onesided import OneSided
 from plait.sim.program import COPY as _COPY
+from plait.sim.program import GET as _GET
+from plait.sim.program import GET_REDUCE as _GET_REDUCE
+from plait.sim.program import POST as _POST
 from plait.sim.program import RECV as _RECV
 from plait.sim.program import RECV_REDUCE as _RECV_REDUCE
 from plait.sim.program import SEND as _SEND
-from plait.sim.program import Program, compile_schedules, no_gc
+from plait.sim.program import Program, compile_schedules, describe, no_gc
 
 __all__ = ["Data", "Outcome", "StepRecord", "run", "run_schedules"]
 
@@ -67,6 +75,7 @@ __all__ = ["Data", "Outcome", "StepRecord", "run", "run_schedules"]
 _FLOW_DONE = 0
 _ARRIVE = 1
 _LOCAL_DONE = 2
+_VISIBLE = 3  # a one-sided step's post is visible to it now
 
 SHARING = ("maxmin", "equal")
 
@@ -103,20 +112,21 @@ class Outcome:
     events: int
     seconds: float
     records: list[StepRecord] | None = None
-    buffers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
-        default=None, repr=False
-    )
+    buffers: list[tuple[np.ndarray, ...]] | None = field(default=None, repr=False)
 
 
 class Data:
-    """Real buffers for the with-data mode: per rank ``(IN, OUT, TMP)`` flat arrays and the op."""
+    """Real buffers for the with-data mode: per rank ``(IN, OUT, TMP, SHARED)`` and the op.
+
+    A rank given only ``(IN, OUT, TMP)`` gets an empty ``SHARED``.
+    """
 
     def __init__(
-        self,
-        buffers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
-        ufunc: Callable[..., object] | None,
+        self, buffers: Sequence[tuple[np.ndarray, ...]], ufunc: Callable[..., object] | None
     ) -> None:
-        self.buffers = list(buffers)
+        self.buffers: list[tuple[np.ndarray, ...]] = [
+            b if len(b) > 3 else (*b, np.empty(0, b[1].dtype)) for b in buffers
+        ]
         self.ufunc = ufunc
 
 
@@ -200,6 +210,7 @@ class _Sim:
         # route key (src * p + dst) -> (links that limit bandwidth, latency, all links)
         self.routes: dict[int, tuple[tuple[int, ...], float, tuple[int, ...]]] = {}
         self.route_bytes: dict[int, int] = {}
+        self.shared: OneSided | None = None
 
     def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, tuple[int, ...]]:
         """(links that limit bandwidth, total latency, all links) from rank src to rank dst."""
@@ -243,6 +254,26 @@ class _Sim:
         channel_free: dict[int, float] = {}  # channels of link-free routes: when idle again
         new_flows: list[int] = []
         dirty: set[int] = set()  # links whose flows changed at this instant (and still have some)
+
+        def push(when: float, ev: int) -> None:
+            bucket = calendar.get(when)
+            if bucket is None:
+                calendar[when] = [ev]
+                heappush(times, when)
+            else:
+                bucket.append(ev)
+
+        if prog.one_sided:  # posts and the steps that wait for them: plait.sim.onesided
+            self.shared = OneSided(
+                prog,
+                self.net,
+                lambda q, r: self._route(q, r)[1],
+                lambda when, g: push(when, g << 2 | _VISIBLE),
+                lambda when, g: push(when, g << 2 | _LOCAL_DONE),
+                busy,
+                start_t if record else None,
+            )
+        shared = self.shared
         staged: dict[int, np.ndarray] = {}  # with data: RECV_REDUCE step -> its arrived data
         pending: dict[int, np.ndarray] = {}  # with data: RECV step -> data that came early
         n_done = 0
@@ -308,6 +339,12 @@ class _Sim:
                         else:
                             bucket.append(g << 2 | _LOCAL_DONE)
                     continue
+                elif k >= _POST:  # one-sided steps
+                    assert shared is not None
+                    if k == _POST:
+                        shared.post(g, t)
+                    elif not shared.begin(g, t):
+                        continue
                 else:  # COPY, REDUCE: local work
                     r = owner[g]
                     start = busy[r] if busy[r] > t else t
@@ -381,6 +418,11 @@ class _Sim:
                     if data is not None:
                         self._local(x, staged.pop(x, None))
                     done_now: tuple[int, ...] = (x,)
+                elif code == _VISIBLE:
+                    assert shared is not None
+                    if not shared.run(x, t):
+                        continue
+                    done_now = (x,)
                 else:  # _ARRIVE: the message is there; the send is complete
                     g = flows[x][5]
                     flows[x] = None  # type: ignore[call-overload]  # done with it
@@ -515,7 +557,10 @@ class _Sim:
         assert self.data is not None
         r, step = self._step(g)
         reg = getattr(step, which)
-        return self.data.buffers[r][reg.buf][reg.offset : reg.end]
+        if which == "src" and self.prog.kind[g] in (_GET, _GET_REDUCE):
+            r = self.prog.peer[g]  # a get reads the peer's window
+        buf: np.ndarray = self.data.buffers[r][reg.buf]
+        return buf[reg.offset : reg.end]
 
     def _read(self, g: int) -> np.ndarray:
         return self._region(g, "src").copy()
@@ -539,7 +584,7 @@ class _Sim:
                 ufunc(dst, staged, out=dst)
             return
         src = self._region(g, "src")
-        if k == _COPY:
+        if k in (_COPY, _GET):
             dst[...] = src.copy() if np.shares_memory(src, dst) else src
             return
         assert ufunc is not None
@@ -554,11 +599,12 @@ class _Sim:
         first: dict[int, int] = {}  # rank -> its first step that never finished
         for g in range(self.n):
             waiting = prog.kind[g] in (_RECV, _RECV_REDUCE) and not self.arrived[g]
+            waiting = waiting or (self.shared is not None and g in self.shared.stuck)
             r = prog.owner[g]
             if (self.left[g] > 0 or waiting) and (r not in first or g < first[r]):
                 first[r] = g
         stuck = [
-            f"rank {r} step {int(prog.local[g])} ({_describe(prog, g)})"
+            f"rank {r} step {int(prog.local[g])} ({describe(prog, g)})"
             for r, g in sorted(first.items())[:8]
         ]
         raise RuntimeError(
@@ -601,13 +647,6 @@ class _Sim:
             records=records,
             buffers=self.data.buffers if self.data is not None else None,
         )
-
-
-def _describe(prog: Program, g: int) -> str:
-    k = StepKind(prog.kind[g])
-    if k in (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE):
-        return f"{k.name.lower()} with rank {prog.peer[g]} #{prog.tag[g]}, {prog.nbytes[g]} B"
-    return f"{k.name.lower()}, {prog.nbytes[g]} B"
 
 
 def _progressive_fill(

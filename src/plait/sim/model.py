@@ -4,11 +4,13 @@ Notation of Thakur, Rabenseifner and Gropp (2005):
 
 * ``α`` (``alpha``): the latency of a message, seconds;
 * ``β`` (``beta``): seconds per byte (the inverse of a bandwidth);
-* ``γ`` (``gamma``): seconds per byte a rank spends reducing (``RECV_REDUCE``, ``REDUCE``);
-* ``δ`` (``delta``): seconds per byte a rank spends copying (``COPY``). The paper has no
-  such term (its algorithms copy nothing); plait's schedules do copy (an allreduce
-  starts by copying its input into the output), so the simulator charges it. It
-  defaults to ``γ``: both are bound by memory bandwidth.
+* ``γ`` (``gamma``): seconds per byte a rank spends reducing (``RECV_REDUCE``, ``REDUCE``,
+  and ``GET_REDUCE``, which reduces straight from a peer's window on the host);
+* ``δ`` (``delta``): seconds per byte a rank spends copying (``COPY``, and ``GET``, which
+  copies from a peer's window). The paper has no such term (its algorithms copy
+  nothing); plait's schedules do copy (an allreduce starts by copying its input
+  into the output), so the simulator charges it. It defaults to ``γ``: both are
+  bound by memory bandwidth.
 
 A link's α and β are a :class:`LinkParams`. The measured model of a machine,
 one α-β per link class plus γ and δ, is :class:`plait.selection.model.Profile`

@@ -32,12 +32,14 @@ import numpy as np
 
 from plait.algos._registry import build_schedule, get
 from plait.schedule.builder import Context, Fabric, HostLayout
-from plait.schedule.ir import Schedule, StepKind
+from plait.schedule.ir import Buf, Region, Schedule, StepKind
 
-__all__ = ["Program", "build_program", "compile_schedules", "no_gc"]
+__all__ = ["Program", "build_program", "compile_schedules", "describe", "no_gc"]
 
-SEND, RECV, RECV_REDUCE, COPY, REDUCE = (int(k) for k in StepKind)
-assert (SEND, RECV, RECV_REDUCE, COPY, REDUCE) == (0, 1, 2, 3, 4)
+SEND, RECV, RECV_REDUCE, COPY, REDUCE, POST, GET, GET_REDUCE, WAIT = (int(k) for k in StepKind)
+assert list(StepKind) == list(range(9)), "the engine's kinds are these nine"
+
+_NO_REGION = Region(Buf.IN, 0, 0)  # the "region" of a POST or WAIT: no elements
 
 _TAG_BITS = 24
 
@@ -70,6 +72,8 @@ class Program:
         dep_ptr, dep_idx: step g's dependents are ``dep_idx[dep_ptr[g]:dep_ptr[g+1]]``.
         match: for a send, the global id of its receive; -1 for other steps.
         schedules: the schedules it came from (needed to move real data), if built here.
+        one_sided: whether any step is one-sided (``POST``, ``GET``, ``GET_REDUCE``,
+            ``WAIT``; their ``tag`` is the phase, their ``peer`` the poster).
     """
 
     size: int
@@ -84,6 +88,7 @@ class Program:
     dep_idx: list[int]
     match: list[int]
     schedules: Sequence[Schedule] | None = None
+    one_sided: bool = False
 
     @property
     def n_steps(self) -> int:
@@ -98,7 +103,7 @@ def _rank_arrays(s: Schedule) -> tuple[list[int], ...]:
         [int(st.kind) for st in steps],
         [st.peer for st in steps],
         [st.tag for st in steps],
-        [(st.src or st.dst).count for st in steps],  # type: ignore[union-attr]
+        [(st.src or st.dst or _NO_REGION).count for st in steps],
         list(s.n_deps),
         [len(d) for d in s.dependents],
         list(chain.from_iterable(s.dependents)),
@@ -134,7 +139,8 @@ def _assemble(
     np.cumsum(dep_len, out=dep_ptr[1:])
     dep_idx = dep_loc.astype(np.int64) + np.repeat(base[:-1][owner], dep_len)
     # Match sends with receives on (src, dst, tag).
-    if n and int(tag.max(initial=0)) >= 1 << _TAG_BITS:
+    messages = kind < POST
+    if n and int(tag[messages].max(initial=0)) >= 1 << _TAG_BITS:
         raise ValueError(f"more than 2**{_TAG_BITS} messages between one pair of ranks")
     peer64 = peer.astype(np.int64)
     tag64 = tag.astype(np.int64)
@@ -184,7 +190,22 @@ def _assemble(
         dep_idx=new_id[dep_idx[where]].tolist(),
         match=matched.tolist(),
         schedules=schedules,
+        one_sided=bool(n) and not messages.all(),
     )
+
+
+def describe(prog: Program, g: int) -> str:
+    """Global step ``g`` in words (for reports)."""
+    k, q, tag, nbytes = StepKind(prog.kind[g]), prog.peer[g], prog.tag[g], prog.nbytes[g]
+    if k in (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE):
+        return f"{k.name.lower()} with rank {q} #{tag}, {nbytes} B"
+    if k is StepKind.POST:
+        return f"post phase {tag}"
+    if k is StepKind.WAIT:
+        return f"wait for rank {q} phase {tag}"
+    if k in (StepKind.GET, StepKind.GET_REDUCE):
+        return f"{k.name.lower()} from rank {q} phase {tag}, {nbytes} B"
+    return f"{k.name.lower()}, {nbytes} B"
 
 
 def _unmatched(
@@ -238,13 +259,25 @@ def _build_chunk(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
         hosts,
         fabric,
         counts,
+        window,
         lo,
         hi,
     ) = args
     spec = get(collective, algorithm)
     layout = HostLayout(hosts) if hosts is not None else None
     ctx = Context(
-        collective, 0, p, count, itemsize, commutative, root, segment, layout, fabric, counts
+        collective,
+        0,
+        p,
+        count,
+        itemsize,
+        commutative,
+        root,
+        segment,
+        layout,
+        fabric,
+        counts,
+        window,
     )
     build = build_schedule.__wrapped__  # no cache: each schedule is used once
     with no_gc():
@@ -281,6 +314,7 @@ def build_program(
     workers: int | None = None,
     keep_schedules: bool = False,
     counts: tuple[int, ...] | None = None,
+    window: int = 0,
 ) -> Program:
     """Build every rank's schedule and compile them into a :class:`Program`.
 
@@ -290,11 +324,23 @@ def build_program(
     forking it could deadlock the children. ``keep_schedules`` (needed to move
     real data) builds here, through the builder's cache, and keeps the
     schedule objects. With a ``fabric`` its switches get schedules too, after the ranks.
-    ``counts``: an uneven collective's per-rank counts (``Context.counts``).
+    ``counts``: an uneven collective's per-rank counts (``Context.counts``);
+    ``window``: the bytes of shared window each rank may use (``Context.window``).
     """
     spec = get(collective, algorithm)
     ctx = Context(
-        collective, 0, p, count, itemsize, commutative, root, segment, hosts, fabric, counts
+        collective,
+        0,
+        p,
+        count,
+        itemsize,
+        commutative,
+        root,
+        segment,
+        hosts,
+        fabric,
+        counts,
+        window,
     )
     n = ctx.participants
     if workers is None:
@@ -312,7 +358,11 @@ def build_program(
     chunks = 4 * workers  # smaller pieces balance ranks whose schedules differ in length
     bounds = [n * i // chunks for i in range(chunks + 1)]
     common = (collective, algorithm, p, count, itemsize, root, segment, commutative)
-    jobs = [(*common, host_tuple, fabric, counts, lo, hi) for lo, hi in pairwise(bounds) if hi > lo]
+    jobs = [
+        (*common, host_tuple, fabric, counts, window, lo, hi)
+        for lo, hi in pairwise(bounds)
+        if hi > lo
+    ]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         arrays = pool.map(_build_chunk, jobs, chunksize=1)
     return _assemble(n, arrays, itemsize, None)

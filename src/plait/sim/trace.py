@@ -1,14 +1,18 @@
 """Chrome / Perfetto trace of a simulated call: every rank's steps on a time line.
 
 Open the JSON in https://ui.perfetto.dev or ``chrome://tracing``. Each rank is a
-process; its local work (copies, reductions, and the reduction of every
-receive-and-reduce) is the thread ``compute``, and its sends and receives sit
-on threads ``net 0``, ``net 1``, … (as many as it had messages in flight at
-once). An arrow joins each send to its receive. Times are the simulated ones.
+process; its local work (copies, reductions, the reduction of every
+receive-and-reduce, and the gets of one-sided schedules) is the thread
+``compute``, and its sends and receives sit on threads ``net 0``, ``net 1``,
+… (as many as it had messages in flight at once). One-sided schedules add a
+thread ``sync`` with each post (an instant) and each wait. An arrow joins each
+send to its receive, and each post to the gets and waits that waited for it.
+Times are the simulated ones.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +24,8 @@ from plait.sim.engine import StepRecord
 __all__ = ["trace_events", "write_trace"]
 
 _US = 1e6  # trace timestamps are microseconds
+_LOCAL = (StepKind.COPY, StepKind.REDUCE, StepKind.RECV_REDUCE, StepKind.GET, StepKind.GET_REDUCE)
+_SYNC = (StepKind.POST, StepKind.WAIT)
 
 
 def trace_events(
@@ -35,6 +41,8 @@ def trace_events(
         by_rank.setdefault(rec.rank, []).append(rec)
     where: dict[tuple[int, int, int], tuple[int, int, float]] = {}  # message -> (pid, tid, ts)
     arrows: list[tuple[tuple[int, int, int], int, int, float]] = []
+    posts: dict[int, tuple[list[int], list[tuple[int, int, float]]]] = {}  # rank -> phases, where
+    waits: list[tuple[StepRecord, int, int]] = []  # gets and waits, with their pid and tid
     for rank in sorted(by_rank):
         who = f"rank {rank}" if ranks is None or rank < ranks else f"switch {rank - ranks}"
         events.append(_meta("process_name", rank, 0, who))
@@ -58,11 +66,34 @@ def trace_events(
                 where[(rank, rec.peer, rec.tag)] = (rank, lane + 1, mid)
             else:
                 arrows.append(((rec.peer, rank, rec.tag), rank, lane + 1, rec.end))
+        sync = len(lanes) + 1
+        if any(r.kind in _SYNC for r in by_rank[rank]):
+            events.append(_meta("thread_name", rank, sync, "sync"))
         for rec in by_rank[rank]:
-            if rec.kind in (StepKind.COPY, StepKind.REDUCE, StepKind.RECV_REDUCE):
+            if rec.kind in _LOCAL:
                 events.append(_slice(rec, rank, 0, rec.start, rec.end))
                 if rec.kind is StepKind.RECV_REDUCE:
                     arrows.append(((rec.peer, rank, rec.tag), rank, 0, rec.end))
+                elif rec.kind is not StepKind.COPY and rec.kind is not StepKind.REDUCE:
+                    waits.append((rec, rank, 0))
+            elif rec.kind in _SYNC:
+                events.append(_slice(rec, rank, sync, rec.ready, rec.end))
+                if rec.kind is StepKind.WAIT:
+                    waits.append((rec, rank, sync))
+                else:
+                    phases, at = posts.setdefault(rank, ([], []))
+                    phases.append(rec.tag)
+                    at.append((rank, sync, rec.end))
+    for n, (rec, pid, tid) in enumerate(waits):  # each get and wait from the post it waited for
+        phases, at = posts.get(rec.peer, ([], []))
+        i = bisect.bisect_left(phases, rec.tag)
+        if i < len(phases):
+            common = {"name": "post", "cat": "post", "id": len(arrows) + n}
+            q, qt, ts = at[i]
+            events.append({**common, "ph": "s", "pid": q, "tid": qt, "ts": ts * _US})
+            events.append(
+                {**common, "ph": "f", "bp": "e", "pid": pid, "tid": tid, "ts": rec.start * _US}
+            )
     for n, (key, pid, tid, ts) in enumerate(arrows):
         src = where.get(key)
         if src is None:
@@ -95,6 +126,12 @@ def _slice(rec: StepRecord, pid: int, tid: int, start: float, end: float) -> dic
         label = f"recv <- r{rec.peer}"
     elif kind is StepKind.RECV_REDUCE:
         label = f"reduce <- r{rec.peer}"
+    elif kind in (StepKind.GET, StepKind.GET_REDUCE):
+        label = f"{kind.name.lower()} <- r{rec.peer} @{rec.tag}"
+    elif kind is StepKind.POST:
+        label = f"post {rec.tag}"
+    elif kind is StepKind.WAIT:
+        label = f"wait r{rec.peer} @{rec.tag}"
     else:
         label = kind.name.lower()
     return {
