@@ -20,11 +20,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.errors import ClosedError, MismatchError, PeerLostError
 from plait.transport.base import Handle, may_spin
 from plait.transport.link import Link, Message, Op, copy_bytes
+
+if TYPE_CHECKING:
+    from plait.transport.window import Window
 
 __all__ = ["CLOSE_FLUSH_SECONDS", "Endpoint"]
 
@@ -68,7 +71,11 @@ class Endpoint:
         spin: seconds a waiting rank polls its driven links before it sleeps.
         eager_spin: seconds of that polling done flat out, before it starts to
             yield the CPU between polls.
+        window: the rank's :class:`~plait.transport.window.Window` where the
+            transport has one (ranks sharing memory), else None.
     """
+
+    window: Window | None = None
 
     def __init__(
         self,
@@ -248,6 +255,15 @@ class Endpoint:
         """How messages name ``rank``."""
         return self._names[rank]
 
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock guarding the endpoint and its links (for a window driving its link)."""
+        return self._lock
+
+    def closed_error(self) -> BaseException:
+        """The error of operations after (or cut short by) :meth:`close`."""
+        return self._closed_error()
+
     # -- the contract --------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
@@ -340,6 +356,23 @@ class Endpoint:
             finally:
                 if self._waiters:
                     self._cond.notify_all()  # completions, or someone must take over driving
+
+    def wait_polled(self, handles: Sequence[Handle], deadline: float | None) -> bool:
+        """:meth:`wait_any` for a caller that has just polled for ``handles`` itself.
+
+        ``deadline`` is a :func:`time.monotonic` time (None: none). The wait skips
+        the spin: once the links have nothing to move it sleeps (a window polls
+        its counter its own way first, then sleeps here on the link's doorbells).
+        """
+        for h in handles:
+            if h.done:
+                return True
+        with self._lock:
+            try:
+                return self._wait(handles, deadline, True)
+            finally:
+                if self._waiters:
+                    self._cond.notify_all()
 
     def cancel(self, handle: Handle) -> None:
         """Withdraw ``handle``; it never touches its buffer after this returns."""
@@ -447,8 +480,7 @@ class Endpoint:
             self._poller.close()
 
     # -- waiting (lock held) ---------------------------------------------------------------------
-    def _wait(self, handles: Sequence[Handle], deadline: float | None) -> bool:
-        spun = False
+    def _wait(self, handles: Sequence[Handle], deadline: float | None, spun: bool = False) -> bool:
         # The first pass leaves the polled descriptors to the spin or the sleep that
         # follows at once (each polls them first): one system call less per wait.
         poll = deadline is not None and deadline <= time.monotonic()

@@ -6,7 +6,9 @@ with ``lockstep=True`` a send completes only when its receive is posted and the
 bytes are copied straight into it, the strictest behaviour any transport can
 have, which surfaces schedules that would deadlock without buffering. Each
 endpoint is an :class:`~plait.transport.endpoint.Endpoint` whose one link,
-:class:`MemoryLink`, reaches every rank (itself included); see ``docs/transport.md``.
+:class:`MemoryLink`, reaches every rank (itself included), and whose ``window`` is
+a :class:`~plait.transport.window.MemoryWindow` over arrays the fabric holds; see
+``docs/transport.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from plait.errors import PeerLostError
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op, UndrivenLink
+from plait.transport.window import DEFAULT_WINDOW_BYTES, MemoryArena, MemoryWindow
 
 __all__ = ["MemoryFabric", "MemoryLink", "MemoryTransport"]
 
@@ -24,14 +27,21 @@ class MemoryFabric:
     """``size`` connected in-process endpoints; ``fabric.endpoints[r]`` is rank r's.
 
     One lock guards every endpoint of the fabric, so a send may complete the
-    receive of another rank directly.
+    receive of another rank directly. ``window`` is the bytes of one half of each
+    rank's window (default 2 MiB; 0: the endpoints have no window); the arrays are
+    allocated zeroed, so untouched pages cost no memory.
     """
 
-    def __init__(self, size: int, *, lockstep: bool = False) -> None:
+    def __init__(
+        self, size: int, *, lockstep: bool = False, window: int = DEFAULT_WINDOW_BYTES
+    ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
+        if window < 0:
+            raise ValueError(f"window must be a number of bytes >= 0, got {window}")
         self.lock = threading.Lock()
         self.lockstep = lockstep
+        self.arena = MemoryArena(size, window, self.lock) if window else None
         self.endpoints = [MemoryTransport(self, r, size) for r in range(size)]
 
 
@@ -41,6 +51,8 @@ class MemoryTransport(Endpoint):
     Attributes:
         bytes_sent: payload bytes handed to :meth:`isend` so far.
         bytes_received: payload bytes delivered into receives so far.
+        window: this rank's :class:`~plait.transport.window.MemoryWindow`, or None
+            (a fabric made with ``window=0``).
     """
 
     def __init__(self, fabric: MemoryFabric, rank: int, size: int) -> None:
@@ -48,6 +60,13 @@ class MemoryTransport(Endpoint):
         self.fabric = fabric
         self.link = MemoryLink(fabric, self)
         self.attach(self.link, range(size))
+        if fabric.arena is not None:
+            self.window = MemoryWindow(
+                fabric.arena,
+                rank,
+                lambda q: fabric.endpoints[q].closed,
+                self._closed_error,
+            )
 
     def _closed_error(self) -> BaseException:
         # Peers see this rank as lost; its own pending receives fail the same way.
@@ -136,6 +155,8 @@ class MemoryLink(UndrivenLink):
             if other.rank != me:
                 other.lose(me, f"rank {me} has closed its communicator")
                 other.notify()
+        if self._fabric.arena is not None:  # ranks waiting on a window counter look again
+            self._fabric.arena.cond.notify_all()
 
     def release(self) -> None:
         """Nothing to release."""

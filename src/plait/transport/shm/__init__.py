@@ -3,12 +3,14 @@
 :class:`ShmTransport` is an :class:`~plait.transport.endpoint.Endpoint` whose
 link to the other ranks of the host is a :class:`~plait.transport.shm.link.ShmLink`:
 the sender copies a message into slots of a ring in the receiver's segment,
-the receiver copies it out into the posted buffer. The modules, one noun each:
+the receiver copies it out into the posted buffer. Its ``window`` is a
+:class:`~plait.transport.shm.window.ShmWindow`: an arena at the end of each rank's
+segment that the peers read in place. The modules, one noun each:
 :mod:`~plait.transport.shm.segment` (the file and its mapping),
 :mod:`~plait.transport.shm.ring` (ring geometry), :mod:`~plait.transport.shm.doorbell`
-(wake-ups and liveness), :mod:`~plait.transport.shm.bootstrap` (the rendezvous)
-and :mod:`~plait.transport.shm.link`. The protocol is described in
-``docs/transport.md``.
+(wake-ups and liveness), :mod:`~plait.transport.shm.bootstrap` (the rendezvous),
+:mod:`~plait.transport.shm.link` and :mod:`~plait.transport.shm.window`. The
+protocol is described in ``docs/transport.md``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from plait.transport.base import spin_seconds
 from plait.transport.endpoint import Endpoint
 from plait.transport.loopback import Loopback
 from plait.transport.shm import bootstrap, segment
+from plait.transport.shm import window as shm_window
 from plait.transport.shm.link import ShmLink
 from plait.transport.shm.ring import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, default_slot_bytes
 from plait.transport.shm.segment import SHM_DIR
+from plait.transport.shm.window import ShmWindow
 
 __all__ = ["DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "SHM_DIR", "ShmTransport"]
 
@@ -58,14 +62,20 @@ class ShmTransport(Endpoint):
         names: how messages name the ranks (default: their numbers here);
             a transport among some ranks of a larger job passes their ranks
             in the job, so that errors name the ranks the user knows.
+        window_bytes: bytes of each of the two halves of this rank's window
+            (default PLAIT_SHM_WINDOW, else 2 MiB; 0: no window). Ranks that
+            differ get the smallest; if one has none, none has.
 
     Raises:
         RendezvousError: the ranks did not all arrive within ``timeout``.
         TransportError: the OS refused a segment or socket (e.g. ``/dev/shm`` full).
         UnsupportedError: no ``/dev/shm``, or a weakly ordered CPU without libatomic.
+        ValueError: a bad argument, or PLAIT_SHM_WINDOW is not a size.
 
     Attributes:
         job: the job id in use.
+        window: this rank's :class:`~plait.transport.shm.window.ShmWindow`, or
+            None (disabled on some rank).
         bytes_sent: payload bytes copied into peers' rings so far.
         bytes_received: payload bytes delivered into posted receives so far
             (messages set aside as unexpected count once a receive takes them).
@@ -85,6 +95,7 @@ class ShmTransport(Endpoint):
         slot_bytes: int | None = None,
         slots: int | None = None,
         names: Sequence[int] | None = None,
+        window_bytes: int | None = None,
     ) -> None:
         super().__init__(rank, size, names=names)
         if job is not None and not bootstrap.JOB_RE.fullmatch(job):
@@ -97,6 +108,7 @@ class ShmTransport(Endpoint):
             raise ValueError(f"slot_bytes must be at least 1, got {slot_bytes}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        window = shm_window.window_bytes(window_bytes)
         segment.check_platform()
         self.spin = _spin_from_env()
         joined = bootstrap.join(
@@ -108,14 +120,21 @@ class ShmTransport(Endpoint):
             slots=slots,
             slot_bytes=slot_bytes,
             names=self._names,
+            window=window,
         )
         self.job = joined.job
         self.attach(Loopback(self), [rank])
         link = ShmLink(self, joined)
         self.attach(link, link.peers)
+        self.window: ShmWindow | None = ShmWindow.build(self, link, joined)
 
     def _closed_error(self) -> BaseException:
         return ClosedError(f"rank {self._me}: the shared-memory transport is closed")
+
+    def _release(self) -> None:
+        if self.window is not None:  # its views first, so that the segments can be unmapped
+            self.window.release()
+        super()._release()
 
     def __enter__(self) -> ShmTransport:
         return self

@@ -29,8 +29,11 @@ from plait.transport.shm.segment import (
     W_SLOT_BYTES,
     W_SLOTS,
     W_VERSION,
+    W_WINDOW,
+    W_WINDOW_BYTES,
     Segment,
 )
+from plait.transport.shm.window import arena_bytes, check_arena
 
 __all__ = ["JOB_RE", "Joined", "Wire", "join"]
 
@@ -54,6 +57,7 @@ class Wire:
         self.seg: Segment | None = None
         self.out: RingEnd | None = None  # our ring in its segment
         self.inbound: RingEnd | None = None  # its ring in ours
+        self.window = (0, 0)  # its arena: byte offset in its segment, bytes per half
 
     def release(self) -> None:
         if self.sock is not None:
@@ -65,12 +69,17 @@ class Wire:
 
 
 class Joined:
-    """The result of :func:`join`: the job, this rank's segment and a :class:`Wire` per peer."""
+    """The result of :func:`join`: the job, this rank's segment and a :class:`Wire` per peer.
 
-    def __init__(self, job: str, seg: Segment, wires: list[Wire]) -> None:
+    ``window`` is this rank's arena: (byte offset in its segment, bytes per half),
+    (0, 0) without one.
+    """
+
+    def __init__(self, job: str, seg: Segment, wires: list[Wire], window: tuple[int, int]) -> None:
         self.job = job
         self.seg = seg
         self.wires = wires
+        self.window = window
 
 
 def join(
@@ -83,9 +92,11 @@ def join(
     slots: int,
     slot_bytes: int,
     names: Sequence[int],
+    window: int = 0,
 ) -> Joined:
     """Meet the other ranks of this host through ``store``; see Note [lifetime and cleanup].
 
+    ``window``: bytes of each half of this rank's window (0: no arena in the segment).
     On failure everything made so far is released and this rank's segment unlinked.
 
     Raises:
@@ -94,7 +105,7 @@ def join(
     """
     r = _Join(rank, size, names)
     try:
-        return r.run(store, timeout, job, slots, slot_bytes)
+        return r.run(store, timeout, job, slots, slot_bytes, window)
     except (CommError, ValueError):
         r.release()
         raise
@@ -121,7 +132,13 @@ class _Join:
         self.wires: list[Wire] = []
 
     def run(
-        self, store: Store, timeout: float, job: str | None, slots: int, slot_bytes: int
+        self,
+        store: Store,
+        timeout: float,
+        job: str | None,
+        slots: int,
+        slot_bytes: int,
+        window: int,
     ) -> Joined:
         deadline = time.monotonic() + timeout
         rank, size = self.rank, self.size
@@ -147,7 +164,8 @@ class _Join:
         tail = secrets.token_hex(_TAIL_BYTES)
         own = f"{self.name}-{rank}-{tail}"
         self.path = os.path.join(SHM_DIR, own)
-        nbytes = segment_bytes(size, slots, slot_bytes)
+        rings = segment_bytes(size, slots, slot_bytes)  # the arena follows the rings
+        nbytes = rings + arena_bytes(window)
         try:
             seg = self.seg = segment.create(self.path, nbytes, self.me, token)
         except BaseException:
@@ -159,6 +177,8 @@ class _Join:
         w[W_SIZE] = size
         w[W_SLOTS] = slots
         w[W_SLOT_BYTES] = slot_bytes
+        w[W_WINDOW] = rings if window else 0
+        w[W_WINDOW_BYTES] = window
         w[W_MAGIC] = MAGIC
         # Peers receive the open file over their socket: from here on nothing in
         # /dev/shm refers to this rank, whatever happens to it.
@@ -232,7 +252,7 @@ class _Join:
         for p in self.wires:
             assert p.sock is not None
             p.sock.setblocking(False)
-        return Joined(token, seg, self.wires)
+        return Joined(token, seg, self.wires, (rings if window else 0, window))
 
     def _announced(self, value: bytes, rank: int) -> tuple[str, int]:
         """(segment and socket name, segment bytes) from what ``rank`` published."""
@@ -276,6 +296,8 @@ class _Join:
             )
         # Senders follow the geometry the receiver recorded in its control block.
         p.out = RingEnd(self.rank, p.rank, w[W_SLOTS], w[W_SLOT_BYTES])
+        p.window = (int(w[W_WINDOW]), int(w[W_WINDOW_BYTES]))
+        check_arena(*p.window, p.nbytes, self.me, path)
         p.inbound = RingEnd(p.rank, self.rank, slots, slot_bytes)
 
     def unlink(self) -> None:

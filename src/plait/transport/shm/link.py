@@ -1,7 +1,8 @@
 """The shared-memory link: rings between the ranks of one host, driven by the endpoint.
 
 Protocol: ``docs/transport.md`` (Note [slot protocol], Note [doorbells and
-waiting], Note [unexpected messages]).
+waiting], Note [unexpected messages]). The link also completes the counter waits of
+the window (:mod:`plait.transport.shm.window`), so that they sleep and fail like messages.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.errors import PeerLostError
 from plait.transport.endpoint import Endpoint
@@ -18,6 +19,9 @@ from plait.transport.shm.bootstrap import Joined, Wire
 from plait.transport.shm.doorbell import alive, drain, ring
 from plait.transport.shm.ring import HDR, SLOT_HEADER, RingEnd
 from plait.transport.shm.segment import W_CLOSED, W_SLEEPING, Fence, Segment
+
+if TYPE_CHECKING:
+    from plait.transport.shm.window import CounterWait
 
 __all__ = ["ShmLink"]
 
@@ -71,6 +75,8 @@ class ShmLink:
         self._peers = [_Peer(w) for w in joined.wires]
         self.by_rank = {p.rank: p for p in self._peers}
         self._by_fd: dict[int, _Peer] = {}
+        #: Waits for peers' window counters, completed in progress().
+        self._counters: list[CounterWait] = []
         self._last_pid_check = time.monotonic()
         for p in self._peers:
             assert p.sock is not None
@@ -142,6 +148,8 @@ class ShmLink:
             # _pull's own first test, inlined: a polling round mostly finds nothing new.
             if (r.tail != r.head or r.tail != words[r.head_word]) and self._pull(p, stalled):
                 moved = True
+        if self._counters and self._poll_counters():
+            moved = True
         return moved
 
     def arm(self) -> float:
@@ -178,6 +186,9 @@ class ShmLink:
     def shutdown(self, err: BaseException) -> None:
         """Fail queued sends and the receive being filled; tell peers through our closed flag."""
         ep = self._ep
+        for w in self._counters:
+            ep.fail(w, err)
+        self._counters.clear()
         for p in self._peers:
             for op in p.sendq:
                 ep.fail(op, err)
@@ -204,6 +215,45 @@ class ShmLink:
             self._words = self._mv = self._arr = None
             self._seg.release()
             self._seg = None
+
+    # -- window counters (endpoint lock held) ------------------------------------------------------
+    def watch_counter(self, w: CounterWait) -> None:
+        """Complete ``w`` once its peer's counter reaches its value; fail it if the peer is lost."""
+        if w.words[w.index] >= w.value:
+            self._ep.complete(w)
+            return
+        p = self.by_rank[w.peer]
+        self._check_closed(p)
+        if p.lost is not None:
+            self._settle_lost(w, p.lost)
+        else:
+            self._counters.append(w)
+
+    def unwatch_counter(self, w: CounterWait) -> None:
+        """Forget ``w`` (its wait timed out)."""
+        if w in self._counters:
+            self._counters.remove(w)
+
+    def ring_sleepers(self) -> None:
+        """Ring every live peer whose sleeping flag is up (after a window's counter store)."""
+        for p in self._peers:
+            if p.lost is None and p.seg is not None and p.seg.words[W_SLEEPING]:
+                self._ring(p)
+
+    def _poll_counters(self) -> bool:
+        """Complete the counter waits whose counter has reached its value; whether any did."""
+        ready = [w for w in self._counters if w.words[w.index] >= w.value]
+        for w in ready:
+            self._counters.remove(w)
+            self._ep.complete(w)
+        return bool(ready)
+
+    def _settle_lost(self, w: CounterWait, reason: str) -> None:
+        """``w``'s peer is lost: what it posted before still counts, else PeerLostError."""
+        if w.words[w.index] >= w.value:
+            self._ep.complete(w)
+        else:
+            self._ep.fail(w, PeerLostError(reason))
 
     # -- rings -----------------------------------------------------------------------------------
     def _push(self, p: _Peer) -> bool:
@@ -359,4 +409,7 @@ class ShmLink:
         for op in p.sendq:
             ep.fail(op, err)
         p.sendq.clear()
+        for w in [w for w in self._counters if w.peer == p.rank]:
+            self._counters.remove(w)
+            self._settle_lost(w, p.lost)
         ep.lose(p.rank, p.lost)

@@ -34,6 +34,8 @@ __all__ = [
     "W_SLOTS",
     "W_SLOT_BYTES",
     "W_VERSION",
+    "W_WINDOW",
+    "W_WINDOW_BYTES",
     "Fence",
     "Segment",
     "attach",
@@ -46,13 +48,16 @@ __all__ = [
 SHM_DIR = "/dev/shm"
 
 MAGIC = 0x68732D7469616C70  # b"plait-sh" little-endian
-VERSION = 1
+VERSION = 2  # 2: the window (W_WINDOW, W_WINDOW_BYTES and the arena after the rings)
 #: Bytes of the control block at the start of every segment.
 CONTROL_BYTES = 4096
 # Word indexes (8-byte units) into the control block.
 W_MAGIC, W_VERSION, W_PID, W_SIZE, W_SLOTS, W_SLOT_BYTES, W_CLOSED = range(7)
 #: The owner's "asleep in poll" flag, on a cache line of its own.
 W_SLEEPING = 64 // 8
+#: The window's geometry (read once by peers): the arena's byte offset (0: no window)
+#: and the bytes of one half (Note [segment layout], Note [windows]).
+W_WINDOW, W_WINDOW_BYTES = 128 // 8, 128 // 8 + 1
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 #: Whether counters go through libatomic (tests may set it to exercise that path).
@@ -186,7 +191,8 @@ def create(path: str, nbytes: int, me: int, job: str) -> Segment:
                 free = os.statvfs(SHM_DIR)
                 raise TransportError(
                     f"rank {me}: {SHM_DIR} has {free.f_bavail * free.f_frsize} bytes "
-                    f"free, the segment needs {nbytes} (lower slot_bytes or slots)"
+                    f"free, the segment needs {nbytes} (lower slot_bytes, slots or "
+                    "PLAIT_SHM_WINDOW)"
                 ) from exc
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise

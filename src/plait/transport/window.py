@@ -1,0 +1,273 @@
+"""Windows: memory that the ranks of one host read directly from each other, and counters.
+
+A :class:`Window` gives each rank two *halves* of ``capacity`` bytes that its peers
+can read in place, and one *counter* it publishes. One-sided collectives run as
+"copy in, post, read the peers' halves, post": a rank writes its half, publishes a
+counter value with :meth:`Window.post`, and a peer that has seen that value with
+:meth:`Window.wait` reads the half with numpy. Calls are numbered (``epoch`` 0, 1,
+2, ... alike on every rank) and alternate halves, so a rank may start writing the
+next call while slow peers still read the last one (Note [window reuse] in
+:mod:`plait.transport.shm.window`).
+
+Counter values are ``(epoch << 32) | phase`` with ``phase`` in ``1 .. 2**32 - 1``
+while call ``epoch`` runs, and ``(epoch + 1) << 32`` once the rank has finished it
+(:meth:`Window.end`): every value a rank publishes is larger than the one before.
+One call at a time uses a window (its caller, the executor, guarantees it); the
+transport it belongs to may meanwhile carry point-to-point traffic of other threads.
+
+Implementations: :class:`MemoryWindow` (threads of one process, the in-process
+memory transport) here, and :class:`~plait.transport.shm.window.ShmWindow` (the
+shared-memory transport: each rank's window lives in its own segment). A transport
+without one has ``window = None``. See ``docs/transport.md`` (Note [windows]).
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from plait.errors import PeerLostError
+
+__all__ = [
+    "DEFAULT_WINDOW_BYTES",
+    "PHASE_BITS",
+    "MemoryArena",
+    "MemoryWindow",
+    "Window",
+    "check_half",
+    "decreasing_error",
+    "own_counter_error",
+]
+
+#: Bytes of one half of each rank's window unless configured otherwise.
+DEFAULT_WINDOW_BYTES = 2 << 20
+#: A counter value is ``(epoch << PHASE_BITS) | phase``.
+PHASE_BITS = 32
+_MASK64 = (1 << 64) - 1
+
+
+class Window(abc.ABC):
+    """One rank's view of the windows of ``size`` ranks: its own and its peers'.
+
+    Attributes:
+        rank: this rank (in the numbering of the transport it belongs to).
+        size: number of ranks.
+        capacity: bytes of one half of each rank's window (the same on every rank).
+    """
+
+    rank: int
+    size: int
+    capacity: int
+
+    @abc.abstractmethod
+    def local(self, half: int) -> np.ndarray:
+        """This rank's ``half`` (0 or 1): a writable uint8 array of ``capacity`` bytes.
+
+        The same object every call.
+        """
+
+    @abc.abstractmethod
+    def peer(self, q: int, half: int) -> np.ndarray:
+        """Rank ``q``'s ``half`` as a uint8 array of ``capacity`` bytes (same object every call).
+
+        Read-only for a peer (``q == rank`` gives :meth:`local`). Read it only
+        after :meth:`wait` has seen a value ``q`` posted after writing what is read.
+        """
+
+    @abc.abstractmethod
+    def post(self, value: int) -> None:
+        """Publish ``value`` as this rank's counter (values never decrease).
+
+        Every earlier write of this rank to its window is visible to a peer that
+        then reads a counter of at least ``value``; peers asleep waiting on this
+        rank are woken.
+
+        Raises:
+            ValueError: ``value`` is below the last value posted.
+            ClosedError: the transport is closed (the memory transport: its own
+                closed error, as for its sends and receives).
+        """
+
+    @abc.abstractmethod
+    def wait(self, q: int, value: int, deadline: float | None) -> bool:
+        """Until rank ``q``'s counter is at least ``value``: True; False when ``deadline`` passes.
+
+        ``deadline`` is a :func:`time.monotonic` time, or None for none. Costs one
+        read of the counter when it is satisfied already. Whatever ``q`` posted
+        stays readable after it closes or dies.
+
+        Raises:
+            PeerLostError: ``q`` closed or died before posting ``value``.
+            ClosedError: this transport is closed.
+            ValueError: ``q`` is this rank and its counter is below ``value`` (only
+                this rank could post it: the wait could never end).
+        """
+
+    @abc.abstractmethod
+    def counter(self, q: int) -> int:
+        """Rank ``q``'s counter as last published."""
+
+    @abc.abstractmethod
+    def digest(self, q: int, half: int) -> int:
+        """The digest rank ``q`` stored for ``half`` in :meth:`begin` (unsigned 64-bit).
+
+        Stable from the time ``q`` posts a phase of the call that uses ``half``
+        until every rank has ended that call.
+        """
+
+    @abc.abstractmethod
+    def _set_digest(self, half: int, digest: int) -> None:
+        """Store this rank's digest word for ``half``."""
+
+    def begin(self, epoch: int, digest: int, deadline: float | None) -> int:
+        """Start call ``epoch`` (0, 1, 2, ... alike on every rank); the half it uses, or -1.
+
+        Waits until every peer has ended call ``epoch - 2`` (which used the same
+        half, so nobody reads it any more), stores ``digest`` (the parameters
+        of the call, reduced to 64 bits) in this rank's digest word for the
+        half, and returns the half, ``epoch & 1``. Returns -1 when ``deadline``
+        passes first (:meth:`behind` names the peers waited for).
+
+        Raises:
+            PeerLostError, ClosedError: as :meth:`wait`.
+        """
+        need = (epoch - 1) << PHASE_BITS
+        if need > 0:
+            me = self.rank
+            for q in range(self.size):
+                if q != me and not self.wait(q, need, deadline):
+                    return -1
+        half = epoch & 1
+        self._set_digest(half, digest & _MASK64)
+        return half
+
+    def end(self, epoch: int) -> None:
+        """Finish call ``epoch``: post ``(epoch + 1) << 32`` (this rank reads no peer's half)."""
+        self.post((epoch + 1) << PHASE_BITS)
+
+    def behind(self, value: int) -> list[int]:
+        """The peers whose counter is below ``value`` (for a timeout's message)."""
+        return [q for q in range(self.size) if q != self.rank and self.counter(q) < value]
+
+
+def check_half(half: int) -> None:
+    """Refuse a half that is not 0 or 1."""
+    if half not in (0, 1):
+        raise ValueError(f"half must be 0 or 1, got {half}")
+
+
+class MemoryArena:
+    """The windows of the ranks of an in-process fabric: arrays, counters, one condition.
+
+    ``lock`` is the fabric's (closing an endpoint notifies ``cond`` under it).
+    """
+
+    def __init__(self, size: int, capacity: int, lock: threading.Lock) -> None:
+        self.capacity = capacity
+        self.halves = [
+            (buf[:capacity], buf[capacity:])
+            for buf in (np.zeros(2 * capacity, dtype=np.uint8) for _ in range(size))
+        ]
+        self.counters = [0] * size
+        self.digests = [[0, 0] for _ in range(size)]
+        self.cond = threading.Condition(lock)
+
+
+class MemoryWindow(Window):
+    """Rank ``rank``'s window in a :class:`MemoryArena` (threads as ranks).
+
+    ``closed(q)`` tells whether rank ``q``'s endpoint is closed, and ``closed_error()``
+    is the error this rank's own operations fail with once it is.
+    """
+
+    def __init__(
+        self,
+        arena: MemoryArena,
+        rank: int,
+        closed: Callable[[int], bool],
+        closed_error: Callable[[], BaseException],
+    ) -> None:
+        self.rank = rank
+        self.size = len(arena.counters)
+        self.capacity = arena.capacity
+        self._arena = arena
+        self._counters = arena.counters
+        self._closed = closed
+        self._closed_error = closed_error
+        self._peers: list[tuple[np.ndarray, np.ndarray]] = []
+        for q, (h0, h1) in enumerate(arena.halves):
+            if q != rank:
+                h0, h1 = h0.view(), h1.view()
+                h0.flags.writeable = h1.flags.writeable = False
+            self._peers.append((h0, h1))
+
+    def local(self, half: int) -> np.ndarray:
+        """This rank's half (see :meth:`Window.local`)."""
+        check_half(half)
+        return self._peers[self.rank][half]
+
+    def peer(self, q: int, half: int) -> np.ndarray:
+        """Rank ``q``'s half (see :meth:`Window.peer`)."""
+        check_half(half)
+        return self._peers[q][half]
+
+    def post(self, value: int) -> None:
+        """Publish ``value`` and wake waiting ranks (see :meth:`Window.post`)."""
+        with self._arena.cond:
+            if self._closed(self.rank):
+                raise self._closed_error()
+            if value < self._counters[self.rank]:
+                raise decreasing_error(self.rank, self._counters[self.rank], value)
+            self._counters[self.rank] = value
+            self._arena.cond.notify_all()
+
+    def wait(self, q: int, value: int, deadline: float | None) -> bool:
+        """Until rank ``q``'s counter reaches ``value`` (see :meth:`Window.wait`)."""
+        if self._counters[q] >= value:
+            return True
+        if q == self.rank:
+            raise own_counter_error(q, self._counters[q], value)
+        cond = self._arena.cond
+        with cond:
+            while True:
+                if self._closed(self.rank):
+                    raise self._closed_error()
+                if self._counters[q] >= value:
+                    return True
+                if self._closed(q):
+                    raise PeerLostError(f"rank {q} has closed its communicator")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                cond.wait(left)
+
+    def counter(self, q: int) -> int:
+        """Rank ``q``'s counter."""
+        return self._counters[q]
+
+    def digest(self, q: int, half: int) -> int:
+        """Rank ``q``'s digest word for ``half``."""
+        check_half(half)
+        return self._arena.digests[q][half]
+
+    def _set_digest(self, half: int, digest: int) -> None:
+        self._arena.digests[self.rank][half] = digest
+
+
+def decreasing_error(rank: int, have: int, value: int) -> ValueError:
+    """The error of a rank that posts a counter value below the last one."""
+    return ValueError(
+        f"rank {rank}: counter {value:#x} posted after {have:#x}; values must not decrease"
+    )
+
+
+def own_counter_error(rank: int, have: int, value: int) -> ValueError:
+    """The error of a rank that waits for a value of its own counter it has not posted."""
+    return ValueError(
+        f"rank {rank} waits for its own counter to reach {value:#x}, but it is {have:#x} "
+        "and only this rank posts it"
+    )
