@@ -49,6 +49,7 @@ from plait.diagnostics.recorder import CallShape
 from plait.ops import AVG, SUM, Op
 from plait.runtime.work import Work
 from plait.schedule.builder import Context, HostLayout
+from plait.schedule.ir import Buf, StepKind
 
 if TYPE_CHECKING:
     from plait._runner import CallRunner
@@ -59,6 +60,7 @@ __all__ = [
     "Compression",
     "Plan",
     "Request",
+    "Shortcut",
     "Stager",
     "allreduce_compressed",
     "call_digest",
@@ -126,9 +128,12 @@ class Plan:
 
     A training loop or benchmark repeats a few call shapes; caching the
     context, schedule, digest and error-state need keeps per-call work small.
+    ``local``: the schedule only copies and reduces within this rank (one
+    rank, or a rank with nothing to exchange), so the executor's loop over
+    messages is skipped; ``void_in_place``: in place, it does nothing at all.
     """
 
-    __slots__ = ("check", "ctx", "fills_x", "guard", "schedule", "shape")
+    __slots__ = ("check", "ctx", "fills_x", "guard", "local", "schedule", "shape", "void_in_place")
 
     def __init__(self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None) -> None:
         self.ctx = ctx
@@ -141,9 +146,78 @@ class Plan:
         self.shape = CallShape(ctx.collective, spec.name, ctx.count, dtype, op, ctx.root)
         # numpy warns (an error under -W error) on float overflow or invalid values: silence
         # it only where a reduction can produce one; np.errstate costs about a microsecond.
-        self.guard = op is not None and (
-            dtype.kind not in "iub" or op.ufunc not in _QUIET_INT_UFUNCS or op.average
+        reduces = any(s.kind in _REDUCING_STEPS for s in self.schedule.steps)
+        self.guard = (
+            op is not None
+            and (reduces or op.average)
+            and (dtype.kind not in "iub" or op.ufunc not in _QUIET_INT_UFUNCS or op.average)
         )
+        self.local = not self.schedule.one_sided and all(
+            s.kind in _LOCAL_STEPS for s in self.schedule.steps
+        )
+        # In place (IN and OUT one memory), the schedule does nothing: it only copies IN to
+        # OUT at equal offsets (one rank's allreduce).
+        self.void_in_place = self.local and all(
+            s.kind is StepKind.COPY
+            and s.src is not None
+            and s.dst is not None
+            and s.src.offset == s.dst.offset
+            and {s.src.buf, s.dst.buf} == {Buf.IN, Buf.OUT}
+            for s in self.schedule.steps
+        )
+
+
+#: The steps that combine with the op (only they can overflow).
+_REDUCING_STEPS = frozenset((StepKind.REDUCE, StepKind.RECV_REDUCE, StepKind.GET_REDUCE))
+#: The steps that stay within a rank.
+_LOCAL_STEPS = frozenset((StepKind.COPY, StepKind.REDUCE))
+
+
+class Shortcut:
+    """Makes the request of a repeated call in a few operations (Note [the short path]).
+
+    Note [the short path]
+        A loop repeats a few calls of one shape. The first call of a shape
+        goes the whole way (checks, algorithm choice, plan, staging); where its
+        arguments were the simple kind (a contiguous numpy array in native byte
+        order, ``out`` None or ``x`` itself, and no staging or copy was needed)
+        the edge keeps a Shortcut under the key of everything the checks read:
+        collective, shape, dtype, op, root, in-place or not, algorithm. A later
+        call with the same key is then only tested for what the key cannot
+        say (that ``x`` is contiguous, and writable when it is also ``out``),
+        and its request is made here, with the same plan, spec and result
+        rules as the first one's.
+    """
+
+    __slots__ = ("_empty", "_fresh", "_head", "_tail")
+
+    def __init__(self, req: Request, shape: tuple[int, ...], has_out: bool) -> None:
+        self._head = (req.spec, req.ctx, req.op)
+        self._tail = (req.average, req.plan)
+        # Where the call writes no output here (a rooted call off root): an empty OUT.
+        self._empty = None if has_out else req.out
+        self._fresh = shape  # the shape of a new result array
+
+    def request(self, x: np.ndarray, in_place: bool) -> Request:
+        """The request of this call on ``x`` (``in_place``: ``out=x``)."""
+        flat = x.reshape(-1)
+        spec, ctx, op = self._head
+        average, plan = self._tail
+        if in_place:
+            return _new(Request, (spec, ctx, op, flat, flat, None, x, True, average, plan, True))
+        if self._empty is not None:
+            out = self._empty
+            return _new(
+                Request, (spec, ctx, op, flat, out, None, None, plan.fills_x, average, plan, False)
+            )
+        new = np.empty(self._fresh, x.dtype)
+        return _new(
+            Request,
+            (spec, ctx, op, flat, new.reshape(-1), None, new, plan.fills_x, average, plan, False),
+        )
+
+
+_new = tuple.__new__  # a named tuple made from a tuple, without the keyword machinery
 
 
 #: Ufuncs that never warn on integer or bool arrays (they wrap around silently).
@@ -171,12 +245,13 @@ class Stager:
     CACHE_LIMIT plans.
     """
 
-    __slots__ = ("_layout", "_rank", "_size", "plans")
+    __slots__ = ("_layout", "_rank", "_size", "_window", "plans")
 
-    def __init__(self, rank: int, size: int, layout: HostLayout | None) -> None:
+    def __init__(self, rank: int, size: int, layout: HostLayout | None, window: int = 0) -> None:
         self._rank = rank
         self._size = size
         self._layout = layout
+        self._window = window  # bytes of the shared window per call (Context.window); 0: none
         self.plans: dict[tuple[Any, ...], Plan] = {}
 
     def request(
@@ -235,6 +310,7 @@ class Stager:
                 segment,
                 self._layout,
                 counts=counts,
+                window=self._window,
             )
             if len(self.plans) >= CACHE_LIMIT:
                 self.plans.clear()
@@ -441,14 +517,14 @@ def allreduce_compressed(
 
     if not async_op:
         runner.check_usable(c)
-        return run()
+        return runner.compressing(run)
     calls = compression.collectives(a, comm)
     work = Work(f"rank {r}: {c} ({compression.name} compression)")
     if runner.detail:
         # PLAIT_DEBUG=detail checks every call with a nested allgather on the calling
         # thread; keep that simple by running the compressed call here.
         try:
-            work._finish(run())
+            work._finish(runner.compressing(run))
         except BaseException as exc:
             work._finish(error=exc)
         return work

@@ -32,9 +32,16 @@ from plait._request import Request, signature
 from plait.diagnostics.recorder import FlightRecorder, Slot
 from plait.diagnostics.timeline import Timeline
 from plait.diagnostics.triggers import dump_on_error
-from plait.errors import ClosedError, CommError, CommTimeout, InternalError, MismatchError
+from plait.errors import (
+    ClosedError,
+    CommError,
+    CommTimeout,
+    InternalError,
+    MismatchError,
+    UnsupportedError,
+)
 from plait.group import collective_tag
-from plait.runtime.executor import Call, Workspace, execute
+from plait.runtime.executor import Call, Workspace, execute, quiet, restore, run_local
 from plait.runtime.work import Work, Worker
 from plait.transport.base import Handle, Transport
 
@@ -67,6 +74,7 @@ class CallRunner:
 
     __slots__ = (
         "_comm_id",
+        "_gate",
         "_lock",
         "_rank",
         "_size",
@@ -76,10 +84,12 @@ class CallRunner:
         "broken",
         "closed",
         "detail",
+        "epoch",
         "recorder",
         "seq",
         "timeline",
         "timeout",
+        "turn",
     )
 
     def __init__(
@@ -97,11 +107,16 @@ class CallRunner:
         self.timeout = timeout
         self.detail = detail
         self.seq = 0
+        # One-sided calls (Note [one-sided] in plait.runtime.executor) take their own
+        # numbers, ``epoch``, and run in that order: ``turn`` is the next one to run.
+        self.epoch = 0
+        self.turn = 0
+        self._gate = threading.Condition(threading.Lock())
         self.closed = False
         self.broken: BaseException | None = None
         self._lock = threading.Lock()
         self._worker: Worker | None = None
-        self._workspaces = threading.local()  # one Workspace per thread that runs calls
+        self._workspaces = _PerThread()  # one Workspace per thread that runs calls
         world = self._rank if world_rank is None else world_rank
         self.recorder = FlightRecorder.from_env(
             self._rank, self._size, comm_id, timeline=Timeline.from_env(world)
@@ -156,7 +171,14 @@ class CallRunner:
         if self.detail:
             self._verify_same_call(req, seconds, comm)
         # A compressed async allreduce reserved its calls' numbers (see submit_reserved).
-        pinned = getattr(self._workspaces, "pinned", None)
+        pinned = self._workspaces.pinned
+        one_sided = req.plan.schedule.one_sided
+        if one_sided and pinned is not None:
+            # Its epoch would be taken on the worker, out of program order.
+            raise UnsupportedError(
+                f"rank {self._rank}: {c}: a one-sided algorithm ({req.spec.name}) cannot run "
+                "inside a compressed asynchronous allreduce"
+            )
         with self._lock:
             if self.closed or self.broken is not None:
                 self.check_usable(c)
@@ -169,13 +191,17 @@ class CallRunner:
                 raise InternalError(
                     f"rank {self._rank}: {c}: a compressor made more calls than it reserved"
                 )
+            epoch = -1
+            if one_sided:
+                epoch = self.epoch
+                self.epoch += 1
         describe = (c, req.spec.name, seq)  # formatted only when needed
         if self.detail:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
         rec = self.recorder
         if not async_op:
             slot = rec.begin(req.plan.shape, seq, skip) if rec is not None else None
-            return self._run(req, seq, seconds, describe, slot)  # which ends the slot
+            return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
         work = Work(f"rank {self._rank}: {_describe(describe)}")
         if self._worker is None:
             self._worker = Worker(f"plait-rank{self._rank}")
@@ -186,12 +212,28 @@ class CallRunner:
             if slot is not None and rec is not None:
                 rec.started(slot)
             try:
-                work._finish(self._run(req, seq, seconds, describe, slot))
+                work._finish(self._run(req, seq, seconds, describe, slot, epoch))
             except BaseException as exc:
                 work._finish(error=exc)
 
         self._worker.submit(job)
         return work
+
+    def reserved(self) -> bool:
+        """Whether this thread runs a compressor's calls now (:meth:`submit_reserved` or
+        :meth:`compressing`): ``auto`` then picks message-passing algorithms only, so that a
+        compressed call gives the same bits whether it runs blocking or on the worker."""
+        w = self._workspaces
+        return w.pinned is not None or w.compressing
+
+    def compressing(self, fn: Callable[[], Any]) -> Any:
+        """Run a blocking compressed call's ``fn`` here, as :meth:`reserved` says."""
+        w = self._workspaces
+        w.compressing = True
+        try:
+            return fn()
+        finally:
+            w.compressing = False
 
     def submit_reserved(self, work: Work, calls: int, c: str, fn: Callable[[], Any]) -> None:
         """Reserve the next ``calls`` numbers now; run ``fn`` on the worker with them.
@@ -224,40 +266,74 @@ class CallRunner:
         seconds: float,
         describe: tuple[str, str, int],
         slot: Slot | None,
+        epoch: int = -1,
     ) -> Any:
-        """Run ``req`` as call number ``seq``; end its recorder ``slot`` on every way out."""
+        """Run ``req`` as call number ``seq``; end its recorder ``slot`` on every way out.
+
+        ``epoch``: its number among the one-sided calls (-1: not one), which run in
+        that order (an asynchronous one may still be running on the worker).
+        """
+        try:
+            return self._execute(req, seq, seconds, describe, slot, epoch)
+        finally:
+            if epoch >= 0:
+                with self._gate:
+                    self.turn = epoch + 1
+                    self._gate.notify_all()
+
+    def _execute(
+        self,
+        req: Request,
+        seq: int,
+        seconds: float,
+        describe: tuple[str, str, int],
+        slot: Slot | None,
+        epoch: int,
+    ) -> Any:
+        """:meth:`_run`'s body."""
         rec = self.recorder
         try:
+            if epoch >= 0 and self.turn != epoch:
+                with self._gate:
+                    if not self._gate.wait_for(lambda: self.turn == epoch, seconds):
+                        raise CommTimeout(
+                            f"rank {self._rank}: {_describe(describe)}: the one-sided call "
+                            f"before it did not finish within {seconds} s"
+                        )
             if self.broken is not None or self.closed:
                 self.check_usable(req.spec.collective)
             plan = req.plan
             schedule = plan.schedule
-            dtype = req.out.dtype
-            workspace = getattr(self._workspaces, "ws", None)
-            if workspace is None:  # first call on this thread
-                workspace = self._workspaces.ws = Workspace()
-            tmp = workspace.take(schedule.tmp_count, dtype)
-            staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
             op = req.op
-            call = Call(
-                describe,
-                collective_tag(self._comm_id, seq),
-                plan.check,
-                op.ufunc if op is not None else np.bitwise_or,
-                time.monotonic() + seconds,
-                slot,
-                rec,
-                self.timeline,
-            )
-            buffers = (req.inp, req.out, tmp)
+            ufunc = op.ufunc if op is not None else np.bitwise_or
+            token = quiet() if plan.guard else None  # Note [quiet reductions]
             try:
-                if plan.guard:
-                    with np.errstate(all="ignore"):
-                        execute(schedule, buffers, self._transport, call, staging, req.aliased)
-                        if req.average and req.out.size:
-                            np.divide(req.out, self._size, out=req.out)
+                if req.aliased and plan.void_in_place:
+                    pass
+                elif plan.local and not schedule.tmp_count:  # one rank: no transport, no scratch
+                    run_local(schedule.steps, (req.inp, req.out), ufunc, req.aliased, self._rank)
                 else:
+                    dtype = req.out.dtype
+                    workspace = self._workspaces.ws
+                    if workspace is None:  # first call on this thread
+                        workspace = self._workspaces.ws = Workspace()
+                    tmp = workspace.take(schedule.tmp_count, dtype)
+                    staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
+                    call = Call(
+                        describe,
+                        collective_tag(self._comm_id, seq),
+                        plan.check,
+                        ufunc,
+                        time.monotonic() + seconds,
+                        slot,
+                        rec,
+                        self.timeline,
+                        epoch,
+                    )
+                    buffers = (req.inp, req.out, tmp)
                     execute(schedule, buffers, self._transport, call, staging, req.aliased)
+                if req.average and req.out.size:
+                    np.divide(req.out, self._size, out=req.out)
             except CommError as exc:
                 self.broken = exc
                 notes = []
@@ -276,6 +352,9 @@ class CallRunner:
                 if notes:
                     raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
                 raise
+            finally:
+                if token is not None:
+                    restore(token)
             if req.writeback is not None:
                 req.writeback[...] = req.out.reshape(req.writeback.shape)
         except BaseException as exc:
@@ -328,6 +407,18 @@ class CallRunner:
             if isinstance(err, MismatchError):  # the check word of a send/recv is its dtype
                 mine = f"; this rank's {c}: {a.size} elements of {a.dtype.name}"
             raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}{mine}")
+
+
+class _PerThread(threading.local):
+    """What a call runner keeps per thread; the class attributes are each thread's defaults
+    (a missing attribute of a plain ``threading.local`` costs an exception per lookup)."""
+
+    #: The scratch memory of the calls this thread runs (made by its first call).
+    ws: Workspace | None = None
+    #: The numbers reserved for the calls of a compressed async allreduce (submit_reserved).
+    pinned: list[int] | None = None
+    #: A blocking compressed allreduce runs its compressor's calls (CallRunner.compressing).
+    compressing: bool = False
 
 
 def _describe(label: tuple[str, str, int]) -> str:

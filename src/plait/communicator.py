@@ -52,7 +52,7 @@ from plait._checks import (
     check_user_tag,
 )
 from plait._object_methods import ObjectMethods
-from plait._request import Stager, allreduce_compressed, format_bytes
+from plait._request import Shortcut, Stager, allreduce_compressed, format_bytes
 from plait._runner import CallRunner
 from plait._uneven_edge import _UNEVEN_AUTO
 from plait.algos._registry import get
@@ -160,10 +160,15 @@ class Communicator(ObjectMethods):
         except ValueError:
             transport.close()
             raise
-        self._stage = Stager(self._rank, self._size, self._layout)
+        # The window ranks of one host share (plait.transport.shm.window), if the transport has one.
+        window = getattr(transport, "window", None)
+        self._window = int(window.capacity) if window is not None else 0
+        self._stage = Stager(self._rank, self._size, self._layout, self._window)
         self._plans = self._stage.plans  # the plan cache, by call shape (see plait._request)
-        self._auto: dict[tuple[str, int, bool], Choice] = {}  # auto's choice per shape
+        self._auto: dict[tuple[str, int, bool, bool], Choice] = {}  # auto's choice per shape
         self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
+        # Repeated simple calls, by everything the checks read (Note [the short path]).
+        self._shortcuts: dict[tuple[Any, ...], Shortcut] = {}
 
     # -- identity and lifetime -----------------------------------------------------
     @property
@@ -412,7 +417,9 @@ class Communicator(ObjectMethods):
         if not isinstance(algorithm, str):
             raise TypeError(f"rank {self._rank}: {c}: algorithm must be a str; got {algorithm!r}")
         if algorithm == "auto":
-            key = (c, nbytes, commutative)
+            # Not one-sided inside a compressed async allreduce (CallRunner.start refuses it).
+            shared = self._window > 0 and not self._runner.reserved()
+            key = (c, nbytes, commutative, shared)
             choice = self._auto.get(key)
             if choice is None:
                 uneven = _UNEVEN_AUTO.get(c)
@@ -426,6 +433,7 @@ class Communicator(ObjectMethods):
                         commutative=commutative,
                         hosts=self._layout,
                         config=self._settings,
+                        shared=shared,
                     )
                 if self._log_choices:
                     _log.info(

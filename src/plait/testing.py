@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from plait.collectives import reference
 from plait.communicator import Communicator
 from plait.transport.memory import MemoryFabric
+from plait.transport.window import DEFAULT_WINDOW_BYTES
 
 __all__ = ["RankFailure", "memory_communicators", "reference", "run_ranks"]
 
@@ -41,10 +42,18 @@ class RankFailure(Exception):
 
 
 def memory_communicators(
-    size: int, *, lockstep: bool = False, timeout: float | None = None
+    size: int,
+    *,
+    lockstep: bool = False,
+    timeout: float | None = None,
+    window: int = DEFAULT_WINDOW_BYTES,
 ) -> list[Communicator]:
-    """``size`` communicators joined by one in-process fabric (one per thread)."""
-    fabric = MemoryFabric(size, lockstep=lockstep)
+    """``size`` communicators joined by one in-process fabric (one per thread).
+
+    ``window``: bytes of each rank's shared window (0: none, so the one-sided
+    algorithms cannot run and ``auto`` picks message-passing ones, as between hosts).
+    """
+    fabric = MemoryFabric(size, lockstep=lockstep, window=window)
     return [Communicator(t, timeout=timeout) for t in fabric.endpoints]
 
 
@@ -55,13 +64,16 @@ def run_ranks(
     lockstep: bool = False,
     timeout: float | None = 30.0,
     join_timeout: float = 120.0,
+    window: int = DEFAULT_WINDOW_BYTES,
 ) -> list[T]:
     """Run ``fn(comm)`` on ``size`` threads, one rank each; return their results in rank order.
+
+    ``window``: as for :func:`memory_communicators`.
 
     Raises:
         RankFailure: some rank raised (with every rank's error attached).
     """
-    comms = memory_communicators(size, lockstep=lockstep, timeout=timeout)
+    comms = memory_communicators(size, lockstep=lockstep, timeout=timeout, window=window)
     results: list[Any] = [None] * size
     errors: dict[int, BaseException] = {}
 

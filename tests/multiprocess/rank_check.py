@@ -37,6 +37,8 @@ def main() -> int:
             for spec in specs(c):
                 if spec.needs_fabric:  # no aggregating switches between processes
                     continue
+                if spec.needs_window and not comm._window:  # one-sided: shared memory only
+                    continue
                 cases = build_cases(spec, comm.size, big=mode == "quick")
                 for case in cases:
                     x = case.make(comm.rank)

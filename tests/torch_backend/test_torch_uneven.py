@@ -30,10 +30,16 @@ JOB_SECONDS = 100.0
 
 @functools.cache
 def job(size: int) -> JobResult:
-    """Both modes on ``size`` ranks, one torch thread per rank (2 shared cores)."""
+    """Both modes on ``size`` ranks, one torch thread per rank (2 shared cores).
+
+    Without the shared window (PLAIT_SHM_WINDOW=0), so that every call sends
+    messages and the byte counts compare what torch's padding and plait's uneven
+    calls put on the wire.
+    """
     cmd = [sys.executable, "-m", "plait", "run", "-n", str(size), "--tag-output", str(RANKS),
            "uneven,objects"]  # fmt: skip
-    return run_job(cmd, clean_env(OMP_NUM_THREADS="1"), timeout=JOB_SECONDS, cwd=ROOT)
+    env = clean_env(OMP_NUM_THREADS="1", PLAIT_SHM_WINDOW="0")
+    return run_job(cmd, env, timeout=JOB_SECONDS, cwd=ROOT)
 
 
 def passed(res: JobResult, mode: str, size: int) -> None:

@@ -88,7 +88,11 @@ def test_algorithms_listing_marks_simulator_only(capsys: pytest.CaptureFixture[s
 def test_algorithms_listing_of_one_collective(capsys: pytest.CaptureFixture[str]) -> None:
     status, out = run(["algorithms", "gather"], capsys)
     assert status == 0
-    assert [line.split()[:2] for line in out.splitlines()] == [["gather", "binomial"]]
+    assert [line.split()[:2] for line in out.splitlines()] == [
+        ["gather", "arena"],
+        ["gather", "binomial"],
+    ]
+    assert out.splitlines()[0].endswith("(one host: a shared-memory window)")
 
 
 def test_algorithms_listing_refuses_an_unknown_collective(

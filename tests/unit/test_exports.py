@@ -54,15 +54,22 @@ def test_algorithm_names() -> None:
         "hierarchical",
         "cascade",
         "in_network",
+        "arena",
+        "arena_oneshot",
     }
-    assert set(plait.algorithms("reduce_scatter")) == {"ring", "recursive_halving", "pairwise"}
-    assert set(plait.algorithms("allgather")) == {"ring", "recursive_doubling", "bruck"}
-    assert set(plait.algorithms("broadcast")) == {"binomial", "scatter_allgather"}
-    assert set(plait.algorithms("reduce")) == {"binomial", "rabenseifner"}
-    assert set(plait.algorithms("alltoall")) == {"pairwise", "bruck"}
-    assert plait.algorithms("gather") == ("binomial",)
-    assert plait.algorithms("scatter") == ("binomial",)
-    assert plait.algorithms("barrier") == ("dissemination",)
+    assert set(plait.algorithms("reduce_scatter")) == {
+        "ring",
+        "recursive_halving",
+        "pairwise",
+        "arena",
+    }
+    assert set(plait.algorithms("allgather")) == {"ring", "recursive_doubling", "bruck", "arena"}
+    assert set(plait.algorithms("broadcast")) == {"binomial", "scatter_allgather", "arena"}
+    assert set(plait.algorithms("reduce")) == {"binomial", "rabenseifner", "arena"}
+    assert set(plait.algorithms("alltoall")) == {"pairwise", "bruck", "arena"}
+    assert set(plait.algorithms("gather")) == {"binomial", "arena"}
+    assert set(plait.algorithms("scatter")) == {"binomial", "arena"}
+    assert set(plait.algorithms("barrier")) == {"dissemination", "arena"}
 
 
 def test_communicator_methods() -> None:

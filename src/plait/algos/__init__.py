@@ -4,6 +4,7 @@ Importing this package registers them all; :func:`plait.algorithms` lists them.
 """
 
 from plait.algos import (  # noqa: F401  (imported to register)
+    arena,
     binomial,
     bruck,
     direct,

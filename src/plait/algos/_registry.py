@@ -60,6 +60,9 @@ class AlgorithmSpec:
             (``Context.fabric``, which the simulator provides and plait's
             transports do not); ``auto`` never picks such an algorithm for a
             communicator.
+        needs_window: whether it is one-sided (:mod:`plait.algos.arena`): it runs only
+            where the ranks share a window (``Context.window``: one host, shared
+            memory); ``auto`` picks it only there, and never through the profile.
         cost: its closed-form time on the flat network (:class:`plait.algos._cost.Cost`),
             written next to its builder; None where there is none. ``auto``'s
             profile ranks candidates with it, and the tests hold it to the simulator.
@@ -73,6 +76,7 @@ class AlgorithmSpec:
     summary: str = ""
     needs_fabric: bool = False
     cost: Cost | None = None
+    needs_window: bool = False
 
     def supports(self, *, commutative: bool, fabric: bool = False) -> bool:
         """Whether the restrictions allow an op of this commutativity (``fabric``: on a
@@ -120,6 +124,7 @@ def register(
     in_place: bool = True,
     needs_fabric: bool = False,
     cost: Cost | None = None,
+    needs_window: bool = False,
 ) -> Callable[[BuildFn], BuildFn]:
     """Class the decorated builder as ``collective``'s algorithm ``name``.
 
@@ -134,7 +139,15 @@ def register(
             raise ValueError(f"algorithm {name!r} is already registered for {collective}")
         summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else ""
         table[name] = AlgorithmSpec(
-            collective, name, build, commutative_only, in_place, summary, needs_fabric, cost
+            collective,
+            name,
+            build,
+            commutative_only,
+            in_place,
+            summary,
+            needs_fabric,
+            cost,
+            needs_window,
         )
         _NAMES[collective][name] = AlgorithmName(name, simulator_only=needs_fabric)
         return build

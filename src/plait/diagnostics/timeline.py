@@ -244,7 +244,9 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
 
     A send of rank ``a`` to ``b`` with tag ``t`` is joined to the receive of
     ``b`` from ``a`` with tag ``t`` of the same order among such messages
-    (messages between two ranks with one tag arrive in order).
+    (messages between two ranks with one tag arrive in order). A one-sided
+    call's post of rank ``a`` is joined to every get or wait on ``a`` of the
+    same counter value (the tag): the ranks that read what it published.
 
     Raises:
         OSError: a file cannot be read or written.
@@ -267,11 +269,26 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
             sends.setdefault((pid, args["peer"], args["tag"]), []).append((pid, tid, ts + dur / 2))
         else:
             recvs.setdefault((args["peer"], pid, args["tag"]), []).append((pid, tid, ts + dur))
+    posts: dict[tuple[int, int], tuple[int, int, float]] = {}
+    reads: list[tuple[tuple[int, int], tuple[int, int, float]]] = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in ("post", "get", "get_reduce", "wait"):
+            continue
+        args = e.get("args", {})
+        pid, tid, ts, dur = e["pid"], e["tid"], e["ts"] / 1e6, e["dur"] / 1e6
+        if e["cat"] == "post":
+            posts[(pid, args["tag"])] = (pid, tid, ts + dur)
+        elif "peer" in args:  # not the executor's own "wait" (blocked in the transport)
+            reads.append(((args["peer"], args["tag"]), (pid, tid, ts + dur)))
     n = 0
     for key, dsts in recvs.items():
         srcs = sorted(sends.get(key, ()), key=lambda x: x[2])
         for src, dst in zip(srcs, sorted(dsts, key=lambda x: x[2]), strict=False):
             events.extend(flow(n, src, dst))
+            n += 1
+    for post, dst in reads:
+        if post in posts:
+            events.extend(flow(n, posts[post], dst))
             n += 1
     target = Path(out)
     target.write_text(json.dumps(document(events, name="plait timeline")), encoding="utf-8")

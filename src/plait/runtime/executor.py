@@ -35,13 +35,21 @@ Note [executor diagnostics]
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plait.errors import CollectiveTimeout, CommError, InternalError
+from plait.errors import (
+    CollectiveTimeout,
+    CommError,
+    InternalError,
+    MismatchError,
+    PeerLostError,
+)
 from plait.schedule.ir import Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
@@ -49,7 +57,44 @@ if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder, Slot
     from plait.diagnostics.timeline import Timeline
 
-__all__ = ["Call", "Workspace", "execute"]
+__all__ = ["Call", "Workspace", "execute", "quiet", "restore", "run_local"]
+
+
+# Note [quiet reductions]
+#     numpy warns (an error under -W error) when a float reduction overflows or meets
+#     an invalid value; a collective silences that, as MPI does. ``np.errstate``
+#     costs about a microsecond per call, most of it building its settings: numpy 2
+#     keeps them in a context variable, so we build the "ignore" settings once and
+#     set and reset the variable (about 0.1 µs). Where numpy lacks those internals,
+#     np.errstate does it.
+try:
+    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
+        _extobj_contextvar,
+        _make_extobj,
+    )
+
+    _IGNORE = _make_extobj(all="ignore")
+
+    def quiet() -> Any:
+        """Silence numpy's float warnings until :func:`restore` (Note [quiet reductions])."""
+        return _extobj_contextvar.set(_IGNORE)
+
+    def restore(token: Any) -> None:
+        """Undo :func:`quiet`."""
+        _extobj_contextvar.reset(token)
+
+except (ImportError, AttributeError, TypeError):  # pragma: no cover - other numpy versions
+
+    def quiet() -> Any:
+        """Silence numpy's float warnings until :func:`restore` (Note [quiet reductions])."""
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def restore(token: Any) -> None:
+        """Undo :func:`quiet`."""
+        token.__exit__(None, None, None)
+
 
 _EMPTY: dict[np.dtype, np.ndarray] = {}  # zero-length arrays, one per dtype
 _now = time.monotonic  # the timeline's clock (Note [executor diagnostics])
@@ -85,7 +130,17 @@ class Workspace:
 class Call:
     """What the executor needs to know about the call besides the schedule."""
 
-    __slots__ = ("_label", "check", "deadline", "recorder", "slot", "tag_base", "timeline", "ufunc")
+    __slots__ = (
+        "_label",
+        "check",
+        "deadline",
+        "epoch",
+        "recorder",
+        "slot",
+        "tag_base",
+        "timeline",
+        "ufunc",
+    )
 
     def __init__(
         self,
@@ -97,6 +152,7 @@ class Call:
         slot: Slot | None = None,
         recorder: FlightRecorder | None = None,
         timeline: Timeline | None = None,
+        epoch: int = -1,
     ) -> None:
         self._label = describe  # a string, or (collective, algorithm, seq) formatted on demand
         self.tag_base = tag_base  # tag of message 0 (see Note [wire tags] in plait.group)
@@ -110,6 +166,8 @@ class Call:
         self.slot = slot
         self.recorder = recorder
         self.timeline = timeline
+        # The call's number among the communicator's one-sided calls (-1: not one)
+        self.epoch = epoch
 
     @property
     def describe(self) -> str:
@@ -142,6 +200,9 @@ def execute(
     """
     steps = schedule.steps
     if not steps:
+        return
+    if schedule.one_sided:
+        _one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
     raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
@@ -239,24 +300,10 @@ def execute(
                     if i in arrived:
                         combine(i)
                 else:
-                    s, d = step.src, step.dst
-                    if s is None or d is None:
+                    if step.src is None or step.dst is None:
                         raise _malformed(schedule.rank, call, step)
                     start = _now() if tl is not None else 0.0
-                    if kind is StepKind.COPY:
-                        if d.offset != s.offset or (
-                            d.buf != s.buf and not (aliased and d.buf + s.buf == 1)
-                        ):
-                            # numpy copies through a temporary when the regions overlap.
-                            part = buffers[s.buf][s.offset : s.offset + s.count]
-                            buffers[d.buf][d.offset : d.offset + d.count] = part
-                    else:
-                        src = buffers[s.buf][s.offset : s.offset + s.count]
-                        dst = buffers[d.buf][d.offset : d.offset + d.count]
-                        if step.first:
-                            ufunc(src, dst, out=dst)
-                        else:
-                            ufunc(dst, src, out=dst)
+                    _local_step(step, buffers, ufunc, aliased, schedule.rank)
                     if tl is not None:
                         _note(tl, step, i, start, itemsize, tag_base)
                     finish(i)
@@ -295,6 +342,186 @@ def execute(
         raise
 
 
+def run_local(
+    steps: Sequence[Step],
+    buffers: Sequence[np.ndarray],
+    ufunc: np.ufunc,
+    aliased: bool,
+    rank: int = -1,
+) -> None:
+    """Run the COPY and REDUCE ``steps`` of a schedule that stays within this rank, in order.
+
+    ``buffers`` as for :func:`execute` (a one-sided schedule's ``SHARED`` after
+    them). Any other step raises InternalError.
+    """
+    for step in steps:
+        _local_step(step, buffers, ufunc, aliased, rank)
+
+
+def _local_step(
+    step: Step, buffers: Sequence[np.ndarray], ufunc: np.ufunc, aliased: bool, rank: int
+) -> None:
+    """One COPY or REDUCE step (see :func:`run_local`)."""
+    s, d = step.src, step.dst
+    if s is None or d is None or step.kind > StepKind.REDUCE:
+        raise InternalError(f"rank {rank}: {step!r} is not a local step with two regions")
+    if step.kind is StepKind.COPY:
+        # Skipped onto itself (IN and OUT are one memory in place); numpy copies
+        # overlapping regions through a temporary.
+        if d.offset != s.offset or (d.buf != s.buf and not (aliased and d.buf + s.buf == 1)):
+            buffers[d.buf][d.offset : d.offset + d.count] = buffers[s.buf][
+                s.offset : s.offset + s.count
+            ]
+    else:
+        src = buffers[s.buf][s.offset : s.offset + s.count]
+        dst = buffers[d.buf][d.offset : d.offset + d.count]
+        if step.first:
+            ufunc(src, dst, out=dst)
+        else:
+            ufunc(dst, src, out=dst)
+
+
+def _one_sided(
+    schedule: Schedule,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    transport: Transport,
+    call: Call,
+    aliased: bool,
+) -> None:
+    """Run a one-sided schedule in step order over the transport's window (Note [one-sided]).
+
+    Note [one-sided]
+        The call is number ``call.epoch`` of the communicator's one-sided
+        calls (numbered alike on every rank). ``Window.begin`` picks the half
+        of the window that call uses and waits until no peer can still read
+        it; a phase ``k`` of the schedule is the counter value
+        ``epoch << 32 | k``, and ``Window.end`` marks the call done. The first
+        time the call reads a peer's counter it compares the peer's digest of
+        its call with ours, so ranks in different one-sided calls raise
+        MismatchError instead of reading each other's data.
+
+        A rank whose call fails (a mismatch, a lost peer, a timeout) posts the
+        phase ``ABANDONED`` of its epoch before it raises: larger than any
+        phase, it wakes every peer waiting on it, and a peer that finds it
+        raises at once (MismatchError where the digests differ, else
+        PeerLostError naming the rank that gave up) instead of reading its
+        window or waiting for its own timeout.
+    """
+    window = getattr(transport, "window", None)
+    rank = schedule.rank
+    if window is None or call.epoch < 0:
+        raise InternalError(f"rank {rank}: {call.describe} is one-sided but has no shared window")
+    epoch = call.epoch
+    slot = call.slot  # the flight recorder's: whom the call waits for (Note [executor diagnostics])
+    try:
+        half = window.begin(epoch, call.check, call.deadline)
+    except CommError as exc:  # a peer lost, the transport closed
+        raise _wrap(rank, call, "the start of the call", exc) from None
+    if half < 0:
+        behind = window.behind((epoch - 1) << 32)
+        if slot is not None:
+            slot.peers = behind
+        raise _timeout_for(rank, call, behind)
+    dtype = buffers[1].dtype
+    shared = window.local(half)[: schedule.shared_count * dtype.itemsize].view(dtype)
+    try:
+        _run_one_sided(schedule, (*buffers, shared), window, call, half, aliased)
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: the transport may be gone
+            window.post((epoch << 32) | ABANDONED)
+        raise
+    window.end(epoch)
+    if slot is not None:
+        slot.peers = ()
+
+
+#: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
+ABANDONED = (1 << 32) - 1
+
+
+def _run_one_sided(
+    schedule: Schedule,
+    bufs: tuple[np.ndarray, ...],
+    window: Any,
+    call: Call,
+    half: int,
+    aliased: bool,
+) -> None:
+    """:func:`_one_sided`'s steps, in order."""
+    rank, deadline, ufunc, slot, tl = (
+        schedule.rank,
+        call.deadline,
+        call.ufunc,
+        call.slot,
+        call.timeline,
+    )
+    dtype = bufs[1].dtype
+    base = call.epoch << 32
+    views: dict[int, np.ndarray] = {}  # peer -> its half, typed; made when first read
+    begun = 0.0
+    for i, step in enumerate(schedule.steps):
+        if tl is not None:  # each step to the timeline (Note [executor diagnostics])
+            begun = _now()
+        kind = step.kind
+        if kind is StepKind.POST:
+            window.post(base | step.tag)
+        elif kind is StepKind.COPY or kind is StepKind.REDUCE:
+            _local_step(step, bufs, ufunc, aliased, rank)
+        else:  # GET, GET_REDUCE, WAIT: the peer's phase first
+            q = step.peer
+            if slot is not None:
+                slot.peers = (q,)
+            try:
+                arrived = window.wait(q, base | step.tag, deadline)
+            except CommError as exc:
+                raise _wrap(rank, call, step, exc) from None
+            if not arrived:
+                raise _timeout_for(rank, call, [q])
+            view = views.get(q)
+            if view is None or window.counter(q) & ABANDONED == ABANDONED:
+                view = views[q] = _peer_view(window, q, half, call, rank, dtype)
+            if kind is not StepKind.WAIT:
+                s, d = step.src, step.dst
+                if s is None or d is None:
+                    raise _malformed(rank, call, step)
+                theirs = view[s.offset : s.offset + s.count]
+                dst = bufs[d.buf][d.offset : d.offset + d.count]
+                if kind is StepKind.GET:
+                    dst[...] = theirs
+                elif step.first:
+                    ufunc(theirs, dst, out=dst)
+                else:
+                    ufunc(dst, theirs, out=dst)
+        if tl is not None:
+            _note(tl, step, i, begun, dtype.itemsize, base)
+
+
+def _peer_view(
+    window: Any, q: int, half: int, call: Call, rank: int, dtype: np.dtype
+) -> np.ndarray:
+    """Rank ``q``'s half, typed, once its call is known to be ours and alive (Note [one-sided])."""
+    if window.digest(q, half) != call.check:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {q} is in a different call "
+            "(its parameters' digest differs from this rank's)"
+        )
+    if window.counter(q) & ABANDONED == ABANDONED:
+        raise PeerLostError(
+            f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
+            "error of its own (see its message)"
+        )
+    view: np.ndarray = window.peer(q, half).view(dtype)
+    return view
+
+
+def _timeout_for(rank: int, call: Call, waiting: list[int]) -> CollectiveTimeout:
+    return CollectiveTimeout(
+        f"rank {rank}: {call.describe} timed out waiting for rank(s) {sorted(waiting)}: they "
+        "may have died, be stuck in other work, be slower than the timeout, or be in a "
+        "different call"
+    )
+
+
 def _note(tl: Timeline, step: Step, i: int, start: float, itemsize: int, tag_base: int) -> None:
     """Report step ``i``, from ``start`` to now, to the timeline."""
     r = step.dst if step.dst is not None else step.src
@@ -310,11 +537,7 @@ def _waiting(steps: tuple[Step, ...], pending: dict[Handle, int]) -> list[int]:
 def _timeout(
     rank: int, call: Call, steps: tuple[Step, ...], pending: dict[Handle, int]
 ) -> CollectiveTimeout:
-    waiting = _waiting(steps, pending)
-    return CollectiveTimeout(
-        f"rank {rank}: {call.describe} timed out waiting for rank(s) {waiting}: they may have "
-        "died, be stuck in other work, be slower than the timeout, or be in a different call"
-    )
+    return _timeout_for(rank, call, _waiting(steps, pending))
 
 
 def _malformed(rank: int, call: Call, step: Step) -> InternalError:

@@ -55,13 +55,23 @@ class Rule:
     pof2: bool | None = None  # True: only when the number of ranks is a power of two
     # True/False: only when one host runs more/no more ranks than it has cores
     oversubscribed: bool | None = None
+    # True: only when the ranks share a window (one host, shared memory: the one-sided
+    # algorithms); False: only when they do not
+    shared: bool | None = None
+    segment: int = 0  # bytes per piece (Choice.segment_bytes); 0: SEGMENT_BYTES
 
     def applies(
-        self, size: int, nbytes: int, multi_host: bool, oversubscribed: bool = False
+        self,
+        size: int,
+        nbytes: int,
+        multi_host: bool,
+        oversubscribed: bool = False,
+        shared: bool = False,
     ) -> bool:
         """Whether the call is in this rule's range."""
         return (
-            nbytes < self.max_bytes
+            (self.shared is None or self.shared == shared)
+            and nbytes < self.max_bytes
             and self.min_ranks <= size < self.max_ranks
             and (self.multi_host is None or self.multi_host == multi_host)
             and (self.pof2 is None or self.pof2 == (size & (size - 1) == 0))
@@ -69,8 +79,16 @@ class Rule:
         )
 
 
+#: Bytes per piece of the one-sided algorithms (plait.algos.arena): a piece is copied in,
+#: reduced and copied out while it stays in cache (docs/performance.md).
+ARENA_PIECE_BYTES = 512 << 10
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
+        # Ranks sharing a window (one host): the one-sided algorithms of plait.algos.arena.
+        # Small vectors: one wait and p-1 reductions beat two waits and one.
+        Rule(("arena_oneshot",), max_bytes=16 << 10, shared=True),
+        Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         # Measured with examples/auto_vs_best.py (plait bench --rounds, 2 and 4 ranks, shared
         # memory and TCP, 8 B .. 256 MiB, compared round by round; docs/performance.md).
         # More ranks than cores on one host: every round of recursive doubling needs every
@@ -98,29 +116,34 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule(("ring", "direct")),
     ),
     "reduce": (
+        Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         Rule(("binomial",), max_bytes=64 << 10),
         Rule(("rabenseifner", "binomial")),
     ),
     "broadcast": (
+        Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         Rule(("binomial",), max_ranks=8),
         Rule(("binomial",), max_bytes=12 << 10),
         Rule(("scatter_allgather",)),
     ),
     "reduce_scatter": (
+        Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         Rule(("recursive_halving", "pairwise"), max_bytes=64 << 10),
         Rule(("ring", "pairwise")),
     ),
     "allgather": (
+        Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         Rule(("bruck",), max_bytes=8 << 10),
         Rule(("ring",)),
     ),
     "alltoall": (
+        Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         Rule(("bruck",), max_bytes=256, min_ranks=8),
         Rule(("pairwise",)),
     ),
-    "gather": (Rule(("binomial",)),),
-    "scatter": (Rule(("binomial",)),),
-    "barrier": (Rule(("dissemination",)),),
+    "gather": (Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES), Rule(("binomial",))),
+    "scatter": (Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES), Rule(("binomial",))),
+    "barrier": (Rule(("arena",), shared=True), Rule(("dissemination",))),
 }
 
 
@@ -176,37 +199,43 @@ def choose(
     commutative: bool,
     hosts: HostLayout | None = None,
     config: Settings | None = None,
+    shared: bool = False,
 ) -> Choice:
     """The algorithm and segment size ``auto`` runs for this call.
 
     ``nbytes``: the whole vector for allreduce/reduce/broadcast, one rank's
     block for the block collectives; ``hosts``: None when all ranks share one
-    host; ``config``: the settings to follow (default: :func:`settings` now).
+    host; ``config``: the settings to follow (default: :func:`settings` now);
+    ``shared``: the ranks share a window (the one-sided algorithms can run).
     See the module docstring for the order.
     """
     config = settings() if config is None else config
     for entry in config.overrides:
         if entry.collective == collective and entry.covers(nbytes):
             spec = get(collective, entry.algorithm)
-            if spec.supports(commutative=commutative):
+            # A one-sided algorithm applies only where the ranks share a window.
+            if spec.supports(commutative=commutative) and (shared or not spec.needs_window):
                 return Choice(spec, entry.segment or SEGMENT_BYTES, "PLAIT_ALGO")
     multi_host = hosts is not None and hosts.n_hosts > 1
     if config.rules is not None:
         hit = config.rules.match(
             collective, size, nbytes, commutative=commutative, multi_host=multi_host
         )
-        if hit is not None:
+        if hit is not None and (shared or not get(collective, hit.algorithm).needs_window):
             return Choice(
                 get(collective, hit.algorithm), hit.segment or SEGMENT_BYTES, "rules file"
             )
     crowded = not multi_host and size > _cores()  # ranks share cores
-    rule_spec = _by_rules(collective, size, nbytes, commutative, multi_host, crowded)
+    rule_spec, rule = _by_rules(collective, size, nbytes, commutative, multi_host, crowded, shared)
     profile = config.profile
+    if rule.shared:  # the profile's model times messages only
+        return Choice(rule_spec, rule.segment or SEGMENT_BYTES, "built-in rules")
     if profile is not None and size > 1 and not crowded:  # the model has no term for sharing
         names = tuple(
             n
             for n in algorithms(collective)
             if get(collective, n).supports(commutative=commutative)
+            and not get(collective, n).needs_window
         )
         best = model.predict(
             collective,
@@ -245,20 +274,28 @@ def _cores() -> int:
 
 
 def _by_rules(
-    collective: str, size: int, nbytes: int, commutative: bool, multi_host: bool, crowded: bool
-) -> AlgorithmSpec:
-    """The built-in rules' algorithm (:data:`RULES`); ``crowded``: one host, more ranks
-    than cores."""
+    collective: str,
+    size: int,
+    nbytes: int,
+    commutative: bool,
+    multi_host: bool,
+    crowded: bool,
+    shared: bool = False,
+) -> tuple[AlgorithmSpec, Rule]:
+    """The built-in rules' algorithm (:data:`RULES`) and the rule that chose it;
+    ``crowded``: one host, more ranks than cores; ``shared``: the ranks share a window."""
     rules = RULES[collective]
     for rule in rules:
-        if rule.applies(size, nbytes, multi_host, crowded):
+        if rule.applies(size, nbytes, multi_host, crowded, shared):
             for name in rule.algorithms:
                 spec = get(collective, name)
                 if spec.supports(commutative=commutative):
-                    return spec
+                    return spec, rule
     for rule in rules:  # nothing in range fits the op: any algorithm that does
+        if rule.shared and not shared:
+            continue
         for name in rule.algorithms:
             spec = get(collective, name)
             if spec.supports(commutative=commutative):
-                return spec
+                return spec, rule
     raise LookupError(f"no {collective} algorithm supports this call")  # pragma: no cover

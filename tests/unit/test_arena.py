@@ -1,0 +1,200 @@
+"""The one-sided algorithms (plait.algos.arena): proofs with small windows, choice, errors.
+
+Every registered algorithm is proven for p = 1..33 with an unlimited window in
+test_symbolic.py; here the windows are small, so that pieces reuse the window's
+buffers and the race check of :func:`plait.schedule.verify.run_joint` has
+something to check. The calls run over the in-process transport's window.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import plait
+from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec, specs
+from plait.errors import CollectiveTimeout, MismatchError
+from plait.schedule.builder import Context, record
+from plait.schedule.symbolic import prove
+from plait.testing import RankFailure, memory_communicators, run_ranks
+
+ARENA = [s for c in COLLECTIVES for s in specs(c) if s.needs_window]
+ROOTED = {"reduce", "broadcast", "gather", "scatter"}
+IN_PLACE = {"allreduce", "reduce", "alltoall"}
+
+
+def test_every_collective_has_a_one_sided_algorithm() -> None:
+    assert {s.collective for s in ARENA} == set(COLLECTIVES) - {
+        c for c in COLLECTIVES if c.endswith("v")
+    }
+
+
+def _fits(spec: AlgorithmSpec, size: int, count: int, root: int, window: int) -> bool:
+    """Whether a window of ``window`` elements holds one piece of ``spec``'s call."""
+    ctx = Context(spec.collective, 0, size, count, 1, True, root, window=window)
+    try:
+        record(spec.build, ctx)
+    except ValueError as exc:
+        assert "cannot hold one piece" in str(exc) or "do not fit" in str(exc), exc  # noqa: PT017
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "size", [1, 2, 3, 4, *(pytest.param(p, marks=pytest.mark.slow) for p in (5, 7, 12))]
+)
+@pytest.mark.parametrize("spec", ARENA, ids=lambda s: f"{s.collective}-{s.name}")
+def test_small_windows_reuse_buffers_safely(spec: AlgorithmSpec, size: int) -> None:
+    roots = sorted({0, size // 2, size - 1}) if spec.collective in ROOTED else [0]
+    for count in (1, size + 1, 37):
+        # Windows of a few elements (itemsize 1 in the prover): many pieces per call.
+        for window in (2 * size + 2, 3 * size + 5, 64):
+            for root in roots:
+                if not _fits(spec, size, count, root, window):
+                    continue
+                prove(spec, size, count, root=root, window=window)
+                if spec.collective in REDUCING:
+                    prove(spec, size, count, root=root, window=window, commutative=False)
+                if spec.collective in IN_PLACE:
+                    prove(spec, size, count, root=root, window=window, in_place=True)
+
+
+def test_a_call_without_a_window_is_refused_before_anything_moves() -> None:
+    comms = memory_communicators(2, window=0)
+    try:
+        x = np.ones(4)
+        with pytest.raises(ValueError, match="share memory on one host"):
+            comms[0].allreduce(x, algorithm="arena")
+        assert comms[0].stats().bytes_sent == 0
+    finally:
+        for c in comms:
+            c.close()
+
+
+@pytest.mark.parametrize(
+    ("window", "nbytes", "want"),
+    [(1 << 20, 8, "arena_oneshot"), (1 << 20, 1 << 20, "arena"), (0, 8, "recursive_doubling")],
+)
+def test_auto_picks_one_sided_algorithms_only_where_ranks_share_a_window(
+    window: int, nbytes: int, want: str
+) -> None:
+    def body(comm: plait.Communicator) -> str:
+        comm.allreduce(np.zeros(nbytes // 8))
+        return comm._auto[("allreduce", nbytes, True, window > 0)].name
+
+    assert run_ranks(2, body, window=window) == [want, want]
+
+
+def test_every_collective_agrees_with_numpy_through_small_windows() -> None:
+    def body(comm: plait.Communicator) -> list[np.ndarray | None]:
+        p, r = comm.size, comm.rank
+        x = np.arange(1000, dtype=np.float64) * (r + 1)
+        blocks = np.arange(p * 300, dtype=np.int64) + 1000 * r
+        return [
+            comm.allreduce(x, algorithm="arena"),
+            comm.allreduce(x, algorithm="arena_oneshot"),
+            comm.reduce(x, p - 1, algorithm="arena"),
+            comm.broadcast(x.copy(), 1, algorithm="arena"),
+            comm.reduce_scatter(blocks, algorithm="arena"),
+            comm.allgather(x, algorithm="arena"),
+            comm.alltoall(blocks, algorithm="arena"),
+            comm.gather(x, 0, algorithm="arena"),
+            comm.scatter(blocks.reshape(p, -1), 2, algorithm="arena"),
+        ]
+
+    p = 3
+    got = run_ranks(p, body, window=1024)  # pieces of at most 1 KiB: many per call
+    xs = [np.arange(1000, dtype=np.float64) * (r + 1) for r in range(p)]
+    bl = [np.arange(p * 300, dtype=np.int64) + 1000 * r for r in range(p)]
+    for r in range(p):
+        res = got[r]
+        np.testing.assert_array_equal(res[0], sum(xs))
+        np.testing.assert_array_equal(res[1], sum(xs))
+        if r == p - 1:
+            np.testing.assert_array_equal(res[2], sum(xs))
+        else:
+            assert res[2] is None
+        np.testing.assert_array_equal(res[3], xs[1])
+        np.testing.assert_array_equal(res[4], sum(bl)[r * 300 : (r + 1) * 300])
+        np.testing.assert_array_equal(res[5], np.stack(xs))
+        want = np.concatenate([b[r * 300 : (r + 1) * 300] for b in bl])
+        np.testing.assert_array_equal(res[6], want)
+        if r == 0:
+            np.testing.assert_array_equal(res[7], np.stack(xs))
+        np.testing.assert_array_equal(res[8], bl[2].reshape(p, -1)[r : r + 1])
+
+
+def test_ranks_in_different_one_sided_calls_raise_mismatch() -> None:
+    def body(comm: plait.Communicator) -> None:
+        x = np.ones(8)
+        if comm.rank == 0:
+            comm.allreduce(x, algorithm="arena_oneshot")
+        else:
+            comm.broadcast(x, 0, algorithm="arena")
+
+    with pytest.raises(RankFailure) as info:
+        run_ranks(2, body, timeout=10)
+    for r in (0, 1):
+        err = info.value.errors[r]
+        assert isinstance(err, MismatchError), err
+        assert "different call" in str(err)
+
+
+def test_a_rank_that_never_comes_is_named_at_the_timeout() -> None:
+    gave_up = threading.Event()
+
+    def body(comm: plait.Communicator) -> None:
+        if comm.rank == 0:
+            try:
+                comm.allreduce(np.ones(4), algorithm="arena", timeout=0.3)
+            finally:
+                gave_up.set()
+        else:
+            gave_up.wait(30)  # stays out of the call (closing would make it a lost peer)
+
+    with pytest.raises(RankFailure) as info:
+        run_ranks(2, body)
+    err = info.value.errors[0]
+    assert isinstance(err, CollectiveTimeout)
+    assert "rank(s) [1]" in str(err)
+
+
+def test_async_and_blocking_one_sided_calls_keep_program_order() -> None:
+    def body(comm: plait.Communicator) -> list[np.ndarray]:
+        works = []
+        outs = []
+        for i in range(20):
+            x = np.full(100, float(i + comm.rank))
+            works.append(comm.allreduce(x, algorithm="arena", async_op=True))
+            outs.append(comm.allreduce(x * 2, algorithm="arena_oneshot"))
+        return [w.wait(timeout=30) for w in works] + outs
+
+    for res in run_ranks(3, body):
+        for i in range(20):
+            np.testing.assert_array_equal(res[i], np.full(100, 3.0 * i + 3))
+            np.testing.assert_array_equal(res[20 + i], np.full(100, 6.0 * i + 6))
+
+
+def test_a_failed_one_sided_call_breaks_the_communicator_only_once() -> None:
+    comms = memory_communicators(2, timeout=5)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def rank0() -> None:
+        try:
+            comms[0].allreduce(np.ones(3), algorithm="arena", timeout=0.2)
+        except BaseException as exc:
+            errors.append(exc)
+        done.set()
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    t.join(30)
+    assert done.is_set()
+    assert isinstance(errors[0], CollectiveTimeout)
+    with pytest.raises(plait.CommError, match="unusable after an earlier failure"):
+        comms[0].allreduce(np.ones(3), algorithm="arena")
+    for c in comms:
+        c.close()
