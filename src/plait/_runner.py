@@ -42,6 +42,7 @@ from plait.errors import (
 )
 from plait.group import collective_tag
 from plait.runtime.executor import Call, Workspace, execute, quiet, restore, run_local
+from plait.runtime.one_sided import run_one_sided
 from plait.runtime.work import Work, Worker
 from plait.transport.base import Handle, Transport
 
@@ -75,6 +76,7 @@ class CallRunner:
     __slots__ = (
         "_comm_id",
         "_gate",
+        "_gate_waiters",
         "_lock",
         "_rank",
         "_size",
@@ -112,6 +114,7 @@ class CallRunner:
         self.epoch = 0
         self.turn = 0
         self._gate = threading.Condition(threading.Lock())
+        self._gate_waiters = 0  # threads waiting for their turn (notified only then)
         self.closed = False
         self.broken: BaseException | None = None
         self._lock = threading.Lock()
@@ -277,9 +280,12 @@ class CallRunner:
             return self._execute(req, seq, seconds, describe, slot, epoch)
         finally:
             if epoch >= 0:
-                with self._gate:
-                    self.turn = epoch + 1
-                    self._gate.notify_all()
+                # A waiter counts itself under the gate's lock before it tests its turn,
+                # so it either sees this store or is counted here and notified.
+                self.turn = epoch + 1
+                if self._gate_waiters:
+                    with self._gate:
+                        self._gate.notify_all()
 
     def _execute(
         self,
@@ -295,7 +301,12 @@ class CallRunner:
         try:
             if epoch >= 0 and self.turn != epoch:
                 with self._gate:
-                    if not self._gate.wait_for(lambda: self.turn == epoch, seconds):
+                    self._gate_waiters += 1
+                    try:
+                        arrived = self._gate.wait_for(lambda: self.turn == epoch, seconds)
+                    finally:
+                        self._gate_waiters -= 1
+                    if not arrived:
                         raise CommTimeout(
                             f"rank {self._rank}: {_describe(describe)}: the one-sided call "
                             f"before it did not finish within {seconds} s"
@@ -314,11 +325,14 @@ class CallRunner:
                     run_local(schedule.steps, (req.inp, req.out), ufunc, req.aliased, self._rank)
                 else:
                     dtype = req.out.dtype
-                    workspace = self._workspaces.ws
-                    if workspace is None:  # first call on this thread
-                        workspace = self._workspaces.ws = Workspace()
-                    tmp = workspace.take(schedule.tmp_count, dtype)
-                    staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
+                    if schedule.tmp_count or schedule.staged_count:
+                        workspace = self._workspaces.ws
+                        if workspace is None:  # first call on this thread
+                            workspace = self._workspaces.ws = Workspace()
+                        tmp = workspace.take(schedule.tmp_count, dtype)
+                        staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
+                    else:
+                        tmp, staging = _NO_TMP, None
                     call = Call(
                         describe,
                         collective_tag(self._comm_id, seq),
@@ -331,7 +345,10 @@ class CallRunner:
                         epoch,
                     )
                     buffers = (req.inp, req.out, tmp)
-                    execute(schedule, buffers, self._transport, call, staging, req.aliased)
+                    if schedule.one_sided:
+                        run_one_sided(schedule, buffers, self._transport, call, req.aliased)
+                    else:
+                        execute(schedule, buffers, self._transport, call, staging, req.aliased)
                 if req.average and req.out.size:
                     np.divide(req.out, self._size, out=req.out)
             except CommError as exc:
@@ -407,6 +424,10 @@ class CallRunner:
             if isinstance(err, MismatchError):  # the check word of a send/recv is its dtype
                 mine = f"; this rank's {c}: {a.size} elements of {a.dtype.name}"
             raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}{mine}")
+
+
+#: TMP of a schedule that uses none (any dtype: nothing reads it).
+_NO_TMP = np.empty(0, np.uint8)
 
 
 class _PerThread(threading.local):

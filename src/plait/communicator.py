@@ -192,6 +192,13 @@ class Communicator(ObjectMethods):
         return self._hosts
 
     @property
+    def window_bytes(self) -> int:
+        """Bytes of the shared window each rank may use per call: the ranks are on one host
+        and share memory, so the one-sided ``arena`` algorithms can run; 0 where they cannot
+        (several hosts, TCP, a split's group, ``PLAIT_SHM_WINDOW=0``)."""
+        return self._window
+
+    @property
     def local_rank(self) -> int:
         """Rank among the ranks on this host (in rank order)."""
         return self._hosts[: self._rank].count(self.host)

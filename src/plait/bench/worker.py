@@ -39,7 +39,10 @@ class PlaitBackend:
         itemsize = resolve_dtype(spec.dtype).itemsize
         nbytes = selection_bytes(c, point.count, itemsize, self.size)
         commutative = op_by_name(spec.op).commutative if collective_of(c).reduces else True
-        return select(c, self.size, nbytes, commutative=commutative, hosts=self._layout).name
+        shared = self.comm.window_bytes > 0
+        return select(
+            c, self.size, nbytes, commutative=commutative, hosts=self._layout, shared=shared
+        ).name
 
     def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:
         """A zero-argument call of the row's collective on ``bufs``."""

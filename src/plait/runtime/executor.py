@@ -35,7 +35,6 @@ Note [executor diagnostics]
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -47,8 +46,6 @@ from plait.errors import (
     CollectiveTimeout,
     CommError,
     InternalError,
-    MismatchError,
-    PeerLostError,
 )
 from plait.schedule.ir import Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
@@ -202,7 +199,9 @@ def execute(
     if not steps:
         return
     if schedule.one_sided:
-        _one_sided(schedule, buffers, transport, call, aliased)
+        from plait.runtime.one_sided import run_one_sided  # it builds on this module
+
+        run_one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
     raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
@@ -379,139 +378,6 @@ def _local_step(
             ufunc(src, dst, out=dst)
         else:
             ufunc(dst, src, out=dst)
-
-
-def _one_sided(
-    schedule: Schedule,
-    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
-    transport: Transport,
-    call: Call,
-    aliased: bool,
-) -> None:
-    """Run a one-sided schedule in step order over the transport's window (Note [one-sided]).
-
-    Note [one-sided]
-        The call is number ``call.epoch`` of the communicator's one-sided
-        calls (numbered alike on every rank). ``Window.begin`` picks the half
-        of the window that call uses and waits until no peer can still read
-        it; a phase ``k`` of the schedule is the counter value
-        ``epoch << 32 | k``, and ``Window.end`` marks the call done. The first
-        time the call reads a peer's counter it compares the peer's digest of
-        its call with ours, so ranks in different one-sided calls raise
-        MismatchError instead of reading each other's data.
-
-        A rank whose call fails (a mismatch, a lost peer, a timeout) posts the
-        phase ``ABANDONED`` of its epoch before it raises: larger than any
-        phase, it wakes every peer waiting on it, and a peer that finds it
-        raises at once (MismatchError where the digests differ, else
-        PeerLostError naming the rank that gave up) instead of reading its
-        window or waiting for its own timeout.
-    """
-    window = getattr(transport, "window", None)
-    rank = schedule.rank
-    if window is None or call.epoch < 0:
-        raise InternalError(f"rank {rank}: {call.describe} is one-sided but has no shared window")
-    epoch = call.epoch
-    slot = call.slot  # the flight recorder's: whom the call waits for (Note [executor diagnostics])
-    try:
-        half = window.begin(epoch, call.check, call.deadline)
-    except CommError as exc:  # a peer lost, the transport closed
-        raise _wrap(rank, call, "the start of the call", exc) from None
-    if half < 0:
-        behind = window.behind((epoch - 1) << 32)
-        if slot is not None:
-            slot.peers = behind
-        raise _timeout_for(rank, call, behind)
-    dtype = buffers[1].dtype
-    shared = window.local(half)[: schedule.shared_count * dtype.itemsize].view(dtype)
-    try:
-        _run_one_sided(schedule, (*buffers, shared), window, call, half, aliased)
-    except BaseException:
-        with contextlib.suppress(Exception):  # best effort: the transport may be gone
-            window.post((epoch << 32) | ABANDONED)
-        raise
-    window.end(epoch)
-    if slot is not None:
-        slot.peers = ()
-
-
-#: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
-ABANDONED = (1 << 32) - 1
-
-
-def _run_one_sided(
-    schedule: Schedule,
-    bufs: tuple[np.ndarray, ...],
-    window: Any,
-    call: Call,
-    half: int,
-    aliased: bool,
-) -> None:
-    """:func:`_one_sided`'s steps, in order."""
-    rank, deadline, ufunc, slot, tl = (
-        schedule.rank,
-        call.deadline,
-        call.ufunc,
-        call.slot,
-        call.timeline,
-    )
-    dtype = bufs[1].dtype
-    base = call.epoch << 32
-    views: dict[int, np.ndarray] = {}  # peer -> its half, typed; made when first read
-    begun = 0.0
-    for i, step in enumerate(schedule.steps):
-        if tl is not None:  # each step to the timeline (Note [executor diagnostics])
-            begun = _now()
-        kind = step.kind
-        if kind is StepKind.POST:
-            window.post(base | step.tag)
-        elif kind is StepKind.COPY or kind is StepKind.REDUCE:
-            _local_step(step, bufs, ufunc, aliased, rank)
-        else:  # GET, GET_REDUCE, WAIT: the peer's phase first
-            q = step.peer
-            if slot is not None:
-                slot.peers = (q,)
-            try:
-                arrived = window.wait(q, base | step.tag, deadline)
-            except CommError as exc:
-                raise _wrap(rank, call, step, exc) from None
-            if not arrived:
-                raise _timeout_for(rank, call, [q])
-            view = views.get(q)
-            if view is None or window.counter(q) & ABANDONED == ABANDONED:
-                view = views[q] = _peer_view(window, q, half, call, rank, dtype)
-            if kind is not StepKind.WAIT:
-                s, d = step.src, step.dst
-                if s is None or d is None:
-                    raise _malformed(rank, call, step)
-                theirs = view[s.offset : s.offset + s.count]
-                dst = bufs[d.buf][d.offset : d.offset + d.count]
-                if kind is StepKind.GET:
-                    dst[...] = theirs
-                elif step.first:
-                    ufunc(theirs, dst, out=dst)
-                else:
-                    ufunc(dst, theirs, out=dst)
-        if tl is not None:
-            _note(tl, step, i, begun, dtype.itemsize, base)
-
-
-def _peer_view(
-    window: Any, q: int, half: int, call: Call, rank: int, dtype: np.dtype
-) -> np.ndarray:
-    """Rank ``q``'s half, typed, once its call is known to be ours and alive (Note [one-sided])."""
-    if window.digest(q, half) != call.check:
-        raise MismatchError(
-            f"rank {rank}: {call.describe}: rank {q} is in a different call "
-            "(its parameters' digest differs from this rank's)"
-        )
-    if window.counter(q) & ABANDONED == ABANDONED:
-        raise PeerLostError(
-            f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
-            "error of its own (see its message)"
-        )
-    view: np.ndarray = window.peer(q, half).view(dtype)
-    return view
 
 
 def _timeout_for(rank: int, call: Call, waiting: list[int]) -> CollectiveTimeout:

@@ -413,6 +413,7 @@ class Builder:
             roots=tuple(i for i, s in enumerate(steps) if not s.deps),
             shared_count=self._shared_count,
             one_sided=one_sided,
+            last_phase=self._phase,
         )
 
     # -- internals -------------------------------------------------------------

@@ -189,6 +189,8 @@ class Schedule:
     shared_count: int = 0
     # Whether the schedule has one-sided steps (and so runs in step order, without messages).
     one_sided: bool = False
+    # The last phase this rank posts (0: none).
+    last_phase: int = 0
 
     def buffer_count(self, buf: Buf) -> int:
         """Number of elements ``buf`` must hold."""

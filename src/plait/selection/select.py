@@ -81,12 +81,14 @@ class Rule:
 
 #: Bytes per piece of the one-sided algorithms (plait.algos.arena): a piece is copied in,
 #: reduced and copied out while it stays in cache (docs/performance.md).
-ARENA_PIECE_BYTES = 512 << 10
+ARENA_PIECE_BYTES = 1 << 20
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
         # Ranks sharing a window (one host): the one-sided algorithms of plait.algos.arena.
-        # Small vectors: one wait and p-1 reductions beat two waits and one.
+        # Small vectors: one wait and p-1 reductions beat two waits and one (2 ranks:
+        # up to 64 KiB, 13-20 % faster; measured with plait bench -a arena,arena_oneshot).
+        Rule(("arena_oneshot",), max_bytes=128 << 10, max_ranks=3, shared=True),
         Rule(("arena_oneshot",), max_bytes=16 << 10, shared=True),
         Rule(("arena",), shared=True, segment=ARENA_PIECE_BYTES),
         # Measured with examples/auto_vs_best.py (plait bench --rounds, 2 and 4 ranks, shared
@@ -261,9 +263,12 @@ def select(
     *,
     commutative: bool,
     hosts: HostLayout | None = None,
+    shared: bool = False,
 ) -> AlgorithmSpec:
     """The algorithm ``auto`` runs for this call (:func:`choose`'s, without the segment)."""
-    return choose(collective, size, nbytes, commutative=commutative, hosts=hosts).spec
+    return choose(
+        collective, size, nbytes, commutative=commutative, hosts=hosts, shared=shared
+    ).spec
 
 
 @functools.cache

@@ -78,6 +78,23 @@ class Window(abc.ABC):
         after :meth:`wait` has seen a value ``q`` posted after writing what is read.
         """
 
+    def typed(self, q: int, half: int, dtype: np.dtype) -> np.ndarray:
+        """Rank ``q``'s ``half`` (:meth:`peer`; :meth:`local` for this rank) as ``dtype``.
+
+        Made once per (rank, half, dtype) and kept: an executor reads it on every call.
+        """
+        try:
+            return self._typed[(q, half, dtype)]
+        except AttributeError:
+            self._typed: dict[tuple[int, int, np.dtype], np.ndarray] = {}
+        except KeyError:
+            pass
+        raw = self.local(half) if q == self.rank else self.peer(q, half)
+        view = self._typed[(q, half, dtype)] = raw[
+            : raw.size // dtype.itemsize * dtype.itemsize
+        ].view(dtype)
+        return view
+
     @abc.abstractmethod
     def post(self, value: int) -> None:
         """Publish ``value`` as this rank's counter (values never decrease).

@@ -27,8 +27,12 @@ returned:
   ``end`` stores the counter; TSO keeps load-then-store order, and so does a
   seq_cst store).
 * ``begin(n)`` waits until every peer's counter is at least ``(n - 1) << 32``,
-  the value of ``end(n - 2)``: every peer has ended call ``n - 2`` (and all calls
-  before it), so nobody reads half ``h`` for an older call any more.
+  the value of ``end(n - 2)``, which any phase of call ``n - 1`` exceeds too: every
+  peer has ended call ``n - 2`` or posted in call ``n - 1`` (a rank's calls run one
+  after the other, so it has then finished ``n - 2`` and all calls before it), so
+  nobody reads half ``h`` for an older call any more. Hence a call whose schedule
+  posts a phase need not ``end``: its first post says as much (the executor ends
+  only the calls that post nothing).
 * Nobody reads half ``h`` for a later call ``n + 2, n + 4, ...`` yet: ``r`` posts
   no phase of those before it has ended call ``n``.
 * Within call ``n`` the schedule orders every overwrite of a region after the

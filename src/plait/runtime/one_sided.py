@@ -1,0 +1,303 @@
+"""The executor of one-sided schedules: steps in order, against the transport's window.
+
+Note [one-sided]
+    The call is number ``call.epoch`` of the communicator's one-sided calls
+    (numbered alike on every rank). ``Window.begin`` picks the half of the
+    window that call uses and waits until no peer can still read it; a phase
+    ``k`` of the schedule is the counter value ``epoch << 32 | k``, and
+    ``Window.end`` marks the call done where the schedule posts nothing (a
+    post of a later call says as much: Note [window reuse] in
+    :mod:`plait.transport.shm.window`). The first time the call reads a peer's
+    counter it compares the peer's digest of its call with ours, so ranks in
+    different one-sided calls raise MismatchError instead of reading each
+    other's data.
+
+    A rank whose call fails (a mismatch, a lost peer, a timeout) posts the
+    phase ``ABANDONED`` of its epoch before it raises: larger than any phase,
+    it wakes every peer waiting on it, and a peer that finds it raises at once
+    (MismatchError where the digests differ, else PeerLostError naming the
+    rank that gave up) instead of reading its window or waiting for its own
+    timeout.
+
+Note [compiled one-sided schedules]
+    A small call is a few steps, and reading a step's fields, slicing the
+    window and looking its views up cost more than the copies themselves. So
+    each schedule is compiled once per (window, dtype) into two lists of
+    operations, one per half of the window, whose window regions are numpy
+    views made in advance; only the caller's ``IN`` and ``OUT`` are sliced per
+    call, and not at all where a step covers the whole buffer. The compiled
+    form is the schedule's steps in order, with nothing added or dropped; with
+    PLAIT_TIMELINE the steps run one by one instead, to be reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from plait.errors import CommError, InternalError, MismatchError, PeerLostError
+from plait.runtime.executor import (
+    Call,
+    _local_step,
+    _malformed,
+    _note,
+    _now,
+    _timeout_for,
+    _wrap,
+)
+from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
+from plait.transport.base import Transport
+
+__all__ = ["ABANDONED", "run_one_sided"]
+
+#: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
+ABANDONED = (1 << 32) - 1
+
+# Operation codes of a compiled schedule (Note [compiled one-sided schedules]).
+_POST, _LOCAL, _COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT = range(7)
+
+
+def run_one_sided(
+    schedule: Schedule,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    transport: Transport,
+    call: Call,
+    aliased: bool,
+) -> None:
+    """Run a one-sided schedule in step order over the transport's window (Note [one-sided]).
+
+    Raises:
+        CollectiveTimeout: the deadline passed; the message names the ranks waited on.
+        MismatchError: a peer is in a different call.
+        PeerLostError: a peer died, closed, or gave up on the call.
+    """
+    window = getattr(transport, "window", None)
+    rank = schedule.rank
+    if window is None or call.epoch < 0:
+        raise InternalError(f"rank {rank}: {call.describe} is one-sided but has no shared window")
+    epoch = call.epoch
+    slot = call.slot  # the flight recorder's: whom the call waits for
+    try:
+        half = window.begin(epoch, call.check, call.deadline)
+    except CommError as exc:  # a peer lost, the transport closed
+        raise _wrap(rank, call, "the start of the call", exc) from None
+    if half < 0:
+        behind = window.behind((epoch - 1) << 32)
+        if slot is not None:
+            slot.peers = behind
+        raise _timeout_for(rank, call, behind)
+    try:
+        if call.timeline is None:
+            ops = _compiled(schedule, window, buffers[1].dtype)[half]
+            _run(ops, buffers, window, call, half, aliased, rank)
+        else:
+            _run_steps(schedule, buffers, window, call, half, aliased)
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: the transport may be gone
+            window.post((epoch << 32) | ABANDONED)
+        raise
+    if not schedule.last_phase:  # else its posts said it (Note [window reuse])
+        window.end(epoch)
+    if slot is not None:
+        slot.peers = ()
+
+
+# -- the compiled form ---------------------------------------------------------------------------
+
+
+def _compiled(
+    schedule: Schedule, window: Any, dtype: np.dtype
+) -> tuple[list[tuple[Any, ...]], ...]:
+    """The schedule's operations for each half of ``window`` (made once, then cached)."""
+    cache: dict[tuple[int, np.dtype], tuple[Schedule, tuple[list[tuple[Any, ...]], ...]]]
+    try:
+        cache = window.compiled
+    except AttributeError:
+        cache = window.compiled = {}
+    hit = cache.get((id(schedule), dtype))
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    if len(cache) >= 256:
+        cache.clear()
+    halves = tuple(_compile(schedule, window, dtype, h) for h in (0, 1))
+    cache[(id(schedule), dtype)] = (schedule, halves)  # keeps the schedule, so the id is its own
+    return halves
+
+
+def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> list[tuple[Any, ...]]:
+    """One half's operations: window regions as views, ``IN``/``OUT`` as (buf, lo, hi)."""
+    rank = schedule.rank
+    mine = window.typed(rank, half, dtype)
+
+    def local(r: Region) -> Any:
+        # A region of this rank's window: its view; of IN/OUT/TMP: where to slice per call.
+        if r.buf is SHARED:
+            return mine[r.offset : r.end]
+        return (int(r.buf), r.offset, r.end)
+
+    ops: list[tuple[Any, ...]] = []
+    for step in schedule.steps:
+        kind, s, d = step.kind, step.src, step.dst
+        if kind is StepKind.POST:
+            ops.append((_POST, step.tag))
+        elif kind is StepKind.WAIT:
+            ops.append((_WAIT, step.peer, step.tag))
+        elif s is None or d is None:
+            raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
+        elif kind is StepKind.COPY or kind is StepKind.REDUCE:
+            if s.buf is not SHARED and d.buf is not SHARED:
+                ops.append((_LOCAL, step))  # between the caller's buffers: as run_local does
+            else:
+                code = _COPY if kind is StepKind.COPY else _REDUCE
+                ops.append((code, local(s), local(d), step.first))
+        else:
+            theirs = window.typed(step.peer, half, dtype)[s.offset : s.end]
+            code = _GET if kind is StepKind.GET else _GET_REDUCE
+            ops.append((code, step.peer, step.tag, theirs, local(d), step.first, step))
+    return ops
+
+
+def _run(
+    ops: Sequence[tuple[Any, ...]],
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    window: Any,
+    call: Call,
+    half: int,
+    aliased: bool,
+    rank: int,
+) -> None:
+    """Run compiled operations (Note [compiled one-sided schedules])."""
+    ufunc, deadline, slot = call.ufunc, call.deadline, call.slot
+    base = call.epoch << 32
+    checked = 0  # bit q: rank q's digest was compared
+    for op in ops:
+        code = op[0]
+        if code == _POST:
+            window.post(base | op[1])
+            continue
+        if code == _LOCAL:
+            _local_step(op[1], buffers, ufunc, aliased, rank)
+            continue
+        if code in (_COPY, _REDUCE):
+            src, dst = op[1], op[2]
+            if type(src) is tuple:
+                b, lo, hi = src
+                whole = buffers[b]
+                src = whole if lo == 0 and hi == whole.size else whole[lo:hi]
+            if type(dst) is tuple:
+                b, lo, hi = dst
+                whole = buffers[b]
+                dst = whole if lo == 0 and hi == whole.size else whole[lo:hi]
+            if code == _COPY:
+                dst[...] = src
+            elif op[3]:
+                ufunc(src, dst, out=dst)
+            else:
+                ufunc(dst, src, out=dst)
+            continue
+        # _GET, _GET_REDUCE, _WAIT: the peer's phase first.
+        q = op[1]
+        if slot is not None:
+            slot.peers = (q,)
+        try:
+            arrived = window.wait(q, base | op[2], deadline)
+        except CommError as exc:
+            raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
+        if not arrived:
+            raise _timeout_for(rank, call, [q])
+        if not checked >> q & 1 or window.counter(q) & ABANDONED == ABANDONED:
+            _check_peer(window, q, half, call, rank)
+            checked |= 1 << q
+        if code == _WAIT:
+            continue
+        theirs, dst = op[3], op[4]
+        if type(dst) is tuple:
+            b, lo, hi = dst
+            whole = buffers[b]
+            dst = whole if lo == 0 and hi == whole.size else whole[lo:hi]
+        if code == _GET:
+            dst[...] = theirs
+        elif op[5]:
+            ufunc(theirs, dst, out=dst)
+        else:
+            ufunc(dst, theirs, out=dst)
+
+
+def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:
+    """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided])."""
+    if window.digest(q, half) != call.check:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {q} is in a different call "
+            "(its parameters' digest differs from this rank's)"
+        )
+    if window.counter(q) & ABANDONED == ABANDONED:
+        raise PeerLostError(
+            f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
+            "error of its own (see its message)"
+        )
+
+
+# -- step by step, for the timeline ----------------------------------------------------------------
+
+
+def _run_steps(
+    schedule: Schedule,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    window: Any,
+    call: Call,
+    half: int,
+    aliased: bool,
+) -> None:
+    """The steps one by one, each reported to the timeline (Note [executor diagnostics])."""
+    rank, deadline, ufunc, tl = schedule.rank, call.deadline, call.ufunc, call.timeline
+    assert tl is not None
+    dtype = buffers[1].dtype
+    bufs = (*buffers, window.typed(rank, half, dtype)[: schedule.shared_count])
+    base = call.epoch << 32
+    checked: set[int] = set()
+    for i, step in enumerate(schedule.steps):
+        begun = _now()
+        kind = step.kind
+        if kind is StepKind.POST:
+            window.post(base | step.tag)
+        elif kind is StepKind.COPY or kind is StepKind.REDUCE:
+            _local_step(step, bufs, ufunc, aliased, rank)
+        else:
+            q = step.peer
+            try:
+                arrived = window.wait(q, base | step.tag, deadline)
+            except CommError as exc:
+                raise _wrap(rank, call, step, exc) from None
+            if not arrived:
+                raise _timeout_for(rank, call, [q])
+            if q not in checked or window.counter(q) & ABANDONED == ABANDONED:
+                _check_peer(window, q, half, call, rank)
+                checked.add(q)
+            if kind is not StepKind.WAIT:
+                _get(step, bufs, window.typed(q, half, dtype), ufunc, call, rank)
+        _note(tl, step, i, begun, dtype.itemsize, base)
+
+
+def _get(
+    step: Step,
+    bufs: Sequence[np.ndarray],
+    view: np.ndarray,
+    ufunc: Any,
+    call: Call,
+    rank: int,
+) -> None:
+    """A GET or GET_REDUCE step from a peer's typed ``view``."""
+    s, d = step.src, step.dst
+    if s is None or d is None:
+        raise _malformed(rank, call, step)
+    theirs = view[s.offset : s.offset + s.count]
+    dst = bufs[d.buf][d.offset : d.offset + d.count]
+    if step.kind is StepKind.GET:
+        dst[...] = theirs
+    elif step.first:
+        ufunc(theirs, dst, out=dst)
+    else:
+        ufunc(dst, theirs, out=dst)
