@@ -601,7 +601,8 @@ def test_sigkill_mid_transfer(store_server: int, mode: str) -> None:
                     t.wait_any([h], 0.0001)
                 if not h.done:  # (if the whole message slipped through, try the next)
                     break
-            assert not h.done
+            if h.done:  # on a busy machine every message may slip through whole: kill between
+                h = t.irecv(1, 1, mv(dst), 0)
             child.send_signal(signal.SIGKILL)
             start = time.monotonic()
             assert t.wait_any([h], 10)
