@@ -132,6 +132,16 @@ def _fold(b: Builder, sync: _Sync, dst: Region, own: Region, theirs: Region, pha
             sync.get_reduce(q, theirs, dst, phase)
 
 
+def _alone(b: Builder) -> bool:
+    """Whether the call needs no window: nothing to move, or one rank (it copies IN to OUT)."""
+    if b.ctx.count == 0:
+        return True
+    if b.size == 1:
+        b.copy(b.inp, b.out)
+        return True
+    return False
+
+
 def _span(n: int, step: int) -> list[tuple[int, int]]:
     """(offset, length) of the pieces of ``n`` elements, ``step`` at a time."""
     return [(o, min(step, n - o)) for o in range(0, n, step)]
@@ -142,13 +152,9 @@ def _span(n: int, step: int) -> list[tuple[int, int]]:
 
 def _two_shot(b: Builder, root: int | None) -> None:
     """Owners reduce slices from the windows; all ranks (or ``root``) copy the slices out."""
-    ctx = b.ctx
-    p, r, n = b.size, b.rank, ctx.count
-    if n == 0:
+    if _alone(b):
         return
-    if p == 1:
-        b.copy(b.inp, b.out)
-        return
+    p, r, n = b.size, b.rank, b.ctx.count
     # A piece takes its own length in the window plus its largest slice.
     piece = _piece(b, n, 1 + 1 / p)
     while piece > 1 and piece + -(-piece // p) > _window_elements(b):
@@ -202,13 +208,9 @@ def allreduce_one_shot(b: Builder) -> None:
 
     One phase per piece, p-1 times the reduction work of ``arena``: for small vectors.
     """
-    ctx = b.ctx
-    p, n = b.size, ctx.count
-    if n == 0:
+    if _alone(b):
         return
-    if p == 1:
-        b.copy(b.inp, b.out)
-        return
+    n = b.ctx.count
     spans = _span(n, _piece(b, n, 2))
     bufs = _buffers(b, spans[0][1], len(spans))
     sync = _Sync(b)
@@ -250,13 +252,9 @@ def broadcast_arena(b: Builder) -> None:
 @register("scatter", "arena", needs_window=True)
 def scatter_arena(b: Builder) -> None:
     """The root copies every block into its window; each rank copies its own out."""
-    ctx = b.ctx
-    p, r, n, root = b.size, b.rank, ctx.count, ctx.root
-    if n == 0:
+    if _alone(b):
         return
-    if p == 1:
-        b.copy(b.inp, b.out)
-        return
+    p, r, n, root = b.size, b.rank, b.ctx.count, b.ctx.root
     spans = _span(n, _piece(b, n, 2 * p))
     bufs = _buffers(b, p * spans[0][1], len(spans))
     sync = _Sync(b)
@@ -281,13 +279,9 @@ def scatter_arena(b: Builder) -> None:
 
 def _gather(b: Builder, root: int | None) -> None:
     """Everyone copies its block into its window; every rank (or ``root``) copies all out."""
-    ctx = b.ctx
-    p, r, n = b.size, b.rank, ctx.count
-    if n == 0:
+    if _alone(b):
         return
-    if p == 1:
-        b.copy(b.inp, b.out)
-        return
+    p, r, n = b.size, b.rank, b.ctx.count
     spans = _span(n, _piece(b, n, 2))
     bufs = _buffers(b, spans[0][1], len(spans))
     sync = _Sync(b)
@@ -326,13 +320,9 @@ def gather_arena(b: Builder) -> None:
 
 def _exchange(b: Builder, reduce: bool) -> None:
     """Everyone copies the blocks meant for others into its window; each reads its own."""
-    ctx = b.ctx
-    p, r, n = b.size, b.rank, ctx.count
-    if n == 0:
+    if _alone(b):
         return
-    if p == 1:
-        b.copy(b.inp, b.out)
-        return
+    p, r, n = b.size, b.rank, b.ctx.count
     spans = _span(n, _piece(b, n, 2 * p))
     bufs = _buffers(b, p * spans[0][1], len(spans))
     sync = _Sync(b)

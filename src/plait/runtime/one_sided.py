@@ -56,7 +56,8 @@ __all__ = ["ABANDONED", "run_one_sided"]
 #: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
 ABANDONED = (1 << 32) - 1
 
-# Operation codes of a compiled schedule (Note [compiled one-sided schedules]).
+# Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
+# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase).
 _POST, _LOCAL, _COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT = range(7)
 
 
@@ -144,7 +145,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
         if kind is StepKind.POST:
             ops.append((_POST, step.tag))
         elif kind is StepKind.WAIT:
-            ops.append((_WAIT, step.peer, step.tag))
+            ops.append((_WAIT, None, None, False, step.peer, step.tag))
         elif s is None or d is None:
             raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
         elif kind is StepKind.COPY or kind is StepKind.REDUCE:
@@ -156,7 +157,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
         else:
             theirs = window.typed(step.peer, half, dtype)[s.offset : s.end]
             code = _GET if kind is StepKind.GET else _GET_REDUCE
-            ops.append((code, step.peer, step.tag, theirs, local(d), step.first, step))
+            ops.append((code, theirs, local(d), step.first, step.peer, step.tag))
     return ops
 
 
@@ -181,49 +182,39 @@ def _run(
         if code == _LOCAL:
             _local_step(op[1], buffers, ufunc, aliased, rank)
             continue
-        if code in (_COPY, _REDUCE):
-            src, dst = op[1], op[2]
-            if type(src) is tuple:
-                b, lo, hi = src
-                whole = buffers[b]
-                src = whole if lo == 0 and hi == whole.size else whole[lo:hi]
-            if type(dst) is tuple:
-                b, lo, hi = dst
-                whole = buffers[b]
-                dst = whole if lo == 0 and hi == whole.size else whole[lo:hi]
-            if code == _COPY:
-                dst[...] = src
-            elif op[3]:
-                ufunc(src, dst, out=dst)
-            else:
-                ufunc(dst, src, out=dst)
-            continue
-        # _GET, _GET_REDUCE, _WAIT: the peer's phase first.
-        q = op[1]
-        if slot is not None:
-            slot.peers = (q,)
-        try:
-            arrived = window.wait(q, base | op[2], deadline)
-        except CommError as exc:
-            raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
-        if not arrived:
-            raise _timeout_for(rank, call, [q])
-        if not checked >> q & 1 or window.counter(q) & ABANDONED == ABANDONED:
-            _check_peer(window, q, half, call, rank)
-            checked |= 1 << q
-        if code == _WAIT:
-            continue
-        theirs, dst = op[3], op[4]
+        if code >= _GET:  # GET, GET_REDUCE, WAIT: the peer's phase first
+            q = op[4]
+            if slot is not None:
+                slot.peers = (q,)
+            try:
+                arrived = window.wait(q, base | op[5], deadline)
+            except CommError as exc:
+                raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
+            if not arrived:
+                raise _timeout_for(rank, call, [q])
+            if not checked >> q & 1 or window.counter(q) & ABANDONED == ABANDONED:
+                _check_peer(window, q, half, call, rank)
+                checked |= 1 << q
+            if code == _WAIT:
+                continue
+        src, dst = op[1], op[2]
+        if type(src) is tuple:
+            src = _part(buffers, src)
         if type(dst) is tuple:
-            b, lo, hi = dst
-            whole = buffers[b]
-            dst = whole if lo == 0 and hi == whole.size else whole[lo:hi]
-        if code == _GET:
-            dst[...] = theirs
-        elif op[5]:
-            ufunc(theirs, dst, out=dst)
+            dst = _part(buffers, dst)
+        if code in (_COPY, _GET):
+            dst[...] = src
+        elif op[3]:
+            ufunc(src, dst, out=dst)
         else:
-            ufunc(dst, theirs, out=dst)
+            ufunc(dst, src, out=dst)
+
+
+def _part(buffers: Sequence[np.ndarray], where: tuple[int, int, int]) -> np.ndarray:
+    """Elements ``lo:hi`` of the caller's buffer ``b`` (the buffer itself when that is all)."""
+    b, lo, hi = where
+    whole = buffers[b]
+    return whole if lo == 0 and hi == whole.size else whole[lo:hi]
 
 
 def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:
