@@ -198,3 +198,48 @@ def test_a_failed_one_sided_call_breaks_the_communicator_only_once() -> None:
         comms[0].allreduce(np.ones(3), algorithm="arena")
     for c in comms:
         c.close()
+
+
+def test_a_peer_giving_up_on_a_later_call_does_not_fail_an_earlier_one() -> None:
+    """Rank 2, slow in call #0, sees rank 1 already abandoned call #1: #0 must still succeed."""
+    comms = memory_communicators(3, timeout=10)
+    gave_up = threading.Event()
+    window = comms[2]._transport.window
+    assert window is not None
+    original = window.wait
+    held = [False]
+
+    def slow_wait(q: int, value: int, deadline: float | None) -> bool:
+        if q == 1 and not held[0]:  # rank 2 reads rank 1 only after rank 1 gave up on #1
+            held[0] = True
+            assert gave_up.wait(30)
+        return original(q, value, deadline)
+
+    window.wait = slow_wait  # type: ignore[method-assign]
+    results: dict[int, object] = {}
+
+    def body(r: int) -> None:
+        comm = comms[r]
+        x = np.full(4, float(r + 1))
+        try:
+            results[r, 0] = comm.allreduce(x, algorithm="arena_oneshot")
+            if r == 1:
+                comm.broadcast(x, 0, algorithm="arena")  # the others allreduce: a mismatch
+            else:
+                comm.allreduce(x, algorithm="arena_oneshot")
+        except plait.CommError as exc:
+            results[r, 1] = exc
+        finally:
+            if r == 1:
+                gave_up.set()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in comms:
+        c.close()
+    for r in range(3):
+        np.testing.assert_array_equal(results[r, 0], np.full(4, 6.0))  # call #0 everywhere
+    assert isinstance(results[1, 1], MismatchError)

@@ -173,6 +173,7 @@ def _run(
     """Run compiled operations (Note [compiled one-sided schedules])."""
     ufunc, deadline, slot = call.ufunc, call.deadline, call.slot
     base = call.epoch << 32
+    abandoned = base | ABANDONED  # a peer's counter when it gave up on this call
     checked = 0  # bit q: rank q's digest was compared
     for op in ops:
         code = op[0]
@@ -192,7 +193,7 @@ def _run(
                 raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
             if not arrived:
                 raise _timeout_for(rank, call, [q])
-            if not checked >> q & 1 or window.counter(q) & ABANDONED == ABANDONED:
+            if not checked >> q & 1 or window.counter(q) == abandoned:
                 _check_peer(window, q, half, call, rank)
                 checked |= 1 << q
             if code == _WAIT:
@@ -224,7 +225,8 @@ def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:
             f"rank {rank}: {call.describe}: rank {q} is in a different call "
             "(its parameters' digest differs from this rank's)"
         )
-    if window.counter(q) & ABANDONED == ABANDONED:
+    # Only this call's: a peer that gave up on a later call has finished this one.
+    if window.counter(q) == (call.epoch << 32) | ABANDONED:
         raise PeerLostError(
             f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
             "error of its own (see its message)"
@@ -264,7 +266,7 @@ def _run_steps(
                 raise _wrap(rank, call, step, exc) from None
             if not arrived:
                 raise _timeout_for(rank, call, [q])
-            if q not in checked or window.counter(q) & ABANDONED == ABANDONED:
+            if q not in checked or window.counter(q) == base | ABANDONED:
                 _check_peer(window, q, half, call, rank)
                 checked.add(q)
             if kind is not StepKind.WAIT:
