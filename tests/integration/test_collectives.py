@@ -138,8 +138,15 @@ def test_matches_reference(spec: AlgorithmSpec, size: int) -> None:
     check(spec, size, build_cases(spec, size))
 
 
+#: At 64 and 100 ranks the one-sided algorithms share one code path (copy in, post, read the
+#: windows): allreduce's two and alltoall's stand for them (the others run up to 17 ranks).
+MANY_RANK_SPECS = [
+    s for s in SPECS if not s.needs_window or s.collective in ("allreduce", "alltoall")
+]
+
+
 @pytest.mark.parametrize("size", BIG_SIZES)
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.collective}-{s.name}")
+@pytest.mark.parametrize("spec", MANY_RANK_SPECS, ids=lambda s: f"{s.collective}-{s.name}")
 def test_matches_reference_many_ranks(spec: AlgorithmSpec, size: int) -> None:
     check(spec, size, build_cases(spec, size, big=True))
 
