@@ -276,41 +276,10 @@ class CallRunner:
         ``epoch``: its number among the one-sided calls (-1: not one), which run in
         that order (an asynchronous one may still be running on the worker).
         """
-        try:
-            return self._execute(req, seq, seconds, describe, slot, epoch)
-        finally:
-            if epoch >= 0:
-                # A waiter counts itself under the gate's lock before it tests its turn,
-                # so it either sees this store or is counted here and notified.
-                self.turn = epoch + 1
-                if self._gate_waiters:
-                    with self._gate:
-                        self._gate.notify_all()
-
-    def _execute(
-        self,
-        req: Request,
-        seq: int,
-        seconds: float,
-        describe: tuple[str, str, int],
-        slot: Slot | None,
-        epoch: int,
-    ) -> Any:
-        """:meth:`_run`'s body."""
         rec = self.recorder
         try:
             if epoch >= 0 and self.turn != epoch:
-                with self._gate:
-                    self._gate_waiters += 1
-                    try:
-                        arrived = self._gate.wait_for(lambda: self.turn == epoch, seconds)
-                    finally:
-                        self._gate_waiters -= 1
-                    if not arrived:
-                        raise CommTimeout(
-                            f"rank {self._rank}: {_describe(describe)}: the one-sided call "
-                            f"before it did not finish within {seconds} s"
-                        )
+                self._wait_turn(epoch, seconds, describe)
             if self.broken is not None or self.closed:
                 self.check_usable(req.spec.collective)
             plan = req.plan
@@ -335,7 +304,7 @@ class CallRunner:
                         tmp, staging = _NO_TMP, None
                     call = Call(
                         describe,
-                        collective_tag(self._comm_id, seq),
+                        0 if schedule.one_sided else collective_tag(self._comm_id, seq),
                         plan.check,
                         ufunc,
                         time.monotonic() + seconds,
@@ -378,9 +347,31 @@ class CallRunner:
             if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
                 rec.end(slot, exc)
             raise
+        finally:
+            if epoch >= 0:
+                # A waiter counts itself under the gate's lock before it tests its turn,
+                # so it either sees this store or is counted here and notified.
+                self.turn = epoch + 1
+                if self._gate_waiters:
+                    with self._gate:
+                        self._gate.notify_all()
         if slot is not None and rec is not None:
             rec.end(slot)
         return req.result
+
+    def _wait_turn(self, epoch: int, seconds: float, describe: tuple[str, str, int]) -> None:
+        """Wait until one-sided call ``epoch`` may run: the one before it has finished."""
+        with self._gate:
+            self._gate_waiters += 1
+            try:
+                arrived = self._gate.wait_for(lambda: self.turn == epoch, seconds)
+            finally:
+                self._gate_waiters -= 1
+        if not arrived:
+            raise CommTimeout(
+                f"rank {self._rank}: {_describe(describe)}: the one-sided call before it "
+                f"did not finish within {seconds} s"
+            )
 
     def _verify_same_call(self, req: Request, seconds: float, comm: CollectiveMethods) -> None:
         """PLAIT_DEBUG=detail: allgather every rank's call signature and compare them all.

@@ -12,12 +12,13 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
 import pytest
+from shm_helpers import in_threads, no_leftovers  # noqa: F401 - no_leftovers: autouse fixture
 
 import plait
 from plait.errors import ClosedError, MismatchError, PeerLostError, RendezvousError
@@ -30,42 +31,10 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /de
 SMALL = {"slot_bytes": 4096, "slots": 2}  # many chunks per message, cheaply
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers(own_segments: list[str]) -> Iterator[None]:
-    """Every test leaves none of its segments in /dev/shm (see conftest.py) and no thread."""
-    threads = set(threading.enumerate())
-    yield
-    extra = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-    assert extra == []
-
-
-def _in_threads(fns: Sequence[Callable[[], Any]], timeout: float = 60.0) -> list[Any]:
-    """Run each function on its own thread; return the results, re-raising the first error."""
-    results: list[Any] = [None] * len(fns)
-    errors: list[BaseException | None] = [None] * len(fns)
-
-    def body(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as exc:
-            errors[i] = exc
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a rank thread hung"
-    for err in errors:
-        if err is not None:
-            raise err
-    return results
-
-
 def _make(size: int, store: Store | None = None, **kwargs: Any) -> list[ShmTransport]:
     store = MemoryStore(timeout=20) if store is None else store
     kwargs.setdefault("timeout", 20.0)
-    return _in_threads([partial(ShmTransport, r, size, store, **kwargs) for r in range(size)])
+    return in_threads([partial(ShmTransport, r, size, store, **kwargs) for r in range(size)])
 
 
 @contextlib.contextmanager
@@ -112,7 +81,7 @@ def test_message_sizes(nbytes: int) -> None:
         src, dst = payload(nbytes), np.zeros(nbytes, np.uint8)
         r = b.irecv(0, 3, mv(dst), 11)
         s = a.isend(1, 3, mv(src), 11)
-        _in_threads([lambda: ok(a, s), lambda: ok(b, r)])
+        in_threads([lambda: ok(a, s), lambda: ok(b, r)])
         assert np.array_equal(src, dst)
         assert a.bytes_sent == b.bytes_received == nbytes
 
@@ -138,7 +107,7 @@ def test_256_mib_message() -> None:
         src = np.arange(nbytes // 8, dtype=np.uint64)
         dst = np.zeros_like(src)
         s, r = a.isend(1, 0, mv(src), 1), b.irecv(0, 0, mv(dst), 1)
-        _in_threads([lambda: ok(a, s), lambda: ok(b, r)])
+        in_threads([lambda: ok(a, s), lambda: ok(b, r)])
         assert np.array_equal(src, dst)
 
 
@@ -154,7 +123,7 @@ def test_fifo_per_tag_and_out_of_order_tags() -> None:
                     got[tag, seed] = np.zeros(5000, np.uint8)
                     ok(b, b.irecv(0, tag, mv(got[tag, seed]), tag))
 
-        _in_threads([partial(ok_all, a, sends), receive])
+        in_threads([partial(ok_all, a, sends), receive])
         for tag, seed in got:
             assert np.array_equal(got[tag, seed], payload(5000, seed))
 
@@ -167,7 +136,7 @@ def test_unexpected_messages_are_buffered() -> None:
         sends.append(a.isend(1, 7, mv(np.ones(1, np.uint8)), 0))
         # b waits for the last message only: it must drain the earlier ones to get there.
         r = b.irecv(0, 7, mv(last), 0)
-        _in_threads([partial(ok_all, a, sends), partial(ok, b, r)])
+        in_threads([partial(ok_all, a, sends), partial(ok, b, r)])
         assert last[0] == 1
         for i, m in reversed(list(enumerate(msgs))):  # all already here; any order
             dst = np.zeros_like(m)
@@ -212,7 +181,7 @@ def test_receive_posted_while_message_is_half_buffered() -> None:
             stop.set()
             t.join()
         r = b.irecv(0, 5, mv(dst), 0)
-        _in_threads([lambda: ok(a, s), lambda: ok(b, r)])
+        in_threads([lambda: ok(a, s), lambda: ok(b, r)])
         assert np.array_equal(src, dst)
 
 
@@ -232,7 +201,7 @@ def test_check_and_length_mismatch(nbytes: int) -> None:
                 wait(b, b.irecv(0, 1, mv(dst), 42)),  # the channel still works afterwards
             ]
 
-        _, (r1, r2, r3) = _in_threads([partial(ok_all, a, [s1, s2, s3]), receive])
+        _, (r1, r2, r3) = in_threads([partial(ok_all, a, [s1, s2, s3]), receive])
         assert isinstance(r1.error, MismatchError)
         assert "different call" in str(r1.error)
         assert isinstance(r2.error, MismatchError)
@@ -253,7 +222,7 @@ def test_full_duplex_64_mib_both_send_first() -> None:
             ok(t, s)  # both wait on their send before posting the receive
             ok(t, t.irecv(1 - r, 9, mv(dsts[r]), 0))
 
-        _in_threads([lambda: rank(0), lambda: rank(1)])
+        in_threads([lambda: rank(0), lambda: rank(1)])
         assert np.array_equal(dsts[0], srcs[1])
         assert np.array_equal(dsts[1], srcs[0])
 
@@ -271,7 +240,7 @@ def test_four_ranks_all_to_all_at_once() -> None:
                 ok(t, h)
             return dsts
 
-        results = _in_threads([partial(rank, r) for r in range(size)])
+        results = in_threads([partial(rank, r) for r in range(size)])
         for r in range(size):
             for p in range(size):
                 assert np.array_equal(results[r][p], payload(nbytes, 10 * p + r))
@@ -294,7 +263,7 @@ def test_two_threads_share_one_rank() -> None:
                     buf[:] = (buf[0] + 1) % 251
                     ok(t, t.isend(1 - t.rank, tag, mv(buf), 0))
 
-        _in_threads([partial(pingpong, tag, t, t is a) for tag in (1, 2) for t in (a, b)])
+        in_threads([partial(pingpong, tag, t, t is a) for tag in (1, 2) for t in (a, b)])
 
 
 # -- waiting, cancelling, closing ----------------------------------------------------------------
@@ -344,7 +313,7 @@ def test_cancel_sends() -> None:
             while not r.done:
                 a.wait_any([r], 0.01)
 
-        _in_threads([lambda: ok(b, r), push_rest])
+        in_threads([lambda: ok(b, r), push_rest])
         assert np.array_equal(dst, payload(20 * 4096))
         late = b.irecv(0, 2, mv(np.zeros(10, np.uint8)), 0)
         assert not b.wait_any([late], 0.1)  # the cancelled send never arrives
@@ -417,7 +386,7 @@ def test_rendezvous_details() -> None:
     store = MemoryStore(timeout=20)
     job = f"test-{os.getpid()}-{secrets.token_hex(4)}"  # unique: other runs may be going on
     # Ranks may choose different geometries: senders follow the receiver's.
-    ts = _in_threads(
+    ts = in_threads(
         [
             lambda: ShmTransport(0, 2, store, timeout=20, job=job, slot_bytes=4096, slots=2),
             lambda: ShmTransport(1, 2, store, timeout=20, slot_bytes=10000, slots=3),
@@ -431,7 +400,7 @@ def test_rendezvous_details() -> None:
                 src, dst = payload(nbytes, r), np.zeros(nbytes, np.uint8)
                 h = ts[1 - r].irecv(r, 1, mv(dst), 0)
                 s = ts[r].isend(1 - r, 1, mv(src), 0)
-                _in_threads([partial(ok, ts[r], s), partial(ok, ts[1 - r], h)])
+                in_threads([partial(ok, ts[r], s), partial(ok, ts[1 - r], h)])
                 assert np.array_equal(src, dst)
     finally:
         for t in ts:
@@ -462,7 +431,7 @@ def test_job_must_agree() -> None:
         with pytest.raises(RendezvousError, match="differs"):
             ShmTransport(1, 2, store, timeout=1, job=f"right-{unique}")
 
-    _in_threads([rank0, rank1])
+    in_threads([rank0, rank1])
     assert first is None
     with pytest.raises(ValueError, match="job"):
         ShmTransport(0, 1, store, job="no/slash")
@@ -478,7 +447,7 @@ def test_libatomic_counters(monkeypatch: pytest.MonkeyPatch) -> None:
     with transports(2, **SMALL) as (a, b):
         src, dst = payload(50_000), np.zeros(50_000, np.uint8)
         s, r = a.isend(1, 1, mv(src), 0), b.irecv(0, 1, mv(dst), 0)
-        _in_threads([lambda: ok(a, s), lambda: ok(b, r)])
+        in_threads([lambda: ok(a, s), lambda: ok(b, r)])
         assert np.array_equal(src, dst)
 
 
@@ -486,7 +455,7 @@ def test_libatomic_counters(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
-def test_communicator_allreduce_in_threads(size: int) -> None:
+def test_communicator_allreducein_threads(size: int) -> None:
     ts = _make(size, slot_bytes=16384)
     comms = [plait.init(transport=t, timeout=30) for t in ts]
     counts = [0, 1, 7, 1000, 50_000]
@@ -495,7 +464,7 @@ def test_communicator_allreduce_in_threads(size: int) -> None:
         with comms[r] as comm:
             return [comm.allreduce(np.arange(n, dtype=np.float64) * (r + 1)) for n in counts]
 
-    results = _in_threads([partial(rank, r) for r in range(size)])
+    results = in_threads([partial(rank, r) for r in range(size)])
     factor = size * (size + 1) // 2
     for got in results:
         for n, y in zip(counts, got, strict=True):

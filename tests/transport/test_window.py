@@ -12,12 +12,13 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import numpy as np
 import pytest
+from shm_helpers import in_threads, no_leftovers  # noqa: F401 - no_leftovers: autouse fixture
 
 from plait.errors import ClosedError, PeerLostError
 from plait.rendezvous.store import MemoryStore
@@ -38,38 +39,6 @@ KINDS = ["memory", "shm"]
 SMALL: dict[str, Any] = {"slot_bytes": 4096, "slots": 2, "window_bytes": 1 << 20}
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers(own_segments: list[str]) -> Iterator[None]:
-    """Every test leaves none of its segments in /dev/shm (see conftest.py) and no thread."""
-    threads = set(threading.enumerate())
-    yield
-    extra = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-    assert extra == []
-
-
-def _in_threads(fns: Sequence[Callable[[], Any]], timeout: float = 60.0) -> list[Any]:
-    """Run each function on its own thread; return the results, re-raising the first error."""
-    results: list[Any] = [None] * len(fns)
-    errors: list[BaseException | None] = [None] * len(fns)
-
-    def body(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as exc:
-            errors[i] = exc
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a rank thread hung"
-    for err in errors:
-        if err is not None:
-            raise err
-    return results
-
-
 @contextlib.contextmanager
 def transports(kind: str, size: int, **kwargs: Any) -> Iterator[list[Endpoint]]:
     """``size`` endpoints of one transport, each with a window."""
@@ -79,7 +48,7 @@ def transports(kind: str, size: int, **kwargs: Any) -> Iterator[list[Endpoint]]:
     else:
         store = MemoryStore(timeout=20)
         kw = {**SMALL, **kwargs}
-        ts = _in_threads(
+        ts = in_threads(
             [partial(ShmTransport, r, size, store, timeout=20, **kw) for r in range(size)]
         )
     try:
@@ -146,7 +115,7 @@ def test_post_then_wait_sees_the_data(kind: str, size: int) -> None:
             w.end(0)
             return same
 
-        results = _in_threads([writer, *(partial(reader, r) for r in range(1, size))])
+        results = in_threads([writer, *(partial(reader, r) for r in range(1, size))])
         assert all(results[1:])
 
 
@@ -173,7 +142,7 @@ def test_epochs_alternate_halves(kind: str) -> None:
                 assert w.counter(r) == (epoch + 1) << 32
             return halves
 
-        assert _in_threads([partial(rank, 0), partial(rank, 1)]) == [[0, 1] * 4] * 2
+        assert in_threads([partial(rank, 0), partial(rank, 1)]) == [[0, 1] * 4] * 2
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -202,7 +171,7 @@ def test_begin_waits_until_every_peer_ended_call_n_minus_2(kind: str) -> None:
             assert slow.wait(0, 1, soon())  # it reads the fast rank's half 0 of call 0 ...
             slow.end(0)  # ... and only then lets it go on
 
-        got, _ = _in_threads([begin_two, slow_rank])
+        got, _ = in_threads([begin_two, slow_rank])
         assert got == 0
         assert fast.digest(0, 0) == 7
         assert fast.behind(1 << 32) == []
@@ -258,7 +227,7 @@ def test_a_peer_that_closes_fails_the_waiters(kind: str) -> None:
                 assert watch.asleep.wait(10)
             c.close()
 
-        _in_threads([waiter, closer])
+        in_threads([waiter, closer])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -277,7 +246,7 @@ def test_closing_fails_own_waits(kind: str) -> None:
                 assert watch.asleep.wait(10)
             a.close()
 
-        _in_threads([waiter, closer])
+        in_threads([waiter, closer])
         with pytest.raises(error):
             w.post(1)
         with pytest.raises(error):
@@ -300,7 +269,7 @@ def test_a_sleeping_waiter_is_woken_by_post(kind: str) -> None:
             posted[0] = time.monotonic()
             win(a).post(1)
 
-        woke, _ = _in_threads([waiter, poster])
+        woke, _ = in_threads([waiter, poster])
         # Woken by the doorbell, not by the endpoint's 1 s check of peers.
         assert woke - posted[0] < 0.5
 
@@ -331,7 +300,7 @@ def test_point_to_point_traffic_beside_the_window() -> None:
                     assert h.error is None
                 assert (dst == i & 0xFF).all()
 
-        _in_threads([partial(f, r) for f in (windows, messages) for r in (0, 1)])
+        in_threads([partial(f, r) for f in (windows, messages) for r in (0, 1)])
 
 
 # -- the shared-memory window: configuration -----------------------------------------------------
@@ -357,7 +326,7 @@ def test_window_size_and_disabling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PLAIT_SHM_WINDOW")
     store = MemoryStore(timeout=20)
     for sizes, expect in (((0, 4096), None), ((5000, 1 << 16), 5000)):
-        pair = _in_threads(
+        pair = in_threads(
             [
                 partial(ShmTransport, r, 2, store, timeout=20, window_bytes=n, slot_bytes=4096)
                 for r, n in enumerate(sizes)
