@@ -28,10 +28,6 @@ import os
 # fixed thread count keeps the matrix products' rounding the same from run to run.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-# Bytes on the wire are what this example compares: the one-sided collectives of ranks that
-# share a host's memory send none (they read each other's windows), so the uncompressed run
-# would count 0. Every call goes through messages here, as between hosts.
-os.environ.setdefault("PLAIT_SHM_WINDOW", "0")
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
@@ -251,6 +247,10 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; choose from {list(METHODS)}")
 
+    # Bytes on the wire are what this example compares: the one-sided collectives of ranks that
+    # share a host's memory send none (they read each other's windows), so the uncompressed run
+    # would count 0. Every call goes through messages here, as between hosts.
+    os.environ.setdefault("PLAIT_SHM_WINDOW", "0")
     with plait.init() as comm:
         results = []
         for method in methods:
