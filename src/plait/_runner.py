@@ -40,7 +40,7 @@ from plait.errors import (
     MismatchError,
     UnsupportedError,
 )
-from plait.group import collective_tag
+from plait.group import collective_tag, probe_tag
 from plait.runtime.executor import Call, Workspace, execute, quiet, restore, run_local
 from plait.runtime.one_sided import run_one_sided
 from plait.runtime.work import Work, Worker
@@ -78,6 +78,7 @@ class CallRunner:
         "_gate",
         "_gate_waiters",
         "_lock",
+        "_probe_tag",
         "_rank",
         "_size",
         "_transport",
@@ -106,6 +107,7 @@ class CallRunner:
         self._rank = transport.rank
         self._size = transport.size
         self._comm_id = comm_id
+        self._probe_tag = probe_tag(comm_id)  # Note [stall probes] in plait.runtime.stall
         self.timeout = timeout
         self.detail = detail
         self.seq = 0
@@ -298,8 +300,9 @@ class CallRunner:
                         workspace = self._workspaces.ws
                         if workspace is None:  # first call on this thread
                             workspace = self._workspaces.ws = Workspace()
-                        tmp = workspace.take(schedule.tmp_count, dtype)
-                        staging = workspace.take(schedule.staged_count, dtype, schedule.tmp_count)
+                        tmp, staging = workspace.pair(
+                            schedule.tmp_count, schedule.staged_count, dtype
+                        )
                     else:
                         tmp, staging = _NO_TMP, None
                     call = Call(
@@ -312,6 +315,8 @@ class CallRunner:
                         rec,
                         self.timeline,
                         epoch,
+                        seq,
+                        self._probe_tag,
                     )
                     buffers = (req.inp, req.out, tmp)
                     if schedule.one_sided:

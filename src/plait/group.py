@@ -22,7 +22,14 @@ from collections.abc import Sequence
 
 from plait.transport.base import Handle, Transport
 
-__all__ = ["COMM_ID_BITS", "GroupTransport", "child_comm_id", "collective_tag", "p2p_tag"]
+__all__ = [
+    "COMM_ID_BITS",
+    "GroupTransport",
+    "child_comm_id",
+    "collective_tag",
+    "p2p_tag",
+    "probe_tag",
+]
 
 COMM_ID_BITS = 18
 SEQ_BITS = 20
@@ -40,6 +47,15 @@ def collective_tag(comm_id: int, seq: int) -> int:
 def p2p_tag(comm_id: int, tag: int) -> int:
     """The wire tag of a user's point-to-point ``tag`` (0 <= tag < 2**31)."""
     return _P2P | (comm_id << _COMM_SHIFT) | tag
+
+
+def probe_tag(comm_id: int) -> int:
+    """The wire tag of ``comm_id``'s stall probes (Note [stall probes] in plait.runtime.stall).
+
+    In the point-to-point space with bit 31 set: above every user tag, so no user
+    receive (``ANY_TAG`` included) ever takes a probe.
+    """
+    return _P2P | (comm_id << _COMM_SHIFT) | (1 << 31)
 
 
 def child_comm_id(parent_id: int, seq: int, color: int) -> int:

@@ -106,6 +106,53 @@ def test_mismatched_counts_fail_on_every_rank(tmp_path: Path, transport: str) ->
     ]
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_different_collectives_fail_on_every_rank_within_seconds(
+    tmp_path: Path, transport: str
+) -> None:
+    # No message ever passes between the two sides (each waits to receive from the other),
+    # and the ranks of a reduce with other roots, one of them a leaf that returns at once:
+    # stall probes (plait.runtime.stall) find both, with the default check, in seconds.
+    script = """
+        import time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        x = np.ones(6, np.float32)
+        start = time.monotonic()
+        try:
+            if comm.rank == 0:
+                comm.allreduce(x)
+            else:
+                comm.broadcast(x, root=0)
+        except plait.MismatchError:
+            print(f"first on {comm.rank} {time.monotonic() - start:.1f}", flush=True)
+        else:
+            raise SystemExit("no error")
+        comm.close()
+        comm = plait.init(timeout=60)
+        start = time.monotonic()
+        try:
+            comm.reduce(x, root=2 if comm.rank == 2 else 0)
+            comm.barrier()
+        except plait.MismatchError:
+            print(f"second on {comm.rank} {time.monotonic() - start:.1f}", flush=True)
+        else:
+            raise SystemExit("no error")
+        comm.close()
+    """
+    res, _ = plait_run(["-n", "3", "--tag-output", "--transport", transport], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    found = sorted(line.split(":", 1)[1].split()[:3] for line in res.stdout.splitlines())
+    assert [f[:3:2] for f in found] == [
+        ["first", "0"],
+        ["first", "1"],
+        ["first", "2"],
+        ["second", "0"],
+        ["second", "1"],
+        ["second", "2"],
+    ], res.stdout
+    assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
+
+
 def test_close_after_error_releases_everything(tmp_path: Path) -> None:
     script = """
         import os, threading, numpy as np, plait

@@ -47,7 +47,8 @@ from plait.errors import (
     CommError,
     InternalError,
 )
-from plait.schedule.ir import Region, Schedule, Step, StepKind
+from plait.runtime.stall import PROBE_SECONDS, Prober, settle
+from plait.schedule.ir import Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
 if TYPE_CHECKING:
@@ -105,10 +106,30 @@ class Workspace:
     area of ``RECV_REDUCE`` out of it. It grows to the largest call seen.
     """
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_last", "_raw")
 
     def __init__(self) -> None:
         self._raw = np.empty(0, np.uint8)
+        # The last carve of :meth:`pair`: its key and its two arrays (a loop repeats it).
+        self._last: tuple[object, np.ndarray, np.ndarray] | None = None
+
+    def pair(self, tmp: int, staged: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """``TMP`` (``tmp`` elements) and the staging area after it (``staged``), of ``dtype``.
+
+        The same arrays as the call before when it asked for the same, so a loop
+        of equal calls carves nothing (growing replaces the memory, and the cache).
+        """
+        key = (tmp, staged, dtype)
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1], last[2]
+        size = self._raw.size
+        a = self.take(tmp, dtype)
+        b = self.take(staged, dtype, tmp)
+        if self._raw.size != size:  # grew: the first array is in the old memory
+            a = self.take(tmp, dtype)
+        self._last = (key, a, b)
+        return a, b
 
     def take(self, count: int, dtype: np.dtype, offset: int = 0) -> np.ndarray:
         """``count`` elements of ``dtype`` starting ``offset`` elements in (grows if needed)."""
@@ -132,7 +153,9 @@ class Call:
         "check",
         "deadline",
         "epoch",
+        "probe_tag",
         "recorder",
+        "seq",
         "slot",
         "tag_base",
         "timeline",
@@ -150,6 +173,8 @@ class Call:
         recorder: FlightRecorder | None = None,
         timeline: Timeline | None = None,
         epoch: int = -1,
+        seq: int = -1,
+        probe_tag: int = -1,
     ) -> None:
         self._label = describe  # a string, or (collective, algorithm, seq) formatted on demand
         self.tag_base = tag_base  # tag of message 0 (see Note [wire tags] in plait.group)
@@ -165,6 +190,10 @@ class Call:
         self.timeline = timeline
         # The call's number among the communicator's one-sided calls (-1: not one)
         self.epoch = epoch
+        # The call's number, and the tag of its communicator's stall probes (-1: it sends
+        # none; Note [stall probes] in plait.runtime.stall)
+        self.seq = seq
+        self.probe_tag = probe_tag
 
     @property
     def describe(self) -> str:
@@ -204,23 +233,13 @@ def execute(
         run_one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
-    raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
     ufunc = call.ufunc
-
-    def wire(region: Region) -> memoryview:
-        b = raw[region.buf]
-        if b is None:
-            b = raw[region.buf] = buffers[region.buf].view(np.uint8)
-        # ``.data`` is memoryview(...) typed as one (numpy's stubs give ndarray the buffer
-        # protocol only from Python 3.12 on), and a little cheaper than calling it.
-        return b[region.offset * itemsize : (region.offset + region.count) * itemsize].data
-
     remaining = list(schedule.n_deps)
     dependents = schedule.dependents
-    roots = schedule.roots or tuple(i for i, n in enumerate(remaining) if n == 0)
-    ready: deque[int] = deque(roots)
+    ready: deque[int] = deque(schedule.roots or [i for i, n in enumerate(remaining) if n == 0])
     pending: dict[Handle, int] = {}
-    staged: dict[int, np.ndarray] = {}  # RECV_REDUCE step -> staging array
+    # RECV_REDUCE bookkeeping: step -> staging array; arrived, and dependencies met.
+    staged: dict[int, np.ndarray] = {}
     arrived: set[int] = set()
     deps_met: set[int] = set()
     left = len(steps)
@@ -230,49 +249,31 @@ def execute(
         rec.watch(slot, pending, steps)  # read only when dumped (Note [executor diagnostics])
     # step -> when it was started; filled only for the timeline (nothing made per call without)
     issued: dict[int, float] = {} if tl is not None else _NOTHING_ISSUED
-
-    def finish(i: int) -> None:
-        nonlocal left
-        left -= 1
-        for j in dependents[i]:
-            remaining[j] -= 1
-            if remaining[j] == 0:
-                ready.append(j)
-
-    def combine(i: int) -> None:
-        step = steps[i]
-        r = step.dst
-        if r is None:
-            raise _malformed(schedule.rank, call, step)
-        dst = buffers[r.buf][r.offset : r.offset + r.count]
-        data = staged.pop(i)
-        if step.first:
-            ufunc(data, dst, out=dst)
-        else:
-            ufunc(dst, data, out=dst)
-        if tl is not None:
-            _note(tl, steps[i], i, issued.pop(i), itemsize, tag_base)
-        finish(i)
-
+    raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
+    probe_at = 0.0  # when the call probes its peers (0.0: not blocked yet)
+    prober: Prober | None = None
     try:
         # Post every staged receive now: they touch no caller memory until combined.
-        total = schedule.staged_count
-        if total:
-            pool = staging if staging is not None else np.empty(total, buffers[1].dtype)
+        if schedule.staged_count:
+            pool = (
+                staging
+                if staging is not None
+                else np.empty(schedule.staged_count, buffers[1].dtype)
+            )
             pool_raw = pool.view(np.uint8)
             offset = 0
-            for i, step in enumerate(steps):
-                if step.kind is StepKind.RECV_REDUCE:
-                    d = step.dst
-                    if d is None:
-                        raise _malformed(schedule.rank, call, step)
-                    n = d.count
-                    staged[i] = pool[offset : offset + n]
-                    mv = pool_raw[offset * itemsize : (offset + n) * itemsize].data
-                    pending[transport.irecv(step.peer, tag_base + step.tag, mv, check)] = i
-                    if tl is not None:
-                        issued[i] = _now()
-                    offset += n
+            for i in _staged_steps(schedule):
+                step = steps[i]
+                d = step.dst
+                if d is None:
+                    raise _malformed(schedule.rank, call, step)
+                n = d.count
+                staged[i] = pool[offset : offset + n]
+                mv = pool_raw[offset * itemsize : (offset + n) * itemsize].data
+                pending[transport.irecv(step.peer, tag_base + step.tag, mv, check)] = i
+                if tl is not None:
+                    issued[i] = _now()
+                offset += n
         while True:
             while ready:
                 i = ready.popleft()
@@ -280,24 +281,31 @@ def execute(
                 kind = step.kind
                 # Each kind reads the Region fields it uses into locals once, checked
                 # against None (see Note [step fields]); no allocation per step.
-                if kind is StepKind.SEND:
-                    s = step.src
-                    if s is None:
+                if kind is _SEND or kind is _RECV:
+                    r = step.src if kind is _SEND else step.dst
+                    if r is None:
                         raise _malformed(schedule.rank, call, step)
-                    pending[transport.isend(step.peer, tag_base + step.tag, wire(s), check)] = i
+                    # ``.data`` is memoryview(...) typed as one (numpy's stubs give ndarray
+                    # the buffer protocol only from Python 3.12 on), and a little cheaper.
+                    b = raw[r.buf]
+                    if b is None:
+                        b = raw[r.buf] = buffers[r.buf].view(np.uint8)
+                    mv = b[r.offset * itemsize : (r.offset + r.count) * itemsize].data
+                    if kind is _SEND:
+                        h = transport.isend(step.peer, tag_base + step.tag, mv, check)
+                    else:
+                        h = transport.irecv(step.peer, tag_base + step.tag, mv, check)
+                    pending[h] = i
                     if tl is not None:
                         issued[i] = _now()
-                elif kind is StepKind.RECV:
-                    d = step.dst
-                    if d is None:
-                        raise _malformed(schedule.rank, call, step)
-                    pending[transport.irecv(step.peer, tag_base + step.tag, wire(d), check)] = i
-                    if tl is not None:
-                        issued[i] = _now()
-                elif kind is StepKind.RECV_REDUCE:
+                    continue
+                if kind is _RECV_REDUCE:
                     deps_met.add(i)
-                    if i in arrived:
-                        combine(i)
+                    if i not in arrived:
+                        continue
+                    _combine(step, buffers, staged.pop(i), ufunc, schedule.rank, call)
+                    if tl is not None:
+                        _note(tl, step, i, issued.pop(i), itemsize, tag_base)
                 else:
                     if step.src is None or step.dst is None:
                         raise _malformed(schedule.rank, call, step)
@@ -305,33 +313,67 @@ def execute(
                     _local_step(step, buffers, ufunc, aliased, schedule.rank)
                     if tl is not None:
                         _note(tl, step, i, start, itemsize, tag_base)
-                    finish(i)
+                left -= 1  # step i is done: release the steps that waited for it
+                for j in dependents[i]:
+                    remaining[j] -= 1
+                    if not remaining[j]:
+                        ready.append(j)
             if left == 0:
                 return
             done = [h for h in pending if h.done]
             if not done:
-                timeout = None if call.deadline is None else call.deadline - time.monotonic()
+                now = time.monotonic()
+                timeout = None if call.deadline is None else call.deadline - now
+                if timeout is not None and timeout <= 0:
+                    raise settle(
+                        transport, call, schedule, _timeout(schedule.rank, call, steps, pending)
+                    )
                 if tl is not None:
                     blocked, waited = _now(), _waiting(steps, pending)
-                if (timeout is not None and timeout <= 0) or not transport.wait_any(
-                    list(pending), timeout
-                ):
-                    raise _timeout(schedule.rank, call, steps, pending)
+                # Until it probes, the call wakes up when it is time to (Note [stall probes]).
+                handles = list(pending)
+                limit = timeout
+                if prober is not None:
+                    handles += prober.handles
+                    wake = prober.wake_at
+                    if wake is not None and (timeout is None or wake - now < timeout):
+                        limit = max(wake - now, 0.0)
+                elif call.probe_tag >= 0:
+                    if not probe_at:
+                        probe_at = now + PROBE_SECONDS
+                    if timeout is None or probe_at - now < timeout:
+                        limit = max(probe_at - now, 0.0)
+                if not transport.wait_any(handles, limit) and limit == timeout:
+                    raise settle(
+                        transport, call, schedule, _timeout(schedule.rank, call, steps, pending)
+                    )
                 if tl is not None:
                     tl.wait(blocked, _now(), waited)
+                if prober is None and probe_at and time.monotonic() >= probe_at:
+                    prober = Prober(transport, call, schedule.rank, schedule.size)
+                    prober.start()
+                if prober is not None:
+                    prober.check(_waiting(steps, pending))
                 done = [h for h in pending if h.done]
             for h in done:
                 i = pending.pop(h)
                 if h.error is not None:
-                    raise _wrap(schedule.rank, call, steps[i], h.error)
-                if steps[i].kind is StepKind.RECV_REDUCE:
+                    raise settle(
+                        transport, call, schedule, _wrap(schedule.rank, call, steps[i], h.error)
+                    )
+                step = steps[i]
+                if step.kind is _RECV_REDUCE:
                     arrived.add(i)
-                    if i in deps_met:
-                        combine(i)
-                else:
-                    if tl is not None:
-                        _note(tl, steps[i], i, issued.pop(i), itemsize, tag_base)
-                    finish(i)
+                    if i not in deps_met:
+                        continue
+                    _combine(step, buffers, staged.pop(i), ufunc, schedule.rank, call)
+                if tl is not None:
+                    _note(tl, step, i, issued.pop(i), itemsize, tag_base)
+                left -= 1
+                for j in dependents[i]:
+                    remaining[j] -= 1
+                    if not remaining[j]:
+                        ready.append(j)
     except BaseException:
         if rec is not None and slot is not None:
             rec.unwatch(slot)  # before cancel marks the handles done
@@ -339,6 +381,45 @@ def execute(
             if not h.done:
                 transport.cancel(h)
         raise
+    finally:
+        if prober is not None:
+            prober.close()
+
+
+_SEND, _RECV, _RECV_REDUCE = StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE
+# schedule id -> (the schedule, its RECV_REDUCE steps); holding the schedule keeps the id its own
+_STAGED: dict[int, tuple[Schedule, tuple[int, ...]]] = {}
+
+
+def _staged_steps(schedule: Schedule) -> tuple[int, ...]:
+    """The ``RECV_REDUCE`` steps of ``schedule``, in order (found once per schedule)."""
+    hit = _STAGED.get(id(schedule))
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    found = tuple(i for i, s in enumerate(schedule.steps) if s.kind is StepKind.RECV_REDUCE)
+    if len(_STAGED) >= 4096:  # as many as the schedule cache holds
+        _STAGED.clear()
+    _STAGED[id(schedule)] = (schedule, found)
+    return found
+
+
+def _combine(
+    step: Step,
+    buffers: Sequence[np.ndarray],
+    data: np.ndarray,
+    ufunc: np.ufunc,
+    rank: int,
+    call: Call,
+) -> None:
+    """Fold the staged ``data`` of ``RECV_REDUCE`` ``step`` into its destination."""
+    r = step.dst
+    if r is None:
+        raise _malformed(rank, call, step)
+    dst = buffers[r.buf][r.offset : r.offset + r.count]
+    if step.first:
+        ufunc(data, dst, out=dst)
+    else:
+        ufunc(dst, data, out=dst)
 
 
 def run_local(

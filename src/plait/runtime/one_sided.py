@@ -13,11 +13,12 @@ Note [one-sided]
     other's data.
 
     A rank whose call fails (a mismatch, a lost peer, a timeout) posts the
-    phase ``ABANDONED`` of its epoch before it raises: larger than any phase,
+    phase ``ABANDONED`` of its epoch before it raises (``MISMATCHED``, one
+    less, where it found the ranks' calls different): larger than any phase,
     it wakes every peer waiting on it, and a peer that finds it raises at once
-    (MismatchError where the digests differ, else PeerLostError naming the
-    rank that gave up) instead of reading its window or waiting for its own
-    timeout.
+    (MismatchError where the digests differ or the rank posted MISMATCHED,
+    else PeerLostError naming the rank that gave up) instead of reading its
+    window or waiting for its own timeout.
 
 Note [compiled one-sided schedules]
     A small call is a few steps, and reading a step's fields, slicing the
@@ -33,6 +34,7 @@ Note [compiled one-sided schedules]
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,10 +53,12 @@ from plait.runtime.executor import (
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
 from plait.transport.base import Transport
 
-__all__ = ["ABANDONED", "run_one_sided"]
+__all__ = ["ABANDONED", "MISMATCHED", "run_one_sided"]
 
 #: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
 ABANDONED = (1 << 32) - 1
+#: The phase it posts instead when it gave up because the ranks' calls differ.
+MISMATCHED = (1 << 32) - 2
 
 # Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
 # is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase).
@@ -98,7 +102,8 @@ def run_one_sided(
             _run_steps(schedule, buffers, window, call, half, aliased)
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: the transport may be gone
-            window.post((epoch << 32) | ABANDONED)
+            mismatched = isinstance(sys.exc_info()[1], MismatchError)
+            window.post((epoch << 32) | (MISMATCHED if mismatched else ABANDONED))
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
@@ -173,7 +178,7 @@ def _run(
     """Run compiled operations (Note [compiled one-sided schedules])."""
     ufunc, deadline, slot = call.ufunc, call.deadline, call.slot
     base = call.epoch << 32
-    abandoned = base | ABANDONED  # a peer's counter when it gave up on this call
+    gave_up = base | MISMATCHED  # a peer's counter from here on: it gave up on this call
     checked = 0  # bit q: rank q's digest was compared
     for op in ops:
         code = op[0]
@@ -193,7 +198,7 @@ def _run(
                 raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
             if not arrived:
                 raise _timeout_for(rank, call, [q])
-            if not checked >> q & 1 or window.counter(q) == abandoned:
+            if not checked >> q & 1 or window.counter(q) >= gave_up:
                 _check_peer(window, q, half, call, rank)
                 checked |= 1 << q
             if code == _WAIT:
@@ -226,7 +231,13 @@ def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:
             "(its parameters' digest differs from this rank's)"
         )
     # Only this call's: a peer that gave up on a later call has finished this one.
-    if window.counter(q) == (call.epoch << 32) | ABANDONED:
+    counter = window.counter(q)
+    if counter == (call.epoch << 32) | MISMATCHED:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
+            "collectives (its own message says what differs)"
+        )
+    if counter == (call.epoch << 32) | ABANDONED:
         raise PeerLostError(
             f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
             "error of its own (see its message)"
@@ -266,7 +277,7 @@ def _run_steps(
                 raise _wrap(rank, call, step, exc) from None
             if not arrived:
                 raise _timeout_for(rank, call, [q])
-            if q not in checked or window.counter(q) == base | ABANDONED:
+            if q not in checked or window.counter(q) >= base | MISMATCHED:
                 _check_peer(window, q, half, call, rank)
                 checked.add(q)
             if kind is not StepKind.WAIT:

@@ -1,0 +1,251 @@
+"""Stalled calls: ranks that wait on each other in different calls find out within seconds.
+
+Note [stall probes]
+    Every message carries its call's digest, so two ranks in different calls
+    fail with MismatchError as soon as one receives a message of the other.
+    Some mismatches exchange no message at all: an allreduce on one rank
+    against a broadcast on the others (each side waits to receive from the
+    other), a reduce with different roots, a leaf that sends its part and
+    returns while its peers wait for something it never sends. Without more,
+    those ranks would wait for their timeout (300 s by default).
+
+    So a call that has waited :data:`PROBE_SECONDS` without finishing
+    *probes*: it sends every other rank of the communicator one small message
+    on the communicator's probe tag (outside the tags of calls and of the
+    user's point-to-point messages) saying "call #n, this digest, stalled",
+    and from then on until it ends keeps a receive posted for each peer's
+    probe on that tag. A probe names its call, so one tag serves every call
+    and a probe that arrives late is recognised as old. A stalled rank that
+    reads a peer's probe decides:
+
+    - same call number, different digest: the two ranks are in different
+      calls: MismatchError;
+    - a later call number, from a rank this call still waits on: that rank
+      has finished this call without sending what this rank waits for, or
+      its message is still on the way. If the call still waits on that rank
+      :data:`GRACE_SECONDS` later, MismatchError (a message that takes
+      longer than that to arrive after its sender has finished with it, and
+      has then itself waited a probe period, would be mistaken: megabytes
+      in flight over a link of well under 1 MB/s);
+    - a ``VERDICT`` (a peer found this call, or an earlier one, mismatched):
+      MismatchError, naming that peer;
+    - anything else (an older call, the same call and digest) says nothing.
+
+    A rank that raises MismatchError this way first sends every other rank a
+    verdict, so that the ranks of the same mistake that found no evidence of
+    their own (a leaf that returned, then waits in its next call) fail too as
+    soon as they stall. Every rank stuck in such a mismatch thus raises
+    MismatchError within about one to two probe periods.
+
+    Costs: nothing while calls finish within :data:`PROBE_SECONDS`; a stalled
+    call sends ``size - 1`` messages of :data:`PROBE_BYTES` once and keeps
+    ``size - 1`` receives posted. A probe that reaches a rank which never
+    stalls stays among its unexpected messages until that rank next stalls
+    (it reads every probe waiting then) or closes: one small message per
+    stalled call of a peer.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from plait.errors import MismatchError
+from plait.schedule.ir import Schedule
+from plait.transport.base import Handle, Transport
+
+if TYPE_CHECKING:
+    from plait.runtime.executor import Call
+
+__all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle"]
+
+#: Seconds a call waits before it probes its peers (Note [stall probes]).
+PROBE_SECONDS = 1.0
+#: Seconds a peer found in a later call may still deliver what this call waits for.
+GRACE_SECONDS = 2.0
+_STALLED, _VERDICT = 0, 1
+#: seq (the call's number), digest, kind, and the call's name (UTF-8, zero-padded).
+_WIRE = struct.Struct("<QQQ40s")
+#: Bytes of one probe.
+PROBE_BYTES = _WIRE.size
+
+
+class Prober:
+    """The probes of one stalled call (Note [stall probes]).
+
+    Args:
+        transport: the call's transport.
+        call: the call (its ``probe_tag``, number and digest).
+        rank, size: this rank and the communicator's size.
+    """
+
+    __slots__ = ("_bufs", "_call", "_me", "_posted", "_rank", "_size", "_suspects", "_t")
+
+    def __init__(self, transport: Transport, call: Call, rank: int, size: int) -> None:
+        self._t = transport
+        self._call = call
+        self._rank = rank
+        self._size = size
+        self._me = _WIRE.pack(call.seq, call.check, _STALLED, _name(call))
+        self._bufs: dict[int, np.ndarray] = {}
+        self._posted: dict[Handle, int] = {}  # receive -> peer
+        # peer found in a later call -> (when the grace ends, the error it would be)
+        self._suspects: dict[int, tuple[float, MismatchError]] = {}
+
+    def start(self) -> None:
+        """Tell every peer this call is stalled, and listen for theirs."""
+        for q in range(self._size):
+            if q == self._rank:
+                continue
+            self._send(q, self._me)
+            self._bufs[q] = np.zeros(PROBE_BYTES, np.uint8)
+            self._post(q)
+
+    def check(self, waiting: Sequence[int]) -> None:
+        """Read the peers' probes that arrived; raise MismatchError on evidence.
+
+        ``waiting``: the peers this call still waits on.
+        """
+        now = time.monotonic()
+        for h in [h for h in self._posted if h.done]:
+            q = self._posted.pop(h)
+            if h.error is not None:  # the peer is lost or the transport closed: the call says so
+                continue
+            seq, digest, kind, name = _WIRE.unpack(self._bufs[q].tobytes())
+            self._post(q)  # the next probe from q (a verdict may follow its stall probe)
+            err = self._verdict(q, seq, digest, kind, _text(name), waiting)
+            if err is not None:
+                self._tell_all()
+                raise err
+            if seq > self._call.seq and q in waiting and q not in self._suspects:
+                self._suspects[q] = (now + GRACE_SECONDS, self._ahead(q, _text(name)))
+        for q, (until, err) in list(self._suspects.items()):
+            if q not in waiting:
+                del self._suspects[q]  # what it owed arrived
+            elif now >= until:
+                self._tell_all()
+                raise err
+
+    @property
+    def wake_at(self) -> float | None:
+        """When :meth:`check` must look again though nothing arrived (None: no need)."""
+        return min((until for until, _ in self._suspects.values()), default=None)
+
+    def close(self) -> None:
+        """Withdraw the receives still posted (the call is over)."""
+        for h in self._posted:
+            if not h.done:
+                self._t.cancel(h)
+        self._posted.clear()
+
+    @property
+    def handles(self) -> list[Handle]:
+        """The posted receives, to wait on along with the call's own."""
+        return list(self._posted)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _verdict(
+        self, q: int, seq: int, digest: int, kind: int, name: str, waiting: Sequence[int]
+    ) -> MismatchError | None:
+        call, r = self._call, self._rank
+        if kind == _VERDICT:
+            return _verdict_error(call, r, q, name)
+        if seq == call.seq and digest != call.check:
+            return MismatchError(
+                f"rank {r}: {call.describe}: rank {q} is in a different call, {name}, and "
+                "waits like this rank; the ranks disagree on the collective, count, dtype, op, "
+                "root or algorithm"
+            )
+        return None
+
+    def _ahead(self, q: int, name: str) -> MismatchError:
+        call = self._call
+        return MismatchError(
+            f"rank {self._rank}: {call.describe}: rank {q} has finished this call without "
+            f"sending what this rank waits for, and waits in a later one, {name}: the ranks "
+            "called different collectives, or with different roots"
+        )
+
+    def _tell_all(self) -> None:
+        _tell_all(self._t, self._call, self._rank, self._size)
+
+    def _send(self, q: int, payload: bytes) -> None:
+        self._t.isend(q, self._call.probe_tag, memoryview(payload), 0)
+
+    def _post(self, q: int) -> None:
+        h = self._t.irecv(q, self._call.probe_tag, self._bufs[q].data, 0)
+        self._posted[h] = q
+
+
+def settle(transport: Transport, call: Call, where: Schedule, err: BaseException) -> BaseException:
+    """The error a failing call raises: ``err``, or the mismatch behind it.
+
+    A MismatchError is told to every peer (a verdict: Note [stall probes]). A
+    lost peer or a timeout may be the consequence of a mismatch that another
+    rank found first: a verdict already here says so, and the call raises
+    MismatchError instead. Costs nothing on success; a few small messages on
+    failure.
+    """
+    if call.probe_tag < 0 or where.size < 2:
+        return err
+    try:
+        if isinstance(err, MismatchError):
+            _tell_all(transport, call, where.rank, where.size)
+            return err
+        found = _verdict_here(transport, call, where.rank, where.size)
+    except Exception:
+        return err
+    if found is None:
+        return err
+    found.__cause__ = err
+    return found
+
+
+def _verdict_here(transport: Transport, call: Call, rank: int, size: int) -> MismatchError | None:
+    """A peer's verdict already received (not waited for), as this rank's MismatchError."""
+    found: MismatchError | None = None
+    for q in range(size):
+        if q == rank:
+            continue
+        while found is None:
+            buf = np.zeros(PROBE_BYTES, np.uint8)
+            h = transport.irecv(q, call.probe_tag, buf.data, 0)
+            if not h.done:  # nothing waiting from q
+                transport.cancel(h)
+                break
+            if h.error is not None:
+                break
+            _, _, kind, name = _WIRE.unpack(buf.tobytes())
+            if kind == _VERDICT:
+                found = _verdict_error(call, rank, q, _text(name))
+    return found
+
+
+def _tell_all(transport: Transport, call: Call, rank: int, size: int) -> None:
+    """Send every peer a verdict (best effort: the call is failing anyway)."""
+    verdict = _WIRE.pack(call.seq, call.check, _VERDICT, _name(call))
+    for q in range(size):
+        if q != rank:
+            try:
+                transport.isend(q, call.probe_tag, memoryview(verdict), 0)
+            except Exception:
+                continue
+
+
+def _verdict_error(call: Call, rank: int, q: int, name: str) -> MismatchError:
+    return MismatchError(
+        f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
+        f"collectives (in its {name}; its own message says what differs)"
+    )
+
+
+def _name(call: Call) -> bytes:
+    return call.describe.encode("utf-8", "replace")[:40]
+
+
+def _text(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode("utf-8", "replace")

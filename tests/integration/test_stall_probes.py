@@ -1,0 +1,80 @@
+"""Mismatched calls that exchange no message fail on every rank in seconds (stall probes).
+
+Ranks run as threads over the in-process transport without a window, so every call takes
+the message path that :mod:`plait.runtime.stall` guards; the same over real processes is in
+``tests/multiprocess/test_faults.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
+from plait.testing import run_ranks
+
+#: Far below the calls' timeout: a mismatch is found by the probes, not by the deadline.
+SOON = 4 * (PROBE_SECONDS + GRACE_SECONDS)
+
+
+def _outcome(fn: Any) -> tuple[str, float, str]:
+    start = time.monotonic()
+    try:
+        fn()
+    except plait.CommError as exc:
+        return type(exc).__name__, time.monotonic() - start, str(exc)
+    return "ok", time.monotonic() - start, ""
+
+
+def test_allreduce_against_broadcast_fails_everywhere() -> None:
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        x = np.ones(5, np.float32)
+        if comm.rank == 0:
+            return _outcome(lambda: comm.allreduce(x))
+        return _outcome(lambda: comm.broadcast(x, root=0))
+
+    results = run_ranks(3, body, timeout=60, window=0)
+    assert [r[0] for r in results] == ["MismatchError"] * 3, results
+    assert all(r[1] < SOON for r in results), results
+    assert "broadcast" in results[0][2], results
+    assert "allreduce" in results[1][2], results
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_reduce_with_different_roots_fails_everywhere(size: int) -> None:
+    # With 3 ranks rank 1 is a leaf of both trees: it sends and returns, and learns of the
+    # mismatch in its next call (a verdict of the ranks that found it).
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        x = np.ones(3)
+        root = comm.rank if size == 2 else (2 if comm.rank == 2 else 0)
+
+        def calls() -> None:
+            comm.reduce(x, root=root)
+            comm.barrier()
+
+        return _outcome(calls)
+
+    results = run_ranks(size, body, timeout=60, window=0)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+
+
+def test_slow_rank_is_not_a_mismatch() -> None:
+    # Rank 1 arrives long after the others have probed (and rank 2, a leaf of the reduce,
+    # waits in the next call meanwhile): a slow peer is no evidence of a mismatch.
+    def body(comm: plait.Communicator) -> Any:
+        x = np.full(4, comm.rank + 1.0)
+        if comm.rank == 1:
+            time.sleep(PROBE_SECONDS + GRACE_SECONDS + 1.0)  # the slow rank under test
+        r = comm.reduce(x, root=0)
+        comm.barrier()
+        return comm.allreduce(x), r
+
+    results = run_ranks(3, body, timeout=60, window=0)
+    for total, _ in results:
+        np.testing.assert_array_equal(total, np.full(4, 6.0))
+    np.testing.assert_array_equal(results[0][1], np.full(4, 6.0))
