@@ -7,6 +7,7 @@ the message path that :mod:`plait.runtime.stall` guards; the same over real proc
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -78,3 +79,26 @@ def test_slow_rank_is_not_a_mismatch() -> None:
     for total, _ in results:
         np.testing.assert_array_equal(total, np.full(4, 6.0))
     np.testing.assert_array_equal(results[0][1], np.full(4, 6.0))
+
+
+def test_timeout_names_the_rank_at_the_end_of_the_chain() -> None:
+    # A ring: rank 3 stays away, and each of the others waits on its left neighbour, so
+    # only rank 0 waits on rank 3 itself. The probes of the others say on whom they wait,
+    # and every timeout names rank 3 as the likeliest cause, not a healthy neighbour.
+    done = threading.Barrier(3)  # no rank returns (and closes) before all three timed out
+
+    def body(comm: plait.Communicator) -> str:
+        if comm.rank == 3:
+            time.sleep(4.0)  # the absent rank under test, alive and silent past the timeout
+            return ""
+        try:
+            comm.allreduce(np.ones(4), algorithm="ring", timeout=2.5)
+        except plait.CollectiveTimeout as exc:
+            done.wait(30)
+            return str(exc)
+        return "no timeout"
+
+    results = run_ranks(4, body, timeout=60, window=0)
+    for msg in results[:3]:
+        assert "rank(s) [3] did not say they wait: the likeliest cause" in msg, msg
+    assert "rank 1 waits in this call too, for rank(s) [0]" in results[2], results[2]

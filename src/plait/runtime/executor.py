@@ -326,7 +326,10 @@ def execute(
                 timeout = None if call.deadline is None else call.deadline - now
                 if timeout is not None and timeout <= 0:
                     raise settle(
-                        transport, call, schedule, _timeout(schedule.rank, call, steps, pending)
+                        transport,
+                        call,
+                        schedule,
+                        _timeout(schedule.rank, call, steps, pending, prober),
                     )
                 if tl is not None:
                     blocked, waited = _now(), _waiting(steps, pending)
@@ -345,13 +348,16 @@ def execute(
                         limit = max(probe_at - now, 0.0)
                 if not transport.wait_any(handles, limit) and limit == timeout:
                     raise settle(
-                        transport, call, schedule, _timeout(schedule.rank, call, steps, pending)
+                        transport,
+                        call,
+                        schedule,
+                        _timeout(schedule.rank, call, steps, pending, prober),
                     )
                 if tl is not None:
                     tl.wait(blocked, _now(), waited)
                 if prober is None and probe_at and time.monotonic() >= probe_at:
                     prober = Prober(transport, call, schedule.rank, schedule.size)
-                    prober.start()
+                    prober.start(_waiting(steps, pending))
                 if prober is not None:
                     prober.check(_waiting(steps, pending))
                 done = [h for h in pending if h.done]
@@ -482,9 +488,19 @@ def _waiting(steps: tuple[Step, ...], pending: dict[Handle, int]) -> list[int]:
 
 
 def _timeout(
-    rank: int, call: Call, steps: tuple[Step, ...], pending: dict[Handle, int]
+    rank: int,
+    call: Call,
+    steps: tuple[Step, ...],
+    pending: dict[Handle, int],
+    prober: Prober | None = None,
 ) -> CollectiveTimeout:
-    return _timeout_for(rank, call, _waiting(steps, pending))
+    waiting = _waiting(steps, pending)
+    err = _timeout_for(rank, call, waiting)
+    if prober is not None:  # who the peers said they wait on (Note [stall probes])
+        note = prober.explain(waiting)
+        if note:
+            err = CollectiveTimeout(f"{err}{note}")
+    return err
 
 
 def _malformed(rank: int, call: Call, step: Step) -> InternalError:

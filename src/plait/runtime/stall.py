@@ -68,8 +68,11 @@ PROBE_SECONDS = 1.0
 #: Seconds a peer found in a later call may still deliver what this call waits for.
 GRACE_SECONDS = 2.0
 _STALLED, _VERDICT = 0, 1
-#: seq (the call's number), digest, kind, and the call's name (UTF-8, zero-padded).
-_WIRE = struct.Struct("<QQQ40s")
+#: Most of the peers a probe says its call waits on.
+_NAMED = 8
+#: seq (the call's number), digest, kind, the call's name (UTF-8, zero-padded), how many
+#: peers the call waits on, and the first of them (-1 after the last).
+_WIRE = struct.Struct(f"<QQQ40sI{_NAMED}i")
 #: Bytes of one probe.
 PROBE_BYTES = _WIRE.size
 
@@ -83,25 +86,36 @@ class Prober:
         rank, size: this rank and the communicator's size.
     """
 
-    __slots__ = ("_bufs", "_call", "_me", "_posted", "_rank", "_size", "_suspects", "_t")
+    __slots__ = (
+        "_bufs",
+        "_call",
+        "_heard",
+        "_posted",
+        "_rank",
+        "_size",
+        "_suspects",
+        "_t",
+    )
 
     def __init__(self, transport: Transport, call: Call, rank: int, size: int) -> None:
         self._t = transport
         self._call = call
         self._rank = rank
         self._size = size
-        self._me = _WIRE.pack(call.seq, call.check, _STALLED, _name(call))
         self._bufs: dict[int, np.ndarray] = {}
         self._posted: dict[Handle, int] = {}  # receive -> peer
         # peer found in a later call -> (when the grace ends, the error it would be)
         self._suspects: dict[int, tuple[float, MismatchError]] = {}
+        # peer stalled in this very call -> the peers it said it waits on
+        self._heard: dict[int, tuple[int, ...]] = {}
 
-    def start(self) -> None:
-        """Tell every peer this call is stalled, and listen for theirs."""
+    def start(self, waiting: Sequence[int]) -> None:
+        """Tell every peer this call is stalled waiting on ``waiting``, and listen for theirs."""
+        me = _pack(self._call, _STALLED, waiting)
         for q in range(self._size):
             if q == self._rank:
                 continue
-            self._send(q, self._me)
+            self._send(q, me)
             self._bufs[q] = np.zeros(PROBE_BYTES, np.uint8)
             self._post(q)
 
@@ -115,8 +129,10 @@ class Prober:
             q = self._posted.pop(h)
             if h.error is not None:  # the peer is lost or the transport closed: the call says so
                 continue
-            seq, digest, kind, name = _WIRE.unpack(self._bufs[q].tobytes())
+            seq, digest, kind, name, n, *theirs = _WIRE.unpack(self._bufs[q].tobytes())
             self._post(q)  # the next probe from q (a verdict may follow its stall probe)
+            if kind == _STALLED and seq == self._call.seq and digest == self._call.check:
+                self._heard[q] = tuple(p for p in theirs[: min(n, _NAMED)] if p >= 0)
             err = self._verdict(q, seq, digest, kind, _text(name), waiting)
             if err is not None:
                 self._tell_all()
@@ -129,6 +145,37 @@ class Prober:
             elif now >= until:
                 self._tell_all()
                 raise err
+
+    def explain(self, waiting: Sequence[int]) -> str:
+        """Who waits on whom, from the probes of peers stalled in this call (for a timeout).
+
+        Follows the chain from the ranks this call waits on: a rank that waits
+        too says on whom, and the ranks at the end, which sent no probe, are
+        the likeliest cause. Empty when no probe came.
+        """
+        if not self._heard:
+            return ""
+        parts: list[str] = []
+        silent: list[int] = []
+        seen = set(waiting) | {self._rank}
+        todo = list(waiting)
+        while todo:
+            q = todo.pop(0)
+            if q not in self._heard:
+                silent.append(q)
+                continue
+            theirs = self._heard[q]
+            parts.append(f"rank {q} waits in this call too, for rank(s) {list(theirs)}")
+            for p in theirs:
+                if p not in seen:
+                    seen.add(p)
+                    todo.append(p)
+        if silent:
+            parts.append(
+                f"rank(s) {sorted(silent)} did not say they wait: the likeliest cause (stopped, "
+                "busy outside plait, or in another call)"
+            )
+        return "; " + "; ".join(parts)
 
     @property
     def wake_at(self) -> float | None:
@@ -219,15 +266,20 @@ def _verdict_here(transport: Transport, call: Call, rank: int, size: int) -> Mis
                 break
             if h.error is not None:
                 break
-            _, _, kind, name = _WIRE.unpack(buf.tobytes())
+            _, _, kind, name, *_ = _WIRE.unpack(buf.tobytes())
             if kind == _VERDICT:
                 found = _verdict_error(call, rank, q, _text(name))
     return found
 
 
+def _pack(call: Call, kind: int, waiting: Sequence[int]) -> bytes:
+    named = list(waiting[:_NAMED]) + [-1] * (_NAMED - min(len(waiting), _NAMED))
+    return _WIRE.pack(call.seq, call.check, kind, _name(call), len(waiting), *named)
+
+
 def _tell_all(transport: Transport, call: Call, rank: int, size: int) -> None:
     """Send every peer a verdict (best effort: the call is failing anyway)."""
-    verdict = _WIRE.pack(call.seq, call.check, _VERDICT, _name(call))
+    verdict = _pack(call, _VERDICT, ())
     for q in range(size):
         if q != rank:
             try:
