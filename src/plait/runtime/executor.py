@@ -330,6 +330,7 @@ def execute(
                         call,
                         schedule,
                         _timeout(schedule.rank, call, steps, pending, prober),
+                        prober,
                     )
                 if tl is not None:
                     blocked, waited = _now(), _waiting(steps, pending)
@@ -352,6 +353,7 @@ def execute(
                         call,
                         schedule,
                         _timeout(schedule.rank, call, steps, pending, prober),
+                        prober,
                     )
                 if tl is not None:
                     tl.wait(blocked, _now(), waited)
@@ -364,9 +366,8 @@ def execute(
             for h in done:
                 i = pending.pop(h)
                 if h.error is not None:
-                    raise settle(
-                        transport, call, schedule, _wrap(schedule.rank, call, steps[i], h.error)
-                    )
+                    err = _wrap(schedule.rank, call, steps[i], h.error)
+                    raise settle(transport, call, schedule, err, prober)
                 step = steps[i]
                 if step.kind is _RECV_REDUCE:
                     arrived.add(i)

@@ -228,7 +228,13 @@ class Prober:
         self._posted[h] = q
 
 
-def settle(transport: Transport, call: Call, where: Schedule, err: BaseException) -> BaseException:
+def settle(
+    transport: Transport,
+    call: Call,
+    where: Schedule,
+    err: BaseException,
+    prober: Prober | None = None,
+) -> BaseException:
     """The error a failing call raises: ``err``, or the mismatch behind it.
 
     A MismatchError is told to every peer (a verdict: Note [stall probes]). A
@@ -243,7 +249,14 @@ def settle(transport: Transport, call: Call, where: Schedule, err: BaseException
         if isinstance(err, MismatchError):
             _tell_all(transport, call, where.rank, where.size)
             return err
-        found = _verdict_here(transport, call, where.rank, where.size)
+        found = None
+        if prober is not None:  # its receives may hold a verdict already
+            try:
+                prober.check(())
+            except MismatchError as exc:
+                found = exc
+        if found is None:
+            found = _verdict_here(transport, call, where.rank, where.size)
     except Exception:
         return err
     if found is None:
