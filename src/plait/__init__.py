@@ -14,12 +14,22 @@ algorithm per call; :class:`Communicator` is the public face.
 
 from plait import algos as _algorithms  # registers every algorithm
 from plait._init import init as init
+from plait._p2p import ANY_SOURCE as ANY_SOURCE
+from plait._p2p import ANY_TAG as ANY_TAG
+from plait._p2p import PROC_NULL as PROC_NULL
+from plait._p2p import Request as Request
+from plait._p2p import Status as Status
+from plait._p2p import wait_all as wait_all
+from plait._p2p import wait_any as wait_any
+from plait._recovery import Agreement as Agreement
 from plait.communicator import Communicator as Communicator
 from plait.communicator import Stats as Stats
+from plait.errors import AbortedError as AbortedError
 from plait.errors import ClosedError as ClosedError
 from plait.errors import CollectiveTimeout as CollectiveTimeout
 from plait.errors import CommError as CommError
 from plait.errors import CommTimeout as CommTimeout
+from plait.errors import ExcludedError as ExcludedError
 from plait.errors import InternalError as InternalError
 from plait.errors import MismatchError as MismatchError
 from plait.errors import PeerLostError as PeerLostError
@@ -76,6 +86,8 @@ def algorithms(collective: str) -> tuple[_algorithms.AlgorithmName, ...]:
 
 
 __all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
     "AVG",
     "BAND",
     "BOR",
@@ -83,19 +95,25 @@ __all__ = [
     "COLLECTIVES",
     "MAX",
     "MIN",
+    "PROC_NULL",
     "PROD",
     "SUM",
+    "AbortedError",
+    "Agreement",
     "ClosedError",
     "CollectiveTimeout",
     "CommError",
     "CommTimeout",
     "Communicator",
+    "ExcludedError",
     "InternalError",
     "MismatchError",
     "Op",
     "PeerLostError",
     "RendezvousError",
+    "Request",
     "Stats",
+    "Status",
     "TransportError",
     "UnsupportedError",
     "Work",
@@ -103,4 +121,6 @@ __all__ = [
     "algorithms",
     "init",
     "restart_count",
+    "wait_all",
+    "wait_any",
 ]

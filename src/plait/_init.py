@@ -40,14 +40,21 @@ Note [how ranks find each other]
     one: ``shm`` (one host only), ``tcp`` (every pair over TCP) or ``hybrid``.
 
 Note [store lifetime]
-    The store is only needed to meet: once a rank's transport is connected it
-    never touches the store again. So ``init`` closes a store it opened itself
-    (from a URL or the environment) before it returns, and:
+    The ranks meet through the store; after that, only recovery uses it
+    (``abort``, ``agree``, ``shrink``: :mod:`plait._recovery`). So the
+    communicator keeps the store open, and a watcher thread per rank waits
+    there for aborts and keeps the rank's heartbeat; the store is let go when
+    the communicator (or the last one shrunk from it) closes. With
+    ``PLAIT_RECOVERY=0`` it is let go before ``init`` returns, no thread is
+    started, ``abort`` is local only and ``agree`` and ``shrink`` refuse.
+    Letting go of a store ``init`` opened itself (from a URL or the
+    environment) means closing it, and:
 
     - The temp-dir file store is deleted by the last rank to be done with it:
       each rank adds itself to the key ``left``, and the one that makes the
       count reach ``size`` removes the directory. A rank that fails counts
-      itself out too; only a rank killed during ``init`` leaves its job's
+      itself out too, and ``shrink`` counts out the ranks it leaves behind;
+      only a rank killed before ``shrink`` learns of it leaves its job's
       directory behind (a few bytes, never reused: the name holds the job id).
       Every ``init`` in a process gets a directory of its own, since the last
       rank of one ``init`` may delete its directory while faster ranks have
@@ -536,6 +543,8 @@ def init(
         owned = True
     group = PrefixStore(f"plait/init{generation}", store)
     t: Any = None
+    temp = info.store_is_temp and from_env
+    kept = False  # the communicator keeps the store (Note [store lifetime])
     try:
         host = os.environ.get("PLAIT_HOST") or socket.gethostname()
         group.set(f"host/{rank}", host.encode())
@@ -551,7 +560,40 @@ def init(
         # is "none") never share segment names.
         job = info.job_id if info.launcher == "plait" else None
         t = connect(rank, size, hosts, group, links=links, timeout=seconds, job=job)
+        comm = Communicator(t, timeout=timeout, hosts=hosts)
+        if os.environ.get("PLAIT_RECOVERY", "").strip() != "0":
+            kept = _keep_store(comm, store, group, size, owned=owned, temp=temp, links=links)
     finally:
+        if owned and not kept:
+            _leave(store, group, size, temp=temp)
+    return comm
+
+
+def _keep_store(
+    comm: Communicator,
+    store: Store,
+    group: PrefixStore,
+    size: int,
+    *,
+    owned: bool,
+    temp: bool,
+    links: tuple[str, ...],
+) -> bool:
+    """Give ``comm`` its recovery over ``store`` (Note [store lifetime]); closes ``comm`` if
+    that fails. True: the store is the communicator's to let go of now."""
+    from plait._recovery import StoreOwner, enable
+
+    def release() -> None:
         if owned:
-            _leave(store, group, size, temp=info.store_is_temp and from_env)
-    return Communicator(t, timeout=timeout, hosts=hosts)
+            _leave(store, group, size, temp=temp)
+
+    def count_out(n: int) -> None:
+        if temp and n:
+            group.add("left", n)
+
+    try:
+        enable(comm, StoreOwner(store, release, count_out), f"{group.prefix}ft", links)
+    except BaseException:
+        comm.close()
+        raise
+    return True

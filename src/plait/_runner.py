@@ -33,6 +33,7 @@ from plait.diagnostics.recorder import FlightRecorder, Slot
 from plait.diagnostics.timeline import Timeline
 from plait.diagnostics.triggers import dump_on_error
 from plait.errors import (
+    AbortedError,
     ClosedError,
     CommError,
     CommTimeout,
@@ -44,7 +45,7 @@ from plait.group import collective_tag, probe_tag
 from plait.runtime.executor import Call, Workspace, execute, quiet, restore, run_local
 from plait.runtime.one_sided import run_one_sided
 from plait.runtime.work import Work, Worker
-from plait.transport.base import Handle, Transport
+from plait.transport.base import Transport
 
 if TYPE_CHECKING:
     from plait._edge import CollectiveMethods
@@ -84,6 +85,7 @@ class CallRunner:
         "_transport",
         "_worker",
         "_workspaces",
+        "aborted",
         "broken",
         "closed",
         "detail",
@@ -119,6 +121,9 @@ class CallRunner:
         self._gate_waiters = 0  # threads waiting for their turn (notified only then)
         self.closed = False
         self.broken: BaseException | None = None
+        # Why the communicator was aborted (plait._recovery sets it, with broken): later calls
+        # raise AbortedError, whatever error the call that was cut short raised.
+        self.aborted: str | None = None
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._workspaces = _PerThread()  # one Workspace per thread that runs calls
@@ -139,6 +144,8 @@ class CallRunner:
         """Raise ClosedError after close, CommError after a failure; else nothing."""
         if self.closed:
             raise ClosedError(f"rank {self._rank}: {c} on a closed communicator")
+        if self.aborted is not None:
+            raise AbortedError(f"rank {self._rank}: {c}: {self.aborted}")
         if self.broken is not None:
             raise CommError(
                 f"rank {self._rank}: {c}: this communicator is unusable after an earlier "
@@ -398,28 +405,6 @@ class CallRunner:
         if len(calls) > 1:
             detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
             raise MismatchError(f"rank {self._rank}: ranks made different calls: {detail}")
-
-    def wait_p2p(
-        self, handle: Handle, c: str, peer: int, tag: int, timeout: float | None, a: np.ndarray
-    ) -> None:
-        """Wait for a send or receive of ``a``; raise its error with the call named."""
-        seconds = self.seconds(timeout, c)
-        deadline = time.monotonic() + seconds
-        t = self._transport
-        while not handle.done:
-            left = deadline - time.monotonic()
-            if left <= 0 or not t.wait_any([handle], left):
-                t.cancel(handle)
-                raise CommTimeout(
-                    f"rank {self._rank}: {c} with rank {peer} (tag {tag}) timed out after "
-                    f"{seconds} s; the peer may have died or not made the matching call"
-                )
-        if handle.error is not None:
-            err = handle.error
-            mine = ""
-            if isinstance(err, MismatchError):  # the check word of a send/recv is its dtype
-                mine = f"; this rank's {c}: {a.size} elements of {a.dtype.name}"
-            raise type(err)(f"rank {self._rank}: {c} with rank {peer} (tag {tag}): {err}{mine}")
 
 
 #: TMP of a schedule that uses none (any dtype: nothing reads it).

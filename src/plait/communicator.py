@@ -3,7 +3,9 @@
 A user's call goes through three rooms, one module each:
 
 - the edge: :class:`Communicator` (this module: identity, lifetime, groups,
-  point to point, the algorithm choice) and the collectives it inherits, in
+  the algorithm choice), point to point from
+  :class:`plait._p2p.PointToPointMethods` (MPI's blocking and non-blocking
+  sends and receives, wildcards, probes), and the collectives it inherits, in
   three layers of mixins: the even ones from
   :class:`plait._edge.CollectiveMethods`, the uneven ones (per-rank row
   counts) from :class:`plait._uneven_edge.UnevenMethods` and the object ones
@@ -36,22 +38,15 @@ from __future__ import annotations
 
 import logging
 import os
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from plait._checks import (
-    CACHE_LIMIT,
-    as_array,
-    as_writable,
-    check_peer,
-    check_timeout,
-    check_user_tag,
-)
+from plait._checks import CACHE_LIMIT, check_timeout
 from plait._object_methods import ObjectMethods
+from plait._p2p import PointToPointMethods
 from plait._request import Shortcut, Stager, allreduce_compressed, format_bytes
 from plait._runner import CallRunner
 from plait._uneven_edge import _UNEVEN_AUTO
@@ -64,22 +59,20 @@ from plait.diagnostics.stragglers import (
     newest_done,
 )
 from plait.errors import UnsupportedError
-from plait.group import GroupTransport, child_comm_id, p2p_tag
+from plait.group import GroupTransport, child_comm_id
 from plait.ops import MIN, Op
 from plait.schedule.builder import HostLayout
 from plait.selection.select import SEGMENT_BYTES, Choice, Settings, choose, settings
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
+    from plait._recovery import Agreement, Recovery
     from plait._request import Compression
 
 __all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats"]
 
 #: Seconds a call may take before it fails with CommTimeout (PLAIT_TIMEOUT overrides).
 DEFAULT_TIMEOUT = float(os.environ.get("PLAIT_TIMEOUT", "300"))
-
-#: What recv fills and returns: ``buf`` itself.
-_B = TypeVar("_B")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +96,7 @@ class Stats:
         return Stats(self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received)
 
 
-class Communicator(ObjectMethods):
+class Communicator(PointToPointMethods, ObjectMethods):
     """A group of ``size`` ranks that run collectives together.
 
     Make one with :func:`plait.init`. Use it as a context manager or call
@@ -140,6 +133,8 @@ class Communicator(ObjectMethods):
         if len(self._hosts) != self._size:
             raise ValueError(f"hosts lists {len(self._hosts)} ranks; expected {self._size}")
         self._on_close: list[Callable[[], object]] = []
+        # abort, agree and shrink over the store plait.init met through (plait._recovery).
+        self._recovery: Recovery | None = None
         # Host layout for host-aware algorithms; None when every rank shares one host.
         layout = HostLayout.from_names(self._hosts)
         self._layout = layout if layout.n_hosts > 1 else None
@@ -232,6 +227,8 @@ class Communicator(ObjectMethods):
         """Finish queued async calls, then release the transport. Idempotent."""
         if self._runner.closed:
             return
+        if self._recovery is not None:  # an abort in progress finishes first (plait._recovery)
+            self._recovery.closing(self)
         self._runner.close()
         for callback in self._on_close:
             callback()
@@ -305,7 +302,7 @@ class Communicator(ObjectMethods):
         members = sorted((int(k), r) for r, (c, k) in enumerate(table.tolist()) if c == color)
         ranks = [r for _, r in members]
         sub = GroupTransport(self._transport, ranks, ranks.index(self._rank))
-        return Communicator(
+        group = Communicator(
             sub,
             timeout=self._runner.timeout,
             hosts=[self._hosts[r] for r in ranks],
@@ -313,10 +310,70 @@ class Communicator(ObjectMethods):
             _settings=self._settings,
             _world_rank=self._world_rank,
         )
+        if self._recovery is not None:  # it shares the connections, so an abort reaches it
+            self._recovery.adopt(group)
+        return group
 
     def split_by_host(self, *, timeout: float | None = None) -> Communicator:
         """The sub-communicator of the ranks on this rank's host, in rank order."""
         return self.split(self.cross_rank, self._rank, timeout=timeout)
+
+    # -- recovery from a lost rank (plait._recovery, docs/fault-tolerance.md) ---------------
+    def abort(self, reason: str = "") -> None:
+        """Make every call in flight and every later call fail, on every rank: AbortedError.
+
+        Returns at once and may be called from any thread or a signal handler
+        (it takes no lock). The ranks learn of it through the store they met
+        through within about a second; this communicator (and its split
+        groups, which share its connections) is then good only for
+        :meth:`agree`, :meth:`shrink` and :meth:`close`. Without a store (a
+        communicator made from a transport) only this rank's calls fail, and
+        its peers see it as lost. ``reason`` goes into every rank's error.
+        """
+        from plait._recovery import abort
+
+        abort(self, reason)
+
+    def agree(self, flag: int = 1, *, timeout: float | None = None) -> Agreement:
+        """Agree with the surviving ranks on the AND of ``flag`` and on who survives.
+
+        Every surviving rank must call it (as many times as the others); it
+        completes even when ranks fail before or during it: a rank whose
+        process is gone, or whose heartbeat stopped, is left out (Note [agree]
+        in :mod:`plait._recovery`). Works on a broken or aborted communicator;
+        it goes through the store, not the connections.
+
+        Returns:
+            ``Agreement(flag, ranks)``, alike on every rank that took part:
+            the bitwise AND of their flags and their ranks, in order.
+
+        Raises:
+            ExcludedError: the others took this rank for failed.
+            CommTimeout: a rank neither took part nor failed within ``timeout``
+                (default: the communicator's): a rank still in a call on this
+                communicator never gets here, so call :meth:`abort` on errors.
+            RendezvousError: the store is gone (it died with rank 0 where
+                rank 0 served it).
+            UnsupportedError: no store (made from a transport, a split's
+                group, or PLAIT_RECOVERY=0).
+        """
+        from plait._recovery import agree
+
+        return agree(self, flag, timeout)
+
+    def shrink(self, *, timeout: float | None = None) -> Communicator:
+        """A new communicator of the surviving ranks, renumbered in order; this one is closed.
+
+        Every surviving rank must call it. It aborts this communicator (so
+        that no rank stays inside a call on it), agrees on the survivors as
+        :meth:`agree` does, and connects them afresh through a new namespace
+        of the store: no connection or shared memory of this communicator is
+        reused. Raises as :meth:`agree` does, and RendezvousError if the
+        survivors cannot connect (one failed meanwhile: shrink again).
+        """
+        from plait._recovery import shrink
+
+        return shrink(self, timeout)
 
     # -- diagnostics -----------------------------------------------------------------------
     def stragglers(
@@ -372,50 +429,6 @@ class Communicator(ObjectMethods):
         table = self.allgather(local_row(rec, first, n), timeout=timeout)
         names = local_collectives(rec, first, n)
         return from_table(table, first, names, same_clock=self.cross_size == 1)
-
-    # -- point to point --------------------------------------------------------------------
-    def send(self, x: object, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Send ``x`` to rank ``dst``; matched by the ``recv`` on dst with the same tag.
-
-        Messages with the same (source, tag) arrive in the order they were sent.
-        """
-        r = self._rank
-        a = as_array(x, "x", r, "send")
-        check_peer(dst, r, self._size, "send", "dst")
-        wire_tag = p2p_tag(self._comm_id, check_user_tag(tag, r, "send"))
-        if (
-            not a.dtype.isnative
-        ):  # the wire carries native order (Note [byte order] in plait._request)
-            a = a.astype(a.dtype.newbyteorder("="))
-        data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        self._runner.check_usable("send")
-        t = self._transport
-        # ``.data`` is memoryview(data), typed as one (numpy's stubs give ndarray the buffer
-        # protocol only from Python 3.12 on)
-        h = t.isend(dst, wire_tag, data.data, _p2p_check(a.dtype))
-        self._runner.wait_p2p(h, "send", dst, tag, timeout, a)
-
-    def recv(self, buf: _B, src: int, tag: int = 0, *, timeout: float | None = None) -> _B:
-        """Receive the next message from ``src`` with ``tag`` into ``buf``; returns ``buf``.
-
-        The message must have exactly ``buf``'s size and dtype.
-        """
-        r = self._rank
-        a = as_writable(buf, "buf", r, "recv")
-        if not a.flags.writeable:
-            raise ValueError(f"rank {r}: recv: buf is read-only")
-        check_peer(src, r, self._size, "recv", "src")
-        wire_tag = p2p_tag(self._comm_id, check_user_tag(tag, r, "recv"))
-        # Non-contiguous or non-native memory receives into a native copy, written back.
-        contiguous = a.flags.c_contiguous and a.dtype.isnative
-        target = a.reshape(-1) if contiguous else np.empty(a.size, a.dtype.newbyteorder("="))
-        self._runner.check_usable("recv")
-        view = target.view(np.uint8)
-        h = self._transport.irecv(src, wire_tag, view.data, _p2p_check(target.dtype))
-        self._runner.wait_p2p(h, "recv", src, tag, timeout, a)
-        if not contiguous:
-            a[...] = target.reshape(a.shape)
-        return buf
 
     # -- what the collectives use ------------------------------------------------------------
     def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice:
@@ -501,8 +514,3 @@ def _enable_debug_log() -> None:
         handler.setFormatter(logging.Formatter("plait %(levelname)s %(message)s"))
         _log.addHandler(handler)
     _log.setLevel(logging.DEBUG)
-
-
-def _p2p_check(dtype: np.dtype) -> int:
-    """The check word of a point-to-point message: its dtype (sizes are checked apart)."""
-    return zlib.crc32(f"p2p|{dtype.name}".encode())

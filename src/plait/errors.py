@@ -9,6 +9,8 @@
     ├── PeerLostError                  a peer closed, died or dropped its connection
     ├── MismatchError                  ranks disagree on the call (collective, count, dtype, op, …)
     ├── ClosedError                    this communicator was closed by its owner
+    ├── AbortedError                   some rank called ``abort()`` on the communicator
+    ├── ExcludedError                  the other ranks agreed without this one (took it for failed)
     ├── UnsupportedError (ValueError)  the combination asked for has no implementation
     ├── TransportError                 a transport failed for another reason (OS errors wrapped)
     ├── RendezvousError                ranks could not find each other
@@ -19,16 +21,19 @@ Bad arguments (wrong type, shape, dtype, root, unknown algorithm) raise plain
 :class:`CommError` raised by a collective leaves its communicator *broken*: the
 ranks no longer agree on what has been exchanged, so later calls raise
 :class:`CommError` at once; make a new communicator. Every message names this
-rank, the call, and the peer or value at fault.
+rank, the call, and the peer or value at fault. To go on without a lost rank
+instead, see ``abort``, ``agree`` and ``shrink`` (docs/fault-tolerance.md).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AbortedError",
     "ClosedError",
     "CollectiveTimeout",
     "CommError",
     "CommTimeout",
+    "ExcludedError",
     "InternalError",
     "MismatchError",
     "PeerLostError",
@@ -60,6 +65,23 @@ class MismatchError(CommError):
 
 class ClosedError(CommError):
     """The communicator was closed by its owner before or during the call."""
+
+
+class AbortedError(CommError):
+    """The communicator was aborted: some rank called ``abort()``, here or on a peer.
+
+    Every call in flight on any rank fails with it, and so does every later
+    call; the message names the rank that aborted and its reason. What is left
+    to do with the communicator is ``agree``, ``shrink`` or ``close``.
+    """
+
+
+class ExcludedError(CommError):
+    """The other ranks agreed without this rank: they took it for failed (it came too late).
+
+    Raised by ``agree`` and ``shrink`` on the rank left out; the survivors go on
+    without it, so the only thing left for it is to close the communicator.
+    """
 
 
 class UnsupportedError(CommError, ValueError):

@@ -13,6 +13,10 @@ Note [wire tags]
 
     Sequence numbers wrap after 2**20 calls, which is safe because the calls
     of one communicator complete in order on each rank long before that.
+    A point-to-point receive with ``ANY_TAG`` is a pattern (Note [patterns] in
+    :mod:`plait.transport.patterns`) that fixes every bit but the user tag's
+    (:func:`p2p_pattern`), so it matches its communicator's user messages and
+    never a collective's, nor another communicator's.
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from plait.transport.base import Handle, Transport
+from plait.errors import UnsupportedError
+from plait.transport.base import Handle, Matching, Transport
 
 __all__ = [
     "COMM_ID_BITS",
     "GroupTransport",
     "child_comm_id",
     "collective_tag",
+    "p2p_pattern",
     "p2p_tag",
     "probe_tag",
+    "user_tag",
 ]
 
 COMM_ID_BITS = 18
@@ -37,6 +44,7 @@ INDEX_BITS = 24
 _P2P = 1 << 62
 _COMM_SHIFT = SEQ_BITS + INDEX_BITS
 _SEQ_MASK = (1 << SEQ_BITS) - 1
+_USER_TAG_MASK = (1 << 31) - 1
 
 
 def collective_tag(comm_id: int, seq: int) -> int:
@@ -58,6 +66,18 @@ def probe_tag(comm_id: int) -> int:
     return _P2P | (comm_id << _COMM_SHIFT) | (1 << 31)
 
 
+def p2p_pattern(comm_id: int, tag: int | None) -> tuple[int, int]:
+    """``(tag, mask)`` of a pattern receiving user ``tag`` (None: any) of ``comm_id``."""
+    if tag is None:
+        return p2p_tag(comm_id, 0), ~_USER_TAG_MASK
+    return p2p_tag(comm_id, tag), -1
+
+
+def user_tag(wire_tag: int) -> int:
+    """The user's tag in the wire tag of a point-to-point message."""
+    return wire_tag & _USER_TAG_MASK
+
+
 def child_comm_id(parent_id: int, seq: int, color: int) -> int:
     """Id of the group of ``color`` split from ``parent_id`` by its call ``seq`` (never 0)."""
     digest = zlib.crc32(f"{parent_id}/{seq}/{color}".encode())
@@ -77,6 +97,7 @@ class GroupTransport:
         self.ranks = tuple(ranks)
         self.rank = rank
         self.size = len(self.ranks)
+        self._index = {p: i for i, p in enumerate(self.ranks)}  # parent rank -> rank here
 
     def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Handle:
         return self.parent.isend(self.ranks[peer], tag, data, check)
@@ -89,6 +110,33 @@ class GroupTransport:
 
     def cancel(self, handle: Handle) -> None:
         self.parent.cancel(handle)
+
+    # Matching patterns (plait.transport.base.Matching), where the parent matches them:
+    # the group's peers are translated, and "any rank" means any rank of the group.
+    def irecv_match(
+        self, peers: Sequence[int] | None, tag: int, mask: int, into: memoryview, check: int
+    ) -> Handle:
+        mine = self.ranks if peers is None else [self.ranks[p] for p in peers]
+        return self._matching().irecv_match(mine, tag, mask, into, check)
+
+    def probe(self, peers: Sequence[int] | None, tag: int, mask: int) -> Handle:
+        mine = self.ranks if peers is None else [self.ranks[p] for p in peers]
+        return self._matching().probe(mine, tag, mask)
+
+    def withdraw(self, handle: Handle) -> bool:
+        return self._matching().withdraw(handle)
+
+    def envelope(self, handle: Handle) -> tuple[int, int, int, int]:
+        peer, tag, nbytes, check = self._matching().envelope(handle)
+        return self._index.get(peer, -1), tag, nbytes, check
+
+    def _matching(self) -> Matching:
+        parent = self.parent
+        if not isinstance(parent, Matching):
+            raise UnsupportedError(
+                f"{type(parent).__name__} does not match patterns (any source, any tag, probe)"
+            )
+        return parent
 
     @property
     def bytes_sent(self) -> int:

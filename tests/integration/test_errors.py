@@ -98,7 +98,8 @@ BAD_CALLS: list[tuple[str, Callable[[plait.Communicator, np.ndarray], Any], type
     ),
     ("string dtype", lambda c, x: c.allgather(np.array(["a", "b"])), TypeError, "is not supported"),
     ("timeout", lambda c, x: c.allreduce(x, timeout=-1), ValueError, "timeout must be positive"),
-    ("send to self", lambda c, x: c.send(x, dst=c.rank), ValueError, "expected another rank"),
+    ("dst out of range", lambda c, x: c.send(x, dst=3), ValueError, "dst=3 is invalid"),
+    ("send to ANY_SOURCE", lambda c, x: c.send(x, dst=-1), ValueError, "ANY_SOURCE is for"),
     ("tag range", lambda c, x: c.send(x, dst=(c.rank + 1) % 3, tag=-2), ValueError, "tag -2 out"),
     (
         "recv read-only",

@@ -6,6 +6,13 @@ import pytest
 import plait
 
 EXPECTED = {
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "PROC_NULL",
+    "Request",
+    "Status",
+    "wait_all",
+    "wait_any",
     "AVG",
     "BAND",
     "BOR",
@@ -15,11 +22,14 @@ EXPECTED = {
     "MIN",
     "PROD",
     "SUM",
+    "AbortedError",
+    "Agreement",
     "ClosedError",
     "CollectiveTimeout",
     "CommError",
     "CommTimeout",
     "Communicator",
+    "ExcludedError",
     "InternalError",
     "MismatchError",
     "Op",

@@ -12,6 +12,12 @@ timeout. Handles complete exactly once, either with ``error`` None or with the
 exception to raise; the transport never raises from ``isend``/``irecv``
 themselves for peer failures, it completes the handle with the error instead,
 so the executor reports all failures in one place.
+
+A transport may also match *patterns* (:class:`Matching`; every endpoint does,
+and a sub-communicator's group over one): a receive or a probe from any of
+several peers, or with any tag among those that agree with a given one on the
+bits of a mask. Point-to-point's ``ANY_SOURCE`` and ``ANY_TAG`` are made of
+them; see ``docs/transport.md``, "Matching patterns".
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def may_spin() -> bool:
     return not getattr(_thread, "background", False)
 
 
-__all__ = ["Handle", "Transport", "background_thread", "may_spin", "spin_seconds"]
+__all__ = ["Handle", "Matching", "Transport", "background_thread", "may_spin", "spin_seconds"]
 
 
 @runtime_checkable
@@ -100,4 +106,52 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Release resources; peers waiting on this rank fail with PeerLostError."""
+        ...
+
+
+@runtime_checkable
+class Matching(Transport, Protocol):
+    """A :class:`Transport` that also matches patterns.
+
+    A pattern is ``peers`` (the ranks a message may come from; None: any
+    rank, this one included) and a ``tag`` with a ``mask``: a message with tag
+    ``t`` matches when ``t & mask == tag & mask`` (``mask`` -1: the whole tag).
+    Patterns keep MPI's order: a message goes to the earliest posted receive
+    that matches it (plain or pattern), a pattern receive takes the earliest
+    arrived message that matches it, and messages of one (peer, tag) still
+    match in the order they were sent. A pattern from several peers fails
+    with PeerLostError only once every one of them other than this rank is
+    lost; one from a single peer fails as a plain receive does.
+    """
+
+    def irecv_match(
+        self, peers: Sequence[int] | None, tag: int, mask: int, into: memoryview, check: int
+    ) -> Handle:
+        """Start receiving exactly ``len(into)`` bytes of the first message matching the pattern."""
+        ...
+
+    def probe(self, peers: Sequence[int] | None, tag: int, mask: int) -> Handle:
+        """A handle that completes once a message matching the pattern has arrived.
+
+        The message stays where it is for a receive to take; :meth:`envelope`
+        describes it. The handle fails as a pattern receive would (lost peers,
+        close); :meth:`withdraw` or ``cancel`` ends it unmatched.
+        """
+        ...
+
+    def withdraw(self, handle: Handle) -> bool:
+        """Cancel a receive or probe only if it has matched no message yet; whether it did.
+
+        A withdrawn handle is done with ``error`` None and never touches its
+        buffer; one that has matched (even if its bytes are still arriving) is
+        left to complete.
+        """
+        ...
+
+    def envelope(self, handle: Handle) -> tuple[int, int, int, int]:
+        """``(peer, tag, nbytes, check)`` of the message a done receive or probe matched.
+
+        ``peer`` is in this transport's numbering (-1 for a pattern that
+        matched nothing).
+        """
         ...

@@ -19,6 +19,11 @@ transport's lockstep mode) skips them. :func:`build_in_threads` builds
 transports whose constructors block until all ranks are there (TCP, shared
 memory) on one thread per rank; it and the other helpers live in
 :mod:`plait.transport.harness`.
+
+The ``check_pattern_*`` and ``check_probe``/``check_withdraw`` checks cover
+matching patterns (:class:`~plait.transport.base.Matching`: any of several
+peers, tags agreeing under a mask, probes, withdrawing); every endpoint-based
+transport must pass them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ from plait.errors import ClosedError, MismatchError, PeerLostError
 from plait.transport import harness
 from plait.transport.base import Transport
 from plait.transport.harness import WAIT, Factory, build_in_threads, run_ranks, wait_all
+from plait.transport.pattern_checks import (
+    check_pattern_any_peer_takes_the_earliest,
+    check_pattern_keeps_mpi_order,
+    check_pattern_lost_peers,
+    check_probe,
+    check_withdraw,
+)
 
 __all__ = [
     "BUFFERED_CHECKS",
@@ -49,7 +61,11 @@ __all__ = [
     "check_large_message",
     "check_length_mismatch",
     "check_many_peers",
+    "check_pattern_any_peer_takes_the_earliest",
+    "check_pattern_keeps_mpi_order",
+    "check_pattern_lost_peers",
     "check_peer_close",
+    "check_probe",
     "check_self_send",
     "check_send_completes_without_recv",
     "check_send_recv",
@@ -57,6 +73,7 @@ __all__ = [
     "check_tags_match_out_of_order",
     "check_unexpected_then_posted",
     "check_wait_any_timeout",
+    "check_withdraw",
     "check_zero_length",
     "run_ranks",
     "wait_all",
@@ -592,6 +609,11 @@ CHECKS: tuple[Callable[[Factory], None], ...] = (
     check_self_send,
     check_counters,
     check_concurrent_threads,
+    check_pattern_any_peer_takes_the_earliest,
+    check_pattern_keeps_mpi_order,
+    check_probe,
+    check_withdraw,
+    check_pattern_lost_peers,
 )
 
 #: Checks that need sends to complete before their receives are posted.

@@ -1,12 +1,14 @@
 """The endpoint: the point-to-point contract of :mod:`plait.transport.base`, implemented once.
 
 An :class:`Endpoint` is one rank's end of a transport. It owns everything the
-contract promises (handles, matching on (peer, tag), mismatch errors, cancel,
-the fan-out of a lost peer, the closed state, byte counters, waiting and the
+contract promises (handles, matching on (peer, tag) and on patterns, mismatch errors,
+cancel, the fan-out of a lost peer, the closed state, byte counters, waiting and the
 "one thread drives, the others wait" policy) and routes each peer to a
 :class:`~plait.transport.link.Link`, which only moves the bytes of messages.
-See ``docs/transport.md`` for the design, the link interface and the rules a
-link must keep.
+Matching patterns (any of several peers, tags under a mask, probes) is mixed
+in from :class:`~plait.transport.patterns.PatternMatching` (Note [patterns]
+there). See ``docs/transport.md`` for the design, the link interface and the
+rules a link must keep.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from plait.errors import ClosedError, MismatchError, PeerLostError
+from plait.errors import ClosedError, MismatchError
 from plait.transport.base import Handle, may_spin
 from plait.transport.link import Link, Message, Op, copy_bytes
+from plait.transport.patterns import PatternMatching, Wildcard
+from plait.transport.patterns import lost_error as _lost_error
 
 if TYPE_CHECKING:
     from plait.transport.window import Window
 
-__all__ = ["CLOSE_FLUSH_SECONDS", "Endpoint"]
+__all__ = ["CLOSE_FLUSH_SECONDS", "Endpoint", "Wildcard"]
 
 #: Seconds :meth:`Endpoint.close` spends at most letting links flush queued sends.
 CLOSE_FLUSH_SECONDS = 2.0
@@ -52,7 +56,7 @@ def _as_bytes(data: Any, writable: bool, what: str) -> memoryview:
     return mv
 
 
-class Endpoint:
+class Endpoint(PatternMatching):
     """Rank ``rank``'s end of a transport among ``size`` ranks; see :mod:`plait.transport.base`.
 
     A transport class derives from it, builds its links and calls
@@ -76,6 +80,8 @@ class Endpoint:
     """
 
     window: Window | None = None
+    #: The error of :meth:`abort`, once called (None: closed or open as usual).
+    _aborted: Callable[[], BaseException] | None = None
 
     def __init__(
         self,
@@ -105,6 +111,7 @@ class Endpoint:
         self._completed = 0  # completions since the last _after_progress (wakes other threads)
         self._posted: dict[tuple[int, int], deque[Op]] = {}
         self._unexpected: dict[tuple[int, int], deque[Message]] = {}
+        self._init_patterns()  # Note [patterns]
         self._links: list[Link] = []
         self._driven: list[Link] = []
         self._route: list[Link | None] = [None] * size
@@ -172,6 +179,10 @@ class Endpoint:
         """The oldest receive posted for (``peer``, ``tag``), removed from its queue, or None."""
         key = (peer, tag)
         queue = self._posted.get(key)
+        if self._wild:
+            wild = self._take_wild(peer, tag, queue[0].seq if queue else None)
+            if wild is not None:
+                return wild
         if not queue:
             return None
         op = queue.popleft()
@@ -181,12 +192,16 @@ class Endpoint:
 
     def add_unexpected(self, peer: int, tag: int, msg: Message) -> None:
         """File ``msg`` from ``peer`` for the next receive of (``peer``, ``tag``)."""
+        msg.seq = self._arrivals
+        self._arrivals += 1
         key = (peer, tag)
         queue = self._unexpected.get(key)
         if queue is None:
             self._unexpected[key] = deque((msg,))
         else:
             queue.append(msg)
+        if self._probes:
+            self._notice(peer, tag, msg)
 
     def discard(self, msg: Message) -> None:
         """Remove ``msg`` from the unexpected messages (its sender withdrew or died)."""
@@ -250,6 +265,11 @@ class Endpoint:
         for key in [k for k in self._posted if k[0] == peer]:
             for op in self._posted.pop(key):
                 self.fail(op, err)
+        for waiting in (self._wild, self._probes):
+            for w in list(waiting):
+                if (hopeless := self._hopeless(w)) is not None:
+                    waiting.remove(w)
+                    self.fail(w, hopeless)
 
     def name(self, rank: int) -> int:
         """How messages name ``rank``."""
@@ -261,8 +281,19 @@ class Endpoint:
         return self._lock
 
     def closed_error(self) -> BaseException:
-        """The error of operations after (or cut short by) :meth:`close`."""
+        """The error of operations after (or cut short by) :meth:`close` or :meth:`abort`."""
+        if self._aborted is not None:
+            return self._aborted()
         return self._closed_error()
+
+    def abort(self, error: Callable[[], BaseException]) -> None:
+        """:meth:`close`, but pending and later operations fail with ``error()`` (a new one each).
+
+        For ``Communicator.abort`` (:mod:`plait._recovery`): the calls it cuts
+        short say that the communicator was aborted, not that it was closed.
+        """
+        self._aborted = error
+        self.close()
 
     # -- the contract --------------------------------------------------------------------------
     @property
@@ -287,7 +318,7 @@ class Endpoint:
         op = Op(peer, tag, data, check, True)
         with self._lock:
             if self._closed:
-                self.fail(op, self._closed_error())
+                self.fail(op, self.closed_error())
             elif (lost := self._lost[peer]) is not None:
                 self.fail(op, _lost_error(lost))
             else:
@@ -314,7 +345,7 @@ class Endpoint:
         with self._lock:
             queue = self._unexpected.get(key)
             if self._closed:
-                self.fail(op, self._closed_error())
+                self.fail(op, self.closed_error())
             elif queue:
                 msg = queue.popleft()
                 if not queue:
@@ -329,6 +360,8 @@ class Endpoint:
             elif (lost := self._lost[peer]) is not None:
                 self.fail(op, _lost_error(lost))
             else:
+                op.seq = self._posts
+                self._posts += 1
                 posted = self._posted.get(key)
                 if posted is None:
                     self._posted[key] = deque((op,))
@@ -391,7 +424,13 @@ class Endpoint:
     def _cancel(self, handle: Op) -> None:
         """Take a cancelled ``handle`` out of the posted queues, or out of its link's hands."""
         if not self._closed:
-            if not handle.is_send:
+            if isinstance(handle, Wildcard):
+                waiting = self._probes if handle.probing else self._wild
+                if handle in waiting or handle.peer < 0:
+                    if handle in waiting:
+                        waiting.remove(handle)
+                    return
+            elif not handle.is_send:
                 key = (handle.peer, handle.tag)
                 queue = self._posted.get(key)
                 if queue is not None and handle in queue:
@@ -412,11 +451,15 @@ class Endpoint:
             if self._closed:
                 return
             self._closed = True
-            err = self._closed_error()
+            err = self.closed_error()
             for queue in self._posted.values():
                 for op in queue:
                     self.fail(op, err)
             self._posted.clear()
+            for op in [*self._wild, *self._probes]:
+                self.fail(op, err)
+            self._wild.clear()
+            self._probes.clear()
             for messages in self._unexpected.values():
                 for msg in messages:
                     msg.link.reject(msg, err)
@@ -646,11 +689,6 @@ class Endpoint:
 
     def _not_a_peer(self, peer: int) -> ValueError:
         return ValueError(f"rank {self._me}: peer {peer} is not in 0..{self.size - 1}")
-
-
-def _lost_error(lost: str | BaseException) -> BaseException:
-    """The error of an operation with a lost peer (see :meth:`Endpoint.lose`)."""
-    return PeerLostError(lost) if isinstance(lost, str) else lost
 
 
 def _drain(sock: socket.socket) -> None:

@@ -22,7 +22,9 @@ class Op:
     """A posted send or receive: the :class:`~plait.transport.base.Handle` an endpoint returns.
 
     ``offset`` (bytes published by a send, delivered into a receive) and
-    ``state`` belong to the link that moves the message.
+    ``state`` belong to the link that moves the message. ``seq`` is the
+    endpoint's: the order in which receives were posted (set when one is
+    queued, read only for the queued ones).
     """
 
     __slots__ = (
@@ -35,9 +37,12 @@ class Op:
         "nbytes",
         "offset",
         "peer",
+        "seq",
         "state",
         "tag",
     )
+
+    seq: int
 
     def __init__(self, peer: int, tag: int, buf: memoryview, check: int, is_send: bool) -> None:
         self.peer = peer
@@ -67,9 +72,11 @@ class Message:
     The link that made it fills ``data`` up to ``received`` bytes and sets
     ``complete`` (buffered messages), or keeps what it needs in ``source``
     (a message still at the sender, such as a rendezvous announcement).
+    ``seq`` is the endpoint's: the order in which messages were filed, which
+    a receive from any peer follows.
     """
 
-    __slots__ = ("check", "complete", "data", "link", "nbytes", "received", "source")
+    __slots__ = ("check", "complete", "data", "link", "nbytes", "received", "seq", "source")
 
     def __init__(self, link: Link, check: int, nbytes: int, *, buffer: bool = True) -> None:
         self.link = link
@@ -79,6 +86,7 @@ class Message:
         self.received = 0
         self.complete = False
         self.source: Any = None
+        self.seq = 0
 
 
 class Link(Protocol):

@@ -65,7 +65,7 @@ class MemoryTransport(Endpoint):
                 fabric.arena,
                 rank,
                 lambda q: fabric.endpoints[q].closed,
-                self._closed_error,
+                self.closed_error,
             )
 
     def _closed_error(self) -> BaseException:

@@ -1,0 +1,528 @@
+"""Requests and statuses of point to point: what ``isend``/``irecv`` return, and who sent what.
+
+:class:`Request` (``wait``, ``test``, ``cancel``), :class:`Status`,
+:func:`wait_all`, :func:`wait_any`, the constants ``ANY_SOURCE``, ``ANY_TAG``
+and ``PROC_NULL``, and the check word of a message. The calls that make
+requests are :class:`plait._p2p.PointToPointMethods`; the Notes there say how
+the pieces fit, and docs/mpi.md, "Point to point", is the user's account.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any, Final, Generic, NamedTuple, TypeVar
+
+import numpy as np
+
+from plait._checks import CACHE_LIMIT, check_timeout
+from plait.errors import CommError, CommTimeout, MismatchError
+from plait.group import GroupTransport, user_tag
+from plait.transport.base import Handle, Matching, Transport
+
+__all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "PROC_NULL",
+    "Request",
+    "Status",
+    "check_word",
+    "wait_all",
+    "wait_any",
+]
+
+ANY_SOURCE: Final = -1
+#: ``tag`` of a receive or probe that takes a message with any tag (MPI_ANY_TAG).
+ANY_TAG: Final = -1
+#: A peer that is no rank: a send to it or a receive from it completes at once, moving
+#: nothing (MPI_PROC_NULL), for the edges of a non-periodic shift.
+PROC_NULL: Final = -2
+
+#: What a request's ``wait`` returns: ``buf`` for a receive, None for a send.
+R = TypeVar("R")
+
+
+def check_word(dtype: np.dtype) -> int:
+    """The check word of a point-to-point message: its dtype (the lengths are checked apart)."""
+    word = _CHECK_WORDS.get(dtype)
+    if word is None:
+        word = zlib.crc32(f"p2p|{dtype.name}".encode())
+        if len(_CHECK_WORDS) < CACHE_LIMIT:
+            _CHECK_WORDS[dtype] = word
+    return word
+
+
+#: check_word's answers so far, by dtype (``dtype.name`` is slow to compute).
+_CHECK_WORDS: dict[np.dtype, int] = {}
+
+
+_BY_CHECK: dict[int, np.dtype] = {}
+
+
+def _dtype_of(check: int) -> np.dtype | None:
+    """The dtype whose check word is ``check``, among numpy's numeric ones; None if other."""
+    if not _BY_CHECK:
+        for code in np.typecodes["All"]:
+            try:
+                dt = np.dtype(code)
+            except TypeError:
+                continue
+            if dt.kind not in "OSUVMm":
+                _BY_CHECK[check_word(dt)] = dt
+    return _BY_CHECK.get(check)
+
+
+class Status:
+    """Who sent a message, with which tag, and how large it is.
+
+    Filled by ``recv``, ``probe``, ``iprobe``, ``sendrecv`` and a request's
+    ``wait``/``test`` when passed as ``status=`` (mpi4py's way), and kept by
+    every request as :attr:`Request.status`. Before it is filled: source
+    ``ANY_SOURCE``, tag ``ANY_TAG``, no bytes.
+
+    Attributes:
+        source: the sender's rank in the communicator (``PROC_NULL`` for a
+            receive from ``PROC_NULL``; for a send's request, this rank).
+        tag: the message's tag (``ANY_TAG`` for ``PROC_NULL``).
+        nbytes: the payload's size in bytes.
+        dtype: the dtype of its elements: the receive's (the sender's is the
+            same, or the receive fails); for a probe, the sender's, when it is
+            one of numpy's numeric dtypes (else None).
+        cancelled: whether the request was cancelled before it matched.
+    """
+
+    __slots__ = ("cancelled", "dtype", "nbytes", "source", "tag")
+
+    def __init__(self) -> None:
+        self.source: int = ANY_SOURCE
+        self.tag: int = ANY_TAG
+        self.nbytes = 0
+        self.dtype: np.dtype | None = None
+        self.cancelled = False
+
+    @property
+    def count(self) -> int | None:
+        """Number of elements of :attr:`dtype` in the message; None if the dtype is unknown."""
+        if self.dtype is None:
+            return 0 if self.nbytes == 0 else None
+        return self.nbytes // self.dtype.itemsize
+
+    def get_count(self, dtype: Any = None) -> int:
+        """Number of elements of ``dtype`` (default :attr:`dtype`) in the message.
+
+        Raises:
+            ValueError: the message's dtype is unknown and none was given, or the
+                message is not a whole number of ``dtype`` elements.
+        """
+        dt = self.dtype if dtype is None else np.dtype(dtype)
+        if dt is None:
+            if self.nbytes == 0:
+                return 0
+            raise ValueError(
+                f"the message's dtype is not a numpy numeric one; pass get_count(dtype) "
+                f"({self.nbytes} bytes)"
+            )
+        if dt.itemsize == 0 or self.nbytes % dt.itemsize:
+            raise ValueError(
+                f"a message of {self.nbytes} bytes is not a whole number of {dt.name} elements"
+            )
+        return self.nbytes // dt.itemsize
+
+    def _set(
+        self, source: int, tag: int, nbytes: int, dtype: np.dtype | None, cancelled: bool = False
+    ) -> None:
+        self.source, self.tag, self.nbytes, self.dtype = source, tag, nbytes, dtype
+        self.cancelled = cancelled
+
+    def _copy_to(self, other: Status | None) -> None:
+        if other is not None:
+            other._set(self.source, self.tag, self.nbytes, self.dtype, self.cancelled)
+
+    def __repr__(self) -> str:
+        dtype = self.dtype.name if self.dtype is not None else None
+        extra = ", cancelled" if self.cancelled else ""
+        return (
+            f"<plait.Status source={self.source} tag={self.tag} count={self.count} "
+            f"dtype={dtype} nbytes={self.nbytes}{extra}>"
+        )
+
+
+class _Outgoing(NamedTuple):
+    """A send, checked: the bytes to send (kept alive by the request) and their dtype."""
+
+    dst: int
+    tag: int
+    data: np.ndarray  # uint8, contiguous
+    dtype: np.dtype
+
+
+class _Incoming(NamedTuple):
+    """A receive, checked: the caller's array and the flat native array the bytes land in."""
+
+    src: int
+    tag: int
+    array: np.ndarray
+    target: np.ndarray
+    copy_back: bool  # target is a copy (``array`` is not contiguous or not native)
+
+
+class Request(Generic[R]):
+    """A send or receive in flight, from ``isend`` or ``irecv``.
+
+    ``wait()`` blocks until it completes and returns ``buf`` (a receive) or
+    None (a send); ``test()`` says whether it has, without blocking;
+    ``cancel()`` withdraws a receive that has not matched a message yet.
+    :func:`wait_all` and :func:`wait_any` wait for several. Until a request
+    is done, its buffer belongs to it: do not read a receive's ``buf`` or
+    change a send's ``x``. A failed request raises its error from ``wait``
+    and ``test`` (PeerLostError, MismatchError, ...); it never breaks the
+    communicator.
+    """
+
+    __slots__ = (
+        "_c",
+        "_cancelled",
+        "_error",
+        "_handle",
+        "_incoming",
+        "_outgoing",
+        "_peer",
+        "_rank",
+        "_settled",
+        "_status",
+        "_tag",
+        "_timeout",
+        "_transport",
+        "_value",
+    )
+
+    def __init__(
+        self,
+        c: str,
+        transport: Transport,
+        handle: Handle | None,
+        rank: int,
+        peer: int,
+        tag: int,
+        timeout: float,
+        value: Any,
+        incoming: _Incoming | None,
+        outgoing: _Outgoing | None = None,
+    ) -> None:
+        self._c = c
+        self._transport = transport
+        self._handle = handle
+        self._rank = rank
+        self._peer = peer
+        self._tag = tag
+        self._timeout = timeout
+        self._value = value
+        self._incoming = incoming
+        self._outgoing = outgoing  # what a send reads until it is done
+        self._status = Status()
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._settled = False
+        if handle is None:  # PROC_NULL: done at once
+            self._settle()
+
+    # -- the user's side -----------------------------------------------------------------
+    def done(self) -> bool:
+        """Whether the request has completed, failed or been cancelled (no progress, no raise)."""
+        h = self._handle
+        return h is None or h.done
+
+    def test(self, status: Status | None = None) -> bool:
+        """Make progress once, without blocking; whether the request is done.
+
+        ``status`` is filled when it is (see :class:`Status`).
+
+        Raises:
+            CommError: the request failed (its error, naming the peer and the tag).
+        """
+        _check_status(status, self._rank, f"{self._c}: test")
+        h = self._handle
+        if h is not None and not h.done:
+            self._transport.wait_any([h], 0.0)
+            if not h.done:
+                return False
+        return self._finish(status)
+
+    def wait(self, timeout: float | None = None, status: Status | None = None) -> R:
+        """Block until the request is done; return ``buf`` for a receive, None for a send.
+
+        Args:
+            timeout: seconds to wait at most; default the communicator's timeout.
+            status: filled with the message's envelope (see :class:`Status`).
+
+        Raises:
+            CommTimeout: ``timeout`` passed first; the request stays pending
+                (wait again, or cancel it).
+            CommError: the request failed.
+        """
+        where = f"rank {self._rank}: {self._c}: wait"
+        seconds = self._timeout if timeout is None else check_timeout(timeout, where)
+        _check_status(status, self._rank, f"{self._c}: wait")
+        if not self._wait_until(time.monotonic() + seconds):
+            raise self._timed_out(seconds)
+        self._finish(status)
+        value: R = self._value
+        return value
+
+    def cancel(self) -> None:
+        """Withdraw the request if it can still be withdrawn; then it is done and ``cancelled``.
+
+        A receive is withdrawn only if no message has matched it yet (MPI's
+        rule); one that has completes normally and is not cancelled. A send
+        stops reading ``x`` at once, but the message may still arrive: part of
+        it may have left (MPI-4 deprecates cancelling sends). Cancelling a done
+        request does nothing.
+        """
+        h = self._handle
+        if h is None or h.done:
+            return
+        t = self._transport
+        if self._incoming is not None and isinstance(t, Matching):
+            self._cancelled = t.withdraw(h)
+            return
+        t.cancel(h)
+        self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` withdrew the request."""
+        return self._cancelled
+
+    @property
+    def status(self) -> Status | None:
+        """The message's envelope once the request is done (see :class:`Status`), else None."""
+        if not self.done():
+            return None
+        self._settle()
+        return self._status
+
+    def exception(self) -> BaseException | None:
+        """The error the request failed with, or None (None too while it is pending)."""
+        if not self.done():
+            return None
+        self._settle()
+        return self._error
+
+    def __repr__(self) -> str:
+        if self._cancelled:
+            state = "cancelled"
+        elif not self.done():
+            state = "pending"
+        else:
+            state = "failed" if self.exception() is not None else "done"
+        return f"<plait.Request {self._c} {self._describe()} {state}>"
+
+    # -- inside -----------------------------------------------------------------------------
+    def _describe(self) -> str:
+        return _describe(self._incoming is not None, self._peer, self._tag)
+
+    def _wait_until(self, deadline: float) -> bool:
+        """Wait for the request until ``deadline`` (time.monotonic); whether it is done."""
+        h = self._handle
+        if h is None:
+            return True
+        t = self._transport
+        while not h.done:
+            left = deadline - time.monotonic()
+            if left <= 0 or not t.wait_any([h], left):
+                return h.done
+        return True
+
+    def _finish(self, status: Status | None) -> bool:
+        """The request is done: raise its error, or fill ``status`` and return True."""
+        self._settle()
+        if self._error is not None:
+            raise self._error
+        self._status._copy_to(status)
+        return True
+
+    def _abandon(self) -> None:
+        """A blocking call's deadline passed: make sure the request never touches its buffer."""
+        h = self._handle
+        if h is None or h.done:
+            return
+        t = self._transport
+        self._cancelled = True
+        if self._incoming is not None and isinstance(t, Matching) and t.withdraw(h):
+            return
+        t.cancel(h)  # a receive whose bytes are arriving drops the rest
+
+    def _timed_out(self, seconds: float) -> CommTimeout:
+        other = "send" if self._incoming is not None else "recv"
+        return CommTimeout(
+            f"rank {self._rank}: {self._c} {self._describe()} did not complete within "
+            f"{seconds:g} s; the peer may have died or not made the matching {other}"
+        )
+
+    def _settle(self) -> None:
+        """Once done: fill the status, take the error, copy a receive back where needed."""
+        if self._settled:
+            return
+        self._settled = True
+        h = self._handle
+        inc = self._incoming
+        st = self._status
+        out = self._outgoing
+        self._outgoing = None  # the send's memory is free again
+        if self._cancelled:
+            st.cancelled = True
+        elif h is not None and h.error is not None:
+            mine = ""
+            if isinstance(h.error, MismatchError) and inc is not None:
+                mine = f"; this rank's {self._c}: {inc.target.size} elements of "
+                mine += inc.target.dtype.name
+            self._error = _reword(h.error, f"rank {self._rank}: {self._c} {self._describe()}", mine)
+        elif inc is None:
+            nbytes, dtype = (out.data.nbytes, out.dtype) if out is not None else (0, None)
+            st._set(self._rank, self._tag, nbytes, dtype)
+        elif h is None:
+            st._set(PROC_NULL, ANY_TAG, 0, inc.target.dtype)
+        else:
+            if inc.src >= 0 and inc.tag >= 0:
+                source, tag = inc.src, inc.tag
+            else:
+                t = self._transport
+                assert isinstance(t, Matching)
+                source, wire, _, _ = t.envelope(h)
+                tag = user_tag(wire)
+            st._set(source, tag, inc.target.nbytes, inc.target.dtype)
+            if inc.copy_back:
+                inc.array[...] = inc.target.reshape(inc.array.shape)
+
+
+def _reword(err: BaseException, where: str, mine: str = "") -> BaseException:
+    """``err`` with ``where`` (this rank, the call, the peer and the tag) in front."""
+    text = f"{where}: {err}{mine}"
+    try:
+        new = type(err)(text)
+    except Exception:
+        new = CommError(text)
+    new.__cause__ = err
+    return new
+
+
+def _describe(receiving: bool, peer: int, tag: int) -> str:
+    """``from rank 2 (tag 5)``, ``from any rank (any tag)``, ``to rank 1 (tag 0)``."""
+    if peer == ANY_SOURCE:
+        who = "any rank"
+    elif peer == PROC_NULL:
+        who = "PROC_NULL"
+    else:
+        who = f"rank {peer}"
+    what = "any tag" if tag == ANY_TAG else f"tag {tag}"
+    return f"{'from' if receiving else 'to'} {who} ({what})"
+
+
+def _check_status(status: Any, rank: int, c: str) -> None:
+    if status is not None and not isinstance(status, Status):
+        raise TypeError(
+            f"rank {rank}: {c}: status must be a plait.Status or None; got {type(status).__name__}"
+        )
+
+
+def _root(t: Transport) -> Transport:
+    """The transport under a chain of sub-communicators' views."""
+    while isinstance(t, GroupTransport):
+        t = t.parent
+    return t
+
+
+def _check_requests(requests: Any, c: str) -> list[Request[Any]]:
+    try:
+        reqs = list(requests)
+    except TypeError:
+        raise TypeError(
+            f"{c}: requests must be a sequence of plait.Request; got {type(requests).__name__}"
+        ) from None
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Request):
+            raise TypeError(f"{c}: requests[{i}] is a {type(r).__name__}, not a plait.Request")
+    return reqs
+
+
+def wait_all(requests: Sequence[Request[Any]], *, timeout: float | None = None) -> list[Any]:
+    """Wait for every request; their results in order (``buf`` for receives, None for sends).
+
+    Args:
+        requests: requests from ``isend``/``irecv``, of any communicators.
+        timeout: seconds for all of them together; default the largest of
+            their communicators' timeouts.
+
+    Raises:
+        CommTimeout: some were not done in time (named; they stay pending).
+        CommError: the error of the first request (in order) that failed,
+            once every request is done; the others' outcomes stay on them.
+    """
+    c = "wait_all"
+    reqs = _check_requests(requests, c)
+    if not reqs:
+        return []
+    seconds = max(r._timeout for r in reqs) if timeout is None else check_timeout(timeout, c)
+    deadline = time.monotonic() + seconds
+    for r in reqs:
+        r._wait_until(deadline)
+    late = [r for r in reqs if not r.done()]
+    if late:
+        names = ", ".join(f"{r._c} {r._describe()}" for r in late[:4])
+        more = f" and {len(late) - 4} more" if len(late) > 4 else ""
+        raise CommTimeout(
+            f"rank {late[0]._rank}: {c}: {len(late)} of {len(reqs)} requests did not complete "
+            f"within {seconds:g} s ({names}{more}); they stay pending"
+        )
+    for r in reqs:
+        r._settle()
+    for r in reqs:
+        if r._error is not None:
+            raise r._error
+    return [r._value for r in reqs]
+
+
+def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) -> int:
+    """Wait until one of ``requests`` is done; the index of the first that is.
+
+    Its outcome is then ``requests[i].wait()`` (at once: the result, or its
+    error). The requests must come from communicators over one transport (a
+    communicator and the groups split from it), whose progress one wait drives.
+
+    Raises:
+        ValueError: no requests, or requests over different transports.
+        CommTimeout: none was done within ``timeout`` (default: the largest of
+            their communicators' timeouts).
+    """
+    c = "wait_any"
+    reqs = _check_requests(requests, c)
+    if not reqs:
+        raise ValueError(f"{c}: no requests to wait for")
+    seconds = max(r._timeout for r in reqs) if timeout is None else check_timeout(timeout, c)
+    for i, r in enumerate(reqs):
+        if r.done():
+            return i
+    roots = {id(_root(r._transport)) for r in reqs}
+    if len(roots) > 1:
+        raise ValueError(
+            f"{c}: the requests belong to communicators over {len(roots)} different transports; "
+            "wait_any waits on one (a communicator and its splits); use wait_all or test()"
+        )
+    t = reqs[0]._transport
+    handles = [r._handle for r in reqs if r._handle is not None]
+    deadline = time.monotonic() + seconds
+    while True:
+        for i, r in enumerate(reqs):
+            if r.done():
+                return i
+        left = deadline - time.monotonic()
+        if left <= 0 or not t.wait_any(handles, left):
+            for i, r in enumerate(reqs):
+                if r.done():
+                    return i
+            names = ", ".join(f"{r._c} {r._describe()}" for r in reqs[:4])
+            raise CommTimeout(
+                f"rank {reqs[0]._rank}: {c}: none of {len(reqs)} requests completed within "
+                f"{seconds:g} s ({names}{'...' if len(reqs) > 4 else ''})"
+            )

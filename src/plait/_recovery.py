@@ -1,0 +1,695 @@
+"""Recovery from a lost rank: ``abort``, ``agree`` and ``shrink`` (docs/fault-tolerance.md).
+
+A :class:`~plait.errors.CommError` leaves a communicator broken on the rank
+that saw it, and only there: a rank that waits on a healthy peer may wait
+until its timeout. ULFM's revoke / agree / shrink is the model of what this
+module adds, over the store the ranks met through:
+
+- :func:`abort` makes every call in flight on every rank, and every later
+  call, fail with :class:`~plait.errors.AbortedError` (Note [abort]);
+- :func:`agree` is a fault-tolerant agreement of the surviving ranks on the
+  bitwise AND of their flags and on who they are (Note [agree]);
+- :func:`shrink` makes a new communicator of the survivors through a fresh
+  namespace of the store and closes the old one (Note [shrink]).
+
+:func:`enable` gives a communicator made by ``plait.init`` (or by
+:func:`shrink`) its :class:`Recovery`: the store stays open while it lives, and
+a watcher thread waits for aborts and keeps the rank's heartbeat. A
+communicator without one (made from a transport, a single rank, or
+``PLAIT_RECOVERY=0``) can abort only locally, and agree and shrink refuse.
+
+Note [abort]
+    ``abort`` may run on any thread, also in a signal handler, which Python
+    runs on the main thread between two bytecodes of whatever it was doing
+    (maybe holding the transport's or the store's lock). So the caller's
+    part takes no lock: it marks the call runners aborted (later calls raise
+    AbortedError at once) and starts a thread with :func:`_thread.start_new_thread`
+    (which, unlike :class:`threading.Thread`, takes no Python lock). That
+    thread sets the key ``abort/<p>`` of every other rank ``p`` in the
+    communicator's namespace of the store, then closes this rank's transport
+    with AbortedError as its error (:meth:`Endpoint.abort`): the calls in
+    flight here fail, one-sided waits included. Each rank's watcher thread
+    blocks in the store on its own ``abort/<rank>`` key (a TCP store parks
+    the request: nothing polls) and does the same locally when it appears.
+    Before it closes its transport, a rank that learnt of the abort sets
+    ``marked/<rank>``, and every rank waits (at most ``_MARK_SECONDS``) for
+    that key of every other rank not found failed (but the aborting one):
+    no rank sees a peer's connections close before its own calls are
+    marked, so its later calls raise AbortedError, not PeerLostError. The
+    aborting rank closes first (then sets ``closed/<rank>``, which the others
+    wait for too), so its own calls in flight fail with AbortedError; a call
+    in flight on a peer may see another rank's transport close before its
+    own does, and raise PeerLostError: also a CommError. A split's group shares its parent's
+    connections, so aborting either aborts both. If the store is gone, the
+    abort still closes this rank's transport, and its peers learn of it as of
+    any lost peer.
+
+Note [agree]
+    Failure assumptions: ranks fail by stopping (a crash, kill -9, or hanging
+    so long that they look dead), never by lying; the store is reliable and
+    linearizable for the duration (a store that dies makes agree and shrink
+    raise RendezvousError at once, not hang). A rank counts as failed when
+
+    - it runs on this machine (same boot id and pid namespace) and its
+      process is gone or a zombie (``/proc/<pid>/stat``): known at once; or
+    - its heartbeat, a counter ``hb/<rank>`` its watcher thread adds to every
+      ``HEARTBEAT_SECONDS``, has not moved for ``STALE_SECONDS``; or
+    - an earlier agreement of this communicator left it out.
+
+    The transport's lost peers are not used: after an abort every rank closes
+    its transport, which on the wire looks the same as dying.
+
+    Agreement number ``k`` of a communicator (every survivor calls agree the
+    same number of times) uses the keys ``agree/<k>/...``:
+
+    1. every rank writes its flag to ``flag/<rank>``;
+    2. the coordinator is the lowest rank not failed. It waits (in the store,
+       a slice at a time) until every rank has either written its flag or
+       failed, then writes ``result``: the AND of the flags written and the
+       ranks that wrote them, unless a result is there already;
+    3. the others wait for ``result`` a slice at a time, and between slices
+       check the ranks below them: when the coordinator fails, the next one
+       takes over (its result is computed from the same keys);
+    4. everyone returns the result; a rank not in it (it came after the
+       coordinator took it for failed) raises ExcludedError.
+
+    A rank that dies after writing its flag is among those that took part:
+    the next agree or shrink finds it. The store offers no compare-and-set,
+    so a coordinator taken for failed while alive (stopped for more than
+    ``STALE_SECONDS``) could still write a result another already wrote;
+    every rank reads the result once, and the two differ only if they saw a
+    different set of flags. A rank that never arrives and is not found
+    failed (alive, but still inside a call on the communicator: call
+    :func:`abort` when a call fails) makes agree raise CommTimeout at its
+    deadline.
+
+Note [shrink]
+    ``shrink`` first aborts the communicator (every rank still in a call on
+    it leaves the call), then agrees (Note [agree]) on the survivors. Rank
+    ``i`` of the new communicator is the ``i``-th survivor in the old order.
+    The survivors connect through the store's namespace ``<old>/s<k>`` (``k``
+    the agreement's number) with the kinds of link ``init`` allowed and no
+    job id, so shared-memory segments get fresh names: nothing of the old
+    transport is reused. The old communicator is then closed. A rank that
+    dies while the survivors connect makes shrink fail at its timeout; agree
+    and shrink again.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from plait._checks import check_timeout
+from plait.communicator import Communicator
+from plait.errors import (
+    AbortedError,
+    ClosedError,
+    CommError,
+    CommTimeout,
+    ExcludedError,
+    RendezvousError,
+    UnsupportedError,
+)
+from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
+from plait.transport.base import Transport
+from plait.transport.endpoint import Endpoint
+from plait.transport.memory import MemoryFabric
+
+__all__ = [
+    "HEARTBEAT_SECONDS",
+    "STALE_SECONDS",
+    "Agreement",
+    "Recovery",
+    "StoreOwner",
+    "abort",
+    "agree",
+    "enable",
+    "shrink",
+]
+
+#: Seconds between two heartbeats of a rank's watcher thread (Note [agree]).
+HEARTBEAT_SECONDS = 1.0
+#: Seconds without a heartbeat after which a rank counts as failed (Note [agree]).
+STALE_SECONDS = 5.0
+#: Longest single wait of agree in the store, between two looks at who failed.
+_SLICE = 0.25
+#: Seconds an abort waits for the other ranks to mark their calls aborted before it closes
+#: this rank's connections (Note [abort]).
+_MARK_SECONDS = 0.5
+#: Seconds close waits for the watcher thread and for an abort in progress.
+_JOIN_SECONDS = 5.0
+
+
+class Agreement(NamedTuple):
+    """What :meth:`Communicator.agree` returns, alike on every rank that took part.
+
+    Attributes:
+        flag: the bitwise AND of the flags of the ranks that took part.
+        ranks: the ranks that took part, in increasing order (this
+            communicator's numbering); the others failed.
+    """
+
+    flag: int
+    ranks: tuple[int, ...]
+
+
+class StoreOwner:
+    """The store ``plait.init`` met through, shared by a communicator and those shrunk from it.
+
+    ``release`` (if any) runs when the last of them lets go: it closes a store
+    ``init`` opened (Note [store lifetime] in :mod:`plait._init`). ``count_out``
+    (if any) counts ranks that will never let go (they failed) as gone, for a
+    store that the last rank deletes.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        release: Callable[[], None] | None = None,
+        count_out: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.count_out = count_out
+        self._release = release
+        self._refs = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        """One more communicator uses the store."""
+        with self._lock:
+            self._refs += 1
+
+    def release(self) -> None:
+        """One communicator less; the last one runs ``release``."""
+        with self._lock:
+            self._refs -= 1
+            last = self._refs == 0
+        if last and self._release is not None:
+            self._release()
+
+
+class _Process(NamedTuple):
+    """Where a rank runs: its machine (boot id and pid namespace), pid and start time."""
+
+    machine: str
+    pid: int
+    start: str
+
+
+class Recovery:
+    """A communicator's side of abort, agree and shrink: its namespace, its watcher thread.
+
+    Made by :func:`enable`. It publishes where this rank's process runs,
+    starts the watcher thread (Note [abort]; it also keeps the heartbeat of
+    Note [agree]) and closes with the communicator.
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        owner: StoreOwner,
+        namespace: str,
+        links: Sequence[str],
+    ) -> None:
+        self.rank = comm.rank
+        self.size = comm.size
+        self.namespace = namespace
+        self.links = tuple(links)
+        self.owner = owner
+        self.store: Store = PrefixStore(namespace, owner.store)
+        #: Why the watcher stopped early: the store failed (agree and shrink then refuse).
+        self.store_error: BaseException | None = None
+        self._comm = weakref.ref(comm)
+        # The communicators sharing the transport: this one and its split groups.
+        self._members: weakref.WeakSet[Communicator] = weakref.WeakSet([comm])
+        self._transport = comm._transport
+        self._aborted: str | None = None
+        self._abort_done = _done()
+        self._agrees = 0
+        self._failed: set[int] = set()  # ranks an earlier agreement left out
+        self._procs: dict[int, _Process | None] = {}
+        self._stopping = False
+        self._closed = False
+        me = _this_process()
+        self.store.set(f"proc/{self.rank}", f"{me.machine}\n{me.pid}\n{me.start}".encode())
+        self.store.add(f"hb/{self.rank}", 1)
+        owner.acquire()
+        self._thread = threading.Thread(
+            target=self._watch, name=f"plait-watch-rank{self.rank}", daemon=True
+        )
+        self._thread.start()
+
+    def adopt(self, comm: Communicator) -> None:
+        """``comm`` (a split's group) shares the transport: an abort marks it too."""
+        self._members.add(comm)
+        comm._recovery = self
+        if self._aborted is not None:
+            _mark(comm, self._aborted)
+
+    def owns(self, comm: Communicator) -> bool:
+        """Whether ``comm`` is the communicator this recovery was made for (not a group)."""
+        return self._comm() is comm
+
+    # -- abort (Note [abort]) ----------------------------------------------------------------
+    def abort(self, reason: str) -> None:
+        """Abort here and on every peer; takes no lock (it may run in a signal handler)."""
+        text = f"the communicator was aborted by rank {self.rank}" + (
+            f" ({reason})" if reason else ""
+        )
+        done = self._mark(text)
+        if done is not None:
+            _thread.start_new_thread(self._finish_abort, (text, reason, done, self.rank))
+
+    def abort_now(self, reason: str) -> None:
+        """:meth:`abort`, done on the calling thread (which must not be in a signal handler)."""
+        text = f"the communicator was aborted by rank {self.rank} ({reason})"
+        done = self._mark(text)
+        if done is not None:
+            self._finish_abort(text, reason, done, self.rank)
+        else:
+            self._abort_done.wait(_JOIN_SECONDS)
+
+    def _mark(self, text: str) -> threading.Event | None:
+        """Mark every member's runner aborted; the event to set once the abort is done, or
+        None if this recovery was aborted (or closed) already. Takes no lock."""
+        if self._aborted is not None or self._closed:
+            return None
+        self._aborted = text
+        for comm in list(self._members):
+            _mark(comm, text)
+        done = self._abort_done = threading.Event()
+        return done
+
+    def _finish_abort(self, text: str, reason: str, done: threading.Event, source: int) -> None:
+        """Tell every peer through the store (if the abort began here, at ``source``), wait
+        until the others marked their calls, close the transport; set ``done``."""
+        try:
+            if self.store_error is None:
+                store, me = self.store, self.rank
+                if source == me:
+                    payload = f"{me}\n{reason}".encode()
+                    for p in range(self.size):
+                        if p != me:
+                            store.set(f"abort/{p}", payload)
+                else:
+                    store.set(f"marked/{me}", b"1")
+                # Close only once the others have marked their calls aborted too (or cannot):
+                # none of them then sees this rank's connections close before it knows why.
+                seen: dict[int, tuple[int, float]] = {}
+                others = [
+                    f"marked/{p}"
+                    for p in range(self.size)
+                    if p not in (me, source) and not self._has_failed(p, seen)
+                ]
+                if source != me:  # the aborting rank closes first: its calls fail as aborted
+                    others.append(f"closed/{source}")
+                with contextlib.suppress(StoreTimeout):
+                    store.wait(others, _MARK_SECONDS)
+        except (CommError, OSError) as exc:  # the store is gone: the transport tells them
+            self.store_error = exc
+        finally:
+            try:
+                _abort_transport(self._transport, self.rank, text)
+                if source == self.rank and self.store_error is None:
+                    with contextlib.suppress(CommError, OSError):
+                        self.store.set(f"closed/{source}", b"1")
+            finally:
+                done.set()
+
+    def _watch(self) -> None:
+        """The watcher thread: wait for ``abort/<rank>``, and beat the heartbeat meanwhile."""
+        me = self.rank
+        waiting = f"abort/{me}"
+        store = self.store
+        try:
+            while True:
+                try:
+                    store.wait([waiting], HEARTBEAT_SECONDS)
+                except StoreTimeout:
+                    store.add(f"hb/{me}", 1)
+                    continue
+                if self._stopping or store.check([f"stop/{me}"]):
+                    return
+                if waiting != f"abort/{me}":
+                    return
+                source, _, reason = store.get(waiting).decode().partition("\n")
+                text = f"the communicator was aborted by rank {source}" + (
+                    f" ({reason})" if reason else ""
+                )
+                done = self._mark(text)
+                if done is not None:
+                    self._finish_abort(text, reason, done, int(source))
+                waiting = f"stop/{me}"  # keep beating: agree needs it after an abort
+        except (CommError, OSError) as exc:
+            if not self._stopping:
+                self.store_error = exc
+
+    # -- agree (Note [agree]) ----------------------------------------------------------------
+    def agree(self, flag: int, seconds: float) -> tuple[Agreement, int]:
+        """The agreement of the surviving ranks and its number (see :func:`agree`)."""
+        me = self.rank
+        k = self._agrees
+        self._agrees += 1
+        keys = f"agree/{k}/"
+        deadline = time.monotonic() + seconds
+        seen: dict[int, tuple[int, float]] = {}
+        try:
+            self._check_store("agree")
+            self.store.set(f"{keys}flag/{me}", str(flag).encode())
+            while True:
+                if self._coordinator(seen) == me:
+                    text = self._decide(keys, seen, deadline, seconds, k)
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommTimeout(
+                        f"rank {me}: agree #{k}: no result within {seconds} s; the coordinator "
+                        "neither decided nor was found failed"
+                    )
+                try:
+                    self.store.wait([f"{keys}result"], min(_SLICE, left))
+                except StoreTimeout:
+                    continue
+                text = self.store.get(f"{keys}result").decode()
+                break
+        except StoreTimeout:
+            raise
+        except (RendezvousError, ClosedError, OSError) as exc:
+            raise self._store_gone("agree", exc) from exc
+        value, _, listed = text.partition(" ")
+        ranks = tuple(int(r) for r in listed.split(",") if r)
+        self._failed.update(set(range(self.size)) - set(ranks))
+        if me not in ranks:
+            raise ExcludedError(
+                f"rank {me}: agree #{k}: the other ranks agreed without this rank (they took "
+                f"it for failed; the survivors are ranks {list(ranks)}); close this communicator"
+            )
+        return Agreement(int(value), ranks), k
+
+    def _coordinator(self, seen: dict[int, tuple[int, float]]) -> int:
+        """The lowest rank not failed (this rank, if all below it failed)."""
+        for p in range(self.rank):
+            if not self._has_failed(p, seen):
+                return p
+        return self.rank
+
+    def _decide(
+        self, keys: str, seen: dict[int, tuple[int, float]], deadline: float, seconds: float, k: int
+    ) -> str:
+        """As coordinator: wait until every rank wrote its flag or failed; write the result."""
+        store = self.store
+        while True:
+            if store.check([f"{keys}result"]):
+                return store.get(f"{keys}result").decode()
+            present: list[int] = []
+            missing: list[int] = []
+            for p in range(self.size):
+                if p not in self._failed:
+                    (present if store.check([f"{keys}flag/{p}"]) else missing).append(p)
+            missing = [p for p in missing if not self._has_failed(p, seen)]
+            if not missing:
+                value = -1  # all bits set: the identity of AND
+                for p in present:
+                    value &= int(store.get(f"{keys}flag/{p}"))
+                text = f"{value} {','.join(map(str, present))}"
+                if not store.check([f"{keys}result"]):
+                    store.set(f"{keys}result", text.encode())
+                return store.get(f"{keys}result").decode()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(
+                    f"rank {self.rank}: agree #{k}: rank(s) {missing} neither took part nor "
+                    f"failed within {seconds} s; a rank still inside a call on this "
+                    "communicator never gets to agree (call abort() when a call fails)"
+                )
+            with contextlib.suppress(StoreTimeout):
+                store.wait([f"{keys}flag/{missing[0]}"], min(_SLICE, left))
+
+    def _has_failed(self, p: int, seen: dict[int, tuple[int, float]]) -> bool:
+        """Whether rank ``p`` counts as failed now (Note [agree]); ``seen``: its heartbeats."""
+        if p in self._failed:
+            return True
+        proc = self._process(p)
+        if proc is not None and proc.machine == _this_process().machine and not _alive(proc):
+            return True  # its process is gone
+        beat = self.store.add(f"hb/{p}", 0)
+        now = time.monotonic()
+        last = seen.get(p)
+        if last is None or last[0] != beat:
+            seen[p] = (beat, now)
+            return False
+        return now - last[1] >= STALE_SECONDS
+
+    def _process(self, p: int) -> _Process | None:
+        """Where rank ``p`` runs, as it published (None if it never did)."""
+        if p in self._procs:
+            return self._procs[p]
+        key = f"proc/{p}"
+        if not self.store.check([key]):
+            return None
+        machine, pid, start = self.store.get(key).decode().split("\n")
+        proc = self._procs[p] = _Process(machine, int(pid), start)
+        return proc
+
+    def _check_store(self, what: str) -> None:
+        if self.store_error is not None:
+            raise self._store_gone(what, self.store_error)
+
+    def _store_gone(self, what: str, exc: BaseException) -> RendezvousError:
+        return RendezvousError(
+            f"rank {self.rank}: {what}: the store the ranks met through is unreachable ({exc}); "
+            f"{what} needs it. Where rank 0 served it (MASTER_ADDR, torchrun-style launches) it "
+            "died with rank 0: restart the job (plait run --max-restarts), or serve the store "
+            "apart from the ranks (plait run, PLAIT_STORE)"
+        )
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def closing(self, comm: Communicator) -> None:
+        """``comm`` (this recovery's communicator or a group of it) is about to close its
+        transport: let an abort in progress tell the peers first; close with the owner."""
+        self._abort_done.wait(_JOIN_SECONDS)
+        if self.owns(comm):
+            self.close()
+
+    def close(self) -> None:
+        """Stop the watcher, wait for an abort in progress, let go of the store. Idempotent."""
+        if self._closed:
+            return
+        self._abort_done.wait(_JOIN_SECONDS)
+        self._closed = True
+        self._stopping = True
+        me = self.rank
+        if self._thread.is_alive():
+            with contextlib.suppress(CommError, OSError):
+                self.store.set(f"stop/{me}", b"1")
+                self.store.set(f"abort/{me}", b"")  # wakes a watcher waiting for an abort
+            self._thread.join(_JOIN_SECONDS)
+        self.owner.release()
+
+
+def _done() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
+def _mark(comm: Communicator, text: str) -> None:
+    """Later calls of ``comm`` raise AbortedError with ``text``: plain stores, no lock."""
+    runner = comm._runner
+    runner.aborted = text
+    if runner.broken is None:
+        runner.broken = AbortedError(text)
+
+
+def _root(t: Transport) -> Transport:
+    """The transport that owns the connections (a split's group: its parent's)."""
+    while (parent := getattr(t, "parent", None)) is not None:
+        t = parent
+    return t
+
+
+def _abort_transport(t: Transport, rank: int, text: str) -> None:
+    """Close ``t``'s connections, failing what is pending there with AbortedError."""
+    root = _root(t)
+    if isinstance(root, Endpoint):
+        root.abort(lambda: AbortedError(f"rank {rank}: {text}"))
+    else:
+        root.close()
+
+
+# -- where a process runs (Note [agree]) ---------------------------------------------------------
+def _machine() -> str:
+    """This machine and pid namespace: a pid means the same process only within both."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # no /proc: never compare pids
+    return f"{boot}:{ns}"
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time), or None: no such process, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name (field 2) may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+_PROCESS: _Process | None = None
+
+
+def _this_process() -> _Process:
+    global _PROCESS
+    pid = os.getpid()
+    if _PROCESS is None or _PROCESS.pid != pid:  # after a fork, the child is another process
+        _PROCESS = _Process(_machine(), pid, _start_time(pid) or "")
+    return _PROCESS
+
+
+def _alive(proc: _Process) -> bool:
+    """Whether ``proc`` (on this machine) still runs: same pid, same start time, no zombie."""
+    if not proc.machine:
+        return True
+    return _start_time(proc.pid) == proc.start
+
+
+# -- what the communicator's methods call ----------------------------------------------------------
+def enable(
+    comm: Communicator,
+    store: Store | StoreOwner,
+    namespace: str,
+    links: Sequence[str],
+) -> Recovery:
+    """Give ``comm`` its :class:`Recovery` in ``namespace`` of ``store`` (kept open meanwhile)."""
+    owner = store if isinstance(store, StoreOwner) else StoreOwner(store)
+    rec = Recovery(comm, owner, namespace, links)
+    comm._recovery = rec
+    return rec
+
+
+def abort(comm: Communicator, reason: str = "") -> None:
+    """See :meth:`Communicator.abort` and Note [abort]."""
+    if not isinstance(reason, str):
+        raise TypeError(f"rank {comm.rank}: abort: reason must be a str; got {reason!r}")
+    rec = comm._recovery
+    if rec is not None:
+        rec.abort(reason)
+        return
+    runner = comm._runner
+    if runner.closed or runner.aborted is not None:
+        return
+    text = f"the communicator was aborted by rank {comm.rank}" + (f" ({reason})" if reason else "")
+    _mark(comm, text)
+    _thread.start_new_thread(_abort_transport, (comm._transport, comm.rank, text))
+
+
+def _owned(comm: Communicator, what: str) -> Recovery | None:
+    """``comm``'s recovery for agree and shrink; None for a lone rank without one."""
+    rec = comm._recovery
+    if rec is not None and rec.owns(comm):
+        return rec
+    if rec is None and comm.size == 1:
+        return None
+    if comm.closed:
+        raise ClosedError(f"rank {comm.rank}: {what} on a closed communicator")
+    why = (
+        "a split's group: call it on the communicator it was split from"
+        if rec is not None
+        else "made without a store (from a transport object, or with PLAIT_RECOVERY=0)"
+    )
+    raise UnsupportedError(
+        f"rank {comm.rank}: {what} needs the store the ranks met through, and this "
+        f"communicator has none of its own: it was {why}"
+    )
+
+
+def agree(comm: Communicator, flag: int, timeout: float | None) -> Agreement:
+    """See :meth:`Communicator.agree` and Note [agree]."""
+    if isinstance(flag, bool) or not isinstance(flag, int):
+        try:
+            flag = int(flag.__index__())  # numpy integers
+        except AttributeError:
+            raise TypeError(f"rank {comm.rank}: agree: flag must be an int; got {flag!r}") from None
+    seconds = (
+        comm.timeout if timeout is None else check_timeout(timeout, f"rank {comm.rank}: agree")
+    )
+    rec = _owned(comm, "agree")
+    if rec is None:
+        return Agreement(int(flag), (0,))
+    if rec._closed:
+        raise ClosedError(f"rank {comm.rank}: agree on a closed communicator")
+    return rec.agree(int(flag), seconds)[0]
+
+
+def shrink(comm: Communicator, timeout: float | None) -> Communicator:
+    """See :meth:`Communicator.shrink` and Note [shrink]."""
+    seconds = (
+        comm.timeout if timeout is None else check_timeout(timeout, f"rank {comm.rank}: shrink")
+    )
+    deadline = time.monotonic() + seconds
+    rec = _owned(comm, "shrink")
+    if rec is None:  # a lone rank: a new one, and the old one closed
+        new = Communicator(
+            MemoryFabric(1).endpoints[0],
+            timeout=comm.timeout,
+            hosts=comm.hosts,
+            _settings=comm._settings,
+            _world_rank=comm._world_rank,
+        )
+        comm.close()
+        return new
+    if rec._closed:
+        raise ClosedError(f"rank {comm.rank}: shrink on a closed communicator")
+    rec.abort_now("replaced by shrink()")
+    agreement, k = rec.agree(1, seconds)
+    members = agreement.ranks
+    size = len(members)
+    rank = members.index(comm.rank)
+    hosts = [comm.hosts[p] for p in members]
+    namespace = f"{rec.namespace}/s{k}"
+    owner = rec.owner
+    owner.acquire()  # the new communicator's, until its Recovery holds its own
+    try:
+        left = max(deadline - time.monotonic(), 0.001)
+        if size == 1:
+            transport: Transport = MemoryFabric(1).endpoints[0]
+        else:
+            from plait.transport.route import connect
+
+            store = PrefixStore(namespace, owner.store)
+            try:
+                transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
+            except (RendezvousError, ClosedError, OSError) as exc:
+                raise RendezvousError(
+                    f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
+                    f"connect ({exc}); if one failed meanwhile, agree and shrink again"
+                ) from exc
+        new = Communicator(
+            transport,
+            timeout=comm.timeout,
+            hosts=hosts,
+            _settings=comm._settings,
+            _world_rank=comm._world_rank,
+        )
+        enable(new, owner, namespace, rec.links)
+    finally:
+        owner.release()
+    if rank == 0 and owner.count_out is not None:
+        with contextlib.suppress(CommError, OSError):
+            owner.count_out(comm.size - size)
+    comm.close()
+    return new

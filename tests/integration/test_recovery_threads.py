@@ -1,0 +1,199 @@
+"""abort, agree and shrink with threads as ranks (TCP over loopback, one in-memory store).
+
+Real processes, kill -9 and the store's host dying: tests/multiprocess/test_recovery_processes.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait import _recovery
+from plait.rendezvous.store import MemoryStore, PrefixStore
+from plait.testing import memory_communicators, run_ranks
+from plait.transport.route import connect
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def store_ranks(n: int, fn: Callable[[plait.Communicator], Any]) -> list[Any]:
+    """Run ``fn`` on ``n`` threads, each with a communicator that has its recovery."""
+    store = MemoryStore(timeout=30)
+    results: list[Any] = [None] * n
+
+    def body(r: int) -> None:
+        t = connect(r, n, ["h"] * n, PrefixStore("job", store), links=("tcp",), timeout=20)
+        comm = plait.Communicator(t, timeout=20)
+        _recovery.enable(comm, store, "job/ft", ("tcp",))
+        try:
+            results[r] = fn(comm)
+        except BaseException as exc:
+            results[r] = exc
+        finally:
+            comm.close()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    return results
+
+
+def test_agree_ands_the_flags_and_lists_every_rank() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        first = comm.agree(0b111 if comm.rank else 0b101)
+        second = comm.agree(np.int64(6))
+        return first, second
+
+    for first, second in store_ranks(3, body):
+        assert first == plait.Agreement(0b101, (0, 1, 2))
+        assert second == plait.Agreement(6, (0, 1, 2))
+
+
+def test_shrink_without_a_failure_renumbers_and_closes_the_old_one() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        new = comm.shrink()
+        try:
+            got = new.allreduce(np.arange(3.0) + new.rank)
+            return comm.closed, new.rank, new.size, got.tolist()
+        finally:
+            new.close()
+
+    for r, res in enumerate(store_ranks(3, body)):
+        assert res == (True, r, 3, [3.0, 6.0, 9.0])
+
+
+def test_a_late_rank_is_left_out_and_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 2 closes its communicator (its heartbeat stops): the others agree without it."""
+    monkeypatch.setattr(_recovery, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(_recovery, "STALE_SECONDS", 0.3)
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 2:
+            return None
+        return comm.agree(1, timeout=10)
+
+    results = store_ranks(3, body)
+    assert results[:2] == [plait.Agreement(1, (0, 1))] * 2
+
+
+def test_abort_from_a_watchdog_fails_blocked_receives_everywhere_within_a_second() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        comm.barrier()
+        if comm.rank == 0:
+            threading.Timer(0.3, comm.abort, ("watchdog",)).start()  # fires while all wait
+        start = time.monotonic()
+        with pytest.raises(plait.CommError) as info:
+            comm.recv(np.zeros(2), (comm.rank + 1) % comm.size, tag=3)
+        elapsed = time.monotonic() - start
+        with pytest.raises(plait.AbortedError, match="aborted by rank 0 \\(watchdog\\)"):
+            comm.allreduce(np.ones(2))
+        return elapsed, type(info.value).__name__
+
+    for res in store_ranks(3, body):
+        assert not isinstance(res, BaseException), res
+        elapsed, kind = res
+        assert elapsed < 0.3 + 1.0
+        assert kind in ("AbortedError", "PeerLostError")
+
+
+def test_abort_in_a_signal_handler_while_the_main_thread_is_blocked() -> None:
+    """Rank 0 runs on the main thread, where Python runs signal handlers."""
+    comms: list[plait.Communicator] = []
+    store = MemoryStore(timeout=30)
+    ready = threading.Barrier(2)
+    outcome: dict[int, str] = {}
+
+    def peer() -> None:
+        t = connect(1, 2, ["h", "h"], PrefixStore("job", store), links=("tcp",), timeout=20)
+        comm = plait.Communicator(t, timeout=20)
+        _recovery.enable(comm, store, "job/ft", ("tcp",))
+        ready.wait(20)
+        try:
+            comm.recv(np.zeros(1), 0, tag=1)
+        except plait.CommError as exc:
+            outcome[1] = type(exc).__name__
+        comm.close()
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    t = connect(0, 2, ["h", "h"], PrefixStore("job", store), links=("tcp",), timeout=20)
+    comm = plait.Communicator(t, timeout=20)
+    _recovery.enable(comm, store, "job/ft", ("tcp",))
+    comms.append(comm)
+    old = signal.signal(signal.SIGUSR2, lambda *_: comm.abort("signal"))
+    try:
+        ready.wait(20)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+        with pytest.raises(plait.AbortedError, match="signal"):
+            comm.recv(np.zeros(1), 1, tag=1)
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+        comm.close()
+        thread.join(20)
+    assert outcome[1] in ("AbortedError", "PeerLostError")
+
+
+def test_without_a_store_abort_is_local_and_agree_and_shrink_refuse() -> None:
+    def body(comm: plait.Communicator) -> str:
+        with pytest.raises(plait.UnsupportedError, match="without a store"):
+            comm.agree(1)
+        with pytest.raises(plait.UnsupportedError, match="without a store"):
+            comm.shrink()
+        if comm.rank == 0:
+            comm.abort()
+            with pytest.raises(plait.AbortedError, match="aborted by rank 0"):
+                comm.allreduce(np.ones(1))
+            return "aborted"
+        with pytest.raises(plait.CommError):  # rank 0 closed its end
+            comm.recv(np.zeros(1), 0)
+        return "lost"
+
+    assert run_ranks(2, body) == ["aborted", "lost"]
+
+
+def test_a_split_group_is_aborted_with_its_parent_but_cannot_agree() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        group = comm.split(comm.rank % 2)
+        with pytest.raises(plait.UnsupportedError, match="split"):
+            group.agree(1)
+        comm.barrier()
+        if comm.rank == 0:
+            comm.abort("stop")
+        with pytest.raises(plait.CommError):  # nobody sends this: only the abort ends it
+            group.recv(np.zeros(1), 1 - group.rank, tag=9)
+        with pytest.raises(plait.AbortedError):
+            group.allreduce(np.ones(1))
+        group.close()
+        return True
+
+    assert store_ranks(4, body) == [True] * 4
+
+
+def test_a_lone_rank_agrees_with_itself_and_shrinks_to_itself() -> None:
+    (comm,) = memory_communicators(1)
+    assert comm.agree(5) == plait.Agreement(5, (0,))
+    new = comm.shrink()
+    assert comm.closed
+    assert new.allreduce(np.ones(2)).tolist() == [1.0, 1.0]
+    new.close()
+
+
+def test_bad_arguments_are_named() -> None:
+    (comm,) = memory_communicators(1)
+    with pytest.raises(TypeError, match="flag must be an int"):
+        comm.agree("yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        comm.agree(1, timeout=0)
+    with pytest.raises(TypeError, match="reason must be a str"):
+        comm.abort(3)  # type: ignore[arg-type]
+    comm.close()
