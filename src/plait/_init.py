@@ -65,7 +65,11 @@ Note [store lifetime]
       would reach the old server, not yet closed, and lose what they wrote.
       torch's store on MASTER_PORT lives as long, too.
 
-    A store passed as an object is the caller's and left alone.
+    A store passed as an object is the caller's and left alone: no watcher
+    thread runs on it (it may be shared, as torch's is in the torch backend,
+    whose client a thread waiting there would hold up), so its communicator
+    has a local-only ``abort`` and no ``agree`` or ``shrink``, as with
+    ``PLAIT_RECOVERY=0``.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 import urllib.parse
 import zlib
 from collections.abc import Mapping
@@ -518,6 +523,11 @@ def init(
         _generation += 1
         generation = _generation
     seconds = timeout if timeout is not None else 300.0
+    deadline = time.monotonic() + seconds  # one deadline for every phase of init
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 0.001)
+
     owned = from_env = False  # init opened the store (and must close it); from the environment
     if store is None:
         if info.store_url is None:
@@ -534,7 +544,7 @@ def init(
                 "set PLAIT_STORE=tcp://host:port, or pass store=, or start the job with "
                 "`plait run`"
             )
-        store = _open_store(info, rank, generation, timeout)
+        store = _open_store(info, rank, generation, None if timeout is None else left())
         owned = from_env = True
     elif isinstance(store, str):
         from plait.rendezvous.url import store_from_url
@@ -548,7 +558,7 @@ def init(
     try:
         host = os.environ.get("PLAIT_HOST") or socket.gethostname()
         group.set(f"host/{rank}", host.encode())
-        group.wait([f"host/{r}" for r in range(size)], timeout)
+        _meet(group, rank, size, seconds, None if timeout is None else left(), info)
         hosts = [group.get(f"host/{r}").decode() for r in range(size)]
         # One place chooses the link per peer pair (plait.transport.route); "hybrid" and
         # "auto" allow both kinds, shared memory first.
@@ -559,14 +569,56 @@ def init(
         # fresh token, so that jobs with equal ids (torchrun's default run id
         # is "none") never share segment names.
         job = info.job_id if info.launcher == "plait" else None
-        t = connect(rank, size, hosts, group, links=links, timeout=seconds, job=job)
+        t = connect(rank, size, hosts, group, links=links, timeout=left(), job=job)
         comm = Communicator(t, timeout=timeout, hosts=hosts)
-        if os.environ.get("PLAIT_RECOVERY", "").strip() != "0":
+        # A store passed as an object is the caller's (torch's, in the torch backend): no
+        # watcher thread on it, and no agree or shrink (Note [store lifetime]).
+        if owned and os.environ.get("PLAIT_RECOVERY", "").strip() != "0":
             kept = _keep_store(comm, store, group, size, owned=owned, temp=temp, links=links)
     finally:
         if owned and not kept:
             _leave(store, group, size, temp=temp)
     return comm
+
+
+def _meet(
+    group: PrefixStore,
+    rank: int,
+    size: int,
+    seconds: float,
+    timeout: float | None,
+    info: LaunchInfo,
+) -> None:
+    """Wait until every rank has said its host; errors that name the ranks, not store keys.
+
+    Raises:
+        StoreTimeout: some ranks never arrived (named) within ``timeout``.
+        RendezvousError: the store went away (where rank 0 served it: rank 0 failed).
+    """
+    from plait.rendezvous.store import StoreTimeout
+
+    keys = [f"host/{r}" for r in range(size)]
+    try:
+        group.wait(keys, timeout)
+    except StoreTimeout:
+        try:
+            missing = [r for r in range(size) if not group.check([keys[r]])]
+        except RendezvousError:
+            missing = []
+        who = f"rank(s) {missing}" if missing else "some ranks"
+        raise StoreTimeout(
+            f"rank {rank} of {size}: plait.init timed out after {seconds:g} s waiting for "
+            f"{who} to arrive: they never called plait.init (not started yet, failed or "
+            "killed during start-up, or given another store or job id)"
+        ) from None
+    except RendezvousError as exc:
+        if not info.store_by_rank0 or rank == 0:
+            raise
+        raise RendezvousError(
+            f"rank {rank} of {size}: plait.init: the store that rank 0 serves at "
+            f"{info.store_url} went away before every rank arrived: rank 0 failed or gave up "
+            f"(see its error) ({exc})"
+        ) from exc
 
 
 def _keep_store(

@@ -1,0 +1,57 @@
+"""``plait.init`` says which ranks never arrived, and keeps one deadline for all its phases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import plait
+from plait.rendezvous.store import StoreTimeout
+from plait.rendezvous.tcp_store import TCPStoreServer
+
+RANK = """
+import sys, time, plait
+start = time.monotonic()
+try:
+    plait.init(rank=int(sys.argv[1]), size=3, store=sys.argv[2], timeout=1.5)
+except plait.CommError as exc:
+    print(f"{type(exc).__name__}|{time.monotonic() - start:.1f}|{exc}", flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_never_arrives_is_named_not_its_store_key() -> None:
+    # Ranks 0 and 1 of 3 meet; rank 2 never comes (killed during start-up, say).
+    with TCPStoreServer("127.0.0.1", 0) as server:
+        url = f"tcp://127.0.0.1:{server.port}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RANK, str(r), url], stdout=subprocess.PIPE, text=True
+            )
+            for r in (0, 1)
+        ]
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    for r, out in enumerate(outs):
+        kind, took, msg = out.strip().split("|", 2)
+        assert kind == "StoreTimeout", out
+        assert msg.startswith(
+            f"rank {r} of 3: plait.init timed out after 1.5 s waiting for rank(s) [2]"
+        ), out
+        assert "host/" not in msg  # no raw store key
+        assert float(took) < 10  # one deadline (1.5 s), not one per phase
+
+
+@pytest.mark.parametrize("timeout", [0.5])
+def test_init_keeps_one_deadline(timeout: float) -> None:
+    # A single rank of 2 waits for its peer: init ends at its timeout, not later.
+    server = TCPStoreServer("127.0.0.1", 0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(StoreTimeout, match=r"waiting for rank\(s\) \[1\]"):
+            plait.init(rank=0, size=2, store=f"tcp://127.0.0.1:{server.port}", timeout=timeout)
+        assert time.monotonic() - start < timeout + 5
+    finally:
+        server.close()
