@@ -1,8 +1,9 @@
 """Least squares that survives a lost rank: one rank is killed, the others shrink and finish.
 
-Run it with ``python examples/resilient_lstsq.py`` (``--ranks 4 --victim 2 --kill-at 20``).
-It starts its ranks itself and serves their store, as ``plait run`` would; ``plait run``
-itself stops a job when a rank dies, and this job goes on without it.
+Run it with ``plait run -n 4 --enable-recovery examples/resilient_lstsq.py`` (``--victim 2
+--kill-at 20``): with ``--enable-recovery`` the launcher lets the others go on when a rank is
+killed. ``python examples/resilient_lstsq.py --ranks 4`` does the same through
+:func:`plait.launch.launch`.
 
 Each rank holds its own rows ``(A_r, b_r)`` of an overdetermined system, and the ranks
 minimise ``sum_r |A_r x - b_r|^2`` by gradient descent: every step allreduces the gradient
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -88,34 +87,16 @@ def solve(args: argparse.Namespace) -> int:
 
 
 def launch(args: argparse.Namespace) -> int:
-    """Serve the store, start the ranks, and check that only the victim failed."""
-    from plait.rendezvous.tcp_store import TCPStoreServer
+    """Start the ranks as ``plait run -n RANKS --enable-recovery`` does; the job's exit code.
 
-    secret = secrets.token_hex(16)
-    server = TCPStoreServer("127.0.0.1", 0, secret=secret.encode())
-    try:
-        procs = []
-        for r in range(args.ranks):
-            env = {
-                **os.environ,
-                "PLAIT_RANK": str(r),
-                "PLAIT_SIZE": str(args.ranks),
-                "PLAIT_LOCAL_RANK": str(r),
-                "PLAIT_STORE": f"tcp://127.0.0.1:{server.port}",
-                "PLAIT_SECRET": secret,
-            }
-            procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=env))
-        codes = [p.wait(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        server.close()
-    others = [c for r, c in enumerate(codes) if r != args.victim]
-    if codes[args.victim] != -signal.SIGKILL or any(others):
-        print(f"unexpected exit codes: {codes}", file=sys.stderr)
-        return 1
-    return 0
+    0 when the survivors finish with the right answer (the victim's SIGKILL is reported and
+    tolerated), else the first survivor's failure.
+    """
+    from plait.launch import Job
+    from plait.launch import launch as run_job
+
+    job = Job([sys.executable, __file__, *sys.argv[1:]], nproc=args.ranks, enable_recovery=True)
+    return run_job(job)
 
 
 def main() -> int:

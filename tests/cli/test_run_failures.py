@@ -208,3 +208,54 @@ def test_output_without_a_traceback_leaves_it_unset() -> None:
     assert (tb.seen, tb.first) == (False, None)
     assert tb.skim(b"Traceback is a word\nno\n")
     assert not tb.skim(b"Traceback (most recent call last):\n")
+
+
+#: Rank 1 is killed; with --enable-recovery the others shrink and finish. ``BAD`` in the
+#: environment makes rank 2 raise afterwards instead.
+RECOVERING = """
+    import os, signal, sys, numpy as np, plait
+    rank = int(os.environ["PLAIT_RANK"])
+    comm = plait.init(timeout=30)
+    comm.allreduce(np.ones(4))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.allreduce(np.ones(4))
+    except plait.CommError:
+        comm.abort("lost rank 1")
+        comm = comm.shrink()
+    total = comm.allreduce(np.ones(4))
+    print(f"rank {rank} of {comm.size}: {total[0]:.0f}", flush=True)
+    if rank == 2 and os.environ.get("BAD"):
+        raise ValueError("a survivor fails")
+    comm.close()
+"""
+
+
+@pytest.mark.multiprocess
+def test_enable_recovery_lets_the_others_go_on(tmp_path: Path) -> None:
+    res = plait_run(["-n", "3", "--enable-recovery"], RECOVERING, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "rank 1 was killed by SIGKILL; the others go on (--enable-recovery)" in res.stderr
+    assert sorted(res.stdout.split("\n")[:2]) == ["rank 0 of 2: 2", "rank 2 of 2: 2"], res.stdout
+
+
+@pytest.mark.multiprocess
+def test_enable_recovery_still_fails_on_a_survivors_exception(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(RECOVERING))
+    res = subprocess.run(
+        [*PLAIT, "run", "-n", "3", "--enable-recovery", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BAD": "1"},
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "ValueError: a survivor fails" in res.stderr
+
+
+def test_enable_recovery_and_restarts_exclude_each_other(tmp_path: Path) -> None:
+    res = plait_run(["-n", "2", "--enable-recovery", "--max-restarts", "1"], "pass\n", tmp_path)
+    assert res.returncode == 2
+    assert "--enable-recovery and --max-restarts exclude each other" in res.stderr

@@ -56,6 +56,12 @@ from PLAIT_RESTART_COUNT (0, 1, ..., K; torchrun's TORCHELASTIC_RESTART_COUNT)
 and K from PLAIT_MAX_RESTARTS. A signal to the launcher is never followed by a
 restart. Restarts are for jobs on one host.
 
+Recovery: with --enable-recovery (Open MPI's spelling), a rank killed by a
+signal (kill -9, the OOM killer) is reported and the others go on: they can
+agree and shrink (comm.agree, comm.shrink; docs/fault-tolerance.md) and finish
+without it. The job then succeeds if every other rank exits with 0; a rank
+that fails otherwise (an exception) stops the job as usual.
+
 Stalls: with --stall-timeout S (PLAIT_STALL_TIMEOUT for the ranks), a rank whose
 call makes no progress for S seconds dumps its flight recorder and prints a line
 starting with "plait: stall:"; the launcher then sends SIGUSR1 to the ranks of
@@ -148,6 +154,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="when a rank fails, stop the ranks and start them all again, up to K times "
         "(default 0; one host only); a rank reads its attempt from PLAIT_RESTART_COUNT",
+    )
+    parser.add_argument(
+        "--enable-recovery",
+        "--enable_recovery",
+        dest="enable_recovery",
+        action="store_true",
+        help="a rank killed by a signal does not stop the others: they may agree and shrink "
+        "and go on (docs/fault-tolerance.md); the job then succeeds if the others do",
     )
     parser.add_argument(
         "--timeout",
@@ -289,6 +303,8 @@ def main(args: argparse.Namespace) -> int:
         _usage_error(f"--max-restarts must be >= 0, not {max_restarts}")
     if max_restarts and args.nnodes > 1:
         _usage_error("--max-restarts is for a job on one host (--nnodes 1)")
+    if max_restarts and getattr(args, "enable_recovery", False):
+        _usage_error("--enable-recovery and --max-restarts exclude each other")
     stall_timeout = getattr(args, "stall_timeout", None)
     if stall_timeout is not None and not stall_timeout >= 0:
         _usage_error(f"--stall-timeout must be a number of seconds >= 0, not {stall_timeout}")
@@ -310,5 +326,6 @@ def main(args: argparse.Namespace) -> int:
         stall_timeout=stall_timeout,
         tag_output=args.tag_output,
         max_restarts=max_restarts,
+        enable_recovery=getattr(args, "enable_recovery", False),
     )
     return launch(job)

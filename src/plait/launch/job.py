@@ -92,6 +92,9 @@ class Job:
     label: str = "plait run"
     #: Times to start every rank again after a rank fails (Note [restarts]); one host only.
     max_restarts: int = 0
+    #: A rank killed by a signal does not stop the others (PRRTE's ``--enable-recovery``):
+    #: they may agree and shrink (docs/fault-tolerance.md); see :func:`~plait.launch.watch.watch`.
+    enable_recovery: bool = False
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -109,6 +112,11 @@ class Job:
             raise ValueError(
                 "restarts (max_restarts) are for a job on one host: with several hosts the "
                 "launchers would have to agree on when to restart"
+            )
+        if self.enable_recovery and self.max_restarts:
+            raise ValueError(
+                "enable_recovery (the others go on) and max_restarts (all start again) exclude "
+                "each other"
             )
         if self.transport is not None and self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
@@ -263,7 +271,7 @@ def _attempt(
                 target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
             ).start()
         relay.start()
-        return watch(ranks, relay, events)
+        return watch(ranks, relay, events, recovery=job.enable_recovery)
     finally:
         signals.events = None
         stop(ranks)

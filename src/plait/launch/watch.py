@@ -166,7 +166,37 @@ def stop(ranks: Sequence[RankProcess]) -> None:
             r.proc.wait()
 
 
-def watch(ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[int, int]]) -> int:
+def _survivors(
+    ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[int, int]]
+) -> tuple[list[RankProcess], list[RankProcess]]:
+    """``--enable-recovery``: wait while ranks exit with 0 or are killed by a signal.
+
+    Returns the ranks still running once one exits with a non-zero code (its event is put
+    back for :func:`watch`) or all have ended, and those killed by a signal.
+    """
+    running = list(ranks)
+    lost: list[RankProcess] = []
+    while running:
+        rank, code = events.get()
+        if rank < 0 or code > 0:  # a signal to the launcher, or a failure to report as usual
+            events.put((rank, code))
+            break
+        r = next(p for p in running if p.rank == rank)
+        running.remove(r)
+        r.exit = (code, time.monotonic())
+        if code < 0:
+            lost.append(r)
+            relay.say(f"rank {r.rank} {_describe(code)}; the others go on (--enable-recovery)")
+    return running, lost
+
+
+def watch(
+    ranks: Sequence[RankProcess],
+    relay: Relay,
+    events: queue.Queue[tuple[int, int]],
+    *,
+    recovery: bool = False,
+) -> int:
     """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
 
     ``events`` carries ``(rank, exit code)`` as each rank exits, and ``(-1, -signum)`` when the
@@ -176,9 +206,23 @@ def watch(ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[
 
     After a failure that may not be the cause, wait a little for one that is (Note [which rank
     started a failure]), then stop the others and name the rank that started it.
+
+    With ``recovery`` (``plait run --enable-recovery``) a rank killed by a signal is reported
+    and the others go on, to agree and shrink (docs/fault-tolerance.md); the job's exit code
+    is then that of the first of the others to fail (0 if none did), and a failure of any
+    other kind stops the job as without it.
     """
-    deadline = float("inf")
+    by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
+    if recovery:
+        survivors, lost = _survivors(ranks, relay, events)
+        running = len(survivors)
+        if not survivors:  # every rank ended: with 0, or killed
+            if len(lost) < len(ranks):
+                return 0  # some finished: the losses were recovered from
+            ended = lost[0].exit
+            return 128 - ended[0] if ended is not None else 1
+    deadline = float("inf")
     failed: list[RankProcess] = []
     while running:
         timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
@@ -190,7 +234,7 @@ def watch(ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[
             relay.say(f"received {_signal_name(-code)}; stopping all ranks")
             stop(ranks)
             return 128 - code
-        r = ranks[rank - ranks[0].rank]
+        r = by_rank[rank]
         r.exit = (code, time.monotonic())
         running -= 1
         if code == 0:
@@ -202,7 +246,7 @@ def watch(ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[
             break
         deadline = min(deadline, r.exit[1] + _LINGER[kind])
     if not failed:
-        return 0
+        return 0  # with recovery: the ranks left finished, whatever was lost on the way
     first = _first_failure(failed, relay)
     hung = [] if _kind(first, relay) == _CAUSE else _hung_causes(ranks, failed, relay)
     if hung:
