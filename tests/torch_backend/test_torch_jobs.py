@@ -38,8 +38,8 @@ def job_env(**extra: str) -> dict[str, str]:
 
 @functools.cache
 def plait_run_job(size: int) -> JobResult:
-    """DDP against gloo, every call, and the errors, on ``size`` ranks under plait run."""
-    cmd = [*PLAIT_RUN, "-n", str(size), "--tag-output", str(RANKS), "ddp,calls,errors"]
+    """DDP against gloo, every call, the errors and the suite's paths, on ``size`` ranks."""
+    cmd = [*PLAIT_RUN, "-n", str(size), "--tag-output", str(RANKS), "ddp,calls,errors,suite"]
     return run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
 
 
@@ -71,6 +71,13 @@ def test_refused_calls_and_failed_work(size: int) -> None:
     res = plait_run_job(size)
     passed(res, "errors", size)
     assert res.returncode == 0, res.describe()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_what_torchs_own_suite_needs(size: int) -> None:
+    """Receive from any source, the CPU device's backend, coalesced calls, "Timed out", sparse
+    all_reduce, and monitored_barrier: what torch's own test suite needs (torch_dist_suite.py)."""
+    passed(plait_run_job(size), "suite", size)
 
 
 def test_torchrun_env() -> None:

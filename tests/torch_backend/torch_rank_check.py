@@ -10,6 +10,9 @@ Modes (first argument):
             gloo group beside the plait default group): parameters must agree
     basic   a few calls and a sub-group (for other ways of starting a job:
             torchrun, init_method=file://)
+    suite   what torch's own distributed tests need beyond those: the group as
+            the CPU device's backend, coalesced calls and coalescing blocks,
+            timeouts worded as torch's, sparse all_reduce, monitored_barrier
 
 Modes combine with commas (``ddp,calls,errors``: one job, one torch import).
 Each rank prints ``rank R: <mode> passed`` after each; any failed check raises,
@@ -374,7 +377,6 @@ def check_errors(size: int, rank: int) -> None:
     expect(plait.UnsupportedError, ("meta", "CPU tensors only"), lambda: dist.all_reduce(meta))
     sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), check_invariants=True)
     expect(plait.UnsupportedError, ("sparse", "to_dense"), lambda: dist.broadcast(sparse, 0))
-    expect(plait.UnsupportedError, ("any source",), lambda: dist.recv(torch.empty(2)))
     ints = torch.ones(3, dtype=torch.int64)
     expect(TypeError, ("AVG", "int64"), lambda: dist.all_reduce(ints, op=R.AVG))
     expand = torch.zeros(1).expand(4)
@@ -521,6 +523,168 @@ def check_basic(size: int, rank: int) -> None:
     dist.destroy_process_group(sub)
 
 
+def check_suite(size: int, rank: int) -> None:
+    check_any_source(size, rank)
+    check_device_and_coalesced(size, rank)
+    check_sparse(size, rank)
+    check_monitored_barrier(size, rank)
+    check_timeout_wording(size, rank)
+
+
+def check_any_source(size: int, rank: int) -> None:
+    """``recv``/``irecv`` without ``src``: the sender's global rank, and MPI's matching order.
+
+    On the default group rank 0 receives one message from every other rank
+    (recv and irecv alternating), then, on tag 1, an any-source and a
+    specific-source receive take rank 1's two messages in the order called.
+    On a sub-group of the last two ranks (group ranks are not global ranks
+    from 3 ranks on), ``dist.recv`` names the sender by its global rank.
+    """
+    if rank == 0:
+        senders = []
+        for i in range(size - 1):
+            t = torch.full((5,), -1.0)
+            if i % 2:
+                work = dist.irecv(t)
+                work.wait()
+                sender = work._source_rank()
+            else:
+                sender = dist.recv(t)
+            same(t, np.full(5, float(sender)), f"any-source receive from rank {sender}")
+            senders.append(sender)
+        assert sorted(senders) == list(range(1, size)), senders
+        first, second = torch.zeros(2), torch.zeros(2)
+        works = [dist.irecv(first, tag=1), dist.irecv(second, src=1, tag=1)]
+        for w in works:
+            w.wait()
+        same(first, np.full(2, 10.0), "any-source receive called first gets the first message")
+        same(second, np.full(2, 11.0), "then the specific-source one the second")
+    else:
+        dist.send(torch.full((5,), float(rank)), dst=0)
+        if rank == 1:
+            dist.send(torch.full((2,), 10.0), dst=0, tag=1)
+            dist.send(torch.full((2,), 11.0), dst=0, tag=1)
+    members = [size - 2, size - 1]
+    sub = dist.new_group(members, backend="plait")
+    if rank == members[0]:
+        t = torch.zeros(3)
+        assert dist.recv(t, group=sub) == members[1]
+        same(t, np.full(3, 4.0), "any-source receive on a sub-group")
+    elif rank == members[1]:
+        dist.send(torch.full((3,), 4.0), dst=members[0], group=sub)
+    dist.destroy_process_group(sub)
+
+
+def check_device_and_coalesced(size: int, rank: int) -> None:
+    """The group answers for the CPU device; coalesced calls, and coalescing blocks, work."""
+    c10d = dist.distributed_c10d
+    pg = dist.group.WORLD
+    cpu = torch.device("cpu")
+    assert c10d._device_capability(pg) == ["cpu"]
+    assert c10d._get_object_coll_device(pg) == "cpu"
+    assert pg._get_backend(cpu) is pg
+    expect(RuntimeError, ("device type cuda",), lambda: pg._get_backend(torch.device("cuda")))
+    ins = [torch.full((2, 2), float(rank)), torch.empty(0), torch.arange(3.0) + rank]
+    outs = [[torch.empty_like(t) for t in ins] for _ in range(size)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the call itself
+        dist.all_gather_coalesced(outs, ins)
+    for r in range(size):
+        same(outs[r][0], np.full((2, 2), float(r)), f"all_gather_coalesced from rank {r}")
+        same(outs[r][2], np.arange(3.0) + r, f"all_gather_coalesced from rank {r}")
+    # a coalescing block with a device: its calls run, and the block's work waits for them all
+    a, b = torch.full((3,), float(rank)), torch.full((2,), 1.0)
+    gathered = torch.empty(2 * size)
+    with c10d._coalescing_manager(device=cpu, async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    same(a, np.full(3, float(sum(range(size)))), "all_reduce in a coalescing block")
+    same(b, np.full(2, float(size)), "all_reduce in a coalescing block")
+    with c10d._coalescing_manager(device=cpu, async_ops=True) as cm:
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
+    cm.wait()
+    same(gathered, np.repeat(np.arange(size, dtype=np.float64), 2), "all_gather in a block")
+    pieces = torch.empty(2)
+    work = pg.reduce_scatter_tensor_coalesced([pieces], [torch.arange(2.0 * size)])
+    work.wait()
+    same(pieces, np.arange(2.0 * rank, 2.0 * rank + 2) * size, "reduce_scatter_tensor_coalesced")
+    assert pg._get_sequence_number_for_group() > 0
+
+
+def check_sparse(size: int, rank: int) -> None:
+    """Sparse COO all_reduce: the dense sum, coalesced, the same bits on every rank."""
+    gen = torch.Generator().manual_seed(rank)
+    for shape, sparse_dim in (((50,), 1), ((6, 7), 2), ((5, 3, 2), 1), ((4, 4), 1)):
+        dense = torch.zeros(shape, dtype=torch.float32)
+        mask = torch.rand(shape[:sparse_dim], generator=gen) < 0.3
+        dense[mask] = torch.randn(shape, generator=gen)[mask]
+        t = dense.to_sparse(sparse_dim)
+        work = dist.all_reduce(t, async_op=rank % 2 == 1)
+        if work is not None:
+            work.wait()
+        assert t.is_sparse
+        assert t.is_coalesced()
+        everyone = [torch.empty(shape) for _ in range(size)]
+        dist.all_gather(everyone, dense)
+        want = everyone[0].clone()
+        for other in everyone[1:]:
+            want += other
+        assert torch.equal(t.to_dense(), want), f"rank {rank}: sparse all_reduce {shape}"
+        results = [torch.empty(shape) for _ in range(size)]
+        dist.all_gather(results, t.to_dense())
+        assert all(torch.equal(r, results[0]) for r in results), "ranks disagree"
+    s = torch.sparse_coo_tensor(
+        torch.tensor([[rank]]), torch.tensor([2.0 * size]), (size,), check_invariants=True
+    )
+    dist.all_reduce(s, op=R.AVG)
+    same(s.to_dense(), np.full(size, 2.0), "sparse all_reduce AVG")
+    empty = torch.sparse_coo_tensor(
+        torch.empty((1, 0), dtype=torch.int64), torch.empty(0), (4,), check_invariants=True
+    )
+    dist.all_reduce(empty)
+    assert empty._nnz() == 0
+    bad = torch.zeros(3 + rank).to_sparse()
+    expect(ValueError, ("differ in the shape",), lambda: dist.all_reduce(bad))
+    expect(plait.UnsupportedError, ("SUM",), lambda: dist.all_reduce(s, op=R.MAX))
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the group is still usable
+    same(t, np.full(2, float(size)), "all_reduce after a refused sparse call")
+
+
+def check_monitored_barrier(size: int, rank: int) -> None:
+    """plait.torch.monitored_barrier: passes when all come, names the rank that does not."""
+    plait.torch.monitored_barrier(timeout=timedelta(seconds=30))
+    last = size - 1
+    if rank != last:
+        exc = expect(
+            plait.CommTimeout,
+            (f"rank(s) [{last}] did not arrive",),
+            lambda: plait.torch.monitored_barrier(timeout=timedelta(seconds=1)),
+        )
+        assert ("rank 0 reports" in str(exc)) == (rank != 0), exc
+        dist.barrier()
+    else:
+        dist.barrier()  # after the others gave up: too late, and told so
+        expect(plait.CommTimeout, (f"[{last}] did not arrive",), plait.torch.monitored_barrier)
+    plait.torch.monitored_barrier(group=dist.group.WORLD)  # the group is still usable
+    expect(
+        ValueError,
+        ("only implemented for GLOO",),
+        lambda: dist.monitored_barrier(timeout=timedelta(seconds=1)),
+    )
+
+
+def check_timeout_wording(size: int, rank: int) -> None:
+    """A timed-out call says "Timed out", as torch's backends do (its test suite looks for it)."""
+    sub = dist.new_group(backend="plait", timeout=timedelta(seconds=1))
+    if rank == 0:
+        exc = expect(plait.CommTimeout, (" Timed out ", "barrier"), lambda: dist.barrier(sub))
+        assert isinstance(exc, plait.CollectiveTimeout), type(exc)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+
+
 def main() -> None:
     global RANK
     mode = sys.argv[1]
@@ -542,6 +706,7 @@ def main() -> None:
         "ddp": check_ddp,
         "basic": check_basic,
         "hooks": check_hooks,
+        "suite": check_suite,
     }
     for name in mode.split(","):
         checks[name](size, rank)

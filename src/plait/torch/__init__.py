@@ -9,6 +9,7 @@
     dist.all_reduce(tensor)
     model = torch.nn.parallel.DistributedDataParallel(model)
     objs = plait.torch.communicator().allgather_object(obj)  # plait's object collectives
+    plait.torch.monitored_barrier(timeout=timedelta(seconds=30))  # names ranks that are late
 
 Importing this module registers the backend with
 ``torch.distributed.Backend.register_backend("plait", ..., extended_api=True,
@@ -33,6 +34,7 @@ from plait.torch._backend import ProcessGroupPlait as ProcessGroupPlait
 from plait.torch._convert import OPS as OPS
 from plait.torch._group import communicator as communicator
 from plait.torch._group import create_process_group as create_process_group
+from plait.torch._group import monitored_barrier as monitored_barrier
 from plait.torch._store import TorchStore as TorchStore
 from plait.torch._store import install_env_rendezvous as _install_env_rendezvous
 from plait.torch._work import PlaitWork as PlaitWork
@@ -45,6 +47,7 @@ __all__ = [
     "TorchStore",
     "communicator",
     "create_process_group",
+    "monitored_barrier",
     "register",
 ]
 

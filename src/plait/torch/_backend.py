@@ -17,9 +17,26 @@ Note [sync and async calls]
     returns a finished work, with no thread hand-off. An async one
     (``async_op=True``, and every call DDP makes) is started with plait's
     ``async_op=True``; its work waits on plait's :class:`plait.Work`.
-    Point-to-point calls are blocking in plait, so they run on lanes: one
-    thread per (direction, peer, tag), which keeps messages with one peer and
-    tag in order and never lets a blocked send hold up a receive.
+    Point-to-point calls are not collectives: they run apart, in
+    ``plait.torch._p2p`` (Note [point to point on lanes] there).
+
+The group's calls live in four modules: this one (lifetime, the running
+recipe, the CPU device, the dense collectives), ``plait.torch._coalesced``
+(coalesced calls and the coalescing block) and ``plait.torch._p2p`` (send and
+receive), both mixed into :class:`ProcessGroupPlait`, and
+``plait.torch._sparse`` (the all_reduce of a sparse tensor).
+
+Note [the group is its own CPU backend]
+    torch registers a backend per device type on a ``ProcessGroup``
+    (``_register_backend``), but only a C++ ``Backend``, which Python cannot
+    subclass in torch 2.13; and a creator that returns a whole
+    ``ProcessGroup``, as this backend's does, is used as the group with no
+    backend registered. torch's code that looks a backend up by device
+    (coalesced collectives, ``barrier`` with a timeout, ``_get_backend``)
+    then failed with "No backend type associated with device type cpu". So
+    the group answers those questions itself: ``_device_types`` is the CPU,
+    ``_get_backend(cpu)`` is the group, and it implements the calls torch's
+    C++ ``ProcessGroup`` would route to the device's backend.
 
 Note [uneven collectives]
     torch has uneven forms of four calls, and each runs on plait's uneven
@@ -57,13 +74,13 @@ import torch
 import torch.distributed as dist
 
 import plait
-from plait.errors import UnsupportedError
+from plait.errors import CommTimeout, UnsupportedError
+from plait.torch import _sparse
+from plait.torch._coalesced import CoalescedCalls
 from plait.torch._convert import (
     array,
     check_one,
-    check_peer,
     check_root,
-    check_tag,
     copy_blocks,
     copy_rows,
     input_arrays,
@@ -78,7 +95,10 @@ from plait.torch._convert import (
     stack_inputs,
     stacked,
 )
-from plait.torch._work import Lane, Notifier, PlaitWork, Reworded, reworded
+from plait.torch._monitored import MonitoredBarrier
+from plait.torch._p2p import PointToPoint
+from plait.torch._store import TorchStore
+from plait.torch._work import Lane, Notifier, PlaitWork, Reworded, reworded, timed_out
 
 __all__ = ["BACKEND_NAME", "ProcessGroupPlait"]
 
@@ -87,27 +107,37 @@ BACKEND_NAME = "plait"
 _C10D = torch._C._distributed_c10d
 #: Seconds shutdown() waits for a helper thread to finish what is queued.
 _STOP_WAIT = 10.0
+#: The one device type the group serves (Note [the group is its own CPU backend]).
+_CPU = torch.device("cpu")
 
 Start = Callable[[bool, float | None], Any]
 
 
-class ProcessGroupPlait(dist.ProcessGroup):
+class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
     """A torch.distributed process group whose calls plait runs, on CPU tensors.
 
     Made by ``dist.init_process_group("plait")`` or ``dist.new_group(...,
     backend="plait")`` after ``import plait.torch``; it can also wrap a
     :class:`plait.Communicator` directly. Calls plait cannot serve (tensors off
-    the CPU, sparse tensors, PREMUL_SUM, receiving from any source, several
-    tensors per process) raise :class:`plait.UnsupportedError` naming what is
-    wrong, before anything is sent.
+    the CPU, sparse tensors but in all_reduce, PREMUL_SUM, several tensors per
+    process) raise :class:`plait.UnsupportedError` naming what is wrong,
+    before anything is sent.
 
     Args:
         comm: the communicator that runs the calls; the group owns it and
             closes it on ``shutdown()``.
         global_ranks: the default group's rank of each member (for messages).
+        store: the store the ranks met through (torch's, with the group's
+            namespace); :meth:`monitored_barrier` meets there. None: no
+            monitored barrier.
     """
 
-    def __init__(self, comm: plait.Communicator, global_ranks: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        comm: plait.Communicator,
+        global_ranks: Sequence[int] | None = None,
+        store: TorchStore | None = None,
+    ) -> None:
         # torch's stub lists only the (store, rank, size) form; the binding has (rank, size) too
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         self._comm = comm
@@ -118,6 +148,9 @@ class ProcessGroupPlait(dist.ProcessGroup):
         self._down = False
         self._group_name = ""
         self._group_desc = ""
+        self._calls = 0  # collectives started: torch's sequence number of the group
+        self._coalescing: list[PlaitWork] | None = None  # works of an open coalescing block
+        self._monitored = MonitoredBarrier(store, comm.rank, comm.size, self._global)
 
     @property
     def communicator(self) -> plait.Communicator:
@@ -189,25 +222,77 @@ class ProcessGroupPlait(dist.ProcessGroup):
         """
         timeout = seconds(getattr(opts, "timeout", None))
         describe = self._describe(call)
+        deadline = timeout if timeout is not None else self._comm.timeout
+        self._calls += 1
         if not getattr(opts, "asyncOp", True):
             try:
                 start(False, timeout)
+            except CommTimeout as exc:
+                raise timed_out(exc, describe, deadline)  # noqa: B904 - chained by timed_out()
             except ValueError as exc:
                 if reword is None:
                     raise
                 raise reworded(exc, reword)  # noqa: B904 - chained by reworded()
             if finish is not None:
                 finish()
-            return PlaitWork.completed(describe, outputs)
+            return self._track(PlaitWork.completed(describe, outputs))
         work = start(True, timeout)
-        return PlaitWork(
-            describe,
-            [work if reword is None else Reworded(work, reword)],
-            outputs,
-            finish=finish,
-            notifier=self._notifier,
-            timeout=timeout if timeout is not None else self._comm.timeout,
+        return self._track(
+            PlaitWork(
+                describe,
+                [work if reword is None else Reworded(work, reword)],
+                outputs,
+                finish=finish,
+                notifier=self._notifier,
+                timeout=deadline,
+            )
         )
+
+    # -- the CPU device (Note [the group is its own CPU backend]) ---------------------------
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types the group serves: the CPU."""
+        return [_CPU]
+
+    def _get_backend(self, device: Any) -> ProcessGroupPlait:
+        """The backend torch looks up for ``device``: this group itself, for the CPU.
+
+        Raises:
+            RuntimeError: another device type (torch's own error for a device
+                without a backend).
+        """
+        kind = torch.device(device).type
+        if kind != _CPU.type:
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
+    # What torch asks of a backend before using one of its optional features.
+    supports_coalescing = False
+    supports_splitting = False
+    supports_shrinking = False
+    supports_tensor_alloc = False
+    supports_time_estimate = False
+
+    def _get_sequence_number_for_group(self) -> int:
+        """How many collectives this group has started (torch's sequence number)."""
+        return self._calls
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Nothing to do: the count starts at zero on every rank of the group."""
+
+    # -- monitored barrier -----------------------------------------------------------------
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names every rank that did not arrive within ``timeout``.
+
+        See :func:`plait.torch.monitored_barrier` and Note [monitored barrier]
+        in ``plait.torch._monitored``.
+        """
+        if timeout is None:
+            self._monitored.wait(self._comm.timeout)
+            return
+        # unlike a call's timeout, zero here means zero: only ranks already there pass
+        total = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        self._monitored.wait(max(total, 0.0))
 
     # -- reductions ------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
@@ -216,6 +301,8 @@ class ProcessGroupPlait(dist.ProcessGroup):
         c = "all_reduce"
         t = check_one(tensors, c)
         op = plait_op(opts.reduceOp, c)
+        if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
+            return _sparse.allreduce(self, t, op, opts)
         a = output_array(t, c, "tensor")
         comm = self._comm
         return self._run(
@@ -223,32 +310,6 @@ class ProcessGroupPlait(dist.ProcessGroup):
             opts,
             lambda asy, to: comm.allreduce(a, op, out=a, timeout=to, async_op=asy),
             [t],
-        )
-
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
-        """``dist.all_reduce_coalesced``: several tensors of one dtype in one allreduce."""
-        opts = opts if opts is not None else _C10D.AllreduceCoalescedOptions()
-        c = "all_reduce_coalesced"
-        op = plait_op(opts.reduceOp, c)
-        arrays = [output_array(t, c, f"tensors[{i}]") for i, t in enumerate(tensors)]
-        dtypes = {a.dtype for a in arrays}
-        if len(dtypes) > 1:
-            raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
-        flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.empty(0)
-
-        def finish() -> None:
-            offset = 0
-            for a in arrays:
-                a[...] = flat[offset : offset + a.size].reshape(a.shape)
-                offset += a.size
-
-        comm = self._comm
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.allreduce(flat, op, out=flat, timeout=to, async_op=asy),
-            list(tensors),
-            finish,
         )
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
@@ -597,47 +658,3 @@ class ProcessGroupPlait(dist.ProcessGroup):
         return self._run(
             "barrier", opts, lambda asy, to: comm.barrier(timeout=to, async_op=asy), []
         )
-
-    # -- point to point --------------------------------------------------------------------
-    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> PlaitWork:
-        """``dist.send`` / ``isend``: the tensor to rank ``dstRank`` (on a lane, see the Note)."""
-        c = "send"
-        t = check_one(tensors, c)
-        a = array(t, c, "tensor")
-        dst = check_peer(dstRank, self._comm.rank, self._comm.size, c, "dst")
-        tag = check_tag(tag, c)
-        comm = self._comm
-        task = self._lane("send", dst, tag).submit(
-            self._describe(f"send to rank {dst} (tag {tag})"), lambda: comm.send(a, dst, tag)
-        )
-        return PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout)
-
-    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> PlaitWork:
-        """``dist.recv`` / ``irecv``: the next message from ``srcRank`` with ``tag``."""
-        c = "recv"
-        t = check_one(tensors, c)
-        a = output_array(t, c, "tensor")
-        src = check_peer(srcRank, self._comm.rank, self._comm.size, c, "src")
-        tag = check_tag(tag, c)
-        comm = self._comm
-        task = self._lane("recv", src, tag).submit(
-            self._describe(f"recv from rank {src} (tag {tag})"), lambda: comm.recv(a, src, tag)
-        )
-        return PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout, source_rank=src)
-
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PlaitWork:
-        """Receiving from any source is not supported: plait matches on (peer, tag)."""
-        raise UnsupportedError(
-            "recv: the plait backend cannot receive from any source (src=None); pass src="
-        )
-
-    def _lane(self, direction: str, peer: int, tag: int) -> Lane:
-        key = (direction, peer, tag)
-        with self._lock:
-            if self._down:
-                raise plait.ClosedError(f"rank {self._comm.rank}: the process group is shut down")
-            lane = self._lanes.get(key)
-            if lane is None:
-                name = f"plait-torch-{direction}-{self._comm.rank}-{peer}-{tag}"
-                lane = self._lanes[key] = Lane(name)
-            return lane

@@ -19,7 +19,7 @@ from plait.torch._backend import ProcessGroupPlait
 from plait.torch._convert import seconds
 from plait.torch._store import TorchStore
 
-__all__ = ["communicator", "create_process_group", "plait_group"]
+__all__ = ["communicator", "create_process_group", "monitored_barrier", "plait_group"]
 
 
 def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlait:
@@ -49,7 +49,9 @@ def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlai
         store=store,
         timeout=call_timeout,
     )
-    return ProcessGroupPlait(comm, global_ranks=list(backend_opts.global_ranks_in_group))
+    return ProcessGroupPlait(
+        comm, global_ranks=list(backend_opts.global_ranks_in_group), store=store
+    )
 
 
 def communicator(group: dist.ProcessGroup | None = None) -> plait.Communicator:
@@ -71,6 +73,34 @@ def communicator(group: dist.ProcessGroup | None = None) -> plait.Communicator:
         TypeError: the group is not one of the plait backend.
     """
     return plait_group(group, "plait.torch.communicator").communicator
+
+
+def monitored_barrier(
+    group: dist.ProcessGroup | None = None, timeout: Any = None, wait_all_ranks: bool = False
+) -> None:
+    """``dist.monitored_barrier`` for the plait backend: names the ranks that did not arrive.
+
+    torch implements ``dist.monitored_barrier`` for gloo only; this is its
+    equivalent for a "plait" group, with the same arguments. It returns once
+    every rank of the group has called it; otherwise every rank raises
+    :class:`plait.CommTimeout` within ``timeout``, rank 0 naming every rank
+    that did not arrive and the others repeating rank 0's list. It meets
+    through the store the group was made with, not through the connections,
+    so the group stays usable after a failure (Note [monitored barrier] in
+    ``plait.torch._monitored``).
+
+    Args:
+        group: a process group of the "plait" backend; None: the default group.
+        timeout: a timedelta or seconds; None: the group's timeout.
+        wait_all_ranks: accepted for torch's signature; every missing rank is
+            named either way.
+
+    Raises:
+        plait.CommTimeout: some rank did not arrive in time (named).
+        TypeError: the group is not one of the plait backend.
+    """
+    pg = plait_group(group, "plait.torch.monitored_barrier")
+    pg.monitored_barrier(timeout, wait_all_ranks)
 
 
 def plait_group(group: Any, who: str, hint: str = "") -> ProcessGroupPlait:

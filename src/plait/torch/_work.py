@@ -4,10 +4,11 @@ Note [how a torch Work tracks plait]
     A :class:`PlaitWork` holds what it waits for, *pending*: the
     :class:`plait.Work` of each collective it started (plait runs them on the
     communicator's worker, in call order), or a :class:`Task` that a
-    :class:`Lane` thread of this backend runs (point-to-point calls, which
-    plait only has blocking). Some calls have a *finish* step, run once after
-    every pending call succeeded, that copies plait's result into torch's
-    output tensors (an all_gather's output list, a strided output).
+    :class:`Lane` thread of this backend runs (point-to-point calls: a
+    blocking send, or the wait for a posted receive; Note [point to point on
+    lanes] in ``plait.torch._p2p``). Some calls have a *finish* step, run
+    once after every pending call succeeded, that copies plait's result into
+    torch's output tensors (an all_gather's output list, a strided output).
 
     ``wait()`` waits in the caller's thread, runs the finish step and raises
     plait's own error if the call failed. ``get_future()`` returns a
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from plait.errors import CommError, CommTimeout
 from plait.torch._convert import seconds
 
-__all__ = ["Lane", "Notifier", "PlaitWork", "Reworded", "Task", "reworded"]
+__all__ = ["Joined", "Lane", "Notifier", "PlaitWork", "Reworded", "Task", "reworded", "timed_out"]
 
 #: Seconds an idle helper thread sleeps between checks that it should stop.
 _IDLE_POLL = 5.0
@@ -111,6 +112,18 @@ def reworded(exc: ValueError, reword: Callable[[ValueError], ValueError]) -> Val
     return error
 
 
+def timed_out(exc: CommTimeout, describe: str, seconds: float | None) -> CommTimeout:
+    """plait's timeout as torch's backends word theirs ("Timed out ..."), of the same class.
+
+    Code written for torch (its own test suite among it) recognises a timeout
+    by those words; plait's message (which names the ranks waited for) follows.
+    """
+    after = f" after {seconds:g} s" if seconds is not None else ""
+    error = type(exc)(f"{describe}: Timed out{after}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
 class Reworded:
     """A pending call whose argument error is raised in the caller's terms.
 
@@ -144,9 +157,10 @@ class Reworded:
 class Lane:
     """One thread that runs :class:`Task` s one after the other, in submission order.
 
-    Point-to-point calls to one peer go through one lane per direction, so
-    that sends (and receives) with one peer keep their order, while a send
-    blocked until its peer receives never holds up a receive.
+    Point-to-point calls with one peer and tag go through one lane per
+    direction, so that sends to one peer keep their order, while a send
+    blocked until its peer receives never holds up a receive (Note [point to
+    point on lanes] in ``plait.torch._p2p``).
     """
 
     def __init__(self, name: str) -> None:
@@ -242,7 +256,7 @@ class PlaitWork(dist.Work):
         finish: Callable[[], None] | None = None,
         notifier: Notifier | None = None,
         timeout: float | None = None,
-        source_rank: int = -1,
+        source_rank: int | Callable[[], int] = -1,
     ) -> None:
         super().__init__()
         self._describe = describe
@@ -319,11 +333,16 @@ class PlaitWork(dist.Work):
         return self._outputs
 
     def source_rank(self) -> int:
-        """The rank a receive got its message from (-1 for other calls)."""
-        return self._source
+        """The rank a receive got its message from (-1 for other calls).
+
+        A receive from any source learns it only once done (-1 until then):
+        ``source_rank`` was given as a function that asks.
+        """
+        source = self._source
+        return source() if callable(source) else source
 
     def _source_rank(self) -> int:
-        return self._source
+        return self.source_rank()
 
     def get_future(self) -> torch.futures.Future[Any]:
         """A future completed with the output tensors, or with the call's error."""
@@ -370,10 +389,12 @@ class PlaitWork(dist.Work):
                 except BaseException:
                     if not p.done():  # wait()'s own timeout: the call goes on
                         raise CommTimeout(
-                            f"{self._describe} did not finish within {timeout} s of wait(); "
-                            "it goes on"
+                            f"{self._describe}: Timed out: it did not finish within {timeout} s "
+                            "of wait(); it goes on"
                         ) from None
                     error = _error_of(p)
+                    if isinstance(error, CommTimeout) and not isinstance(p, Joined):
+                        error = timed_out(error, self._describe, self._timeout)
                     if error is not None:
                         self._fail_once(error)
                         break
@@ -423,6 +444,26 @@ class PlaitWork(dist.Work):
         except BaseException:
             pass  # recorded in self._error and the future
         self._complete_future()
+
+
+class Joined:
+    """Several works waited for as one (the calls of a coalescing block, in call order)."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works: Sequence[PlaitWork]) -> None:
+        self._works = tuple(works)
+
+    def done(self) -> bool:
+        """Whether every call has finished (never blocks)."""
+        return all(w.is_completed() for w in self._works)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait for every call; raises the first one's error, or CommTimeout after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for w in self._works:
+            w.wait(None if deadline is None else max(deadline - time.monotonic(), 1e-3))
+        return None
 
 
 @functools.cache

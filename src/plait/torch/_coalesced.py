@@ -1,0 +1,253 @@
+"""Coalesced calls: several tensors, or several calls, run as one plait collective.
+
+torch has two ways of batching collectives, and a backend serves both:
+
+- calls that take several tensors at once (``all_reduce_coalesced``,
+  ``all_gather_coalesced``, and the ``*_into_tensor_coalesced`` /
+  ``*_tensor_coalesced`` forms its ``_coalescing_manager`` uses): each runs
+  as one plait collective over every tensor concatenated, copied back out
+  into torch's tensors by the work's finish step;
+- a coalescing block (``_start_coalescing`` … ``_end_coalescing``) around
+  ordinary calls: they run as they come, and the block's work waits for
+  them all.
+
+:class:`CoalescedCalls` is a mixin of
+:class:`~plait.torch._backend.ProcessGroupPlait`, which provides the running
+recipe (``_run``, Note [sync and async calls] there); it is kept apart
+because these calls share the concatenate-and-copy-back shape and nothing
+else in the group depends on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+import plait
+from plait.torch._convert import array, copy_blocks, output_array, plait_op, same_dtype
+from plait.torch._work import Joined, Notifier, PlaitWork
+
+__all__ = ["CoalescedCalls"]
+
+_C10D = torch._C._distributed_c10d
+
+
+class CoalescedCalls:
+    """The coalesced calls and the coalescing block of a plait process group (a mixin)."""
+
+    _comm: plait.Communicator
+    _notifier: Notifier
+    _coalescing: list[PlaitWork] | None  # works of an open coalescing block
+
+    if TYPE_CHECKING:  # provided by ProcessGroupPlait
+
+        def _describe(self, call: str) -> str: ...
+
+        def _get_backend(self, device: Any) -> Any: ...
+
+        def _run(
+            self,
+            call: str,
+            opts: Any,
+            start: Callable[[bool, float | None], Any],
+            outputs: Any,
+            finish: Callable[[], None] | None = None,
+            reword: Callable[[ValueError], ValueError] | None = None,
+        ) -> PlaitWork: ...
+
+    # -- the coalescing block --------------------------------------------------------------
+    def _track(self, work: PlaitWork) -> PlaitWork:
+        """``work``, also kept for the coalescing block open on this group (if one is)."""
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    def _start_coalescing(self, device: Any) -> None:
+        """Open a coalescing block: every call until :meth:`_end_coalescing` is kept.
+
+        torch's ``_coalescing_manager(group, device)`` brackets its calls with
+        these two; the calls themselves run as they come (each is started on
+        plait at once, in call order), and the block's work waits for all.
+        """
+        self._get_backend(device)
+        if self._coalescing is not None:
+            raise RuntimeError(f"{self._describe('coalescing')}: a block is already open")
+        self._coalescing = []
+
+    def _end_coalescing(self, device: Any) -> PlaitWork:
+        """Close the coalescing block; a work that completes once all its calls have."""
+        self._get_backend(device)
+        works, self._coalescing = self._coalescing or [], None
+        return PlaitWork(
+            self._describe(f"coalesced block of {len(works)} calls"),
+            [Joined(works)],
+            [],
+            notifier=self._notifier,
+            timeout=self._comm.timeout,
+        )
+
+    # -- calls of several tensors ---------------------------------------------------------
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
+        """``dist.all_reduce_coalesced``: several tensors of one dtype in one allreduce."""
+        opts = opts if opts is not None else _C10D.AllreduceCoalescedOptions()
+        c = "all_reduce_coalesced"
+        op = plait_op(opts.reduceOp, c)
+        arrays = [output_array(t, c, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) > 1:
+            raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
+        flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.empty(0)
+
+        def finish() -> None:
+            offset = 0
+            for a in arrays:
+                a[...] = flat[offset : offset + a.size].reshape(a.shape)
+                offset += a.size
+
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allreduce(flat, op, out=flat, timeout=to, async_op=asy),
+            list(tensors),
+            finish,
+        )
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_list: list[torch.Tensor],
+        opts: Any = None,
+    ) -> PlaitWork:
+        """``dist.all_gather_coalesced``: ``output_lists[r][j]`` gets rank r's ``input_list[j]``.
+
+        One allgather (or allgatherv, if the ranks' totals differ) of every
+        input concatenated, copied out into the lists afterwards.
+        """
+        opts = opts if opts is not None else _C10D.AllgatherOptions()
+        c = "all_gather_coalesced"
+        comm = self._comm
+        ins = [array(t, c, f"input_tensor_list[{j}]") for j, t in enumerate(input_list)]
+        if len(output_lists) != comm.size:
+            raise ValueError(
+                f"{c}: output_tensor_lists has {len(output_lists)} lists; expected world size "
+                f"{comm.size}"
+            )
+        outs = [
+            [output_array(t, c, f"output_tensor_lists[{r}][{j}]") for j, t in enumerate(row)]
+            for r, row in enumerate(output_lists)
+        ]
+        dtypes = {a.dtype for a in ins} | {a.dtype for row in outs for a in row}
+        if len(dtypes) > 1:
+            raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
+        dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
+        mine = np.concatenate([a.reshape(-1) for a in ins]) if ins else np.empty(0, dtype)
+        counts = [sum(a.size for a in row) for row in outs]
+        if counts[comm.rank] != mine.size:
+            raise ValueError(
+                f"{c}: output_tensor_lists[{comm.rank}] holds {counts[comm.rank]} elements and "
+                f"input_tensor_list {mine.size}; this rank's inputs go there"
+            )
+        flat = np.empty(sum(counts), dtype)
+        targets = [a for row in outs for a in row]
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allgatherv(mine, counts, out=flat, timeout=to, async_op=asy),
+            output_lists,
+            copy_blocks(flat, targets),
+        )
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> PlaitWork:
+        """Several ``all_gather_into_tensor`` calls as one allgather (torch's coalescing paths).
+
+        ``outputs[j]`` gets every rank's ``inputs[j]``, in rank order.
+        """
+        opts = opts if opts is not None else _C10D.AllgatherOptions()
+        c = "all_gather_into_tensor_coalesced"
+        ins, outs = self._pairs(c, outputs, inputs, gather=True)
+        size = self._comm.size
+        mine = np.concatenate([a.reshape(-1) for a in ins]) if ins else np.empty(0)
+        buf = np.empty((size, mine.size), mine.dtype)
+
+        def finish() -> None:
+            offset = 0
+            for a, o in zip(ins, outs, strict=True):
+                o[...] = buf[:, offset : offset + a.size].reshape(o.shape)
+                offset += a.size
+
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.allgather(mine, out=buf, timeout=to, async_op=asy),
+            list(outputs),
+            finish,
+        )
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> PlaitWork:
+        """Several ``reduce_scatter_tensor`` calls as one reduce_scatter (torch's coalescing).
+
+        Rank r's ``outputs[j]`` gets the reduction of chunk r of ``inputs[j]``.
+        """
+        opts = opts if opts is not None else _C10D.ReduceScatterOptions()
+        c = "reduce_scatter_tensor_coalesced"
+        op = plait_op(opts.reduceOp, c)
+        ins, outs = self._pairs(c, outputs, inputs, gather=False)
+        size = self._comm.size
+        width = sum(o.size for o in outs)
+        dtype = outs[0].dtype if outs else np.dtype(np.float32)
+        x = np.empty((size, width), dtype)
+        offset = 0
+        for a, o in zip(ins, outs, strict=True):
+            x[:, offset : offset + o.size] = a.reshape(size, o.size)
+            offset += o.size
+        got = np.empty((1, width), dtype)
+
+        def finish() -> None:
+            start = 0
+            for o in outs:
+                o[...] = got[0, start : start + o.size].reshape(o.shape)
+                start += o.size
+
+        comm = self._comm
+        return self._run(
+            c,
+            opts,
+            lambda asy, to: comm.reduce_scatter(x, op, out=got, timeout=to, async_op=asy),
+            list(outputs),
+            finish,
+        )
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def _pairs(
+        self, c: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], *, gather: bool
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The input and output arrays of a coalesced call, each pair checked for size."""
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{c}: {len(outputs)} outputs for {len(inputs)} inputs")
+        size = self._comm.size
+        ins = [array(t, c, f"inputs[{j}]") for j, t in enumerate(inputs)]
+        outs = [output_array(t, c, f"outputs[{j}]") for j, t in enumerate(outputs)]
+        for j, (a, o) in enumerate(zip(ins, outs, strict=True)):
+            same_dtype(a, o, c)
+            big, small = (o, a) if gather else (a, o)
+            if big.size != size * small.size:
+                raise ValueError(
+                    f"{c}: {'outputs' if gather else 'inputs'}[{j}] has {big.size} elements; "
+                    f"expected world size {size} x the {'input' if gather else 'output'}'s "
+                    f"{small.size}"
+                )
+        if len({a.dtype for a in ins}) > 1:
+            raise TypeError(f"{c}: all tensors must have one dtype")
+        return ins, outs

@@ -1,0 +1,166 @@
+"""Point to point of a plait process group: ``dist.send`` / ``recv`` and their async forms.
+
+:class:`PointToPoint` is a mixin of
+:class:`~plait.torch._backend.ProcessGroupPlait`: these calls do not run on
+plait's collective worker nor count as collectives, and share only the
+group's communicator and its coalescing block with the rest.
+
+Note [point to point on lanes]
+    A send runs plait's blocking ``send`` on a lane: one thread per
+    (send, peer, tag), which keeps the messages to one peer with one tag in
+    order and never lets a send blocked until its peer receives hold up
+    anything else.
+
+    A receive is *posted* on the caller's thread, in program order, with
+    plait's non-blocking ``irecv`` (the tensor's memory is the receive
+    buffer), and *waited for* on a lane: one thread per (recv, source or
+    "any", tag), which completes the work and its future by itself (DDP and
+    ``get_future()`` users never call ``wait()``) and gives up at the
+    communicator's deadline, withdrawing the receive so it never writes into
+    the tensor afterwards. Which lane waits decides nothing about which
+    message a receive gets: the posting order does (Note [receive from any
+    source]).
+
+Note [receive from any source]
+    ``dist.recv(t)`` and ``dist.irecv(t)`` without ``src`` call
+    ``recv_anysource``, which posts ``irecv(src=plait.ANY_SOURCE, tag)``.
+    plait's transport matches a message to the earliest-posted receive that
+    accepts it, specific-source and any-source alike, and keeps the messages
+    of one sender with one tag in order (MPI's rules). Posting every receive
+    on the caller's thread makes that posting order the program's order, so
+    an any-source receive neither overtakes a specific-source receive called
+    before it on the same tag nor is overtaken by one called after it. Had
+    receives been posted from their lanes, as sends are run, two lanes could
+    post in either order and a receive could take the message an earlier one
+    was due.
+
+    The work's ``source_rank()`` (torch's ``_source_rank()``) is the sender's
+    rank in the group once the receive is done, -1 before (as gloo's);
+    ``dist.recv`` turns it into a global rank. A receive from any source
+    fails for a lost peer only once every other rank of the group is lost
+    (plait's rule); its deadline bounds it anyway. torch 2.13's
+    ``recv_object_list`` refuses ``src=None`` itself ("Must specify
+    global_rank or group_rank"), for every backend, before the group is asked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+import plait
+from plait.errors import CommTimeout
+from plait.torch._convert import array, check_one, check_peer, check_tag, output_array
+from plait.torch._work import Lane, PlaitWork, Task
+
+__all__ = ["PointToPoint"]
+
+
+class PointToPoint:
+    """Send and receive of a plait process group (a mixin; Notes above)."""
+
+    _comm: plait.Communicator
+    _lanes: dict[tuple[str, int, int], Lane]
+    _lock: threading.Lock
+    _down: bool
+
+    if TYPE_CHECKING:  # provided by ProcessGroupPlait
+
+        def _describe(self, call: str) -> str: ...
+
+        def _track(self, work: PlaitWork) -> PlaitWork: ...
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> PlaitWork:
+        """``dist.send`` / ``isend``: the tensor to rank ``dstRank`` (on a lane, see the Note)."""
+        c = "send"
+        t = check_one(tensors, c)
+        a = array(t, c, "tensor")
+        dst = check_peer(dstRank, self._comm.rank, self._comm.size, c, "dst")
+        tag = check_tag(tag, c)
+        comm = self._comm
+        task = self._lane("send", dst, tag).submit(
+            self._describe(f"send to rank {dst} (tag {tag})"), lambda: comm.send(a, dst, tag)
+        )
+        return self._track(PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout))
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> PlaitWork:
+        """``dist.recv`` / ``irecv``: the next message from ``srcRank`` with ``tag``."""
+        c = "recv"
+        t = check_one(tensors, c)
+        a = output_array(t, c, "tensor")
+        src = check_peer(srcRank, self._comm.rank, self._comm.size, c, "src")
+        return self._receive(c, t, a, src, check_tag(tag, c))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PlaitWork:
+        """``dist.recv`` / ``irecv`` without ``src``: the next message with ``tag`` from any rank.
+
+        The work's ``source_rank()`` names the sender (Note [receive from any source]).
+        """
+        c = "recv"
+        t = check_one(tensors, c)
+        a = output_array(t, c, "tensor")
+        return self._receive(c, t, a, plait.ANY_SOURCE, check_tag(tag, c))
+
+    def _receive(self, c: str, t: torch.Tensor, a: np.ndarray, src: int, tag: int) -> PlaitWork:
+        """Post the receive here, wait for it on its lane (Note [point to point on lanes])."""
+        comm = self._comm
+        who = "any rank" if src == plait.ANY_SOURCE else f"rank {src}"
+        describe = self._describe(f"recv from {who} (tag {tag})")
+        lane = self._lane("recv", src, tag)  # first: refuses a group that is shut down
+        req = comm.irecv(a, src, tag)
+        task = lane.submit(describe, lambda: _received(req, comm.timeout))
+        source: int | Callable[[], int] = src if src != plait.ANY_SOURCE else _sender(task)
+        return self._track(
+            PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout, source_rank=source)
+        )
+
+    def _lane(self, direction: str, peer: int, tag: int) -> Lane:
+        key = (direction, peer, tag)
+        with self._lock:
+            if self._down:
+                raise plait.ClosedError(f"rank {self._comm.rank}: the process group is shut down")
+            lane = self._lanes.get(key)
+            if lane is None:
+                who = "any" if peer == plait.ANY_SOURCE else str(peer)
+                name = f"plait-torch-{direction}-{self._comm.rank}-{who}-{tag}"
+                lane = self._lanes[key] = Lane(name)
+            return lane
+
+
+def _received(req: plait.Request[Any], seconds: float) -> int:
+    """Wait for the posted receive ``req`` at most ``seconds``; the sender's rank.
+
+    At the deadline the receive is withdrawn, so that it never writes into
+    the tensor later, and the timeout raised; one that matched a message
+    just then cannot be withdrawn, and gets one more deadline to finish.
+    """
+    try:
+        req.wait(seconds)
+    except CommTimeout:
+        if req.done():  # the receive's own failure, not wait()'s deadline
+            raise
+        req.cancel()
+        if req.cancelled:
+            raise
+        req.wait(seconds)
+    status = req.status
+    assert status is not None  # done
+    return status.source
+
+
+def _sender(task: Task) -> Callable[[], int]:
+    """The rank an any-source receive got its message from, once done (-1 before, or failed)."""
+
+    def source() -> int:
+        if not task.done():
+            return -1
+        try:
+            return int(task.wait(0))
+        except Exception:
+            return -1
+
+    return source
