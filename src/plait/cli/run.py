@@ -17,6 +17,9 @@ What every rank runs, from the first word W after plait run's options:
                      that is not executable; else a command (W ARGS) if W is an executable
                      file or a program on PATH; else an error. --no-python: always a command.
 
+With --mpi4py, ``from mpi4py import MPI`` in the ranks imports plait.mpi, so mpi4py
+scripts run unchanged without MPI (docs/mpi.md, "plait.mpi").
+
 Every word from W (or MODULE) on belongs to the rank, as with python and mpirun: give plait
 run's own options before it. The script, or the command's program (and the script of a
 ``python X.py`` command), is checked once before any rank starts: if it is missing, plait run
@@ -138,6 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tag-output", action="store_true", help="prefix every output line with [rank]:"
+    )
+    parser.add_argument(
+        "--mpi4py",
+        action="store_true",
+        help="run mpi4py scripts unchanged: `from mpi4py import MPI` imports plait.mpi "
+        "(docs/mpi.md, plait.mpi)",
     )
     parser.add_argument(
         "--transport",
@@ -327,5 +336,14 @@ def main(args: argparse.Namespace) -> int:
         tag_output=args.tag_output,
         max_restarts=max_restarts,
         enable_recovery=getattr(args, "enable_recovery", False),
+        env=_mpi4py_env() if getattr(args, "mpi4py", False) else {},
     )
     return launch(job)
+
+
+def _mpi4py_env() -> dict[str, str]:
+    """PYTHONPATH with plait.mpi's ``mpi4py`` package first, so ranks import it as mpi4py."""
+    from plait.mpi import mpi4py_path
+
+    rest = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": mpi4py_path() + (os.pathsep + rest if rest else "")}

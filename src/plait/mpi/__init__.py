@@ -1,0 +1,221 @@
+"""plait.mpi: run mpi4py scripts on plait, without an MPI library.
+
+A script imports it in place of ``mpi4py.MPI``::
+
+    from plait import mpi as MPI          # or, under `plait run --mpi4py`: from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    total = comm.allreduce(comm.Get_rank(), op=MPI.SUM)
+
+and runs under ``plait run -n 4 script.py`` (or mpirun, torchrun, srun: whatever
+:func:`plait.init` understands). What it covers is the common subset of mpi4py: the world
+communicator, ``Split``/``Dup``/``Free``/``Abort``, the lowercase object methods, the
+capitalised buffer methods with mpi4py's buffer specifications and ``IN_PLACE``, the
+predefined ops (MAXLOC and MINLOC included), ``Status`` and ``Request``, wildcards. The
+rest raises :class:`~plait.mpi._unsupported.Unsupported` (a NotImplementedError) naming the
+call and the nearest supported one. docs/mpi.md, "plait.mpi", lists it all and the
+differences from MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import plait
+from plait.mpi._comm import Comm, Intracomm, world
+from plait.mpi._datatypes import DATATYPES, IN_PLACE, Datatype, InPlace
+from plait.mpi._ops import OPS, Op
+from plait.mpi._requests import UNDEFINED, Request, Status
+from plait.mpi._unsupported import Unsupported, unsupported
+
+__all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "COMM_NULL",
+    "COMM_SELF",
+    "COMM_WORLD",
+    "IN_PLACE",
+    "LAND",
+    "LOR",
+    "LXOR",
+    "MAX",
+    "MAXLOC",
+    "MIN",
+    "MINLOC",
+    "PROC_NULL",
+    "PROD",
+    "SUM",
+    "THREAD_MULTIPLE",
+    "THREAD_SINGLE",
+    "UNDEFINED",
+    "Comm",
+    "Datatype",
+    "Finalize",
+    "Get_library_version",
+    "Get_processor_name",
+    "Get_version",
+    "InPlace",
+    "Init",
+    "Init_thread",
+    "Intracomm",
+    "Is_finalized",
+    "Is_initialized",
+    "Op",
+    "Request",
+    "Status",
+    "Unsupported",
+    "Wtick",
+    "Wtime",
+    "mpi4py_path",
+    *DATATYPES,
+]
+
+ANY_SOURCE = plait.ANY_SOURCE
+ANY_TAG = plait.ANY_TAG
+PROC_NULL = plait.PROC_NULL
+THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+
+#: The job's communicator; it joins the job on first use (Note [the world communicator]).
+COMM_WORLD = world()
+#: This process alone.
+COMM_SELF = Comm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1))
+#: What ``Split`` returns for ``MPI.UNDEFINED``; false, and equal to any freed communicator.
+COMM_NULL = Comm(None, "MPI_COMM_NULL")
+
+SUM = OPS["SUM"]
+PROD = OPS["PROD"]
+MAX = OPS["MAX"]
+MIN = OPS["MIN"]
+LAND = OPS["LAND"]
+LOR = OPS["LOR"]
+LXOR = OPS["LXOR"]
+BAND = OPS["BAND"]
+BOR = OPS["BOR"]
+BXOR = OPS["BXOR"]
+MAXLOC = OPS["MAXLOC"]
+MINLOC = OPS["MINLOC"]
+
+BYTE = DATATYPES["BYTE"]
+CHAR = DATATYPES["CHAR"]
+SIGNED_CHAR = DATATYPES["SIGNED_CHAR"]
+UNSIGNED_CHAR = DATATYPES["UNSIGNED_CHAR"]
+SHORT = DATATYPES["SHORT"]
+SIGNED_SHORT = DATATYPES["SIGNED_SHORT"]
+UNSIGNED_SHORT = DATATYPES["UNSIGNED_SHORT"]
+INT = DATATYPES["INT"]
+SIGNED_INT = DATATYPES["SIGNED_INT"]
+UNSIGNED = DATATYPES["UNSIGNED"]
+UNSIGNED_INT = DATATYPES["UNSIGNED_INT"]
+LONG = DATATYPES["LONG"]
+SIGNED_LONG = DATATYPES["SIGNED_LONG"]
+UNSIGNED_LONG = DATATYPES["UNSIGNED_LONG"]
+LONG_LONG = DATATYPES["LONG_LONG"]
+SIGNED_LONG_LONG = DATATYPES["SIGNED_LONG_LONG"]
+UNSIGNED_LONG_LONG = DATATYPES["UNSIGNED_LONG_LONG"]
+FLOAT = DATATYPES["FLOAT"]
+DOUBLE = DATATYPES["DOUBLE"]
+LONG_DOUBLE = DATATYPES["LONG_DOUBLE"]
+C_BOOL = DATATYPES["C_BOOL"]
+BOOL = DATATYPES["BOOL"]
+INT8_T = DATATYPES["INT8_T"]
+INT16_T = DATATYPES["INT16_T"]
+INT32_T = DATATYPES["INT32_T"]
+INT64_T = DATATYPES["INT64_T"]
+UINT8_T = DATATYPES["UINT8_T"]
+UINT16_T = DATATYPES["UINT16_T"]
+UINT32_T = DATATYPES["UINT32_T"]
+UINT64_T = DATATYPES["UINT64_T"]
+C_COMPLEX = DATATYPES["C_COMPLEX"]
+C_FLOAT_COMPLEX = DATATYPES["C_FLOAT_COMPLEX"]
+C_DOUBLE_COMPLEX = DATATYPES["C_DOUBLE_COMPLEX"]
+C_LONG_DOUBLE_COMPLEX = DATATYPES["C_LONG_DOUBLE_COMPLEX"]
+COMPLEX = DATATYPES["COMPLEX"]
+DOUBLE_COMPLEX = DATATYPES["DOUBLE_COMPLEX"]
+INTEGER = DATATYPES["INTEGER"]
+REAL = DATATYPES["REAL"]
+DOUBLE_PRECISION = DATATYPES["DOUBLE_PRECISION"]
+AINT = DATATYPES["AINT"]
+OFFSET = DATATYPES["OFFSET"]
+COUNT = DATATYPES["COUNT"]
+FLOAT_INT = DATATYPES["FLOAT_INT"]
+DOUBLE_INT = DATATYPES["DOUBLE_INT"]
+LONG_INT = DATATYPES["LONG_INT"]
+TWOINT = DATATYPES["TWOINT"]
+INT_INT = DATATYPES["INT_INT"]
+SHORT_INT = DATATYPES["SHORT_INT"]
+LONG_DOUBLE_INT = DATATYPES["LONG_DOUBLE_INT"]
+
+_finalized = False
+
+
+def Wtime() -> float:
+    """Seconds on a monotonic clock; differences of two calls time what lies between."""
+    return time.perf_counter()
+
+
+def Wtick() -> float:
+    """The resolution of :func:`Wtime`, in seconds."""
+    return time.get_clock_info("perf_counter").resolution
+
+
+def Get_processor_name() -> str:
+    """This host's name."""
+    return socket.gethostname()
+
+
+def Get_version() -> tuple[int, int]:
+    """The MPI standard whose interface this follows, as mpi4py reports it: (3, 1)."""
+    return 3, 1
+
+
+def Get_library_version() -> str:
+    """What runs the calls: plait, and its version."""
+    return f"plait {plait.__version__} (plait.mpi)"
+
+
+def Init() -> None:
+    """Nothing to start: ``COMM_WORLD`` joins the job when first used."""
+
+
+def Init_thread(required: int = THREAD_MULTIPLE) -> int:
+    """As :func:`Init`; returns ``THREAD_MULTIPLE`` (calls may come from any thread)."""
+    return THREAD_MULTIPLE
+
+
+def Is_initialized() -> bool:
+    """True: there is nothing to initialise."""
+    return True
+
+
+def Finalize() -> None:
+    """Release the world communicator (if it was used); no call may follow."""
+    global _finalized
+    COMM_WORLD.Free()
+    _finalized = True
+
+
+def Is_finalized() -> bool:
+    """Whether :func:`Finalize` was called."""
+    return _finalized
+
+
+def mpi4py_path() -> str:
+    """The folder to put first on PYTHONPATH so that ``from mpi4py import MPI`` is plait.mpi.
+
+    ``plait run --mpi4py`` does it for its ranks; under another launcher::
+
+        PYTHONPATH=$(python -c "import plait.mpi; print(plait.mpi.mpi4py_path())") mpirun ...
+    """
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise unsupported("MPI", name, __all__)

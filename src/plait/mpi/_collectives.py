@@ -1,0 +1,286 @@
+"""mpi4py's buffer collectives (``Bcast``, ``Allreduce``, ``Gatherv``, ...) over plait's.
+
+Each call reads its buffer specifications (:mod:`plait.mpi._datatypes`) and runs one plait
+collective on views of the caller's memory. Data-moving collectives move the bytes of the
+specified elements (a ``uint8`` view), so any datatype works, pair structs included;
+reductions view the same bytes as the datatype's numpy dtype. The ``v`` collectives run
+plait's uneven ones with counts in bytes; blocks whose displacements leave gaps or reorder
+them are packed into (or unpacked from) a contiguous array, one copy. MAXLOC and MINLOC,
+which plait's reductions do not know, allgather (or gather) the pairs and combine them in
+rank order (:func:`plait.mpi._ops.combine_pairs`): ``size`` times the data, for what are
+usually a few pairs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from plait.mpi._datatypes import IN_PLACE, Message, message, vector
+from plait.mpi._ops import OPS, Op, combine_pairs
+
+if TYPE_CHECKING:
+    from plait import Communicator
+    from plait import ops as plait_ops
+
+__all__ = ["BufferCollectives"]
+
+_SUM = OPS["SUM"]
+
+
+def _pack(m: Message) -> np.ndarray:
+    """The blocks of a ``v`` specification back to back: a view when they already are."""
+    if m.packed():
+        return m.raw[: sum(m.counts) * m.extent]
+    return np.concatenate([m.bytes(d, c) for c, d in zip(m.counts, m.displs, strict=True)])
+
+
+def _unpack(m: Message, data: np.ndarray) -> None:
+    """Copy back-to-back blocks into their places in ``m``'s buffer."""
+    at = 0
+    for c, d in zip(m.counts, m.displs, strict=True):
+        n = c * m.extent
+        m.bytes(d, c)[...] = data[at : at + n]
+        at += n
+
+
+def _plait_op(op: Any, call: str) -> plait_ops.Op:
+    if not isinstance(op, Op):
+        raise TypeError(
+            f"{call}: op must be one of MPI's ops (MPI.SUM, MPI.MAX, ...); got {op!r} "
+            f"(a Python function reduces objects: use the lowercase reduce/allreduce)"
+        )
+    assert op.plait_op is not None
+    return op.plait_op
+
+
+def _pairs(a: np.ndarray) -> np.ndarray:
+    """MAXLOC/MINLOC operands: structured pairs as they are, plain arrays as rows of 2."""
+    return a if a.dtype.names is not None else a.reshape(-1, 2)
+
+
+class BufferCollectives:
+    """The buffer collectives of :class:`plait.mpi.Comm` (a mixin)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def _c(self) -> Communicator: ...
+
+    def Barrier(self) -> None:
+        """Wait until every rank has entered the barrier."""
+        self._c.barrier()
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        """Root's ``buf`` into every rank's ``buf``."""
+        self._c.broadcast(message(buf, "Bcast").bytes(), root)
+
+    def _allreduce_into(self, x: np.ndarray, out: np.ndarray, op: Any, call: str) -> None:
+        c = self._c
+        if isinstance(op, Op) and op.loc is not None:
+            g = c.allgather(np.ascontiguousarray(x).view(np.uint8).reshape(-1))
+            blocks = [_pairs(row.view(x.dtype)) for row in g]
+            combine_pairs(blocks, op.loc, _pairs(out), call)
+        else:
+            c.allreduce(x, _plait_op(op, call), out=out)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+        """Reduce every rank's ``sendbuf`` with ``op`` into every rank's ``recvbuf``."""
+        call = "Allreduce"
+        r = message(recvbuf, call)
+        out = r.typed()
+        x = out if sendbuf is IN_PLACE else message(sendbuf, call).typed()
+        self._allreduce_into(x, out, op, call)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
+        """Reduce every rank's ``sendbuf`` with ``op`` into root's ``recvbuf``."""
+        call = "Reduce"
+        c = self._c
+        is_root = c.rank == root
+        out = message(recvbuf, call).typed() if is_root else None
+        if sendbuf is IN_PLACE:
+            if out is None:
+                raise ValueError(f"{call}: MPI.IN_PLACE is for root's send buffer only")
+            x = out
+        else:
+            x = message(sendbuf, call).typed()
+        if isinstance(op, Op) and op.loc is not None:
+            g = c.gather(np.ascontiguousarray(x).view(np.uint8).reshape(-1), root)
+            if out is not None and g is not None:
+                blocks = [_pairs(row.view(x.dtype)) for row in g]
+                combine_pairs(blocks, op.loc, _pairs(out), call)
+            return
+        c.reduce(x, root, _plait_op(op, call), out=out)
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Every rank's ``sendbuf`` into root's ``recvbuf``, in rank order."""
+        call = "Gather"
+        c = self._c
+        size = c.size
+        out = None
+        if c.rank == root:
+            r = message(recvbuf, call, blocks=size)
+            nb = r.count * r.extent
+            out = r.bytes(r.displs[0], r.count * size).reshape(size, nb)
+            x = out[root].copy() if sendbuf is IN_PLACE else message(sendbuf, call).bytes()
+        else:
+            x = message(sendbuf, call).bytes()
+        c.gather(x, root, out=out)
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
+        call = "Allgather"
+        c = self._c
+        r = message(recvbuf, call, blocks=c.size)
+        out = r.bytes(r.displs[0], r.count * c.size).reshape(c.size, r.count * r.extent)
+        x = out[c.rank].copy() if sendbuf is IN_PLACE else message(sendbuf, call).bytes()
+        c.allgather(x, out=out)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Block r of root's ``sendbuf`` into rank r's ``recvbuf``."""
+        call = "Scatter"
+        c = self._c
+        if c.rank == root:
+            s = message(sendbuf, call, blocks=c.size)
+            x = s.bytes(s.displs[0], s.count * c.size)
+            nb = s.count * s.extent
+            out = np.empty(nb, np.uint8) if recvbuf is IN_PLACE else message(recvbuf, call).bytes()
+            c.scatter(x, root, out=out)
+        else:
+            c.scatter(None, root, out=message(recvbuf, call).bytes())
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block j of every rank's ``sendbuf`` to rank j; blocks land in rank order."""
+        call = "Alltoall"
+        c = self._c
+        r = message(recvbuf, call, blocks=c.size)
+        out = r.bytes(r.displs[0], r.count * c.size)
+        if sendbuf is IN_PLACE:
+            x = out.copy()
+        else:
+            s = message(sendbuf, call, blocks=c.size)
+            x = s.bytes(s.displs[0], s.count * c.size)
+        c.alltoall(x, out=out)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+        """Reduce every rank's ``sendbuf``, then block r of the result to rank r."""
+        call = "Reduce_scatter_block"
+        c = self._c
+        if sendbuf is IN_PLACE:
+            r = message(recvbuf, call, blocks=c.size)
+            x = r.typed(r.displs[0], r.count * c.size).copy()
+        else:
+            r = message(recvbuf, call)
+            s = message(sendbuf, call)
+            x = s.typed(s.displs[0], r.count * c.size)
+        out = r.typed(r.displs[0], r.count)
+        if isinstance(op, Op) and op.loc is not None:
+            whole = np.empty_like(x)
+            self._allreduce_into(x, whole, op, call)
+            out[...] = whole[c.rank * r.count : (c.rank + 1) * r.count]
+        else:
+            c.reduce_scatter(x, _plait_op(op, call), out=out)
+
+    def Reduce_scatter(
+        self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM
+    ) -> None:
+        """Reduce every rank's ``sendbuf``, then ``recvcounts[r]`` elements to rank r.
+
+        Without ``recvcounts`` every rank's count is its ``recvbuf``'s, learned with one
+        allgather.
+        """
+        call = "Reduce_scatter"
+        c = self._c
+        r = message(recvbuf, call)
+        if recvcounts is None:
+            mine = np.array([r.count], np.int64)
+            counts = [int(v) for v in c.allgather(mine).reshape(-1)]
+        else:
+            counts = [int(v) for v in recvcounts]
+        total = sum(counts)
+        if sendbuf is IN_PLACE:
+            x = r.typed(r.displs[0], total).copy()
+        else:
+            s = message(sendbuf, call)
+            x = s.typed(s.displs[0], total)
+        out = r.typed(r.displs[0], counts[c.rank])
+        if isinstance(op, Op) and op.loc is not None:
+            whole = np.empty_like(x)
+            self._allreduce_into(x, whole, op, call)
+            start = sum(counts[: c.rank])
+            out[...] = whole[start : start + counts[c.rank]]
+        else:
+            c.reduce_scatter(x, _plait_op(op, call), counts=counts, out=out)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Every rank's ``sendbuf`` into root's ``recvbuf`` at ``displs``, ``counts`` each.
+
+        The counts are significant at root only (as in MPI), so the ranks first learn each
+        other's sizes: one allgather of one int64 per rank.
+        """
+        call = "Gatherv"
+        c = self._c
+        r = vector(recvbuf, c.size, call) if c.rank == root else None
+        if sendbuf is IN_PLACE:
+            if r is None:
+                raise ValueError(f"{call}: MPI.IN_PLACE is for root's send buffer only")
+            x = r.bytes(r.displs[root], r.counts[root]).copy()
+        else:
+            x = message(sendbuf, call).bytes()
+        if r is None:
+            c.gatherv(x, None, root)
+            return
+        out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
+        got = c.gatherv(x, None, root, out=out)
+        assert got is not None  # root gets the result
+        if got.size != sum(r.counts) * r.extent:
+            raise ValueError(
+                f"{call}: root expects {r.block_bytes()} bytes from the ranks but they sent "
+                f"{got.size} in all"
+            )
+        if out is None:
+            _unpack(r, got)
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Every rank's ``sendbuf`` into every rank's ``recvbuf`` at ``displs``."""
+        call = "Allgatherv"
+        c = self._c
+        r = vector(recvbuf, c.size, call)
+        if sendbuf is IN_PLACE:
+            x = r.bytes(r.displs[c.rank], r.counts[c.rank]).copy()
+        else:
+            x = message(sendbuf, call).bytes()
+        out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
+        got = c.allgatherv(x, r.block_bytes(), out=out)
+        if out is None:
+            _unpack(r, got)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """``counts[r]`` elements of root's ``sendbuf`` at ``displs[r]`` to rank r."""
+        call = "Scatterv"
+        c = self._c
+        if c.rank != root:
+            c.scatterv(None, None, root, out=message(recvbuf, call).bytes())
+            return
+        s = vector(sendbuf, c.size, call)
+        x = _pack(s)
+        nb = s.counts[root] * s.extent
+        out = np.empty(nb, np.uint8) if recvbuf is IN_PLACE else message(recvbuf, call).bytes()
+        c.scatterv(x, s.block_bytes(), root, out=out)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        """``sendcounts[j]`` elements from ``sdispls[j]`` to rank j; arrivals at ``rdispls``."""
+        call = "Alltoallv"
+        c = self._c
+        r = vector(recvbuf, c.size, call)
+        if sendbuf is IN_PLACE:
+            s = r
+            x = _pack(r).copy()
+        else:
+            s = vector(sendbuf, c.size, call)
+            x = _pack(s)
+        out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
+        got = c.alltoallv(x, s.block_bytes(), r.block_bytes(), out=out)
+        if out is None:
+            _unpack(r, got)

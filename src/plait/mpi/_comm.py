@@ -1,0 +1,349 @@
+"""``plait.mpi.Comm``: mpi4py's communicator over a :class:`plait.Communicator`.
+
+The lowercase methods move Python objects with plait's object collectives (pickle protocol
+5, arrays out of band) and, point to point, as pickled bytes matched by an
+:class:`~plait.mpi._requests.Inbox` (Note [object messages]); the capitalised ones move
+buffers (:mod:`plait.mpi._collectives` for the collectives, here for point to point).
+
+Note [the world communicator]
+    ``MPI.COMM_WORLD`` exists from import on, but joins the job (``plait.init()``, which
+    reads the launcher's environment) only when first used, as mpi4py initialises MPI on
+    import: a script that imports ``MPI`` and never communicates needs no job. Joining
+    also installs an exception hook: a rank whose script raises prints its traceback,
+    then aborts the job's communicator (``Communicator.abort``), so that the other ranks'
+    calls fail at once with ``AbortedError`` instead of waiting for their deadline,
+    whatever launched them (``plait run`` stops them anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, NoReturn
+
+import numpy as np
+
+import plait
+from plait.mpi._collectives import BufferCollectives
+from plait.mpi._datatypes import message
+from plait.mpi._ops import OPS, as_function
+from plait.mpi._requests import UNDEFINED, Inbox, Request, Status
+from plait.mpi._unsupported import unsupported
+
+__all__ = ["Comm", "Intracomm", "world"]
+
+_SUM = OPS["SUM"]
+_ANY_SOURCE = plait.ANY_SOURCE
+_ANY_TAG = plait.ANY_TAG
+
+
+def _pickled(obj: Any) -> np.ndarray:
+    """``obj`` as the bytes mpi4py sends for it (pickle protocol 5, in band)."""
+    return np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
+
+
+class Comm(BufferCollectives):
+    """An mpi4py communicator: ``MPI.COMM_WORLD``, or one from ``Split`` or ``Dup``.
+
+    ``COMM_NULL`` (what ``Split`` gives a rank with ``MPI.UNDEFINED``, and what ``Free``
+    leaves) is false in a boolean context and compares equal to every freed communicator.
+    """
+
+    def __init__(
+        self,
+        comm: plait.Communicator | None,
+        name: str = "",
+        *,
+        join: Callable[[], plait.Communicator] | None = None,
+    ) -> None:
+        self._comm = comm
+        self._name = name
+        self._join = join
+        self._lock = threading.Lock()
+        self._inbox: Inbox | None = None
+
+    @property
+    def _c(self) -> plait.Communicator:
+        """The plait communicator, joining the job on first use (Note [the world communicator])."""
+        comm = self._comm
+        if comm is not None:
+            return comm
+        with self._lock:
+            if self._comm is None and self._join is not None:
+                self._comm = self._join()
+                self._join = None
+        if self._comm is None:
+            raise ValueError("plait.mpi: COMM_NULL (or a freed communicator) cannot communicate")
+        return self._comm
+
+    def _box(self) -> Inbox:
+        if self._inbox is None:
+            self._inbox = Inbox(self._c)
+        return self._inbox
+
+    # -- identity ---------------------------------------------------------------------------
+    def Get_rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self._c.rank
+
+    def Get_size(self) -> int:
+        """The number of ranks."""
+        return self._c.size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self._c.rank
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return self._c.size
+
+    def Get_name(self) -> str:
+        """The communicator's name (``MPI_COMM_WORLD`` for the world)."""
+        return self._name
+
+    def __bool__(self) -> bool:
+        return self._comm is not None or self._join is not None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Comm):
+            return NotImplemented
+        if not self or not other:
+            return not self and not other
+        return self is other or (self._comm is not None and self._comm is other._comm)
+
+    def __hash__(self) -> int:
+        return id(self._comm) if self else 0
+
+    def __repr__(self) -> str:
+        return f"<plait.mpi.Comm {self._name or hex(id(self))}>"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise unsupported("Comm", name, (n for n in dir(type(self)) if not n.startswith("_")))
+
+    # -- groups -----------------------------------------------------------------------------
+    def Split(self, color: int = 0, key: int = 0) -> Comm:
+        """Sub-communicators by ``color``, ordered by ``key``; COMM_NULL for MPI.UNDEFINED."""
+        group = self._c.split(None if color == UNDEFINED or color < 0 else color, key)
+        return Comm(group) if group is not None else Comm(None, "MPI_COMM_NULL")
+
+    def Dup(self, info: Any = None) -> Comm:
+        """A new communicator of the same ranks whose messages never meet this one's."""
+        return Comm(self._c.split(0, self._c.rank), f"{self._name}.dup" if self._name else "")
+
+    Clone = Dup
+
+    def Free(self) -> None:
+        """Release the communicator; it then compares equal to COMM_NULL."""
+        if self._comm is not None:
+            self._comm.close()
+        self._comm = None
+        self._join = None
+
+    def Abort(self, errorcode: int = 0) -> NoReturn:
+        """End the job: the other ranks' calls fail, and this process exits with ``errorcode``."""
+        comm = self._comm
+        rank = comm.rank if comm is not None else 0
+        sys.stdout.flush()
+        where = self._name or "a communicator"
+        print(
+            f"MPI_ABORT was invoked on rank {rank} in communicator {where} "
+            f"with errorcode {errorcode}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if comm is not None:
+            comm.abort(f"MPI_ABORT on rank {rank} with errorcode {errorcode}")
+        os._exit(errorcode)
+
+    # -- lowercase collectives: Python objects ---------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank has entered the barrier."""
+        self._c.barrier()
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """Root's ``obj`` on every rank."""
+        return self._c.bcast_object(obj, root)
+
+    def scatter(self, sendobj: Sequence[Any] | None, root: int = 0) -> Any:
+        """Root's ``sendobj[r]`` on rank r (``sendobj`` has ``size`` items at root)."""
+        return self._c.scatter_object(sendobj, root)
+
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's object in a list, in rank order, at root; None elsewhere."""
+        return self._c.gather_object(sendobj, root)
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        """Every rank's object in a list, in rank order, on every rank."""
+        return self._c.allgather_object(sendobj)
+
+    def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
+        """``sendobj[j]`` to rank j; the objects received, in rank order."""
+        return self._c.alltoall_object(sendobj)
+
+    def reduce(self, sendobj: Any, op: Any = _SUM, root: int = 0) -> Any:
+        """Every rank's object combined with ``op`` in rank order, at root; None elsewhere."""
+        f = as_function(op, "reduce")
+        objs = self._c.gather_object(sendobj, root)
+        return None if objs is None else functools.reduce(f, objs)
+
+    def allreduce(self, sendobj: Any, op: Any = _SUM) -> Any:
+        """Every rank's object combined with ``op`` in rank order, on every rank."""
+        return self._c.allreduce_object(sendobj, as_function(op, "allreduce"))
+
+    # -- lowercase point to point: Python objects (Note [object messages]) ----------------
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send ``obj`` to ``dest``; returns once it is on its way."""
+        self._c.send(_pickled(obj), dest, tag)
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending ``obj``; a request whose ``wait()`` returns None."""
+        data = _pickled(obj)
+        return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=data)
+
+    def recv(
+        self,
+        buf: Any = None,
+        source: int = _ANY_SOURCE,
+        tag: int = _ANY_TAG,
+        status: Status | None = None,
+    ) -> Any:
+        """The next object from ``source`` with ``tag`` (wildcards by default); ``buf`` unused."""
+        box = self._box()
+        pending = box.post(source, tag)
+        box.complete(pending, time.monotonic() + self._c.timeout)
+        pending.status._copy_to(status)
+        return pending.value
+
+    def irecv(self, buf: Any = None, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
+        """Start receiving an object; a request whose ``wait()`` returns it."""
+        box = self._box()
+        return Request(inbox=box, pending=box.post(source, tag))
+
+    def sendrecv(
+        self,
+        sendobj: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = _ANY_SOURCE,
+        recvtag: int = _ANY_TAG,
+        status: Status | None = None,
+    ) -> Any:
+        """Send ``sendobj`` to ``dest`` and receive an object from ``source``, together."""
+        req = self.isend(sendobj, dest, sendtag)
+        got = self.recv(recvbuf, source, recvtag, status)
+        req.wait()
+        return got
+
+    def probe(
+        self, source: int = _ANY_SOURCE, tag: int = _ANY_TAG, status: Status | None = None
+    ) -> bool:
+        """Wait until a message from ``source`` with ``tag`` can be received; True."""
+        found = self._c.probe(source, tag)
+        if status is not None:
+            status._from(found)
+        return True
+
+    def iprobe(
+        self, source: int = _ANY_SOURCE, tag: int = _ANY_TAG, status: Status | None = None
+    ) -> bool:
+        """Whether a message from ``source`` with ``tag`` can be received now."""
+        found = self._c.iprobe(source, tag)
+        if found is not None and status is not None:
+            status._from(found)
+        return found is not None
+
+    Probe = probe
+    Iprobe = iprobe
+
+    # -- capitalised point to point: buffers ----------------------------------------------
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Send the elements of ``buf``; returns once ``buf`` may be reused."""
+        self._c.send(message(buf, "Send").bytes(), dest, tag)
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending ``buf`` (leave it unchanged until the request is done)."""
+        data = message(buf, "Isend").bytes()
+        return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=buf)
+
+    def Recv(
+        self,
+        buf: Any,
+        source: int = _ANY_SOURCE,
+        tag: int = _ANY_TAG,
+        status: Status | None = None,
+    ) -> None:
+        """Receive the next message from ``source`` with ``tag`` into ``buf``.
+
+        The message may be shorter than ``buf`` (its size is in ``status``), as in MPI;
+        a longer one raises ValueError (MPI's truncation error) and is left unreceived.
+        """
+        into = message(buf, "Recv").bytes()
+        if source == plait.PROC_NULL:
+            if status is not None:
+                status._fill(plait.PROC_NULL, _ANY_TAG, 0)
+            return
+        c = self._c
+        st = c.probe(source, tag)
+        if st.nbytes > into.size:
+            raise ValueError(
+                f"Recv: message truncated: rank {st.source} sent {st.nbytes} bytes with tag "
+                f"{st.tag} into a buffer of {into.size}"
+            )
+        done = plait.Status()
+        c.recv(into[: st.nbytes], st.source, st.tag, status=done)
+        if status is not None:
+            status._from(done)
+
+    def Irecv(self, buf: Any, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
+        """Start receiving into ``buf``, which must have exactly the message's size."""
+        into = message(buf, "Irecv").bytes()
+        return Request(self._c.irecv(into, source, tag), inbox=self._box(), keep=buf)
+
+    def Sendrecv(
+        self,
+        sendbuf: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = _ANY_SOURCE,
+        recvtag: int = _ANY_TAG,
+        status: Status | None = None,
+    ) -> None:
+        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf`` from ``source``, together."""
+        req = self.Isend(sendbuf, dest, sendtag)
+        self.Recv(recvbuf, source, recvtag, status)
+        req.Wait()
+
+
+Intracomm = Comm
+
+
+def _join_world() -> plait.Communicator:
+    """``plait.init()`` and the exception hook of Note [the world communicator]."""
+    comm = plait.init()
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        if not comm.closed:
+            comm.abort(f"rank {comm.rank} raised {kind.__name__}: {value}")
+
+    sys.excepthook = hook
+    return comm
+
+
+def world() -> Comm:
+    """A new ``COMM_WORLD`` that joins the job on first use."""
+    return Comm(None, "MPI_COMM_WORLD", join=_join_world)

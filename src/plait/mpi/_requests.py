@@ -1,0 +1,371 @@
+"""mpi4py's ``Status`` and ``Request`` for plait.mpi, and the inbox of pickled messages.
+
+Note [object messages]
+    The lowercase ``send``/``isend`` pickle an object (protocol 5, in band: the bytes
+    mpi4py sends) and send them as one message of bytes with the user's tag. A receive of
+    an object cannot be posted before its size is known, so :class:`Inbox` matches object
+    receives itself: every ``recv``/``irecv`` is queued in the order it was posted, and a
+    message found by ``probe`` goes to the *earliest posted* queued receive that matches
+    its source and tag, which then takes it with a receive of exactly its size from that
+    source and tag (non-overtaking per sender and tag makes that the probed message).
+    That is MPI's matching rule; the only difference is that a queued ``irecv`` takes its
+    message when the program waits on or tests a request of the inbox, not in the
+    background, so a large object sent to it waits until then (mpi4py's ``irecv`` refuses
+    large objects anyway: it receives into a fixed 32 KiB buffer by default).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import plait
+from plait.mpi._datatypes import DATATYPES, Datatype
+
+__all__ = ["UNDEFINED", "Inbox", "Request", "Status"]
+
+#: mpi4py's ``MPI.UNDEFINED`` (Open MPI's value): a count that is not whole, a split color.
+UNDEFINED = -32766
+
+
+class Status:
+    """Who sent a message, with which tag, and how many bytes: mpi4py's ``MPI.Status``."""
+
+    __slots__ = ("cancelled", "error", "nbytes", "source", "tag")
+
+    def __init__(self) -> None:
+        self.source = plait.ANY_SOURCE
+        self.tag = plait.ANY_TAG
+        self.error = 0
+        self.nbytes = 0
+        self.cancelled = False
+
+    def Get_source(self) -> int:
+        """The sender's rank."""
+        return self.source
+
+    def Get_tag(self) -> int:
+        """The message's tag."""
+        return self.tag
+
+    def Get_error(self) -> int:
+        """0: plait raises errors instead of storing them here."""
+        return self.error
+
+    def Get_count(self, datatype: Datatype = DATATYPES["BYTE"]) -> int:
+        """Elements of ``datatype`` in the message (bytes by default); UNDEFINED if not whole."""
+        size = datatype.Get_size()
+        if size == 0 or self.nbytes % size:
+            return UNDEFINED
+        return self.nbytes // size
+
+    def Get_elements(self, datatype: Datatype) -> int:
+        """As :meth:`Get_count` (no derived datatypes)."""
+        return self.Get_count(datatype)
+
+    def Is_cancelled(self) -> bool:
+        """Whether the request was cancelled before it matched."""
+        return self.cancelled
+
+    def Set_source(self, source: int) -> None:
+        """Set the source (as mpi4py allows)."""
+        self.source = source
+
+    def Set_tag(self, tag: int) -> None:
+        """Set the tag (as mpi4py allows)."""
+        self.tag = tag
+
+    @property
+    def count(self) -> int:
+        """Bytes in the message (mpi4py's ``Status.count``)."""
+        return self.nbytes
+
+    def _fill(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
+        self.source, self.tag, self.nbytes, self.cancelled = source, tag, nbytes, cancelled
+
+    def _copy_to(self, other: Status | None) -> None:
+        if other is not None:
+            other._fill(self.source, self.tag, self.nbytes, self.cancelled)
+
+    def _from(self, st: plait.Status | None) -> None:
+        if st is not None:
+            self._fill(st.source, st.tag, st.nbytes, st.cancelled)
+
+    def __repr__(self) -> str:
+        return f"<plait.mpi.Status source={self.source} tag={self.tag} bytes={self.nbytes}>"
+
+
+class _Pending:
+    """One object receive queued in an :class:`Inbox`."""
+
+    __slots__ = ("done", "source", "status", "tag", "value")
+
+    def __init__(self, source: int, tag: int) -> None:
+        self.source = source
+        self.tag = tag
+        self.done = False
+        self.value: Any = None
+        self.status = Status()
+
+    def matches(self, st: plait.Status) -> bool:
+        return self.source in (plait.ANY_SOURCE, st.source) and self.tag in (plait.ANY_TAG, st.tag)
+
+
+class Inbox:
+    """The object receives of one communicator, matched in MPI's order (Note [object messages])."""
+
+    def __init__(self, comm: plait.Communicator) -> None:
+        self._comm = comm
+        self._queue: list[_Pending] = []
+        self._lock = threading.RLock()
+
+    def post(self, source: int, tag: int) -> _Pending:
+        """Queue a receive from ``source`` with ``tag`` (wildcards allowed)."""
+        p = _Pending(source, tag)
+        if source == plait.PROC_NULL:
+            p.done = True
+            p.status._fill(plait.PROC_NULL, plait.ANY_TAG, 0)
+            return p
+        with self._lock:
+            self._queue.append(p)
+        return p
+
+    def complete(self, p: _Pending, deadline: float | None) -> bool:
+        """Make ``p`` done, waiting until ``deadline`` (monotonic), or once without it.
+
+        Raises:
+            CommTimeout: nothing for ``p`` arrived before the deadline (``p`` stays queued).
+        """
+        with self._lock:
+            while not p.done:
+                st = self._probe(p.source, p.tag, deadline)
+                if st is None:
+                    return False
+                self._deliver(st, deadline)
+            return True
+
+    def complete_any(self, ps: Sequence[_Pending], deadline: float) -> int:
+        """Wait until one of ``ps`` is done; its index (the first done, in list order)."""
+        with self._lock:
+            while True:
+                for i, p in enumerate(ps):
+                    if p.done:
+                        return i
+                st = self._probe(plait.ANY_SOURCE, plait.ANY_TAG, deadline)
+                assert st is not None
+                if not self._deliver(st, deadline):
+                    # A message no queued receive wants (it is for a later one): wait for
+                    # the first of ps alone, which leaves that message where it is.
+                    first = next(p for p in ps if not p.done)
+                    self.complete(first, deadline)
+
+    def cancel(self, p: _Pending) -> None:
+        """Withdraw ``p`` if it has not matched."""
+        with self._lock:
+            if not p.done and p in self._queue:
+                self._queue.remove(p)
+                p.done = True
+                p.status.cancelled = True
+
+    def _probe(self, source: int, tag: int, deadline: float | None) -> plait.Status | None:
+        if deadline is None:
+            return self._comm.iprobe(source, tag)
+        left = max(deadline - time.monotonic(), 1e-3)
+        return self._comm.probe(source, tag, timeout=left)
+
+    def _deliver(self, st: plait.Status, deadline: float | None) -> bool:
+        """Receive the probed message into the earliest queued receive it matches, if any."""
+        owner = next((q for q in self._queue if q.matches(st)), None)
+        if owner is None:
+            return False
+        left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+        buf = np.empty(st.nbytes, np.uint8)
+        self._comm.recv(buf, st.source, st.tag, timeout=left)
+        self._queue.remove(owner)
+        owner.status._fill(st.source, st.tag, st.nbytes)
+        owner.done = True
+        try:
+            owner.value = pickle.loads(buf.data)
+        except Exception as exc:
+            exc.add_note(
+                f"plait.mpi: the message from rank {st.source} with tag {st.tag} "
+                f"({st.nbytes} bytes) is not a pickled object: was it sent with Send "
+                f"(a buffer) rather than send?"
+            )
+            raise
+        return True
+
+
+class Request:
+    """A non-blocking operation in flight: mpi4py's ``MPI.Request``.
+
+    ``Wait``/``Test`` (capitalised) return True and a flag; ``wait``/``test`` return the
+    received object too (None for sends and buffer receives), as in mpi4py.
+    """
+
+    __slots__ = ("_inbox", "_keep", "_pending", "_req")
+
+    def __init__(
+        self,
+        req: plait.Request[Any] | None = None,
+        *,
+        inbox: Inbox | None = None,
+        pending: _Pending | None = None,
+        keep: Any = None,
+    ) -> None:
+        self._req = req
+        self._inbox = inbox
+        self._pending = pending
+        self._keep = keep  # the bytes of an isend, alive until it is done
+
+    def _deadline(self) -> float:
+        assert self._inbox is not None
+        return time.monotonic() + self._inbox._comm.timeout
+
+    def _finish(self, status: Status | None) -> Any:
+        if self._pending is not None:
+            self._pending.status._copy_to(status)
+            return self._pending.value
+        if self._req is not None and status is not None:
+            status._from(self._req.status)
+        return None
+
+    def wait(self, status: Status | None = None) -> Any:
+        """Wait until done (within the communicator's timeout); the object received, or None."""
+        if self._pending is not None:
+            assert self._inbox is not None
+            self._inbox.complete(self._pending, self._deadline())
+        elif self._req is not None:
+            self._req.wait()
+        return self._finish(status)
+
+    def Wait(self, status: Status | None = None) -> bool:
+        """Wait until done; True."""
+        self.wait(status)
+        return True
+
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+        """Make progress once; ``(done, object or None)``."""
+        if self._pending is not None:
+            assert self._inbox is not None
+            done = self._inbox.complete(self._pending, None)
+        else:
+            done = self._req is None or self._req.test()
+        return (True, self._finish(status)) if done else (False, None)
+
+    def Test(self, status: Status | None = None) -> bool:
+        """Make progress once; whether the request is done."""
+        return self.test(status)[0]
+
+    def Get_status(self, status: Status | None = None) -> bool:
+        """Whether the request is done, without progress; fills ``status`` if it is."""
+        done = (
+            self._pending.done
+            if self._pending is not None
+            else self._req is None or (self._req.done())
+        )
+        if done:
+            self._finish(status)
+        return done
+
+    def Cancel(self) -> None:
+        """Withdraw the request if it has not matched yet (MPI's rule)."""
+        if self._pending is not None:
+            assert self._inbox is not None
+            self._inbox.cancel(self._pending)
+        elif self._req is not None:
+            self._req.cancel()
+
+    cancel = Cancel
+
+    def Free(self) -> None:
+        """Forget the request (it still completes)."""
+
+    free = Free
+
+    @staticmethod
+    def _order(requests: Sequence[Request]) -> list[Request]:
+        # Object receives first: they take their messages only when waited on, and a send
+        # waited on before them could wait for a peer that waits for them.
+        return sorted(requests, key=lambda r: r._pending is None)
+
+    @staticmethod
+    def waitall(requests: Sequence[Request], statuses: list[Status] | None = None) -> list[Any]:
+        """Wait for every request; their objects (None for sends), in list order."""
+        for r in Request._order(requests):
+            r.wait()
+        return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+
+    @staticmethod
+    def Waitall(requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:
+        """Wait for every request; True."""
+        Request.waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def testall(
+        requests: Sequence[Request], statuses: list[Status] | None = None
+    ) -> tuple[bool, list[Any] | None]:
+        """Progress once on each; ``(True, objects)`` if all are done, else ``(False, None)``."""
+        done = [r.test()[0] for r in Request._order(requests)]
+        if not all(done):
+            return False, None
+        return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+
+    @staticmethod
+    def Testall(requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:
+        """Whether every request is done (progress once on each)."""
+        return Request.testall(requests, statuses)[0]
+
+    @staticmethod
+    def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
+        """Wait until one request is done; ``(its index, its object)``."""
+        i = Request._any(requests)
+        return i, requests[i]._finish(status)
+
+    @staticmethod
+    def Waitany(requests: Sequence[Request], status: Status | None = None) -> int:
+        """Wait until one request is done; its index."""
+        return Request.waitany(requests, status)[0]
+
+    @staticmethod
+    def testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool, Any]:
+        """Progress once on each until one is done: ``(index, True, object)``, else
+        ``(UNDEFINED, False, None)``."""
+        for i, r in enumerate(requests):
+            done, value = r.test(status)
+            if done:
+                return i, True, value
+        return UNDEFINED, False, None
+
+    @staticmethod
+    def Testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool]:
+        """``(index, True)`` of a done request, else ``(UNDEFINED, False)``."""
+        i, flag, _ = Request.testany(requests, status)
+        return i, flag
+
+    @staticmethod
+    def _any(requests: Sequence[Request]) -> int:
+        if not requests:
+            raise ValueError("waitany: no requests")
+        for i, r in enumerate(requests):
+            if r.Get_status():
+                return i
+        objects = [r for r in requests if r._pending is not None]
+        if not objects:  # all requests of plait's transport: its own wait drives them together
+            reqs = [r._req for r in requests]
+            return plait.wait_any([q for q in reqs if q is not None])
+        inbox = objects[0]._inbox
+        if len(objects) == len(requests) and all(r._inbox is inbox for r in objects):
+            assert inbox is not None
+            pending = [r._pending for r in objects if r._pending is not None]
+            return inbox.complete_any(pending, objects[0]._deadline())
+        for i, r in enumerate(requests):  # mixed kinds: the first one not done
+            r.wait()
+            return i
+        raise AssertionError("unreachable")

@@ -1,0 +1,307 @@
+"""plait.mpi in process: buffer specifications, ops, calls on threads as ranks, and the errors
+of what it does not support."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait import mpi as MPI
+from plait.mpi._datatypes import message, vector
+from plait.mpi._ops import combine_pairs
+from plait.testing import RankFailure, run_ranks
+
+PAIR = np.dtype([("value", np.float64), ("index", np.intc)], align=True)
+
+
+def ranks(size: int, fn: Callable[[MPI.Comm], Any]) -> list[Any]:
+    """``fn`` on ``size`` threads, each with an mpi4py communicator over plait's."""
+    return run_ranks(size, lambda c: fn(MPI.Comm(c, "test")), timeout=20)
+
+
+# -- buffer specifications ---------------------------------------------------------------
+def test_a_buffer_alone_takes_its_datatype_from_the_array() -> None:
+    a = np.arange(6, dtype=np.float64)
+    m = message(a, "t")
+    assert (m.datatype, m.count, m.displs) == (MPI.DOUBLE, 6, [0])
+    assert np.shares_memory(m.typed(), a)
+    assert np.array_equal(m.typed(), a)
+    b = message(bytearray(5), "t")
+    assert (b.datatype, b.count) == (MPI.BYTE, 5)
+
+
+@pytest.mark.parametrize(
+    ("spec", "count", "displ"),
+    [
+        (lambda a: [a, MPI.INT], 8, 0),
+        (lambda a: (a, MPI.INT), 8, 0),
+        (lambda a: [a, 3, MPI.INT], 3, 0),
+        (lambda a: [a, (3, 2), MPI.INT], 3, 2),
+        (lambda a: [a, 3, 2, MPI.INT], 3, 2),
+        (lambda a: [a, 4], 4, 0),
+    ],
+)
+def test_plain_specifications(spec: Callable[[np.ndarray], Any], count: int, displ: int) -> None:
+    a = np.arange(8, dtype=np.intc)
+    m = message(spec(a), "t")
+    assert (m.count, m.displs[0]) == (count, displ)
+    assert np.array_equal(m.typed(), a[displ : displ + count])
+
+
+def test_a_datatype_reinterprets_the_bytes_as_mpi_does() -> None:
+    a = np.arange(4, dtype=np.int64)
+    m = message([a, MPI.INT], "t")
+    assert m.count == 8
+    assert m.typed().dtype == np.intc
+
+
+def test_vector_specifications() -> None:
+    a = np.arange(10, dtype=np.float64)
+    v = vector([a, [1, 2, 3], [0, 3, 6], MPI.DOUBLE], 3, "t")
+    assert (v.counts, v.displs, v.packed()) == ([1, 2, 3], [0, 3, 6], False)
+    v = vector([a, [1, 2, 3], MPI.DOUBLE], 3, "t")
+    assert (v.displs, v.packed(), v.block_bytes()) == ([0, 1, 3], True, [8, 16, 24])
+    v = vector([a, ([2, 2], [0, 5]), MPI.DOUBLE], 2, "t")
+    assert (v.counts, v.displs) == ([2, 2], [0, 5])
+    assert vector(a, 5, "t").counts == [2] * 5
+    assert vector([a, 2, MPI.DOUBLE], 5, "t").counts == [2] * 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "words"),
+    [
+        (lambda: np.zeros((4, 4))[:, 0], ValueError, "not contiguous"),
+        (lambda: [np.zeros(4), 9, MPI.DOUBLE], ValueError, "holds 4"),
+        (lambda: [np.zeros(4), MPI.DOUBLE, 2], TypeError, "datatype goes last"),
+        (lambda: [np.zeros(3, np.uint8), MPI.INT], ValueError, "not a whole number"),
+        (lambda: [1, 2, 3], TypeError, "not a buffer"),
+    ],
+)
+def test_bad_specifications(spec: Callable[[], Any], error: type, words: str) -> None:
+    with pytest.raises(error, match=words):
+        message(spec(), "Send")
+
+
+def test_pair_datatypes_have_mpis_size_and_extent() -> None:
+    assert (MPI.DOUBLE_INT.Get_size(), MPI.DOUBLE_INT.extent) == (12, 16)
+    assert (MPI.TWOINT.Get_size(), MPI.TWOINT.extent) == (8, 8)
+    assert MPI.INT_INT is MPI.TWOINT
+    packed = np.zeros(3, np.dtype([("v", "f8"), ("i", "i4")]))  # align=False: 12 bytes
+    m = message([packed, MPI.DOUBLE_INT], "t")
+    assert m.count == 3
+    assert m.typed().dtype == packed.dtype
+
+
+# -- ops ---------------------------------------------------------------------------------
+def test_object_ops_follow_mpi4py() -> None:
+    assert MPI.SUM([1], [2]) == [1, 2]
+    assert MPI.PROD(3, 4) == 12
+    assert MPI.MAX(2, 5) == 5
+    assert MPI.MIN("b", "a") == "a"
+    assert MPI.LAND(1, 0) == 0
+    assert MPI.LOR(0, 3) == 3
+    assert MPI.LXOR(True, True) is False
+    assert MPI.BAND(6, 3) == 2
+    assert MPI.BOR(6, 3) == 7
+    assert MPI.BXOR(6, 3) == 5
+    assert MPI.MAXLOC((3, 2), (3, 1)) == (3, 1)
+    assert MPI.MAXLOC((4, 2), (3, 1)) == (4, 2)
+    assert MPI.MINLOC((3, 2), (3, 1)) == (3, 1)
+    assert MPI.MINLOC((2, 2), (3, 1)) == (2, 2)
+
+
+def test_combine_pairs_on_structured_and_plain_pairs() -> None:
+    blocks = [np.array([(1.0, 0), (5.0, 0)], PAIR), np.array([(1.0, 1), (7.0, 1)], PAIR)]
+    out = np.empty(2, PAIR)
+    combine_pairs(blocks, "max", out, "t")
+    assert out.tolist() == [(1.0, 0), (7.0, 1)]
+    combine_pairs(blocks, "min", out, "t")
+    assert out.tolist() == [(1.0, 0), (5.0, 0)]
+    plain = [np.array([[2, 1], [0, 1]]), np.array([[2, 0], [1, 0]])]
+    got = np.empty((2, 2), np.int64)
+    combine_pairs(plain, "max", got, "t")
+    assert got.tolist() == [[2, 0], [1, 0]]
+    with pytest.raises(TypeError, match="value, index"):
+        combine_pairs([np.zeros(3)], "max", np.zeros(3), "t")
+
+
+# -- calls, on threads as ranks ----------------------------------------------------------
+def test_maxloc_and_minloc_buffers() -> None:
+    def body(comm: MPI.Comm) -> list[Any]:
+        r = comm.Get_rank()
+        x = np.array([(float(r % 2), r), (float(-r), r)], PAIR)
+        best = np.empty_like(x)
+        comm.Allreduce([x, MPI.DOUBLE_INT], [best, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+        low = np.empty_like(x) if r == 2 else None
+        comm.Reduce([x, MPI.DOUBLE_INT], [low, MPI.DOUBLE_INT], op=MPI.MINLOC, root=2)
+        pairs = np.array([[r * 10 % 7, r]], np.int64)  # a plain array of (value, index) rows
+        comm.Allreduce(MPI.IN_PLACE, pairs, op=MPI.MAXLOC)
+        part = np.empty(1, PAIR)
+        whole = np.array([(float(r == k), r) for k in range(3)], PAIR)
+        comm.Reduce_scatter_block([whole, MPI.DOUBLE_INT], [part, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+        return [best.tolist(), None if low is None else low.tolist(), pairs.tolist(), part[0]]
+
+    res = ranks(3, body)
+    assert all(o[0] == [(1.0, 1), (0.0, 0)] for o in res)
+    assert res[2][1] == [(0.0, 0), (-2.0, 2)]
+    assert all(o[2] == [[6, 2]] for o in res)
+    assert [tuple(o[3]) for o in res] == [(1.0, 0), (1.0, 1), (1.0, 2)]
+
+
+def test_in_place_and_vector_collectives() -> None:
+    def body(comm: MPI.Comm) -> list[Any]:
+        r, p = comm.rank, comm.size
+        g = np.zeros(p) if r == 1 else None
+        if r == 1:
+            g[1] = 10.0 + r
+            comm.Gather(MPI.IN_PLACE, g, root=1)
+        else:
+            comm.Gather(np.array([10.0 + r]), g, root=1)
+        ag = np.zeros(2 * p, np.int32)
+        ag[2 * r : 2 * r + 2] = r
+        comm.Allgather(MPI.IN_PLACE, ag)
+        a2a = np.arange(p, dtype=np.int64) + 10 * r
+        comm.Alltoall(MPI.IN_PLACE, a2a)
+        sc = np.full(2, -1.0)
+        comm.Scatter(np.arange(2.0 * p) if r == 0 else None, MPI.IN_PLACE if r == 0 else sc)
+        counts = [k + 1 for k in range(p)]
+        displs = [sum(counts[:k]) + k for k in range(p)]  # gaps between blocks
+        av = np.zeros(sum(counts) + p)
+        av[displs[r] : displs[r] + counts[r]] = r
+        comm.Allgatherv(MPI.IN_PLACE, [av, counts, displs, MPI.DOUBLE])
+        send = np.arange(p, dtype=np.float64) + 100 * r
+        recv = np.zeros(2 * p)
+        comm.Alltoallv([send, [1] * p, MPI.DOUBLE], [recv, [1] * p, [2 * k for k in range(p)]])
+        rs = np.arange(6.0)
+        comm.Reduce_scatter(MPI.IN_PLACE, rs, recvcounts=[1, 2, 3], op=MPI.SUM)
+        flags = np.array([r > 0, r >= 0, r == 1])
+        comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.LOR)
+        return [g, ag, a2a, sc, av, recv, rs[: r + 1], flags]
+
+    res = ranks(3, body)
+    assert res[1][0].tolist() == [10.0, 11.0, 12.0]
+    assert all(o[1].tolist() == [0, 0, 1, 1, 2, 2] for o in res)
+    assert res[2][2].tolist() == [2, 12, 22]
+    assert res[1][3].tolist() == [2.0, 3.0]
+    assert res[2][3].tolist() == [4.0, 5.0]
+    assert all(o[4].tolist() == [0, 0, 1, 1, 0, 2, 2, 2, 0] for o in res)
+    assert res[1][5].tolist() == [1, 0, 101, 0, 201, 0]
+    assert [o[6].tolist() for o in res] == [[0.0], [3.0, 6.0], [9.0, 12.0, 15.0]]
+    assert all(o[7].tolist() == [True, True, True] for o in res)
+
+
+def test_point_to_point_buffers() -> None:
+    def body(comm: MPI.Comm) -> Any:
+        if comm.rank == 0:
+            comm.Send(np.arange(3.0), dest=1, tag=4)
+            comm.Send(np.arange(9.0), dest=1, tag=5)
+            req = comm.Isend([np.arange(4, dtype=np.intc), MPI.INT], dest=1, tag=6)
+            req.Wait()
+            return None
+        st = MPI.Status()
+        big = np.zeros(5)
+        comm.Recv(big, source=MPI.ANY_SOURCE, tag=4, status=st)
+        with pytest.raises(ValueError, match="truncated"):
+            comm.Recv(np.zeros(2), source=0, tag=5)
+        comm.Recv(np.zeros(9), source=0, tag=5)
+        into = np.zeros(4, np.intc)
+        req = comm.Irecv(into, source=0, tag=MPI.ANY_TAG)
+        rst = MPI.Status()
+        req.Wait(rst)
+        return big.tolist(), st.Get_count(MPI.DOUBLE), st.source, st.tag, into.tolist(), rst.tag
+
+    got = ranks(2, body)[1]
+    assert got == ([0.0, 1.0, 2.0, 0.0, 0.0], 3, 0, 4, [0, 1, 2, 3], 6)
+
+
+def test_object_receives_match_in_the_order_they_were_posted() -> None:
+    def body(comm: MPI.Comm) -> Any:
+        if comm.rank == 1:
+            for k in range(3):
+                comm.send(f"m{k}", dest=0, tag=k)
+            return None
+        first = comm.irecv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+        second = comm.irecv(source=1)
+        st = MPI.Status()
+        later = second.wait(st)  # the earlier receive takes the first message first
+        flag, early = first.test()
+        third = comm.irecv(source=1, tag=2)
+        i, value = MPI.Request.waitany([third])
+        return later, st.tag, flag, early, i, value
+
+    assert ranks(2, body)[0] == ("m1", 1, True, "m0", 0, "m2")
+
+
+def test_lowercase_collectives_and_split() -> None:
+    def body(comm: MPI.Comm) -> Any:
+        r = comm.rank
+        sub = comm.Split(MPI.UNDEFINED if r == 0 else 1, key=-r)
+        inner = None if sub == MPI.COMM_NULL else (sub.rank, sub.allgather(r))
+        dup = comm.Dup()
+        out = (
+            comm.bcast({"r": r}, root=2),
+            comm.scatter([k * k for k in range(3)] if r == 0 else None),
+            comm.gather(r, root=1),
+            comm.reduce([r], op=MPI.SUM, root=0),
+            comm.allreduce((r % 2, r), op=MPI.MINLOC),
+            dup.sendrecv(r, dest=(r + 1) % 3, source=(r - 1) % 3),
+            inner,
+        )
+        dup.Free()
+        assert dup == MPI.COMM_NULL
+        assert not dup
+        return out
+
+    res = ranks(3, body)
+    assert res[0] == ({"r": 2}, 0, None, [0, 1, 2], (0, 0), 2, None)
+    assert res[1] == ({"r": 2}, 1, [0, 1, 2], None, (0, 0), 0, (1, [2, 1]))
+    assert res[2][6] == (0, [2, 1])
+
+
+# -- errors --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("get", "words"),
+    [
+        (lambda: MPI.Win, "MPI.Win; nearest supported: the collectives"),
+        (lambda: MPI.COMM_WORLD.Ibcast, "Comm.Ibcast; nearest supported: Bcast"),
+        (lambda: MPI.COMM_NULL.Scan, "Comm.Scan; nearest supported: allgather"),
+        (lambda: MPI.Comm(None).Allgatherw, "Comm.Allgatherw; nearest supported: Allgather"),
+        (lambda: MPI.REPLACE, "MPI.REPLACE; nearest supported: a Python function"),
+        (lambda: MPI.Comm_spawn, "MPI.Comm_spawn; see docs/mpi.md"),
+    ],
+)
+def test_what_is_not_supported_says_so(get: Callable[[], Any], words: str) -> None:
+    with pytest.raises(NotImplementedError) as info:
+        get()
+    assert words in str(info.value)
+
+
+def test_unsupported_names_are_absent_to_feature_checks() -> None:
+    assert not hasattr(MPI, "Ibarrier")
+    assert not hasattr(MPI.COMM_WORLD, "Ibarrier")
+    with pytest.raises(AttributeError):
+        MPI.__wrapped__  # noqa: B018  (private names are plain AttributeErrors)
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        MPI.COMM_NULL.Get_rank()
+    with pytest.raises(RankFailure, match=r"TypeError.*lowercase reduce"):
+        ranks(1, lambda comm: comm.Allreduce(np.zeros(1), np.zeros(1), op=max))
+
+
+def test_an_uncaught_exception_aborts_the_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exception hook that joining COMM_WORLD installs aborts the communicator."""
+    for name in ("PLAIT_RANK", "PLAIT_SIZE", "PLAIT_STORE", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: None)
+    world = MPI._comm.world()
+    assert world.Get_size() == 1
+    try:
+        sys.excepthook(RuntimeError, RuntimeError("boom"), None)
+        with pytest.raises(plait.AbortedError, match="boom"):
+            world.Barrier()
+    finally:
+        world.Free()
