@@ -65,6 +65,12 @@ Note [store lifetime]
       would reach the old server, not yet closed, and lose what they wrote.
       torch's store on MASTER_PORT lives as long, too.
 
+    The temp-dir file store (mpirun or srun on one host, without MASTER_ADDR
+    or PLAIT_STORE) is let go before ``init`` returns, as with
+    ``PLAIT_RECOVERY=0``: were it kept, a rank killed later could not count
+    itself out, and the job's directory would stay in the temp dir for good.
+    Set PLAIT_STORE (or MASTER_ADDR) there for ``agree`` and ``shrink``.
+
     A store passed as an object is the caller's and left alone: no watcher
     thread runs on it (it may be shared, as torch's is in the torch backend,
     whose client a thread waiting there would hold up), so its communicator
@@ -571,9 +577,10 @@ def init(
         job = info.job_id if info.launcher == "plait" else None
         t = connect(rank, size, hosts, group, links=links, timeout=left(), job=job)
         comm = Communicator(t, timeout=timeout, hosts=hosts)
-        # A store passed as an object is the caller's (torch's, in the torch backend): no
-        # watcher thread on it, and no agree or shrink (Note [store lifetime]).
-        if owned and os.environ.get("PLAIT_RECOVERY", "").strip() != "0":
+        # A store passed as an object is the caller's (torch's, in the torch backend), and the
+        # temp-dir file store must be let go at once: no watcher thread on either, and no agree
+        # or shrink (Note [store lifetime]).
+        if owned and not temp and os.environ.get("PLAIT_RECOVERY", "").strip() != "0":
             kept = _keep_store(comm, store, group, size, owned=owned, temp=temp, links=links)
     finally:
         if owned and not kept:

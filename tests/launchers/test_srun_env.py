@@ -124,6 +124,6 @@ def test_missing_rank_times_out() -> None:
         envs = srun_envs(3, job, tmp, out, PLAIT_TIMEOUT="1")[:2]  # rank 2 never starts
         for res in run_ranks(envs, ["check"]):
             assert res.returncode != 0
-            assert "not set within" in res.stderr, res.describe()
+            assert "waiting for rank(s) [2] to arrive" in res.stderr, res.describe()
         # two of three counted out; the name is the job's own, so no later job reuses it
         assert plait_leftovers(tmp) == [f"plait-{os.getuid()}-{job}.0-1"]
