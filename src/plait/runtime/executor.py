@@ -324,37 +324,27 @@ def execute(
             if not done:
                 now = time.monotonic()
                 timeout = None if call.deadline is None else call.deadline - now
-                if timeout is not None and timeout <= 0:
-                    raise settle(
-                        transport,
-                        call,
-                        schedule,
-                        _timeout(schedule.rank, call, steps, pending, prober),
-                        prober,
-                    )
+                expired = timeout is not None and timeout <= 0
                 if tl is not None:
                     blocked, waited = _now(), _waiting(steps, pending)
-                # Until it probes, the call wakes up when it is time to (Note [stall probes]).
-                handles = list(pending)
-                limit = timeout
-                if prober is not None:
-                    handles += prober.handles
-                    wake = prober.wake_at
-                    if wake is not None and (timeout is None or wake - now < timeout):
-                        limit = max(wake - now, 0.0)
-                elif call.probe_tag >= 0:
-                    if not probe_at:
-                        probe_at = now + PROBE_SECONDS
-                    if timeout is None or probe_at - now < timeout:
-                        limit = max(probe_at - now, 0.0)
-                if not transport.wait_any(handles, limit) and limit == timeout:
-                    raise settle(
-                        transport,
-                        call,
-                        schedule,
-                        _timeout(schedule.rank, call, steps, pending, prober),
-                        prober,
-                    )
+                if not expired:
+                    # Until it probes, the call wakes up when it is time to (Note [stall probes]).
+                    handles = list(pending)
+                    limit = timeout
+                    if prober is not None:
+                        handles += prober.handles
+                        wake = prober.wake_at
+                        if wake is not None and (timeout is None or wake - now < timeout):
+                            limit = max(wake - now, 0.0)
+                    elif call.probe_tag >= 0:
+                        if not probe_at:
+                            probe_at = now + PROBE_SECONDS
+                        if timeout is None or probe_at - now < timeout:
+                            limit = max(probe_at - now, 0.0)
+                    expired = not transport.wait_any(handles, limit) and limit == timeout
+                if expired:
+                    late = _timeout(schedule.rank, call, steps, pending, prober)
+                    raise settle(transport, call, schedule, late, prober)
                 if tl is not None:
                     tl.wait(blocked, _now(), waited)
                 if prober is None and probe_at and time.monotonic() >= probe_at:
