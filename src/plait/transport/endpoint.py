@@ -212,6 +212,15 @@ class Endpoint(PatternMatching):
                     del self._unexpected[key]
                 return
 
+    def _take(self, op: Op, msg: Message) -> None:
+        """Receive ``op`` takes unexpected ``msg``: its link delivers it, or both fail."""
+        err = self.mismatch(op, msg.check, msg.nbytes)
+        if err is None:
+            msg.link.claim(op, msg)
+        else:
+            self.fail(op, err)
+            msg.link.reject(msg, err)
+
     def mismatch(self, op: Op, check: int, nbytes: int) -> MismatchError | None:
         """The error for a message (``check``, ``nbytes``) that ``op`` cannot take, or None."""
         if check != op.check:
@@ -350,13 +359,7 @@ class Endpoint(PatternMatching):
                 msg = queue.popleft()
                 if not queue:
                     del self._unexpected[key]
-                if msg.check == op.check and msg.nbytes == op.nbytes:
-                    msg.link.claim(op, msg)
-                else:
-                    err = self.mismatch(op, msg.check, msg.nbytes)
-                    assert err is not None
-                    self.fail(op, err)
-                    msg.link.reject(msg, err)
+                self._take(op, msg)
             elif (lost := self._lost[peer]) is not None:
                 self.fail(op, _lost_error(lost))
             else:

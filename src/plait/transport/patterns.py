@@ -78,6 +78,7 @@ class PatternMatching:
         def fail(self, op: Op, err: BaseException) -> None: ...
         def complete(self, op: Op) -> None: ...
         def mismatch(self, op: Op, check: int, nbytes: int) -> MismatchError | None: ...
+        def _take(self, op: Op, msg: Message) -> None: ...
         def closed_error(self) -> BaseException: ...
         def _after_progress(self) -> None: ...
         def _not_a_peer(self, peer: int) -> ValueError: ...
@@ -111,14 +112,7 @@ class PatternMatching:
             if self._closed:
                 self.fail(op, self.closed_error())
             elif (found := self._earliest(op)) is not None:
-                msg = self._unfile(op, *found)
-                if msg.check == op.check and msg.nbytes == op.nbytes:
-                    msg.link.claim(op, msg)
-                else:
-                    bad = self.mismatch(op, msg.check, msg.nbytes)
-                    assert bad is not None
-                    self.fail(op, bad)
-                    msg.link.reject(msg, bad)
+                self._take(op, self._unfile(op, *found))
             elif (err := self._hopeless(op)) is not None:
                 self.fail(op, err)
             else:
