@@ -133,3 +133,16 @@ def test_the_mpi4py_package_is_plait_mpi(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["1", "5"]
+
+
+@pytest.fixture(scope="module")
+def plait_tcp_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], str]:
+    out = tmp_path_factory.mktemp("plait-tcp") / "out"
+    return _run_all([*PLAIT, "run", "-n", str(RANKS), "--transport", "tcp", "--mpi4py"], out)
+
+
+def test_same_output_over_tcp(
+    plait_outputs: dict[tuple[str, int], str], plait_tcp_outputs: dict[tuple[str, int], str]
+) -> None:
+    # Every script, every rank, with the ranks connected over TCP instead of shared memory.
+    assert plait_tcp_outputs == plait_outputs
