@@ -38,8 +38,16 @@ def job_env(**extra: str) -> dict[str, str]:
 
 @functools.cache
 def plait_run_job(size: int) -> JobResult:
-    """DDP against gloo, every call, the errors and the suite's paths, on ``size`` ranks."""
-    cmd = [*PLAIT_RUN, "-n", str(size), "--tag-output", str(RANKS), "ddp,calls,errors,suite"]
+    """DDP against gloo, every call, the errors, the suite's paths and the ``*_object``
+    functions, on ``size`` ranks."""
+    cmd = [
+        *PLAIT_RUN,
+        "-n",
+        str(size),
+        "--tag-output",
+        str(RANKS),
+        "ddp,calls,errors,suite,objects",
+    ]
     return run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
 
 
@@ -78,6 +86,14 @@ def test_what_torchs_own_suite_needs(size: int) -> None:
     """Receive from any source, the CPU device's backend, coalesced calls, "Timed out", sparse
     all_reduce, and monitored_barrier: what torch's own test suite needs (torch_dist_suite.py)."""
     passed(plait_run_job(size), "suite", size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_object_functions_run_on_plaits_object_collectives(size: int) -> None:
+    """dist.all_gather_object … recv_object_list on plait groups: plait's object collectives,
+    with gloo's results and errors (global and group ranks, sub-groups, large objects with numpy
+    arrays and tensors); gloo groups still run torch's own functions."""
+    passed(plait_run_job(size), "objects", size)
 
 
 def test_torchrun_env() -> None:

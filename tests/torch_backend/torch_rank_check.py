@@ -13,6 +13,8 @@ Modes (first argument):
     suite   what torch's own distributed tests need beyond those: the group as
             the CPU device's backend, coalesced calls and coalescing blocks,
             timeouts worded as torch's, sparse all_reduce, monitored_barrier
+    objects torch's *_object functions on plait's object collectives, against
+            gloo (the checks are in torch_object_check.py)
 
 Modes combine with commas (``ddp,calls,errors``: one job, one torch import).
 Each rank prints ``rank R: <mode> passed`` after each; any failed check raises,
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch_object_check import check_objects
 
 import plait
 import plait.torch
@@ -707,6 +710,7 @@ def main() -> None:
         "basic": check_basic,
         "hooks": check_hooks,
         "suite": check_suite,
+        "objects": check_objects,
     }
     for name in mode.split(","):
         checks[name](size, rank)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 import plait
 import plait.torch
+from plait.torch import _objects
 
 R = dist.ReduceOp
 RANK = -1
@@ -335,16 +336,25 @@ def check_objects(size: int, rank: int) -> None:
 
 
 def check_object_bytes(size: int, rank: int, comm: plait.Communicator) -> None:
-    """Bytes of torch's all_gather_object (on the plait group) and plait's, for skewed objects."""
+    """Bytes of torch's own all_gather_object (on the plait group) and plait's, for skewed objects.
+
+    ``dist.all_gather_object`` on a plait group is plait's allgather_object
+    (plait.torch._objects); torch's own function is called here directly.
+    """
     big = np.ones(256 * 1024, np.float32) if rank == 0 else np.ones(4, np.float32)  # 1 MiB
     before = comm.stats()
     on_torch: list[Any] = [None] * size
-    dist.all_gather_object(on_torch, big)
+    _objects.original("all_gather_object")(on_torch, big)
     torch_sent = (comm.stats() - before).bytes_sent
     before = comm.stats()
     on_plait = comm.allgather_object(big)
     plait_sent = (comm.stats() - before).bytes_sent
     agree(on_plait, on_torch, "allgather_object vs torch's on plait")
+    before = comm.stats()
+    wrapped: list[Any] = [None] * size
+    dist.all_gather_object(wrapped, big)
+    assert (comm.stats() - before).bytes_sent == plait_sent, "dist.all_gather_object on plait"
+    agree(wrapped, on_torch, "dist.all_gather_object vs torch's own")
     print(
         f"rank {rank}: bytes all_gather_object skewed: torch {torch_sent} plait {plait_sent}",
         flush=True,

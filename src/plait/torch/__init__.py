@@ -13,9 +13,11 @@
 
 Importing this module registers the backend with
 ``torch.distributed.Backend.register_backend("plait", ..., extended_api=True,
-devices=["cpu"])`` and lets ``env://`` work under ``plait run`` (see
-``plait.torch._store``). ``import plait`` alone never imports torch. See
-docs/torch.md for what is supported and the limits.
+devices=["cpu"])``, lets ``env://`` work under ``plait run`` (see
+``plait.torch._store``) and, unless PLAIT_TORCH_OBJECTS=0, has
+``dist.all_gather_object`` and the other ``*_object`` functions run plait's
+object collectives on "plait" groups (see ``plait.torch._objects``).
+``import plait`` alone never imports torch. See docs/torch.md for what is supported and the limits.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from plait.torch._convert import OPS as OPS
 from plait.torch._group import communicator as communicator
 from plait.torch._group import create_process_group as create_process_group
 from plait.torch._group import monitored_barrier as monitored_barrier
+from plait.torch._objects import enabled as _objects_enabled
+from plait.torch._objects import install as _install_objects
 from plait.torch._store import TorchStore as TorchStore
 from plait.torch._store import install_env_rendezvous as _install_env_rendezvous
 from plait.torch._work import PlaitWork as PlaitWork
@@ -53,12 +57,18 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the "plait" backend with torch.distributed (done on import; idempotent)."""
+    """Register the "plait" backend with torch.distributed (done on import; idempotent).
+
+    Also wraps torch's ``*_object`` functions for plait groups unless
+    PLAIT_TORCH_OBJECTS is 0/false/no/off (``plait.torch._objects``).
+    """
     if BACKEND_NAME not in _dist.Backend.backend_list:
         _dist.Backend.register_backend(
             BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"]
         )
     _install_env_rendezvous()
+    if _objects_enabled():
+        _install_objects()
 
 
 register()

@@ -57,14 +57,13 @@ def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlai
 def communicator(group: dist.ProcessGroup | None = None) -> plait.Communicator:
     """The :class:`plait.Communicator` that runs a "plait" process group's calls.
 
-    For plait's own calls on a torch group, above all the object collectives
-    (``comm.allgather_object(obj)`` for ``dist.all_gather_object``). torch's
-    ``*_object`` functions pickle each object into a byte tensor and run the
-    tensor collectives (all_gather_object, gather_object and
-    scatter_object_list padding every object to the largest); torch offers a
-    backend no way to serve them itself. The communicator's move each object
-    at its own size, arrays and tensors without a copy (docs/torch.md,
-    "Object collectives"). Its ranks are the group's (``dist.get_rank(group)``).
+    For plait's own calls on a torch group: the object collectives torch has
+    no function for (``alltoall_object``, ``allreduce_object``), tags of
+    one's choice, and anything else of :class:`plait.Communicator`.
+    ``dist.all_gather_object`` and torch's other ``*_object`` functions
+    already run the communicator's object collectives on a plait group
+    (``plait.torch._objects``; docs/torch.md, "Object collectives"). Its
+    ranks are the group's (``dist.get_rank(group)``).
 
     Args:
         group: a process group of the "plait" backend; None: the default group.

@@ -105,6 +105,20 @@ class PointToPoint:
         a = output_array(t, c, "tensor")
         return self._receive(c, t, a, plait.ANY_SOURCE, check_tag(tag, c))
 
+    def send_object(self, obj: Any, dst: int) -> None:
+        """``dist.send_object_list``: plait's ``send_object`` to ``dst`` (tag 0), done here.
+
+        It runs on the send lane of (``dst``, tag 0), the one ``dist.send``
+        uses, so that it follows every earlier send to ``dst`` on that tag;
+        this waits for it (its own deadlines bound it) and raises its error.
+        """
+        dst = check_peer(dst, self._comm.rank, self._comm.size, "send_object_list", "dst")
+        comm = self._comm
+        task = self._lane("send", dst, 0).submit(
+            self._describe(f"send_object_list to rank {dst}"), lambda: comm.send_object(obj, dst)
+        )
+        task.wait()
+
     def _receive(self, c: str, t: torch.Tensor, a: np.ndarray, src: int, tag: int) -> PlaitWork:
         """Post the receive here, wait for it on its lane (Note [point to point on lanes])."""
         comm = self._comm
