@@ -42,8 +42,12 @@ def plait_run(args: list[str], timeout: float = 240) -> subprocess.CompletedProc
 @pytest.mark.parametrize(
     ("transport", "nproc", "mode"),
     [
-        *[("shm", n, "full") for n in (2, 3, 4, 5)],
-        *[("tcp", n, "full") for n in (2, 3, 5)],
+        # Every case at 2 and 3 ranks (a power of two and not) on both transports; fewer cases
+        # (large counts among them) at 5, 7 and 8, where the full set would add a minute.
+        *[("shm", n, "full") for n in (2, 3)],
+        *[("tcp", n, "full") for n in (2, 3)],
+        ("shm", 5, "quick"),
+        ("tcp", 5, "quick"),
         ("shm", 8, "quick"),
         ("tcp", 7, "quick"),
     ],
@@ -56,7 +60,8 @@ def test_every_collective_matches_reference(transport: str, nproc: int, mode: st
 
 @pytest.mark.parametrize(
     ("hosts", "mode"),
-    [("a,a,b,b", "full"), ("a,b,c,a,b", "full"), ("a,b,b,a,c,c,a", "quick")],
+    # The links are checked case by case on their own above; here how they compose.
+    [("a,a,b,b", "quick"), ("a,b,c,a,b", "quick"), ("a,b,b,a,c,c,a", "quick")],
 )
 def test_every_collective_over_shared_memory_and_tcp(hosts: str, mode: str) -> None:
     """Emulated hosts (PLAIT_HOST per rank): auto picks shared memory within, TCP across."""
