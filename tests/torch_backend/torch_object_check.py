@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
+from torch_uneven_check import equal  # its sibling in this folder (the ranks' sys.path)
 
 import plait.torch
 from plait.torch import _objects
@@ -40,19 +41,6 @@ def obj(rank: int, salt: int = 0) -> dict[str, Any]:
         "strided": np.arange(40, dtype=np.int64).reshape(5, 8)[:, ::3],
         "tensor": torch.arange(rank * 70 + salt, dtype=torch.float64),
     }
-
-
-def equal(a: Any, b: Any) -> bool:
-    """Equality through containers, numpy arrays and tensors."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    return bool(a == b)
 
 
 def agree(got: Any, want: Any, what: str) -> None:
