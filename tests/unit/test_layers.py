@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "plait": 8,  # the package itself, the communicator and its rooms, _init, group, testing
     "plait.torch": 9,
     "plait.ray": 9,
+    "plait.dask": 9,
     "plait.compression": 9,
     "plait.bucketing": 9,
     "plait.sharded": 9,
