@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from plait import _tensor
+from plait import _arrays, _tensor
 from plait.ops import Op, check_dtype
 
 __all__ = [
@@ -45,23 +45,16 @@ _GOOD_DTYPES: set[np.dtype] = set()
 def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
     """``x`` as a numpy array over the same memory, with a dtype plait can move.
 
-    numpy arrays pass as they are; torch tensors go through
-    :func:`plait._tensor.as_array`, DLPack objects through ``np.from_dlpack``
-    and everything else through ``np.asarray``. ``what`` names the argument
-    (``"x"``, ``"out"``, ``"buf"``) in messages.
+    numpy arrays pass as they are; torch tensors, JAX arrays and other DLPack
+    objects go through :func:`plait._arrays.read` (over their memory on the
+    CPU, through a host copy from a device) and everything else through
+    ``np.asarray``. ``what`` names the argument (``"x"``, ``"out"``,
+    ``"buf"``) in messages.
     """
     if isinstance(x, np.ndarray):
         a = x
-    elif _tensor.is_tensor(x):
-        a = _tensor.as_array(x, f"rank {rank}: {c}: {what}")
-    elif hasattr(x, "__dlpack__"):
-        try:
-            a = np.from_dlpack(x)
-        except (TypeError, RuntimeError, BufferError, ValueError) as exc:
-            raise TypeError(
-                f"rank {rank}: {c}: cannot read {what} ({type(x).__name__}) without "
-                f"a copy: {exc}; pass an array in CPU memory, such as a numpy array"
-            ) from None
+    elif _tensor.is_tensor(x) or hasattr(x, "__dlpack__"):
+        a = _arrays.read(x, f"rank {rank}: {c}: {what}")
     else:
         try:
             a = np.asarray(x)
@@ -78,7 +71,7 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
     return a
 
 
-def as_writable(x: Any, what: str, rank: int, c: str) -> np.ndarray:
+def as_writable(x: Any, what: str, rank: int, c: str, *, contents: bool = True) -> np.ndarray:
     """``x`` as an array over its own memory, for an argument the call writes into.
 
     That is ``out=``, broadcast's ``x`` and recv's ``buf``: a numpy array, a
@@ -88,10 +81,27 @@ def as_writable(x: Any, what: str, rank: int, c: str) -> np.ndarray:
     Anything else (a list, a tuple, an object with only ``__array__``, which
     may return a copy) would be copied by :func:`as_array`, the result
     written into the copy and the caller's object left as it was, so it is
-    refused. Whether the memory is writeable is the caller's check
-    (broadcast's root only reads its ``x``).
+    refused; so is a JAX array, which JAX never changes in place. Whether the
+    memory is writeable is the caller's check (broadcast's root only reads
+    its ``x``).
+
+    An array in device memory (a CUDA tensor, a CuPy array) gives a host
+    buffer that the call writes and the request copies back into ``x`` once
+    the call has succeeded (:class:`plait._arrays.DeviceTarget`);
+    ``contents``: whether the call also reads what ``x`` holds (broadcast),
+    so that it must be copied to the host first.
     """
-    if not isinstance(x, np.ndarray) and not (
+    if isinstance(x, np.ndarray):
+        return as_array(x, what, rank, c)
+    if _arrays.immutable(x):
+        raise TypeError(
+            f"rank {rank}: {c}: {what} is a {_kind(x)}, which cannot be changed in place, so "
+            f"the call cannot write into it; {_IMMUTABLE_HINT.get(what, _IMMUTABLE_HINT['out'])}"
+        )
+    if _arrays.staged(x):
+        host = _arrays.host_buffer(x, f"rank {rank}: {c}: {what}", contents)
+        return as_array(host, what, rank, c)
+    if not (
         _tensor.is_tensor(x)
         or hasattr(x, "__dlpack__")
         or hasattr(x, "__array_interface__")
@@ -104,6 +114,22 @@ def as_writable(x: Any, what: str, rank: int, c: str) -> np.ndarray:
             f"{type(x).__name__}, which would be copied and only the copy written{hint}"
         )
     return as_array(x, what, rank, c)
+
+
+#: What to do instead of writing into an immutable array, by the argument's name.
+_IMMUTABLE_HINT = {
+    "out": "leave out= off and use the array the call returns (a new one of the same type)",
+    "x": (
+        "pass a numpy copy and convert what comes back: "
+        "x = jnp.asarray(comm.broadcast(np.array(x), root))"
+    ),
+    "buf": "receive into a numpy array (np.empty(shape, dtype)) and convert it afterwards",
+}
+
+
+def _kind(x: Any) -> str:
+    """How a message names immutable array ``x``: ``jax.Array`` or its type's name."""
+    return "jax.Array" if _arrays.is_jax(x) else type(x).__name__
 
 
 def _has_buffer(x: Any) -> bool:
@@ -220,14 +246,15 @@ def check_out(
 ) -> np.ndarray | None:
     """``out`` as a writeable array of ``shape`` and ``dtype``, or None when not given.
 
-    ``out`` must be memory the call can write in place (:func:`as_writable`).
+    ``out`` must be memory the call can write in place (:func:`as_writable`;
+    for an array in device memory, a host buffer that is copied back).
     Its byte order may differ from ``dtype``'s: the call computes in native
     byte order and converts on the way in and out (see
     :class:`plait._request.Stager`).
     """
     if out is None:
         return None
-    o = out if isinstance(out, np.ndarray) else as_writable(out, "out", rank, c)
+    o = out if isinstance(out, np.ndarray) else as_writable(out, "out", rank, c, contents=False)
     if o.dtype != dtype and o.dtype.newbyteorder("=") != dtype.newbyteorder("="):
         raise TypeError(f"rank {rank}: {c}: out has dtype {o.dtype}; expected {dtype}")
     if o.shape != tuple(shape):

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from plait import collectives
+from plait._arrays import immutable
 from plait._checks import (
     CACHE_LIMIT,
     as_array,
@@ -40,7 +41,7 @@ from plait._checks import (
     check_root,
     split_rows,
 )
-from plait._request import Shortcut
+from plait._request import Shortcut, finished
 from plait.collectives import Collective
 from plait.ops import SUM, Op, check_dtype
 
@@ -191,7 +192,8 @@ class CollectiveMethods:
                 self._shortcuts.clear()
             self._shortcuts[key] = Shortcut(req, shape, has_out)
         # 4: the user's frame is beyond this one and the collective method's
-        return self._runner.start(req, timeout, async_op, self, 4)
+        res = self._runner.start(req, timeout, async_op, self, 4)
+        return res if req.finish is None else finished(res, req.finish, async_op)
 
     @overload
     def allreduce(
@@ -324,15 +326,23 @@ class CollectiveMethods:
         """Copy root's ``x`` into ``x`` on every rank, in place; returns ``x``.
 
         Every rank passes an array of the same shape and dtype; on ranks other
-        than root it must be writeable.
+        than root it must be writeable (root only reads it: a read-only array or
+        a JAX array is fine there). An array in device memory is staged through
+        the host and root's data written back into it.
         """
         c = "broadcast"
-        a = as_writable(x, "x", self._rank, c)
-        check_root(root, self._rank, self._size, c)
-        if self._rank != root and not a.flags.writeable:
-            raise ValueError(f"rank {self._rank}: {c}: x is read-only; it receives root's data")
+        r = self._rank
+        if type(x) is not np.ndarray and r == root and immutable(x):
+            a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
+        else:
+            a = as_writable(x, "x", r, c)
+        check_root(root, r, self._size, c)
+        if r != root and not a.flags.writeable:
+            raise ValueError(f"rank {r}: {c}: x is read-only; it receives root's data")
         choice = self._choose(c, algorithm, a.nbytes, None)
-        req = self._stage.request(choice, a.size, None, a, a.shape, None, root=root, result=x)
+        req = self._stage.request(
+            choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x
+        )
         return self._runner.start(req, timeout, async_op, self)
 
     @overload
@@ -537,7 +547,7 @@ class CollectiveMethods:
                 raise ValueError(
                     f"rank {r}: {c}: pass x (root's shape and dtype) or out= on non-root"
                 )
-            o = as_writable(out, "out", r, c)
+            o = as_writable(out, "out", r, c, contents=False)
             shape: tuple[int, ...] = tuple(o.shape)
             if not shape:
                 raise ValueError(f"rank {r}: {c}: out must have at least one dimension")
@@ -556,7 +566,8 @@ class CollectiveMethods:
         req = self._stage.request(
             choice, count, inp, out_arr, shape, None, root=root, dtype=dtype, src=x, dst=out
         )
-        return self._runner.start(req, timeout, async_op, self)
+        res = self._runner.start(req, timeout, async_op, self)
+        return res if req.finish is None else finished(res, req.finish, async_op)
 
     @overload
     def barrier(self, *, timeout: float | None = ..., async_op: Literal[False] = ...) -> None: ...

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from plait._arrays import target
 from plait._checks import MAX_USER_TAG, as_array, as_writable
 from plait._p2p_request import (
     ANY_SOURCE,
@@ -285,11 +286,17 @@ class PointToPointMethods:
         self, buf: Any, src: Any, tag: Any, c: str, sname: str = "src", tname: str = "tag"
     ) -> _Incoming:
         r = self._rank
-        a = as_writable(buf, "buf", r, c)
+        a = as_writable(buf, "buf", r, c, contents=False)
         if not a.flags.writeable:
             raise ValueError(f"rank {r}: {c}: buf is read-only")
         s = _check_rank(src, r, self._size, c, sname, True)
         t = _check_tag(tag, r, c, tname, True)
+        if type(buf) is not np.ndarray:
+            # An array in device memory receives into a host buffer, copied back once the
+            # message is in (Note [staging through the host] in plait._arrays).
+            back = target(buf, a)
+            if back is not None:
+                return _Incoming(s, t, back, a.reshape(-1), True)
         # Non-contiguous or non-native memory receives into a native copy, written back.
         if a.flags.c_contiguous and a.dtype.isnative:
             return _Incoming(s, t, a, a.reshape(-1), False)

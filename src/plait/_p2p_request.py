@@ -16,6 +16,7 @@ from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
+from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, check_timeout
 from plait.errors import CommError, CommTimeout, MismatchError
 from plait.group import GroupTransport, user_tag
@@ -162,9 +163,9 @@ class _Incoming(NamedTuple):
 
     src: int
     tag: int
-    array: np.ndarray
+    array: np.ndarray | DeviceTarget  # DeviceTarget: the caller's array in device memory
     target: np.ndarray
-    copy_back: bool  # target is a copy (``array`` is not contiguous or not native)
+    copy_back: bool  # target is a copy (``array`` is not contiguous, not native or on a device)
 
 
 class Request(Generic[R]):

@@ -36,13 +36,15 @@ Note [byte order]
 from __future__ import annotations
 
 import functools
+import threading
 import zlib
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from plait import _tensor, collectives
+from plait import _arrays, _tensor, collectives
+from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, as_array, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.diagnostics.recorder import CallShape
@@ -64,6 +66,7 @@ __all__ = [
     "Stager",
     "allreduce_compressed",
     "call_digest",
+    "finished",
     "signature",
 ]
 
@@ -115,12 +118,15 @@ class Request(NamedTuple):
     op: Op | None
     inp: np.ndarray  # flat, contiguous
     out: np.ndarray  # flat, contiguous; may be the same memory as inp
-    writeback: np.ndarray | None  # caller's non-contiguous destination, filled on success
+    # caller's non-contiguous destination, or its array in device memory, filled on success
+    writeback: np.ndarray | DeviceTarget | None
     result: Any  # what the call returns on success (Note [result types] in plait.communicator)
     writes_caller_memory: bool  # a failure leaves caller memory undefined
     average: bool  # divide the reduced elements by size on success
     plan: Plan  # what depends only on the call's shape, cached
     aliased: bool  # inp and out are the same memory (an in-place call)
+    # makes the result in the caller's type once the call is done (a JAX or device x), or None
+    finish: Callable[[Any], Any] | None = None
 
 
 class Plan:
@@ -204,16 +210,20 @@ class Shortcut:
         spec, ctx, op = self._head
         average, plan = self._tail
         if in_place:
-            return _new(Request, (spec, ctx, op, flat, flat, None, x, True, average, plan, True))
+            return _new(
+                Request, (spec, ctx, op, flat, flat, None, x, True, average, plan, True, None)
+            )
         if self._empty is not None:
             out = self._empty
             return _new(
-                Request, (spec, ctx, op, flat, out, None, None, plan.fills_x, average, plan, False)
+                Request,
+                (spec, ctx, op, flat, out, None, None, plan.fills_x, average, plan, False, None),
             )
         new = np.empty(self._fresh, x.dtype)
+        fresh = new.reshape(-1)
         return _new(
             Request,
-            (spec, ctx, op, flat, new.reshape(-1), None, new, plan.fills_x, average, plan, False),
+            (spec, ctx, op, flat, fresh, None, new, plan.fills_x, average, plan, False, None),
         )
 
 
@@ -317,7 +327,8 @@ class Stager:
             plan = self.plans[key] = Plan(spec, ctx, dtype, op)
         same_array = inp is not None and out is inp and inp.flags.c_contiguous
         flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
-        writeback = None
+        writeback: np.ndarray | DeviceTarget | None = None
+        finish = None
         caller_out = out is not None
         if not has_out:
             flat_out = np.empty(0, dtype)
@@ -325,7 +336,21 @@ class Stager:
             new = np.empty(shape, dtype)
             flat_out = new.reshape(-1)
             if result is ...:
-                result = new if src is inp else _tensor.like(src, new)
+                # A JAX or device x gets its result made once the call is done (finish).
+                finish = None if src is inp else _arrays.finisher(src)
+                result = new if src is inp or finish is not None else _tensor.like(src, new)
+        elif (
+            dst is not None
+            and dst is not out
+            and (not plan.fills_x or root != self._rank)
+            and (writeback := _arrays.target(dst, out)) is not None
+        ):
+            # out (broadcast's x) is a host buffer standing in for an array in device memory,
+            # copied back once the call succeeds (Note [staging through the host] in
+            # plait._arrays); broadcast's root only sends from it.
+            flat_out = out.reshape(-1)
+            if result is ...:
+                result = dst
         else:
             if out.flags.c_contiguous:
                 flat_out = out.reshape(-1)
@@ -364,6 +389,7 @@ class Stager:
             average=op is not None and op.average,
             plan=plan,
             aliased=aliased,
+            finish=finish,
         )
 
     def _in_native_order(
@@ -411,6 +437,54 @@ class Stager:
         return req._replace(
             writeback=target, writes_caller_memory=out is not None or req.plan.fills_x
         )
+
+
+def finished(result: Any, finish: Callable[[Any], Any], async_op: bool) -> Any:
+    """A started call's ``result`` (a :class:`Work` for ``async_op``) passed through ``finish``.
+
+    ``finish`` is a request's: it makes a JAX or device ``x``'s result in the
+    caller's type once the call has succeeded (:func:`plait._arrays.finisher`).
+    """
+    if not async_op:
+        return finish(result)
+    return _Finishing(result, finish)
+
+
+class _Finishing(Work[Any]):
+    """The Work of a call whose result is made in the caller's type when first waited for.
+
+    It stands in front of the runner's Work: ``wait`` waits for that one,
+    then runs ``finish`` once (on the waiting thread, as a blocking call
+    would run it on the calling one) and keeps what it gave.
+    """
+
+    __slots__ = ("_inner", "_lock", "_make")
+
+    def __init__(self, inner: Work[Any], finish: Callable[[Any], Any]) -> None:
+        super().__init__(inner._describe)
+        self._inner = inner
+        self._make = finish
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        """Whether the call has finished, successfully or not (never blocks)."""
+        return self._inner.done()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The call's result in the caller's type; raises as :meth:`Work.wait` does."""
+        if not self._done.is_set():
+            raw = self._inner.wait(timeout)
+            with self._lock:
+                if not self._done.is_set():
+                    try:
+                        self._finish(self._make(raw))
+                    except BaseException as exc:
+                        self._finish(error=exc)
+        return super().wait()
+
+    def exception(self) -> BaseException | None:
+        """The error the call (or making its result) failed with, or None."""
+        return self._inner.exception() or self._error
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -498,6 +572,9 @@ def allreduce_compressed(
             f"leave algorithm='auto' (got {algorithm!r})"
         )
     out_arr = check_out(out, a.shape, a.dtype, r, c)
+    # A JAX or device x's result in its type; a device out's host buffer copied back.
+    make = _arrays.finisher(x) if a is not x else None
+    back = _arrays.target(out, out_arr) if out_arr is not None and out is not out_arr else None
     seconds = runner.seconds(timeout, c)
     if compression.stateful and a is not x and not compression.keyed:
         raise TypeError(
@@ -511,8 +588,12 @@ def allreduce_compressed(
     def run() -> Any:
         res = compression.allreduce(comm, a, average=average, timeout=seconds)
         if out_arr is None:
+            if make is not None:
+                return make(res)
             return res if a is x else _tensor.like(x, res)
         out_arr[...] = res
+        if back is not None:
+            back[...] = out_arr
         return out  # the caller's object (Note [result types])
 
     if not async_op:

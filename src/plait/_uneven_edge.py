@@ -32,6 +32,7 @@ from plait._checks import (
     check_rows,
 )
 from plait._edge import CollectiveMethods
+from plait._request import finished
 from plait.collectives import Collective
 from plait.ops import Op, check_dtype
 from plait.runtime.work import Work
@@ -134,7 +135,8 @@ class UnevenMethods(CollectiveMethods):
         )  # fmt: skip
         # 4: the user's frame is beyond this one and the collective method's (further out
         # for reduce_scatter(counts=) and the object collectives: the recorder walks on)
-        return self._runner.start(req, timeout, async_op, self, 4)
+        res = self._runner.start(req, timeout, async_op, self, 4)
+        return res if req.finish is None else finished(res, req.finish, async_op)
 
     def _check_algorithm(self, c: str, algorithm: Any) -> None:
         """Refuse a bad ``algorithm=`` before a count exchange, not after it (on one rank)."""
@@ -379,7 +381,7 @@ class UnevenMethods(CollectiveMethods):
                 raise ValueError(
                     f"rank {r}: {c}: pass x (rows of root's shape) or out= on non-root"
                 )
-            o = as_writable(out, "out", r, c)
+            o = as_writable(out, "out", r, c, contents=False)
             check_rows(o.shape, o.shape[0] if o.shape else 0, "out.shape[0]", r, c)
             rest, dtype, a = tuple(o.shape[1:]), o.dtype, None
             check_dtype(dtype)
