@@ -131,3 +131,34 @@ def test_prover_rejects_a_wrong_algorithm() -> None:
 
     with pytest.raises(ScheduleError, match=r"differ in the last bits|expected"):
         prove(AlgorithmSpec("allreduce", "unordered", unordered), 2, 3, commutative=False)
+
+
+def test_prover_rejects_associations_that_differ_between_ranks() -> None:
+    """Every rank holds every contribution, but grouped differently: bits would differ."""
+    from plait.algos._registry import AlgorithmSpec
+    from plait.schedule.symbolic import prove
+
+    def lopsided(b: Builder) -> None:  # rank 0 makes ((0 1) 2), ranks 1 and 2 (0 (1 2))
+        p = b.size
+        peers = b.scratch(p * b.ctx.count)
+        parts = [peers.sub(q * b.ctx.count, b.ctx.count) for q in range(p)]
+        for q in range(p):
+            if q != b.rank:
+                b.send(q, b.inp)
+                b.recv(q, parts[q])
+        b.copy(b.inp, parts[b.rank])
+        if b.rank == 0:
+            b.copy(parts[0], b.out)
+            b.reduce(parts[1], b.out, src_first=False)
+            b.reduce(parts[2], b.out, src_first=False)
+        else:
+            b.copy(parts[2], b.out)
+            b.reduce(parts[1], b.out, src_first=True)
+            b.reduce(parts[0], b.out, src_first=True)
+
+    with pytest.raises(
+        ScheduleError,
+        match=r"computed as \(0 \(1 2\)\) on rank 1 but as "
+        r"\(\(0 1\) 2\) on rank 0",
+    ):
+        prove(AlgorithmSpec("allreduce", "lopsided", lopsided), 3, 2)

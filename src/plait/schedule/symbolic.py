@@ -4,7 +4,9 @@ Every input element starts as ``((rank, index),)``: which rank contributed it
 and from which position. Copies move these tuples and reductions concatenate
 them in operand order, so at the end each output element says exactly which
 contributions it holds and in what order. Beside it travels the association
-tree (``"((0 1) (2 3))"``); for allreduce it must be the same on every rank, so
+tree (``((0, 1), (2, 3))``: nested pairs with rank numbers at the leaves, shared
+between the elements made from them, so a reduction costs a pair, not a copy
+of the tree); for allreduce it must be the same on every rank, so
 floating-point results are bit-identical across ranks. :func:`prove` then checks the
 collective's postcondition on every rank: e.g. for allreduce, element ``i``
 must be ``((0, i), (1, i), …, (p-1, i))`` (any order if the op is commutative,
@@ -85,13 +87,31 @@ def expected(
     return out
 
 
-def _combine(a: tuple[Prov, str], b: tuple[Prov, str]) -> tuple[Prov, str]:
+#: An association tree: a rank number, or the pair of trees a reduction combined.
+Tree = int | tuple[Any, Any]
+
+
+def _combine(a: tuple[Prov, Tree], b: tuple[Prov, Tree]) -> tuple[Prov, Tree]:
     # (contributions in operand order, association tree with rank numbers at the leaves)
-    return a[0] + b[0], f"({a[1]} {b[1]})"
+    return a[0] + b[0], (a[1], b[1])
 
 
-def _leaf(rank: int, index: int) -> tuple[Prov, str]:
-    return ((rank, index),), str(rank)
+def _leaves(rank: int, n: int) -> list[Any]:
+    """``rank``'s ``n`` input elements: ``(((rank, i),), rank)`` for each position ``i``."""
+    return list(_leaf_values(rank, n))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _leaf_values(rank: int, n: int) -> tuple[Any, ...]:
+    # Made once per (rank, n) and shared: the values are immutable, the buffers fresh lists.
+    return tuple((((rank, i),), rank) for i in range(n))
+
+
+def _tree_text(tree: Tree) -> str:
+    """``tree`` as the messages show it: ``((0 1) (2 3))``."""
+    if isinstance(tree, int):
+        return str(tree)
+    return f"({_tree_text(tree[0])} {_tree_text(tree[1])})"
 
 
 def prove(
@@ -135,9 +155,9 @@ def prove(
     scheds = [build(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
     buffers: list[list[list[Any]]] = []
     for r, s in enumerate(scheds):
-        inp: list[Any] = [_leaf(r, i) for i in range(s.in_count)]
+        inp: list[Any] = _leaves(r, s.in_count)
         if table.fills_x:  # root's data starts in OUT; junk elsewhere must be overwritten
-            out: list[Any] = [_leaf(r, i) if r == root else ("junk", r) for i in range(s.out_count)]
+            out: list[Any] = _leaves(r, s.out_count) if r == root else [("junk", r)] * s.out_count
         elif in_place and s.in_count == s.out_count:
             out = inp
         else:
@@ -160,10 +180,8 @@ def prove(
         if want is None:
             continue
         out = buffers[r][1]
-        got = [
-            v[0] if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], str) else v
-            for v in out
-        ]
+        # A value is (contributions, tree); junk is ("junk", rank), an unwritten element None.
+        got = [v[0] if type(v) is tuple and type(v[0]) is tuple else v for v in out]
         if len(got) != len(want):
             raise ScheduleError(
                 f"{where}: rank {r} OUT has {len(got)} elements, expected {len(want)}"
@@ -178,6 +196,7 @@ def prove(
             for i, (mine, first) in enumerate(zip(out, buffers[0][1], strict=True)):
                 if mine[1] != first[1]:
                     raise ScheduleError(
-                        f"{where}: OUT[{i}] is computed as {mine[1]} on rank {r} but as "
-                        f"{first[1]} on rank 0; results would differ in the last bits"
+                        f"{where}: OUT[{i}] is computed as {_tree_text(mine[1])} on rank {r} "
+                        f"but as {_tree_text(first[1])} on rank 0; results would differ in the "
+                        "last bits"
                     )

@@ -93,7 +93,7 @@ def check_static(schedules: Sequence[Schedule]) -> None:
         limits = (sched.in_count, sched.out_count, sched.tmp_count, sched.shared_count)
         phase = 0
         for i, step in enumerate(sched.steps):
-            where = f"rank {rank} step {i} {step!r}"
+            where = _Where(rank, i, step)
             if step.deps and (step.deps[-1] >= i or step.deps[0] < 0):
                 raise ScheduleError(f"{where}: dependency not on an earlier step")
             kind = step.kind
@@ -141,7 +141,26 @@ def check_static(schedules: Sequence[Schedule]) -> None:
             raise ScheduleError(f"receive {key[1]}<-{key[0]} #{key[2]} has no send")
 
 
-def _check_one_sided(sched: Schedule, i: int, where: str) -> None:
+class _Where:
+    """``rank R step I <step>`` for a message, formatted only when one is raised.
+
+    The checks run over every step of every rank; formatting the step each
+    time would cost more than the checks themselves.
+    """
+
+    __slots__ = ("i", "rank", "step")
+
+    def __init__(self, rank: int, i: int, step: Step) -> None:
+        self.rank, self.i, self.step = rank, i, step
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} step {self.i} {self.step!r}"
+
+
+def _check_one_sided(sched: Schedule, i: int, where: _Where) -> None:
     step = sched.steps[i]
     kind = step.kind
     uses = kind in ONE_SIDED or any(r is not None and r.buf == SHARED for r in (step.src, step.dst))
@@ -162,7 +181,7 @@ def _check_one_sided(sched: Schedule, i: int, where: str) -> None:
 
 
 def _src_limit(
-    schedules: Sequence[Schedule], step: Step, limits: tuple[int, ...], where: str
+    schedules: Sequence[Schedule], step: Step, limits: tuple[int, ...], where: _Where
 ) -> int:
     """The size of the buffer ``step.src`` names: a get's is the peer's window."""
     if step.src is None:
@@ -282,11 +301,13 @@ def run_joint(
         assert buffers is not None
         buffers[rank][region.buf][region.offset : region.end] = values
 
-    def combine_lists(first: list[Any], second: list[Any], where: str) -> list[Any]:
+    def combine_lists(first: list[Any], second: list[Any], where: _Where) -> list[Any]:
         assert combine is not None
-        if any(v is None for v in first) or any(v is None for v in second):
+        if None in first or None in second:
             raise ScheduleError(f"{where}: reduces an element that was never written")
-        return [combine(a, b) for a, b in zip(first, second, strict=True)]
+        if len(first) != len(second):
+            raise ScheduleError(f"{where}: reduces {len(first)} elements with {len(second)}")
+        return list(map(combine, first, second))
 
     def finish(rank: int, i: int) -> None:
         nonlocal n_left
@@ -328,7 +349,7 @@ def run_joint(
             assert step.dst is not None
             assert data is not None
             cur = read(rank, step.dst)
-            where = f"rank {rank} step {i} {step!r}"
+            where = _Where(rank, i, step)
             res = combine_lists(data, cur, where) if step.first else combine_lists(cur, data, where)
             write(rank, step.dst, res)
         finish(rank, i)
@@ -343,7 +364,7 @@ def run_joint(
                 write(rank, step.dst, src)
             else:
                 cur = read(rank, step.dst)
-                where = f"rank {rank} step {i} {step!r}"
+                where = _Where(rank, i, step)
                 first = step.first
                 res = combine_lists(src, cur, where) if first else combine_lists(cur, src, where)
                 write(rank, step.dst, res)
