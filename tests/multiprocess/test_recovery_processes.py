@@ -309,16 +309,18 @@ report(rank=comm.rank, fds=fds, threads=threads, left=left,
 
 
 @pytest.mark.timeout(180)
-def test_50_shrinks_leak_no_segments_descriptors_or_threads(
+def test_24_shrinks_leak_no_segments_descriptors_or_threads(
     tmp_path: Path, server: TCPStoreServer
 ) -> None:
-    script = SHRINK_CYCLES.replace("CYCLES", "50").replace("SIZE", "3")
+    # A descriptor or a thread left per cycle shows as 16 more between the first 8 cycles
+    # and the last 8; every cycle also makes and closes shared-memory segments.
+    script = SHRINK_CYCLES.replace("CYCLES", "24").replace("SIZE", "3")
     results = finish(start_ranks(script, 3, tmp_path, plait_env(server, 3, "shm")), 170)
     logs = finish.logs  # type: ignore[attr-defined]
     for res in results:
         assert res is not None, logs
         fds = res["fds"]
-        assert max(fds[-10:]) <= max(fds[:10]), fds  # no growth from cycle to cycle
+        assert max(fds[-8:]) <= max(fds[:8]), fds  # no growth from cycle to cycle
         assert all(t == res["threads"][0] for t in res["threads"]), res["threads"]
         assert res["threads"][0] == ["MainThread", f"plait-watch-rank{res['rank']}"]
         assert res["left"] == [], logs
