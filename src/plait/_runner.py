@@ -317,7 +317,8 @@ class CallRunner:
                         0 if schedule.one_sided else collective_tag(self._comm_id, seq),
                         plan.check,
                         ufunc,
-                        time.monotonic() + seconds,
+                        # The recorder read the clock as the call began (Note [recorder cost])
+                        (slot.start if slot is not None else time.monotonic()) + seconds,
                         slot,
                         rec,
                         self.timeline,
@@ -367,8 +368,11 @@ class CallRunner:
                 if self._gate_waiters:
                     with self._gate:
                         self._gate.notify_all()
-        if slot is not None and rec is not None:
-            rec.end(slot)
+        if slot is not None:
+            # FlightRecorder.end for a call that ended well, written out (Note [recorder cost])
+            slot.end = time.monotonic()
+            if self.timeline is not None and rec is not None:
+                self.timeline.call(slot, rec)
         return req.result
 
     def _wait_turn(self, epoch: int, seconds: float, describe: tuple[str, str, int]) -> None:

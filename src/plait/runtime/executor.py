@@ -371,6 +371,8 @@ def execute(
                     remaining[j] -= 1
                     if not remaining[j]:
                         ready.append(j)
+        if slot is not None:
+            slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
         if rec is not None and slot is not None:
             rec.unwatch(slot)  # before cancel marks the handles done
