@@ -59,6 +59,7 @@ from plait import _tensor
 
 __all__ = [
     "DeviceTarget",
+    "copy_back",
     "finisher",
     "host_buffer",
     "immutable",
@@ -233,6 +234,17 @@ def host_buffer(x: Any, where: str, contents: bool) -> np.ndarray:
 
 def write_back(x: Any, host: np.ndarray) -> None:
     """Copy ``host`` into device array ``x``'s own buffer, then wait until it is there."""
+    copy_back(x, host)
+    synchronize(x)
+
+
+def copy_back(x: Any, host: np.ndarray) -> None:
+    """Copy ``host`` into device array ``x``'s own buffer, without waiting for the copy.
+
+    :func:`write_back` waits; a caller that writes several arrays back (the
+    torch backend's output lists) copies them all first and synchronises
+    each device once.
+    """
     if _tensor.is_tensor(x):
         x.detach().copy_(_tensor.like(x, np.ascontiguousarray(host)).reshape(x.shape))
     else:
@@ -244,7 +256,6 @@ def write_back(x: Any, host: np.ndarray) -> None:
         else:
             space = getattr(x, "__array_namespace__", None)
             x[...] = space().asarray(host, device=x.device) if space is not None else host
-    synchronize(x)
 
 
 def synchronize(x: Any) -> None:

@@ -3,7 +3,8 @@
 Both edges that take tensors use this: the communicator (``comm.allreduce(tensor)``) and
 the torch.distributed backend (``plait.torch``). torch is imported only once a tensor has
 been seen, that is, once the caller has imported it. Tensors on a GPU reach it as host
-copies (``plait._arrays``, Note [staging through the host]).
+copies (``plait._arrays``, Note [staging through the host]; ``plait.torch._staging``,
+Note [tensors on a GPU]).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def as_array(t: Any, where: str, refuse: type[Exception] = TypeError) -> np.ndar
     """
     import torch
 
-    if t.device.type != "cpu":
+    if not t.is_cpu:  # t.device.type != "cpu", at a sixth of the cost
         # Tensors on a GPU are staged through a host copy before they get here
-        # (plait._arrays); what is left has no data to read (meta) or cannot be copied.
+        # (plait._arrays for the communicator, plait.torch._staging for the torch
+        # backend); what is left has no data to read (meta) or cannot be copied.
         raise refuse(
             f"{where} is a tensor on {t.device}, which has no data plait can read: plait "
             "reads CPU tensors only, and tensors on a GPU through a host copy; pass a tensor "

@@ -58,10 +58,11 @@ def test_without_torch_the_error_says_how_to_install() -> None:
     assert "pip install 'plait[torch]'" in res.stdout
 
 
-def test_backend_is_registered_for_cpu() -> None:
+def test_backend_is_registered_for_cpu_and_cuda() -> None:
     assert "plait" in dist.Backend.backend_list
     assert dist.Backend.PLAIT == "plait"
-    assert dist.Backend.backend_capability["plait"] == ["cpu"]
+    assert dist.Backend.backend_capability["plait"] == ["cpu", "cuda"]  # CUDA: host copies
+    assert dist.Backend.default_device_backend_map["cuda"] != "plait"  # nccl stays the default
     assert dist.Backend._plugins["PLAIT"].extended_api
     plait.torch.register()  # idempotent
     assert dist.Backend.backend_list.count("plait") == 1
@@ -109,7 +110,7 @@ def test_one_rank_group(world: dist.ProcessGroup) -> None:
 @pytest.mark.parametrize(
     ("call", "words"),
     [
-        (lambda: dist.all_reduce(torch.ones(2, device="meta")), ("meta", "CPU tensors only")),
+        (lambda: dist.all_reduce(torch.ones(2, device="meta")), ("meta", "no data")),
         (
             lambda: dist.broadcast(
                 torch.sparse_coo_tensor([[0]], [1.0], (2,), check_invariants=True), 0
@@ -124,7 +125,7 @@ def test_one_rank_group(world: dist.ProcessGroup) -> None:
         ),
         (lambda: dist.all_reduce(torch.zeros(1).expand(3)), ("overlapping", "clone")),
     ],
-    ids=["cuda-like device", "sparse", "premul_sum", "expanded output"],
+    ids=["meta device", "sparse", "premul_sum", "expanded output"],
 )
 def test_unsupported_calls_say_what_is_wrong(
     world: dist.ProcessGroup, call: object, words: tuple[str, ...]

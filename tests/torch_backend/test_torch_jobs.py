@@ -38,15 +38,15 @@ def job_env(**extra: str) -> dict[str, str]:
 
 @functools.cache
 def plait_run_job(size: int) -> JobResult:
-    """DDP against gloo, every call, the errors, the suite's paths and the ``*_object``
-    functions, on ``size`` ranks."""
+    """DDP against gloo, every call, the errors, the suite's paths, the ``*_object``
+    functions and (fake) CUDA tensors staged through the host, on ``size`` ranks."""
     cmd = [
         *PLAIT_RUN,
         "-n",
         str(size),
         "--tag-output",
         str(RANKS),
-        "ddp,calls,errors,suite,objects",
+        "ddp,calls,errors,suite,objects,staging",
     ]
     return run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
 
@@ -94,6 +94,13 @@ def test_object_functions_run_on_plaits_object_collectives(size: int) -> None:
     with gloo's results and errors (global and group ranks, sub-groups, large objects with numpy
     arrays and tensors); gloo groups still run torch's own functions."""
     passed(plait_run_job(size), "objects", size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_cuda_tensors_staged_through_the_host(size: int) -> None:
+    """dist.* with tensors torch sees as CUDA tensors (tests/torch_backend/fake_cuda.py): the
+    results are written back into them and synchronised, between real processes."""
+    passed(plait_run_job(size), "staging", size)
 
 
 def test_torchrun_env() -> None:

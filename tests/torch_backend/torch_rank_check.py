@@ -15,6 +15,9 @@ Modes (first argument):
             timeouts worded as torch's, sparse all_reduce, monitored_barrier
     objects torch's *_object functions on plait's object collectives, against
             gloo (the checks are in torch_object_check.py)
+    staging tensors torch sees as CUDA tensors (fake_cuda.py: CPU memory, copies
+            into them land on torch.cuda.synchronize) through dist.*: the
+            results land in them, written back and synchronised
 
 Modes combine with commas (``ddp,calls,errors``: one job, one torch import).
 Each rank prints ``rank R: <mode> passed`` after each; any failed check raises,
@@ -32,6 +35,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from fake_cuda import FakeCuda, FakeCudaTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch_object_check import check_objects
 
@@ -376,8 +380,8 @@ def check_errors(size: int, rank: int) -> None:
     t = torch.ones(4)
     premul = torch._C._distributed_c10d._make_nccl_premul_sum(2.0)
     expect(plait.UnsupportedError, ("PREMUL_SUM",), lambda: dist.all_reduce(t, op=premul))
-    meta = torch.empty(4, device="meta")  # stands in for a CUDA tensor
-    expect(plait.UnsupportedError, ("meta", "CPU tensors only"), lambda: dist.all_reduce(meta))
+    meta = torch.empty(4, device="meta")  # no data: nothing to stage
+    expect(plait.UnsupportedError, ("meta", "no data"), lambda: dist.all_reduce(meta))
     sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), check_invariants=True)
     expect(plait.UnsupportedError, ("sparse", "to_dense"), lambda: dist.broadcast(sparse, 0))
     ints = torch.ones(3, dtype=torch.int64)
@@ -579,14 +583,15 @@ def check_any_source(size: int, rank: int) -> None:
 
 
 def check_device_and_coalesced(size: int, rank: int) -> None:
-    """The group answers for the CPU device; coalesced calls, and coalescing blocks, work."""
+    """The group answers for the CPU and CUDA; coalesced calls, and coalescing blocks, work."""
     c10d = dist.distributed_c10d
     pg = dist.group.WORLD
     cpu = torch.device("cpu")
-    assert c10d._device_capability(pg) == ["cpu"]
+    assert c10d._device_capability(pg) == ["cpu", "cuda"]
     assert c10d._get_object_coll_device(pg) == "cpu"
     assert pg._get_backend(cpu) is pg
-    expect(RuntimeError, ("device type cuda",), lambda: pg._get_backend(torch.device("cuda")))
+    assert pg._get_backend(torch.device("cuda")) is pg
+    expect(RuntimeError, ("device type xpu",), lambda: pg._get_backend(torch.device("xpu")))
     ins = [torch.full((2, 2), float(rank)), torch.empty(0), torch.arange(3.0) + rank]
     outs = [[torch.empty_like(t) for t in ins] for _ in range(size)]
     with warnings.catch_warnings():
@@ -688,6 +693,44 @@ def check_timeout_wording(size: int, rank: int) -> None:
     dist.destroy_process_group(sub)
 
 
+def check_staging(size: int, rank: int) -> None:
+    """Tensors on (fake) CUDA through dist.*: results written back and synchronised."""
+    cuda = FakeCuda(1)
+    for name, fn in cuda.patches().items():  # torch.cuda.synchronize, for this rank's fake
+        setattr(torch.cuda, name, fn)
+    gpu = cuda.gpus[0]
+    total = float(sum(range(size)))
+
+    def landed(t: FakeCudaTensor, want: np.ndarray, what: str) -> None:
+        held = t.held().numpy()
+        assert np.array_equal(held, want), f"rank {rank}: {what}: {held} != {want}"
+
+    t = gpu.tensor(np.full(3, float(rank), np.float32))
+    dist.all_reduce(t)
+    landed(t, np.full(3, total, np.float32), "all_reduce")
+    t = gpu.tensor(np.full(3, float(rank), np.float32))
+    work = dist.broadcast(t, src=size - 1, async_op=True)
+    work.wait()
+    landed(t, np.full(3, size - 1.0, np.float32), "broadcast, async")
+    outs = [gpu.tensor(np.zeros(2, np.float32)) for _ in range(size)]
+    dist.all_gather(outs, gpu.tensor(np.full(2, float(rank), np.float32)))
+    for j, o in enumerate(outs):
+        landed(o, np.full(2, float(j), np.float32), f"all_gather [{j}]")
+    out = gpu.tensor(np.zeros(2, np.float32))
+    dist.reduce_scatter_tensor(out, gpu.tensor(np.ones(2 * size, np.float32)))
+    landed(out, np.full(2, float(size), np.float32), "reduce_scatter_tensor")
+    got = gpu.tensor(np.zeros(size, np.float32))
+    dist.all_to_all_single(got, gpu.tensor(np.arange(size, dtype=np.float32) + 10 * rank))
+    landed(got, np.arange(size, dtype=np.float32) * 10 + rank, "all_to_all_single")
+    peer = (rank + 1) % size
+    buf = gpu.tensor(np.zeros(2, np.float32))
+    recv = dist.irecv(buf, src=(rank - 1) % size)
+    dist.send(gpu.tensor(np.full(2, 5.0 + rank, np.float32)), dst=peer)
+    recv.wait()
+    landed(buf, np.full(2, 5.0 + (rank - 1) % size, np.float32), "irecv")
+    assert gpu.synced_writes[-1] == gpu.writes, "a write left unsynchronised"
+
+
 def main() -> None:
     global RANK
     mode = sys.argv[1]
@@ -711,6 +754,7 @@ def main() -> None:
         "hooks": check_hooks,
         "suite": check_suite,
         "objects": check_objects,
+        "staging": check_staging,
     }
     for name in mode.split(","):
         checks[name](size, rank)

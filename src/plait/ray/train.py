@@ -45,7 +45,9 @@ class PlaitTorchConfig(TorchConfig):  # type: ignore[misc]
     """``TorchConfig`` with ``backend="plait"`` that also makes the workers import plait.torch.
 
     Args (as ``TorchConfig``'s):
-        backend: ``"plait"``; or a per-device list such as ``"cpu:plait,cuda:nccl"``.
+        backend: ``"plait"``, which serves CPU and CUDA tensors (CUDA ones staged
+            through the host, docs/torch.md); torch 2.13 takes a Python backend only
+            whole, so a per-device string such as ``"cpu:plait,cuda:nccl"`` is refused.
         init_method: ``"env"`` (default) or ``"tcp"``.
         timeout_s: seconds for process-group operations.
     """

@@ -1,4 +1,4 @@
-"""plait as a torch.distributed backend, for CPU tensors.
+"""plait as a torch.distributed backend, for CPU tensors and CUDA tensors staged through the host.
 
 ::
 
@@ -13,7 +13,8 @@
 
 Importing this module registers the backend with
 ``torch.distributed.Backend.register_backend("plait", ..., extended_api=True,
-devices=["cpu"])``, lets ``env://`` work under ``plait run`` (see
+devices=["cpu", "cuda"])`` (CUDA tensors go through host copies, see
+``plait.torch._staging``), lets ``env://`` work under ``plait run`` (see
 ``plait.torch._store``) and, unless PLAIT_TORCH_OBJECTS=0, has
 ``dist.all_gather_object`` and the other ``*_object`` functions run plait's
 object collectives on "plait" groups (see ``plait.torch._objects``).
@@ -32,6 +33,7 @@ if not _dist.is_available():  # pragma: no cover - torch built without distribut
     raise ImportError("plait.torch needs a PyTorch build with torch.distributed")
 
 from plait.torch._backend import BACKEND_NAME as BACKEND_NAME
+from plait.torch._backend import DEVICE_TYPES as _DEVICE_TYPES
 from plait.torch._backend import ProcessGroupPlait as ProcessGroupPlait
 from plait.torch._convert import OPS as OPS
 from plait.torch._group import communicator as communicator
@@ -64,7 +66,7 @@ def register() -> None:
     """
     if BACKEND_NAME not in _dist.Backend.backend_list:
         _dist.Backend.register_backend(
-            BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"]
+            BACKEND_NAME, create_process_group, extended_api=True, devices=list(_DEVICE_TYPES)
         )
     _install_env_rendezvous()
     if _objects_enabled():

@@ -20,11 +20,12 @@ Note [sync and async calls]
     Point-to-point calls are not collectives: they run apart, in
     ``plait.torch._p2p`` (Note [point to point on lanes] there).
 
-The group's calls live in four modules: this one (lifetime, the running
-recipe, the CPU device, the dense collectives), ``plait.torch._coalesced``
+The group's calls live in five modules: this one (lifetime, the running
+recipe, the devices, the dense collectives), ``plait.torch._coalesced``
 (coalesced calls and the coalescing block) and ``plait.torch._p2p`` (send and
-receive), both mixed into :class:`ProcessGroupPlait`, and
-``plait.torch._sparse`` (the all_reduce of a sparse tensor).
+receive), both mixed into :class:`ProcessGroupPlait`, ``plait.torch._sparse``
+(the all_reduce of a sparse tensor) and ``plait.torch._staging`` (tensors on
+a GPU, served through host copies: Note [tensors on a GPU] there).
 
 Note [the group is its own CPU backend]
     torch registers a backend per device type on a ``ProcessGroup``
@@ -34,9 +35,13 @@ Note [the group is its own CPU backend]
     backend registered. torch's code that looks a backend up by device
     (coalesced collectives, ``barrier`` with a timeout, ``_get_backend``)
     then failed with "No backend type associated with device type cpu". So
-    the group answers those questions itself: ``_device_types`` is the CPU,
-    ``_get_backend(cpu)`` is the group, and it implements the calls torch's
-    C++ ``ProcessGroup`` would route to the device's backend.
+    the group answers those questions itself for the device types it is
+    registered for, the CPU and CUDA (as gloo's group does):
+    ``_device_types`` lists them, ``_get_backend(cpu)`` and
+    ``_get_backend(cuda)`` are the group, and it implements the calls
+    torch's C++ ``ProcessGroup`` would route to the device's backend. torch
+    makes one group for the two (its creator is called once, for the CPU,
+    with the store's "cpu/" namespace, as before CUDA was registered).
 
 Note [uneven collectives]
     torch has uneven forms of four calls, and each runs on plait's uneven
@@ -97,31 +102,36 @@ from plait.torch._convert import (
 )
 from plait.torch._monitored import MonitoredBarrier
 from plait.torch._p2p import PointToPoint
+from plait.torch._staging import Staged, then_write_back
 from plait.torch._store import TorchStore
 from plait.torch._work import Lane, Notifier, PlaitWork, Reworded, reworded, timed_out
 
-__all__ = ["BACKEND_NAME", "ProcessGroupPlait"]
+__all__ = ["BACKEND_NAME", "DEVICE_TYPES", "ProcessGroupPlait"]
 
 #: The name torch knows the backend by: ``init_process_group("plait")``.
 BACKEND_NAME = "plait"
 _C10D = torch._C._distributed_c10d
 #: Seconds shutdown() waits for a helper thread to finish what is queued.
 _STOP_WAIT = 10.0
-#: The one device type the group serves (Note [the group is its own CPU backend]).
-_CPU = torch.device("cpu")
+#: The device types the backend is registered for (Note [the group is its own CPU backend]);
+#: CUDA tensors are staged through the host (Note [tensors on a GPU] in plait.torch._staging).
+DEVICE_TYPES = ("cpu", "cuda")
+_DEVICES = [torch.device(kind) for kind in DEVICE_TYPES]
 
 Start = Callable[[bool, float | None], Any]
 
 
 class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
-    """A torch.distributed process group whose calls plait runs, on CPU tensors.
+    """A torch.distributed process group whose calls plait runs, on CPU and CUDA tensors.
 
     Made by ``dist.init_process_group("plait")`` or ``dist.new_group(...,
     backend="plait")`` after ``import plait.torch``; it can also wrap a
-    :class:`plait.Communicator` directly. Calls plait cannot serve (tensors off
-    the CPU, sparse tensors but in all_reduce, PREMUL_SUM, several tensors per
-    process) raise :class:`plait.UnsupportedError` naming what is wrong,
-    before anything is sent.
+    :class:`plait.Communicator` directly. Tensors off the CPU go through host
+    copies (Note [tensors on a GPU] in ``plait.torch._staging``). Calls plait
+    cannot serve (meta tensors, sparse tensors but in a CPU all_reduce,
+    PREMUL_SUM, several tensors per process) raise
+    :class:`plait.UnsupportedError` naming what is wrong, before anything is
+    sent.
 
     Args:
         comm: the communicator that runs the calls; the group owns it and
@@ -214,12 +224,18 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         outputs: Any,
         finish: Callable[[], None] | None = None,
         reword: Callable[[ValueError], ValueError] | None = None,
+        back: list[Staged] | None = None,
     ) -> PlaitWork:
         """Start a collective (Note [sync and async calls]) and return its work.
 
         ``reword`` turns an argument error that plait finds only once the
         ranks have met into the one torch's caller gets (see :class:`Reworded`).
+        ``back``: output tensors off the CPU and their host buffers, written
+        back after ``finish`` once the call has succeeded, before the work
+        completes (Note [tensors on a GPU] in ``plait.torch._staging``).
         """
+        if back:
+            finish = then_write_back(finish, back)
         timeout = seconds(getattr(opts, "timeout", None))
         describe = self._describe(call)
         deadline = timeout if timeout is not None else self._comm.timeout
@@ -248,21 +264,21 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             )
         )
 
-    # -- the CPU device (Note [the group is its own CPU backend]) ---------------------------
+    # -- the devices (Note [the group is its own CPU backend]) ------------------------------
     @property
     def _device_types(self) -> list[torch.device]:
-        """The device types the group serves: the CPU."""
-        return [_CPU]
+        """The device types the group serves: the CPU and CUDA."""
+        return list(_DEVICES)
 
     def _get_backend(self, device: Any) -> ProcessGroupPlait:
-        """The backend torch looks up for ``device``: this group itself, for the CPU.
+        """The backend torch looks up for ``device``: this group itself, for the CPU and CUDA.
 
         Raises:
             RuntimeError: another device type (torch's own error for a device
                 without a backend).
         """
         kind = torch.device(device).type
-        if kind != _CPU.type:
+        if kind not in DEVICE_TYPES:
             raise RuntimeError(f"No backend type associated with device type {kind}")
         return self
 
@@ -303,13 +319,15 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         op = plait_op(opts.reduceOp, c)
         if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
             return _sparse.allreduce(self, t, op, opts)
-        a = output_array(t, c, "tensor")
+        back: list[Staged] = []
+        a = output_array(t, c, "tensor", back)
         comm = self._comm
         return self._run(
             c,
             opts,
             lambda asy, to: comm.allreduce(a, op, out=a, timeout=to, async_op=asy),
             [t],
+            back=back,
         )
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:
@@ -320,7 +338,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         op = plait_op(opts.reduceOp, c)
         root = check_root(opts.rootRank, self._comm.size, c)
         is_root = root == self._comm.rank
-        a = output_array(t, c, "tensor") if is_root else array(t, c, "tensor")
+        back: list[Staged] = []
+        a = output_array(t, c, "tensor", back) if is_root else array(t, c, "tensor")
         out = a if is_root else None
         comm = self._comm
         return self._run(
@@ -328,6 +347,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             opts,
             lambda asy, to: comm.reduce(a, root, op, out=out, timeout=to, async_op=asy),
             [t],
+            back=back,
         )
 
     def reduce_scatter(
@@ -345,7 +365,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         out = check_one(output_tensors, c, "output_tensors")
         inputs = check_one(input_tensors, c, "input_tensors")
         op = plait_op(opts.reduceOp, c)
-        oa = output_array(out, c, "output")
+        back: list[Staged] = []
+        oa = output_array(out, c, "output", back, contents=False)
         comm = self._comm
         arrays = input_arrays(comm.size, inputs, oa, c, "input_list")
         sizes = [a.size for a in arrays]
@@ -370,6 +391,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             ),
             [out],
             finish,
+            back=back,
         )
 
     def reduce_scatter_single(
@@ -379,7 +401,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         opts = opts if opts is not None else _C10D.ReduceScatterOptions()
         c = "reduce_scatter_tensor"
         op = plait_op(opts.reduceOp, c)
-        oa = output_array(output, c, "output")
+        back: list[Staged] = []
+        oa = output_array(output, c, "output", back, contents=False)
         ia = array(input, c, "input")
         size = self._comm.size
         same_dtype(ia, oa, c)
@@ -397,6 +420,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             lambda asy, to: comm.reduce_scatter(x, op, out=target, timeout=to, async_op=asy),
             [output],
             finish,
+            back=back,
         )
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # stub: user-facing signature
@@ -410,10 +434,18 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         if opts.rootTensor != 0:
             raise UnsupportedError(f"{c}: rootTensor must be 0 (one tensor per process)")
         root = check_root(opts.rootRank, self._comm.size, c)
-        a = array(t, c, "tensor") if root == self._comm.rank else output_array(t, c, "tensor")
+        back: list[Staged] = []
+        if root == self._comm.rank:
+            a = array(t, c, "tensor")
+        else:
+            a = output_array(t, c, "tensor", back, contents=False)
         comm = self._comm
         return self._run(
-            c, opts, lambda asy, to: comm.broadcast(a, root, timeout=to, async_op=asy), [t]
+            c,
+            opts,
+            lambda asy, to: comm.broadcast(a, root, timeout=to, async_op=asy),
+            [t],
+            back=back,
         )
 
     def allgather(
@@ -432,7 +464,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         outs = check_one(output_tensors, c, "output_tensors")
         xa = array(x, c, "tensor")
         comm = self._comm
-        targets = output_blocks(comm.size, outs, xa, comm.rank, c, "tensor_list")
+        back: list[Staged] = []
+        targets = output_blocks(comm.size, outs, xa, comm.rank, c, "tensor_list", back)
         counts = [t.size for t in targets]
         if any(n != xa.size for n in counts):
             flat = np.empty(sum(counts), xa.dtype)
@@ -443,6 +476,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
                 lambda asy, to: comm.allgatherv(mine, counts, out=flat, timeout=to, async_op=asy),
                 output_tensors,
                 copy_blocks(flat, targets),
+                back=back,
             )
         buf = np.empty((comm.size, *xa.shape), xa.dtype)
         return self._run(
@@ -451,6 +485,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             lambda asy, to: comm.allgather(xa, out=buf, timeout=to, async_op=asy),
             output_tensors,
             copy_rows(buf, targets),
+            back=back,
         )
 
     def all_gather_single(
@@ -460,7 +495,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         opts = opts if opts is not None else _C10D.AllgatherOptions()
         c = "all_gather_into_tensor"
         xa = array(input, c, "input")
-        oa = output_array(output, c, "output")
+        back: list[Staged] = []
+        oa = output_array(output, c, "output", back, contents=False)
         size = self._comm.size
         same_dtype(xa, oa, c)
         if oa.size != size * xa.size:
@@ -476,6 +512,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             lambda asy, to: comm.allgather(xa, out=target, timeout=to, async_op=asy),
             [output],
             finish,
+            back=back,
         )
 
     _allgather_base = all_gather_single
@@ -500,7 +537,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
                 c, opts, lambda asy, to: comm.gather(xa, root, timeout=to, async_op=asy), []
             )
         outs = check_one(output_tensors, c, "output_tensors")
-        targets = output_targets(self._comm.size, outs, xa, c, "gather_list")
+        back: list[Staged] = []
+        targets = output_targets(self._comm.size, outs, xa, c, "gather_list", back)
         buf = np.empty((comm.size, *xa.shape), xa.dtype)
         return self._run(
             c,
@@ -508,6 +546,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             lambda asy, to: comm.gather(xa, root, out=buf, timeout=to, async_op=asy),
             output_tensors,
             copy_rows(buf, targets),
+            back=back,
         )
 
     def scatter(
@@ -521,7 +560,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         c = "scatter"
         out = check_one(output_tensors, c, "output_tensors")
         root = check_root(opts.rootRank, self._comm.size, c)
-        oa = output_array(out, c, "tensor")
+        back: list[Staged] = []
+        oa = output_array(out, c, "tensor", back, contents=False)
         target, finish = reshaped_out(oa, (1, *oa.shape))
         comm = self._comm
         stacked: np.ndarray | None = None
@@ -537,6 +577,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             lambda asy, to: comm.scatter(stacked, root, out=target, timeout=to, async_op=asy),
             [out],
             finish,
+            back=back,
         )
 
     def all_to_all_single(
@@ -555,7 +596,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
         opts = opts if opts is not None else _C10D.AllToAllOptions()
         c = "all_to_all_single"
         ia = array(input, c, "input")
-        oa = output_array(output, c, "output")
+        back: list[Staged] = []
+        oa = output_array(output, c, "output", back, contents=False)
         same_dtype(ia, oa, c)
         size = self._comm.size
         if not output_split_sizes and not input_split_sizes:
@@ -574,6 +616,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
                 lambda asy, to: comm.alltoall(x, out=target, timeout=to, async_op=asy),
                 [output],
                 finish,
+                back=back,
             )
         if ia.ndim == 0 or oa.ndim == 0 or ia.shape[1:] != oa.shape[1:]:
             raise ValueError(
@@ -588,6 +631,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             lambda asy, to: comm.alltoallv(ia, sends, recvs, out=oa, timeout=to, async_op=asy),
             [output],
             reword=self._split_mismatch(c, "output_split_sizes", "input_split_sizes"),
+            back=back,
         )
 
     alltoall_base = all_to_all_single  # type: ignore[assignment]  # stub: user-facing signature
@@ -613,8 +657,10 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             if len(ts) != size:
                 raise ValueError(f"{c}: {what} has {len(ts)} tensors; expected world size {size}")
         ins = [array(t, c, f"input_tensor_list[{j}]") for j, t in enumerate(input_tensors)]
+        back: list[Staged] = []
         outs = [
-            output_array(t, c, f"output_tensor_list[{j}]") for j, t in enumerate(output_tensors)
+            output_array(t, c, f"output_tensor_list[{j}]", back, contents=False)
+            for j, t in enumerate(output_tensors)
         ]
         dtypes = {a.dtype for a in ins + outs}
         if len(dtypes) > 1:
@@ -630,6 +676,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             output_tensors,
             copy_blocks(got, outs),
             self._split_mismatch(c, "output_tensor_list", "input_tensor_list"),
+            back=back,
         )
 
     def _split_mismatch(self, c: str, recv: str, send: str) -> Callable[[ValueError], ValueError]:

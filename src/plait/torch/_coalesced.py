@@ -6,7 +6,8 @@ torch has two ways of batching collectives, and a backend serves both:
   ``all_gather_coalesced``, and the ``*_into_tensor_coalesced`` /
   ``*_tensor_coalesced`` forms its ``_coalescing_manager`` uses): each runs
   as one plait collective over every tensor concatenated, copied back out
-  into torch's tensors by the work's finish step;
+  into torch's tensors by the work's finish step (and from there into
+  tensors off the CPU: Note [tensors on a GPU] in ``plait.torch._staging``);
 - a coalescing block (``_start_coalescing`` … ``_end_coalescing``) around
   ordinary calls: they run as they come, and the block's work waits for
   them all.
@@ -28,6 +29,7 @@ import torch
 
 import plait
 from plait.torch._convert import array, copy_blocks, output_array, plait_op, same_dtype
+from plait.torch._staging import Staged
 from plait.torch._work import Joined, Notifier, PlaitWork
 
 __all__ = ["CoalescedCalls"]
@@ -56,6 +58,7 @@ class CoalescedCalls:
             outputs: Any,
             finish: Callable[[], None] | None = None,
             reword: Callable[[ValueError], ValueError] | None = None,
+            back: list[Staged] | None = None,
         ) -> PlaitWork: ...
 
     # -- the coalescing block --------------------------------------------------------------
@@ -95,7 +98,8 @@ class CoalescedCalls:
         opts = opts if opts is not None else _C10D.AllreduceCoalescedOptions()
         c = "all_reduce_coalesced"
         op = plait_op(opts.reduceOp, c)
-        arrays = [output_array(t, c, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        back: list[Staged] = []
+        arrays = [output_array(t, c, f"tensors[{i}]", back) for i, t in enumerate(tensors)]
         dtypes = {a.dtype for a in arrays}
         if len(dtypes) > 1:
             raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
@@ -114,6 +118,7 @@ class CoalescedCalls:
             lambda asy, to: comm.allreduce(flat, op, out=flat, timeout=to, async_op=asy),
             list(tensors),
             finish,
+            back=back,
         )
 
     def allgather_coalesced(
@@ -136,8 +141,12 @@ class CoalescedCalls:
                 f"{c}: output_tensor_lists has {len(output_lists)} lists; expected world size "
                 f"{comm.size}"
             )
+        back: list[Staged] = []
         outs = [
-            [output_array(t, c, f"output_tensor_lists[{r}][{j}]") for j, t in enumerate(row)]
+            [
+                output_array(t, c, f"output_tensor_lists[{r}][{j}]", back, contents=False)
+                for j, t in enumerate(row)
+            ]
             for r, row in enumerate(output_lists)
         ]
         dtypes = {a.dtype for a in ins} | {a.dtype for row in outs for a in row}
@@ -159,6 +168,7 @@ class CoalescedCalls:
             lambda asy, to: comm.allgatherv(mine, counts, out=flat, timeout=to, async_op=asy),
             output_lists,
             copy_blocks(flat, targets),
+            back=back,
         )
 
     def allgather_into_tensor_coalesced(
@@ -170,7 +180,8 @@ class CoalescedCalls:
         """
         opts = opts if opts is not None else _C10D.AllgatherOptions()
         c = "all_gather_into_tensor_coalesced"
-        ins, outs = self._pairs(c, outputs, inputs, gather=True)
+        back: list[Staged] = []
+        ins, outs = self._pairs(c, outputs, inputs, back, gather=True)
         size = self._comm.size
         mine = np.concatenate([a.reshape(-1) for a in ins]) if ins else np.empty(0)
         buf = np.empty((size, mine.size), mine.dtype)
@@ -188,6 +199,7 @@ class CoalescedCalls:
             lambda asy, to: comm.allgather(mine, out=buf, timeout=to, async_op=asy),
             list(outputs),
             finish,
+            back=back,
         )
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -202,7 +214,8 @@ class CoalescedCalls:
         opts = opts if opts is not None else _C10D.ReduceScatterOptions()
         c = "reduce_scatter_tensor_coalesced"
         op = plait_op(opts.reduceOp, c)
-        ins, outs = self._pairs(c, outputs, inputs, gather=False)
+        back: list[Staged] = []
+        ins, outs = self._pairs(c, outputs, inputs, back, gather=False)
         size = self._comm.size
         width = sum(o.size for o in outs)
         dtype = outs[0].dtype if outs else np.dtype(np.float32)
@@ -226,19 +239,31 @@ class CoalescedCalls:
             lambda asy, to: comm.reduce_scatter(x, op, out=got, timeout=to, async_op=asy),
             list(outputs),
             finish,
+            back=back,
         )
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def _pairs(
-        self, c: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], *, gather: bool
+        self,
+        c: str,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        back: list[Staged],
+        *,
+        gather: bool,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The input and output arrays of a coalesced call, each pair checked for size."""
+        """The input and output arrays of a coalesced call, each pair checked for size.
+
+        Outputs off the CPU are recorded in ``back`` (``output_array``).
+        """
         if len(outputs) != len(inputs):
             raise ValueError(f"{c}: {len(outputs)} outputs for {len(inputs)} inputs")
         size = self._comm.size
         ins = [array(t, c, f"inputs[{j}]") for j, t in enumerate(inputs)]
-        outs = [output_array(t, c, f"outputs[{j}]") for j, t in enumerate(outputs)]
+        outs = [
+            output_array(t, c, f"outputs[{j}]", back, contents=False) for j, t in enumerate(outputs)
+        ]
         for j, (a, o) in enumerate(zip(ins, outs, strict=True)):
             same_dtype(a, o, c)
             big, small = (o, a) if gather else (a, o)

@@ -2,6 +2,10 @@
 
 A CPU tensor is handed to plait as a numpy array that shares its memory
 (``tensor.detach().numpy()``), so results land in the tensor without a copy.
+A tensor on another device (CUDA) is handed over as a host copy, and an
+output one is written back once the call has succeeded: each call collects
+its outputs off the CPU in a list (``back``) that its work's finish step
+writes back (``plait.torch._staging``, Note [tensors on a GPU]).
 Everything plait cannot serve is refused here, before any byte moves, with an
 error that names the call, the argument and what is wrong with it.
 """
@@ -18,6 +22,7 @@ import torch.distributed as dist
 import plait
 from plait._tensor import as_array
 from plait.errors import UnsupportedError
+from plait.torch._staging import Staged, host_copy, host_output
 
 __all__ = [
     "OPS",
@@ -93,17 +98,32 @@ def check_one(tensors: Sequence[_T], call: str, what: str = "tensors") -> _T:
 def array(t: Any, call: str, what: str) -> np.ndarray:
     """A numpy array sharing ``t``'s memory (no copy), after checking plait can serve it.
 
+    A tensor off the CPU: a host copy of it, taken now (Note [tensors on a
+    GPU] in ``plait.torch._staging``).
+
     Raises:
         TypeError: not a tensor, or a dtype plait cannot move.
-        UnsupportedError: a tensor off the CPU, or sparse, quantized or conjugated.
+        UnsupportedError: a meta tensor, or sparse, quantized or conjugated.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{call}: {what} must be a torch.Tensor; got {type(t).__name__}")
+    if not t.is_cpu:
+        return host_copy(t, f"{call}: {what}")
     return as_array(t, f"{call}: {what}", refuse=UnsupportedError)
 
 
-def output_array(t: Any, call: str, what: str) -> np.ndarray:
-    """Like :func:`array`, for a tensor plait writes into: it must not overlap itself."""
+def output_array(
+    t: Any, call: str, what: str, back: list[Staged], contents: bool = True
+) -> np.ndarray:
+    """Like :func:`array`, for a tensor plait writes into: it must not overlap itself.
+
+    A tensor off the CPU gets a host buffer, recorded in ``back`` for the
+    call's work to write back once the call has succeeded; ``contents``
+    False: the call writes all of it and reads none, so the tensor's
+    contents are not copied to the host.
+    """
+    if isinstance(t, torch.Tensor) and not t.is_cpu:
+        return host_output(t, f"{call}: {what}", back, contents)
     a = array(t, call, what)
     # an empty tensor has no memory to overlap (numpy may give it zero strides)
     if a.size and any(step == 0 and n > 1 for step, n in zip(a.strides, a.shape, strict=True)):
@@ -193,10 +213,18 @@ def split_sizes(size: int, splits: list[int], rows: int, c: str, what: str) -> l
 
 
 def output_targets(
-    size: int, outs: Sequence[torch.Tensor], xa: np.ndarray, c: str, what: str
+    size: int,
+    outs: Sequence[torch.Tensor],
+    xa: np.ndarray,
+    c: str,
+    what: str,
+    back: list[Staged],
 ) -> list[np.ndarray]:
-    """The ``size`` output tensors of a list (``what``) as arrays, each like the input ``xa``."""
-    targets = output_blocks(size, outs, xa, None, c, what)
+    """The ``size`` output tensors of a list (``what``) as arrays, each like the input ``xa``.
+
+    Those off the CPU are recorded in ``back`` (see :func:`output_array`).
+    """
+    targets = output_blocks(size, outs, xa, None, c, what, back)
     for j, o in enumerate(targets):
         if o.size != xa.size:
             raise ValueError(
@@ -207,16 +235,24 @@ def output_targets(
 
 
 def output_blocks(
-    size: int, outs: Sequence[torch.Tensor], xa: np.ndarray, rank: int | None, c: str, what: str
+    size: int,
+    outs: Sequence[torch.Tensor],
+    xa: np.ndarray,
+    rank: int | None,
+    c: str,
+    what: str,
+    back: list[Staged],
 ) -> list[np.ndarray]:
     """The ``size`` output tensors of a list (``what``) as arrays of ``xa``'s dtype.
 
     Their sizes may differ (torch's uneven ``all_gather``), except that the
     block of ``rank`` (when given) is this rank's own and so has the input's.
+    The call fills each of them: those off the CPU get host buffers,
+    recorded in ``back`` (see :func:`output_array`).
     """
     if len(outs) != size:
         raise ValueError(f"{c}: {what} has {len(outs)} tensors; expected world size {size}")
-    targets = [output_array(o, c, f"{what}[{j}]") for j, o in enumerate(outs)]
+    targets = [output_array(o, c, f"{what}[{j}]", back, contents=False) for j, o in enumerate(outs)]
     for j, o in enumerate(targets):
         if o.dtype != xa.dtype:
             raise ValueError(f"{c}: {what}[{j}] is {o.dtype}; expected {xa.dtype}, like the input")

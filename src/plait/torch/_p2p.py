@@ -13,11 +13,13 @@ Note [point to point on lanes]
 
     A receive is *posted* on the caller's thread, in program order, with
     plait's non-blocking ``irecv`` (the tensor's memory is the receive
-    buffer), and *waited for* on a lane: one thread per (recv, source or
-    "any", tag), which completes the work and its future by itself (DDP and
-    ``get_future()`` users never call ``wait()``) and gives up at the
-    communicator's deadline, withdrawing the receive so it never writes into
-    the tensor afterwards. Which lane waits decides nothing about which
+    buffer; for a tensor off the CPU, a host buffer written back into it
+    before the work completes: Note [tensors on a GPU] in
+    ``plait.torch._staging``), and *waited for* on a lane: one thread per
+    (recv, source or "any", tag), which completes the work and its future
+    by itself (DDP and ``get_future()`` users never call ``wait()``) and
+    gives up at the communicator's deadline, withdrawing the receive so it
+    never writes into the tensor afterwards. Which lane waits decides nothing about which
     message a receive gets: the posting order does (Note [receive from any
     source]).
 
@@ -55,6 +57,7 @@ import torch
 import plait
 from plait.errors import CommTimeout
 from plait.torch._convert import array, check_one, check_peer, check_tag, output_array
+from plait.torch._staging import Staged, then_write_back
 from plait.torch._work import Lane, PlaitWork, Task
 
 __all__ = ["PointToPoint"]
@@ -91,9 +94,10 @@ class PointToPoint:
         """``dist.recv`` / ``irecv``: the next message from ``srcRank`` with ``tag``."""
         c = "recv"
         t = check_one(tensors, c)
-        a = output_array(t, c, "tensor")
+        back: list[Staged] = []
+        a = output_array(t, c, "tensor", back, contents=False)
         src = check_peer(srcRank, self._comm.rank, self._comm.size, c, "src")
-        return self._receive(c, t, a, src, check_tag(tag, c))
+        return self._receive(c, t, a, src, check_tag(tag, c), back)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PlaitWork:
         """``dist.recv`` / ``irecv`` without ``src``: the next message with ``tag`` from any rank.
@@ -102,8 +106,9 @@ class PointToPoint:
         """
         c = "recv"
         t = check_one(tensors, c)
-        a = output_array(t, c, "tensor")
-        return self._receive(c, t, a, plait.ANY_SOURCE, check_tag(tag, c))
+        back: list[Staged] = []
+        a = output_array(t, c, "tensor", back, contents=False)
+        return self._receive(c, t, a, plait.ANY_SOURCE, check_tag(tag, c), back)
 
     def send_object(self, obj: Any, dst: int) -> None:
         """``dist.send_object_list``: plait's ``send_object`` to ``dst`` (tag 0), done here.
@@ -119,8 +124,14 @@ class PointToPoint:
         )
         task.wait()
 
-    def _receive(self, c: str, t: torch.Tensor, a: np.ndarray, src: int, tag: int) -> PlaitWork:
-        """Post the receive here, wait for it on its lane (Note [point to point on lanes])."""
+    def _receive(
+        self, c: str, t: torch.Tensor, a: np.ndarray, src: int, tag: int, back: list[Staged]
+    ) -> PlaitWork:
+        """Post the receive here, wait for it on its lane (Note [point to point on lanes]).
+
+        ``back``: ``t`` and its host buffer ``a`` when ``t`` is off the CPU;
+        the work writes ``a`` into ``t`` once the message is in.
+        """
         comm = self._comm
         who = "any rank" if src == plait.ANY_SOURCE else f"rank {src}"
         describe = self._describe(f"recv from {who} (tag {tag})")
@@ -129,7 +140,14 @@ class PointToPoint:
         task = lane.submit(describe, lambda: _received(req, comm.timeout))
         source: int | Callable[[], int] = src if src != plait.ANY_SOURCE else _sender(task)
         return self._track(
-            PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout, source_rank=source)
+            PlaitWork(
+                self._describe(c),
+                [task],
+                [t],
+                finish=then_write_back(None, back) if back else None,
+                timeout=comm.timeout,
+                source_rank=source,
+            )
         )
 
     def _lane(self, direction: str, peer: int, tag: int) -> Lane:

@@ -107,7 +107,13 @@ def local_part(t: torch.Tensor, call: str) -> Local:
         UnsupportedError: not on the CPU, or a values dtype plait cannot move.
     """
     if t.device.type != "cpu":
-        raise UnsupportedError(f"{call}: sparse tensor on {t.device}; the plait backend takes CPU")
+        # dense tensors on a GPU are staged through the host (plait.torch._staging); sparse
+        # ones are not: coalescing and the sum run here, on the host, in numpy
+        raise UnsupportedError(
+            f"{call}: the sparse tensor is on {t.device}; the plait backend all-reduces "
+            "sparse tensors on the CPU only: pass t.cpu() (and copy the result back), or a "
+            "dense tensor (.to_dense()), which is staged through the host"
+        )
     c = t.detach().coalesce()
     indices = as_array(c.indices(), f"{call}: indices", refuse=UnsupportedError)
     values = as_array(c.values(), f"{call}: values", refuse=UnsupportedError)

@@ -19,7 +19,9 @@ bucket, keyed by the bucket's index and size (DDP rebuilds its buckets once,
 after the first step; the residual of that first step is then dropped).
 PowerSGD sees each bucket as one flat vector here (it falls back to the plain
 allreduce for vectors); to compress layer by layer, call it per parameter in
-your own loop.
+your own loop. A bucket on a GPU is compressed and averaged on a host copy
+and written back before the hook's future completes (Note [tensors on a GPU]
+in ``plait.torch._staging``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import torch
 import torch.distributed as dist
 
 import plait
+from plait.torch._convert import output_array
 from plait.torch._group import plait_group
+from plait.torch._staging import Staged, write_back
 from plait.torch._work import PlaitWork
 
 __all__ = ["compression_hook"]
@@ -53,13 +57,15 @@ def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Futu
         pg = plait_group(state, "compression_hook", ", or pass such a group as state")
         comm = pg.communicator
         buf = bucket.buffer()
-        a = buf.detach().numpy()
+        back: list[Staged] = []  # a bucket on a GPU, and its host copy
+        a = output_array(buf, "compression_hook", "the bucket", back)
         # DDP rebuilds its buckets after the first step: the size is part of the key.
         keyed = compressor.with_key(f"ddp-bucket-{bucket.index()}-{a.size}")
         work = comm.allreduce(a, plait.AVG, compression=keyed, async_op=True)
 
         def finish() -> None:
             a[...] = work.wait()  # the compressed average lands in DDP's bucket
+            write_back(back)  # from the host copy of a bucket on a GPU
 
         tracked = PlaitWork(
             f"rank {comm.rank}: DDP bucket {bucket.index()} allreduce (compressed)",
