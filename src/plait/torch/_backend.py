@@ -20,10 +20,11 @@ Note [sync and async calls]
     Point-to-point calls are not collectives: they run apart, in
     ``plait.torch._p2p`` (Note [point to point on lanes] there).
 
-The group's calls live in five modules: this one (lifetime, the running
+The group's calls live in six modules: this one (lifetime, the running
 recipe, the devices, the dense collectives), ``plait.torch._coalesced``
-(coalesced calls and the coalescing block) and ``plait.torch._p2p`` (send and
-receive), both mixed into :class:`ProcessGroupPlait`, ``plait.torch._sparse``
+(coalesced calls and the coalescing block), ``plait.torch._alltoall`` (the
+all-to-alls, even and uneven) and ``plait.torch._p2p`` (send and receive),
+all three mixed into :class:`ProcessGroupPlait`, ``plait.torch._sparse``
 (the all_reduce of a sparse tensor) and ``plait.torch._staging`` (tensors on
 a GPU, served through host copies: Note [tensors on a GPU] there).
 
@@ -42,30 +43,6 @@ Note [the group is its own CPU backend]
     torch's C++ ``ProcessGroup`` would route to the device's backend. torch
     makes one group for the two (its creator is called once, for the CPU,
     with the store's "cpu/" namespace, as before CUDA was registered).
-
-Note [uneven collectives]
-    torch has uneven forms of four calls, and each runs on plait's uneven
-    collective of the same shape, which moves every block at its own size
-    (no padding to the largest):
-
-    - ``all_to_all_single`` with split sizes, and ``all_to_all`` with tensors
-      of different sizes: ``alltoallv(x, sends, recvs)``. It starts with an
-      allgather of every rank's split sizes (2·size int64 per rank; on
-      plait's worker with ``async_op=True``, so the call returns at once),
-      after which every rank checks every rank's output splits against what
-      the others send and all raise the same ValueError, reworded here in
-      torch's terms (:class:`~plait.torch._work.Reworded`).
-    - ``all_gather`` into a list of tensors of different sizes (gloo refuses
-      them): ``allgatherv(x, counts)``, the counts read from the output list.
-    - ``reduce_scatter`` of an input list of different sizes:
-      ``reduce_scatter(x, op, counts=)``, the counts read from the input list.
-
-    Those two need no exchange: every rank passes the whole list, so knows
-    every count; ranks whose lists disagree fail with plait's MismatchError.
-    Lists run on flat element counts (any shapes; a list's tensors are copied
-    into or out of one buffer), ``all_to_all_single`` on rows (straight from
-    and into its tensors). torch's other calls (``all_gather_into_tensor``,
-    ``reduce_scatter_tensor``, ``gather``, ``scatter``) require equal sizes.
 """
 
 from __future__ import annotations
@@ -81,6 +58,7 @@ import torch.distributed as dist
 import plait
 from plait.errors import CommTimeout, UnsupportedError
 from plait.torch import _sparse
+from plait.torch._alltoall import AllToAllCalls
 from plait.torch._coalesced import CoalescedCalls
 from plait.torch._convert import (
     array,
@@ -96,7 +74,6 @@ from plait.torch._convert import (
     reshaped_out,
     same_dtype,
     seconds,
-    split_sizes,
     stack_inputs,
     stacked,
 )
@@ -121,7 +98,7 @@ _DEVICES = [torch.device(kind) for kind in DEVICE_TYPES]
 Start = Callable[[bool, float | None], Any]
 
 
-class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
+class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.ProcessGroup):
     """A torch.distributed process group whose calls plait runs, on CPU and CUDA tensors.
 
     Made by ``dist.init_process_group("plait")`` or ``dist.new_group(...,
@@ -358,7 +335,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
     ) -> PlaitWork:
         """``dist.reduce_scatter``: reduce ``input_list[r]`` over ranks into rank r's output.
 
-        The tensors of ``input_list`` may differ in size (Note [uneven collectives]).
+        The tensors of ``input_list`` may differ in size (Note [uneven collectives] in
+        ``plait.torch._alltoall``).
         """
         opts = opts if opts is not None else _C10D.ReduceScatterOptions()
         c = "reduce_scatter"
@@ -380,7 +358,7 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
                 f"{oa.size}; rank {comm.rank}'s output gets the reduction of "
                 f"input_list[{comm.rank}]"
             )
-        else:  # Note [uneven collectives]
+        else:  # Note [uneven collectives] in plait.torch._alltoall
             x, counts = np.concatenate([a.reshape(-1) for a in arrays]), sizes
             target, finish = reshaped_out(oa, (oa.size,))
         return self._run(
@@ -456,7 +434,8 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
     ) -> PlaitWork:
         """``dist.all_gather``: every rank's tensor into the output list, in rank order.
 
-        The tensors of the list may differ in size (Note [uneven collectives]).
+        The tensors of the list may differ in size (Note [uneven collectives] in
+        ``plait.torch._alltoall``).
         """
         opts = opts if opts is not None else _C10D.AllgatherOptions()
         c = "all_gather"
@@ -579,124 +558,6 @@ class ProcessGroupPlait(CoalescedCalls, PointToPoint, dist.ProcessGroup):
             finish,
             back=back,
         )
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: Any = None,
-    ) -> PlaitWork:
-        """``dist.all_to_all_single``: dim-0 blocks of the input to each rank, in rank order.
-
-        Equal blocks when no split sizes are given; uneven ones as in Note
-        [uneven collectives].
-        """
-        opts = opts if opts is not None else _C10D.AllToAllOptions()
-        c = "all_to_all_single"
-        ia = array(input, c, "input")
-        back: list[Staged] = []
-        oa = output_array(output, c, "output", back, contents=False)
-        same_dtype(ia, oa, c)
-        size = self._comm.size
-        if not output_split_sizes and not input_split_sizes:
-            if ia.size != oa.size or not ia.shape or ia.shape[0] % size:
-                raise ValueError(
-                    f"{c}: without split sizes, dim 0 of the input ({tuple(ia.shape)}) must be "
-                    f"a multiple of world size {size} and the output "
-                    f"({tuple(oa.shape)}) must have as many elements"
-                )
-            x = ia.reshape(size, ia.size // size)
-            target, finish = reshaped_out(oa, x.shape)
-            comm = self._comm
-            return self._run(
-                c,
-                opts,
-                lambda asy, to: comm.alltoall(x, out=target, timeout=to, async_op=asy),
-                [output],
-                finish,
-                back=back,
-            )
-        if ia.ndim == 0 or oa.ndim == 0 or ia.shape[1:] != oa.shape[1:]:
-            raise ValueError(
-                f"{c}: input {tuple(ia.shape)} and output {tuple(oa.shape)} must agree beyond dim 0"
-            )
-        sends = split_sizes(size, input_split_sizes, ia.shape[0], c, "input")
-        recvs = split_sizes(size, output_split_sizes, oa.shape[0], c, "output")
-        comm = self._comm
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.alltoallv(ia, sends, recvs, out=oa, timeout=to, async_op=asy),
-            [output],
-            reword=self._split_mismatch(c, "output_split_sizes", "input_split_sizes"),
-            back=back,
-        )
-
-    alltoall_base = all_to_all_single  # type: ignore[assignment]  # stub: user-facing signature
-
-    def alltoall(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: Any = None,
-    ) -> PlaitWork:
-        """``dist.all_to_all``: ``input_list[j]`` to rank j, into its ``output_list[me]``.
-
-        The tensors may have any sizes; it runs as in Note [uneven collectives]
-        (a rank cannot tell on its own that every rank's are equal).
-        """
-        opts = opts if opts is not None else _C10D.AllToAllOptions()
-        c = "all_to_all"
-        size = self._comm.size
-        for what, ts in (
-            ("input_tensor_list", input_tensors),
-            ("output_tensor_list", output_tensors),
-        ):
-            if len(ts) != size:
-                raise ValueError(f"{c}: {what} has {len(ts)} tensors; expected world size {size}")
-        ins = [array(t, c, f"input_tensor_list[{j}]") for j, t in enumerate(input_tensors)]
-        back: list[Staged] = []
-        outs = [
-            output_array(t, c, f"output_tensor_list[{j}]", back, contents=False)
-            for j, t in enumerate(output_tensors)
-        ]
-        dtypes = {a.dtype for a in ins + outs}
-        if len(dtypes) > 1:
-            raise TypeError(f"{c}: all tensors must have one dtype; got {sorted(map(str, dtypes))}")
-        flat = np.concatenate([a.reshape(-1) for a in ins])
-        sends, recvs = [a.size for a in ins], [a.size for a in outs]
-        got = np.empty(sum(recvs), flat.dtype)
-        comm = self._comm
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.alltoallv(flat, sends, recvs, out=got, timeout=to, async_op=asy),
-            output_tensors,
-            copy_blocks(got, outs),
-            self._split_mismatch(c, "output_tensor_list", "input_tensor_list"),
-            back=back,
-        )
-
-    def _split_mismatch(self, c: str, recv: str, send: str) -> Callable[[ValueError], ValueError]:
-        """The error each rank raises when the ranks' split sizes disagree.
-
-        See Note [uneven collectives].
-
-        plait's alltoallv compares every rank's ``recv_counts`` (torch's
-        ``recv``) with what the others' ``send_counts`` (``send``) send it,
-        on every rank alike.
-        """
-        describe = self._describe(c)
-
-        def reword(exc: ValueError) -> ValueError:
-            return ValueError(
-                f"{describe}: split sizes disagree between ranks: on each rank, {recv}[j] must "
-                f"be the size of what rank j sends it in its {send} ({exc})"
-            )
-
-        return reword
 
     def barrier(self, opts: Any = None) -> PlaitWork:
         """``dist.barrier``: returns once every rank has entered."""
