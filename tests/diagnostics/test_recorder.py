@@ -129,6 +129,29 @@ def test_each_call_site_is_its_own() -> None:
     assert [c["stack"][0][2] for c in rec.snapshot()] == ["first", "first", "second", "first"]
 
 
+def test_callers_inside_plait_are_found_again_by_their_remembered_way_out() -> None:
+    """A wrapper inside plait (compiled as if it lived there) calls from two places."""
+    from plait.diagnostics import recorder as module
+
+    rec = FlightRecorder(0, 2)
+    inside = {"rec": rec, "SHAPE": SHAPE}
+    source = "def wrapper(seq):\n    return rec.begin(SHAPE, seq, 1)\n"  # skip 1: begins inside
+    exec(compile(source, module._PLAIT_DIR + "wrapped.py", "exec"), inside)
+    wrapper = inside["wrapper"]
+
+    def here(seq: int) -> Slot:
+        return wrapper(seq)  # the caller: this line, every time
+
+    def there(seq: int) -> Slot:
+        return wrapper(seq)
+
+    for seq, fn in enumerate([here, here, here, there, here]):
+        rec.end(fn(seq))
+    names = [c["stack"][0][2] for c in rec.snapshot()]
+    assert names == ["here", "here", "here", "there", "here"]
+    assert [n for _, n in rec._hops.values()] == [1]  # one way out, from the first call
+
+
 def test_skip_beyond_the_outermost_frame() -> None:
     rec = FlightRecorder(0, 2)
     rec.end(rec.begin(SHAPE, 0, 10_000))

@@ -42,7 +42,12 @@ Note [caller frames]
     ``sys._getframe(skip)`` outwards, a string prefix test per frame; a hook
     that knows how deep it sits passes ``skip`` and the walk ends at once,
     and the last caller found is remembered, so that a loop calling from one
-    line again and again skips even that test.
+    line again and again skips even that test. A call made from inside plait
+    (a compressor, the torch backend, plait bench's timing loop) walks out
+    once per starting place: how many frames out the caller was is kept per
+    starting code object, and later calls take the frame that far out at once
+    (``sys._getframe(skip + hops)``) when its code is one found outside before,
+    else walk again.
     A slot keeps that frame's code object and instruction offset (the line
     number is worked out from them only in a dump: ``f_lineno`` costs more
     than the rest of the frame capture), and with ``stack_depth`` > 1 as
@@ -102,6 +107,8 @@ DEFAULT_CAPACITY = 2000
 #: Caller frames kept per call unless PLAIT_RECORDER_STACK says otherwise.
 DEFAULT_STACK_DEPTH = 1
 
+#: Starting places inside plait whose way out to the caller a recorder remembers.
+_HOPS_KEPT = 256
 #: Frames kept per thread in a dump's ``threads``.
 _THREAD_FRAMES = 64
 
@@ -282,6 +289,13 @@ class FlightRecorder:
         self._mono0 = _monotonic()
         self._wall0 = time.time()
         self._outside: CodeType | None = None  # the last caller's code found outside plait
+        # Callers inside plait (a compressor, the torch backend, plait bench's loop): from
+        # the code of the frame begin starts at, how many frames further out the caller
+        # was found, and the codes found there (Note [caller frames]).
+        # Keyed by id: a code object's own hash reads its whole constant table. The
+        # values hold the code objects, so that no id is reused while it is a key.
+        self._hops: dict[int, tuple[CodeType, int]] = {}
+        self._found: dict[int, CodeType] = {}
         with _live_lock:
             _live.add(self)
 
@@ -346,14 +360,7 @@ class FlightRecorder:
             # A loop calls from the same line again and again: the last caller found
             # outside plait is known to be outside without the prefix test.
             if code is not self._outside:
-                while code.co_filename.startswith(_PLAIT_DIR):
-                    outer = f.f_back
-                    if outer is None:
-                        break  # no frame outside plait: keep the outermost
-                    f = outer
-                    code = f.f_code
-                else:
-                    self._outside = code
+                f, code = self._walk(f, code, skip)
             slot.code = code
             slot.lasti = f.f_lasti
             if self.stack_depth > 1:
@@ -367,6 +374,40 @@ class FlightRecorder:
                     back = back.f_back
                 slot.depth = n
         return slot
+
+    def _walk(self, f: FrameType, code: CodeType, skip: int) -> tuple[FrameType, CodeType]:
+        """The first frame outside plait from ``f`` (``_getframe(skip)``) outwards, and its code.
+
+        A caller inside plait calls from the same place again and again: the
+        number of frames out to its caller is remembered per starting code, and
+        the frame that many further out is taken at once when its code is one
+        found before (Note [caller frames]).
+        """
+        start = code
+        known = self._hops.get(id(start))
+        if known is not None:
+            try:
+                g = _getframe(skip + 1 + known[1])  # + 1: this method's own frame
+            except ValueError:
+                pass
+            else:
+                found = g.f_code
+                if id(found) in self._found:
+                    return g, found
+        n = 0
+        while code.co_filename.startswith(_PLAIT_DIR):
+            outer = f.f_back
+            if outer is None:
+                return f, code  # no frame outside plait: keep the outermost
+            f = outer
+            code = f.f_code
+            n += 1
+        if n == 0:
+            self._outside = code
+        elif len(self._hops) < _HOPS_KEPT:
+            self._hops[id(start)] = (start, n)
+            self._found[id(code)] = code
+        return f, code
 
     def started(self, slot: Slot) -> None:
         """A queued call starts running now (its arrival time, for lateness)."""
