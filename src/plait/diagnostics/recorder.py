@@ -10,11 +10,13 @@ and :meth:`~FlightRecorder.end` stamps the end and the error. Nothing is
 formatted on the way: objects are kept as given (the shape, the code object
 of the caller's frame) and turned into text only when the ring is dumped, so
 a call allocates nothing that outlives the next use of its slot (the floats
-of its times, nothing else). Measured on a busy 2-core machine, ``begin``
-and ``end`` cost about 0.4 µs per call with the caller's line (called with
-the right ``skip``; 0.8 µs when the walk starts further in), 0.27 µs without
-(PLAIT_RECORDER_STACK=0), against 20 to 45 µs for an 8-byte allreduce. What
-a dump contains is documented in :mod:`plait.diagnostics.schema`.
+of its times, nothing else). Counted with cachegrind on one rank, recording
+costs about 4,200 machine instructions per call from user code (1,300 of
+them the caller's line, about 250 a clock read) and about 9,300 from a
+caller inside plait (plait bench's loop), against 36,000 and 25,000 for the
+8-byte allreduce itself: 0.7 to 1 µs per call on this machine, where a
+clock read inside a call costs 100 to 300 ns. What a dump contains is
+documented in :mod:`plait.diagnostics.schema`.
 
 Note [recorder cost]
     The recorder is always on, so its hot path is counted in nanoseconds
