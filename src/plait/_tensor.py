@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_array", "is_tensor", "like"]
+__all__ = ["as_array", "check_values", "is_tensor", "like"]
 
 
 def is_tensor(x: Any) -> bool:
@@ -56,13 +56,7 @@ def as_array(t: Any, where: str, refuse: type[Exception] = TypeError) -> np.ndar
             f"{where} has layout {t.layout}; plait reads dense (strided) tensors only: call "
             ".to_dense() first"
         )
-    if t.is_quantized:
-        raise refuse(f"{where} is quantized ({t.dtype}); dequantize it first")
-    if t.is_conj() or t.is_neg():
-        raise refuse(
-            f"{where} is a lazily conjugated or negated view: call .resolve_conj() and "
-            ".resolve_neg() first"
-        )
+    check_values(t, where, refuse)
     if t.requires_grad:
         t = t.detach()
     if t.dtype == torch.bfloat16:
@@ -80,6 +74,21 @@ def as_array(t: Any, where: str, refuse: type[Exception] = TypeError) -> np.ndar
         return arr
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{where} has dtype {t.dtype}, which plait cannot move ({exc})") from None
+
+
+def check_values(t: Any, where: str, refuse: type[Exception]) -> None:
+    """Refuse a tensor whose memory does not hold its values as they read.
+
+    A quantized tensor holds integers and scales, a lazily conjugated or
+    negated view its source's values; the message says what to call first.
+    """
+    if t.is_quantized:
+        raise refuse(f"{where} is quantized ({t.dtype}); dequantize it first")
+    if t.is_conj() or t.is_neg():
+        raise refuse(
+            f"{where} is a lazily conjugated or negated view: call .resolve_conj() and "
+            ".resolve_neg() first"
+        )
 
 
 def like(src: Any, new: np.ndarray) -> Any:

@@ -34,12 +34,11 @@ Note [uneven collectives]
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-import plait
 from plait.torch._convert import (
     array,
     copy_blocks,
@@ -48,6 +47,7 @@ from plait.torch._convert import (
     same_dtype,
     split_sizes,
 )
+from plait.torch._recipe import GroupRecipe
 from plait.torch._staging import Staged
 from plait.torch._work import PlaitWork
 
@@ -56,25 +56,8 @@ __all__ = ["AllToAllCalls"]
 _C10D = torch._C._distributed_c10d
 
 
-class AllToAllCalls:
+class AllToAllCalls(GroupRecipe):
     """The all-to-alls of a plait process group (a mixin)."""
-
-    _comm: plait.Communicator
-
-    if TYPE_CHECKING:  # provided by ProcessGroupPlait
-
-        def _describe(self, call: str) -> str: ...
-
-        def _run(
-            self,
-            call: str,
-            opts: Any,
-            start: Callable[[bool, float | None], Any],
-            outputs: Any,
-            finish: Callable[[], None] | None = None,
-            reword: Callable[[ValueError], ValueError] | None = None,
-            back: list[Staged] | None = None,
-        ) -> PlaitWork: ...
 
     def all_to_all_single(
         self,

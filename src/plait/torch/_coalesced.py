@@ -21,14 +21,13 @@ else in the group depends on them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-import plait
 from plait.torch._convert import array, copy_blocks, output_array, plait_op, same_dtype
+from plait.torch._recipe import GroupRecipe
 from plait.torch._staging import Staged
 from plait.torch._work import Joined, Notifier, PlaitWork
 
@@ -37,29 +36,15 @@ __all__ = ["CoalescedCalls"]
 _C10D = torch._C._distributed_c10d
 
 
-class CoalescedCalls:
+class CoalescedCalls(GroupRecipe):
     """The coalesced calls and the coalescing block of a plait process group (a mixin)."""
 
-    _comm: plait.Communicator
     _notifier: Notifier
     _coalescing: list[PlaitWork] | None  # works of an open coalescing block
 
     if TYPE_CHECKING:  # provided by ProcessGroupPlait
 
-        def _describe(self, call: str) -> str: ...
-
         def _get_backend(self, device: Any) -> Any: ...
-
-        def _run(
-            self,
-            call: str,
-            opts: Any,
-            start: Callable[[bool, float | None], Any],
-            outputs: Any,
-            finish: Callable[[], None] | None = None,
-            reword: Callable[[ValueError], ValueError] | None = None,
-            back: list[Staged] | None = None,
-        ) -> PlaitWork: ...
 
     # -- the coalescing block --------------------------------------------------------------
     def _track(self, work: PlaitWork) -> PlaitWork:

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from plait import _arrays
+from plait._tensor import check_values
 from plait.errors import UnsupportedError
 
 __all__ = ["Staged", "check", "host_copy", "host_output", "then_write_back", "write_back"]
@@ -82,13 +83,7 @@ def check(t: torch.Tensor, where: str, output: bool = False) -> None:
             "(strided) tensors only: call .to_dense() first (a sparse all_reduce takes CPU "
             "tensors: .cpu())"
         )
-    if t.is_quantized:
-        raise UnsupportedError(f"{where} is quantized ({t.dtype}); dequantize it first")
-    if t.is_conj() or t.is_neg():
-        raise UnsupportedError(
-            f"{where} is a lazily conjugated or negated view: call .resolve_conj() and "
-            ".resolve_neg() first"
-        )
+    check_values(t, where, UnsupportedError)
     strides = zip(t.stride(), t.shape, strict=True)
     # an empty tensor has no memory to overlap
     if output and t.numel() and any(step == 0 and n > 1 for step, n in strides):
