@@ -313,14 +313,15 @@ def test_24_shrinks_leak_no_segments_descriptors_or_threads(
     tmp_path: Path, server: TCPStoreServer
 ) -> None:
     # A descriptor or a thread left per cycle shows as 16 more between the first 8 cycles
-    # and the last 8; every cycle also makes and closes shared-memory segments.
+    # and the last 8; every cycle also makes and closes shared-memory segments. A socket
+    # still closing when a cycle counts shows as one or two more now and then.
     script = SHRINK_CYCLES.replace("CYCLES", "24").replace("SIZE", "3")
     results = finish(start_ranks(script, 3, tmp_path, plait_env(server, 3, "shm")), 170)
     logs = finish.logs  # type: ignore[attr-defined]
     for res in results:
         assert res is not None, logs
         fds = res["fds"]
-        assert max(fds[-8:]) <= max(fds[:8]), fds  # no growth from cycle to cycle
+        assert max(fds[-8:]) <= max(fds[:8]) + 2, fds  # no growth from cycle to cycle
         assert all(t == res["threads"][0] for t in res["threads"]), res["threads"]
         assert res["threads"][0] == ["MainThread", f"plait-watch-rank{res['rank']}"]
         assert res["left"] == [], logs
