@@ -135,12 +135,10 @@ def read(x: Any, where: str) -> np.ndarray:
             or staged (the message, prefixed with ``where``, says why), or a
             dtype numpy cannot hold.
     """
-    if _tensor.is_tensor(x):
-        if staged(x):
-            return to_host(x, where)
-        return _tensor.as_array(x, where)  # which refuses a meta tensor
     if staged(x):
         return to_host(x, where)
+    if _tensor.is_tensor(x):
+        return _tensor.as_array(x, where)  # which refuses a meta tensor
     try:
         return np.from_dlpack(x)
     except (TypeError, RuntimeError, BufferError, ValueError) as exc:
