@@ -2,12 +2,15 @@
 
 One cluster serves the module. Every collective is checked against numpy in
 one run; then results order, two runs in a row and from two clients at once
-(nothing left in the scheduler), a failing rank, a busy worker, and a worker
-named that does not exist.
+(nothing left in the scheduler), a failing rank, a busy worker, a worker
+named that does not exist, and (last: its worker comes back at a new address)
+a worker killed while its rank runs.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -231,3 +234,27 @@ def test_the_example_runs(cluster: Any) -> None:
     lines = [line for line in res.stdout.splitlines() if line.startswith("rank ")]
     assert len(lines) == SIZE
     assert all(line.endswith("mean [2. 2. 2. 2.]") for line in lines), res.stdout
+
+
+def killed_on_rank_1(comm: plait.Communicator) -> None:
+    comm.allreduce(np.ones(3), timeout=30)
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # the worker process dies with its rank
+    comm.allreduce(np.ones(3), timeout=30)  # the others are in this call when it dies
+
+
+def test_a_worker_killed_mid_run_fails_the_run_naming_it(client: Any) -> None:
+    order = plait.dask.rank_order(client)
+    start = time.monotonic()
+    with pytest.raises(plait.dask.GangError, match="rank 1 of 3") as info:
+        plait.dask.run(client, killed_on_rank_1)
+    assert time.monotonic() - start < 20  # not the others' 30 s timeout
+    err = info.value
+    assert (err.rank, err.worker) == (1, order[1])
+    assert "left the Dask cluster" in str(err)
+    assert set(err.failures) == {0, 1, 2}
+    assert all(isinstance(err.failures[r], plait.PeerLostError) for r in (0, 2))
+    assert err.running == []
+    # The nanny starts the worker again, at a new address: the cluster runs the next job.
+    client.wait_for_workers(SIZE, timeout=30)
+    assert plait.dask.run(client, total, 1) == [6.0] * SIZE

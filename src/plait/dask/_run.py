@@ -35,8 +35,10 @@ Note [a failed rank]
     plait runs on until it returns), and raises :class:`GangError` naming
     the rank that failed first, preferring one whose error is not a
     consequence of another's (a ``PeerLostError``), with its exception as
-    the cause. A worker that leaves the cluster while its rank runs counts
-    as that rank failing: ``run`` checks every :data:`WATCHDOG` seconds.
+    the cause. A worker that leaves the cluster while its rank runs (killed,
+    out of memory) counts as that rank failing of its own accord, although
+    its peers usually see its loss first: ``run`` checks every
+    :data:`WATCHDOG` seconds.
 """
 
 from __future__ import annotations
@@ -372,6 +374,7 @@ def _finish(distributed: Any, client: Any, job: _Job, futures: list[Any]) -> lis
     pending = dict(enumerate(futures))
     failures: dict[int, BaseException] = {}
     order: list[int] = []  # ranks in the order their failures were seen
+    left: set[int] = set()  # ranks whose worker left: a cause, though a PeerLostError
     give_up: float | None = None
     while pending:
         now = time.monotonic()
@@ -395,11 +398,12 @@ def _finish(distributed: Any, client: Any, job: _Job, futures: list[Any]) -> lis
                     f"worker {job.workers[r]} left the Dask cluster while rank {r} ran"
                 )
                 order.append(r)
+                left.add(r)
         if failures and give_up is None:
             give_up = time.monotonic() + FAILURE_GRACE
     if not failures:
         return list(client.gather(futures))
-    raise _gang_error(job, failures, order, sorted(pending))
+    raise _gang_error(job, failures, order, sorted(pending), left)
 
 
 def _exception(future: Any) -> BaseException:
@@ -414,9 +418,15 @@ def _exception(future: Any) -> BaseException:
 
 
 def _gang_error(
-    job: _Job, failures: dict[int, BaseException], order: list[int], running: list[int]
+    job: _Job,
+    failures: dict[int, BaseException],
+    order: list[int],
+    running: list[int],
+    left: set[int],
 ) -> GangError:
-    causes = [r for r in order if not isinstance(failures[r], _CONSEQUENCES)]
+    """The error naming the rank that failed first of those that failed of their own accord
+    (an exception not caused by another rank's loss, or a worker that left), else the first."""
+    causes = [r for r in order if r in left or not isinstance(failures[r], _CONSEQUENCES)]
     rank = causes[0] if causes else order[0]
     exc = failures[rank]
     lines = [
