@@ -243,3 +243,29 @@ def test_a_peer_giving_up_on_a_later_call_does_not_fail_an_earlier_one() -> None
     for r in range(3):
         np.testing.assert_array_equal(results[r, 0], np.full(4, 6.0))  # call #0 everywhere
     assert isinstance(results[1, 1], MismatchError)
+
+
+class _Window:
+    """What compiling a schedule reads of a window: each rank's typed half."""
+
+    def __init__(self, size: int) -> None:
+        self.halves = [np.zeros(4096, np.uint8) for _ in range(size)]
+
+    def typed(self, q: int, half: int, dtype: np.dtype) -> np.ndarray:
+        return self.halves[q].view(dtype)
+
+
+@pytest.mark.parametrize("name", ["arena", "arena_oneshot"])
+def test_a_copy_and_a_reduction_into_one_region_run_as_one_fold(name: str) -> None:
+    # Note [compiled one-sided schedules]: every rank's fold of two operands is one ufunc call
+    # (the bits are checked in tests/integration/test_collectives.py, non-commutative ops too).
+    from plait.algos._registry import build_schedule, get
+    from plait.runtime import one_sided
+
+    for rank in (0, 1):
+        ctx = Context("allreduce", rank, 2, 64, 4, window=4096)
+        schedule = build_schedule(get("allreduce", name), ctx)
+        ops = one_sided._compile(schedule, _Window(2), np.dtype(np.float32), 0)
+        folds = [op for op in ops if op[0] == one_sided._FOLD]
+        assert len(folds) == 1, (rank, schedule.steps)
+        assert len(ops) == len(schedule.steps) - 1

@@ -27,7 +27,15 @@ Note [compiled one-sided schedules]
     operations, one per half of the window, whose window regions are numpy
     views made in advance; only the caller's ``IN`` and ``OUT`` are sliced per
     call, and not at all where a step covers the whole buffer. The compiled
-    form is the schedule's steps in order, with nothing added or dropped; with
+    form is the schedule's steps in order, with nothing added or dropped but
+    one thing: a copy into a region followed at once by a reduction into the
+    same region from a peer (``COPY`` then ``GET_REDUCE``), or a read from a
+    peer followed by a local reduction into it (``GET`` then ``REDUCE``), is
+    one *fold*, ``ufunc(x, y, out=dst)`` with the operands in the steps'
+    order: the same bits, one pass over the region instead of two (at 4 MiB
+    on 2 ranks, a fifth of the bytes the call moves) and one operation fewer.
+    Nobody sees the region between the two steps: peers read this rank's
+    window only after a ``POST``, and none comes between them. With
     PLAIT_TIMELINE the steps run one by one instead, to be reported.
 """
 
@@ -61,8 +69,9 @@ ABANDONED = (1 << 32) - 1
 MISMATCHED = (1 << 32) - 2
 
 # Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
-# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase).
-_POST, _LOCAL, _COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT = range(7)
+# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase);
+# a _FOLD is (code, left operand, destination, right operand, peer, phase).
+_POST, _LOCAL, _COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
 
 
 def run_one_sided(
@@ -145,6 +154,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
         return (int(r.buf), r.offset, r.end)
 
     ops: list[tuple[Any, ...]] = []
+    prev: Step | None = None  # the step of ops[-1] while it may fuse with the next
     for step in schedule.steps:
         kind, s, d = step.kind, step.src, step.dst
         if kind is StepKind.POST:
@@ -154,6 +164,19 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
         elif s is None or d is None:
             raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
         elif kind is StepKind.COPY or kind is StepKind.REDUCE:
+            if (
+                kind is StepKind.REDUCE
+                and prev is not None
+                and prev.kind is StepKind.GET
+                and prev.dst == d
+                and prev.src is not None
+            ):
+                # dst = theirs, then dst = src ∘ dst (first) or dst ∘ src: one fold.
+                theirs = ops[-1][1]
+                x, y = (local(s), theirs) if step.first else (theirs, local(s))
+                ops[-1] = (_FOLD, x, local(d), y, prev.peer, prev.tag)
+                prev = None
+                continue
             if s.buf is not SHARED and d.buf is not SHARED:
                 ops.append((_LOCAL, step))  # between the caller's buffers: as run_local does
             else:
@@ -161,8 +184,22 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                 ops.append((code, local(s), local(d), step.first))
         else:
             theirs = window.typed(step.peer, half, dtype)[s.offset : s.end]
+            if (
+                kind is StepKind.GET_REDUCE
+                and prev is not None
+                and prev.kind is StepKind.COPY
+                and prev.dst == d
+                and prev.src is not None
+            ):
+                # dst = src, then dst = theirs ∘ dst (first) or dst ∘ theirs: one fold.
+                own = local(prev.src)
+                x, y = (theirs, own) if step.first else (own, theirs)
+                ops[-1] = (_FOLD, x, local(d), y, step.peer, step.tag)
+                prev = None
+                continue
             code = _GET if kind is StepKind.GET else _GET_REDUCE
             ops.append((code, theirs, local(d), step.first, step.peer, step.tag))
+        prev = step if kind is StepKind.COPY or kind is StepKind.GET else None
     return ops
 
 
@@ -210,6 +247,11 @@ def _run(
             dst = _part(buffers, dst)
         if code in (_COPY, _GET):
             dst[...] = src
+        elif code == _FOLD:
+            right = op[3]
+            if type(right) is tuple:
+                right = _part(buffers, right)
+            ufunc(src, right, out=dst)
         elif op[3]:
             ufunc(src, dst, out=dst)
         else:
