@@ -1,9 +1,9 @@
 """Every registered algorithm proves its collective's postcondition for p = 1..33.
 
-Counts {0, 1, p-1, p, p+1, a large odd number} up to 17 ranks, {1, p+1, the odd one} above
-(the edge counts behave alike at every p; what a larger p brings is its shape); every root for rooted
-collectives at a few positions; rank order for non-commutative ops where the
-algorithm allows them; aliased IN/OUT (``out=x``) where the algorithm claims it;
+Counts {0, 1, p-1, p, p+1, a large odd number} up to 17 ranks, {1, p+1, the odd one}
+above (the edge counts behave alike at every p; what a larger p brings is its shape);
+every root for rooted collectives at a few positions; rank order for non-commutative
+ops where the algorithm allows them; aliased IN/OUT (``out=x``) where the algorithm claims it;
 and a segmented build. ``prove`` also runs the static checks (bounds, matching
 sends and receives, no deadlock under zero buffering).
 """
