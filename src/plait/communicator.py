@@ -189,8 +189,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
     @property
     def window_bytes(self) -> int:
         """Bytes of the shared window each rank may use per call: the ranks are on one host
-        and share memory, so the one-sided ``arena`` algorithms can run; 0 where they cannot
-        (several hosts, TCP, a split's group, ``PLAIT_SHM_WINDOW=0``)."""
+        and share memory, so the one-sided ``arena`` algorithms can run (a split's group
+        has a window of its own); 0 where they cannot (several hosts, TCP,
+        ``PLAIT_SHM_WINDOW=0``)."""
         return self._window
 
     @property
@@ -301,7 +302,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
             return None
         members = sorted((int(k), r) for r, (c, k) in enumerate(table.tolist()) if c == color)
         ranks = [r for _, r in members]
-        sub = GroupTransport(self._transport, ranks, ranks.index(self._rank))
+        # On one host the group sets up a shared window of its own (Note [split windows]).
+        setup = self._runner.timeout if timeout is None else float(timeout)
+        sub = GroupTransport(self._transport, ranks, ranks.index(self._rank), timeout=setup)
         group = Communicator(
             sub,
             timeout=self._runner.timeout,

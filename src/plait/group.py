@@ -10,6 +10,7 @@ Note [wire tags]
         bit 62      61 ........ 44   43 ........ 24   23 ........ 0
         p2p = 0     comm id (18)     call seq (20)    message index (24)
         p2p = 1     comm id (18)     user tag (31, bits 0..30)
+        p2p = 1     0                bit 32 set: a group's setup (bits 33..43: its hash)
 
     Sequence numbers wrap after 2**20 calls, which is safe because the calls
     of one communicator complete in order on each rank long before that.
@@ -17,15 +18,25 @@ Note [wire tags]
     :mod:`plait.transport.patterns`) that fixes every bit but the user tag's
     (:func:`p2p_pattern`), so it matches its communicator's user messages and
     never a collective's, nor another communicator's.
+
+    A new group's ranks set up its window (:meth:`plait.transport.window.Window.split`)
+    with messages in the point-to-point space of communicator id 0 with bit 32
+    set (:func:`setup_tag`), which no user tag, stall probe or pattern of any
+    communicator has: ``ANY_TAG`` fixes bits 31 and up. Bits 33..43 hold a hash
+    of the group's ranks, so that groups set up at once by other threads on
+    some of the same ranks rarely share the tag; those of one tag meet in the
+    order their ranks make them, as messages of one (peer, tag) do.
 """
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Sequence
 
 from plait.errors import UnsupportedError
 from plait.transport.base import Handle, Matching, Transport
+from plait.transport.window import Window
 
 __all__ = [
     "COMM_ID_BITS",
@@ -35,6 +46,7 @@ __all__ = [
     "p2p_pattern",
     "p2p_tag",
     "probe_tag",
+    "setup_tag",
     "user_tag",
 ]
 
@@ -45,6 +57,11 @@ _P2P = 1 << 62
 _COMM_SHIFT = SEQ_BITS + INDEX_BITS
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 _USER_TAG_MASK = (1 << 31) - 1
+_SETUP = 1 << 32
+_SETUP_HASH_SHIFT = 33
+_SETUP_HASH_MASK = (1 << (_COMM_SHIFT - _SETUP_HASH_SHIFT)) - 1
+#: Seconds a new group's ranks may take to set up its window.
+SETUP_TIMEOUT = 300.0
 
 
 def collective_tag(comm_id: int, seq: int) -> int:
@@ -78,6 +95,12 @@ def user_tag(wire_tag: int) -> int:
     return wire_tag & _USER_TAG_MASK
 
 
+def setup_tag(ranks: Sequence[int]) -> int:
+    """The tag of the messages that set up a group of the parent's ``ranks`` (Note [wire tags])."""
+    digest = zlib.crc32(",".join(map(str, ranks)).encode()) & _SETUP_HASH_MASK
+    return _P2P | (digest << _SETUP_HASH_SHIFT) | _SETUP
+
+
 def child_comm_id(parent_id: int, seq: int, color: int) -> int:
     """Id of the group of ``color`` split from ``parent_id`` by its call ``seq`` (never 0)."""
     digest = zlib.crc32(f"{parent_id}/{seq}/{color}".encode())
@@ -90,14 +113,40 @@ class GroupTransport:
     It adds nothing on the wire (the communicator id in the tag keeps groups
     apart) and never closes the parent: closing a group leaves the parent usable.
     Its byte counters are the parent's: they count every group's traffic.
+
+    Where the parent has a window (its ranks share memory on one host), the
+    group gets one of its own, ``window``: new memory, counters and digests,
+    so that the group's one-sided calls and the parent's, which interleave and
+    number their epochs apart, never share a half or a counter. Making it is a
+    collective of the group's ranks (every one of them constructs its view at
+    the same point of its program, as ``Communicator.split`` does), through the
+    parent's messages (:func:`setup_tag`) within ``timeout`` seconds; see
+    :meth:`plait.transport.window.Window.split`. Otherwise ``window`` is None.
+
+    Raises:
+        RendezvousError, PeerLostError, TransportError: the window could not be
+            set up (a rank absent or lost, the OS refused memory or a socket).
     """
 
-    def __init__(self, parent: Transport, ranks: Sequence[int], rank: int) -> None:
+    def __init__(
+        self,
+        parent: Transport,
+        ranks: Sequence[int],
+        rank: int,
+        *,
+        timeout: float = SETUP_TIMEOUT,
+    ) -> None:
         self.parent = parent
         self.ranks = tuple(ranks)
         self.rank = rank
         self.size = len(self.ranks)
         self._index = {p: i for i, p in enumerate(self.ranks)}  # parent rank -> rank here
+        shared: Window | None = getattr(parent, "window", None)
+        self.window = (
+            None
+            if shared is None
+            else shared.split(self, self.ranks, setup_tag(self.ranks), time.monotonic() + timeout)
+        )
 
     def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Handle:
         return self.parent.isend(self.ranks[peer], tag, data, check)
@@ -149,4 +198,6 @@ class GroupTransport:
         return self.parent.bytes_received  # type: ignore[attr-defined,no-any-return]
 
     def close(self) -> None:
-        """Nothing to release: the parent owns the connections."""
+        """Release the group's window, if any (the parent owns the connections). Idempotent."""
+        if self.window is not None:
+            self.window.release()

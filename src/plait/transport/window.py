@@ -19,6 +19,12 @@ Implementations: :class:`MemoryWindow` (threads of one process, the in-process
 memory transport) here, and :class:`~plait.transport.shm.window.ShmWindow` (the
 shared-memory transport: each rank's window lives in its own segment). A transport
 without one has ``window = None``. See ``docs/transport.md`` (Note [windows]).
+
+A split's group gets a window of its own from :meth:`Window.split` (Note [split
+windows] in :mod:`plait.transport.shm.window`): new memory, counters and digests,
+so that the parent's calls and the group's, which interleave in program order and
+number their epochs apart, never share a half or a counter. The ranks agree on it
+through :func:`exchange`, an allgather over the group's messages.
 """
 
 from __future__ import annotations
@@ -26,20 +32,24 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from plait.errors import PeerLostError
+from plait.errors import PeerLostError, RendezvousError
+from plait.transport.base import Handle, Transport
 
 __all__ = [
     "DEFAULT_WINDOW_BYTES",
+    "EXCHANGE_BYTES",
     "PHASE_BITS",
     "MemoryArena",
     "MemoryWindow",
     "Window",
     "check_half",
     "decreasing_error",
+    "exchange",
     "own_counter_error",
 ]
 
@@ -48,6 +58,10 @@ DEFAULT_WINDOW_BYTES = 2 << 20
 #: A counter value is ``(epoch << PHASE_BITS) | phase``.
 PHASE_BITS = 32
 _MASK64 = (1 << 64) - 1
+#: Bytes of one rank's announcement in :func:`exchange`, at most.
+EXCHANGE_BYTES = 255
+#: The check word of :func:`exchange`'s messages.
+_EXCHANGE_CHECK = 0x57494E44  # b"WIND"
 
 
 class Window(abc.ABC):
@@ -170,6 +184,38 @@ class Window(abc.ABC):
         """The peers whose counter is below ``value`` (for a timeout's message)."""
         return [q for q in range(self.size) if q != self.rank and self.counter(q) < value]
 
+    def split(
+        self, group: Transport, ranks: Sequence[int], tag: int, deadline: float
+    ) -> Window | None:
+        """The window of a group of these ranks, in memory of its own; None if it gets none.
+
+        A collective of the group: each of its ranks calls it with ``group``, the
+        group's transport (its numbering: ``group.rank`` is this rank), and
+        ``ranks``, the group's ranks in this window's numbering (``ranks[i]`` is
+        group rank ``i``); the ranks agree through ``group``'s messages with
+        ``tag`` (:func:`exchange`) before ``deadline`` (a :func:`time.monotonic`
+        time). Every rank gets a window, or every rank gets None (a group of one
+        rank, or memory that some rank could not get). The new window has
+        counters, digests and halves of its own, all zero: its epochs start
+        again at 0. It waits as this one does and fails when a rank's process
+        dies or this rank's transport closes; :meth:`release` frees it. This
+        base class gives None (a window that cannot be split).
+
+        Raises:
+            RendezvousError: some rank did not take part before ``deadline``.
+            PeerLostError: some rank of the group closed or died.
+            TransportError: the OS refused memory or a socket.
+        """
+        return None
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Give the window's memory back (its transport or its group closes); idempotent.
+
+        Later calls raise the transport's closed error. Arrays handed out
+        before keep their memory alive until they are dropped.
+        """
+
 
 def check_half(half: int) -> None:
     """Refuse a half that is not 0 or 1."""
@@ -180,10 +226,21 @@ def check_half(half: int) -> None:
 class MemoryArena:
     """The windows of the ranks of an in-process fabric: arrays, counters, one condition.
 
-    ``lock`` is the fabric's (closing an endpoint notifies ``cond`` under it).
+    ``lock`` is the fabric's (closing an endpoint notifies ``cond`` under it). A
+    split's group gets an arena of its own that shares its parent's ``cond``
+    (``cond=``), so that closing an endpoint wakes its waiters too. ``splits``
+    holds the arenas of groups being set up, under the number group rank 0 sent
+    its peers, until each peer has taken its own (:meth:`MemoryWindow.split`).
     """
 
-    def __init__(self, size: int, capacity: int, lock: threading.Lock) -> None:
+    def __init__(
+        self,
+        size: int,
+        capacity: int,
+        lock: threading.Lock | None,
+        *,
+        cond: threading.Condition | None = None,
+    ) -> None:
         self.capacity = capacity
         self.halves = [
             (buf[:capacity], buf[capacity:])
@@ -191,7 +248,24 @@ class MemoryArena:
         ]
         self.counters = [0] * size
         self.digests = [[0, 0] for _ in range(size)]
-        self.cond = threading.Condition(lock)
+        self.cond = threading.Condition(lock) if cond is None else cond
+        self.splits: dict[int, list[Any]] = {}  # number -> [arena, peers yet to take it]
+        self._made = 0
+
+    def offer(self, arena: MemoryArena, takers: int) -> int:
+        """Keep ``arena`` until ``takers`` peers have taken it; its number (lock held)."""
+        self._made += 1
+        self.splits[self._made] = [arena, takers]
+        return self._made
+
+    def take(self, number: int) -> MemoryArena:
+        """The arena offered under ``number``, forgotten after its last taker (lock held)."""
+        entry = self.splits[number]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.splits[number]
+        arena: MemoryArena = entry[0]
+        return arena
 
 
 class MemoryWindow(Window):
@@ -215,6 +289,7 @@ class MemoryWindow(Window):
         self._counters = arena.counters
         self._closed = closed
         self._closed_error = closed_error
+        self._released = False
         self._peers: list[tuple[np.ndarray, np.ndarray]] = []
         for q, (h0, h1) in enumerate(arena.halves):
             if q != rank:
@@ -235,7 +310,7 @@ class MemoryWindow(Window):
     def post(self, value: int) -> None:
         """Publish ``value`` and wake waiting ranks (see :meth:`Window.post`)."""
         with self._arena.cond:
-            if self._closed(self.rank):
+            if self._released or self._closed(self.rank):
                 raise self._closed_error()
             if value < self._counters[self.rank]:
                 raise decreasing_error(self.rank, self._counters[self.rank], value)
@@ -251,7 +326,7 @@ class MemoryWindow(Window):
         cond = self._arena.cond
         with cond:
             while True:
-                if self._closed(self.rank):
+                if self._released or self._closed(self.rank):
                     raise self._closed_error()
                 if self._counters[q] >= value:
                     return True
@@ -273,6 +348,88 @@ class MemoryWindow(Window):
 
     def _set_digest(self, half: int, digest: int) -> None:
         self._arena.digests[self.rank][half] = digest
+
+    def split(
+        self, group: Transport, ranks: Sequence[int], tag: int, deadline: float
+    ) -> MemoryWindow | None:
+        """A new arena for the group (see :meth:`Window.split`).
+
+        Group rank 0 makes it and offers it in this arena under a number, which it
+        sends the others; each takes the arena by that number.
+        """
+        if group.size < 2:
+            return None
+        arena, me = self._arena, group.rank
+        mine = b""
+        if me == 0:
+            child = MemoryArena(group.size, arena.capacity, None, cond=arena.cond)
+            with arena.cond:
+                mine = arena.offer(child, group.size - 1).to_bytes(8, "little")
+        number = int.from_bytes(exchange(group, mine, tag, deadline)[0], "little")
+        if me != 0:
+            with arena.cond:
+                child = arena.take(number)
+        members = tuple(ranks)
+        parent_closed = self._closed
+        return MemoryWindow(child, me, lambda q: parent_closed(members[q]), self._closed_error)
+
+    def release(self) -> None:
+        """Later calls raise the closed error (see :meth:`Window.release`)."""
+        with self._arena.cond:
+            self._released = True
+            self._arena.cond.notify_all()
+
+
+def exchange(group: Transport, mine: bytes, tag: int, deadline: float) -> list[bytes]:
+    """Every rank's ``mine`` (up to :data:`EXCHANGE_BYTES`) in rank order: an allgather.
+
+    One message of ``EXCHANGE_BYTES + 1`` bytes (a length, then the bytes) to every
+    other rank of ``group`` with ``tag``, and one from each, so that ranks that set
+    up a group's window agree through the transport they already share.
+
+    Raises:
+        RendezvousError: some rank's message did not arrive before ``deadline``
+            (a :func:`time.monotonic` time); it names them.
+        PeerLostError, MismatchError, ClosedError: a message failed so.
+        ValueError: ``mine`` is too long.
+    """
+    if len(mine) > EXCHANGE_BYTES:
+        raise ValueError(f"an announcement holds {EXCHANGE_BYTES} bytes at most, got {len(mine)}")
+    me, size = group.rank, group.size
+    frames = [bytearray(EXCHANGE_BYTES + 1) for _ in range(size)]
+    frames[me][0] = len(mine)
+    frames[me][1 : 1 + len(mine)] = mine
+    out = bytes(frames[me])
+    recvs: dict[int, Handle] = {
+        q: group.irecv(q, tag, memoryview(frames[q]), _EXCHANGE_CHECK)
+        for q in range(size)
+        if q != me
+    }
+    handles = [*recvs.values()]
+    handles += [
+        group.isend(q, tag, memoryview(out), _EXCHANGE_CHECK) for q in range(size) if q != me
+    ]
+    try:
+        while True:
+            err = next((h.error for h in handles if h.error is not None), None)
+            if err is not None:
+                raise err
+            pending = [h for h in handles if not h.done]
+            if not pending:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0 or not group.wait_any(pending, left):
+                absent = sorted(q for q, h in recvs.items() if not h.done)
+                raise RendezvousError(
+                    f"rank {me} of a new group: ranks {absent} of the group did not take part "
+                    "in setting up its window in time"
+                )
+    except BaseException:
+        for h in handles:
+            if not h.done:
+                group.cancel(h)
+        raise
+    return [bytes(f[1 : 1 + f[0]]) for f in frames]
 
 
 def decreasing_error(rank: int, have: int, value: int) -> ValueError:

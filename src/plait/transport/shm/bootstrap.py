@@ -1,7 +1,10 @@
 """The shared-memory rendezvous: job token, segments, doorbell sockets, unlinking.
 
 Steps, names and cleanup rules: ``docs/transport.md`` (Note [segment names], Note
-[lifetime and cleanup]).
+[lifetime and cleanup]). :func:`join` meets the ranks of a transport through the
+store; :func:`join_window` runs the same rendezvous for the window of a split's
+group, announcing through the group's messages instead (Note [split windows] in
+:mod:`plait.transport.shm.window`).
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ import secrets
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from plait.errors import CommError, RendezvousError, TransportError
+from plait.errors import CommError, PeerLostError, RendezvousError, TransportError
 from plait.rendezvous.store import Store
 from plait.transport.shm import segment
 from plait.transport.shm.doorbell import peer_credentials, peer_pid, process_start
 from plait.transport.shm.ring import RingEnd, segment_bytes
 from plait.transport.shm.segment import (
+    CONTROL_BYTES,
     MAGIC,
     SHM_DIR,
     VERSION,
@@ -35,13 +39,15 @@ from plait.transport.shm.segment import (
 )
 from plait.transport.shm.window import arena_bytes, check_arena
 
-__all__ = ["JOB_RE", "Joined", "Wire", "join"]
+__all__ = ["JOB_RE", "Joined", "Wire", "join", "join_window"]
 
 _HELLO = struct.Struct("<Q16s")  # rank, job token (to reject strangers)
 #: Random bytes at the end of every segment and socket name (Note [segment names]).
 _TAIL_BYTES = 8
 _TAIL_RE = re.compile(f"[0-9a-f]{{{2 * _TAIL_BYTES}}}")
 JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: Seconds between looks at whether the ranks waited for still run (where the caller can tell).
+_ALIVE_SECONDS = 1.0
 
 
 class Wire:
@@ -104,20 +110,60 @@ def join(
         TransportError: the OS refused a segment or socket.
     """
     r = _Join(rank, size, names)
-    try:
-        return r.run(store, timeout, job, slots, slot_bytes, window)
-    except (CommError, ValueError):
-        r.release()
-        raise
-    except OSError as exc:
-        r.release()
-        kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
-        raise kind(f"rank {names[rank]}: shared-memory rendezvous failed: {exc}") from exc
-    except BaseException:
-        r.release()
-        raise
-    finally:
-        r.unlink()
+    joined = r.guarded(lambda: r.run(store, timeout, job, slots, slot_bytes, window))
+    assert joined is not None
+    return joined
+
+
+def join_window(
+    rank: int,
+    size: int,
+    *,
+    names: Sequence[int],
+    job: str,
+    window: int,
+    announce: Callable[[bytes], list[bytes]],
+    timeout: float,
+    alive: Callable[[int], bool] | None = None,
+) -> Joined | None:
+    """Segments holding only a window, for a group of ranks that met already (a split's).
+
+    The same rendezvous as :func:`join` (Note [lifetime and cleanup]): each rank
+    creates a segment of a control block and an arena of ``window`` bytes per
+    half and unlinks it at once, listens on a socket, and the ranks hand their
+    segments' files to each other over connected sockets, which are closed
+    again once every rank has mapped every segment (waiting goes through the
+    transport the group already has). Only the store is replaced:
+    ``announce(mine)`` must return every rank's announcement in rank order
+    (an allgather over the group's messages). ``job`` starts the names, so
+    that ``plait run`` and the leak checks find them as the job's.
+
+    Returns None, on every rank alike, when some rank could not create its
+    segment (``/dev/shm`` full): the group then has no window. ``alive(r)``
+    tells whether rank ``r`` still runs (checked every second while waiting
+    for it to connect).
+
+    Raises:
+        RendezvousError, TransportError: as :func:`join` (and whatever
+            ``announce`` raises).
+        PeerLostError: a rank died before it connected.
+    """
+    r = _Join(rank, size, names)
+    deadline = time.monotonic() + timeout
+    return r.guarded(
+        lambda: r.meet(
+            job,
+            f"plait-{job}-split",
+            0,
+            0,
+            window,
+            announce,
+            deadline,
+            timeout,
+            optional=True,
+            alive=alive,
+        )
+    )
 
 
 class _Join:
@@ -130,6 +176,23 @@ class _Join:
         self.path: str | None = None  # our segment's file until unlinked
         self.seg: Segment | None = None
         self.wires: list[Wire] = []
+
+    def guarded(self, body: Callable[[], Joined | None]) -> Joined | None:
+        """``body()``; on failure release what it made; in any case unlink our segment's file."""
+        try:
+            return body()
+        except (CommError, ValueError):
+            self.release()
+            raise
+        except OSError as exc:
+            self.release()
+            kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
+            raise kind(f"rank {self.me}: shared-memory rendezvous failed: {exc}") from exc
+        except BaseException:
+            self.release()
+            raise
+        finally:
+            self.unlink()
 
     def run(
         self,
@@ -158,18 +221,73 @@ class _Join:
                 raise RendezvousError(
                     f"rank {self.me}: job {job!r} differs from rank {self.names[0]}'s {token!r}"
                 )
+
+        def announce(mine: bytes) -> list[bytes]:
+            store.set(prefix + f"ready/{rank}", mine)
+            store.wait([prefix + f"ready/{r}" for r in range(size)], left())
+            return [store.get(prefix + f"ready/{r}") for r in range(size)]
+
         # Several transports of one job (one per group) must not collide either, and
         # no other process may squat a name: see Note [segment names].
-        self.name = f"plait-{token}-g{generation}"
+        joined = self.meet(
+            token,
+            f"plait-{token}-g{generation}",
+            slots,
+            slot_bytes,
+            window,
+            announce,
+            deadline,
+            timeout,
+        )
+        assert joined is not None
+        return joined
+
+    def meet(
+        self,
+        token: str,
+        name: str,
+        slots: int,
+        slot_bytes: int,
+        window: int,
+        announce: Callable[[bytes], list[bytes]],
+        deadline: float,
+        timeout: float,
+        *,
+        optional: bool = False,
+        alive: Callable[[int], bool] | None = None,
+    ) -> Joined | None:
+        """Create, announce, connect, hand over and map: the rendezvous after the namespace.
+
+        ``slots`` 0: the segment holds no rings, only the control block and the
+        window. ``optional``: a segment this rank cannot create is announced as
+        none (an empty announcement) instead of raising, and if any rank
+        announces none, every rank returns None. ``alive(r)``: whether rank
+        ``r`` still runs, for ranks that already share a transport: one that
+        dies before it connects fails the wait for it (PeerLostError) instead
+        of letting it run to the deadline.
+        """
+        rank, size = self.rank, self.size
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.001)
+
+        self.name = name
         tail = secrets.token_hex(_TAIL_BYTES)
         own = f"{self.name}-{rank}-{tail}"
         self.path = os.path.join(SHM_DIR, own)
-        rings = segment_bytes(size, slots, slot_bytes)  # the arena follows the rings
+        # The arena follows the rings (or the control block alone).
+        rings = segment_bytes(size, slots, slot_bytes) if slots else CONTROL_BYTES
         nbytes = rings + arena_bytes(window)
         try:
             seg = self.seg = segment.create(self.path, nbytes, self.me, token)
-        except BaseException:
+        except TransportError:
             self.path = None  # create() removed it
+            if not optional:
+                raise
+            announce(b"")  # the others learn that this group has no window
+            return None
+        except BaseException:
+            self.path = None
             raise
         w = seg.words
         w[W_VERSION] = VERSION
@@ -189,10 +307,12 @@ class _Join:
         try:
             listener.bind(f"\0{own}")  # abstract namespace: nothing to clean up
             listener.listen(size)
-            store.set(prefix + f"ready/{rank}", f"{tail}:{nbytes}".encode())
-            store.wait([prefix + f"ready/{r}" for r in range(size)], left())
+            announced = announce(f"{tail}:{nbytes}".encode())
+            if optional and not all(announced):  # some rank has no segment
+                self.release()
+                return None
             for p in self.wires:
-                p.name, p.nbytes = self._announced(store.get(prefix + f"ready/{p.rank}"), p.rank)
+                p.name, p.nbytes = self._announced(announced[p.rank], p.rank)
             hello_token = token.encode()[:16].ljust(16, b"\0")
             for p in self.wires:
                 if p.rank < rank:
@@ -212,10 +332,19 @@ class _Join:
                     sock.sendall(_HELLO.pack(rank, hello_token))
             missing = {p.rank for p in self.wires if p.rank > rank}
             while missing:
-                listener.settimeout(left())
+                # With a way to tell, look every second whether a rank waited for is gone.
+                listener.settimeout(left() if alive is None else min(left(), _ALIVE_SECONDS))
                 try:
                     conn, _ = listener.accept()
                 except TimeoutError:
+                    gone = sorted(self.names[r] for r in missing if alive and not alive(r))
+                    if gone:
+                        raise PeerLostError(
+                            f"rank {self.me}: ranks {gone} were lost while setting up "
+                            "shared memory with this rank"
+                        ) from None
+                    if time.monotonic() < deadline:
+                        continue
                     raise RendezvousError(
                         f"rank {self.me}: ranks {sorted(self.names[r] for r in missing)} did "
                         "not connect to the "
@@ -294,11 +423,17 @@ class _Join:
                 f"rank {self.me}: {path} is not a plait segment of this job "
                 f"(size {w[W_SIZE]}, expected {self.size})"
             )
-        # Senders follow the geometry the receiver recorded in its control block.
-        p.out = RingEnd(self.rank, p.rank, w[W_SLOTS], w[W_SLOT_BYTES])
+        if (w[W_SLOTS] == 0) != (slots == 0):  # a window's segment where rings are due, or not
+            raise RendezvousError(
+                f"rank {self.me}: {path} is not a segment of the kind this rendezvous makes "
+                f"({w[W_SLOTS]} slots per ring, expected {slots})"
+            )
         p.window = (int(w[W_WINDOW]), int(w[W_WINDOW_BYTES]))
         check_arena(*p.window, p.nbytes, self.me, path)
-        p.inbound = RingEnd(p.rank, self.rank, slots, slot_bytes)
+        if slots:
+            # Senders follow the geometry the receiver recorded in its control block.
+            p.out = RingEnd(self.rank, p.rank, w[W_SLOTS], w[W_SLOT_BYTES])
+            p.inbound = RingEnd(p.rank, self.rank, slots, slot_bytes)
 
     def unlink(self) -> None:
         if self.path is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import PeerLostError
@@ -21,7 +23,7 @@ from plait.transport.shm.ring import HDR, SLOT_HEADER, RingEnd
 from plait.transport.shm.segment import W_CLOSED, W_SLEEPING, Fence, Segment
 
 if TYPE_CHECKING:
-    from plait.transport.shm.window import CounterWait
+    from plait.transport.shm.window import CounterWait, ShmWindow
 
 __all__ = ["ShmLink"]
 
@@ -77,6 +79,8 @@ class ShmLink:
         self._by_fd: dict[int, _Peer] = {}
         #: Waits for peers' window counters, completed in progress().
         self._counters: list[CounterWait] = []
+        #: The windows of split groups over this link (Note [split windows]), released with it.
+        self._windows: weakref.WeakSet[ShmWindow] = weakref.WeakSet()
         self._last_pid_check = time.monotonic()
         for p in self._peers:
             assert p.sock is not None
@@ -201,7 +205,9 @@ class ShmLink:
             self._fence()
 
     def release(self) -> None:
-        """Close the sockets and unmap every segment (idempotent)."""
+        """Close the sockets and unmap every segment, the groups' windows' too (idempotent)."""
+        for window in list(self._windows):
+            window.release()
         for p in self._peers:
             if p.sock is not None:
                 self._ep.unwatch(p.sock.fileno())
@@ -234,11 +240,28 @@ class ShmLink:
         if w in self._counters:
             self._counters.remove(w)
 
-    def ring_sleepers(self) -> None:
-        """Ring every live peer whose sleeping flag is up (after a window's counter store)."""
-        for p in self._peers:
+    def ring_sleepers(self, ranks: Sequence[int]) -> None:
+        """Ring each live peer of ``ranks`` whose sleeping flag is up (after a counter store)."""
+        for rank in ranks:
+            p = self.by_rank[rank]
             if p.lost is None and p.seg is not None and p.seg.words[W_SLEEPING]:
                 self._ring(p)
+
+    def alive(self, rank: int) -> bool:
+        """Whether peer ``rank`` is not lost and, if its process is visible, still runs.
+
+        Reads only: callable without the endpoint's lock (a split's rendezvous).
+        """
+        p = self.by_rank[rank]
+        return p.lost is None and (not p.pid or alive(p.pid, p.pid_start))
+
+    def keep(self, window: ShmWindow) -> None:
+        """Release a split group's ``window`` when this link is released.
+
+        Held weakly: a window its group dropped goes with it; one its group
+        released already is released again at no cost.
+        """
+        self._windows.add(window)
 
     def _poll_counters(self) -> bool:
         """Complete the counter waits whose counter has reached its value; whether any did."""

@@ -50,26 +50,73 @@ again only in ``begin(n + 2)``, after every peer has ended call ``n``. Counters 
 written by their owner only and only grow (``(epoch << 32) | phase``, then
 ``(epoch + 1) << 32`` at the end of the call), so "at least ``v``" never turns
 false again and no read-modify-write is needed.
+
+Note [split windows]
+~~~~~~~~~~~~~~~~~~~~
+
+A communicator from ``comm.split`` numbers its one-sided calls from 0 (its own
+epochs), and its calls interleave with the parent's in program order, so it
+cannot use the parent's arena: two calls of epoch ``n`` (one of each) would
+write the same half and post the same counter values. So its ranks get a
+window of their own (:meth:`ShmWindow.split`, called by the group's
+``GroupTransport`` when it is made):
+
+* Memory: every rank of the group creates one more segment, a control block and
+  an arena of the parent's capacity (no rings: ``W_SLOTS`` 0), named
+  ``plait-<job>-split-<group rank>-<random>``, and unlinks it at once. The ranks
+  announce ``<random>:<bytes>`` to each other through the parent's messages
+  (:func:`~plait.transport.window.exchange`, a tag of its own: Note [wire tags]
+  in :mod:`plait.group`) instead of the store, and then run the rendezvous of
+  the transport itself (:func:`~plait.transport.shm.bootstrap.join_window`):
+  each listens on an abstract socket, the ranks connect, check each other's
+  user, hand their segment's open file over (``SCM_RIGHTS``), map each other's
+  with the same checks, say so, and close these sockets. A file is unlinked
+  before its name is announced, so nothing stays in ``/dev/shm`` after any exit,
+  kill -9 included. A rank that cannot create its segment (``/dev/shm`` full)
+  announces none, and then no rank of the group gets a window: the group's
+  calls go through messages, as they did before.
+* Waiting and failing: the group's counters are waited on through the parent
+  transport's link, as :class:`CounterWait` operations naming the peer by its
+  rank there; its doorbells wake the sleepers (a post rings only the group's
+  peers whose sleeping flag, in their transport's control block, is up, after
+  the same store-fence-load), and the loss of a peer's process or transport fails
+  the waits on its counters with PeerLostError, as in the parent's window.
+* Reuse: the group's calls alternate the halves of the group's window by the
+  group's epochs (Note [window reuse], which holds for each window on its own:
+  it only uses the window's own counters, and a rank's calls of one
+  communicator run one after the other); the parent's calls use the parent's
+  halves and counters. The two share no byte of memory and no counter, so
+  however they interleave, neither can overwrite what a reader of the other
+  still reads. A split of a split gets its own the same way (its peers named
+  through both renumberings).
+* Release: closing the group releases its window (its views and the segments it
+  mapped); closing the transport releases the windows of every group still
+  open (the link keeps them, weakly); process exit unmaps the rest. A peer's
+  memory stays mapped by whoever still maps it, so closing one rank's group
+  never pulls memory from under another rank. A group of one rank gets no window.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from plait.errors import RendezvousError
-from plait.transport.base import may_spin
+from plait.transport.base import Transport, may_spin
 from plait.transport.link import Op
-from plait.transport.shm.segment import CONTROL_BYTES, W_SLEEPING, Fence
+from plait.transport.shm.segment import CONTROL_BYTES, W_SLEEPING, Fence, Segment
 from plait.transport.window import (
     DEFAULT_WINDOW_BYTES,
     Window,
     check_half,
     decreasing_error,
+    exchange,
     own_counter_error,
 )
 
@@ -178,50 +225,63 @@ class CounterWait(Op):
 
 
 class ShmWindow(Window):
-    """Rank ``rank``'s window among the ranks of one shared-memory transport.
+    """Rank ``rank``'s window among the ranks of one shared-memory transport, or of a group.
 
-    Made by :meth:`build`; see the module docstring and :class:`~plait.transport.window.Window`.
+    Made by :meth:`build` (the transport's) or :meth:`split` (a group's); see the
+    module docstring and :class:`~plait.transport.window.Window`.
+
+    Args:
+        endpoint, link: the transport whose link sleeps on the doorbells, notices
+            lost peers and completes the :class:`CounterWait` operations.
+        rank: this rank in the window's numbering.
+        arenas: for every rank of the window, in its numbering, ``(its rank in
+            the endpoint, the segment holding its arena, the arena's offset)``.
+        capacity: bytes of each half (the same on every rank).
+        owned: segments this window maps for itself (a group's), unmapped by
+            :meth:`release`; the transport's own belong to its link.
     """
 
     def __init__(
         self,
         endpoint: Endpoint,
         link: ShmLink,
-        joined: Joined,
+        rank: int,
+        arenas: Sequence[tuple[int, Segment, int]],
         capacity: int,
+        *,
+        owned: Sequence[Segment] = (),
     ) -> None:
-        self.rank = rank = endpoint.rank
-        self.size = size = endpoint.size
+        self.rank = rank
+        self.size = len(arenas)
         self.capacity = capacity
         self._ep = endpoint
         self._link = link
         self._fence = Fence()
         #: More ranks on this host than cores: yield the CPU between polls (Note [windows]).
-        self._crowded = size > (os.cpu_count() or 1)
+        self._crowded = endpoint.size > (os.cpu_count() or 1)
         self._released = False
+        self._releasing = threading.Lock()
         self._last = 0
-        ctr: list[tuple[Any, int]] = [(None, 0)] * size
-        halves: list[tuple[np.ndarray, np.ndarray]] = [(_EMPTY, _EMPTY)] * size
-        seg = joined.seg
-        offset = joined.window[0]
-        ctr[rank] = (seg.words, offset // 8 + _W_COUNTER)
-        halves[rank] = _halves(seg.arr, offset, capacity, writable=True)
-        self._words: Any = seg.words
-        self._index = offset // 8 + _W_COUNTER
-        self._digest = offset // 8 + _W_DIGEST
-        self._digests: list[tuple[Any, int]] = [(None, 0)] * size
-        self._digests[rank] = (seg.words, self._digest)
+        self._owned = list(owned)
+        #: Each rank's rank in the endpoint (the link's numbering: waits, losses, doorbells).
+        self._roots = [root for root, _, _ in arenas]
+        self._ring = [root for q, root in enumerate(self._roots) if q != rank]
+        self._ctr: list[tuple[Any, int]] = []
+        self._digests: list[tuple[Any, int]] = []
+        self._halves: list[tuple[np.ndarray, np.ndarray]] = []
         self._flags: list[Any] = []  # each peer's control words (its sleeping flag)
-        for wire in joined.wires:
-            assert wire.seg is not None
-            off = wire.window[0]
-            words = wire.seg.words
-            ctr[wire.rank] = (words, off // 8 + _W_COUNTER)
-            self._digests[wire.rank] = (words, off // 8 + _W_DIGEST)
-            halves[wire.rank] = _halves(wire.seg.arr, off, capacity, writable=False)
-            self._flags.append(words)
-        self._ctr = ctr
-        self._halves = halves
+        for q, (root, seg, offset) in enumerate(arenas):
+            words = seg.words
+            self._ctr.append((words, offset // 8 + _W_COUNTER))
+            self._digests.append((words, offset // 8 + _W_DIGEST))
+            self._halves.append(_halves(seg.arr, offset, capacity, writable=q == rank))
+            if q != rank:
+                peer = link.by_rank[root].seg
+                assert peer is not None
+                self._flags.append(peer.words)
+        self._words: Any = self._ctr[rank][0]
+        self._index = self._ctr[rank][1]
+        self._digest = self._digests[rank][1]
 
     @classmethod
     def build(cls, endpoint: Endpoint, link: ShmLink, joined: Joined) -> ShmWindow | None:
@@ -229,10 +289,56 @@ class ShmWindow(Window):
 
         Its capacity is the smallest any rank recorded, so every rank computes the same.
         """
-        capacities = [joined.window[1], *(w.window[1] for w in joined.wires)]
-        if min(capacities) == 0:
+        capacity = _agreed(joined)
+        if capacity == 0:
             return None
-        return cls(endpoint, link, joined, min(capacities))
+        return cls(endpoint, link, endpoint.rank, _arenas(joined, endpoint.rank), capacity)
+
+    def split(
+        self, group: Transport, ranks: Sequence[int], tag: int, deadline: float
+    ) -> ShmWindow | None:
+        """A group's window in segments of its own (Note [split windows]; :meth:`Window.split`)."""
+        from plait.transport.shm.bootstrap import join_window  # it imports this module
+
+        if group.size < 2:
+            return None
+        ep, link = self._ep, self._link
+        if self._released or ep.closed:
+            raise ep.closed_error()
+        roots = [self._roots[r] for r in ranks]
+        joined = join_window(
+            group.rank,
+            group.size,
+            names=[ep.name(r) for r in roots],
+            job=link.job,
+            window=self.capacity,
+            announce=lambda mine: exchange(group, mine, tag, deadline),
+            timeout=max(deadline - time.monotonic(), 1e-3),
+            alive=lambda q: link.alive(roots[q]),
+        )
+        if joined is None:
+            return None
+        segments = [joined.seg, *(w.seg for w in joined.wires if w.seg is not None)]
+        for w in joined.wires:  # the handover is done: the link's doorbells serve from here on
+            if w.sock is not None:
+                w.sock.close()
+                w.sock = None
+        try:
+            capacity = _agreed(joined)
+            arenas = [
+                (roots[q], seg, offset)
+                for q, (_, seg, offset) in enumerate(_arenas(joined, group.rank))
+            ]
+            window = ShmWindow(ep, link, group.rank, arenas, capacity, owned=segments)
+            with ep.lock:
+                if ep.closed:
+                    raise ep.closed_error()
+                link.keep(window)  # released with the transport, if not before
+        except BaseException:
+            for seg in segments:
+                seg.release()
+            raise
+        return window
 
     # -- the data --------------------------------------------------------------------------------
     def local(self, half: int) -> np.ndarray:
@@ -286,7 +392,7 @@ class ShmWindow(Window):
         ep = self._ep
         with ep.lock:
             if not ep.closed:
-                self._link.ring_sleepers()
+                self._link.ring_sleepers(self._ring)
 
     def wait(self, q: int, value: int, deadline: float | None) -> bool:
         """Until rank ``q``'s counter reaches ``value`` (see :meth:`Window.wait`)."""
@@ -329,7 +435,7 @@ class ShmWindow(Window):
     def _sleep(self, q: int, words: Any, index: int, value: int, deadline: float | None) -> bool:
         """Wait through the link: the endpoint sleeps on doorbells and notices lost peers."""
         ep, link = self._ep, self._link
-        w = CounterWait(q, words, index, value)
+        w = CounterWait(self._roots[q], words, index, value)
         with ep.lock:
             if ep.closed:
                 raise ep.closed_error()
@@ -350,16 +456,40 @@ class ShmWindow(Window):
         return bool(words[index] >= value)
 
     def release(self) -> None:
-        """Drop the views (the transport closes); later calls raise its closed error."""
-        self._released = True
-        self._words = None
-        self._flags = []
-        self._ctr = [(None, 0)] * self.size
-        self._digests = [(None, 0)] * self.size
-        self._halves = [(_EMPTY, _EMPTY)] * self.size
+        """Drop the views, and unmap a group's segments (its group or the transport closes).
+
+        Later calls raise the transport's closed error. Idempotent.
+        """
+        with self._releasing:  # the group and the transport may close on two threads at once
+            self._released = True
+            self._words = None
+            self._flags = []
+            self._ctr = [(None, 0)] * self.size
+            self._digests = [(None, 0)] * self.size
+            self._halves = [(_EMPTY, _EMPTY)] * self.size
+            self.__dict__.pop("_typed", None)  # typed views and compiled schedules hold memory
+            self.__dict__.pop("compiled", None)
+            owned, self._owned = self._owned, []
+            for seg in owned:
+                seg.release()
 
 
 _EMPTY = np.zeros(0, dtype=np.uint8)
+
+
+def _agreed(joined: Joined) -> int:
+    """The capacity of a window: the smallest any rank recorded (0: none)."""
+    return min([joined.window[1], *(w.window[1] for w in joined.wires)])
+
+
+def _arenas(joined: Joined, rank: int) -> list[tuple[int, Segment, int]]:
+    """``(rank, segment, arena offset)`` of every rank of ``joined``, in rank order."""
+    arenas: list[tuple[int, Segment, int]] = [(rank, joined.seg, joined.window[0])]
+    for wire in joined.wires:
+        assert wire.seg is not None
+        arenas.append((wire.rank, wire.seg, wire.window[0]))
+    arenas.sort(key=lambda a: a[0])
+    return arenas
 
 
 def _halves(

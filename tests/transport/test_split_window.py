@@ -1,0 +1,380 @@
+"""A split's group gets a window of its own: its memory, counters and digests, set up by messages.
+
+Ranks are threads, over the memory transport and the shared-memory transport; the real
+processes (kill -9, the collectives through a communicator) are in
+``tests/multiprocess/test_split_windows.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+from shm_helpers import in_threads, no_leftovers  # noqa: F401 - no_leftovers: autouse fixture
+
+import plait
+from plait.errors import ClosedError, MismatchError, PeerLostError, RendezvousError, TransportError
+from plait.group import GroupTransport, p2p_pattern, probe_tag, setup_tag
+from plait.rendezvous.store import MemoryStore
+from plait.testing import run_ranks
+from plait.transport.endpoint import Endpoint
+from plait.transport.memory import MemoryFabric
+from plait.transport.shm import ShmTransport, segment
+from plait.transport.shm.link import ShmLink
+from plait.transport.window import Window, exchange
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)"),
+    pytest.mark.timeout(60),
+]
+
+KINDS = ["memory", "shm"]
+WINDOW = 64 << 10
+
+
+@contextlib.contextmanager
+def world(kind: str, size: int, window: int = WINDOW) -> Iterator[list[Endpoint]]:
+    """``size`` endpoints of one transport with windows of ``window`` bytes per half."""
+    ts: list[Endpoint]
+    if kind == "memory":
+        ts = list(MemoryFabric(size, window=window).endpoints)
+    else:
+        store = MemoryStore(timeout=20)
+        ts = in_threads(
+            [
+                partial(
+                    ShmTransport,
+                    r,
+                    size,
+                    store,
+                    timeout=20,
+                    slot_bytes=4096,
+                    slots=2,
+                    window_bytes=window,
+                )
+                for r in range(size)
+            ]
+        )
+    try:
+        yield ts
+    finally:
+        for t in ts:
+            t.close()
+
+
+def groups(parents: Sequence[Any], members: Sequence[Sequence[int]], **kw: Any) -> list[Any]:
+    """Every member's GroupTransport, built at once on a thread each; indexed like ``parents``.
+
+    ``members``: the groups, each a list of parent ranks in group order.
+    """
+    where = {p: (ranks, ranks.index(p)) for ranks in members for p in ranks}
+    order = sorted(where)
+    made = in_threads(
+        [partial(GroupTransport, parents[p], where[p][0], where[p][1], **kw) for p in order]
+    )
+    out: list[Any] = [None] * len(parents)
+    for p, g in zip(order, made, strict=True):
+        out[p] = g
+    return out
+
+
+def win(t: Any) -> Window:
+    assert t.window is not None
+    return t.window  # type: ignore[no-any-return]
+
+
+def soon(seconds: float = 20.0) -> float:
+    return time.monotonic() + seconds
+
+
+def rounds(w: Window, start: int, n: int, seed: int) -> list[int]:
+    """``n`` calls from epoch ``start``: write, post, read every peer; the sums read."""
+    sums = []
+    for epoch in range(start, start + n):
+        half = w.begin(epoch, 1000 + epoch, soon())
+        w.local(half)[:8] = (seed + epoch) & 0xFF
+        w.post((epoch << 32) | 1)
+        total = 0
+        for q in range(w.size):
+            if q != w.rank:
+                assert w.wait(q, (epoch << 32) | 1, soon())
+                assert w.digest(q, half) == 1000 + epoch
+                total += int(w.peer(q, half)[0])
+        w.end(epoch)
+        sums.append(total)
+    return sums
+
+
+# -- the tag ---------------------------------------------------------------------------------------
+
+
+def test_the_setup_tag_is_nobody_elses() -> None:
+    """No user tag, probe or ANY_TAG pattern of any communicator takes a setup message."""
+    tags = {setup_tag(r) for r in ([0, 1], [1, 0], [0, 2, 3], list(range(40)))}
+    assert len(tags) == 4
+    assert all(0 < t < 1 << 63 for t in tags)
+    for comm_id in (0, 1, (1 << 18) - 1):
+        for tag in tags:
+            want, mask = p2p_pattern(comm_id, None)
+            assert tag & mask != want & mask
+            assert tag != probe_tag(comm_id)
+            assert tag != p2p_pattern(comm_id, (1 << 31) - 1)[0]
+
+
+# -- windows of their own --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_groups_get_windows_of_their_own(kind: str) -> None:
+    with world(kind, 4) as ts:
+        gs = groups(ts, [[0, 2], [3, 1]])
+        try:
+            for r, g in enumerate(gs):
+                w, parent = win(g), win(ts[r])
+                assert (w.rank, w.size, w.capacity) == (g.rank, 2, parent.capacity)
+                assert not np.shares_memory(w.local(0), parent.local(0))
+                assert not np.shares_memory(w.local(1), parent.local(1))
+                assert [w.counter(q) for q in range(2)] == [0, 0]
+
+            def body(r: int) -> tuple[list[int], int]:
+                # The parent's calls and the group's interleave, each with its own epochs.
+                mine = rounds(win(gs[r]), 0, 3, r) + rounds(win(ts[r]), 0, 3, 10 * r)
+                mine += rounds(win(gs[r]), 3, 3, r)
+                return mine, win(gs[r]).counter(gs[r].rank)
+
+            results = in_threads([partial(body, r) for r in range(4)])
+            partner = {0: 2, 2: 0, 1: 3, 3: 1}
+            for r, (sums, counter) in enumerate(results):
+                world_sums = [
+                    sum(10 * q + e for q in range(4) if q != r) & 0xFFFF for e in range(3)
+                ]
+                assert sums[:3] == [(partner[r] + e) & 0xFF for e in range(3)]
+                assert sums[3:6] == world_sums
+                assert sums[6:] == [(partner[r] + e) & 0xFF for e in range(3, 6)]
+                assert counter == 6 << 32  # six calls of the group's; the parent's are apart
+        finally:
+            for g in gs:
+                g.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_split_of_a_split(kind: str) -> None:
+    with world(kind, 4) as ts:
+        outer = groups(ts, [[3, 0, 2]])  # parent ranks 3, 0, 2 are group ranks 0, 1, 2
+        by_rank = [outer[3], outer[0], outer[2]]
+        inner = groups(by_rank, [[2, 0]])  # group ranks 2, 0: parent ranks 2 and 3
+        assert inner[1] is None
+        assert (inner[2].rank, inner[0].rank) == (0, 1)
+        assert inner[2].window.capacity == WINDOW
+        sums = in_threads([partial(rounds, win(inner[q]), 0, 4, 10 * q) for q in (2, 0)])
+        assert sums == [[e & 0xFF for e in range(4)], [(20 + e) & 0xFF for e in range(4)]]
+        for g in [*inner, *outer]:
+            if g is not None:
+                g.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_window_for_one_rank_or_without_the_parents(kind: str, own_segments: list[str]) -> None:
+    with world(kind, 2) as ts:
+        made = len(own_segments)
+        alone = groups(ts, [[0], [1]])
+        assert [g.window for g in alone] == [None, None]
+        assert len(own_segments) == made  # nothing reserved for a group of one
+    fabric = MemoryFabric(2, window=0)
+    assert [g.window for g in groups(fabric.endpoints, [[0, 1]])] == [None, None]
+
+
+def test_no_room_for_one_rank_means_no_window_on_any(
+    monkeypatch: pytest.MonkeyPatch, own_segments: list[str]
+) -> None:
+    """/dev/shm full on one rank: the group goes without a window, on every rank alike."""
+    with world("shm", 3) as ts:
+        create = segment.create
+
+        def full(path: str, nbytes: int, me: int, job: str) -> segment.Segment:
+            if "-split-1-" in path:
+                raise TransportError(f"rank {me}: /dev/shm is full (a test)")
+            return create(path, nbytes, me, job)
+
+        monkeypatch.setattr(segment, "create", full)
+        gs = groups(ts, [[0, 1, 2]])
+        assert [g.window for g in gs] == [None, None, None]
+        assert [p for p in own_segments if "-split-" in p] != []  # ranks 0 and 2 made theirs
+        monkeypatch.setattr(segment, "create", create)
+        again = groups(ts, [[0, 1, 2]])  # the parent is fine, and so is the next group
+        assert all(g.window is not None for g in again)
+        for g in again:
+            g.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rank_that_never_comes_is_named(kind: str) -> None:
+    with world(kind, 3) as ts:
+        start = time.monotonic()
+        with pytest.raises(RendezvousError, match=r"ranks \[2\] of the group did not take part"):
+            in_threads([partial(GroupTransport, ts[r], [0, 1, 2], r, timeout=0.3) for r in (0, 1)])
+        assert time.monotonic() - start < 10
+
+
+def test_a_rank_that_dies_before_it_connects_is_lost_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 2 announces a segment and then never connects; the others see it die."""
+    with world("shm", 3) as ts:
+        ranks = [0, 1, 2]
+        dead = threading.Event()
+        real_alive = ShmLink.alive
+        monkeypatch.setattr(
+            ShmLink, "alive", lambda s, r: not (r == 2 and dead.is_set()) and real_alive(s, r)
+        )
+
+        def member(r: int) -> Any:
+            return GroupTransport(ts[r], ranks, r, timeout=20)
+
+        def ghost() -> None:
+            # Rank 2's announcement (a segment that nobody will ever hand over), then death.
+            exchange(_AsRank(ts[2], ranks, 2), b"0123456789abcdef:8192", setup_tag(ranks), soon())
+            dead.set()
+
+        start = time.monotonic()
+        with pytest.raises(PeerLostError, match=r"ranks \[2\] were lost while setting up"):
+            in_threads([partial(member, 0), partial(member, 1), ghost])
+        assert time.monotonic() - start < 10
+
+
+class _AsRank:
+    """A group's view of ``parent`` for :func:`exchange` alone (no window is set up)."""
+
+    def __init__(self, parent: Endpoint, ranks: Sequence[int], rank: int) -> None:
+        self.parent, self.ranks, self.rank, self.size = parent, list(ranks), rank, len(ranks)
+
+    def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Any:
+        return self.parent.isend(self.ranks[peer], tag, data, check)
+
+    def irecv(self, peer: int, tag: int, into: memoryview, check: int) -> Any:
+        return self.parent.irecv(self.ranks[peer], tag, into, check)
+
+    def wait_any(self, handles: Sequence[Any], timeout: float | None) -> bool:
+        return self.parent.wait_any(handles, timeout)
+
+    def cancel(self, handle: Any) -> None:
+        self.parent.cancel(handle)
+
+    def close(self) -> None:
+        pass
+
+
+# -- waiting, losing peers, closing ---------------------------------------------------------------
+
+
+class _PollWatch:
+    """Wraps a shared-memory transport's epoll object; ``asleep`` is set once a thread sleeps."""
+
+    def __init__(self, t: Endpoint) -> None:
+        self._poller = t._poller
+        self.asleep = threading.Event()
+        t._poller = self
+
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        if timeout != 0:
+            self.asleep.set()
+        return self._poller.poll(timeout)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._poller, name)
+
+
+def test_a_sleeping_group_waiter_is_woken_by_a_post_on_the_parents_doorbell() -> None:
+    with world("shm", 3) as ts:
+        gs = groups(ts, [[2, 0]])
+        watch = _PollWatch(ts[0])
+        posted = [0.0]
+
+        def waiter() -> float:
+            assert win(gs[0]).wait(0, 1, None)  # group rank 0 is parent rank 2
+            return time.monotonic()
+
+        def poster() -> None:
+            assert watch.asleep.wait(10)  # parent rank 0 sleeps in poll(), past its spin
+            posted[0] = time.monotonic()
+            win(gs[2]).post(1)
+
+        woke, _ = in_threads([waiter, poster])
+        assert woke - posted[0] < 0.5  # the doorbell, not the 1 s check of peers
+        for g in gs:
+            if g is not None:
+                g.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_whose_transport_closes_fails_the_groups_waiters(kind: str) -> None:
+    with world(kind, 3) as ts:
+        gs = groups(ts, [[0, 1, 2]])
+        win(gs[1]).post(1)
+        watch = _PollWatch(ts[0]) if kind == "shm" else None
+
+        def waiter() -> None:
+            w = win(gs[0])
+            assert w.wait(1, 1, soon())
+            with pytest.raises(PeerLostError, match="rank 1 has closed"):
+                w.wait(1, 2, soon())
+
+        def closer() -> None:
+            if watch is not None:
+                assert watch.asleep.wait(10)
+            ts[1].close()
+
+        in_threads([waiter, closer])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_closing_the_group_or_the_parent_releases_the_window(kind: str) -> None:
+    error = ClosedError if kind == "shm" else PeerLostError  # the memory transport's own
+    with world(kind, 2) as ts:
+        gs = groups(ts, [[0, 1]])
+        gs[0].close()
+        gs[0].close()  # idempotent
+        with pytest.raises(error):
+            win(gs[0]).post(1)
+        assert win(ts[0]).begin(0, 1, soon()) == 0  # the parent's stays
+        win(gs[1]).post(1)  # the peer's own is untouched
+        ts[1].close()  # the parent closes: its groups' windows go too
+        with pytest.raises(error):
+            win(gs[1]).post(2)
+        with pytest.raises(error):
+            win(gs[1]).wait(0, 1, soon())
+
+
+# -- through communicators -------------------------------------------------------------------------
+
+
+def test_group_calls_run_one_sided_and_mismatches_fail_every_rank() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        sub = comm.split(comm.rank % 2)
+        assert sub.window_bytes == comm.window_bytes > 0
+        x = np.arange(4, dtype=np.float32) + comm.rank
+        got = [sub.allreduce(x), comm.allreduce(x), sub.allreduce(x, plait.MAX)]
+        algorithms = [c["algorithm"] for c in sub._runner.recorder.snapshot()]
+        try:
+            sub.allreduce(np.ones(2 + sub.rank, np.float32))
+        except MismatchError as exc:
+            error = str(exc)
+        return got, algorithms, error
+
+    results = run_ranks(4, body)
+    x = [np.arange(4, dtype=np.float32) + r for r in range(4)]
+    for r, (got, algorithms, error) in enumerate(results):
+        group = [q for q in range(4) if q % 2 == r % 2]
+        np.testing.assert_array_equal(got[0], sum(x[q] for q in group))
+        np.testing.assert_array_equal(got[1], sum(x))
+        np.testing.assert_array_equal(got[2], np.maximum(*(x[q] for q in group)))
+        assert algorithms, algorithms
+        assert all(a.startswith("arena") for a in algorithms), algorithms
+        assert "different call" in error or "different collectives" in error, error
