@@ -304,12 +304,15 @@ class Communicator(PointToPointMethods, ObjectMethods):
         ranks = [r for _, r in members]
         # On one host the group sets up a shared window of its own (Note [split windows]).
         setup = self._runner.timeout if timeout is None else float(timeout)
-        sub = GroupTransport(self._transport, ranks, ranks.index(self._rank), timeout=setup)
+        comm_id = child_comm_id(self._comm_id, seq, int(color))
+        sub = GroupTransport(
+            self._transport, ranks, ranks.index(self._rank), comm_id=comm_id, timeout=setup
+        )
         group = Communicator(
             sub,
             timeout=self._runner.timeout,
             hosts=[self._hosts[r] for r in ranks],
-            _comm_id=child_comm_id(self._comm_id, seq, int(color)),
+            _comm_id=comm_id,
             _settings=self._settings,
             _world_rank=self._world_rank,
         )

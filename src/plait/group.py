@@ -122,6 +122,7 @@ class GroupTransport:
     the same point of its program, as ``Communicator.split`` does), through the
     parent's messages (:func:`setup_tag`) within ``timeout`` seconds; see
     :meth:`plait.transport.window.Window.split`. Otherwise ``window`` is None.
+    ``comm_id`` is the id of the group's communicator (:func:`child_comm_id`).
 
     Raises:
         RendezvousError, PeerLostError, TransportError: the window could not be
@@ -134,9 +135,11 @@ class GroupTransport:
         ranks: Sequence[int],
         rank: int,
         *,
+        comm_id: int,
         timeout: float = SETUP_TIMEOUT,
     ) -> None:
         self.parent = parent
+        self.comm_id = comm_id
         self.ranks = tuple(ranks)
         self.rank = rank
         self.size = len(self.ranks)

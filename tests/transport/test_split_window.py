@@ -8,6 +8,7 @@ processes (kill -9, the collectives through a communicator) are in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -37,6 +38,8 @@ pytestmark = [
 
 KINDS = ["memory", "shm"]
 WINDOW = 64 << 10
+#: Communicator ids of the groups made here, one per group, as ``Communicator.split`` gives.
+_IDS = itertools.count(1)
 
 
 @contextlib.contextmanager
@@ -75,9 +78,20 @@ def groups(parents: Sequence[Any], members: Sequence[Sequence[int]], **kw: Any) 
     ``members``: the groups, each a list of parent ranks in group order.
     """
     where = {p: (ranks, ranks.index(p)) for ranks in members for p in ranks}
+    ids = {tuple(ranks): next(_IDS) for ranks in members}
     order = sorted(where)
     made = in_threads(
-        [partial(GroupTransport, parents[p], where[p][0], where[p][1], **kw) for p in order]
+        [
+            partial(
+                GroupTransport,
+                parents[p],
+                where[p][0],
+                where[p][1],
+                comm_id=ids[tuple(where[p][0])],
+                **kw,
+            )
+            for p in order
+        ]
     )
     out: list[Any] = [None] * len(parents)
     for p, g in zip(order, made, strict=True):
@@ -219,7 +233,12 @@ def test_a_rank_that_never_comes_is_named(kind: str) -> None:
     with world(kind, 3) as ts:
         start = time.monotonic()
         with pytest.raises(RendezvousError, match=r"ranks \[2\] of the group did not take part"):
-            in_threads([partial(GroupTransport, ts[r], [0, 1, 2], r, timeout=0.3) for r in (0, 1)])
+            in_threads(
+                [
+                    partial(GroupTransport, ts[r], [0, 1, 2], r, comm_id=1, timeout=0.3)
+                    for r in (0, 1)
+                ]
+            )
         assert time.monotonic() - start < 10
 
 
@@ -236,7 +255,7 @@ def test_a_rank_that_dies_before_it_connects_is_lost_not_waited_for(
         )
 
         def member(r: int) -> Any:
-            return GroupTransport(ts[r], ranks, r, timeout=20)
+            return GroupTransport(ts[r], ranks, r, comm_id=1, timeout=20)
 
         def ghost() -> None:
             # Rank 2's announcement (a segment that nobody will ever hand over), then death.

@@ -303,10 +303,8 @@ class _Join:
         self.unlink()
         self.wires = [Wire(r) for r in range(size) if r != rank]
         by_rank = {p.rank: p for p in self.wires}
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = _listen(own, size)
         try:
-            listener.bind(f"\0{own}")  # abstract namespace: nothing to clean up
-            listener.listen(size)
             announced = announce(f"{tail}:{nbytes}".encode())
             if optional and not all(announced):  # some rank has no segment
                 self.release()
@@ -316,20 +314,7 @@ class _Join:
             hello_token = token.encode()[:16].ljust(16, b"\0")
             for p in self.wires:
                 if p.rank < rank:
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    p.sock = sock
-                    sock.settimeout(left())
-                    sock.connect(f"\0{p.name}")
-                    pid, uid = peer_credentials(sock)
-                    if uid != os.geteuid():
-                        raise TransportError(
-                            f"rank {self.me}: the socket @{p.name} of rank "
-                            f"{self.names[p.rank]} is held by a process of uid {uid}, not "
-                            f"of this user ({os.geteuid()}): refusing it"
-                        )
-                    p.pid = 0 if pid == os.getpid() else pid
-                    p.pid_start = process_start(p.pid) if p.pid else None
-                    sock.sendall(_HELLO.pack(rank, hello_token))
+                    self._connect(p, _HELLO.pack(rank, hello_token), left())
             missing = {p.rank for p in self.wires if p.rank > rank}
             while missing:
                 # With a way to tell, look every second whether a rank waited for is gone.
@@ -382,6 +367,23 @@ class _Join:
             assert p.sock is not None
             p.sock.setblocking(False)
         return Joined(token, seg, self.wires, (rings if window else 0, window))
+
+    def _connect(self, p: Wire, hello: bytes, timeout: float) -> None:
+        """Connect to ``p``'s socket, check that its holder is of our user, say ``hello``."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        p.sock = sock
+        sock.settimeout(timeout)
+        sock.connect(f"\0{p.name}")
+        pid, uid = peer_credentials(sock)
+        if uid != os.geteuid():
+            raise TransportError(
+                f"rank {self.me}: the socket @{p.name} of rank "
+                f"{self.names[p.rank]} is held by a process of uid {uid}, not "
+                f"of this user ({os.geteuid()}): refusing it"
+            )
+        p.pid = 0 if pid == os.getpid() else pid
+        p.pid_start = process_start(p.pid) if p.pid else None
+        sock.sendall(hello)
 
     def _announced(self, value: bytes, rank: int) -> tuple[str, int]:
         """(segment and socket name, segment bytes) from what ``rank`` published."""
@@ -446,6 +448,18 @@ class _Join:
         if self.seg is not None:
             self.seg.release()
             self.seg = None
+
+
+def _listen(name: str, backlog: int) -> socket.socket:
+    """A Unix socket listening on ``name`` in the abstract namespace (nothing to clean up)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(f"\0{name}")
+        listener.listen(backlog)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
