@@ -10,7 +10,7 @@ Note [wire tags]
         bit 62      61 ........ 44   43 ........ 24   23 ........ 0
         p2p = 0     comm id (18)     call seq (20)    message index (24)
         p2p = 1     comm id (18)     user tag (31, bits 0..30)
-        p2p = 1     0                bit 32 set: a group's setup (bits 33..43: its hash)
+        p2p = 1     comm id (18)     bit 32 set: the set-up of that group's window
 
     Sequence numbers wrap after 2**20 calls, which is safe because the calls
     of one communicator complete in order on each rank long before that.
@@ -20,12 +20,14 @@ Note [wire tags]
     never a collective's, nor another communicator's.
 
     A new group's ranks set up its window (:meth:`plait.transport.window.Window.split`)
-    with messages in the point-to-point space of communicator id 0 with bit 32
-    set (:func:`setup_tag`), which no user tag, stall probe or pattern of any
-    communicator has: ``ANY_TAG`` fixes bits 31 and up. Bits 33..43 hold a hash
-    of the group's ranks, so that groups set up at once by other threads on
-    some of the same ranks rarely share the tag; those of one tag meet in the
-    order their ranks make them, as messages of one (peer, tag) do.
+    with messages in the point-to-point space of the group's own communicator id
+    with bit 32 set (:func:`setup_tag`), which no user tag, stall probe or pattern
+    of any communicator has: ``ANY_TAG`` fixes bits 31 and up. The id is new for
+    every split (:func:`child_comm_id` hashes the parent's id and the split's
+    sequence number), so two groups of the same ranks set up at once (by two
+    threads, or by two splits in a row) never take each other's messages, and
+    the messages a failed set-up leaves behind (one small message per peer that
+    gave up) stay unread instead of being taken by the next one.
 """
 
 from __future__ import annotations
@@ -58,8 +60,6 @@ _COMM_SHIFT = SEQ_BITS + INDEX_BITS
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 _USER_TAG_MASK = (1 << 31) - 1
 _SETUP = 1 << 32
-_SETUP_HASH_SHIFT = 33
-_SETUP_HASH_MASK = (1 << (_COMM_SHIFT - _SETUP_HASH_SHIFT)) - 1
 #: Seconds a new group's ranks may take to set up its window.
 SETUP_TIMEOUT = 300.0
 
@@ -95,10 +95,9 @@ def user_tag(wire_tag: int) -> int:
     return wire_tag & _USER_TAG_MASK
 
 
-def setup_tag(ranks: Sequence[int]) -> int:
-    """The tag of the messages that set up a group of the parent's ``ranks`` (Note [wire tags])."""
-    digest = zlib.crc32(",".join(map(str, ranks)).encode()) & _SETUP_HASH_MASK
-    return _P2P | (digest << _SETUP_HASH_SHIFT) | _SETUP
+def setup_tag(comm_id: int) -> int:
+    """The tag of the messages that set up the window of group ``comm_id`` (Note [wire tags])."""
+    return _P2P | (comm_id << _COMM_SHIFT) | _SETUP
 
 
 def child_comm_id(parent_id: int, seq: int, color: int) -> int:
@@ -148,7 +147,7 @@ class GroupTransport:
         self.window = (
             None
             if shared is None
-            else shared.split(self, self.ranks, setup_tag(self.ranks), time.monotonic() + timeout)
+            else shared.split(self, self.ranks, setup_tag(comm_id), time.monotonic() + timeout)
         )
 
     def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Handle:

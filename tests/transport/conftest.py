@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -23,9 +24,9 @@ def own_segments(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     created: list[str] = []
     original = segment.create
 
-    def recording(path: str, nbytes: int, me: int, job: str) -> segment.Segment:
+    def recording(path: str, nbytes: int, me: int, job: str, **kw: Any) -> segment.Segment:
         created.append(path)
-        return original(path, nbytes, me, job)
+        return original(path, nbytes, me, job, **kw)
 
     monkeypatch.setattr(segment, "create", recording)
     yield created

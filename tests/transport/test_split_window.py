@@ -21,15 +21,23 @@ import pytest
 from shm_helpers import in_threads, no_leftovers  # noqa: F401 - no_leftovers: autouse fixture
 
 import plait
-from plait.errors import ClosedError, MismatchError, PeerLostError, RendezvousError, TransportError
+from plait.errors import (
+    AbortedError,
+    ClosedError,
+    CommError,
+    MismatchError,
+    PeerLostError,
+    RendezvousError,
+    TransportError,
+)
 from plait.group import GroupTransport, p2p_pattern, probe_tag, setup_tag
 from plait.rendezvous.store import MemoryStore
 from plait.testing import run_ranks
 from plait.transport.endpoint import Endpoint
 from plait.transport.memory import MemoryFabric
-from plait.transport.shm import ShmTransport, segment
+from plait.transport.shm import ShmTransport, bootstrap, segment
 from plait.transport.shm.link import ShmLink
-from plait.transport.window import Window, exchange
+from plait.transport.window import GROUP_WINDOW_BYTES, Window, exchange
 
 pytestmark = [
     pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)"),
@@ -131,10 +139,11 @@ def rounds(w: Window, start: int, n: int, seed: int) -> list[int]:
 
 def test_the_setup_tag_is_nobody_elses() -> None:
     """No user tag, probe or ANY_TAG pattern of any communicator takes a setup message."""
-    tags = {setup_tag(r) for r in ([0, 1], [1, 0], [0, 2, 3], list(range(40)))}
-    assert len(tags) == 4
+    ids = (1, 2, 77, (1 << 18) - 1)
+    tags = {setup_tag(i) for i in ids}
+    assert len(tags) == len(ids)  # one per group: two groups of the same ranks never share one
     assert all(0 < t < 1 << 63 for t in tags)
-    for comm_id in (0, 1, (1 << 18) - 1):
+    for comm_id in (0, *ids):
         for tag in tags:
             want, mask = p2p_pattern(comm_id, None)
             assert tag & mask != want & mask
@@ -212,10 +221,10 @@ def test_no_room_for_one_rank_means_no_window_on_any(
     with world("shm", 3) as ts:
         create = segment.create
 
-        def full(path: str, nbytes: int, me: int, job: str) -> segment.Segment:
+        def full(path: str, nbytes: int, me: int, job: str, **kw: Any) -> segment.Segment:
             if "-split-1-" in path:
                 raise TransportError(f"rank {me}: /dev/shm is full (a test)")
-            return create(path, nbytes, me, job)
+            return create(path, nbytes, me, job, **kw)
 
         monkeypatch.setattr(segment, "create", full)
         gs = groups(ts, [[0, 1, 2]])
@@ -259,11 +268,12 @@ def test_a_rank_that_dies_before_it_connects_is_lost_not_waited_for(
 
         def ghost() -> None:
             # Rank 2's announcement (a segment that nobody will ever hand over), then death.
-            exchange(_AsRank(ts[2], ranks, 2), b"0123456789abcdef:8192", setup_tag(ranks), soon())
+            exchange(_AsRank(ts[2], ranks, 2), b"0123456789abcdef:8192", setup_tag(1), soon())
             dead.set()
 
         start = time.monotonic()
-        with pytest.raises(PeerLostError, match=r"ranks \[2\] were lost while setting up"):
+        lost = r"rank 2 was lost \(its process ended or its transport closed\) while setting up"
+        with pytest.raises(PeerLostError, match=lost):
             in_threads([partial(member, 0), partial(member, 1), ghost])
         assert time.monotonic() - start < 10
 
@@ -288,6 +298,271 @@ class _AsRank:
 
     def close(self) -> None:
         pass
+
+
+def outcomes(fns: Sequence[Any]) -> list[Any]:
+    """Each function's result or the exception it raised, run at once on a thread each."""
+
+    def catching(fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            return exc
+
+    return in_threads([partial(catching, fn) for fn in fns])
+
+
+def close_all(*made: Any) -> None:
+    for g in made:
+        if g is not None and not isinstance(g, BaseException):
+            g.close()
+
+
+class _Spy:
+    """``parent`` for a GroupTransport, setting ``sent`` once the group's first send is out."""
+
+    def __init__(self, parent: Endpoint) -> None:
+        self._parent = parent
+        self.sent = threading.Event()
+
+    def isend(self, peer: int, tag: int, data: memoryview, check: int) -> Any:
+        h = self._parent.isend(peer, tag, data, check)
+        self.sent.set()
+        return h
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parent, name)
+
+
+def wired(a: Window, b: Window) -> bool:
+    """Whether ``b`` reads what ``a`` writes (``a`` is its group's rank 0, ``b`` rank 1)."""
+    mark = np.frombuffer(os.urandom(8), np.uint8)
+    a.local(0)[:8] = mark
+    return bool(np.array_equal(b.peer(0, 0)[:8], mark))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_groups_of_the_same_ranks_at_once_are_not_cross_wired(kind: str) -> None:
+    """Groups A and B of parent ranks 0 and 1, set up at once by two threads on each rank.
+
+    Rank 1 starts B and rank 0 starts A first, each sending its announcement before the
+    other group begins, so that A's rank 0 would take B's rank 1's if the two shared a tag.
+    """
+    with world(kind, 2) as ts:
+        b1_spy, a0_spy = _Spy(ts[1]), _Spy(ts[0])
+
+        def a0() -> Any:
+            assert b1_spy.sent.wait(10)
+            return GroupTransport(a0_spy, [0, 1], 0, comm_id=11, timeout=20)
+
+        def b0() -> Any:
+            assert a0_spy.sent.wait(10)
+            return GroupTransport(ts[0], [0, 1], 0, comm_id=12, timeout=20)
+
+        def a1() -> Any:
+            assert a0_spy.sent.wait(10)
+            return GroupTransport(ts[1], [0, 1], 1, comm_id=11, timeout=20)
+
+        made = outcomes(
+            [a0, b0, a1, partial(GroupTransport, b1_spy, [0, 1], 1, comm_id=12, timeout=20)]
+        )
+        try:
+            assert not any(isinstance(g, BaseException) for g in made), made
+            ga0, gb0, ga1, gb1 = made
+            assert wired(win(ga0), win(ga1))
+            assert wired(win(gb0), win(gb1))
+        finally:
+            close_all(*made)
+
+
+def test_a_connection_meant_for_another_split_is_refused() -> None:
+    """Two set-ups of ranks 0 and 1 whose announcements cross: none of them wires up."""
+    with world("shm", 2) as ts:
+        posted: dict[tuple[str, int], bytes] = {}
+        met = threading.Barrier(4)
+        cross = {("A", 0): ("B", 1), ("B", 0): ("A", 1), ("A", 1): ("B", 0), ("B", 1): ("A", 0)}
+
+        def setup(which: str, rank: int) -> Any:
+            def announce(mine: bytes) -> list[bytes]:
+                posted[which, rank] = mine
+                met.wait(10)
+                other = posted[cross[which, rank]]
+                return [mine, other] if rank == 0 else [other, mine]
+
+            return bootstrap.join_window(
+                rank,
+                2,
+                names=[0, 1],
+                job=ts[0].job,
+                window=WINDOW,
+                announce=announce,
+                timeout=3,
+                nonce=1 if which == "A" else 2,
+            )
+
+        start = time.monotonic()
+        made = outcomes([partial(setup, w, r) for w in "AB" for r in (0, 1)])
+        for joined in made:
+            if not isinstance(joined, BaseException):
+                joined.seg.release()
+                for w in joined.wires:
+                    w.release()
+        assert all(isinstance(e, CommError) for e in made), made
+        assert any("another" in str(e) for e in made), made
+        assert time.monotonic() - start < 10
+
+
+def test_a_failed_split_leaves_nothing_that_breaks_the_next() -> None:
+    """Ranks 1 and 2 give up on a group before rank 0 comes; the next group is fine."""
+    with world("shm", 3) as ts:
+        with pytest.raises(RendezvousError):
+            in_threads(
+                [
+                    partial(GroupTransport, ts[r], [0, 1, 2], r, comm_id=5, timeout=0.3)
+                    for r in (1, 2)
+                ]
+            )
+        # Rank 0 comes late, takes the others' announcements, and fails (they are gone);
+        # its own stay unread with ranks 1 and 2, where the next group must not take them.
+        late = outcomes([partial(GroupTransport, ts[0], [0, 1, 2], 0, comm_id=5, timeout=0.5)])
+        assert isinstance(late[0], CommError), late
+        gs = groups(ts, [[0, 1, 2]], timeout=20)
+        try:
+            sums = in_threads([partial(rounds, win(g), 0, 2, 10 * r) for r, g in enumerate(gs)])
+            assert sums[0] == [(10 + 20 + 2 * e) & 0xFF for e in range(2)]
+        finally:
+            close_all(*gs)
+
+
+def _failing_listener(rank: int) -> Any:
+    listen = bootstrap._listen
+
+    def failing(name: str, backlog: int) -> Any:
+        if f"-split-{rank}-" in name:
+            raise OSError(24, "Too many open files (a test)")
+        return listen(name, backlog)
+
+    return failing
+
+
+def test_a_rank_that_fails_before_announcing_leaves_every_rank_without_a_window_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with world("shm", 3) as ts:
+        monkeypatch.setattr(bootstrap, "_listen", _failing_listener(1))
+        start = time.monotonic()
+        gs = groups(ts, [[0, 1, 2]], timeout=20)
+        assert time.monotonic() - start < 5
+        assert [g.window for g in gs] == [None, None, None]
+        # The group still works, through messages.
+        out = [bytearray(3) for _ in gs]
+
+        def ring(r: int) -> None:
+            hs = [
+                gs[r].irecv((r + 1) % 3, 7, memoryview(out[r]), 0),
+                gs[r].isend((r + 2) % 3, 7, memoryview(bytes([r] * 3)), 0),
+            ]
+            deadline = soon()
+            while not all(h.done for h in hs) and time.monotonic() < deadline:
+                gs[r].wait_any([h for h in hs if not h.done], 1.0)
+            assert all(h.done and h.error is None for h in hs)
+
+        in_threads([partial(ring, r) for r in range(3)])
+        assert [bytes(b) for b in out] == [bytes([(r + 1) % 3] * 3) for r in range(3)]
+        monkeypatch.undo()
+        again = groups(ts, [[0, 1, 2]], timeout=20)
+        assert all(g.window is not None for g in again)
+        close_all(*gs, *again)
+
+
+def test_a_rank_that_fails_after_announcing_fails_the_others_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 2 cannot connect to rank 0: rank 1, waiting for rank 2 to connect, hears it."""
+    connect = bootstrap._Join._connect
+
+    def failing(self: Any, p: Any, hello: bytes, timeout: float) -> None:
+        if "-split" in self.name and self.me == 2 and p.rank == 0:
+            raise TransportError("rank 2: cannot connect (a test)")
+        connect(self, p, hello, timeout)
+
+    with world("shm", 3) as ts:
+        monkeypatch.setattr(bootstrap._Join, "_connect", failing)
+        start = time.monotonic()
+        made = outcomes(
+            [partial(GroupTransport, ts[r], [0, 1, 2], r, comm_id=3, timeout=20) for r in range(3)]
+        )
+        assert time.monotonic() - start < 5
+        close_all(*made)
+        assert all(isinstance(e, CommError) for e in made), made
+        assert "cannot connect (a test)" in str(made[2])
+        # Rank 0 hears it from rank 2 (rank 1 from rank 2 or from rank 0: either names it).
+        assert "rank 2 broke off" in str(made[0]), made
+        assert "cannot connect (a test)" in str(made[0]), made
+
+
+def _ghost(
+    parent: Endpoint, ranks: list[int], rank: int, comm_id: int, done: threading.Event
+) -> None:
+    """Rank ``rank`` of a group announces a segment that it never hands over."""
+    try:
+        exchange(_AsRank(parent, ranks, rank), b"0123456789abcdef:8192", setup_tag(comm_id), soon())
+    finally:
+        done.set()
+
+
+@pytest.mark.parametrize("how", ["abort", "close"])
+def test_closing_the_parent_during_setup_fails_every_rank_at_once(how: str) -> None:
+    """Rank 0's transport closes while its group waits for rank 2 to connect."""
+    with world("shm", 3) as ts:
+        announced = threading.Event()
+
+        def closer() -> None:
+            assert announced.wait(10)
+            if how == "abort":
+                ts[0].abort(lambda: AbortedError("rank 0: the communicator was aborted (a test)"))
+            else:
+                ts[0].close()
+
+        start = time.monotonic()
+        made = outcomes(
+            [
+                partial(GroupTransport, ts[0], [0, 1, 2], 0, comm_id=4, timeout=20),
+                partial(GroupTransport, ts[1], [0, 1, 2], 1, comm_id=4, timeout=20),
+                partial(_ghost, ts[2], [0, 1, 2], 2, 4, announced),
+                closer,
+            ]
+        )
+        assert time.monotonic() - start < 5
+        close_all(*made[:2])
+        expected = AbortedError if how == "abort" else ClosedError
+        assert isinstance(made[0], expected), made
+        assert isinstance(made[1], CommError), made
+
+
+def test_a_member_whose_transport_closes_during_setup_is_lost_at_once() -> None:
+    """Rank 2 announces, then its transport closes before it connects: the others see it."""
+    with world("shm", 3) as ts:
+        announced = threading.Event()
+
+        def closer() -> None:
+            assert announced.wait(10)
+            ts[2].close()
+
+        start = time.monotonic()
+        made = outcomes(
+            [
+                partial(GroupTransport, ts[0], [0, 1, 2], 0, comm_id=6, timeout=20),
+                partial(GroupTransport, ts[1], [0, 1, 2], 1, comm_id=6, timeout=20),
+                partial(_ghost, ts[2], [0, 1, 2], 2, 6, announced),
+                closer,
+            ]
+        )
+        assert time.monotonic() - start < 5
+        close_all(*made[:2])
+        for e in made[:2]:
+            assert isinstance(e, PeerLostError), made
+            assert "rank 2" in str(e), made
 
 
 # -- waiting, losing peers, closing ---------------------------------------------------------------
@@ -377,7 +652,7 @@ def test_closing_the_group_or_the_parent_releases_the_window(kind: str) -> None:
 def test_group_calls_run_one_sided_and_mismatches_fail_every_rank() -> None:
     def body(comm: plait.Communicator) -> Any:
         sub = comm.split(comm.rank % 2)
-        assert sub.window_bytes == comm.window_bytes > 0
+        assert sub.window_bytes == min(comm.window_bytes, GROUP_WINDOW_BYTES) > 0
         x = np.arange(4, dtype=np.float32) + comm.rank
         got = [sub.allreduce(x), comm.allreduce(x), sub.allreduce(x, plait.MAX)]
         algorithms = [c["algorithm"] for c in sub._runner.recorder.snapshot()]

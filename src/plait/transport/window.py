@@ -43,6 +43,7 @@ from plait.transport.base import Handle, Transport
 __all__ = [
     "DEFAULT_WINDOW_BYTES",
     "EXCHANGE_BYTES",
+    "GROUP_WINDOW_BYTES",
     "PHASE_BITS",
     "MemoryArena",
     "MemoryWindow",
@@ -55,6 +56,11 @@ __all__ = [
 
 #: Bytes of one half of each rank's window unless configured otherwise.
 DEFAULT_WINDOW_BYTES = 2 << 20
+#: Bytes of each half of a split group's window, at most (:meth:`Window.split`): what the
+#: one-shot allreduce needs to take the largest vector ``auto`` gives it (128 KiB, on up to
+#: 3 ranks) in one piece; larger calls of the group run the two-shot in smaller pieces.
+#: Each rank of a group reserves ``2 × GROUP_WINDOW_BYTES`` and 8 KiB when it is made.
+GROUP_WINDOW_BYTES = 256 << 10
 #: A counter value is ``(epoch << PHASE_BITS) | phase``.
 PHASE_BITS = 32
 _MASK64 = (1 << 64) - 1
@@ -193,18 +199,24 @@ class Window(abc.ABC):
         group's transport (its numbering: ``group.rank`` is this rank), and
         ``ranks``, the group's ranks in this window's numbering (``ranks[i]`` is
         group rank ``i``); the ranks agree through ``group``'s messages with
-        ``tag`` (:func:`exchange`) before ``deadline`` (a :func:`time.monotonic`
-        time). Every rank gets a window, or every rank gets None (a group of one
-        rank, or memory that some rank could not get). The new window has
-        counters, digests and halves of its own, all zero: its epochs start
-        again at 0. It waits as this one does and fails when a rank's process
+        ``tag`` (:func:`exchange`; one tag per group, so that the set-ups of two
+        groups never take each other's messages) before ``deadline`` (a
+        :func:`time.monotonic` time). Every rank gets a window, or every rank gets
+        None (a group of one rank, or memory or a socket that some rank could
+        not get before it announced itself). The new window has counters,
+        digests and halves of its own, all zero: its epochs start again at 0;
+        its capacity is this window's or :data:`GROUP_WINDOW_BYTES`, whichever
+        is smaller. It waits as this one does and fails when a rank's process
         dies or this rank's transport closes; :meth:`release` frees it. This
         base class gives None (a window that cannot be split).
 
         Raises:
-            RendezvousError: some rank did not take part before ``deadline``.
+            RendezvousError: some rank did not take part before ``deadline``, or
+                one failed after it announced itself (the others hear of it at once).
             PeerLostError: some rank of the group closed or died.
             TransportError: the OS refused memory or a socket.
+            ClosedError, AbortedError: this rank's transport was closed or aborted
+                meanwhile (its closed error).
         """
         return None
 
@@ -362,7 +374,8 @@ class MemoryWindow(Window):
         arena, me = self._arena, group.rank
         mine = b""
         if me == 0:
-            child = MemoryArena(group.size, arena.capacity, None, cond=arena.cond)
+            capacity = min(arena.capacity, GROUP_WINDOW_BYTES)
+            child = MemoryArena(group.size, capacity, None, cond=arena.cond)
             with arena.cond:
                 mine = arena.offer(child, group.size - 1).to_bytes(8, "little")
         number = int.from_bytes(exchange(group, mine, tag, deadline)[0], "little")
@@ -418,12 +431,15 @@ def exchange(group: Transport, mine: bytes, tag: int, deadline: float) -> list[b
             if not pending:
                 break
             left = deadline - time.monotonic()
-            if left <= 0 or not group.wait_any(pending, left):
+            if left <= 0:
                 absent = sorted(q for q, h in recvs.items() if not h.done)
                 raise RendezvousError(
                     f"rank {me} of a new group: ranks {absent} of the group did not take part "
                     "in setting up its window in time"
                 )
+            # False: the deadline passed, or the transport closed (the handles have failed:
+            # the next round raises their error).
+            group.wait_any(pending, left)
     except BaseException:
         for h in handles:
             if not h.done:

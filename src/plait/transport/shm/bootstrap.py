@@ -9,9 +9,11 @@ group, announcing through the group's messages instead (Note [split windows] in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
+import select
 import socket
 import struct
 import time
@@ -41,13 +43,19 @@ from plait.transport.shm.window import arena_bytes, check_arena
 
 __all__ = ["JOB_RE", "Joined", "Wire", "join", "join_window"]
 
-_HELLO = struct.Struct("<Q16s")  # rank, job token (to reject strangers)
+#: Rank, job token (to reject strangers), nonce (the set-up's: to refuse another's).
+_HELLO = struct.Struct("<Q16sQ")
 #: Random bytes at the end of every segment and socket name (Note [segment names]).
 _TAIL_BYTES = 8
 _TAIL_RE = re.compile(f"[0-9a-f]{{{2 * _TAIL_BYTES}}}")
 JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-#: Seconds between looks at whether the ranks waited for still run (where the caller can tell).
-_ALIVE_SECONDS = 1.0
+#: Seconds between looks at whether this rank was stopped or the ranks waited for are gone
+#: (where the caller can tell: a split's rendezvous).
+_CHECK_SECONDS = 0.1
+#: Bytes of the error text a rank that gives up sends its peers, at most.
+_REASON_BYTES = 1000
+#: Seconds a rank that gives up spends telling each peer, at most.
+_TELL_SECONDS = 1.0
 
 
 class Wire:
@@ -124,7 +132,9 @@ def join_window(
     window: int,
     announce: Callable[[bytes], list[bytes]],
     timeout: float,
+    nonce: int,
     alive: Callable[[int], bool] | None = None,
+    stopped: Callable[[], BaseException | None] | None = None,
 ) -> Joined | None:
     """Segments holding only a window, for a group of ranks that met already (a split's).
 
@@ -136,19 +146,29 @@ def join_window(
     transport the group already has). Only the store is replaced:
     ``announce(mine)`` must return every rank's announcement in rank order
     (an allgather over the group's messages). ``job`` starts the names, so
-    that ``plait run`` and the leak checks find them as the job's.
+    that ``plait run`` and the leak checks find them as the job's. The pages
+    are reserved but not mapped ahead (no ``MAP_POPULATE``): a group's window
+    is made at every split, and mostly only its first pages are used.
+
+    ``nonce`` names this set-up (the same on every rank of the group, and on
+    no other set-up at the same time): every connection says it in its hello,
+    and a connection that says another is refused, so that two set-ups of the
+    same ranks can never wire to each other's segments.
 
     Returns None, on every rank alike, when some rank could not create its
-    segment (``/dev/shm`` full): the group then has no window. ``alive(r)``
-    tells whether rank ``r`` still runs (checked every second while waiting
-    for it to connect).
+    segment or its socket (``/dev/shm`` full, no descriptors left): it
+    announces none, and the group then has no window. ``alive(r)`` tells
+    whether rank ``r`` still runs and ``stopped()`` gives the error to raise
+    once this rank's transport is closed or aborted (else None); both are
+    checked every tenth of a second while this rank waits for a peer.
 
     Raises:
         RendezvousError, TransportError: as :func:`join` (and whatever
-            ``announce`` raises).
-        PeerLostError: a rank died before it connected.
+            ``announce`` raises); a rank that fails after it announced itself
+            tells the others, who raise at once, naming it and its error.
+        PeerLostError: a rank died or closed its transport meanwhile.
     """
-    r = _Join(rank, size, names)
+    r = _Join(rank, size, names, nonce=nonce, alive=alive, stopped=stopped, populate=False)
     deadline = time.monotonic() + timeout
     return r.guarded(
         lambda: r.meet(
@@ -161,13 +181,24 @@ def join_window(
             deadline,
             timeout,
             optional=True,
-            alive=alive,
         )
     )
 
 
 class _Join:
-    def __init__(self, rank: int, size: int, names: Sequence[int]) -> None:
+    """One rank's side of a rendezvous; see :func:`join` and :func:`join_window`."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        names: Sequence[int],
+        *,
+        nonce: int = 0,
+        alive: Callable[[int], bool] | None = None,
+        stopped: Callable[[], BaseException | None] | None = None,
+        populate: bool = True,
+    ) -> None:
         self.rank = rank
         self.size = size
         self.names = names
@@ -176,21 +207,31 @@ class _Join:
         self.path: str | None = None  # our segment's file until unlinked
         self.seg: Segment | None = None
         self.wires: list[Wire] = []
+        self.nonce = nonce
+        self.alive = alive
+        self.stopped = stopped
+        self.populate = populate
+        self.token = b""  # the job's token as the hello carries it
+        self.hello = b""  # ours, once the peers' announcements are known (then failures are told)
+        self.listener: socket.socket | None = None
+        self.deadline = 0.0
+        self.timeout = 0.0
 
     def guarded(self, body: Callable[[], Joined | None]) -> Joined | None:
-        """``body()``; on failure release what it made; in any case unlink our segment's file."""
+        """``body()``; on failure tell the peers (:meth:`break_off`) and release what it
+        made; in any case unlink our segment's file."""
         try:
             return body()
-        except (CommError, ValueError):
+        except BaseException as exc:
+            error = exc
+            if isinstance(exc, OSError) and not isinstance(exc, CommError):
+                kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
+                error = kind(f"rank {self.me}: shared-memory rendezvous failed: {exc}")
+            self.break_off(error)
             self.release()
-            raise
-        except OSError as exc:
-            self.release()
-            kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
-            raise kind(f"rank {self.me}: shared-memory rendezvous failed: {exc}") from exc
-        except BaseException:
-            self.release()
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             self.unlink()
 
@@ -254,45 +295,96 @@ class _Join:
         timeout: float,
         *,
         optional: bool = False,
-        alive: Callable[[int], bool] | None = None,
     ) -> Joined | None:
         """Create, announce, connect, hand over and map: the rendezvous after the namespace.
 
         ``slots`` 0: the segment holds no rings, only the control block and the
-        window. ``optional``: a segment this rank cannot create is announced as
-        none (an empty announcement) instead of raising, and if any rank
-        announces none, every rank returns None. ``alive(r)``: whether rank
-        ``r`` still runs, for ranks that already share a transport: one that
-        dies before it connects fails the wait for it (PeerLostError) instead
-        of letting it run to the deadline.
+        window. ``optional``: a segment or socket this rank cannot make is
+        announced as none (an empty announcement) instead of raising, and if
+        any rank announces none, every rank returns None. Once the
+        announcements are known, a rank that fails tells its peers
+        (:meth:`break_off`), and a rank waiting for a peer looks every
+        :data:`_CHECK_SECONDS` whether it was stopped or a peer is gone (where
+        ``alive`` and ``stopped`` tell), so that no rank waits out the deadline
+        for a rendezvous that cannot complete.
         """
         rank, size = self.rank, self.size
-
-        def left() -> float:
-            return max(deadline - time.monotonic(), 0.001)
-
+        self.deadline, self.timeout = deadline, timeout
         self.name = name
+        self.token = token.encode()[:16].ljust(16, b"\0")
         tail = secrets.token_hex(_TAIL_BYTES)
         own = f"{self.name}-{rank}-{tail}"
-        self.path = os.path.join(SHM_DIR, own)
         # The arena follows the rings (or the control block alone).
         rings = segment_bytes(size, slots, slot_bytes) if slots else CONTROL_BYTES
         nbytes = rings + arena_bytes(window)
         try:
-            seg = self.seg = segment.create(self.path, nbytes, self.me, token)
-        except TransportError:
-            self.path = None  # create() removed it
+            listener = self._prepare(own, nbytes, token, rings, slots, slot_bytes, window)
+        except (TransportError, OSError):
             if not optional:
                 raise
-            announce(b"")  # the others learn that this group has no window
+            self.release()
+            announce(b"")  # the others learn at once that this group has no window
             return None
+        self.listener = listener
+        try:
+            announced = announce(f"{tail}:{nbytes}".encode())
+            if optional and not all(announced):  # some rank has no segment
+                self.release()
+                return None
+            for p in self.wires:
+                p.name, p.nbytes = self._announced(announced[p.rank], p.rank)
+            self.hello = _HELLO.pack(rank, self.token, self.nonce)
+            for p in self.wires:
+                if p.rank < rank:
+                    self._connect(p, self.hello, self._left())
+            self._accept_all(listener)
         except BaseException:
-            self.path = None
+            if not self.hello:  # nobody will be told: the listener can go now
+                self._close_listener()
+            raise
+        self._close_listener()
+        seg = self.seg
+        assert seg is not None
+        fd = seg.fd
+        assert fd is not None
+        for p in self.wires:  # every peer gets our segment's file...
+            self._send(p, lambda sock: socket.send_fds(sock, [b"S"], [fd]))
+        for p in self.wires:  # ...and we map theirs
+            self._attach(p, slots, slot_bytes)
+            self._send(p, lambda sock: sock.sendall(b"A"))  # "I have mapped your segment"
+        seg.close_fd()
+        for p in self.wires:
+            got = _recv_exact(self._await(p), 1)
+            if got != b"A":
+                raise self._broke_off(p, got)
+        for p in self.wires:
+            assert p.sock is not None
+            p.sock.setblocking(False)
+        return Joined(token, seg, self.wires, (rings if window else 0, window))
+
+    def _prepare(
+        self,
+        own: str,
+        nbytes: int,
+        token: str,
+        rings: int,
+        slots: int,
+        slot_bytes: int,
+        window: int,
+    ) -> socket.socket:
+        """Create our segment, describe it, unlink it; our listening socket."""
+        self.path = os.path.join(SHM_DIR, own)
+        try:
+            seg = self.seg = segment.create(
+                self.path, nbytes, self.me, token, populate=self.populate
+            )
+        except BaseException:
+            self.path = None  # create() removed it
             raise
         w = seg.words
         w[W_VERSION] = VERSION
         w[W_PID] = os.getpid()
-        w[W_SIZE] = size
+        w[W_SIZE] = self.size
         w[W_SLOTS] = slots
         w[W_SLOT_BYTES] = slot_bytes
         w[W_WINDOW] = rings if window else 0
@@ -301,42 +393,41 @@ class _Join:
         # Peers receive the open file over their socket: from here on nothing in
         # /dev/shm refers to this rank, whatever happens to it.
         self.unlink()
-        self.wires = [Wire(r) for r in range(size) if r != rank]
+        self.wires = [Wire(r) for r in range(self.size) if r != self.rank]
+        return _listen(own, self.size)
+
+    def _accept_all(self, listener: socket.socket) -> None:
+        """Accept the connection of every higher rank, checking on the lower ones meanwhile.
+
+        A lower rank we connected to writes nothing before its segment's file
+        ("S"), so anything else it writes, or its hanging up, means it broke off.
+        """
+        missing = {p.rank for p in self.wires if p.rank > self.rank}
         by_rank = {p.rank: p for p in self.wires}
-        listener = _listen(own, size)
-        try:
-            announced = announce(f"{tail}:{nbytes}".encode())
-            if optional and not all(announced):  # some rank has no segment
-                self.release()
-                return None
-            for p in self.wires:
-                p.name, p.nbytes = self._announced(announced[p.rank], p.rank)
-            hello_token = token.encode()[:16].ljust(16, b"\0")
-            for p in self.wires:
-                if p.rank < rank:
-                    self._connect(p, _HELLO.pack(rank, hello_token), left())
-            missing = {p.rank for p in self.wires if p.rank > rank}
-            while missing:
-                # With a way to tell, look every second whether a rank waited for is gone.
-                listener.settimeout(left() if alive is None else min(left(), _ALIVE_SECONDS))
+        watched = {p.sock: p for p in self.wires if p.sock is not None}
+        listener.setblocking(False)
+        while missing:
+            self._check()
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise RendezvousError(
+                    f"rank {self.me}: ranks {sorted(self.names[r] for r in missing)} did "
+                    f"not connect to the shared-memory transport within {self.timeout} s"
+                )
+            ready, _, _ = select.select([listener, *watched], [], [], self._slice(left))
+            for sock in ready:
+                if sock is not listener:
+                    p = watched.pop(sock)
+                    if sock.recv(1, socket.MSG_PEEK) != b"S":  # else it is ahead of us: fine
+                        raise self._broke_off(p)
+                    continue
                 try:
                     conn, _ = listener.accept()
-                except TimeoutError:
-                    gone = sorted(self.names[r] for r in missing if alive and not alive(r))
-                    if gone:
-                        raise PeerLostError(
-                            f"rank {self.me}: ranks {gone} were lost while setting up "
-                            "shared memory with this rank"
-                        ) from None
-                    if time.monotonic() < deadline:
-                        continue
-                    raise RendezvousError(
-                        f"rank {self.me}: ranks {sorted(self.names[r] for r in missing)} did "
-                        "not connect to the "
-                        f"shared-memory transport within {timeout} s"
-                    ) from None
-                conn.settimeout(left())
-                peer_rank = self._accept_hello(conn, hello_token, missing)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                conn.setblocking(True)
+                conn.settimeout(self._left())
+                peer_rank = self._accept_hello(conn, missing)
                 if peer_rank is None:
                     conn.close()
                     continue
@@ -345,35 +436,168 @@ class _Join:
                 peer.sock = conn
                 peer.pid = peer_pid(conn)
                 peer.pid_start = process_start(peer.pid) if peer.pid else None
-        finally:
-            listener.close()
-        assert seg.fd is not None
-        for p in self.wires:  # every peer gets our segment's file...
-            assert p.sock is not None
-            socket.send_fds(p.sock, [b"S"], [seg.fd])
-        for p in self.wires:  # ...and we map theirs
-            self._attach(p, slots, slot_bytes)
-            assert p.sock is not None
-            p.sock.sendall(b"A")  # "I have mapped your segment"
-        seg.close_fd()
-        for p in self.wires:
-            assert p.sock is not None
-            p.sock.settimeout(left())
-            if _recv_exact(p.sock, 1) != b"A":
-                raise RendezvousError(
-                    f"rank {self.me}: rank {self.names[p.rank]} broke off the rendezvous"
+                watched[conn] = peer
+
+    def _left(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def _slice(self, left: float) -> float:
+        """How long to block before the next look at ``stopped`` and ``alive`` (if any)."""
+        return left if self.alive is None and self.stopped is None else min(left, _CHECK_SECONDS)
+
+    def _check(self) -> None:
+        """Raise if this rank was stopped (its transport closed) or a peer is gone."""
+        if self.stopped is not None:
+            error = self.stopped()
+            if error is not None:
+                raise error
+        if self.alive is not None:
+            gone = sorted(self.names[p.rank] for p in self.wires if not self.alive(p.rank))
+            if gone:
+                who = f"rank {gone[0]} was" if len(gone) == 1 else f"ranks {gone} were"
+                raise PeerLostError(
+                    f"rank {self.me}: {who} lost (its process ended or its transport closed) "
+                    "while setting up shared memory with this rank"
                 )
+
+    def _await(self, p: Wire) -> socket.socket:
+        """``p``'s socket, once it has something to read (checking as :meth:`_accept_all`)."""
+        sock = p.sock
+        assert sock is not None
+        while True:
+            self._check()
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise RendezvousError(
+                    f"rank {self.me}: rank {self.names[p.rank]} was silent during the "
+                    f"shared-memory rendezvous for {self.timeout} s"
+                )
+            ready, _, _ = select.select([sock], [], [], self._slice(left))
+            if ready:
+                return sock
+
+    def _send(self, p: Wire, send: Callable[[socket.socket], object]) -> None:
+        """``send(p's socket)``; a peer that hung up broke off (and may have said why)."""
+        assert p.sock is not None
+        try:
+            send(p.sock)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._broke_off(p) from None
+
+    def _broke_off(self, p: Wire, got: bytes = b"") -> BaseException:
+        """The error for peer ``p``, which hung up or wrote ``F`` and its error's text.
+
+        ``got``: what was read of it already. If this rank was stopped meanwhile,
+        its own error, and if a peer is gone, PeerLostError (the peer may have
+        broken off because of either).
+        """
+        try:  # what this rank sees itself comes first: it may be why the peer broke off
+            self._check()
+        except CommError as exc:
+            return exc
+        data = got
+        if p.sock is not None:
+            with contextlib.suppress(OSError):
+                p.sock.settimeout(_TELL_SECONDS)
+                while len(data) <= _REASON_BYTES:
+                    chunk = p.sock.recv(_REASON_BYTES + 1 - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+        who = f"rank {self.names[p.rank]}"
+        if data.startswith(b"F"):
+            return RendezvousError(
+                f"rank {self.me}: {who} broke off setting up shared memory with this rank: "
+                + data[1:].decode(errors="replace")
+            )
+        return self._told() or RendezvousError(
+            f"rank {self.me}: {who} hung up during the shared-memory rendezvous"
+        )
+
+    def _told(self) -> RendezvousError | None:
+        """The error of a peer that broke off and told us on a connection not yet accepted.
+
+        For a rank that fails because another hung up or stopped listening: the
+        first to give up may have told it why, through its listener (:meth:`break_off`).
+        """
+        listener = self.listener
+        if listener is None:
+            return None
+        with contextlib.suppress(OSError, CommError, struct.error):
+            listener.setblocking(False)
+            while True:
+                conn, _ = listener.accept()  # BlockingIOError: none left
+                with conn:
+                    conn.setblocking(True)
+                    conn.settimeout(_TELL_SECONDS)
+                    rank, token, nonce = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                    data = b""
+                    while len(data) <= _REASON_BYTES:
+                        chunk = conn.recv(_REASON_BYTES + 1 - len(data))
+                        if not chunk:
+                            break
+                        data += chunk
+                    if token == self.token and nonce == self.nonce and data.startswith(b"F"):
+                        name = self.names[rank] if 0 <= rank < self.size else rank
+                        return RendezvousError(
+                            f"rank {self.me}: rank {name} broke off setting up shared memory "
+                            "with this rank: " + data[1:].decode(errors="replace")
+                        )
+        return None
+
+    def break_off(self, error: BaseException) -> None:
+        """Tell every peer that this rank gives up, and why, so that none waits for it.
+
+        Only once the announcements are known (before, a peer waits for ours and
+        gets the announcer's error instead). A peer we are connected to gets ``F``
+        and the error's text; a lower rank we have not connected to yet (it waits
+        for our connection) gets a connection, our hello and the same; a higher
+        rank whose connection we have not accepted yet gets the same on it. A
+        higher rank that has not connected finds our socket closed. Best effort:
+        a peer that is gone is not told.
+        """
+        if not self.hello:
+            return
+        reason = b"F" + str(error).encode()[:_REASON_BYTES]
+        if self.listener is not None:  # higher ranks that connected but were not accepted yet
+            with contextlib.suppress(OSError):
+                self.listener.setblocking(False)
+                while True:
+                    conn, _ = self.listener.accept()  # BlockingIOError: none left
+                    with conn:
+                        conn.settimeout(_TELL_SECONDS)
+                        conn.sendall(reason)
+                        _discard_input(conn)
+            self._close_listener()
         for p in self.wires:
-            assert p.sock is not None
-            p.sock.setblocking(False)
-        return Joined(token, seg, self.wires, (rings if window else 0, window))
+            with contextlib.suppress(OSError):
+                if p.sock is None:
+                    if p.rank > self.rank or not p.name:
+                        continue
+                    p.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    p.sock.settimeout(_TELL_SECONDS)
+                    p.sock.connect(f"\0{p.name}")
+                    p.sock.sendall(self.hello)
+                p.sock.settimeout(_TELL_SECONDS)
+                p.sock.sendall(reason)
+                _discard_input(p.sock)
 
     def _connect(self, p: Wire, hello: bytes, timeout: float) -> None:
         """Connect to ``p``'s socket, check that its holder is of our user, say ``hello``."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         p.sock = sock
         sock.settimeout(timeout)
-        sock.connect(f"\0{p.name}")
+        try:
+            sock.connect(f"\0{p.name}")
+        except ConnectionRefusedError:
+            try:  # what this rank sees itself, or was told, says more than the refusal
+                self._check()
+            except CommError as exc:
+                raise exc from None
+            raise self._told() or RendezvousError(
+                f"rank {self.me}: rank {self.names[p.rank]} no longer listens on @{p.name} "
+                "(it gave up the shared-memory rendezvous)"
+            ) from None
         pid, uid = peer_credentials(sock)
         if uid != os.geteuid():
             raise TransportError(
@@ -394,31 +618,37 @@ class _Join:
             )
         return f"{self.name}-{rank}-{tail}", int(nbytes)
 
-    def _accept_hello(self, conn: socket.socket, token: bytes, missing: set[int]) -> int | None:
-        """The rank of a new connection, or None for a stranger (another user, another job)."""
+    def _accept_hello(self, conn: socket.socket, missing: set[int]) -> int | None:
+        """The rank of a new connection, or None for a stranger (another user, another job)
+        or a rank of another set-up of this job (told so, with ``F`` and why)."""
         if peer_credentials(conn)[1] != os.geteuid():
             return None
-        peer_rank, peer_token = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-        if peer_token != token or peer_rank not in missing:
+        peer_rank, peer_token, nonce = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+        if peer_token != self.token:
+            return None
+        if nonce != self.nonce:
+            with contextlib.suppress(OSError):
+                conn.sendall(
+                    f"Fits connection was meant for another set-up ({nonce:#x}; the socket "
+                    f"@{self.name}-{self.rank}-... is for {self.nonce:#x})".encode()
+                )
+            return None
+        if peer_rank not in missing:
             return None
         return int(peer_rank)
 
     def _attach(self, p: Wire, slots: int, slot_bytes: int) -> None:
-        assert p.sock is not None
         path = os.path.join(SHM_DIR, p.name)
-        msg, fds, flags, _ = socket.recv_fds(p.sock, 1, 1)
+        msg, fds, flags, _ = socket.recv_fds(self._await(p), 1, 1)
         if msg != b"S" or len(fds) != 1 or flags & socket.MSG_CTRUNC:
             for fd in fds:
                 os.close(fd)
-            if not msg:
-                raise RendezvousError(
-                    f"rank {self.me}: rank {self.names[p.rank]} hung up during the "
-                    "shared-memory rendezvous"
-                )
+            if msg in (b"", b"F"):
+                raise self._broke_off(p, msg)
             raise RendezvousError(
                 f"rank {self.me}: rank {self.names[p.rank]} did not hand over its segment {path}"
             )
-        seg = p.seg = segment.attach(fds[0], path, p.nbytes, self.me)
+        seg = p.seg = segment.attach(fds[0], path, p.nbytes, self.me, populate=self.populate)
         w = seg.words
         if w[W_MAGIC] != MAGIC or w[W_VERSION] != VERSION or w[W_SIZE] != self.size:
             raise RendezvousError(
@@ -442,7 +672,13 @@ class _Join:
             path, self.path = self.path, None
             segment.unlink(path)
 
+    def _close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
     def release(self) -> None:
+        self._close_listener()
         for p in self.wires:
             p.release()
         if self.seg is not None:
@@ -460,6 +696,18 @@ def _listen(name: str, backlog: int) -> socket.socket:
         listener.close()
         raise
     return listener
+
+
+def _discard_input(sock: socket.socket) -> None:
+    """Read and drop what ``sock`` has received (files handed over are closed).
+
+    A Unix socket closed with unread input resets its peer's end (ECONNRESET),
+    which would lose what we sent it last: why this rank broke off.
+    """
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        while sock.recv(4096):
+            pass
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

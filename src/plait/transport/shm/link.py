@@ -248,12 +248,22 @@ class ShmLink:
                 self._ring(p)
 
     def alive(self, rank: int) -> bool:
-        """Whether peer ``rank`` is not lost and, if its process is visible, still runs.
+        """Whether peer ``rank`` is not lost, has not closed its transport (the closed
+        word in its segment) and, if its process is visible, still runs.
 
-        Reads only: callable without the endpoint's lock (a split's rendezvous).
+        Reads only: callable without the endpoint's lock (a split's rendezvous). A
+        peer whose segment this link no longer maps (the link is released) is not alive.
         """
         p = self.by_rank[rank]
-        return p.lost is None and (not p.pid or alive(p.pid, p.pid_start))
+        seg = p.seg
+        if p.lost is not None or seg is None:
+            return False
+        try:
+            if seg.words[W_CLOSED]:
+                return False
+        except (TypeError, ValueError):  # released meanwhile, on another thread
+            return False
+        return not p.pid or alive(p.pid, p.pid_start)
 
     def keep(self, window: ShmWindow) -> None:
         """Release a split group's ``window`` when this link is released.

@@ -163,12 +163,14 @@ class Fence:
             self._lock.release()
 
 
-def create(path: str, nbytes: int, me: int, job: str) -> Segment:
+def create(path: str, nbytes: int, me: int, job: str, *, populate: bool = True) -> Segment:
     """Create, reserve and map the segment file ``path`` of ``nbytes`` bytes.
 
     The caller owns the file from now on (it must :func:`unlink` it; this
     function removes it when it raises after creating it). The segment keeps the
-    file open (``fd``) so that it can be handed to peers.
+    file open (``fd``) so that it can be handed to peers. ``populate``: map every
+    page now (``MAP_POPULATE``) rather than at its first touch; the memory is
+    reserved either way.
 
     Raises:
         TransportError: the file exists already, or the OS refused it (e.g.
@@ -197,7 +199,7 @@ def create(path: str, nbytes: int, me: int, job: str) -> Segment:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             os.ftruncate(fd, nbytes)
-        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        mm = mmap.mmap(fd, nbytes, flags=_flags(populate))
     except OSError as exc:
         os.close(fd)
         unlink(path)
@@ -209,12 +211,12 @@ def create(path: str, nbytes: int, me: int, job: str) -> Segment:
     return Segment(mm, fd)
 
 
-def attach(fd: int, name: str, nbytes: int, me: int) -> Segment:
+def attach(fd: int, name: str, nbytes: int, me: int, *, populate: bool = True) -> Segment:
     """Map a peer's segment from the descriptor ``fd`` it handed over (closed here).
 
     The file must be what the peer announced and nothing else can be: a regular
     file of ``nbytes`` bytes, owned by our user and accessible by it alone
-    (see Note [segment names]).
+    (see Note [segment names]). ``populate``: as in :func:`create`.
 
     Raises:
         TransportError: the file is not such a segment, or cannot be mapped; the
@@ -233,12 +235,17 @@ def attach(fd: int, name: str, nbytes: int, me: int) -> Segment:
             why = f"has {st.st_size} bytes, its rank announced {nbytes}"
         if why is not None:
             raise TransportError(f"rank {me}: refusing segment {name}: it {why}")
-        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        mm = mmap.mmap(fd, nbytes, flags=_flags(populate))
     except OSError as exc:
         raise TransportError(f"rank {me}: cannot map segment {name}: {exc}") from exc
     finally:
         os.close(fd)
     return Segment(mm)
+
+
+def _flags(populate: bool) -> int:
+    """The mapping's flags: shared, and with every page mapped at once if ``populate``."""
+    return mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
 
 
 def unlink(path: str) -> None:

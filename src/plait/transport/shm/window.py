@@ -113,6 +113,7 @@ from plait.transport.link import Op
 from plait.transport.shm.segment import CONTROL_BYTES, W_SLEEPING, Fence, Segment
 from plait.transport.window import (
     DEFAULT_WINDOW_BYTES,
+    GROUP_WINDOW_BYTES,
     Window,
     check_half,
     decreasing_error,
@@ -277,7 +278,8 @@ class ShmWindow(Window):
             self._halves.append(_halves(seg.arr, offset, capacity, writable=q == rank))
             if q != rank:
                 peer = link.by_rank[root].seg
-                assert peer is not None
+                if peer is None:  # the transport has closed: its link has unmapped it
+                    raise endpoint.closed_error()
                 self._flags.append(peer.words)
         self._words: Any = self._ctr[rank][0]
         self._index = self._ctr[rank][1]
@@ -306,15 +308,21 @@ class ShmWindow(Window):
         if self._released or ep.closed:
             raise ep.closed_error()
         roots = [self._roots[r] for r in ranks]
+
+        def stopped() -> BaseException | None:
+            return ep.closed_error() if ep.closed or self._released else None
+
         joined = join_window(
             group.rank,
             group.size,
             names=[ep.name(r) for r in roots],
             job=link.job,
-            window=self.capacity,
+            window=min(self.capacity, GROUP_WINDOW_BYTES),
             announce=lambda mine: exchange(group, mine, tag, deadline),
             timeout=max(deadline - time.monotonic(), 1e-3),
+            nonce=tag,
             alive=lambda q: link.alive(roots[q]),
+            stopped=stopped,
         )
         if joined is None:
             return None
@@ -329,10 +337,13 @@ class ShmWindow(Window):
                 (roots[q], seg, offset)
                 for q, (_, seg, offset) in enumerate(_arenas(joined, group.rank))
             ]
-            window = ShmWindow(ep, link, group.rank, arenas, capacity, owned=segments)
+            # Under the lock: the transport cannot close (and its link unmap the peers'
+            # control blocks, which the window reads) between the look and the window.
             with ep.lock:
-                if ep.closed:
-                    raise ep.closed_error()
+                error = stopped()
+                if error is not None:
+                    raise error
+                window = ShmWindow(ep, link, group.rank, arenas, capacity, owned=segments)
                 link.keep(window)  # released with the transport, if not before
         except BaseException:
             for seg in segments:
