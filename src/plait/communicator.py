@@ -189,9 +189,11 @@ class Communicator(PointToPointMethods, ObjectMethods):
     @property
     def window_bytes(self) -> int:
         """Bytes of the shared window each rank may use per call: the ranks are on one host
-        and share memory, so the one-sided ``arena`` algorithms can run (a split's group
-        has a window of its own); 0 where they cannot (several hosts, TCP,
-        ``PLAIT_SHM_WINDOW=0``)."""
+        and share memory, so the one-sided ``arena`` algorithms can run; 0 where they cannot
+        (several hosts, TCP, ``PLAIT_SHM_WINDOW=0``). The world's is ``PLAIT_SHM_WINDOW``
+        (2 MiB by default); a split's group has a window of its own, of the parent's
+        size or 256 KiB, whichever is smaller (``GROUP_WINDOW_BYTES`` in
+        :mod:`plait.transport.window`), or none if some rank could not set it up."""
         return self._window
 
     @property

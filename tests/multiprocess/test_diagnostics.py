@@ -216,12 +216,22 @@ def test_timeline_writes_a_valid_trace_per_rank(tmp_path: Path) -> None:
                 assert e["dur"] >= 0, e
                 assert e["ts"] > 0, e
         kinds = {e.get("cat") for e in events if e["ph"] == "X"}
-        # One host: the world's calls are one-sided (posts and gets), the split's send.
+        # One host: every call is one-sided (posts and gets), the split's too, over the
+        # group's own window: nothing is sent.
         assert "post" in kinds, kinds
         assert kinds & {"get", "get_reduce"}, kinds
-        if r != 1:  # rank 1 is alone in its split
-            assert "send" in kinds, kinds
-            assert kinds & {"recv", "recv_reduce"}, kinds
+        assert not kinds & {"send", "recv", "recv_reduce"}, kinds
+        if r != 1:  # rank 1 is alone in its split; the others' split call posts and reads
+            (split,) = [e for e in events if e.get("cat") == "call" and "(comm " in e["name"]]
+            steps = {
+                e.get("cat")
+                for e in events
+                if e["ph"] == "X"
+                and e.get("cat") != "call"
+                and split["ts"] <= e["ts"] <= split["ts"] + split["dur"]
+            }
+            assert "post" in steps, steps
+            assert steps & {"get", "get_reduce"}, steps
         assert doc["otherData"]["dropped_events"] == 0
     merged = tmp_path / "merged.json"
     res = subprocess.run(

@@ -496,9 +496,10 @@ def test_a_rank_that_fails_after_announcing_fails_the_others_at_once(
         close_all(*made)
         assert all(isinstance(e, CommError) for e in made), made
         assert "cannot connect (a test)" in str(made[2])
-        # Rank 0 hears it from rank 2 (rank 1 from rank 2 or from rank 0: either names it).
-        assert "rank 2 broke off" in str(made[0]), made
-        assert "cannot connect (a test)" in str(made[0]), made
+        # Ranks 0 and 1 hear it from rank 2, or one of them from the other, which passes
+        # it on; at least one names rank 2's error (the other may see only a hang-up).
+        assert any("rank 2 broke off" in str(e) for e in made[:2]), made
+        assert any("cannot connect (a test)" in str(e) for e in made[:2]), made
 
 
 def _ghost(
