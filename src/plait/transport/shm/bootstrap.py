@@ -39,6 +39,7 @@ from plait.transport.shm.segment import (
     W_WINDOW_BYTES,
     Segment,
 )
+from plait.transport.shm.sockets import discard_input, last_words, recv_exact
 from plait.transport.shm.window import arena_bytes, check_arena
 
 __all__ = ["JOB_RE", "Joined", "Wire", "join", "join_window"]
@@ -354,7 +355,7 @@ class _Join:
             self._send(p, lambda sock: sock.sendall(b"A"))  # "I have mapped your segment"
         seg.close_fd()
         for p in self.wires:
-            got = _recv_exact(self._await(p), 1)
+            got = recv_exact(self._await(p), 1)
             if got != b"A":
                 raise self._broke_off(p, got)
         for p in self.wires:
@@ -497,13 +498,7 @@ class _Join:
             return exc
         data = got
         if p.sock is not None:
-            with contextlib.suppress(OSError):
-                p.sock.settimeout(_TELL_SECONDS)
-                while len(data) <= _REASON_BYTES:
-                    chunk = p.sock.recv(_REASON_BYTES + 1 - len(data))
-                    if not chunk:
-                        break
-                    data += chunk
+            data += last_words(p.sock, _REASON_BYTES + 1, _TELL_SECONDS)
         who = f"rank {self.names[p.rank]}"
         if data.startswith(b"F"):
             return RendezvousError(
@@ -530,13 +525,8 @@ class _Join:
                 with conn:
                     conn.setblocking(True)
                     conn.settimeout(_TELL_SECONDS)
-                    rank, token, nonce = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-                    data = b""
-                    while len(data) <= _REASON_BYTES:
-                        chunk = conn.recv(_REASON_BYTES + 1 - len(data))
-                        if not chunk:
-                            break
-                        data += chunk
+                    rank, token, nonce = _HELLO.unpack(recv_exact(conn, _HELLO.size))
+                    data = last_words(conn, _REASON_BYTES + 1, _TELL_SECONDS)
                     if token == self.token and nonce == self.nonce and data.startswith(b"F"):
                         name = self.names[rank] if 0 <= rank < self.size else rank
                         return RendezvousError(
@@ -567,7 +557,7 @@ class _Join:
                     with conn:
                         conn.settimeout(_TELL_SECONDS)
                         conn.sendall(reason)
-                        _discard_input(conn)
+                        discard_input(conn)
             self._close_listener()
         for p in self.wires:
             with contextlib.suppress(OSError):
@@ -580,7 +570,7 @@ class _Join:
                     p.sock.sendall(self.hello)
                 p.sock.settimeout(_TELL_SECONDS)
                 p.sock.sendall(reason)
-                _discard_input(p.sock)
+                discard_input(p.sock)
 
     def _connect(self, p: Wire, hello: bytes, timeout: float) -> None:
         """Connect to ``p``'s socket, check that its holder is of our user, say ``hello``."""
@@ -623,7 +613,7 @@ class _Join:
         or a rank of another set-up of this job (told so, with ``F`` and why)."""
         if peer_credentials(conn)[1] != os.geteuid():
             return None
-        peer_rank, peer_token, nonce = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+        peer_rank, peer_token, nonce = _HELLO.unpack(recv_exact(conn, _HELLO.size))
         if peer_token != self.token:
             return None
         if nonce != self.nonce:
@@ -696,28 +686,3 @@ def _listen(name: str, backlog: int) -> socket.socket:
         listener.close()
         raise
     return listener
-
-
-def _discard_input(sock: socket.socket) -> None:
-    """Read and drop what ``sock`` has received (files handed over are closed).
-
-    A Unix socket closed with unread input resets its peer's end (ECONNRESET),
-    which would lose what we sent it last: why this rank broke off.
-    """
-    with contextlib.suppress(OSError):
-        sock.setblocking(False)
-        while sock.recv(4096):
-            pass
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        try:
-            chunk = sock.recv(n - len(data))
-        except TimeoutError:
-            raise RendezvousError("a peer was silent during the shared-memory rendezvous") from None
-        if not chunk:
-            raise RendezvousError("a peer hung up during the shared-memory rendezvous")
-        data += chunk
-    return data
