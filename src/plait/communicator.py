@@ -62,7 +62,14 @@ from plait.errors import UnsupportedError
 from plait.group import GroupTransport, child_comm_id
 from plait.ops import MIN, Op
 from plait.schedule.builder import HostLayout
-from plait.selection.select import SEGMENT_BYTES, Choice, Settings, choose, settings
+from plait.selection.select import (
+    FULL_WINDOW_BYTES,
+    SEGMENT_BYTES,
+    Choice,
+    Settings,
+    choose,
+    settings,
+)
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -193,7 +200,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
         (several hosts, TCP, ``PLAIT_SHM_WINDOW=0``). The world's is ``PLAIT_SHM_WINDOW``
         (2 MiB by default); a split's group has a window of its own, of the parent's
         size or 256 KiB, whichever is smaller (``GROUP_WINDOW_BYTES`` in
-        :mod:`plait.transport.window`), or none if some rank could not set it up."""
+        :mod:`plait.transport.window`), or none if some rank could not set it up.
+        ``auto`` runs the one-sided algorithms in a window smaller than
+        ``FULL_WINDOW_BYTES`` (2 MiB: pieces of 1 MiB) only for calls that fit in it."""
         return self._window
 
     @property
@@ -445,8 +454,14 @@ class Communicator(PointToPointMethods, ObjectMethods):
         if not isinstance(algorithm, str):
             raise TypeError(f"rank {self._rank}: {c}: algorithm must be a str; got {algorithm!r}")
         if algorithm == "auto":
-            # Not one-sided inside a compressed async allreduce (CallRunner.start refuses it).
-            shared = self._window > 0 and not self._runner.reserved()
+            # Not one-sided inside a compressed async allreduce (CallRunner.start refuses it),
+            # nor where the window is too small for full pieces and the call does not fit in
+            # it (a split's group): there messages are faster (docs/performance.md).
+            shared = (
+                self._window > 0
+                and not self._runner.reserved()
+                and (nbytes <= self._window or self._window >= FULL_WINDOW_BYTES)
+            )
             key = (c, nbytes, commutative, shared)
             choice = self._auto.get(key)
             if choice is None:

@@ -145,6 +145,11 @@ for count in (2, 1024):                           # 8 B and 4 KiB of float32
             checked += 5
 algorithms = sorted({c["algorithm"] for _, g in groups for c in g._runner.recorder.snapshot()})
 
+# A call larger than a group's window goes through messages (FULL_WINDOW_BYTES).
+big = pair.allreduce(np.full(1 << 18, float(rank), np.float32))  # 1 MiB
+np.testing.assert_array_equal(big, np.full(1 << 18, float(4 * (rank // 2) + 1), np.float32))
+big_algorithm = pair._runner.recorder.snapshot()[-1]["algorithm"]
+
 # Ranks in different calls: MismatchError on both, from the digests in the window.
 try:
     pair.allreduce(np.ones(2 + pair.rank, np.float32))
@@ -155,8 +160,8 @@ for _, g in groups:
     g.close()
 comm.barrier()
 report(rank=rank, windows=windows, world=comm.window_bytes, checked=checked,
-       algorithms=algorithms, mismatch=mismatch, after_split=after_split,
-       after_close=leftovers())
+       algorithms=algorithms, big_algorithm=big_algorithm, mismatch=mismatch,
+       after_split=after_split, after_close=leftovers())
 comm.close()
 """
 
@@ -179,6 +184,7 @@ def test_groups_of_two_and_three_run_one_sided_and_match_numpy(
         assert res["checked"] == 5 * 2 * (len(expected) - 1)
         assert res["algorithms"], res
         assert all(a.startswith("arena") for a in res["algorithms"]), res
+        assert not res["big_algorithm"].startswith("arena"), res
         assert res["mismatch"] == "MismatchError"
         assert res["after_split"] == []
         assert res["after_close"] == []

@@ -67,7 +67,10 @@ window of their own (:meth:`ShmWindow.split`, called by the group's
   ``plait-<job>-split-<group rank>-<random>``, and unlinks it at once. Its pages
   are reserved (``posix_fallocate``) but neither it nor its peers map them
   ahead (no ``MAP_POPULATE``): a split then costs about 1.5-2.5 ms on 2 ranks
-  and 4-6 ms on 3, against 8-19 ms with 2 MiB halves mapped ahead. The ranks
+  and 4-6 ms on 3, against 8-19 ms with 2 MiB halves mapped ahead (``auto``
+  sends a group's calls larger than its window through messages, which are
+  faster there than small pieces: ``FULL_WINDOW_BYTES`` in
+  :mod:`plait.selection.select`). The ranks
   announce ``<random>:<bytes>`` to each other through the parent's messages
   (:func:`~plait.transport.window.exchange`, with a tag made from the group's
   communicator id: Note [wire tags] in :mod:`plait.group`) instead of the
