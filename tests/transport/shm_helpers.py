@@ -1,4 +1,4 @@
-"""Helpers for the shared-memory transport tests: ranks on threads, a leak check."""
+"""Helpers for the shared-memory transport tests: ranks on threads, a leak check, a sleep watch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+
+from plait.transport.endpoint import Endpoint
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +44,20 @@ def in_threads(fns: Sequence[Callable[[], Any]], timeout: float = 60.0) -> list[
         if err is not None:
             raise err
     return results
+
+
+class PollWatch:
+    """Wraps a shared-memory transport's epoll object; ``asleep`` is set once a thread sleeps."""
+
+    def __init__(self, t: Endpoint) -> None:
+        self._poller = t._poller
+        self.asleep = threading.Event()
+        t._poller = self
+
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        if timeout != 0:
+            self.asleep.set()
+        return self._poller.poll(timeout)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._poller, name)

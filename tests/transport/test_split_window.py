@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from shm_helpers import in_threads, no_leftovers  # noqa: F401 - no_leftovers: autouse fixture
+from shm_helpers import (  # noqa: F401 - no_leftovers: autouse fixture
+    PollWatch,
+    in_threads,
+    no_leftovers,
+)
 
 import plait
 from plait.errors import (
@@ -569,27 +573,10 @@ def test_a_member_whose_transport_closes_during_setup_is_lost_at_once() -> None:
 # -- waiting, losing peers, closing ---------------------------------------------------------------
 
 
-class _PollWatch:
-    """Wraps a shared-memory transport's epoll object; ``asleep`` is set once a thread sleeps."""
-
-    def __init__(self, t: Endpoint) -> None:
-        self._poller = t._poller
-        self.asleep = threading.Event()
-        t._poller = self
-
-    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
-        if timeout != 0:
-            self.asleep.set()
-        return self._poller.poll(timeout)  # type: ignore[no-any-return]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._poller, name)
-
-
 def test_a_sleeping_group_waiter_is_woken_by_a_post_on_the_parents_doorbell() -> None:
     with world("shm", 3) as ts:
         gs = groups(ts, [[2, 0]])
-        watch = _PollWatch(ts[0])
+        watch = PollWatch(ts[0])
         posted = [0.0]
 
         def waiter() -> float:
@@ -613,7 +600,7 @@ def test_a_member_whose_transport_closes_fails_the_groups_waiters(kind: str) -> 
     with world(kind, 3) as ts:
         gs = groups(ts, [[0, 1, 2]])
         win(gs[1]).post(1)
-        watch = _PollWatch(ts[0]) if kind == "shm" else None
+        watch = PollWatch(ts[0]) if kind == "shm" else None
 
         def waiter() -> None:
             w = win(gs[0])

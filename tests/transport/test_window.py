@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from shm_helpers import in_threads, no_leftovers  # noqa: F401 - no_leftovers: autouse fixture
+from shm_helpers import (  # noqa: F401 - no_leftovers: autouse fixture
+    PollWatch,
+    in_threads,
+    no_leftovers,
+)
 
 from plait.errors import ClosedError, PeerLostError
 from plait.rendezvous.store import MemoryStore
@@ -69,23 +73,6 @@ def soon(seconds: float = 20.0) -> float:
 
 def pattern(nbytes: int, seed: int) -> np.ndarray:
     return (np.arange(nbytes, dtype=np.uint64) * 2654435761 + seed).astype(np.uint8)
-
-
-class _PollWatch:
-    """Wraps a shared-memory transport's epoll object; ``asleep`` is set once a thread sleeps."""
-
-    def __init__(self, t: Endpoint) -> None:
-        self._poller = t._poller
-        self.asleep = threading.Event()
-        t._poller = self
-
-    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
-        if timeout != 0:
-            self.asleep.set()
-        return self._poller.poll(timeout)  # type: ignore[no-any-return]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._poller, name)
 
 
 # -- both windows, ranks as threads --------------------------------------------------------------
@@ -216,7 +203,7 @@ def test_a_peer_that_closes_fails_the_waiters(kind: str) -> None:
         with pytest.raises(PeerLostError, match="rank 0 has closed"):
             w.wait(0, 2, soon())
         # A wait in progress when the peer closes fails too.
-        watch = _PollWatch(b) if kind == "shm" else None
+        watch = PollWatch(b) if kind == "shm" else None
 
         def waiter() -> None:
             with pytest.raises(PeerLostError, match="rank 2 has closed"):
@@ -235,7 +222,7 @@ def test_closing_fails_own_waits(kind: str) -> None:
     with transports(kind, 2) as (a, _):
         w = win(a)
         error = ClosedError if kind == "shm" else PeerLostError  # the memory transport's own
-        watch = _PollWatch(a) if kind == "shm" else None
+        watch = PollWatch(a) if kind == "shm" else None
 
         def waiter() -> None:
             with pytest.raises(error):
@@ -256,7 +243,7 @@ def test_closing_fails_own_waits(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_sleeping_waiter_is_woken_by_post(kind: str) -> None:
     with transports(kind, 2) as (a, b):
-        watch = _PollWatch(b) if kind == "shm" else None
+        watch = PollWatch(b) if kind == "shm" else None
         posted = [0.0]
 
         def waiter() -> float:
