@@ -570,6 +570,40 @@ def test_a_member_whose_transport_closes_during_setup_is_lost_at_once() -> None:
             assert "rank 2" in str(e), made
 
 
+def test_a_peer_that_finished_and_closed_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 has done its part and closes before rank 1 reads its last word: no error.
+
+    Rank 1 has sent its own "mapped" word, so rank 0 may finish the set-up and close its
+    transport (a job that ends after ``split_by_host``) while rank 1 has yet to read rank 0's;
+    what rank 0 wrote is still there to read.
+    """
+    closed = threading.Event()
+    original = bootstrap._Join._await
+    awaits = [0]
+
+    def late_await(self: Any, p: Any) -> Any:
+        if self.me == 1 and p.rank == 0 and self.nonce:  # the split's, not the world's
+            awaits[0] += 1
+            if awaits[0] == 2:  # the first is rank 0's segment; the second its last word
+                assert closed.wait(10)
+        return original(self, p)
+
+    with world("shm", 2) as ts:
+        monkeypatch.setattr(bootstrap._Join, "_await", late_await)
+
+        def first() -> Any:
+            g = GroupTransport(ts[0], [0, 1], 0, comm_id=8, timeout=20)
+            g.close()
+            ts[0].close()
+            closed.set()
+            return g
+
+        made = outcomes([first, partial(GroupTransport, ts[1], [0, 1], 1, comm_id=8, timeout=20)])
+        assert not any(isinstance(g, BaseException) for g in made), made
+        assert made[1].window is not None
+        close_all(*made)
+
+
 # -- waiting, losing peers, closing ---------------------------------------------------------------
 
 

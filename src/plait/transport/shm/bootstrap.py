@@ -446,14 +446,15 @@ class _Join:
         """How long to block before the next look at ``stopped`` and ``alive`` (if any)."""
         return left if self.alive is None and self.stopped is None else min(left, _CHECK_SECONDS)
 
-    def _check(self) -> None:
-        """Raise if this rank was stopped (its transport closed) or a peer is gone."""
+    def _check(self, only: Wire | None = None) -> None:
+        """Raise if this rank was stopped (its transport closed) or a peer (``only``) is gone."""
         if self.stopped is not None:
             error = self.stopped()
             if error is not None:
                 raise error
         if self.alive is not None:
-            gone = sorted(self.names[p.rank] for p in self.wires if not self.alive(p.rank))
+            peers = self.wires if only is None else [only]
+            gone = sorted(self.names[p.rank] for p in peers if not self.alive(p.rank))
             if gone:
                 who = f"rank {gone[0]} was" if len(gone) == 1 else f"ranks {gone} were"
                 raise PeerLostError(
@@ -462,11 +463,19 @@ class _Join:
                 )
 
     def _await(self, p: Wire) -> socket.socket:
-        """``p``'s socket, once it has something to read (checking as :meth:`_accept_all`)."""
+        """``p``'s socket, once it has something to read (checking as :meth:`_accept_all`).
+
+        What ``p`` wrote is read even if ``p`` is gone since: a peer that has done its part
+        may finish and close before this rank reads it. Only ``p`` is checked, for the same
+        reason (the others may have finished too).
+        """
         sock = p.sock
         assert sock is not None
         while True:
-            self._check()
+            ready, _, _ = select.select([sock], [], [], 0)
+            if ready:
+                return sock
+            self._check(p)
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise RendezvousError(
