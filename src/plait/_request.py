@@ -47,7 +47,7 @@ from plait import _arrays, _tensor, collectives
 from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, as_array, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
-from plait.diagnostics.recorder import CallShape
+from plait.diagnostics.recorder import CallShape, caller_site
 from plait.ops import AVG, SUM, Op
 from plait.runtime.work import Work
 from plait.schedule.builder import Context, HostLayout
@@ -149,7 +149,9 @@ class Plan:
         self.schedule = build_schedule(spec, ctx)
         self.check = call_digest(spec.name, ctx, dtype, op)
         # What the flight recorder keeps of each call of this shape (one object, reused).
-        self.shape = CallShape(ctx.collective, spec.name, ctx.count, dtype, op, ctx.root)
+        self.shape = CallShape(
+            ctx.collective, spec.name, ctx.count, dtype, op, ctx.root, caller_site()
+        )
         # numpy warns (an error under -W error) on float overflow or invalid values: silence
         # it only where a reduction can produce one; np.errstate costs about a microsecond.
         reduces = any(s.kind in _REDUCING_STEPS for s in self.schedule.steps)

@@ -29,6 +29,7 @@ import numpy as np
 
 from plait._checks import check_timeout
 from plait._request import Request, signature
+from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
 from plait.diagnostics.timeline import Timeline
 from plait.diagnostics.triggers import dump_on_error
@@ -54,6 +55,7 @@ __all__ = ["CallRunner"]
 
 #: plait's logger: auto's choices and, with PLAIT_DEBUG=detail, every call's signature.
 _log = logging.getLogger("plait")
+_monotonic = time.monotonic
 #: Room for one call's signature in PLAIT_DEBUG=detail's allgather.
 _SIGNATURE_BYTES = 160
 
@@ -212,19 +214,29 @@ class CallRunner:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
         rec = self.recorder
         if not async_op:
-            slot = rec.begin(req.plan.shape, seq, skip) if rec is not None else None
+            if rec is None:
+                return self._run(req, seq, seconds, describe, None, epoch)
+            slot = rec.ring[seq % rec.capacity]
+            if slot.end == 0.0 or slot.extra:
+                slot = rec.begin(req.plan.shape, seq, skip)
+            else:
+                # rec.begin for a slot that holds a plain call, written out (Note [recorder cost])
+                slot.seq = seq
+                slot.shape = req.plan.shape
+                slot.end = 0.0
+                slot.start = _monotonic()
             return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
         work = Work(f"rank {self._rank}: {_describe(describe)}")
         if self._worker is None:
             self._worker = Worker(f"plait-rank{self._rank}")
         # Nothing that can fail comes between begin and the job that ends the slot.
-        slot = rec.begin(req.plan.shape, seq, skip, True) if rec is not None else None
+        queued = rec.begin(req.plan.shape, seq, skip, True) if rec is not None else None
 
         def job() -> None:
-            if slot is not None and rec is not None:
-                rec.started(slot)
+            if queued is not None and rec is not None:
+                rec.started(queued)
             try:
-                work._finish(self._run(req, seq, seconds, describe, slot, epoch))
+                work._finish(self._run(req, seq, seconds, describe, queued, epoch))
             except BaseException as exc:
                 work._finish(error=exc)
 
@@ -271,6 +283,7 @@ class CallRunner:
 
         self._worker.submit(job)
 
+    @runs_calls  # the recorder finds a call in flight by this frame (plait.diagnostics.frames)
     def _run(
         self,
         req: Request,
@@ -318,7 +331,7 @@ class CallRunner:
                         plan.check,
                         ufunc,
                         # The recorder read the clock as the call began (Note [recorder cost])
-                        (slot.start if slot is not None else time.monotonic()) + seconds,
+                        (slot.start if slot is not None else _monotonic()) + seconds,
                         slot,
                         rec,
                         self.timeline,
@@ -370,7 +383,7 @@ class CallRunner:
                         self._gate.notify_all()
         if slot is not None:
             # FlightRecorder.end for a call that ended well, written out (Note [recorder cost])
-            slot.end = time.monotonic()
+            slot.end = _monotonic()
             if self.timeline is not None and rec is not None:
                 self.timeline.call(slot, rec)
         return req.result

@@ -246,7 +246,7 @@ def test_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_real_recorders_end_to_end(tmp_path: Path, clock: FakeClock) -> None:
     """Dumps written by FlightRecorder itself: rank 2 stops after call #4."""
     shape = CallShape("allreduce", "ring", 256, np.dtype(np.float32), plait.SUM)
-    recs = [FlightRecorder(r, 3, job="e2e") for r in range(3)]
+    recs = [FlightRecorder(r, 3, job="e2e", stack_depth=1) for r in range(3)]
     for seq in range(5):
         for rec in recs:
             clock.advance(0.001)

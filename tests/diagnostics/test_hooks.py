@@ -33,7 +33,9 @@ def _here() -> int:
     return sys._getframe(1).f_lineno
 
 
-def test_every_call_is_recorded_with_the_callers_line() -> None:
+def test_every_call_is_recorded_with_the_callers_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_RECORDER_STACK", "1")  # else only calls in flight or failed
+
     def body(comm: plait.Communicator) -> dict[str, int]:
         lines = {}
         x = np.arange(4.0)
@@ -77,6 +79,24 @@ def test_every_call_is_recorded_with_the_callers_line() -> None:
     run_ranks(2, body)
 
 
+def test_by_default_a_call_that_ends_well_shows_where_its_kind_was_first_made() -> None:
+    """No stack per call (PLAIT_RECORDER_STACK=0): the call shape's first caller instead."""
+
+    def body(comm: plait.Communicator) -> None:
+        x = np.arange(4.0)
+        comm.allreduce(x)
+        first = _here() - 1
+        comm.allreduce(x)  # the same kind of call from another line
+        comm.broadcast(x, 0)
+        bcast = _here() - 1
+        calls = _recorder(comm).snapshot()
+        assert [c["stack"] for c in calls] == [[], [], []]
+        assert [c["site"][1] for c in calls] == [first, first, bcast]
+        assert calls[0]["site"] == [__file__, first, "body"]
+
+    run_ranks(2, body)
+
+
 def test_a_failed_call_is_dumped_with_whom_it_waited_for(tmp_path: Path) -> None:
     failed = threading.Event()
 
@@ -100,6 +120,8 @@ def test_a_failed_call_is_dumped_with_whom_it_waited_for(tmp_path: Path) -> None
     [call] = dump.calls
     assert call.state == "failed"
     assert call.waiting_on == (1,)  # kept before the executor withdrew its handles
+    assert call.stack[0][0] == __file__  # a failed call keeps its caller's line
+    assert call.stack[0][2] == "body"
     assert call.error is not None
 
 

@@ -16,6 +16,7 @@ from dumpkit import FakeClock
 
 import plait
 from plait.diagnostics import recorder as recorder_module
+from plait.diagnostics.frames import PLAIT_DIR
 from plait.diagnostics.recorder import CallShape, FlightRecorder, Slot, dump_dir, job_id
 from plait.diagnostics.schema import FORMAT, VERSION, DumpError, load, parse
 
@@ -30,7 +31,7 @@ def run(rec: FlightRecorder, first: int, n: int) -> None:
 def plait_frames(source: str) -> dict[str, Any]:
     """Functions compiled as if they were a file of plait's: the recorder looks past them."""
     namespace: dict[str, Any] = {}
-    exec(compile(source, recorder_module._PLAIT_DIR + "_fake_edge.py", "exec"), namespace)
+    exec(compile(source, PLAIT_DIR + "_fake_edge.py", "exec"), namespace)
     return namespace
 
 
@@ -100,7 +101,7 @@ def test_no_allocation_per_call_on_a_warm_recorder() -> None:
 
 
 def test_the_caller_is_the_first_frame_outside_plait() -> None:
-    rec = FlightRecorder(0, 2)
+    rec = FlightRecorder(0, 2, stack_depth=1)
     slot = EDGE["allreduce"](rec, SHAPE, 0)
     line = sys._getframe().f_lineno - 1
     rec.end(slot)
@@ -116,7 +117,7 @@ def test_the_caller_is_the_first_frame_outside_plait() -> None:
 
 def test_each_call_site_is_its_own() -> None:
     """The recorder remembers the last caller outside plait; a new one is still found."""
-    rec = FlightRecorder(0, 2, capacity=8)
+    rec = FlightRecorder(0, 2, capacity=8, stack_depth=1)
 
     def first() -> None:
         rec.end(EDGE["allreduce"](rec, SHAPE, rec.recorded))
@@ -131,12 +132,11 @@ def test_each_call_site_is_its_own() -> None:
 
 def test_callers_inside_plait_are_found_again_by_their_remembered_way_out() -> None:
     """A wrapper inside plait (compiled as if it lived there) calls from two places."""
-    from plait.diagnostics import recorder as module
 
-    rec = FlightRecorder(0, 2)
+    rec = FlightRecorder(0, 2, stack_depth=1)
     inside = {"rec": rec, "SHAPE": SHAPE}
     source = "def wrapper(seq):\n    return rec.begin(SHAPE, seq, 1)\n"  # skip 1: begins inside
-    exec(compile(source, module._PLAIT_DIR + "wrapped.py", "exec"), inside)
+    exec(compile(source, PLAIT_DIR + "wrapped.py", "exec"), inside)
     wrapper = inside["wrapper"]
 
     def here(seq: int) -> Slot:
@@ -153,7 +153,7 @@ def test_callers_inside_plait_are_found_again_by_their_remembered_way_out() -> N
 
 
 def test_skip_beyond_the_outermost_frame() -> None:
-    rec = FlightRecorder(0, 2)
+    rec = FlightRecorder(0, 2, stack_depth=1)
     rec.end(rec.begin(SHAPE, 0, 10_000))
     assert rec.snapshot()[0]["stack"] == []
 
@@ -171,6 +171,78 @@ def test_skip_and_stack_depth() -> None:
     stack = rec.snapshot()[0]["stack"]
     assert [f[2] for f in stack] == ["outer", "test_skip_and_stack_depth", stack[2][2]]
     assert len(stack) == 3
+
+
+def test_by_default_a_call_that_ends_well_keeps_no_stack() -> None:
+    rec = FlightRecorder(0, 2)
+    assert rec.stack_depth == 0
+    run(rec, 0, 3)
+    assert [c["stack"] for c in rec.snapshot()] == [[], [], []]
+    assert not any(s.extra for s in rec.slots())  # the runner's short path may refill them
+
+
+RUNNER = plait_frames(
+    """
+from plait.diagnostics.frames import runs_calls
+
+@runs_calls
+def run_call(rec, shape, seq, started, release):
+    slot = rec.begin(shape, seq)  # the call runner holds its slot so while the call runs
+    started.set()
+    release.wait(30)
+    rec.end(slot)
+"""
+)
+
+
+def test_a_call_in_flight_is_found_where_its_thread_runs_it() -> None:
+    """Without a stack per call, a dump finds an in-flight call's caller on its thread's stack."""
+    import threading
+
+    rec = FlightRecorder(0, 2)
+    started, release = threading.Event(), threading.Event()
+
+    def user_code() -> None:
+        RUNNER["run_call"](rec, SHAPE, 0, started, release)
+
+    line = user_code.__code__.co_firstlineno + 1
+    t = threading.Thread(target=user_code)
+    t.start()
+    try:
+        assert started.wait(30)
+        [c] = rec.snapshot()
+        assert c["state"] == "running"
+        assert c["stack"] == [[__file__, line, "user_code"]]
+    finally:
+        release.set()
+        t.join(30)
+    [c] = rec.snapshot()
+    assert c["state"] == "done"
+    assert c["stack"] == []  # it ended well: its line is not kept
+
+
+def test_a_failed_call_keeps_its_callers_line() -> None:
+    rec = FlightRecorder(0, 2, capacity=2)
+    slot = EDGE["allreduce"](rec, SHAPE, 0)
+    rec.end(slot, plait.CollectiveTimeout("rank 0: allreduce timed out"))
+    line = sys._getframe().f_lineno - 1
+    [c] = rec.snapshot()
+    assert c["stack"] == [[__file__, line, "test_a_failed_call_keeps_its_callers_line"]]
+    rec.end(rec.begin(SHAPE, 2))  # the same place, taken again by a call that ends well
+    assert [c["stack"] for c in rec.snapshot()][-1] == []
+    assert rec.ring[0].error is None
+    assert not rec.ring[0].extra
+
+
+def test_a_queued_call_keeps_its_callers_line() -> None:
+    """An async call runs on another thread: its caller is taken when it is queued."""
+    rec = FlightRecorder(0, 2)
+    slot = rec.begin(SHAPE, 0, 1, True)
+    line = sys._getframe().f_lineno - 1
+    rec.started(slot)
+    rec.end(slot)
+    [c] = rec.snapshot()
+    assert c["stack"] == [[__file__, line, "test_a_queued_call_keeps_its_callers_line"]]
 
 
 def test_no_stack_when_depth_is_zero() -> None:
@@ -227,7 +299,7 @@ def test_a_failed_call_keeps_its_error_and_whom_it_waited_for() -> None:
 
 
 def test_dump_round_trip(tmp_path: Path, clock: FakeClock) -> None:
-    rec = FlightRecorder(2, 4, capacity=8, job="j1")
+    rec = FlightRecorder(2, 4, capacity=8, job="j1", stack_depth=1)
     run(rec, 0, 3)
     clock.advance(0.5)
     slot = rec.begin(CallShape("broadcast", "binomial", 10, np.dtype(np.int64), None, 1), 3)

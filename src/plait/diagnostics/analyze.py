@@ -226,7 +226,7 @@ def _skip_hint(
     def same(x: CallRecord | None, y: CallRecord | None) -> bool | None:
         if x is None or y is None:
             return None
-        return x.signature == y.signature and x.where == y.where
+        return x.signature == y.signature and x.line == y.line
 
     unshifted = [same(mine.get(seq + i), theirs.get(seq + i)) for i in (1, 2, 3)]
     if not any(unshifted):
@@ -250,7 +250,7 @@ def _skip_hint(
                     f"{_ranks(odd)} made {_plural(k, 'extra call')} from #{seq} on "
                     f"({a.collective} at {a.where}): {them} #{seq + k} is the others' #{seq}",
                 )
-    if a.where != b.where:
+    if a.line != b.line:
         before = [c for s, c in mine.items() if s < seq and same(c, b)]
         if before:
             last = max(before, key=lambda c: c.seq)

@@ -2,34 +2,43 @@
 
 Like torch's flight recorder, it is always on and costs one slot per call: a
 :class:`FlightRecorder` owns a ring of ``capacity`` :class:`Slot` objects,
-each made on first use and then reused; :meth:`FlightRecorder.begin` fills
-the slot of call number ``seq`` (place ``seq % capacity``) with the call's
-:class:`CallShape` (collective, algorithm, count, dtype, op, root: one object
-per call shape, made once), the time and the caller's place in the program,
-and :meth:`~FlightRecorder.end` stamps the end and the error. Nothing is
-formatted on the way: objects are kept as given (the shape, the code object
-of the caller's frame) and turned into text only when the ring is dumped, so
-a call allocates nothing that outlives the next use of its slot (the floats
-of its times, nothing else). Counted with cachegrind on one rank, recording
-costs about 4,200 machine instructions per call from user code (1,300 of
-them the caller's line, about 250 a clock read) and about 9,300 from a
-caller inside plait (plait bench's loop), against 36,000 and 25,000 for the
-8-byte allreduce itself: 0.7 to 1 µs per call on this machine, where a
-clock read inside a call costs 100 to 300 ns. What a dump contains is
-documented in :mod:`plait.diagnostics.schema`.
+all made with it and then reused; a call fills the slot of its number ``seq``
+(place ``seq % capacity``) with its :class:`CallShape` (collective,
+algorithm, count, dtype, op, root and where a call of that shape was first
+made: one object per call shape, made once with its plan) and its start time,
+and its end stamps the end time and, if it failed, the error. Nothing is
+formatted on the way: objects are kept as given and turned into text only
+when the ring is dumped, so a call allocates nothing but the floats of its
+times. Counted with cachegrind on one rank (``OPENBLAS_NUM_THREADS=1
+valgrind --tool=cachegrind`` of 3,000 and 13,000 calls, the difference per
+call), recording costs about 2,000 machine instructions per call, two clock
+reads of about 330 each among them, against 23,400 for the 8-byte allreduce
+itself. What a dump contains is documented in
+:mod:`plait.diagnostics.schema`.
 
 Note [recorder cost]
-    The recorder is always on, so its hot path is counted in nanoseconds
-    (a clock read is 50-70 ns here, a frame attribute 25-30, a method call
-    about 40). Per call it pays one method call (:meth:`begin`), the stores
-    of one slot, the walk to the caller's frame and one clock read of its
-    own: :meth:`begin` reads the clock as the call begins and the runner
-    takes the call's deadline from that reading (``slot.start``) instead of
-    reading it again; a call that ends well is stamped by the runner itself
-    (a clock read and a store, what :meth:`end` does without an error); the
-    executor drops the links of :meth:`watch` as it finishes, and only
-    when it made them; a failed call's error and peers are cleared by the
-    next call that takes its slot, so a call that ends well clears nothing.
+    The recorder is always on, so its hot path is counted in nanoseconds:
+    a clock read is 45-65 ns here, a method call about 40, taking the
+    caller's frame about 90, and every object the call touches that has
+    fallen out of the nearest caches costs more than the instructions do.
+    So a call that ends well does the least that keeps the ring true:
+    - the call runner fills the slot itself (four stores, no method call),
+      when the slot holds a plain call (``extra`` false); otherwise, and
+      for queued calls, it calls :meth:`FlightRecorder.begin`;
+    - its clock read is the call's only one at the start: the deadline is
+      taken from ``slot.start``; the end is one more read and a store;
+    - it keeps no stack: where it was made is known from its shape's
+      ``site`` (the first call of that shape; :mod:`plait.diagnostics.frames`).
+    Every call that a dump is read for keeps its own caller after all, at no
+    cost to calls that end well: one in flight when the ring is dumped is
+    found on the stack of the thread that runs it (the frame of the call
+    runner holding its slot); one that fails takes its caller in
+    :meth:`FlightRecorder.end`, on its own thread; one queued to run on the
+    worker thread takes it in :meth:`~FlightRecorder.begin`.
+    ``PLAIT_RECORDER_STACK=N`` keeps N frames for every call (every slot is
+    then ``extra`` and every call goes through :meth:`~FlightRecorder.begin`).
+    ``extra`` marks a slot that holds more than a plain call (a caller, an
+    error, a queued time): the next call that takes the place clears it.
 
 Note [recorder clocks]
     Slots hold ``time.monotonic()`` values, which never jump. Each recorder
@@ -39,7 +48,8 @@ Note [recorder clocks]
     hosts' clocks agree (NTP: about a millisecond) across hosts.
 
 Note [caller frames]
-    The caller is the first frame outside plait's package folder (a
+    Where a call keeps its caller (Note [recorder cost]), the caller is the
+    first frame outside plait's package folder (a
     communicator's own frames, the torch backend's, a compressor's): from
     ``sys._getframe(skip)`` outwards, a string prefix test per frame; a hook
     that knows how deep it sits passes ``skip`` and the walk ends at once,
@@ -53,7 +63,8 @@ Note [caller frames]
     A slot keeps that frame's code object and instruction offset (the line
     number is worked out from them only in a dump: ``f_lineno`` costs more
     than the rest of the frame capture), and with ``stack_depth`` > 1 as
-    many frames further out, in two lists made with the slot. Never the
+    many frames further out, in two lists made with the slot (one shared
+    empty pair while one frame is kept). Never the
     frame itself, which would keep the caller's local variables (tensors)
     alive. When no frame is outside plait (a compressor's calls on the
     worker thread), the outermost one is kept. A dump adds the whole stack
@@ -66,8 +77,9 @@ Settings, read by :meth:`FlightRecorder.from_env`:
 ``PLAIT_RECORDER_SIZE``     calls kept per communicator (default 2000, as torch's
                             ``TORCH_FR_BUFFER_SIZE`` is usually set); 0 turns the
                             recorder off
-``PLAIT_RECORDER_STACK``    caller frames kept per call (default 1: the line that
-                            made the call; each further frame costs about 0.1 µs)
+``PLAIT_RECORDER_STACK``    caller frames kept for every call (default 0: only calls
+                            in flight at a dump, failed or queued keep theirs, one
+                            frame, or this many; Note [recorder cost])
 ``PLAIT_DUMP_DIR``          where dumps go: ``<dir>/<job>/rank<r>.json``; default
                             ``plait-dumps`` in the system's temporary folder
                             (``/tmp/plait-dumps`` on Linux)
@@ -90,6 +102,13 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
+from plait.diagnostics.frames import (
+    PLAIT_DIR,
+    caller_site,
+    callers_in_flight,
+    frame_json,
+    threads,
+)
 from plait.diagnostics.schema import FORMAT, VERSION
 
 __all__ = [
@@ -99,6 +118,7 @@ __all__ = [
     "FlightRecorder",
     "PendingStep",
     "Slot",
+    "caller_site",
     "dump_dir",
     "job_id",
     "live_recorders",
@@ -107,15 +127,11 @@ __all__ = [
 #: Calls kept per communicator unless PLAIT_RECORDER_SIZE says otherwise.
 DEFAULT_CAPACITY = 2000
 #: Caller frames kept per call unless PLAIT_RECORDER_STACK says otherwise.
-DEFAULT_STACK_DEPTH = 1
+DEFAULT_STACK_DEPTH = 0
 
 #: Starting places inside plait whose way out to the caller a recorder remembers.
 _HOPS_KEPT = 256
-#: Frames kept per thread in a dump's ``threads``.
-_THREAD_FRAMES = 64
 
-#: plait's package folder, with a separator: frames from files under it are plait's own.
-_PLAIT_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
 _getframe = sys._getframe
 _monotonic = time.monotonic
@@ -154,6 +170,9 @@ class CallShape:
     dtype: object
     op: object
     root: int = 0
+    #: Where a call of this shape was first made (:func:`caller_site`), or None: a call
+    #: that keeps no stack of its own is shown there in a dump (Note [recorder cost]).
+    site: tuple[str, int, str] | None = None
 
     @property
     def dtype_name(self) -> str:
@@ -173,6 +192,8 @@ class CallShape:
 
 
 _NO_SHAPE = CallShape("", "", 0, "", None)
+_NO_CODES: list[CodeType | None] = []
+_NO_LASTIS: list[int] = []
 
 
 class Slot:
@@ -197,6 +218,7 @@ class Slot:
         "depth",
         "end",
         "error",
+        "extra",
         "lasti",
         "lastis",
         "peers",
@@ -208,7 +230,7 @@ class Slot:
         "steps",
     )
 
-    def __init__(self, stack_depth: int) -> None:
+    def __init__(self, frames: int) -> None:
         self.seq = -1
         self.shape = _NO_SHAPE
         self.queued = 0.0
@@ -220,10 +242,14 @@ class Slot:
         self.steps: Sequence[PendingStep] | None = None
         self.code: CodeType | None = None
         self.lasti = 0
-        extra = max(stack_depth - 1, 0)
-        self.codes: list[CodeType | None] = [None] * extra
-        self.lastis: list[int] = [0] * extra
+        further = max(frames - 1, 0)
+        # With one frame kept (the default), every slot shares two empty lists, never written.
+        self.codes: list[CodeType | None] = [None] * further if further else _NO_CODES
+        self.lastis: list[int] = [0] * further if further else _NO_LASTIS
         self.depth = 0  # frames in codes/lastis that belong to this call
+        # Whether the slot holds more than a plain call's fields (a caller, an error, a
+        # queued time): what begin must clear before reuse (Note [recorder cost]).
+        self.extra = False
 
     @property
     def state(self) -> str:
@@ -283,11 +309,17 @@ class FlightRecorder:
         self.comm = comm
         self.capacity = capacity
         self.stack_depth = stack_depth
+        # Frames kept where a caller is kept: at least the caller's line (Note [recorder cost]).
+        self.frames = max(stack_depth, 1)
         self.job = job if job is not None else job_id()
         self.folder = Path(folder) if folder is not None else None
         self.timeline = timeline
-        # Slots are made when first used: a communicator that makes few calls stays small.
-        self._ring: list[Slot | None] = [None] * capacity
+        # Every slot is made now (about 0.2 µs each), not on first use: a call then
+        # allocates nothing but the floats of its times (Note [recorder cost]).
+        self.ring: list[Slot] = [Slot(self.frames) for _ in range(capacity)]
+        if stack_depth:  # every call takes its caller: no slot is for the runner's short path
+            for slot in self.ring:
+                slot.extra = True
         self._mono0 = _monotonic()
         self._wall0 = time.time()
         self._outside: CodeType | None = None  # the last caller's code found outside plait
@@ -330,52 +362,52 @@ class FlightRecorder:
         plait (Note [caller frames]); a hook that knows it is called from two
         plait frames below the user passes 3 and saves the walk (positionally:
         a keyword costs more). ``queued``: an ``async_op=True`` call, which
-        starts later (:meth:`started`).
+        starts later (:meth:`started`) on another thread, so its caller is
+        taken now whatever ``stack_depth`` says (Note [recorder cost]).
         """
-        ring = self._ring
+        ring = self.ring
         i = seq % self.capacity
         slot = ring[i]
-        if slot is None or slot.end == 0.0:
-            # First use of this place, or its call is still in flight (more than
-            # ``capacity`` calls in flight at once): that call keeps its slot, detached.
-            slot = ring[i] = Slot(self.stack_depth)
+        if slot.end == 0.0:
+            # Its call is still in flight (more than ``capacity`` calls in flight at
+            # once): that call keeps its slot, detached, and this one takes a new one.
+            slot = ring[i] = Slot(self.frames)
         slot.seq = seq
         slot.shape = shape
         slot.end = 0.0
-        if slot.error is not None:  # only a failed call leaves these (Note [recorder cost])
+        if slot.extra:  # a queued or failed call, or a caller taken (Note [recorder cost])
+            slot.extra = False
             slot.error = None
             slot.peers = ()
+            slot.code = None
+            slot.depth = 0
+            slot.queued = 0.0
         if queued:
+            self._caller(slot, skip + 1)
             slot.queued = _monotonic()
             slot.start = 0.0
-        else:
-            slot.queued = 0.0
-            slot.start = _monotonic()
+            return slot
         if self.stack_depth:
-            try:
-                f = _getframe(skip)
-            except ValueError:  # ``skip`` beyond the outermost frame
-                slot.code = None
-                slot.depth = 0
-                return slot
-            code = f.f_code
-            # A loop calls from the same line again and again: the last caller found
-            # outside plait is known to be outside without the prefix test.
-            if code is not self._outside:
-                f, code = self._walk(f, code, skip)
-            slot.code = code
-            slot.lasti = f.f_lasti
-            if self.stack_depth > 1:
-                codes, lastis = slot.codes, slot.lastis
-                n = 0
-                back = f.f_back
-                while back is not None and n < len(codes):
-                    codes[n] = back.f_code
-                    lastis[n] = back.f_lasti
-                    n += 1
-                    back = back.f_back
-                slot.depth = n
+            self._caller(slot, skip + 1)
+        slot.start = _monotonic()
         return slot
+
+    def _caller(self, slot: Slot, skip: int) -> None:
+        """Keep in ``slot`` the first frame outside plait from ``_getframe(skip)`` outwards.
+
+        ``skip`` counts from this method's own frame, as :meth:`begin`'s does from its own.
+        """
+        slot.extra = True
+        try:
+            f = _getframe(skip)
+        except ValueError:  # ``skip`` beyond the outermost frame
+            return
+        code = f.f_code
+        # A loop calls from the same line again and again: the last caller found
+        # outside plait is known to be outside without the prefix test.
+        if code is not self._outside:
+            f, code = self._walk(f, code, skip)
+        _keep(slot, f, code)
 
     def _walk(self, f: FrameType, code: CodeType, skip: int) -> tuple[FrameType, CodeType]:
         """The first frame outside plait from ``f`` (``_getframe(skip)``) outwards, and its code.
@@ -397,7 +429,7 @@ class FlightRecorder:
                 if id(found) in self._found:
                     return g, found
         n = 0
-        while code.co_filename.startswith(_PLAIT_DIR):
+        while code.co_filename.startswith(PLAIT_DIR):
             outer = f.f_back
             if outer is None:
                 return f, code  # no frame outside plait: keep the outermost
@@ -444,11 +476,17 @@ class FlightRecorder:
         """Record the end of the call in ``slot``; ``error`` if it failed.
 
         The error is kept as text, not as the exception (whose traceback would
-        keep frames alive), with the peers the call still waited for.
+        keep frames alive), with the peers the call still waited for, and the
+        caller's frames if :meth:`begin` did not take them: call it on the
+        thread that made the call (as the call runner does for a blocking call;
+        a queued call's caller was taken when it was queued).
         """
         if error is not None:
             slot.peers = _waiting(slot)  # whom it still waited for when it failed
             slot.error = f"{type(error).__name__}: {error}"
+            if slot.code is None:
+                self._caller(slot, 2)  # from this method's caller outwards
+            slot.extra = True
         slot.end = _monotonic()
         slot.pending = None
         slot.steps = None
@@ -460,7 +498,7 @@ class FlightRecorder:
     @property
     def recorded(self) -> int:
         """Calls numbered up to the newest recorded: its number + 1 (0 before any call)."""
-        return max((s.seq + 1 for s in self._ring if s is not None), default=0)
+        return max((s.seq + 1 for s in self.ring), default=0)
 
     def wall(self, t: float) -> float:
         """Monotonic time ``t`` as wall-clock seconds (see Note [recorder clocks])."""
@@ -468,7 +506,7 @@ class FlightRecorder:
 
     def slots(self) -> list[Slot]:
         """The slots in use, oldest call first."""
-        used = [s for s in self._ring if s is not None and s.seq >= 0]
+        used = [s for s in self.ring if s.seq >= 0]
         used.sort(key=lambda s: s.seq)
         return used
 
@@ -478,18 +516,22 @@ class FlightRecorder:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The recorded calls as JSON-ready dicts, oldest first (the dump's ``calls``)."""
-        return [self._call_json(s) for s in self.slots()]
+        slots = self.slots()
+        found = callers_in_flight(slots, self.frames)
+        return [self._call_json(s, found.get(id(s))) for s in slots]
 
-    def _call_json(self, s: Slot) -> dict[str, Any]:
+    def _call_json(self, s: Slot, found: list[list[Any]] | None = None) -> dict[str, Any]:
         shape = s.shape
         in_flight = s.end == 0.0
         stack = []
         if s.code is not None:
-            stack.append(_frame_json(s.code, s.lasti))
+            stack.append(frame_json(s.code, s.lasti))
             for k in range(min(s.depth, len(s.codes))):
                 code = s.codes[k]
                 if code is not None:
-                    stack.append(_frame_json(code, s.lastis[k]))
+                    stack.append(frame_json(code, s.lastis[k]))
+        elif found is not None:
+            stack = found
         return {
             "seq": s.seq,
             "collective": shape.collective,
@@ -506,6 +548,7 @@ class FlightRecorder:
             "waiting_on": _waiting(s) if in_flight or s.error is not None else [],
             "error": s.error,
             "stack": stack,
+            "site": None if stack or shape.site is None else list(shape.site),
         }
 
     def describe(self, reason: str) -> dict[str, Any]:
@@ -525,7 +568,7 @@ class FlightRecorder:
             "capacity": self.capacity,
             "recorded": self.recorded,
             "calls": self.snapshot(),
-            "threads": _threads(),
+            "threads": threads(),
         }
 
     def path(self) -> Path:
@@ -557,6 +600,21 @@ class FlightRecorder:
         return target
 
 
+def _keep(slot: Slot, f: FrameType, code: CodeType) -> None:
+    """Keep frame ``f`` (whose code is ``code``) and the frames out from it in ``slot``."""
+    slot.code = code
+    slot.lasti = f.f_lasti
+    codes, lastis = slot.codes, slot.lastis
+    n = 0
+    back = f.f_back
+    while back is not None and n < len(codes):
+        codes[n] = back.f_code
+        lastis[n] = back.f_lasti
+        n += 1
+        back = back.f_back
+    slot.depth = n
+
+
 def _waiting(s: Slot) -> list[int]:
     """The peers an in-flight call waits for, from its explicit list or its executor's table."""
     pending, steps = s.pending, s.steps
@@ -569,37 +627,6 @@ def _waiting(s: Slot) -> list[int]:
             except (RuntimeError, IndexError):
                 continue
     return sorted(s.peers)
-
-
-def _line(code: CodeType, lasti: int) -> int:
-    """The source line of instruction offset ``lasti`` in ``code``."""
-    for start, end, line in code.co_lines():
-        if start <= lasti < end and line is not None:
-            return line
-    return code.co_firstlineno
-
-
-def _frame_json(code: CodeType, lasti: int) -> list[Any]:
-    return [code.co_filename, _line(code, lasti), code.co_name]
-
-
-def _threads() -> list[dict[str, Any]]:
-    """Every thread's stack now, innermost frame first (where a stuck rank is stuck)."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    me = threading.get_ident()
-    out = []
-    for ident, frame in sys._current_frames().items():
-        if ident == me:
-            frame = frame.f_back or frame  # not the dump's own frames
-            while frame.f_back is not None and frame.f_code.co_filename == __file__:
-                frame = frame.f_back
-        stack: list[list[Any]] = []
-        f: FrameType | None = frame
-        while f is not None and len(stack) < _THREAD_FRAMES:
-            stack.append([f.f_code.co_filename, f.f_lineno, f.f_code.co_name])
-            f = f.f_back
-        out.append({"name": names.get(ident, str(ident)), "id": ident, "stack": stack})
-    return out
 
 
 def _env_int(name: str, default: int) -> int:

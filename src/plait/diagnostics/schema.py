@@ -29,7 +29,12 @@ A dump is one JSON object per communicator and rank, written by
           "error": null,                  "ErrorType: message" of a failed call
           "stack": [["/job/train.py", 42, "step"], ...]
                                           the caller's frames, innermost first, from the first
-                                          frame outside plait; [] when not captured
+                                          frame outside plait; [] when not captured (by
+                                          default a call that ended well keeps none)
+          "site": ["/job/train.py", 40, "step"]
+                                          where a call of this kind (collective, algorithm,
+                                          count, dtype, op, root) was first made, for a call
+                                          with no stack; else null
         }
       ],
       "threads": [                        every thread's stack when the dump was written
@@ -94,6 +99,7 @@ class CallRecord:
     waiting_on: tuple[int, ...]
     error: str | None
     stack: tuple[tuple[str, int, str], ...]
+    site: tuple[str, int, str] | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -107,11 +113,24 @@ class CallRecord:
 
     @property
     def where(self) -> str:
-        """The caller's line, short: ``train.py:42`` (``?`` when not captured)."""
-        if not self.stack:
-            return "?"
-        path, line, _ = self.stack[0]
-        return f"{os.path.basename(path)}:{line}"
+        """The caller's line, short: ``train.py:42``.
+
+        For a call that kept no stack, where a call of its kind was first made:
+        ``first made at train.py:40``; ``?`` when neither is known.
+        """
+        if self.stack:
+            path, line, _ = self.stack[0]
+            return f"{os.path.basename(path)}:{line}"
+        if self.site is not None:
+            path, line, _ = self.site
+            return f"first made at {os.path.basename(path)}:{line}"
+        return "?"
+
+    @property
+    def line(self) -> tuple[str, int] | None:
+        """(file, line) of the call, or of the first call of its kind; None if unknown."""
+        frame = self.stack[0] if self.stack else self.site
+        return None if frame is None else (frame[0], frame[1])
 
     @property
     def signature(self) -> tuple[str, str, int, str, str, int]:
@@ -216,11 +235,19 @@ def _call(c: Mapping[str, Any]) -> CallRecord:
         waiting_on=tuple(int(p) for p in c.get("waiting_on", ())),
         error=None if c.get("error") is None else str(c["error"]),
         stack=_stack(c.get("stack", ())),
+        site=_site(c.get("site")),
     )
 
 
 def _stack(frames: Iterable[Sequence[Any]]) -> tuple[tuple[str, int, str], ...]:
     return tuple((str(f), int(n), str(fn)) for f, n, fn in frames)
+
+
+def _site(frame: Sequence[Any] | None) -> tuple[str, int, str] | None:
+    if frame is None:
+        return None
+    f, n, fn = frame
+    return (str(f), int(n), str(fn))
 
 
 def load(path: str | os.PathLike[str]) -> Dump:

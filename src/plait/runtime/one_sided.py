@@ -69,8 +69,9 @@ ABANDONED = (1 << 32) - 1
 MISMATCHED = (1 << 32) - 2
 
 # Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
-# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase);
-# a _FOLD is (code, left operand, destination, right operand, peer, phase).
+# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
+# (peer,)); a _FOLD is (code, left operand, destination, right operand, peer, phase, (peer,)).
+# The one-tuple is what the flight recorder's slot says the call waits for, made once.
 _POST, _LOCAL, _COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
 
 
@@ -160,7 +161,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
         if kind is StepKind.POST:
             ops.append((_POST, step.tag))
         elif kind is StepKind.WAIT:
-            ops.append((_WAIT, None, None, False, step.peer, step.tag))
+            ops.append((_WAIT, None, None, False, step.peer, step.tag, (step.peer,)))
         elif s is None or d is None:
             raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
         elif kind is StepKind.COPY or kind is StepKind.REDUCE:
@@ -174,7 +175,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                 # dst = theirs, then dst = src ∘ dst (first) or dst ∘ src: one fold.
                 theirs = ops[-1][1]
                 x, y = (local(s), theirs) if step.first else (theirs, local(s))
-                ops[-1] = (_FOLD, x, local(d), y, prev.peer, prev.tag)
+                ops[-1] = (_FOLD, x, local(d), y, prev.peer, prev.tag, (prev.peer,))
                 prev = None
                 continue
             if s.buf is not SHARED and d.buf is not SHARED:
@@ -194,11 +195,11 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                 # dst = src, then dst = theirs ∘ dst (first) or dst ∘ theirs: one fold.
                 own = local(prev.src)
                 x, y = (theirs, own) if step.first else (own, theirs)
-                ops[-1] = (_FOLD, x, local(d), y, step.peer, step.tag)
+                ops[-1] = (_FOLD, x, local(d), y, step.peer, step.tag, (step.peer,))
                 prev = None
                 continue
             code = _GET if kind is StepKind.GET else _GET_REDUCE
-            ops.append((code, theirs, local(d), step.first, step.peer, step.tag))
+            ops.append((code, theirs, local(d), step.first, step.peer, step.tag, (step.peer,)))
         prev = step if kind is StepKind.COPY or kind is StepKind.GET else None
     return ops
 
@@ -228,7 +229,7 @@ def _run(
         if code >= _GET:  # GET, GET_REDUCE, WAIT: the peer's phase first
             q = op[4]
             if slot is not None:
-                slot.peers = (q,)
+                slot.peers = op[6]
             try:
                 arrived = window.wait(q, base | op[5], deadline)
             except CommError as exc:
