@@ -41,7 +41,7 @@ from plait._checks import (
     check_root,
     split_rows,
 )
-from plait._request import Shortcut, finished
+from plait._request import Shortcut, finished, separate
 from plait.collectives import Collective
 from plait.ops import SUM, Op, check_dtype
 
@@ -154,12 +154,20 @@ class CollectiveMethods:
         """
         # Note [the short path] in plait._request: a repeated simple call skips the checks.
         # (Not for a compressor's calls: they choose among message algorithms only.)
-        simple = type(x) is np.ndarray and (out is None or out is x)
+        simple = type(x) is np.ndarray and (out is None or out is x or type(out) is np.ndarray)
         if simple and not async_op and timeout is None and not self._runner.reserved():
-            key = (t.name, x.shape, x.dtype, op, root, out is x, algorithm)
+            # What out is: none, x itself, or another array (its shape and dtype in the key).
+            given = None if out is None else True if out is x else (out.shape, out.dtype)
+            key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
             cut = self._shortcuts.get(key)
-            if cut is not None and x.flags.c_contiguous and (out is None or x.flags.writeable):
-                return self._runner.start(cut.request(x, out is x), None, False, self, 4)
+            if cut is not None and x.flags.c_contiguous:
+                if given is None:
+                    return self._runner.start(cut.request(x, False), None, False, self, 4)
+                if given is True:
+                    if x.flags.writeable:
+                        return self._runner.start(cut.request(x, True), None, False, self, 4)
+                elif out.flags.c_contiguous and out.flags.writeable and separate(x, out):
+                    return self._runner.start(cut.request_into(x, out), None, False, self, 4)
         c = t.name
         r = self._rank
         size = self._size
@@ -184,10 +192,11 @@ class CollectiveMethods:
             and not self._runner.reserved()
             and x.dtype.isnative
             and req.writeback is None
-            and (out is None or req.aliased)
+            and (out is None or req.aliased or (out is not x and out.dtype == x.dtype))
             and x.flags.c_contiguous
         ):
-            key = (t.name, x.shape, x.dtype, op, root, out is x, algorithm)
+            given = None if out is None else True if out is x else (out.shape, out.dtype)
+            key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
             if len(self._shortcuts) >= CACHE_LIMIT:
                 self._shortcuts.clear()
             self._shortcuts[key] = Shortcut(req, shape, has_out)

@@ -188,13 +188,15 @@ class Shortcut:
         A loop repeats a few calls of one shape. The first call of a shape
         goes the whole way (checks, algorithm choice, plan, staging); where its
         arguments were the simple kind (a contiguous numpy array in native byte
-        order, ``out`` None or ``x`` itself, and no staging or copy was needed)
-        the edge keeps a Shortcut under the key of everything the checks read:
-        collective, shape, dtype, op, root, in-place or not, algorithm. A later
-        call with the same key is then only tested for what the key cannot
-        say (that ``x`` is contiguous, and writable when it is also ``out``),
-        and its request is made here, with the same plan, spec and result
-        rules as the first one's.
+        order; ``out`` None, ``x`` itself or another numpy array of x's dtype;
+        and no staging was needed) the edge keeps a Shortcut under the key of
+        everything the checks read: collective, shape, dtype, op, root, what
+        ``out`` is (none, ``x``, or an array's shape and dtype), algorithm. A
+        later call with the same key is then only tested for what the key
+        cannot say (that ``x`` is contiguous; that ``out`` is writable, and,
+        when it is another array, contiguous and apart from ``x``:
+        :func:`separate`), and its request is made here, with the same plan,
+        spec and result rules as the first one's.
     """
 
     __slots__ = ("_empty", "_fresh", "_head", "_tail")
@@ -227,6 +229,28 @@ class Shortcut:
             Request,
             (spec, ctx, op, flat, fresh, None, new, plan.fills_x, average, plan, False, None),
         )
+
+    def request_into(self, x: np.ndarray, out: np.ndarray) -> Request:
+        """The request of this call on ``x`` into ``out``: contiguous, writable, apart from x."""
+        if self._empty is not None:  # no result here: out is not written, as the long way
+            return self.request(x, False)
+        spec, ctx, op = self._head
+        average, plan = self._tail
+        flat, into = x.reshape(-1), out.reshape(-1)
+        return _new(
+            Request, (spec, ctx, op, flat, into, None, out, True, average, plan, False, None)
+        )
+
+
+def separate(x: np.ndarray, out: np.ndarray) -> bool:
+    """Whether ``x`` and ``out`` share no memory (the short path's test; a few tens of ns).
+
+    Two arrays that own their memory are apart unless they are one array;
+    views are tested by their bounds (``np.may_share_memory``, about 0.25 µs).
+    """
+    if x.base is None and out.base is None:
+        return x is not out
+    return not np.may_share_memory(x, out)
 
 
 _new = tuple.__new__  # a named tuple made from a tuple, without the keyword machinery

@@ -1,0 +1,89 @@
+"""The short path of repeated calls (Note [the short path] in plait._request).
+
+A call repeated with the same kind of arguments skips the checks; these
+tests make sure that what the key cannot say is still tested on every call
+(``out`` read-only, not contiguous, overlapping ``x``) and that each kind of
+``out`` (none, ``x`` itself, another array) gives numpy's answer, call after
+call. Threads play the ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import plait
+from plait.testing import run_ranks
+
+
+def _kinds(comm: plait.Communicator) -> set[object]:
+    """What ``out`` was in the calls the communicator keeps a short path for."""
+    return {key[5] for key in comm._shortcuts}
+
+
+def test_each_kind_of_out_takes_the_short_path_and_gives_numpys_answer() -> None:
+    def body(comm: plait.Communicator) -> None:
+        r, p = comm.rank, comm.size
+        out = np.empty(5, np.float32)
+        for step in range(4):
+            x = np.arange(5, dtype=np.float32) * (r + 1) + step
+            want = sum(np.arange(5, dtype=np.float32) * (q + 1) + step for q in range(p))
+            np.testing.assert_array_equal(comm.allreduce(x), want)
+            got = comm.allreduce(x, out=out)
+            assert got is out
+            np.testing.assert_array_equal(out, want)
+            assert comm.allreduce(x, out=x) is x
+            np.testing.assert_array_equal(x, want)
+        assert _kinds(comm) == {None, True, ((5,), np.dtype(np.float32))}
+
+    run_ranks(3, body)
+
+
+def test_an_out_that_overlaps_x_is_found_on_the_short_path() -> None:
+    """After a call into a separate array of the same shape, an overlapping view still works."""
+
+    def body(comm: plait.Communicator) -> None:
+        p = comm.size
+        buf = np.arange(8, dtype=np.float64)
+        x = buf[0:6]
+        comm.allreduce(x, out=np.empty(6))  # the short path for (6,) float64 into an array
+        assert ((6,), np.dtype(np.float64)) in _kinds(comm)
+        want = x.copy() * p
+        out = buf[2:8]  # a view that overlaps x
+        assert comm.allreduce(x, out=out) is out
+        np.testing.assert_array_equal(out, want)
+
+    run_ranks(2, body)
+
+
+def test_a_read_only_or_strided_out_is_tested_on_every_call() -> None:
+    def body(comm: plait.Communicator) -> None:
+        p = comm.size
+        x = np.ones(4, np.int64)
+        comm.allreduce(x, out=np.empty(4, np.int64))
+        frozen = np.empty(4, np.int64)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="out is read-only"):
+            comm.allreduce(x, out=frozen)
+        wide = np.zeros(8, np.int64)
+        strided = wide[::2]
+        assert comm.allreduce(x, out=strided) is strided
+        np.testing.assert_array_equal(wide, [p, 0, p, 0, p, 0, p, 0])
+
+    run_ranks(2, body)
+
+
+def test_out_off_root_of_a_reduce_is_not_written_on_the_short_path() -> None:
+    def body(comm: plait.Communicator) -> None:
+        x = np.full(3, comm.rank + 1.0)
+        out = np.full(3, -1.0)
+        for _ in range(3):
+            got = comm.reduce(x, 0, out=out)
+            if comm.rank == 0:
+                assert got is out
+                np.testing.assert_array_equal(out, [3.0, 3.0, 3.0])
+            else:
+                assert got is None
+                np.testing.assert_array_equal(out, [-1.0, -1.0, -1.0])
+
+    run_ranks(2, body)
