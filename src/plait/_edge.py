@@ -41,7 +41,7 @@ from plait._checks import (
     check_root,
     split_rows,
 )
-from plait._request import Shortcut, finished, separate
+from plait._request import Request, Shortcut, finished, separate
 from plait.collectives import Collective
 from plait.ops import SUM, Op, check_dtype
 
@@ -96,6 +96,7 @@ class CollectiveMethods:
     _stage: Stager
     _runner: CallRunner
     _shortcuts: dict[tuple[Any, ...], Shortcut]
+    _barrier: Request | None  # the request every plain barrier runs (made by the first)
 
     def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice:
         """The algorithm and segment size of a call.
@@ -341,6 +342,13 @@ class CollectiveMethods:
         """
         c = "broadcast"
         r = self._rank
+        simple = type(x) is np.ndarray and not async_op and timeout is None
+        if simple and not self._runner.reserved():
+            # Note [the short path] (a read-only x on root takes the long way)
+            key = (c, x.shape, x.dtype, root, algorithm)
+            cut = self._shortcuts.get(key)
+            if cut is not None and x.flags.c_contiguous and x.flags.writeable:
+                return self._runner.start(cut.request_fill(x), None, False, self)
         if type(x) is not np.ndarray and r == root and immutable(x):
             a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
         else:
@@ -352,6 +360,17 @@ class CollectiveMethods:
         req = self._stage.request(
             choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x
         )
+        if (
+            simple
+            and not self._runner.reserved()
+            and x.dtype.isnative
+            and req.writeback is None
+            and x.flags.c_contiguous
+            and x.flags.writeable
+        ):
+            if len(self._shortcuts) >= CACHE_LIMIT:
+                self._shortcuts.clear()
+            self._shortcuts[(c, x.shape, x.dtype, root, algorithm)] = Shortcut(req, x.shape, True)
         return self._runner.start(req, timeout, async_op, self)
 
     @overload
@@ -587,7 +606,14 @@ class CollectiveMethods:
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
         """Return only once every rank has entered the barrier."""
         c = "barrier"
+        # A barrier's request holds no caller memory: one serves every call (Note [the short
+        # path]), except a compressor's, whose calls choose among message algorithms only.
+        plain = not self._runner.reserved()
+        if plain and self._barrier is not None:
+            return self._runner.start(self._barrier, timeout, async_op, self)
         choice = self._choose(c, "auto", 0, None)
         empty = np.empty(0, np.uint8)
         req = self._stage.request(choice, 0, empty, None, (0,), None, has_out=False, result=None)
+        if plain:
+            self._barrier = req
         return self._runner.start(req, timeout, async_op, self)

@@ -196,7 +196,10 @@ class Shortcut:
         cannot say (that ``x`` is contiguous; that ``out`` is writable, and,
         when it is another array, contiguous and apart from ``x``:
         :func:`separate`), and its request is made here, with the same plan,
-        spec and result rules as the first one's.
+        spec and result rules as the first one's. ``broadcast`` keeps one
+        under (collective, shape, dtype, root, algorithm) for a writable
+        contiguous ``x`` (:meth:`request_fill`), and ``barrier``, whose request
+        holds no caller memory, reuses the request of its first call.
     """
 
     __slots__ = ("_empty", "_fresh", "_head", "_tail")
@@ -230,6 +233,16 @@ class Shortcut:
             (spec, ctx, op, flat, fresh, None, new, plan.fills_x, average, plan, False, None),
         )
 
+    def request_fill(self, x: np.ndarray) -> Request:
+        """The request of a call that fills ``x`` in place (broadcast: root sends from it)."""
+        spec, ctx, op = self._head
+        average, plan = self._tail
+        flat = x.reshape(-1)
+        return _new(
+            Request,
+            (spec, ctx, op, _none(x.dtype), flat, None, x, True, average, plan, False, None),
+        )
+
     def request_into(self, x: np.ndarray, out: np.ndarray) -> Request:
         """The request of this call on ``x`` into ``out``: contiguous, writable, apart from x."""
         if self._empty is not None:  # no result here: out is not written, as the long way
@@ -240,6 +253,17 @@ class Shortcut:
         return _new(
             Request, (spec, ctx, op, flat, into, None, out, True, average, plan, False, None)
         )
+
+
+_NONE: dict[np.dtype, np.ndarray] = {}
+
+
+def _none(dtype: np.dtype) -> np.ndarray:
+    """A zero-length array of ``dtype`` (the IN of a call that reads none), one per dtype."""
+    empty = _NONE.get(dtype)
+    if empty is None:
+        empty = _NONE[dtype] = np.empty(0, dtype)
+    return empty
 
 
 def separate(x: np.ndarray, out: np.ndarray) -> bool:

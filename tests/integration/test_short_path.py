@@ -87,3 +87,34 @@ def test_out_off_root_of_a_reduce_is_not_written_on_the_short_path() -> None:
                 np.testing.assert_array_equal(out, [-1.0, -1.0, -1.0])
 
     run_ranks(2, body)
+
+
+def test_broadcast_takes_the_short_path_and_still_refuses_a_read_only_x() -> None:
+    def body(comm: plait.Communicator) -> None:
+        x = np.zeros((2, 3), np.float32)
+        for step in range(4):
+            if comm.rank == 1:
+                x[...] = np.arange(6, dtype=np.float32).reshape(2, 3) + step
+            assert comm.broadcast(x, 1) is x
+            np.testing.assert_array_equal(x, np.arange(6, dtype=np.float32).reshape(2, 3) + step)
+        assert ("broadcast", (2, 3), np.dtype(np.float32), 1, "auto") in comm._shortcuts
+        if comm.rank == 0:
+            frozen = np.zeros((2, 3), np.float32)
+            frozen.flags.writeable = False
+            with pytest.raises(ValueError, match="read-only"):
+                comm.broadcast(frozen, 1)
+        comm.broadcast(x, 1)  # both ranks go on together
+
+    run_ranks(2, body)
+
+
+def test_a_barrier_runs_one_request_again_and_again() -> None:
+    def body(comm: plait.Communicator) -> None:
+        for _ in range(5):
+            assert comm.barrier() is None
+        first = comm._barrier
+        assert first is not None
+        comm.barrier()
+        assert comm._barrier is first
+
+    run_ranks(3, body)
