@@ -109,11 +109,15 @@ def _stack_out(f: FrameType, frames: int) -> list[list[Any]]:
     """From ``f`` outwards: the first frame outside plait and the ones out from it."""
     while f.f_code.co_filename.startswith(PLAIT_DIR) and f.f_back is not None:
         f = f.f_back
+    return _frames_out(f, frames)
+
+
+def _frames_out(f: FrameType | None, limit: int) -> list[list[Any]]:
+    """Up to ``limit`` frames from ``f`` outwards, each as ``[file, line, function]``."""
     stack: list[list[Any]] = []
-    g: FrameType | None = f
-    while g is not None and len(stack) < frames:
-        stack.append([g.f_code.co_filename, g.f_lineno, g.f_code.co_name])
-        g = g.f_back
+    while f is not None and len(stack) < limit:
+        stack.append([f.f_code.co_filename, f.f_lineno, f.f_code.co_name])
+        f = f.f_back
     return stack
 
 
@@ -140,10 +144,6 @@ def threads() -> list[dict[str, Any]]:
             frame = frame.f_back or frame  # not the dump's own frames
             while frame.f_back is not None and frame.f_code.co_filename.startswith(_HERE):
                 frame = frame.f_back
-        stack: list[list[Any]] = []
-        f: FrameType | None = frame
-        while f is not None and len(stack) < _THREAD_FRAMES:
-            stack.append([f.f_code.co_filename, f.f_lineno, f.f_code.co_name])
-            f = f.f_back
+        stack = _frames_out(frame, _THREAD_FRAMES)
         out.append({"name": names.get(ident, str(ident)), "id": ident, "stack": stack})
     return out
