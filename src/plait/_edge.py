@@ -155,7 +155,12 @@ class CollectiveMethods:
         """
         # Note [the short path] in plait._request: a repeated simple call skips the checks.
         # (Not for a compressor's calls: they choose among message algorithms only.)
-        simple = type(x) is np.ndarray and (out is None or out is x or type(out) is np.ndarray)
+        # (``type(root) is int``: True and 0.0 hash as 1 and 0 but are refused the long way)
+        simple = (
+            type(x) is np.ndarray
+            and type(root) is int
+            and (out is None or out is x or type(out) is np.ndarray)
+        )
         if simple and not async_op and timeout is None and not self._runner.reserved():
             # What out is: none, x itself, or another array (its shape and dtype in the key).
             given = None if out is None else True if out is x else (out.shape, out.dtype)
@@ -342,7 +347,7 @@ class CollectiveMethods:
         """
         c = "broadcast"
         r = self._rank
-        simple = type(x) is np.ndarray and not async_op and timeout is None
+        simple = type(x) is np.ndarray and type(root) is int and not async_op and timeout is None
         if simple and not self._runner.reserved():
             # Note [the short path] (a read-only x on root takes the long way)
             key = (c, x.shape, x.dtype, root, algorithm)

@@ -272,7 +272,7 @@ def separate(x: np.ndarray, out: np.ndarray) -> bool:
     Two arrays that own their memory are apart unless they are one array;
     views are tested by their bounds (``np.may_share_memory``, about 0.25 µs).
     """
-    if x.base is None and out.base is None:
+    if x.flags.owndata and out.flags.owndata:
         return x is not out
     return not np.may_share_memory(x, out)
 

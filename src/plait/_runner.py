@@ -223,8 +223,8 @@ class CallRunner:
                 # rec.begin for a slot that holds a plain call, written out (Note [recorder cost])
                 slot.seq = seq
                 slot.shape = req.plan.shape
-                slot.end = 0.0
                 slot.start = _monotonic()
+                slot.end = 0.0  # in flight from here (FlightRecorder.begin says why last)
             return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
         work = Work(f"rank {self._rank}: {_describe(describe)}")
         if self._worker is None:

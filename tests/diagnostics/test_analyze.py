@@ -76,6 +76,41 @@ def test_a_skipped_call() -> None:
     assert not d.ok
 
 
+def as_recorded(calls: list[dict[str, Any]], sites: dict[str, int]) -> list[dict[str, Any]]:
+    """``calls`` as the recorder writes them by default: each with the site of its kind
+    (``sites``: the line where that collective was first made), and a stack of its own
+    only while in flight or failed."""
+    for c in calls:
+        c["site"] = ["/job/train.py", sites[c["collective"]], "warm_up"]
+        if c["state"] == "done":
+            c["stack"] = []
+    return calls
+
+
+def test_a_skipped_call_found_from_the_sites_of_calls_that_kept_no_line() -> None:
+    """Calls first made in a warm-up (lines 30, 32), then in the loop (lines 40, 42)."""
+    sites = {"broadcast": 30, "allreduce": 32}
+    dumps = [dump(r, 4, as_recorded(training(5), sites)) for r in (0, 1, 3)]
+    mine = training(3, skip_at=2)
+    mine[-1].update(state="running", end=None, waiting_on=[1, 3])
+    dumps.append(dump(2, 4, as_recorded(mine, sites)))
+    for d in dumps[:3]:  # the others block in the broadcast #4
+        del d["calls"][5:]
+        d["calls"][4].update(state="running", end=None, waiting_on=[2])
+        d["calls"][4]["stack"] = [["/job/train.py", 40, "train_step"]]
+    [d] = diagnose(parsed(dumps))
+    first, hint = d.findings[:2]
+    assert first.message == (
+        "rank 2 is in allreduce #4 (train.py:42) while ranks 0, 1, 3 are in broadcast #4 "
+        "(train.py:40)"
+    )
+    assert hint.kind == "skipped"
+    assert hint.message.startswith(
+        "rank 2 did not make the others' broadcast at train.py:40 this time (its last one "
+        "there was #2)"
+    )
+
+
 def test_a_skip_seen_in_the_calls_that_follow() -> None:
     """Rank 1 skipped #2; its later calls are the others', one number earlier."""
     lines = [40, 42, 44, 46, 48, 50]

@@ -221,6 +221,37 @@ def test_a_call_in_flight_is_found_where_its_thread_runs_it() -> None:
     assert c["stack"] == []  # it ended well: its line is not kept
 
 
+ENDING = plait_frames(
+    """
+from plait.diagnostics.frames import runs_calls
+
+@runs_calls
+def ending(slot, seq, started, release):
+    started.set()  # a call numbered seq ends here, holding a slot a newer call has taken
+    release.wait(30)
+"""
+)
+
+
+def test_a_frame_still_ending_an_older_call_is_not_taken_for_the_newer_one() -> None:
+    import threading
+
+    rec = FlightRecorder(0, 2, capacity=1)
+    slot = rec.begin(SHAPE, 5)  # in flight, begun here: no runner frame holds it
+    started, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=ENDING["ending"], args=(slot, 4, started, release))
+    t.start()
+    try:
+        assert started.wait(30)
+        [c] = rec.snapshot()
+        assert c["seq"] == 5
+        assert c["state"] == "running"
+        assert c["stack"] == []  # not the thread that is ending call #4
+    finally:
+        release.set()
+        t.join(30)
+
+
 def test_a_failed_call_keeps_its_callers_line() -> None:
     rec = FlightRecorder(0, 2, capacity=2)
     slot = EDGE["allreduce"](rec, SHAPE, 0)

@@ -118,3 +118,19 @@ def test_a_barrier_runs_one_request_again_and_again() -> None:
         assert comm._barrier is first
 
     run_ranks(3, body)
+
+
+def test_a_root_the_long_way_refuses_is_refused_after_a_short_path_is_kept() -> None:
+    """True and 0.0 hash as 1 and 0: a kept short path must not let them through."""
+
+    def body(comm: plait.Communicator) -> None:
+        x = np.ones(3)
+        comm.broadcast(x, 0)
+        comm.reduce(x, 0, out=np.empty(3))
+        for bad in (False, 0.0):
+            with pytest.raises(TypeError, match="root"):
+                comm.broadcast(x, bad)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="root"):
+                comm.reduce(x, bad, out=np.empty(3))  # type: ignore[arg-type]
+
+    run_ranks(2, body)

@@ -25,6 +25,7 @@ __all__ = [
     "PLAIT_DIR",
     "caller_site",
     "callers_in_flight",
+    "first_outside",
     "frame_json",
     "runs_calls",
     "threads",
@@ -40,6 +41,9 @@ _THREAD_FRAMES = 64
 
 class _Running(Protocol):
     """What :func:`callers_in_flight` reads of a recorder slot."""
+
+    @property
+    def seq(self) -> int: ...
 
     @property
     def end(self) -> float: ...
@@ -72,6 +76,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def runs_calls(fn: _F) -> _F:
     """Mark ``fn`` as running a recorded call, its slot in its variable ``slot``.
 
+    The function holds the call's number in its variable ``seq`` too: a slot
+    reused by a newer call is not taken for the call still ending in ``fn``.
     A decorator for the call runner (:meth:`plait._runner.CallRunner._run`):
     :func:`callers_in_flight` looks for the frames of these functions only, so
     that another frame that happens to hold a slot (the stall watchdog's) is
@@ -98,18 +104,26 @@ def callers_in_flight(slots: Iterable[_Running], frames: int) -> dict[int, list[
         f: FrameType | None = top
         while f is not None:
             if f.f_code in _RUNNERS:
-                held = f.f_locals.get("slot")
-                if held is not None and wanted.get(id(held)) is held and id(held) not in found:
-                    found[id(held)] = _stack_out(f, frames)
+                local = f.f_locals
+                held = local.get("slot")
+                mine = wanted.get(id(held)) if held is not None else None
+                # The frame's own call, not one ending there in a slot a newer call has taken.
+                if mine is held and mine is not None and local.get("seq") == mine.seq:
+                    found.setdefault(id(mine), _stack_out(f, frames))
             f = f.f_back
     return found
 
 
-def _stack_out(f: FrameType, frames: int) -> list[list[Any]]:
-    """From ``f`` outwards: the first frame outside plait and the ones out from it."""
+def first_outside(f: FrameType) -> FrameType:
+    """From ``f`` outwards, the first frame outside plait (the outermost if none is)."""
     while f.f_code.co_filename.startswith(PLAIT_DIR) and f.f_back is not None:
         f = f.f_back
-    return _frames_out(f, frames)
+    return f
+
+
+def _stack_out(f: FrameType, frames: int) -> list[list[Any]]:
+    """From ``f`` outwards: the first frame outside plait and the ones out from it."""
+    return _frames_out(first_outside(f), frames)
 
 
 def _frames_out(f: FrameType | None, limit: int) -> list[list[Any]]:

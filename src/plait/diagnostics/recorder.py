@@ -106,6 +106,7 @@ from plait.diagnostics.frames import (
     PLAIT_DIR,
     caller_site,
     callers_in_flight,
+    first_outside,
     frame_json,
     threads,
 )
@@ -374,7 +375,6 @@ class FlightRecorder:
             slot = ring[i] = Slot(self.frames)
         slot.seq = seq
         slot.shape = shape
-        slot.end = 0.0
         if slot.extra:  # a queued or failed call, or a caller taken (Note [recorder cost])
             slot.extra = False
             slot.error = None
@@ -386,10 +386,13 @@ class FlightRecorder:
             self._caller(slot, skip + 1)
             slot.queued = _monotonic()
             slot.start = 0.0
-            return slot
-        if self.stack_depth:
-            self._caller(slot, skip + 1)
-        slot.start = _monotonic()
+        else:
+            if self.stack_depth:
+                self._caller(slot, skip + 1)
+            slot.start = _monotonic()
+        # In flight from here: last, so that the stall watchdog, reading from its own
+        # thread, never sees this call in flight with the time of the slot's last one.
+        slot.end = 0.0
         return slot
 
     def _caller(self, slot: Slot, skip: int) -> None:
@@ -485,7 +488,11 @@ class FlightRecorder:
             slot.peers = _waiting(slot)  # whom it still waited for when it failed
             slot.error = f"{type(error).__name__}: {error}"
             if slot.code is None:
-                self._caller(slot, 2)  # from this method's caller outwards
+                # A plain walk: the runner's frame sits at different depths below the
+                # caller (through _collective, broadcast, the torch backend), so the way
+                # out remembered per starting code (Note [caller frames]) does not apply.
+                f = first_outside(_getframe(1))
+                _keep(slot, f, f.f_code)
             slot.extra = True
         slot.end = _monotonic()
         slot.pending = None
@@ -548,7 +555,7 @@ class FlightRecorder:
             "waiting_on": _waiting(s) if in_flight or s.error is not None else [],
             "error": s.error,
             "stack": stack,
-            "site": None if stack or shape.site is None else list(shape.site),
+            "site": None if shape.site is None else list(shape.site),
         }
 
     def describe(self, reason: str) -> dict[str, Any]:

@@ -33,8 +33,8 @@ A dump is one JSON object per communicator and rank, written by
                                           default a call that ended well keeps none)
           "site": ["/job/train.py", 40, "step"]
                                           where a call of this kind (collective, algorithm,
-                                          count, dtype, op, root) was first made, for a call
-                                          with no stack; else null
+                                          count, dtype, op, root) was first made on this rank,
+                                          or null: what calls are compared by across ranks
         }
       ],
       "threads": [                        every thread's stack when the dump was written
@@ -128,8 +128,14 @@ class CallRecord:
 
     @property
     def line(self) -> tuple[str, int] | None:
-        """(file, line) of the call, or of the first call of its kind; None if unknown."""
-        frame = self.stack[0] if self.stack else self.site
+        """(file, line) to compare calls by: where a call of its kind was first made, else
+        the call's own line (a dump without sites); None if neither is known.
+
+        The site, when there is one, for every call alike: a call that ended well has no
+        line of its own, and comparing one call's own line with another's site would
+        find differences that are not there.
+        """
+        frame = self.site if self.site is not None else self.stack[0] if self.stack else None
         return None if frame is None else (frame[0], frame[1])
 
     @property
