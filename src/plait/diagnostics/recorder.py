@@ -59,7 +59,9 @@ Note [caller frames]
     once per starting place: how many frames out the caller was is kept per
     starting code object, and later calls take the frame that far out at once
     (``sys._getframe(skip + hops)``) when its code is one found outside before,
-    else walk again.
+    else walk again. A failed call's caller, taken in :meth:`FlightRecorder.end`
+    from the call runner's frame, is a plain walk: the runner sits at different
+    depths below the caller, and a failure is no hot path.
     A slot keeps that frame's code object and instruction offset (the line
     number is worked out from them only in a dump: ``f_lineno`` costs more
     than the rest of the frame capture), and with ``stack_depth`` > 1 as
