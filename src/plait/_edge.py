@@ -132,6 +132,12 @@ class CollectiveMethods:
         """``reduce_scatter(counts=...)`` (defined by :class:`plait._uneven_edge.UnevenMethods`)."""
         raise NotImplementedError
 
+    def _keep_shortcut(self, key: tuple[Any, ...], cut: Shortcut) -> None:
+        """Keep ``cut`` for the calls of ``key`` (Note [the short path]), within CACHE_LIMIT."""
+        if len(self._shortcuts) >= CACHE_LIMIT:
+            self._shortcuts.clear()
+        self._shortcuts[key] = cut
+
     def _collective(
         self,
         t: Collective,
@@ -162,8 +168,7 @@ class CollectiveMethods:
             and (out is None or out is x or type(out) is np.ndarray)
         )
         if simple and not async_op and timeout is None and not self._runner.reserved():
-            # What out is: none, x itself, or another array (its shape and dtype in the key).
-            given = None if out is None else True if out is x else (out.shape, out.dtype)
+            given = _given(x, out)
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
             cut = self._shortcuts.get(key)
             if cut is not None and x.flags.c_contiguous:
@@ -201,11 +206,8 @@ class CollectiveMethods:
             and (out is None or req.aliased or (out is not x and out.dtype == x.dtype))
             and x.flags.c_contiguous
         ):
-            given = None if out is None else True if out is x else (out.shape, out.dtype)
-            key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
-            if len(self._shortcuts) >= CACHE_LIMIT:
-                self._shortcuts.clear()
-            self._shortcuts[key] = Shortcut(req, shape, has_out)
+            key = (t.name, x.shape, x.dtype, op, root, _given(x, out), algorithm)
+            self._keep_shortcut(key, Shortcut(req, shape, has_out))
         # 4: the user's frame is beyond this one and the collective method's
         res = self._runner.start(req, timeout, async_op, self, 4)
         return res if req.finish is None else finished(res, req.finish, async_op)
@@ -373,9 +375,9 @@ class CollectiveMethods:
             and x.flags.c_contiguous
             and x.flags.writeable
         ):
-            if len(self._shortcuts) >= CACHE_LIMIT:
-                self._shortcuts.clear()
-            self._shortcuts[(c, x.shape, x.dtype, root, algorithm)] = Shortcut(req, x.shape, True)
+            self._keep_shortcut(
+                (c, x.shape, x.dtype, root, algorithm), Shortcut(req, x.shape, True)
+            )
         return self._runner.start(req, timeout, async_op, self)
 
     @overload
@@ -622,3 +624,9 @@ class CollectiveMethods:
         if plain:
             self._barrier = req
         return self._runner.start(req, timeout, async_op, self)
+
+
+def _given(x: np.ndarray, out: np.ndarray | None) -> object:
+    """What ``out`` is, for a short path's key: None, True (``x`` itself), or the other
+    array's shape and dtype."""
+    return None if out is None else True if out is x else (out.shape, out.dtype)

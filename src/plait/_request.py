@@ -49,6 +49,7 @@ from plait._checks import CACHE_LIMIT, as_array, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.diagnostics.recorder import CallShape, caller_site
 from plait.ops import AVG, SUM, Op
+from plait.runtime.executor import empty_of
 from plait.runtime.work import Work
 from plait.schedule.builder import Context, HostLayout
 from plait.schedule.ir import Buf, StepKind
@@ -240,7 +241,7 @@ class Shortcut:
         flat = x.reshape(-1)
         return _new(
             Request,
-            (spec, ctx, op, _none(x.dtype), flat, None, x, True, average, plan, False, None),
+            (spec, ctx, op, empty_of(x.dtype), flat, None, x, True, average, plan, False, None),
         )
 
     def request_into(self, x: np.ndarray, out: np.ndarray) -> Request:
@@ -253,17 +254,6 @@ class Shortcut:
         return _new(
             Request, (spec, ctx, op, flat, into, None, out, True, average, plan, False, None)
         )
-
-
-_NONE: dict[np.dtype, np.ndarray] = {}
-
-
-def _none(dtype: np.dtype) -> np.ndarray:
-    """A zero-length array of ``dtype`` (the IN of a call that reads none), one per dtype."""
-    empty = _NONE.get(dtype)
-    if empty is None:
-        empty = _NONE[dtype] = np.empty(0, dtype)
-    return empty
 
 
 def separate(x: np.ndarray, out: np.ndarray) -> bool:

@@ -59,10 +59,8 @@ def caller_site() -> tuple[str, int, str] | None:
     :class:`~plait.diagnostics.recorder.CallShape`'s ``site``); None when
     every frame is plait's.
     """
-    f: FrameType | None = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(PLAIT_DIR):
-        f = f.f_back
-    if f is None:
+    f = first_outside(sys._getframe(1))
+    if f.f_code.co_filename.startswith(PLAIT_DIR):
         return None
     return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
 

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder, Slot
     from plait.diagnostics.timeline import Timeline
 
-__all__ = ["Call", "Workspace", "execute", "quiet", "restore", "run_local"]
+__all__ = ["Call", "Workspace", "empty_of", "execute", "quiet", "restore", "run_local"]
 
 
 # Note [quiet reductions]
@@ -99,6 +99,14 @@ _now = time.monotonic  # the timeline's clock (Note [executor diagnostics])
 _NOTHING_ISSUED: dict[int, float] = {}  # stands in for the timeline's table when it is off
 
 
+def empty_of(dtype: np.dtype) -> np.ndarray:
+    """A zero-length array of ``dtype``, one per dtype (never written: it has no elements)."""
+    empty = _EMPTY.get(dtype)
+    if empty is None:
+        empty = _EMPTY[dtype] = np.empty(0, dtype)
+    return empty
+
+
 class Workspace:
     """Scratch memory reused from call to call, so a hot loop allocates nothing.
 
@@ -134,10 +142,7 @@ class Workspace:
     def take(self, count: int, dtype: np.dtype, offset: int = 0) -> np.ndarray:
         """``count`` elements of ``dtype`` starting ``offset`` elements in (grows if needed)."""
         if not count:
-            empty = _EMPTY.get(dtype)
-            if empty is None:
-                empty = _EMPTY[dtype] = np.empty(0, dtype)
-            return empty
+            return empty_of(dtype)
         itemsize = dtype.itemsize
         need = (offset + count) * itemsize
         if self._raw.size < need:
