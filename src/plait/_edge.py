@@ -168,17 +168,21 @@ class CollectiveMethods:
             and (out is None or out is x or type(out) is np.ndarray)
         )
         if simple and not async_op and timeout is None and not self._runner.reserved():
-            given = _given(x, out)
+            # _given(x, out), inlined: this runs on every call
+            given: object = None if out is None else True if out is x else (out.shape, out.dtype)
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
             cut = self._shortcuts.get(key)
-            if cut is not None and x.flags.c_contiguous:
-                if given is None:
-                    return self._runner.start(cut.request(x, False), None, False, self, 4)
+            # ``flags.carray``: contiguous, aligned and writeable in one test (an unaligned
+            # array takes the long way)
+            if cut is not None:
                 if given is True:
-                    if x.flags.writeable:
+                    if x.flags.carray:
                         return self._runner.start(cut.request(x, True), None, False, self, 4)
-                elif out.flags.c_contiguous and out.flags.writeable and separate(x, out):
-                    return self._runner.start(cut.request_into(x, out), None, False, self, 4)
+                elif x.flags.c_contiguous:
+                    if given is None:
+                        return self._runner.start(cut.request(x, False), None, False, self, 4)
+                    if out.flags.carray and separate(x, out):
+                        return self._runner.start(cut.request_into(x, out), None, False, self, 4)
         c = t.name
         r = self._rank
         size = self._size
@@ -207,7 +211,7 @@ class CollectiveMethods:
             and x.flags.c_contiguous
         ):
             key = (t.name, x.shape, x.dtype, op, root, _given(x, out), algorithm)
-            self._keep_shortcut(key, Shortcut(req, shape, has_out))
+            self._keep_shortcut(key, Shortcut(req, shape, has_out, x.ndim == 1))
         # 4: the user's frame is beyond this one and the collective method's
         res = self._runner.start(req, timeout, async_op, self, 4)
         return res if req.finish is None else finished(res, req.finish, async_op)
@@ -354,7 +358,7 @@ class CollectiveMethods:
             # Note [the short path] (a read-only x on root takes the long way)
             key = (c, x.shape, x.dtype, root, algorithm)
             cut = self._shortcuts.get(key)
-            if cut is not None and x.flags.c_contiguous and x.flags.writeable:
+            if cut is not None and x.flags.carray:  # contiguous, aligned, writeable
                 return self._runner.start(cut.request_fill(x), None, False, self)
         if type(x) is not np.ndarray and r == root and immutable(x):
             a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
@@ -376,7 +380,7 @@ class CollectiveMethods:
             and x.flags.writeable
         ):
             self._keep_shortcut(
-                (c, x.shape, x.dtype, root, algorithm), Shortcut(req, x.shape, True)
+                (c, x.shape, x.dtype, root, algorithm), Shortcut(req, x.shape, True, x.ndim == 1)
             )
         return self._runner.start(req, timeout, async_op, self)
 

@@ -203,18 +203,22 @@ class Shortcut:
         holds no caller memory, reuses the request of its first call.
     """
 
-    __slots__ = ("_empty", "_fresh", "_head", "_tail")
+    __slots__ = ("_empty", "_flat", "_fresh", "_head", "_tail")
 
-    def __init__(self, req: Request, shape: tuple[int, ...], has_out: bool) -> None:
+    def __init__(
+        self, req: Request, shape: tuple[int, ...], has_out: bool, flat: bool = False
+    ) -> None:
         self._head = (req.spec, req.ctx, req.op)
         self._tail = (req.average, req.plan)
         # Where the call writes no output here (a rooted call off root): an empty OUT.
         self._empty = None if has_out else req.out
         self._fresh = shape  # the shape of a new result array
+        # x is one-dimensional (its shape is in the key): it is its own flat view
+        self._flat = flat
 
     def request(self, x: np.ndarray, in_place: bool) -> Request:
         """The request of this call on ``x`` (``in_place``: ``out=x``)."""
-        flat = x.reshape(-1)
+        flat = x if self._flat else x.reshape(-1)
         spec, ctx, op = self._head
         average, plan = self._tail
         if in_place:
@@ -238,7 +242,7 @@ class Shortcut:
         """The request of a call that fills ``x`` in place (broadcast: root sends from it)."""
         spec, ctx, op = self._head
         average, plan = self._tail
-        flat = x.reshape(-1)
+        flat = x if self._flat else x.reshape(-1)
         return _new(
             Request,
             (spec, ctx, op, empty_of(x.dtype), flat, None, x, True, average, plan, False, None),
@@ -250,7 +254,8 @@ class Shortcut:
             return self.request(x, False)
         spec, ctx, op = self._head
         average, plan = self._tail
-        flat, into = x.reshape(-1), out.reshape(-1)
+        flat = x if self._flat else x.reshape(-1)
+        into = out if out.ndim == 1 else out.reshape(-1)
         return _new(
             Request, (spec, ctx, op, flat, into, None, out, True, average, plan, False, None)
         )

@@ -83,6 +83,7 @@ class CallRunner:
         "_lock",
         "_probe_tag",
         "_rank",
+        "_reserving",
         "_size",
         "_transport",
         "_worker",
@@ -129,6 +130,9 @@ class CallRunner:
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._workspaces = _PerThread()  # one Workspace per thread that runs calls
+        # Threads running a compressor's calls now (reserved() is true on them): while none
+        # is, a call skips the per-thread lookups (Note [the short path] in plait._request).
+        self._reserving = 0
         world = self._rank if world_rank is None else world_rank
         self.recorder = FlightRecorder.from_env(
             self._rank, self._size, comm_id, timeline=Timeline.from_env(world)
@@ -177,7 +181,8 @@ class CallRunner:
         method), 4 through ``CollectiveMethods._collective``; a wrong guess
         costs the recorder a short walk, never a wrong line.
         """
-        c = req.spec.collective
+        spec, plan = req.spec, req.plan
+        c = spec.collective
         # self.seconds(timeout, c), inlined: this runs on every call
         seconds = (
             self.timeout if timeout is None else check_timeout(timeout, f"rank {self._rank}: {c}")
@@ -185,15 +190,17 @@ class CallRunner:
         if self.detail:
             self._verify_same_call(req, seconds, comm)
         # A compressed async allreduce reserved its calls' numbers (see submit_reserved).
-        pinned = self._workspaces.pinned
-        one_sided = req.plan.schedule.one_sided
+        pinned = self._workspaces.pinned if self._reserving else None
+        one_sided = plan.schedule.one_sided
         if one_sided and pinned is not None:
             # Its epoch would be taken on the worker, out of program order.
             raise UnsupportedError(
-                f"rank {self._rank}: {c}: a one-sided algorithm ({req.spec.name}) cannot run "
+                f"rank {self._rank}: {c}: a one-sided algorithm ({spec.name}) cannot run "
                 "inside a compressed asynchronous allreduce"
             )
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: its enter and exit cost twice as much
+        try:
             if self.closed or self.broken is not None:
                 self.check_usable(c)
             if pinned is None:
@@ -209,7 +216,9 @@ class CallRunner:
             if one_sided:
                 epoch = self.epoch
                 self.epoch += 1
-        describe = (c, req.spec.name, seq)  # formatted only when needed
+        finally:
+            lock.release()
+        describe = (c, spec.name, seq)  # formatted only when needed
         if self.detail:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
         rec = self.recorder
@@ -218,11 +227,11 @@ class CallRunner:
                 return self._run(req, seq, seconds, describe, None, epoch)
             slot = rec.ring[seq % rec.capacity]
             if slot.end == 0.0 or slot.extra:
-                slot = rec.begin(req.plan.shape, seq, skip)
+                slot = rec.begin(plan.shape, seq, skip)
             else:
                 # rec.begin for a slot that holds a plain call, written out (Note [recorder cost])
                 slot.seq = seq
-                slot.shape = req.plan.shape
+                slot.shape = plan.shape
                 slot.start = _monotonic()
                 slot.end = 0.0  # in flight from here (FlightRecorder.begin says why last)
             return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
@@ -230,7 +239,7 @@ class CallRunner:
         if self._worker is None:
             self._worker = Worker(f"plait-rank{self._rank}")
         # Nothing that can fail comes between begin and the job that ends the slot.
-        queued = rec.begin(req.plan.shape, seq, skip, True) if rec is not None else None
+        queued = rec.begin(plan.shape, seq, skip, True) if rec is not None else None
 
         def job() -> None:
             if queued is not None and rec is not None:
@@ -247,17 +256,23 @@ class CallRunner:
         """Whether this thread runs a compressor's calls now (:meth:`submit_reserved` or
         :meth:`compressing`): ``auto`` then picks message-passing algorithms only, so that a
         compressed call gives the same bits whether it runs blocking or on the worker."""
+        if not self._reserving:  # no thread does: skip the per-thread lookup
+            return False
         w = self._workspaces
         return w.pinned is not None or w.compressing
 
     def compressing(self, fn: Callable[[], Any]) -> Any:
         """Run a blocking compressed call's ``fn`` here, as :meth:`reserved` says."""
         w = self._workspaces
+        with self._lock:
+            self._reserving += 1
         w.compressing = True
         try:
             return fn()
         finally:
             w.compressing = False
+            with self._lock:
+                self._reserving -= 1
 
     def submit_reserved(self, work: Work, calls: int, c: str, fn: Callable[[], Any]) -> None:
         """Reserve the next ``calls`` numbers now; run ``fn`` on the worker with them.
@@ -273,6 +288,8 @@ class CallRunner:
             self._worker = Worker(f"plait-rank{self._rank}")
 
         def job() -> None:
+            with self._lock:
+                self._reserving += 1
             self._workspaces.pinned = seqs
             try:
                 work._finish(fn())
@@ -280,6 +297,8 @@ class CallRunner:
                 work._finish(error=exc)
             finally:
                 self._workspaces.pinned = None
+                with self._lock:
+                    self._reserving -= 1
 
         self._worker.submit(job)
 
@@ -315,29 +334,32 @@ class CallRunner:
                 elif plan.local and not schedule.tmp_count:  # one rank: no transport, no scratch
                     run_local(schedule.steps, (req.inp, req.out), ufunc, req.aliased, self._rank)
                 else:
-                    dtype = req.out.dtype
                     if schedule.tmp_count or schedule.staged_count:
                         workspace = self._workspaces.ws
                         if workspace is None:  # first call on this thread
                             workspace = self._workspaces.ws = Workspace()
                         tmp, staging = workspace.pair(
-                            schedule.tmp_count, schedule.staged_count, dtype
+                            schedule.tmp_count, schedule.staged_count, req.out.dtype
                         )
                     else:
                         tmp, staging = _NO_TMP, None
-                    call = Call(
-                        describe,
-                        0 if schedule.one_sided else collective_tag(self._comm_id, seq),
-                        plan.check,
-                        ufunc,
-                        # The recorder read the clock as the call began (Note [recorder cost])
-                        (slot.start if slot is not None else _monotonic()) + seconds,
-                        slot,
-                        rec,
-                        self.timeline,
-                        epoch,
-                        seq,
-                        self._probe_tag,
+                    call = _new(  # Call(...), without the keyword machinery
+                        Call,
+                        (
+                            describe,
+                            0 if schedule.one_sided else collective_tag(self._comm_id, seq),
+                            plan.check,
+                            ufunc,
+                            # The recorder read the clock as the call began (Note [recorder
+                            # cost])
+                            (slot.start if slot is not None else _monotonic()) + seconds,
+                            slot,
+                            rec,
+                            self.timeline,
+                            epoch,
+                            seq,
+                            self._probe_tag,
+                        ),
                     )
                     buffers = (req.inp, req.out, tmp)
                     if schedule.one_sided:
@@ -384,8 +406,9 @@ class CallRunner:
         if slot is not None:
             # FlightRecorder.end for a call that ended well, written out (Note [recorder cost])
             slot.end = _monotonic()
-            if self.timeline is not None and rec is not None:
-                self.timeline.call(slot, rec)
+            timeline = self.timeline
+            if timeline is not None and rec is not None:
+                timeline.call(slot, rec)
         return req.result
 
     def _wait_turn(self, epoch: int, seconds: float, describe: tuple[str, str, int]) -> None:
@@ -423,6 +446,8 @@ class CallRunner:
             detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
             raise MismatchError(f"rank {self._rank}: ranks made different calls: {detail}")
 
+
+_new = tuple.__new__
 
 #: TMP of a schedule that uses none (any dtype: nothing reads it).
 _NO_TMP = np.empty(0, np.uint8)

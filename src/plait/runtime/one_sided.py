@@ -106,7 +106,16 @@ def run_one_sided(
         raise _timeout_for(rank, call, behind)
     try:
         if call.timeline is None:
-            ops = _compiled(schedule, window, buffers[1].dtype)[half]
+            # A loop repeats one call: its operations are the window's last ones (a dtype is
+            # one object per kind; another object of an equal dtype looks them up).
+            dtype = buffers[1].dtype
+            last = getattr(window, "last_compiled", None)
+            if last is not None and last[0] is schedule and last[1] is dtype:
+                ops = last[2][half]
+            else:
+                halves = _compiled(schedule, window, dtype)
+                window.last_compiled = (schedule, dtype, halves)
+                ops = halves[half]
             _run(ops, buffers, window, call, half, aliased, rank)
         else:
             _run_steps(schedule, buffers, window, call, half, aliased)
@@ -241,11 +250,19 @@ def _run(
                 checked |= 1 << q
             if code == _WAIT:
                 continue
+        # A caller's region (b, lo, hi) is sliced per call: the buffer itself when that is
+        # all of it (_part, inlined)
         src, dst = op[1], op[2]
         if type(src) is tuple:
-            src = _part(buffers, src)
+            b, lo, hi = src
+            src = buffers[b]
+            if lo or hi != src.size:
+                src = src[lo:hi]
         if type(dst) is tuple:
-            dst = _part(buffers, dst)
+            b, lo, hi = dst
+            dst = buffers[b]
+            if lo or hi != dst.size:
+                dst = dst[lo:hi]
         if code in (_COPY, _GET):
             dst[...] = src
         elif code == _FOLD:
@@ -268,13 +285,13 @@ def _part(buffers: Sequence[np.ndarray], where: tuple[int, int, int]) -> np.ndar
 
 def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:
     """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided])."""
-    if window.digest(q, half) != call.check:
+    digest, counter = window.peer_state(q, half)
+    if digest != call.check:
         raise MismatchError(
             f"rank {rank}: {call.describe}: rank {q} is in a different call "
             "(its parameters' digest differs from this rank's)"
         )
     # Only this call's: a peer that gave up on a later call has finished this one.
-    counter = window.counter(q)
     if counter == (call.epoch << 32) | MISMATCHED:
         raise MismatchError(
             f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "

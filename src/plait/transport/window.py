@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_WINDOW_BYTES",
     "EXCHANGE_BYTES",
     "GROUP_WINDOW_BYTES",
+    "MASK64",
     "PHASE_BITS",
     "MemoryArena",
     "MemoryWindow",
@@ -63,7 +64,8 @@ DEFAULT_WINDOW_BYTES = 2 << 20
 GROUP_WINDOW_BYTES = 256 << 10
 #: A counter value is ``(epoch << PHASE_BITS) | phase``.
 PHASE_BITS = 32
-_MASK64 = (1 << 64) - 1
+#: A digest word holds the low 64 bits of a call's digest.
+MASK64 = (1 << 64) - 1
 #: Bytes of one rank's announcement in :func:`exchange`, at most.
 EXCHANGE_BYTES = 255
 #: The check word of :func:`exchange`'s messages.
@@ -156,6 +158,11 @@ class Window(abc.ABC):
         until every rank has ended that call.
         """
 
+    def peer_state(self, q: int, half: int) -> tuple[int, int]:
+        """Rank ``q``'s digest word for ``half`` and its counter, read together (the check
+        of a peer that a one-sided call makes once per peer)."""
+        return self.digest(q, half), self.counter(q)
+
     @abc.abstractmethod
     def _set_digest(self, half: int, digest: int) -> None:
         """Store this rank's digest word for ``half``."""
@@ -179,7 +186,7 @@ class Window(abc.ABC):
                 if q != me and not self.wait(q, need, deadline):
                     return -1
         half = epoch & 1
-        self._set_digest(half, digest & _MASK64)
+        self._set_digest(half, digest & MASK64)
         return half
 
     def end(self, epoch: int) -> None:
