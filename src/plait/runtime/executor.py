@@ -35,9 +35,10 @@ Note [executor diagnostics]
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -73,13 +74,11 @@ try:
 
     _IGNORE = _make_extobj(all="ignore")
 
-    def quiet() -> Any:
-        """Silence numpy's float warnings until :func:`restore` (Note [quiet reductions])."""
-        return _extobj_contextvar.set(_IGNORE)
-
-    def restore(token: Any) -> None:
-        """Undo :func:`quiet`."""
-        _extobj_contextvar.reset(token)
+    # Both run on every call that reduces floats: C calls, without a Python frame each.
+    #: Silence numpy's float warnings until :func:`restore` (Note [quiet reductions]).
+    quiet: Callable[[], Any] = functools.partial(_extobj_contextvar.set, _IGNORE)
+    #: Undo :func:`quiet`.
+    restore: Callable[[Any], None] = _extobj_contextvar.reset
 
 except (ImportError, AttributeError, TypeError):  # pragma: no cover - other numpy versions
 

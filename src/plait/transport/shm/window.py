@@ -407,7 +407,10 @@ class ShmWindow(Window):
                 if q != me and not self._wait(q, need, deadline):
                     return -1
         half = epoch & 1
-        self._set_digest(half, digest & MASK64)
+        try:  # self._set_digest(half, digest & MASK64), inlined
+            self._words[self._digest + half] = digest & MASK64
+        except (TypeError, ValueError):
+            raise self._ep.closed_error() from None
         return half
 
     def peer_state(self, q: int, half: int) -> tuple[int, int]:
