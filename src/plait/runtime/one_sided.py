@@ -36,7 +36,10 @@ Note [compiled one-sided schedules]
     on 2 ranks, a fifth of the bytes the call moves) and one operation fewer.
     Nobody sees the region between the two steps: peers read this rank's
     window only after a ``POST``, and none comes between them. With
-    PLAIT_TIMELINE the steps run one by one instead, to be reported.
+    PLAIT_TIMELINE the steps run one by one instead, to be reported. Steps
+    between the caller's buffers are compiled like the others; a copy from
+    ``IN`` to ``OUT`` at equal offsets is skipped by an in-place call (the two
+    are one memory), as :func:`~plait.runtime.executor.run_local` skips it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,10 @@ MISMATCHED = (1 << 32) - 2
 # is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
 # (peer,)); a _FOLD is (code, left operand, destination, right operand, peer, phase, (peer,)).
 # The one-tuple is what the flight recorder's slot says the call waits for, made once.
-_POST, _LOCAL, _COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
+# _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place; _LOCAL: a step run
+# as run_local does (a copy within one caller buffer onto itself).
+_POST, _LOCAL, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(9)
+_COPIES = (_COPY, _SELF_COPY, _GET)
 
 
 def run_one_sided(
@@ -187,11 +193,15 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                 ops[-1] = (_FOLD, x, local(d), y, prev.peer, prev.tag, (prev.peer,))
                 prev = None
                 continue
-            if s.buf is not SHARED and d.buf is not SHARED:
-                ops.append((_LOCAL, step))  # between the caller's buffers: as run_local does
-            else:
-                code = _COPY if kind is StepKind.COPY else _REDUCE
-                ops.append((code, local(s), local(d), step.first))
+            code = _COPY if kind is StepKind.COPY else _REDUCE
+            if code == _COPY and s.buf is not SHARED and d.buf is not SHARED:
+                if s.offset == d.offset and s.buf == d.buf:
+                    ops.append((_LOCAL, step))
+                    prev = None
+                    continue
+                if s.offset == d.offset:  # IN to OUT or OUT to IN: one memory in place
+                    code = _SELF_COPY
+            ops.append((code, local(s), local(d), step.first))
         else:
             theirs = window.typed(step.peer, half, dtype)[s.offset : s.end]
             if (
@@ -235,7 +245,7 @@ def _run(
         if code == _LOCAL:
             _local_step(op[1], buffers, ufunc, aliased, rank)
             continue
-        if code >= _GET:  # GET, GET_REDUCE, WAIT: the peer's phase first
+        if code >= _GET:  # GET, GET_REDUCE, WAIT, FOLD: the peer's phase first
             q = op[4]
             if slot is not None:
                 slot.peers = op[6]
@@ -250,6 +260,8 @@ def _run(
                 checked |= 1 << q
             if code == _WAIT:
                 continue
+        elif code == _SELF_COPY and aliased:
+            continue  # IN and OUT are one memory
         # A caller's region (b, lo, hi) is sliced per call: the buffer itself when that is
         # all of it (_part, inlined)
         src, dst = op[1], op[2]
@@ -263,7 +275,7 @@ def _run(
             dst = buffers[b]
             if lo or hi != dst.size:
                 dst = dst[lo:hi]
-        if code in (_COPY, _GET):
+        if code in _COPIES:
             dst[...] = src
         elif code == _FOLD:
             right = op[3]
