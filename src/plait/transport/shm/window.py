@@ -484,16 +484,17 @@ class ShmWindow(Window):
                 monotonic = time.monotonic
                 start = monotonic()
                 until = start + spin if deadline is None else min(start + spin, deadline)
-                eager = start + ep.eager_spin
                 crowded, sched_yield = self._crowded, os.sched_yield
                 while True:
                     if words[index] >= value:
                         return True
-                    now = monotonic()
-                    if now >= until:
+                    if monotonic() >= until:
                         break
-                    if crowded and now >= eager:
-                        sched_yield()  # a peer that shares our core can run and post
+                    if crowded:
+                        # From the first poll: the peer may share our core, and a flat-out
+                        # spin would keep it from running and posting (Note [doorbells and
+                        # waiting]).
+                        sched_yield()
             return self._sleep(q, words, index, value, deadline)
         except (TypeError, ValueError):
             if self._released or ep.closed:
