@@ -269,3 +269,49 @@ def test_a_copy_and_a_reduction_into_one_region_run_as_one_fold(name: str) -> No
         folds = [op for op in ops if op[0] == one_sided._FOLD]
         assert len(folds) == 1, (rank, schedule.steps)
         assert len(ops) == len(schedule.steps) - 1
+
+
+class _PostingWindow(_Window):
+    """A window whose posts go nowhere: enough to run a schedule that reads no peer."""
+
+    def post(self, value: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("aliased", [False, True])
+def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
+    # Note [compiled one-sided schedules]: only a copy between IN and OUT at equal offsets is
+    # skipped in place; one into or out of TMP at equal offsets is not (a scratch region read
+    # before it was written would give the old bits).
+    from plait.runtime import one_sided
+    from plait.runtime.executor import Call, run_local
+    from plait.schedule.builder import Builder
+    from plait.schedule.ir import StepKind
+
+    ctx = Context("allreduce", 0, 2, 4, 4, window=4096)
+    b = Builder(ctx, 4, 4)
+    t = b.scratch(4)
+    b.copy(b.inp, t)  # IN to TMP at equal offsets
+    b.copy(b.inp, b.out)  # IN to OUT: nothing to do in place
+    b.reduce(t, b.out, src_first=True)
+    b.copy(b.out.sub(1, 2), t.sub(1, 2))  # OUT to TMP, equal offsets again
+    b.reduce(t, b.out, src_first=False)
+    shared = b.shared(4)
+    b.copy(b.out, shared)
+    b.post(1)
+    schedule = b.build()
+    local = [s for s in schedule.steps if s.kind in (StepKind.COPY, StepKind.REDUCE)][:-1]
+
+    def buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = np.arange(1, 5, dtype=np.float32)
+        out = x if aliased else np.full(4, 7, np.float32)
+        return x, out, np.full(4, -100, np.float32)
+
+    expected = buffers()
+    run_local(local, expected, np.add, aliased)
+    got = buffers()
+    ops = one_sided._compile(schedule, _PostingWindow(2), np.dtype(np.float32), 0)
+    call = Call("allreduce (test)", 0, 0, np.add, None, epoch=0)
+    one_sided._run(ops, got, _PostingWindow(2), call, 0, aliased, 0)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[2], expected[2])

@@ -199,8 +199,8 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                     ops.append((_LOCAL, step))
                     prev = None
                     continue
-                if s.offset == d.offset:  # IN to OUT or OUT to IN: one memory in place
-                    code = _SELF_COPY
+                if s.offset == d.offset and s.buf + d.buf == 1:
+                    code = _SELF_COPY  # IN to OUT or OUT to IN: one memory in place
             ops.append((code, local(s), local(d), step.first))
         else:
             theirs = window.typed(step.peer, half, dtype)[s.offset : s.end]
