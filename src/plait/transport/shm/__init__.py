@@ -15,6 +15,7 @@ protocol is described in ``docs/transport.md``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from plait.errors import ClosedError
@@ -111,6 +112,11 @@ class ShmTransport(Endpoint):
         window = shm_window.window_bytes(window_bytes)
         segment.check_platform()
         self.spin = _spin_from_env()
+        if size > (os.cpu_count() or 1):
+            # More ranks than cores: yield from the first idle poll, as a window's wait does,
+            # so that a peer sharing our core can run (4 ranks on 2 cores, 8-byte allreduce by
+            # messages: 137-177 against 125-211 us a call, 4 of 5 interleaved pairs faster).
+            self.eager_spin = 0.0
         joined = bootstrap.join(
             rank,
             size,
