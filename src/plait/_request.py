@@ -264,11 +264,23 @@ class Shortcut:
 def separate(x: np.ndarray, out: np.ndarray) -> bool:
     """Whether ``x`` and ``out`` share no memory (the short path's test; a few tens of ns).
 
-    Two arrays that own their memory are apart unless they are one array;
-    views are tested by their bounds (``np.may_share_memory``, about 0.25 µs).
+    Two arrays that own their memory are apart unless they are one array, and so are
+    views of two different such arrays (``out=grid`` with ``grid = buf.reshape(p, n)``);
+    other views are tested by their bounds (``np.may_share_memory``, about 0.25 µs).
     """
-    if x.flags.owndata and out.flags.owndata:
+    xf, of = x.flags, out.flags
+    if xf.owndata and of.owndata:
         return x is not out
+    xb = x if xf.owndata else x.base
+    ob = out if of.owndata else out.base
+    if (
+        xb is not ob
+        and type(xb) is np.ndarray
+        and type(ob) is np.ndarray
+        and xb.flags.owndata
+        and ob.flags.owndata
+    ):
+        return True
     return not np.may_share_memory(x, out)
 
 

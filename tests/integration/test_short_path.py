@@ -56,6 +56,25 @@ def test_an_out_that_overlaps_x_is_found_on_the_short_path() -> None:
     run_ranks(2, body)
 
 
+def test_separate_tells_apart_views_of_different_arrays_and_finds_every_overlap() -> None:
+    from plait._request import separate
+
+    a, b = np.zeros(8), np.zeros(8)
+    assert separate(a, b)
+    assert not separate(a, a)
+    grid = b.reshape(2, 4)  # a view of another array (allgather's out=grid)
+    assert separate(a, grid)
+    assert separate(a[:4], grid)
+    assert separate(a[:4], a[4:])  # one array, no common element
+    assert not separate(a[:5], a[4:])
+    assert not separate(a, a.reshape(2, 4))
+    assert not separate(a[1:], a.reshape(2, 4))
+    raw = bytearray(64)
+    v, w = np.frombuffer(raw, np.float64)[:4], np.frombuffer(raw, np.float64)[3:]
+    assert not separate(v, w)  # views of one buffer that is no array: tested by bounds
+    assert separate(v[:3], w)
+
+
 def test_a_read_only_or_strided_out_is_tested_on_every_call() -> None:
     def body(comm: plait.Communicator) -> None:
         p = comm.size
