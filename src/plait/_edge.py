@@ -167,10 +167,12 @@ class CollectiveMethods:
             and type(root) is int
             and (out is None or out is x or type(out) is np.ndarray)
         )
-        if simple and not async_op and timeout is None and not self._runner.reserved():
-            # _given(x, out), inlined: this runs on every call
+        key = None
+        if simple:
+            # What out is: none, x itself, or another array (its shape and dtype in the key).
             given: object = None if out is None else True if out is x else (out.shape, out.dtype)
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
+        if key is not None and not async_op and timeout is None and not self._runner.reserved():
             cut = self._shortcuts.get(key)
             # ``flags.carray``: contiguous, aligned and writeable in one test (an unaligned
             # array takes the long way)
@@ -203,14 +205,13 @@ class CollectiveMethods:
             choice, count, a, out_arr, shape, op, root=root, has_out=has_out, src=x, dst=out
         )
         if (
-            simple
+            key is not None
             and not self._runner.reserved()
             and x.dtype.isnative
             and req.writeback is None
             and (out is None or req.aliased or (out is not x and out.dtype == x.dtype))
             and x.flags.c_contiguous
         ):
-            key = (t.name, x.shape, x.dtype, op, root, _given(x, out), algorithm)
             self._keep_shortcut(key, Shortcut(req, shape, has_out, x.ndim == 1))
         # 4: the user's frame is beyond this one and the collective method's
         res = self._runner.start(req, timeout, async_op, self, 4)
@@ -628,9 +629,3 @@ class CollectiveMethods:
         if plain:
             self._barrier = req
         return self._runner.start(req, timeout, async_op, self)
-
-
-def _given(x: np.ndarray, out: np.ndarray | None) -> object:
-    """What ``out`` is, for a short path's key: None, True (``x`` itself), or the other
-    array's shape and dtype."""
-    return None if out is None else True if out is x else (out.shape, out.dtype)

@@ -37,9 +37,10 @@ Note [compiled one-sided schedules]
     Nobody sees the region between the two steps: peers read this rank's
     window only after a ``POST``, and none comes between them. With
     PLAIT_TIMELINE the steps run one by one instead, to be reported. Steps
-    between the caller's buffers are compiled like the others; a copy from
-    ``IN`` to ``OUT`` at equal offsets is skipped by an in-place call (the two
-    are one memory), as :func:`~plait.runtime.executor.run_local` skips it.
+    between the caller's buffers are compiled like the others, and skipped
+    where :func:`~plait.runtime.executor.run_local` skips them: a copy of a
+    region onto itself is left out, and a copy from ``IN`` to ``OUT`` at equal
+    offsets is skipped by an in-place call (the two are one memory).
 """
 
 from __future__ import annotations
@@ -75,9 +76,8 @@ MISMATCHED = (1 << 32) - 2
 # is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
 # (peer,)); a _FOLD is (code, left operand, destination, right operand, peer, phase, (peer,)).
 # The one-tuple is what the flight recorder's slot says the call waits for, made once.
-# _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place; _LOCAL: a step run
-# as run_local does (a copy within one caller buffer onto itself).
-_POST, _LOCAL, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(9)
+# _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place.
+_POST, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
 _COPIES = (_COPY, _SELF_COPY, _GET)
 
 
@@ -196,8 +196,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
             code = _COPY if kind is StepKind.COPY else _REDUCE
             if code == _COPY and s.buf is not SHARED and d.buf is not SHARED:
                 if s.offset == d.offset and s.buf == d.buf:
-                    ops.append((_LOCAL, step))
-                    prev = None
+                    prev = None  # a copy onto itself: nothing to do
                     continue
                 if s.offset == d.offset and s.buf + d.buf == 1:
                     code = _SELF_COPY  # IN to OUT or OUT to IN: one memory in place
@@ -241,9 +240,6 @@ def _run(
         code = op[0]
         if code == _POST:
             window.post(base | op[1])
-            continue
-        if code == _LOCAL:
-            _local_step(op[1], buffers, ufunc, aliased, rank)
             continue
         if code >= _GET:  # GET, GET_REDUCE, WAIT, FOLD: the peer's phase first
             q = op[4]

@@ -407,10 +407,7 @@ class ShmWindow(Window):
                 if q != me and not self._wait(q, need, deadline):
                     return -1
         half = epoch & 1
-        try:  # self._set_digest(half, digest & MASK64), inlined
-            self._words[self._digest + half] = digest & MASK64
-        except (TypeError, ValueError):
-            raise self._ep.closed_error() from None
+        self._set_digest(half, digest & MASK64)
         return half
 
     def peer_state(self, q: int, half: int) -> tuple[int, int]:
