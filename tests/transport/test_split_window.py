@@ -570,6 +570,70 @@ def test_a_member_whose_transport_closes_during_setup_is_lost_at_once() -> None:
             assert "rank 2" in str(e), made
 
 
+def test_a_lower_rank_that_gives_up_between_connect_and_hello_is_explained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1's connection to rank 0 is made, then rank 0 gives up (rank 2 is lost) before
+    rank 1 says its hello: rank 1's write finds the connection broken, and it raises what
+    rank 0 raised (rank 2 lost), not a bare "Broken pipe"."""
+    mine = threading.local()
+    told, connected, first_done = threading.Event(), threading.Event(), threading.Event()
+    credentials, connect, close_listener = (
+        bootstrap.peer_credentials,
+        bootstrap._Join._connect,
+        bootstrap._Join._close_listener,
+    )
+
+    def late_close(self: Any) -> None:
+        if self.me == 0 and self.listener is not None:
+            # Rank 0 gives up and has told whom it could; rank 1 connects only now.
+            told.set()
+            assert connected.wait(10)
+        close_listener(self)
+
+    def late_connect(self: Any, p: Any, hello: bytes, timeout: float) -> None:
+        assert told.wait(10)
+        connect(self, p, hello, timeout)
+
+    def late_credentials(sock: Any) -> Any:
+        got = credentials(sock)
+        if getattr(mine, "rank", None) == 1:  # rank 1's only call: its connect to rank 0
+            connected.set()
+            assert first_done.wait(10)  # rank 0's listener, and the connection, are gone
+        return got
+
+    def rank(ts: list[Endpoint], r: int) -> Any:
+        mine.rank = r
+        try:
+            return GroupTransport(ts[r], [0, 1, 2], r, comm_id=9, timeout=20)
+        finally:
+            if r == 0:
+                first_done.set()
+
+    with world("shm", 3) as ts:
+        monkeypatch.setattr(bootstrap, "peer_credentials", late_credentials)
+        monkeypatch.setattr(bootstrap._Join, "_connect", late_connect)
+        monkeypatch.setattr(bootstrap._Join, "_close_listener", late_close)
+        announced = threading.Event()
+
+        def closer() -> None:
+            assert announced.wait(10)
+            ts[2].close()
+
+        made = outcomes(
+            [
+                partial(rank, ts, 0),
+                partial(rank, ts, 1),
+                partial(_ghost, ts[2], [0, 1, 2], 2, 9, announced),
+                closer,
+            ]
+        )
+        close_all(*made[:2])
+        for e in made[:2]:
+            assert isinstance(e, PeerLostError), made
+            assert "rank 2" in str(e), made
+
+
 def test_a_peer_that_finished_and_closed_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 has done its part and closes before rank 1 reads its last word: no error.
 

@@ -606,7 +606,9 @@ class _Join:
             )
         p.pid = 0 if pid == os.getpid() else pid
         p.pid_start = process_start(p.pid) if p.pid else None
-        sock.sendall(hello)
+        # ``p`` may give up and close its listener between our connect and this
+        # write (our connection was never accepted): explained as any broken-off peer.
+        self._send(p, lambda s: s.sendall(hello))
 
     def _announced(self, value: bytes, rank: int) -> tuple[str, int]:
         """(segment and socket name, segment bytes) from what ``rank`` published."""
