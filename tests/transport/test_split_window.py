@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -447,6 +448,31 @@ def _failing_listener(rank: int) -> Any:
         return listen(name, backlog)
 
     return failing
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x01\x02"])
+def test_a_connection_that_hangs_up_before_its_hello_is_ignored(
+    monkeypatch: pytest.MonkeyPatch, junk: bytes
+) -> None:
+    """A process of this user connects to rank 0's socket and hangs up (after ``junk``)
+    before a whole hello: rank 0 drops it and the group forms as if it had never come."""
+    listen = bootstrap._listen
+
+    def listen_and_knock(name: str, backlog: int) -> Any:
+        listener = listen(name, backlog)
+        if "-split-0-" in name:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as knock:
+                knock.connect(f"\0{name}")
+                knock.sendall(junk)
+        return listener
+
+    with world("shm", 3) as ts:
+        monkeypatch.setattr(bootstrap, "_listen", listen_and_knock)
+        gs = groups(ts, [[0, 1, 2]], timeout=20)
+        try:
+            assert all(g.window is not None for g in gs)
+        finally:
+            close_all(*gs)
 
 
 def test_a_rank_that_fails_before_announcing_leaves_every_rank_without_a_window_at_once(

@@ -428,7 +428,12 @@ class _Join:
                     continue
                 conn.setblocking(True)
                 conn.settimeout(self._left())
-                peer_rank = self._accept_hello(conn, missing)
+                try:
+                    peer_rank = self._accept_hello(conn, missing)
+                except (OSError, RendezvousError):
+                    # It hung up before a whole hello: not one of ours (a peer that dies
+                    # after connecting is found by the check at the top of the loop).
+                    peer_rank = None
                 if peer_rank is None:
                     conn.close()
                     continue
