@@ -18,6 +18,7 @@ import pytest
 import plait
 from cases import AFFINE, ALL_DTYPES, Case, bits, op_dtypes, same, values
 from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec
+from plait.runtime import executor
 from plait.testing import reference, run_ranks
 
 # Algorithms that need aggregating switches run only in the simulator (tests/sim).
@@ -156,3 +157,16 @@ def test_matches_reference_many_ranks(spec: AlgorithmSpec, size: int) -> None:
 def test_lockstep_transport(spec: AlgorithmSpec, size: int) -> None:
     """Zero-buffer sends: a schedule that relied on buffering would deadlock here."""
     check(spec, size, build_cases(spec, size, big=True), lockstep=True)
+
+
+@pytest.mark.parametrize("size", [3, pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "spec", [s for s in SPECS if not s.needs_window], ids=lambda s: f"{s.collective}-{s.name}"
+)
+def test_the_dataflow_alone_matches_reference(
+    spec: AlgorithmSpec, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small calls take a straight-line order where one is safe (plait.schedule.straight);
+    the dataflow that runs every other schedule gives the same results on them too."""
+    monkeypatch.setattr(executor, "_line", lambda schedule, itemsize: None)
+    check(spec, size, build_cases(spec, size))

@@ -50,6 +50,15 @@ from plait.errors import (
 )
 from plait.runtime.stall import PROBE_SECONDS, Prober, settle
 from plait.schedule.ir import Schedule, Step, StepKind
+from plait.schedule.straight import (
+    L_COMBINE,
+    L_POST,
+    L_RECV,
+    L_SEND,
+    L_WAIT,
+    Line,
+    straight_line,
+)
 from plait.transport.base import Handle, Transport
 
 if TYPE_CHECKING:
@@ -218,6 +227,11 @@ def execute(
         run_one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
+    if call.timeline is None:
+        line = _line(schedule, itemsize)
+        if line is not None:
+            _run_line(line, schedule, buffers, transport, call, staging, aliased)
+            return
     ufunc = call.ufunc
     remaining = list(schedule.n_deps)
     dependents = schedule.dependents
@@ -307,36 +321,9 @@ def execute(
                 return
             done = [h for h in pending if h.done]
             if not done:
-                now = time.monotonic()
-                timeout = None if call.deadline is None else call.deadline - now
-                expired = timeout is not None and timeout <= 0
-                if tl is not None:
-                    blocked, waited = _now(), _waiting(steps, pending)
-                if not expired:
-                    # Until it probes, the call wakes up when it is time to (Note [stall probes]).
-                    handles = list(pending)
-                    limit = timeout
-                    if prober is not None:
-                        handles += prober.handles
-                        wake = prober.wake_at
-                        if wake is not None and (timeout is None or wake - now < timeout):
-                            limit = max(wake - now, 0.0)
-                    elif call.probe_tag >= 0:
-                        if not probe_at:
-                            probe_at = now + PROBE_SECONDS
-                        if timeout is None or probe_at - now < timeout:
-                            limit = max(probe_at - now, 0.0)
-                    expired = not transport.wait_any(handles, limit) and limit == timeout
-                if expired:
-                    late = _timeout(schedule.rank, call, steps, pending, prober)
-                    raise settle(transport, call, schedule, late, prober)
-                if tl is not None:
-                    tl.wait(blocked, _now(), waited)
-                if prober is None and probe_at and time.monotonic() >= probe_at:
-                    prober = Prober(transport, call, schedule.rank, schedule.size)
-                    prober.start(_waiting(steps, pending))
-                if prober is not None:
-                    prober.check(_waiting(steps, pending))
+                probe_at, prober = _block(
+                    transport, call, schedule, pending, list(pending), probe_at, prober
+                )
                 done = [h for h in pending if h.done]
             for h in done:
                 i = pending.pop(h)
@@ -370,6 +357,57 @@ def execute(
             prober.close()
 
 
+def _block(
+    transport: Transport,
+    call: Call,
+    schedule: Schedule,
+    pending: dict[Handle, int],
+    handles: list[Handle],
+    probe_at: float,
+    prober: Prober | None,
+) -> tuple[float, Prober | None]:
+    """Wait on the transport until one of ``handles`` is done or it is time to look again.
+
+    ``pending`` holds every unfinished handle of the call (whom it waits for, in
+    messages). ``probe_at`` (when the call starts to probe its peers, 0.0 until it
+    first blocks) and ``prober`` carry from one wait of the call to the next; the
+    new pair is returned (Note [stall probes]). Raises the call's error once its
+    deadline passes.
+    """
+    steps = schedule.steps
+    tl = call.timeline
+    now = time.monotonic()
+    timeout = None if call.deadline is None else call.deadline - now
+    expired = timeout is not None and timeout <= 0
+    if tl is not None:
+        blocked, waited = _now(), _waiting(steps, pending)
+    if not expired:
+        # Until it probes, the call wakes up when it is time to (Note [stall probes]).
+        limit = timeout
+        if prober is not None:
+            handles += prober.handles
+            wake = prober.wake_at
+            if wake is not None and (timeout is None or wake - now < timeout):
+                limit = max(wake - now, 0.0)
+        elif call.probe_tag >= 0:
+            if not probe_at:
+                probe_at = now + PROBE_SECONDS
+            if timeout is None or probe_at - now < timeout:
+                limit = max(probe_at - now, 0.0)
+        expired = not transport.wait_any(handles, limit) and limit == timeout
+    if expired:
+        late = _timeout(schedule.rank, call, steps, pending, prober)
+        raise settle(transport, call, schedule, late, prober)
+    if tl is not None:
+        tl.wait(blocked, _now(), waited)
+    if prober is None and probe_at and time.monotonic() >= probe_at:
+        prober = Prober(transport, call, schedule.rank, schedule.size)
+        prober.start(_waiting(steps, pending))
+    if prober is not None:
+        prober.check(_waiting(steps, pending))
+    return probe_at, prober
+
+
 _SEND, _RECV, _RECV_REDUCE = StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE
 # schedule id -> (the schedule, its RECV_REDUCE steps); holding the schedule keeps the id its own
 _STAGED: dict[int, tuple[Schedule, tuple[int, ...]]] = {}
@@ -381,10 +419,116 @@ def _staged_steps(schedule: Schedule) -> tuple[int, ...]:
     if hit is not None and hit[0] is schedule:
         return hit[1]
     found = tuple(i for i, s in enumerate(schedule.steps) if s.kind is StepKind.RECV_REDUCE)
-    if len(_STAGED) >= 4096:  # as many as the schedule cache holds
-        _STAGED.clear()
-    _STAGED[id(schedule)] = (schedule, found)
+    _remember(_STAGED, id(schedule), schedule, found)
     return found
+
+
+def _remember(
+    table: dict[Any, tuple[Schedule, Any]], key: Any, schedule: Schedule, found: Any
+) -> None:
+    """Keep ``found``, worked out for ``schedule``, in ``table`` under ``key``."""
+    if len(table) >= 4096:  # as many as the schedule cache holds
+        table.clear()
+    table[key] = (schedule, found)
+
+
+# schedule id, item size -> (the schedule, its straight-line order or None)
+_LINES: dict[tuple[int, int], tuple[Schedule, Line | None]] = {}
+
+
+def _line(schedule: Schedule, itemsize: int) -> Line | None:
+    """``schedule``'s straight-line order for items of ``itemsize`` bytes, or None if it
+    runs as a dataflow (Note [straight-line schedules] in :mod:`plait.schedule.straight`);
+    worked out once per schedule."""
+    key = (id(schedule), itemsize)
+    hit = _LINES.get(key)
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    line = straight_line(schedule, itemsize)
+    _remember(_LINES, key, schedule, line)
+    return line
+
+
+def _run_line(
+    line: Line,
+    schedule: Schedule,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    transport: Transport,
+    call: Call,
+    staging: np.ndarray | None,
+    aliased: bool,
+) -> None:
+    """Run ``schedule`` in its straight-line order ``line``; as :func:`execute`."""
+    steps = schedule.steps
+    n = len(steps)
+    ufunc = call.ufunc
+    tag_base, check = call.tag_base, call.check
+    rec, slot = call.recorder, call.slot
+    pending: dict[Handle, int] = {}
+    if rec is not None and slot is not None:
+        rec.watch(slot, pending, steps)  # as execute (Note [executor diagnostics])
+    # held[i]: step i's handle; held[n + i]: staged receive i's data
+    held: list[Any] = [None] * (2 * n)
+    raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
+    pool: np.ndarray | None = None
+    pool_raw: np.ndarray | None = None
+    probe_at = 0.0
+    prober: Prober | None = None
+    try:
+        for op in line:
+            code = op[0]
+            if code == L_WAIT:
+                i = op[1]
+                h = held[i]
+                while not h.done:
+                    probe_at, prober = _block(
+                        transport, call, schedule, pending, [h], probe_at, prober
+                    )
+                del pending[h]
+                if h.error is not None:
+                    err = _wrap(schedule.rank, call, steps[i], h.error)
+                    raise settle(transport, call, schedule, err, prober)
+            elif code <= L_RECV:  # L_SEND or L_RECV
+                _, i, peer, tag, b, lo, hi = op
+                v = raw[b]
+                if v is None:
+                    v = raw[b] = buffers[b].view(np.uint8)
+                if code == L_SEND:
+                    h = transport.isend(peer, tag_base + tag, v[lo:hi].data, check)
+                else:
+                    h = transport.irecv(peer, tag_base + tag, v[lo:hi].data, check)
+                pending[h] = i
+                held[i] = h
+            elif code == L_COMBINE:
+                i = op[1]
+                _combine(steps[i], buffers, held[n + i], ufunc, schedule.rank, call)
+            elif code == L_POST:
+                _, i, peer, tag, elo, ehi, lo, hi = op
+                if pool is None or pool_raw is None:
+                    pool = (
+                        staging
+                        if staging is not None
+                        else np.empty(schedule.staged_count, buffers[1].dtype)
+                    )
+                    pool_raw = pool.view(np.uint8)
+                h = transport.irecv(peer, tag_base + tag, pool_raw[lo:hi].data, check)
+                pending[h] = i
+                held[i] = h
+                held[n + i] = pool[elo:ehi]
+            else:
+                _local_step(steps[op[1]], buffers, ufunc, aliased, schedule.rank)
+        if slot is not None:
+            slot.pending = slot.steps = None  # all done: the links of watch go with the call
+    except BaseException:
+        if rec is not None and slot is not None:
+            rec.unwatch(slot)  # before cancel marks the handles done
+        for h in pending:
+            if not h.done:
+                transport.cancel(h)
+        raise
+    finally:
+        if prober is not None:
+            prober.close()
 
 
 def _combine(
