@@ -428,11 +428,9 @@ class _Join:
                     continue
                 conn.setblocking(True)
                 conn.settimeout(self._left())
-                try:
+                try:  # hung up before a whole hello: not one of ours (a dead peer is checked)
                     peer_rank = self._accept_hello(conn, missing)
                 except (OSError, RendezvousError):
-                    # It hung up before a whole hello: not one of ours (a peer that dies
-                    # after connecting is found by the check at the top of the loop).
                     peer_rank = None
                 if peer_rank is None:
                     conn.close()
@@ -611,8 +609,7 @@ class _Join:
             )
         p.pid = 0 if pid == os.getpid() else pid
         p.pid_start = process_start(p.pid) if p.pid else None
-        # ``p`` may give up and close its listener between our connect and this
-        # write (our connection was never accepted): explained as any broken-off peer.
+        # ``p`` may give up (closing its listener) between our connect and this hello.
         self._send(p, lambda s: s.sendall(hello))
 
     def _announced(self, value: bytes, rank: int) -> tuple[str, int]:
@@ -639,9 +636,7 @@ class _Join:
                     f"@{self.name}-{self.rank}-... is for {self.nonce:#x})".encode()
                 )
             return None
-        if peer_rank not in missing:
-            return None
-        return int(peer_rank)
+        return int(peer_rank) if peer_rank in missing else None
 
     def _attach(self, p: Wire, slots: int, slot_bytes: int) -> None:
         path = os.path.join(SHM_DIR, p.name)
