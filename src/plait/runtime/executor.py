@@ -515,7 +515,7 @@ def _run_line(
                 pending[h] = i
                 held[i] = h
                 held[n + i] = pool[elo:ehi]
-            else:
+            elif not (aliased and op[2]):  # L_LOCAL
                 _local_step(steps[op[1]], buffers, ufunc, aliased, schedule.rank)
         if slot is not None:
             slot.pending = slot.steps = None  # all done: the links of watch go with the call

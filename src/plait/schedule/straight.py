@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from plait.schedule.ir import Schedule, StepKind
+from plait.schedule.ir import Buf, Schedule, Step, StepKind
 
 __all__ = [
     "LINE_BYTES",
@@ -60,7 +60,9 @@ LINE_BYTES = 64 * 1024
 #   (L_COMBINE, i): fold staged receive i into its destination;
 #   (L_POST, i, peer, tag, first element, end element, first byte, end byte): post
 #       staged receive i into the staging pool;
-#   (L_LOCAL, i): run COPY or REDUCE step i.
+#   (L_LOCAL, i, in_place_void): run COPY or REDUCE step i, unless ``in_place_void`` is 1
+#       and the call is in place (a copy between IN and OUT at equal offsets). A copy of a
+#       region onto itself has no operation.
 L_SEND, L_RECV, L_WAIT, L_COMBINE, L_POST, L_LOCAL = range(6)
 #: A straight-line order: its operations, as above.
 Line = tuple[tuple[int, ...], ...]
@@ -129,9 +131,8 @@ def straight_line(schedule: Schedule, itemsize: int) -> Line | None:
                 r = step.src if kind is _SEND else step.dst
                 assert r is not None
                 lo, hi = r.offset * itemsize, (r.offset + r.count) * itemsize
-                ops.append(
-                    (L_SEND if kind is _SEND else L_RECV, i, step.peer, step.tag, r.buf, lo, hi)
-                )
+                code = L_SEND if kind is _SEND else L_RECV
+                ops.append((code, i, step.peer, step.tag, int(r.buf), lo, hi))
                 unissued &= ~(1 << i)
                 issued.append(i)
                 continue
@@ -141,7 +142,9 @@ def straight_line(schedule: Schedule, itemsize: int) -> Line | None:
                     continue
                 ops.append((L_COMBINE, i))
             else:
-                ops.append((L_LOCAL, i))
+                local = _local(step)
+                if local >= 0:
+                    ops.append((L_LOCAL, i, local))
             done.append(i)
         for i in done:
             left -= 1
@@ -169,6 +172,18 @@ def straight_line(schedule: Schedule, itemsize: int) -> Line | None:
             remaining[j] -= 1
             if not remaining[j]:
                 ready.append(j)
+
+
+def _local(step: Step) -> int:
+    """For local ``step``: -1 if it does nothing, 1 if it does nothing in place, else 0."""
+    s, d = step.src, step.dst
+    assert s is not None
+    assert d is not None
+    if step.kind is not StepKind.COPY or s.offset != d.offset:
+        return 0
+    if s.buf == d.buf:
+        return -1
+    return 1 if {s.buf, d.buf} == {Buf.IN, Buf.OUT} else 0
 
 
 def _safe_wait(issued: list[int], unissued: int, ancestors: list[int]) -> int:
