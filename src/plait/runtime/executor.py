@@ -346,15 +346,23 @@ def execute(
         if slot is not None:
             slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
-        if rec is not None and slot is not None:
-            rec.unwatch(slot)  # before cancel marks the handles done
-        for h in pending:
-            if not h.done:
-                transport.cancel(h)
+        _withdraw(transport, call, pending)
         raise
     finally:
         if prober is not None:
             prober.close()
+
+
+def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int]) -> None:
+    """A call failed: have its recorder keep whom it waited for, then withdraw its unfinished
+    handles from the transport (which marks them done), so nothing lands in the caller's memory
+    after it returns."""
+    rec, slot = call.recorder, call.slot
+    if rec is not None and slot is not None:
+        rec.unwatch(slot)
+    for h in pending:
+        if not h.done:
+            transport.cancel(h)
 
 
 def _block(
@@ -520,11 +528,7 @@ def _run_line(
         if slot is not None:
             slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
-        if rec is not None and slot is not None:
-            rec.unwatch(slot)  # before cancel marks the handles done
-        for h in pending:
-            if not h.done:
-                transport.cancel(h)
+        _withdraw(transport, call, pending)
         raise
     finally:
         if prober is not None:
