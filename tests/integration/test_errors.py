@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -305,3 +306,41 @@ def test_debug_detail_names_every_ranks_call(monkeypatch: pytest.MonkeyPatch) ->
     for msg in run_ranks(3, body):
         assert "ranks [0, 2]: allreduce(count=5, dtype=float64, op=SUM" in msg
         assert "ranks [1]: allreduce(count=6" in msg
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "mismatch"),
+    # With recursive doubling at 3 ranks, rank 0 receives nothing from rank 1 before rank 1
+    # has heard from rank 2: a mismatch there is told by the stall probes, after a second.
+    [("direct", False), ("recursive_doubling", False), ("direct", True)],
+)
+def test_a_failed_peer_is_reported_at_once_while_another_is_late(
+    algorithm: str, mismatch: bool
+) -> None:
+    """Rank 1 is gone (or calls with another count) while rank 2 never comes: rank 0 raises
+    rank 1's error at once, whichever handle of the call it happens to wait for first, rather
+    than waiting out the deadline on rank 2."""
+    from plait.testing import memory_communicators
+
+    comms = memory_communicators(3, timeout=30.0)
+    try:
+        if mismatch:
+
+            def late_and_wrong() -> None:  # rank 2 never comes, so this call fails too
+                with pytest.raises(plait.CommError):
+                    comms[1].allreduce(np.ones(8, np.float32), algorithm=algorithm, timeout=5.0)
+
+            other = threading.Thread(target=late_and_wrong)
+            other.start()
+        else:
+            comms[1].close()
+        start = time.monotonic()
+        want = plait.MismatchError if mismatch else plait.PeerLostError
+        with pytest.raises(want, match="rank 1"):
+            comms[0].allreduce(np.ones(4, np.float32), algorithm=algorithm)
+        assert time.monotonic() - start < 0.8  # the probes' verdict would take a second
+        if mismatch:
+            other.join(10)
+    finally:
+        for c in comms:
+            c.close()

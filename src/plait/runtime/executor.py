@@ -489,8 +489,17 @@ def _run_line(
                 i = op[1]
                 h = held[i]
                 while not h.done:
+                    # Before blocking, as the dataflow would: fail at once on any handle that
+                    # failed meanwhile (a lost peer must not wait out a late one's deadline).
+                    waiting = []
+                    for g in pending:
+                        if not g.done:
+                            waiting.append(g)
+                        elif g.error is not None:
+                            err = _wrap(schedule.rank, call, steps[pending[g]], g.error)
+                            raise settle(transport, call, schedule, err, prober)
                     probe_at, prober = _block(
-                        transport, call, schedule, pending, [h], probe_at, prober
+                        transport, call, schedule, pending, waiting, probe_at, prober
                     )
                 del pending[h]
                 if h.error is not None:
