@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import plait
-from plait.testing import run_ranks
+from plait.testing import memory_communicators, run_ranks
 
 NONCOMMUTATIVE = plait.Op(np.subtract, commutative=False)
 
@@ -320,8 +320,6 @@ def test_a_failed_peer_is_reported_at_once_while_another_is_late(
     """Rank 1 is gone (or calls with another count) while rank 2 never comes: rank 0 raises
     rank 1's error at once, whichever handle of the call it happens to wait for first, rather
     than waiting out the deadline on rank 2."""
-    from plait.testing import memory_communicators
-
     comms = memory_communicators(3, timeout=30.0)
     try:
         if mismatch:

@@ -9,9 +9,9 @@ Note [straight-line schedules]
     fixed order: post the staged receives, then each step as soon as what it
     needs is there, and wait for one handle at a time. Such an order is found by
     running the executor's dataflow on paper, waiting, whenever nothing is ready,
-    for the handle issued first; the call then runs that list without the
-    dependency counts, the ready queue and the scan of every pending handle after
-    each wake-up.
+    for the first handle issued that all that is not issued yet depends on (see
+    below); the call then runs that list without the dependency counts, the ready
+    queue and the scan of every pending handle after each wake-up.
 
     The order may wait for a handle while the dataflow would have gone on with
     something else. It is safe when every send and receive not yet issued at each
@@ -121,8 +121,8 @@ def straight_line(schedule: Schedule, itemsize: int) -> Line | None:
     arrived: set[int] = set()
     deps_met: set[int] = set()
     left = n
+    done: list[int] = []  # done, their dependents not released yet
     while True:
-        done: list[int] = []
         while ready:
             i = ready.popleft()
             step = steps[i]
@@ -152,6 +152,7 @@ def straight_line(schedule: Schedule, itemsize: int) -> Line | None:
                 remaining[j] -= 1
                 if not remaining[j]:
                     ready.append(j)
+        done.clear()
         if ready:
             continue
         if left == 0:
@@ -167,11 +168,7 @@ def straight_line(schedule: Schedule, itemsize: int) -> Line | None:
             if i not in deps_met:
                 continue
             ops.append((L_COMBINE, i))
-        left -= 1
-        for j in dependents[i]:
-            remaining[j] -= 1
-            if not remaining[j]:
-                ready.append(j)
+        done.append(i)
 
 
 def _local(step: Step) -> int:
