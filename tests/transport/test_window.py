@@ -133,6 +133,52 @@ def test_epochs_alternate_halves(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_probe_reads_a_peer_in_place_until_the_window_is_released(kind: str) -> None:
+    # Window.probe: a compiled one-sided schedule reads a peer's counter and digest word
+    # through it; once the transport closes a read fails (or still gives the last values)
+    # and counter() gives the closed error, never a crash.
+    with transports(kind, 2) as (a, b):
+        wa, wb = win(a), win(b)
+        assert wb.begin(0, 1234, soon()) == 0
+        wb.post(5)
+        counters, i, digests, j = wa.probe(1, 0)
+        assert (counters[i], digests[j]) == (5, 1234) == (wa.counter(1), wa.digest(1, 0))
+        wb.post(6)
+        assert counters[i] == 6
+        a.close()
+        try:
+            stale = counters[i]
+        except (TypeError, ValueError):
+            stale = 6
+        assert stale == 6
+        with pytest.raises((ClosedError, PeerLostError)):
+            wa.counter(1) if kind == "shm" else wa.wait(1, 7, soon())
+        if kind == "shm":
+            with pytest.raises(ClosedError):
+                wa.probe(1, 0)
+
+
+def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> None:
+    # The compiled form reads peers' words in place (Window.probe): when the transport
+    # closes under it, the call raises ClosedError instead of reading released memory.
+    from plait.algos._registry import build_schedule, get
+    from plait.runtime import one_sided
+    from plait.runtime.executor import Call
+    from plait.schedule.builder import Context
+
+    with transports("shm", 2) as (a, _):
+        w = win(a)
+        ctx = Context("allreduce", 0, 2, 4, 4, window=w.capacity)
+        schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
+        compiled = one_sided._compile(schedule, w, np.dtype(np.float32), 0)
+        a.close()
+        x = np.ones(4, np.float32)
+        call = Call("allreduce (test)", 0, 0, np.add, soon(), epoch=0)
+        with pytest.raises(ClosedError, match="closed"):
+            one_sided._run(compiled, (x, x, x[:0]), w, call, 0, True, 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_begin_waits_until_every_peer_ended_call_n_minus_2(kind: str) -> None:
     with transports(kind, 2) as (a, b):
         fast, slow = win(a), win(b)
@@ -339,6 +385,8 @@ def test_libatomic_window(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segment, "use_libatomic", True)
     test_epochs_alternate_halves("shm")
     test_a_sleeping_waiter_is_woken_by_post("shm")
+    test_a_probe_reads_a_peer_in_place_until_the_window_is_released("shm")
+    test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error()
 
 
 # -- real processes -----------------------------------------------------------------------------

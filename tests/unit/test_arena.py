@@ -246,13 +246,16 @@ def test_a_peer_giving_up_on_a_later_call_does_not_fail_an_earlier_one() -> None
 
 
 class _Window:
-    """What compiling a schedule reads of a window: each rank's typed half."""
+    """What compiling a schedule reads of a window: each rank's typed half and probe."""
 
     def __init__(self, size: int) -> None:
         self.halves = [np.zeros(4096, np.uint8) for _ in range(size)]
 
     def typed(self, q: int, half: int, dtype: np.dtype) -> np.ndarray:
         return self.halves[q].view(dtype)
+
+    def probe(self, q: int, half: int) -> tuple[list[int], int, list[int], int]:
+        return [0], 0, [0], 0
 
 
 @pytest.mark.parametrize("name", ["arena", "arena_oneshot"])
@@ -265,7 +268,7 @@ def test_a_copy_and_a_reduction_into_one_region_run_as_one_fold(name: str) -> No
     for rank in (0, 1):
         ctx = Context("allreduce", rank, 2, 64, 4, window=4096)
         schedule = build_schedule(get("allreduce", name), ctx)
-        ops = one_sided._compile(schedule, _Window(2), np.dtype(np.float32), 0)
+        ops = one_sided._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
         folds = [op for op in ops if op[0] == one_sided._FOLD]
         assert len(folds) == 1, (rank, schedule.steps)
         assert len(ops) == len(schedule.steps) - 1
@@ -310,8 +313,8 @@ def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
     expected = buffers()
     run_local(local, expected, np.add, aliased)
     got = buffers()
-    ops = one_sided._compile(schedule, _PostingWindow(2), np.dtype(np.float32), 0)
+    compiled = one_sided._compile(schedule, _PostingWindow(2), np.dtype(np.float32), 0)
     call = Call("allreduce (test)", 0, 0, np.add, None, epoch=0)
-    one_sided._run(ops, got, _PostingWindow(2), call, 0, aliased, 0)
+    one_sided._run(compiled, got, _PostingWindow(2), call, 0, aliased, 0)
     np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(got[2], expected[2])

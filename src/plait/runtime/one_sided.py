@@ -24,9 +24,15 @@ Note [compiled one-sided schedules]
     A small call is a few steps, and reading a step's fields, slicing the
     window and looking its views up cost more than the copies themselves. So
     each schedule is compiled once per (window, dtype) into two lists of
-    operations, one per half of the window, whose window regions are numpy
-    views made in advance; only the caller's ``IN`` and ``OUT`` are sliced per
-    call, and not at all where a step covers the whole buffer. The compiled
+    operations, one per half of the window (:class:`Compiled`), whose window
+    regions are numpy views made in advance. An operation names its operands
+    by their place in a list the call makes once: the caller's buffers, the
+    regions of them that are not a whole ``IN`` or ``OUT`` (sliced once per
+    call however many operations use them), then the views. An operation on
+    a peer keeps the peer's :meth:`~plait.transport.window.Window.probe`, so
+    that its counter and digest word are read in place, one subscript each
+    (the digest every time: that costs less than remembering which peers
+    were checked). The compiled
     form is the schedule's steps in order, with nothing added or dropped but
     one thing: a copy into a region followed at once by a reduction into the
     same region from a peer (``COPY`` then ``GET_REDUCE``), or a read from a
@@ -48,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,8 +80,9 @@ MISMATCHED = (1 << 32) - 2
 
 # Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
 # is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
-# (peer,)); a _FOLD is (code, left operand, destination, right operand, peer, phase, (peer,)).
-# The one-tuple is what the flight recorder's slot says the call waits for, made once.
+# (peer,), probe); a _FOLD is (code, left operand, destination, right operand, peer, phase,
+# (peer,), probe). The one-tuple is what the flight recorder's slot says the call waits for,
+# made once; the probe is where the peer's counter and digest are read (Window.probe).
 # _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place.
 _POST, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
 _COPIES = (_COPY, _SELF_COPY, _GET)
@@ -117,12 +124,12 @@ def run_one_sided(
             dtype = buffers[1].dtype
             last = getattr(window, "last_compiled", None)
             if last is not None and last[0] is schedule and last[1] is dtype:
-                ops = last[2][half]
+                compiled = last[2][half]
             else:
                 halves = _compiled(schedule, window, dtype)
                 window.last_compiled = (schedule, dtype, halves)
-                ops = halves[half]
-            _run(ops, buffers, window, call, half, aliased, rank)
+                compiled = halves[half]
+            _run(compiled, buffers, window, call, half, aliased, rank)
         else:
             _run_steps(schedule, buffers, window, call, half, aliased)
     except BaseException:
@@ -139,11 +146,9 @@ def run_one_sided(
 # -- the compiled form ---------------------------------------------------------------------------
 
 
-def _compiled(
-    schedule: Schedule, window: Any, dtype: np.dtype
-) -> tuple[list[tuple[Any, ...]], ...]:
+def _compiled(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Compiled, Compiled]:
     """The schedule's operations for each half of ``window`` (made once, then cached)."""
-    cache: dict[tuple[int, np.dtype], tuple[Schedule, tuple[list[tuple[Any, ...]], ...]]]
+    cache: dict[tuple[int, np.dtype], tuple[Schedule, tuple[Compiled, Compiled]]]
     try:
         cache = window.compiled
     except AttributeError:
@@ -153,30 +158,61 @@ def _compiled(
         return hit[1]
     if len(cache) >= 256:
         cache.clear()
-    halves = tuple(_compile(schedule, window, dtype, h) for h in (0, 1))
+    halves = (_compile(schedule, window, dtype, 0), _compile(schedule, window, dtype, 1))
     cache[(id(schedule), dtype)] = (schedule, halves)  # keeps the schedule, so the id is its own
     return halves
 
 
-def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> list[tuple[Any, ...]]:
-    """One half's operations: window regions as views, ``IN``/``OUT`` as (buf, lo, hi)."""
+class Compiled(NamedTuple):
+    """One half's compiled operations (Note [compiled one-sided schedules]).
+
+    An operand is an index into the call's operand list: first the caller's
+    buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT``
+    is the buffer itself), then its other regions ``regions`` (``(buf, lo,
+    hi)``, sliced once per call), then ``consts``, the window's views.
+    ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for.
+    """
+
+    ops: list[tuple[Any, ...]]
+    regions: tuple[tuple[int, int, int], ...]
+    consts: tuple[np.ndarray, ...]
+    counts: tuple[int, int]
+
+
+def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Compiled:
+    """One half's operations: window regions as views, caller regions resolved per call."""
     rank = schedule.rank
     mine = window.typed(rank, half, dtype)
+    regions: dict[tuple[int, int, int], int] = {}
+    views: list[np.ndarray] = []
 
-    def local(r: Region) -> Any:
-        # A region of this rank's window: its view; of IN/OUT/TMP: where to slice per call.
+    def operand(r: Region | np.ndarray) -> int:
+        # A region of this rank's window or a peer's view: a constant; of IN/OUT/TMP: a
+        # region of the caller's buffers. Numbered apart here, renumbered at the end.
+        if isinstance(r, np.ndarray):
+            views.append(r)
+            return -len(views)
         if r.buf is SHARED:
-            return mine[r.offset : r.end]
-        return (int(r.buf), r.offset, r.end)
+            views.append(mine[r.offset : r.end])
+            return -len(views)
+        b = int(r.buf)
+        if b < 2 and r.offset == 0 and r.count == schedule.buffer_count(r.buf):
+            return b  # all of IN or OUT
+        key = (b, r.offset, r.end)
+        if key not in regions:
+            regions[key] = 3 + len(regions)
+        return regions[key]
 
     ops: list[tuple[Any, ...]] = []
     prev: Step | None = None  # the step of ops[-1] while it may fuse with the next
+    prev_src = 0  # its source operand
     for step in schedule.steps:
         kind, s, d = step.kind, step.src, step.dst
         if kind is StepKind.POST:
             ops.append((_POST, step.tag))
         elif kind is StepKind.WAIT:
-            ops.append((_WAIT, None, None, False, step.peer, step.tag, (step.peer,)))
+            q = step.peer
+            ops.append((_WAIT, 0, 0, False, q, step.tag, (q,), window.probe(q, half)))
         elif s is None or d is None:
             raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
         elif kind is StepKind.COPY or kind is StepKind.REDUCE:
@@ -188,9 +224,10 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                 and prev.src is not None
             ):
                 # dst = theirs, then dst = src ∘ dst (first) or dst ∘ src: one fold.
-                theirs = ops[-1][1]
-                x, y = (local(s), theirs) if step.first else (theirs, local(s))
-                ops[-1] = (_FOLD, x, local(d), y, prev.peer, prev.tag, (prev.peer,))
+                own = operand(s)
+                x, y = (own, prev_src) if step.first else (prev_src, own)
+                q = prev.peer
+                ops[-1] = (_FOLD, x, operand(d), y, q, prev.tag, (q,), window.probe(q, half))
                 prev = None
                 continue
             code = _COPY if kind is StepKind.COPY else _REDUCE
@@ -200,9 +237,12 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                     continue
                 if s.offset == d.offset and s.buf + d.buf == 1:
                     code = _SELF_COPY  # IN to OUT or OUT to IN: one memory in place
-            ops.append((code, local(s), local(d), step.first))
+            prev_src = operand(s)
+            ops.append((code, prev_src, operand(d), step.first))
         else:
-            theirs = window.typed(step.peer, half, dtype)[s.offset : s.end]
+            q = step.peer
+            theirs = operand(window.typed(q, half, dtype)[s.offset : s.end])
+            probe = window.probe(q, half)
             if (
                 kind is StepKind.GET_REDUCE
                 and prev is not None
@@ -211,19 +251,31 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> lis
                 and prev.src is not None
             ):
                 # dst = src, then dst = theirs ∘ dst (first) or dst ∘ theirs: one fold.
-                own = local(prev.src)
-                x, y = (theirs, own) if step.first else (own, theirs)
-                ops[-1] = (_FOLD, x, local(d), y, step.peer, step.tag, (step.peer,))
+                x, y = (theirs, prev_src) if step.first else (prev_src, theirs)
+                ops[-1] = (_FOLD, x, operand(d), y, q, step.tag, (q,), probe)
                 prev = None
                 continue
             code = _GET if kind is StepKind.GET else _GET_REDUCE
-            ops.append((code, theirs, local(d), step.first, step.peer, step.tag, (step.peer,)))
+            prev_src = theirs
+            ops.append((code, theirs, operand(d), step.first, q, step.tag, (q,), probe))
         prev = step if kind is StepKind.COPY or kind is StepKind.GET else None
-    return ops
+    # The views follow the caller's buffers and regions in a call's operand list: view -k
+    # sits at n + k - 1.
+    n = 3 + len(regions)
+
+    def at(k: Any) -> Any:
+        return n - 1 - k if type(k) is int and k < 0 else k
+
+    for i, op in enumerate(ops):
+        if op[0] == _FOLD:  # two operands and a destination
+            ops[i] = (op[0], at(op[1]), at(op[2]), at(op[3]), *op[4:])
+        elif op[0] != _POST:
+            ops[i] = (op[0], at(op[1]), at(op[2]), *op[3:])
+    return Compiled(ops, tuple(regions), tuple(views), (schedule.in_count, schedule.out_count))
 
 
 def _run(
-    ops: Sequence[tuple[Any, ...]],
+    compiled: Compiled,
     buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
     window: Any,
     call: Call,
@@ -232,63 +284,65 @@ def _run(
     rank: int,
 ) -> None:
     """Run compiled operations (Note [compiled one-sided schedules])."""
-    ufunc, deadline, slot = call.ufunc, call.deadline, call.slot
+    ufunc, deadline, slot, check = call.ufunc, call.deadline, call.slot, call.check
     base = call.epoch << 32
     gave_up = base | MISMATCHED  # a peer's counter from here on: it gave up on this call
-    checked = 0  # bit q: rank q's digest was compared
-    for op in ops:
+    # The operands: the caller's buffers, its other regions, the window's views.
+    inp, out, tmp = buffers
+    if inp.size != compiled.counts[0] or out.size != compiled.counts[1]:
+        raise InternalError(
+            f"rank {rank}: {call.describe}: buffers of {inp.size} and {out.size} elements for "
+            f"a schedule made for {compiled.counts[0]} and {compiled.counts[1]}"
+        )
+    v = [inp, out, tmp]
+    for b, lo, hi in compiled.regions:
+        v.append(buffers[b][lo:hi])
+    v += compiled.consts
+    for op in compiled.ops:
         code = op[0]
         if code == _POST:
             window.post(base | op[1])
             continue
         if code >= _GET:  # GET, GET_REDUCE, WAIT, FOLD: the peer's phase first
-            q = op[4]
-            if slot is not None:
-                slot.peers = op[6]
+            need = base | op[5]
+            counters, i, digests, j = op[7]  # the peer's words, read in place (Window.probe)
             try:
-                arrived = window.wait(q, base | op[5], deadline)
-            except CommError as exc:
-                raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
-            if not arrived:
-                raise _timeout_for(rank, call, [q])
-            if not checked >> q & 1 or window.counter(q) >= gave_up:
-                _check_peer(window, q, half, call, rank)
-                checked |= 1 << q
+                ready = counters[i] >= need
+            except (TypeError, ValueError):  # the window was released: the wait says why
+                ready = False
+            if not ready:
+                q = op[4]
+                if slot is not None:
+                    slot.peers = op[6]
+                try:
+                    arrived = window.wait(q, need, deadline)
+                except CommError as exc:
+                    raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
+                if not arrived:
+                    raise _timeout_for(rank, call, [q])
+            # Its digest is that of this call from its begin until every rank has ended the
+            # call; a counter this high says it gave up (or has ended the call and begun
+            # later ones, which _check_peer lets pass).
+            try:
+                suspect = digests[j] != check or counters[i] >= gave_up
+            except (TypeError, ValueError):
+                suspect = True
+            if suspect:
+                _check_peer(window, op[4], half, call, rank)
             if code == _WAIT:
                 continue
         elif code == _SELF_COPY and aliased:
             continue  # IN and OUT are one memory
-        # A caller's region (b, lo, hi) is sliced per call: the buffer itself when that is
-        # all of it (_part, inlined)
-        src, dst = op[1], op[2]
-        if type(src) is tuple:
-            b, lo, hi = src
-            src = buffers[b]
-            if lo or hi != src.size:
-                src = src[lo:hi]
-        if type(dst) is tuple:
-            b, lo, hi = dst
-            dst = buffers[b]
-            if lo or hi != dst.size:
-                dst = dst[lo:hi]
         if code in _COPIES:
-            dst[...] = src
+            v[op[2]][...] = v[op[1]]
         elif code == _FOLD:
-            right = op[3]
-            if type(right) is tuple:
-                right = _part(buffers, right)
-            ufunc(src, right, out=dst)
-        elif op[3]:
-            ufunc(src, dst, out=dst)
+            ufunc(v[op[1]], v[op[3]], out=v[op[2]])
         else:
-            ufunc(dst, src, out=dst)
-
-
-def _part(buffers: Sequence[np.ndarray], where: tuple[int, int, int]) -> np.ndarray:
-    """Elements ``lo:hi`` of the caller's buffer ``b`` (the buffer itself when that is all)."""
-    b, lo, hi = where
-    whole = buffers[b]
-    return whole if lo == 0 and hi == whole.size else whole[lo:hi]
+            dst = v[op[2]]
+            if op[3]:
+                ufunc(v[op[1]], dst, out=dst)
+            else:
+                ufunc(dst, v[op[1]], out=dst)
 
 
 def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:

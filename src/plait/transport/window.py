@@ -48,6 +48,7 @@ __all__ = [
     "PHASE_BITS",
     "MemoryArena",
     "MemoryWindow",
+    "Probe",
     "Window",
     "check_half",
     "decreasing_error",
@@ -66,6 +67,8 @@ GROUP_WINDOW_BYTES = 256 << 10
 PHASE_BITS = 32
 #: A digest word holds the low 64 bits of a call's digest.
 MASK64 = (1 << 64) - 1
+#: Where a peer's counter and digest word are read directly (:meth:`Window.probe`).
+Probe = tuple[Any, int, Any, int]
 #: Bytes of one rank's announcement in :func:`exchange`, at most.
 EXCHANGE_BYTES = 255
 #: The check word of :func:`exchange`'s messages.
@@ -162,6 +165,17 @@ class Window(abc.ABC):
         """Rank ``q``'s digest word for ``half`` and its counter, read together (the check
         of a peer that a one-sided call makes once per peer)."""
         return self.digest(q, half), self.counter(q)
+
+    @abc.abstractmethod
+    def probe(self, q: int, half: int) -> Probe:
+        """Where rank ``q``'s counter and its digest word for ``half`` can be read directly.
+
+        ``(counters, i, digests, j)``: ``counters[i]`` is :meth:`counter` and
+        ``digests[j]`` is :meth:`digest` for ``half``, each one subscript instead of
+        a method call (a compiled schedule keeps the probe of every peer it reads).
+        After :meth:`release` a read raises ValueError or TypeError, or still gives
+        the last values; either way :meth:`counter` then raises the closed error.
+        """
 
     @abc.abstractmethod
     def _set_digest(self, half: int, digest: int) -> None:
@@ -364,6 +378,11 @@ class MemoryWindow(Window):
         """Rank ``q``'s digest word for ``half``."""
         check_half(half)
         return self._arena.digests[q][half]
+
+    def probe(self, q: int, half: int) -> Probe:
+        """Rank ``q``'s counter and digest word for ``half`` in place (see :meth:`Window.probe`)."""
+        check_half(half)
+        return self._counters, q, self._arena.digests[q], half
 
     def _set_digest(self, half: int, digest: int) -> None:
         self._arena.digests[self.rank][half] = digest

@@ -73,7 +73,7 @@ class _AtomicWords:
     def __init__(self, buffer: mmap.mmap) -> None:
         lib = _AtomicWords.load_lib()
         self._anchor: Any = ctypes.c_char.from_buffer(buffer)  # keeps an export; see release()
-        self._base = ctypes.addressof(self._anchor)
+        self._base: Any = ctypes.addressof(self._anchor)
         self._load = getattr(lib, "__atomic_load_8")
         self._store = getattr(lib, "__atomic_store_8")
 
@@ -104,6 +104,9 @@ class _AtomicWords:
         self._store(self._base + 8 * index, value, self._SEQ_CST)
 
     def release(self) -> None:
+        # A later read or store raises TypeError (as a released memoryview raises
+        # ValueError) instead of touching memory that may be unmapped.
+        self._base = None
         self._anchor = None
 
 

@@ -135,6 +135,7 @@ from plait.transport.window import (
     GROUP_WINDOW_BYTES,
     MASK64,
     PHASE_BITS,
+    Probe,
     Window,
     check_half,
     decreasing_error,
@@ -302,6 +303,8 @@ class ShmWindow(Window):
                 if peer is None:  # the transport has closed: its link has unmapped it
                     raise endpoint.closed_error()
                 self._flags.append(peer.words)
+        #: Each peer's (rank, words, index of its counter): what begin reads.
+        self._peer_ctr = [(q, w, i) for q, (w, i) in enumerate(self._ctr) if q != rank]
         self._words: Any = self._ctr[rank][0]
         self._index = self._ctr[rank][1]
         self._digest = self._digests[rank][1]
@@ -397,17 +400,18 @@ class ShmWindow(Window):
         one call after another, its peers have nearly always ended the call before."""
         need = (epoch - 1) << PHASE_BITS
         if need > 0:
-            me = self.rank
-            for q, (words, index) in enumerate(self._ctr):
+            for q, words, index in self._peer_ctr:
                 try:
-                    if words[index] >= need:
-                        continue
+                    behind = words[index] < need
                 except (TypeError, ValueError):  # released: the transport is closed
                     raise self._ep.closed_error() from None
-                if q != me and not self._wait(q, need, deadline):
+                if behind and not self._wait(q, need, deadline):
                     return -1
         half = epoch & 1
-        self._set_digest(half, digest & MASK64)
+        try:  # self._set_digest(half, digest & MASK64), inlined
+            self._words[self._digest + half] = digest & MASK64
+        except (TypeError, ValueError):
+            raise self._ep.closed_error() from None
         return half
 
     def peer_state(self, q: int, half: int) -> tuple[int, int]:
@@ -419,6 +423,16 @@ class ShmWindow(Window):
         if words is None or counters is None:
             raise self._ep.closed_error()
         return int(words[index + half]), int(counters[at])
+
+    def probe(self, q: int, half: int) -> Probe:
+        """Rank ``q``'s counter and digest word for ``half`` in its segment's words (see
+        :meth:`Window.probe`): after :meth:`release`, the words raise ValueError."""
+        check_half(half)
+        words, index = self._ctr[q]
+        digests, at = self._digests[q]
+        if words is None or digests is None:
+            raise self._ep.closed_error()
+        return words, index, digests, at + half
 
     def _set_digest(self, half: int, digest: int) -> None:
         try:
@@ -531,6 +545,7 @@ class ShmWindow(Window):
             self._words = None
             self._flags = []
             self._ctr = [(None, 0)] * self.size
+            self._peer_ctr = []
             self._digests = [(None, 0)] * self.size
             self._halves = [(_EMPTY, _EMPTY)] * self.size
             self.__dict__.pop("_typed", None)  # typed views and compiled schedules hold memory
