@@ -170,13 +170,15 @@ class Compiled(NamedTuple):
     buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT``
     is the buffer itself), then its other regions ``regions`` (``(buf, lo,
     hi)``, sliced once per call), then ``consts``, the window's views.
-    ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for.
+    ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for;
+    ``operands``: whether any operation has one (a barrier's have none).
     """
 
     ops: list[tuple[Any, ...]]
     regions: tuple[tuple[int, int, int], ...]
     consts: tuple[np.ndarray, ...]
     counts: tuple[int, int]
+    operands: bool
 
 
 def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Compiled:
@@ -271,7 +273,9 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
             ops[i] = (op[0], at(op[1]), at(op[2]), at(op[3]), *op[4:])
         elif op[0] != _POST:
             ops[i] = (op[0], at(op[1]), at(op[2]), *op[3:])
-    return Compiled(ops, tuple(regions), tuple(views), (schedule.in_count, schedule.out_count))
+    counts = (schedule.in_count, schedule.out_count)
+    operands = any(op[0] not in (_POST, _WAIT) for op in ops)
+    return Compiled(ops, tuple(regions), tuple(views), counts, operands)
 
 
 def _run(
@@ -286,18 +290,21 @@ def _run(
     """Run compiled operations (Note [compiled one-sided schedules])."""
     ufunc, deadline, slot, check = call.ufunc, call.deadline, call.slot, call.check
     base = call.epoch << 32
-    gave_up = base | MISMATCHED  # a peer's counter from here on: it gave up on this call
+    gave_up = base | MISMATCHED  # a peer's counter from gave_up to ended: it gave up
+    ended = base + (1 << 32)  # and from here on it has ended this call
     # The operands: the caller's buffers, its other regions, the window's views.
-    inp, out, tmp = buffers
-    if inp.size != compiled.counts[0] or out.size != compiled.counts[1]:
-        raise InternalError(
-            f"rank {rank}: {call.describe}: buffers of {inp.size} and {out.size} elements for "
-            f"a schedule made for {compiled.counts[0]} and {compiled.counts[1]}"
-        )
-    v = [inp, out, tmp]
-    for b, lo, hi in compiled.regions:
-        v.append(buffers[b][lo:hi])
-    v += compiled.consts
+    v: list[np.ndarray] = []
+    if compiled.operands:
+        inp, out, tmp = buffers
+        if inp.size != compiled.counts[0] or out.size != compiled.counts[1]:
+            raise InternalError(
+                f"rank {rank}: {call.describe}: buffers of {inp.size} and {out.size} elements "
+                f"for a schedule made for {compiled.counts[0]} and {compiled.counts[1]}"
+            )
+        v = [inp, out, tmp]
+        for b, lo, hi in compiled.regions:
+            v.append(buffers[b][lo:hi])
+        v += compiled.consts
     for op in compiled.ops:
         code = op[0]
         if code == _POST:
@@ -321,10 +328,9 @@ def _run(
                 if not arrived:
                     raise _timeout_for(rank, call, [q])
             # Its digest is that of this call from its begin until every rank has ended the
-            # call; a counter this high says it gave up (or has ended the call and begun
-            # later ones, which _check_peer lets pass).
+            # call; a counter from gave_up to ended says it gave up on the call.
             try:
-                suspect = digests[j] != check or counters[i] >= gave_up
+                suspect = digests[j] != check or gave_up <= counters[i] < ended
             except (TypeError, ValueError):
                 suspect = True
             if suspect:
