@@ -125,6 +125,24 @@ def test_a_failed_call_is_dumped_with_whom_it_waited_for(tmp_path: Path) -> None
     assert call.error is not None
 
 
+def test_a_one_sided_mismatch_is_dumped_with_the_peer_that_differs() -> None:
+    # Of two ranks in different one-sided calls, at least one finds the other's post there
+    # already and never waits: its dump must still name the peer it checked.
+    def body(comm: plait.Communicator) -> int:
+        x = np.ones(4, np.float32)
+        comm.allreduce(x, algorithm="arena_oneshot")
+        op = plait.SUM if comm.rank == 0 else plait.MAX
+        with pytest.raises(plait.MismatchError) as info:
+            comm.allreduce(x, op, algorithm="arena_oneshot")
+        dump = load(Path(str(info.value).rsplit("flight recorder dump: ", 1)[1]))
+        call = dump.calls[-1]
+        assert call.state == "failed"
+        assert call.waiting_on == (1 - comm.rank,), call
+        return comm.rank
+
+    assert run_ranks(2, body) == [0, 1]
+
+
 def test_an_argument_error_is_not_a_call() -> None:
     [comm] = memory_communicators(1)
     with comm:

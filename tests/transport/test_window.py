@@ -158,6 +158,18 @@ def test_a_probe_reads_a_peer_in_place_until_the_window_is_released(kind: str) -
                 wa.probe(1, 0)
 
 
+def test_the_base_class_probe_reads_through_the_methods() -> None:
+    # A Window that hands out no words of its own still gives a probe.
+    with transports("memory", 2) as (a, b):
+        wa, wb = win(a), win(b)
+        assert wb.begin(0, 77, soon()) == 0
+        wb.post(3)
+        counters, i, digests, j = Window.probe(wa, 1, 0)
+        assert (counters[i], digests[j]) == (3, 77)
+        with pytest.raises(ValueError, match="half"):
+            Window.probe(wa, 1, 2)
+
+
 def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> None:
     # The compiled form reads peers' words in place (Window.probe): when the transport
     # closes under it, the call raises ClosedError instead of reading released memory.

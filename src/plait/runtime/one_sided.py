@@ -7,10 +7,11 @@ Note [one-sided]
     ``k`` of the schedule is the counter value ``epoch << 32 | k``, and
     ``Window.end`` marks the call done where the schedule posts nothing (a
     post of a later call says as much: Note [window reuse] in
-    :mod:`plait.transport.shm.window`). The first time the call reads a peer's
-    counter it compares the peer's digest of its call with ours, so ranks in
-    different one-sided calls raise MismatchError instead of reading each
-    other's data.
+    :mod:`plait.transport.shm.window`). Once a peer's counter says it reached
+    what the call waits for, the call compares the peer's digest of its call
+    with ours (at every read of that peer: the digest stays put until every
+    rank has ended the call), so ranks in different one-sided calls raise
+    MismatchError instead of reading each other's data.
 
     A rank whose call fails (a mismatch, a lost peer, a timeout) posts the
     phase ``ABANDONED`` of its epoch before it raises (``MISMATCHED``, one
@@ -126,7 +127,10 @@ def run_one_sided(
             if last is not None and last[0] is schedule and last[1] is dtype:
                 compiled = last[2][half]
             else:
-                halves = _compiled(schedule, window, dtype)
+                try:
+                    halves = _compiled(schedule, window, dtype)
+                except CommError as exc:  # released meanwhile: the transport closed
+                    raise _wrap(rank, call, "the start of the call", exc) from None
                 window.last_compiled = (schedule, dtype, halves)
                 compiled = halves[half]
             _run(compiled, buffers, window, call, half, aliased, rank)
@@ -334,6 +338,8 @@ def _run(
             except (TypeError, ValueError):
                 suspect = True
             if suspect:
+                if slot is not None:
+                    slot.peers = op[6]  # a dump of the failure names the peer
                 _check_peer(window, op[4], half, call, rank)
             if code == _WAIT:
                 continue

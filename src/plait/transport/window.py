@@ -166,7 +166,6 @@ class Window(abc.ABC):
         of a peer that a one-sided call makes once per peer)."""
         return self.digest(q, half), self.counter(q)
 
-    @abc.abstractmethod
     def probe(self, q: int, half: int) -> Probe:
         """Where rank ``q``'s counter and its digest word for ``half`` can be read directly.
 
@@ -174,8 +173,12 @@ class Window(abc.ABC):
         ``digests[j]`` is :meth:`digest` for ``half``, each one subscript instead of
         a method call (a compiled schedule keeps the probe of every peer it reads).
         After :meth:`release` a read raises ValueError or TypeError, or still gives
-        the last values; either way :meth:`counter` then raises the closed error.
+        the last values; either way :meth:`wait` then raises the closed error. This
+        base class reads through :meth:`counter` and :meth:`digest`; the windows
+        here give their words themselves.
         """
+        check_half(half)
+        return _Read(self.counter), q, _Read(lambda i: self.digest(q, i)), half
 
     @abc.abstractmethod
     def _set_digest(self, half: int, digest: int) -> None:
@@ -248,6 +251,18 @@ class Window(abc.ABC):
         Later calls raise the transport's closed error. Arrays handed out
         before keep their memory alive until they are dropped.
         """
+
+
+class _Read:
+    """``r[i]`` calls ``fn(i)``: a probe of a window that has no words to hand out."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[int], int]) -> None:
+        self._fn = fn
+
+    def __getitem__(self, i: int) -> int:
+        return self._fn(i)
 
 
 def check_half(half: int) -> None:
