@@ -25,4 +25,7 @@ def _dump_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
     monkeypatch.setattr(recorder_module, "_monotonic", fake)
+    # The wall clock too: recorders made a few milliseconds apart would otherwise convert
+    # the same fake time to different wall times, and a rank would look late.
+    monkeypatch.setattr(recorder_module, "_wall_clock", lambda: 1.7e9)
     return fake

@@ -138,6 +138,7 @@ _HOPS_KEPT = 256
 
 _getframe = sys._getframe
 _monotonic = time.monotonic
+_wall_clock = time.time  # read once per recorder (Note [recorder clocks])
 
 # What Slot.state reports.
 QUEUED = "queued"
@@ -324,7 +325,7 @@ class FlightRecorder:
             for slot in self.ring:
                 slot.extra = True
         self._mono0 = _monotonic()
-        self._wall0 = time.time()
+        self._wall0 = _wall_clock()
         self._outside: CodeType | None = None  # the last caller's code found outside plait
         # Callers inside plait (a compressor, the torch backend, plait bench's loop): from
         # the code of the frame begin starts at, how many frames further out the caller
