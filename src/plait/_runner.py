@@ -191,7 +191,7 @@ class CallRunner:
             self._verify_same_call(req, seconds, comm)
         # A compressed async allreduce reserved its calls' numbers (see submit_reserved).
         pinned = self._workspaces.pinned if self._reserving else None
-        one_sided = plan.schedule.one_sided
+        one_sided = plan.schedule.one_sided or plan.schedule.mixed  # it takes an epoch
         if one_sided and pinned is not None:
             # Its epoch would be taken on the worker, out of program order.
             raise UnsupportedError(

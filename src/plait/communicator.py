@@ -165,7 +165,10 @@ class Communicator(PointToPointMethods, ObjectMethods):
         # The window ranks of one host share (plait.transport.shm.window), if the transport has one.
         window = getattr(transport, "window", None)
         self._window = int(window.capacity) if window is not None else 0
-        self._stage = Stager(self._rank, self._size, self._layout, self._window)
+        # Across hosts, each host's ranks may share one (Note [mixed schedules]): the
+        # algorithms with host_windows read them; the one-sided ones cannot run.
+        host_windows = int(getattr(transport, "host_window_bytes", 0))
+        self._stage = Stager(self._rank, self._size, self._layout, self._window or host_windows)
         self._plans = self._stage.plans  # the plan cache, by call shape (see plait._request)
         self._auto: dict[tuple[str, int, bool, bool], Choice] = {}  # auto's choice per shape
         self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
@@ -509,6 +512,12 @@ class Communicator(PointToPointMethods, ObjectMethods):
             raise UnsupportedError(
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a commutative op and "
                 f"{op!r} is not; use algorithm='auto' or one that keeps rank order"
+            )
+        if spec.needs_window and not spec.host_windows and not self._window:
+            raise UnsupportedError(
+                f"rank {self._rank}: {c}: algorithm {algorithm!r} is one-sided: it runs only "
+                "where all ranks share memory on one host (the shared-memory transport's "
+                "window; PLAIT_SHM_WINDOW > 0); use algorithm='auto' or a message-passing one"
             )
         return Choice(spec, SEGMENT_BYTES, "caller")
 

@@ -63,6 +63,9 @@ class AlgorithmSpec:
         needs_window: whether it is one-sided (:mod:`plait.algos.arena`): it runs only
             where the ranks share a window (``Context.window``: one host, shared
             memory); ``auto`` picks it only there, and never through the profile.
+        host_windows: whether a window per host is enough (with ``needs_window``: its
+            schedule reads only the windows of its own host's ranks and exchanges
+            messages across hosts; Note [mixed schedules] in :mod:`plait.schedule.ir`).
         cost: its closed-form time on the flat network (:class:`plait.algos._cost.Cost`),
             written next to its builder; None where there is none. ``auto``'s
             profile ranks candidates with it, and the tests hold it to the simulator.
@@ -77,6 +80,7 @@ class AlgorithmSpec:
     needs_fabric: bool = False
     cost: Cost | None = None
     needs_window: bool = False
+    host_windows: bool = False
 
     def supports(self, *, commutative: bool, fabric: bool = False) -> bool:
         """Whether the restrictions allow an op of this commutativity (``fabric``: on a
@@ -125,10 +129,12 @@ def register(
     needs_fabric: bool = False,
     cost: Cost | None = None,
     needs_window: bool = False,
+    host_windows: bool = False,
 ) -> Callable[[BuildFn], BuildFn]:
     """Class the decorated builder as ``collective``'s algorithm ``name``.
 
     ``cost``: its closed-form time, when it has one (see :mod:`plait.algos._cost`).
+    ``host_windows``: it needs a window on every host (implies ``needs_window``).
     """
     if collective not in _REGISTRY:
         raise ValueError(f"unknown collective {collective!r}; expected one of {tuple(TABLE)}")
@@ -147,7 +153,8 @@ def register(
             summary,
             needs_fabric,
             cost,
-            needs_window,
+            needs_window or host_windows,
+            host_windows,
         )
         _NAMES[collective][name] = AlgorithmName(name, simulator_only=needs_fabric)
         return build

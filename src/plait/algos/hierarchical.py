@@ -139,3 +139,84 @@ def cascade(b: Builder) -> None:
         if j != me:
             for seg in segments(slices[j], segment):
                 b.recv(local[j], seg)
+
+
+@register("allreduce", "hierarchical_arena", commutative_only=True, host_windows=True)
+def hierarchical_arena(b: Builder) -> None:
+    """``hierarchical`` with one-sided intra-host stages over each host's window.
+
+    Each piece of the vector (sized to fit the window) takes: copy the slices the
+    host's other leaders own into this rank's window, post; a leader reduces its
+    slice straight from its host's windows into ``OUT`` and allreduces it with the
+    other hosts' leaders of that slice (messages), copies the result into its window
+    and posts; every rank copies the other leaders' results out. Two posts and a few
+    copies per piece instead of a ring's 2(L-1) messages per segment. A host of one
+    rank needs no window: its rank only takes part in the inter-host stage. On one
+    host this is the one-sided ``arena`` allreduce's shape (Note [mixed schedules]
+    in :mod:`plait.schedule.ir` says how the window stages and the messages order).
+    """
+    from plait.algos.arena import _span, _Sync  # it imports the registry
+
+    ctx = b.ctx
+    n = ctx.count
+    if n == 0:
+        return
+    local, me, groups, m, _ = _plan(b)
+    host = next(i for i, g in enumerate(groups) if ctx.rank in g)
+    cross_ranks = len(groups) > 1
+    if len(local) == 1:  # alone on its host: the inter-host stage only, piece by piece
+        b.copy(b.inp, b.out)
+        if cross_ranks:
+            for o, k in _span(n, _host_piece(b, m) if ctx.window > 0 else n):
+                _cross(b, [g[0] for g in groups], host, b.out.sub(o, k))
+        return
+    piece = _host_piece(b, m)
+    inbuf = b.shared(piece)
+    outbuf = b.shared(-(-piece // m))
+    sync = _Sync(b)
+    for k, (o, count) in enumerate(_span(n, piece)):
+        parts = blocks(count, m)
+        lo, ln = parts[me] if me < m else (count, 0)
+        a, z = 2 * k + 1, 2 * k + 2  # the phases of this piece: inputs, then results
+        for j in range(m):  # the leaders read inbuf for piece k-1 before posting 2k
+            if j != me:
+                sync.need(local[j], 2 * k)
+        b.copy(b.inp.sub(o, lo), inbuf.sub(0, lo))
+        b.copy(b.inp.sub(o + lo + ln, count - lo - ln), inbuf.sub(lo + ln, count - lo - ln))
+        b.post(a)
+        if ln:
+            mine = b.out.sub(o + lo, ln)
+            b.copy(b.inp.sub(o + lo, ln), mine)  # its own part first, then the others'
+            for i, q in enumerate(local):
+                if i != me:
+                    sync.get_reduce(q, inbuf.sub(lo, ln), mine, a)
+            if cross_ranks:
+                _cross(b, [g[me] for g in groups], host, mine)
+            for q in local:  # readers of outbuf's piece k-1 posted 2k+1 after reading it
+                if q != ctx.rank:
+                    sync.need(q, a)
+            b.copy(mine, outbuf.sub(0, ln))
+        b.post(z)
+        for j in range(m):
+            jo, jn = parts[j]
+            if j != me and jn:
+                sync.get(local[j], outbuf.sub(0, jn), b.out.sub(o + jo, jn), z)
+
+
+def _host_piece(b: Builder, leaders: int) -> int:
+    """Elements per piece: a piece and its largest slice fit the window (``ctx.segment``
+    at most)."""
+    from plait.algos.arena import _piece, _window_elements
+
+    piece = _piece(b, b.ctx.count, 1 + 1 / leaders)
+    while piece > 1 and piece + -(-piece // leaders) > _window_elements(b):
+        piece -= 1
+    return piece
+
+
+def _cross(b: Builder, cross: Sequence[int], me: int, region: Region) -> None:
+    """Allreduce ``region`` with the other hosts' leaders of it (``cross``, this one ``me``)."""
+    if region.count * b.ctx.itemsize < INNER_RD_BYTES:
+        rd_allreduce(b, cross, me, region)
+    else:
+        _cross_ring(b, cross, me, region, 0)

@@ -49,7 +49,7 @@ from plait.errors import (
     InternalError,
 )
 from plait.runtime.stall import PROBE_SECONDS, Prober, settle
-from plait.schedule.ir import Schedule, Step, StepKind
+from plait.schedule.ir import Schedule, Step, StepKind, uses_window
 from plait.schedule.straight import (
     L_COMBINE,
     L_POST,
@@ -64,6 +64,7 @@ from plait.transport.base import Handle, Transport
 if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder, Slot
     from plait.diagnostics.timeline import Timeline
+    from plait.runtime.one_sided import Fences
 
 __all__ = ["Call", "Workspace", "empty_of", "execute", "quiet", "restore", "run_local"]
 
@@ -227,7 +228,8 @@ def execute(
         run_one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
-    if call.timeline is None:
+    fences = _fences(schedule, buffers, transport, call, aliased) if schedule.mixed else None
+    if call.timeline is None and fences is None:
         line = _line(schedule, itemsize)
         if line is not None:
             _run_line(line, schedule, buffers, transport, call, staging, aliased)
@@ -305,6 +307,12 @@ def execute(
                     _combine(step, buffers, staged.pop(i), ufunc, schedule.rank, call)
                     if tl is not None:
                         _note(tl, step, i, issued.pop(i), itemsize, tag_base)
+                elif fences is not None and uses_window(step):
+                    # Everything before it has finished, nothing after it has started.
+                    start = _now() if tl is not None else 0.0
+                    fences.step(step)
+                    if tl is not None:
+                        _note(tl, step, i, start, itemsize, tag_base)
                 else:
                     if step.src is None or step.dst is None:
                         raise _malformed(schedule.rank, call, step)
@@ -318,6 +326,8 @@ def execute(
                     if not remaining[j]:
                         ready.append(j)
             if left == 0:
+                if fences is not None:
+                    fences.finish()
                 return
             done = [h for h in pending if h.done]
             if not done:
@@ -347,10 +357,31 @@ def execute(
             slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
         _withdraw(transport, call, pending)
+        if fences is not None:
+            fences.give_up()
         raise
     finally:
         if prober is not None:
             prober.close()
+
+
+def _fences(
+    schedule: Schedule,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+    transport: Transport,
+    call: Call,
+    aliased: bool,
+) -> Fences:
+    """What runs a mixed schedule's steps on its host's window (Note [mixed schedules])."""
+    from plait.runtime.one_sided import Fences  # it builds on this module
+
+    window = getattr(transport, "host_window", None)
+    if window is None or call.epoch < 0:
+        raise InternalError(
+            f"rank {schedule.rank}: {call.describe} reads its host's windows, but this host "
+            "has no shared window"
+        )
+    return Fences(schedule, buffers, window, call, aliased, window.members or None)
 
 
 def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int]) -> None:

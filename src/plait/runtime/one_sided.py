@@ -357,9 +357,15 @@ def _run(
                 ufunc(dst, v[op[1]], out=dst)
 
 
-def _check_peer(window: Any, q: int, half: int, call: Call, rank: int) -> None:
-    """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided])."""
+def _check_peer(
+    window: Any, q: int, half: int, call: Call, rank: int, shown: int | None = None
+) -> None:
+    """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided]).
+
+    ``shown``: the rank messages name, where ``q`` is its rank in the window only.
+    """
     digest, counter = window.peer_state(q, half)
+    q = q if shown is None else shown
     if digest != call.check:
         raise MismatchError(
             f"rank {rank}: {call.describe}: rank {q} is in a different call "
@@ -390,33 +396,132 @@ def _run_steps(
     aliased: bool,
 ) -> None:
     """The steps one by one, each reported to the timeline (Note [executor diagnostics])."""
-    rank, deadline, ufunc, tl = schedule.rank, call.deadline, call.ufunc, call.timeline
+    tl = call.timeline
     assert tl is not None
-    dtype = buffers[1].dtype
-    bufs = (*buffers, window.typed(rank, half, dtype)[: schedule.shared_count])
-    base = call.epoch << 32
-    checked: set[int] = set()
+    run = Fences(schedule, buffers, window, call, aliased, None)
+    run.use(half)
     for i, step in enumerate(schedule.steps):
         begun = _now()
+        run.step(step)
+        _note(tl, step, i, begun, buffers[1].dtype.itemsize, call.epoch << 32)
+
+
+class Fences:
+    r"""A call's steps on the window, one at a time: a one-sided call's for the timeline,
+    and a mixed call's fences, which :func:`~plait.runtime.executor.execute` hands over
+    (Note [mixed schedules] in :mod:`plait.schedule.ir`).
+
+    ``members``: the rank of each window rank where the window is a host's in a job
+    over several (``step.peer`` is then looked up in it); None where they are equal.
+    The first step :meth:`begin`\ s the call's epoch; :meth:`finish` ends it, and
+    :meth:`give_up` posts that the call failed.
+    """
+
+    __slots__ = (
+        "_aliased",
+        "_bufs",
+        "_call",
+        "_checked",
+        "_index",
+        "_last_phase",
+        "_shared",
+        "_window",
+        "half",
+        "rank",
+    )
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
+        window: Any,
+        call: Call,
+        aliased: bool,
+        members: Sequence[int] | None,
+    ) -> None:
+        self.rank = schedule.rank
+        self.half = -1
+        self._window, self._call, self._aliased = window, call, aliased
+        self._bufs: tuple[np.ndarray, ...] = buffers
+        self._checked: set[int] = set()
+        self._index = None if members is None else {r: i for i, r in enumerate(members)}
+        self._shared = schedule.shared_count
+        self._last_phase = schedule.last_phase
+
+    def step(self, step: Step) -> None:
+        """Run one step that uses the window (or a local one, in a one-sided call)."""
+        window, call, rank = self._window, self._call, self.rank
+        if self.half < 0:
+            self._begin()
+        half, bufs = self.half, self._bufs
+        base = call.epoch << 32
         kind = step.kind
         if kind is StepKind.POST:
             window.post(base | step.tag)
         elif kind is StepKind.COPY or kind is StepKind.REDUCE:
-            _local_step(step, bufs, ufunc, aliased, rank)
+            _local_step(step, bufs, call.ufunc, self._aliased, rank)
         else:
             q = step.peer
+            w = self._where(q)
             try:
-                arrived = window.wait(q, base | step.tag, deadline)
+                arrived = window.wait(w, base | step.tag, call.deadline)
             except CommError as exc:
                 raise _wrap(rank, call, step, exc) from None
             if not arrived:
                 raise _timeout_for(rank, call, [q])
-            if q not in checked or window.counter(q) >= base | MISMATCHED:
-                _check_peer(window, q, half, call, rank)
-                checked.add(q)
+            if w not in self._checked or window.counter(w) >= base | MISMATCHED:
+                _check_peer(window, w, half, call, rank, q)
+                self._checked.add(w)
             if kind is not StepKind.WAIT:
-                _get(step, bufs, window.typed(q, half, dtype), ufunc, call, rank)
-        _note(tl, step, i, begun, dtype.itemsize, base)
+                view = window.typed(w, half, bufs[1].dtype)
+                _get(step, bufs, view, call.ufunc, call, rank)
+
+    def _where(self, q: int) -> int:
+        if self._index is None:
+            return q
+        w = self._index.get(q)
+        if w is None:
+            raise InternalError(
+                f"rank {self.rank}: {self._call.describe}: a one-sided step names rank {q}, "
+                "which is not on this host"
+            )
+        return w
+
+    def _begin(self) -> None:
+        window, call, rank = self._window, self._call, self.rank
+        try:
+            half = window.begin(call.epoch, call.check, call.deadline)
+        except CommError as exc:
+            raise _wrap(rank, call, "the start of the call", exc) from None
+        if half < 0:
+            behind = window.behind((call.epoch - 1) << 32)
+            if self._index is not None:
+                members = list(self._index)
+                behind = [members[w] for w in behind]
+            if call.slot is not None:
+                call.slot.peers = behind
+            raise _timeout_for(rank, call, behind)
+        self.use(half)
+
+    def use(self, half: int) -> None:
+        """Run in ``half`` of the window (the call's epoch has begun)."""
+        self.half = half
+        mine = self._window.typed(self._where(self.rank), half, self._bufs[1].dtype)
+        self._bufs = (*self._bufs[:3], mine[: self._shared])
+
+    def finish(self) -> None:
+        """The call is done: end its epoch where no post of it said so."""
+        if self.half < 0:  # it never reached the window: begin, so that the epochs stay in step
+            self._begin()
+        if not self._last_phase:
+            self._window.end(self._call.epoch)
+
+    def give_up(self) -> None:
+        """The call failed: post so (best effort), so that peers waiting on it raise too."""
+        with contextlib.suppress(Exception):
+            mismatched = isinstance(sys.exc_info()[1], MismatchError)
+            phase = MISMATCHED if mismatched else ABANDONED
+            self._window.post((self._call.epoch << 32) | phase)
 
 
 def _get(

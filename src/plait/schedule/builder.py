@@ -22,7 +22,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from plait.collectives import get as _collective
-from plait.schedule.ir import IN, OUT, SHARED, TMP, Buf, Region, Schedule, Step, StepKind
+from plait.schedule.ir import (
+    IN,
+    OUT,
+    SHARED,
+    TMP,
+    Buf,
+    Region,
+    Schedule,
+    Step,
+    StepKind,
+    uses_window,
+)
 
 __all__ = ["Builder", "Context", "Fabric", "HostLayout"]
 
@@ -392,8 +403,14 @@ class Builder:
 
     def build(self) -> Schedule:
         """Freeze the recorded steps into a :class:`Schedule`."""
-        one_sided = self._shared_count > 0 or any(s.kind >= StepKind.POST for s in self._steps)
-        if one_sided:
+        windowed = self._shared_count > 0 or any(s.kind >= StepKind.POST for s in self._steps)
+        # Across hosts the window is the host's, whether or not this rank sends messages.
+        hosts = self.ctx.hosts
+        across = hosts is not None and hosts.n_hosts > 1
+        mixed = windowed and (across or any(s.kind in _MESSAGES for s in self._steps))
+        if mixed:
+            self._fence()
+        elif windowed:
             self._chain()
         steps = tuple(self._steps)
         dependents: list[list[int]] = [[] for _ in steps]
@@ -412,7 +429,8 @@ class Builder:
             staged_count=sum(s.count for s in steps if s.kind is StepKind.RECV_REDUCE),
             roots=tuple(i for i, s in enumerate(steps) if not s.deps),
             shared_count=self._shared_count,
-            one_sided=one_sided,
+            one_sided=windowed and not mixed,
+            mixed=mixed,
             last_phase=self._phase,
         )
 
@@ -435,22 +453,29 @@ class Builder:
         return self._add(Step(kind, peer, src=src, dst=dst, first=first, tag=phase), reads, (dst,))
 
     def _chain(self) -> None:
-        """Make every step depend on the one before: a one-sided schedule runs in order.
-
-        Raises:
-            ValueError: the schedule also exchanges messages (not supported together).
-        """
+        """Make every step depend on the one before: a one-sided schedule runs in order."""
         for i, step in enumerate(self._steps):
-            if step.kind in (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE):
-                raise ValueError(
-                    f"rank {self.rank}: step {i} {step!r}: a schedule with one-sided steps "
-                    "cannot also exchange messages"
-                )
             if i and (not step.deps or step.deps[-1] != i - 1):
-                deps = tuple(sorted({*step.deps, i - 1}))
-                self._steps[i] = Step(
-                    step.kind, step.peer, step.src, step.dst, step.first, step.tag, deps
-                )
+                self._steps[i] = _with_deps(step, {*step.deps, i - 1})
+
+    def _fence(self) -> None:
+        """Make every step that uses the window a fence (Note [mixed schedules]).
+
+        A fence depends on every step before it, and each later step on the last
+        fence before it (which orders it after everything the fence follows).
+        """
+        fence = -1
+        for i, step in enumerate(self._steps):
+            if uses_window(step):
+                # The steps since the previous fence, and that fence (which follows the rest).
+                deps = {*step.deps, *range(max(fence, 0), i)}
+                fence = i
+            elif fence >= 0:
+                deps = {*step.deps, fence}
+            else:
+                continue
+            if tuple(sorted(deps)) != step.deps:
+                self._steps[i] = _with_deps(step, deps)
 
     def _recv(self, kind: StepKind, peer: int, dst: Region, *, first: bool) -> int:
         if dst.count == 0:
@@ -496,6 +521,11 @@ class Builder:
 
 #: The length of a region that stands for the whole window in the hazard tables.
 _ALL = 1 << 61
+_MESSAGES = (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE)
+
+
+def _with_deps(step: Step, deps: set[int]) -> Step:
+    return Step(step.kind, step.peer, step.src, step.dst, step.first, step.tag, tuple(sorted(deps)))
 
 
 def blocks(count: int, parts: int) -> list[tuple[int, int]]:

@@ -33,14 +33,31 @@ One-sided steps (ranks of one host sharing an arena, :mod:`plait.transport.shm.w
 ``WAIT``         wait until ``peer`` has posted phase ``tag`` (it has finished reading
                  what this rank published before, so the region may be reused).
 
-A schedule with one-sided steps is *one-sided*: it has no ``SEND`` or ``RECV``
-steps, and it runs in step order (the builder makes every step depend on the one
-before), so a phase a rank posts covers everything it did before. A rank may
+A schedule with one-sided steps and no messages is *one-sided*: it runs in step
+order (the builder makes every step depend on the one before), so a phase a rank
+posts covers everything it did before. A schedule with both is *mixed* (the
+intra-host stages of a host-aware algorithm, Note [mixed schedules]). A rank may
 overwrite a region of its ``SHARED`` only once every peer that reads it has
 finished reading (it knows through a ``GET`` or ``WAIT`` on a phase the reader
 posts afterwards); :func:`plait.schedule.verify.run_joint` checks this for every
 interleaving. Between calls the executor alternates two halves of the window
 (Note [window reuse] in :mod:`plait.transport.shm.window`).
+
+Note [mixed schedules]
+~~~~~~~~~~~~~~~~~~~~~~
+Ranks on several hosts can share a window per host: a schedule then exchanges
+messages with other hosts and reads the windows of its own host's ranks. Its
+steps that use the window (the one-sided kinds, and any step with a ``SHARED``
+region) are *fences*: the builder makes each depend on every step before it,
+and every later step depend on it. So when a fence runs, everything before it
+has finished and nothing after it has started: the window part of the call
+runs in step order, as in a one-sided schedule, and a phase covers everything
+the rank did before it, messages included. A one-sided step names its peer by
+rank, as a message does; the peer must be on the same host (its window is the
+host's). The call takes the host window's next epoch, as a one-sided call does.
+Across hosts every schedule with one-sided steps is mixed, even one that sends
+no message (a rank that only contributes to its host's leaders): it runs on
+the host's window, not on a window of all ranks.
 
 Messages between an ordered pair of ranks match in order: the k-th send from
 a to b (``tag == k``) meets the k-th receive at b from a. ``deps`` lists the
@@ -65,6 +82,7 @@ __all__ = [
     "Schedule",
     "Step",
     "StepKind",
+    "uses_window",
 ]
 
 
@@ -189,6 +207,8 @@ class Schedule:
     shared_count: int = 0
     # Whether the schedule has one-sided steps (and so runs in step order, without messages).
     one_sided: bool = False
+    # Whether it has one-sided steps and messages both (Note [mixed schedules]).
+    mixed: bool = False
     # The last phase this rank posts (0: none).
     last_phase: int = 0
 
@@ -200,3 +220,10 @@ class Schedule:
     def peers(self) -> frozenset[int]:
         """Ranks this rank exchanges messages with."""
         return frozenset(s.peer for s in self.steps if s.peer >= 0)
+
+
+def uses_window(step: Step) -> bool:
+    """Whether ``step`` is one-sided or names a region of the window (``SHARED``)."""
+    return step.kind >= StepKind.POST or any(
+        r is not None and r.buf is SHARED for r in (step.src, step.dst)
+    )

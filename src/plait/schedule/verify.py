@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plait.schedule.ir import IN, ONE_SIDED, SHARED, Region, Schedule, Step, StepKind
+from plait.schedule.ir import IN, SHARED, Region, Schedule, Step, StepKind, uses_window
 
 __all__ = ["ScheduleError", "check_static", "run_joint"]
 
@@ -71,10 +71,12 @@ def check_static(schedules: Sequence[Schedule]) -> None:
     """Bounds, no writes to IN, deps point backwards, send/recv pairs agree, one-sided rules.
 
     One-sided rules: a schedule with one-sided steps or ``SHARED`` regions is
-    marked ``one_sided``, has no message steps and is chained (each step
-    depends on the one before); ``SHARED`` regions fit the owner's
-    ``shared_count`` (a ``GET``'s ``src`` the *peer's*); a rank's phases are
-    >= 1 and strictly increasing; a ``GET``/``WAIT`` on phase ``k`` of ``q``
+    marked ``one_sided`` (no message steps; chained: each step depends on the
+    one before) or ``mixed`` (its steps that use the window are fences: each
+    depends on every step before it, and each later step on the last fence
+    before it; Note [mixed schedules] in :mod:`plait.schedule.ir`); ``SHARED``
+    regions fit the owner's ``shared_count`` (a ``GET``'s ``src`` the *peer's*);
+    a rank's phases are >= 1 and strictly increasing; a ``GET``/``WAIT`` on phase ``k`` of ``q``
     needs ``q`` to post some phase ``>= k`` (else it would wait forever).
     """
     size = len(schedules)
@@ -92,12 +94,15 @@ def check_static(schedules: Sequence[Schedule]) -> None:
             raise ScheduleError(f"schedule {rank} claims rank {sched.rank} of {sched.size}")
         limits = (sched.in_count, sched.out_count, sched.tmp_count, sched.shared_count)
         phase = 0
+        fence = -1
         for i, step in enumerate(sched.steps):
             where = _Where(rank, i, step)
             if step.deps and (step.deps[-1] >= i or step.deps[0] < 0):
                 raise ScheduleError(f"{where}: dependency not on an earlier step")
             kind = step.kind
             _check_one_sided(sched, i, where)
+            if sched.mixed:
+                fence = _check_fence(sched, i, fence, where)
             if kind in _READERS and (not 0 <= step.peer < size or step.peer == rank):
                 raise ScheduleError(f"{where}: invalid peer {step.peer}")
             for region, limit in (
@@ -160,12 +165,37 @@ class _Where:
         return f"rank {self.rank} step {self.i} {self.step!r}"
 
 
+def _check_fence(sched: Schedule, i: int, fence: int, where: _Where) -> int:
+    """Step ``i`` of a mixed schedule keeps the fences' order; returns the last fence."""
+    step = sched.steps[i]
+    deps = set(step.deps)
+    if uses_window(step):
+        missing = sorted(set(range(max(fence, 0), i)) - deps)
+        if missing:
+            raise ScheduleError(
+                f"{where}: a step of a mixed schedule that uses the window must follow every "
+                f"step before it; it does not depend on step {missing[0]}"
+            )
+        return i
+    if fence >= 0 and fence not in deps:
+        raise ScheduleError(
+            f"{where}: a step of a mixed schedule must follow the last step that used the "
+            f"window before it (step {fence})"
+        )
+    return fence
+
+
 def _check_one_sided(sched: Schedule, i: int, where: _Where) -> None:
     step = sched.steps[i]
     kind = step.kind
-    uses = kind in ONE_SIDED or any(r is not None and r.buf == SHARED for r in (step.src, step.dst))
-    if uses and not sched.one_sided:
+    uses = uses_window(step)
+    if uses and not (sched.one_sided or sched.mixed):
         raise ScheduleError(f"{where}: a one-sided step in a schedule not marked one_sided")
+    if sched.one_sided and sched.mixed:
+        raise ScheduleError(f"{where}: a schedule is one-sided or mixed, not both")
+    if sched.mixed:
+        _check_data(step, where)
+        return
     if not sched.one_sided:
         return
     if kind in _MESSAGES:
@@ -174,6 +204,11 @@ def _check_one_sided(sched: Schedule, i: int, where: _Where) -> None:
         raise ScheduleError(
             f"{where}: a one-sided schedule runs in order; it must follow step {i - 1}"
         )
+    _check_data(step, where)
+
+
+def _check_data(step: Step, where: _Where) -> None:
+    kind = step.kind
     if kind in (StepKind.GET, StepKind.GET_REDUCE) and (step.src is None or step.dst is None):
         raise ScheduleError(f"{where}: a get needs a source and a destination")
     if kind in (StepKind.POST, StepKind.WAIT) and (step.src is not None or step.dst is not None):
@@ -199,7 +234,7 @@ class _Windows:
     def __init__(self, schedules: Sequence[Schedule]) -> None:
         n = len(schedules)
         self.schedules = schedules
-        self.on = [s.one_sided for s in schedules]
+        self.on = [s.one_sided or s.mixed for s in schedules]
         self.clock = [[0] * n for _ in range(n)]
         self.posts = [_posts(s) for s in schedules]
         self.snap: dict[tuple[int, int], list[int]] = {}  # (rank, POST step) -> its clock
@@ -216,7 +251,10 @@ class _Windows:
         return where[bisect.bisect_left(phases, phase)]
 
     def finished(self, rank: int, i: int) -> None:
-        if self.on[rank]:
+        # A mixed schedule's message steps may finish out of order; every step before a
+        # fence has finished once a later step has (Note [mixed schedules]), and reads
+        # and writes of the window are fences.
+        if self.on[rank] and self.clock[rank][rank] <= i:
             self.clock[rank][rank] = i + 1
 
     def acquire(self, rank: int, q: int, post: int) -> None:
@@ -291,7 +329,7 @@ def run_joint(
     deps_done = [[False] * len(s.steps) for s in schedules]
     ready: deque[tuple[int, int]] = deque()
     n_left = sum(len(s.steps) for s in schedules)
-    win = _Windows(schedules) if any(s.one_sided for s in schedules) else None
+    win = _Windows(schedules) if any(s.one_sided or s.mixed for s in schedules) else None
 
     def read(rank: int, region: Region) -> list[Any]:
         assert buffers is not None

@@ -22,6 +22,7 @@ from plait.transport.loopback import Loopback
 
 if TYPE_CHECKING:
     from plait.transport.shm.link import ShmLink
+    from plait.transport.shm.window import ShmWindow
     from plait.transport.tcp.link import TcpLink
 
 __all__ = ["LINKS", "HybridTransport", "choose", "connect"]
@@ -138,6 +139,14 @@ class HybridTransport(Endpoint):
 
     Attributes:
         local: this host's ranks, in rank order.
+        host_window: the window this host's ranks share (window rank ``i`` is rank
+            ``local[i]``), or None: alone on its host, no window
+            (``PLAIT_SHM_WINDOW=0``), or some host's ranks could not set one up.
+        host_window_bytes: the bytes of each half that every host's window has at
+            least, the same on every rank (0: some host of several ranks has none;
+            a host of one rank needs none). A schedule that reads its host's
+            windows uses no more than this (Note [mixed schedules] in
+            :mod:`plait.schedule.ir`).
         shm: the shared-memory link to the other ranks of ``local`` (None when
             it reaches nobody).
         tcp: the TCP link to the other hosts' ranks (None when it reaches nobody).
@@ -171,6 +180,8 @@ class HybridTransport(Endpoint):
         routes = choose(rank, hosts, links)
         me = hosts[rank]
         self.local = [r for r in range(size) if hosts[r] == me]
+        self.host_window: ShmWindow | None = None
+        self.host_window_bytes = 0
         self.shm: ShmLink | None = None
         self.tcp: TcpLink | None = None
         self.address: str | None = None
@@ -181,17 +192,39 @@ class HybridTransport(Endpoint):
                 self._join_shm(store, sorted(set(hosts)).index(me), deadline, job)
             if routes.get("tcp"):
                 self._join_tcp(store, routes["tcp"], deadline, ifname, streams)
+            self.host_window_bytes = self._agree_windows(store, hosts, deadline)
         except BaseException:
             self.close()
             raise
         env = "PLAIT_SHM_SPIN" if self.shm is not None else "PLAIT_TCP_SPIN"
         self.spin = spin_seconds(env, self.spin)
 
+    def _agree_windows(self, store: Store, hosts: Sequence[str], deadline: float) -> int:
+        """The bytes every host's window has at least (0: a host of several ranks has none).
+
+        The first rank of each host of several ranks says what its host agreed on;
+        everyone reads what each such host said, so all ranks get the same number.
+        """
+        names = sorted(set(hosts))
+        firsts = {h: hosts.index(h) for h in names if hosts.count(h) > 1}
+        if not firsts:
+            return 0
+        win = PrefixStore("window", store)
+        me = hosts[self.rank]
+        if firsts.get(me) == self.rank:
+            have = self.host_window.capacity if self.host_window is not None else 0
+            win.set(str(names.index(me)), str(have).encode())
+        keys = [str(names.index(h)) for h in firsts]
+        win.wait(keys, max(deadline - time.monotonic(), 0.001))
+        return min(int(win.get(k)) for k in keys)
+
     def _join_shm(self, store: Store, host_index: int, deadline: float, job: str | None) -> None:
         """Join the shared-memory link of this host's ranks (they are named by job rank)."""
         from plait.transport.shm import bootstrap, segment
+        from plait.transport.shm import window as shm_window
         from plait.transport.shm.link import ShmLink
         from plait.transport.shm.ring import DEFAULT_SLOTS, default_slot_bytes
+        from plait.transport.shm.window import ShmWindow
 
         segment.check_platform()
         local = self.local
@@ -204,12 +237,19 @@ class HybridTransport(Endpoint):
             slots=DEFAULT_SLOTS,
             slot_bytes=default_slot_bytes(len(local), DEFAULT_SLOTS),
             names=local,
+            window=shm_window.window_bytes(),
         )
         for wire in joined.wires:  # the link names peers by their rank in the job
             wire.rank = local[wire.rank]
         link = ShmLink(self, joined)
         self.attach(link, link.peers)
         self.shm = link
+        self.host_window = ShmWindow.build(self, link, joined, local)
+
+    def _release(self) -> None:
+        if self.host_window is not None:  # its views first, so that the segments can be unmapped
+            self.host_window.release()
+        super()._release()
 
     def _join_tcp(
         self,

@@ -82,11 +82,14 @@ class Window(abc.ABC):
         rank: this rank (in the numbering of the transport it belongs to).
         size: number of ranks.
         capacity: bytes of one half of each rank's window (the same on every rank).
+        members: each window rank's rank in the transport, where they differ (a
+            host's window in a job over several hosts); empty where they are equal.
     """
 
     rank: int
     size: int
     capacity: int
+    members: tuple[int, ...] = ()
 
     @abc.abstractmethod
     def local(self, half: int) -> np.ndarray:

@@ -288,6 +288,7 @@ class ShmWindow(Window):
         self._owned = list(owned)
         #: Each rank's rank in the endpoint (the link's numbering: waits, losses, doorbells).
         self._roots = [root for root, _, _ in arenas]
+        self.members = tuple(self._roots)
         self._ring = [root for q, root in enumerate(self._roots) if q != rank]
         self._ctr: list[tuple[Any, int]] = []
         self._digests: list[tuple[Any, int]] = []
@@ -310,15 +311,22 @@ class ShmWindow(Window):
         self._digest = self._digests[rank][1]
 
     @classmethod
-    def build(cls, endpoint: Endpoint, link: ShmLink, joined: Joined) -> ShmWindow | None:
+    def build(
+        cls, endpoint: Endpoint, link: ShmLink, joined: Joined, members: Sequence[int] = ()
+    ) -> ShmWindow | None:
         """The window of ``joined``'s ranks, or None when some rank has none (all agree).
 
         Its capacity is the smallest any rank recorded, so every rank computes the same.
+        ``members``: the endpoint's ranks that share it, in order, where they are not
+        all of them (a host's ranks in a job over several hosts); a window rank is an
+        index into it.
         """
         capacity = _agreed(joined)
         if capacity == 0:
             return None
-        return cls(endpoint, link, endpoint.rank, _arenas(joined, endpoint.rank), capacity)
+        me = endpoint.rank
+        arenas = _arenas(joined, me)
+        return cls(endpoint, link, list(members).index(me) if members else me, arenas, capacity)
 
     def split(
         self, group: Transport, ranks: Sequence[int], tag: int, deadline: float
