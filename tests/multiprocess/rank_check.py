@@ -38,9 +38,13 @@ def main() -> int:
                 if spec.needs_fabric:  # no aggregating switches between processes
                     continue
                 # One-sided: where all ranks share a window; host_windows: one per host.
-                if spec.needs_window and not comm._window:
-                    if not (spec.host_windows and comm._transport.host_window_bytes):
-                        continue
+                host_windows = getattr(comm._transport, "host_window_bytes", 0)
+                if (
+                    spec.needs_window
+                    and not comm._window
+                    and not (spec.host_windows and host_windows)
+                ):
+                    continue
                 cases = build_cases(spec, comm.size, big=mode == "quick")
                 for case in cases:
                     x = case.make(comm.rank)

@@ -31,7 +31,9 @@ The model, in short (details in :mod:`plait.sim.engine` and :mod:`plait.sim.netw
 * copies cost δ and reductions γ seconds per byte, one at a time per rank;
 * one-sided steps: a post is visible to a peer a message's latency later, and
   a get costs what a copy (a get-and-reduce: a reduction) of its bytes does
-  once the post it needs is visible (:mod:`plait.sim.onesided`);
+  once the post it needs is visible (:mod:`plait.sim.onesided`); a mixed
+  schedule (messages between hosts, one-sided steps within each) is charged
+  both ways in one run;
 * everything else follows the executor: dependencies, (src, dst, tag) matching,
   receive-and-reduce data that may arrive early.
 

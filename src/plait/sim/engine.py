@@ -20,7 +20,9 @@ It interprets :class:`~plait.schedule.ir.Schedule` objects exactly as
 * the one-sided steps (``POST``, ``WAIT``, ``GET``, ``GET_REDUCE``) are charged
   as :mod:`plait.sim.onesided` says: a post is free and visible to a peer a
   message's latency later; a ``GET``/``GET_REDUCE`` waits for it and then
-  costs what a ``COPY``/``REDUCE`` of its bytes would.
+  costs what a ``COPY``/``REDUCE`` of its bytes would. A mixed program has
+  both kinds (messages between hosts, one-sided steps within each): each is
+  charged as it would be alone, in the order its dependencies give.
 
 Messages are fluid flows (:mod:`plait.sim.network`): a flow streams its bytes
 at a rate that the network assigns, and arrives its path's latency after its
@@ -263,7 +265,7 @@ class _Sim:
             else:
                 bucket.append(ev)
 
-        if prog.one_sided:  # posts and the steps that wait for them: plait.sim.onesided
+        if prog.one_sided:  # posts and what waits for them (mixed too): plait.sim.onesided
             self.shared = OneSided(
                 prog,
                 self.net,

@@ -14,6 +14,13 @@ The engine (:mod:`plait.sim.engine`) hands them here and charges:
   reader's local work, like a ``COPY`` (δ seconds per byte) or a ``REDUCE``
   (γ) of their bytes, one at a time with its other local work. They read host
   memory, so no link of the network carries them.
+
+A *mixed* program (Note [mixed schedules] in :mod:`plait.schedule.ir`: messages
+between hosts, one-sided steps within each) is charged the same way: its messages
+are flows on the network as in any program, its one-sided steps as above, and a
+fence simply waits, through its dependencies, for everything before it. Its
+one-sided steps must name a rank of the reader's own host (``Network.hosts``:
+a window per host); one that names a rank on another host is refused.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ import bisect
 from collections.abc import Callable
 
 from plait.sim.network import Network
-from plait.sim.program import GET, WAIT, Program
+from plait.sim.program import GET, POST, WAIT, Program, describe
 
-__all__ = ["OneSided"]
+__all__ = ["OneSided", "check_hosts"]
 
 #: ``push(when, g)``: schedule an event for step ``g`` at time ``when``.
 Push = Callable[[float, int], None]
@@ -41,6 +48,9 @@ class OneSided:
         local_done: schedules the end of a step's local work.
         busy: per rank, when its local work queue drains (the engine's list, shared).
         start_t: the engine's per-step start times, to fill in; None when not recording.
+
+    Raises:
+        ValueError: a mixed program's one-sided step names a rank on another host.
     """
 
     def __init__(
@@ -53,6 +63,8 @@ class OneSided:
         busy: list[float],
         start_t: list[float] | None,
     ) -> None:
+        if program.mixed and network.hosts is not None:
+            check_hosts(program, network.hosts)
         self.prog = program
         self.route_latency = latency
         self.latencies: dict[int, float] = {}  # q * p + r -> latency(q, r)
@@ -125,3 +137,23 @@ class OneSided:
             self.start_t[g] = start
         self.local_done(end, g)
         return False
+
+
+def check_hosts(program: Program, hosts: tuple[int, ...]) -> None:
+    """Refuse a one-sided step that names a rank on another host than its own (``hosts[r]``).
+
+    Raises:
+        ValueError: naming the first such step.
+    """
+    kind, peer, owner = program.kind, program.peer, program.owner
+    n = len(hosts)
+    for g, k in enumerate(kind):
+        if k <= POST:  # messages, local work, posts: no peer's window
+            continue
+        q, r = peer[g], owner[g]
+        if q < n and r < n and hosts[q] != hosts[r]:
+            raise ValueError(
+                f"rank {r} step {int(program.local[g])} ({describe(program, g)}) reads the "
+                f"window of rank {q} on host {hosts[q]}; rank {r} is on host {hosts[r]}, and "
+                "a window is shared by the ranks of one host only"
+            )

@@ -74,6 +74,9 @@ class Program:
         schedules: the schedules it came from (needed to move real data), if built here.
         one_sided: whether any step is one-sided (``POST``, ``GET``, ``GET_REDUCE``,
             ``WAIT``; their ``tag`` is the phase, their ``peer`` the poster).
+        mixed: whether it has one-sided steps and messages both (a host-aware
+            algorithm's schedules: Note [mixed schedules] in :mod:`plait.schedule.ir`);
+            the engine charges each kind as it would alone.
     """
 
     size: int
@@ -89,6 +92,7 @@ class Program:
     match: list[int]
     schedules: Sequence[Schedule] | None = None
     one_sided: bool = False
+    mixed: bool = False
 
     @property
     def n_steps(self) -> int:
@@ -138,14 +142,15 @@ def _assemble(
     dep_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(dep_len, out=dep_ptr[1:])
     dep_idx = dep_loc.astype(np.int64) + np.repeat(base[:-1][owner], dep_len)
-    # Match sends with receives on (src, dst, tag).
-    messages = kind < POST
-    if n and int(tag[messages].max(initial=0)) >= 1 << _TAG_BITS:
+    # Match sends with receives on (src, dst, tag); a one-sided step's tag is a phase.
+    one_sided = kind >= POST
+    if n and int(tag[~one_sided].max(initial=0)) >= 1 << _TAG_BITS:
         raise ValueError(f"more than 2**{_TAG_BITS} messages between one pair of ranks")
     peer64 = peer.astype(np.int64)
     tag64 = tag.astype(np.int64)
     sends = np.flatnonzero(kind == SEND)
     recvs = np.flatnonzero((kind == RECV) | (kind == RECV_REDUCE))
+    windowed = bool(one_sided.any())
     skey = (owner[sends] * p + peer64[sends]) << _TAG_BITS | tag64[sends]
     rkey = (peer64[recvs] * p + owner[recvs]) << _TAG_BITS | tag64[recvs]
     so = np.argsort(skey, kind="stable")
@@ -190,7 +195,8 @@ def _assemble(
         dep_idx=new_id[dep_idx[where]].tolist(),
         match=matched.tolist(),
         schedules=schedules,
-        one_sided=bool(n) and not messages.all(),
+        one_sided=windowed,
+        mixed=windowed and len(sends) > 0,
     )
 
 
