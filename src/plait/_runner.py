@@ -84,6 +84,7 @@ class CallRunner:
         "_probe_tag",
         "_rank",
         "_reserving",
+        "_shared",
         "_size",
         "_transport",
         "_worker",
@@ -109,6 +110,9 @@ class CallRunner:
         world_rank: int | None = None,
     ) -> None:
         self._transport = transport
+        # Whether all its ranks share a window: one-sided calls run on it (run_one_sided);
+        # else, across hosts, on their host's (execute, Note [mixed schedules]).
+        self._shared = getattr(transport, "window", None) is not None
         self._rank = transport.rank
         self._size = transport.size
         self._comm_id = comm_id
@@ -362,7 +366,7 @@ class CallRunner:
                         ),
                     )
                     buffers = (req.inp, req.out, tmp)
-                    if schedule.one_sided:
+                    if schedule.one_sided and self._shared:
                         run_one_sided(schedule, buffers, self._transport, call, req.aliased)
                     else:
                         execute(schedule, buffers, self._transport, call, staging, req.aliased)

@@ -513,6 +513,12 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a commutative op and "
                 f"{op!r} is not; use algorithm='auto' or one that keeps rank order"
             )
+        if spec.host_windows and self._window and self._layout is not None:
+            raise UnsupportedError(
+                f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a window per host, and "
+                "this communicator's ranks share one window across its hosts (hosts emulated "
+                "over one machine's window); use algorithm='auto' or 'hierarchical'"
+            )
         if spec.needs_window and not spec.host_windows and not self._window:
             raise UnsupportedError(
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} is one-sided: it runs only "

@@ -65,3 +65,18 @@ def test_host_aware_allreduce(hosts: list[str], algorithm: str) -> None:
         np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
         for r in range(p):
             assert bits(results[r][i][1]) == bits(first), f"rank {r} differs"
+
+
+def test_an_algorithm_needing_a_window_per_host_is_refused_over_one_shared_window() -> None:
+    """Emulated hosts over the in-process fabric share one window: a host's window is not
+    there to read, and the call says so before anything moves."""
+
+    def body(comm: plait.Communicator) -> Any:
+        x = np.ones(5, np.float32)
+        with pytest.raises(plait.UnsupportedError, match="needs a window per host"):
+            comm.allreduce(x, algorithm="hierarchical_arena")
+        assert np.array_equal(x, np.ones(5, np.float32))
+        return comm.allreduce(x, algorithm="hierarchical")
+
+    for got in run_on_hosts(["a", "a", "b", "b"], body):
+        assert np.array_equal(got, np.full(5, 4, np.float32))

@@ -222,13 +222,16 @@ def execute(
     steps = schedule.steps
     if not steps:
         return
-    if schedule.one_sided:
+    if schedule.one_sided and getattr(transport, "window", None) is not None:
         from plait.runtime.one_sided import run_one_sided  # it builds on this module
 
         run_one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
-    fences = _fences(schedule, buffers, transport, call, aliased) if schedule.mixed else None
+    # A mixed schedule's window steps, or a one-sided one's across hosts (a rank that sends
+    # nothing in a mixed call), run on the host's window (Note [mixed schedules]).
+    fenced = schedule.mixed or schedule.one_sided
+    fences = _fences(schedule, buffers, transport, call, aliased) if fenced else None
     if call.timeline is None and fences is None:
         line = _line(schedule, itemsize)
         if line is not None:
@@ -372,10 +375,12 @@ def _fences(
     call: Call,
     aliased: bool,
 ) -> Fences:
-    """What runs a mixed schedule's steps on its host's window (Note [mixed schedules])."""
+    """What runs a mixed schedule's steps on its host's window (Note [mixed schedules]): the
+    transport's ``host_window``, or its ``window`` where all ranks share one (hosts emulated
+    over one machine's window)."""
     from plait.runtime.one_sided import Fences  # it builds on this module
 
-    window = getattr(transport, "host_window", None)
+    window = getattr(transport, "host_window", None) or getattr(transport, "window", None)
     if window is None or call.epoch < 0:
         raise InternalError(
             f"rank {schedule.rank}: {call.describe} reads its host's windows, but this host "

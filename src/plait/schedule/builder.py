@@ -404,10 +404,7 @@ class Builder:
     def build(self) -> Schedule:
         """Freeze the recorded steps into a :class:`Schedule`."""
         windowed = self._shared_count > 0 or any(s.kind >= StepKind.POST for s in self._steps)
-        # Across hosts the window is the host's, whether or not this rank sends messages.
-        hosts = self.ctx.hosts
-        across = hosts is not None and hosts.n_hosts > 1
-        mixed = windowed and (across or any(s.kind in _MESSAGES for s in self._steps))
+        mixed = windowed and any(s.kind in _MESSAGES for s in self._steps)
         if mixed:
             self._fence()
         elif windowed:

@@ -55,9 +55,9 @@ runs in step order, as in a one-sided schedule, and a phase covers everything
 the rank did before it, messages included. A one-sided step names its peer by
 rank, as a message does; the peer must be on the same host (its window is the
 host's). The call takes the host window's next epoch, as a one-sided call does.
-Across hosts every schedule with one-sided steps is mixed, even one that sends
-no message (a rank that only contributes to its host's leaders): it runs on
-the host's window, not on a window of all ranks.
+A rank of such a call that sends no message (one that only contributes to its
+host's leaders) has a one-sided schedule; across hosts the executor runs it on
+its host's window too.
 
 Messages between an ordered pair of ranks match in order: the k-th send from
 a to b (``tag == k``) meets the k-th receive at b from a. ``deps`` lists the
