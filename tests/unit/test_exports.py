@@ -63,6 +63,7 @@ def test_algorithm_names() -> None:
         "direct",
         "hierarchical",
         "cascade",
+        "hierarchical_arena",
         "in_network",
         "arena",
         "arena_oneshot",

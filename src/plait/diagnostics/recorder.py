@@ -626,13 +626,15 @@ def _keep(slot: Slot, f: FrameType, code: CodeType) -> None:
 
 
 def _waiting(s: Slot) -> list[int]:
-    """The peers an in-flight call waits for, from its explicit list or its executor's table."""
+    """The peers an in-flight call waits for: its explicit list (a wait on a window), and
+    the peers of its executor's unfinished messages."""
     pending, steps = s.pending, s.steps
     if pending is not None and steps is not None:
         for _ in range(3):  # the executor may change the table while we read it
             try:
                 return sorted(
                     {steps[i].peer for h, i in list(pending.items()) if not getattr(h, "done", 0)}
+                    | set(s.peers)
                 )
             except (RuntimeError, IndexError):
                 continue

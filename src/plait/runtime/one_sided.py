@@ -413,8 +413,8 @@ class Fences:
 
     ``members``: the rank of each window rank where the window is a host's in a job
     over several (``step.peer`` is then looked up in it); None where they are equal.
-    The first step :meth:`begin`\ s the call's epoch; :meth:`finish` ends it, and
-    :meth:`give_up` posts that the call failed.
+    The first step begins the call's epoch (``Window.begin``); :meth:`finish` ends
+    it, and :meth:`give_up` posts that the call failed.
     """
 
     __slots__ = (
@@ -463,12 +463,17 @@ class Fences:
         else:
             q = step.peer
             w = self._where(q)
+            slot = call.slot
+            if slot is not None:
+                slot.peers = (q,)  # a dump while it waits names the peer
             try:
                 arrived = window.wait(w, base | step.tag, call.deadline)
             except CommError as exc:
                 raise _wrap(rank, call, step, exc) from None
             if not arrived:
                 raise _timeout_for(rank, call, [q])
+            if slot is not None:
+                slot.peers = ()
             if w not in self._checked or window.counter(w) >= base | MISMATCHED:
                 _check_peer(window, w, half, call, rank, q)
                 self._checked.add(w)
