@@ -204,13 +204,23 @@ def hierarchical_arena(b: Builder) -> None:
 
 
 def _host_piece(b: Builder, leaders: int) -> int:
-    """Elements per piece: a piece and its largest slice fit the window (``ctx.segment``
-    at most)."""
-    from plait.algos.arena import _piece, _window_elements
+    """Elements per piece: a piece and its largest slice fit the window.
 
-    piece = _piece(b, b.ctx.count, 1 + 1 / leaders)
-    while piece > 1 and piece + -(-piece // leaders) > _window_elements(b):
+    Not cut to ``ctx.segment``: the window stages and the messages of a piece run one
+    after the other (Note [mixed schedules]), so fewer pieces overlap nothing less, and
+    each costs two posts and a round of inter-host messages.
+    """
+    from plait.algos.arena import _window_elements
+
+    room = _window_elements(b)
+    piece = min(b.ctx.count, int(room / (1 + 1 / leaders)))
+    while piece > 1 and piece + -(-piece // leaders) > room:
         piece -= 1
+    if piece < 1 or piece + -(-piece // leaders) > room:
+        raise ValueError(
+            f"rank {b.rank}: a window of {b.ctx.window} bytes cannot hold one piece "
+            f"of {b.ctx.itemsize}-byte elements"
+        )
     return piece
 
 
