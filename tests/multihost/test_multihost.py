@@ -51,6 +51,7 @@ CROSS_HOST_ALLREDUCE = [
     "direct",
     "hierarchical",
     "cascade",
+    "hierarchical_arena",
 ]
 
 HOSTS = 3  # host namespaces made; a job uses the first few
