@@ -239,3 +239,17 @@ def test_progress_on_stderr_of_a_run(capsys: pytest.CaptureFixture) -> None:
     assert not re.search(r"^plait sim:", captured.out, re.MULTILINE)  # the table stays clean
     assert main(["sim", "-n", "8", "-a", "ring", "-s", "1K"]) == 0
     assert capsys.readouterr().err == ""  # a short run says nothing
+
+
+def test_all_leaves_out_the_one_sided_algorithms_across_hosts(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert main(["sim", "-n", "6", "--topology", "hosts:2", "-a", "all", "-s", "1K"]) == 0
+    captured = capsys.readouterr()
+    assert "leaves out arena, arena_oneshot: one-sided" in captured.err
+    assert "(topology hosts:2, algorithm arena)" not in captured.out
+    assert "(topology hosts:2, algorithm hierarchical_arena)" in captured.out  # a window per host
+    assert main(["sim", "-n", "6", "-a", "all", "-s", "1K"]) == 0  # one host: all of them
+    captured = capsys.readouterr()
+    assert "leaves out arena" not in captured.err
+    assert "(topology flat, algorithm arena)" in captured.out

@@ -378,6 +378,22 @@ def main(args: argparse.Namespace) -> int:
             (args.intra_alpha, args.intra_beta),
             aggregation,
         )
+        # The one-sided algorithms need one window for all ranks: not across hosts.
+        several = net.hosts is not None and len(set(net.hosts)) > 1
+        alone = [
+            n
+            for n in names
+            if several
+            and plait._algorithms.get(args.collective, n).needs_window
+            and not plait._algorithms.get(args.collective, n).host_windows
+        ]
+        if args.algorithm == "all" and alone:
+            names = tuple(n for n in names if n not in alone)
+            print(
+                f"plait sim: --algo all leaves out {', '.join(alone)}: one-sided, they run only "
+                "where all ranks share one host's window",
+                file=sys.stderr,
+            )
         if args.plot:
             import matplotlib  # noqa: F401
     except ImportError:
