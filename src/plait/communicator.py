@@ -167,8 +167,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
         self._window = int(window.capacity) if window is not None else 0
         # Across hosts, each host's ranks may share one (Note [mixed schedules]): the
         # algorithms with host_windows read them; the one-sided ones cannot run.
-        host_windows = int(getattr(transport, "host_window_bytes", 0))
-        self._stage = Stager(self._rank, self._size, self._layout, self._window or host_windows)
+        self._host_windows = int(getattr(transport, "host_window_bytes", 0))
+        window_bytes = self._window or self._host_windows
+        self._stage = Stager(self._rank, self._size, self._layout, window_bytes)
         self._plans = self._stage.plans  # the plan cache, by call shape (see plait._request)
         self._auto: dict[tuple[str, int, bool, bool], Choice] = {}  # auto's choice per shape
         self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
@@ -513,6 +514,13 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a commutative op and "
                 f"{op!r} is not; use algorithm='auto' or one that keeps rank order"
             )
+        if spec.host_windows and not (self._window or self._host_windows) and self._crowded_host():
+            raise UnsupportedError(
+                f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a shared-memory window "
+                "on each host of several ranks, and this communicator has none (a split's "
+                "group across hosts, TCP only, or PLAIT_SHM_WINDOW=0); use algorithm='auto' or "
+                "'hierarchical'"
+            )
         if spec.host_windows and self._window and self._layout is not None:
             raise UnsupportedError(
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} needs a window per host, and "
@@ -526,6 +534,13 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 "window; PLAIT_SHM_WINDOW > 0); use algorithm='auto' or a message-passing one"
             )
         return Choice(spec, SEGMENT_BYTES, "caller")
+
+    def _crowded_host(self) -> bool:
+        """Whether some host has several of this communicator's ranks."""
+        layout = self._layout
+        if layout is None:
+            return self._size > 1
+        return any(len(layout.members(h)) > 1 for h in range(layout.n_hosts))
 
     def _allreduce_compressed(
         self,

@@ -20,8 +20,8 @@ LAYOUTS = [
 ]
 
 
-def run_on_hosts(hosts: list[str], fn: Any) -> list[Any]:
-    fabric = MemoryFabric(len(hosts))
+def run_on_hosts(hosts: list[str], fn: Any, window: int | None = None) -> list[Any]:
+    fabric = MemoryFabric(len(hosts)) if window is None else MemoryFabric(len(hosts), window=window)
     comms = [plait.Communicator(t, hosts=hosts, timeout=30) for t in fabric.endpoints]
     out: list[Any] = [None] * len(hosts)
     errors: list[BaseException] = []
@@ -80,3 +80,21 @@ def test_an_algorithm_needing_a_window_per_host_is_refused_over_one_shared_windo
 
     for got in run_on_hosts(["a", "a", "b", "b"], body):
         assert np.array_equal(got, np.full(5, 4, np.float32))
+
+
+def test_an_algorithm_needing_a_window_per_host_is_refused_without_one() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        x = np.ones(5, np.float32)
+        with pytest.raises(plait.UnsupportedError, match="needs a shared-memory window on each"):
+            comm.allreduce(x, algorithm="hierarchical_arena")
+        return comm.allreduce(x, algorithm="hierarchical")
+
+    for got in run_on_hosts(["a", "a", "b", "b"], body, window=0):
+        assert np.array_equal(got, np.full(5, 4, np.float32))
+
+    # One rank per host needs no window: only the inter-host stage runs.
+    def alone(comm: plait.Communicator) -> Any:
+        return comm.allreduce(np.arange(7.0) + comm.rank, algorithm="hierarchical_arena")
+
+    for got in run_on_hosts(["a", "b", "c"], alone, window=0):
+        assert np.array_equal(got, 3 * np.arange(7.0) + 3)
