@@ -171,7 +171,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         window_bytes = self._window or self._host_windows
         self._stage = Stager(self._rank, self._size, self._layout, window_bytes)
         self._plans = self._stage.plans  # the plan cache, by call shape (see plait._request)
-        self._auto: dict[tuple[str, int, bool, bool], Choice] = {}  # auto's choice per shape
+        self._auto: dict[tuple[str, int, bool, bool, bool], Choice] = {}  # auto's choice per shape
         self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
         # Repeated simple calls, by everything the checks read (Note [the short path]).
         self._shortcuts: dict[tuple[Any, ...], Shortcut] = {}
@@ -467,7 +467,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 and not self._runner.reserved()
                 and (nbytes <= self._window or self._window >= FULL_WINDOW_BYTES)
             )
-            key = (c, nbytes, commutative, shared)
+            # Across hosts, each host's window (not in a compressed async allreduce either).
+            host_windows = self._host_windows > 0 and not self._runner.reserved()
+            key = (c, nbytes, commutative, shared, host_windows)
             choice = self._auto.get(key)
             if choice is None:
                 uneven = _UNEVEN_AUTO.get(c)
@@ -482,6 +484,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
                         hosts=self._layout,
                         config=self._settings,
                         shared=shared,
+                        host_windows=host_windows,
                     )
                 if self._log_choices:
                     _log.info(

@@ -14,8 +14,8 @@ from test_faults import plait_run
 HOSTS = "import os\nos.environ['PLAIT_HOST'] = 'ababc'[int(os.environ['PLAIT_RANK'])]\n"
 
 
-def run(script: str, tmp_path, n: int = 4, timeout: float = 90):  # type: ignore[no-untyped-def]
-    return plait_run(["-n", str(n), "--tag-output"], HOSTS + script, tmp_path, timeout)
+def run(script: str, tmp_path, n: int = 4, timeout: float = 90, args=()):  # type: ignore[no-untyped-def]
+    return plait_run(["-n", str(n), "--tag-output", *args], HOSTS + script, tmp_path, timeout)
 
 
 def test_the_job_runs_over_a_window_per_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -62,10 +62,12 @@ except plait.PeerLostError as exc:
     print(f"lost a peer after {time.monotonic() - start:.1f}s: {exc}", flush=True)
     raise SystemExit(9)
 """
-    res, elapsed = run(script, tmp_path)
+    # With recovery on, the launcher leaves the others running: they must find out themselves.
+    res, elapsed = run(script, tmp_path, args=["--enable-recovery"])
     assert res.returncode != 0
     assert "rank 2 was killed by SIGKILL" in res.stderr, res.stderr[-2000:]
-    assert res.stdout.count("lost a peer") >= 1, res.stdout + res.stderr[-2000:]
+    lost = sorted(line.split(":")[0] for line in res.stdout.splitlines() if "lost a peer" in line)
+    assert lost == ["[0]", "[1]", "[3]"], res.stdout + res.stderr[-2000:]
     assert elapsed < 40
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from plait.algos._registry import get
 from plait.schedule.builder import Builder, Context, HostLayout, record
-from plait.schedule.ir import Schedule, StepKind, uses_window
+from plait.schedule.ir import SHARED, Region, Schedule, StepKind, uses_window
 from plait.schedule.symbolic import prove
 from plait.schedule.verify import ScheduleError, check_static, run_joint
 
@@ -148,3 +148,50 @@ def test_a_missing_wait_is_a_race_the_proof_finds() -> None:
     broken = [scheds[0], dataclasses.replace(s1, steps=tuple(steps)), *scheds[2:]]
     with pytest.raises(ScheduleError, match="race"):
         run_joint(broken)
+
+
+def test_messages_never_move_the_window() -> None:
+    def send_window(b: Builder) -> None:
+        win = b.shared(b.out.count)
+        b.copy(b.inp, win)
+        b.send(1 - b.rank, win)
+
+    with pytest.raises(ValueError, match="cannot send from or receive into the window"):
+        two(send_window)
+    scheds = two(exchange_then_publish)
+    s0 = scheds[0]
+    last_send = max(i for i, st in enumerate(s0.steps) if st.kind is StepKind.SEND)
+    steps = list(s0.steps)
+    steps[last_send] = dataclasses.replace(s0.steps[last_send], src=Region(SHARED, 0, 4))
+    with pytest.raises(ScheduleError, match="a message cannot move the window's memory"):
+        check_static([dataclasses.replace(s0, steps=tuple(steps)), scheds[1]])
+
+
+@pytest.mark.parametrize(
+    ("shared", "host_windows", "hosts", "picked"),
+    [
+        (True, False, None, True),  # one host, one window: its one-sided shape
+        (False, True, [0, 0, 1, 1], True),  # a window per host
+        (True, False, [0, 0, 1, 1], False),  # one window across hosts (emulated)
+        (False, False, [0, 0, 1, 1], False),  # no window
+    ],
+)
+def test_plait_algo_names_it_only_where_its_windows_are(
+    shared: bool, host_windows: bool, hosts: list[int] | None, picked: bool
+) -> None:
+    from plait.selection.overrides import parse
+    from plait.selection.select import Settings, choose
+
+    config = Settings(overrides=parse("allreduce:hierarchical_arena"))
+    layout = None if hosts is None else HostLayout(hosts)
+    choice = choose(
+        "allreduce",
+        4,
+        1 << 20,
+        commutative=True,
+        hosts=layout,
+        config=config,
+        shared=shared,
+        host_windows=host_windows,
+    )
+    assert (choice.name == "hierarchical_arena") is picked, choice

@@ -37,7 +37,9 @@ def main(args: argparse.Namespace) -> int:
     for c in chosen:
         for spec in specs(c):
             notes = [SIMULATOR_ONLY] if spec.needs_fabric else []
-            if spec.needs_window:
+            if spec.host_windows:
+                notes.append("a shared-memory window on each host of several ranks")
+            elif spec.needs_window:
                 notes.append("one host: a shared-memory window")
             if spec.commutative_only:
                 notes.append("commutative ops only")

@@ -380,13 +380,16 @@ def _fences(
     over one machine's window)."""
     from plait.runtime.one_sided import Fences  # it builds on this module
 
-    window = getattr(transport, "host_window", None) or getattr(transport, "window", None)
+    window = getattr(transport, "host_window", None)
+    members = None if window is None else window.members  # a host's: by local rank
+    if window is None:
+        window = getattr(transport, "window", None)  # all ranks': by rank
     if window is None or call.epoch < 0:
         raise InternalError(
             f"rank {schedule.rank}: {call.describe} reads its host's windows, but this host "
             "has no shared window"
         )
-    return Fences(schedule, buffers, window, call, aliased, window.members or None)
+    return Fences(schedule, buffers, window, call, aliased, members)
 
 
 def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int]) -> None:

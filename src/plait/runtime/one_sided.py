@@ -522,7 +522,12 @@ class Fences:
             self._window.end(self._call.epoch)
 
     def give_up(self) -> None:
-        """The call failed: post so (best effort), so that peers waiting on it raise too."""
+        """The call failed: post so (best effort), so that peers waiting on it raise too.
+
+        Only once the epoch has begun (as :func:`run_one_sided`): before, this rank's
+        digest word for the half may still be an older call's."""
+        if self.half < 0:
+            return
         with contextlib.suppress(Exception):
             mismatched = isinstance(sys.exc_info()[1], MismatchError)
             phase = MISMATCHED if mismatched else ABANDONED

@@ -334,6 +334,7 @@ class Builder:
         if src.count == 0:
             return -1
         self._check_peer(peer)
+        _no_window(self.rank, src)
         tag = self._sent.get(peer, 0)
         self._sent[peer] = tag + 1
         return self._add(Step(StepKind.SEND, peer, src=src, tag=tag), (src,), (), after)
@@ -478,6 +479,7 @@ class Builder:
         if dst.count == 0:
             return -1
         self._check_peer(peer)
+        _no_window(self.rank, dst)
         tag = self._received.get(peer, 0)
         self._received[peer] = tag + 1
         return self._add(Step(kind, peer, dst=dst, first=first, tag=tag), (), (dst,))
@@ -519,6 +521,15 @@ class Builder:
 #: The length of a region that stands for the whole window in the hazard tables.
 _ALL = 1 << 61
 _MESSAGES = (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE)
+
+
+def _no_window(rank: int, region: Region) -> None:
+    """Messages move the caller's buffers and scratch, not the window (a copy does)."""
+    if region.buf is SHARED:
+        raise ValueError(
+            f"rank {rank}: a message cannot send from or receive into the window ({region}); "
+            "copy between the window and a buffer instead"
+        )
 
 
 def _with_deps(step: Step, deps: set[int]) -> Step:

@@ -194,6 +194,8 @@ def _check_one_sided(sched: Schedule, i: int, where: _Where) -> None:
     if sched.one_sided and sched.mixed:
         raise ScheduleError(f"{where}: a schedule is one-sided or mixed, not both")
     if sched.mixed:
+        if kind in _MESSAGES and uses:
+            raise ScheduleError(f"{where}: a message cannot move the window's memory")
         _check_data(step, where)
         return
     if not sched.one_sided:

@@ -199,6 +199,15 @@ def settings() -> Settings:
     return Settings(overrides(), rules_file.load(), model.load())
 
 
+def _can_run(spec: AlgorithmSpec, shared: bool, host_windows: bool, multi_host: bool) -> bool:
+    """Whether the windows there are let ``spec`` run: a one-sided algorithm needs one
+    window for all ranks; one with ``host_windows`` needs that on one host, and a window per
+    host (not one shared across them: Note [mixed schedules]) across hosts."""
+    if spec.host_windows:
+        return (shared and not multi_host) or (host_windows and not shared)
+    return shared or not spec.needs_window
+
+
 def choose(
     collective: str,
     size: int,
@@ -208,28 +217,34 @@ def choose(
     hosts: HostLayout | None = None,
     config: Settings | None = None,
     shared: bool = False,
+    host_windows: bool = False,
 ) -> Choice:
     """The algorithm and segment size ``auto`` runs for this call.
 
     ``nbytes``: the whole vector for allreduce/reduce/broadcast, one rank's
     block for the block collectives; ``hosts``: None when all ranks share one
     host; ``config``: the settings to follow (default: :func:`settings` now);
-    ``shared``: the ranks share a window (the one-sided algorithms can run).
+    ``shared``: the ranks share a window (the one-sided algorithms can run);
+    ``host_windows``: across hosts, the ranks of each host share a window of
+    their own (the algorithms registered with ``host_windows`` can run).
     See the module docstring for the order.
     """
     config = settings() if config is None else config
+    multi_host = hosts is not None and hosts.n_hosts > 1
     for entry in config.overrides:
         if entry.collective == collective and entry.covers(nbytes):
             spec = get(collective, entry.algorithm)
-            # A one-sided algorithm applies only where the ranks share a window.
-            if spec.supports(commutative=commutative) and (shared or not spec.needs_window):
+            if spec.supports(commutative=commutative) and _can_run(
+                spec, shared, host_windows, multi_host
+            ):
                 return Choice(spec, entry.segment or SEGMENT_BYTES, "PLAIT_ALGO")
-    multi_host = hosts is not None and hosts.n_hosts > 1
     if config.rules is not None:
         hit = config.rules.match(
             collective, size, nbytes, commutative=commutative, multi_host=multi_host
         )
-        if hit is not None and (shared or not get(collective, hit.algorithm).needs_window):
+        if hit is not None and _can_run(
+            get(collective, hit.algorithm), shared, host_windows, multi_host
+        ):
             return Choice(
                 get(collective, hit.algorithm), hit.segment or SEGMENT_BYTES, "rules file"
             )

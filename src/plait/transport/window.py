@@ -82,8 +82,9 @@ class Window(abc.ABC):
         rank: this rank (in the numbering of the transport it belongs to).
         size: number of ranks.
         capacity: bytes of one half of each rank's window (the same on every rank).
-        members: each window rank's rank in the transport, where they differ (a
-            host's window in a job over several hosts); empty where they are equal.
+        members: each window rank's rank in the transport that holds its link (a
+            host's window in a job over several hosts: the host's ranks in the job);
+            empty where the window does not say (the in-process one).
     """
 
     rank: int

@@ -326,6 +326,9 @@ class ShmWindow(Window):
             return None
         me = endpoint.rank
         arenas = _arenas(joined, me)
+        # Crowded (yield between polls) by the endpoint's size even where it spans hosts:
+        # hosts emulated on one machine share its cores, and a yield costs little where
+        # nothing else is ready to run.
         return cls(endpoint, link, list(members).index(me) if members else me, arenas, capacity)
 
     def split(
