@@ -20,7 +20,8 @@ def run(script: str, tmp_path, n: int = 4, timeout: float = 90, args=()):  # typ
 
 def test_the_job_runs_over_a_window_per_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
     script = """
-import numpy as np, plait
+import os, numpy as np, plait
+os.environ["PLAIT_ALGO"] = "allreduce:hierarchical_arena:0-1K"
 with plait.init(timeout=60) as comm:
     t = comm._transport
     n = (3 << 20) // 4 + 5  # a few pieces of the 2 MiB window
@@ -30,6 +31,10 @@ with plait.init(timeout=60) as comm:
     assert np.array_equal(y, want)
     comm.allreduce(x, out=x, algorithm="hierarchical_arena")
     assert np.array_equal(x, want)
+    # Named in PLAIT_ALGO, auto runs it where every host of several ranks has a window.
+    z = comm.allreduce(np.arange(9.0))
+    assert np.array_equal(z, np.arange(9.0) * comm.size)
+    assert comm._auto[("allreduce", 72, True, False, True)].name == "hierarchical_arena"
     window = t.host_window
     print("ok", type(t).__name__, window is not None and window.members, comm._runner.epoch,
           flush=True)
@@ -38,10 +43,10 @@ with plait.init(timeout=60) as comm:
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     lines = sorted(res.stdout.splitlines())
     assert lines == [
-        "[0]: ok HybridTransport (0, 2) 2",
-        "[1]: ok HybridTransport (1, 3) 2",
-        "[2]: ok HybridTransport (0, 2) 2",
-        "[3]: ok HybridTransport (1, 3) 2",
+        "[0]: ok HybridTransport (0, 2) 3",
+        "[1]: ok HybridTransport (1, 3) 3",
+        "[2]: ok HybridTransport (0, 2) 3",
+        "[3]: ok HybridTransport (1, 3) 3",
         "[4]: ok HybridTransport False 0",  # alone on its host: no window, no epochs
     ], res.stdout + res.stderr[-2000:]
 

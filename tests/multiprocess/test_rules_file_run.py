@@ -18,7 +18,7 @@ RANK = textwrap.dedent(
     with plait.init() as comm:
         out = comm.allreduce(np.arange(n, dtype=np.float32) * (comm.rank + 1))
         assert np.array_equal(out, np.arange(n, dtype=np.float32) * 3), out[:8]
-        choice = comm._auto[("allreduce", n * 4, True, True)]
+        choice = comm._auto[("allreduce", n * 4, True, True, False)]
         print(f"rank {comm.rank} ran {choice.name} in {choice.segment_bytes}-byte segments")
     """
 )

@@ -82,7 +82,7 @@ def test_auto_picks_one_sided_algorithms_only_where_ranks_share_a_window(
 ) -> None:
     def body(comm: plait.Communicator) -> str:
         comm.allreduce(np.zeros(nbytes // 8))
-        return comm._auto[("allreduce", nbytes, True, window > 0)].name
+        return comm._auto[("allreduce", nbytes, True, window > 0, False)].name
 
     assert run_ranks(2, body, window=window) == [want, want]
 

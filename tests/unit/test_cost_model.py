@@ -219,7 +219,7 @@ def test_communicators_agree_on_a_simulated_choice(
 
     def body(comm: plait.Communicator) -> tuple[np.ndarray, object]:
         out = comm.allreduce(np.arange(n, dtype=np.float64) + comm.rank)
-        return out, comm._auto[("allreduce", n * 8, True, False)]
+        return out, comm._auto[("allreduce", n * 8, True, False, False)]
 
     results = run_ranks(3, body, window=0)  # the profile chooses among message algorithms
     want = np.arange(n, dtype=np.float64) * 3 + 3

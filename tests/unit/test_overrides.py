@@ -74,7 +74,7 @@ def test_communicators_run_the_overridden_algorithm(monkeypatch: pytest.MonkeyPa
 
     def body(comm: plait.Communicator) -> np.ndarray:
         out = comm.allreduce(np.arange(5.0) * (comm.rank + 1))
-        spied.append(comm._auto[("allreduce", 40, True, True)].name)
+        spied.append(comm._auto[("allreduce", 40, True, True, False)].name)
         return out
 
     for got in run_ranks(3, body):

@@ -188,7 +188,7 @@ def test_communicators_run_the_rules_files_segment(rules_path: Path) -> None:
     def body(comm: plait.Communicator) -> tuple[np.ndarray, int, int]:
         x = np.arange(n, dtype=np.float64) * (comm.rank + 1)
         out = comm.allreduce(x)
-        choice = comm._auto[("allreduce", n * 8, True, True)]
+        choice = comm._auto[("allreduce", n * 8, True, True, False)]
         ring = comm._plans[(choice.spec, n, np.dtype(np.float64), plait.SUM, 0, 128)]
         forced = comm.allreduce(x, algorithm="ring")  # the caller's choice: default segment
         np.testing.assert_array_equal(forced, out)
