@@ -73,15 +73,19 @@ def host_groups(hosts: Sequence[int] | None, size: int) -> list[tuple[int, ...]]
     return [tuple(g) for g in groups.values()]
 
 
-def _plan(b: Builder) -> tuple[tuple[int, ...], int, list[tuple[int, ...]], int, list[Region]]:
-    """(my host's ranks, my index there, every host's ranks, leaders per host, slices)."""
+def _plan(
+    b: Builder,
+) -> tuple[tuple[int, ...], int, list[tuple[int, ...]], int, list[Region], int]:
+    """(my host's ranks, my index there, every host's ranks, leaders per host, slices,
+    my host's index in the list of hosts)."""
     ctx = b.ctx
     layout = ctx.hosts.hosts if ctx.hosts is not None else None
     groups = host_groups(layout, ctx.size)
-    local = next(g for g in groups if ctx.rank in g)
+    host = next(i for i, g in enumerate(groups) if ctx.rank in g)
+    local = groups[host]
     m = min(len(g) for g in groups)
     slices = [b.out.sub(o, n) for o, n in blocks(ctx.count, m)]
-    return local, local.index(ctx.rank), groups, m, slices
+    return local, local.index(ctx.rank), groups, m, slices, host
 
 
 def _cross_ring(b: Builder, cross: Sequence[int], me: int, region: Region, segment: int) -> None:
@@ -93,19 +97,13 @@ def _cross_ring(b: Builder, cross: Sequence[int], me: int, region: Region, segme
 @register("allreduce", "hierarchical", commutative_only=True)
 def hierarchical(b: Builder) -> None:
     """Intra-host reduce-scatter, inter-host allreduce of each slice, intra-host allgather."""
-    ctx = b.ctx
     b.copy(b.inp, b.out)
-    local, me, groups, m, slices = _plan(b)
+    local, me, groups, m, slices, host = _plan(b)
     empty = b.out.sub(0, 0)
     chunks = [slices[j] if j < m else empty for j in range(len(local))]
     ring_reduce_scatter(b, local, me, chunks, 0)
     if me < m:
-        cross = [g[me] for g in groups]
-        host = next(i for i, g in enumerate(groups) if ctx.rank in g)
-        if slices[me].count * ctx.itemsize < INNER_RD_BYTES:
-            rd_allreduce(b, cross, host, slices[me])
-        else:
-            _cross_ring(b, cross, host, slices[me], 0)
+        _cross(b, [g[me] for g in groups], host, slices[me])
     ring_allgather(b, local, me, chunks, 0)
 
 
@@ -114,7 +112,7 @@ def cascade(b: Builder) -> None:
     """Every local rank leads a slice across hosts; direct, segmented, overlapping stages."""
     ctx = b.ctx
     b.copy(b.inp, b.out)
-    local, me, groups, m, slices = _plan(b)
+    local, me, groups, m, slices, host = _plan(b)
     segment = max(1, ctx.segment // 4) if ctx.segment else 0
     # Stage 1: send each leader its slice, leader j reduces the slice from its host.
     for j in range(m):
@@ -127,9 +125,7 @@ def cascade(b: Builder) -> None:
                 for seg in segments(slices[me], segment):
                     b.recv_reduce(local[i], seg, recv_first=i < me)
         # Stage 2: leaders of slice `me` on every host reduce it across hosts.
-        cross = [g[me] for g in groups]
-        host = next(i for i, g in enumerate(groups) if ctx.rank in g)
-        _cross_ring(b, cross, host, slices[me], segment)
+        _cross_ring(b, [g[me] for g in groups], host, slices[me], segment)
         # Stage 3: hand the reduced slice to every other rank of the host.
         for i in range(len(local)):
             if i != me:
@@ -161,8 +157,7 @@ def hierarchical_arena(b: Builder) -> None:
     n = ctx.count
     if n == 0:
         return
-    local, me, groups, m, _ = _plan(b)
-    host = next(i for i, g in enumerate(groups) if ctx.rank in g)
+    local, me, groups, m, _, host = _plan(b)
     cross_ranks = len(groups) > 1
     if len(local) == 1:  # alone on its host: the inter-host stage only, piece by piece
         b.copy(b.inp, b.out)
