@@ -16,7 +16,7 @@ from plait.algos._registry import get
 from plait.schedule.builder import Builder, Context, HostLayout, record
 from plait.schedule.ir import SHARED, Region, Schedule, StepKind, uses_window
 from plait.schedule.symbolic import prove
-from plait.schedule.verify import ScheduleError, check_static, run_joint
+from plait.schedule.verify import ScheduleError, check_hosts, check_static, run_joint
 
 SPEC = get("allreduce", "hierarchical_arena")
 QUICK = {1, 2, 3, 4, 5, 7}
@@ -195,3 +195,22 @@ def test_plait_algo_names_it_only_where_its_windows_are(
         host_windows=host_windows,
     )
     assert (choice.name == "hierarchical_arena") is picked, choice
+
+
+def test_the_proof_refuses_a_window_read_across_hosts() -> None:
+    """A window is one host's: a one-sided step that names a rank on another host fails the
+    proof (the one-host ``arena`` over two hosts), and so does a host-aware schedule whose
+    read is pointed at a rank across."""
+    with pytest.raises(ScheduleError, match="reads the window of rank 2 on host 1"):
+        prove(get("allreduce", "arena"), 4, 5, hosts=[0, 0, 1, 1])
+    prove(get("allreduce", "arena"), 4, 5)  # on one host it proves
+    hosts = [0, 0, 1, 1]
+    scheds = build(4, 6, hosts)
+    check_hosts(scheds, hosts)
+    s1 = scheds[1]
+    at = next(i for i, st in enumerate(s1.steps) if st.kind is StepKind.GET)
+    steps = list(s1.steps)
+    steps[at] = dataclasses.replace(s1.steps[at], peer=3)
+    moved = [scheds[0], dataclasses.replace(s1, steps=tuple(steps)), *scheds[2:]]
+    with pytest.raises(ScheduleError, match="rank 1 is on host 0"):
+        check_hosts(moved, hosts)

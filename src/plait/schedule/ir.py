@@ -54,8 +54,9 @@ has finished and nothing after it has started: the window part of the call
 runs in step order, as in a one-sided schedule, and a phase covers everything
 the rank did before it, messages included. A one-sided step names its peer by
 rank, as a message does; the peer must be on the same host (its window is the
-host's). Messages never name ``SHARED``: a copy moves data between the window and
-a buffer. The call takes the host window's next epoch, as a one-sided call does.
+host's: ``verify.check_hosts``, which the prover runs on every host layout).
+Messages never name ``SHARED``: a copy moves data between the window and a
+buffer. The call takes the host window's next epoch, as a one-sided call does.
 A rank of such a call that sends no message (one that only contributes to its
 host's leaders) has a one-sided schedule; across hosts the executor runs it on
 its host's window too.

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from plait.collectives import get as _collective
 from plait.schedule.builder import Builder, Context, Fabric, HostLayout, record
 from plait.schedule.ir import Schedule
-from plait.schedule.verify import ScheduleError, run_joint
+from plait.schedule.verify import ScheduleError, check_hosts, run_joint
 
 __all__ = ["Recipe", "expected", "prove"]
 
@@ -169,6 +169,8 @@ def prove(
     if given is not None:
         where += f" counts={list(given)}"
     try:
+        if hosts is not None:
+            check_hosts(scheds, hosts)
         seen = run_joint(scheds, buffers, _combine)
     except ScheduleError as exc:
         raise ScheduleError(f"{where}: {exc}") from None

@@ -44,7 +44,7 @@ from typing import Any
 
 from plait.schedule.ir import IN, SHARED, Region, Schedule, Step, StepKind, uses_window
 
-__all__ = ["ScheduleError", "check_static", "run_joint"]
+__all__ = ["ScheduleError", "check_hosts", "check_static", "run_joint"]
 
 Combine = Callable[[Any, Any], Any]
 
@@ -144,6 +144,27 @@ def check_static(schedules: Sequence[Schedule]) -> None:
     for key in recvs:
         if key not in sends:
             raise ScheduleError(f"receive {key[1]}<-{key[0]} #{key[2]} has no send")
+
+
+def check_hosts(schedules: Sequence[Schedule], hosts: Sequence[int]) -> None:
+    """Every one-sided step reads a window of its own host: ``hosts[r]`` is rank ``r``'s host.
+
+    A window is shared by the ranks of one host only (Note [mixed schedules] in
+    :mod:`plait.schedule.ir`), so a ``GET``, ``GET_REDUCE`` or ``WAIT`` naming a rank
+    on another host could never run; the transports refuse such a call, and this
+    check lets the prover refuse the schedule first.
+    """
+    for rank, sched in enumerate(schedules):
+        if not (sched.one_sided or sched.mixed) or rank >= len(hosts):
+            continue
+        for i, step in enumerate(sched.steps):
+            q = step.peer
+            if step.kind in _READERS and 0 <= q < len(hosts) and hosts[q] != hosts[rank]:
+                raise ScheduleError(
+                    f"{_Where(rank, i, step)}: reads the window of rank {q} on host "
+                    f"{hosts[q]}, but rank {rank} is on host {hosts[rank]}; a window is "
+                    "shared by the ranks of one host only"
+                )
 
 
 class _Where:
