@@ -52,6 +52,7 @@ CROSS_HOST_ALLREDUCE = [
     "hierarchical",
     "cascade",
     "hierarchical_arena",
+    "cascade_arena",
 ]
 
 HOSTS = 3  # host namespaces made; a job uses the first few

@@ -1,4 +1,5 @@
-"""``hierarchical_arena`` over emulated hosts: each host's window, messages across; faults.
+"""``hierarchical_arena`` and ``cascade_arena`` over emulated hosts: each host's window,
+messages across; faults.
 
 Ranks get a host from PLAIT_HOST (set per rank by the script's prologue), so
 that one machine runs a hybrid transport: shared memory and a window within each
@@ -8,6 +9,7 @@ test_multiprocess.py (rank_check.py runs every algorithm); here what can go wron
 
 from __future__ import annotations
 
+import pytest
 from test_faults import plait_run
 
 #: Ranks 0 and 2 on host a, 1 and 3 on host b, 4 alone on host c (a job of 5).
@@ -31,6 +33,11 @@ with plait.init(timeout=60) as comm:
     assert np.array_equal(y, want)
     comm.allreduce(x, out=x, algorithm="hierarchical_arena")
     assert np.array_equal(x, want)
+    # Pipelined: two pieces in the window at once, so twice as many pieces.
+    x = np.arange(n, dtype=np.float32) * (comm.rank + 1)
+    assert np.array_equal(comm.allreduce(x, algorithm="cascade_arena"), want)
+    comm.allreduce(x, out=x, algorithm="cascade_arena")
+    assert np.array_equal(x, want)
     # Named in PLAIT_ALGO, auto runs it where every host of several ranks has a window.
     z = comm.allreduce(np.arange(9.0))
     assert np.array_equal(z, np.arange(9.0) * comm.size)
@@ -43,28 +50,29 @@ with plait.init(timeout=60) as comm:
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     lines = sorted(res.stdout.splitlines())
     assert lines == [
-        "[0]: ok HybridTransport (0, 2) 3",
-        "[1]: ok HybridTransport (1, 3) 3",
-        "[2]: ok HybridTransport (0, 2) 3",
-        "[3]: ok HybridTransport (1, 3) 3",
+        "[0]: ok HybridTransport (0, 2) 5",
+        "[1]: ok HybridTransport (1, 3) 5",
+        "[2]: ok HybridTransport (0, 2) 5",
+        "[3]: ok HybridTransport (1, 3) 5",
         "[4]: ok HybridTransport False 0",  # alone on its host: no window, no epochs
     ], res.stdout + res.stderr[-2000:]
 
 
-def test_kill_9_mid_call_fails_the_others_fast(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    script = """
+@pytest.mark.parametrize("algo", ["hierarchical_arena", "cascade_arena"])
+def test_kill_9_mid_call_fails_the_others_fast(tmp_path, algo: str) -> None:  # type: ignore[no-untyped-def]
+    script = f"""
 import os, signal, threading, time, numpy as np, plait
 comm = plait.init(timeout=120)
 x = np.ones(1 << 20, np.float32)
-comm.allreduce(x, algorithm="hierarchical_arena")
+comm.allreduce(x, algorithm="{algo}")
 if comm.rank == 2:  # die in the middle of a later call, from another thread
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
 start = time.monotonic()
 try:
     while True:
-        comm.allreduce(x, algorithm="hierarchical_arena")
+        comm.allreduce(x, algorithm="{algo}")
 except plait.PeerLostError as exc:
-    print(f"lost a peer after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+    print(f"lost a peer after {{time.monotonic() - start:.1f}}s: {{exc}}", flush=True)
     raise SystemExit(9)
 """
     # With recovery on, the launcher leaves the others running: they must find out themselves.

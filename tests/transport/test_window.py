@@ -571,3 +571,34 @@ def test_a_peer_process_that_closes(store_server: int, job: str) -> None:
             w.wait(1, 2, soon())
         assert child.stdout.readline().strip() == "closed"
         assert child.poll() is None  # closed, not dead
+
+
+def test_a_memory_window_watch_ends_with_the_post_or_the_peers_close() -> None:
+    """``Window.watch``: a handle of the endpoint, done when the peer posts; PeerLostError
+    when the peer closes first; ``unwatch`` forgets it."""
+    fabric = MemoryFabric(3, window=64)
+    a, b, c = (ep.window for ep in fabric.endpoints)
+    assert a is not None
+    assert b is not None
+    assert c is not None
+    assert a.watch(1, 0) is None  # posted already
+    h = a.watch(1, 5)
+    assert h is not None
+    assert not h.done
+    b.post(4)
+    assert not h.done
+    b.post(5)
+    assert h.done
+    assert h.error is None
+    lost = a.watch(2, 1)
+    assert lost is not None
+    fabric.endpoints[2].close()
+    assert lost.done
+    assert isinstance(lost.error, PeerLostError)
+    dropped = a.watch(1, 9)
+    assert dropped is not None
+    a.unwatch(dropped)
+    assert dropped.done
+    b.post(9)  # nobody is told any more
+    with pytest.raises(ValueError, match="its own counter"):
+        a.watch(0, 1)  # only this rank could post it

@@ -64,6 +64,7 @@ def test_algorithm_names() -> None:
         "hierarchical",
         "cascade",
         "hierarchical_arena",
+        "cascade_arena",
         "in_network",
         "arena",
         "arena_oneshot",

@@ -1,9 +1,10 @@
 """Mixed schedules: messages across hosts, one-sided steps on each host's window.
 
 Note [mixed schedules] in :mod:`plait.schedule.ir`: the steps that use the window
-are fences. Here: the builder makes them so, the static check refuses schedules
-that are not, the joint run finds races in them, and ``hierarchical_arena`` is
-proven on every host layout (the real runs are in tests/multiprocess).
+run in step order, messages beside them as their data allows. Here: the builder
+chains them, the static check refuses schedules that do not, the joint run finds
+races in them, and ``hierarchical_arena`` is proven on every host layout (the real
+runs are in tests/multiprocess).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from plait.schedule.symbolic import prove
 from plait.schedule.verify import ScheduleError, check_hosts, check_static, run_joint
 
 SPEC = get("allreduce", "hierarchical_arena")
+PIPELINED = get("allreduce", "cascade_arena")
 QUICK = {1, 2, 3, 4, 5, 7}
 
 
@@ -33,9 +35,11 @@ def layouts(p: int) -> list[list[int]]:
     ]
 
 
-def build(p: int, count: int, hosts: list[int], window: int = 1 << 20) -> list[Schedule]:
+def build(
+    p: int, count: int, hosts: list[int], window: int = 1 << 20, spec: object = SPEC
+) -> list[Schedule]:
     ctx = Context("allreduce", 0, p, count, hosts=HostLayout(hosts), window=window)
-    return [record(SPEC.build, ctx.with_rank(r)) for r in range(p)]
+    return [record(spec.build, ctx.with_rank(r)) for r in range(p)]  # type: ignore[attr-defined]
 
 
 def exchange_then_publish(b: Builder) -> None:
@@ -56,34 +60,47 @@ def two(build_fn: object, count: int = 4) -> list[Schedule]:
     return [record(build_fn, ctx.with_rank(r)) for r in range(2)]  # type: ignore[arg-type]
 
 
-def test_the_builder_makes_window_steps_fences() -> None:
+def test_the_builder_chains_the_window_steps() -> None:
     for sched in two(exchange_then_publish):
         assert sched.mixed
         assert not sched.one_sided
-        fence = -1
+        last = -1
         for i, step in enumerate(sched.steps):
             if uses_window(step):
-                assert set(step.deps) >= set(range(max(fence, 0), i)), (i, step)
-                fence = i
-            elif fence >= 0:
-                assert fence in step.deps, (i, step)
-        assert fence >= 0
+                if last >= 0:
+                    assert last in step.deps, (i, step)
+                last = i
+        assert last >= 0
     check_static(two(exchange_then_publish))
 
 
-def test_the_static_check_refuses_a_window_step_that_is_not_a_fence() -> None:
+def test_messages_are_ordered_by_their_data_only() -> None:
+    """A message that shares no data with the window part runs beside it."""
+
+    def beside(b: Builder) -> None:
+        other = 1 - b.rank
+        win = b.shared(b.out.count)
+        b.copy(b.inp, win)
+        b.post(1)
+        b.send(other, b.inp)  # reads IN only: nothing of the window part
+        b.get(other, win, b.out, 1)
+        b.recv(other, b.scratch(b.inp.count))
+
+    for sched in two(beside):
+        send = next(i for i, st in enumerate(sched.steps) if st.kind is StepKind.SEND)
+        get = next(i for i, st in enumerate(sched.steps) if st.kind is StepKind.GET)
+        assert not sched.steps[send].deps
+        assert send not in sched.steps[get].deps
+    run_joint(two(beside))
+
+
+def test_the_static_check_refuses_a_window_step_out_of_the_chain() -> None:
     scheds = two(exchange_then_publish)
     s0 = scheds[0]
-    copy = next(i for i, st in enumerate(s0.steps) if st.kind is StepKind.COPY)
-    loose = dataclasses.replace(s0.steps[copy], deps=(copy - 1,))
+    post = next(i for i, st in enumerate(s0.steps) if st.kind is StepKind.POST)
     steps = list(s0.steps)
-    steps[copy] = loose
-    with pytest.raises(ScheduleError, match="must follow every step before it"):
-        check_static([dataclasses.replace(s0, steps=tuple(steps)), scheds[1]])
-    send = next(i for i, st in enumerate(s0.steps) if i > copy and st.kind is StepKind.SEND)
-    steps = list(s0.steps)
-    steps[send] = dataclasses.replace(s0.steps[send], deps=())
-    with pytest.raises(ScheduleError, match="must follow the last step that used the window"):
+    steps[post] = dataclasses.replace(s0.steps[post], deps=())
+    with pytest.raises(ScheduleError, match="must follow the last one before it"):
         check_static([dataclasses.replace(s0, steps=tuple(steps)), scheds[1]])
 
 
@@ -126,21 +143,26 @@ def test_one_host_is_one_sided() -> None:
     "size",
     [p if p in QUICK else pytest.param(p, marks=pytest.mark.slow) for p in [*range(1, 18), 24, 33]],
 )
-def test_hierarchical_arena_proves_on_every_layout(size: int) -> None:
-    for hosts in layouts(size):
-        for count in sorted({0, 1, size - 1, size, size + 1, 131}):
-            prove(SPEC, size, count, hosts=hosts)
-            prove(SPEC, size, count, hosts=hosts, in_place=True)
-        # Small windows: many pieces, each reusing the window's two regions.
-        for window in (2 * size + 2, 3 * size + 5):
-            for count in (size + 1, 37):
-                prove(SPEC, size, count, hosts=hosts, window=window)
-                prove(SPEC, size, count, hosts=hosts, window=window, in_place=True)
+def test_hierarchical_and_cascade_arena_prove_on_every_layout(size: int) -> None:
+    for spec in (SPEC, PIPELINED):
+        for hosts in layouts(size):
+            for count in sorted({0, 1, size - 1, size, size + 1, 131}):
+                prove(spec, size, count, hosts=hosts)
+                prove(spec, size, count, hosts=hosts, in_place=True)
+            # Small windows: many pieces, each reusing the window's regions.
+            for window in (2 * size + 2, 3 * size + 5, 4 * size + 9):
+                for count in (size + 1, 37):
+                    prove(spec, size, count, hosts=hosts, window=window)
+                    prove(spec, size, count, hosts=hosts, window=window, in_place=True)
 
 
-def test_a_missing_wait_is_a_race_the_proof_finds() -> None:
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_missing_wait_is_a_race_the_proof_finds(pipelined: bool) -> None:
     """The check can fail: a rank that reads its leader's result a phase early is caught."""
-    scheds = build(4, 3, [0, 0, 1, 1])
+    if pipelined:  # many pieces, two in the window at once
+        scheds = build(4, 37, [0, 0, 1, 1], window=17, spec=PIPELINED)
+    else:
+        scheds = build(4, 3, [0, 0, 1, 1])
     s1 = scheds[1]
     get_at = max(i for i, st in enumerate(s1.steps) if st.kind is StepKind.GET)
     steps = list(s1.steps)
@@ -214,3 +236,42 @@ def test_the_proof_refuses_a_window_read_across_hosts() -> None:
     moved = [scheds[0], dataclasses.replace(s1, steps=tuple(steps)), *scheds[2:]]
     with pytest.raises(ScheduleError, match="rank 1 is on host 0"):
         check_hosts(moved, hosts)
+
+
+def _ancestors(sched: Schedule) -> list[set[int]]:
+    found: list[set[int]] = []
+    for step in sched.steps:
+        mine: set[int] = set(step.deps)
+        for d in step.deps:
+            mine |= found[d]
+        found.append(mine)
+    return found
+
+
+def test_a_pieces_messages_overlap_the_next_pieces_window_steps() -> None:
+    """``cascade_arena`` pipelines its pieces: piece 0's messages across hosts and piece 1's
+    reduction on the host's window depend on each other in neither direction, so they run
+    together (in ``hierarchical_arena`` piece 1 waits for piece 0's messages)."""
+    sched = build(4, 37, [0, 0, 1, 1], window=17, spec=PIPELINED)[0]  # pieces of 5 elements
+    above = _ancestors(sched)
+    sends = [i for i, st in enumerate(sched.steps) if st.kind is StepKind.SEND]
+    reads = [i for i, st in enumerate(sched.steps) if st.kind is StepKind.GET_REDUCE]
+    first_send, second_read = sends[0], reads[1]  # piece 0 across, piece 1 on the host
+    assert first_send not in above[second_read]
+    assert second_read not in above[first_send]
+    assert second_read < first_send  # the next piece's window steps come first
+    above = _ancestors(build(4, 37, [0, 0, 1, 1], window=17)[0])
+    sched = build(4, 37, [0, 0, 1, 1], window=17)[0]
+    sends = [i for i, st in enumerate(sched.steps) if st.kind is StepKind.SEND]
+    reads = [i for i, st in enumerate(sched.steps) if st.kind is StepKind.GET_REDUCE]
+    assert sends[0] in above[reads[1]]
+
+
+def test_a_window_too_small_for_two_pieces_runs_them_in_sequence() -> None:
+    """``cascade_arena`` takes any window ``hierarchical_arena`` takes: where two pieces do
+    not fit, it runs one at a time (pipelined order over one region would deadlock)."""
+    for window in range(3, 20):
+        for hosts in ([0, 0, 1, 1], [0, 0, 0, 1, 1], [0, 1, 0, 1, 2]):
+            for count in (1, 5, 37):
+                prove(PIPELINED, len(hosts), count, hosts=hosts, window=window)
+                prove(PIPELINED, len(hosts), count, hosts=hosts, window=window, in_place=True)

@@ -141,16 +141,34 @@ def cascade(b: Builder) -> None:
 def hierarchical_arena(b: Builder) -> None:
     """``hierarchical`` with one-sided intra-host stages over each host's window.
 
-    Each piece of the vector (sized to fit the window) takes: copy the slices the
-    host's other leaders own into this rank's window, post; a leader reduces its
-    slice straight from its host's windows into ``OUT`` and allreduces it with the
-    other hosts' leaders of that slice (messages), copies the result into its window
-    and posts; every rank copies the other leaders' results out. Two posts and a few
-    copies per piece instead of a ring's 2(L-1) messages per segment. A host of one
-    rank needs no window: its rank only takes part in the inter-host stage. On one
-    host this is the one-sided ``arena`` allreduce's shape (Note [mixed schedules]
-    in :mod:`plait.schedule.ir` says how the window stages and the messages order).
+    Each piece of the vector (as large as the window holds) takes: copy the slices
+    the host's other leaders own into this rank's window, post; a leader reduces
+    its slice straight from its host's windows into ``OUT`` and allreduces it with
+    the other hosts' leaders of that slice (messages), copies the result into its
+    window and posts; every rank copies the other leaders' results out. Two posts
+    and a few copies per piece instead of a ring's 2(L-1) messages per segment. A
+    host of one rank needs no window: its rank only takes part in the inter-host
+    stage. On one host this is the one-sided ``arena`` allreduce's shape.
     """
+    _arena_stages(b, pipelined=False)
+
+
+@register("allreduce", "cascade_arena", commutative_only=True, host_windows=True)
+def cascade_arena(b: Builder) -> None:
+    """``hierarchical_arena`` with its pieces pipelined, as ``cascade`` pipelines ``hierarchical``.
+
+    The window steps of piece k+1's first stage come before piece k's last stage,
+    so piece k's messages across hosts run while the host reduces piece k+1 (Note
+    [mixed schedules] in :mod:`plait.schedule.ir`: the window's steps form a chain,
+    messages run beside it). Two pieces are then in the window at once, each
+    stage's region twice over, so pieces are half as large.
+    """
+    _arena_stages(b, pipelined=True)
+
+
+def _arena_stages(b: Builder, pipelined: bool) -> None:
+    """The two algorithms above: stage ``A`` (in) and ``B`` (out) of each piece, the
+    inter-host allreduce between them, in sequence or pipelined."""
     from plait.algos.arena import _span, _Sync  # it imports the registry
 
     ctx = b.ctx
@@ -158,62 +176,89 @@ def hierarchical_arena(b: Builder) -> None:
     if n == 0:
         return
     local, me, groups, m, _, host = _plan(b)
-    cross_ranks = len(groups) > 1
+    cross = [g[me] for g in groups] if me < m and len(groups) > 1 else None
+    ways, piece = 1, n
+    if ctx.window > 0:  # (every rank's; 0 only where every host has one rank)
+        piece = _host_piece(b, m, 1)
+        if pipelined and n > piece and 2 * (2 + -(-2 // m)) <= ctx.window // ctx.itemsize:
+            ways, piece = 2, _host_piece(b, m, 2)  # two pieces at a time in the window
+    pipelined = ways == 2  # (a window too small for two pieces runs them in sequence)
+    pieces = _span(n, piece)
     if len(local) == 1:  # alone on its host: the inter-host stage only, piece by piece
         b.copy(b.inp, b.out)
-        if cross_ranks:
-            for o, k in _span(n, _host_piece(b, m) if ctx.window > 0 else n):
-                _cross(b, [g[0] for g in groups], host, b.out.sub(o, k))
+        if cross is not None:
+            for o, k in pieces:
+                _cross(b, cross, host, b.out.sub(o, k))
         return
-    piece = _host_piece(b, m)
-    inbuf = b.shared(piece)
-    outbuf = b.shared(-(-piece // m))
+    # The stages in the order they are built: A0 X0 B0 A1 X1 B1 ..., or pipelined
+    # A0 A1 X0 B0 A2 X1 B1 ...; each A and B posts, at phases 1, 2, 3, ... in that order.
+    order: list[tuple[str, int]] = [("A", 0)]
+    for k in range(len(pieces)):
+        if pipelined and k + 1 < len(pieces):
+            order.append(("A", k + 1))
+        order += [("X", k), ("B", k)]
+        if not pipelined and k + 1 < len(pieces):
+            order.append(("A", k + 1))
+    posting = [st for st in order if st[0] != "X"]
+    phase = {st: i + 1 for i, st in enumerate(posting)}
+    # A stage reads (or lets be read) after its post: the next stage's post says it is done.
+    after = {st: i + 2 for i, st in enumerate(posting)}
+    inbufs = [b.shared(piece) for _ in range(ways)]
+    outbufs = [b.shared(-(-piece // m)) for _ in range(ways)]
     sync = _Sync(b)
-    for k, (o, count) in enumerate(_span(n, piece)):
+    for stage, k in order:
+        o, count = pieces[k]
         parts = blocks(count, m)
         lo, ln = parts[me] if me < m else (count, 0)
-        a, z = 2 * k + 1, 2 * k + 2  # the phases of this piece: inputs, then results
-        for j in range(m):  # the leaders read inbuf for piece k-1 before posting 2k
-            if j != me:
-                sync.need(local[j], 2 * k)
-        b.copy(b.inp.sub(o, lo), inbuf.sub(0, lo))
-        b.copy(b.inp.sub(o + lo + ln, count - lo - ln), inbuf.sub(lo + ln, count - lo - ln))
-        b.post(a)
-        if ln:
-            mine = b.out.sub(o + lo, ln)
-            b.copy(b.inp.sub(o + lo, ln), mine)  # its own part first, then the others'
-            for i, q in enumerate(local):
-                if i != me:
-                    sync.get_reduce(q, inbuf.sub(lo, ln), mine, a)
-            if cross_ranks:
-                _cross(b, [g[me] for g in groups], host, mine)
-            for q in local:  # readers of outbuf's piece k-1 posted 2k+1 after reading it
-                if q != ctx.rank:
-                    sync.need(q, a)
-            b.copy(mine, outbuf.sub(0, ln))
-        b.post(z)
-        for j in range(m):
-            jo, jn = parts[j]
-            if j != me and jn:
-                sync.get(local[j], outbuf.sub(0, jn), b.out.sub(o + jo, jn), z)
+        mine = b.out.sub(o + lo, ln)
+        if stage == "A":  # publish the others' slices; a leader reduces its own
+            inbuf = inbufs[k % ways]
+            if k >= ways:  # the leaders read this region for piece k - ways
+                for j in range(m):
+                    if j != me:
+                        sync.need(local[j], after[("A", k - ways)])
+            b.copy(b.inp.sub(o, lo), inbuf.sub(0, lo))
+            b.copy(b.inp.sub(o + lo + ln, count - lo - ln), inbuf.sub(lo + ln, count - lo - ln))
+            b.post(phase[("A", k)])
+            if ln:
+                b.copy(b.inp.sub(o + lo, ln), mine)  # its own part first, then the others'
+                for i, q in enumerate(local):
+                    if i != me:
+                        sync.get_reduce(q, inbuf.sub(lo, ln), mine, phase[("A", k)])
+        elif stage == "X":
+            if cross is not None and ln:
+                _cross(b, cross, host, mine)
+        else:  # B: publish the reduced slice; every rank copies the others' out
+            outbuf = outbufs[k % ways]
+            if ln:
+                if k >= ways:  # its readers read this region for piece k - ways
+                    for q in local:
+                        if q != ctx.rank:
+                            sync.need(q, after[("B", k - ways)])
+                b.copy(mine, outbuf.sub(0, ln))
+            b.post(phase[("B", k)])
+            for j in range(m):
+                jo, jn = parts[j]
+                if j != me and jn:
+                    sync.get(local[j], outbuf.sub(0, jn), b.out.sub(o + jo, jn), phase[("B", k)])
 
 
-def _host_piece(b: Builder, leaders: int) -> int:
-    """Elements per piece: a piece and its largest slice fit the window.
+def _host_piece(b: Builder, leaders: int, ways: int) -> int:
+    """Elements per piece: ``ways`` pieces (2 where pipelined) and their largest slices fit
+    the window.
 
-    Not cut to ``ctx.segment``: the window stages and the messages of a piece run one
-    after the other (Note [mixed schedules]), so fewer pieces overlap nothing less, and
-    each costs two posts and a round of inter-host messages.
+    Not cut to ``ctx.segment``: each piece costs two posts and a round of inter-host
+    messages.
     """
     from plait.algos.arena import _window_elements
 
-    room = _window_elements(b)
+    room = _window_elements(b) // ways
     piece = min(b.ctx.count, int(room / (1 + 1 / leaders)))
     while piece > 1 and piece + -(-piece // leaders) > room:
         piece -= 1
     if piece < 1 or piece + -(-piece // leaders) > room:
         raise ValueError(
-            f"rank {b.rank}: a window of {b.ctx.window} bytes cannot hold one piece "
+            f"rank {b.rank}: a window of {b.ctx.window} bytes cannot hold {ways} piece(s) "
             f"of {b.ctx.itemsize}-byte elements"
         )
     return piece

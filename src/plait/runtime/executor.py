@@ -64,7 +64,7 @@ from plait.transport.base import Handle, Transport
 if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder, Slot
     from plait.diagnostics.timeline import Timeline
-    from plait.runtime.one_sided import Fences
+    from plait.runtime.one_sided import WindowSteps
 
 __all__ = ["Call", "Workspace", "empty_of", "execute", "quiet", "restore", "run_local"]
 
@@ -228,11 +228,11 @@ def execute(
         run_one_sided(schedule, buffers, transport, call, aliased)
         return
     itemsize = buffers[1].itemsize
-    # A mixed schedule's window steps, or a one-sided one's across hosts (a rank that sends
+    # A mixed schedule's window steps, or a one-sided one's across hosts (a rank sending
     # nothing in a mixed call), run on the host's window (Note [mixed schedules]).
-    fenced = schedule.mixed or schedule.one_sided
-    fences = _fences(schedule, buffers, transport, call, aliased) if fenced else None
-    if call.timeline is None and fences is None:
+    on = schedule.mixed or schedule.one_sided
+    wsteps = _window_steps(schedule, buffers, transport, call, aliased) if on else None
+    if call.timeline is None and wsteps is None:
         line = _line(schedule, itemsize)
         if line is not None:
             _run_line(line, schedule, buffers, transport, call, staging, aliased)
@@ -310,10 +310,16 @@ def execute(
                     _combine(step, buffers, staged.pop(i), ufunc, schedule.rank, call)
                     if tl is not None:
                         _note(tl, step, i, issued.pop(i), itemsize, tag_base)
-                elif fences is not None and uses_window(step):
-                    # Everything before it has finished, nothing after it has started.
+                elif wsteps is not None and uses_window(step):
+                    # In order; one whose peer has not posted waits with the messages.
+                    watch = wsteps.watch(step) if pending or ready else None  # else: alone
+                    if watch is not None:
+                        pending[watch] = i
+                        if tl is not None:
+                            issued[i] = _now()
+                        continue
                     start = _now() if tl is not None else 0.0
-                    fences.step(step)
+                    wsteps.step(step)
                     if tl is not None:
                         _note(tl, step, i, start, itemsize, tag_base)
                 else:
@@ -329,11 +335,13 @@ def execute(
                     if not remaining[j]:
                         ready.append(j)
             if left == 0:
-                if fences is not None:
-                    fences.finish()
+                if wsteps is not None:
+                    wsteps.finish()
                 return
             done = [h for h in pending if h.done]
-            if not done:
+            if not done and wsteps is not None and wsteps.alone(pending):
+                done = list(pending)  # only a window step waits: by itself, it waits faster
+            elif not done:
                 probe_at, prober = _block(
                     transport, call, schedule, pending, list(pending), probe_at, prober
                 )
@@ -349,6 +357,8 @@ def execute(
                     if i not in deps_met:
                         continue
                     _combine(step, buffers, staged.pop(i), ufunc, schedule.rank, call)
+                elif wsteps is not None and uses_window(step):
+                    wsteps.step(step)  # its peer has posted: it runs at once
                 if tl is not None:
                     _note(tl, step, i, issued.pop(i), itemsize, tag_base)
                 left -= 1
@@ -359,26 +369,25 @@ def execute(
         if slot is not None:
             slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
-        _withdraw(transport, call, pending)
-        if fences is not None:
-            fences.give_up()
+        _withdraw(transport, call, pending, wsteps)
+        if wsteps is not None:
+            wsteps.give_up()
         raise
     finally:
         if prober is not None:
             prober.close()
 
 
-def _fences(
+def _window_steps(
     schedule: Schedule,
     buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
     transport: Transport,
     call: Call,
     aliased: bool,
-) -> Fences:
+) -> WindowSteps:
     """What runs a mixed schedule's steps on its host's window (Note [mixed schedules]): the
-    transport's ``host_window``, or its ``window`` where all ranks share one (hosts emulated
-    over one machine's window)."""
-    from plait.runtime.one_sided import Fences  # it builds on this module
+    ``host_window``, or the ``window`` all ranks share (hosts emulated over one machine's)."""
+    from plait.runtime.one_sided import WindowSteps  # it builds on this module
 
     window = getattr(transport, "host_window", None)
     members = None if window is None else window.members  # a host's: by local rank
@@ -389,16 +398,17 @@ def _fences(
             f"rank {schedule.rank}: {call.describe} reads its host's windows, but this host "
             "has no shared window"
         )
-    return Fences(schedule, buffers, window, call, aliased, members)
+    return WindowSteps(schedule, buffers, window, call, aliased, members)
 
 
-def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int]) -> None:
-    """A call failed: have its recorder keep whom it waited for, then withdraw its unfinished
-    handles from the transport (which marks them done), so nothing lands in the caller's memory
-    after it returns."""
+def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int], ws: Any = None) -> None:
+    """A call failed: its recorder keeps whom it waited for; its window steps ``ws`` give back
+    their watches, and its unfinished handles are withdrawn (nothing lands after it returns)."""
     rec, slot = call.recorder, call.slot
     if rec is not None and slot is not None:
         rec.unwatch(slot)
+    if ws is not None:
+        ws.drop(pending)
     for h in pending:
         if not h.done:
             transport.cancel(h)

@@ -70,7 +70,7 @@ from plait.runtime.executor import (
     _wrap,
 )
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
-from plait.transport.base import Transport
+from plait.transport.base import Handle, Transport
 
 __all__ = ["ABANDONED", "MISMATCHED", "run_one_sided"]
 
@@ -398,7 +398,7 @@ def _run_steps(
     """The steps one by one, each reported to the timeline (Note [executor diagnostics])."""
     tl = call.timeline
     assert tl is not None
-    run = Fences(schedule, buffers, window, call, aliased, None)
+    run = WindowSteps(schedule, buffers, window, call, aliased, None)
     run.use(half)
     for i, step in enumerate(schedule.steps):
         begun = _now()
@@ -406,10 +406,15 @@ def _run_steps(
         _note(tl, step, i, begun, buffers[1].dtype.itemsize, call.epoch << 32)
 
 
-class Fences:
+_WAITS = frozenset((StepKind.GET, StepKind.GET_REDUCE, StepKind.WAIT))
+
+
+class WindowSteps:
     r"""A call's steps on the window, one at a time: a one-sided call's for the timeline,
-    and a mixed call's fences, which :func:`~plait.runtime.executor.execute` hands over
-    (Note [mixed schedules] in :mod:`plait.schedule.ir`).
+    and a mixed call's, which :func:`~plait.runtime.executor.execute` hands over in the
+    window's order (Note [mixed schedules] in :mod:`plait.schedule.ir`). A step that must
+    wait for a peer's post gets a handle from :meth:`watch` to wait for among the call's
+    messages, and runs once it is done.
 
     ``members``: the rank of each window rank where the window is a host's in a job
     over several (``step.peer`` is then looked up in it); None where they are equal.
@@ -425,6 +430,7 @@ class Fences:
         "_index",
         "_last_phase",
         "_shared",
+        "_watches",
         "_window",
         "half",
         "rank",
@@ -447,6 +453,47 @@ class Fences:
         self._index = None if members is None else {r: i for i, r in enumerate(members)}
         self._shared = schedule.shared_count
         self._last_phase = schedule.last_phase
+        self._watches: set[Handle] = set()
+
+    def watch(self, step: Step) -> Handle | None:
+        """Whether ``step`` must wait for its peer: None if it can run now, else a handle of
+        the transport, done once the peer has posted its phase (a mixed call waits for it
+        among its messages; Note [mixed schedules] in :mod:`plait.schedule.ir`)."""
+        if step.kind not in _WAITS:
+            return None
+        if self.half < 0:
+            self._begin()
+        call = self._call
+        try:
+            h: Handle | None = self._window.watch(
+                self._where(step.peer), (call.epoch << 32) | step.tag
+            )
+        except CommError as exc:
+            raise _wrap(self.rank, call, step, exc) from None
+        if h is not None:
+            self._watches.add(h)
+        return h
+
+    def alone(self, pending: dict[Handle, int]) -> bool:
+        """Whether the one handle ``pending`` holds is a watch: nothing else can move, so the
+        step waits on the window by itself (a spin on one counter, faster than the transport's
+        wait on all its links). The watch is given back; the step is then run as done."""
+        if len(pending) != 1:
+            return False
+        h = next(iter(pending))
+        if h not in self._watches:
+            return False
+        self._watches.discard(h)
+        self._window.unwatch(h)
+        return True
+
+    def drop(self, pending: dict[Handle, int]) -> None:
+        """The call failed: give back its watches that are not done, out of ``pending``."""
+        for h in self._watches:
+            if not h.done:
+                self._window.unwatch(h)
+            pending.pop(h, None)
+        self._watches.clear()
 
     def step(self, step: Step) -> None:
         """Run one step that uses the window (or a local one, in a one-sided call)."""

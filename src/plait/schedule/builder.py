@@ -407,7 +407,7 @@ class Builder:
         windowed = self._shared_count > 0 or any(s.kind >= StepKind.POST for s in self._steps)
         mixed = windowed and any(s.kind in _MESSAGES for s in self._steps)
         if mixed:
-            self._fence()
+            self._chain_windows()
         elif windowed:
             self._chain()
         steps = tuple(self._steps)
@@ -456,24 +456,19 @@ class Builder:
             if i and (not step.deps or step.deps[-1] != i - 1):
                 self._steps[i] = _with_deps(step, {*step.deps, i - 1})
 
-    def _fence(self) -> None:
-        """Make every step that uses the window a fence (Note [mixed schedules]).
+    def _chain_windows(self) -> None:
+        """Make each step that uses the window follow the one before it (Note [mixed schedules]).
 
-        A fence depends on every step before it, and each later step on the last
-        fence before it (which orders it after everything the fence follows).
+        The window part of the call then runs in step order, as a one-sided schedule
+        does; messages run beside it, ordered only by the data they share with it.
         """
-        fence = -1
+        last = -1
         for i, step in enumerate(self._steps):
-            if uses_window(step):
-                # The steps since the previous fence, and that fence (which follows the rest).
-                deps = {*step.deps, *range(max(fence, 0), i)}
-                fence = i
-            elif fence >= 0:
-                deps = {*step.deps, fence}
-            else:
+            if not uses_window(step):
                 continue
-            if tuple(sorted(deps)) != step.deps:
-                self._steps[i] = _with_deps(step, deps)
+            if last >= 0 and last not in step.deps:
+                self._steps[i] = _with_deps(step, {*step.deps, last})
+            last = i
 
     def _recv(self, kind: StepKind, peer: int, dst: Region, *, first: bool) -> int:
         if dst.count == 0:

@@ -48,18 +48,20 @@ Note [mixed schedules]
 Ranks on several hosts can share a window per host: a schedule then exchanges
 messages with other hosts and reads the windows of its own host's ranks. Its
 steps that use the window (the one-sided kinds, and any step with a ``SHARED``
-region) are *fences*: the builder makes each depend on every step before it,
-and every later step depend on it. So when a fence runs, everything before it
-has finished and nothing after it has started: the window part of the call
-runs in step order, as in a one-sided schedule, and a phase covers everything
-the rank did before it, messages included. A one-sided step names its peer by
-rank, as a message does; the peer must be on the same host (its window is the
-host's: ``verify.check_hosts``, which the prover runs on every host layout).
-Messages never name ``SHARED``: a copy moves data between the window and a
-buffer. The call takes the host window's next epoch, as a one-sided call does.
-A rank of such a call that sends no message (one that only contributes to its
-host's leaders) has a one-sided schedule; across hosts the executor runs it on
-its host's window too.
+region) form a chain: the builder makes each depend on the one before it, so
+the window part of the call runs in step order, as a one-sided schedule does.
+Messages run beside that chain, ordered with its steps only by the data they
+share (the builder's hazards: a copy into the window of a region a message
+writes follows that message). So a piece's messages across hosts can overlap
+the window stages of the next piece. A phase says what the rank did on the
+window before it; a message orders nothing on the window (the race check does
+not count it). A one-sided step names its peer by rank, as a message does; the
+peer must be on the same host (its window is the host's: ``verify.check_hosts``,
+which the prover runs on every host layout). Messages never name ``SHARED``: a
+copy moves data between the window and a buffer. The call takes the host
+window's next epoch, as a one-sided call does. A rank of such a call that sends
+no message (one that only contributes to its host's leaders) has a one-sided
+schedule; across hosts the executor runs it on its host's window too.
 
 Messages between an ordered pair of ranks match in order: the k-th send from
 a to b (``tag == k``) meets the k-th receive at b from a. ``deps`` lists the

@@ -72,9 +72,8 @@ def check_static(schedules: Sequence[Schedule]) -> None:
 
     One-sided rules: a schedule with one-sided steps or ``SHARED`` regions is
     marked ``one_sided`` (no message steps; chained: each step depends on the
-    one before) or ``mixed`` (its steps that use the window are fences: each
-    depends on every step before it, and each later step on the last fence
-    before it; Note [mixed schedules] in :mod:`plait.schedule.ir`); ``SHARED``
+    one before) or ``mixed`` (each of its steps that use the window depends on
+    the last one before it; Note [mixed schedules] in :mod:`plait.schedule.ir`); ``SHARED``
     regions fit the owner's ``shared_count`` (a ``GET``'s ``src`` the *peer's*);
     a rank's phases are >= 1 and strictly increasing; a ``GET``/``WAIT`` on phase ``k`` of ``q``
     needs ``q`` to post some phase ``>= k`` (else it would wait forever).
@@ -94,7 +93,7 @@ def check_static(schedules: Sequence[Schedule]) -> None:
             raise ScheduleError(f"schedule {rank} claims rank {sched.rank} of {sched.size}")
         limits = (sched.in_count, sched.out_count, sched.tmp_count, sched.shared_count)
         phase = 0
-        fence = -1
+        last = -1
         for i, step in enumerate(sched.steps):
             where = _Where(rank, i, step)
             if step.deps and (step.deps[-1] >= i or step.deps[0] < 0):
@@ -102,7 +101,7 @@ def check_static(schedules: Sequence[Schedule]) -> None:
             kind = step.kind
             _check_one_sided(sched, i, where)
             if sched.mixed:
-                fence = _check_fence(sched, i, fence, where)
+                last = _check_window_chain(sched, i, last, where)
             if kind in _READERS and (not 0 <= step.peer < size or step.peer == rank):
                 raise ScheduleError(f"{where}: invalid peer {step.peer}")
             for region, limit in (
@@ -186,24 +185,18 @@ class _Where:
         return f"rank {self.rank} step {self.i} {self.step!r}"
 
 
-def _check_fence(sched: Schedule, i: int, fence: int, where: _Where) -> int:
-    """Step ``i`` of a mixed schedule keeps the fences' order; returns the last fence."""
+def _check_window_chain(sched: Schedule, i: int, last: int, where: _Where) -> int:
+    """Step ``i`` of a mixed schedule keeps the window's order: a step that uses the window
+    depends on the last one before it. Returns the last step that uses the window."""
     step = sched.steps[i]
-    deps = set(step.deps)
-    if uses_window(step):
-        missing = sorted(set(range(max(fence, 0), i)) - deps)
-        if missing:
-            raise ScheduleError(
-                f"{where}: a step of a mixed schedule that uses the window must follow every "
-                f"step before it; it does not depend on step {missing[0]}"
-            )
-        return i
-    if fence >= 0 and fence not in deps:
+    if not uses_window(step):
+        return last
+    if last >= 0 and last not in step.deps:
         raise ScheduleError(
-            f"{where}: a step of a mixed schedule must follow the last step that used the "
-            f"window before it (step {fence})"
+            f"{where}: a step of a mixed schedule that uses the window must follow the last "
+            f"one before it (step {last})"
         )
-    return fence
+    return i
 
 
 def _check_one_sided(sched: Schedule, i: int, where: _Where) -> None:
@@ -258,6 +251,7 @@ class _Windows:
         n = len(schedules)
         self.schedules = schedules
         self.on = [s.one_sided or s.mixed for s in schedules]
+        self.uses = [[uses_window(st) for st in s.steps] for s in schedules]
         self.clock = [[0] * n for _ in range(n)]
         self.posts = [_posts(s) for s in schedules]
         self.snap: dict[tuple[int, int], list[int]] = {}  # (rank, POST step) -> its clock
@@ -274,10 +268,10 @@ class _Windows:
         return where[bisect.bisect_left(phases, phase)]
 
     def finished(self, rank: int, i: int) -> None:
-        # A mixed schedule's message steps may finish out of order; every step before a
-        # fence has finished once a later step has (Note [mixed schedules]), and reads
-        # and writes of the window are fences.
-        if self.on[rank] and self.clock[rank][rank] <= i:
+        # A rank's own entry counts its steps that use the window: they run in step order
+        # (chained), while a mixed schedule's messages may finish in any order beside them
+        # and order nothing on the window (Note [mixed schedules]).
+        if self.on[rank] and self.clock[rank][rank] <= i and self.uses[rank][i]:
             self.clock[rank][rank] = i + 1
 
     def acquire(self, rank: int, q: int, post: int) -> None:

@@ -17,8 +17,9 @@ The engine (:mod:`plait.sim.engine`) hands them here and charges:
 
 A *mixed* program (Note [mixed schedules] in :mod:`plait.schedule.ir`: messages
 between hosts, one-sided steps within each) is charged the same way: its messages
-are flows on the network as in any program, its one-sided steps as above, and a
-fence simply waits, through its dependencies, for everything before it. Its
+are flows on the network as in any program, its one-sided steps as above, each
+after the window step before it (the chain) and the messages whose data it
+shares; so a piece's messages overlap the window steps of the next. Its
 one-sided steps must name a rank of the reader's own host (``Network.hosts``:
 a window per host); one that names a rank on another host is refused.
 """

@@ -66,6 +66,7 @@ class MemoryTransport(Endpoint):
                 rank,
                 lambda q: fabric.endpoints[q].closed,
                 self.closed_error,
+                self,
             )
 
     def _closed_error(self) -> BaseException:
@@ -157,6 +158,7 @@ class MemoryLink(UndrivenLink):
                 other.notify()
         if self._fabric.arena is not None:  # ranks waiting on a window counter look again
             self._fabric.arena.cond.notify_all()
+            self._fabric.arena.settle(me, err)
 
     def release(self) -> None:
         """Nothing to release."""

@@ -39,6 +39,7 @@ import numpy as np
 
 from plait.errors import PeerLostError, RendezvousError
 from plait.transport.base import Handle, Transport
+from plait.transport.link import Op
 
 __all__ = [
     "DEFAULT_WINDOW_BYTES",
@@ -152,6 +153,25 @@ class Window(abc.ABC):
             ValueError: ``q`` is this rank and its counter is below ``value`` (only
                 this rank could post it: the wait could never end).
         """
+
+    @abc.abstractmethod
+    def watch(self, q: int, value: int) -> Handle | None:
+        """A handle of this window's transport, done once rank ``q``'s counter reaches ``value``.
+
+        None if it has already. The handle takes part in the transport's
+        ``wait_any`` among the call's messages, so a mixed call waits for a post
+        and its messages at once (Note [mixed schedules] in :mod:`plait.schedule.ir`).
+        It fails with PeerLostError if ``q`` is lost before posting ``value``, and
+        with the transport's closed error if the transport closes. Give a handle
+        that is not done back with :meth:`unwatch`.
+
+        Raises:
+            ValueError: ``q`` is this rank and its counter is below ``value``.
+        """
+
+    @abc.abstractmethod
+    def unwatch(self, handle: Handle) -> None:
+        """Forget ``handle`` from :meth:`watch` (its call failed); it is done after this."""
 
     @abc.abstractmethod
     def counter(self, q: int) -> int:
@@ -303,6 +323,26 @@ class MemoryArena:
         self.cond = threading.Condition(lock) if cond is None else cond
         self.splits: dict[int, list[Any]] = {}  # number -> [arena, peers yet to take it]
         self._made = 0
+        # MemoryWindow.watch: (rank waited for, value, handle, the endpoint that owns it)
+        self.watchers: list[tuple[int, int, Op, Any]] = []
+
+    def settle(self, rank: int, lost: BaseException | None = None) -> None:
+        """Complete the watches ``rank``'s counter now satisfies; with ``lost``, fail the rest
+        of those on ``rank`` and those that ``rank``'s endpoint owns (lock held)."""
+        keep = []
+        for w in self.watchers:
+            q, value, op, ep = w
+            if q == rank and self.counters[q] >= value:
+                ep.complete(op)
+            elif lost is not None and q == rank:
+                ep.fail(op, PeerLostError(f"rank {rank} has closed its communicator"))
+            elif lost is not None and op.peer == -1 - rank:
+                ep.fail(op, lost)
+            else:
+                keep.append(w)
+                continue
+            ep.notify()
+        self.watchers = keep
 
     def offer(self, arena: MemoryArena, takers: int) -> int:
         """Keep ``arena`` until ``takers`` peers have taken it; its number (lock held)."""
@@ -333,9 +373,12 @@ class MemoryWindow(Window):
         rank: int,
         closed: Callable[[int], bool],
         closed_error: Callable[[], BaseException],
+        endpoint: Any = None,
     ) -> None:
         self.rank = rank
         self.size = len(arena.counters)
+        #: The endpoint whose waits take this window's watches (the root transport's).
+        self.endpoint = endpoint
         self.capacity = arena.capacity
         self._arena = arena
         self._counters = arena.counters
@@ -368,6 +411,8 @@ class MemoryWindow(Window):
                 raise decreasing_error(self.rank, self._counters[self.rank], value)
             self._counters[self.rank] = value
             self._arena.cond.notify_all()
+            if self._arena.watchers:
+                self._arena.settle(self.rank)
 
     def wait(self, q: int, value: int, deadline: float | None) -> bool:
         """Until rank ``q``'s counter reaches ``value`` (see :meth:`Window.wait`)."""
@@ -388,6 +433,34 @@ class MemoryWindow(Window):
                 if left is not None and left <= 0:
                     return False
                 cond.wait(left)
+
+    def watch(self, q: int, value: int) -> Handle | None:
+        """A handle of the endpoint, done when ``q`` posts ``value`` (see :meth:`Window.watch`)."""
+        if self._counters[q] >= value:
+            return None
+        if q == self.rank:
+            raise own_counter_error(q, self._counters[q], value)
+        ep = self.endpoint
+        if ep is None:
+            raise ValueError(f"rank {self.rank}: this window was made without its endpoint")
+        op = Op(-1 - self.rank, 0, memoryview(b""), 0, False)  # a watch, no message
+        with self._arena.cond:
+            if self._released or self._closed(self.rank):
+                raise self._closed_error()
+            if self._counters[q] >= value:
+                return None
+            if self._closed(q):
+                ep.fail(op, PeerLostError(f"rank {q} has closed its communicator"))
+            else:
+                self._arena.watchers.append((q, value, op, ep))
+        return op
+
+    def unwatch(self, handle: Handle) -> None:
+        """Forget a watch (see :meth:`Window.unwatch`)."""
+        with self._arena.cond:
+            self._arena.watchers = [w for w in self._arena.watchers if w[2] is not handle]
+            if isinstance(handle, Op):
+                handle.done = True
 
     def counter(self, q: int) -> int:
         """Rank ``q``'s counter."""
@@ -429,7 +502,9 @@ class MemoryWindow(Window):
                 child = arena.take(number)
         members = tuple(ranks)
         parent_closed = self._closed
-        return MemoryWindow(child, me, lambda q: parent_closed(members[q]), self._closed_error)
+        return MemoryWindow(
+            child, me, lambda q: parent_closed(members[q]), self._closed_error, self.endpoint
+        )
 
     def release(self) -> None:
         """Later calls raise the closed error (see :meth:`Window.release`)."""

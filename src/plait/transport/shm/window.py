@@ -127,7 +127,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.errors import RendezvousError
-from plait.transport.base import Transport, may_spin
+from plait.transport.base import Handle, Transport, may_spin
 from plait.transport.link import Op
 from plait.transport.shm.segment import CONTROL_BYTES, W_SLEEPING, Fence, Segment
 from plait.transport.window import (
@@ -493,6 +493,33 @@ class ShmWindow(Window):
         except (TypeError, ValueError):  # released: the transport is closed
             raise self._ep.closed_error() from None
         return self._wait(q, value, deadline)
+
+    def watch(self, q: int, value: int) -> Handle | None:
+        """A :class:`CounterWait` of the link, done when ``q`` posts ``value`` (see
+        :meth:`Window.watch`)."""
+        words, index = self._ctr[q]
+        try:
+            if words[index] >= value:
+                return None
+        except (TypeError, ValueError):  # released: the transport is closed
+            raise self._ep.closed_error() from None
+        if q == self.rank:
+            raise own_counter_error(q, int(words[index]), value)
+        w = CounterWait(self._roots[q], words, index, value)
+        ep = self._ep
+        with ep.lock:
+            if ep.closed:
+                raise ep.closed_error()
+            self._link.watch_counter(w)
+        return w
+
+    def unwatch(self, handle: Handle) -> None:
+        """Forget a watch (see :meth:`Window.unwatch`)."""
+        ep = self._ep
+        with ep.lock:
+            if isinstance(handle, CounterWait):
+                self._link.unwatch_counter(handle)
+                handle.done = True
 
     def _wait(self, q: int, value: int, deadline: float | None) -> bool:
         """Poll, then sleep on the doorbell (Note [doorbells and waiting])."""
