@@ -311,8 +311,9 @@ def execute(
                     if tl is not None:
                         _note(tl, step, i, issued.pop(i), itemsize, tag_base)
                 elif wsteps is not None and uses_window(step):
-                    # In order; one whose peer has not posted waits with the messages.
-                    watch = wsteps.watch(step) if pending or ready else None  # else: alone
+                    # Nothing else to move (no step ready, only staged receives): it waits alone.
+                    busy = ready or any(j not in staged or j in deps_met for j in pending.values())
+                    watch = wsteps.watch(step) if busy else None
                     if watch is not None:
                         pending[watch] = i
                         if tl is not None:
@@ -395,8 +396,7 @@ def _window_steps(
         window = getattr(transport, "window", None)  # all ranks': by rank
     if window is None or call.epoch < 0:
         raise InternalError(
-            f"rank {schedule.rank}: {call.describe} reads its host's windows, but this host "
-            "has no shared window"
+            f"rank {schedule.rank}: {call.describe} reads its host's windows, but there are none"
         )
     return WindowSteps(schedule, buffers, window, call, aliased, members)
 
