@@ -505,6 +505,10 @@ class ShmWindow(Window):
             raise self._ep.closed_error() from None
         if q == self.rank:
             raise own_counter_error(q, int(words[index]), value)
+        return self._watch(q, words, index, value)
+
+    def _watch(self, q: int, words: Any, index: int, value: int) -> CounterWait:
+        """A :class:`CounterWait` on ``q``'s counter, handed to the link (which completes it)."""
         w = CounterWait(self._roots[q], words, index, value)
         ep = self._ep
         with ep.lock:
@@ -553,11 +557,7 @@ class ShmWindow(Window):
     def _sleep(self, q: int, words: Any, index: int, value: int, deadline: float | None) -> bool:
         """Wait through the link: the endpoint sleeps on doorbells and notices lost peers."""
         ep, link = self._ep, self._link
-        w = CounterWait(self._roots[q], words, index, value)
-        with ep.lock:
-            if ep.closed:
-                raise ep.closed_error()
-            link.watch_counter(w)
+        w = self._watch(q, words, index, value)
         if not w.done:
             try:
                 ep.wait_polled([w], deadline)
