@@ -178,6 +178,64 @@ def test_two_runs_in_a_row_and_two_clients_at_once(client: Any, cluster: Any) ->
     assert no_plait_keys_left(cluster)
 
 
+def executing(client: Any, address: str) -> set[str]:
+    """The keys of the tasks running on a worker now."""
+    got = client.run(
+        lambda dask_worker: [str(ts.key) for ts in dask_worker.state.executing],
+        workers=[address],
+    )
+    return set(got[address])
+
+
+def test_two_runs_on_crossed_workers_both_start(cluster: Any, client: Any) -> None:
+    # Run x takes workers (a, b), run y (b, a). x submits its rank 0, then waits until y's
+    # rank 0 runs on b before it submits its rank 1. Were y free to submit while x starts,
+    # each run would hold the worker the other waits for, and both would fail their start.
+    a, b = plait.dask.rank_order(client)[:2]
+    x_began = threading.Event()
+    y_runs_on_b = threading.Event()
+    got: dict[str, Any] = {}
+
+    def submitting(c: Any, name: str) -> Any:
+        submit = c.submit
+
+        def watched(fn: Any, *args: Any, key: str, **kwargs: Any) -> Any:
+            if name == "x" and key.endswith("-1"):
+                y_runs_on_b.wait(5)  # y has its start locks' turn only after x has started
+            future = submit(fn, *args, key=key, **kwargs)
+            if name == "x":
+                x_began.set()
+            elif key.endswith("-0"):
+                deadline = time.monotonic() + 5
+                while key not in executing(c, b) and time.monotonic() < deadline:
+                    threading.Event().wait(0.05)
+                y_runs_on_b.set()
+            return future
+
+        return watched
+
+    def one_run(name: str, workers: list[str]) -> None:
+        try:
+            with distributed.Client(cluster) as c:
+                if name == "y":
+                    x_began.wait(10)
+                c.submit = submitting(c, name)
+                got[name] = plait.dask.run(c, total, 2, workers=workers, start_timeout=15)
+        except BaseException as exc:
+            got[name] = exc
+
+    threads = [
+        threading.Thread(target=one_run, args=("x", [a, b])),
+        threading.Thread(target=one_run, args=("y", [b, a])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert got == {"x": [6.0, 6.0], "y": [6.0, 6.0]}
+    assert no_plait_keys_left(cluster)
+
+
 def fails_on_rank_1(comm: plait.Communicator) -> None:
     if comm.rank == 1:
         raise ValueError("rank 1 gives up")
@@ -218,6 +276,23 @@ def test_a_busy_worker_fails_the_start_after_the_deadline(client: Any) -> None:
         release.set()
         blocker.result(timeout=20)
     assert plait.dask.run(client, total, 1) == [6.0] * SIZE
+
+
+def test_a_worker_another_run_starts_on_fails_the_start_after_the_deadline(client: Any) -> None:
+    order = plait.dask.rank_order(client)
+    held = distributed.Lock(
+        f"plait-dask-start-{order[1]}", scheduler_rpc=client.scheduler, loop=client.loop
+    )
+    assert held.acquire(timeout=5)
+    try:
+        start = time.monotonic()
+        with pytest.raises(plait.dask.StartTimeout, match=r"another plait\.dask\.run") as info:
+            plait.dask.run(client, total, 1, start_timeout=1.0)
+        assert time.monotonic() - start < 4
+        assert info.value.missing == {1: order[1]}
+    finally:
+        held.release()
+    assert plait.dask.run(client, total, 1) == [6.0] * SIZE  # its locks were given back
 
 
 def test_the_example_runs(cluster: Any) -> None:

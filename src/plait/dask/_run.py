@@ -21,6 +21,16 @@ Note [a gang of Dask tasks]
        workers; the ranks waiting for ``go`` fail at once. So does a task
        that ended (failed) before every rank had started.
 
+    Two runs that start at once on the same workers could each start some
+    of their ranks and wait for the rest, whose threads the other run
+    holds: neither would start. So ``run`` holds a lock per worker of its
+    ranks (a ``distributed.Lock`` named after the worker's address) from
+    before it submits until ``go``. It takes them in address order, so two
+    runs never wait for each other, and the wait counts against
+    ``start_timeout``. A run that follows one holding its workers queues
+    its tasks behind that run's; runs on disjoint workers start at once.
+    The locks are leases that lapse if the process holding them dies.
+
     Then every rank calls ``plait.init`` with a store over the run's branch
     of the scheduler's metadata (:mod:`plait.dask._store`), with keys that
     no other run shares: the branch is named after the run's rank-0 task,
@@ -304,33 +314,77 @@ def run(
     job = _Job(job_id, keys[0], tuple(order), timeout, float(start_timeout), transport)
     ensure_secret(client)
     store = KVStore(DaskKeyValue(client, job.root), timeout=job.start_timeout)
-    futures = [
-        client.submit(
-            _rank_main,
-            fn,
-            job,
-            r,
-            args,
-            kwargs,
-            key=keys[r],
-            workers=[address],
-            allow_other_workers=False,
-            pure=False,
-            retries=0,
-        )
-        for r, address in enumerate(order)
-    ]
+    deadline = time.monotonic() + job.start_timeout
+    locks = _lock_workers(distributed, client, job, deadline)
+    futures: list[Any] = []
     try:
-        _start(store, job, futures, client)
+        futures = [
+            client.submit(
+                _rank_main,
+                fn,
+                job,
+                r,
+                args,
+                kwargs,
+                key=keys[r],
+                workers=[address],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+            )
+            for r, address in enumerate(order)
+        ]
+        _start(store, job, futures, client, deadline)
+        _unlock(client, locks)
         return _finish(distributed, client, job, futures)
     finally:
+        _unlock(client, locks)
         with contextlib.suppress(Exception):
             store.kv.delete("", by_prefix=True)  # the run's branch; its task takes the rest
         with contextlib.suppress(Exception):
             client.cancel([f for f in futures if not f.done()])
 
 
-def _start(store: KVStore, job: _Job, futures: list[Any], client: Any) -> None:
+def _lock_workers(distributed: Any, client: Any, job: _Job, deadline: float) -> list[Any]:
+    """Hold every worker of the run's start lock, in address order, by ``deadline``; else
+    raise :class:`StartTimeout` (Note [a gang of Dask tasks])."""
+    held: list[Any] = []
+    for address in sorted(job.workers):
+        lock = distributed.Lock(
+            f"plait-dask-start-{address}", scheduler_rpc=client.scheduler, loop=client.loop
+        )
+        if lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            held.append(lock)
+            continue
+        _unlock(client, held)
+        _stop_refresh(client, lock)
+        rank = job.workers.index(address)
+        message = (
+            f"plait.dask.run: rank {rank} on {address} did not start: another plait.dask.run "
+            f"was still starting on that worker (waited {job.start_timeout:g} s)"
+        )
+        raise StartTimeout(message, {rank: address})
+    return held
+
+
+def _unlock(client: Any, locks: list[Any]) -> None:
+    """Release the start locks still held; each lock's lease refresh stops with it."""
+    while locks:
+        lock = locks.pop()
+        with contextlib.suppress(Exception):
+            lock.release()
+        _stop_refresh(client, lock)
+
+
+def _stop_refresh(client: Any, lock: Any) -> None:
+    """Stop a lock's periodic lease refresh, which would otherwise outlive the lock."""
+    refresh = getattr(lock, "refresh_callback", None)
+    if refresh is not None:
+        with contextlib.suppress(Exception):
+            client.loop.add_callback(refresh.stop)
+
+
+def _start(store: KVStore, job: _Job, futures: list[Any], client: Any, deadline: float) -> None:
     """Wait until every rank has started, then say go; else say why not (Note [a gang of Dask
     tasks]). A task that ended early is left to ``_finish`` to report."""
     kv = store.kv
@@ -348,7 +402,7 @@ def _start(store: KVStore, job: _Job, futures: list[Any], client: Any) -> None:
             present = set(client.scheduler_info(n_workers=-1)["workers"])
         return any(job.workers[r] not in present for r in range(job.size) if r not in started)
 
-    poll_until(ready, time.monotonic() + job.start_timeout)
+    poll_until(ready, deadline)
     if len(started) == job.size:
         store.set("go", b"go")
         return
