@@ -8,6 +8,7 @@ reduces in.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,19 +18,31 @@ import numpy as np
 import plait
 from plait.ops import dtype_family
 
-try:
-    import ml_dtypes
-
-    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - the test extra installs it
-    BFLOAT16 = None
-
 INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 FLOATS = [np.float16, np.float32, np.float64, np.longdouble]
 COMPLEXES = [np.complex64, np.complex128]
-ALL_DTYPES = [np.dtype(d) for d in [np.bool_, *INTS, *FLOATS, *COMPLEXES]] + (
-    [BFLOAT16] if BFLOAT16 is not None else []
-)
+
+
+@functools.cache
+def bfloat16() -> np.dtype | None:
+    """ml_dtypes' bfloat16, or None without the extra.
+
+    Imported on first use, not with this module: the import takes over a second,
+    which every rank process of a multiprocess check would pay for nothing in the
+    checks that use no bfloat16.
+    """
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - the test extra installs it
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def all_dtypes() -> list[np.dtype]:
+    """Every dtype the collectives take: bool, the integers, floats, complexes, bfloat16."""
+    bf16 = bfloat16()
+    plain = [np.dtype(d) for d in [np.bool_, *INTS, *FLOATS, *COMPLEXES]]
+    return plain + ([bf16] if bf16 is not None else [])
 
 
 def affine(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -48,9 +61,10 @@ FMAX = plait.Op(np.fmax)
 def op_dtypes(bf16: bool = True) -> list[tuple[plait.Op, np.dtype]]:
     """(op, dtype) pairs covering every op and every dtype family."""
     d = np.dtype
-    pairs: list[tuple[plait.Op, np.dtype]] = [(plait.SUM, t) for t in ALL_DTYPES]
+    pairs: list[tuple[plait.Op, np.dtype]] = [(plait.SUM, t) for t in all_dtypes()]
     pairs += [(plait.PROD, d(t)) for t in (np.int32, np.uint8, np.float64, np.complex64, np.bool_)]
-    extra = [BFLOAT16] if BFLOAT16 is not None and bf16 else []
+    bf16_dtype = bfloat16() if bf16 else None
+    extra = [bf16_dtype] if bf16_dtype is not None else []
     for op in (plait.MIN, plait.MAX):
         pairs += [(op, d(t)) for t in (np.int8, np.uint64, np.float16, np.float32, np.bool_)]
         pairs += [(op, t) for t in extra]
