@@ -30,6 +30,7 @@ import cloudpickle  # noqa: E402 - ships with distributed
 
 import plait  # noqa: E402
 import plait.dask  # noqa: E402
+from plait.rendezvous.kv_store import poll_until  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -206,9 +207,7 @@ def test_two_runs_on_crossed_workers_both_start(cluster: Any, client: Any) -> No
             if name == "x":
                 x_began.set()
             elif key.endswith("-0"):
-                deadline = time.monotonic() + 5
-                while key not in executing(c, b) and time.monotonic() < deadline:
-                    threading.Event().wait(0.05)
+                poll_until(lambda: key in executing(c, b), time.monotonic() + 5)
                 y_runs_on_b.set()
             return future
 
