@@ -52,6 +52,23 @@ _MODULE_MARKERS = {
 }
 
 
+# Modules whose tests share a costly module fixture (emulated hosts, a Ray or Dask cluster,
+# mpirun, a trained model): with pytest-xdist (``-n``) each runs on one worker, so the fixture
+# is made once, not once per worker.
+_ONE_WORKER = {
+    "test_multihost.py",
+    "test_sim_validate.py",
+    "test_ray_groups.py",
+    "test_dask_run.py",
+    "test_dask_threads.py",
+    "test_mpi4py_scripts.py",
+    "test_compression_convergence.py",
+    "test_compression_docs.py",
+    "test_overlap_summary.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
@@ -61,3 +78,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         for name in (*_FOLDER_MARKERS.get(folder, ()), *_MODULE_MARKERS.get(item.path.name, ())):
             item.add_marker(name)
+        if item.path.name in _ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
