@@ -742,6 +742,26 @@ def test_a_member_whose_transport_closes_fails_the_groups_waiters(kind: str) -> 
         in_threads([waiter, closer])
 
 
+def test_a_member_whose_transport_closes_fails_the_watches_on_the_groups_window() -> None:
+    """A watch of a split's window (what a mixed schedule waits on among its messages) ends
+    with PeerLostError when the member it waits for closes its transport, in a group of a
+    group too, where window ranks are neither the parent's nor the world's."""
+    with world("memory", 4) as ts:
+        gs = groups(ts, [[3, 1, 2]])  # group ranks 0, 1, 2 are parent ranks 3, 1, 2
+        inner = groups(gs, [[2, 1]])  # group ranks 2 and 1 (parent ranks 2 and 1), in that order
+        outer_watch = win(gs[3]).watch(1, 1)  # group rank 0 waits for group rank 1
+        inner_watch = win(inner[2]).watch(1, 1)  # inner rank 0 waits for inner rank 1
+        assert outer_watch is not None
+        assert inner_watch is not None
+        assert not outer_watch.done
+        assert not inner_watch.done
+        ts[1].close()
+        for handle in (outer_watch, inner_watch):
+            assert handle.done
+            assert isinstance(handle.error, PeerLostError), handle.error
+        close_all(*inner, *gs)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_closing_the_group_or_the_parent_releases_the_window(kind: str) -> None:
     error = ClosedError if kind == "shm" else PeerLostError  # the memory transport's own

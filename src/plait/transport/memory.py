@@ -158,7 +158,7 @@ class MemoryLink(UndrivenLink):
                 other.notify()
         if self._fabric.arena is not None:  # ranks waiting on a window counter look again
             self._fabric.arena.cond.notify_all()
-            self._fabric.arena.settle(me, err)
+            self._fabric.arena.lose(me, err)
 
     def release(self) -> None:
         """Nothing to release."""

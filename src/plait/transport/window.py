@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -323,6 +324,9 @@ class MemoryArena:
         self.cond = threading.Condition(lock) if cond is None else cond
         self.splits: dict[int, list[Any]] = {}  # number -> [arena, peers yet to take it]
         self._made = 0
+        # The arenas of groups split from this one, each with its ranks here by group rank:
+        # a rank's loss fails the watches in them too (:meth:`lose`).
+        self._children: list[tuple[weakref.ref[MemoryArena], tuple[int, ...]]] = []
         # MemoryWindow.watch: (rank waited for, value, handle, the endpoint that owns it)
         self.watchers: list[tuple[int, int, Op, Any]] = []
 
@@ -344,8 +348,27 @@ class MemoryArena:
             ep.notify()
         self.watchers = keep
 
-    def offer(self, arena: MemoryArena, takers: int) -> int:
-        """Keep ``arena`` until ``takers`` peers have taken it; its number (lock held)."""
+    def lose(self, rank: int, lost: BaseException) -> None:
+        """:meth:`settle` with ``lost`` here and in every group's arena ``rank`` belongs to,
+        as that group's rank (lock held): no watch waits out its deadline for a closed rank."""
+        self.settle(rank, lost)
+        live = []
+        for ref, members in self._children:
+            child = ref()
+            if child is None:
+                continue
+            live.append((ref, members))
+            if rank in members:
+                child.lose(members.index(rank), lost)
+        self._children = live
+
+    def offer(self, arena: MemoryArena, takers: int, members: Sequence[int]) -> int:
+        """Keep ``arena`` until ``takers`` peers have taken it; its number (lock held).
+
+        ``members``: the group's ranks in this arena, by group rank.
+        """
+        self._children = [(ref, m) for ref, m in self._children if ref() is not None]
+        self._children.append((weakref.ref(arena), tuple(members)))
         self._made += 1
         self.splits[self._made] = [arena, takers]
         return self._made
@@ -495,7 +518,7 @@ class MemoryWindow(Window):
             capacity = min(arena.capacity, GROUP_WINDOW_BYTES)
             child = MemoryArena(group.size, capacity, None, cond=arena.cond)
             with arena.cond:
-                mine = arena.offer(child, group.size - 1).to_bytes(8, "little")
+                mine = arena.offer(child, group.size - 1, ranks).to_bytes(8, "little")
         number = int.from_bytes(exchange(group, mine, tag, deadline)[0], "little")
         if me != 0:
             with arena.cond:
