@@ -325,7 +325,8 @@ class MemoryArena:
         self.splits: dict[int, list[Any]] = {}  # number -> [arena, peers yet to take it]
         self._made = 0
         # The arenas of groups split from this one, each with its ranks here by group rank:
-        # a rank's loss fails the watches in them too (:meth:`lose`).
+        # a rank's loss fails the watches in them too (:meth:`lose`). Dead ones are dropped
+        # at the next :meth:`offer`.
         self._children: list[tuple[weakref.ref[MemoryArena], tuple[int, ...]]] = []
         # MemoryWindow.watch: (rank waited for, value, handle, the endpoint that owns it)
         self.watchers: list[tuple[int, int, Op, Any]] = []
@@ -352,15 +353,10 @@ class MemoryArena:
         """:meth:`settle` with ``lost`` here and in every group's arena ``rank`` belongs to,
         as that group's rank (lock held): no watch waits out its deadline for a closed rank."""
         self.settle(rank, lost)
-        live = []
         for ref, members in self._children:
             child = ref()
-            if child is None:
-                continue
-            live.append((ref, members))
-            if rank in members:
+            if child is not None and rank in members:
                 child.lose(members.index(rank), lost)
-        self._children = live
 
     def offer(self, arena: MemoryArena, takers: int, members: Sequence[int]) -> int:
         """Keep ``arena`` until ``takers`` peers have taken it; its number (lock held).
