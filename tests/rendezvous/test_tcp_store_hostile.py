@@ -351,6 +351,22 @@ def test_the_server_refuses_an_oversized_request_without_buffering_it() -> None:
             good.set("k", b"v")
 
 
+def test_the_server_refuses_a_value_over_its_limit_that_fits_in_a_request() -> None:
+    # A request may be up to the value limit plus REQUEST_OVERHEAD (for keys), so a value
+    # between the two got past the header check and was stored. A client whose own limit is
+    # larger than the server's is what sends one.
+    with (
+        TCPStoreServer(max_value_bytes=1024) as server,
+        TCPStore("127.0.0.1", server.port, max_value_bytes=1 << 20) as client,
+    ):
+        with pytest.raises(ValueError, match=r"'big'.*4096 bytes.*limit of 1024") as info:
+            client.set("big", b"x" * 4096)
+        assert "PLAIT_STORE_MAX_VALUE" in str(info.value)
+        assert client.check(["big"]) is False
+        client.set("fits", b"x" * 1024)  # the connection is still good
+        assert client.get("fits") == b"x" * 1024
+
+
 def test_the_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLAIT_STORE_MAX_VALUE", "2K")
     with TCPStoreServer() as server, TCPStore("127.0.0.1", server.port) as client:

@@ -405,6 +405,13 @@ class TCPStoreServer:
         data = self._data
         if op is Op.SET:
             key, value = self._expect(op, fields, 2)
+            if len(value) > self.max_value_bytes:  # the request's limit also allows for keys
+                message = (
+                    f"the value of {len(value)} bytes is over this store's limit of "
+                    f"{self.max_value_bytes} bytes per value (PLAIT_STORE_MAX_VALUE)"
+                )
+                self._reply(conn, Status.BAD_VALUE, [message.encode()])
+                return
             data[key] = value
             self._reply(conn, Status.OK)
             self._notify(key)

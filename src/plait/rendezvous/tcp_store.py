@@ -175,7 +175,8 @@ class TCPStore(Store):
         """Store ``value`` under ``key``.
 
         Raises:
-            ValueError: ``value`` is over :attr:`max_value_bytes` (nothing is sent).
+            ValueError: ``value`` is over :attr:`max_value_bytes` (nothing is sent), or
+                over the server's limit (the server refuses it and stores nothing).
         """
         data = _value(value)
         if len(data) > self.max_value_bytes:
@@ -185,7 +186,12 @@ class TCPStore(Store):
                 "data out of the store, or raise PLAIT_STORE_MAX_VALUE on every process "
                 "(server and clients)"
             )
-        self._call(Op.SET, [_key(key), data], f"set({key!r})")
+        status, fields = self._call(Op.SET, [_key(key), data], f"set({key!r})")
+        if status is Status.BAD_VALUE:  # over the server's limit, where it is lower than ours
+            raise ValueError(
+                f"store {self.address}: set({key!r}): {fields[0].decode()}; raise "
+                "PLAIT_STORE_MAX_VALUE on every process (server and clients) alike"
+            )
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         seconds = _seconds(self._timeout(timeout))
