@@ -110,3 +110,26 @@ def test_show_refuses_a_bad_rules_file(
     code, _, err = _show(["-n", "3", "--hosts", "2"], capsys)
     assert code == 1
     assert "--hosts 2 must divide -n 3" in err
+
+
+def test_show_gives_the_one_sided_choices_where_the_ranks_share_a_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It showed the message-passing choices only, while a job over shared memory on one host
+    # (plait run's default) runs the one-sided ones.
+    monkeypatch.delenv("PLAIT_ALGO", raising=False)
+    (tmp_path / "empty.toml").write_text("")
+    monkeypatch.setenv("PLAIT_RULES", str(tmp_path / "empty.toml"))
+    monkeypatch.setenv("PLAIT_PROFILE", str(tmp_path / "none.json"))
+    code, out, err = _show(["-n", "3"], capsys)
+    assert code == 0, err
+    assert code == 0
+    assert "# transport: shm" in out
+    rows = _cells(out)
+    assert rows["allreduce"][0] == "arena_oneshot"
+    assert set(rows["broadcast"]) == {"arena"}
+    code, out, _ = _show(["-n", "3", "--transport", "tcp"], capsys)
+    assert code == 0
+    assert "# transport: tcp" in out
+    rows = _cells(out)
+    assert not [cell for cells in rows.values() for cell in cells if "arena" in cell]

@@ -102,3 +102,23 @@ def test_algorithms_listing_refuses_an_unknown_collective(
         main(["algorithms", "allreduse"])
     assert stop.value.code == 2
     assert "invalid choice: 'allreduse'" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly() -> None:
+    # `plait tune --show | head -3` printed a BrokenPipeError traceback once head exited.
+    import subprocess
+    import sys
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "plait", "tune", "--show", "-n", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()  # the reader is gone before the table is written
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=60)
+    assert code == 141, err
+    assert "Traceback" not in err, err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -81,7 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # report them with the subcommand's usage, not plait's
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return int(args._module.main(args) or 0)
+    try:
+        return int(args._module.main(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (``plait tune --show | head``): stop quietly, as a shell tool
+        # does, and keep Python from writing the rest of the buffer to the closed pipe at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Examples:
     plait tune                       # measure over shared memory (and TCP), write the profile
     plait tune --show -n 8           # the decision table auto follows for 8 ranks
     plait tune --show -n 16 --hosts 2   # ... for 16 ranks on 2 hosts of 8
+    plait tune --show -n 8 --transport tcp   # ... where the ranks share no window
     plait tune --output prof.json    # somewhere else (point PLAIT_PROFILE at it)
 
 Two ranks bounce messages of 8 B to 16 MiB through plait's own point-to-point
@@ -19,7 +20,9 @@ job must load the same profile.
 
 --show prints what auto would run, per collective and size, after everything
 that decides it (plait.selection.select): PLAIT_ALGO, the rules file
-(plait.selection.rules_file), the profile and the built-in rules, with the
+(plait.selection.rules_file), the one-sided rules where the ranks share a
+window (one host over shared memory, plait run's default; --transport tcp
+shows a job without one), the profile and the built-in rules, with the
 entries of the first two and, per call, the algorithm, its segment size and
 who decided.
 """
@@ -55,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="for --show: the ranks split evenly over this many hosts, numbered host by host (1)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("shm", "tcp"),
+        default="shm",
+        help="for --show: shm (the default of plait run: ranks on one host share a window, so "
+        "the one-sided algorithms can run) or tcp (messages only)",
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per measurement")
 
@@ -94,7 +104,7 @@ _MARKS = {
 }
 
 
-def _show(nproc: int, n_hosts: int = 1) -> int:
+def _show(nproc: int, n_hosts: int = 1, transport: str = "shm") -> int:
     """Print the decision table; 1 (with the reason on stderr) if the settings are invalid."""
     from plait import COLLECTIVES, algorithms, collectives
     from plait.bench.sweep import format_size
@@ -117,6 +127,17 @@ def _show(nproc: int, n_hosts: int = 1) -> int:
         hosts = HostLayout([r // per for r in range(nproc)])
         where_hosts = f"{n_hosts} hosts of {per}"
     print(f"# auto's choices for {nproc} ranks on {where_hosts}, commutative ops")
+    # As a job's communicator sees it (Communicator._choose): over shared memory the ranks of
+    # one host share a window, and across hosts each host of several ranks has one.
+    windows = transport == "shm"
+    shared = windows and n_hosts == 1
+    host_windows = windows and n_hosts > 1 and nproc // n_hosts > 1
+    if not windows:
+        print("# transport: tcp (messages only)")
+    elif shared:
+        print("# transport: shm (the ranks share a window: one-sided algorithms where faster)")
+    else:
+        print("# transport: shm within each host, tcp between hosts")
     algo = os.environ.get("PLAIT_ALGO", "").strip()
     print(f"# PLAIT_ALGO: {algo}" if algo else "# PLAIT_ALGO: not set")
     for entry in config.overrides:
@@ -145,7 +166,16 @@ def _show(nproc: int, n_hosts: int = 1) -> int:
             continue
         cells = []
         for nbytes in sizes:
-            ch = choose(c, nproc, nbytes, commutative=True, hosts=hosts, config=config)
+            ch = choose(
+                c,
+                nproc,
+                nbytes,
+                commutative=True,
+                hosts=hosts,
+                config=config,
+                shared=shared,
+                host_windows=host_windows,
+            )
             cell = ch.name
             if ch.segment_bytes != SEGMENT_BYTES:
                 cell += "@" + overrides.format_size(ch.segment_bytes)
@@ -160,7 +190,7 @@ def main(args: argparse.Namespace) -> int:
     from plait.selection import model
 
     if args.show:
-        return _show(args.nproc, args.hosts)
+        return _show(args.nproc, args.hosts, args.transport)
     try:
         shm = _measure("shm", args.timeout)
         tcp = None if args.no_tcp else _measure("tcp", args.timeout)
