@@ -11,6 +11,7 @@ and the value, so they hold no state of their own; the two caches they use
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = [
     "check_counts",
     "check_op",
     "check_out",
+    "check_own_memory",
     "check_peer",
     "check_root",
     "check_rows",
@@ -93,6 +95,14 @@ def as_writable(x: Any, what: str, rank: int, c: str, *, contents: bool = True) 
     """
     if isinstance(x, np.ndarray):
         return as_array(x, what, rank, c)
+    if isinstance(x, np.generic):
+        # A numpy scalar shows __array_interface__, but over a copy: nothing written there
+        # would reach it.
+        raise TypeError(
+            f"rank {rank}: {c}: {what} is a numpy scalar ({type(x).__name__}), which cannot "
+            f"be changed in place, so the call cannot write into it; "
+            f"{_SCALAR_HINT.get(what, _SCALAR_HINT['out'])}"
+        )
     if _arrays.immutable(x):
         raise TypeError(
             f"rank {rank}: {c}: {what} is a {_kind(x)}, which cannot be changed in place, so "
@@ -114,6 +124,31 @@ def as_writable(x: Any, what: str, rank: int, c: str, *, contents: bool = True) 
             f"{type(x).__name__}, which would be copied and only the copy written{hint}"
         )
     return as_array(x, what, rank, c)
+
+
+#: What to do instead of writing into a numpy scalar, by the argument's name.
+_SCALAR_HINT = {
+    "out": "pass a 0-d array (np.empty((), dtype)) or leave out= off",
+    "x": "pass a 0-d array (x = np.array(value)) and read x[()] afterwards",
+    "buf": "receive into a 0-d array (np.empty((), dtype)) and read buf[()] afterwards",
+}
+
+
+def check_own_memory(a: np.ndarray, what: str, rank: int, c: str) -> None:
+    """Raise ValueError where elements of ``a``, which the call writes, share memory.
+
+    A stride of 0 along an axis of more than one element (``np.lib.stride_tricks``,
+    torch's ``expand()``) makes every element along it one memory cell, so the call's
+    result could not be stored there; torch refuses such outputs too.
+    """
+    for axis, (n, stride) in enumerate(zip(a.shape, a.strides, strict=True)):
+        if stride == 0 and n > 1:
+            raise ValueError(
+                f"rank {rank}: {c}: the elements of {what} share memory (a stride of 0 along "
+                f"axis {axis}, as np.broadcast_to or torch's expand() make), so the call "
+                f"cannot write a result into each; pass an array with memory of its own "
+                f"(np.empty(shape, dtype), or .copy() / .clone() of it)"
+            )
 
 
 #: What to do instead of writing into an immutable array, by the argument's name.
@@ -263,13 +298,17 @@ def check_out(
         )
     if not o.flags.writeable:
         raise ValueError(f"rank {rank}: {c}: out is read-only")
+    if not o.flags.c_contiguous:
+        check_own_memory(o, "out", rank, c)
     return o
 
 
 def check_timeout(timeout: Any, where: str) -> float:
     """``timeout`` as positive float seconds; ``where`` prefixes the message."""
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+    # Any real number: numpy's too (np.float32(5.0), np.int64(5)), as root and tag take them.
+    if isinstance(timeout, bool | np.bool_) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"{where}: timeout must be a number of seconds; got {timeout!r}")
-    if not timeout > 0:
+    seconds = float(timeout)
+    if not seconds > 0:
         raise ValueError(f"{where}: timeout must be positive; got {timeout}")
-    return float(timeout)
+    return seconds

@@ -38,6 +38,7 @@ from plait._checks import (
     as_writable,
     check_op,
     check_out,
+    check_own_memory,
     check_root,
     split_rows,
 )
@@ -366,8 +367,11 @@ class CollectiveMethods:
         else:
             a = as_writable(x, "x", r, c)
         check_root(root, r, self._size, c)
-        if r != root and not a.flags.writeable:
-            raise ValueError(f"rank {r}: {c}: x is read-only; it receives root's data")
+        if r != root:
+            if not a.flags.writeable:
+                raise ValueError(f"rank {r}: {c}: x is read-only; it receives root's data")
+            if not a.flags.c_contiguous:
+                check_own_memory(a, "x", r, c)
         choice = self._choose(c, algorithm, a.nbytes, None)
         req = self._stage.request(
             choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from plait._arrays import target
-from plait._checks import MAX_USER_TAG, as_array, as_writable
+from plait._checks import MAX_USER_TAG, as_array, as_writable, check_own_memory
 from plait._p2p_request import (
     ANY_SOURCE,
     ANY_TAG,
@@ -289,6 +289,8 @@ class PointToPointMethods:
         a = as_writable(buf, "buf", r, c, contents=False)
         if not a.flags.writeable:
             raise ValueError(f"rank {r}: {c}: buf is read-only")
+        if not a.flags.c_contiguous:
+            check_own_memory(a, "buf", r, c)
         s = _check_rank(src, r, self._size, c, sname, True)
         t = _check_tag(tag, r, c, tname, True)
         if type(buf) is not np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,97 @@ def test_read_only_buffer_as_out_is_refused() -> None:
     [comm] = memory_communicators(1)
     with comm, pytest.raises(ValueError, match="out is read-only"):
         comm.allreduce(np.array([1, 2], np.uint8), out=memoryview(b"\0\0"))
+
+
+def test_a_numpy_scalar_is_refused_wherever_the_call_writes() -> None:
+    # A numpy scalar shows __array_interface__ over a copy of itself: it was accepted as out=,
+    # as broadcast's x off root and as recv's buf, and silently left as it was.
+    comms = memory_communicators(2, timeout=5)
+    try:
+        with pytest.raises(TypeError, match=r"out is a numpy scalar \(float64\).*0-d array"):
+            comms[1].allreduce(np.array(1.0), out=np.float64(0.0))
+        with pytest.raises(TypeError, match=r"x is a numpy scalar.*np.array\(value\)"):
+            comms[1].broadcast(np.float64(2.5), 0)
+        with pytest.raises(TypeError, match=r"buf is a numpy scalar.*0-d array"):
+            comms[1].recv(np.float64(0.0), 0)
+        with pytest.raises(TypeError, match="out is a numpy scalar"):
+            comms[1].allgatherv(np.ones((1, 1)), out=np.float64(0.0))
+    finally:
+        for comm in comms:
+            comm.close()
+
+
+def test_an_output_whose_elements_share_memory_is_refused() -> None:
+    # A stride-0 array (as_strided, torch's expand()) took the result of every element in one
+    # memory cell: [6, 6, 6, 6] for an allreduce of arange(4) on 2 ranks.
+    one = np.zeros(1)
+    shared = np.lib.stride_tricks.as_strided(one, shape=(4,), strides=(0,))
+    assert shared.flags.writeable
+    comms = memory_communicators(2, timeout=5)
+    try:
+        with pytest.raises(ValueError, match=r"elements of out share memory.*axis 0"):
+            comms[1].allreduce(np.arange(4.0), out=shared)
+        with pytest.raises(ValueError, match="elements of x share memory"):
+            comms[1].broadcast(shared, 0)
+        with pytest.raises(ValueError, match="elements of buf share memory"):
+            comms[1].recv(shared, 0)
+    finally:
+        for comm in comms:
+            comm.close()
+    assert one[0] == 0.0
+
+
+@pytest.mark.parametrize("timeout", [np.int64(5), np.float32(5.0), np.float64(2.5)])
+def test_timeout_may_be_a_numpy_number(timeout: Any) -> None:
+    def body(comm: plait.Communicator) -> Any:
+        return comm.allreduce(np.ones(2), timeout=timeout)
+
+    for got in run_ranks(2, body):
+        np.testing.assert_array_equal(got, [2.0, 2.0])
+    [comm] = memory_communicators(1)
+    with comm, pytest.raises(TypeError, match="timeout must be a number"):
+        comm.allreduce(np.ones(2), timeout=np.bool_(True))
+
+
+#: Each uneven call that learns its counts first, called by rank 1 of 2 with a bad out=: it
+#: is refused before the count exchange, so rank 0 need not take part (it used to raise after
+#: the exchange on that rank alone, and leave the others waiting in the call that follows).
+UNEVEN_OUT: dict[str, Callable[[plait.Communicator, Any], Any]] = {
+    "allgatherv": lambda comm, out: comm.allgatherv(np.ones((1, 2)), out=out),
+    "gatherv": lambda comm, out: comm.gatherv(np.ones((1, 2)), None, 1, out=out),
+    "scatterv": lambda comm, out: comm.scatterv(None, None, 0, out=out),
+    "alltoallv": lambda comm, out: comm.alltoallv(np.ones((2, 2)), [1, 1], out=out),
+}
+
+
+@pytest.mark.parametrize("call", list(UNEVEN_OUT))
+@pytest.mark.parametrize(
+    ("out", "error", "message"),
+    [
+        (np.zeros((3, 2), np.float32), TypeError, "out has dtype float32; expected float64"),
+        (np.zeros((3, 5)), ValueError, r"out has shape \(3, 5\); expected \(3, 2\)"),
+        (np.zeros((3, 2))[:, :1].T, ValueError, "out has shape"),
+        ([[0.0, 0.0]], TypeError, "write in place"),
+    ],
+    ids=["dtype", "row", "transposed", "list"],
+)
+def test_uneven_out_is_refused_before_the_count_exchange(
+    call: str, out: Any, error: type[Exception], message: str
+) -> None:
+    if call == "scatterv" and "write in place" not in message:
+        pytest.skip("off root, scatterv's out= gives the dtype and the row: nothing to compare")
+    comms = memory_communicators(2, timeout=3)
+    try:
+        with pytest.raises(error, match=message):
+            UNEVEN_OUT[call](comms[1], out)
+        # Nothing was sent: the communicator is in step with rank 0 and still usable.
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda comm: comm.allreduce(np.ones(1)), comms))
+    finally:
+        for comm in comms:
+            comm.close()
+    for got in results:
+        np.testing.assert_array_equal(got, [2.0])
 
 
 # -- byte order -----------------------------------------------------------------------------
