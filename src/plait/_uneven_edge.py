@@ -143,6 +143,21 @@ class UnevenMethods(CollectiveMethods):
         if algorithm != "auto":
             self._choose(c, algorithm, 0, None)
 
+    def _check_out_rows(self, out: Any, dtype: np.dtype, rest: tuple[int, ...], c: str) -> None:
+        """Refuse a bad ``out=`` before a count exchange: everything but its row count.
+
+        Its type, dtype, writability, own memory and the shape of a row are known
+        before the counts are; only how many rows it must have waits for them (a
+        wrong row count then raises on this rank alone, after the exchange).
+        """
+        if out is None:
+            return
+        r = self._rank
+        o = out if isinstance(out, np.ndarray) else as_writable(out, "out", r, c, contents=False)
+        if o.ndim == 0:
+            raise ValueError(f"rank {r}: {c}: out must have at least one dimension (rows)")
+        check_out(o, (o.shape[0], *rest), dtype, r, c)
+
     def _after_exchange(
         self,
         c: str,
@@ -238,6 +253,7 @@ class UnevenMethods(CollectiveMethods):
             )  # fmt: skip
         check_rows(a.shape, a.shape[0] if a.shape else 0, "x.shape[0]", r, c)  # refuses 0-d
         self._check_algorithm(c, algorithm)
+        self._check_out_rows(out, a.dtype, a.shape[1:], c)
 
         def finish(got: np.ndarray) -> Any:
             rows = tuple(got.tolist())
@@ -315,6 +331,8 @@ class UnevenMethods(CollectiveMethods):
             return start(rows, async_op)
         check_rows(a.shape, a.shape[0] if a.shape else 0, "x.shape[0]", r, c)
         self._check_algorithm(c, algorithm)
+        if r == root:  # out is ignored off root
+            self._check_out_rows(out, a.dtype, a.shape[1:], c)
         mine = np.array(a.shape[0], np.int64)
         return self._after_exchange(
             c,
@@ -399,6 +417,7 @@ class UnevenMethods(CollectiveMethods):
         else:
             table = np.zeros(size, np.int64)
         self._check_algorithm(c, algorithm)
+        self._check_out_rows(out, dtype, rest, c)
 
         def finish(got: np.ndarray) -> Any:
             rows = tuple(got.tolist())
@@ -469,6 +488,7 @@ class UnevenMethods(CollectiveMethods):
         if recv_counts is not None:
             recv = check_counts(recv_counts, size, "recv_counts", r, c)
         self._check_algorithm(c, algorithm)
+        self._check_out_rows(out, a.dtype, a.shape[1:], c)
         mine = np.array([*send, *(recv if recv is not None else (-1,) * size)], np.int64)
 
         def finish(table: np.ndarray) -> Any:
