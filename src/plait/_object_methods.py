@@ -39,6 +39,9 @@ _O = TypeVar("_O")
 
 _BYTE = np.dtype(np.uint8)
 _FAILED = objects.PICKLE_FAILED
+#: The length word of a rank whose call was malformed (objs not one object per rank): it
+#: raises ValueError itself, and the others learn that from this word, not a pickling failure.
+_MISUSED = np.uint64(objects.PICKLE_FAILED - 1)
 _SEP = objects.SEPARATE_MIN
 _SCATTERV = collective("scatterv")
 _ALLTOALLV = collective("alltoallv")
@@ -141,7 +144,7 @@ class ObjectMethods(UnevenMethods):
 
         Raises:
             ValueError: on root, ``objs`` is not a sequence of ``size`` objects
-                (the other ranks raise pickle.PicklingError).
+                (the other ranks raise ValueError too, naming root).
             pickle.PicklingError: on every rank, naming the ranks whose object
                 could not be pickled.
         """
@@ -156,14 +159,16 @@ class ObjectMethods(UnevenMethods):
             if not isinstance(objs, Sequence) or len(objs) != size:
                 usage = ValueError(
                     f"rank {r}: {c}: root must pass a sequence of {size} objects, one per rank; "
-                    f"got {type(objs).__name__}"
+                    f"got {_what(objs)}"
                 )
-                table[:] = _FAILED
+                table[:] = _MISUSED
             else:
                 frames, err = _pickle_each(objs, table)
         self.broadcast(table, root, timeout=timeout)
         if usage is not None:
             raise usage
+        if table[0] == _MISUSED:
+            raise self._misused(c, f"root (rank {root})")
         counts = self._raise_if_failed(c, table, err, "the objects root gave to ranks")
         send = None
         if r == root:
@@ -185,7 +190,7 @@ class ObjectMethods(UnevenMethods):
 
         Raises:
             ValueError: ``objs`` is not a sequence of ``size`` objects (the
-                other ranks raise pickle.PicklingError).
+                other ranks raise ValueError too, naming the ranks that did so).
             pickle.PicklingError: on every rank, naming the ranks with an object
                 that could not be pickled.
         """
@@ -198,9 +203,9 @@ class ObjectMethods(UnevenMethods):
         if not isinstance(objs, Sequence) or len(objs) != size:
             usage = ValueError(
                 f"rank {r}: {c}: objs must be a sequence of {size} objects, one per rank; "
-                f"got {type(objs).__name__}"
+                f"got {_what(objs)}"
             )
-            row[:] = _FAILED
+            row[:] = _MISUSED
         else:
             frames, err = _pickle_each(objs, row)
         matrix = self.allgather(row, timeout=timeout)
@@ -208,6 +213,9 @@ class ObjectMethods(UnevenMethods):
             raise usage
         # a rank with any object that failed fails as a whole
         by_rank = np.where((matrix == _FAILED).any(axis=1), np.uint64(_FAILED), np.uint64(0))
+        misused = [q for q in range(size) if (matrix[q] == _MISUSED).any()]
+        if misused:
+            raise self._misused(c, "rank " + ", ".join(map(str, misused)))
         self._raise_if_failed(c, by_rank, err)
         m = [int(k) for k in matrix.reshape(-1)]
         mine = m[r * size : (r + 1) * size]
@@ -289,6 +297,13 @@ class ObjectMethods(UnevenMethods):
             self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=timeout)
         return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
 
+    def _misused(self, c: str, who: str) -> ValueError:
+        """The error of the ranks whose peer ``who`` passed objs not one per rank."""
+        return ValueError(
+            f"rank {self._rank}: {c}: {who} did not pass a sequence of {self._size} objects, "
+            "one per rank (its own error says what it passed); nothing was delivered"
+        )
+
     def _raise_if_failed(
         self,
         c: str,
@@ -316,6 +331,14 @@ class ObjectMethods(UnevenMethods):
             f"rank {self._rank}: {c}: the object of {who} could not be pickled{mine}; "
             "nothing was delivered"
         ) from err
+
+
+def _what(objs: Any) -> str:
+    """How a message names a wrong ``objs``: its type, and its length where it has one."""
+    try:
+        return f"a {type(objs).__name__} of {len(objs)}"
+    except TypeError:
+        return type(objs).__name__
 
 
 def _first_message(obj: Any) -> tuple[memoryview | None, BaseException | None]:

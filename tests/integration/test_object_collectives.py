@@ -150,14 +150,28 @@ def test_wrong_arguments_raise() -> None:
             comm.allreduce_object(1, "add")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"dst=\d is invalid"):
             comm.send_object(1, comm.rank)
-        # a wrong list length on one rank: it raises ValueError, the others PicklingError
+        # a wrong list length on one rank: it raises ValueError saying what it got, and the
+        # others a ValueError naming it (they used to be told of a pickling failure)
         objs = [1] if comm.rank == 0 else [1, 2]
-        err = ValueError if comm.rank == 0 else pickle.PicklingError
-        with pytest.raises(err):
+        message = "got a list of 1" if comm.rank == 0 else r"rank 0 did not pass a sequence of 2"
+        with pytest.raises(ValueError, match=message):
             comm.alltoall_object(objs)
         assert comm.alltoall_object([comm.rank] * 2) == [0, 1]
 
     run_ranks(2, body)
+
+
+def test_a_root_that_passes_the_wrong_number_of_objects_is_named_on_every_rank() -> None:
+    def body(comm: plait.Communicator) -> None:
+        if comm.rank == 0:
+            with pytest.raises(ValueError, match=r"sequence of 3 objects.*got a list of 2"):
+                comm.scatter_object(["a", "b"], 0)
+        else:
+            with pytest.raises(ValueError, match=r"root \(rank 0\) did not pass a sequence of 3"):
+                comm.scatter_object(None, 0)
+        assert comm.scatter_object(["a", "b", "c"] if comm.rank == 0 else None) == "abc"[comm.rank]
+
+    run_ranks(3, body)
 
 
 def test_an_op_that_raises_does_so_on_every_rank() -> None:
