@@ -40,11 +40,12 @@ from plait.errors import (
     CommTimeout,
     InternalError,
     MismatchError,
+    PeerLostError,
     UnsupportedError,
 )
 from plait.group import collective_tag, probe_tag
 from plait.runtime.executor import Call, Workspace, execute, quiet, restore, run_local
-from plait.runtime.one_sided import run_one_sided
+from plait.runtime.one_sided import mismatch_behind, run_one_sided
 from plait.runtime.work import Work, Worker
 from plait.transport.base import Transport
 
@@ -373,6 +374,12 @@ class CallRunner:
                 if req.average and req.out.size:
                     np.divide(req.out, self._size, out=req.out)
             except CommError as exc:
+                if isinstance(exc, PeerLostError) and self._shared:
+                    # The rank lost may have left over a mismatch it found first.
+                    window = getattr(self._transport, "window", None)
+                    found = mismatch_behind(window, self._rank, _describe(describe), self.epoch)
+                    if found is not None:
+                        exc = found
                 self.broken = exc
                 notes = []
                 if isinstance(exc, MismatchError):
@@ -389,7 +396,7 @@ class CallRunner:
                         notes.append(f"flight recorder dump: {path}")
                 if notes:
                     raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
-                raise
+                raise exc
             finally:
                 if token is not None:
                     restore(token)

@@ -191,11 +191,14 @@ def test_mismatched_counts_raise_mismatch_error() -> None:
 
 
 def _mismatched_call(comm: plait.Communicator) -> Callable[[], Any]:
-    """Rank 0 allreduces (sends and receives); rank 1 is a broadcast root (only sends)."""
+    """Rank 0 allreduces (sends and receives); rank 1 is a leaf of a reduce (only sends).
+
+    (Not a broadcast root: that waits for its witness, Note [rooted calls agree on the root].)
+    """
     x = np.ones(8)
     if comm.rank == 0:
         return lambda: comm.allreduce(x, algorithm="recursive_doubling", timeout=10)
-    return lambda: comm.broadcast(x, root=1, algorithm="binomial", timeout=10)
+    return lambda: comm.reduce(x, root=0, algorithm="binomial", timeout=10)
 
 
 def test_mismatched_collectives_raise_on_every_rank_that_waits() -> None:
@@ -211,7 +214,7 @@ def test_mismatched_collectives_raise_on_every_rank_that_waits() -> None:
 def test_mismatched_collectives_a_rank_that_only_sends_may_return_first() -> None:
     """The documented limit: a rank whose part only sends can finish before anyone checks.
 
-    Rank 1 (the broadcast root) completes its eager send before rank 0 starts; rank 0, which
+    Rank 1 (a leaf of the reduce) completes its eager send before rank 0 starts; rank 0, which
     receives the message of the other call, raises MismatchError.
     """
     sent = threading.Event()

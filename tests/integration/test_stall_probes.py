@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import plait
+import plait.testing
 from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
 from plait.testing import run_ranks
 
@@ -39,16 +40,17 @@ def test_allreduce_against_broadcast_fails_everywhere() -> None:
         x = np.ones(5, np.float32)
         if comm.rank == 0:
             # Binomial: rank 0 waits to receive from its children as they wait to receive
-            # from it, so no message passes (recursive doubling would send one, and the
-            # mismatch would be found from its digest instead).
+            # from it. The broadcast's witness (rank 1) tells its root, rank 0, that it is in
+            # the call (Note [rooted calls agree on the root]), and rank 0 finds the mismatch
+            # in that message; ranks 1 and 2 learn it from rank 0's verdict.
             return _outcome(lambda: comm.allreduce(x, algorithm="binomial"))
         return _outcome(lambda: comm.broadcast(x, root=0))
 
     results = run_ranks(3, body, timeout=60, window=0)
     assert [r[0] for r in results] == ["MismatchError"] * 3, results
     assert all(r[1] < SOON for r in results), results
-    assert "in a different call, broadcast" in results[0][2], results
-    assert "in a different call, allreduce" in results[1][2], results
+    assert "received from rank 1 a message of a different call" in results[0][2], results
+    assert "rank 0 found that the ranks called different collectives" in results[2][2], results
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -66,6 +68,44 @@ def test_reduce_with_different_roots_fails_everywhere(size: int) -> None:
         return _outcome(calls)
 
     results = run_ranks(size, body, timeout=60, window=0)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+
+
+#: Rooted calls that move data out of the root, each called with this rank's idea of the root.
+OUT_OF_ROOT: dict[str, Any] = {
+    "broadcast": lambda comm, root: comm.broadcast(np.full(3, float(comm.rank)), root),
+    "scatter": lambda comm, root: comm.scatter(np.arange(2.0 * comm.size), root),
+    "scatterv": lambda comm, root: comm.scatterv(
+        np.arange(1.0 * comm.size), [1] * comm.size, root, out=np.empty(1)
+    ),
+    "bcast_object": lambda comm, root: comm.bcast_object(comm.rank, root),
+    "scatter_object": lambda comm, root: comm.scatter_object(list(range(comm.size)), root),
+}
+
+
+@pytest.mark.parametrize(
+    "window", [0, plait.testing.DEFAULT_WINDOW_BYTES], ids=["messages", "window"]
+)
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("collective", list(OUT_OF_ROOT))
+def test_a_rooted_call_with_different_roots_fails_everywhere(
+    collective: str, size: int, window: int
+) -> None:
+    # Each root sends and nobody of the other opinion receives: every rank used to finish,
+    # some with their own data (Note [rooted calls agree on the root]). 2 ranks: each its own
+    # root; 3: rank 1 alone thinks it is the root; 4: ranks 0, 1 say 0 and ranks 2, 3 say 2,
+    # two groups that agree within themselves.
+    roots = {2: [0, 1], 3: [0, 1, 0], 4: [0, 0, 2, 2]}[size]
+
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        def calls() -> None:
+            OUT_OF_ROOT[collective](comm, roots[comm.rank])
+            comm.barrier()
+
+        return _outcome(calls)
+
+    results = run_ranks(size, body, timeout=60, window=window)
     assert [r[0] for r in results] == ["MismatchError"] * size, results
     assert all(r[1] < SOON for r in results), results
 

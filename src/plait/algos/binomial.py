@@ -48,6 +48,7 @@ from collections.abc import Sequence
 
 from plait.algos._cost import Cost
 from plait.algos._registry import register
+from plait.algos._rooted import agree_on_root
 from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder, segments
 from plait.schedule.ir import Region
@@ -255,6 +256,7 @@ def broadcast(b: Builder) -> None:
     """Binomial-tree broadcast from the root: ⌈lg p⌉ steps of the whole vector, pipelined."""
     ctx = b.ctx
     p, root = ctx.size, ctx.root
+    agree_on_root(b)
     binomial_bcast(b, relative_group(root, p), (ctx.rank - root) % p, b.out, ctx.segment)
 
 
@@ -309,6 +311,7 @@ def scatter(b: Builder) -> None:
     """Binomial-tree scatter: each rank passes on its subtree's blocks, ⌈lg p⌉ steps."""
     ctx = b.ctx
     p, r, root, k = ctx.size, ctx.rank, ctx.root, ctx.count
+    agree_on_root(b)
     v = (r - root) % p
     parent = binomial_parent(v)
     children = binomial_children(v, p)[::-1]  # farthest subtree first

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 from plait.algos._cost import Cost
 from plait.algos._registry import register
+from plait.algos._rooted import agree_on_root
 from plait.algos.binomial import subtree_size, wrap_runs
 from plait.algos.pairwise import (
     alltoall_pairwise,
@@ -137,6 +138,7 @@ def scatterv_direct(b: Builder) -> None:
     """The root sends every rank its block straight from ``IN``: one step."""
     ctx = b.ctx
     p, r, root = ctx.size, ctx.rank, ctx.root
+    agree_on_root(b)
     if r != root:
         _recv_all(b, root, b.out)
         return
@@ -201,6 +203,7 @@ def scatterv_binomial(b: Builder) -> None:
     """
     ctx = b.ctx
     p, r, root = ctx.size, ctx.rank, ctx.root
+    agree_on_root(b)
     counts = ctx.block_counts()
     at = _vrank_offsets(counts, root)
     v = (r - root) % p

@@ -83,7 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # report them with the subcommand's usage, not plait's
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        return int(args._module.main(args) or 0)
+        code = int(args._module.main(args) or 0)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could not be handled
+        return code
     except BrokenPipeError:
         # The reader went away (``plait tune --show | head``): stop quietly, as a shell tool
         # does, and keep Python from writing the rest of the buffer to the closed pipe at exit.

@@ -72,7 +72,7 @@ from plait.runtime.executor import (
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
-__all__ = ["ABANDONED", "MISMATCHED", "run_one_sided"]
+__all__ = ["ABANDONED", "MISMATCHED", "mismatch_behind", "run_one_sided"]
 
 #: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
 ABANDONED = (1 << 32) - 1
@@ -355,6 +355,32 @@ def _run(
                 ufunc(v[op[1]], dst, out=dst)
             else:
                 ufunc(dst, v[op[1]], out=dst)
+
+
+def mismatch_behind(window: Any, rank: int, what: str, epoch: int) -> MismatchError | None:
+    """MismatchError where a rank of ``window`` found, in one of its one-sided calls up to
+    ``epoch``, that the ranks called different collectives; else None.
+
+    Such a rank posts MISMATCHED for its call (Note [one-sided]) and raises; if it then
+    closes, a peer that finished that call without reading its window (Note [rooted calls
+    agree on the root] in :mod:`plait.algos._rooted`) meets a lost rank in a later call, one-
+    sided or not, and the mismatch, not the loss, is what went wrong: the caller asks here
+    when a call fails with PeerLostError. ``what``: the failed call, as messages name it.
+    """
+    for q in range(window.size):
+        if q == window.rank:
+            continue
+        try:
+            counter = window.counter(q)
+        except CommError:  # this rank's own window is released: nothing to read
+            return None
+        if counter & 0xFFFFFFFF == MISMATCHED and counter >> 32 <= epoch:
+            return MismatchError(
+                f"rank {rank}: {what}: rank {q} found that the ranks called different "
+                f"collectives in one-sided call {counter >> 32} of this communicator (its own "
+                "message says what differs), and has left since"
+            )
+    return None
 
 
 def _check_peer(
