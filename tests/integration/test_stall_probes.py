@@ -110,6 +110,58 @@ def test_a_rooted_call_with_different_roots_fails_everywhere(
     assert all(r[1] < SOON for r in results), results
 
 
+#: One-sided calls (window) and message calls that wait on each other in a mismatch.
+ONE_SIDED: dict[str, Any] = {
+    "gather0": lambda comm: comm.gather(np.ones(3), root=0),
+    "gather1": lambda comm: comm.gather(np.ones(3), root=1),
+    "scatter0": lambda comm: comm.scatter(np.ones(3 * comm.size), root=0),
+    "gather0_f32": lambda comm: comm.gather(np.ones(3, np.float32), root=0),
+    "arena": lambda comm: comm.allreduce(np.ones(3), algorithm="arena"),
+    "ring": lambda comm: comm.allreduce(np.ones(3), algorithm="ring"),
+    "barrier": lambda comm: comm.barrier(),
+}
+
+
+@pytest.mark.parametrize(
+    ("plan", "then"),
+    [
+        # Each waits for a post the other never makes (no digest is ever read).
+        (["gather0", "scatter0"], "barrier"),
+        (["gather0", "gather1"], "barrier"),
+        # Rank 2 agrees with rank 0 and finishes its part: it learns in its next call, a
+        # one-sided one or a message one, though the ranks that found the mismatch live on.
+        (["gather0", "gather1", "gather0"], "barrier"),
+        (["gather0", "gather1", "gather0"], "ring"),
+        (["gather0_f32", "gather0", "gather0"], "barrier"),
+        (["gather0_f32", "gather0", "gather0"], "ring"),
+        # A one-sided call against message calls: each side waits on the other.
+        (["arena", "ring"], "barrier"),
+        (["arena", "ring", "ring"], "barrier"),
+    ],
+    ids=lambda v: "-".join(v) if isinstance(v, list) else v,
+)
+def test_one_sided_mismatches_fail_everywhere_while_every_rank_lives(
+    plan: list[str], then: str
+) -> None:
+    # The ranks that raise stay alive (a closed rank says enough by itself): what each
+    # rank learns comes from posts, probes and verdicts alone.
+    size = len(plan)
+    alive = threading.Barrier(size)
+
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        def calls() -> None:
+            ONE_SIDED[plan[comm.rank]](comm)
+            ONE_SIDED[then](comm)
+
+        outcome = _outcome(calls)
+        alive.wait(60)
+        return outcome
+
+    results = run_ranks(size, body, timeout=30, window=plait.testing.DEFAULT_WINDOW_BYTES)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+
+
 def test_slow_rank_is_not_a_mismatch() -> None:
     # Rank 1 arrives long after the others have probed (and rank 2, a leaf of the reduce,
     # waits in the next call meanwhile): a slow peer is no evidence of a mismatch.

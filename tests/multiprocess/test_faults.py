@@ -153,6 +153,58 @@ def test_different_collectives_fail_on_every_rank_within_seconds(
     assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
 
 
+def test_one_sided_mismatches_fail_every_live_rank_within_seconds(tmp_path: Path) -> None:
+    # Over shared memory these calls are one-sided: a gather with two roots, where rank 2
+    # agrees with rank 0 and finishes; then one rank's arena allreduce against the others'
+    # ring. No rank closes before every rank has raised (a closed rank would say enough).
+    script = """
+        import os, sys, time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        flags = sys.argv[1]
+
+        def raised(what, fn):
+            start = time.monotonic()
+            try:
+                fn()
+            except plait.MismatchError:
+                print(f"{what} on {comm.rank} {time.monotonic() - start:.1f}", flush=True)
+            else:
+                raise SystemExit("no error")
+            open(os.path.join(flags, f"{what}{comm.rank}"), "w").close()
+            deadline = time.monotonic() + 30  # alive until every rank has raised
+            while sum(f.startswith(what) for f in os.listdir(flags)) < comm.size:
+                assert time.monotonic() < deadline, "a rank never raised"
+                time.sleep(0.05)
+
+        x = np.ones(6)
+        def gather():
+            comm.gather(x, root=1 if comm.rank == 1 else 0)
+            comm.barrier()
+        raised("gather", gather)
+        comm.close()
+        comm = plait.init(timeout=60)
+        raised("mixed", lambda: comm.allreduce(x, algorithm="arena" if comm.rank == 0 else "ring"))
+        comm.close()
+    """
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(script))
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "run", "-n", "3", "--tag-output", str(path), str(flags)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    found = sorted(line.split(":", 1)[1].split()[:3] for line in res.stdout.splitlines())
+    assert [f[:3:2] for f in found] == [
+        [what, str(r)] for what in ("gather", "mixed") for r in range(3)
+    ], res.stdout
+    assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
+
+
 def test_close_after_error_releases_everything(tmp_path: Path) -> None:
     script = """
         import os, threading, numpy as np, plait

@@ -187,7 +187,7 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
         x = np.ones(4, np.float32)
         call = Call("allreduce (test)", 0, 0, np.add, soon(), epoch=0)
         with pytest.raises(ClosedError, match="closed"):
-            one_sided._run(compiled, (x, x, x[:0]), w, call, 0, True, 0)
+            one_sided._run(compiled, (x, x, x[:0]), w, a, call, 0, True, schedule)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -315,6 +315,6 @@ def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
     got = buffers()
     compiled = one_sided._compile(schedule, _PostingWindow(2), np.dtype(np.float32), 0)
     call = Call("allreduce (test)", 0, 0, np.add, None, epoch=0)
-    one_sided._run(compiled, got, _PostingWindow(2), call, 0, aliased, 0)
+    one_sided._run(compiled, got, _PostingWindow(2), None, call, 0, aliased, schedule)
     np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(got[2], expected[2])

@@ -398,7 +398,7 @@ def _window_steps(
         raise InternalError(
             f"rank {schedule.rank}: {call.describe} reads its host's windows, but there are none"
         )
-    return WindowSteps(schedule, buffers, window, call, aliased, members)
+    return WindowSteps(schedule, buffers, window, transport, call, aliased, members)
 
 
 def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int], ws: Any = None) -> None:

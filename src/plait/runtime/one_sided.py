@@ -19,7 +19,13 @@ Note [one-sided]
     it wakes every peer waiting on it, and a peer that finds it raises at once
     (MismatchError where the digests differ or the rank posted MISMATCHED,
     else PeerLostError naming the rank that gave up) instead of reading its
-    window or waiting for its own timeout.
+    window or waiting for its own timeout. A rank that posted either has a
+    broken communicator and posts nothing more: a peer whose next call waits
+    on it finds such a post of an earlier epoch at its first wait and raises
+    too (:func:`_look`). A wait that stalls probes the call's peers like a
+    message call (Note [stall probes] in :mod:`plait.runtime.stall`), and a
+    call that fails tells its verdict, so one-sided calls and message calls
+    find each other out as well.
 
 Note [compiled one-sided schedules]
     A small call is a few steps, and reading a step's fields, slicing the
@@ -69,6 +75,7 @@ from plait.runtime.executor import (
     _timeout_for,
     _wrap,
 )
+from plait.runtime.stall import settle, wait_post
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
@@ -133,18 +140,29 @@ def run_one_sided(
                     raise _wrap(rank, call, "the start of the call", exc) from None
                 window.last_compiled = (schedule, dtype, halves)
                 compiled = halves[half]
-            _run(compiled, buffers, window, call, half, aliased, rank)
+            _run(compiled, buffers, window, transport, call, half, aliased, schedule)
         else:
-            _run_steps(schedule, buffers, window, call, half, aliased)
+            _run_steps(schedule, buffers, window, transport, call, half, aliased)
+    except CommError as exc:
+        found = settle(transport, call, schedule, exc)  # tell a mismatch, or find one told
+        _give_up(window, epoch, isinstance(found, MismatchError))
+        if found is exc:
+            raise
+        raise found from None
     except BaseException:
-        with contextlib.suppress(Exception):  # best effort: the transport may be gone
-            mismatched = isinstance(sys.exc_info()[1], MismatchError)
-            window.post((epoch << 32) | (MISMATCHED if mismatched else ABANDONED))
+        _give_up(window, epoch, False)
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
     if slot is not None:
         slot.peers = ()
+
+
+def _give_up(window: Any, epoch: int, mismatched: bool) -> None:
+    """Post that this rank gave up on call ``epoch`` (Note [one-sided]; best effort: the
+    transport may be gone)."""
+    with contextlib.suppress(Exception):
+        window.post((epoch << 32) | (MISMATCHED if mismatched else ABANDONED))
 
 
 # -- the compiled form ---------------------------------------------------------------------------
@@ -286,13 +304,15 @@ def _run(
     compiled: Compiled,
     buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
     window: Any,
+    transport: Transport,
     call: Call,
     half: int,
     aliased: bool,
-    rank: int,
+    schedule: Schedule,
 ) -> None:
     """Run compiled operations (Note [compiled one-sided schedules])."""
-    ufunc, deadline, slot, check = call.ufunc, call.deadline, call.slot, call.check
+    rank = schedule.rank
+    ufunc, slot, check = call.ufunc, call.slot, call.check
     base = call.epoch << 32
     gave_up = base | MISMATCHED  # a peer's counter from gave_up to ended: it gave up
     ended = base + (1 << 32)  # and from here on it has ended this call
@@ -325,12 +345,7 @@ def _run(
                 q = op[4]
                 if slot is not None:
                     slot.peers = op[6]
-                try:
-                    arrived = window.wait(q, need, deadline)
-                except CommError as exc:
-                    raise _wrap(rank, call, f"a wait for rank {q}", exc) from None
-                if not arrived:
-                    raise _timeout_for(rank, call, [q])
+                _wait(window, transport, q, need, call, schedule, q)
             # Its digest is that of this call from its begin until every rank has ended the
             # call; a counter from gave_up to ended says it gave up on the call.
             try:
@@ -355,6 +370,56 @@ def _run(
                 ufunc(v[op[1]], dst, out=dst)
             else:
                 ufunc(dst, v[op[1]], out=dst)
+
+
+def _wait(
+    window: Any, transport: Transport, q: int, need: int, call: Call, where: Schedule, shown: int
+) -> None:
+    """Wait until rank ``q`` of ``window`` (``shown`` in messages) posts ``need``, probing
+    the call's peers once it stalls (:func:`~plait.runtime.stall.wait_post`)."""
+    rank = where.rank
+    try:
+        late = wait_post(
+            window,
+            transport,
+            q,
+            need,
+            call,
+            rank,
+            where.size,
+            shown,
+            lambda: _look(window, q, call, rank, shown),
+        )
+    except MismatchError:
+        raise  # the probes' or _look's, which name the call
+    except CommError as exc:
+        raise _wrap(rank, call, f"a wait for rank {shown}", exc) from None
+    if late is not None:
+        err = _timeout_for(rank, call, [shown])
+        raise type(err)(f"{err}{late}") if late else err
+
+
+def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
+    """Raise if rank ``q`` of ``window`` gave up on an earlier one-sided call: its
+    communicator is broken, so it posts nothing more (Note [one-sided]).
+
+    A rank that finished a call in which a peer found a mismatch (a leaf that
+    read nothing) learns it so in its next one-sided call, at its first wait.
+    """
+    counter = window.counter(q)
+    phase, epoch = counter & 0xFFFFFFFF, counter >> 32
+    if phase < MISMATCHED or epoch >= call.epoch:
+        return
+    if phase == MISMATCHED:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {shown} found that the ranks called different "
+            f"collectives in one-sided call {epoch} of this communicator (its own message says "
+            "what differs), and makes no more calls on it"
+        )
+    raise PeerLostError(  # _wait names the call
+        f"rank {shown} gave up on one-sided call {epoch} of this communicator after an error of "
+        "its own (see its message), and makes no more calls on it"
+    )
 
 
 def mismatch_behind(window: Any, rank: int, what: str, epoch: int) -> MismatchError | None:
@@ -417,6 +482,7 @@ def _run_steps(
     schedule: Schedule,
     buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
     window: Any,
+    transport: Transport,
     call: Call,
     half: int,
     aliased: bool,
@@ -424,7 +490,7 @@ def _run_steps(
     """The steps one by one, each reported to the timeline (Note [executor diagnostics])."""
     tl = call.timeline
     assert tl is not None
-    run = WindowSteps(schedule, buffers, window, call, aliased, None)
+    run = WindowSteps(schedule, buffers, window, transport, call, aliased, None)
     run.use(half)
     for i, step in enumerate(schedule.steps):
         begun = _now()
@@ -455,7 +521,9 @@ class WindowSteps:
         "_checked",
         "_index",
         "_last_phase",
+        "_schedule",
         "_shared",
+        "_transport",
         "_watches",
         "_window",
         "half",
@@ -467,10 +535,13 @@ class WindowSteps:
         schedule: Schedule,
         buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
         window: Any,
+        transport: Transport,
         call: Call,
         aliased: bool,
         members: Sequence[int] | None,
     ) -> None:
+        self._schedule = schedule
+        self._transport = transport
         self.rank = schedule.rank
         self.half = -1
         self._window, self._call, self._aliased = window, call, aliased
@@ -539,12 +610,7 @@ class WindowSteps:
             slot = call.slot
             if slot is not None:
                 slot.peers = (q,)  # a dump while it waits names the peer
-            try:
-                arrived = window.wait(w, base | step.tag, call.deadline)
-            except CommError as exc:
-                raise _wrap(rank, call, step, exc) from None
-            if not arrived:
-                raise _timeout_for(rank, call, [q])
+            _wait(window, self._transport, w, base | step.tag, call, self._schedule, q)
             if slot is not None:
                 slot.peers = ()
             if w not in self._checked or window.counter(w) >= base | MISMATCHED:

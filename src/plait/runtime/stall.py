@@ -37,6 +37,16 @@ Note [stall probes]
     soon as they stall. Every rank stuck in such a mismatch thus raises
     MismatchError within about one to two probe periods.
 
+    A one-sided call (Note [one-sided] in :mod:`plait.runtime.one_sided`)
+    waits on a peer's counter, not on messages; once stalled it probes the
+    same way, waiting for the counter and the peers' probes at once
+    (:func:`wait_post`), and a one-sided call that fails tells its verdict
+    too (:func:`settle`). So a rank in a one-sided call and ranks in a
+    message call (one rank's ``algorithm="arena"`` against the others'
+    ``"ring"``), or two one-sided calls that each wait for a post the other
+    never makes (a gather against a scatter), find each other out like any
+    other mismatch.
+
     Costs: nothing while calls finish within :data:`PROBE_SECONDS`; a stalled
     call sends ``size - 1`` messages of :data:`PROBE_BYTES` once and keeps
     ``size - 1`` receives posted. A probe that reaches a rank which never
@@ -49,8 +59,8 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,7 +71,7 @@ from plait.transport.base import Handle, Transport
 if TYPE_CHECKING:
     from plait.runtime.executor import Call
 
-__all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle"]
+__all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle", "wait_post"]
 
 #: Seconds a call waits before it probes its peers (Note [stall probes]).
 PROBE_SECONDS = 1.0
@@ -263,6 +273,67 @@ def settle(
         return err
     found.__cause__ = err
     return found
+
+
+def wait_post(
+    window: Any,
+    transport: Transport,
+    q: int,
+    value: int,
+    call: Call,
+    rank: int,
+    size: int,
+    shown: int,
+    look: Callable[[], None],
+) -> str | None:
+    """Wait until rank ``q`` of ``window`` posts ``value``, probing the call's peers once it
+    has stalled (Note [stall probes]). None once ``q`` has posted; on the deadline, what the
+    peers' probes say about whom they wait on (a timeout's note, maybe empty).
+
+    ``shown``: ``q``'s rank in the communicator (probes and messages name it); ``look``:
+    raises if ``q`` can no longer post (it gave up on an earlier call), called first
+    and then each time the stalled wait wakes, at least every :data:`PROBE_SECONDS`.
+
+    Raises:
+        MismatchError: the probes show the ranks in different calls.
+        PeerLostError, ClosedError: as :meth:`Window.wait`.
+    """
+    look()
+    deadline = call.deadline
+    slot = call.slot
+    probe_at = (slot.start if slot is not None else time.monotonic()) + PROBE_SECONDS
+    if call.probe_tag < 0 or size < 2 or (deadline is not None and deadline <= probe_at):
+        return None if window.wait(q, value, deadline) else ""
+    if window.wait(q, value, probe_at):
+        return None
+    prober = Prober(transport, call, rank, size)
+    try:
+        prober.start([shown])
+        while True:
+            h = window.watch(q, value)
+            if h is None:
+                return None
+            try:
+                now = time.monotonic()
+                limit = PROBE_SECONDS if deadline is None else min(deadline - now, PROBE_SECONDS)
+                wake = prober.wake_at
+                if wake is not None:
+                    limit = min(limit, wake - now)
+                transport.wait_any([h, *prober.handles], max(limit, 0.0))
+            finally:
+                arrived = h.done
+                if not arrived:
+                    window.unwatch(h)  # which marks it done
+            if arrived:
+                if h.error is not None:
+                    raise h.error
+                return None
+            look()
+            prober.check([shown])
+            if deadline is not None and time.monotonic() >= deadline:
+                return prober.explain([shown])
+    finally:
+        prober.close()
 
 
 def _verdict_here(transport: Transport, call: Call, rank: int, size: int) -> MismatchError | None:
