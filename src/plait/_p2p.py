@@ -66,7 +66,7 @@ from plait._p2p_request import (
 )
 from plait.errors import CommTimeout, UnsupportedError
 from plait.group import p2p_pattern, p2p_tag, user_tag
-from plait.transport.base import Matching, Transport
+from plait.transport.base import Matching, Transport, renumbered
 
 if TYPE_CHECKING:
     from plait._runner import CallRunner
@@ -364,7 +364,7 @@ class PointToPointMethods:
                 "the peer may have died or not made the matching send"
             )
         if h.error is not None:
-            raise _reword(h.error, f"rank {r}: {c} {_describe(True, s, t_)}")
+            raise _reword(renumbered(m, h.error), f"rank {r}: {c} {_describe(True, s, t_)}")
         source, wire, nbytes, check = m.envelope(h)
         st._set(source, user_tag(wire), nbytes, _dtype_of(check))
         return st

@@ -20,7 +20,7 @@ from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, check_timeout
 from plait.errors import CommError, CommTimeout, MismatchError
 from plait.group import GroupTransport, user_tag
-from plait.transport.base import Handle, Matching, Transport
+from plait.transport.base import Handle, Matching, Transport, renumbered
 
 __all__ = [
     "ANY_SOURCE",
@@ -378,7 +378,8 @@ class Request(Generic[R]):
             if isinstance(h.error, MismatchError) and inc is not None:
                 mine = f"; this rank's {self._c}: {inc.target.size} elements of "
                 mine += inc.target.dtype.name
-            self._error = _reword(h.error, f"rank {self._rank}: {self._c} {self._describe()}", mine)
+            err = renumbered(self._transport, h.error)
+            self._error = _reword(err, f"rank {self._rank}: {self._c} {self._describe()}", mine)
         elif inc is None:
             nbytes, dtype = (out.data.nbytes, out.dtype) if out is not None else (0, None)
             st._set(self._rank, self._tag, nbytes, dtype)

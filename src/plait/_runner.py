@@ -395,7 +395,9 @@ class CallRunner:
                     if path is not None:
                         notes.append(f"flight recorder dump: {path}")
                 if notes:
-                    raise type(exc)("; ".join([str(exc), *notes])) from exc.__cause__
+                    noted = type(exc)("; ".join([str(exc), *notes]))
+                    noted.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
+                    raise noted from exc.__cause__
                 raise exc
             finally:
                 if token is not None:

@@ -56,7 +56,14 @@ class CollectiveTimeout(CommTimeout):
 
 
 class PeerLostError(CommError):
-    """A peer closed its communicator, exited, or its connection broke."""
+    """A peer closed its communicator, exited, or its connection broke.
+
+    ``lost_rank`` is that peer as the communicator numbers it, where the failed
+    call knows it (a collective does: it waited on the peer, or the rank that did
+    told it), else None.
+    """
+
+    lost_rank: int | None = None
 
 
 class MismatchError(CommError):

@@ -32,6 +32,7 @@ Note [wire tags]
 
 from __future__ import annotations
 
+import re
 import time
 import zlib
 from collections.abc import Sequence
@@ -62,6 +63,10 @@ _USER_TAG_MASK = (1 << 31) - 1
 _SETUP = 1 << 32
 #: Seconds a new group's ranks may take to set up its window.
 SETUP_TIMEOUT = 300.0
+
+
+#: A rank named in a transport's message (:meth:`GroupTransport.renumber`).
+_RANK = re.compile(r"\brank (\d+)\b")
 
 
 def collective_tag(comm_id: int, seq: int) -> int:
@@ -180,6 +185,35 @@ class GroupTransport:
     def envelope(self, handle: Handle) -> tuple[int, int, int, int]:
         peer, tag, nbytes, check = self._matching().envelope(handle)
         return self._index.get(peer, -1), tag, nbytes, check
+
+    def name(self, rank: int) -> int:
+        """The job's number of this group's ``rank``: how its transport's messages name it."""
+        q = self.ranks[rank]
+        parent_name = getattr(self.parent, "name", None)
+        return q if parent_name is None else int(parent_name(q))
+
+    def renumber(self, err: BaseException) -> BaseException:
+        """``err``, from the parent's handles, with the job's rank numbers in its message
+        given as this group numbers them (:func:`plait.transport.base.renumbered`): "rank
+        3 was lost" becomes "rank 1 (job rank 3) was lost" where job rank 3 is rank 1 here.
+        """
+        here = {self.name(i): i for i in range(self.size)}
+
+        def ours(m: re.Match[str]) -> str:
+            job = int(m.group(1))
+            mine = here.get(job)
+            return m.group(0) if mine is None or mine == job else f"rank {mine} (job rank {job})"
+
+        text = str(err)
+        new = _RANK.sub(ours, text)
+        if new == text:
+            return err
+        try:
+            out = type(err)(new)
+        except Exception:
+            return err
+        out.__cause__ = err.__cause__
+        return out
 
     def _matching(self) -> Matching:
         parent = self.parent

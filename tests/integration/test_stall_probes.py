@@ -162,6 +162,59 @@ def test_one_sided_mismatches_fail_everywhere_while_every_rank_lives(
     assert all(r[1] < SOON for r in results), results
 
 
+def test_a_lost_rank_fails_every_call_that_waits_behind_it() -> None:
+    # Rank 1 leaves; in a ring allreduce rank 2 waits on it, rank 0 sends to it, and rank 3
+    # waits only on rank 2, which is alive: rank 3 learns from a notice of rank 0 or 2 that
+    # rank 1 is lost, instead of timing out and blaming rank 2.
+    alive = threading.Barrier(3)
+
+    def body(comm: plait.Communicator) -> tuple[str, float, str, int | None]:
+        if comm.rank == 1:
+            return "left", 0.0, "", None  # run_ranks closes its communicator
+        start = time.monotonic()
+        try:
+            comm.allreduce(np.ones(5), algorithm="ring")
+        except plait.PeerLostError as exc:
+            alive.wait(60)
+            return "PeerLostError", time.monotonic() - start, str(exc), exc.lost_rank
+        return "ok", time.monotonic() - start, "", None
+
+    results = run_ranks(4, body, timeout=30, window=0)
+    survivors = [results[r] for r in (0, 2, 3)]
+    assert [r[0] for r in survivors] == ["PeerLostError"] * 3, results
+    assert all(r[1] < SOON for r in survivors), results
+    assert [r[3] for r in survivors] == [1, 1, 1], results
+    assert "rank 1 was lost (rank 0 found so" in results[3][2] or (
+        "rank 1 was lost (rank 2 found so" in results[3][2]
+    ), results[3]
+
+
+def test_a_group_names_its_own_ranks_in_a_lost_peer_error() -> None:
+    # The group's transport hands out the job's handles, whose errors name the job's ranks.
+    def body(comm: plait.Communicator) -> tuple[str, int | None]:
+        group = comm.split(comm.rank % 2)  # job ranks 1 and 3 are ranks 0 and 1 of theirs
+        if comm.rank != 1:
+            return "", None
+        comm.barrier()  # job rank 3 closes after this (run_ranks closes it on return)
+        try:
+            group.allreduce(np.ones(3), algorithm="ring", timeout=20)
+        except plait.PeerLostError as exc:
+            return str(exc), exc.lost_rank
+        return "no error", None
+
+    def others(comm: plait.Communicator) -> tuple[str, int | None]:
+        out = body(comm)
+        if comm.rank != 1:
+            comm.barrier()
+        return out
+
+    text, lost = run_ranks(4, others, timeout=30, window=0)[1]
+    assert text.startswith("rank 0: allreduce (ring, call #0): "), text
+    assert "rank 1 (job rank 3)" in text, text
+    assert "rank 3 " not in text.replace("job rank 3", ""), text
+    assert lost == 1
+
+
 def test_slow_rank_is_not_a_mismatch() -> None:
     # Rank 1 arrives long after the others have probed (and rank 2, a leaf of the reduce,
     # waits in the next call meanwhile): a slow peer is no evidence of a mismatch.

@@ -155,6 +155,49 @@ def test_kill_9_mid_collective_then_agree_shrink_and_go_on(
         assert res["again"] == sum(range(n - 1))
 
 
+KILL_WITHOUT_ABORT = """
+import os, signal, threading, time, numpy as np, plait
+comm = plait.init(timeout=60)
+data = np.ones(1 << 12)
+comm.allreduce(data)
+if comm.rank == VICTIM:
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+try:
+    while True:
+        start = time.monotonic()
+        comm.allreduce(data, algorithm="ring")
+except plait.CommError as exc:
+    report(rank=comm.rank, error=type(exc).__name__, seconds=time.monotonic() - start,
+           lost=getattr(exc, "lost_rank", None), message=str(exc))
+agreement = comm.agree(1)  # every survivor is out of its call: agree needs no timeout
+report(rank=comm.rank, ranks=list(agreement.ranks))
+comm.close()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_kill_9_fails_every_survivor_fast_naming_the_dead_rank(
+    tmp_path: Path, server: TCPStoreServer, transport: str
+) -> None:
+    # In a ring of 4, rank 3 waits only on rank 2, which is alive: without a word from the
+    # ranks that saw rank 1 die, it would wait for its 60 s timeout and blame rank 2.
+    n, victim = 4, 1
+    script = KILL_WITHOUT_ABORT.replace("VICTIM", str(victim))
+    procs = start_ranks(script, n, tmp_path, plait_env(server, n, transport))
+    lines: dict[int, list[dict]] = {}
+    for r, p in enumerate(procs):
+        out, _ = p.communicate(timeout=100)
+        lines[r] = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    assert not lines[victim]
+    for r in (0, 2, 3):
+        failure, agreed = lines[r]
+        assert failure["error"] == "PeerLostError", failure
+        assert failure["lost"] == victim, failure
+        assert failure["seconds"] < 10, failure  # not the 60 s timeout
+        assert agreed["ranks"] == [0, 2, 3], agreed
+
+
 WATCHDOG = """
 import threading, time, numpy as np, plait
 comm = plait.init(timeout=60)

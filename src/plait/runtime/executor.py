@@ -43,11 +43,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from plait.errors import (
-    CollectiveTimeout,
-    CommError,
-    InternalError,
-)
+from plait.errors import CollectiveTimeout, CommError, InternalError, PeerLostError
 from plait.runtime.stall import PROBE_SECONDS, Prober, settle
 from plait.schedule.ir import Schedule, Step, StepKind, uses_window
 from plait.schedule.straight import (
@@ -59,7 +55,7 @@ from plait.schedule.straight import (
     Line,
     straight_line,
 )
-from plait.transport.base import Handle, Transport
+from plait.transport.base import Handle, Transport, renumbered
 
 if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder, Slot
@@ -350,7 +346,7 @@ def execute(
             for h in done:
                 i = pending.pop(h)
                 if h.error is not None:
-                    err = _wrap(schedule.rank, call, steps[i], h.error)
+                    err = _wrap(schedule.rank, call, steps[i], renumbered(transport, h.error))
                     raise settle(transport, call, schedule, err, prober)
                 step = steps[i]
                 if step.kind is _RECV_REDUCE:
@@ -409,9 +405,8 @@ def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int], ws: 
         rec.unwatch(slot)
     if ws is not None:
         ws.drop(pending)
-    for h in pending:
-        if not h.done:
-            transport.cancel(h)
+    for h in (h for h in pending if not h.done):
+        transport.cancel(h)
 
 
 def _block(
@@ -545,14 +540,15 @@ def _run_line(
                         if not g.done:
                             waiting.append(g)
                         elif g.error is not None:
-                            err = _wrap(schedule.rank, call, steps[pending[g]], g.error)
+                            err = renumbered(transport, g.error)
+                            err = _wrap(schedule.rank, call, steps[pending[g]], err)
                             raise settle(transport, call, schedule, err, prober)
                     probe_at, prober = _block(
                         transport, call, schedule, pending, waiting, probe_at, prober
                     )
                 del pending[h]
                 if h.error is not None:
-                    err = _wrap(schedule.rank, call, steps[i], h.error)
+                    err = _wrap(schedule.rank, call, steps[i], renumbered(transport, h.error))
                     raise settle(transport, call, schedule, err, prober)
             elif code <= L_RECV:  # L_SEND or L_RECV
                 _, i, peer, tag, b, lo, hi = op
@@ -695,6 +691,10 @@ def _malformed(rank: int, call: Call, step: Step) -> InternalError:
 
 
 def _wrap(rank: int, call: Call, step: object, err: BaseException) -> BaseException:
+    """``err`` of the transport at ``step``, naming this rank, the call and a lost peer."""
     if isinstance(err, CommError):
-        return type(err)(f"rank {rank}: {call.describe}: {err}")
+        out = type(err)(f"rank {rank}: {call.describe}: {err}")
+        if isinstance(out, PeerLostError) and isinstance(err, PeerLostError):
+            out.lost_rank = step.peer if isinstance(step, Step) else err.lost_rank
+        return out
     return CommError(f"rank {rank}: {call.describe}: transport failed at {step!r}: {err}")

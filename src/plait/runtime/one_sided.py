@@ -77,7 +77,7 @@ from plait.runtime.executor import (
 )
 from plait.runtime.stall import settle, wait_post
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
-from plait.transport.base import Handle, Transport
+from plait.transport.base import Handle, Transport, renumbered
 
 __all__ = ["ABANDONED", "MISMATCHED", "mismatch_behind", "run_one_sided"]
 
@@ -390,10 +390,13 @@ def _wait(
             shown,
             lambda: _look(window, q, call, rank, shown),
         )
-    except MismatchError:
-        raise  # the probes' or _look's, which name the call
     except CommError as exc:
-        raise _wrap(rank, call, f"a wait for rank {shown}", exc) from None
+        if str(exc).startswith(f"rank {rank}: {call.describe}: "):
+            raise  # the probes' or _look's, which name the call
+        err = _wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
+        if isinstance(err, PeerLostError):
+            err.lost_rank = shown
+        raise err from None
     if late is not None:
         err = _timeout_for(rank, call, [shown])
         raise type(err)(f"{err}{late}") if late else err
@@ -416,9 +419,9 @@ def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
             f"collectives in one-sided call {epoch} of this communicator (its own message says "
             "what differs), and makes no more calls on it"
         )
-    raise PeerLostError(  # _wait names the call
-        f"rank {shown} gave up on one-sided call {epoch} of this communicator after an error of "
-        "its own (see its message), and makes no more calls on it"
+    raise PeerLostError(
+        f"rank {rank}: {call.describe}: rank {shown} gave up on one-sided call {epoch} of this "
+        "communicator after an error of its own (see its message), and makes no more calls on it"
     )
 
 

@@ -31,6 +31,13 @@ Note [stall probes]
       MismatchError, naming that peer;
     - anything else (an older call, the same call and digest) says nothing.
 
+    - a ``LOST`` notice (a peer's call failed because a rank was lost, which
+      the notice names): PeerLostError naming the lost rank, as its
+      ``lost_rank``. Every rank takes part in every collective, so a stalled
+      call of a communicator that lost a rank cannot finish; a rank that
+      waits on a live peer (which itself waited on the lost one) would
+      otherwise wait for its timeout and blame that live peer.
+
     A rank that raises MismatchError this way first sends every other rank a
     verdict, so that the ranks of the same mistake that found no evidence of
     their own (a leaf that returned, then waits in its next call) fail too as
@@ -64,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plait.errors import MismatchError
+from plait.errors import CommTimeout, MismatchError, PeerLostError
 from plait.schedule.ir import Schedule
 from plait.transport.base import Handle, Transport
 
@@ -77,7 +84,7 @@ __all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle", 
 PROBE_SECONDS = 1.0
 #: Seconds a peer found in a later call may still deliver what this call waits for.
 GRACE_SECONDS = 2.0
-_STALLED, _VERDICT = 0, 1
+_STALLED, _VERDICT, _LOST = 0, 1, 2
 #: Most of the peers a probe says its call waits on.
 _NAMED = 8
 #: seq (the call's number), digest, kind, the call's name (UTF-8, zero-padded), how many
@@ -143,6 +150,8 @@ class Prober:
             self._post(q)  # the next probe from q (a verdict may follow its stall probe)
             if kind == _STALLED and seq == self._call.seq and digest == self._call.check:
                 self._heard[q] = tuple(p for p in theirs[: min(n, _NAMED)] if p >= 0)
+            if kind == _LOST:
+                raise _lost_error(self._call, self._rank, q, _text(name), theirs[0])
             err = self._verdict(q, seq, digest, kind, _text(name), waiting)
             if err is not None:
                 self._tell_all()
@@ -245,13 +254,14 @@ def settle(
     err: BaseException,
     prober: Prober | None = None,
 ) -> BaseException:
-    """The error a failing call raises: ``err``, or the mismatch behind it.
+    """The error a failing call raises: ``err``, or the mismatch or loss behind it.
 
-    A MismatchError is told to every peer (a verdict: Note [stall probes]). A
-    lost peer or a timeout may be the consequence of a mismatch that another
-    rank found first: a verdict already here says so, and the call raises
-    MismatchError instead. Costs nothing on success; a few small messages on
-    failure.
+    A MismatchError is told to every peer (a verdict: Note [stall probes]), and
+    so is a PeerLostError that names its lost rank (a ``LOST`` notice). A lost
+    peer or a timeout may be the consequence of a mismatch that another rank
+    found first, and a timeout that of a rank another found lost: a verdict or
+    notice already here says so, and the call raises that instead. Costs
+    nothing on success; a few small messages on failure.
     """
     if call.probe_tag < 0 or where.size < 2:
         return err
@@ -259,14 +269,19 @@ def settle(
         if isinstance(err, MismatchError):
             _tell_all(transport, call, where.rank, where.size)
             return err
-        found = None
+        lost = err.lost_rank if isinstance(err, PeerLostError) else None
+        if lost is not None:
+            _tell_all(transport, call, where.rank, where.size, _LOST, lost)
+        found: MismatchError | PeerLostError | None = None
         if prober is not None:  # its receives may hold a verdict already
             try:
                 prober.check(())
-            except MismatchError as exc:
+            except (MismatchError, PeerLostError) as exc:
                 found = exc
         if found is None:
             found = _verdict_here(transport, call, where.rank, where.size)
+        if isinstance(found, PeerLostError) and not isinstance(err, CommTimeout):
+            found = None  # a loss told by a peer explains a timeout only
     except Exception:
         return err
     if found is None:
@@ -336,13 +351,16 @@ def wait_post(
         prober.close()
 
 
-def _verdict_here(transport: Transport, call: Call, rank: int, size: int) -> MismatchError | None:
-    """A peer's verdict already received (not waited for), as this rank's MismatchError."""
-    found: MismatchError | None = None
+def _verdict_here(
+    transport: Transport, call: Call, rank: int, size: int
+) -> MismatchError | PeerLostError | None:
+    """A peer's verdict already received (not waited for), as this rank's MismatchError;
+    else a peer's ``LOST`` notice, as its PeerLostError; else None."""
+    lost: PeerLostError | None = None
     for q in range(size):
         if q == rank:
             continue
-        while found is None:
+        while True:
             buf = np.zeros(PROBE_BYTES, np.uint8)
             h = transport.irecv(q, call.probe_tag, buf.data, 0)
             if not h.done:  # nothing waiting from q
@@ -350,10 +368,12 @@ def _verdict_here(transport: Transport, call: Call, rank: int, size: int) -> Mis
                 break
             if h.error is not None:
                 break
-            _, _, kind, name, *_ = _WIRE.unpack(buf.tobytes())
+            _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
             if kind == _VERDICT:
-                found = _verdict_error(call, rank, q, _text(name))
-    return found
+                return _verdict_error(call, rank, q, _text(name))
+            if kind == _LOST and lost is None:
+                lost = _lost_error(call, rank, q, _text(name), theirs[0])
+    return lost
 
 
 def _pack(call: Call, kind: int, waiting: Sequence[int]) -> bytes:
@@ -361,11 +381,14 @@ def _pack(call: Call, kind: int, waiting: Sequence[int]) -> bytes:
     return _WIRE.pack(call.seq, call.check, kind, _name(call), len(waiting), *named)
 
 
-def _tell_all(transport: Transport, call: Call, rank: int, size: int) -> None:
-    """Send every peer a verdict (best effort: the call is failing anyway)."""
-    verdict = _pack(call, _VERDICT, ())
+def _tell_all(
+    transport: Transport, call: Call, rank: int, size: int, kind: int = _VERDICT, lost: int = -1
+) -> None:
+    """Send every peer a verdict, or a ``LOST`` notice naming rank ``lost`` (best effort:
+    the call is failing anyway)."""
+    verdict = _pack(call, kind, () if lost < 0 else (lost,))
     for q in range(size):
-        if q != rank:
+        if q != rank and q != lost:
             try:
                 transport.isend(q, call.probe_tag, memoryview(verdict), 0)
             except Exception:
@@ -377,6 +400,15 @@ def _verdict_error(call: Call, rank: int, q: int, name: str) -> MismatchError:
         f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
         f"collectives (in its {name}; its own message says what differs)"
     )
+
+
+def _lost_error(call: Call, rank: int, q: int, name: str, lost: int) -> PeerLostError:
+    err = PeerLostError(
+        f"rank {rank}: {call.describe}: rank {lost} was lost (rank {q} found so in its {name}), "
+        "and no call of this communicator can finish without it"
+    )
+    err.lost_rank = lost
+    return err
 
 
 def _name(call: Call) -> bytes:

@@ -64,7 +64,15 @@ def may_spin() -> bool:
     return not getattr(_thread, "background", False)
 
 
-__all__ = ["Handle", "Matching", "Transport", "background_thread", "may_spin", "spin_seconds"]
+__all__ = [
+    "Handle",
+    "Matching",
+    "Transport",
+    "background_thread",
+    "may_spin",
+    "renumbered",
+    "spin_seconds",
+]
 
 
 @runtime_checkable
@@ -155,3 +163,16 @@ class Matching(Transport, Protocol):
         matched nothing).
         """
         ...
+
+
+def renumbered(transport: object, err: BaseException) -> BaseException:
+    """``err``, which a handle of ``transport`` failed with, naming ranks as ``transport``
+    numbers them.
+
+    A sub-communicator's transport hands out its parent's handles, whose errors
+    name the job's ranks ("connection to rank 3 lost"); a transport that numbers
+    ranks otherwise rewrites them with its ``renumber`` method (a group's: "rank
+    1 (job rank 3)"). Any other transport's errors are returned as they are.
+    """
+    renumber = getattr(transport, "renumber", None)
+    return err if renumber is None else renumber(err)
