@@ -275,3 +275,33 @@ def test_a_rank_killed_during_setup_leaves_nothing_in_dev_shm() -> None:
     finally:
         for path in glob.glob(f"/dev/shm/plait-{job}-*"):
             os.unlink(path)
+
+
+_KILLED_MAKING_ITS_SEGMENT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from plait.rendezvous.store import MemoryStore
+    from plait.transport.shm import ShmTransport
+
+    def fallocate(fd, offset, length):  # the segment's file is open, its memory not reserved
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    os.posix_fallocate = fallocate
+    ShmTransport(0, 2, MemoryStore(timeout=30), timeout=30, job=sys.argv[1])
+    """
+)
+
+
+def test_a_rank_killed_while_making_its_segment_leaves_nothing_in_dev_shm() -> None:
+    """SIGKILL between creating the segment's file and mapping it (reserving and mapping a
+    large window takes milliseconds): the file never had a name in /dev/shm."""
+    job = _job()
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _KILLED_MAKING_ITS_SEGMENT, job], capture_output=True, timeout=60
+        )
+        assert child.returncode == -9, child
+        assert glob.glob(f"/dev/shm/plait-{job}-*") == []
+    finally:
+        for path in glob.glob(f"/dev/shm/plait-{job}-*"):
+            os.unlink(path)

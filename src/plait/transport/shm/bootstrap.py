@@ -1,4 +1,4 @@
-"""The shared-memory rendezvous: job token, segments, doorbell sockets, unlinking.
+"""The shared-memory rendezvous: job token, segments, doorbell sockets, handing files over.
 
 Steps, names and cleanup rules: ``docs/transport.md`` (Note [segment names], Note
 [lifetime and cleanup]). :func:`join` meets the ranks of a transport through the
@@ -112,7 +112,7 @@ def join(
     """Meet the other ranks of this host through ``store``; see Note [lifetime and cleanup].
 
     ``window``: bytes of each half of this rank's window (0: no arena in the segment).
-    On failure everything made so far is released and this rank's segment unlinked.
+    On failure everything made so far is released.
 
     Raises:
         RendezvousError: the ranks did not all arrive within ``timeout``, or disagree.
@@ -141,7 +141,8 @@ def join_window(
 
     The same rendezvous as :func:`join` (Note [lifetime and cleanup]): each rank
     creates a segment of a control block and an arena of ``window`` bytes per
-    half and unlinks it at once, listens on a socket, and the ranks hand their
+    half (a file without a name: :func:`~plait.transport.shm.segment.create`),
+    listens on a socket, and the ranks hand their
     segments' files to each other over connected sockets, which are closed
     again once every rank has mapped every segment (waiting goes through the
     transport the group already has). Only the store is replaced:
@@ -205,7 +206,6 @@ class _Join:
         self.names = names
         self.me = names[rank]
         self.name = ""  # start of segment and socket names: plait-<job>-g<generation>
-        self.path: str | None = None  # our segment's file until unlinked
         self.seg: Segment | None = None
         self.wires: list[Wire] = []
         self.nonce = nonce
@@ -220,7 +220,7 @@ class _Join:
 
     def guarded(self, body: Callable[[], Joined | None]) -> Joined | None:
         """``body()``; on failure tell the peers (:meth:`break_off`) and release what it
-        made; in any case unlink our segment's file."""
+        made."""
         try:
             return body()
         except BaseException as exc:
@@ -233,8 +233,6 @@ class _Join:
             if error is exc:
                 raise
             raise error from exc
-        finally:
-            self.unlink()
 
     def run(
         self,
@@ -373,15 +371,10 @@ class _Join:
         slot_bytes: int,
         window: int,
     ) -> socket.socket:
-        """Create our segment, describe it, unlink it; our listening socket."""
-        self.path = os.path.join(SHM_DIR, own)
-        try:
-            seg = self.seg = segment.create(
-                self.path, nbytes, self.me, token, populate=self.populate
-            )
-        except BaseException:
-            self.path = None  # create() removed it
-            raise
+        """Create our segment (nothing in /dev/shm names it) and describe it; our listening
+        socket."""
+        path = os.path.join(SHM_DIR, own)
+        seg = self.seg = segment.create(path, nbytes, self.me, token, populate=self.populate)
         w = seg.words
         w[W_VERSION] = VERSION
         w[W_PID] = os.getpid()
@@ -391,9 +384,6 @@ class _Join:
         w[W_WINDOW] = rings if window else 0
         w[W_WINDOW_BYTES] = window
         w[W_MAGIC] = MAGIC
-        # Peers receive the open file over their socket: from here on nothing in
-        # /dev/shm refers to this rank, whatever happens to it.
-        self.unlink()
         self.wires = [Wire(r) for r in range(self.size) if r != self.rank]
         return _listen(own, self.size)
 
@@ -667,11 +657,6 @@ class _Join:
             # Senders follow the geometry the receiver recorded in its control block.
             p.out = RingEnd(self.rank, p.rank, w[W_SLOTS], w[W_SLOT_BYTES])
             p.inbound = RingEnd(p.rank, self.rank, slots, slot_bytes)
-
-    def unlink(self) -> None:
-        if self.path is not None:
-            path, self.path = self.path, None
-            segment.unlink(path)
 
     def _close_listener(self) -> None:
         if self.listener is not None:

@@ -174,18 +174,60 @@ class Fence:
 
 
 def create(path: str, nbytes: int, me: int, job: str, *, populate: bool = True) -> Segment:
-    """Create, reserve and map the segment file ``path`` of ``nbytes`` bytes.
+    """Create, reserve and map a segment of ``nbytes`` bytes named after ``path``.
 
-    The caller owns the file from now on (it must :func:`unlink` it; this
-    function removes it when it raises after creating it). The segment keeps the
-    file open (``fd``) so that it can be handed to peers. ``populate``: map every
-    page now (``MAP_POPULATE``) rather than at its first touch; the memory is
-    reserved either way.
+    It is an anonymous file that no name in ``/dev/shm`` refers to, ever, so
+    that nothing is left there whenever the process dies (Note [lifetime and
+    cleanup]): a ``memfd`` named after ``path``'s last part, or, where the OS
+    has none, the file ``path`` unlinked as soon as it is open. The segment
+    keeps the file open (``fd``) so that it can be handed to peers.
+    ``populate``: map every page now (``MAP_POPULATE``) rather than at its first
+    touch; the memory is reserved either way.
 
     Raises:
-        TransportError: the file exists already, or the OS refused it (e.g.
-            ``/dev/shm`` is full: reserved now rather than a SIGBUS later).
+        TransportError: the file ``path`` exists already, or the OS refused it
+            (e.g. out of shared memory: reserved now rather than a SIGBUS later).
     """
+    fd = _anonymous(path, me, job)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                raise TransportError(
+                    f"rank {me}: the OS has no room for a shared-memory segment of {nbytes} "
+                    "bytes (lower slot_bytes, slots or PLAIT_SHM_WINDOW)"
+                ) from exc
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes, flags=_flags(populate))
+    except OSError as exc:
+        os.close(fd)
+        raise TransportError(f"rank {me}: cannot allocate {path}: {exc}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return Segment(mm, fd)
+
+
+def _anonymous(path: str, me: int, job: str) -> int:
+    """An open file of this user's alone, mode 0600, that no name refers to (see
+    :func:`create`)."""
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is not None:
+        try:
+            fd: int = memfd(os.path.basename(path), os.MFD_CLOEXEC)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EINVAL):
+                raise TransportError(f"rank {me}: cannot create {path}: {exc}") from exc
+        else:
+            try:
+                os.fchmod(fd, 0o600)  # a memfd starts as 0777: only its holders reach it
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:
@@ -195,30 +237,8 @@ def create(path: str, nbytes: int, me: int, job: str, *, populate: bool = True) 
         ) from None
     except OSError as exc:
         raise TransportError(f"rank {me}: cannot create {path}: {exc}") from exc
-    try:
-        try:
-            os.posix_fallocate(fd, 0, nbytes)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                free = os.statvfs(SHM_DIR)
-                raise TransportError(
-                    f"rank {me}: {SHM_DIR} has {free.f_bavail * free.f_frsize} bytes "
-                    f"free, the segment needs {nbytes} (lower slot_bytes, slots or "
-                    "PLAIT_SHM_WINDOW)"
-                ) from exc
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            os.ftruncate(fd, nbytes)
-        mm = mmap.mmap(fd, nbytes, flags=_flags(populate))
-    except OSError as exc:
-        os.close(fd)
-        unlink(path)
-        raise TransportError(f"rank {me}: cannot allocate {path}: {exc}") from exc
-    except BaseException:
-        os.close(fd)
-        unlink(path)
-        raise
-    return Segment(mm, fd)
+    unlink(path)
+    return fd
 
 
 def attach(fd: int, name: str, nbytes: int, me: int, *, populate: bool = True) -> Segment:

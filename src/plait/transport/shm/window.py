@@ -64,7 +64,8 @@ window of their own (:meth:`ShmWindow.split`, called by the group's
 * Memory: every rank of the group creates one more segment, a control block and
   an arena of the parent's capacity or ``GROUP_WINDOW_BYTES`` (256 KiB),
   whichever is smaller (no rings: ``W_SLOTS`` 0), named
-  ``plait-<job>-split-<group rank>-<random>``, and unlinks it at once. Its pages
+  ``plait-<job>-split-<group rank>-<random>``, a file without a name in
+  ``/dev/shm`` (:func:`~plait.transport.shm.segment.create`). Its pages
   are reserved (``posix_fallocate``) but neither it nor its peers map them
   ahead (no ``MAP_POPULATE``): a split then costs about 1.5-2.5 ms on 2 ranks
   and 4-6 ms on 3, against 8-19 ms with 2 MiB halves mapped ahead (``auto``
@@ -79,9 +80,9 @@ window of their own (:meth:`ShmWindow.split`, called by the group's
   abstract socket, the ranks connect, check each other's user and the set-up's
   nonce (the tag: a connection meant for another set-up of the same ranks is
   refused), hand their segment's open file over (``SCM_RIGHTS``), map each
-  other's with the same checks, say so, and close these sockets. A file is
-  unlinked before its name is announced, so nothing stays in ``/dev/shm``
-  after any exit, kill -9 included.
+  other's with the same checks, say so, and close these sockets. No name in
+  ``/dev/shm`` ever refers to a segment, so nothing stays there after any
+  exit, kill -9 included.
 * Failing to set it up: a rank that cannot create its segment or its socket
   (``/dev/shm`` full, no descriptors left) announces none, and then no rank of
   the group gets a window: the group's calls go through messages, as they did
