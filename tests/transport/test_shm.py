@@ -417,6 +417,67 @@ def test_rendezvous_timeout_cleans_up() -> None:
         ShmTransport(0, 2, MemoryStore(), timeout=0.3)
 
 
+def test_a_rank_that_never_announces_is_named() -> None:
+    # Rank 1 never comes (it died or failed in its plait.init before announcing): the others
+    # name it, not a store key.
+    store = MemoryStore(timeout=5)
+
+    def rank(r: int) -> str:
+        with pytest.raises(RendezvousError) as info:
+            ShmTransport(r, 3, store, timeout=1)
+        return str(info.value)
+
+    for text in in_threads([lambda: rank(0), lambda: rank(2)]):
+        assert "rank(s) [1] did not announce their segment" in text, text
+        assert "ready/" not in text, text
+
+
+_DIES_WHILE_ATTACHING = textwrap.dedent(
+    """
+    import os, signal, sys
+    from plait.rendezvous.tcp_store import TCPStore
+    from plait.transport.shm import ShmTransport, bootstrap
+
+    def attach(self, p, slots, slot_bytes):  # announced and connected; then it dies
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    bootstrap._Join._attach = attach
+    ShmTransport(1, 3, TCPStore("127.0.0.1", int(sys.argv[1]), timeout=30), timeout=30)
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_a_rank_killed_during_the_rendezvous_is_named_at_once(store_server: int) -> None:
+    from plait.rendezvous.tcp_store import TCPStore
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _DIES_WHILE_ATTACHING, str(store_server)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    stores = [TCPStore("127.0.0.1", store_server, timeout=30) for _ in range(2)]
+    try:
+
+        def rank(r: int, store: Store) -> tuple[str, float]:
+            start = time.monotonic()
+            with pytest.raises(RendezvousError) as info:
+                ShmTransport(r, 3, store, timeout=30)
+            return str(info.value), time.monotonic() - start
+
+        results = in_threads([lambda: rank(0, stores[0]), lambda: rank(2, stores[1])])
+        for text, seconds in results:
+            assert "rank 1 hung up during the shared-memory rendezvous" in text, text
+            assert seconds < 10, seconds  # not the 30 s timeout
+    finally:
+        for store in stores:
+            store.close()
+        if child.poll() is None:
+            child.kill()
+        child.communicate(timeout=10)
+    assert child.returncode == -signal.SIGKILL
+
+
 def test_job_must_agree() -> None:
     store = MemoryStore(timeout=5)
     unique = f"{os.getpid()}-{secrets.token_hex(4)}"

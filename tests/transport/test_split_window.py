@@ -442,7 +442,7 @@ def test_a_failed_split_leaves_nothing_that_breaks_the_next() -> None:
 
 
 def _failing_listener(rank: int) -> Any:
-    listen = bootstrap._listen
+    listen = bootstrap.listen
 
     def failing(name: str, backlog: int) -> Any:
         if f"-split-{rank}-" in name:
@@ -458,7 +458,7 @@ def test_a_connection_that_hangs_up_before_its_hello_is_ignored(
 ) -> None:
     """A process of this user connects to rank 0's socket and hangs up (after ``junk``)
     before a whole hello: rank 0 drops it and the group forms as if it had never come."""
-    listen = bootstrap._listen
+    listen = bootstrap.listen
 
     def listen_and_knock(name: str, backlog: int) -> Any:
         listener = listen(name, backlog)
@@ -469,7 +469,7 @@ def test_a_connection_that_hangs_up_before_its_hello_is_ignored(
         return listener
 
     with world("shm", 3) as ts:
-        monkeypatch.setattr(bootstrap, "_listen", listen_and_knock)
+        monkeypatch.setattr(bootstrap, "listen", listen_and_knock)
         gs = groups(ts, [[0, 1, 2]], timeout=20)
         try:
             assert all(g.window is not None for g in gs)
@@ -481,7 +481,7 @@ def test_a_rank_that_fails_before_announcing_leaves_every_rank_without_a_window_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with world("shm", 3) as ts:
-        monkeypatch.setattr(bootstrap, "_listen", _failing_listener(1))
+        monkeypatch.setattr(bootstrap, "listen", _failing_listener(1))
         start = time.monotonic()
         gs = groups(ts, [[0, 1, 2]], timeout=20)
         assert time.monotonic() - start < 5

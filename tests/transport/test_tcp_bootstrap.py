@@ -213,3 +213,16 @@ def test_a_peer_that_never_challenges_is_not_blamed_on_the_secret(
     assert "reject our PLAIT_SECRET" not in text, text
     assert "before its challenge" in text if hang_up else "stayed silent" in text, text
     assert isinstance(info.value.__cause__, _auth.HandshakeUnanswered), info.value.__cause__
+
+
+def test_a_peer_that_refuses_connections_is_said_to_have_died() -> None:
+    # Rank 0 published its address, then its process died: its port refuses connections.
+    listener = socket.create_server(("127.0.0.1", 0))
+    store = MemoryStore(timeout=10)
+    store.set("tcp/addr/0", f"127.0.0.1:{listener.getsockname()[1]}".encode())
+    listener.close()
+    with pytest.raises(BootstrapTimeout) as info:
+        TcpTransport(1, 2, store, timeout=0.5)
+    text = str(info.value)
+    assert "could not connect to rank(s) [0]" in text, text
+    assert "refuses connections has died or given up" in text, text

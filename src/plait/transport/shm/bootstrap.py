@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from plait.errors import CommError, PeerLostError, RendezvousError, TransportError
-from plait.rendezvous.store import Store
+from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.shm import segment
 from plait.transport.shm.doorbell import peer_credentials, peer_pid, process_start
 from plait.transport.shm.ring import RingEnd, segment_bytes
@@ -39,7 +39,7 @@ from plait.transport.shm.segment import (
     W_WINDOW_BYTES,
     Segment,
 )
-from plait.transport.shm.sockets import discard_input, last_words, recv_exact
+from plait.transport.shm.sockets import discard_input, last_words, listen, recv_exact
 from plait.transport.shm.window import arena_bytes, check_arena
 
 __all__ = ["JOB_RE", "Joined", "Wire", "join", "join_window"]
@@ -141,16 +141,14 @@ def join_window(
 
     The same rendezvous as :func:`join` (Note [lifetime and cleanup]): each rank
     creates a segment of a control block and an arena of ``window`` bytes per
-    half (a file without a name: :func:`~plait.transport.shm.segment.create`),
-    listens on a socket, and the ranks hand their
-    segments' files to each other over connected sockets, which are closed
-    again once every rank has mapped every segment (waiting goes through the
-    transport the group already has). Only the store is replaced:
-    ``announce(mine)`` must return every rank's announcement in rank order
-    (an allgather over the group's messages). ``job`` starts the names, so
-    that ``plait run`` and the leak checks find them as the job's. The pages
-    are reserved but not mapped ahead (no ``MAP_POPULATE``): a group's window
-    is made at every split, and mostly only its first pages are used.
+    half, listens on a socket, and the ranks hand their segments' files to each
+    other over connected sockets, which are closed again once every rank has
+    mapped every segment (waiting goes through the transport the group already
+    has). Only the store is replaced: ``announce(mine)`` must return every
+    rank's announcement in rank order (an allgather over the group's messages).
+    ``job`` starts the names. The pages are reserved but not mapped ahead (no
+    ``MAP_POPULATE``): a group's window is made at every split, and mostly only
+    its first pages are used.
 
     ``nonce`` names this set-up (the same on every rank of the group, and on
     no other set-up at the same time): every connection says it in its hello,
@@ -158,7 +156,7 @@ def join_window(
     same ranks can never wire to each other's segments.
 
     Returns None, on every rank alike, when some rank could not create its
-    segment or its socket (``/dev/shm`` full, no descriptors left): it
+    segment or its socket (out of memory or descriptors): it
     announces none, and the group then has no window. ``alive(r)`` tells
     whether rank ``r`` still runs and ``stopped()`` gives the error to raise
     once this rank's transport is closed or aborted (else None); both are
@@ -256,7 +254,10 @@ class _Join:
             token = job if job is not None else secrets.token_hex(8)
             store.set(prefix + "job", token.encode())
         else:
-            token = store.get(prefix + "job", left()).decode()
+            try:
+                token = store.get(prefix + "job", left()).decode()
+            except StoreTimeout:
+                raise _absent(self.me, [self.names[0]], "start it", timeout) from None
             if job is not None and job != token:
                 raise RendezvousError(
                     f"rank {self.me}: job {job!r} differs from rank {self.names[0]}'s {token!r}"
@@ -264,8 +265,13 @@ class _Join:
 
         def announce(mine: bytes) -> list[bytes]:
             store.set(prefix + f"ready/{rank}", mine)
-            store.wait([prefix + f"ready/{r}" for r in range(size)], left())
-            return [store.get(prefix + f"ready/{r}") for r in range(size)]
+            keys = [prefix + f"ready/{r}" for r in range(size)]
+            try:
+                store.wait(keys, left())
+            except StoreTimeout:
+                absent = [self.names[r] for r in range(size) if not store.check([keys[r]])]
+                raise _absent(self.me, absent, "announce their segment", timeout) from None
+            return [store.get(k) for k in keys]
 
         # Several transports of one job (one per group) must not collide either, and
         # no other process may squat a name: see Note [segment names].
@@ -353,7 +359,7 @@ class _Join:
             self._send(p, lambda sock: sock.sendall(b"A"))  # "I have mapped your segment"
         seg.close_fd()
         for p in self.wires:
-            got = recv_exact(self._await(p), 1)
+            got = last_words(self._await(p), 1, _TELL_SECONDS)  # b"": it hung up
             if got != b"A":
                 raise self._broke_off(p, got)
         for p in self.wires:
@@ -385,7 +391,7 @@ class _Join:
         w[W_WINDOW_BYTES] = window
         w[W_MAGIC] = MAGIC
         self.wires = [Wire(r) for r in range(self.size) if r != self.rank]
-        return _listen(own, self.size)
+        return listen(own, self.size)
 
     def _accept_all(self, listener: socket.socket) -> None:
         """Accept the connection of every higher rank, checking on the lower ones meanwhile.
@@ -508,7 +514,8 @@ class _Join:
                 + data[1:].decode(errors="replace")
             )
         return self._told() or RendezvousError(
-            f"rank {self.me}: {who} hung up during the shared-memory rendezvous"
+            f"rank {self.me}: {who} hung up during the shared-memory rendezvous: it died or "
+            "gave up (see its error)"
         )
 
     def _told(self) -> RendezvousError | None:
@@ -630,7 +637,10 @@ class _Join:
 
     def _attach(self, p: Wire, slots: int, slot_bytes: int) -> None:
         path = os.path.join(SHM_DIR, p.name)
-        msg, fds, flags, _ = socket.recv_fds(self._await(p), 1, 1)
+        try:
+            msg, fds, flags, _ = socket.recv_fds(self._await(p), 1, 1)
+        except (ConnectionResetError, BrokenPipeError):
+            raise self._broke_off(p) from None
         if msg != b"S" or len(fds) != 1 or flags & socket.MSG_CTRUNC:
             for fd in fds:
                 os.close(fd)
@@ -672,13 +682,8 @@ class _Join:
             self.seg = None
 
 
-def _listen(name: str, backlog: int) -> socket.socket:
-    """A Unix socket listening on ``name`` in the abstract namespace (nothing to clean up)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(f"\0{name}")
-        listener.listen(backlog)
-    except BaseException:
-        listener.close()
-        raise
-    return listener
+def _absent(me: int, ranks: list[int], what: str, timeout: float) -> StoreTimeout:
+    return StoreTimeout(
+        f"rank {me}: rank(s) {ranks} did not {what} in the shared-memory rendezvous within "
+        f"{timeout:.3g} s: they died or failed in plait.init (see their errors), or stopped"
+    )

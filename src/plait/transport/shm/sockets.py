@@ -12,7 +12,7 @@ import socket
 
 from plait.errors import RendezvousError
 
-__all__ = ["discard_input", "last_words", "recv_exact"]
+__all__ = ["discard_input", "last_words", "listen", "recv_exact"]
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -57,3 +57,15 @@ def discard_input(sock: socket.socket) -> None:
         sock.setblocking(False)
         while sock.recv(4096):
             pass
+
+
+def listen(name: str, backlog: int) -> socket.socket:
+    """A Unix socket listening on ``name`` in the abstract namespace (nothing to clean up)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(f"\0{name}")
+        listener.listen(backlog)
+    except BaseException:
+        listener.close()
+        raise
+    return listener

@@ -302,6 +302,11 @@ def connect_mesh(
             if out:
                 errs = sorted({d.error for d in dials if d.error})
                 parts.append(f"could not connect to rank(s) {out} (last errors: {errs})")
+                if os.strerror(errno.ECONNREFUSED) in errs:
+                    parts.append(
+                        "a rank that published its address and then refuses connections has "
+                        "died or given up (see its error)"
+                    )
             return BootstrapTimeout(
                 f"rank {rank}: TCP bootstrap did not finish within {timeout} s: " + "; ".join(parts)
             )
