@@ -119,6 +119,7 @@ ONE_SIDED: dict[str, Any] = {
     "arena": lambda comm: comm.allreduce(np.ones(3), algorithm="arena"),
     "ring": lambda comm: comm.allreduce(np.ones(3), algorithm="ring"),
     "barrier": lambda comm: comm.barrier(),
+    "bcast_object": lambda comm: comm.bcast_object({"a": 1}, root=0),
 }
 
 
@@ -137,6 +138,9 @@ ONE_SIDED: dict[str, Any] = {
         # A one-sided call against message calls: each side waits on the other.
         (["arena", "ring"], "barrier"),
         (["arena", "ring", "ring"], "barrier"),
+        # Ranks 0 and 1 finish two one-sided broadcasts between themselves; their barrier
+        # then waits at its start for ranks 2 and 3 to end a call they gave up on.
+        (["bcast_object", "bcast_object", "arena", "arena"], "barrier"),
     ],
     ids=lambda v: "-".join(v) if isinstance(v, list) else v,
 )

@@ -22,7 +22,7 @@ Note [one-sided]
     window or waiting for its own timeout. A rank that posted either has a
     broken communicator and posts nothing more: a peer whose next call waits
     on it finds such a post of an earlier epoch at its first wait and raises
-    too (:func:`_look`). A wait that stalls probes the call's peers like a
+    too (:mod:`plait.runtime.posts`). A wait that stalls probes the call's peers like a
     message call (Note [stall probes] in :mod:`plait.runtime.stall`), and a
     call that fails tells its verdict, so one-sided calls and message calls
     find each other out as well.
@@ -65,26 +65,30 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from plait.errors import CommError, InternalError, MismatchError, PeerLostError
+from plait.errors import CommError, InternalError, MismatchError
 from plait.runtime.executor import (
     Call,
     _local_step,
     _malformed,
     _note,
     _now,
-    _timeout_for,
     _wrap,
 )
-from plait.runtime.stall import settle, wait_post
+from plait.runtime.posts import (
+    ABANDONED,
+    MISMATCHED,
+    await_post,
+    begin_waiting,
+    check_peer,
+    give_up,
+    mismatch_behind,
+    named,
+)
+from plait.runtime.stall import settle
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
-from plait.transport.base import Handle, Transport, renumbered
+from plait.transport.base import Handle, Transport
 
 __all__ = ["ABANDONED", "MISMATCHED", "mismatch_behind", "run_one_sided"]
-
-#: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
-ABANDONED = (1 << 32) - 1
-#: The phase it posts instead when it gave up because the ranks' calls differ.
-MISMATCHED = (1 << 32) - 2
 
 # Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
 # is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
@@ -117,14 +121,13 @@ def run_one_sided(
     epoch = call.epoch
     slot = call.slot  # the flight recorder's: whom the call waits for
     try:
-        half = window.begin(epoch, call.check, call.deadline)
-    except CommError as exc:  # a peer lost, the transport closed
-        raise _wrap(rank, call, "the start of the call", exc) from None
-    if half < 0:
-        behind = window.behind((epoch - 1) << 32)
-        if slot is not None:
-            slot.peers = behind
-        raise _timeout_for(rank, call, behind)
+        half = window.begin(epoch, call.check, 0.0)  # peers have nearly always ended epoch - 2
+        if half < 0:
+            half = begin_waiting(window, transport, call, schedule, None)
+    except CommError as exc:  # a peer lost, the transport closed; or a timeout, a mismatch
+        found = settle(transport, call, schedule, named(rank, call, "the start of the call", exc))
+        give_up(window, epoch, isinstance(found, MismatchError))
+        raise found from None
     try:
         if call.timeline is None:
             # A loop repeats one call: its operations are the window's last ones (a dtype is
@@ -145,24 +148,17 @@ def run_one_sided(
             _run_steps(schedule, buffers, window, transport, call, half, aliased)
     except CommError as exc:
         found = settle(transport, call, schedule, exc)  # tell a mismatch, or find one told
-        _give_up(window, epoch, isinstance(found, MismatchError))
+        give_up(window, epoch, isinstance(found, MismatchError))
         if found is exc:
             raise
         raise found from None
     except BaseException:
-        _give_up(window, epoch, False)
+        give_up(window, epoch, False)
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
     if slot is not None:
         slot.peers = ()
-
-
-def _give_up(window: Any, epoch: int, mismatched: bool) -> None:
-    """Post that this rank gave up on call ``epoch`` (Note [one-sided]; best effort: the
-    transport may be gone)."""
-    with contextlib.suppress(Exception):
-        window.post((epoch << 32) | (MISMATCHED if mismatched else ABANDONED))
 
 
 # -- the compiled form ---------------------------------------------------------------------------
@@ -345,7 +341,7 @@ def _run(
                 q = op[4]
                 if slot is not None:
                     slot.peers = op[6]
-                _wait(window, transport, q, need, call, schedule, q)
+                await_post(window, transport, q, need, call, schedule, q)
             # Its digest is that of this call from its begin until every rank has ended the
             # call; a counter from gave_up to ended says it gave up on the call.
             try:
@@ -355,7 +351,7 @@ def _run(
             if suspect:
                 if slot is not None:
                     slot.peers = op[6]  # a dump of the failure names the peer
-                _check_peer(window, op[4], half, call, rank)
+                check_peer(window, op[4], half, call, rank)
             if code == _WAIT:
                 continue
         elif code == _SELF_COPY and aliased:
@@ -370,112 +366,6 @@ def _run(
                 ufunc(v[op[1]], dst, out=dst)
             else:
                 ufunc(dst, v[op[1]], out=dst)
-
-
-def _wait(
-    window: Any, transport: Transport, q: int, need: int, call: Call, where: Schedule, shown: int
-) -> None:
-    """Wait until rank ``q`` of ``window`` (``shown`` in messages) posts ``need``, probing
-    the call's peers once it stalls (:func:`~plait.runtime.stall.wait_post`)."""
-    rank = where.rank
-    try:
-        late = wait_post(
-            window,
-            transport,
-            q,
-            need,
-            call,
-            rank,
-            where.size,
-            shown,
-            lambda: _look(window, q, call, rank, shown),
-        )
-    except CommError as exc:
-        if str(exc).startswith(f"rank {rank}: {call.describe}: "):
-            raise  # the probes' or _look's, which name the call
-        err = _wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
-        if isinstance(err, PeerLostError):
-            err.lost_rank = shown
-        raise err from None
-    if late is not None:
-        err = _timeout_for(rank, call, [shown])
-        raise type(err)(f"{err}{late}") if late else err
-
-
-def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
-    """Raise if rank ``q`` of ``window`` gave up on an earlier one-sided call: its
-    communicator is broken, so it posts nothing more (Note [one-sided]).
-
-    A rank that finished a call in which a peer found a mismatch (a leaf that
-    read nothing) learns it so in its next one-sided call, at its first wait.
-    """
-    counter = window.counter(q)
-    phase, epoch = counter & 0xFFFFFFFF, counter >> 32
-    if phase < MISMATCHED or epoch >= call.epoch:
-        return
-    if phase == MISMATCHED:
-        raise MismatchError(
-            f"rank {rank}: {call.describe}: rank {shown} found that the ranks called different "
-            f"collectives in one-sided call {epoch} of this communicator (its own message says "
-            "what differs), and makes no more calls on it"
-        )
-    raise PeerLostError(
-        f"rank {rank}: {call.describe}: rank {shown} gave up on one-sided call {epoch} of this "
-        "communicator after an error of its own (see its message), and makes no more calls on it"
-    )
-
-
-def mismatch_behind(window: Any, rank: int, what: str, epoch: int) -> MismatchError | None:
-    """MismatchError where a rank of ``window`` found, in one of its one-sided calls up to
-    ``epoch``, that the ranks called different collectives; else None.
-
-    Such a rank posts MISMATCHED for its call (Note [one-sided]) and raises; if it then
-    closes, a peer that finished that call without reading its window (Note [rooted calls
-    agree on the root] in :mod:`plait.algos._rooted`) meets a lost rank in a later call, one-
-    sided or not, and the mismatch, not the loss, is what went wrong: the caller asks here
-    when a call fails with PeerLostError. ``what``: the failed call, as messages name it.
-    """
-    for q in range(window.size):
-        if q == window.rank:
-            continue
-        try:
-            counter = window.counter(q)
-        except CommError:  # this rank's own window is released: nothing to read
-            return None
-        if counter & 0xFFFFFFFF == MISMATCHED and counter >> 32 <= epoch:
-            return MismatchError(
-                f"rank {rank}: {what}: rank {q} found that the ranks called different "
-                f"collectives in one-sided call {counter >> 32} of this communicator (its own "
-                "message says what differs), and has left since"
-            )
-    return None
-
-
-def _check_peer(
-    window: Any, q: int, half: int, call: Call, rank: int, shown: int | None = None
-) -> None:
-    """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided]).
-
-    ``shown``: the rank messages name, where ``q`` is its rank in the window only.
-    """
-    digest, counter = window.peer_state(q, half)
-    q = q if shown is None else shown
-    if digest != call.check:
-        raise MismatchError(
-            f"rank {rank}: {call.describe}: rank {q} is in a different call "
-            "(its parameters' digest differs from this rank's)"
-        )
-    # Only this call's: a peer that gave up on a later call has finished this one.
-    if counter == (call.epoch << 32) | MISMATCHED:
-        raise MismatchError(
-            f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
-            "collectives (its own message says what differs)"
-        )
-    if counter == (call.epoch << 32) | ABANDONED:
-        raise PeerLostError(
-            f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
-            "error of its own (see its message)"
-        )
 
 
 # -- step by step, for the timeline ----------------------------------------------------------------
@@ -613,11 +503,11 @@ class WindowSteps:
             slot = call.slot
             if slot is not None:
                 slot.peers = (q,)  # a dump while it waits names the peer
-            _wait(window, self._transport, w, base | step.tag, call, self._schedule, q)
+            await_post(window, self._transport, w, base | step.tag, call, self._schedule, q)
             if slot is not None:
                 slot.peers = ()
             if w not in self._checked or window.counter(w) >= base | MISMATCHED:
-                _check_peer(window, w, half, call, rank, q)
+                check_peer(window, w, half, call, rank, q)
                 self._checked.add(w)
             if kind is not StepKind.WAIT:
                 view = window.typed(w, half, bufs[1].dtype)
@@ -635,19 +525,14 @@ class WindowSteps:
         return w
 
     def _begin(self) -> None:
-        window, call, rank = self._window, self._call, self.rank
+        window, call = self._window, self._call
         try:
-            half = window.begin(call.epoch, call.check, call.deadline)
+            half = window.begin(call.epoch, call.check, 0.0)
+            if half < 0:
+                members = None if self._index is None else list(self._index)
+                half = begin_waiting(window, self._transport, call, self._schedule, members)
         except CommError as exc:
-            raise _wrap(rank, call, "the start of the call", exc) from None
-        if half < 0:
-            behind = window.behind((call.epoch - 1) << 32)
-            if self._index is not None:
-                members = list(self._index)
-                behind = [members[w] for w in behind]
-            if call.slot is not None:
-                call.slot.peers = behind
-            raise _timeout_for(rank, call, behind)
+            raise named(self.rank, call, "the start of the call", exc) from None
         self.use(half)
 
     def use(self, half: int) -> None:

@@ -216,7 +216,9 @@ class Window(abc.ABC):
         half, so nobody reads it any more), stores ``digest`` (the parameters
         of the call, reduced to 64 bits) in this rank's digest word for the
         half, and returns the half, ``epoch & 1``. Returns -1 when ``deadline``
-        passes first (:meth:`behind` names the peers waited for).
+        passes first (:meth:`behind` names the peers waited for); a ``deadline``
+        of 0.0 returns -1 at once where some peer has not ended that call (a
+        caller that waits for such peers itself first asks so).
 
         Raises:
             PeerLostError, ClosedError: as :meth:`wait`.

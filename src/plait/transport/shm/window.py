@@ -417,7 +417,7 @@ class ShmWindow(Window):
                     behind = words[index] < need
                 except (TypeError, ValueError):  # released: the transport is closed
                     raise self._ep.closed_error() from None
-                if behind and not self._wait(q, need, deadline):
+                if behind and (deadline == 0.0 or not self._wait(q, need, deadline)):
                     return -1
         half = epoch & 1
         try:  # self._set_digest(half, digest & MASK64), inlined

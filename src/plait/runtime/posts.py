@@ -1,0 +1,181 @@
+"""A one-sided call's posts: waiting for a peer's, and what a peer's counter says of it.
+
+A peer's counter says more than how far it got (Note [one-sided] in
+:mod:`plait.runtime.one_sided`): a phase of :data:`ABANDONED` or :data:`MISMATCHED`
+says it gave up on that call, and one of an earlier call says it gave up then and
+posts nothing more. A wait that stalls probes the call's peers as a message call
+does (Note [stall probes] in :mod:`plait.runtime.stall`). Both the compiled
+operations and the step-by-step runner (:class:`~plait.runtime.one_sided.WindowSteps`)
+wait, begin, check and give up through these functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from plait.errors import CommError, MismatchError, PeerLostError
+from plait.runtime.executor import Call, _timeout_for, _wrap
+from plait.runtime.stall import wait_post
+from plait.schedule.ir import Schedule
+from plait.transport.base import Transport, renumbered
+
+__all__ = [
+    "ABANDONED",
+    "MISMATCHED",
+    "await_post",
+    "begin_waiting",
+    "check_peer",
+    "give_up",
+    "mismatch_behind",
+    "named",
+]
+
+#: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
+ABANDONED = (1 << 32) - 1
+#: The phase it posts instead when it gave up because the ranks' calls differ.
+MISMATCHED = (1 << 32) - 2
+
+
+def begin_waiting(
+    window: Any, transport: Transport, call: Call, where: Schedule, members: list[int] | None
+) -> int:
+    """Begin the call where ``window.begin`` would wait: for each peer that has not ended
+    call ``epoch - 2`` yet, wait as a step waits (probing once stalled, and raising at once
+    for a peer that gave up on an earlier call, which would never end it), then begin.
+    ``members``: each window rank's rank, where they differ (a host's window)."""
+    epoch = call.epoch
+    need = (epoch - 1) << 32
+    for q in window.behind(need):
+        shown = q if members is None else members[q]
+        if call.slot is not None:
+            call.slot.peers = (shown,)  # a dump while it waits names the peer
+        await_post(window, transport, q, need, call, where, shown)
+    half: int = window.begin(epoch, call.check, call.deadline)
+    if half < 0:  # the deadline passed meanwhile
+        behind = window.behind(need)
+        raise _timeout_for(
+            where.rank, call, behind if members is None else [members[q] for q in behind]
+        )
+    return half
+
+
+def give_up(window: Any, epoch: int, mismatched: bool) -> None:
+    """Post that this rank gave up on call ``epoch`` (Note [one-sided]; best effort: the
+    transport may be gone)."""
+    with contextlib.suppress(Exception):
+        window.post((epoch << 32) | (MISMATCHED if mismatched else ABANDONED))
+
+
+def await_post(
+    window: Any, transport: Transport, q: int, need: int, call: Call, where: Schedule, shown: int
+) -> None:
+    """Wait until rank ``q`` of ``window`` (``shown`` in messages) posts ``need``, probing
+    the call's peers once it stalls (:func:`~plait.runtime.stall.wait_post`)."""
+    rank = where.rank
+    try:
+        late = wait_post(
+            window,
+            transport,
+            q,
+            need,
+            call,
+            rank,
+            where.size,
+            shown,
+            lambda: _look(window, q, call, rank, shown),
+        )
+    except CommError as exc:
+        if str(exc).startswith(f"rank {rank}: {call.describe}: "):
+            raise  # the probes' or _look's, which name the call (and a rank lost)
+        err = _wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
+        if isinstance(err, PeerLostError):
+            err.lost_rank = shown  # the window lost it
+        raise err from None
+    if late is not None:
+        err = _timeout_for(rank, call, [shown])
+        raise type(err)(f"{err}{late}") if late else err
+
+
+def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
+    """Raise if rank ``q`` of ``window`` gave up on an earlier one-sided call: its
+    communicator is broken, so it posts nothing more (Note [one-sided]).
+
+    A rank that finished a call in which a peer found a mismatch (a leaf that
+    read nothing) learns it so in its next one-sided call, at its first wait.
+    """
+    counter = window.counter(q)
+    phase, epoch = counter & 0xFFFFFFFF, counter >> 32
+    if phase < MISMATCHED or epoch >= call.epoch:
+        return
+    if phase == MISMATCHED:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {shown} found that the ranks called different "
+            f"collectives in one-sided call {epoch} of this communicator (its own message says "
+            "what differs), and makes no more calls on it"
+        )
+    raise PeerLostError(
+        f"rank {rank}: {call.describe}: rank {shown} gave up on one-sided call {epoch} of this "
+        "communicator after an error of its own (see its message), and makes no more calls on it"
+    )
+
+
+def mismatch_behind(window: Any, rank: int, what: str, epoch: int) -> MismatchError | None:
+    """MismatchError where a rank of ``window`` found, in one of its one-sided calls up to
+    ``epoch``, that the ranks called different collectives; else None.
+
+    Such a rank posts MISMATCHED for its call (Note [one-sided]) and raises; if it then
+    closes, a peer that finished that call without reading its window (Note [rooted calls
+    agree on the root] in :mod:`plait.algos._rooted`) meets a lost rank in a later call, one-
+    sided or not, and the mismatch, not the loss, is what went wrong: the caller asks here
+    when a call fails with PeerLostError. ``what``: the failed call, as messages name it.
+    """
+    for q in range(window.size):
+        if q == window.rank:
+            continue
+        try:
+            counter = window.counter(q)
+        except CommError:  # this rank's own window is released: nothing to read
+            return None
+        if counter & 0xFFFFFFFF == MISMATCHED and counter >> 32 <= epoch:
+            return MismatchError(
+                f"rank {rank}: {what}: rank {q} found that the ranks called different "
+                f"collectives in one-sided call {counter >> 32} of this communicator (its own "
+                "message says what differs), and has left since"
+            )
+    return None
+
+
+def check_peer(
+    window: Any, q: int, half: int, call: Call, rank: int, shown: int | None = None
+) -> None:
+    """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided]).
+
+    ``shown``: the rank messages name, where ``q`` is its rank in the window only.
+    """
+    digest, counter = window.peer_state(q, half)
+    q = q if shown is None else shown
+    if digest != call.check:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {q} is in a different call "
+            "(its parameters' digest differs from this rank's)"
+        )
+    # Only this call's: a peer that gave up on a later call has finished this one.
+    if counter == (call.epoch << 32) | MISMATCHED:
+        raise MismatchError(
+            f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
+            "collectives (its own message says what differs)"
+        )
+    if counter == (call.epoch << 32) | ABANDONED:
+        raise PeerLostError(
+            f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
+            "error of its own (see its message)"
+        )
+
+
+def named(rank: int, call: Call, what: str, exc: BaseException) -> BaseException:
+    """``exc`` naming this rank and the call, unless it does already (the probes' errors
+    and those raised here do)."""
+    if str(exc).startswith(f"rank {rank}: {call.describe}: "):
+        return exc
+    return _wrap(rank, call, what, exc)
