@@ -124,3 +124,30 @@ comm.close()
     res, _ = run(script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert sorted(res.stdout.splitlines()) == [f"[{r}]: mismatch on {r}" for r in range(4)]
+
+
+def test_a_mismatch_found_in_a_host_window_reaches_the_other_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Rank 2 (host a) calls with float32, the others with float64: ranks 0 and 2 find it in
+    # host a's window; host b's ranks wait for their messages and hear of it from them.
+    # No rank exits before every rank has raised (an exit would say enough by itself).
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    script = f"""
+import os, time, numpy as np, plait
+comm = plait.init(timeout=60)
+x = np.ones(1000, np.float32 if comm.rank == 2 else np.float64)
+start = time.monotonic()
+try:
+    comm.allreduce(x, algorithm="hierarchical_arena")
+except plait.MismatchError:
+    print(f"mismatch after {{time.monotonic() - start:.1f}}", flush=True)
+open(os.path.join({str(flags)!r}, str(comm.rank)), "w").close()
+deadline = time.monotonic() + 60  # alive until every rank has raised
+while len(os.listdir({str(flags)!r})) < comm.size and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+    res, _ = run(script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    found = sorted(line.split(":", 1) for line in res.stdout.splitlines() if "mismatch" in line)
+    assert [f[0] for f in found] == ["[0]", "[1]", "[2]", "[3]"], res.stdout
+    assert all(float(f[1].split()[-1]) < 10 for f in found), res.stdout  # not the 60 s timeout

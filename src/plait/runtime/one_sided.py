@@ -459,7 +459,8 @@ class WindowSteps:
                 self._where(step.peer), (call.epoch << 32) | step.tag
             )
         except CommError as exc:
-            raise _wrap(self.rank, call, step, exc) from None
+            err = _wrap(self.rank, call, step, exc)
+            raise settle(self._transport, call, self._schedule, err) from None
         if h is not None:
             self._watches.add(h)
         return h
@@ -486,7 +487,16 @@ class WindowSteps:
         self._watches.clear()
 
     def step(self, step: Step) -> None:
-        """Run one step that uses the window (or a local one, in a one-sided call)."""
+        """Run one step that uses the window (or a local one, in a one-sided call).
+
+        Its failure is settled (:func:`~plait.runtime.stall.settle`): the peers that
+        wait for this rank's messages in a mixed call hear of a mismatch or a loss."""
+        try:
+            self._step(step)
+        except CommError as exc:
+            raise settle(self._transport, self._call, self._schedule, exc) from None
+
+    def _step(self, step: Step) -> None:
         window, call, rank = self._window, self._call, self.rank
         if self.half < 0:
             self._begin()
@@ -532,7 +542,8 @@ class WindowSteps:
                 members = None if self._index is None else list(self._index)
                 half = begin_waiting(window, self._transport, call, self._schedule, members)
         except CommError as exc:
-            raise named(self.rank, call, "the start of the call", exc) from None
+            err = named(self.rank, call, "the start of the call", exc)
+            raise settle(self._transport, call, self._schedule, err) from None
         self.use(half)
 
     def use(self, half: int) -> None:

@@ -85,6 +85,8 @@ PROBE_SECONDS = 1.0
 #: Seconds a peer found in a later call may still deliver what this call waits for.
 GRACE_SECONDS = 2.0
 _STALLED, _VERDICT, _LOST = 0, 1, 2
+#: The attribute that marks an error :func:`settle` has settled.
+_SETTLED = "_plait_settled"
 #: Most of the peers a probe says its call waits on.
 _NAMED = 8
 #: seq (the call's number), digest, kind, the call's name (UTF-8, zero-padded), how many
@@ -261,10 +263,12 @@ def settle(
     peer or a timeout may be the consequence of a mismatch that another rank
     found first, and a timeout that of a rank another found lost: a verdict or
     notice already here says so, and the call raises that instead. Costs
-    nothing on success; a few small messages on failure.
+    nothing on success; a few small messages on failure. Settling an error this
+    returned returns it as it is (nothing is told twice).
     """
-    if call.probe_tag < 0 or where.size < 2:
+    if call.probe_tag < 0 or where.size < 2 or getattr(err, _SETTLED, False):
         return err
+    setattr(err, _SETTLED, True)
     try:
         if isinstance(err, MismatchError):
             _tell_all(transport, call, where.rank, where.size)
@@ -287,6 +291,7 @@ def settle(
     if found is None:
         return err
     found.__cause__ = err
+    setattr(found, _SETTLED, True)
     return found
 
 
