@@ -265,11 +265,14 @@ _KILLED_IN_SETUP = textwrap.dedent(
 
 def test_a_rank_killed_during_setup_leaves_nothing_in_dev_shm() -> None:
     """SIGKILL right after announcing its segment, outside ``plait run`` (no cleanup)."""
+    _killed_leaves_nothing(_KILLED_IN_SETUP)
+
+
+def _killed_leaves_nothing(script: str) -> None:
+    """Run ``script`` (given a job id), which kills itself: nothing of the job stays."""
     job = _job()
     try:
-        child = subprocess.run(
-            [sys.executable, "-c", _KILLED_IN_SETUP, job], capture_output=True, timeout=60
-        )
+        child = subprocess.run([sys.executable, "-c", script, job], capture_output=True, timeout=60)
         assert child.returncode == -9, child
         assert glob.glob(f"/dev/shm/plait-{job}-*") == []
     finally:
@@ -295,13 +298,4 @@ _KILLED_MAKING_ITS_SEGMENT = textwrap.dedent(
 def test_a_rank_killed_while_making_its_segment_leaves_nothing_in_dev_shm() -> None:
     """SIGKILL between creating the segment's file and mapping it (reserving and mapping a
     large window takes milliseconds): the file never had a name in /dev/shm."""
-    job = _job()
-    try:
-        child = subprocess.run(
-            [sys.executable, "-c", _KILLED_MAKING_ITS_SEGMENT, job], capture_output=True, timeout=60
-        )
-        assert child.returncode == -9, child
-        assert glob.glob(f"/dev/shm/plait-{job}-*") == []
-    finally:
-        for path in glob.glob(f"/dev/shm/plait-{job}-*"):
-            os.unlink(path)
+    _killed_leaves_nothing(_KILLED_MAKING_ITS_SEGMENT)
