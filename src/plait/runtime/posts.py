@@ -86,8 +86,8 @@ def await_post(
             lambda: _look(window, q, call, rank, shown),
         )
     except CommError as exc:
-        if str(exc).startswith(f"rank {rank}: {call.describe}: "):
-            raise  # the probes' or _look's, which name the call (and a rank lost)
+        if _names_call(rank, call, exc):
+            raise  # the probes' or _look's (and the rank a notice says was lost)
         err = _wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
         if isinstance(err, PeerLostError):
             err.lost_rank = shown  # the window lost it
@@ -109,11 +109,7 @@ def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
     if phase < MISMATCHED or epoch >= call.epoch:
         return
     if phase == MISMATCHED:
-        raise MismatchError(
-            f"rank {rank}: {call.describe}: rank {shown} found that the ranks called different "
-            f"collectives in one-sided call {epoch} of this communicator (its own message says "
-            "what differs), and makes no more calls on it"
-        )
+        raise _found_earlier(rank, call.describe, shown, epoch, "makes no more calls on it")
     raise PeerLostError(
         f"rank {rank}: {call.describe}: rank {shown} gave up on one-sided call {epoch} of this "
         "communicator after an error of its own (see its message), and makes no more calls on it"
@@ -138,12 +134,17 @@ def mismatch_behind(window: Any, rank: int, what: str, epoch: int) -> MismatchEr
         except CommError:  # this rank's own window is released: nothing to read
             return None
         if counter & 0xFFFFFFFF == MISMATCHED and counter >> 32 <= epoch:
-            return MismatchError(
-                f"rank {rank}: {what}: rank {q} found that the ranks called different "
-                f"collectives in one-sided call {counter >> 32} of this communicator (its own "
-                "message says what differs), and has left since"
-            )
+            return _found_earlier(rank, what, q, counter >> 32, "has left since")
     return None
+
+
+def _found_earlier(rank: int, what: str, q: int, epoch: int, since: str) -> MismatchError:
+    """Rank ``q`` posted MISMATCHED for one-sided call ``epoch``, an earlier one."""
+    return MismatchError(
+        f"rank {rank}: {what}: rank {q} found that the ranks called different collectives in "
+        f"one-sided call {epoch} of this communicator (its own message says what differs), "
+        f"and {since}"
+    )
 
 
 def check_peer(
@@ -176,6 +177,8 @@ def check_peer(
 def named(rank: int, call: Call, what: str, exc: BaseException) -> BaseException:
     """``exc`` naming this rank and the call, unless it does already (the probes' errors
     and those raised here do)."""
-    if str(exc).startswith(f"rank {rank}: {call.describe}: "):
-        return exc
-    return _wrap(rank, call, what, exc)
+    return exc if _names_call(rank, call, exc) else _wrap(rank, call, what, exc)
+
+
+def _names_call(rank: int, call: Call, exc: BaseException) -> bool:
+    return str(exc).startswith(f"rank {rank}: {call.describe}: ")
