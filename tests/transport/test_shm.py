@@ -469,8 +469,9 @@ def test_a_rank_killed_during_the_rendezvous_is_named_at_once(store_server: int)
         # The first to notice names rank 1; the other may see that one give up first.
         texts = [text for text, _ in results]
         assert any("rank 1 hung up during the shared-memory rendezvous" in t for t in texts)
-        for text, seconds in results:
-            assert "rank 1 " in text or "rank 2 broke off" in text or "rank 0 broke off" in text
+        for text, seconds in results:  # the other: rank 1, or the first that gave up
+            said = ("hung up during the shared-memory rendezvous", "broke off setting up")
+            assert any(s in text for s in said), text
             assert seconds < 10, seconds  # not the 30 s timeout
     finally:
         for store in stores:
