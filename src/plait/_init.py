@@ -96,6 +96,7 @@ from typing import Any
 
 from plait.communicator import Communicator
 from plait.errors import RendezvousError
+from plait.rendezvous.lost import JobRanks, wait_ranks
 from plait.rendezvous.store import PrefixStore, Store
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
@@ -557,7 +558,10 @@ def init(
 
         store = store_from_url(store, rank=rank, timeout=timeout)
         owned = True
-    group = PrefixStore(f"plait/init{generation}", store)
+    # Under plait run, rank r is job rank r: a rank the launcher saw die is filed where
+    # the start-up waits look (Note [lost ranks] in plait.rendezvous.lost).
+    job_ranks = from_env and info.launcher == "plait" and (rank, size) == (info.rank, info.size)
+    group = (JobRanks if job_ranks else PrefixStore)(f"plait/init{generation}", store)
     t: Any = None
     temp = info.store_is_temp and from_env
     kept = False  # the communicator keeps the store (Note [store lifetime])
@@ -606,7 +610,9 @@ def _meet(
 
     keys = [f"host/{r}" for r in range(size)]
     try:
-        group.wait(keys, timeout)
+        wait_ranks(
+            group, keys, range(size), timeout, me=f"rank {rank} of {size}", what="say their host"
+        )
     except StoreTimeout:
         try:
             missing = [r for r in range(size) if not group.check([keys[r]])]

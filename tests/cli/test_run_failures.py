@@ -259,3 +259,60 @@ def test_enable_recovery_and_restarts_exclude_each_other(tmp_path: Path) -> None
     res = plait_run(["-n", "2", "--enable-recovery", "--max-restarts", "1"], "pass\n", tmp_path)
     assert res.returncode == 2
     assert "--enable-recovery and --max-restarts exclude each other" in res.stderr
+
+
+#: Rank 1 is killed before it has told the others anything in plait.init (``WHERE``: at its
+#: start, in the shared-memory rendezvous, or as its first TCP connection arrives); the others
+#: wait in plait.init with a deadline longer than the test may run.
+DIES_IN_INIT = """
+    import os, signal, sys, time, plait
+    rank, where = int(os.environ["PLAIT_RANK"]), os.environ["WHERE"]
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1:
+        if where == "start":
+            die()
+        elif where == "shm":
+            from plait.transport.shm import bootstrap
+            bootstrap._Join.meet = die
+        else:
+            from plait.transport.tcp import bootstrap
+            bootstrap._Listener.accept = die
+    try:
+        comm = plait.init(timeout=300)
+    except plait.PeerLostError as exc:
+        print(f"rank {rank}: lost {exc.lost_rank} in init: {exc}", flush=True)
+    else:  # (over TCP, rank 0 may have connected to rank 1 already)
+        try:
+            comm.barrier()
+        except plait.PeerLostError as exc:
+            print(f"rank {rank}: lost {exc.lost_rank} in a call: {exc}", flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("transport", "where"), [("shm", "start"), ("shm", "shm"), ("tcp", "start"), ("tcp", "tcp")]
+)
+def test_a_rank_killed_in_init_fails_the_others_at_once_with_recovery(
+    tmp_path: Path, transport: str, where: str
+) -> None:
+    # Before, the others waited out init's deadline (300 s): nothing tells a key that never
+    # appears from one that is late. The launcher files the rank it saw die in the store.
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(DIES_IN_INIT))
+    res = subprocess.run(
+        [*PLAIT, "run", "-n", "3", "--enable-recovery", "--transport", transport, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "WHERE": where},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = sorted(line for line in res.stdout.splitlines() if ": lost " in line)
+    assert [line[:14] for line in lines] == ["rank 0: lost 1", "rank 2: lost 1"], res.stdout
+    in_init = [line for line in lines if " in init: " in line]
+    assert in_init, res.stdout
+    for line in in_init:
+        assert "rank(s) [1] died before they could" in line, line
+        assert "rank 1 was killed by SIGKILL, as plait run saw" in line, line

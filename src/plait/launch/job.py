@@ -23,13 +23,17 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from plait._net import format_address
+from plait.errors import CommError
 from plait.launch.relay import DRAIN_SECONDS, Relay
 from plait.launch.stall import StallResponder, dump_folder, stall_timeout
 from plait.launch.watch import RankProcess, stop, watch
-from plait.rendezvous.tcp_store import TCPStoreServer
+from plait.rendezvous.lost import report_lost
+from plait.rendezvous.tcp_store import TCPStore, TCPStoreServer
 
 __all__ = ["TRANSPORTS", "Job", "launch", "module_command"]
 
+#: Seconds the launcher tries to file a dead rank in the job's store (Note [lost ranks]).
+_FILE_SECONDS = 5.0
 #: The transports a job can force (``PLAIT_TRANSPORT``); ``auto`` lets every rank choose.
 TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
 
@@ -271,7 +275,8 @@ def _attempt(
                 target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
             ).start()
         relay.start()
-        return watch(ranks, relay, events, recovery=job.enable_recovery)
+        filer = _Filer(host, port, secret, relay) if job.enable_recovery else None
+        return watch(ranks, relay, events, recovery=job.enable_recovery, on_lost=filer)
     finally:
         signals.events = None
         stop(ranks)
@@ -279,6 +284,23 @@ def _attempt(
         if server is not None:
             server.close()
         _cleanup_shm(job_id)
+
+
+class _Filer:
+    """Files a rank the launcher saw die in the job's store, for ranks still in
+    ``plait.init`` that wait on it (Note [lost ranks] in :mod:`plait.rendezvous.lost`)."""
+
+    def __init__(self, host: str, port: int, secret: str, relay: Relay) -> None:
+        self.host, self.port, self.secret, self.relay = host, port, secret.encode(), relay
+
+    def __call__(self, rank: int, how: str) -> None:
+        try:
+            with TCPStore(self.host, self.port, secret=self.secret, timeout=_FILE_SECONDS) as store:
+                report_lost(store, rank, how)
+        except (CommError, OSError) as exc:  # best effort: the others time out as before
+            self.relay.say(
+                f"could not tell the other ranks in the store that rank {rank} died: {exc}"
+            )
 
 
 def _rank_env(

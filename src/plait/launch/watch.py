@@ -14,7 +14,7 @@ import queue
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
@@ -167,12 +167,16 @@ def stop(ranks: Sequence[RankProcess]) -> None:
 
 
 def _survivors(
-    ranks: Sequence[RankProcess], relay: Relay, events: queue.Queue[tuple[int, int]]
+    ranks: Sequence[RankProcess],
+    relay: Relay,
+    events: queue.Queue[tuple[int, int]],
+    on_lost: Callable[[int, str], None] | None,
 ) -> tuple[list[RankProcess], list[RankProcess]]:
     """``--enable-recovery``: wait while ranks exit with 0 or are killed by a signal.
 
     Returns the ranks still running once one exits with a non-zero code (its event is put
-    back for :func:`watch`) or all have ended, and those killed by a signal.
+    back for :func:`watch`) or all have ended, and those killed by a signal. Each of these
+    is passed to ``on_lost`` (its rank and how it ended) as it is seen.
     """
     running = list(ranks)
     lost: list[RankProcess] = []
@@ -187,6 +191,8 @@ def _survivors(
         if code < 0:
             lost.append(r)
             relay.say(f"rank {r.rank} {_describe(code)}; the others go on (--enable-recovery)")
+            if on_lost is not None:
+                on_lost(r.rank, _describe(code))
     return running, lost
 
 
@@ -196,6 +202,7 @@ def watch(
     events: queue.Queue[tuple[int, int]],
     *,
     recovery: bool = False,
+    on_lost: Callable[[int, str], None] | None = None,
 ) -> int:
     """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
 
@@ -208,14 +215,15 @@ def watch(
     started a failure]), then stop the others and name the rank that started it.
 
     With ``recovery`` (``plait run --enable-recovery``) a rank killed by a signal is reported
-    and the others go on, to agree and shrink (docs/fault-tolerance.md); the job's exit code
+    and the others go on, to agree and shrink (docs/fault-tolerance.md), and passed to
+    ``on_lost`` (its rank and how it ended: "was killed by SIGKILL"); the job's exit code
     is then that of the first of the others to fail (0 if none did), and a failure of any
     other kind stops the job as without it.
     """
     by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
     if recovery:
-        survivors, lost = _survivors(ranks, relay, events)
+        survivors, lost = _survivors(ranks, relay, events, on_lost)
         running = len(survivors)
         if not survivors:  # every rank ended: with 0, or killed
             if len(lost) < len(ranks):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from plait.errors import CommError, PeerLostError, RendezvousError, TransportError
+from plait.rendezvous.lost import wait_ranks
 from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.shm import segment
 from plait.transport.shm.doorbell import peer_credentials, peer_pid, process_start
@@ -255,9 +256,17 @@ class _Join:
             store.set(prefix + "job", token.encode())
         else:
             try:
-                token = store.get(prefix + "job", left()).decode()
+                wait_ranks(
+                    store,
+                    [prefix + "job"],
+                    [self.names[0]],
+                    left(),
+                    me=f"rank {self.me}",
+                    what="start the shared-memory rendezvous",
+                )
             except StoreTimeout:
                 raise _absent(self.me, [self.names[0]], "start it", timeout) from None
+            token = store.get(prefix + "job").decode()
             if job is not None and job != token:
                 raise RendezvousError(
                     f"rank {self.me}: job {job!r} differs from rank {self.names[0]}'s {token!r}"
@@ -267,7 +276,9 @@ class _Join:
             store.set(prefix + f"ready/{rank}", mine)
             keys = [prefix + f"ready/{r}" for r in range(size)]
             try:
-                store.wait(keys, left())
+                wait_ranks(
+                    store, keys, self.names, left(), me=f"rank {self.me}", what="announce a segment"
+                )
             except StoreTimeout:
                 absent = [self.names[r] for r in range(size) if not store.check([keys[r]])]
                 raise _absent(self.me, absent, "announce their segment", timeout) from None

@@ -42,6 +42,7 @@ from typing import Any
 
 from plait import _auth, _guard, _net
 from plait.errors import CommTimeout, RendezvousError, TransportError
+from plait.rendezvous.lost import LOOK_SECONDS, filed, lost_error, wait_ranks
 from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.tcp.interfaces import tune
 from plait.transport.tcp.wire import HELLO, MAGIC, VERSION
@@ -249,7 +250,14 @@ def connect_mesh(
         keys = [f"{prefix}/addr/{j}" for j in lower]
         if keys:
             try:
-                store.wait(keys, max(deadline - time.monotonic(), 0.0))
+                wait_ranks(
+                    store,
+                    keys,
+                    lower,
+                    max(deadline - time.monotonic(), 0.0),
+                    me=f"rank {rank}",
+                    what="publish their address",
+                )
             except StoreTimeout as exc:
                 missing = [j for j, k in zip(lower, keys, strict=True) if not store.check([k])]
                 raise BootstrapTimeout(
@@ -431,6 +439,20 @@ def connect_mesh(
             d.sock = None
             waiting.remove(d)
 
+        next_look = time.monotonic() + LOOK_SECONDS
+
+        def look(now: float) -> float:
+            """Fail if a launcher filed a rank not yet connected as dead (Note [lost
+            ranks]); when to look next."""
+            nonlocal next_look
+            if now >= next_look:
+                behind = {d.peer for d in waiting} | {j for j, s in expected if (j, s) not in done}
+                lost = filed(store, sorted(behind))
+                if lost:
+                    raise lost_error(f"rank {rank}", lost, "connect over TCP")
+                next_look = now + LOOK_SECONDS
+            return next_look
+
         for d in dials:
             start(d)
         waiting = list(dials)
@@ -442,7 +464,7 @@ def connect_mesh(
                 if silent:
                     raise late from _auth.HandshakeUnanswered(f"rank {rank}: {silent[0]}")
                 raise late
-            wake = deadline
+            wake = min(deadline, look(now))
             for d in waiting:
                 if d.sock is None:
                     if d.retry_at <= now:

@@ -1,0 +1,58 @@
+"""Ranks a launcher files as dead end the start-up waits on them (Note [lost ranks])."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from plait.errors import PeerLostError
+from plait.rendezvous.lost import JobRanks, filed, report_lost, wait_ranks
+from plait.rendezvous.store import MemoryStore, PrefixStore, StoreTimeout
+
+
+def test_nothing_filed_finds_nothing() -> None:
+    store = MemoryStore()
+    assert filed(JobRanks("init", store), [0, 1, 2]) == {}
+
+
+def test_a_wait_through_the_jobs_ranks_ends_on_a_filed_rank() -> None:
+    store = MemoryStore()
+    group = PrefixStore("shm", JobRanks("init", store))  # a transport's view of the group
+    group.set("ready/0", b"x")
+    report_lost(store, 2, "was killed by SIGKILL")
+    with pytest.raises(PeerLostError) as info:
+        wait_ranks(
+            group, ["ready/0", "ready/1", "ready/2"], [0, 1, 2], 60, me="rank 0", what="announce"
+        )
+    assert info.value.lost_rank == 2
+    assert str(info.value).startswith("rank 0: rank(s) [2] died before they could announce")
+    assert "rank 2 was killed by SIGKILL" in str(info.value)
+
+
+def test_a_filed_rank_that_had_set_its_key_does_not_end_the_wait() -> None:
+    store = MemoryStore()
+    group = JobRanks("init", store)
+    group.set("host/1", b"a")
+    report_lost(store, 1, "was killed by SIGKILL")
+    late = threading.Timer(1.5, lambda: group.set("host/0", b"b"))  # another rank, late
+    late.start()
+    try:
+        wait_ranks(group, ["host/0", "host/1"], [0, 1], 60, me="rank 0", what="say their host")
+    finally:
+        late.cancel()
+
+
+def test_ranks_outside_a_job_namespace_never_look() -> None:
+    # A shrunk communicator renumbers its ranks: job rank 2 is not its rank 2.
+    store = MemoryStore()
+    report_lost(store, 1, "was killed by SIGKILL")
+    group = PrefixStore("plait/init1/ft", store)
+    assert filed(group, [1]) == {}
+    with pytest.raises(StoreTimeout):
+        wait_ranks(group, ["k/1"], [1], 0.2, me="rank 0", what="arrive")
+
+
+def test_a_wait_that_nobody_ends_times_out_as_before() -> None:
+    with pytest.raises(StoreTimeout):
+        wait_ranks(JobRanks("init", MemoryStore()), ["k/1"], [1], 1.3, me="rank 0", what="arrive")
