@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from plait.errors import PeerLostError, RendezvousError
-from plait.rendezvous.store import MemoryStore, PrefixStore
+from plait.rendezvous.store import MemoryStore, PrefixStore, StoreTimeout
 from plait.transport import conformance
 from plait.transport.endpoint import Endpoint
 from plait.transport.route import LINKS, HybridTransport, choose, connect
@@ -245,3 +247,18 @@ def test_connect_builds_one_class_for_the_whole_job(hosts: list[str], kind: type
     finally:
         for t in ts:
             t.close()
+
+
+def test_a_host_that_never_says_its_window_is_named_by_its_first_rank() -> None:
+    # Before, this timed out with the raw store key ('window/1') and no rank.
+    me = SimpleNamespace(rank=0, host_window=None)  # the first rank of host "a"
+    with pytest.raises(StoreTimeout) as info:
+        HybridTransport._agree_windows(
+            me,  # type: ignore[arg-type]
+            MemoryStore(),
+            ["a", "b", "a", "b"],
+            time.monotonic() + 0.2,
+        )
+    msg = str(info.value)
+    assert msg.startswith("rank 0: rank(s) [1] (the first of their host) did not say"), msg
+    assert "window/" not in msg

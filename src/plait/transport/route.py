@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from plait.errors import RendezvousError
-from plait.rendezvous.store import PrefixStore, Store
+from plait.rendezvous.lost import wait_ranks
+from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
 from plait.transport.base import spin_seconds
 from plait.transport.endpoint import Endpoint
 from plait.transport.loopback import Loopback
@@ -215,7 +216,19 @@ class HybridTransport(Endpoint):
             have = self.host_window.capacity if self.host_window is not None else 0
             win.set(str(names.index(me)), str(have).encode())
         keys = [str(names.index(h)) for h in firsts]
-        win.wait(keys, max(deadline - time.monotonic(), 0.001))
+        ranks = list(firsts.values())
+        seconds = max(deadline - time.monotonic(), 0.001)
+        try:
+            wait_ranks(
+                win, keys, ranks, seconds, me=f"rank {self.rank}", what="set up their host's window"
+            )
+        except StoreTimeout:
+            absent = [r for r, k in zip(ranks, keys, strict=True) if not win.check([k])]
+            raise StoreTimeout(
+                f"rank {self.rank}: rank(s) {absent} (the first of their host) did not say what "
+                f"their host's shared-memory window holds within {seconds:.3g} s: they died or "
+                "failed in plait.init (see their errors), or stopped"
+            ) from None
         return min(int(win.get(k)) for k in keys)
 
     def _join_shm(self, store: Store, host_index: int, deadline: float, job: str | None) -> None:
