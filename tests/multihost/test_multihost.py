@@ -39,6 +39,7 @@ ROOT = HERE.parents[1]
 RANK_CHECK = ROOT / "tests" / "multiprocess" / "rank_check.py"
 HOST_CHECK = HERE / "host_check.py"
 UNTIL_KILLED = HERE / "allreduce_until_killed.py"
+DIES_IN_INIT = HERE / "dies_in_init.py"
 
 #: Allreduce algorithms run across hosts (whole job, and one rank per host after
 #: split_by_host). A new algorithm is one more name here.
@@ -206,8 +207,10 @@ class Network:
         args: Sequence[str],
         tmp: Path,
         env: dict[str, str] | None = None,
+        flags: Sequence[str] = (),
     ) -> Job:
-        """One ``plait run`` per host namespace h0..h<hosts-1>, ``nproc`` ranks each."""
+        """One ``plait run`` per host namespace h0..h<hosts-1>, ``nproc`` ranks each; ``flags``
+        go to every launcher."""
         port = next(self._ports)
         environ = {
             k: v for k, v in os.environ.items() if not k.startswith(("PLAIT_", "MULTIHOST_"))
@@ -226,6 +229,7 @@ class Network:
                     *("ip", "netns", "exec", ns, sys.executable, "-m", "plait", "run"),
                     *("--nnodes", str(hosts), "--node-rank", str(k), "-n", str(nproc)),
                     *("--master-addr", MASTER, "--master-port", str(port), "--tag-output"),
+                    *flags,
                     str(script),
                     *args,
                 ]
@@ -273,8 +277,9 @@ class Network:
         tmp: Path,
         env: dict[str, str] | None = None,
         timeout: float = JOB_SECONDS,
+        flags: Sequence[str] = (),
     ) -> Job:
-        return self.wait(self.start(hosts, nproc, script, args, tmp, env), timeout)
+        return self.wait(self.start(hosts, nproc, script, args, tmp, env, flags), timeout)
 
     def reap(self, job: Job) -> dict[int, str]:
         """Kill the job's process groups and anything left in the host namespaces."""
@@ -435,6 +440,18 @@ def test_rank_killed_on_another_host_fails_both_launchers(
     named = (f"connection to rank {victim} lost", f"rank {victim} was lost (rank ")
     assert all(any(n in msg for n in named) for _, msg in lost), job.report()
     assert "finished without noticing" not in job.stdout, job.report()
+
+
+def test_a_rank_killed_in_init_on_another_host_is_named_at_once_with_recovery(
+    net: Network, tmp_path: Path
+) -> None:
+    # Rank 3's launcher (host 1) files its death in the store that host 0's launcher serves;
+    # every other rank's init raises on it instead of waiting out its 300 s.
+    job = net.run(2, 2, DIES_IN_INIT, ["3"], tmp_path, flags=["--enable-recovery"])
+    assert job.rcs == [0, 0], job.report()
+    for r in (0, 1, 2):
+        assert f"rank {r}: lost 3 in init: " in job.stdout, job.report()
+    assert "rank 3 was killed by SIGKILL, as plait run saw" in job.stdout, job.report()
 
 
 # -- 5. PLAIT_SOCKET_IFNAME ------------------------------------------------------------------
