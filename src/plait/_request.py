@@ -137,10 +137,21 @@ class Plan:
     context, schedule, digest and error-state need keeps per-call work small.
     ``local``: the schedule only copies and reduces within this rank (one
     rank, or a rank with nothing to exchange), so the executor's loop over
-    messages is skipped; ``void_in_place``: in place, it does nothing at all.
+    messages is skipped; ``void_in_place``: in place, it does nothing at all;
+    ``windowed``: one-sided, with no scratch memory and no average to take.
     """
 
-    __slots__ = ("check", "ctx", "fills_x", "guard", "local", "schedule", "shape", "void_in_place")
+    __slots__ = (
+        "check",
+        "ctx",
+        "fills_x",
+        "guard",
+        "local",
+        "schedule",
+        "shape",
+        "void_in_place",
+        "windowed",
+    )
 
     def __init__(self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None) -> None:
         self.ctx = ctx
@@ -163,6 +174,14 @@ class Plan:
         )
         self.local = not self.schedule.one_sided and all(
             s.kind in _LOCAL_STEPS for s in self.schedule.steps
+        )
+        # One-sided, without scratch memory: the call runner's short path may run it (Note
+        # [the one-sided short path] in plait._runner).
+        self.windowed = (
+            self.schedule.one_sided
+            and not self.schedule.tmp_count
+            and not self.schedule.staged_count
+            and not (op is not None and op.average)
         )
         # In place (IN and OUT one memory), the schedule does nothing: it only copies IN to
         # OUT at equal offsets (one rank's allreduce).

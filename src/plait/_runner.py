@@ -187,6 +187,17 @@ class CallRunner:
         costs the recorder a short walk, never a wrong line.
         """
         spec, plan = req.spec, req.plan
+        if (
+            plan.windowed
+            and timeout is None
+            and not async_op
+            and req.writeback is None
+            and self._shared
+            and not self.detail
+            and not self._reserving
+            and self.timeline is None
+        ):
+            return self._run_window(req, skip + 1)  # Note [the one-sided short path]
         c = spec.collective
         # self.seconds(timeout, c), inlined: this runs on every call
         seconds = (
@@ -374,31 +385,7 @@ class CallRunner:
                 if req.average and req.out.size:
                     np.divide(req.out, self._size, out=req.out)
             except CommError as exc:
-                if isinstance(exc, PeerLostError) and self._shared:
-                    # The rank lost may have left over a mismatch it found first.
-                    window = getattr(self._transport, "window", None)
-                    found = mismatch_behind(window, self._rank, _describe(describe), self.epoch)
-                    if found is not None:
-                        exc = found
-                self.broken = exc
-                notes = []
-                if isinstance(exc, MismatchError):
-                    # The transport knows only that the digests differ; this rank knows its call.
-                    notes.append(f"this rank called {signature(req)}")
-                    if not self.detail:
-                        notes.append("set PLAIT_DEBUG=detail to compare every rank's call")
-                if req.writes_caller_memory:
-                    notes.append("the output buffer's contents are undefined")
-                if slot is not None and rec is not None:
-                    rec.end(slot, exc)  # before the dump, which then shows the failure
-                    path = dump_on_error(rec, exc)
-                    if path is not None:
-                        notes.append(f"flight recorder dump: {path}")
-                if notes:
-                    noted = type(exc)("; ".join([str(exc), *notes]))
-                    noted.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
-                    raise noted from exc.__cause__
-                raise exc
+                raise self._failed(exc, req, describe, slot) from exc.__cause__
             finally:
                 if token is not None:
                     restore(token)
@@ -422,6 +409,124 @@ class CallRunner:
             timeline = self.timeline
             if timeline is not None and rec is not None:
                 timeline.call(slot, rec)
+        return req.result
+
+    def _failed(
+        self, exc: CommError, req: Request, describe: tuple[str, str, int], slot: Slot | None
+    ) -> CommError:
+        """What call ``req`` raises after the transport raised ``exc``: the communicator is
+        broken, the recorder's slot ended and dumped, and the message says what it can."""
+        if isinstance(exc, PeerLostError) and self._shared:
+            # The rank lost may have left over a mismatch it found first.
+            window = getattr(self._transport, "window", None)
+            found = mismatch_behind(window, self._rank, _describe(describe), self.epoch)
+            if found is not None:
+                exc = found
+        self.broken = exc
+        notes = []
+        if isinstance(exc, MismatchError):
+            # The transport knows only that the digests differ; this rank knows its call.
+            notes.append(f"this rank called {signature(req)}")
+            if not self.detail:
+                notes.append("set PLAIT_DEBUG=detail to compare every rank's call")
+        if req.writes_caller_memory:
+            notes.append("the output buffer's contents are undefined")
+        rec = self.recorder
+        if slot is not None and rec is not None:
+            rec.end(slot, exc)  # before the dump, which then shows the failure
+            path = dump_on_error(rec, exc)
+            if path is not None:
+                notes.append(f"flight recorder dump: {path}")
+        if not notes:
+            return exc
+        noted = type(exc)("; ".join([str(exc), *notes]))
+        noted.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
+        return noted
+
+    # Note [the one-sided short path]
+    #     A loop of one-sided calls (the arena algorithms of one host) spends most of its
+    #     time in Python around a few numpy operations, and two frames of the call runner
+    #     (start and _run) with their general cases were about a tenth of a 2-rank 8-byte
+    #     allreduce (docs/performance.md). A blocking one-sided call without scratch memory
+    #     or an average to take, its timeout the communicator's, with no result to copy back
+    #     into a caller's array, on a runner with no PLAIT_DEBUG=detail check, no timeline
+    #     and no compressor's reserved numbers, is run by _run_window: the same steps as
+    #     start and _run (number and epoch under the lock, the recorder's slot, its
+    #     turn among the one-sided calls, the quiet reductions, the same failure handling
+    #     through _failed, the turn passed on in every case) in one frame, with what those
+    #     cases need left out. Every other call takes start and _run.
+
+    @runs_calls  # as _run: the recorder finds a call in flight by this frame
+    def _run_window(self, req: Request, skip: int) -> Any:
+        """:meth:`start` and :meth:`_run` of a plain one-sided call, in one frame (Note
+        [the one-sided short path])."""
+        spec, plan = req.spec, req.plan
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self.closed or self.broken is not None:
+                self.check_usable(spec.collective)
+            seq = self.seq
+            self.seq = seq + 1
+            epoch = self.epoch
+            self.epoch = epoch + 1
+        finally:
+            lock.release()
+        describe = (spec.collective, spec.name, seq)
+        rec = self.recorder
+        slot = None
+        if rec is not None:
+            slot = rec.ring[seq % rec.capacity]
+            if slot.end == 0.0 or slot.extra:
+                slot = rec.begin(plan.shape, seq, skip)
+            else:  # as in start (Note [recorder cost])
+                slot.seq = seq
+                slot.shape = plan.shape
+                slot.start = _monotonic()
+                slot.end = 0.0
+        token = None
+        try:
+            if self.turn != epoch:
+                self._wait_turn(epoch, self.timeout, describe)
+            if self.broken is not None or self.closed:
+                self.check_usable(spec.collective)
+            op = req.op
+            token = quiet() if plan.guard else None  # Note [quiet reductions]
+            call = _new(
+                Call,
+                (
+                    describe,
+                    0,
+                    plan.check,
+                    op.ufunc if op is not None else np.bitwise_or,
+                    (slot.start if slot is not None else _monotonic()) + self.timeout,
+                    slot,
+                    rec,
+                    None,
+                    epoch,
+                    seq,
+                    self._probe_tag,
+                ),
+            )
+            try:
+                run_one_sided(
+                    plan.schedule, (req.inp, req.out, _NO_TMP), self._transport, call, req.aliased
+                )
+            except CommError as exc:  # not the turn's timeout above: that breaks nothing
+                raise self._failed(exc, req, describe, slot) from exc.__cause__
+        except BaseException as exc:
+            if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
+                rec.end(slot, exc)
+            raise
+        finally:
+            if token is not None:
+                restore(token)
+            self.turn = epoch + 1  # as in _run
+            if self._gate_waiters:
+                with self._gate:
+                    self._gate.notify_all()
+        if slot is not None:
+            slot.end = _monotonic()
         return req.result
 
     def _wait_turn(self, epoch: int, seconds: float, describe: tuple[str, str, int]) -> None:

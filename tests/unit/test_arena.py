@@ -9,11 +9,13 @@ something to check. The calls run over the in-process transport's window.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
 import plait
+from plait._runner import CallRunner
 from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec, specs
 from plait.errors import CollectiveTimeout, MismatchError
 from plait.schedule.builder import Context, record
@@ -318,3 +320,67 @@ def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
     one_sided._run(compiled, got, _PostingWindow(2), None, call, 0, aliased, schedule)
     np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(got[2], expected[2])
+
+
+def test_plain_one_sided_calls_take_the_short_path_and_the_others_the_whole_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Note [the one-sided short path] in plait._runner: the same results either way.
+    taken: list[str] = []
+    whole = CallRunner._run_window
+
+    def spy(self: CallRunner, req: Any, skip: int) -> Any:
+        taken.append(req.spec.name)
+        return whole(self, req, skip)
+
+    monkeypatch.setattr(CallRunner, "_run_window", spy)
+
+    def body(comm: plait.Communicator) -> list[np.ndarray]:
+        x = np.arange(10.0) * (comm.rank + 1)
+        return [
+            comm.allreduce(x, algorithm="arena_oneshot"),  # short
+            comm.allreduce(x, op=plait.AVG, algorithm="arena_oneshot"),  # an average
+            comm.allreduce(x, algorithm="arena_oneshot", timeout=20),  # its own timeout
+            comm.allreduce(x, algorithm="arena_oneshot", async_op=True).wait(),  # queued
+            comm.allreduce(x, algorithm="ring"),  # messages
+            comm.allreduce(x, algorithm="arena_oneshot"),  # short again, after all of those
+        ]
+
+    got = run_ranks(2, body)
+    assert taken == ["arena_oneshot"] * 4  # two calls on each of two ranks
+    total = np.arange(10.0) * 3
+    for res in got:
+        for i, y in enumerate(res):
+            np.testing.assert_array_equal(y, total / 2 if i == 1 else total)
+
+
+def test_a_one_sided_call_in_flight_is_found_on_its_callers_line() -> None:
+    # The short path's frame is the one a dump looks for (runs_calls), as _run's is.
+    import time
+
+    seen: list[dict[str, Any]] = []
+
+    def body(comm: plait.Communicator) -> None:
+        x = np.ones(4)
+        if comm.rank == 0:
+            comm.allreduce(x, algorithm="arena_oneshot")  # in flight until rank 1 comes
+            return
+        rec = comms[0]._runner.recorder  # rank 0's
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:  # until rank 0 waits in its call
+            running = [c for c in rec.snapshot() if c["state"] == "running" and c["stack"]]
+            seen.extend(running)
+            time.sleep(0.01)
+        comm.allreduce(x, algorithm="arena_oneshot")
+
+    comms = memory_communicators(2)
+    line = body.__code__.co_firstlineno + 3
+    threads = [threading.Thread(target=body, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in comms:
+        c.close()
+    assert seen, "rank 0's call was never seen in flight"
+    assert seen[0]["stack"][0][:3] == [__file__, line, "body"]
