@@ -359,28 +359,23 @@ def test_a_one_sided_call_in_flight_is_found_on_its_callers_line() -> None:
     import time
 
     seen: list[dict[str, Any]] = []
+    recorders: dict[int, Any] = {}
 
     def body(comm: plait.Communicator) -> None:
         x = np.ones(4)
+        recorders[comm.rank] = comm._runner.recorder
         if comm.rank == 0:
             comm.allreduce(x, algorithm="arena_oneshot")  # in flight until rank 1 comes
             return
-        rec = comms[0]._runner.recorder  # rank 0's
         deadline = time.monotonic() + 20
         while not seen and time.monotonic() < deadline:  # until rank 0 waits in its call
-            running = [c for c in rec.snapshot() if c["state"] == "running" and c["stack"]]
-            seen.extend(running)
+            rec = recorders.get(0)
+            if rec is not None:
+                seen.extend(c for c in rec.snapshot() if c["state"] == "running" and c["stack"])
             time.sleep(0.01)
         comm.allreduce(x, algorithm="arena_oneshot")
 
-    comms = memory_communicators(2)
-    line = body.__code__.co_firstlineno + 3
-    threads = [threading.Thread(target=body, args=(c,)) for c in comms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for c in comms:
-        c.close()
+    line = body.__code__.co_firstlineno + 4
+    run_ranks(2, body)
     assert seen, "rank 0's call was never seen in flight"
     assert seen[0]["stack"][0][:3] == [__file__, line, "body"]
