@@ -175,8 +175,8 @@ class Plan:
         self.local = not self.schedule.one_sided and all(
             s.kind in _LOCAL_STEPS for s in self.schedule.steps
         )
-        # One-sided, without scratch memory: the call runner's short path may run it (Note
-        # [the one-sided short path] in plait._runner).
+        # One-sided, without scratch memory or an average to take: the call runner's short
+        # path may run it (Note [the one-sided short path] in plait._runner).
         self.windowed = (
             self.schedule.one_sided
             and not self.schedule.tmp_count

@@ -190,9 +190,10 @@ def _survivors(
         r.exit = (code, time.monotonic())
         if code < 0:
             lost.append(r)
-            relay.say(f"rank {r.rank} {_describe(code)}; the others go on (--enable-recovery)")
+            how = _describe(code)
+            relay.say(f"rank {r.rank} {how}; the others go on (--enable-recovery)")
             if on_lost is not None:
-                on_lost(r.rank, _describe(code))
+                on_lost(r.rank, how)
     return running, lost
 
 
