@@ -49,7 +49,7 @@ from plait._checks import CACHE_LIMIT, as_array, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.diagnostics.recorder import CallShape, caller_site
 from plait.ops import AVG, SUM, Op
-from plait.runtime.executor import empty_of
+from plait.runtime.scratch import empty_of
 from plait.runtime.work import Work
 from plait.schedule.builder import Context, HostLayout
 from plait.schedule.ir import Buf, StepKind

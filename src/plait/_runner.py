@@ -44,8 +44,9 @@ from plait.errors import (
     UnsupportedError,
 )
 from plait.group import collective_tag, probe_tag
-from plait.runtime.executor import Call, Workspace, execute, quiet, restore, run_local
+from plait.runtime.executor import Call, execute, run_local
 from plait.runtime.one_sided import mismatch_behind, run_one_sided
+from plait.runtime.scratch import Workspace, quiet, restore
 from plait.runtime.work import Work, Worker
 from plait.transport.base import Transport
 

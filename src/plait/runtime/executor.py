@@ -35,26 +35,18 @@ Note [executor diagnostics]
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from plait.errors import CollectiveTimeout, CommError, InternalError, PeerLostError
-from plait.runtime.stall import PROBE_SECONDS, Prober, settle
+from plait.errors import InternalError
+from plait.runtime.line import line_of, remember, run_line
+from plait.runtime.stall import Prober, settle
+from plait.runtime.waits import block, malformed, withdraw, wrap
 from plait.schedule.ir import Schedule, Step, StepKind, uses_window
-from plait.schedule.straight import (
-    L_COMBINE,
-    L_POST,
-    L_RECV,
-    L_SEND,
-    L_WAIT,
-    Line,
-    straight_line,
-)
 from plait.transport.base import Handle, Transport, renumbered
 
 if TYPE_CHECKING:
@@ -62,97 +54,11 @@ if TYPE_CHECKING:
     from plait.diagnostics.timeline import Timeline
     from plait.runtime.one_sided import WindowSteps
 
-__all__ = ["Call", "Workspace", "empty_of", "execute", "quiet", "restore", "run_local"]
+__all__ = ["Call", "execute", "run_local"]
 
 
-# Note [quiet reductions]
-#     numpy warns (an error under -W error) when a float reduction overflows or meets
-#     an invalid value; a collective silences that, as MPI does. ``np.errstate``
-#     costs about a microsecond per call, most of it building its settings: numpy 2
-#     keeps them in a context variable, so we build the "ignore" settings once and
-#     set and reset the variable (about 0.1 µs). Where numpy lacks those internals,
-#     np.errstate does it.
-try:
-    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
-        _extobj_contextvar,
-        _make_extobj,
-    )
-
-    _IGNORE = _make_extobj(all="ignore")
-
-    # Both run on every call that reduces floats: C calls, without a Python frame each.
-    #: Silence numpy's float warnings until :func:`restore` (Note [quiet reductions]).
-    quiet: Callable[[], Any] = functools.partial(_extobj_contextvar.set, _IGNORE)
-    #: Undo :func:`quiet`.
-    restore: Callable[[Any], None] = _extobj_contextvar.reset
-
-except (ImportError, AttributeError, TypeError):  # pragma: no cover - other numpy versions
-
-    def quiet() -> Any:
-        """Silence numpy's float warnings until :func:`restore` (Note [quiet reductions])."""
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def restore(token: Any) -> None:
-        """Undo :func:`quiet`."""
-        token.__exit__(None, None, None)
-
-
-_EMPTY: dict[np.dtype, np.ndarray] = {}  # zero-length arrays, one per dtype
 _now = time.monotonic  # the timeline's clock (Note [executor diagnostics])
 _NOTHING_ISSUED: dict[int, float] = {}  # stands in for the timeline's table when it is off
-
-
-def empty_of(dtype: np.dtype) -> np.ndarray:
-    """A zero-length array of ``dtype``, one per dtype (never written: it has no elements)."""
-    empty = _EMPTY.get(dtype)
-    if empty is None:
-        empty = _EMPTY[dtype] = np.empty(0, dtype)
-    return empty
-
-
-class Workspace:
-    """Scratch memory reused from call to call, so a hot loop allocates nothing.
-
-    One per thread that runs calls: the executor carves ``TMP`` and the staging
-    area of ``RECV_REDUCE`` out of it. It grows to the largest call seen.
-    """
-
-    __slots__ = ("_last", "_raw")
-
-    def __init__(self) -> None:
-        self._raw = np.empty(0, np.uint8)
-        # The last carve of :meth:`pair`: its key and its two arrays (a loop repeats it).
-        self._last: tuple[object, np.ndarray, np.ndarray] | None = None
-
-    def pair(self, tmp: int, staged: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """``TMP`` (``tmp`` elements) and the staging area after it (``staged``), of ``dtype``.
-
-        The same arrays as the call before when it asked for the same, so a loop
-        of equal calls carves nothing (growing replaces the memory, and the cache).
-        """
-        key = (tmp, staged, dtype)
-        last = self._last
-        if last is not None and last[0] == key:
-            return last[1], last[2]
-        size = self._raw.size
-        a = self.take(tmp, dtype)
-        b = self.take(staged, dtype, tmp)
-        if self._raw.size != size:  # grew: the first array is in the old memory
-            a = self.take(tmp, dtype)
-        self._last = (key, a, b)
-        return a, b
-
-    def take(self, count: int, dtype: np.dtype, offset: int = 0) -> np.ndarray:
-        """``count`` elements of ``dtype`` starting ``offset`` elements in (grows if needed)."""
-        if not count:
-            return empty_of(dtype)
-        itemsize = dtype.itemsize
-        need = (offset + count) * itemsize
-        if self._raw.size < need:
-            self._raw = np.empty(max(need, 2 * self._raw.size), np.uint8)
-        return self._raw[offset * itemsize : need].view(dtype)
 
 
 class Call(NamedTuple):
@@ -229,9 +135,9 @@ def execute(
     on = schedule.mixed or schedule.one_sided
     wsteps = _window_steps(schedule, buffers, transport, call, aliased) if on else None
     if call.timeline is None and wsteps is None:
-        line = _line(schedule, itemsize)
+        line = line_of(schedule, itemsize)
         if line is not None:
-            _run_line(line, schedule, buffers, transport, call, staging, aliased)
+            run_line(line, buffers, transport, call, staging, aliased)
             return
     ufunc = call.ufunc
     remaining = list(schedule.n_deps)
@@ -266,7 +172,7 @@ def execute(
                 step = steps[i]
                 d = step.dst
                 if d is None:
-                    raise _malformed(schedule.rank, call, step)
+                    raise malformed(schedule.rank, call, step)
                 n = d.count
                 staged[i] = pool[offset : offset + n]
                 mv = pool_raw[offset * itemsize : (offset + n) * itemsize].data
@@ -284,7 +190,7 @@ def execute(
                 if kind is _SEND or kind is _RECV:
                     r = step.src if kind is _SEND else step.dst
                     if r is None:
-                        raise _malformed(schedule.rank, call, step)
+                        raise malformed(schedule.rank, call, step)
                     # ``.data`` is memoryview(...) typed as one (numpy's stubs give ndarray
                     # the buffer protocol only from Python 3.12 on), and a little cheaper.
                     b = raw[r.buf]
@@ -321,7 +227,7 @@ def execute(
                         _note(tl, step, i, start, itemsize, tag_base)
                 else:
                     if step.src is None or step.dst is None:
-                        raise _malformed(schedule.rank, call, step)
+                        raise malformed(schedule.rank, call, step)
                     start = _now() if tl is not None else 0.0
                     _local_step(step, buffers, ufunc, aliased, schedule.rank)
                     if tl is not None:
@@ -339,14 +245,14 @@ def execute(
             if not done and wsteps is not None and wsteps.alone(pending):
                 done = list(pending)  # only a window step waits: by itself, it waits faster
             elif not done:
-                probe_at, prober = _block(
+                probe_at, prober = block(
                     transport, call, schedule, pending, list(pending), probe_at, prober
                 )
                 done = [h for h in pending if h.done]
             for h in done:
                 i = pending.pop(h)
                 if h.error is not None:
-                    err = _wrap(schedule.rank, call, steps[i], renumbered(transport, h.error))
+                    err = wrap(schedule.rank, call, steps[i], renumbered(transport, h.error))
                     raise settle(transport, call, schedule, err, prober)
                 step = steps[i]
                 if step.kind is _RECV_REDUCE:
@@ -366,7 +272,7 @@ def execute(
         if slot is not None:
             slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
-        _withdraw(transport, call, pending, wsteps)
+        withdraw(transport, call, pending, wsteps)
         if wsteps is not None:
             wsteps.give_up()
         raise
@@ -397,69 +303,6 @@ def _window_steps(
     return WindowSteps(schedule, buffers, window, transport, call, aliased, members)
 
 
-def _withdraw(transport: Transport, call: Call, pending: dict[Handle, int], ws: Any = None) -> None:
-    """A call failed: its recorder keeps whom it waited for; its window steps ``ws`` give back
-    their watches, and its unfinished handles are withdrawn (nothing lands after it returns)."""
-    rec, slot = call.recorder, call.slot
-    if rec is not None and slot is not None:
-        rec.unwatch(slot)
-    if ws is not None:
-        ws.drop(pending)
-    for h in (h for h in pending if not h.done):
-        transport.cancel(h)
-
-
-def _block(
-    transport: Transport,
-    call: Call,
-    schedule: Schedule,
-    pending: dict[Handle, int],
-    handles: list[Handle],
-    probe_at: float,
-    prober: Prober | None,
-) -> tuple[float, Prober | None]:
-    """Wait on the transport until one of ``handles`` is done or it is time to look again.
-
-    ``pending`` holds every unfinished handle of the call (whom it waits for, in
-    messages). ``probe_at`` (when the call starts to probe its peers, 0.0 until it
-    first blocks) and ``prober`` carry from one wait of the call to the next; the
-    new pair is returned (Note [stall probes]). Raises the call's error once its
-    deadline passes.
-    """
-    steps = schedule.steps
-    tl = call.timeline
-    now = time.monotonic()
-    timeout = None if call.deadline is None else call.deadline - now
-    expired = timeout is not None and timeout <= 0
-    if tl is not None:
-        blocked, waited = _now(), _waiting(steps, pending)
-    if not expired:
-        # Until it probes, the call wakes up when it is time to (Note [stall probes]).
-        limit = timeout
-        if prober is not None:
-            handles += prober.handles
-            wake = prober.wake_at
-            if wake is not None and (timeout is None or wake - now < timeout):
-                limit = max(wake - now, 0.0)
-        elif call.probe_tag >= 0:
-            if not probe_at:
-                probe_at = now + PROBE_SECONDS
-            if timeout is None or probe_at - now < timeout:
-                limit = max(probe_at - now, 0.0)
-        expired = not transport.wait_any(handles, limit) and limit == timeout
-    if expired:
-        late = _timeout(schedule.rank, call, steps, pending, prober)
-        raise settle(transport, call, schedule, late, prober)
-    if tl is not None:
-        tl.wait(blocked, _now(), waited)
-    if prober is None and probe_at and time.monotonic() >= probe_at:
-        prober = Prober(transport, call, schedule.rank, schedule.size)
-        prober.start(_waiting(steps, pending))
-    if prober is not None:
-        prober.check(_waiting(steps, pending))
-    return probe_at, prober
-
-
 _SEND, _RECV, _RECV_REDUCE = StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE
 # schedule id -> (the schedule, its RECV_REDUCE steps); holding the schedule keeps the id its own
 _STAGED: dict[int, tuple[Schedule, tuple[int, ...]]] = {}
@@ -471,122 +314,8 @@ def _staged_steps(schedule: Schedule) -> tuple[int, ...]:
     if hit is not None and hit[0] is schedule:
         return hit[1]
     found = tuple(i for i, s in enumerate(schedule.steps) if s.kind is StepKind.RECV_REDUCE)
-    _remember(_STAGED, id(schedule), schedule, found)
+    remember(_STAGED, id(schedule), schedule, found)
     return found
-
-
-def _remember(
-    table: dict[Any, tuple[Schedule, Any]], key: Any, schedule: Schedule, found: Any
-) -> None:
-    """Keep ``found``, worked out for ``schedule``, in ``table`` under ``key``."""
-    if len(table) >= 4096:  # as many as the schedule cache holds
-        table.clear()
-    table[key] = (schedule, found)
-
-
-# schedule id, item size -> (the schedule, its straight-line order or None)
-_LINES: dict[tuple[int, int], tuple[Schedule, Line | None]] = {}
-
-
-def _line(schedule: Schedule, itemsize: int) -> Line | None:
-    """``schedule``'s straight-line order for items of ``itemsize`` bytes, or None if it
-    runs as a dataflow (Note [straight-line schedules] in :mod:`plait.schedule.straight`);
-    worked out once per schedule."""
-    key = (id(schedule), itemsize)
-    hit = _LINES.get(key)
-    if hit is not None and hit[0] is schedule:
-        return hit[1]
-    line = straight_line(schedule, itemsize)
-    _remember(_LINES, key, schedule, line)
-    return line
-
-
-def _run_line(
-    line: Line,
-    schedule: Schedule,
-    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
-    transport: Transport,
-    call: Call,
-    staging: np.ndarray | None,
-    aliased: bool,
-) -> None:
-    """Run ``schedule`` in its straight-line order ``line``; as :func:`execute`."""
-    steps = schedule.steps
-    n = len(steps)
-    ufunc = call.ufunc
-    tag_base, check = call.tag_base, call.check
-    rec, slot = call.recorder, call.slot
-    pending: dict[Handle, int] = {}
-    if rec is not None and slot is not None:
-        rec.watch(slot, pending, steps)  # as execute (Note [executor diagnostics])
-    # held[i]: step i's handle; held[n + i]: staged receive i's data
-    held: list[Any] = [None] * (2 * n)
-    raw: list[np.ndarray | None] = [None, None, None]  # byte views, made when first needed
-    pool: np.ndarray | None = None
-    pool_raw: np.ndarray | None = None
-    probe_at = 0.0
-    prober: Prober | None = None
-    try:
-        for op in line:
-            code = op[0]
-            if code == L_WAIT:
-                i = op[1]
-                h = held[i]
-                while not h.done:
-                    # Before blocking, as the dataflow would: fail at once on any handle that
-                    # failed meanwhile (a lost peer must not wait out a late one's deadline).
-                    waiting = []
-                    for g in pending:
-                        if not g.done:
-                            waiting.append(g)
-                        elif g.error is not None:
-                            err = renumbered(transport, g.error)
-                            err = _wrap(schedule.rank, call, steps[pending[g]], err)
-                            raise settle(transport, call, schedule, err, prober)
-                    probe_at, prober = _block(
-                        transport, call, schedule, pending, waiting, probe_at, prober
-                    )
-                del pending[h]
-                if h.error is not None:
-                    err = _wrap(schedule.rank, call, steps[i], renumbered(transport, h.error))
-                    raise settle(transport, call, schedule, err, prober)
-            elif code <= L_RECV:  # L_SEND or L_RECV
-                _, i, peer, tag, b, lo, hi = op
-                v = raw[b]
-                if v is None:
-                    v = raw[b] = buffers[b].view(np.uint8)
-                if code == L_SEND:
-                    h = transport.isend(peer, tag_base + tag, v[lo:hi].data, check)
-                else:
-                    h = transport.irecv(peer, tag_base + tag, v[lo:hi].data, check)
-                pending[h] = i
-                held[i] = h
-            elif code == L_COMBINE:
-                i = op[1]
-                _combine(steps[i], buffers, held[n + i], ufunc, schedule.rank, call)
-            elif code == L_POST:
-                _, i, peer, tag, elo, ehi, lo, hi = op
-                if pool is None or pool_raw is None:
-                    pool = (
-                        staging
-                        if staging is not None
-                        else np.empty(schedule.staged_count, buffers[1].dtype)
-                    )
-                    pool_raw = pool.view(np.uint8)
-                h = transport.irecv(peer, tag_base + tag, pool_raw[lo:hi].data, check)
-                pending[h] = i
-                held[i] = h
-                held[n + i] = pool[elo:ehi]
-            elif not (aliased and op[2]):  # L_LOCAL
-                _local_step(steps[op[1]], buffers, ufunc, aliased, schedule.rank)
-        if slot is not None:
-            slot.pending = slot.steps = None  # all done: the links of watch go with the call
-    except BaseException:
-        _withdraw(transport, call, pending)
-        raise
-    finally:
-        if prober is not None:
-            prober.close()
 
 
 def _combine(
@@ -600,7 +329,7 @@ def _combine(
     """Fold the staged ``data`` of ``RECV_REDUCE`` ``step`` into its destination."""
     r = step.dst
     if r is None:
-        raise _malformed(rank, call, step)
+        raise malformed(rank, call, step)
     dst = buffers[r.buf][r.offset : r.offset + r.count]
     if step.first:
         ufunc(data, dst, out=dst)
@@ -647,54 +376,8 @@ def _local_step(
             ufunc(dst, src, out=dst)
 
 
-def _timeout_for(rank: int, call: Call, waiting: list[int]) -> CollectiveTimeout:
-    return CollectiveTimeout(
-        f"rank {rank}: {call.describe} timed out waiting for rank(s) {sorted(waiting)}: they "
-        "may have died, be stuck in other work, be slower than the timeout, or be in a "
-        "different call"
-    )
-
-
 def _note(tl: Timeline, step: Step, i: int, start: float, itemsize: int, tag_base: int) -> None:
     """Report step ``i``, from ``start`` to now, to the timeline."""
     r = step.dst if step.dst is not None else step.src
     nbytes = r.count * itemsize if r is not None else 0
     tl.step(step.kind.name.lower(), step.peer, nbytes, tag_base + step.tag, i, start, _now())
-
-
-def _waiting(steps: tuple[Step, ...], pending: dict[Handle, int]) -> list[int]:
-    """The peers of the unfinished handles: whom the call waits for."""
-    return sorted({steps[i].peer for h, i in pending.items() if not h.done})
-
-
-def _timeout(
-    rank: int,
-    call: Call,
-    steps: tuple[Step, ...],
-    pending: dict[Handle, int],
-    prober: Prober | None = None,
-) -> CollectiveTimeout:
-    waiting = _waiting(steps, pending)
-    err = _timeout_for(rank, call, waiting)
-    if prober is not None:  # who the peers said they wait on (Note [stall probes])
-        note = prober.explain(waiting)
-        if note:
-            err = CollectiveTimeout(f"{err}{note}")
-    return err
-
-
-def _malformed(rank: int, call: Call, step: Step) -> InternalError:
-    """A step without a region its kind needs (see Note [step fields])."""
-    return InternalError(
-        f"rank {rank}: {call.describe}: {step!r} lacks a region a {step.kind.name} step needs"
-    )
-
-
-def _wrap(rank: int, call: Call, step: object, err: BaseException) -> BaseException:
-    """``err`` of the transport at ``step``, naming this rank, the call and a lost peer."""
-    if isinstance(err, CommError):
-        out = type(err)(f"rank {rank}: {call.describe}: {err}")
-        if isinstance(out, PeerLostError) and isinstance(err, PeerLostError):
-            out.lost_rank = step.peer if isinstance(step, Step) else err.lost_rank
-        return out
-    return CommError(f"rank {rank}: {call.describe}: transport failed at {step!r}: {err}")

@@ -69,10 +69,8 @@ from plait.errors import CommError, InternalError, MismatchError
 from plait.runtime.executor import (
     Call,
     _local_step,
-    _malformed,
     _note,
     _now,
-    _wrap,
 )
 from plait.runtime.posts import (
     ABANDONED,
@@ -85,6 +83,7 @@ from plait.runtime.posts import (
     named,
 )
 from plait.runtime.stall import settle
+from plait.runtime.waits import malformed, wrap
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
@@ -140,7 +139,7 @@ def run_one_sided(
                 try:
                     halves = _compiled(schedule, window, dtype)
                 except CommError as exc:  # released meanwhile: the transport closed
-                    raise _wrap(rank, call, "the start of the call", exc) from None
+                    raise wrap(rank, call, "the start of the call", exc) from None
                 window.last_compiled = (schedule, dtype, halves)
                 compiled = halves[half]
             _run(compiled, buffers, window, transport, call, half, aliased, schedule)
@@ -459,7 +458,7 @@ class WindowSteps:
                 self._where(step.peer), (call.epoch << 32) | step.tag
             )
         except CommError as exc:
-            err = _wrap(self.rank, call, step, exc)
+            err = wrap(self.rank, call, step, exc)
             raise settle(self._transport, call, self._schedule, err) from None
         if h is not None:
             self._watches.add(h)
@@ -583,7 +582,7 @@ def _get(
     """A GET or GET_REDUCE step from a peer's typed ``view``."""
     s, d = step.src, step.dst
     if s is None or d is None:
-        raise _malformed(rank, call, step)
+        raise malformed(rank, call, step)
     theirs = view[s.offset : s.offset + s.count]
     dst = bufs[d.buf][d.offset : d.offset + d.count]
     if step.kind is StepKind.GET:

@@ -15,8 +15,9 @@ import contextlib
 from typing import Any
 
 from plait.errors import CommError, MismatchError, PeerLostError
-from plait.runtime.executor import Call, _timeout_for, _wrap
+from plait.runtime.executor import Call
 from plait.runtime.stall import wait_post
+from plait.runtime.waits import timeout_for, wrap
 from plait.schedule.ir import Schedule
 from plait.transport.base import Transport, renumbered
 
@@ -54,7 +55,7 @@ def begin_waiting(
     half: int = window.begin(epoch, call.check, call.deadline)
     if half < 0:  # the deadline passed meanwhile
         behind = window.behind(need)
-        raise _timeout_for(
+        raise timeout_for(
             where.rank, call, behind if members is None else [members[q] for q in behind]
         )
     return half
@@ -88,12 +89,12 @@ def await_post(
     except CommError as exc:
         if _names_call(rank, call, exc):
             raise  # the probes' or _look's (and the rank a notice says was lost)
-        err = _wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
+        err = wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
         if isinstance(err, PeerLostError):
             err.lost_rank = shown  # the window lost it
         raise err from None
     if late is not None:
-        err = _timeout_for(rank, call, [shown])
+        err = timeout_for(rank, call, [shown])
         raise type(err)(f"{err}{late}") if late else err
 
 
@@ -177,7 +178,7 @@ def check_peer(
 def named(rank: int, call: Call, what: str, exc: BaseException) -> BaseException:
     """``exc`` naming this rank and the call, unless it does already (the probes' errors
     and those raised here do)."""
-    return exc if _names_call(rank, call, exc) else _wrap(rank, call, what, exc)
+    return exc if _names_call(rank, call, exc) else wrap(rank, call, what, exc)
 
 
 def _names_call(rank: int, call: Call, exc: BaseException) -> bool:
