@@ -49,6 +49,7 @@ from plait._checks import CACHE_LIMIT, as_array, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.diagnostics.recorder import CallShape, caller_site
 from plait.ops import AVG, SUM, Op
+from plait.runtime.line import line_of
 from plait.runtime.scratch import empty_of
 from plait.runtime.work import Work
 from plait.schedule.builder import Context, HostLayout
@@ -138,7 +139,9 @@ class Plan:
     ``local``: the schedule only copies and reduces within this rank (one
     rank, or a rank with nothing to exchange), so the executor's loop over
     messages is skipped; ``void_in_place``: in place, it does nothing at all;
-    ``windowed``: one-sided, with no scratch memory and no average to take.
+    ``windowed``: one-sided, with no scratch memory and no average to take;
+    ``line``: the straight-line order of a message-passing schedule with no average to
+    take, or None.
     """
 
     __slots__ = (
@@ -146,6 +149,7 @@ class Plan:
         "ctx",
         "fills_x",
         "guard",
+        "line",
         "local",
         "schedule",
         "shape",
@@ -177,12 +181,17 @@ class Plan:
         )
         # One-sided, without scratch memory or an average to take: the call runner's short
         # path may run it (Note [the one-sided short path] in plait._runner).
+        avg = op is not None and op.average
         self.windowed = (
             self.schedule.one_sided
             and not self.schedule.tmp_count
             and not self.schedule.staged_count
-            and not (op is not None and op.average)
+            and not avg
         )
+        # Messages in a straight line, no average: the call runner's short path may run it
+        # (Note [the straight-line short path] in plait._runner).
+        whole = self.local or self.schedule.one_sided or self.schedule.mixed or avg
+        self.line = None if whole else line_of(self.schedule, dtype.itemsize)
         # In place (IN and OUT one memory), the schedule does nothing: it only copies IN to
         # OUT at equal offsets (one rank's allreduce).
         self.void_in_place = self.local and all(

@@ -1,6 +1,8 @@
-"""Straight-line orders keep the views of a loop's arrays (Note [bound lines] in
-plait.runtime.line): the views are used again only for the very arrays they were made
-for, and only small calls keep them.
+"""Calls that run in a straight line: they keep the views of a loop's arrays (Note
+[bound lines] in plait.runtime.line), used again only for the very arrays they were made
+for and kept only for small calls; and the plain ones take the call runner's short path
+(Note [the straight-line short path] in plait._runner), with the same results, failures
+and recorder as the whole way.
 
 The ranks are threads over the in-process fabric with no shared window, so the
 message-passing algorithms run, through the same executor as over TCP.
@@ -9,13 +11,17 @@ message-passing algorithms run, through the same executor as over TCP.
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from typing import Any
 
 import numpy as np
 import pytest
 
+import plait
 from plait import Communicator
+from plait._runner import CallRunner
+from plait.errors import MismatchError
 from plait.runtime import line
 from plait.testing import run_ranks
 
@@ -120,3 +126,72 @@ def test_only_small_calls_keep_their_arrays(monkeypatch: pytest.MonkeyPatch) -> 
 
     for kept, freed in run_ranks(2, big, window=0):
         assert [kept, freed] == [False, True]
+
+
+def test_plain_straight_line_calls_take_the_short_path_and_the_others_the_whole_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken: list[str] = []
+    whole = CallRunner._run_straight
+
+    def spy(self: CallRunner, req: Any, skip: int) -> Any:
+        taken.append(req.spec.collective)
+        return whole(self, req, skip)
+
+    monkeypatch.setattr(CallRunner, "_run_straight", spy)
+
+    def body(comm: Communicator) -> list[Any]:
+        x = np.arange(10.0) * (comm.rank + 1)
+        return [
+            comm.allreduce(x, algorithm=ALGORITHM),  # short
+            comm.allreduce(x, op=plait.AVG, algorithm=ALGORITHM),  # an average
+            comm.allreduce(x, algorithm=ALGORITHM, timeout=20),  # its own timeout
+            comm.allreduce(x, algorithm=ALGORITHM, async_op=True).wait(),  # queued
+            comm.broadcast(x.copy(), root=1, algorithm="binomial"),  # short (it fills its x)
+            comm.allreduce(x, algorithm=ALGORITHM),  # short again, after all of those
+        ]
+
+    got = run_ranks(2, body, window=0)
+    assert sorted(taken) == ["allreduce"] * 4 + ["broadcast"] * 2  # three on each rank
+    total = np.arange(10.0) * 3
+    for res in got:
+        for i, want in enumerate([total, total / 2, total, total, np.arange(10.0) * 2, total]):
+            np.testing.assert_array_equal(res[i], want)
+
+
+def test_a_mismatch_on_the_short_path_fails_every_rank_and_breaks_the_communicator() -> None:
+    def body(comm: Communicator) -> str:
+        x = np.ones(3 + comm.rank)  # another count on each rank
+        with pytest.raises(MismatchError, match="this rank called") as caught:
+            comm.allreduce(x, out=x, algorithm=ALGORITHM)
+        assert "the output buffer's contents are undefined" in str(caught.value)
+        with pytest.raises(plait.CommError, match="unusable after an earlier failure"):
+            comm.allreduce(x, out=x, algorithm=ALGORITHM)
+        return "raised"
+
+    assert run_ranks(2, body, window=0, timeout=20) == ["raised", "raised"]
+
+
+def test_a_straight_line_call_in_flight_is_found_on_its_callers_line() -> None:
+    # The short path's frame is the one a dump looks for (runs_calls), as _run's is.
+    seen: list[dict[str, Any]] = []
+    recorders: dict[int, Any] = {}
+
+    def body(comm: Communicator) -> None:
+        x = np.ones(4)
+        recorders[comm.rank] = comm._runner.recorder
+        if comm.rank == 0:
+            comm.allreduce(x, algorithm=ALGORITHM)  # in flight until rank 1 comes
+            return
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:  # until rank 0 waits in its call
+            rec = recorders.get(0)
+            if rec is not None:
+                seen.extend(c for c in rec.snapshot() if c["state"] == "running" and c["stack"])
+            time.sleep(0.01)
+        comm.allreduce(x, algorithm=ALGORITHM)
+
+    first = body.__code__.co_firstlineno + 4
+    run_ranks(2, body, window=0)
+    assert seen, "rank 0's call was never seen in flight"
+    assert seen[0]["stack"][0][:3] == [__file__, first, "body"]
