@@ -190,27 +190,17 @@ class CallRunner:
         """
         spec, plan = req.spec, req.plan
         if (
-            plan.windowed
-            and timeout is None
+            timeout is None
             and not async_op
-            and req.writeback is None
-            and self._shared
-            and not self.detail
-            and not self._reserving
-            and self.timeline is None
-        ):
-            return self._run_window(req, skip + 1)  # Note [the one-sided short path]
-        if (
-            plan.line is not None
-            and timeout is None
-            and not async_op
-            and not req.average
             and req.writeback is None
             and not self.detail
             and not self._reserving
             and self.timeline is None
-        ):
-            return self._run_straight(req, skip + 1)  # Note [the straight-line short path]
+        ):  # a plain call: its plan may have a short path (neither has an average to take)
+            if plan.windowed and self._shared:
+                return self._run_window(req, skip + 1)  # Note [the one-sided short path]
+            if plan.line is not None:
+                return self._run_straight(req, skip + 1)  # Note [the straight-line short path]
         c = spec.collective
         # self.seconds(timeout, c), inlined: this runs on every call
         seconds = (

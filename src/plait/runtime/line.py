@@ -99,8 +99,9 @@ def _bind(
     """``line``'s operations with the views of ``buffers`` they use (Note [bound lines]).
 
     Sends and receives get their memoryview, a staged receive its slice of the staging
-    pool too, a combine its destination and staged data, a local step its two regions;
-    a copy that is no copy in this call (a region onto itself) is left out.
+    pool; a combine, a copy and a reduction get their destination, their source (a
+    combine's staged data) and what to do (-1: copy; else reduce, 1 with the source first).
+    A copy that is no copy in this call (a region onto itself) is left out.
     """
     schedule = line.schedule
     steps, rank = schedule.steps, schedule.rank
@@ -126,7 +127,7 @@ def _bind(
             if d is None:
                 raise malformed(rank, call, step)
             dst = buffers[d.buf][d.offset : d.offset + d.count]
-            ops.append((code, op[1], dst, staged[op[1]], step.first))
+            ops.append((code, op[1], dst, staged[op[1]], int(step.first)))  # as a REDUCE
         elif code == L_LOCAL:
             step = steps[op[1]]
             s, d = step.src, step.dst
@@ -216,13 +217,7 @@ def run_line(
                 h = transport.irecv(op[2], tag_base + op[3], op[4], check)
                 pending[h] = op[1]
                 held[op[1]] = h
-            elif code == L_COMBINE:
-                dst = op[2]
-                if op[4]:
-                    ufunc(op[3], dst, out=dst)
-                else:
-                    ufunc(dst, op[3], out=dst)
-            else:  # L_LOCAL: a copy (-1), or a reduction with its operand order
+            else:  # L_COMBINE or L_LOCAL: a copy (-1), or a reduction with its operand order
                 dst = op[2]
                 if op[4] < 0:
                     dst[...] = op[3]  # numpy copies overlapping regions through a temporary
