@@ -42,11 +42,13 @@ from plait._checks import (
     check_root,
     split_rows,
 )
-from plait._request import Request, Shortcut, finished, separate
+from plait._request import Request, finished
+from plait._shortcut import Shortcut, separate
 from plait.collectives import Collective
 from plait.ops import SUM, Op, check_dtype
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Literal, Unpack
 
     from torch import Tensor
@@ -97,7 +99,8 @@ class CollectiveMethods:
     _stage: Stager
     _runner: CallRunner
     _shortcuts: dict[tuple[Any, ...], Shortcut]
-    _barrier: Request | None  # the request every plain barrier runs (made by the first)
+    # The request every plain barrier runs (made by the first), and its short path
+    _barrier: tuple[Request, Callable[[Request, int], Any] | None] | None
 
     def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice:
         """The algorithm and segment size of a call.
@@ -160,7 +163,7 @@ class CollectiveMethods:
         there) and the call's count (one block for the block collectives),
         which also sizes the algorithm choice.
         """
-        # Note [the short path] in plait._request: a repeated simple call skips the checks.
+        # Note [the short path] in plait._shortcut: a repeated simple call skips the checks.
         # (Not for a compressor's calls: they choose among message algorithms only.)
         # (``type(root) is int``: True and 0.0 hash as 1 and 0 but are refused the long way)
         simple = (
@@ -173,19 +176,31 @@ class CollectiveMethods:
             # What out is: none, x itself, or another array (its shape and dtype in the key).
             given: object = None if out is None else True if out is x else (out.shape, out.dtype)
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
-        if key is not None and not async_op and timeout is None and not self._runner.reserved():
+        runner = self._runner
+        if (
+            key is not None
+            and not async_op
+            and timeout is None
+            and (runner.plain or not runner.reserved())
+        ):
             cut = self._shortcuts.get(key)
             # ``flags.carray``: contiguous, aligned and writeable in one test (an unaligned
             # array takes the long way)
             if cut is not None:
+                req = None
                 if given is True:
                     if x.flags.carray:
-                        return self._runner.start(cut.request(x, True), None, False, self, 4)
+                        req = cut.request(x, True)
                 elif x.flags.c_contiguous:
                     if given is None:
-                        return self._runner.start(cut.request(x, False), None, False, self, 4)
-                    if out.flags.carray and separate(x, out):
-                        return self._runner.start(cut.request_into(x, out), None, False, self, 4)
+                        req = cut.request(x, False)
+                    elif out.flags.carray and separate(x, out):
+                        req = cut.request_into(x, out)
+                if req is not None:
+                    go = cut.go
+                    if go is not None and runner.plain:
+                        return go(req, 4)  # its frame in place of start's: the same skip
+                    return runner.start(req, None, False, self, 4)
         c = t.name
         r = self._rank
         size = self._size
@@ -213,7 +228,8 @@ class CollectiveMethods:
             and (out is None or req.aliased or (out is not x and out.dtype == x.dtype))
             and x.flags.c_contiguous
         ):
-            self._keep_shortcut(key, Shortcut(req, shape, has_out, x.ndim == 1))
+            go = self._runner.short_path(req.plan)
+            self._keep_shortcut(key, Shortcut(req, shape, has_out, x.ndim == 1, go))
         # 4: the user's frame is beyond this one and the collective method's
         res = self._runner.start(req, timeout, async_op, self, 4)
         return res if req.finish is None else finished(res, req.finish, async_op)
@@ -356,12 +372,16 @@ class CollectiveMethods:
         c = "broadcast"
         r = self._rank
         simple = type(x) is np.ndarray and type(root) is int and not async_op and timeout is None
-        if simple and not self._runner.reserved():
+        runner = self._runner
+        if simple and (runner.plain or not runner.reserved()):
             # Note [the short path] (a read-only x on root takes the long way)
             key = (c, x.shape, x.dtype, root, algorithm)
             cut = self._shortcuts.get(key)
             if cut is not None and x.flags.carray:  # contiguous, aligned, writeable
-                return self._runner.start(cut.request_fill(x), None, False, self)
+                go = cut.go
+                if go is not None and runner.plain:
+                    return go(cut.request_fill(x), 3)  # as start's skip
+                return runner.start(cut.request_fill(x), None, False, self)
         if type(x) is not np.ndarray and r == root and immutable(x):
             a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
         else:
@@ -384,9 +404,9 @@ class CollectiveMethods:
             and x.flags.c_contiguous
             and x.flags.writeable
         ):
-            self._keep_shortcut(
-                (c, x.shape, x.dtype, root, algorithm), Shortcut(req, x.shape, True, x.ndim == 1)
-            )
+            go = self._runner.short_path(req.plan)
+            cut = Shortcut(req, x.shape, True, x.ndim == 1, go)
+            self._keep_shortcut((c, x.shape, x.dtype, root, algorithm), cut)
         return self._runner.start(req, timeout, async_op, self)
 
     @overload
@@ -624,12 +644,19 @@ class CollectiveMethods:
         c = "barrier"
         # A barrier's request holds no caller memory: one serves every call (Note [the short
         # path]), except a compressor's, whose calls choose among message algorithms only.
-        plain = not self._runner.reserved()
-        if plain and self._barrier is not None:
-            return self._runner.start(self._barrier, timeout, async_op, self)
+        runner = self._runner
+        kept = self._barrier
+        if kept is not None and runner.plain and timeout is None and not async_op:
+            req, go = kept
+            if go is not None:
+                return go(req, 3)  # as start's skip
+            return runner.start(req, None, False, self)
+        plain = not runner.reserved()
+        if plain and kept is not None:
+            return runner.start(kept[0], timeout, async_op, self)
         choice = self._choose(c, "auto", 0, None)
         empty = np.empty(0, np.uint8)
         req = self._stage.request(choice, 0, empty, None, (0,), None, has_out=False, result=None)
         if plain:
-            self._barrier = req
-        return self._runner.start(req, timeout, async_op, self)
+            self._barrier = (req, runner.short_path(req.plan))
+        return runner.start(req, timeout, async_op, self)

@@ -97,6 +97,7 @@ class CallRunner:
         "closed",
         "detail",
         "epoch",
+        "plain",
         "recorder",
         "seq",
         "timeline",
@@ -138,13 +139,33 @@ class CallRunner:
         self._worker: Worker | None = None
         self._workspaces = _PerThread()  # one Workspace per thread that runs calls
         # Threads running a compressor's calls now (reserved() is true on them): while none
-        # is, a call skips the per-thread lookups (Note [the short path] in plait._request).
+        # is, a call skips the per-thread lookups (Note [the short path] in plait._shortcut).
         self._reserving = 0
         world = self._rank if world_rank is None else world_rank
         self.recorder = FlightRecorder.from_env(
             self._rank, self._size, comm_id, timeline=Timeline.from_env(world)
         )
         self.timeline = self.recorder.timeline if self.recorder is not None else None
+        # Whether a blocking call with the communicator's timeout may take a short path
+        # (Note [the one-sided short path]): no PLAIT_DEBUG=detail check, no timeline, and
+        # no thread running a compressor's calls. Kept true by _replan as those change.
+        self.plain = False
+        self._replan()
+
+    def _replan(self) -> None:
+        """Set :attr:`plain` from what it says (under the lock, where it changes)."""
+        self.plain = not self.detail and self.timeline is None and not self._reserving
+
+    def short_path(self, plan: Plan) -> Callable[[Request, int], Any] | None:
+        """The frame that runs a plain call of ``plan`` whole, or None (:meth:`start`).
+
+        A caller that knows the call is blocking, has the communicator's timeout and needs
+        no copy back (a kept request, Note [the short path] in :mod:`plait._shortcut`) calls
+        it directly while :attr:`plain` is true, with the ``skip`` it would pass :meth:`start`.
+        """
+        if plan.windowed and self._shared:
+            return self._run_window
+        return self._run_straight if plan.line is not None else None
 
     def close(self) -> None:
         """Finish queued async calls, then release the transport (call once)."""
@@ -190,12 +211,7 @@ class CallRunner:
         """
         spec, plan = req.spec, req.plan
         if (
-            timeout is None
-            and not async_op
-            and req.writeback is None
-            and not self.detail
-            and not self._reserving
-            and self.timeline is None
+            timeout is None and not async_op and req.writeback is None and self.plain
         ):  # a plain call: its plan may have a short path (neither has an average to take)
             if plan.windowed and self._shared:
                 return self._run_window(req, skip + 1)  # Note [the one-sided short path]
@@ -283,15 +299,19 @@ class CallRunner:
     def compressing(self, fn: Callable[[], Any]) -> Any:
         """Run a blocking compressed call's ``fn`` here, as :meth:`reserved` says."""
         w = self._workspaces
-        with self._lock:
-            self._reserving += 1
+        self._reserve(1)
         w.compressing = True
         try:
             return fn()
         finally:
             w.compressing = False
-            with self._lock:
-                self._reserving -= 1
+            self._reserve(-1)
+
+    def _reserve(self, threads: int) -> None:
+        """Count ``threads`` more (or fewer) threads running a compressor's calls."""
+        with self._lock:
+            self._reserving += threads
+            self._replan()
 
     def submit_reserved(self, work: Work, calls: int, c: str, fn: Callable[[], Any]) -> None:
         """Reserve the next ``calls`` numbers now; run ``fn`` on the worker with them.
@@ -307,8 +327,7 @@ class CallRunner:
             self._worker = Worker(f"plait-rank{self._rank}")
 
         def job() -> None:
-            with self._lock:
-                self._reserving += 1
+            self._reserve(1)
             self._workspaces.pinned = seqs
             try:
                 work._finish(fn())
@@ -316,8 +335,7 @@ class CallRunner:
                 work._finish(error=exc)
             finally:
                 self._workspaces.pinned = None
-                with self._lock:
-                    self._reserving -= 1
+                self._reserve(-1)
 
         self._worker.submit(job)
 
@@ -641,6 +659,7 @@ class CallRunner:
             table = comm.allgather(mine, algorithm="bruck", timeout=seconds)
         finally:
             self.detail = True
+            self._replan()
         calls: dict[str, list[int]] = {}
         for r, row in enumerate(table):
             calls.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(r)

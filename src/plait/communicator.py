@@ -47,8 +47,9 @@ import numpy as np
 from plait._checks import CACHE_LIMIT, check_timeout
 from plait._object_methods import ObjectMethods
 from plait._p2p import PointToPointMethods
-from plait._request import Request, Shortcut, Stager, allreduce_compressed, format_bytes
+from plait._request import Stager, allreduce_compressed, format_bytes
 from plait._runner import CallRunner
+from plait._shortcut import Shortcut
 from plait._uneven_edge import _UNEVEN_AUTO
 from plait.algos._registry import get
 from plait.diagnostics.stragglers import (
@@ -175,7 +176,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         self._checked: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs known to be valid
         # Repeated simple calls, by everything the checks read (Note [the short path]).
         self._shortcuts: dict[tuple[Any, ...], Shortcut] = {}
-        self._barrier: Request | None = None
+        self._barrier = None  # CollectiveMethods._barrier
 
     # -- identity and lifetime -----------------------------------------------------
     @property

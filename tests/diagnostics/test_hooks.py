@@ -79,6 +79,29 @@ def test_every_call_is_recorded_with_the_callers_line(monkeypatch: pytest.Monkey
     run_ranks(2, body)
 
 
+def test_a_kept_call_is_recorded_with_the_callers_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A repeated call runs in the call runner's short-path frame straight from the edge
+    # (CallRunner.short_path): the caller found from there is still the user's line.
+    monkeypatch.setenv("PLAIT_RECORDER_STACK", "1")
+
+    def body(comm: plait.Communicator) -> None:
+        x = np.arange(4.0)
+        lines = []
+        for _ in range(2):
+            comm.allreduce(x, out=x)
+            lines.append(_here() - 1)
+            comm.broadcast(x, 0)
+            lines.append(_here() - 1)
+            comm.barrier()
+            lines.append(_here() - 1)
+        assert all(cut.go is not None for cut in comm._shortcuts.values())
+        calls = _recorder(comm).snapshot()
+        assert [c["collective"] for c in calls] == ["allreduce", "broadcast", "barrier"] * 2
+        assert [c["stack"][0][:3] for c in calls] == [[__file__, n, "body"] for n in lines]
+
+    run_ranks(2, body)
+
+
 def test_by_default_a_call_that_ends_well_shows_where_its_kind_was_first_made() -> None:
     """No stack per call (PLAIT_RECORDER_STACK=0): the call shape's first caller instead."""
 

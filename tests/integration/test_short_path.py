@@ -1,4 +1,4 @@
-"""The short path of repeated calls (Note [the short path] in plait._request).
+"""The short path of repeated calls (Note [the short path] in plait._shortcut).
 
 A call repeated with the same kind of arguments skips the checks; these
 tests make sure that what the key cannot say is still tested on every call
@@ -9,10 +9,13 @@ call. Threads play the ranks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import plait
+from plait._runner import CallRunner
 from plait.testing import run_ranks
 
 
@@ -57,7 +60,7 @@ def test_an_out_that_overlaps_x_is_found_on_the_short_path() -> None:
 
 
 def test_separate_tells_apart_views_of_different_arrays_and_finds_every_overlap() -> None:
-    from plait._request import separate
+    from plait._shortcut import separate
 
     a, b = np.zeros(8), np.zeros(8)
     assert separate(a, b)
@@ -153,3 +156,44 @@ def test_a_root_the_long_way_refuses_is_refused_after_a_short_path_is_kept() -> 
                 comm.reduce(x, bad, out=np.empty(3))  # type: ignore[arg-type]
 
     run_ranks(2, body)
+
+
+def test_a_kept_call_runs_in_the_runners_frame_without_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A kept request whose plan has a short path goes to that frame (CallRunner.short_path)
+    # while the runner is plain; every other call goes through start.
+    started: list[str] = []
+    whole = CallRunner.start
+
+    def spy(self: CallRunner, req: Any, *args: Any, **kwargs: Any) -> Any:
+        started.append(req.spec.collective)
+        return whole(self, req, *args, **kwargs)
+
+    monkeypatch.setattr(CallRunner, "start", spy)
+
+    def body(comm: plait.Communicator) -> None:
+        runner = comm._runner
+        x = np.arange(6.0) * (comm.rank + 1)
+        for _ in range(3):  # the first of each goes the whole way, the others are kept
+            np.testing.assert_array_equal(comm.allreduce(x), np.arange(6.0) * 3)
+            y = np.full(4, float(comm.rank))
+            assert comm.broadcast(y, 1) is y
+            np.testing.assert_array_equal(y, np.ones(4))
+            assert comm.barrier() is None
+        assert all(cut.go is not None for cut in comm._shortcuts.values())
+        assert comm._barrier is not None
+        assert comm._barrier[1] is not None
+        np.testing.assert_array_equal(comm.allreduce(x, timeout=20), np.arange(6.0) * 3)
+        assert comm.barrier(async_op=True).wait() is None  # queued
+        # While a thread runs a compressor's calls, no call skips start.
+        assert runner.plain
+        assert runner.compressing(lambda: runner.plain) is False
+        assert runner.plain
+        np.testing.assert_array_equal(comm.allreduce(x), np.arange(6.0) * 3)  # kept again
+
+    run_ranks(2, body)
+    # On each rank: the first of each kind, then the one with a timeout and the queued one.
+    assert sorted(started) == sorted(
+        ["allreduce", "broadcast", "barrier"] * 2 + ["allreduce", "barrier"] * 2
+    )
