@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -178,16 +179,31 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
     from plait.runtime.executor import Call
     from plait.schedule.builder import Context
 
+    class ClosingWindow:
+        """The window, but the transport closes as soon as the call has begun."""
+
+        def __init__(self, w: Any, transport: Any) -> None:
+            self._w, self._transport = w, transport
+
+        def begin(self, epoch: int, digest: int, deadline: float | None) -> int:
+            half: int = self._w.begin(epoch, digest, deadline)
+            self._transport.close()
+            return half
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._w, name)
+
     with transports("shm", 2) as (a, _):
-        w = win(a)
-        ctx = Context("allreduce", 0, 2, 4, 4, window=w.capacity)
+        w = ClosingWindow(win(a), a)
+        ctx = Context("allreduce", 0, 2, 4, 4, window=win(a).capacity)
         schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
-        compiled = one_sided._compile(schedule, w, np.dtype(np.float32), 0)
-        a.close()
+        f32 = np.dtype(np.float32)
+        w.last_compiled = (schedule, f32, one_sided._compiled(schedule, w, f32))  # in place
         x = np.ones(4, np.float32)
         call = Call("allreduce (test)", 0, 0, np.add, soon(), epoch=0)
+        closing: Any = SimpleNamespace(window=w, rank=0, size=2)
         with pytest.raises(ClosedError, match="closed"):
-            one_sided._run(compiled, (x, x, x[:0]), w, a, call, 0, True, schedule)
+            one_sided.run_one_sided(schedule, (x, x, x[:0]), closing, call, True)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -9,6 +9,7 @@ something to check. The calls run over the in-process transport's window.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -277,9 +278,16 @@ def test_a_copy_and_a_reduction_into_one_region_run_as_one_fold(name: str) -> No
 
 
 class _PostingWindow(_Window):
-    """A window whose posts go nowhere: enough to run a schedule that reads no peer."""
+    """A window whose calls begin at once and whose posts go nowhere: enough to run a
+    schedule that reads no peer."""
+
+    def begin(self, epoch: int, digest: int, deadline: float | None) -> int:
+        return epoch & 1
 
     def post(self, value: int) -> None:
+        pass
+
+    def end(self, epoch: int) -> None:
         pass
 
 
@@ -315,9 +323,9 @@ def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
     expected = buffers()
     run_local(local, expected, np.add, aliased)
     got = buffers()
-    compiled = one_sided._compile(schedule, _PostingWindow(2), np.dtype(np.float32), 0)
     call = Call("allreduce (test)", 0, 0, np.add, None, epoch=0)
-    one_sided._run(compiled, got, _PostingWindow(2), None, call, 0, aliased, schedule)
+    transport: Any = SimpleNamespace(window=_PostingWindow(2))
+    one_sided.run_one_sided(schedule, got, transport, call, aliased)
     np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(got[2], expected[2])
 

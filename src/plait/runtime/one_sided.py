@@ -108,27 +108,35 @@ def run_one_sided(
 ) -> None:
     """Run a one-sided schedule in step order over the transport's window (Note [one-sided]).
 
+    Its compiled operations (Note [compiled one-sided schedules]) run here, in this frame:
+    a loop of small calls spends most of its time in Python around a few numpy operations.
+    A wait that blocks says in the recorder's slot whom it waits for, and clears it once
+    the peer posted; after a failure the slot keeps the peer for the dump.
+
     Raises:
         CollectiveTimeout: the deadline passed; the message names the ranks waited on.
         MismatchError: a peer is in a different call.
         PeerLostError: a peer died, closed, or gave up on the call.
     """
     window = getattr(transport, "window", None)
-    rank = schedule.rank
-    if window is None or call.epoch < 0:
-        raise InternalError(f"rank {rank}: {call.describe} is one-sided but has no shared window")
     epoch = call.epoch
-    slot = call.slot  # the flight recorder's: whom the call waits for
+    if window is None or epoch < 0:
+        raise InternalError(
+            f"rank {schedule.rank}: {call.describe} is one-sided but has no shared window"
+        )
     try:
         half = window.begin(epoch, call.check, 0.0)  # peers have nearly always ended epoch - 2
         if half < 0:
             half = begin_waiting(window, transport, call, schedule, None)
     except CommError as exc:  # a peer lost, the transport closed; or a timeout, a mismatch
+        rank = schedule.rank
         found = settle(transport, call, schedule, named(rank, call, "the start of the call", exc))
         give_up(window, epoch, isinstance(found, MismatchError))
         raise found from None
     try:
-        if call.timeline is None:
+        if call.timeline is not None:
+            _run_steps(schedule, buffers, window, transport, call, half, aliased)
+        else:
             # A loop repeats one call: its operations are the window's last ones (a dtype is
             # one object per kind; another object of an equal dtype looks them up).
             dtype = buffers[1].dtype
@@ -139,12 +147,74 @@ def run_one_sided(
                 try:
                     halves = _compiled(schedule, window, dtype)
                 except CommError as exc:  # released meanwhile: the transport closed
-                    raise wrap(rank, call, "the start of the call", exc) from None
+                    raise wrap(schedule.rank, call, "the start of the call", exc) from None
                 window.last_compiled = (schedule, dtype, halves)
                 compiled = halves[half]
-            _run(compiled, buffers, window, transport, call, half, aliased, schedule)
-        else:
-            _run_steps(schedule, buffers, window, transport, call, half, aliased)
+            ufunc, check = call.ufunc, call.check
+            base = epoch << 32
+            gave_up = base | MISMATCHED  # a peer's counter from gave_up to ended: it gave up
+            ended = base + (1 << 32)  # and from here on it has ended this call
+            # The operands: the caller's buffers, its other regions, the window's views.
+            v: list[np.ndarray] = []
+            if compiled.operands:
+                inp, out, _ = buffers
+                if inp.size != compiled.counts[0] or out.size != compiled.counts[1]:
+                    raise InternalError(
+                        f"rank {schedule.rank}: {call.describe}: buffers of {inp.size} and "
+                        f"{out.size} elements for a schedule made for {compiled.counts[0]} "
+                        f"and {compiled.counts[1]}"
+                    )
+                v = [*buffers]
+                for b, lo, hi in compiled.regions:
+                    v.append(buffers[b][lo:hi])
+                v += compiled.consts
+            for op in compiled.ops:
+                code = op[0]
+                if code == _POST:
+                    window.post(base | op[1])
+                    continue
+                if code >= _GET:  # GET, GET_REDUCE, WAIT, FOLD: the peer's phase first
+                    need = base | op[5]
+                    counters, i, digests, j = op[7]  # the peer's words, read in place
+                    try:
+                        ready = counters[i] >= need
+                    except (TypeError, ValueError):  # released: the wait says why
+                        ready = False
+                    if not ready:
+                        q = op[4]
+                        slot = call.slot
+                        if slot is not None:
+                            slot.peers = op[6]
+                        await_post(window, transport, q, need, call, schedule, q)
+                        if slot is not None:
+                            slot.peers = ()
+                    # Its digest is that of this call from its begin until every rank has
+                    # ended the call; a counter from gave_up to ended says it gave up on it.
+                    try:
+                        suspect = digests[j] != check or gave_up <= counters[i] < ended
+                    except (TypeError, ValueError):
+                        suspect = True
+                    if suspect:
+                        slot = call.slot
+                        if slot is not None:
+                            slot.peers = op[6]  # a dump of the failure names the peer
+                        check_peer(window, op[4], half, call, schedule.rank)
+                        if slot is not None:
+                            slot.peers = ()
+                    if code == _WAIT:
+                        continue
+                elif code == _SELF_COPY and aliased:
+                    continue  # IN and OUT are one memory
+                if code in _COPIES:
+                    v[op[2]][...] = v[op[1]]
+                elif code == _FOLD:
+                    ufunc(v[op[1]], v[op[3]], out=v[op[2]])
+                else:
+                    dst = v[op[2]]
+                    if op[3]:
+                        ufunc(v[op[1]], dst, out=dst)
+                    else:
+                        ufunc(dst, v[op[1]], out=dst)
     except CommError as exc:
         found = settle(transport, call, schedule, exc)  # tell a mismatch, or find one told
         give_up(window, epoch, isinstance(found, MismatchError))
@@ -156,8 +226,6 @@ def run_one_sided(
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
-    if slot is not None:
-        slot.peers = ()
 
 
 # -- the compiled form ---------------------------------------------------------------------------
@@ -293,78 +361,6 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
     counts = (schedule.in_count, schedule.out_count)
     operands = any(op[0] not in (_POST, _WAIT) for op in ops)
     return Compiled(ops, tuple(regions), tuple(views), counts, operands)
-
-
-def _run(
-    compiled: Compiled,
-    buffers: tuple[np.ndarray, np.ndarray, np.ndarray],
-    window: Any,
-    transport: Transport,
-    call: Call,
-    half: int,
-    aliased: bool,
-    schedule: Schedule,
-) -> None:
-    """Run compiled operations (Note [compiled one-sided schedules])."""
-    rank = schedule.rank
-    ufunc, slot, check = call.ufunc, call.slot, call.check
-    base = call.epoch << 32
-    gave_up = base | MISMATCHED  # a peer's counter from gave_up to ended: it gave up
-    ended = base + (1 << 32)  # and from here on it has ended this call
-    # The operands: the caller's buffers, its other regions, the window's views.
-    v: list[np.ndarray] = []
-    if compiled.operands:
-        inp, out, tmp = buffers
-        if inp.size != compiled.counts[0] or out.size != compiled.counts[1]:
-            raise InternalError(
-                f"rank {rank}: {call.describe}: buffers of {inp.size} and {out.size} elements "
-                f"for a schedule made for {compiled.counts[0]} and {compiled.counts[1]}"
-            )
-        v = [inp, out, tmp]
-        for b, lo, hi in compiled.regions:
-            v.append(buffers[b][lo:hi])
-        v += compiled.consts
-    for op in compiled.ops:
-        code = op[0]
-        if code == _POST:
-            window.post(base | op[1])
-            continue
-        if code >= _GET:  # GET, GET_REDUCE, WAIT, FOLD: the peer's phase first
-            need = base | op[5]
-            counters, i, digests, j = op[7]  # the peer's words, read in place (Window.probe)
-            try:
-                ready = counters[i] >= need
-            except (TypeError, ValueError):  # the window was released: the wait says why
-                ready = False
-            if not ready:
-                q = op[4]
-                if slot is not None:
-                    slot.peers = op[6]
-                await_post(window, transport, q, need, call, schedule, q)
-            # Its digest is that of this call from its begin until every rank has ended the
-            # call; a counter from gave_up to ended says it gave up on the call.
-            try:
-                suspect = digests[j] != check or gave_up <= counters[i] < ended
-            except (TypeError, ValueError):
-                suspect = True
-            if suspect:
-                if slot is not None:
-                    slot.peers = op[6]  # a dump of the failure names the peer
-                check_peer(window, op[4], half, call, rank)
-            if code == _WAIT:
-                continue
-        elif code == _SELF_COPY and aliased:
-            continue  # IN and OUT are one memory
-        if code in _COPIES:
-            v[op[2]][...] = v[op[1]]
-        elif code == _FOLD:
-            ufunc(v[op[1]], v[op[3]], out=v[op[2]])
-        else:
-            dst = v[op[2]]
-            if op[3]:
-                ufunc(v[op[1]], dst, out=dst)
-            else:
-                ufunc(dst, v[op[1]], out=dst)
 
 
 # -- step by step, for the timeline ----------------------------------------------------------------

@@ -47,11 +47,14 @@ def begin_waiting(
     ``members``: each window rank's rank, where they differ (a host's window)."""
     epoch = call.epoch
     need = (epoch - 1) << 32
+    slot = call.slot
     for q in window.behind(need):
         shown = q if members is None else members[q]
-        if call.slot is not None:
-            call.slot.peers = (shown,)  # a dump while it waits names the peer
+        if slot is not None:
+            slot.peers = (shown,)  # a dump while it waits names the peer
         await_post(window, transport, q, need, call, where, shown)
+        if slot is not None:
+            slot.peers = ()  # (kept after a failure, for the dump)
     half: int = window.begin(epoch, call.check, call.deadline)
     if half < 0:  # the deadline passed meanwhile
         behind = window.behind(need)
