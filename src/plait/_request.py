@@ -151,6 +151,7 @@ class Plan:
         "local",
         "schedule",
         "shape",
+        "ufunc",
         "void_in_place",
         "windowed",
     )
@@ -162,6 +163,9 @@ class Plan:
         self.fills_x = collectives.get(ctx.collective).fills_x
         self.schedule = build_schedule(spec, ctx)
         self.check = call_digest(spec.name, ctx, dtype, op)
+        # The reduction its calls run (only schedules that reduce call it: np.bitwise_or
+        # stands in where there is no op, and is never called).
+        self.ufunc: np.ufunc = op.ufunc if op is not None else np.bitwise_or
         # What the flight recorder keeps of each call of this shape (one object, reused).
         self.shape = CallShape(
             ctx.collective, spec.name, ctx.count, dtype, op, ctx.root, caller_site()

@@ -362,8 +362,7 @@ class CallRunner:
                 self.check_usable(req.spec.collective)
             plan = req.plan
             schedule = plan.schedule
-            op = req.op
-            ufunc = op.ufunc if op is not None else np.bitwise_or
+            ufunc = plan.ufunc
             token = quiet() if plan.guard else None  # Note [quiet reductions]
             try:
                 if req.aliased and plan.void_in_place:
@@ -511,7 +510,6 @@ class CallRunner:
                 self._wait_turn(epoch, self.timeout, describe)
             if self.broken is not None or self.closed:
                 self.check_usable(spec.collective)
-            op = req.op
             token = quiet() if plan.guard else None  # Note [quiet reductions]
             call = _new(
                 Call,
@@ -519,7 +517,7 @@ class CallRunner:
                     describe,
                     0,
                     plan.check,
-                    op.ufunc if op is not None else np.bitwise_or,
+                    plan.ufunc,
                     (slot.start if slot is not None else _monotonic()) + self.timeout,
                     slot,
                     rec,
@@ -572,7 +570,6 @@ class CallRunner:
         token = None
         try:
             schedule = plan.schedule
-            op = req.op
             token = quiet() if plan.guard else None  # Note [quiet reductions]
             workspace = self._workspaces.ws
             if workspace is None:  # first call on this thread
@@ -584,7 +581,7 @@ class CallRunner:
                     describe,
                     collective_tag(self._comm_id, seq),
                     plan.check,
-                    op.ufunc if op is not None else np.bitwise_or,
+                    plan.ufunc,
                     (slot.start if slot is not None else _monotonic()) + self.timeout,
                     slot,
                     rec,

@@ -164,10 +164,11 @@ def run_one_sided(
                         f"{out.size} elements for a schedule made for {compiled.counts[0]} "
                         f"and {compiled.counts[1]}"
                     )
-                v = [*buffers]
-                for b, lo, hi in compiled.regions:
-                    v.append(buffers[b][lo:hi])
-                v += compiled.consts
+                if compiled.regions:
+                    v = [*buffers, *[buffers[b][lo:hi] for b, lo, hi in compiled.regions]]
+                    v += compiled.consts
+                else:
+                    v = [*buffers, *compiled.consts]
             for op in compiled.ops:
                 code = op[0]
                 if code == _POST:
