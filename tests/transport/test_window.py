@@ -206,6 +206,36 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
             one_sided.run_one_sided(schedule, (x, x, x[:0]), closing, call, True)
 
 
+def test_a_window_reads_a_short_counter_again_only_where_each_rank_has_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Window.polls (Note [a second look] in plait.runtime.one_sided): shared memory with a
+    # core per rank, on a thread that may spin; never threads of one process.
+    from plait.transport.base import background_thread
+    from plait.transport.shm.window import POLLS
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with transports("memory", 2) as ts:
+        assert win(ts[0]).polls == 0
+    with transports("shm", 2) as ts:
+        w = win(ts[0])
+        assert w.polls == POLLS > 0
+        on_background: list[int] = []
+
+        def background() -> None:
+            background_thread()
+            on_background.append(w.polls)
+
+        t = threading.Thread(target=background)
+        t.start()
+        t.join()
+        assert on_background == [0]
+        ts[0].spin = 0.0  # PLAIT_SHM_SPIN=0: sleep at once
+        assert w.polls == 0
+    with transports("shm", 3) as ts:  # three ranks on two cores
+        assert [win(t).polls for t in ts] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_begin_waits_until_every_peer_ended_call_n_minus_2(kind: str) -> None:
     with transports(kind, 2) as (a, b):

@@ -281,6 +281,8 @@ class _PostingWindow(_Window):
     """A window whose calls begin at once and whose posts go nowhere: enough to run a
     schedule that reads no peer."""
 
+    polls = 0
+
     def begin(self, epoch: int, digest: int, deadline: float | None) -> int:
         return epoch & 1
 
@@ -328,6 +330,53 @@ def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
     one_sided.run_one_sided(schedule, got, transport, call, aliased)
     np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(got[2], expected[2])
+
+
+class _LateCounter:
+    """A peer's counter words that reach ``need`` at the ``late``-th read."""
+
+    def __init__(self, late: int, need: int) -> None:
+        self.reads, self.late, self.need = 0, late, need
+
+    def __getitem__(self, i: int) -> int:
+        self.reads += 1
+        return self.need if self.reads >= self.late else 0
+
+
+@pytest.mark.parametrize(("polls", "waits"), [(0, 1), (3, 1), (4, 0), (128, 0)])
+def test_a_compiled_wait_reads_a_short_counter_again_before_it_waits(
+    monkeypatch: pytest.MonkeyPatch, polls: int, waits: int
+) -> None:
+    # Note [a second look]: the counter is read up to window.polls more times in place; the
+    # wait through the window comes only after those.
+    from plait.algos._registry import build_schedule, get
+    from plait.runtime import one_sided
+    from plait.runtime.executor import Call
+
+    ctx = Context("allreduce", 0, 2, 4, 4, window=4096)
+    schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
+    ops = one_sided._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
+    (phase,) = [op[5] for op in ops if op[0] >= one_sided._GET]
+    counter = _LateCounter(5, phase)  # the first read and four more: short until the fifth
+
+    class Window(_PostingWindow):
+        def probe(self, q: int, half: int) -> Any:
+            return counter, 0, [7], 0  # the peer's digest: 7, as the call's
+
+    window = Window(2)
+    window.polls = polls
+    waited: list[int] = []
+
+    def wait(*args: Any) -> None:
+        waited.append(counter.reads)
+        counter.late = 0  # posted now
+
+    monkeypatch.setattr(one_sided, "await_post", wait)
+    x = np.arange(4, dtype=np.float32)
+    call = Call("allreduce (test)", 0, 7, np.add, None, epoch=0)
+    one_sided.run_one_sided(schedule, (x, x, x[:0]), SimpleNamespace(window=window), call, True)
+    assert len(waited) == waits
+    assert waited == ([1 + polls] if waits else [])  # the first read, then every poll
 
 
 def test_plain_one_sided_calls_take_the_short_path_and_the_others_the_whole_way(

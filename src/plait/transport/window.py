@@ -94,6 +94,18 @@ class Window(abc.ABC):
     capacity: int
     members: tuple[int, ...] = ()
 
+    @property
+    def polls(self) -> int:
+        """How many more times a caller that found a peer's counter short may read it in
+        place before it calls :meth:`wait` (0: wait at once).
+
+        Where each rank has a core of its own, a peer a moment behind posts within a
+        few reads, and :meth:`wait`'s way in costs more than the reads (Note [doorbells
+        and waiting] in ``docs/transport.md``); where ranks share cores, are threads of
+        one process or must not spin, reading on keeps the peer from running: 0.
+        """
+        return 0
+
     @abc.abstractmethod
     def local(self, half: int) -> np.ndarray:
         """This rank's ``half`` (0 or 1): a writable uint8 array of ``capacity`` bytes.
