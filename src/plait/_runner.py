@@ -610,10 +610,15 @@ class CallRunner:
 
     def _number(self, c: str) -> int:
         """The next call's number (a blocking call's, on a usable communicator)."""
-        with self._lock:
-            self.check_usable(c)
+        lock = self._lock
+        lock.acquire()  # not ``with``: its enter and exit cost twice as much
+        try:
+            if self.closed or self.broken is not None:  # (aborted comes with broken)
+                self.check_usable(c)
             seq = self.seq
             self.seq = seq + 1
+        finally:
+            lock.release()
         return seq
 
     @staticmethod
