@@ -163,8 +163,9 @@ __all__ = [
 #: Bytes of the arena's header, before the halves (a page, so halves are page-aligned).
 ARENA_HEADER = 4096
 #: Reads of a peer's counter in place before a wait (Window.polls), each a few tens of
-#: nanoseconds: 2 ranks with a core each, a loop of 8-byte calls, 8 to 512 reads all
-#: about a tenth faster for allreduce and a fifth for broadcast (docs/performance.md).
+#: nanoseconds: with 2 ranks, each with a core, a loop of 8-byte calls took 2-6 % less
+#: time per allreduce and 10-25 % per broadcast, alike from 32 reads up
+#: (docs/performance.md, "Small calls on one host, a fifth time").
 POLLS = 128
 _PAGE = 4096
 # Word indexes (8-byte units) into the arena header.
