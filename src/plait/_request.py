@@ -48,6 +48,7 @@ from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, as_array, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.diagnostics.recorder import CallShape, caller_site
+from plait.errors import MismatchError
 from plait.ops import AVG, SUM, Op
 from plait.runtime.line import line_of
 from plait.runtime.work import Work
@@ -66,6 +67,7 @@ __all__ = [
     "Stager",
     "allreduce_compressed",
     "call_digest",
+    "check_same_call",
     "finished",
     "signature",
 ]
@@ -139,10 +141,11 @@ class Plan:
     messages is skipped; ``void_in_place``: in place, it does nothing at all;
     ``windowed``: one-sided, with no scratch memory and no average to take;
     ``line``: the straight-line order of a message-passing schedule with no average to
-    take, or None.
+    take, or None; ``alone``: local, with no scratch memory and no average to take.
     """
 
     __slots__ = (
+        "alone",
         "check",
         "ctx",
         "fills_x",
@@ -190,6 +193,9 @@ class Plan:
             and not self.schedule.staged_count
             and not avg
         )
+        # Within this rank, without scratch memory or an average: the call runner's short
+        # path may run it (Note [a rank alone] in plait._runner).
+        self.alone = self.local and not self.schedule.tmp_count and not avg
         # Messages in a straight line, no average: the call runner's short path may run it
         # (Note [the straight-line short path] in plait._runner).
         whole = self.local or self.schedule.one_sided or self.schedule.mixed or avg
@@ -508,6 +514,29 @@ def signature(req: Request) -> str:
         f"{ctx.collective}({count}, dtype={dtype.name}, op={op}, "
         f"root={ctx.root}, algorithm={req.spec.name}, segment={segment})"
     )
+
+
+#: Bytes of the signature each rank allgathers under PLAIT_DEBUG=detail (longer ones are cut).
+SIGNATURE_BYTES = 160
+
+
+def check_same_call(comm: Any, req: Request, seconds: float, rank: int) -> None:
+    """PLAIT_DEBUG=detail: allgather every rank's call signature (through ``comm``, within
+    ``seconds``) and raise MismatchError naming the ranks of each call when they differ.
+
+    Costs one small allgather per call; the default check (a digest in every
+    message header) costs nothing extra but can only say that calls differ.
+    """
+    text = signature(req).encode()[: SIGNATURE_BYTES - 1]
+    mine = np.zeros(SIGNATURE_BYTES, np.uint8)
+    mine[: len(text)] = np.frombuffer(text, np.uint8)
+    table = comm.allgather(mine, algorithm="bruck", timeout=seconds)
+    calls: dict[str, list[int]] = {}
+    for r, row in enumerate(table):
+        calls.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(r)
+    if len(calls) > 1:
+        detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
+        raise MismatchError(f"rank {rank}: ranks made different calls: {detail}")
 
 
 def format_bytes(n: int) -> str:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait._checks import check_timeout
-from plait._request import Plan, Request, signature
+from plait._request import Plan, Request, check_same_call, signature
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
 from plait.diagnostics.timeline import Timeline
@@ -59,8 +59,6 @@ __all__ = ["CallRunner"]
 #: plait's logger: auto's choices and, with PLAIT_DEBUG=detail, every call's signature.
 _log = logging.getLogger("plait")
 _monotonic = time.monotonic
-#: Room for one call's signature in PLAIT_DEBUG=detail's allgather.
-_SIGNATURE_BYTES = 160
 
 
 class CallRunner:
@@ -147,25 +145,22 @@ class CallRunner:
         )
         self.timeline = self.recorder.timeline if self.recorder is not None else None
         # Whether a blocking call with the communicator's timeout may take a short path
-        # (Note [the one-sided short path]): no PLAIT_DEBUG=detail check, no timeline, and
-        # no thread running a compressor's calls. Kept true by _replan as those change.
-        self.plain = False
-        self._replan()
+        # (Note [the one-sided short path]); _replan keeps it true as what it says changes.
+        self.plain = not detail and self.timeline is None
 
     def _replan(self) -> None:
         """Set :attr:`plain` from what it says (under the lock, where it changes)."""
         self.plain = not self.detail and self.timeline is None and not self._reserving
 
     def short_path(self, plan: Plan) -> Callable[[Request, int], Any] | None:
-        """The frame that runs a plain call of ``plan`` whole, or None (:meth:`start`).
-
-        A caller that knows the call is blocking, has the communicator's timeout and needs
-        no copy back (a kept request, Note [the short path] in :mod:`plait._shortcut`) calls
-        it directly while :attr:`plain` is true, with the ``skip`` it would pass :meth:`start`.
-        """
+        """The frame that runs a plain call of ``plan`` whole, or None: a caller that knows
+        the call is blocking, with the communicator's timeout and no copy back, calls it
+        while :attr:`plain` is true, with the ``skip`` it would pass :meth:`start`."""
         if plan.windowed and self._shared:
             return self._run_window
-        return self._run_straight if plan.line is not None else None
+        if plan.line is not None:
+            return self._run_straight
+        return self._run_alone if plan.alone else None
 
     def close(self) -> None:
         """Finish queued async calls, then release the transport (call once)."""
@@ -210,13 +205,10 @@ class CallRunner:
         costs the recorder a short walk, never a wrong line.
         """
         spec, plan = req.spec, req.plan
-        if (
-            timeout is None and not async_op and req.writeback is None and self.plain
-        ):  # a plain call: its plan may have a short path (neither has an average to take)
-            if plan.windowed and self._shared:
-                return self._run_window(req, skip + 1)  # Note [the one-sided short path]
-            if plan.line is not None:
-                return self._run_straight(req, skip + 1)  # Note [the straight-line short path]
+        if timeout is None and not async_op and req.writeback is None and self.plain:
+            go = self.short_path(plan)  # a plain call: its plan may have a short path
+            if go is not None:
+                return go(req, skip + 1)
         c = spec.collective
         # self.seconds(timeout, c), inlined: this runs on every call
         seconds = (
@@ -468,13 +460,13 @@ class CallRunner:
     #     time in Python around a few numpy operations, and two frames of the call runner
     #     (start and _run) with their general cases were about a tenth of a 2-rank 8-byte
     #     allreduce (docs/performance.md). A blocking one-sided call without scratch memory
-    #     or an average to take, its timeout the communicator's, with no result to copy back
-    #     into a caller's array, on a runner with no PLAIT_DEBUG=detail check, no timeline
-    #     and no compressor's reserved numbers, is run by _run_window: the same steps as
-    #     start and _run (number and epoch under the lock, the recorder's slot, its
-    #     turn among the one-sided calls, the quiet reductions, the same failure handling
-    #     through _failed, the turn passed on in every case) in one frame, with what those
-    #     cases need left out. Every other call takes start and _run.
+    #     or an average to take, its timeout the communicator's, with no result to copy back,
+    #     on a runner that is plain (no PLAIT_DEBUG=detail, no timeline, no compressor's
+    #     reserved numbers) is run by _run_window: the steps of start and _run (number and
+    #     epoch under the lock, the recorder's slot, its turn among the one-sided calls, the
+    #     quiet reductions, failures through _failed, the turn passed on in every case) in
+    #     one frame. short_path names such frames; start, or the edge for a kept request
+    #     (Note [the short path] in plait._shortcut), calls them.
 
     @runs_calls  # as _run: the recorder finds a call in flight by this frame
     def _run_window(self, req: Request, skip: int) -> Any:
@@ -554,9 +546,8 @@ class CallRunner:
     #     one-sided short path, a call whose plan has a straight-line order (no average to
     #     take) is run by _run_straight, which numbers it, opens its recorder slot, carves
     #     its scratch memory and hands the order to run_line directly, without start's
-    #     general cases, _run's, and execute's choice of how to run the schedule. Measured
-    #     by turns in the same processes: about 2 µs less per 2-rank 8-byte call over TCP
-    #     (docs/performance.md).
+    #     general cases, _run's, and execute's choice of how to run the schedule (about
+    #     2 µs less per 2-rank 8-byte call over TCP: docs/performance.md).
 
     @runs_calls  # as _run: the recorder finds a call in flight by this frame
     def _run_straight(self, req: Request, skip: int) -> Any:
@@ -608,6 +599,35 @@ class CallRunner:
             slot.end = _monotonic()
         return req.result
 
+    # Note [a rank alone]
+    #     The same for a call whose plan stays within this rank (one rank: its schedule
+    #     copies within it, or does nothing in place): _run_alone numbers it, opens its
+    #     recorder slot and runs the copies, without start's and _run's general cases.
+
+    @runs_calls  # as _run: the recorder finds a call in flight by this frame
+    def _run_alone(self, req: Request, skip: int) -> Any:
+        """:meth:`start` and :meth:`_run` of a plain call of a rank alone, in one frame (Note
+        [a rank alone])."""
+        plan = req.plan
+        seq = self._number(req.spec.collective)
+        rec = self.recorder
+        slot = None if rec is None else self._open(rec, plan, seq, skip)
+        if not (req.aliased and plan.void_in_place):
+            token = quiet() if plan.guard else None  # Note [quiet reductions]
+            try:
+                steps = plan.schedule.steps
+                run_local(steps, (req.inp, req.out), plan.ufunc, req.aliased, self._rank)
+            except BaseException as exc:
+                if slot is not None and rec is not None:
+                    rec.end(slot, exc)
+                raise
+            finally:
+                if token is not None:
+                    restore(token)
+        if slot is not None:
+            slot.end = _monotonic()
+        return req.result
+
     def _number(self, c: str) -> int:
         """The next call's number (a blocking call's, on a usable communicator)."""
         lock = self._lock
@@ -648,26 +668,14 @@ class CallRunner:
             )
 
     def _verify_same_call(self, req: Request, seconds: float, comm: CollectiveMethods) -> None:
-        """PLAIT_DEBUG=detail: allgather every rank's call signature and compare them all.
-
-        Costs one small allgather per call; the default check (a digest in every
-        message header) costs nothing extra but can only say that calls differ.
-        """
-        text = signature(req).encode()[: _SIGNATURE_BYTES - 1]
-        mine = np.zeros(_SIGNATURE_BYTES, np.uint8)
-        mine[: len(text)] = np.frombuffer(text, np.uint8)
+        """PLAIT_DEBUG=detail: compare every rank's call (:func:`check_same_call`)."""
         self.detail = False  # the check itself is not checked
         try:
-            table = comm.allgather(mine, algorithm="bruck", timeout=seconds)
+            check_same_call(comm, req, seconds, self._rank)
         finally:
-            self.detail = True
-            self._replan()
-        calls: dict[str, list[int]] = {}
-        for r, row in enumerate(table):
-            calls.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(r)
-        if len(calls) > 1:
-            detail = "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in calls.items())
-            raise MismatchError(f"rank {self._rank}: ranks made different calls: {detail}")
+            with self._lock:  # as _reserve: plain is set under the lock
+                self.detail = True
+                self._replan()
 
 
 _new = tuple.__new__

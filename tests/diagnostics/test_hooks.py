@@ -79,7 +79,10 @@ def test_every_call_is_recorded_with_the_callers_line(monkeypatch: pytest.Monkey
     run_ranks(2, body)
 
 
-def test_a_kept_call_is_recorded_with_the_callers_line(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_kept_call_is_recorded_with_the_callers_line(
+    monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
     # A repeated call runs in the call runner's short-path frame straight from the edge
     # (CallRunner.short_path): the caller found from there is still the user's line.
     monkeypatch.setenv("PLAIT_RECORDER_STACK", "1")
@@ -99,7 +102,7 @@ def test_a_kept_call_is_recorded_with_the_callers_line(monkeypatch: pytest.Monke
         assert [c["collective"] for c in calls] == ["allreduce", "broadcast", "barrier"] * 2
         assert [c["stack"][0][:3] for c in calls] == [[__file__, n, "body"] for n in lines]
 
-    run_ranks(2, body)
+    run_ranks(size, body)
 
 
 def test_by_default_a_call_that_ends_well_shows_where_its_kind_was_first_made() -> None:

@@ -197,3 +197,37 @@ def test_a_kept_call_runs_in_the_runners_frame_without_start(
     assert sorted(started) == sorted(
         ["allreduce", "broadcast", "barrier"] * 2 + ["allreduce", "barrier"] * 2
     )
+
+
+def test_a_rank_alone_runs_its_kept_calls_in_one_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [a rank alone] in plait._runner: the same results as the whole way.
+    taken: list[str] = []
+    whole = CallRunner._run_alone
+
+    def spy(self: CallRunner, req: Any, skip: int) -> Any:
+        taken.append(req.spec.collective)
+        return whole(self, req, skip)
+
+    monkeypatch.setattr(CallRunner, "_run_alone", spy)
+
+    def body(comm: plait.Communicator) -> None:
+        out = np.empty(5, np.float32)
+        for step in range(3):
+            x = np.arange(5, dtype=np.float32) + step
+            want = x.copy()
+            np.testing.assert_array_equal(comm.allreduce(x), want)  # a new array
+            assert comm.allreduce(x, out=out) is out
+            np.testing.assert_array_equal(out, want)
+            assert comm.allreduce(x, out=x) is x  # in place: nothing to do
+            np.testing.assert_array_equal(x, want)
+            np.testing.assert_array_equal(comm.allreduce(x, op=plait.AVG), want)  # start's
+            assert comm.broadcast(x) is x
+            assert comm.barrier() is None
+            np.testing.assert_array_equal(comm.allgather(x), want[None])
+        assert comm._barrier is not None
+        assert comm._barrier[1] == comm._runner._run_window
+
+    run_ranks(1, body)
+    # Every plain call but the average (start hands plain calls to the same frames); the
+    # barrier is one-sided even alone (a post), and runs in _run_window.
+    assert taken == (["allreduce"] * 3 + ["broadcast", "allgather"]) * 3
