@@ -42,7 +42,7 @@ class Shortcut:
         holds no caller memory, reuses the request of its first call.
     """
 
-    __slots__ = ("_empty", "_flat", "_fresh", "_head", "_tail", "go")
+    __slots__ = ("_empty", "_flat", "_fresh", "_head", "_nothing", "_tail", "go")
 
     def __init__(
         self,
@@ -60,6 +60,7 @@ class Shortcut:
         # Where the call writes no output here (a rooted call off root): an empty OUT.
         self._empty = None if has_out else req.out
         self._fresh = shape  # the shape of a new result array
+        self._nothing = empty_of(req.out.dtype)  # IN of a call that fills its x (request_fill)
         # x is one-dimensional (its shape is in the key): it is its own flat view
         self._flat = flat
 
@@ -92,7 +93,7 @@ class Shortcut:
         flat = x if self._flat else x.reshape(-1)
         return _new(
             Request,
-            (spec, ctx, op, empty_of(x.dtype), flat, None, x, True, average, plan, False, None),
+            (spec, ctx, op, self._nothing, flat, None, x, True, average, plan, False, None),
         )
 
     def request_into(self, x: np.ndarray, out: np.ndarray) -> Request:

@@ -175,8 +175,10 @@ def run_one_sided(
                         f"{out.size} elements for a schedule made for {compiled.counts[0]} "
                         f"and {compiled.counts[1]}"
                     )
-                if compiled.regions:
-                    v = [*buffers, *[buffers[b][lo:hi] for b, lo, hi in compiled.regions]]
+                if compiled.regions:  # (a loop: a comprehension is one more frame)
+                    v = [*buffers]
+                    for b, lo, hi in compiled.regions:
+                        v.append(buffers[b][lo:hi])
                     v += compiled.consts
                 else:
                     v = [*buffers, *compiled.consts]
