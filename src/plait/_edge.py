@@ -166,24 +166,21 @@ class CollectiveMethods:
         # Note [the short path] in plait._shortcut: a repeated simple call skips the checks.
         # (Not for a compressor's calls: they choose among message algorithms only.)
         # (``type(root) is int``: True and 0.0 hash as 1 and 0 but are refused the long way)
-        simple = (
+        key = None
+        runner = self._runner
+        if (
             type(x) is np.ndarray
             and type(root) is int
             and (out is None or out is x or type(out) is np.ndarray)
-        )
-        key = None
-        if simple:
+        ):
             # What out is: none, x itself, or another array (its shape and dtype in the key).
             given: object = None if out is None else True if out is x else (out.shape, out.dtype)
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
-        runner = self._runner
-        if (
-            key is not None
-            and not async_op
-            and timeout is None
-            and (runner.plain or not runner.reserved())
-        ):
-            cut = self._shortcuts.get(key)
+            cut = (
+                self._shortcuts.get(key)
+                if not async_op and timeout is None and (runner.plain or not runner.reserved())
+                else None
+            )
             # ``flags.carray``: contiguous, aligned and writeable in one test (an unaligned
             # array takes the long way)
             if cut is not None:
@@ -194,7 +191,7 @@ class CollectiveMethods:
                 elif x.flags.c_contiguous:
                     if given is None:
                         req = cut.request(x, False)
-                    elif out.flags.carray and separate(x, out):
+                    elif out is not None and out.flags.carray and separate(x, out):
                         req = cut.request_into(x, out)
                 if req is not None:
                     go = cut.go
