@@ -146,10 +146,10 @@ class CallRunner:
         self.timeline = self.recorder.timeline if self.recorder is not None else None
         # Whether a blocking call with the communicator's timeout may take a short path
         # (Note [the one-sided short path]); _replan keeps it true as what it says changes.
-        self.plain = not detail and self.timeline is None
+        self._replan()
 
     def _replan(self) -> None:
-        """Set :attr:`plain` from what it says (under the lock, where it changes)."""
+        """Set :attr:`plain` from what it says (under the lock where that changes)."""
         self.plain = not self.detail and self.timeline is None and not self._reserving
 
     def short_path(self, plan: Plan) -> Callable[[Request, int], Any] | None:

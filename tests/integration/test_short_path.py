@@ -9,14 +9,12 @@ call. Threads play the ranks.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 import plait
-from plait._runner import CallRunner
 from plait.testing import run_ranks
+from spies import runs_of
 
 
 def _kinds(comm: plait.Communicator) -> set[object]:
@@ -163,14 +161,7 @@ def test_a_kept_call_runs_in_the_runners_frame_without_start(
 ) -> None:
     # A kept request whose plan has a short path goes to that frame (CallRunner.short_path)
     # while the runner is plain; every other call goes through start.
-    started: list[str] = []
-    whole = CallRunner.start
-
-    def spy(self: CallRunner, req: Any, *args: Any, **kwargs: Any) -> Any:
-        started.append(req.spec.collective)
-        return whole(self, req, *args, **kwargs)
-
-    monkeypatch.setattr(CallRunner, "start", spy)
+    started = runs_of(monkeypatch, "start")
 
     def body(comm: plait.Communicator) -> None:
         runner = comm._runner
@@ -201,14 +192,7 @@ def test_a_kept_call_runs_in_the_runners_frame_without_start(
 
 def test_a_rank_alone_runs_its_kept_calls_in_one_frame(monkeypatch: pytest.MonkeyPatch) -> None:
     # Note [a rank alone] in plait._runner: the same results as the whole way.
-    taken: list[str] = []
-    whole = CallRunner._run_alone
-
-    def spy(self: CallRunner, req: Any, skip: int) -> Any:
-        taken.append(req.spec.collective)
-        return whole(self, req, skip)
-
-    monkeypatch.setattr(CallRunner, "_run_alone", spy)
+    taken = runs_of(monkeypatch, "_run_alone")
 
     def body(comm: plait.Communicator) -> None:
         out = np.empty(5, np.float32)

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import plait
-from plait._runner import CallRunner
 from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec, specs
 from plait.errors import CollectiveTimeout, MismatchError
 from plait.schedule.builder import Context, record
 from plait.schedule.symbolic import prove
 from plait.testing import RankFailure, memory_communicators, run_ranks
+from spies import runs_of
 
 ARENA = [s for c in COLLECTIVES for s in specs(c) if s.needs_window]
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
@@ -383,14 +383,7 @@ def test_plain_one_sided_calls_take_the_short_path_and_the_others_the_whole_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Note [the one-sided short path] in plait._runner: the same results either way.
-    taken: list[str] = []
-    whole = CallRunner._run_window
-
-    def spy(self: CallRunner, req: Any, skip: int) -> Any:
-        taken.append(req.spec.name)
-        return whole(self, req, skip)
-
-    monkeypatch.setattr(CallRunner, "_run_window", spy)
+    taken = runs_of(monkeypatch, "_run_window", lambda req: req.spec.name)
 
     def body(comm: plait.Communicator) -> list[np.ndarray]:
         x = np.arange(10.0) * (comm.rank + 1)

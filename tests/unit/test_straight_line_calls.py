@@ -20,10 +20,10 @@ import pytest
 
 import plait
 from plait import Communicator
-from plait._runner import CallRunner
 from plait.errors import MismatchError
 from plait.runtime import line
 from plait.testing import run_ranks
+from spies import runs_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -131,14 +131,7 @@ def test_only_small_calls_keep_their_arrays(monkeypatch: pytest.MonkeyPatch) -> 
 def test_plain_straight_line_calls_take_the_short_path_and_the_others_the_whole_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    taken: list[str] = []
-    whole = CallRunner._run_straight
-
-    def spy(self: CallRunner, req: Any, skip: int) -> Any:
-        taken.append(req.spec.collective)
-        return whole(self, req, skip)
-
-    monkeypatch.setattr(CallRunner, "_run_straight", spy)
+    taken = runs_of(monkeypatch, "_run_straight")
 
     def body(comm: Communicator) -> list[Any]:
         x = np.arange(10.0) * (comm.rank + 1)

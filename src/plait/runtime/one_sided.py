@@ -175,13 +175,10 @@ def run_one_sided(
                         f"{out.size} elements for a schedule made for {compiled.counts[0]} "
                         f"and {compiled.counts[1]}"
                     )
-                if compiled.regions:  # (a loop: a comprehension is one more frame)
-                    v = [*buffers]
-                    for b, lo, hi in compiled.regions:
-                        v.append(buffers[b][lo:hi])
-                    v += compiled.consts
-                else:
-                    v = [*buffers, *compiled.consts]
+                v = [*buffers]
+                for b, lo, hi in compiled.regions:
+                    v.append(buffers[b][lo:hi])
+                v += compiled.consts
             for op in compiled.ops:
                 code = op[0]
                 if code == _POST:
