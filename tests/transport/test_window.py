@@ -176,6 +176,7 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
     # closes under it, the call raises ClosedError instead of reading released memory.
     from plait.algos._registry import build_schedule, get
     from plait.runtime import one_sided
+    from plait.runtime.compiled import compiled_for
     from plait.runtime.executor import Call
     from plait.schedule.builder import Context
 
@@ -198,7 +199,7 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
         ctx = Context("allreduce", 0, 2, 4, 4, window=win(a).capacity)
         schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
         f32 = np.dtype(np.float32)
-        w.last_compiled = (schedule, f32, one_sided._compiled(schedule, w, f32))  # in place
+        w.last_compiled = (schedule, f32, compiled_for(schedule, w, f32))  # in place
         x = np.ones(4, np.float32)
         call = Call("allreduce (test)", 0, 0, np.add, soon(), epoch=0)
         closing: Any = SimpleNamespace(window=w, rank=0, size=2)
@@ -209,7 +210,7 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
 def test_a_window_reads_a_short_counter_again_only_where_each_rank_has_a_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Window.polls (Note [a second look] in plait.runtime.one_sided): shared memory with a
+    # Window.polls (Note [a second look] in plait.runtime.compiled): shared memory with a
     # core per rank, on a thread that may spin; never threads of one process.
     from plait.transport.base import background_thread
     from plait.transport.shm.window import POLLS

@@ -266,13 +266,13 @@ def test_a_copy_and_a_reduction_into_one_region_run_as_one_fold(name: str) -> No
     # Note [compiled one-sided schedules]: every rank's fold of two operands is one ufunc call
     # (the bits are checked in tests/integration/test_collectives.py, non-commutative ops too).
     from plait.algos._registry import build_schedule, get
-    from plait.runtime import one_sided
+    from plait.runtime import compiled
 
     for rank in (0, 1):
         ctx = Context("allreduce", rank, 2, 64, 4, window=4096)
         schedule = build_schedule(get("allreduce", name), ctx)
-        ops = one_sided._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
-        folds = [op for op in ops if op[0] == one_sided._FOLD]
+        ops = compiled._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
+        folds = [op for op in ops if op[0] == compiled._FOLD]
         assert len(folds) == 1, (rank, schedule.steps)
         assert len(ops) == len(schedule.steps) - 1
 
@@ -332,6 +332,71 @@ def test_compiled_local_steps_do_what_run_local_does(aliased: bool) -> None:
     np.testing.assert_array_equal(got[2], expected[2])
 
 
+def test_every_kind_of_compiled_operation_does_what_its_steps_say() -> None:
+    # Note [generated runs] in plait.runtime.compiled: each operation's line, in the steps'
+    # order, with a non-commutative op (the order of every reduction shows in the bits).
+    from plait.runtime import compiled, one_sided
+    from plait.runtime.executor import Call
+    from plait.schedule.builder import Builder
+
+    n = 4
+    ctx = Context("allreduce", 0, 3, n, 8, window=4096)
+    b = Builder(ctx, n, n)
+    shared = b.shared(n)
+    t = b.scratch(n)
+    b.copy(b.inp, shared)
+    b.post(1)
+    b.get(1, shared, b.out, 1)  # a get alone
+    b.get_reduce(2, shared.sub(0, 2), b.out.sub(0, 2), 1, get_first=True)
+    b.get_reduce(2, shared.sub(2, 2), b.out.sub(2, 2), 1, get_first=False)
+    b.wait(1, 1)
+    b.get(1, shared, t, 1)
+    b.reduce(b.inp, t, src_first=True)  # with the get: a fold, t = IN - theirs
+    b.reduce(t, b.out, src_first=False)  # out = out - t
+    b.copy(b.inp, t)
+    b.get_reduce(2, shared, t, 1, get_first=False)  # with the copy: a fold, t = IN - theirs
+    b.reduce(t, b.out, src_first=True)  # out = t - out
+    schedule = b.build()
+    window = _ReadyWindow(3)
+    peers = {q: window.typed(q, 0, np.dtype(np.float64)) for q in (1, 2)}
+    peers[1][:n] = [3.0, -7.5, 11.25, 0.5]
+    peers[2][:n] = [-2.0, 9.0, 4.75, -13.5]
+    ops = compiled._compile(schedule, window, np.dtype(np.float64), 0).ops
+    kinds = {op[0] for op in ops}
+    assert {compiled._COPY, compiled._POST, compiled._GET, compiled._GET_REDUCE} <= kinds
+    assert {compiled._WAIT, compiled._FOLD, compiled._REDUCE} <= kinds
+
+    x = np.array([1.0, 2.5, -4.0, 8.0])
+    out = np.zeros(n)
+    call = Call("allreduce (test)", 0, 7, np.subtract, None, epoch=0)
+    one_sided.run_one_sided(
+        schedule, (x, out, np.zeros(n)), SimpleNamespace(window=window), call, False
+    )
+    p1, p2 = peers[1][:n].copy(), peers[2][:n].copy()
+    want = p1.copy()
+    want[:2] = p2[:2] - want[:2]
+    want[2:] = want[2:] - p2[2:]
+    want = want - (x - p1)
+    want = (x - p2) - want
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(window.typed(0, 0, np.dtype(np.float64))[:n], x)
+    assert window.posted == [1]
+
+
+class _ReadyWindow(_PostingWindow):
+    """Peers that have posted every phase of call 0, with its digest (7)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.posted: list[int] = []
+
+    def probe(self, q: int, half: int) -> Any:
+        return [1000], 0, [7], 0
+
+    def post(self, value: int) -> None:
+        self.posted.append(value)
+
+
 class _LateCounter:
     """A peer's counter words that reach ``need`` at the ``late``-th read."""
 
@@ -350,13 +415,13 @@ def test_a_compiled_wait_reads_a_short_counter_again_before_it_waits(
     # Note [a second look]: the counter is read up to window.polls more times in place; the
     # wait through the window comes only after those.
     from plait.algos._registry import build_schedule, get
-    from plait.runtime import one_sided
+    from plait.runtime import compiled, one_sided
     from plait.runtime.executor import Call
 
     ctx = Context("allreduce", 0, 2, 4, 4, window=4096)
     schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
-    ops = one_sided._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
-    (phase,) = [op[5] for op in ops if op[0] >= one_sided._GET]
+    ops = compiled._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
+    (phase,) = [op[5] for op in ops if op[0] >= compiled._GET]
     counter = _LateCounter(5, phase)  # the first read and four more: short until the fifth
 
     class Window(_PostingWindow):
@@ -371,7 +436,7 @@ def test_a_compiled_wait_reads_a_short_counter_again_before_it_waits(
         waited.append(counter.reads)
         counter.late = 0  # posted now
 
-    monkeypatch.setattr(one_sided, "await_post", wait)
+    monkeypatch.setattr(compiled, "await_post", wait)
     x = np.arange(4, dtype=np.float32)
     call = Call("allreduce (test)", 0, 7, np.add, None, epoch=0)
     one_sided.run_one_sided(schedule, (x, x, x[:0]), SimpleNamespace(window=window), call, True)

@@ -26,45 +26,6 @@ Note [one-sided]
     message call (Note [stall probes] in :mod:`plait.runtime.stall`), and a
     call that fails tells its verdict, so one-sided calls and message calls
     find each other out as well.
-
-Note [a second look]
-    Ranks that run a loop of small calls arrive at each wait nearly together, and a
-    peer's post is often a fraction of a microsecond away when a rank first reads its
-    counter. The way into :meth:`~plait.transport.window.Window.wait` (probes, deadline,
-    the look for a peer that gave up) costs a few microseconds of Python, and the rank
-    that pays them arrives late at the next call, where its peer then waits for it: with
-    2 ranks about a third of the calls waited so. So a compiled wait reads the counter
-    again in place up to ``window.polls`` times before it waits the whole way; that is 0
-    (wait at once) where the ranks share cores or are threads of one process, or the
-    thread must not spin, since reading on there keeps the peer from running.
-
-Note [compiled one-sided schedules]
-    A small call is a few steps, and reading a step's fields, slicing the
-    window and looking its views up cost more than the copies themselves. So
-    each schedule is compiled once per (window, dtype) into two lists of
-    operations, one per half of the window (:class:`Compiled`), whose window
-    regions are numpy views made in advance. An operation names its operands
-    by their place in a list the call makes once: the caller's buffers, the
-    regions of them that are not a whole ``IN`` or ``OUT`` (sliced once per
-    call however many operations use them), then the views. An operation on
-    a peer keeps the peer's :meth:`~plait.transport.window.Window.probe`, so
-    that its counter and digest word are read in place, one subscript each
-    (the digest every time: that costs less than remembering which peers
-    were checked). The compiled
-    form is the schedule's steps in order, with nothing added or dropped but
-    one thing: a copy into a region followed at once by a reduction into the
-    same region from a peer (``COPY`` then ``GET_REDUCE``), or a read from a
-    peer followed by a local reduction into it (``GET`` then ``REDUCE``), is
-    one *fold*, ``ufunc(x, y, out=dst)`` with the operands in the steps'
-    order: the same bits, one pass over the region instead of two (at 4 MiB
-    on 2 ranks, a fifth of the bytes the call moves) and one operation fewer.
-    Nobody sees the region between the two steps: peers read this rank's
-    window only after a ``POST``, and none comes between them. With
-    PLAIT_TIMELINE the steps run one by one instead, to be reported. Steps
-    between the caller's buffers are compiled like the others, and skipped
-    where :func:`~plait.runtime.executor.run_local` skips them: a copy of a
-    region onto itself is left out, and a copy from ``IN`` to ``OUT`` at equal
-    offsets is skipped by an in-place call (the two are one memory).
 """
 
 from __future__ import annotations
@@ -72,11 +33,12 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from plait.errors import CommError, InternalError, MismatchError
+from plait.runtime.compiled import compiled_for
 from plait.runtime.executor import (
     Call,
     _local_step,
@@ -95,19 +57,10 @@ from plait.runtime.posts import (
 )
 from plait.runtime.stall import settle
 from plait.runtime.waits import malformed, wrap
-from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
+from plait.schedule.ir import Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
 __all__ = ["ABANDONED", "MISMATCHED", "mismatch_behind", "run_one_sided"]
-
-# Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
-# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
-# (peer,), probe); a _FOLD is (code, left operand, destination, right operand, peer, phase,
-# (peer,), probe). The one-tuple is what the flight recorder's slot says the call waits for,
-# made once; the probe is where the peer's counter and digest are read (Window.probe).
-# _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place.
-_POST, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
-_COPIES = (_COPY, _SELF_COPY, _GET)
 
 
 def run_one_sided(
@@ -119,7 +72,8 @@ def run_one_sided(
 ) -> None:
     """Run a one-sided schedule in step order over the transport's window (Note [one-sided]).
 
-    Its compiled operations (Note [compiled one-sided schedules]) run here, in this frame:
+    Its compiled operations (Note [compiled one-sided schedules] in
+    :mod:`plait.runtime.compiled`) run as one generated function (Note [generated runs]):
     a loop of small calls spends most of its time in Python around a few numpy operations.
     A wait that blocks says in the recorder's slot whom it waits for, and clears it once
     the peer posted; after a failure the slot keeps the peer for the dump.
@@ -156,81 +110,13 @@ def run_one_sided(
                 compiled = last[2][half]
             else:
                 try:
-                    halves = _compiled(schedule, window, dtype)
+                    halves = compiled_for(schedule, window, dtype)
                 except CommError as exc:  # released meanwhile: the transport closed
                     raise wrap(schedule.rank, call, "the start of the call", exc) from None
                 window.last_compiled = (schedule, dtype, halves)
                 compiled = halves[half]
-            ufunc, check = call.ufunc, call.check
-            base = epoch << 32
-            gave_up = base | MISMATCHED  # a peer's counter from gave_up to ended: it gave up
-            ended = base + (1 << 32)  # and from here on it has ended this call
-            # The operands: the caller's buffers, its other regions, the window's views.
-            v: list[np.ndarray] = []
-            if compiled.operands:
-                inp, out, _ = buffers
-                if inp.size != compiled.counts[0] or out.size != compiled.counts[1]:
-                    raise InternalError(
-                        f"rank {schedule.rank}: {call.describe}: buffers of {inp.size} and "
-                        f"{out.size} elements for a schedule made for {compiled.counts[0]} "
-                        f"and {compiled.counts[1]}"
-                    )
-                v = [*buffers]
-                for b, lo, hi in compiled.regions:
-                    v.append(buffers[b][lo:hi])
-                v += compiled.consts
-            for op in compiled.ops:
-                code = op[0]
-                if code == _POST:
-                    window.post(base | op[1])
-                    continue
-                if code >= _GET:  # GET, GET_REDUCE, WAIT, FOLD: the peer's phase first
-                    need = base | op[5]
-                    counters, i, digests, j = op[7]  # the peer's words, read in place
-                    try:
-                        ready = counters[i] >= need
-                        if not ready:  # a moment behind, mostly (Note [a second look])
-                            for _ in range(window.polls):
-                                if counters[i] >= need:
-                                    ready = True
-                                    break
-                    except (TypeError, ValueError):  # released: the wait says why
-                        ready = False
-                    if not ready:
-                        q = op[4]
-                        slot = call.slot
-                        if slot is not None:
-                            slot.peers = op[6]
-                        await_post(window, transport, q, need, call, schedule, q)
-                        if slot is not None:
-                            slot.peers = ()
-                    # Its digest is that of this call from its begin until every rank has
-                    # ended the call; a counter from gave_up to ended says it gave up on it.
-                    try:
-                        suspect = digests[j] != check or gave_up <= counters[i] < ended
-                    except (TypeError, ValueError):
-                        suspect = True
-                    if suspect:
-                        slot = call.slot
-                        if slot is not None:
-                            slot.peers = op[6]  # a dump of the failure names the peer
-                        check_peer(window, op[4], half, call, schedule.rank)
-                        if slot is not None:
-                            slot.peers = ()
-                    if code == _WAIT:
-                        continue
-                elif code == _SELF_COPY and aliased:
-                    continue  # IN and OUT are one memory
-                if code in _COPIES:
-                    v[op[2]][...] = v[op[1]]
-                elif code == _FOLD:
-                    ufunc(v[op[1]], v[op[3]], out=v[op[2]])
-                else:
-                    dst = v[op[2]]
-                    if op[3]:
-                        ufunc(v[op[1]], dst, out=dst)
-                    else:
-                        ufunc(dst, v[op[1]], out=dst)
+            inp, out, tmp = buffers
+            compiled.run(inp, out, tmp, epoch << 32, call, aliased, window, transport, schedule)
     except CommError as exc:
         found = settle(transport, call, schedule, exc)  # tell a mismatch, or find one told
         give_up(window, epoch, isinstance(found, MismatchError))
@@ -242,141 +128,6 @@ def run_one_sided(
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
-
-
-# -- the compiled form ---------------------------------------------------------------------------
-
-
-def _compiled(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Compiled, Compiled]:
-    """The schedule's operations for each half of ``window`` (made once, then cached)."""
-    cache: dict[tuple[int, np.dtype], tuple[Schedule, tuple[Compiled, Compiled]]]
-    try:
-        cache = window.compiled
-    except AttributeError:
-        cache = window.compiled = {}
-    hit = cache.get((id(schedule), dtype))
-    if hit is not None and hit[0] is schedule:
-        return hit[1]
-    if len(cache) >= 256:
-        cache.clear()
-    halves = (_compile(schedule, window, dtype, 0), _compile(schedule, window, dtype, 1))
-    cache[(id(schedule), dtype)] = (schedule, halves)  # keeps the schedule, so the id is its own
-    return halves
-
-
-class Compiled(NamedTuple):
-    """One half's compiled operations (Note [compiled one-sided schedules]).
-
-    An operand is an index into the call's operand list: first the caller's
-    buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT``
-    is the buffer itself), then its other regions ``regions`` (``(buf, lo,
-    hi)``, sliced once per call), then ``consts``, the window's views.
-    ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for;
-    ``operands``: whether any operation has one (a barrier's have none).
-    """
-
-    ops: list[tuple[Any, ...]]
-    regions: tuple[tuple[int, int, int], ...]
-    consts: tuple[np.ndarray, ...]
-    counts: tuple[int, int]
-    operands: bool
-
-
-def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Compiled:
-    """One half's operations: window regions as views, caller regions resolved per call."""
-    rank = schedule.rank
-    mine = window.typed(rank, half, dtype)
-    regions: dict[tuple[int, int, int], int] = {}
-    views: list[np.ndarray] = []
-
-    def operand(r: Region | np.ndarray) -> int:
-        # A region of this rank's window or a peer's view: a constant; of IN/OUT/TMP: a
-        # region of the caller's buffers. Numbered apart here, renumbered at the end.
-        if isinstance(r, np.ndarray):
-            views.append(r)
-            return -len(views)
-        if r.buf is SHARED:
-            views.append(mine[r.offset : r.end])
-            return -len(views)
-        b = int(r.buf)
-        if b < 2 and r.offset == 0 and r.count == schedule.buffer_count(r.buf):
-            return b  # all of IN or OUT
-        key = (b, r.offset, r.end)
-        if key not in regions:
-            regions[key] = 3 + len(regions)
-        return regions[key]
-
-    ops: list[tuple[Any, ...]] = []
-    prev: Step | None = None  # the step of ops[-1] while it may fuse with the next
-    prev_src = 0  # its source operand
-    for step in schedule.steps:
-        kind, s, d = step.kind, step.src, step.dst
-        if kind is StepKind.POST:
-            ops.append((_POST, step.tag))
-        elif kind is StepKind.WAIT:
-            q = step.peer
-            ops.append((_WAIT, 0, 0, False, q, step.tag, (q,), window.probe(q, half)))
-        elif s is None or d is None:
-            raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
-        elif kind is StepKind.COPY or kind is StepKind.REDUCE:
-            if (
-                kind is StepKind.REDUCE
-                and prev is not None
-                and prev.kind is StepKind.GET
-                and prev.dst == d
-                and prev.src is not None
-            ):
-                # dst = theirs, then dst = src ∘ dst (first) or dst ∘ src: one fold.
-                own = operand(s)
-                x, y = (own, prev_src) if step.first else (prev_src, own)
-                q = prev.peer
-                ops[-1] = (_FOLD, x, operand(d), y, q, prev.tag, (q,), window.probe(q, half))
-                prev = None
-                continue
-            code = _COPY if kind is StepKind.COPY else _REDUCE
-            if code == _COPY and s.buf is not SHARED and d.buf is not SHARED:
-                if s.offset == d.offset and s.buf == d.buf:
-                    prev = None  # a copy onto itself: nothing to do
-                    continue
-                if s.offset == d.offset and s.buf + d.buf == 1:
-                    code = _SELF_COPY  # IN to OUT or OUT to IN: one memory in place
-            prev_src = operand(s)
-            ops.append((code, prev_src, operand(d), step.first))
-        else:
-            q = step.peer
-            theirs = operand(window.typed(q, half, dtype)[s.offset : s.end])
-            probe = window.probe(q, half)
-            if (
-                kind is StepKind.GET_REDUCE
-                and prev is not None
-                and prev.kind is StepKind.COPY
-                and prev.dst == d
-                and prev.src is not None
-            ):
-                # dst = src, then dst = theirs ∘ dst (first) or dst ∘ theirs: one fold.
-                x, y = (theirs, prev_src) if step.first else (prev_src, theirs)
-                ops[-1] = (_FOLD, x, operand(d), y, q, step.tag, (q,), probe)
-                prev = None
-                continue
-            code = _GET if kind is StepKind.GET else _GET_REDUCE
-            prev_src = theirs
-            ops.append((code, theirs, operand(d), step.first, q, step.tag, (q,), probe))
-        prev = step if kind is StepKind.COPY or kind is StepKind.GET else None
-    # The views follow the caller's buffers and regions in a call's operand list: view -k
-    # sits at n + k - 1.
-    n = 3 + len(regions)
-
-    def at(k: Any) -> Any:
-        return n - 1 - k if type(k) is int and k < 0 else k
-
-    for i, op in enumerate(ops):
-        if op[0] == _FOLD:  # two operands and a destination
-            ops[i] = (op[0], at(op[1]), at(op[2]), at(op[3]), *op[4:])
-        elif op[0] != _POST:
-            ops[i] = (op[0], at(op[1]), at(op[2]), *op[3:])
-    counts = (schedule.in_count, schedule.out_count)
-    operands = any(op[0] not in (_POST, _WAIT) for op in ops)
-    return Compiled(ops, tuple(regions), tuple(views), counts, operands)
 
 
 # -- step by step, for the timeline ----------------------------------------------------------------

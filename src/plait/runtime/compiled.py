@@ -1,0 +1,357 @@
+"""The compiled form of a one-sided schedule: its operations, and a function that runs them.
+
+A small one-sided call (:mod:`plait.runtime.one_sided`) is a few copies, reductions,
+posts and reads of a peer's counter, each of a few bytes; what it costs is the Python
+around them. So each schedule is turned, once per window, dtype and half of the window,
+into a list of operations (:class:`Compiled`, Note [compiled one-sided schedules]) and
+that list into the source of one Python function, which runs them in a straight line
+(Note [generated runs]).
+
+Note [compiled one-sided schedules]
+    A small call is a few steps, and reading a step's fields, slicing the
+    window and looking its views up cost more than the copies themselves. So
+    each schedule is compiled once per (window, dtype) into two lists of
+    operations, one per half of the window (:class:`Compiled`), whose window
+    regions are numpy views made in advance. An operation names its operands
+    by their place in one list: the caller's buffers, the regions of them
+    that are not a whole ``IN`` or ``OUT`` (sliced once per call however many
+    operations use them), then the views. An operation on
+    a peer keeps the peer's :meth:`~plait.transport.window.Window.probe`, so
+    that its counter and digest word are read in place, one subscript each
+    (the digest every time: that costs less than remembering which peers
+    were checked). The compiled
+    form is the schedule's steps in order, with nothing added or dropped but
+    one thing: a copy into a region followed at once by a reduction into the
+    same region from a peer (``COPY`` then ``GET_REDUCE``), or a read from a
+    peer followed by a local reduction into it (``GET`` then ``REDUCE``), is
+    one *fold*, ``ufunc(x, y, out=dst)`` with the operands in the steps'
+    order: the same bits, one pass over the region instead of two (at 4 MiB
+    on 2 ranks, a fifth of the bytes the call moves) and one operation fewer.
+    Nobody sees the region between the two steps: peers read this rank's
+    window only after a ``POST``, and none comes between them. With
+    PLAIT_TIMELINE the steps run one by one instead, to be reported. Steps
+    between the caller's buffers are compiled like the others, and skipped
+    where :func:`~plait.runtime.executor.run_local` skips them: a copy of a
+    region onto itself is left out, and a copy from ``IN`` to ``OUT`` at equal
+    offsets is skipped by an in-place call (the two are one memory).
+
+Note [generated runs]
+    Interpreting the operations in a loop (read an operation's code, branch on
+    it, make the list of its operands, look them up) cost about as much as the
+    operations of an 8-byte call themselves. So :func:`_generate` writes each
+    half's operations out as the source of one function, in their order, with
+    the operands as names: the caller's buffers ``inp``, ``out`` and ``tmp``,
+    regions of them sliced at the top (``r3``, ...), and the window's views,
+    probes and peers bound once as constants (``c5``, ``k0``, ...); the places
+    in the probes' words are literals. Compiled once with :func:`compile`, it
+    runs a call as one frame with no loop and no branch but the waits'. It
+    does what the operations say, in their order, and nothing else
+    (``tests/unit/test_arena.py`` runs every kind of operation against what
+    its steps say, with a reduction whose operands' order shows in the bits).
+    It holds no reference to the window (that is passed in, so that the
+    window's cache of compiled forms makes no cycle), and its code is filed
+    under this package's folder, so that the flight recorder's walk to the
+    caller's frame passes over it like any frame of plait. Measured against
+    the loop in the same processes: 0.4-0.6 µs less of a 2-rank 8-byte call
+    (7-10 %; docs/performance.md).
+
+Note [a second look]
+    Ranks that run a loop of small calls arrive at each wait nearly together, and a
+    peer's post is often a fraction of a microsecond away when a rank first reads its
+    counter. The way into :meth:`~plait.transport.window.Window.wait` (probes, deadline,
+    the look for a peer that gave up) costs a few microseconds of Python, and the rank
+    that pays them arrives late at the next call, where its peer then waits for it: with
+    2 ranks about a third of the calls waited so. So a compiled wait reads the counter
+    again in place up to ``window.polls`` times before it waits the whole way; that is 0
+    (wait at once) where the ranks share cores or are threads of one process, or the
+    thread must not spin, since reading on there keeps the peer from running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from plait.errors import InternalError
+from plait.runtime.executor import Call
+from plait.runtime.posts import MISMATCHED, await_post, check_peer
+from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
+
+__all__ = ["Compiled", "compiled_for"]
+
+# Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
+# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
+# (peer,), probe); a _FOLD is (code, left operand, destination, right operand, peer, phase,
+# (peer,), probe). The one-tuple is what the flight recorder's slot says the call waits for,
+# made once; the probe is where the peer's counter and digest are read (Window.probe).
+# _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place.
+_POST, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
+
+
+def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Compiled, Compiled]:
+    """The schedule's operations for each half of ``window`` (made once, then cached)."""
+    cache: dict[tuple[int, np.dtype], tuple[Schedule, tuple[Compiled, Compiled]]]
+    try:
+        cache = window.compiled
+    except AttributeError:
+        cache = window.compiled = {}
+    hit = cache.get((id(schedule), dtype))
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    if len(cache) >= 256:
+        cache.clear()
+    halves = (_compile(schedule, window, dtype, 0), _compile(schedule, window, dtype, 1))
+    cache[(id(schedule), dtype)] = (schedule, halves)  # keeps the schedule, so the id is its own
+    return halves
+
+
+class Compiled(NamedTuple):
+    """One half's compiled operations (Note [compiled one-sided schedules]).
+
+    An operand is an index into the call's operand list: first the caller's
+    buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT``
+    is the buffer itself), then its other regions ``regions`` (``(buf, lo,
+    hi)``, sliced once per call), then ``consts``, the window's views.
+    ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for;
+    ``operands``: whether any operation has one (a barrier's have none).
+    ``run``: the operations as one function (Note [generated runs]), called as
+    ``run(inp, out, tmp, base, call, aliased, window, transport, schedule)``
+    with the call's buffers and ``base``, its epoch shifted to the phase bits.
+    """
+
+    ops: list[tuple[Any, ...]]
+    regions: tuple[tuple[int, int, int], ...]
+    consts: tuple[np.ndarray, ...]
+    counts: tuple[int, int]
+    operands: bool
+    run: Callable[..., None]
+
+
+def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Compiled:
+    """One half's operations: window regions as views, caller regions resolved per call."""
+    rank = schedule.rank
+    mine = window.typed(rank, half, dtype)
+    regions: dict[tuple[int, int, int], int] = {}
+    views: list[np.ndarray] = []
+
+    def operand(r: Region | np.ndarray) -> int:
+        # A region of this rank's window or a peer's view: a constant; of IN/OUT/TMP: a
+        # region of the caller's buffers. Numbered apart here, renumbered at the end.
+        if isinstance(r, np.ndarray):
+            views.append(r)
+            return -len(views)
+        if r.buf is SHARED:
+            views.append(mine[r.offset : r.end])
+            return -len(views)
+        b = int(r.buf)
+        if b < 2 and r.offset == 0 and r.count == schedule.buffer_count(r.buf):
+            return b  # all of IN or OUT
+        key = (b, r.offset, r.end)
+        if key not in regions:
+            regions[key] = 3 + len(regions)
+        return regions[key]
+
+    ops: list[tuple[Any, ...]] = []
+    prev: Step | None = None  # the step of ops[-1] while it may fuse with the next
+    prev_src = 0  # its source operand
+    for step in schedule.steps:
+        kind, s, d = step.kind, step.src, step.dst
+        if kind is StepKind.POST:
+            ops.append((_POST, step.tag))
+        elif kind is StepKind.WAIT:
+            q = step.peer
+            ops.append((_WAIT, 0, 0, False, q, step.tag, (q,), window.probe(q, half)))
+        elif s is None or d is None:
+            raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
+        elif kind is StepKind.COPY or kind is StepKind.REDUCE:
+            if (
+                kind is StepKind.REDUCE
+                and prev is not None
+                and prev.kind is StepKind.GET
+                and prev.dst == d
+                and prev.src is not None
+            ):
+                # dst = theirs, then dst = src ∘ dst (first) or dst ∘ src: one fold.
+                own = operand(s)
+                x, y = (own, prev_src) if step.first else (prev_src, own)
+                q = prev.peer
+                ops[-1] = (_FOLD, x, operand(d), y, q, prev.tag, (q,), window.probe(q, half))
+                prev = None
+                continue
+            code = _COPY if kind is StepKind.COPY else _REDUCE
+            if code == _COPY and s.buf is not SHARED and d.buf is not SHARED:
+                if s.offset == d.offset and s.buf == d.buf:
+                    prev = None  # a copy onto itself: nothing to do
+                    continue
+                if s.offset == d.offset and s.buf + d.buf == 1:
+                    code = _SELF_COPY  # IN to OUT or OUT to IN: one memory in place
+            prev_src = operand(s)
+            ops.append((code, prev_src, operand(d), step.first))
+        else:
+            q = step.peer
+            theirs = operand(window.typed(q, half, dtype)[s.offset : s.end])
+            probe = window.probe(q, half)
+            if (
+                kind is StepKind.GET_REDUCE
+                and prev is not None
+                and prev.kind is StepKind.COPY
+                and prev.dst == d
+                and prev.src is not None
+            ):
+                # dst = src, then dst = theirs ∘ dst (first) or dst ∘ theirs: one fold.
+                x, y = (theirs, prev_src) if step.first else (prev_src, theirs)
+                ops[-1] = (_FOLD, x, operand(d), y, q, step.tag, (q,), probe)
+                prev = None
+                continue
+            code = _GET if kind is StepKind.GET else _GET_REDUCE
+            prev_src = theirs
+            ops.append((code, theirs, operand(d), step.first, q, step.tag, (q,), probe))
+        prev = step if kind is StepKind.COPY or kind is StepKind.GET else None
+    # The views follow the caller's buffers and regions in a call's operand list: view -k
+    # sits at n + k - 1.
+    n = 3 + len(regions)
+
+    def at(k: Any) -> Any:
+        return n - 1 - k if type(k) is int and k < 0 else k
+
+    for i, op in enumerate(ops):
+        if op[0] == _FOLD:  # two operands and a destination
+            ops[i] = (op[0], at(op[1]), at(op[2]), at(op[3]), *op[4:])
+        elif op[0] != _POST:
+            ops[i] = (op[0], at(op[1]), at(op[2]), *op[3:])
+    counts = (schedule.in_count, schedule.out_count)
+    operands = any(op[0] not in (_POST, _WAIT) for op in ops)
+    run = _generate(ops, tuple(regions), tuple(views), counts, operands, half)
+    return Compiled(ops, tuple(regions), tuple(views), counts, operands, run)
+
+
+# -- the operations as one function --------------------------------------------------------------
+
+_BUFFERS = ("inp", "out", "tmp")
+# Generated code is filed under the package's folder (Note [generated runs]).
+_FILENAME = str(Path(__file__).resolve().parent / "<compiled one-sided schedule>")
+
+
+def _generate(
+    ops: list[tuple[Any, ...]],
+    regions: tuple[tuple[int, int, int], ...],
+    consts: tuple[np.ndarray, ...],
+    counts: tuple[int, int],
+    operands: bool,
+    half: int,
+) -> Callable[..., None]:
+    """The function that runs ``ops`` in order (Note [generated runs])."""
+    n = 3 + len(regions)
+    env: dict[str, Any] = {"_waited": _waited, "_suspected": _suspected, "_wrong": _wrong_counts}
+
+    def name(k: int) -> str:
+        if k < 3:
+            return _BUFFERS[k]
+        if k < n:
+            return f"r{k}"
+        env[f"c{k}"] = consts[k - n]
+        return f"c{k}"
+
+    head = ["def run(inp, out, tmp, base, call, aliased, window, transport, schedule):"]
+    if operands:
+        n_in, n_out = counts
+        head.append(f"    if inp.size != {n_in} or out.size != {n_out}:")
+        head.append(f"        raise _wrong(schedule, call, inp, out, {n_in}, {n_out})")
+    for k, (b, lo, hi) in enumerate(regions, 3):
+        head.append(f"    r{k} = {_BUFFERS[b]}[{int(lo)}:{int(hi)}]")
+    if any(op[0] in (_REDUCE, _GET_REDUCE, _FOLD) for op in ops):
+        head.append("    ufunc = call.ufunc")
+    if any(op[0] >= _GET for op in ops):
+        head.append("    check = call.check")
+        head.append(f"    gave_up = base | {MISMATCHED}")  # from gave_up to ended: it gave up
+        head.append(f"    ended = base + {1 << 32}")  # and from here on it ended this call
+    body: list[str] = []
+    for m, op in enumerate(ops):
+        code = op[0]
+        if code == _POST:
+            body.append(f"    window.post(base | {int(op[1])})")
+            continue
+        if code >= _GET:  # the peer's phase first
+            body += _peer(m, op, half, env)
+            if code == _WAIT:
+                continue
+        if code == _FOLD:
+            body.append(f"    ufunc({name(op[1])}, {name(op[3])}, out={name(op[2])})")
+        elif code in (_REDUCE, _GET_REDUCE):
+            src, dst = name(op[1]), name(op[2])
+            pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
+            body.append(f"    ufunc({pair}, out={dst})")
+        elif code == _SELF_COPY:
+            body.append("    if not aliased:")  # IN and OUT are one memory in place
+            body.append(f"        {name(op[2])}[...] = {name(op[1])}")
+        else:  # _COPY, _GET
+            body.append(f"    {name(op[2])}[...] = {name(op[1])}")
+    source = "\n".join(head + (body or ["    pass"])) + "\n"
+    exec(compile(source, _FILENAME, "exec"), env)
+    run: Callable[..., None] = env["run"]
+    return run
+
+
+def _peer(m: int, op: tuple[Any, ...], half: int, env: dict[str, Any]) -> list[str]:
+    """The lines that wait for op ``m``'s peer to post its phase and check its call
+    (Note [a second look]; Note [one-sided] in :mod:`plait.runtime.one_sided`)."""
+    q, phase, peers, (counters, i, digests, j) = op[4:8]
+    env[f"k{m}"], env[f"d{m}"], env[f"p{m}"] = counters, digests, peers
+    ctr = f"k{m}[{int(i)}]"
+    # The peer's words are read in place; released, they raise, and the wait says why. Its
+    # digest is that of this call from its begin until every rank has ended the call.
+    return [
+        f"    need = base | {int(phase)}",
+        "    try:",
+        f"        ready = {ctr} >= need",
+        "        if not ready:  # a moment behind, mostly (Note [a second look])",
+        "            for _ in range(window.polls):",
+        f"                if {ctr} >= need:",
+        "                    ready = True",
+        "                    break",
+        "    except (TypeError, ValueError):",
+        "        ready = False",
+        "    if not ready:",
+        f"        _waited(window, transport, {int(q)}, need, call, schedule, p{m})",
+        "    try:",
+        f"        suspect = d{m}[{int(j)}] != check or gave_up <= {ctr} < ended",
+        "    except (TypeError, ValueError):",
+        "        suspect = True",
+        "    if suspect:",
+        f"        _suspected(window, {int(q)}, {half}, call, schedule.rank, p{m})",
+    ]
+
+
+def _waited(
+    window: Any, transport: Any, q: int, need: int, call: Call, schedule: Schedule, peers: Any
+) -> None:
+    """Wait the whole way for peer ``q``'s counter to reach ``need``; meanwhile the
+    recorder's slot says whom the call waits for (a failure leaves it for the dump)."""
+    slot = call.slot
+    if slot is not None:
+        slot.peers = peers
+    await_post(window, transport, q, need, call, schedule, q)
+    if slot is not None:
+        slot.peers = ()
+
+
+def _suspected(window: Any, q: int, half: int, call: Call, rank: int, peers: Any) -> None:
+    """Peer ``q``'s digest differs or its counter says it gave up: raise what it did."""
+    slot = call.slot
+    if slot is not None:
+        slot.peers = peers  # a dump of the failure names the peer
+    check_peer(window, q, half, call, rank)
+    if slot is not None:
+        slot.peers = ()
+
+
+def _wrong_counts(
+    schedule: Schedule, call: Call, inp: np.ndarray, out: np.ndarray, n_in: int, n_out: int
+) -> InternalError:
+    return InternalError(
+        f"rank {schedule.rank}: {call.describe}: buffers of {inp.size} and {out.size} elements "
+        f"for a schedule made for {n_in} and {n_out}"
+    )
