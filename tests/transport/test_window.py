@@ -237,6 +237,37 @@ def test_a_window_reads_a_short_counter_again_only_where_each_rank_has_a_core(
         assert [win(t).polls for t in ts] == [0, 0, 0]
 
 
+def test_a_window_gives_its_core_up_between_reads_only_where_ranks_outnumber_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Window.yields (Note [a second look] in plait.runtime.compiled): shared memory with
+    # more ranks than cores, on a thread that may spin; never threads of one process.
+    from plait.transport.base import background_thread
+    from plait.transport.shm.window import YIELDS
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with transports("memory", 3) as ts:
+        assert win(ts[0]).yields == 0
+    with transports("shm", 2) as ts:  # a core each: the polls serve
+        assert [win(t).yields for t in ts] == [0, 0]
+    with transports("shm", 3) as ts:
+        w = win(ts[0])
+        assert [win(t).yields for t in ts] == [YIELDS] * 3
+        assert YIELDS > 0
+        on_background: list[int] = []
+
+        def background() -> None:
+            background_thread()
+            on_background.append(w.yields)
+
+        t = threading.Thread(target=background)
+        t.start()
+        t.join()
+        assert on_background == [0]
+        ts[0].spin = 0.0  # PLAIT_SHM_SPIN=0: sleep at once
+        assert w.yields == 0
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_begin_waits_until_every_peer_ended_call_n_minus_2(kind: str) -> None:
     with transports(kind, 2) as (a, b):

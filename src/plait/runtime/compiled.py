@@ -64,11 +64,18 @@ Note [a second look]
     2 ranks about a third of the calls waited so. So a compiled wait reads the counter
     again in place up to ``window.polls`` times before it waits the whole way; that is 0
     (wait at once) where the ranks share cores or are threads of one process, or the
-    thread must not spin, since reading on there keeps the peer from running.
+    thread must not spin, since reading on there keeps the peer from running. Where
+    ranks outnumber cores, the peer is often one that shares this rank's core and runs
+    only once this rank lets it: the wait gives the core up (``os.sched_yield``) and
+    reads again, up to ``window.yields`` times, before it waits the whole way. Through
+    the window's wait, a rank spends a few microseconds of Python before its first
+    yield and after its last, and often goes to sleep and must be woken; with 4 ranks
+    on 2 cores, that made most calls the slowest rank's sleep (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -245,7 +252,12 @@ def _generate(
 ) -> Callable[..., None]:
     """The function that runs ``ops`` in order (Note [generated runs])."""
     n = 3 + len(regions)
-    env: dict[str, Any] = {"_waited": _waited, "_suspected": _suspected, "_wrong": _wrong_counts}
+    env: dict[str, Any] = {
+        "_waited": _waited,
+        "_suspected": _suspected,
+        "_wrong": _wrong_counts,
+        "sched_yield": os.sched_yield,
+    }
 
     def name(k: int) -> str:
         if k < 3:
@@ -312,6 +324,12 @@ def _peer(m: int, op: tuple[Any, ...], half: int, env: dict[str, Any]) -> list[s
         f"                if {ctr} >= need:",
         "                    ready = True",
         "                    break",
+        "            else:",
+        "                for _ in range(window.yields):",
+        "                    sched_yield()",
+        f"                    if {ctr} >= need:",
+        "                        ready = True",
+        "                        break",
         "    except (TypeError, ValueError):",
         "        ready = False",
         "    if not ready:",

@@ -106,6 +106,20 @@ class Window(abc.ABC):
         """
         return 0
 
+    @property
+    def yields(self) -> int:
+        """How many times a caller that found a peer's counter short, and read it :attr:`polls`
+        times more, may give up its core (``os.sched_yield``) and read it again before it
+        calls :meth:`wait` (0: wait at once).
+
+        Where ranks outnumber cores, the peer waited for often shares this rank's core and
+        runs only once this rank lets it; :meth:`wait`'s way in costs a few microseconds
+        each time, and a rank that reaches its sleep must be woken. 0 where each rank has a
+        core (:attr:`polls` serves there), for threads of one process, and where a rank
+        must not spin.
+        """
+        return 0
+
     @abc.abstractmethod
     def local(self, half: int) -> np.ndarray:
         """This rank's ``half`` (0 or 1): a writable uint8 array of ``capacity`` bytes.

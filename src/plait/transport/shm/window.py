@@ -152,6 +152,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ARENA_HEADER",
     "POLLS",
+    "YIELDS",
     "CounterWait",
     "ShmWindow",
     "arena_bytes",
@@ -167,6 +168,13 @@ ARENA_HEADER = 4096
 #: time per allreduce and 10-25 % per broadcast, alike from 32 reads up
 #: (docs/performance.md, "Small calls on one host, a fifth time").
 POLLS = 128
+#: :attr:`ShmWindow.yields` where ranks outnumber cores. A rank that has a core to itself
+#: for a while (the scheduler put three ranks on the other) gets each ``sched_yield`` back
+#: at once, so the count must cover a few of the others' calls: with 4 ranks on 2 cores, a
+#: loop of 8-byte allreduces went through the whole wait thousands of times in 4,000 calls
+#: with 16 or 32 of them on some runs, and at most twice with 128 or 256
+#: (docs/performance.md, "Four ranks on two cores, again").
+YIELDS = 128
 _PAGE = 4096
 # Word indexes (8-byte units) into the arena header.
 #: The owner's counter, on a cache line of its own (peers poll it).
@@ -496,6 +504,12 @@ class ShmWindow(Window):
         """:data:`POLLS` where a waiting rank may spin and has a core of its own, else 0
         (see :attr:`Window.polls`)."""
         return 0 if self._crowded or self._ep.spin <= 0 or not may_spin() else POLLS
+
+    @property
+    def yields(self) -> int:
+        """:data:`YIELDS` where ranks outnumber the host's cores and a waiting rank may spin,
+        else 0 (see :attr:`Window.yields`)."""
+        return YIELDS if self._crowded and self._ep.spin > 0 and may_spin() else 0
 
     def wait(self, q: int, value: int, deadline: float | None) -> bool:
         """Until rank ``q``'s counter reaches ``value`` (see :meth:`Window.wait`)."""
