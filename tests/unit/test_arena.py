@@ -385,6 +385,54 @@ def test_every_kind_of_compiled_operation_does_what_its_steps_say() -> None:
     assert window.posted == [1]
 
 
+def test_calls_of_one_kind_share_the_code_of_their_generated_run() -> None:
+    # Note [generated runs]: sizes, views and probes are names, so a new size binds them
+    # again and compiles nothing; each size's run still moves its own elements.
+    from plait.algos._registry import build_schedule, get
+    from plait.runtime import compiled
+
+    window = _Window(2)
+    runs = []
+    for count in (4, 12, 300):
+        ctx = Context("allreduce", 0, 2, count, 4, window=4096)
+        schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
+        runs.append(compiled._compile(schedule, window, np.dtype(np.float32), 0).run)
+    assert runs[0].__code__ is runs[1].__code__ is runs[2].__code__
+    assert [run.__globals__["n_in"] for run in runs] == [4, 12, 300]
+
+
+def test_a_peer_in_another_call_takes_the_slow_way_to_its_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A generated run's wait checks the peer's digest inline; where it differs, _peer
+    # checks the peer (check_peer raises what it finds) before anything is read.
+    from plait.algos._registry import build_schedule, get
+    from plait.runtime import compiled, one_sided
+    from plait.runtime.executor import Call
+
+    class OtherCall(_ReadyWindow):
+        def probe(self, q: int, half: int) -> Any:
+            return [1000], 0, [8], 0  # posted, but the digest of another call
+
+    checked: list[int] = []
+
+    def check_peer(window: Any, q: int, half: int, call: Any, rank: int) -> None:
+        checked.append(q)
+        raise MismatchError("rank 0: in another call")
+
+    monkeypatch.setattr(compiled, "check_peer", check_peer)
+    monkeypatch.setattr(compiled, "await_post", lambda *args: None)
+    ctx = Context("allreduce", 0, 2, 4, 4, window=4096)
+    schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
+    x = np.arange(4, dtype=np.float32)
+    window = OtherCall(2)
+    call = Call("allreduce (test)", 0, 7, np.add, None, epoch=0)
+    with pytest.raises(MismatchError, match="another call"):
+        one_sided.run_one_sided(schedule, (x, x, x[:0]), SimpleNamespace(window=window), call, True)
+    assert checked == [1]
+    np.testing.assert_array_equal(x, np.arange(4))  # nothing of the peer's was reduced in
+
+
 class _ReadyWindow(_PostingWindow):
     """Peers that have posted every phase of call 0, with its digest (7)."""
 
