@@ -207,65 +207,40 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
             one_sided.run_one_sided(schedule, (x, x, x[:0]), closing, call, True)
 
 
-def test_a_window_reads_a_short_counter_again_only_where_each_rank_has_a_core(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("attr", ["polls", "yields"])
+def test_a_window_reads_a_short_counter_again_as_its_ranks_share_the_cores(
+    monkeypatch: pytest.MonkeyPatch, attr: str
 ) -> None:
-    # Window.polls (Note [a second look] in plait.runtime.compiled): shared memory with a
-    # core per rank, on a thread that may spin; never threads of one process.
+    # Window.polls and Window.yields (Note [a second look] in plait.runtime.compiled):
+    # shared memory, polls with a core per rank, yields with more ranks than cores; on a
+    # thread that may spin; never threads of one process.
     from plait.transport.base import background_thread
-    from plait.transport.shm.window import POLLS
-
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    with transports("memory", 2) as ts:
-        assert win(ts[0]).polls == 0
-    with transports("shm", 2) as ts:
-        w = win(ts[0])
-        assert w.polls == POLLS > 0
-        on_background: list[int] = []
-
-        def background() -> None:
-            background_thread()
-            on_background.append(w.polls)
-
-        t = threading.Thread(target=background)
-        t.start()
-        t.join()
-        assert on_background == [0]
-        ts[0].spin = 0.0  # PLAIT_SHM_SPIN=0: sleep at once
-        assert w.polls == 0
-    with transports("shm", 3) as ts:  # three ranks on two cores
-        assert [win(t).polls for t in ts] == [0, 0, 0]
-
-
-def test_a_window_gives_its_core_up_between_reads_only_where_ranks_outnumber_cores(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Window.yields (Note [a second look] in plait.runtime.compiled): shared memory with
-    # more ranks than cores, on a thread that may spin; never threads of one process.
-    from plait.transport.base import background_thread
-    from plait.transport.shm.window import YIELDS
+    from plait.transport.shm.window import POLLS, YIELDS
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     with transports("memory", 3) as ts:
-        assert win(ts[0]).yields == 0
-    with transports("shm", 2) as ts:  # a core each: the polls serve
-        assert [win(t).yields for t in ts] == [0, 0]
-    with transports("shm", 3) as ts:
-        w = win(ts[0])
-        assert [win(t).yields for t in ts] == [YIELDS] * 3
-        assert YIELDS > 0
-        on_background: list[int] = []
+        assert getattr(win(ts[0]), attr) == 0
+    expected = {2: POLLS if attr == "polls" else 0, 3: YIELDS if attr == "yields" else 0}
+    assert POLLS > 0
+    assert YIELDS > 0
+    for size, value in expected.items():  # two ranks on two cores, then three
+        with transports("shm", size) as ts:
+            assert [getattr(win(t), attr) for t in ts] == [value] * size
+            if not value:
+                continue
+            w = win(ts[0])
+            on_background: list[int] = []
 
-        def background() -> None:
-            background_thread()
-            on_background.append(w.yields)
+            def background(w: Any = w, found: list[int] = on_background) -> None:
+                background_thread()
+                found.append(getattr(w, attr))
 
-        t = threading.Thread(target=background)
-        t.start()
-        t.join()
-        assert on_background == [0]
-        ts[0].spin = 0.0  # PLAIT_SHM_SPIN=0: sleep at once
-        assert w.yields == 0
+            t = threading.Thread(target=background)
+            t.start()
+            t.join()
+            assert on_background == [0]
+            ts[0].spin = 0.0  # PLAIT_SHM_SPIN=0: sleep at once
+            assert getattr(w, attr) == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)

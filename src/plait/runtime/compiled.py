@@ -85,7 +85,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -181,13 +181,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
         elif s is None or d is None:
             raise InternalError(f"rank {rank}: {step!r} lacks a region a {kind.name} step needs")
         elif kind is StepKind.COPY or kind is StepKind.REDUCE:
-            if (
-                kind is StepKind.REDUCE
-                and prev is not None
-                and prev.kind is StepKind.GET
-                and prev.dst == d
-                and prev.src is not None
-            ):
+            if kind is StepKind.REDUCE and _follows(prev, StepKind.GET, d):
                 # dst = theirs, then dst = src ∘ dst (first) or dst ∘ src: one fold.
                 own = operand(s)
                 x, y = (own, prev_src) if step.first else (prev_src, own)
@@ -208,13 +202,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
             q = step.peer
             theirs = operand(window.typed(q, half, dtype)[s.offset : s.end])
             probe = window.probe(q, half)
-            if (
-                kind is StepKind.GET_REDUCE
-                and prev is not None
-                and prev.kind is StepKind.COPY
-                and prev.dst == d
-                and prev.src is not None
-            ):
+            if kind is StepKind.GET_REDUCE and _follows(prev, StepKind.COPY, d):
                 # dst = src, then dst = theirs ∘ dst (first) or dst ∘ theirs: one fold.
                 x, y = (theirs, prev_src) if step.first else (prev_src, theirs)
                 ops[-1] = (_FOLD, x, operand(d), y, q, step.tag, (q,), probe)
@@ -240,6 +228,12 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
     operands = any(op[0] not in (_POST, _WAIT) for op in ops)
     run = _generate(ops, tuple(regions), tuple(views), counts, operands, half)
     return Compiled(ops, tuple(regions), tuple(views), counts, operands, run)
+
+
+def _follows(prev: Step | None, kind: StepKind, dst: Region) -> TypeGuard[Step]:
+    """Whether ``prev``, the step just compiled, is a ``kind`` step into ``dst`` that the
+    next step may join into one fold (Note [compiled one-sided schedules])."""
+    return prev is not None and prev.kind is kind and prev.dst == dst and prev.src is not None
 
 
 # -- the operations as one function --------------------------------------------------------------
