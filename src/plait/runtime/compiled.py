@@ -125,10 +125,10 @@ def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Comp
 class Compiled(NamedTuple):
     """One half's compiled operations (Note [compiled one-sided schedules]).
 
-    An operand is an index into the call's operand list: first the caller's
-    buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT``
-    is the buffer itself), then its other regions ``regions`` (``(buf, lo,
-    hi)``, sliced once per call), then ``consts``, the window's views.
+    An operand is a place in one numbering: first the caller's buffers
+    ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT`` is
+    the buffer itself), then its other regions ``regions`` (``(buf, lo, hi)``,
+    sliced once per call), then ``consts``, the window's views.
     ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for;
     ``operands``: whether any operation has one (a barrier's have none).
     ``run``: the operations as one function (Note [generated runs]), called as
@@ -319,12 +319,12 @@ def _generate(
         else:  # _COPY, _GET
             body.append(f"    {name(op[2])}[...] = {name(op[1])}")
     source = "\n".join(head + (body or ["    pass"])) + "\n"
-    code_ = _CODE.get(source)
-    if code_ is None:
+    made = _CODE.get(source)
+    if made is None:
         if len(_CODE) >= 256:
             _CODE.clear()
-        code_ = _CODE[source] = compile(source, _FILENAME, "exec")
-    exec(code_, env)
+        made = _CODE[source] = compile(source, _FILENAME, "exec")
+    exec(made, env)
     run: Callable[..., None] = env["run"]
     return run
 
