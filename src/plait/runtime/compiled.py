@@ -125,22 +125,16 @@ def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Comp
 class Compiled(NamedTuple):
     """One half's compiled operations (Note [compiled one-sided schedules]).
 
-    An operand is a place in one numbering: first the caller's buffers
-    ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN`` or ``OUT`` is
-    the buffer itself), then its other regions ``regions`` (``(buf, lo, hi)``,
-    sliced once per call), then ``consts``, the window's views.
-    ``counts``: the sizes of ``IN`` and ``OUT`` the schedule was made for;
-    ``operands``: whether any operation has one (a barrier's have none).
-    ``run``: the operations as one function (Note [generated runs]), called as
-    ``run(inp, out, tmp, base, call, aliased, window, transport, schedule)``
-    with the call's buffers and ``base``, its epoch shifted to the phase bits.
+    ``ops``: the operations; an operand is a place in one numbering, first the
+    caller's buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN``
+    or ``OUT`` is the buffer itself), then its other regions, then the window's
+    views. ``run``: the operations as one function (Note [generated runs]),
+    called as ``run(inp, out, tmp, base, call, aliased, window, transport,
+    schedule)`` with the call's buffers and ``base``, its epoch shifted to the
+    phase bits.
     """
 
     ops: list[tuple[Any, ...]]
-    regions: tuple[tuple[int, int, int], ...]
-    consts: tuple[np.ndarray, ...]
-    counts: tuple[int, int]
-    operands: bool
     run: Callable[..., None]
 
 
@@ -226,8 +220,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
             ops[i] = (op[0], at(op[1]), at(op[2]), *op[3:])
     counts = (schedule.in_count, schedule.out_count)
     operands = any(op[0] not in (_POST, _WAIT) for op in ops)
-    run = _generate(ops, tuple(regions), tuple(views), counts, operands, half)
-    return Compiled(ops, tuple(regions), tuple(views), counts, operands, run)
+    return Compiled(ops, _generate(ops, tuple(regions), tuple(views), counts, operands, half))
 
 
 def _follows(prev: Step | None, kind: StepKind, dst: Region) -> TypeGuard[Step]:
@@ -364,36 +357,19 @@ def _peer(
                 break
     except (TypeError, ValueError):
         pass
+    # The recorder's slot says whom the call waits for; a failure leaves it for the dump.
+    slot = call.slot
+    if slot is not None:
+        slot.peers = peers
     if not ready:
-        _waited(window, transport, q, need, call, schedule, peers)
+        await_post(window, transport, q, need, call, schedule, q)
     base = need & ~0xFFFFFFFF
     try:
         suspect = digests[j] != call.check or base | MISMATCHED <= counters[i] < base + (1 << 32)
     except (TypeError, ValueError):
         suspect = True
     if suspect:
-        _suspected(window, q, half, call, schedule.rank, peers)
-
-
-def _waited(
-    window: Any, transport: Any, q: int, need: int, call: Call, schedule: Schedule, peers: Any
-) -> None:
-    """Wait the whole way for peer ``q``'s counter to reach ``need``; meanwhile the
-    recorder's slot says whom the call waits for (a failure leaves it for the dump)."""
-    slot = call.slot
-    if slot is not None:
-        slot.peers = peers
-    await_post(window, transport, q, need, call, schedule, q)
-    if slot is not None:
-        slot.peers = ()
-
-
-def _suspected(window: Any, q: int, half: int, call: Call, rank: int, peers: Any) -> None:
-    """Peer ``q``'s digest differs or its counter says it gave up: raise what it did."""
-    slot = call.slot
-    if slot is not None:
-        slot.peers = peers  # a dump of the failure names the peer
-    check_peer(window, q, half, call, rank)
+        check_peer(window, q, half, call, schedule.rank)  # raises what the peer did
     if slot is not None:
         slot.peers = ()
 
