@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -884,3 +885,116 @@ def test_spin_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("PLAIT_TCP_SPIN", bad)
         with pytest.raises(ValueError, match="PLAIT_TCP_SPIN"):
             _spin_from_env()
+
+
+# -- one watched socket: the polling rounds look at it without epoll ------------------------------
+
+
+class _CountingPoller:
+    """Wraps a transport's epoll and counts the polls that do not block (the polling rounds')."""
+
+    def __init__(self, t: TcpTransport) -> None:
+        self._poller = t._poller
+        self.rounds = 0
+        t._poller = self
+
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        if timeout == 0:
+            self.rounds += 1
+        return self._poller.poll(timeout)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._poller, name)
+
+
+def test_one_watched_socket_is_read_without_epoll() -> None:
+    """Two ranks, one stream: a waiting rank's polling rounds read the socket itself."""
+    ts = tcp_transports(2)
+    try:
+        a, b = ts
+        assert a._direct is not None
+        assert b._direct is not None
+        counter = _CountingPoller(b)
+        got = np.zeros(8, np.uint8)
+        for i in range(20):
+            h = b.irecv(0, i, got.data, 7)
+            wait_all(a, [a.isend(1, i, np.full(8, i, np.uint8).data, 7)])
+            wait_all(b, [h], timeout=10)
+            assert got.tolist() == [i] * 8
+        assert counter.rounds == 0, f"{counter.rounds} epoll rounds for one socket"
+        # A rendezvous message larger than the socket's buffers needs both ways of the one
+        # socket while the rounds look at it directly: the sender's queue and the receiver's
+        # CTS.
+        big = _pattern(8 << 20, 3)
+        into = np.zeros_like(big)
+        results: list[BaseException | None] = []
+
+        def receive() -> None:
+            try:
+                wait_all(b, [b.irecv(0, 99, into.data, 7)], timeout=30)
+                results.append(None)
+            except BaseException as exc:
+                results.append(exc)
+
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        wait_all(a, [a.isend(1, 99, big.data, 7)], timeout=30)
+        receiver.join(30)
+        assert results == [None]
+        assert np.array_equal(into, big)
+    finally:
+        _close(ts)
+
+
+def test_a_look_that_moves_nothing_lets_the_waiting_rank_sleep() -> None:
+    """Nothing arriving: the direct look says so, and a wait sleeps instead of spinning on."""
+    ts = tcp_transports(2)
+    try:
+        a, b = ts
+        direct = b._direct
+        assert direct is not None
+        with b._lock:
+            assert direct() is False  # nothing was sent
+        h = b.irecv(0, 5, np.zeros(8, np.uint8).data, 0)
+        start, cpu = time.monotonic(), time.thread_time()
+        assert not b.wait_any([h], 0.4)
+        cpu, wall = time.thread_time() - cpu, time.monotonic() - start
+        assert cpu < 0.5 * wall, f"a wait of {wall:.2f} s used {cpu:.2f} s of CPU"
+        wait_all(a, [a.isend(1, 5, np.full(8, 5, np.uint8).data, 0)])
+        with b._lock:
+            assert direct() is True  # the message moved, and completed the receive
+        assert h.done
+        assert h.error is None
+    finally:
+        _close(ts)
+
+
+def test_a_second_socket_ends_the_direct_look() -> None:
+    """With more than one socket watched the rounds must ask epoll which ones are ready."""
+    ts = tcp_transports(3)
+    try:
+        assert all(t._direct is None for t in ts)
+    finally:
+        _close(ts)
+    ts = tcp_transports(2, streams=2)
+    try:
+        a, b = ts
+        assert b._direct is not None  # stream 1 is watched only while a part is owed on it
+        big = _pattern(2 * STRIPE_MIN, 4)
+        into = np.zeros_like(big)
+        h = b.irecv(0, 1, into.data, 0)
+        wait_all(a, [a.isend(1, 1, big.data, 0)], timeout=30)
+        seen: list[bool] = []
+        original = b._pick_direct
+
+        def spy() -> None:
+            original()
+            seen.append(b._direct is None)
+
+        b._pick_direct = spy  # type: ignore[method-assign]
+        wait_all(b, [h], timeout=30)
+        assert np.array_equal(into, big)
+        assert True in seen, "stream 1 was never watched with stream 0"
+        assert b._direct is not None  # back to one socket once the part arrived
+    finally:
+        _close(ts)

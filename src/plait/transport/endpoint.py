@@ -13,11 +13,8 @@ rules a link must keep.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import select
-import socket
 import threading
 import time
 from collections import deque
@@ -26,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.errors import ClosedError, MismatchError
 from plait.transport.base import Handle, may_spin
+from plait.transport.descriptors import Descriptors
 from plait.transport.link import Link, Message, Op, copy_bytes
 from plait.transport.patterns import PatternMatching, Wildcard
 from plait.transport.patterns import lost_error as _lost_error
@@ -56,7 +54,7 @@ def _as_bytes(data: Any, writable: bool, what: str) -> memoryview:
     return mv
 
 
-class Endpoint(PatternMatching):
+class Endpoint(PatternMatching, Descriptors):
     """Rank ``rank``'s end of a transport among ``size`` ranks; see :mod:`plait.transport.base`.
 
     A transport class derives from it, builds its links and calls
@@ -117,12 +115,7 @@ class Endpoint(PatternMatching):
         self._route: list[Link | None] = [None] * size
         #: Why each peer is lost: a reason (a new PeerLostError per operation) or the error.
         self._lost: list[str | BaseException | None] = [None] * size
-        self._poller: Any = None  # epoll over the links' descriptors, made by watch()
-        self._handlers: dict[int, Callable[[int, int], None]] = {}
-        self._polled: set[int] = set()  # descriptors the polling rounds check too
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
-        self._last_check = time.monotonic()
+        self._init_descriptors()  # Note [one watched descriptor]
 
     # -- building (for transport classes and links) ------------------------------------------
     def attach(self, link: Link, peers: Sequence[int]) -> None:
@@ -133,46 +126,6 @@ class Endpoint(PatternMatching):
                 self._driven.append(link)
         for p in peers:
             self._route[p] = link
-
-    def watch(
-        self,
-        fd: int,
-        handler: Callable[[int, int], None],
-        events: int = select.EPOLLIN,
-        *,
-        polled: bool = False,
-    ) -> None:
-        """Wake the endpoint when ``fd`` is ready for ``events``; then ``handler(fd, ready)``.
-
-        ``ready`` is the epoll mask that fired; the handler runs with the lock
-        held, and must not block (the descriptor may be ready no more).
-        ``polled``: the polling rounds of a waiting thread check ``fd`` too
-        (one ``epoll`` call with timeout 0 for all such descriptors), for links
-        that have no counters of their own to poll, such as sockets.
-        """
-        if self._poller is None:
-            self._poller = select.epoll()
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._wake_r.setblocking(False)
-            self._wake_w.setblocking(False)
-            self._poller.register(self._wake_r.fileno(), select.EPOLLIN)
-        self._poller.register(fd, events)
-        self._handlers[fd] = handler
-        if polled:
-            self._polled.add(fd)
-
-    def rewatch(self, fd: int, events: int) -> None:
-        """Change what ``fd`` is watched for (a link with bytes queued adds ``EPOLLOUT``).
-
-        Takes effect at once, also for a thread asleep in epoll.
-        """
-        self._poller.modify(fd, events)
-
-    def unwatch(self, fd: int) -> None:
-        """Stop watching ``fd`` (before it is closed)."""
-        if self._handlers.pop(fd, None) is not None:
-            self._poller.unregister(fd)
-            self._polled.discard(fd)
 
     # -- for links (lock held) ---------------------------------------------------------------
     def take_posted(self, peer: int, tag: int) -> Op | None:
@@ -517,13 +470,7 @@ class Endpoint(PatternMatching):
         """Release the links and the endpoint's own descriptors (idempotent)."""
         for link in self._links:
             link.release()
-        self._handlers.clear()
-        if self._poller is not None:
-            assert self._wake_r is not None
-            assert self._wake_w is not None
-            self._wake_r.close()
-            self._wake_w.close()
-            self._poller.close()
+        self._close_descriptors()
 
     # -- waiting (lock held) ---------------------------------------------------------------------
     def _wait(self, handles: Sequence[Handle], deadline: float | None, spun: bool = False) -> bool:
@@ -580,9 +527,11 @@ class Endpoint(PatternMatching):
             if link.progress(stalled):
                 moved = True
         if self._polled and poll and not stalled:  # the stalled pass follows a polling round
-            events = self._poller.poll(0)
-            if events:
-                self._dispatch(events)
+            direct = self._direct
+            if direct is not None:  # Note [one watched descriptor]
+                if direct():
+                    moved = True
+            elif self._poll_ready():
                 moved = True
         return moved
 
@@ -662,22 +611,6 @@ class Endpoint(PatternMatching):
             link.check(now)
         self._after_progress()
 
-    def _dispatch(self, events: list[tuple[int, int]]) -> None:
-        self._last_check = time.monotonic()
-        for fd, ready in events:
-            handler = self._handlers.get(fd)
-            if handler is not None:
-                handler(fd, ready)
-            elif self._wake_r is not None and fd == self._wake_r.fileno():
-                _drain(self._wake_r)
-        if self._completed:
-            self._after_progress()
-
-    def _wake(self) -> None:
-        if self._wake_w is not None:
-            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
-                self._wake_w.send(b"\0")
-
     def _after_progress(self) -> None:
         """Tell other threads about completions (called with the lock held)."""
         if self._completed:
@@ -692,9 +625,3 @@ class Endpoint(PatternMatching):
 
     def _not_a_peer(self, peer: int) -> ValueError:
         return ValueError(f"rank {self._me}: peer {peer} is not in 0..{self.size - 1}")
-
-
-def _drain(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while sock.recv(4096):
-            pass

@@ -9,6 +9,7 @@ closed, broken or misbehaving connections into lost peers. See ``docs/transport.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import math
 import select
@@ -308,7 +309,9 @@ class TcpLink:
         if events == c.events or c.sock is None:
             return
         if c.events == 0:
-            self.ep.watch(c.fd, self._on_socket, events, polled=True)
+            self.ep.watch(
+                c.fd, self._on_socket, events, polled=True, direct=functools.partial(self._look, c)
+            )
         elif events == 0:
             self.ep.unwatch(c.fd)
         else:
@@ -387,6 +390,24 @@ class TcpLink:
             writer.write(self, c)  # with an empty queue (a send was cancelled): drops the interest
         if self.kick:
             writer.do_kicks(self)
+
+    def _look(self, c: Conn) -> bool:
+        """What :meth:`_on_socket` would do for whatever ``c`` is ready for, without epoll.
+
+        Reads (if ``c`` is read) and writes its queue (if any); whether a byte moved
+        or the connection ended (Note [one watched descriptor] in
+        :mod:`plait.transport.endpoint`).
+        """
+        if c.sock is None:
+            return False
+        got, sent = c.received, c.sent
+        if c.events & _IN:
+            reader.read(self, c)
+        if c.sendq and c.sock is not None:
+            writer.write(self, c)
+        if self.kick:
+            writer.do_kicks(self)
+        return c.received != got or c.sent != sent or c.sock is None
 
     def _take_arriving(self, op: Op, rec: Inbound) -> None:
         """Receive ``op`` takes eager message ``rec`` while it arrives: copy what is there."""

@@ -90,7 +90,9 @@ class Conn:
         "peer",
         "pos",
         "rec",
+        "received",
         "sendq",
+        "sent",
         "sock",
         "stage",
         "stop",
@@ -118,6 +120,9 @@ class Conn:
         self.cont: Inbound | None = None
         self.cid = -1
         self.due: deque[Inbound] = deque()  # striped messages whose part comes on this stream
+        # Bytes read from and written to the socket so far: whether a look at it moved anything.
+        self.received = 0
+        self.sent = 0
 
 
 class Peer:

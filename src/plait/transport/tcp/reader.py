@@ -89,6 +89,7 @@ def read(link: TcpLink, c: Conn) -> None:
                         # The header of the next chunk comes with the rest of this one:
                         # one call reads both (the staging buffer is empty here).
                         n = sock.recvmsg_into((target, stage[:HDR_SIZE]))[0]
+                        c.received += n
                         if n > need:
                             c.hi = n - need
                             n = need
@@ -96,6 +97,7 @@ def read(link: TcpLink, c: Conn) -> None:
                             drained = True
                     else:
                         n = sock.recv_into(target)
+                        c.received += n
                         if n < len(target):
                             drained = True
                     if not n:
@@ -178,6 +180,7 @@ def read(link: TcpLink, c: Conn) -> None:
                 end = min(end, c.hi + c.end - c.pos + HDR_SIZE)
             room = end - c.hi
             n = sock.recv_into(stage[c.hi : end])
+            c.received += n
             if not n:
                 link.eof(c)
                 return

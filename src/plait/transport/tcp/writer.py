@@ -106,6 +106,7 @@ def write(link: TcpLink, c: Conn) -> None:
                 if len(bufs) >= _GATHER or total >= 1 << 20:
                     break
             n = sock.sendmsg(bufs)
+            c.sent += n
             whole = n == total
             while n:
                 item = q[0]
