@@ -477,6 +477,14 @@ class Endpoint(PatternMatching, Descriptors):
         # The first pass leaves the polled descriptors to the spin or the sleep that
         # follows at once (each polls them first): one system call less per wait.
         poll = deadline is not None and deadline <= time.monotonic()
+        if not (spun or poll or self._polling or self._closed) and self._driven:
+            # A thread that would drive and may spin spins at once: the first pass would
+            # find what the spin's first round finds (about 0.5 µs less per wait).
+            spun = True
+            if self.spin > 0 and may_spin() and self._spin(deadline):
+                for h in handles:
+                    if h.done:
+                        return True
         while True:
             for h in handles:  # a loop: a generator in any() costs more on this hot path
                 if h.done:
