@@ -43,6 +43,8 @@ _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _TIOCOUTQ = 0x5411  # Linux: bytes in a socket's send queue not yet acknowledged
 #: Seconds between looks at the kernel's send queues while close waits for them to empty.
 _UNSENT_POLL = 0.002
+#: Largest payload a send joins to its header in one buffer rather than gathering the two.
+_JOIN_MAX = 1024
 _LOST_ERRNOS = frozenset(
     {
         errno.ECONNRESET,
@@ -134,7 +136,11 @@ class TcpLink:
                 c.sendq.append(Out(op, hdr, op.buf, 0))
             else:  # the fast path: straight into the socket
                 try:
-                    n = c.sock.sendmsg((hdr, op.buf)) if nbytes else c.sock.send(hdr)  # type: ignore[union-attr]
+                    sock: socket.socket = c.sock  # type: ignore[assignment]  # live: p not gone
+                    if nbytes > _JOIN_MAX:
+                        n = sock.sendmsg((hdr, op.buf))
+                    else:  # one buffer: send() takes about 0.2 µs less than sendmsg() here
+                        n = sock.send(hdr + op.buf)
                 except BlockingIOError:
                     n = 0
                 except OSError as exc:
