@@ -40,7 +40,7 @@ __all__ = ["Descriptors"]
 class Descriptors:
     """The endpoint's epoll over its links' descriptors, and its wake-up pipe.
 
-    Every method must be called with the endpoint's lock held.
+    Every method but :meth:`_wake` must be called with the endpoint's lock held.
     """
 
     if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Descriptors:
             self._after_progress()
 
     def _wake(self) -> None:
-        """Wake the thread asleep in epoll, if any (lock not needed)."""
+        """Wake the thread asleep in epoll, if any (with or without the lock)."""
         if self._wake_w is not None:
             with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
                 self._wake_w.send(b"\0")
