@@ -115,7 +115,7 @@ class Endpoint(PatternMatching, Descriptors):
         self._route: list[Link | None] = [None] * size
         #: Why each peer is lost: a reason (a new PeerLostError per operation) or the error.
         self._lost: list[str | BaseException | None] = [None] * size
-        self._init_descriptors()  # Note [one watched descriptor]
+        self._init_descriptors()  # epoll over the links' descriptors (plait.transport.descriptors)
 
     # -- building (for transport classes and links) ------------------------------------------
     def attach(self, link: Link, peers: Sequence[int]) -> None:
@@ -536,7 +536,7 @@ class Endpoint(PatternMatching, Descriptors):
                 moved = True
         if self._polled and poll and not stalled:  # the stalled pass follows a polling round
             direct = self._direct
-            if direct is not None:  # Note [one watched descriptor]
+            if direct is not None:  # Note [one watched descriptor] in plait.transport.descriptors
                 if direct():
                     moved = True
             elif self._poll_ready():

@@ -402,7 +402,7 @@ class TcpLink:
 
         Reads (if ``c`` is read) and writes its queue (if any); whether a byte moved
         or the connection ended (Note [one watched descriptor] in
-        :mod:`plait.transport.endpoint`).
+        :mod:`plait.transport.descriptors`).
         """
         if c.sock is None:
             return False
