@@ -613,7 +613,7 @@ class Endpoint(PatternMatching, Descriptors):
     def _liveness(self, now: float) -> None:
         """Handle whatever the links' descriptors report, and let the links check their peers."""
         if self._poller is not None:
-            self._dispatch(self._poller.poll(0))
+            self._poll_ready()
         self._last_check = now
         for link in self._driven:
             link.check(now)
