@@ -621,6 +621,37 @@ def test_close_while_another_thread_waits() -> None:
         _close(ts)
 
 
+def test_a_wait_for_a_handle_done_meanwhile_does_not_spin() -> None:
+    """A waiter that gets the lock after another thread completed its handle returns at
+    once: before, it spun first (the whole spin, up to PLAIT_TCP_SPIN, lock held)."""
+    ts = tcp_transports(2)
+    try:
+        a, b = ts
+        got = np.zeros(8, np.uint8)
+        h = b.irecv(0, 5, got.data, 0)
+        wait_all(a, [a.isend(1, 5, np.full(8, 5, np.uint8).data, 0)])
+        spins: list[float | None] = []
+        spin = b._spin
+
+        def counted(deadline: float | None) -> bool:
+            spins.append(deadline)
+            return spin(deadline)
+
+        b._spin = counted  # type: ignore[method-assign]
+        b.spin = 5.0
+        with b._lock:  # as another thread would: drive until the message is in
+            deadline = time.monotonic() + 10
+            while not h.done and time.monotonic() < deadline:
+                b._progress(False)
+            assert h.done
+            # ... and then the waiter, which found h running before it took the lock
+            assert b._wait([h], time.monotonic() + 10)
+        assert spins == []
+        assert got.tolist() == [5] * 8
+    finally:
+        _close(ts)
+
+
 def test_connection_reset_fails_with_peer_lost_and_the_os_error_as_cause() -> None:
     ts = tcp_transports(2)
     try:

@@ -479,8 +479,12 @@ class Endpoint(PatternMatching, Descriptors):
         poll = deadline is not None and deadline <= time.monotonic()
         if not (spun or poll or self._polling or self._closed) and self._driven:
             # A thread that would drive and may spin spins at once: the first pass would
-            # find what the spin's first round finds (about 0.5 µs less per wait).
+            # find what the spin's first round finds (about 0.5 µs less per wait). A handle
+            # that another thread completed while this one waited for the lock needs no spin.
             spun = True
+            for h in handles:
+                if h.done:
+                    return True
             if self.spin > 0 and may_spin() and self._spin(deadline):
                 for h in handles:
                     if h.done:
