@@ -276,7 +276,7 @@ class CallRunner:
             except BaseException as exc:
                 work._finish(error=exc)
 
-        self._worker.submit(job)
+        self._worker.submit(job, work)
         return work
 
     def reserved(self) -> bool:
@@ -329,7 +329,7 @@ class CallRunner:
                 self._workspaces.pinned = None
                 self._reserve(-1)
 
-        self._worker.submit(job)
+        self._worker.submit(job, work)
 
     @runs_calls  # the recorder finds a call in flight by this frame (plait.diagnostics.frames)
     def _run(

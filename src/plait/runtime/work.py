@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic
 
@@ -31,13 +32,14 @@ class Work(Generic[R]):
     ``Work[R]`` types it as ``R``.
     """
 
-    __slots__ = ("_describe", "_done", "_error", "_result")
+    __slots__ = ("_describe", "_done", "_error", "_result", "_worker")
 
     def __init__(self, describe: str) -> None:
         self._describe = describe
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._worker: Worker | None = None  # whose job finishes it (Note [a waiter runs the call])
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result = result
@@ -59,6 +61,8 @@ class Work(Generic[R]):
             CommTimeout: ``timeout`` passed first (the call goes on).
             CommError: the call failed.
         """
+        if timeout is None and self._worker is not None and not self._done.is_set():
+            self._worker.help(self._done)
         if not self._done.wait(timeout):
             raise CommTimeout(f"{self._describe} did not finish within {timeout} s of wait()")
         if self._error is not None:
@@ -76,29 +80,73 @@ class Work(Generic[R]):
 
 
 class Worker:
-    """One background thread per communicator that runs async calls in call order."""
+    """One background thread per communicator that runs async calls in call order.
+
+    Note [a waiter runs the call]
+        An async call is a job in this queue, and the worker thread runs the
+        jobs one after the other. A caller that waits for a call the worker has
+        not begun (``comm.allreduce(x, async_op=True).wait()``, or a wait after
+        a little work) would hand the job to the worker thread and sleep until
+        it is done: two wake-ups of a thread and two hand-overs of the GIL, tens
+        of µs on a small machine, for a call that takes a few. So ``wait()``
+        without a timeout runs the jobs itself instead, from the head of the
+        queue up to its own, while the worker thread runs none (``_busy``: one
+        job at a time, in call order, whoever runs it). A wait with a timeout
+        leaves them to the worker: a job runs to its own deadline, not to the
+        wait's. The job is the same either way (its numbers and epoch were
+        taken when the call was made), so the results are the same bits; the
+        waiting thread may spin before it sleeps, as a blocking call does, where
+        the worker thread does not (``background_thread``).
+    """
 
     def __init__(self, name: str) -> None:
         self._cv = threading.Condition()
-        self._queue: list[Callable[[], None]] = []
+        self._queue: deque[Callable[[], None]] = deque()
+        self._busy = False  # a job runs now, on the worker thread or a waiting one
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._stop = False
         self._thread.start()
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], None], work: Work[Any] | None = None) -> None:
+        """Queue ``job``, which finishes ``work``: a wait for ``work`` may run it."""
+        if work is not None:
+            work._worker = self
         with self._cv:
             self._queue.append(job)
             self._cv.notify()
 
     def _loop(self) -> None:
         background_thread()  # wait without spinning: the caller computes meanwhile
+        cv = self._cv
         while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._queue or self._stop)
-                if not self._queue:
+            with cv:
+                while self._busy or not self._queue:
+                    if self._stop and not self._queue:
+                        return
+                    cv.wait()
+                job = self._queue.popleft()
+                self._busy = True
+            self._run(job)
+
+    def help(self, done: threading.Event) -> None:
+        """Run queued jobs on this thread, in order, until ``done`` is set, the queue is
+        empty or the worker thread runs one (Note [a waiter runs the call])."""
+        cv = self._cv
+        while not done.is_set():
+            with cv:
+                if self._busy or not self._queue:
                     return
-                job = self._queue.pop(0)
-            job()
+                job = self._queue.popleft()
+                self._busy = True
+            self._run(job)
+
+    def _run(self, job: Callable[[], None]) -> None:
+        try:
+            job()  # the jobs catch what their calls raise, and keep it for wait()
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify()
 
     def stop(self) -> None:
         """Finish queued jobs, then end the thread."""

@@ -1,0 +1,99 @@
+"""The worker that runs async calls, and the waits that run its jobs themselves."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import plait
+from plait.runtime.work import Work, Worker
+from plait.testing import run_ranks
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _job(work: Work[Any], log: list[tuple[str, str]], name: str) -> Callable[[], None]:
+    def job() -> None:
+        log.append((name, threading.current_thread().name))
+        work._finish(name)
+
+    return job
+
+
+def test_a_wait_runs_the_jobs_up_to_its_own_on_the_waiting_thread() -> None:
+    """With the worker thread idle (here: gone), ``wait()`` runs the queued jobs from the
+    head of the queue up to its own, in order, and leaves the later ones queued."""
+    w = Worker("plait-test")
+    w.stop()  # the thread has ended: only a waiter can run what is queued now
+    log: list[tuple[str, str]] = []
+    works = [Work[Any](f"call {i}") for i in range(3)]
+    for i, work in enumerate(works):
+        w.submit(_job(work, log, f"call {i}"), work)
+    me = threading.current_thread().name
+    assert works[1].wait() == "call 1"
+    assert log == [("call 0", me), ("call 1", me)]
+    assert works[0].done()
+    assert not works[2].done()
+    assert works[2].wait() == "call 2"
+    assert log[-1] == ("call 2", me)
+
+
+def test_a_wait_with_a_timeout_leaves_the_job_to_the_worker() -> None:
+    w = Worker("plait-test")
+    w.stop()
+    work = Work[Any]("call")
+    w.submit(_job(work, [], "call"), work)
+    with pytest.raises(plait.CommTimeout):
+        work.wait(timeout=0.01)
+    assert not work.done()
+
+
+def test_a_wait_never_runs_a_job_beside_the_workers() -> None:
+    """While the worker thread runs a job, a waiter runs none (one job at a time, in order):
+    it waits, and the worker thread runs the rest."""
+    w = Worker("plait-test")
+    gate, started = threading.Event(), threading.Event()
+    first = Work[Any]("first")
+
+    def blocked() -> None:
+        started.set()
+        gate.wait(30)
+        first._finish("first")
+
+    w.submit(blocked, first)
+    assert started.wait(30)
+    log: list[tuple[str, str]] = []
+    second = Work[Any]("second")
+    w.submit(_job(second, log, "second"), second)
+    waiter = threading.Thread(target=second.wait, name="waiter")
+    waiter.start()
+    gate.set()
+    waiter.join(30)
+    assert log == [("second", "plait-test")] or log == [("second", "waiter")]
+    assert first.wait() == "first"
+    assert second.wait() == "second"
+    w.stop()
+
+
+def test_async_calls_waited_for_in_any_order_give_the_blocking_results() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        got = []
+        for n in (1, 7, 1000):
+            works = [
+                comm.allreduce(np.full(n, i + comm.rank, np.float32), async_op=True)
+                for i in range(4)
+            ]
+            order = [2, 0, 3, 1]
+            got.append([works[k].wait() for k in order])
+            got.append(comm.allreduce(np.full(n, comm.rank, np.float32), async_op=True).wait())
+        return got
+
+    for got in run_ranks(3, body):
+        for j, n in enumerate((1, 7, 1000)):
+            for k, r in zip([2, 0, 3, 1], got[2 * j], strict=True):
+                assert np.array_equal(r, np.full(n, 3 * k + 3, np.float32))
+            assert np.array_equal(got[2 * j + 1], np.full(n, 3, np.float32))
