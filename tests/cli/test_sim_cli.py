@@ -31,7 +31,7 @@ def test_table_and_json_match_the_simulator(tmp_path: Path, capsys: pytest.Captu
         ("recursive_doubling", 1024), ("recursive_doubling", 32768),
         ("recursive_doubling", 1048576),
     ]  # fmt: skip
-    net = parse_topology("flat", 8, 1e-6, 1 / 12.5e9, 0.0, (2e-7, 1 / 50e9))
+    net = parse_topology("flat", 8, 1e-6, 1 / 12.5e9, 1 / 15e9, (2e-7, 1 / 50e9), delta=1 / 15e9)
     for r in records:
         want = simulate("allreduce", r["algorithm"], r["bytes"], net, segment_bytes=None).time
         assert r["time_s"] == pytest.approx(want, rel=1e-12)
@@ -92,11 +92,11 @@ def test_bad_input_exits_2_with_a_message(
 
 def test_beta_accepts_a_fraction(capsys: pytest.CaptureFixture) -> None:
     assert main(["sim", "-n", "2", "-a", "direct", "-s", "1M", "--beta", "1/1e9",
-                 "--alpha", "0"]) == 0  # fmt: skip
+                 "--alpha", "0", "--gamma", "0", "--delta", "0"]) == 0  # fmt: skip
     row = next(
         ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("1048576")
     )
-    # 2 ranks, direct: each sends its 1 MiB once at 1 GB/s.
+    # 2 ranks, direct, local work free: each sends its 1 MiB once at 1 GB/s.
     assert float(row.split()[4]) == pytest.approx(1048576 / 1e9 * 1e6, rel=1e-3)
 
 
@@ -143,7 +143,7 @@ def test_bench_spellings_work_here_too(tmp_path: Path, capsys: pytest.CaptureFix
     assert [(r["label"], r["bytes"], r["wrong"]) for r in rows] == [
         ("binomial", "1024", "0"), ("binomial", "4096", "0"), ("binomial", "16384", "0")
     ]  # fmt: skip
-    net = parse_topology("flat", 4, 1e-6, 1 / 12.5e9, 0.0, (2e-7, 1 / 50e9))
+    net = parse_topology("flat", 4, 1e-6, 1 / 12.5e9, 1 / 15e9, (2e-7, 1 / 50e9), delta=1 / 15e9)
     want = simulate("reduce", "binomial", 4096, net, root=2, segment_bytes=None).time
     assert float(rows[1]["time_us"]) == pytest.approx(want * 1e6, rel=1e-12)
 

@@ -19,8 +19,7 @@ Progress goes to stderr once a run has taken three seconds: a line as each
 simulation (an algorithm at a size) ends, with the time elapsed, and one now
 and then while a long one runs (after 15 s, 30 s, then every minute or so).
 
-Topologies (--topology; --alpha and --beta describe every cable or port,
---gamma the per-byte reduction cost of a rank):
+Topologies (--topology; --alpha and --beta describe every cable or port):
 
   flat         every rank a send and a receive port into a non-blocking core
   flat-free    the contention-free alpha-beta model of Thakur et al. (2005)
@@ -32,6 +31,16 @@ Topologies (--topology; --alpha and --beta describe every cable or port,
                --intra-beta), hosts by NICs of --alpha and --beta
   ring, torus:AxB[xC]
                cables between neighbours, dimension-order routing
+
+Every rank's local work is charged at the speed of its host's memory, for
+every algorithm alike: --gamma seconds per byte it reduces (a ring's receive
+and reduce, a one-sided get and reduce), --delta per byte it copies (a copy
+into the output or a window, a one-sided get). Both default to 1/15e9, 15 GB/s:
+numpy's add and copy on one core, beyond its caches. A one-sided algorithm's
+counter (a post) is seen by its peers --wait-latency seconds later (default:
+what a message between the two ranks would take to arrive: --alpha on flat,
+--intra-alpha within a host of hosts:K). --gamma 0 --delta 0 makes local work
+free: the network alone.
 
 --aggregation BYTES gives the switches of switch, fat-tree and hosts that much
 aggregation memory, so that they reduce in flight (SHARP, SwitchML) and the
@@ -62,6 +71,10 @@ __all__ = ["add_arguments", "main", "parse_topology"]
 _DEFAULT_ALPHA = 1e-6
 _DEFAULT_BETA = 1 / 12.5e9  # a 100 Gb/s link
 _DEFAULT_INTRA = (2e-7, 1 / 50e9)
+#: A rank's reduction (γ) and copy (δ) cost, s/B: 15 GB/s each, numpy's add and copy of float32
+#: arrays beyond the caches on one core (docs/simulator.md, "Host memory" says how measured).
+_DEFAULT_GAMMA = 1 / 15e9
+_DEFAULT_DELTA = 1 / 15e9
 #: The defaults of the options both commands have (plait.bench.options resolves them).
 _COLLECTIVE, _BEGIN, _END, _FACTOR, _RANKS = "allreduce", "1K", "64M", 4, 16
 
@@ -97,7 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--alpha", type=_number, default=_DEFAULT_ALPHA, help="s per message")
     parser.add_argument("--beta", type=_number, default=_DEFAULT_BETA, help="s per byte")
-    parser.add_argument("--gamma", type=_number, default=0.0, help="s per byte reduced")
+    parser.add_argument(
+        "--gamma", type=_number, default=_DEFAULT_GAMMA,
+        help="s per byte a rank reduces (default 1/15e9: 15 GB/s; 0: free)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--delta", type=_number, default=_DEFAULT_DELTA,
+        help="s per byte a rank copies, one-sided gets too (default 1/15e9; 0: free)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--wait-latency", type=_number, default=None, metavar="S",
+        help="one-sided: s until a post is seen by the peers (default: a message's latency "
+        "between the two ranks, e.g. --alpha on flat, --intra-alpha on hosts)",
+    )  # fmt: skip
     parser.add_argument(
         "--intra-alpha", type=_number, default=_DEFAULT_INTRA[0], help="hosts: s per message"
     )
@@ -135,14 +160,37 @@ def parse_topology(
     gamma: float,
     intra: tuple[float, float],
     aggregation: int = 0,
+    *,
+    delta: float | None = None,
+    wait_latency: float | None = None,
 ) -> Any:
     """The :class:`plait.sim.Network` a ``--topology`` string names (see the module doc).
 
-    ``aggregation``: bytes of aggregation memory per switch (0: switches do not reduce).
+    ``gamma`` and ``delta``: every rank's reduction and copy cost, s/B (``delta``
+    None: ``gamma``, as in :mod:`plait.sim.topologies`). ``aggregation``: bytes of
+    aggregation memory per switch (0: switches do not reduce). ``wait_latency``:
+    seconds until a post is seen by the peers (:meth:`plait.sim.Network.set_wait_latency`;
+    None: a message's latency between the two ranks).
 
     Raises:
         ValueError: an unknown topology or bad parameters (the message says which).
     """
+    net = _topology(spec, p, alpha, beta, gamma, delta, intra, aggregation)
+    net.set_wait_latency(wait_latency)
+    return net
+
+
+def _topology(
+    spec: str,
+    p: int,
+    alpha: float,
+    beta: float,
+    gamma: float,
+    delta: float | None,
+    intra: tuple[float, float],
+    aggregation: int,
+) -> Any:
+    """The network :func:`parse_topology` returns, before it sets the wait latency."""
     from plait import sim
 
     name, _, rest = spec.partition(":")
@@ -153,11 +201,11 @@ def parse_topology(
             f"--aggregation needs switches: use it with switch, fat-tree or hosts, not {name}"
         )
     if name == "flat":
-        return sim.flat(p, alpha, beta, gamma)
+        return sim.flat(p, alpha, beta, gamma, delta=delta)
     if name == "flat-free":
-        return sim.flat(p, alpha, beta, gamma, ports=False)
+        return sim.flat(p, alpha, beta, gamma, delta=delta, ports=False)
     if name == "switch":
-        return sim.single_switch(p, link, gamma=gamma, aggregation_memory=aggregation)
+        return sim.single_switch(p, link, gamma=gamma, delta=delta, aggregation_memory=aggregation)
     if name == "fat-tree":
         if not args:
             raise ValueError("fat-tree needs ranks per leaf: fat-tree:K[:OVERSUB[:SPINES]]")
@@ -165,7 +213,7 @@ def parse_topology(
         over = float(args[1]) if len(args) > 1 else 1.0
         spines = int(args[2]) if len(args) > 2 else 1
         return sim.fat_tree(
-            p, k, link, oversubscription=over, spines=spines, gamma=gamma,
+            p, k, link, oversubscription=over, spines=spines, gamma=gamma, delta=delta,
             aggregation_memory=aggregation,
         )  # fmt: skip
     if name == "hosts":
@@ -176,18 +224,18 @@ def parse_topology(
             raise ValueError(f"--ranks {p} is not a multiple of {k} ranks per host")
         nics = int(args[1]) if len(args) > 1 else 1
         return sim.hosts(
-            p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma,
+            p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma, delta=delta,
             aggregation_memory=aggregation,
         )  # fmt: skip
     if name == "ring":
-        return sim.ring(p, link, gamma=gamma)
+        return sim.ring(p, link, gamma=gamma, delta=delta)
     if name == "torus":
         if not args:
             raise ValueError("torus needs its dimensions: torus:AxB[xC]")
         dims = [int(d) for d in args[0].lower().split("x")]
         if int(np.prod(dims)) != p:
             raise ValueError(f"torus {args[0]} has {int(np.prod(dims))} ranks, not --ranks {p}")
-        return sim.torus(dims, link, gamma=gamma)
+        return sim.torus(dims, link, gamma=gamma, delta=delta)
     raise ValueError(
         f"unknown topology {spec!r}; expected flat, flat-free, switch, fat-tree:K, hosts:K, "
         "ring or torus:AxB"
@@ -310,6 +358,11 @@ class _Progress:
             self._thread.join()
 
 
+def _rate(per_byte: float) -> str:
+    """A per-byte cost as a rate for the header: ``15 GB/s``, or ``free`` for 0."""
+    return f"{1e-9 / per_byte:.3g} GB/s" if per_byte > 0 else "free"
+
+
 def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
     """The comment lines above the tables: what was simulated, on what, with which costs."""
     import re
@@ -328,7 +381,12 @@ def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
     what.append(net.description)
     header = [f"# plait sim: {', '.join(what)}"]
     if "α=" not in net.description:
-        header.append(f"# α={args.alpha:g} s, β={args.beta:g} s/B, γ={args.gamma:g} s/B")
+        header.append(f"# α={args.alpha:g} s, β={args.beta:g} s/B")
+    wait = "a message's latency" if args.wait_latency is None else f"{args.wait_latency:g} s"
+    header.append(
+        f"# per rank: γ={args.gamma:g} s/B ({_rate(args.gamma)}) reduced, δ={args.delta:g} s/B "
+        f"({_rate(args.delta)}) copied; a post seen {wait} later"
+    )
     header.append("# virtual time: when the last rank finishes (p10 = p90 = the time)")
     return header
 
@@ -377,6 +435,8 @@ def main(args: argparse.Namespace) -> int:
             args.gamma,
             (args.intra_alpha, args.intra_beta),
             aggregation,
+            delta=args.delta,
+            wait_latency=args.wait_latency,
         )
         # The one-sided algorithms need one window for all ranks: not across hosts.
         several = net.hosts is not None and len(set(net.hosts)) > 1

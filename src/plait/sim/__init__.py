@@ -28,8 +28,10 @@ The model, in short (details in :mod:`plait.sim.engine` and :mod:`plait.sim.netw
 * flows crossing a link share its bandwidth max-min fairly, recomputed at every
   instant at which a flow starts or ends; the messages from one rank to another
   go one after another (one ordered channel per pair, like plait's transports);
-* copies cost δ and reductions γ seconds per byte, one at a time per rank;
-* one-sided steps: a post is visible to a peer a message's latency later, and
+* copies cost δ and reductions γ seconds per byte, one at a time per rank
+  (for every algorithm: a ring's receive-and-reduce as an arena's get-and-reduce);
+* one-sided steps: a post is visible to a peer the network's wait latency
+  (:meth:`Network.set_wait_latency`; unset: a message's latency) later, and
   a get costs what a copy (a get-and-reduce: a reduction) of its bytes does
   once the post it needs is visible (:mod:`plait.sim.onesided`); a mixed
   schedule (messages between hosts, one-sided steps within each) is charged

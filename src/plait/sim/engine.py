@@ -18,8 +18,8 @@ It interprets :class:`~plait.schedule.ir.Schedule` objects exactly as
   work: they cost δ (copy) or γ (reduce) seconds per byte and run one at a
   time per rank, in the order they become ready;
 * the one-sided steps (``POST``, ``WAIT``, ``GET``, ``GET_REDUCE``) are charged
-  as :mod:`plait.sim.onesided` says: a post is free and visible to a peer a
-  message's latency later; a ``GET``/``GET_REDUCE`` waits for it and then
+  as :mod:`plait.sim.onesided` says: a post is free and seen by a peer after
+  the wait latency; a ``GET``/``GET_REDUCE`` waits for it and then
   costs what a ``COPY``/``REDUCE`` of its bytes would. A mixed program has
   both kinds (messages between hosts, one-sided steps within each): each is
   charged as it would be alone, in the order its dependencies give.

@@ -12,6 +12,12 @@ Notation of Thakur, Rabenseifner and Gropp (2005):
   into the output), so the simulator charges it. It defaults to ``γ``: both are
   bound by memory bandwidth.
 
+Both are a rank's local work, charged to every algorithm alike (a ring's
+receive-and-reduce costs γ per byte as an arena's get-and-reduce does). The
+topologies default them to 0 (the network alone, as in the paper); ``plait sim``
+defaults them to a typical host's, 15 GB/s each (docs/simulator.md, "Host
+memory", says how that was measured).
+
 A link's α and β are a :class:`LinkParams`. The measured model of a machine,
 one α-β per link class plus γ and δ, is :class:`plait.selection.model.Profile`
 (written by ``plait tune``); :func:`plait.sim.from_profile` builds the network

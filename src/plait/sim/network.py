@@ -8,7 +8,10 @@ NICs and host-internal fabrics are nodes too. A message from rank ``a`` to rank
 ``b`` is a *flow* over the links that :meth:`Network.route` returns; its
 latency is the sum of theirs, and the engine shares every link's bandwidth
 among the flows crossing it (:mod:`plait.sim.engine`). Every rank also has a
-reduction cost γ and a copy cost δ, in seconds per byte.
+reduction cost γ and a copy cost δ, in seconds per byte, and ranks that share a
+window see each other's posts (counters in host memory) after a *wait latency*:
+:attr:`Network.wait_latency` seconds where set, else what a message between
+them would take to arrive (its route's latency).
 
 Topologies (in :mod:`plait.sim.topologies`; all return a finished :class:`Network`)::
 
@@ -72,7 +75,14 @@ class Node:
 class Network:
     """A directed graph of nodes and links with ranks placed on it; see the module docstring."""
 
-    def __init__(self, name: str = "custom", *, gamma: float = 0.0, delta: float | None = None):
+    def __init__(
+        self,
+        name: str = "custom",
+        *,
+        gamma: float = 0.0,
+        delta: float | None = None,
+        wait_latency: float | None = None,
+    ):
         self.name = name
         self.description = name
         self.nodes: list[Node] = []
@@ -91,6 +101,9 @@ class Network:
         # bandwidth no message exceeds however idle the links are (1/message_beta).
         self.message_alpha = 0.0
         self.message_beta = 0.0
+        # Seconds from a post until a peer sharing the window sees it; None: a message's latency.
+        self.wait_latency: float | None = None
+        self.set_wait_latency(wait_latency)
         self._default_gamma = _nonneg("gamma", gamma)
         self._default_delta = self._default_gamma if delta is None else _nonneg("delta", delta)
         self._router: Router | None = None
@@ -150,8 +163,19 @@ class Network:
         least ``n·beta``, and messages that share no link do not slow each
         other. With no links at all, every message costs exactly ``alpha + n·beta``.
         """
-        self.message_alpha = _nonneg("message alpha", alpha)
+        self.message_alpha = _nonneg("message alpha", alpha, "seconds")
         self.message_beta = _nonneg("message beta", beta)
+
+    def set_wait_latency(self, seconds: float | None) -> None:
+        """Seconds from a rank's post until a peer that waits for it sees it.
+
+        A post is a counter stored in the memory of the host whose ranks share a
+        window, so its latency is the host's, not the network's: one figure for
+        every pair of ranks. None (the default): the latency a message from the
+        poster to the peer would have (on :func:`plait.sim.hosts`, the intra-host
+        α; on :func:`plait.sim.flat`, α).
+        """
+        self.wait_latency = None if seconds is None else _nonneg("wait latency", seconds, "seconds")
 
     def set_compute(
         self, gamma: float, delta: float | None = None, ranks: Sequence[int] | None = None
@@ -369,9 +393,9 @@ class Network:
         )
 
 
-def _nonneg(name: str, value: float) -> float:
+def _nonneg(name: str, value: float, unit: str = "seconds per byte") -> float:
     if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0 (seconds per byte); got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0 ({unit}); got {value!r}")
     return float(value)
 
 

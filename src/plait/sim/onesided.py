@@ -4,10 +4,13 @@ Ranks that share an arena (one host) exchange data through their windows
 (``SHARED``) instead of messages (the one-sided steps of :mod:`plait.schedule.ir`).
 The engine (:mod:`plait.sim.engine`) hands them here and charges:
 
-* ``POST``: nothing on the poster (it writes a flag in shared memory); the
-  post becomes visible to a peer ``r`` after the latency a message from the
-  poster to ``r`` would have (its route's links plus the network's
-  per-message latency: on :func:`plait.sim.hosts`, the intra-host α);
+* ``POST``: nothing on the poster (it writes a counter in shared memory); the
+  post becomes visible to a peer ``r`` after the network's wait latency
+  (:meth:`Network.set_wait_latency <plait.sim.network.Network.set_wait_latency>`,
+  ``plait sim --wait-latency``: one figure for the host's memory), or, where
+  that is not set, after the latency a message from the poster to ``r`` would
+  have (its route's links plus the network's per-message latency: on
+  :func:`plait.sim.hosts`, the intra-host α);
 * ``WAIT`` on (``q``, ``k``): finishes once its dependencies are done and
   ``q``'s first post of a phase ``>= k`` is visible to it;
 * ``GET`` and ``GET_REDUCE``: start as a ``WAIT`` would finish, then are the
@@ -43,8 +46,10 @@ class OneSided:
 
     Args:
         program: the compiled steps.
-        network: where they run (its γ and δ per rank).
-        latency: ``latency(q, r)``, seconds until a post of ``q`` is visible to ``r``.
+        network: where they run (its γ and δ per rank, its wait latency).
+        latency: ``latency(q, r)``, seconds a message from ``q`` to ``r`` takes to
+            arrive: how long a post of ``q`` takes to be visible to ``r`` where the
+            network sets no wait latency.
         visible: schedules the event that starts a step whose post became visible.
         local_done: schedules the end of a step's local work.
         busy: per rank, when its local work queue drains (the engine's list, shared).
@@ -67,7 +72,8 @@ class OneSided:
         if program.mixed and network.hosts is not None:
             check_hosts(program, network.hosts)
         self.prog = program
-        self.route_latency = latency
+        fixed = network.wait_latency
+        self.route_latency = latency if fixed is None else (lambda q, r: fixed)
         self.latencies: dict[int, float] = {}  # q * p + r -> latency(q, r)
         self.visible = visible
         self.local_done = local_done

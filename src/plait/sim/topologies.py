@@ -114,6 +114,7 @@ def flat(
     net.description = (
         f"flat α-β{'' if ports else ', contention-free'}, {p} ranks, "
         f"α={alpha:g} s, β={beta:g} s/B, γ={gamma:g} s/B"
+        + ("" if delta is None or delta == gamma else f", δ={delta:g} s/B")
     )
     return net
 
