@@ -31,7 +31,6 @@ from plait._checks import check_timeout
 from plait._request import Plan, Request, check_same_call, signature
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
-from plait.diagnostics.timeline import Timeline
 from plait.diagnostics.triggers import dump_on_error
 from plait.errors import (
     AbortedError,
@@ -136,10 +135,11 @@ class CallRunner:
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._workspaces = _PerThread()  # one Workspace per thread that runs calls
-        # Threads running a compressor's calls now (reserved() is true on them): while none
-        # is, a call skips the per-thread lookups (Note [the short path] in plait._shortcut).
-        self._reserving = 0
+        # Threads running a compressor's calls now: none, no per-thread lookups per call.
+        self._reserving = 0  # (reserved(); Note [the short path] in plait._shortcut)
         world = self._rank if world_rank is None else world_rank
+        from plait.diagnostics.timeline import Timeline  # here, not on import: python -m runs it
+
         self.recorder = FlightRecorder.from_env(
             self._rank, self._size, comm_id, timeline=Timeline.from_env(world)
         )

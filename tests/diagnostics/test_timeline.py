@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from plait.diagnostics.recorder import CallShape, FlightRecorder
 from plait.diagnostics.timeline import CALLS_TID, Timeline, merge, rank_path
 
 SHAPE = CallShape("allreduce", "ring", 4, np.dtype(np.float32), plait.SUM)
+DEBUGGING = Path(__file__).parents[2] / "docs" / "debugging.md"
 
 
 def test_rank_paths() -> None:
@@ -103,6 +107,33 @@ def test_merge_draws_each_message(tmp_path: Path, clock: FakeClock) -> None:
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ValueError, match="not a Chrome trace"):
         merge([tmp_path / "x.json"], tmp_path / "y.json")
+
+
+def test_the_documented_merge_command(tmp_path: Path, clock: FakeClock) -> None:
+    """docs/debugging.md's merge command, run as written: no warning, one valid trace."""
+    (command,) = [
+        line.partition("#")[0].strip()
+        for line in DEBUGGING.read_text(encoding="utf-8").splitlines()
+        if line.startswith("python -m plait.diagnostics.timeline ")
+    ]
+    for r in (0, 1):
+        record_rank(r, clock, tmp_path / f"trace.rank{r}.json").write()
+    # Through a shell, which expands trace.rank*.json as it does for whoever types it.
+    res = subprocess.run(
+        shlex.quote(sys.executable) + command.removeprefix("python"),
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no RuntimeWarning from runpy: import plait must not import it
+    out = tmp_path / shlex.split(command)[3]
+    assert res.stdout == f"merged 2 timelines into {out.name}\n"
+    events = events_of(out)
+    assert {e["pid"] for e in events} == {0, 1}
+    assert sum(e["ph"] == "s" for e in events) == sum(e["ph"] == "f" for e in events) == 4
 
 
 def test_the_limit_drops_and_counts(tmp_path: Path, clock: FakeClock) -> None:

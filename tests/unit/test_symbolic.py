@@ -1,7 +1,5 @@
 """Every registered algorithm proves its collective's postcondition for p = 1..33.
 
-(One-sided algorithms above 17 ranks at 24, 32 and 33 only: see ONE_SIDED_LARGE.)
-
 Counts {0, 1, p-1, p, p+1, a large odd number} up to 17 ranks, {1, p+1, the odd one}
 above (the edge counts behave alike at every p; what a larger p brings is its shape);
 every root for rooted collectives at a few positions; rank order for non-commutative
@@ -40,18 +38,12 @@ def counts(p: int) -> list[int]:
 
 #: World sizes the quick loop proves (``-m "not slow"``); the full suite proves 1..33.
 QUICK_SIZES = {1, 2, 3, 4, 5, 7}
-#: Above 17 ranks, where one-sided schedules are proven: they have no tree or ring that
-#: changes shape with p (every rank copies in, posts, and reads every window), so a few
-#: sizes stand for the rest, and their joint-interleaving check is the costliest proof.
-ONE_SIDED_LARGE = {24, 32, 33}
 
 
 def _cases() -> list[Any]:
     cases = []
     for spec in SPECS:
         for p in range(1, 34):
-            if spec.needs_window and p > 17 and p not in ONE_SIDED_LARGE:
-                continue
             marks = () if p in QUICK_SIZES else (pytest.mark.slow,)
             cases.append(
                 pytest.param(spec, p, marks=marks, id=f"{spec.collective}-{spec.name}-{p}")

@@ -13,8 +13,10 @@
   trace of a real run.
 
 :mod:`~plait.diagnostics.analyze` and :mod:`~plait.diagnostics.timeline` are
-not imported here: they are also scripts (``python -m``), and only the tools
-that read dumps need them.
+not imported here, nor by ``import plait``: they are also scripts
+(``python -m``), which Python warns about if the module was imported before it
+runs. Only the tools that read dumps import ``analyze``; the call runner
+imports ``timeline`` when it makes a communicator.
 
 This package sits at the bottom of plait's layers: it imports only
 :mod:`plait.errors`, numpy and the standard library, so the executor, the
