@@ -21,28 +21,34 @@ communicator without one (made from a transport, a single rank, or
 Note [abort]
     ``abort`` may run on any thread, also in a signal handler, which Python
     runs on the main thread between two bytecodes of whatever it was doing
-    (maybe holding the transport's or the store's lock). So the caller's
-    part takes no lock: it marks the call runners aborted (later calls raise
-    AbortedError at once) and starts a thread with :func:`_thread.start_new_thread`
-    (which, unlike :class:`threading.Thread`, takes no Python lock). That
-    thread sets the key ``abort/<p>`` of every other rank ``p`` in the
-    communicator's namespace of the store, then closes this rank's transport
-    with AbortedError as its error (:meth:`Endpoint.abort`): the calls in
-    flight here fail, one-sided waits included. Each rank's watcher thread
-    blocks in the store on its own ``abort/<rank>`` key (a TCP store parks
-    the request: nothing polls) and does the same locally when it appears.
-    Before it closes its transport, a rank that learnt of the abort sets
-    ``marked/<rank>``, and every rank waits (at most ``_MARK_SECONDS``) for
-    that key of every other rank not found failed (but the aborting one):
-    no rank sees a peer's connections close before its own calls are
-    marked, so its later calls raise AbortedError, not PeerLostError. The
-    aborting rank closes first (then sets ``closed/<rank>``, which the others
-    wait for too), so its own calls in flight fail with AbortedError; a call
-    in flight on a peer may see another rank's transport close before its
-    own does, and raise PeerLostError: also a CommError. A split's group shares its parent's
-    connections, so aborting either aborts both. If the store is gone, the
-    abort still closes this rank's transport, and its peers learn of it as of
-    any lost peer.
+    (maybe holding the store client's lock, or asleep in the transport's
+    poll). So it takes no lock: it marks the call runners aborted (later calls
+    raise AbortedError) and starts a thread with
+    :func:`_thread.start_new_thread` (unlike :class:`threading.Thread`, it
+    takes no Python lock), which (1) sets the key ``abort/<p>`` of every other
+    rank ``p`` in the communicator's namespace of the store, (2) waits (at
+    most ``_MARK_SECONDS``) for ``marked/<p>`` of every other rank not found
+    failed, (3) closes this rank's transport, failing what is in flight here
+    with AbortedError (:meth:`Endpoint.abort`), and sets ``closed/<rank>``.
+    Each rank's watcher thread blocks in the store on its own ``abort/<rank>``
+    (a TCP store parks the request: nothing polls); when it appears, it marks
+    the rank's runners, sets ``marked/<rank>``, waits for the other ranks'
+    ``marked`` and the aborting rank's ``closed`` (at most ``_MARK_SECONDS``)
+    and closes its transport. So no connection closes before every live rank
+    has marked its calls: a collective in flight that then sees a peer's
+    connections close (or its process exit) fails on a marked runner, which
+    reports AbortedError naming the aborting rank and reason
+    (:meth:`CallRunner._failed`); so do later calls (a point-to-point one in
+    flight may raise PeerLostError).
+    ``abort`` returns once (1) and (2) are done, or after ``_TELL_SECONDS``: a
+    process that exits right after it (a SIGTERM handler that aborts and
+    exits) kills the thread, and peers not yet marked would take the exit for
+    a crash. The wait is on a bare lock no other code takes: in a signal
+    handler, should the interrupted code hold the store client's lock, it runs
+    out and the thread goes on once the handler has returned. It does not wait
+    for (3), which a main thread interrupted asleep in the poll lets happen
+    only after the handler returns. With the store gone, the abort still
+    closes this rank's transport: its peers see it lost.
 
 Note [agree]
     Failure assumptions: ranks fail by stopping (a crash, kill -9, or hanging
@@ -140,9 +146,10 @@ HEARTBEAT_SECONDS = 1.0
 STALE_SECONDS = 5.0
 #: Longest single wait of agree in the store, between two looks at who failed.
 _SLICE = 0.25
-#: Seconds an abort waits for the other ranks to mark their calls aborted before it closes
-#: this rank's connections (Note [abort]).
+#: Seconds an abort waits for the other ranks' marks before it closes (Note [abort]).
 _MARK_SECONDS = 0.5
+#: Seconds ``abort`` waits, at most, until every peer has been told and marked (Note [abort]).
+_TELL_SECONDS = 1.0
 #: Seconds close waits for the watcher thread and for an abort in progress.
 _JOIN_SECONDS = 5.0
 
@@ -231,7 +238,10 @@ class Recovery:
         self._members: weakref.WeakSet[Communicator] = weakref.WeakSet([comm])
         self._transport = comm._transport
         self._aborted: str | None = None
-        self._abort_done = _done()
+        self._abort_done = threading.Event()  # set: no abort in progress
+        self._abort_done.set()
+        self._told = _thread.allocate_lock()  # held until an abort has told the peers
+        self._told.acquire()
         self._agrees = 0
         self._failed: set[int] = set()  # ranks an earlier agreement left out
         self._procs: dict[int, _Process | None] = {}
@@ -258,23 +268,20 @@ class Recovery:
         return self._comm() is comm
 
     # -- abort (Note [abort]) ----------------------------------------------------------------
-    def abort(self, reason: str) -> None:
-        """Abort here and on every peer; takes no lock (it may run in a signal handler)."""
-        text = f"the communicator was aborted by rank {self.rank}" + (
-            f" ({reason})" if reason else ""
-        )
+    def abort(self, reason: str, *, here: bool = False) -> None:
+        """Abort here and on every peer; return once they know, at most ``_TELL_SECONDS``
+        later. Takes no lock: it may run in a signal handler (Note [abort]). ``here`` (not in
+        a signal handler): do it all on this thread, or wait for the abort under way."""
+        text = _aborted_by(self.rank, reason)
         done = self._mark(text)
-        if done is not None:
-            _thread.start_new_thread(self._finish_abort, (text, reason, done, self.rank))
-
-    def abort_now(self, reason: str) -> None:
-        """:meth:`abort`, done on the calling thread (which must not be in a signal handler)."""
-        text = f"the communicator was aborted by rank {self.rank} ({reason})"
-        done = self._mark(text)
-        if done is not None:
+        if done is not None and here:
             self._finish_abort(text, reason, done, self.rank)
-        else:
+        elif done is not None:
+            _thread.start_new_thread(self._finish_abort, (text, reason, done, self.rank))
+        if here:
             self._abort_done.wait(_JOIN_SECONDS)
+        elif self._aborted is not None and (told := self._told).acquire(timeout=_TELL_SECONDS):
+            told.release()  # a bare lock no other code takes: unlike threading.Event, safe here
 
     def _mark(self, text: str) -> threading.Event | None:
         """Mark every member's runner aborted; the event to set once the abort is done, or
@@ -315,6 +322,7 @@ class Recovery:
         except (CommError, OSError) as exc:  # the store is gone: the transport tells them
             self.store_error = exc
         finally:
+            self._told.release()  # abort() returns: the peers know, or cannot be told
             try:
                 _abort_transport(self._transport, self.rank, text)
                 if source == self.rank and self.store_error is None:
@@ -340,9 +348,7 @@ class Recovery:
                 if waiting != f"abort/{me}":
                     return
                 source, _, reason = store.get(waiting).decode().partition("\n")
-                text = f"the communicator was aborted by rank {source}" + (
-                    f" ({reason})" if reason else ""
-                )
+                text = _aborted_by(source, reason)
                 done = self._mark(text)
                 if done is not None:
                     self._finish_abort(text, reason, done, int(source))
@@ -494,10 +500,9 @@ class Recovery:
         self.owner.release()
 
 
-def _done() -> threading.Event:
-    event = threading.Event()
-    event.set()
-    return event
+def _aborted_by(rank: int | str, reason: str) -> str:
+    """What the errors of an abort say: who aborted, and why."""
+    return f"the communicator was aborted by rank {rank}" + (f" ({reason})" if reason else "")
 
 
 def _mark(comm: Communicator, text: str) -> None:
@@ -592,7 +597,7 @@ def abort(comm: Communicator, reason: str = "") -> None:
     runner = comm._runner
     if runner.closed or runner.aborted is not None:
         return
-    text = f"the communicator was aborted by rank {comm.rank}" + (f" ({reason})" if reason else "")
+    text = _aborted_by(comm.rank, reason)
     _mark(comm, text)
     _thread.start_new_thread(_abort_transport, (comm._transport, comm.rank, text))
 
@@ -654,7 +659,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
         return new
     if rec._closed:
         raise ClosedError(f"rank {comm.rank}: shrink on a closed communicator")
-    rec.abort_now("replaced by shrink()")
+    rec.abort("replaced by shrink()", here=True)
     agreement, k = rec.agree(1, seconds)
     members = agreement.ranks
     size = len(members)

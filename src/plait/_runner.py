@@ -46,7 +46,7 @@ from plait.group import collective_tag, probe_tag
 from plait.runtime.executor import Call, execute, run_local
 from plait.runtime.line import run_line
 from plait.runtime.one_sided import mismatch_behind, run_one_sided
-from plait.runtime.scratch import Workspace, quiet, restore
+from plait.runtime.scratch import PerThread, Workspace, quiet, restore
 from plait.runtime.work import Work, Worker
 from plait.transport.base import Transport
 
@@ -134,7 +134,7 @@ class CallRunner:
         self.aborted: str | None = None
         self._lock = threading.Lock()
         self._worker: Worker | None = None
-        self._workspaces = _PerThread()  # one Workspace per thread that runs calls
+        self._workspaces = PerThread()  # one Workspace per thread that runs calls
         # Threads running a compressor's calls now: none, no per-thread lookups per call.
         self._reserving = 0  # (reserved(); Note [the short path] in plait._shortcut)
         world = self._rank if world_rank is None else world_rank
@@ -428,7 +428,9 @@ class CallRunner:
     ) -> CommError:
         """What call ``req`` raises after the transport raised ``exc``: the communicator is
         broken, the recorder's slot ended and dumped, and the message says what it can."""
-        if isinstance(exc, PeerLostError) and self._shared:
+        if self.aborted is not None:  # every rank is marked before any closes (plait._recovery)
+            exc = AbortedError(f"rank {self._rank}: {_describe(describe)}: {self.aborted}")
+        elif isinstance(exc, PeerLostError) and self._shared:
             # The rank lost may have left over a mismatch it found first.
             window = getattr(self._transport, "window", None)
             found = mismatch_behind(window, self._rank, _describe(describe), self.epoch)
@@ -682,18 +684,6 @@ _new = tuple.__new__
 
 #: TMP of a schedule that uses none (any dtype: nothing reads it).
 _NO_TMP = np.empty(0, np.uint8)
-
-
-class _PerThread(threading.local):
-    """What a call runner keeps per thread; the class attributes are each thread's defaults
-    (a missing attribute of a plain ``threading.local`` costs an exception per lookup)."""
-
-    #: The scratch memory of the calls this thread runs (made by its first call).
-    ws: Workspace | None = None
-    #: The numbers reserved for the calls of a compressed async allreduce (submit_reserved).
-    pinned: list[int] | None = None
-    #: A blocking compressed allreduce runs its compressor's calls (CallRunner.compressing).
-    compressing: bool = False
 
 
 def _describe(label: tuple[str, str, int]) -> str:

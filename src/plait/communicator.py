@@ -345,13 +345,15 @@ class Communicator(PointToPointMethods, ObjectMethods):
     def abort(self, reason: str = "") -> None:
         """Make every call in flight and every later call fail, on every rank: AbortedError.
 
-        Returns at once and may be called from any thread or a signal handler
-        (it takes no lock). The ranks learn of it through the store they met
-        through within about a second; this communicator (and its split
-        groups, which share its connections) is then good only for
-        :meth:`agree`, :meth:`shrink` and :meth:`close`. Without a store (a
-        communicator made from a transport) only this rank's calls fail, and
-        its peers see it as lost. ``reason`` goes into every rank's error.
+        May be called from any thread or a signal handler (it takes no lock).
+        The ranks learn of it through the store they met through; it returns
+        once every other rank has marked its communicator aborted (within
+        milliseconds as a rule, a second at most), so the process may exit
+        right after. This communicator (and its split groups, which share its
+        connections) is then good only for :meth:`agree`, :meth:`shrink` and
+        :meth:`close`. Without a store (a communicator made from a transport)
+        only this rank's calls fail, and its peers see it as lost. ``reason``
+        goes into every rank's error. Note [abort] in :mod:`plait._recovery`.
         """
         from plait._recovery import abort
 

@@ -77,7 +77,8 @@ class ClosedError(CommError):
 class AbortedError(CommError):
     """The communicator was aborted: some rank called ``abort()``, here or on a peer.
 
-    Every call in flight on any rank fails with it, and so does every later
+    Every collective in flight on any rank fails with it (a point-to-point call
+    in flight may fail with PeerLostError instead), and so does every later
     call; the message names the rank that aborted and its reason. What is left
     to do with the communicator is ``agree``, ``shrink`` or ``close``.
     """

@@ -8,12 +8,13 @@ The call runner carves a call's ``TMP`` and staging memory out of a per-thread
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Workspace", "empty_of", "quiet", "restore"]
+__all__ = ["PerThread", "Workspace", "empty_of", "quiet", "restore"]
 
 
 # Note [quiet reductions]
@@ -102,3 +103,15 @@ class Workspace:
         if self._raw.size < need:
             self._raw = np.empty(max(need, 2 * self._raw.size), np.uint8)
         return self._raw[offset * itemsize : need].view(dtype)
+
+
+class PerThread(threading.local):
+    """What a call runner keeps per thread; the class attributes are each thread's defaults
+    (a missing attribute of a plain ``threading.local`` costs an exception per lookup)."""
+
+    #: The scratch memory of the calls this thread runs (made by its first call).
+    ws: Workspace | None = None
+    #: The numbers reserved for the calls of a compressed async allreduce (submit_reserved).
+    pinned: list[int] | None = None
+    #: A blocking compressed allreduce runs its compressor's calls (CallRunner.compressing).
+    compressing: bool = False
