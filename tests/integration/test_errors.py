@@ -211,26 +211,17 @@ def test_mismatched_collectives_raise_on_every_rank_that_waits() -> None:
     run_ranks(2, body, lockstep=True)
 
 
-def test_mismatched_collectives_a_rank_that_only_sends_may_return_first() -> None:
-    """The documented limit: a rank whose part only sends can finish before anyone checks.
-
-    Rank 1 (a leaf of the reduce) completes its eager send before rank 0 starts; rank 0, which
-    receives the message of the other call, raises MismatchError.
-    """
-    sent = threading.Event()
+def test_mismatched_collectives_a_rank_that_only_sends_raises_too() -> None:
+    """A leaf of a reduce waits for the root's word before it ends (Note [the root's word] in
+    plait.algos._rooted), so it raises in that call too: it used to return first, its message
+    left unchecked at rank 0, and learn of the mismatch only in a later call."""
 
     def body(comm: plait.Communicator) -> Any:
-        call = _mismatched_call(comm)
-        if comm.rank == 1:
-            call()  # returns: its message waits, unchecked, at rank 0
-            sent.set()
-            return "returned"
-        assert sent.wait(30)
         with pytest.raises(plait.MismatchError, match="different call"):
-            call()
+            _mismatched_call(comm)()
         return "raised"
 
-    assert run_ranks(2, body) == ["raised", "returned"]
+    assert run_ranks(2, body) == ["raised", "raised"]
 
 
 def test_mismatched_ops_raise_mismatch_error() -> None:

@@ -128,34 +128,36 @@ def test_different_collectives_fail_on_every_rank_within_seconds(
         else:
             raise SystemExit("no error")
         comm.close()
-        comm = plait.init(timeout=60)
-        start = time.monotonic()
-        try:
-            comm.reduce(x, root=2 if comm.rank == 2 else 0)
-            comm.barrier()
-        except plait.MismatchError:
-            print(f"second on {comm.rank} {time.monotonic() - start:.1f}", flush=True)
-        else:
-            raise SystemExit("no error")
-        comm.close()
+        # The leaves of a reduce or gather raise in that very call, not in the next one
+        # (Note [the root's word] in plait.algos._rooted): no call follows here.
+        calls = [
+            ("second", lambda root: comm.reduce(x, root=root)),
+            ("third", lambda root: comm.reduce(x, root=root, algorithm="binomial")),
+            ("fourth", lambda root: comm.reduce(x, root=root, algorithm="rabenseifner")),
+            ("fifth", lambda root: comm.gather(x, root=root, algorithm="binomial")),
+        ]
+        for name, call in calls:
+            comm = plait.init(timeout=60)
+            start = time.monotonic()
+            try:
+                call(2 if comm.rank == 2 else 0)
+            except plait.MismatchError:
+                print(f"{name} on {comm.rank} {time.monotonic() - start:.1f}", flush=True)
+            else:
+                raise SystemExit(f"no error in the {name} call")
+            comm.close()
     """
     res, _ = plait_run(["-n", "3", "--tag-output", "--transport", transport], script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     found = sorted(line.split(":", 1)[1].split()[:3] for line in res.stdout.splitlines())
-    assert [f[:3:2] for f in found] == [
-        ["first", "0"],
-        ["first", "1"],
-        ["first", "2"],
-        ["second", "0"],
-        ["second", "1"],
-        ["second", "2"],
-    ], res.stdout
+    names = ["fifth", "first", "fourth", "second", "third"]
+    assert [f[:3:2] for f in found] == [[n, str(r)] for n in names for r in range(3)], res.stdout
     assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
 
 
 def test_one_sided_mismatches_fail_every_live_rank_within_seconds(tmp_path: Path) -> None:
     # Over shared memory these calls are one-sided: a gather with two roots, where rank 2
-    # agrees with rank 0 and finishes; then one rank's arena allreduce against the others'
+    # agrees with rank 0 and still raises; then one rank's arena allreduce against the others'
     # ring. No rank closes before every rank has raised (a closed rank would say enough).
     script = """
         import os, sys, time, numpy as np, plait
@@ -177,10 +179,9 @@ def test_one_sided_mismatches_fail_every_live_rank_within_seconds(tmp_path: Path
                 time.sleep(0.05)
 
         x = np.ones(6)
-        def gather():
-            comm.gather(x, root=1 if comm.rank == 1 else 0)
-            comm.barrier()
-        raised("gather", gather)
+        # rank 2 agrees with rank 0 and only posts: it waits for rank 0's word, which never
+        # comes (Note [the root's word] in plait.algos._rooted), and raises in the gather too
+        raised("gather", lambda: comm.gather(x, root=1 if comm.rank == 1 else 0))
         comm.close()
         comm = plait.init(timeout=60)
         raised("mixed", lambda: comm.allreduce(x, algorithm="arena" if comm.rank == 0 else "ring"))

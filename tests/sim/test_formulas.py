@@ -20,6 +20,7 @@ import pytest
 import plait
 from plait import sim
 from plait.algos._registry import COLLECTIVES, get, specs
+from plait.algos.binomial import WORD_BYTES
 from plait.algos.topology import pof2_floor
 from plait.sim import formulas
 
@@ -89,8 +90,12 @@ def _paper(
         ("allreduce", "rabenseifner"): 2 * lg * a + 2 * f * n * b + f * n * g,
         ("allreduce", "ring"): 2 * (p - 1) * a + 2 * f * n * b + f * n * g,
         ("allreduce", "binomial"): 2 * lg * a + 2 * lg * n * b + lg * n * g,
-        ("reduce", "binomial"): lg * (a + n * b + n * g),
-        ("reduce", "rabenseifner"): 2 * lg * a + 2 * f * n * b + f * n * g,
+        # and the root's word, one element down a binomial tree (Note [the root's word])
+        ("reduce", "binomial"): lg * (a + n * b + n * g) + lg * (a + WORD_BYTES * b),
+        ("reduce", "rabenseifner"): 2 * lg * a
+        + 2 * f * n * b
+        + f * n * g
+        + lg * (a + WORD_BYTES * b),
         ("broadcast", "binomial"): lg * (a + n * b),
         ("broadcast", "scatter_allgather"): (lg + p - 1) * a + 2 * f * n * b,
         ("allgather", "ring"): (p - 1) * a + f * n * b,

@@ -25,13 +25,33 @@ Note [rooted calls agree on the root]
 
     The cost: one small message (or one post) from the witness, and the root ends
     only once the witness has begun the call (has read its first piece, one-sided).
+
+Note [the root's word]
+    A reduce or gather moves data into the root, the other way round, and has the
+    mirror problem: a rank that only sends (a leaf of the tree) ended its call as
+    soon as its message was on its way, and returned as if it had succeeded where
+    the ranks disagreed on the root (the others raised MismatchError; the leaf only
+    at its next call, or never if it made none). So these schedules end with the
+    root's word: one element sent from the root down a binomial tree rooted at it,
+    once the root has everything. The root's result depends on every rank's input,
+    and every message on the way carried a digest that its receiver compared, so the
+    root ends only where every rank is in the same call; where they disagree it
+    never sends its word, every rank stalls, and the stall probes make each raise
+    (Note [stall probes] in :mod:`plait.runtime.stall`). The cost: the ranks other
+    than the root end ⌈lg p⌉ small messages after the root instead of when their
+    part is sent (docs/performance.md). The one-sided reduce needs no word: every
+    rank reduces a slice from every other rank's window and compares each digest.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder
 
-__all__ = ["agree_on_root", "witness"]
+__all__ = ["agree_on_root", "ends_with_the_roots_word", "witness"]
 
 
 def witness(root: int, size: int) -> int:
@@ -46,12 +66,48 @@ def agree_on_root(b: Builder) -> None:
     Nothing where there is one rank or nothing to move (ranks that disagree on the root of
     an empty call get the same, empty, results).
     """
+    if _moves_nothing(b):
+        return
     ctx = b.ctx
     p, r, root = ctx.size, ctx.rank, ctx.root
-    if p < 2 or (ctx.count == 0 if ctx.counts is None else not any(ctx.counts)):
-        return
     w = witness(root, p)
     if r == w:
         b.send(root, b.scratch(1))
     elif r == root:
         b.recv(w, b.scratch(1))
+
+
+def _moves_nothing(b: Builder) -> bool:
+    ctx = b.ctx
+    return ctx.size < 2 or (ctx.count == 0 if ctx.counts is None else not any(ctx.counts))
+
+
+def roots_word(b: Builder) -> None:
+    """The root's word that it has everything, down a binomial tree from it (Note [the
+    root's word]); call it last. Nothing where there is one rank or nothing to move."""
+    if _moves_nothing(b):
+        return
+    ctx = b.ctx
+    p, root = ctx.size, ctx.root
+    v = (ctx.rank - root) % p
+    # After the call's own messages: the root's word once it has everything, and the
+    # others' wait for it once their part is sent (one chain of waits: a straight line).
+    after = b.messages()
+    word = b.scratch(1)
+    parent = binomial_parent(v)
+    if parent >= 0:
+        b.recv((parent + root) % p, word, after=after)  # passed on: the sends read it
+        after = []
+    for child in binomial_children(v, p)[::-1]:  # farthest subtree first
+        b.send((child + root) % p, word, after=after)
+
+
+def ends_with_the_roots_word(build: Callable[[Builder], None]) -> Callable[[Builder], None]:
+    """A reduce or gather builder whose schedule ends with :func:`roots_word`."""
+
+    @functools.wraps(build)
+    def built(b: Builder) -> None:
+        build(b)
+        roots_word(b)
+
+    return built

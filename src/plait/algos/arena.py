@@ -293,6 +293,7 @@ def _gather(b: Builder, root: int | None) -> None:
     bufs = _buffers(b, spans[0][1], len(spans))
     sync = _Sync(b)
     reuse = len(spans) > 2
+    last = len(spans) - 1
     for k, (o, m) in enumerate(spans):
         buf = bufs[k % 2].sub(0, m)
         if root is None or r != root:
@@ -309,8 +310,12 @@ def _gather(b: Builder, root: int | None) -> None:
             for q in range(p):
                 if q != r:
                     sync.get(q, buf, b.out.sub(q * n + o, m), k + 1)
-            if root is not None and reuse:
+            if root is not None and (reuse or k == last):
                 b.post(k + 1)
+    if root is not None and r != root:
+        # The root's word that it has read everything (Note [the root's word] in
+        # plait.algos._rooted): a rank that only posts would otherwise end first.
+        sync.need(root, last + 1)
 
 
 @register("allgather", "arena", needs_window=True)

@@ -48,12 +48,20 @@ from collections.abc import Sequence
 
 from plait.algos._cost import Cost
 from plait.algos._registry import register
-from plait.algos._rooted import agree_on_root
+from plait.algos._rooted import agree_on_root, ends_with_the_roots_word
 from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder, segments
 from plait.schedule.ir import Region
 
-__all__ = ["binomial_bcast", "binomial_reduce", "relative_group", "subtree_size", "wrap_runs"]
+__all__ = [
+    "WORD_BYTES",
+    "binomial_bcast",
+    "binomial_reduce",
+    "relative_group",
+    "roots_word",
+    "subtree_size",
+    "wrap_runs",
+]
 
 
 # -- pure rank arithmetic -----------------------------------------------------------
@@ -227,7 +235,34 @@ def allreduce_binomial_ports(p: int, n: float, a: float, b: float, g: float, d: 
     return reduce_binomial(p, n, a, b, g, d) + broadcast_binomial_ports(p, n, a, b, g, d)
 
 
-@register("reduce", "binomial", cost=Cost(reduce_binomial, reduce_binomial, ports_pow2=True))
+#: The bytes of the root's word (Note [the root's word] in plait.algos._rooted) as the closed
+#: forms count them: one float32 element (another type changes the time by depth·Δbytes·β).
+WORD_BYTES = 4
+
+
+def roots_word(p: int, a: float, b: float, g: float, d: float, ports: bool = False) -> float:
+    """The root's word, from the moment the root has everything: a binomial broadcast of
+    :data:`WORD_BYTES`."""
+    bcast = broadcast_binomial_ports if ports else broadcast_binomial
+    return bcast(p, WORD_BYTES, a, b, g, d)
+
+
+def reduce_binomial_call(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """The registered reduce: :func:`reduce_binomial`, then the root's word."""
+    return reduce_binomial(p, n, a, b, g, d) + roots_word(p, a, b, g, d)
+
+
+def reduce_binomial_call_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """With ports (p = 2^k): the reduce, then the root's word sent child after child."""
+    return reduce_binomial(p, n, a, b, g, d) + roots_word(p, a, b, g, d, ports=True)
+
+
+@register(
+    "reduce",
+    "binomial",
+    cost=Cost(reduce_binomial_call, reduce_binomial_call_ports, ports_pow2=True),
+)
+@ends_with_the_roots_word
 def reduce(b: Builder) -> None:
     """Binomial-tree reduce to the root: ⌈lg p⌉ steps of the whole vector, pipelined."""
     ctx = b.ctx
@@ -274,6 +309,7 @@ def allreduce(b: Builder) -> None:
 
 
 @register("gather", "binomial")
+@ends_with_the_roots_word
 def gather(b: Builder) -> None:
     """Binomial-tree gather: each rank forwards its subtree's blocks, ⌈lg p⌉ steps."""
     ctx = b.ctx

@@ -50,6 +50,8 @@ from collections.abc import Sequence
 
 from plait.algos._cost import Cost, lg
 from plait.algos._registry import register
+from plait.algos._rooted import ends_with_the_roots_word
+from plait.algos.binomial import roots_word
 from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, blocks, exchange, segments
 from plait.schedule.ir import Region
@@ -323,12 +325,25 @@ def allreduce(b: Builder) -> None:
         _send(b, r - 1, work, seg)
 
 
+def reduce_rabenseifner_call(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
+    """The registered reduce: :func:`reduce_rabenseifner`, then the root's word."""
+    return reduce_rabenseifner(p, n, a, b, g, d) + roots_word(p, a, b, g, d)
+
+
+def reduce_rabenseifner_call_ports(
+    p: int, n: float, a: float, b: float, g: float, d: float
+) -> float:
+    """With ports (p = 2^k): the reduce, then the root's word sent child after child."""
+    return reduce_rabenseifner(p, n, a, b, g, d) + roots_word(p, a, b, g, d, ports=True)
+
+
 @register(
     "reduce",
     "rabenseifner",
     commutative_only=True,
-    cost=Cost(reduce_rabenseifner, reduce_rabenseifner, ports_pow2=True),
+    cost=Cost(reduce_rabenseifner_call, reduce_rabenseifner_call_ports, ports_pow2=True),
 )
+@ends_with_the_roots_word
 def reduce(b: Builder) -> None:
     """Recursive-halving reduce-scatter then a binomial gather of the blocks to the root.
 

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 from plait.algos._cost import Cost
 from plait.algos._registry import register
-from plait.algos._rooted import agree_on_root
+from plait.algos._rooted import agree_on_root, ends_with_the_roots_word
 from plait.algos.binomial import subtree_size, wrap_runs
 from plait.algos.pairwise import (
     alltoall_pairwise,
@@ -119,6 +119,7 @@ def allgatherv_direct(b: Builder) -> None:
 
 
 @register("gatherv", "direct")
+@ends_with_the_roots_word
 def gatherv_direct(b: Builder) -> None:
     """Every rank sends its block straight to the root, which receives them in place: one step."""
     ctx = b.ctx
@@ -159,6 +160,7 @@ def _vrank_offsets(counts: Sequence[int], root: int) -> list[int]:
 
 
 @register("gatherv", "binomial")
+@ends_with_the_roots_word
 def gatherv_binomial(b: Builder) -> None:
     """Binomial-tree gather of uneven blocks: each rank forwards its subtree's, ⌈lg p⌉ steps.
 

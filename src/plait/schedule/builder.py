@@ -339,9 +339,13 @@ class Builder:
         self._sent[peer] = tag + 1
         return self._add(Step(StepKind.SEND, peer, src=src, tag=tag), (src,), (), after)
 
-    def recv(self, peer: int, dst: Region) -> int:
-        """Receive from ``peer`` into ``dst``."""
-        return self._recv(StepKind.RECV, peer, dst, first=False)
+    def messages(self) -> list[int]:
+        """The indices of the sends and receives recorded so far (for an ``after``)."""
+        return [i for i, s in enumerate(self._steps) if s.kind in _MESSAGES]
+
+    def recv(self, peer: int, dst: Region, *, after: Sequence[int] = ()) -> int:
+        """Receive from ``peer`` into ``dst``; ``after`` as for :meth:`send`."""
+        return self._recv(StepKind.RECV, peer, dst, first=False, after=after)
 
     def recv_reduce(self, peer: int, dst: Region, *, recv_first: bool) -> int:
         """Receive from ``peer`` and combine: ``recv ∘ dst`` if ``recv_first`` else ``dst ∘ recv``.
@@ -470,14 +474,16 @@ class Builder:
                 self._steps[i] = _with_deps(step, {*step.deps, last})
             last = i
 
-    def _recv(self, kind: StepKind, peer: int, dst: Region, *, first: bool) -> int:
+    def _recv(
+        self, kind: StepKind, peer: int, dst: Region, *, first: bool, after: Sequence[int] = ()
+    ) -> int:
         if dst.count == 0:
             return -1
         self._check_peer(peer)
         _no_window(self.rank, dst)
         tag = self._received.get(peer, 0)
         self._received[peer] = tag + 1
-        return self._add(Step(kind, peer, dst=dst, first=first, tag=tag), (), (dst,))
+        return self._add(Step(kind, peer, dst=dst, first=first, tag=tag), (), (dst,), after)
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self._participants or peer == self.rank:
