@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ import pytest
 
 import plait
 import plait.testing
+from plait.runtime import stall
+from plait.runtime.executor import Call
 from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
 from plait.testing import run_ranks
 
@@ -257,3 +260,29 @@ def test_timeout_names_the_rank_at_the_end_of_the_chain() -> None:
     for msg in results[:3]:
         assert "rank(s) [3] did not say they wait: the likeliest cause" in msg, msg
     assert "rank 1 waits in this call too, for rank(s) [0]" in results[2], results[2]
+
+
+def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
+    # A one-sided call that meets a peer's mark that it gave up on the call raises what the
+    # peer found: rank 0 lost rank 2 and tells (a LOST notice) before it marks; rank 1,
+    # which met the mark, raised "rank 0 gave up" with no lost rank before, though rank 2
+    # was dead, if the notice had not arrived when it looked.
+    def body(comm: plait.Communicator) -> tuple[int | None, str] | None:
+        t = comm._transport
+        call = Call(("allreduce", "arena", 7), 0, 1234, np.add, None, seq=7)
+        call = call._replace(probe_tag=comm._runner._probe_tag)
+        where = SimpleNamespace(rank=comm.rank, size=comm.size)
+        if comm.rank == 0:
+            stall._tell_all(t, call, 0, comm.size, stall._LOST, 2)
+        if comm.rank != 1:
+            return None
+        err = plait.PeerLostError("rank 1: allreduce (arena, call #7): rank 0 gave up on the call")
+        setattr(err, stall.GAVE_UP, True)
+        found = stall.settle(t, call, where, err)  # type: ignore[arg-type]
+        assert isinstance(found, plait.PeerLostError)
+        return found.lost_rank, str(found)
+
+    results = run_ranks(3, body, timeout=30, window=0)
+    assert results[1] is not None
+    assert results[1][0] == 2, results[1]
+    assert "rank 2 was lost (rank 0 found so" in results[1][1], results[1]

@@ -16,7 +16,7 @@ from typing import Any
 
 from plait.errors import CommError, MismatchError, PeerLostError
 from plait.runtime.executor import Call
-from plait.runtime.stall import wait_post
+from plait.runtime.stall import GAVE_UP, wait_post
 from plait.runtime.waits import timeout_for, wrap
 from plait.schedule.ir import Schedule
 from plait.transport.base import Transport, renumbered
@@ -172,10 +172,12 @@ def check_peer(
             "collectives (its own message says what differs)"
         )
     if counter == (call.epoch << 32) | ABANDONED:
-        raise PeerLostError(
+        err = PeerLostError(
             f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
             "error of its own (see its message)"
         )
+        setattr(err, GAVE_UP, True)  # settle raises the rank it lost instead, if it told one
+        raise err
 
 
 def named(rank: int, call: Call, what: str, exc: BaseException) -> BaseException:

@@ -87,6 +87,11 @@ GRACE_SECONDS = 2.0
 _STALLED, _VERDICT, _LOST = 0, 1, 2
 #: The attribute that marks an error :func:`settle` has settled.
 _SETTLED = "_plait_settled"
+#: Set on the PeerLostError of a call that met a peer's mark that it gave up on the call: the
+#: peer's own error (a rank it lost, told by a LOST notice) is the one to raise.
+GAVE_UP = "_plait_gave_up"
+#: Seconds a call that met such a mark waits for the peer's notice (sent before the mark).
+NOTICE_SECONDS = 0.5
 #: Most of the peers a probe says its call waits on.
 _NAMED = 8
 #: seq (the call's number), digest, kind, the call's name (UTF-8, zero-padded), how many
@@ -282,10 +287,13 @@ def settle(
                 prober.check(())
             except (MismatchError, PeerLostError) as exc:
                 found = exc
+        gave_up = getattr(err, GAVE_UP, False)
         if found is None:
             found = _verdict_here(transport, call, where.rank, where.size)
-        if isinstance(found, PeerLostError) and not isinstance(err, CommTimeout):
-            found = None  # a loss told by a peer explains a timeout only
+        if found is None and gave_up:  # the peer told before it marked: on its way
+            found = _notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
+        if isinstance(found, PeerLostError) and not (gave_up or isinstance(err, CommTimeout)):
+            found = None  # a loss told by a peer explains a timeout or a peer giving up only
     except Exception:
         return err
     if found is None:
@@ -373,12 +381,48 @@ def _verdict_here(
                 break
             if h.error is not None:
                 break
-            _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
-            if kind == _VERDICT:
-                return _verdict_error(call, rank, q, _text(name))
-            if kind == _LOST and lost is None:
-                lost = _lost_error(call, rank, q, _text(name), theirs[0])
+            found = _notice(call, rank, q, buf)
+            if isinstance(found, MismatchError):
+                return found
+            if lost is None:
+                lost = found
     return lost
+
+
+def _notice(
+    call: Call, rank: int, q: int, buf: np.ndarray
+) -> MismatchError | PeerLostError | None:
+    """Peer ``q``'s verdict or ``LOST`` notice in ``buf``, as this rank's error (None for a
+    stall probe)."""
+    _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
+    if kind == _VERDICT:
+        return _verdict_error(call, rank, q, _text(name))
+    if kind == _LOST:
+        return _lost_error(call, rank, q, _text(name), theirs[0])
+    return None
+
+
+def _notice_soon(
+    transport: Transport, call: Call, rank: int, size: int, seconds: float
+) -> MismatchError | PeerLostError | None:
+    """:func:`_verdict_here`, waiting up to ``seconds`` for the first message to come."""
+    posted = []
+    for q in range(size):
+        if q != rank:
+            buf = np.zeros(PROBE_BYTES, np.uint8)
+            posted.append((q, buf, transport.irecv(q, call.probe_tag, buf.data, 0)))
+    try:
+        transport.wait_any([h for _, _, h in posted], seconds)
+        for q, buf, h in posted:
+            if h.done and h.error is None:
+                found = _notice(call, rank, q, buf)
+                if found is not None:
+                    return found
+    finally:
+        for _, _, h in posted:
+            if not h.done:
+                transport.cancel(h)
+    return None
 
 
 def _pack(call: Call, kind: int, waiting: Sequence[int]) -> bytes:
