@@ -269,9 +269,9 @@ class CallRunner:
         queued = rec.begin(plan.shape, seq, skip, True) if rec is not None else None
 
         def job() -> None:
-            if queued is not None and rec is not None:
-                rec.started(queued)
             try:
+                if queued is not None and rec is not None:
+                    rec.started(queued)
                 work._finish(self._run(req, seq, seconds, describe, queued, epoch))
             except BaseException as exc:
                 work._finish(error=exc)
@@ -319,15 +319,18 @@ class CallRunner:
             self._worker = Worker(f"plait-rank{self._rank}")
 
         def job() -> None:
-            self._reserve(1)
-            self._workspaces.pinned = seqs
+            reserved = False
             try:
+                self._reserve(1)
+                reserved = True
+                self._workspaces.pinned = seqs
                 work._finish(fn())
             except BaseException as exc:
                 work._finish(error=exc)
             finally:
                 self._workspaces.pinned = None
-                self._reserve(-1)
+                if reserved:
+                    self._reserve(-1)
 
         self._worker.submit(job, work)
 

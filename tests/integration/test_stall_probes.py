@@ -17,7 +17,7 @@ import pytest
 
 import plait
 import plait.testing
-from plait.runtime import stall
+from plait.runtime import posts, stall
 from plait.runtime.executor import Call
 from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
 from plait.testing import run_ranks
@@ -263,22 +263,35 @@ def test_timeout_names_the_rank_at_the_end_of_the_chain() -> None:
 
 
 def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
-    # A one-sided call that meets a peer's mark that it gave up on the call raises what the
-    # peer found: rank 0 lost rank 2 and tells (a LOST notice) before it marks; rank 1,
-    # which met the mark, raised "rank 0 gave up" with no lost rank before, though rank 2
-    # was dead, if the notice had not arrived when it looked.
+    # A one-sided call that meets a peer's mark that it gave up on the call for a lost rank
+    # raises what the peer found: rank 0 lost rank 2 and tells (a LOST notice) before it
+    # marks; rank 1, which met the mark before the notice came, raised "rank 0 gave up" with
+    # no lost rank, though rank 2 was dead. Here the notice comes only once rank 1 is
+    # settling its error, and rank 1's receive from rank 2, gone, fails at once.
+    gone, settling, done = threading.Event(), threading.Event(), threading.Event()
+
     def body(comm: plait.Communicator) -> tuple[int | None, str] | None:
         t = comm._transport
         call = Call(("allreduce", "arena", 7), 0, 1234, np.add, None, seq=7)
         call = call._replace(probe_tag=comm._runner._probe_tag)
         where = SimpleNamespace(rank=comm.rank, size=comm.size)
-        if comm.rank == 0:
-            stall._tell_all(t, call, 0, comm.size, stall._LOST, 2)
-        if comm.rank != 1:
+        if comm.rank == 2:
+            t.close()
+            gone.set()
             return None
+        if comm.rank == 0:
+            assert settling.wait(30)
+            stall._tell_all(t, call, 0, comm.size, stall._LOST, 2)
+            assert done.wait(30)
+            return None
+        assert gone.wait(30)
         err = plait.PeerLostError("rank 1: allreduce (arena, call #7): rank 0 gave up on the call")
         setattr(err, stall.GAVE_UP, True)
-        found = stall.settle(t, call, where, err)  # type: ignore[arg-type]
+        settling.set()
+        try:
+            found = stall.settle(t, call, where, err)  # type: ignore[arg-type]
+        finally:
+            done.set()
         assert isinstance(found, plait.PeerLostError)
         return found.lost_rank, str(found)
 
@@ -286,3 +299,32 @@ def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
     assert results[1] is not None
     assert results[1][0] == 2, results[1]
     assert "rank 2 was lost (rank 0 found so" in results[1][1], results[1]
+
+
+def _lost(rank: int) -> plait.PeerLostError:
+    err = plait.PeerLostError(f"rank {rank} was lost")
+    err.lost_rank = rank
+    return err
+
+
+@pytest.mark.parametrize(
+    ("error", "phase", "waits"),
+    [
+        (_lost(2), posts.LOST, True),
+        (plait.PeerLostError("closed"), posts.ABANDONED, False),
+        (ValueError("an op of the user's raised"), posts.ABANDONED, False),
+        (plait.MismatchError("differs"), posts.MISMATCHED, False),
+    ],
+)
+def test_a_give_up_mark_says_whether_a_notice_of_a_lost_rank_comes(
+    error: BaseException, phase: int, waits: bool
+) -> None:
+    # Only a rank that lost a peer tells the others which (a LOST notice): a peer that meets
+    # its mark waits for that notice (briefly), and for no other mark, so a call failing for
+    # another reason (a user's op raising on one rank) fails its peers at once.
+    assert posts.gave_up_phase(error) == phase
+    call = Call(("allreduce", "arena", 3), 0, 99, np.add, None, epoch=5, seq=3)
+    window = SimpleNamespace(peer_state=lambda q, half: (99, (5 << 32) | phase))
+    with pytest.raises((plait.PeerLostError, plait.MismatchError)) as info:
+        posts.check_peer(window, 0, 0, call, 1)
+    assert getattr(info.value, stall.GAVE_UP, False) is waits

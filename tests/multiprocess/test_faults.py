@@ -135,6 +135,8 @@ def test_different_collectives_fail_on_every_rank_within_seconds(
             ("third", lambda root: comm.reduce(x, root=root, algorithm="binomial")),
             ("fourth", lambda root: comm.reduce(x, root=root, algorithm="rabenseifner")),
             ("fifth", lambda root: comm.gather(x, root=root, algorithm="binomial")),
+            # one element: over shared memory, ranks 1 and 2 own no slice of the arena reduce
+            ("sixth", lambda root: comm.reduce(x[:1], root=root)),
         ]
         for name, call in calls:
             comm = plait.init(timeout=60)
@@ -150,7 +152,7 @@ def test_different_collectives_fail_on_every_rank_within_seconds(
     res, _ = plait_run(["-n", "3", "--tag-output", "--transport", transport], script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     found = sorted(line.split(":", 1)[1].split()[:3] for line in res.stdout.splitlines())
-    names = ["fifth", "first", "fourth", "second", "third"]
+    names = ["fifth", "first", "fourth", "second", "sixth", "third"]
     assert [f[:3:2] for f in found] == [[n, str(r)] for n in names for r in range(3)], res.stdout
     assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
 

@@ -79,6 +79,52 @@ def test_a_wait_never_runs_a_job_beside_the_workers() -> None:
     w.stop()
 
 
+def test_an_interrupted_job_stops_the_wait_and_leaves_the_rest_queued() -> None:
+    """A KeyboardInterrupt in a call the waiting thread runs fails that call (the job keeps
+    it) and ends the wait with it: the wait does not go on to run the calls behind it."""
+    w = Worker("plait-test")
+    w.stop()
+    first, second = Work[Any]("first"), Work[Any]("second")
+    w.submit(lambda: first._finish(error=KeyboardInterrupt()), first)
+    w.submit(lambda: second._finish("second"), second)
+    with pytest.raises(KeyboardInterrupt):
+        second.wait()
+    assert isinstance(first.exception(), KeyboardInterrupt)
+    assert not second.done()  # left to the worker (gone here: run by the next wait)
+    assert second.wait() == "second"
+
+
+def test_a_job_interrupted_before_it_began_fails_its_work() -> None:
+    """An interrupt between taking a job and its own catch fails that job's Work, so that no
+    wait for it hangs, and frees the worker for the rest."""
+    w = Worker("plait-test")
+    w.stop()
+    first, second = Work[Any]("first"), Work[Any]("second")
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    w.submit(interrupted, first)
+    w.submit(lambda: second._finish("second"), second)
+    with pytest.raises(KeyboardInterrupt):
+        first.wait()
+    assert isinstance(first.exception(), KeyboardInterrupt)
+    assert second.wait() == "second"
+
+
+def test_stop_waits_for_a_job_a_waiting_thread_runs() -> None:
+    w = Worker("plait-test")
+    with w._cv:
+        w._busy = True  # as a waiting thread running a job marks it
+    stopper = threading.Thread(target=w.stop)
+    stopper.start()
+    stopper.join(0.2)
+    assert stopper.is_alive()  # not while the job runs
+    w._free()
+    stopper.join(10)
+    assert not stopper.is_alive()
+
+
 def test_async_calls_waited_for_in_any_order_give_the_blocking_results() -> None:
     def body(comm: plait.Communicator) -> Any:
         got = []

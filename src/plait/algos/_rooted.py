@@ -39,8 +39,13 @@ Note [the root's word]
     never sends its word, every rank stalls, and the stall probes make each raise
     (Note [stall probes] in :mod:`plait.runtime.stall`). The cost: the ranks other
     than the root end ⌈lg p⌉ small messages after the root instead of when their
-    part is sent (docs/performance.md). The one-sided reduce needs no word: every
-    rank reduces a slice from every other rank's window and compares each digest.
+    part is sent (docs/performance.md). The one-sided reduce needs it only for
+    the ranks that own no slice (fewer elements than ranks): an owner reduces its
+    slice from every other rank's window and compares each digest. What the word
+    cannot see is a rank that sends nothing: where the rank that disagrees has a
+    gatherv count of 0, the root has everything without it and the others end
+    (that rank waits for a word of its own root and raises); a rank whose count
+    is 0 while the others' differ moves nothing and ends at once.
 """
 
 from __future__ import annotations

@@ -163,7 +163,8 @@ def _two_shot(b: Builder, root: int | None) -> None:
     inbuf = b.shared(piece)
     outbuf = b.shared(-(-piece // p))
     sync = _Sync(b)
-    for k, (o, m) in enumerate(_span(n, piece)):
+    spans = _span(n, piece)
+    for k, (o, m) in enumerate(spans):
         parts = blocks(m, p)
         lo, ln = parts[r]
         # Peers read inbuf in their reduce of piece k-1, before posting 2k.
@@ -186,6 +187,19 @@ def _two_shot(b: Builder, root: int | None) -> None:
                     sync.get(q, outbuf.sub(0, qn), b.out.sub(o + qo, qn), 2 * k + 2)
     # The last piece's readers: nothing follows in this call (the executor's halves cover
     # the next call), so no wait is needed here.
+    if root is not None and any(not _slices(spans, p, q) for q in range(p)):
+        # A rank that owns no slice (fewer elements than ranks) reads no window: it waits
+        # for the root's word that it has read every slice (Note [the root's word] in
+        # plait.algos._rooted), whose owners read every window.
+        if r == root:
+            b.post(2 * len(spans) + 1)
+        elif not _slices(spans, p, r):
+            sync.need(root, 2 * len(spans) + 1)
+
+
+def _slices(spans: list[tuple[int, int]], p: int, q: int) -> bool:
+    """Whether rank ``q`` owns a slice of some piece of ``spans``."""
+    return any(blocks(m, p)[q][1] for _, m in spans)
 
 
 @register("allreduce", "arena", needs_window=True)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from plait.errors import CommError, InternalError, MismatchError
+from plait.errors import CommError, InternalError
 from plait.runtime.compiled import compiled_for
 from plait.runtime.executor import (
     Call,
@@ -51,6 +51,7 @@ from plait.runtime.posts import (
     await_post,
     begin_waiting,
     check_peer,
+    gave_up_phase,
     give_up,
     mismatch_behind,
     named,
@@ -96,7 +97,7 @@ def run_one_sided(
     except CommError as exc:  # a peer lost, the transport closed; or a timeout, a mismatch
         rank = schedule.rank
         found = settle(transport, call, schedule, named(rank, call, "the start of the call", exc))
-        give_up(window, epoch, isinstance(found, MismatchError))
+        give_up(window, epoch, found)
         raise found from None
     try:
         if call.timeline is not None:
@@ -119,12 +120,12 @@ def run_one_sided(
             compiled.run(inp, out, tmp, epoch << 32, call, aliased, window, transport, schedule)
     except CommError as exc:
         found = settle(transport, call, schedule, exc)  # tell a mismatch, or find one told
-        give_up(window, epoch, isinstance(found, MismatchError))
+        give_up(window, epoch, found)
         if found is exc:
             raise
         raise found from None
     except BaseException:
-        give_up(window, epoch, False)
+        give_up(window, epoch, None)
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
@@ -329,8 +330,7 @@ class WindowSteps:
         if self.half < 0:
             return
         with contextlib.suppress(Exception):
-            mismatched = isinstance(sys.exc_info()[1], MismatchError)
-            phase = MISMATCHED if mismatched else ABANDONED
+            phase = gave_up_phase(sys.exc_info()[1])
             self._window.post((self._call.epoch << 32) | phase)
 
 

@@ -23,6 +23,7 @@ from plait.transport.base import Transport, renumbered
 
 __all__ = [
     "ABANDONED",
+    "LOST",
     "MISMATCHED",
     "await_post",
     "begin_waiting",
@@ -34,8 +35,12 @@ __all__ = [
 
 #: The phase a rank posts when it gives up on a one-sided call (Note [one-sided]).
 ABANDONED = (1 << 32) - 1
-#: The phase it posts instead when it gave up because the ranks' calls differ.
-MISMATCHED = (1 << 32) - 2
+#: The phase it posts instead when it gave up because it lost a rank: it told the others
+#: which one (a LOST notice, Note [stall probes] in plait.runtime.stall) before it posted.
+LOST = (1 << 32) - 2
+#: The phase it posts instead when it gave up because the ranks' calls differ (the lowest:
+#: a counter at or above it in a call's epoch says the rank gave up).
+MISMATCHED = (1 << 32) - 3
 
 
 def begin_waiting(
@@ -64,11 +69,21 @@ def begin_waiting(
     return half
 
 
-def give_up(window: Any, epoch: int, mismatched: bool) -> None:
-    """Post that this rank gave up on call ``epoch`` (Note [one-sided]; best effort: the
-    transport may be gone)."""
+def give_up(window: Any, epoch: int, error: BaseException | None) -> None:
+    """Post that this rank gave up on call ``epoch`` with ``error`` (Note [one-sided]; best
+    effort: the transport may be gone)."""
     with contextlib.suppress(Exception):
-        window.post((epoch << 32) | (MISMATCHED if mismatched else ABANDONED))
+        window.post((epoch << 32) | gave_up_phase(error))
+
+
+def gave_up_phase(error: BaseException | None) -> int:
+    """The phase that says why a rank gave up: MISMATCHED, LOST (a lost rank, told to the
+    peers when the error was settled), or ABANDONED."""
+    if isinstance(error, MismatchError):
+        return MISMATCHED
+    if isinstance(error, PeerLostError) and error.lost_rank is not None:
+        return LOST
+    return ABANDONED
 
 
 def await_post(
@@ -171,12 +186,13 @@ def check_peer(
             f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
             "collectives (its own message says what differs)"
         )
-    if counter == (call.epoch << 32) | ABANDONED:
+    if counter in ((call.epoch << 32) | ABANDONED, (call.epoch << 32) | LOST):
         err = PeerLostError(
             f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
             "error of its own (see its message)"
         )
-        setattr(err, GAVE_UP, True)  # settle raises the rank it lost instead, if it told one
+        if counter & 0xFFFFFFFF == LOST:
+            setattr(err, GAVE_UP, True)  # settle raises the rank it lost, which it told
         raise err
 
 

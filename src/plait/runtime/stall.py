@@ -389,9 +389,7 @@ def _verdict_here(
     return lost
 
 
-def _notice(
-    call: Call, rank: int, q: int, buf: np.ndarray
-) -> MismatchError | PeerLostError | None:
+def _notice(call: Call, rank: int, q: int, buf: np.ndarray) -> MismatchError | PeerLostError | None:
     """Peer ``q``'s verdict or ``LOST`` notice in ``buf``, as this rank's error (None for a
     stall probe)."""
     _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
@@ -405,24 +403,40 @@ def _notice(
 def _notice_soon(
     transport: Transport, call: Call, rank: int, size: int, seconds: float
 ) -> MismatchError | PeerLostError | None:
-    """:func:`_verdict_here`, waiting up to ``seconds`` for the first message to come."""
-    posted = []
-    for q in range(size):
-        if q != rank:
-            buf = np.zeros(PROBE_BYTES, np.uint8)
-            posted.append((q, buf, transport.irecv(q, call.probe_tag, buf.data, 0)))
+    """A peer's verdict or ``LOST`` notice, waited for up to ``seconds``: the receive from a
+    lost peer fails at once, and a stall probe is not what is waited for, so each ends only
+    its own peer's wait (a probe's peer is listened to again)."""
+    deadline = time.monotonic() + seconds
+    posted: dict[int, tuple[np.ndarray, Handle]] = {}
+
+    def post(q: int) -> None:
+        buf = np.zeros(PROBE_BYTES, np.uint8)
+        posted[q] = (buf, transport.irecv(q, call.probe_tag, buf.data, 0))
+
     try:
-        transport.wait_any([h for _, _, h in posted], seconds)
-        for q, buf, h in posted:
-            if h.done and h.error is None:
-                found = _notice(call, rank, q, buf)
-                if found is not None:
-                    return found
+        for q in range(size):
+            if q != rank:
+                post(q)
+        while posted:
+            for q, (buf, h) in list(posted.items()):
+                if not h.done:
+                    continue
+                del posted[q]
+                if h.error is None:
+                    found = _notice(call, rank, q, buf)
+                    if found is not None:
+                        return found
+                    post(q)  # a stall probe: its notice may follow
+            left = deadline - time.monotonic()
+            if left <= 0 or not posted:
+                return None
+            if not any(h.done for _, h in posted.values()):
+                transport.wait_any([h for _, h in posted.values()], left)
+        return None
     finally:
-        for _, _, h in posted:
+        for _, h in posted.values():
             if not h.done:
                 transport.cancel(h)
-    return None
 
 
 def _pack(call: Call, kind: int, waiting: Sequence[int]) -> bytes:

@@ -96,12 +96,17 @@ class Worker:
         wait's. The job is the same either way (its numbers and epoch were
         taken when the call was made), so the results are the same bits; the
         waiting thread may spin before it sleeps, as a blocking call does, where
-        the worker thread does not (``background_thread``).
+        the worker thread does not (``background_thread``). A KeyboardInterrupt
+        reaches the call a waiting main thread runs, as it reaches a blocking
+        call: that call fails with it, and the wait stops and raises it, leaving
+        the jobs behind it to the worker. ``stop`` waits for a job a waiting
+        thread runs, as for the worker's own.
     """
 
     def __init__(self, name: str) -> None:
         self._cv = threading.Condition()
-        self._queue: deque[Callable[[], None]] = deque()
+        # The jobs, each with the Work it finishes (None: a job that finishes its own).
+        self._queue: deque[tuple[Callable[[], None], Work[Any] | None]] = deque()
         self._busy = False  # a job runs now, on the worker thread or a waiting one
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._stop = False
@@ -112,7 +117,7 @@ class Worker:
         if work is not None:
             work._worker = self
         with self._cv:
-            self._queue.append(job)
+            self._queue.append((job, work))
             self._cv.notify()
 
     def _loop(self) -> None:
@@ -121,32 +126,50 @@ class Worker:
         while True:
             with cv:
                 while self._busy or not self._queue:
-                    if self._stop and not self._queue:
+                    if self._stop and not self._queue and not self._busy:
                         return
                     cv.wait()
-                job = self._queue.popleft()
+                job, _ = self._queue.popleft()
                 self._busy = True
-            self._run(job)
+            try:
+                job()  # the jobs catch what their calls raise, and keep it for wait()
+            finally:
+                self._free()
 
     def help(self, done: threading.Event) -> None:
         """Run queued jobs on this thread, in order, until ``done`` is set, the queue is
-        empty or the worker thread runs one (Note [a waiter runs the call])."""
+        empty or the worker thread runs one (Note [a waiter runs the call]).
+
+        Raises:
+            BaseException: what interrupted a job run here (KeyboardInterrupt).
+        """
         cv = self._cv
         while not done.is_set():
-            with cv:
-                if self._busy or not self._queue:
-                    return
-                job = self._queue.popleft()
-                self._busy = True
-            self._run(job)
+            mine = False
+            work = None
+            try:
+                with cv:
+                    if self._busy or not self._queue:
+                        return
+                    self._busy = True
+                    mine = True
+                    job, work = self._queue.popleft()
+                job()
+            except BaseException as exc:  # outside the job's own catch: it never began
+                if work is not None and not work.done():
+                    work._finish(error=exc)
+                raise
+            finally:
+                if mine:
+                    self._free()
+            error = work._error if work is not None else None
+            if error is not None and not isinstance(error, Exception):
+                raise error  # interrupted: the wait stops here, as it would have before
 
-    def _run(self, job: Callable[[], None]) -> None:
-        try:
-            job()  # the jobs catch what their calls raise, and keep it for wait()
-        finally:
-            with self._cv:
-                self._busy = False
-                self._cv.notify()
+    def _free(self) -> None:
+        with self._cv:
+            self._busy = False
+            self._cv.notify()
 
     def stop(self) -> None:
         """Finish queued jobs, then end the thread."""
