@@ -242,6 +242,7 @@ class Recovery:
         self._abort_done.set()
         self._told = _thread.allocate_lock()  # held until an abort has told the peers
         self._told.acquire()
+        self._once = _thread.allocate_lock()  # taken by the one abort, without blocking
         self._agrees = 0
         self._failed: set[int] = set()  # ranks an earlier agreement left out
         self._procs: dict[int, _Process | None] = {}
@@ -285,8 +286,8 @@ class Recovery:
 
     def _mark(self, text: str) -> threading.Event | None:
         """Mark every member's runner aborted; the event to set once the abort is done, or
-        None if this recovery was aborted (or closed) already. Takes no lock."""
-        if self._aborted is not None or self._closed:
+        None if aborted (or closed) already: once, though a caller and the watcher race."""
+        if self._closed or not self._once.acquire(blocking=False):
             return None
         self._aborted = text
         for comm in list(self._members):
@@ -478,8 +479,7 @@ class Recovery:
 
     # -- lifetime ----------------------------------------------------------------------------
     def closing(self, comm: Communicator) -> None:
-        """``comm`` (this recovery's communicator or a group of it) is about to close its
-        transport: let an abort in progress tell the peers first; close with the owner."""
+        """``comm`` (or a group of it) closes its transport: an abort tells the peers first."""
         self._abort_done.wait(_JOIN_SECONDS)
         if self.owns(comm):
             self.close()

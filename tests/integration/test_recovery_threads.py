@@ -197,3 +197,47 @@ def test_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match="reason must be a str"):
         comm.abort(3)  # type: ignore[arg-type]
     comm.close()
+
+
+def test_an_abort_runs_once_when_a_caller_and_the_watcher_race() -> None:
+    """Two threads mark the same recovery aborted at once (a caller's abort() and the
+    watcher's, for a peer's abort): only one runs the abort. Both passed a test of
+    ``_aborted`` before either set it, and the second run released a lock twice, which
+    raised in the watcher before it closed the transport."""
+    import linecache
+    import sys
+
+    def body(comm: plait.Communicator) -> Any:
+        rec = comm._recovery
+        assert rec is not None
+        first_in, second_done = threading.Event(), threading.Event()
+        results: dict[str, Any] = {}
+        code = _recovery.Recovery._mark.__code__
+
+        def paused(frame: Any, event: str, arg: Any) -> Any:
+            if frame.f_code is code and event == "line":
+                line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+                if line.startswith("self._aborted = text"):
+                    first_in.set()  # past its test, about to set _aborted
+                    second_done.wait(10)
+            return paused
+
+        def first() -> None:
+            sys.settrace(paused)
+            try:
+                results["first"] = rec._mark("first")
+            finally:
+                sys.settrace(None)
+
+        t = threading.Thread(target=first)
+        t.start()
+        assert first_in.wait(10)
+        results["second"] = rec._mark("second")
+        second_done.set()
+        t.join(10)
+        runs = [k for k in ("first", "second") if results[k] is not None]
+        for k in runs:  # let the abort it began end, so the job closes cleanly
+            rec._finish_abort(rec._aborted, k, results[k], comm.rank)
+        return runs
+
+    assert store_ranks(1, body) == [["first"]]
