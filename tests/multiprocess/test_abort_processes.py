@@ -10,7 +10,6 @@ through the ranks' standard input and output.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_recovery_processes import finish
 
 from plait.rendezvous.tcp_store import TCPStoreServer
 
@@ -112,24 +112,6 @@ def tell(proc: Any) -> None:
     proc.stdin.flush()
 
 
-def finish(procs: list[Any], timeout: float = 60) -> tuple[list[dict | None], str]:
-    """Wait for every rank (killing all at ``timeout``): each one's RESULT, and the logs."""
-    results: list[dict | None] = []
-    logs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            logs.append(f"--- rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}")
-            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-            results.append(json.loads(lines[-1][7:]) if lines else None)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results, "\n".join(logs)
-
-
 def check_peers(results: list[dict | None], logs: str, aborted_at: float, reason: str) -> None:
     """Ranks 1 and 2 raised AbortedError naming rank 0 and ``reason``, within a second of the
     abort, on the call in flight and on the next one."""
@@ -175,7 +157,8 @@ def test_peers_inside_a_collective_raise_aborted_error_naming_the_aborting_rank(
     for p in procs[1:]:
         await_line(p, "ENTERING")
     tell(procs[0])
-    results, logs = finish(procs)
+    results = finish(procs)
+    logs = finish.logs  # type: ignore[attr-defined]
     me = results[0]
     assert me is not None, logs
     assert me["later"] == "AbortedError", logs
@@ -207,7 +190,8 @@ def test_an_abort_followed_at_once_by_exit_reaches_idle_peers_as_an_abort(
     assert procs[0].wait(60) == 0
     for p in procs[1:]:
         tell(p)
-    results, logs = finish(procs)
+    results = finish(procs)
+    logs = finish.logs  # type: ignore[attr-defined]
     for r in (1, 2):
         res = results[r]
         assert res is not None, logs
@@ -252,6 +236,7 @@ def test_an_abort_followed_at_once_by_exit_reaches_peers_inside_a_collective(
         await_line(p, "ENTERING")
     tell(procs[0])
     aborted_at = float(await_line(procs[0], "ABORTED_AT").split()[1])
-    results, logs = finish(procs)
+    results = finish(procs)
+    logs = finish.logs  # type: ignore[attr-defined]
     assert procs[0].returncode == 0, logs
     check_peers(results, logs, aborted_at, "exiting" if how == "exit" else "preempted")

@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_one_sided import allreduce
 
 from plait import sim
 from plait.cli.__main__ import main
 from plait.cli.sim import _DEFAULT_DELTA, _DEFAULT_GAMMA, parse_topology
-from plait.schedule.builder import Builder, Context, record
+from plait.schedule.builder import Context, record
 from plait.schedule.ir import Schedule
 
 N = 4 << 20  # bytes: a 4 MiB float32 allreduce
@@ -127,21 +128,7 @@ def test_help_names_the_host_options(capsys: pytest.CaptureFixture[str]) -> None
 DELTA, GAMMA, ITEM = 1e-10, 2e-10, 4
 
 
-def everyone_reads_everyone(b: Builder) -> None:
-    """Publish the input, then fold every window in rank order (one post, one wait each)."""
-    win = b.shared(b.out.count)
-    b.copy(b.inp, win)
-    b.post(1)
-    for q in range(b.size):
-        if q == b.rank:
-            if q == 0:
-                b.copy(win, b.out)
-            else:
-                b.reduce(win, b.out, src_first=False)
-        elif q == 0:
-            b.get(q, win, b.out, 1)
-        else:
-            b.get_reduce(q, win, b.out, 1, get_first=False)
+everyone_reads_everyone = allreduce  # publish, then fold every window in rank order
 
 
 def schedules(p: int, count: int) -> list[Schedule]:
