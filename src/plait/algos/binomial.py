@@ -58,7 +58,7 @@ __all__ = [
     "binomial_bcast",
     "binomial_reduce",
     "relative_group",
-    "roots_word",
+    "roots_word_time",
     "subtree_size",
     "wrap_runs",
 ]
@@ -240,7 +240,7 @@ def allreduce_binomial_ports(p: int, n: float, a: float, b: float, g: float, d: 
 WORD_BYTES = 4
 
 
-def roots_word(p: int, a: float, b: float, g: float, d: float, ports: bool = False) -> float:
+def roots_word_time(p: int, a: float, b: float, g: float, d: float, ports: bool = False) -> float:
     """The root's word, from the moment the root has everything: a binomial broadcast of
     :data:`WORD_BYTES`."""
     bcast = broadcast_binomial_ports if ports else broadcast_binomial
@@ -249,12 +249,12 @@ def roots_word(p: int, a: float, b: float, g: float, d: float, ports: bool = Fal
 
 def reduce_binomial_call(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
     """The registered reduce: :func:`reduce_binomial`, then the root's word."""
-    return reduce_binomial(p, n, a, b, g, d) + roots_word(p, a, b, g, d)
+    return reduce_binomial(p, n, a, b, g, d) + roots_word_time(p, a, b, g, d)
 
 
 def reduce_binomial_call_ports(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
     """With ports (p = 2^k): the reduce, then the root's word sent child after child."""
-    return reduce_binomial(p, n, a, b, g, d) + roots_word(p, a, b, g, d, ports=True)
+    return reduce_binomial(p, n, a, b, g, d) + roots_word_time(p, a, b, g, d, ports=True)
 
 
 @register(

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from plait.algos._cost import Cost, lg
 from plait.algos._registry import register
 from plait.algos._rooted import ends_with_the_roots_word
-from plait.algos.binomial import roots_word
+from plait.algos.binomial import roots_word_time
 from plait.algos.topology import fold, pof2_floor, unfold
 from plait.schedule.builder import Builder, blocks, exchange, segments
 from plait.schedule.ir import Region
@@ -327,14 +327,14 @@ def allreduce(b: Builder) -> None:
 
 def reduce_rabenseifner_call(p: int, n: float, a: float, b: float, g: float, d: float) -> float:
     """The registered reduce: :func:`reduce_rabenseifner`, then the root's word."""
-    return reduce_rabenseifner(p, n, a, b, g, d) + roots_word(p, a, b, g, d)
+    return reduce_rabenseifner(p, n, a, b, g, d) + roots_word_time(p, a, b, g, d)
 
 
 def reduce_rabenseifner_call_ports(
     p: int, n: float, a: float, b: float, g: float, d: float
 ) -> float:
     """With ports (p = 2^k): the reduce, then the root's word sent child after child."""
-    return reduce_rabenseifner(p, n, a, b, g, d) + roots_word(p, a, b, g, d, ports=True)
+    return reduce_rabenseifner(p, n, a, b, g, d) + roots_word_time(p, a, b, g, d, ports=True)
 
 
 @register(

@@ -181,17 +181,18 @@ def check_peer(
             "(its parameters' digest differs from this rank's)"
         )
     # Only this call's: a peer that gave up on a later call has finished this one.
-    if counter == (call.epoch << 32) | MISMATCHED:
+    phase = counter - (call.epoch << 32)
+    if phase == MISMATCHED:
         raise MismatchError(
             f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
             "collectives (its own message says what differs)"
         )
-    if counter in ((call.epoch << 32) | ABANDONED, (call.epoch << 32) | LOST):
+    if phase in (ABANDONED, LOST):
         err = PeerLostError(
             f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
             "error of its own (see its message)"
         )
-        if counter & 0xFFFFFFFF == LOST:
+        if phase == LOST:
             setattr(err, GAVE_UP, True)  # settle raises the rank it lost, which it told
         raise err
 

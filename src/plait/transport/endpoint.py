@@ -485,10 +485,8 @@ class Endpoint(PatternMatching, Descriptors):
             for h in handles:
                 if h.done:
                     return True
-            if self.spin > 0 and may_spin() and self._spin(deadline):
-                for h in handles:
-                    if h.done:
-                        return True
+            if self.spin > 0 and may_spin():
+                self._spin(deadline)  # the loop's first pass looks at the handles
         while True:
             for h in handles:  # a loop: a generator in any() costs more on this hot path
                 if h.done:
