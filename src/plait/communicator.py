@@ -204,11 +204,12 @@ class Communicator(PointToPointMethods, ObjectMethods):
         """Bytes of the shared window each rank may use per call: the ranks are on one host
         and share memory, so the one-sided ``arena`` algorithms can run; 0 where they cannot
         (several hosts, TCP, ``PLAIT_SHM_WINDOW=0``). The world's is ``PLAIT_SHM_WINDOW``
-        (2 MiB by default); a split's group has a window of its own, of the parent's
-        size or 256 KiB, whichever is smaller (``GROUP_WINDOW_BYTES`` in
-        :mod:`plait.transport.window`), or none if some rank could not set it up.
-        ``auto`` runs the one-sided algorithms in a window smaller than
-        ``FULL_WINDOW_BYTES`` (2 MiB: pieces of 1 MiB) only for calls that fit in it."""
+        (2 MiB by default); a split's group has a window of its own of the parent's
+        size, of which 256 KiB is reserved at the split and the rest at the first call
+        that needs it (``GROUP_WINDOW_BYTES`` in :mod:`plait.transport.window`), or none
+        if some rank could not set it up. ``auto`` runs the one-sided algorithms in a
+        window smaller than ``FULL_WINDOW_BYTES`` (2 MiB: pieces of 1 MiB) only for calls
+        that fit in it."""
         return self._window
 
     @property

@@ -244,6 +244,80 @@ def test_no_room_for_one_rank_means_no_window_on_any(
             g.close()
 
 
+def test_a_group_window_reserves_memory_at_its_first_larger_call_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group's window has its parent's capacity, but only GROUP_WINDOW_BYTES per half of
+    memory until a call needs more (Note [split windows]): then it grows, once."""
+    big = 4 * GROUP_WINDOW_BYTES
+    with world("shm", 2, window=big) as ts:
+        gs = groups(ts, [[0, 1]])
+        ws = [win(g) for g in gs]
+        assert [w.capacity for w in ws] == [big, big]
+
+        def backed(w: Any) -> int:  # bytes of this rank's segment that hold memory now
+            seg = w._mine[0]
+            return os.fstat(seg.fd).st_blocks * 512  # type: ignore[no-any-return]
+
+        first = backed(ws[0])
+        assert 2 * GROUP_WINDOW_BYTES <= first < 2 * GROUP_WINDOW_BYTES + (64 << 10)
+        grown: list[tuple[int, int]] = []
+        reserve = segment.Segment.reserve
+
+        def counted(seg: segment.Segment, offset: int, length: int, me: int) -> None:
+            grown.append((offset, length))
+            reserve(seg, offset, length, me)
+
+        monkeypatch.setattr(segment.Segment, "reserve", counted)
+        ws[0].reserve(GROUP_WINDOW_BYTES)  # within what it has: nothing to do
+        assert grown == []
+        ws[0].reserve(GROUP_WINDOW_BYTES + 1)  # more: both halves, at least twice as much
+        assert [n for _, n in grown] == [2 * GROUP_WINDOW_BYTES] * 2
+        assert backed(ws[0]) >= first + 2 * GROUP_WINDOW_BYTES
+        ws[0].reserve(2 * GROUP_WINDOW_BYTES)
+        assert len(grown) == 2
+        ws[0].reserve(big)
+        ws[1].reserve(big)
+        assert len(grown) == 4 + 2
+        ws[0].reserve(big)
+        assert len(grown) == 6
+        # The whole capacity now carries data both ways, to its last byte.
+        for epoch in range(2):
+            for r, w in enumerate(ws):
+                half = w.begin(epoch, 7, soon())
+                w.local(half)[-GROUP_WINDOW_BYTES:] = 10 * epoch + r + 1
+                w.post((epoch << 32) | 1)
+            for r, w in enumerate(ws):
+                assert w.wait(1 - r, (epoch << 32) | 1, soon())
+                tail = w.peer(1 - r, epoch & 1)[-GROUP_WINDOW_BYTES:]
+                assert (tail == 10 * epoch + (1 - r) + 1).all()
+            for w in ws:
+                w.end(epoch)
+        for g in gs:
+            g.close()
+        with pytest.raises(ClosedError):
+            ws[0].reserve(big + 1)
+
+
+def test_a_group_window_with_no_room_to_grow_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    with world("shm", 2, window=4 * GROUP_WINDOW_BYTES) as ts:
+        gs = groups(ts, [[0, 1]])
+
+        def full(fd: int, offset: int, length: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+        with pytest.raises(
+            TransportError, match=r"rank 0: the OS has no room to reserve .*free /dev"
+        ):
+            win(gs[0]).reserve(GROUP_WINDOW_BYTES + 1)
+        monkeypatch.undo()
+        win(gs[0]).reserve(GROUP_WINDOW_BYTES + 1)  # room again: it grows now
+        assert win(gs[0])._reserved == 2 * GROUP_WINDOW_BYTES  # type: ignore[attr-defined]
+        for g in gs:
+            g.close()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_rank_that_never_comes_is_named(kind: str) -> None:
     with world(kind, 3) as ts:
@@ -402,6 +476,7 @@ def test_a_connection_meant_for_another_split_is_refused() -> None:
                 names=[0, 1],
                 job=ts[0].job,
                 window=WINDOW,
+                reserved=WINDOW,
                 announce=announce,
                 timeout=3,
                 nonce=1 if which == "A" else 2,
@@ -786,7 +861,7 @@ def test_closing_the_group_or_the_parent_releases_the_window(kind: str) -> None:
 def test_group_calls_run_one_sided_and_mismatches_fail_every_rank() -> None:
     def body(comm: plait.Communicator) -> Any:
         sub = comm.split(comm.rank % 2)
-        assert sub.window_bytes == min(comm.window_bytes, GROUP_WINDOW_BYTES) > 0
+        assert sub.window_bytes == comm.window_bytes > 0  # reserved as it is needed
         x = np.arange(4, dtype=np.float32) + comm.rank
         got = [sub.allreduce(x), comm.allreduce(x), sub.allreduce(x, plait.MAX)]
         algorithms = [c["algorithm"] for c in sub._runner.recorder.snapshot()]

@@ -117,6 +117,7 @@ def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Comp
         return hit[1]
     if len(cache) >= 256:
         cache.clear()
+    window.reserve(schedule.shared_count * dtype.itemsize)  # a group's window grows here
     halves = (_compile(schedule, window, dtype, 0), _compile(schedule, window, dtype, 1))
     cache[(id(schedule), dtype)] = (schedule, halves)  # keeps the schedule, so the id is its own
     return halves

@@ -312,7 +312,9 @@ class WindowSteps:
     def use(self, half: int) -> None:
         """Run in ``half`` of the window (the call's epoch has begun)."""
         self.half = half
-        mine = self._window.typed(self._where(self.rank), half, self._bufs[1].dtype)
+        dtype = self._bufs[1].dtype
+        self._window.reserve(self._shared * dtype.itemsize)  # a group's window grows here
+        mine = self._window.typed(self._where(self.rank), half, dtype)
         self._bufs = (*self._bufs[:3], mine[: self._shared])
 
     def finish(self) -> None:

@@ -83,10 +83,11 @@ class Rule:
 #: reduced and copied out while it stays in cache (docs/performance.md).
 ARENA_PIECE_BYTES = 1 << 20
 #: A window of at least this many bytes per half holds full pieces. In a smaller one (a
-#: split's group: ``GROUP_WINDOW_BYTES``) the pieces are smaller and a call larger than the
+#: ``PLAIT_SHM_WINDOW`` set lower) the pieces are smaller and a call larger than the
 #: window ran slower one-sided than through messages (2 ranks, 256 KiB window: 1 MiB 650
 #: against 210 µs, 4 MiB 1.8 against 1.0 ms), so ``auto`` goes one-sided there only for
-#: calls that fit in the window (Communicator._choose).
+#: calls that fit in the window (Communicator._choose). A split's group has the full size
+#: and reserves its memory as calls need it (Note [split windows]).
 FULL_WINDOW_BYTES = 2 * ARENA_PIECE_BYTES
 
 RULES: dict[str, tuple[Rule, ...]] = {

@@ -60,10 +60,10 @@ __all__ = [
 
 #: Bytes of one half of each rank's window unless configured otherwise.
 DEFAULT_WINDOW_BYTES = 2 << 20
-#: Bytes of each half of a split group's window, at most (:meth:`Window.split`): what the
-#: one-shot allreduce needs to take the largest vector ``auto`` gives it (128 KiB, on up to
-#: 3 ranks) in one piece; larger calls of the group run the two-shot in smaller pieces.
-#: Each rank of a group reserves ``2 × GROUP_WINDOW_BYTES`` and 8 KiB when it is made.
+#: Bytes of each half of a split group's window reserved when it is made (:meth:`Window.split`):
+#: what the one-shot allreduce needs to take the largest vector ``auto`` gives it (128 KiB,
+#: on up to 3 ranks) in one piece. The rest of its capacity (the parent's) is reserved at
+#: the first call that needs it (:meth:`Window.reserve`).
 GROUP_WINDOW_BYTES = 256 << 10
 #: A counter value is ``(epoch << PHASE_BITS) | phase``.
 PHASE_BITS = 32
@@ -134,6 +134,19 @@ class Window(abc.ABC):
         Read-only for a peer (``q == rank`` gives :meth:`local`). Read it only
         after :meth:`wait` has seen a value ``q`` posted after writing what is read.
         """
+
+    def reserve(self, nbytes: int) -> None:
+        """Back the first ``nbytes`` of each of this rank's halves with memory, before a
+        call that writes that far first runs (once per schedule: never per call).
+
+        A window reserved whole when it is made (this base class's) has nothing to do; a
+        group's grows here (Note [split windows] in :mod:`plait.transport.shm.window`).
+
+        Raises:
+            TransportError: the OS has no room left for it.
+            ClosedError, AbortedError: the window was released.
+        """
+        return  # reserved whole: nothing to do
 
     def typed(self, q: int, half: int, dtype: np.dtype) -> np.ndarray:
         """Rank ``q``'s ``half`` (:meth:`peer`; :meth:`local` for this rank) as ``dtype``.
@@ -282,10 +295,11 @@ class Window(abc.ABC):
         None (a group of one rank, or memory or a socket that some rank could
         not get before it announced itself). The new window has counters,
         digests and halves of its own, all zero: its epochs start again at 0;
-        its capacity is this window's or :data:`GROUP_WINDOW_BYTES`, whichever
-        is smaller. It waits as this one does and fails when a rank's process
-        dies or this rank's transport closes; :meth:`release` frees it. This
-        base class gives None (a window that cannot be split).
+        its capacity is this window's, of which it may reserve only
+        :data:`GROUP_WINDOW_BYTES` per half at first. It waits as this one
+        does and fails when a rank's process dies or this rank's transport
+        closes; :meth:`release` frees it. This base class gives None (a window
+        that cannot be split).
 
         Raises:
             RendezvousError: some rank did not take part before ``deadline``, or
@@ -539,8 +553,7 @@ class MemoryWindow(Window):
         arena, me = self._arena, group.rank
         mine = b""
         if me == 0:
-            capacity = min(arena.capacity, GROUP_WINDOW_BYTES)
-            child = MemoryArena(group.size, capacity, None, cond=arena.cond)
+            child = MemoryArena(group.size, arena.capacity, None, cond=arena.cond)
             with arena.cond:
                 mine = arena.offer(child, group.size - 1, ranks).to_bytes(8, "little")
         number = int.from_bytes(exchange(group, mine, tag, deadline)[0], "little")

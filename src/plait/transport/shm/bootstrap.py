@@ -41,7 +41,7 @@ from plait.transport.shm.segment import (
     Segment,
 )
 from plait.transport.shm.sockets import discard_input, last_words, listen, recv_exact
-from plait.transport.shm.window import arena_bytes, check_arena
+from plait.transport.shm.window import arena_bytes, arena_ranges, check_arena
 
 __all__ = ["JOB_RE", "Joined", "Wire", "join", "join_window"]
 
@@ -132,6 +132,7 @@ def join_window(
     names: Sequence[int],
     job: str,
     window: int,
+    reserved: int,
     announce: Callable[[bytes], list[bytes]],
     timeout: float,
     nonce: int,
@@ -147,18 +148,17 @@ def join_window(
     mapped every segment (waiting goes through the transport the group already
     has). Only the store is replaced: ``announce(mine)`` must return every
     rank's announcement in rank order (an allgather over the group's messages).
-    ``job`` starts the names. The pages are reserved but not mapped ahead (no
-    ``MAP_POPULATE``): a group's window is made at every split, and mostly only
-    its first pages are used.
+    ``job`` starts the names. Only ``reserved`` bytes of each half are reserved now,
+    no page is mapped ahead, and each segment keeps its file open to reserve more
+    (Note [split windows]).
 
     ``nonce`` names this set-up (the same on every rank of the group, and on
     no other set-up at the same time): every connection says it in its hello,
     and a connection that says another is refused, so that two set-ups of the
     same ranks can never wire to each other's segments.
 
-    Returns None, on every rank alike, when some rank could not create its
-    segment or its socket (out of memory or descriptors): it
-    announces none, and the group then has no window. ``alive(r)`` tells
+    Returns None, on every rank alike, when some rank could not create its segment or
+    its socket (out of memory or descriptors): it announces none. ``alive(r)`` tells
     whether rank ``r`` still runs and ``stopped()`` gives the error to raise
     once this rank's transport is closed or aborted (else None); both are
     checked every tenth of a second while this rank waits for a peer.
@@ -169,7 +169,7 @@ def join_window(
             tells the others, who raise at once, naming it and its error.
         PeerLostError: a rank died or closed its transport meanwhile.
     """
-    r = _Join(rank, size, names, nonce=nonce, alive=alive, stopped=stopped, populate=False)
+    r = _Join(rank, size, names, nonce=nonce, alive=alive, stopped=stopped, lazy=reserved)
     deadline = time.monotonic() + timeout
     return r.guarded(
         lambda: r.meet(
@@ -198,7 +198,7 @@ class _Join:
         nonce: int = 0,
         alive: Callable[[int], bool] | None = None,
         stopped: Callable[[], BaseException | None] | None = None,
-        populate: bool = True,
+        lazy: int = 0,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -210,7 +210,7 @@ class _Join:
         self.nonce = nonce
         self.alive = alive
         self.stopped = stopped
-        self.populate = populate
+        self.lazy = lazy  # bytes of each half reserved at first (0: all, and mapped ahead)
         self.token = b""  # the job's token as the hello carries it
         self.hello = b""  # ours, once the peers' announcements are known (then failures are told)
         self.listener: socket.socket | None = None
@@ -368,7 +368,8 @@ class _Join:
         for p in self.wires:  # ...and we map theirs
             self._attach(p, slots, slot_bytes)
             self._send(p, lambda sock: sock.sendall(b"A"))  # "I have mapped your segment"
-        seg.close_fd()
+        if not self.lazy:  # else the window reserves more through it
+            seg.close_fd()
         for p in self.wires:
             got = last_words(self._await(p), 1, _TELL_SECONDS)  # b"": it hung up
             if got != b"A":
@@ -379,27 +380,23 @@ class _Join:
         return Joined(token, seg, self.wires, (rings if window else 0, window))
 
     def _prepare(
-        self,
-        own: str,
-        nbytes: int,
-        token: str,
-        rings: int,
-        slots: int,
-        slot_bytes: int,
-        window: int,
+        self, own: str, nbytes: int, token: str, rings: int, slots: int, slot_bytes: int, arena: int
     ) -> socket.socket:
         """Create our segment (nothing in /dev/shm names it) and describe it; our listening
         socket."""
         path = os.path.join(SHM_DIR, own)
-        seg = self.seg = segment.create(path, nbytes, self.me, token, populate=self.populate)
+        some = arena_ranges(rings, arena, self.lazy) if self.lazy else None
+        seg = self.seg = segment.create(
+            path, nbytes, self.me, token, populate=not some, reserve=some
+        )
         w = seg.words
         w[W_VERSION] = VERSION
         w[W_PID] = os.getpid()
         w[W_SIZE] = self.size
         w[W_SLOTS] = slots
         w[W_SLOT_BYTES] = slot_bytes
-        w[W_WINDOW] = rings if window else 0
-        w[W_WINDOW_BYTES] = window
+        w[W_WINDOW] = rings if arena else 0
+        w[W_WINDOW_BYTES] = arena
         w[W_MAGIC] = MAGIC
         self.wires = [Wire(r) for r in range(self.size) if r != self.rank]
         return listen(own, self.size)
@@ -660,7 +657,7 @@ class _Join:
             raise RendezvousError(
                 f"rank {self.me}: rank {self.names[p.rank]} did not hand over its segment {path}"
             )
-        seg = p.seg = segment.attach(fds[0], path, p.nbytes, self.me, populate=self.populate)
+        seg = p.seg = segment.attach(fds[0], path, p.nbytes, self.me, populate=not self.lazy)
         w = seg.words
         if w[W_MAGIC] != MAGIC or w[W_VERSION] != VERSION or w[W_SIZE] != self.size:
             raise RendezvousError(

@@ -15,6 +15,7 @@ import os
 import platform
 import stat
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -136,6 +137,25 @@ class Segment:
         self.arr = np.frombuffer(mm, dtype=np.uint8)
         self.words: Any = _AtomicWords(mm) if use_libatomic else self.mv.cast("Q")
 
+    def reserve(self, offset: int, length: int, me: int) -> None:
+        """Back ``length`` bytes from ``offset`` with memory now (``posix_fallocate``), so
+        that the first write there cannot fault for want of it (a SIGBUS); needs ``fd``.
+
+        Raises:
+            TransportError: the OS has no room left (``/dev/shm`` full), or no file is open.
+        """
+        if self.fd is None:
+            raise TransportError(f"rank {me}: cannot reserve memory in a segment handed over")
+        try:
+            os.posix_fallocate(self.fd, offset, length)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return  # no reservation on this file system: pages come at the first touch
+            raise TransportError(
+                f"rank {me}: the OS has no room to reserve {length} bytes of shared memory "
+                f"({exc.strerror}; free /dev/shm or lower PLAIT_SHM_WINDOW)"
+            ) from exc
+
     def close_fd(self) -> None:
         """Close the file descriptor (the mapping stays)."""
         if self.fd is not None:
@@ -173,7 +193,15 @@ class Fence:
             lock.release()
 
 
-def create(path: str, nbytes: int, me: int, job: str, *, populate: bool = True) -> Segment:
+def create(
+    path: str,
+    nbytes: int,
+    me: int,
+    job: str,
+    *,
+    populate: bool = True,
+    reserve: Sequence[tuple[int, int]] | None = None,
+) -> Segment:
     """Create, reserve and map a segment of ``nbytes`` bytes named after ``path``.
 
     It is an anonymous file that no name in ``/dev/shm`` refers to, ever, so
@@ -182,7 +210,9 @@ def create(path: str, nbytes: int, me: int, job: str, *, populate: bool = True) 
     has none, the file ``path`` unlinked as soon as it is open. The segment
     keeps the file open (``fd``) so that it can be handed to peers.
     ``populate``: map every page now (``MAP_POPULATE``) rather than at its first
-    touch; the memory is reserved either way.
+    touch; the memory is reserved either way. ``reserve``: the ``(offset, length)``
+    ranges to reserve now, where not all of it (the rest with :meth:`Segment.reserve`
+    before its first write: a window that grows on demand).
 
     Raises:
         TransportError: the file ``path`` exists already, or the OS refused it
@@ -191,7 +221,12 @@ def create(path: str, nbytes: int, me: int, job: str, *, populate: bool = True) 
     fd = _anonymous(path, me, job)
     try:
         try:
-            os.posix_fallocate(fd, 0, nbytes)
+            if reserve is None:
+                os.posix_fallocate(fd, 0, nbytes)
+            else:
+                os.ftruncate(fd, nbytes)
+                for offset, length in reserve:
+                    os.posix_fallocate(fd, offset, length)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.ENOMEM):
                 raise TransportError(

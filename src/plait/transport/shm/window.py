@@ -62,16 +62,24 @@ window of their own (:meth:`ShmWindow.split`, called by the group's
 ``GroupTransport`` when it is made):
 
 * Memory: every rank of the group creates one more segment, a control block and
-  an arena of the parent's capacity or ``GROUP_WINDOW_BYTES`` (256 KiB),
-  whichever is smaller (no rings: ``W_SLOTS`` 0), named
+  an arena of the parent's capacity (no rings: ``W_SLOTS`` 0), named
   ``plait-<job>-split-<group rank>-<random>``, a file without a name in
-  ``/dev/shm`` (:func:`~plait.transport.shm.segment.create`). Its pages
-  are reserved (``posix_fallocate``) but neither it nor its peers map them
-  ahead (no ``MAP_POPULATE``): a split then costs about 1.5-2.5 ms on 2 ranks
-  and 4-6 ms on 3, against 8-19 ms with 2 MiB halves mapped ahead (``auto``
-  sends a group's calls larger than its window through messages, which are
-  faster there than small pieces: ``FULL_WINDOW_BYTES`` in
-  :mod:`plait.selection.select`). The ranks
+  ``/dev/shm`` (:func:`~plait.transport.shm.segment.create`). Only its control
+  block, its arena's header and the first ``GROUP_WINDOW_BYTES`` (256 KiB) of
+  each half are reserved (``posix_fallocate``), and neither it nor its peers map
+  pages ahead (no ``MAP_POPULATE``): a split then costs about 1.5-2.5 ms on 2
+  ranks and 4-6 ms on 3, against 8-19 ms with 2 MiB halves reserved and mapped
+  ahead. The window grows on demand: the first call whose schedule needs more of
+  a half (its ``shared_count``; :meth:`ShmWindow.reserve`, called where the
+  schedule is compiled for the window, once per schedule, never per call)
+  reserves at least twice as much of both halves of the rank's own segment,
+  through the segment's file, which the rank keeps open for it. Only the rank
+  writes its halves, and a peer reads only what the rank wrote in the same call,
+  so no other rank needs to know: the growth is local, takes no message, and
+  cannot fault for want of memory later (a SIGBUS); where the OS has no room it
+  fails that call on that rank with TransportError, which gives the call up and
+  so fails it on the peers at once (Note [stall probes] in :mod:`plait.runtime.stall`).
+  The ranks
   announce ``<random>:<bytes>`` to each other through the parent's messages
   (:func:`~plait.transport.window.exchange`, with a tag made from the group's
   communicator id: Note [wire tags] in :mod:`plait.group`) instead of the
@@ -194,6 +202,15 @@ def arena_bytes(capacity: int) -> int:
     return ARENA_HEADER + 2 * half_stride(capacity) if capacity else 0
 
 
+def arena_ranges(offset: int, capacity: int, reserved: int) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` byte ranges of a segment to reserve for its control block,
+    an arena at ``offset`` with halves of ``capacity`` bytes, and the first ``reserved``
+    bytes of each half (Note [split windows])."""
+    start = offset + ARENA_HEADER
+    n = min(half_stride(reserved), capacity)
+    return [(0, start + n), (start + half_stride(capacity), n)]
+
+
 def window_bytes(explicit: int | None = None) -> int:
     """Bytes of one half: ``explicit``, else PLAIT_SHM_WINDOW, else 2 MiB (0: no window).
 
@@ -277,6 +294,8 @@ class ShmWindow(Window):
         capacity: bytes of each half (the same on every rank).
         owned: segments this window maps for itself (a group's), unmapped by
             :meth:`release`; the transport's own belong to its link.
+        reserved: bytes of each of this rank's halves backed by memory so far, where
+            not all (a group's: its segment's file is open to reserve more).
     """
 
     def __init__(
@@ -288,10 +307,14 @@ class ShmWindow(Window):
         capacity: int,
         *,
         owned: Sequence[Segment] = (),
+        reserved: int | None = None,
     ) -> None:
         self.rank = rank
         self.size = len(arenas)
         self.capacity = capacity
+        self._reserved = capacity if reserved is None else reserved
+        _, seg, offset = arenas[rank]
+        self._mine = seg, offset + ARENA_HEADER
         self._ep = endpoint
         self._link = link
         self._fence = Fence()
@@ -367,7 +390,8 @@ class ShmWindow(Window):
             group.size,
             names=[ep.name(r) for r in roots],
             job=link.job,
-            window=min(self.capacity, GROUP_WINDOW_BYTES),
+            window=self.capacity,
+            reserved=GROUP_WINDOW_BYTES,
             announce=lambda mine: exchange(group, mine, tag, deadline),
             timeout=max(deadline - time.monotonic(), 1e-3),
             nonce=tag,
@@ -393,7 +417,10 @@ class ShmWindow(Window):
                 error = stopped()
                 if error is not None:
                     raise error
-                window = ShmWindow(ep, link, group.rank, arenas, capacity, owned=segments)
+                reserved = min(half_stride(GROUP_WINDOW_BYTES), capacity)  # as join_window did
+                window = ShmWindow(
+                    ep, link, group.rank, arenas, capacity, owned=segments, reserved=reserved
+                )
                 link.keep(window)  # released with the transport, if not before
         except BaseException:
             for seg in segments:
@@ -402,6 +429,21 @@ class ShmWindow(Window):
         return window
 
     # -- the data --------------------------------------------------------------------------------
+    def reserve(self, nbytes: int) -> None:
+        """Back the first ``nbytes`` of each of this rank's halves with memory (see
+        :meth:`Window.reserve`): at least twice what was, so that a few growths reach any
+        size; a group's window grows so (Note [split windows])."""
+        if nbytes <= self._reserved:
+            return
+        with self._releasing:  # not while the group or the transport closes
+            if self._released:
+                raise self._ep.closed_error()
+            seg, start = self._mine
+            n = min(max(half_stride(nbytes), 2 * self._reserved), self.capacity)
+            for at in (start, start + half_stride(self.capacity)):
+                seg.reserve(at, n, self._ep.rank)
+            self._reserved = n
+
     def local(self, half: int) -> np.ndarray:
         """This rank's half (see :meth:`Window.local`)."""
         check_half(half)
