@@ -465,7 +465,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         if algorithm == "auto":
             # Not one-sided inside a compressed async allreduce (CallRunner.start refuses it),
             # nor where the window is too small for full pieces and the call does not fit in
-            # it (a split's group): there messages are faster (docs/performance.md).
+            # it (PLAIT_SHM_WINDOW set low): there messages are faster (docs/performance.md).
             shared = (
                 self._window > 0
                 and not self._runner.reserved()

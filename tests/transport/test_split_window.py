@@ -8,6 +8,7 @@ processes (kill -9, the collectives through a communicator) are in
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
 import socket
@@ -299,6 +300,31 @@ def test_a_group_window_reserves_memory_at_its_first_larger_call_only(
             ws[0].reserve(big + 1)
 
 
+def test_a_group_dropped_without_close_leaves_no_open_file() -> None:
+    """The file a group's segment keeps open to grow its window is closed when the group's
+    window is collected, as its mapping is: no descriptor or memory is held for good."""
+
+    def open_segments() -> list[str]:  # the group segments' files this process holds
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [name for name in held if f"plait-{job}-split-" in name]
+
+    with world("shm", 2, window=4 * GROUP_WINDOW_BYTES) as ts:
+        job = ts[0].job
+        gs = groups(ts, [[0, 1]])
+        assert open_segments() != []  # the mappings', and each rank's own file
+        for _ in range(5):
+            del gs
+            gc.collect()
+            assert open_segments() == []
+            gs = groups(ts, [[0, 1]])
+        for g in gs:
+            g.close()
+        assert open_segments() == []
+
+
 def test_a_group_window_with_no_room_to_grow_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     with world("shm", 2, window=4 * GROUP_WINDOW_BYTES) as ts:
         gs = groups(ts, [[0, 1]])
@@ -308,7 +334,7 @@ def test_a_group_window_with_no_room_to_grow_says_so(monkeypatch: pytest.MonkeyP
 
         monkeypatch.setattr(os, "posix_fallocate", full)
         with pytest.raises(
-            TransportError, match=r"rank 0: the OS has no room to reserve .*free /dev"
+            TransportError, match=r"rank 0: the OS has no room to reserve .*free shared memory"
         ):
             win(gs[0]).reserve(GROUP_WINDOW_BYTES + 1)
         monkeypatch.undo()

@@ -304,10 +304,10 @@ class WindowSteps:
             if half < 0:
                 members = None if self._index is None else list(self._index)
                 half = begin_waiting(window, self._transport, call, self._schedule, members)
+            self.use(half)  # which may reserve memory: its failure is told as any other
         except CommError as exc:
             err = named(self.rank, call, "the start of the call", exc)
             raise settle(self._transport, call, self._schedule, err) from None
-        self.use(half)
 
     def use(self, half: int) -> None:
         """Run in ``half`` of the window (the call's epoch has begun)."""

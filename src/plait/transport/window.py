@@ -137,7 +137,7 @@ class Window(abc.ABC):
 
     def reserve(self, nbytes: int) -> None:
         """Back the first ``nbytes`` of each of this rank's halves with memory, before a
-        call that writes that far first runs (once per schedule: never per call).
+        call that writes that far runs (memory is reserved once, never per call).
 
         A window reserved whole when it is made (this base class's) has nothing to do; a
         group's grows here (Note [split windows] in :mod:`plait.transport.shm.window`).

@@ -149,7 +149,7 @@ def join_window(
     has). Only the store is replaced: ``announce(mine)`` must return every
     rank's announcement in rank order (an allgather over the group's messages).
     ``job`` starts the names. Only ``reserved`` bytes of each half are reserved now,
-    no page is mapped ahead, and each segment keeps its file open to reserve more
+    no page is mapped ahead, and this rank's segment keeps its file open to reserve more
     (Note [split windows]).
 
     ``nonce`` names this set-up (the same on every rank of the group, and on

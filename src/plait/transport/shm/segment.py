@@ -15,6 +15,7 @@ import os
 import platform
 import stat
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,12 +128,15 @@ class Segment:
     """One mapped segment: raw views plus the counter words.
 
     ``fd`` is the open file of a segment this process created, kept until the
-    rendezvous has handed it to every peer (:meth:`close_fd`); None otherwise.
+    rendezvous has handed it to every peer (:meth:`close_fd`), or for as long as the
+    segment lives where its window reserves memory on demand (a group's: :meth:`reserve`);
+    None otherwise. A segment dropped without :meth:`release` closes it when collected.
     """
 
     def __init__(self, mm: mmap.mmap, fd: int | None = None) -> None:
         self.mm = mm
         self.fd = fd
+        self._close = weakref.finalize(self, os.close, fd) if fd is not None else None
         self.mv = memoryview(mm)
         self.arr = np.frombuffer(mm, dtype=np.uint8)
         self.words: Any = _AtomicWords(mm) if use_libatomic else self.mv.cast("Q")
@@ -142,7 +146,7 @@ class Segment:
         that the first write there cannot fault for want of it (a SIGBUS); needs ``fd``.
 
         Raises:
-            TransportError: the OS has no room left (``/dev/shm`` full), or no file is open.
+            TransportError: the OS has no room left (shared memory is full), or no file is open.
         """
         if self.fd is None:
             raise TransportError(f"rank {me}: cannot reserve memory in a segment handed over")
@@ -153,14 +157,15 @@ class Segment:
                 return  # no reservation on this file system: pages come at the first touch
             raise TransportError(
                 f"rank {me}: the OS has no room to reserve {length} bytes of shared memory "
-                f"({exc.strerror}; free /dev/shm or lower PLAIT_SHM_WINDOW)"
+                f"({exc.strerror}; free shared memory, /dev/shm, or lower PLAIT_SHM_WINDOW)"
             ) from exc
 
     def close_fd(self) -> None:
         """Close the file descriptor (the mapping stays)."""
         if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
+            self.fd = None
+            if self._close is not None:
+                self._close()
 
     def release(self) -> None:
         self.close_fd()

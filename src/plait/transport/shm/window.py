@@ -71,14 +71,16 @@ window of their own (:meth:`ShmWindow.split`, called by the group's
   ranks and 4-6 ms on 3, against 8-19 ms with 2 MiB halves reserved and mapped
   ahead. The window grows on demand: the first call whose schedule needs more of
   a half (its ``shared_count``; :meth:`ShmWindow.reserve`, called where the
-  schedule is compiled for the window, once per schedule, never per call)
-  reserves at least twice as much of both halves of the rank's own segment,
+  schedule is compiled for the window, once per schedule, and, a comparison, at
+  the start of each call of a timed or mixed schedule) reserves at least twice as
+  much of both halves of the rank's own segment,
   through the segment's file, which the rank keeps open for it. Only the rank
   writes its halves, and a peer reads only what the rank wrote in the same call,
   so no other rank needs to know: the growth is local, takes no message, and
   cannot fault for want of memory later (a SIGBUS); where the OS has no room it
   fails that call on that rank with TransportError, which gives the call up and
-  so fails it on the peers at once (Note [stall probes] in :mod:`plait.runtime.stall`).
+  so fails it on the peers at once (Note [stall probes] in :mod:`plait.runtime.stall`);
+  as after any failed call, the group's communicator is then broken.
   The ranks
   announce ``<random>:<bytes>`` to each other through the parent's messages
   (:func:`~plait.transport.window.exchange`, with a tag made from the group's
@@ -438,6 +440,8 @@ class ShmWindow(Window):
         with self._releasing:  # not while the group or the transport closes
             if self._released:
                 raise self._ep.closed_error()
+            if nbytes <= self._reserved:  # another thread grew it meanwhile
+                return
             seg, start = self._mine
             n = min(max(half_stride(nbytes), 2 * self._reserved), self.capacity)
             for at in (start, start + half_stride(self.capacity)):
