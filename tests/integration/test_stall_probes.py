@@ -113,6 +113,27 @@ def test_a_rooted_call_with_different_roots_fails_everywhere(
     assert all(r[1] < SOON for r in results), results
 
 
+@pytest.mark.parametrize("size", [3, 4])
+@pytest.mark.parametrize("collective", ["broadcast", "scatter"])
+def test_a_one_sided_rooted_call_with_different_roots_fails_in_the_call(
+    collective: str, size: int
+) -> None:
+    # One-sided, every rank posts once it has read its first piece and waits for every other
+    # rank's post before it ends (Note [rooted calls agree on the root]), so no rank ends with
+    # a root's data while another raises: each raises in the call itself, no later call needed.
+    roots = {3: [0, 1, 0], 4: [0, 0, 2, 2]}[size]
+
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        outcome = _outcome(lambda: OUT_OF_ROOT[collective](comm, roots[comm.rank]))
+        last = comm._runner.recorder.snapshot()[-1]["algorithm"]  # type: ignore[union-attr]
+        return (*outcome[:2], last)
+
+    results = run_ranks(size, body, timeout=60, window=plait.testing.DEFAULT_WINDOW_BYTES)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+    assert all(r[2] == "arena" for r in results), results
+
+
 #: One-sided calls (window) and message calls that wait on each other in a mismatch.
 ONE_SIDED: dict[str, Any] = {
     "gather0": lambda comm: comm.gather(np.ones(3), root=0),

@@ -10,10 +10,14 @@ Note [rooted calls agree on the root]
 
     So one fixed rank, the *witness* (rank 0, or rank 1 where the root is 0), tells
     the root it is in the call, and the root waits for that before it ends: a
-    message from the witness (one element of scratch, sent first thing), or in the
-    one-sided schedules the witness's post of phase 1 after it has read its first
-    piece. Either carries the witness's digest, which the root compares with its
-    own. Where ranks disagree: a root other than rank 0 waits for rank 0, which
+    message from the witness (one element of scratch, sent first thing), which
+    carries the witness's digest, which the root compares with its own. The
+    one-sided schedules (:mod:`plait.algos.arena`) do more, since a post costs
+    little: every rank posts phase 1 once it has read its first piece (the root
+    once it has written it) and waits, before it ends, for every other rank's
+    phase 1, comparing each one's digest; so where any two differ, every rank
+    raises in the call itself (on 2 ranks this is the witness's post alone).
+    Where ranks disagree: a root other than rank 0 waits for rank 0, which
     either holds another opinion (its digest differs, or it never sends: the root
     stalls, and the stall probes compare digests, Note [stall probes] in
     :mod:`plait.runtime.stall`) or agrees; where rank 0 is itself a root, every
@@ -23,8 +27,9 @@ Note [rooted calls agree on the root]
     the others learn of it from that rank (its verdict, its posted MISMATCHED) by
     their next call at the latest.
 
-    The cost: one small message (or one post) from the witness, and the root ends
-    only once the witness has begun the call (has read its first piece, one-sided).
+    The cost: one small message from the witness, and the root ends only once the
+    witness has begun the call; one-sided, a post from every rank and a wait for
+    the last to have read its first piece.
 
 Note [the root's word]
     A reduce or gather moves data into the root, the other way round, and has the

@@ -43,7 +43,6 @@ reduced in rank order. Every schedule here is correct in place.
 from __future__ import annotations
 
 from plait.algos._registry import register
-from plait.algos._rooted import witness
 from plait.schedule.builder import Builder, blocks
 from plait.schedule.ir import Region
 
@@ -252,7 +251,6 @@ def broadcast_arena(b: Builder) -> None:
     bufs = _buffers(b, spans[0][1], len(spans))
     sync = _Sync(b)
     reuse = len(spans) > 2  # only then does the root wait for its readers
-    w = witness(root, p)
     for k, (o, m) in enumerate(spans):
         buf = bufs[k % 2].sub(0, m)
         if r == root:
@@ -261,10 +259,9 @@ def broadcast_arena(b: Builder) -> None:
             b.post(k + 1)
         else:
             sync.get(root, buf, b.out.sub(o, m), k + 1)
-            if reuse or (k == 0 and r == w):
+            if reuse or k == 0:
                 b.post(k + 1)
-    if r == root:
-        sync.need(w, 1)  # Note [rooted calls agree on the root] in plait.algos._rooted
+    sync.need_all(1)  # Note [rooted calls agree on the root] in plait.algos._rooted
 
 
 @register("scatter", "arena", needs_window=True)
@@ -277,7 +274,6 @@ def scatter_arena(b: Builder) -> None:
     bufs = _buffers(b, p * spans[0][1], len(spans))
     sync = _Sync(b)
     reuse = len(spans) > 2
-    w = witness(root, p)
     for k, (o, m) in enumerate(spans):
         buf = bufs[k % 2]
         if r == root:
@@ -289,10 +285,9 @@ def scatter_arena(b: Builder) -> None:
             b.copy(b.inp.sub(root * n + o, m), b.out.sub(o, m))
         else:
             sync.get(root, buf.sub(r * m, m), b.out.sub(o, m), k + 1)
-            if reuse or (k == 0 and r == w):
+            if reuse or k == 0:
                 b.post(k + 1)
-    if r == root:
-        sync.need(w, 1)  # Note [rooted calls agree on the root] in plait.algos._rooted
+    sync.need_all(1)  # Note [rooted calls agree on the root] in plait.algos._rooted
 
 
 # -- gather, allgather, alltoall, reduce_scatter ------------------------------------------
