@@ -38,11 +38,13 @@ class Shortcut:
         :func:`separate`), and its request is made here, with the same plan,
         spec and result rules as the first one's. ``broadcast`` keeps one
         under (collective, shape, dtype, root, algorithm) for a writable
-        contiguous ``x`` (:meth:`request_fill`), and ``barrier``, whose request
-        holds no caller memory, reuses the request of its first call.
+        contiguous ``x`` (:meth:`request_fill`), ``scatter`` one under the key
+        of the others (:meth:`request_part`: off root ``x`` is not read), and
+        ``barrier``, whose request holds no caller memory, reuses the request
+        of its first call.
     """
 
-    __slots__ = ("_empty", "_flat", "_fresh", "_head", "_nothing", "_tail", "go")
+    __slots__ = ("_empty", "_flat", "_fresh", "_head", "_nothing", "_reads_x", "_tail", "go")
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class Shortcut:
         self._nothing = empty_of(req.out.dtype)  # IN of a call that fills its x (request_fill)
         # x is one-dimensional (its shape is in the key): it is its own flat view
         self._flat = flat
+        self._reads_x = req.inp.size > 0  # not a scatter's off root (request_part)
 
     def request(self, x: np.ndarray, in_place: bool) -> Request:
         """The request of this call on ``x`` (``in_place``: ``out=x``)."""
@@ -94,6 +97,23 @@ class Shortcut:
         return _new(
             Request,
             (spec, ctx, op, self._nothing, flat, None, x, True, average, plan, False, None),
+        )
+
+    def request_part(self, x: np.ndarray, out: np.ndarray | None) -> Request:
+        """A scatter's request: root's ``x`` is read, another rank's is not; into ``out``
+        (contiguous, writable, apart from x), or a new array where it is None."""
+        spec, ctx, op = self._head
+        average, plan = self._tail
+        inp = (x if self._flat else x.reshape(-1)) if self._reads_x else self._nothing
+        if out is None:
+            new = np.empty(self._fresh, x.dtype)
+            fresh = new.reshape(-1)
+            return _new(
+                Request, (spec, ctx, op, inp, fresh, None, new, False, average, plan, False, None)
+            )
+        into = out if out.ndim == 1 else out.reshape(-1)
+        return _new(
+            Request, (spec, ctx, op, inp, into, None, out, True, average, plan, False, None)
         )
 
     def request_into(self, x: np.ndarray, out: np.ndarray) -> Request:

@@ -16,6 +16,7 @@ read the types of :mod:`plait._edge_types`, as the even ones do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, overload
 
@@ -120,7 +121,7 @@ class UnevenMethods(CollectiveMethods):
         a row, fail with MismatchError instead of misreading each other.
         """
         size = self._size
-        row = int(np.prod(rest, dtype=np.int64))
+        row = math.prod(rest)
         has_out = out_rows is not None
         shape = (out_rows or 0, *rest)
         out_arr = check_out(out, shape, dtype, self._rank, t.name) if has_out else None

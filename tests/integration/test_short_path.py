@@ -128,6 +128,35 @@ def test_broadcast_takes_the_short_path_and_still_refuses_a_read_only_x() -> Non
     run_ranks(2, body)
 
 
+def test_scatter_takes_the_short_path_and_reads_x_on_root_only() -> None:
+    def body(comm: plait.Communicator) -> None:
+        r, p = comm.rank, comm.size
+        out = np.empty((2, 3), np.float32)
+        for step in range(4):
+            blocks = np.arange(p * 6, dtype=np.float32).reshape(2 * p, 3) + step
+            # Off root x is only a shape: its contents (and a changing one) are never read.
+            x = blocks if r == 1 else np.full_like(blocks, np.nan)
+            want = blocks[2 * r : 2 * r + 2]
+            np.testing.assert_array_equal(comm.scatter(x, root=1), want)
+            assert comm.scatter(x, root=1, out=out) is out
+            np.testing.assert_array_equal(out, want)
+            with pytest.raises(ValueError, match="read-only"):
+                comm.scatter(x, root=1, out=_read_only((2, 3)))
+            # The root's out overlaps its x: the long way, which copies x first.
+            overlapping = x.reshape(-1)[:6].reshape(2, 3) if r == 1 else out
+            np.testing.assert_array_equal(comm.scatter(x, root=1, out=overlapping), want)
+        kinds = {key[4] for key in comm._shortcuts if key[0] == "scatter"}
+        assert kinds == {None, ((2, 3), np.dtype(np.float32))}, kinds
+
+    run_ranks(3, body)
+
+
+def _read_only(shape: tuple[int, ...]) -> np.ndarray:
+    a = np.empty(shape, np.float32)
+    a.flags.writeable = False
+    return a
+
+
 def test_a_barrier_runs_one_request_again_and_again() -> None:
     def body(comm: plait.Communicator) -> None:
         for _ in range(5):
