@@ -238,9 +238,9 @@ def test_a_rank_alone_runs_its_kept_calls_in_one_frame(monkeypatch: pytest.Monke
             assert comm.barrier() is None
             np.testing.assert_array_equal(comm.allgather(x), want[None])
         assert comm._barrier is not None
-        assert comm._barrier[1] == comm._runner._run_window
+        assert comm._barrier[1] == comm._runner._run_alone
 
     run_ranks(1, body)
     # Every plain call but the average (start hands plain calls to the same frames); the
-    # barrier is one-sided even alone (a post), and runs in _run_window.
-    assert taken == (["allreduce"] * 3 + ["broadcast", "allgather"]) * 3
+    # barrier too: alone it has nobody to post for.
+    assert taken == (["allreduce"] * 3 + ["broadcast", "barrier", "allgather"]) * 3
