@@ -246,7 +246,7 @@ def test_all_leaves_out_the_one_sided_algorithms_across_hosts(
 ) -> None:
     assert main(["sim", "-n", "6", "--topology", "hosts:2", "-a", "all", "-s", "1K"]) == 0
     captured = capsys.readouterr()
-    assert "leaves out arena, arena_oneshot: one-sided" in captured.err
+    assert "leaves out arena, arena_oneshot, arena_leader: one-sided" in captured.err
     assert "(topology hosts:2, algorithm arena)" not in captured.out
     assert "(topology hosts:2, algorithm hierarchical_arena)" in captured.out  # a window per host
     assert main(["sim", "-n", "6", "-a", "all", "-s", "1K"]) == 0  # one host: all of them

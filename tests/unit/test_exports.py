@@ -68,6 +68,7 @@ def test_algorithm_names() -> None:
         "in_network",
         "arena",
         "arena_oneshot",
+        "arena_leader",
     }
     assert set(plait.algorithms("reduce_scatter")) == {
         "ring",

@@ -237,6 +237,42 @@ def allreduce_one_shot(b: Builder) -> None:
         _fold(b, sync, b.out.sub(o, m), buf if b.rank else b.inp.sub(o, m), buf, k + 1)
 
 
+@register("allreduce", "arena_leader", needs_window=True)
+def allreduce_leader(b: Builder) -> None:
+    """Rank 0 reduces the whole vector from every window, in rank order; the others copy it.
+
+    Two phases per piece, each element reduced once and by one rank: the least work in
+    all, for ranks that outnumber the cores, where the work of all ranks is the time.
+    """
+    if _alone(b):
+        return
+    n, r = b.ctx.count, b.rank
+    spans = _span(n, _piece(b, n, 2))
+    bufs = _buffers(b, spans[0][1], len(spans))
+    sync = _Sync(b)
+    for k, (o, m) in enumerate(spans):
+        # No waits for reuse: rank 0 writes a buffer only after reading every rank's post of
+        # the piece after the one they last read from it, and each rank writes its own only
+        # after reading rank 0's result of the piece before, which rank 0 posts after
+        # reading every rank's buffer.
+        buf = bufs[k % 2].sub(0, m)
+        if r == 0:
+            _fold(b, sync, buf, b.inp.sub(o, m), buf, 2 * k + 1)
+            b.copy(buf, b.out.sub(o, m))
+            b.post(2 * k + 2)
+        else:
+            b.copy(b.inp.sub(o, m), buf)
+            b.post(2 * k + 1)
+            if k == 0:
+                # Rank 0 posts only once every rank has: waiting for each first costs a look
+                # at its counter, and a rank that never comes, or is in another call, is then
+                # named by every rank, not by rank 0 alone.
+                for q in range(1, b.size):
+                    if q != r:
+                        sync.need(q, 1)
+            sync.get(0, buf, b.out.sub(o, m), 2 * k + 2)
+
+
 # -- broadcast, scatter ----------------------------------------------------------------------
 
 

@@ -93,6 +93,11 @@ FULL_WINDOW_BYTES = 2 * ARENA_PIECE_BYTES
 RULES: dict[str, tuple[Rule, ...]] = {
     "allreduce": (
         # Ranks sharing a window (one host): the one-sided algorithms of plait.algos.arena.
+        # More ranks than cores: the time is all ranks' work, and one rank reducing for all
+        # does the least (plait bench --rounds 3, 2 cores: 3 ranks 0.62-0.75 x the one-shot's
+        # time from 8 B to 32 KiB; 4 ranks 0.93-0.99 x up to 4 KiB, 0.69 x at 32 KiB; level
+        # with the two-shot from 64 KiB; docs/performance.md, "One rank reduces for all").
+        Rule(("arena_leader",), max_bytes=32 << 10, shared=True, oversubscribed=True),
         # Small vectors: one wait and p-1 reductions beat two waits and one (2 ranks:
         # up to 64 KiB, 13-20 % faster; measured with plait bench -a arena,arena_oneshot).
         Rule(("arena_oneshot",), max_bytes=128 << 10, max_ranks=3, shared=True),
