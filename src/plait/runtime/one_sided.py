@@ -30,7 +30,6 @@ Note [one-sided]
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -51,7 +50,6 @@ from plait.runtime.posts import (
     await_post,
     begin_waiting,
     check_peer,
-    gave_up_phase,
     give_up,
     mismatch_behind,
     named,
@@ -329,11 +327,8 @@ class WindowSteps:
 
         Only once the epoch has begun (as :func:`run_one_sided`): before, this rank's
         digest word for the half may still be an older call's."""
-        if self.half < 0:
-            return
-        with contextlib.suppress(Exception):
-            phase = gave_up_phase(sys.exc_info()[1])
-            self._window.post((self._call.epoch << 32) | phase)
+        if self.half >= 0:
+            give_up(self._window, self._call.epoch, sys.exc_info()[1])
 
 
 def _get(
