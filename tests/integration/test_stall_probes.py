@@ -322,6 +322,35 @@ def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
     assert "rank 2 was lost (rank 0 found so" in results[1][1], results[1]
 
 
+def test_a_loss_behind_a_mismatch_is_told_as_the_mismatch() -> None:
+    # Rank 2 found the ranks in different calls, told its verdict and left; rank 0 then lost
+    # it, and rank 1, which waited on rank 0 alone, could hear only from rank 0. Rank 0 told
+    # "rank 2 was lost" and rank 1 raised PeerLostError though the ranks had called
+    # different collectives: the loss is told as the mismatch behind it.
+    told, settled = threading.Event(), threading.Event()
+
+    def body(comm: plait.Communicator) -> str:
+        t = comm._transport
+        call = Call(("reduce", "binomial", 0), 0, 4321, np.add, None, seq=0)
+        call = call._replace(probe_tag=comm._runner._probe_tag)
+        where = SimpleNamespace(rank=comm.rank, size=comm.size)
+        if comm.rank == 2:  # its verdict reaches rank 0 only, as where rank 1 lost it too
+            t.isend(0, call.probe_tag, memoryview(stall._pack(call, stall._VERDICT, ())), 0)
+            t.close()
+            told.set()
+            return ""
+        if comm.rank == 0:
+            assert told.wait(30)
+            found = stall.settle(t, call, where, _lost(2))  # type: ignore[arg-type]
+            settled.set()
+            return type(found).__name__
+        assert settled.wait(30)
+        return type(stall._verdict_here(t, call, 1, comm.size)).__name__
+
+    results = run_ranks(3, body, timeout=30, window=0)
+    assert results[:2] == ["MismatchError", "MismatchError"], results
+
+
 def _lost(rank: int) -> plait.PeerLostError:
     err = plait.PeerLostError(f"rank {rank} was lost")
     err.lost_rank = rank

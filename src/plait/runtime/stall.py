@@ -149,6 +149,7 @@ class Prober:
         ``waiting``: the peers this call still waits on.
         """
         now = time.monotonic()
+        lost: PeerLostError | None = None
         for h in [h for h in self._posted if h.done]:
             q = self._posted.pop(h)
             if h.error is not None:  # the peer is lost or the transport closed: the call says so
@@ -157,14 +158,17 @@ class Prober:
             self._post(q)  # the next probe from q (a verdict may follow its stall probe)
             if kind == _STALLED and seq == self._call.seq and digest == self._call.check:
                 self._heard[q] = tuple(p for p in theirs[: min(n, _NAMED)] if p >= 0)
-            if kind == _LOST:
-                raise _lost_error(self._call, self._rank, q, _text(name), theirs[0])
+            if kind == _LOST:  # raised once the rest has been read: a mismatch comes first
+                lost = lost or _lost_error(self._call, self._rank, q, _text(name), theirs[0])
+                continue
             err = self._verdict(q, seq, digest, kind, _text(name), waiting)
             if err is not None:
                 self._tell_all()
                 raise err
             if seq > self._call.seq and q in waiting and q not in self._suspects:
                 self._suspects[q] = (now + GRACE_SECONDS, self._ahead(q, _text(name)))
+        if lost is not None:
+            raise lost
         for q, (until, err) in list(self._suspects.items()):
             if q not in waiting:
                 del self._suspects[q]  # what it owed arrived
@@ -264,7 +268,10 @@ def settle(
     """The error a failing call raises: ``err``, or the mismatch or loss behind it.
 
     A MismatchError is told to every peer (a verdict: Note [stall probes]), and
-    so is a PeerLostError that names its lost rank (a ``LOST`` notice). A lost
+    so is a PeerLostError that names its lost rank (a ``LOST`` notice), unless a
+    verdict here explains the loss (the rank that found the mismatch raised and
+    left): then that mismatch is told, so that a rank which hears only from this
+    one learns the cause, not its consequence. A lost
     peer or a timeout may be the consequence of a mismatch that another rank
     found first, and a timeout that of a rank another found lost: a verdict or
     notice already here says so, and the call raises that instead. Costs
@@ -278,18 +285,22 @@ def settle(
         if isinstance(err, MismatchError):
             _tell_all(transport, call, where.rank, where.size)
             return err
-        lost = err.lost_rank if isinstance(err, PeerLostError) else None
-        if lost is not None:
-            _tell_all(transport, call, where.rank, where.size, _LOST, lost)
         found: MismatchError | PeerLostError | None = None
-        if prober is not None:  # its receives may hold a verdict already
-            try:
+        if prober is not None:  # its receives may hold a verdict already (a mismatch it
+            try:  # raises, it has told)
                 prober.check(())
             except (MismatchError, PeerLostError) as exc:
                 found = exc
-        gave_up = getattr(err, GAVE_UP, False)
         if found is None:
             found = _verdict_here(transport, call, where.rank, where.size)
+            if isinstance(found, MismatchError):
+                # The cause behind the loss: the peer that found it may have left since, and
+                # ranks that can hear only from this one must learn it, not its consequence.
+                _tell_all(transport, call, where.rank, where.size)
+        lost = err.lost_rank if isinstance(err, PeerLostError) else None
+        if lost is not None and not isinstance(found, MismatchError):
+            _tell_all(transport, call, where.rank, where.size, _LOST, lost)
+        gave_up = getattr(err, GAVE_UP, False)
         if found is None and gave_up:  # the peer told before it marked: on its way
             found = _notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
         if isinstance(found, PeerLostError) and not (gave_up or isinstance(err, CommTimeout)):
