@@ -113,6 +113,49 @@ def test_a_rooted_call_with_different_roots_fails_everywhere(
     assert all(r[1] < SOON for r in results), results
 
 
+#: Calls where the last rank passes nothing and the others something (or, ``roots``, where
+#: every rank passes nothing and the ranks disagree on the root).
+EMPTY_ON_ONE: dict[str, Any] = {
+    "allreduce": lambda comm, none: comm.allreduce(np.ones(0 if none else 3)),
+    "reduce": lambda comm, none: comm.reduce(np.ones(0 if none else 3), root=0),
+    "allgather": lambda comm, none: comm.allgather(np.ones(0 if none else 3)),
+    "gatherv": lambda comm, none: comm.gatherv(
+        np.ones(0 if none else 1), [0 if none else 1] * comm.size, root=0
+    ),
+    "reduce roots": lambda comm, none: comm.reduce(np.ones(0), root=comm.rank % 2),
+}
+
+
+@pytest.mark.parametrize(
+    "window", [0, plait.testing.DEFAULT_WINDOW_BYTES], ids=["messages", "window"]
+)
+@pytest.mark.parametrize("case", list(EMPTY_ON_ONE))
+def test_an_empty_call_against_others_fails_every_rank_in_the_call(case: str, window: int) -> None:
+    # A call with nothing to move recorded no step, and its rank returned at once as if it
+    # had succeeded while its peers waited for what it never sent (until its next call, or
+    # their timeout). It now meets its peers (Note [empty calls meet] in
+    # plait.algos._presence), and every rank raises in the call; no call follows.
+    size = 3
+
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        return _outcome(lambda: EMPTY_ON_ONE[case](comm, comm.rank == size - 1))
+
+    results = run_ranks(size, body, timeout=60, window=window)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+
+
+def test_empty_calls_that_agree_meet_and_succeed() -> None:
+    # The other side: ranks that all pass nothing meet like a barrier and return empty results.
+    def body(comm: plait.Communicator) -> list[int]:
+        got = [comm.allreduce(np.ones(0)).size, comm.allgather(np.ones(0)).size]
+        r = comm.reduce(np.ones(0), root=1)
+        got.append(-1 if r is None else r.size)
+        return got
+
+    assert run_ranks(3, body, timeout=30) == [[0, 0, -1], [0, 0, 0], [0, 0, -1]]
+
+
 @pytest.mark.parametrize("size", [3, 4])
 @pytest.mark.parametrize("collective", ["broadcast", "scatter"])
 def test_a_one_sided_rooted_call_with_different_roots_fails_in_the_call(

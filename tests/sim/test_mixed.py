@@ -176,7 +176,7 @@ def test_hierarchical_arena_matches_the_reference(make: object, algo: str) -> No
             assert res.outputs is not None
             assert len(res.outputs) == p
             assert math.isfinite(res.time)
-            assert (res.time > 0) == (count > 0)
+            assert res.time > 0  # an empty call meets its peers too (Note [empty calls meet])
             assert res.time == max(res.finish)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.algos._cost import Cost
+from plait.algos._presence import meets_when_empty
 from plait.collectives import COLLECTIVES, REDUCING, TABLE, UNEVEN_COLLECTIVES
 from plait.collectives import get as _collective
 from plait.schedule.builder import Builder, Context, record
@@ -141,13 +142,15 @@ def register(
 
     def decorate(build: BuildFn) -> BuildFn:
         table = _REGISTRY[collective]
-        if name in table and table[name].build is not build:
+        if name in table and getattr(table[name].build, "__wrapped__", None) is not build:
             raise ValueError(f"algorithm {name!r} is already registered for {collective}")
         summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else ""
         table[name] = AlgorithmSpec(
             collective,
             name,
-            build,
+            # A call with nothing to move still meets its peers (Note [empty calls meet]);
+            # a barrier always does, and a fabric's switches are the simulator's.
+            build if collective == "barrier" or needs_fabric else meets_when_empty(build),
             commutative_only,
             in_place,
             summary,

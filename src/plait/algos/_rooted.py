@@ -49,8 +49,9 @@ Note [the root's word]
     slice from every other rank's window and compares each digest. What the word
     cannot see is a rank that sends nothing: where the rank that disagrees has a
     gatherv count of 0, the root has everything without it and the others end
-    (that rank waits for a word of its own root and raises); a rank whose count
-    is 0 while the others' differ moves nothing and ends at once.
+    (that rank waits for a word of its own root and raises). A call that moves
+    nothing at all meets its peers instead (Note [empty calls meet] in
+    :mod:`plait.algos._presence`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from plait.algos._presence import moves_nothing
 from plait.algos.topology import binomial_children, binomial_parent
 from plait.schedule.builder import Builder
 
@@ -73,8 +75,8 @@ def witness(root: int, size: int) -> int:
 def agree_on_root(b: Builder) -> None:
     """The witness's message to the root, for a message-passing schedule (call it first).
 
-    Nothing where there is one rank or nothing to move (ranks that disagree on the root of
-    an empty call get the same, empty, results).
+    Nothing where there is one rank or nothing to move (such a call meets its peers
+    instead: Note [empty calls meet] in :mod:`plait.algos._presence`).
     """
     if _moves_nothing(b):
         return
@@ -88,8 +90,7 @@ def agree_on_root(b: Builder) -> None:
 
 
 def _moves_nothing(b: Builder) -> bool:
-    ctx = b.ctx
-    return ctx.size < 2 or (ctx.count == 0 if ctx.counts is None else not any(ctx.counts))
+    return b.ctx.size < 2 or moves_nothing(b)
 
 
 def roots_word(b: Builder) -> None:

@@ -42,6 +42,7 @@ reduced in rank order. Every schedule here is correct in place.
 
 from __future__ import annotations
 
+from plait.algos._presence import post_and_wait_all
 from plait.algos._registry import register
 from plait.schedule.builder import Builder, blocks
 from plait.schedule.ir import Region
@@ -415,9 +416,4 @@ def reduce_scatter_arena(b: Builder) -> None:
 def barrier_arena(b: Builder) -> None:
     """Post, then wait until every other rank has posted."""
     _window_elements(b)  # refuses a call without a window
-    if b.size == 1:  # nobody to wait for: the call runs alone, without a post
-        return
-    b.post(1)
-    for q in range(b.size):
-        if q != b.rank:
-            b.wait(q, 1)
+    post_and_wait_all(b)  # on one rank nothing: the call runs alone, without a post

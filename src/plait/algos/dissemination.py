@@ -25,38 +25,15 @@ Example, p=5 (rounds at distances 1, 2, 4):
 
 from __future__ import annotations
 
+from plait.algos._presence import signal_all
 from plait.algos._registry import register
+from plait.algos.topology import dissemination_peers
 from plait.schedule.builder import Builder
 
 __all__ = ["dissemination_peers"]
 
 
-def dissemination_peers(rank: int, size: int) -> list[tuple[int, int]]:
-    """(send to, receive from) for each round of the dissemination barrier.
-
-    Round ``k`` pairs ``rank`` with ``rank + 2**k`` and ``rank - 2**k`` (mod
-    ``size``); there are ⌈lg size⌉ rounds::
-
-        size 5, rank 0:  [(1, 4), (2, 3), (4, 1)]
-    """
-    out = []
-    dist = 1
-    while dist < size:
-        out.append(((rank + dist) % size, (rank - dist) % size))
-        dist <<= 1
-    return out
-
-
 @register("barrier", "dissemination")
 def barrier(b: Builder) -> None:
     """Dissemination barrier: signal rank r+2^k, wait for r-2^k, for ⌈lg p⌉ rounds."""
-    rounds = dissemination_peers(b.rank, b.size)
-    if not rounds:
-        return
-    token = b.scratch(1)  # what each round sends: all this rank has heard so far
-    for k, (to, frm) in enumerate(rounds):
-        b.send(to, token)
-        heard = b.scratch(1)
-        b.recv(frm, heard)
-        if k + 1 < len(rounds):
-            b.copy(heard, token)
+    signal_all(b)

@@ -1,4 +1,5 @@
-"""Pure rank arithmetic shared by the algorithms: rings, power-of-two folding, binomial trees.
+"""Pure rank arithmetic shared by the algorithms: rings, power-of-two folding, binomial trees,
+the dissemination barrier's rounds.
 
 Nothing here knows about buffers or messages; every function is tested alone on
 sizes that are and are not powers of two.
@@ -9,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "binomial_children",
     "binomial_parent",
+    "dissemination_peers",
     "fold",
     "pof2_floor",
     "ring_neighbours",
@@ -77,4 +79,20 @@ def binomial_children(vrank: int, size: int) -> list[int]:
     while k < limit and vrank + k < size:
         out.append(vrank + k)
         k <<= 1
+    return out
+
+
+def dissemination_peers(rank: int, size: int) -> list[tuple[int, int]]:
+    """(send to, receive from) for each round of the dissemination barrier.
+
+    Round ``k`` pairs ``rank`` with ``rank + 2**k`` and ``rank - 2**k`` (mod
+    ``size``); there are ⌈lg size⌉ rounds::
+
+        size 5, rank 0:  [(1, 4), (2, 3), (4, 1)]
+    """
+    out = []
+    dist = 1
+    while dist < size:
+        out.append(((rank + dist) % size, (rank - dist) % size))
+        dist <<= 1
     return out

@@ -289,6 +289,11 @@ class Builder:
         self._received: dict[int, int] = {}
         self._hazards = (_Hazards(), _Hazards(), _Hazards(), _Hazards())
 
+    @property
+    def recorded(self) -> int:
+        """How many steps have been recorded so far."""
+        return len(self._steps)
+
     # -- regions ---------------------------------------------------------------
     @property
     def inp(self) -> Region:
