@@ -145,6 +145,27 @@ def test_an_empty_call_against_others_fails_every_rank_in_the_call(case: str, wi
     assert all(r[1] < SOON for r in results), results
 
 
+@pytest.mark.parametrize("size", [3, 4])
+@pytest.mark.parametrize("algorithm", ["direct", "binomial"])
+def test_a_gatherv_rank_without_rows_that_disagrees_fails_every_rank(
+    algorithm: str, size: int
+) -> None:
+    # The last rank has no rows in every rank's eyes but disagrees on another rank's count:
+    # it sent nothing, so the root had everything without it and sent its word, and every
+    # rank but the last ended as if the call had succeeded. A rank (a subtree) without rows
+    # now sends a one-element token, checked like any message (Note [the root's word]).
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        counts = [1] * (size - 1) + [0]
+        if comm.rank == size - 1:
+            counts[0] = 2
+        x = np.ones(counts[comm.rank])
+        return _outcome(lambda: comm.gatherv(x, counts, root=0, algorithm=algorithm))
+
+    results = run_ranks(size, body, timeout=60, window=0)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+
+
 def test_empty_calls_that_agree_meet_and_succeed() -> None:
     # The other side: ranks that all pass nothing meet like a barrier and return empty results.
     def body(comm: plait.Communicator) -> list[int]:

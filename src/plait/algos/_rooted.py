@@ -46,12 +46,14 @@ Note [the root's word]
     than the root end ⌈lg p⌉ small messages after the root instead of when their
     part is sent (docs/performance.md). The one-sided reduce needs it only for
     the ranks that own no slice (fewer elements than ranks): an owner reduces its
-    slice from every other rank's window and compares each digest. What the word
-    cannot see is a rank that sends nothing: where the rank that disagrees has a
-    gatherv count of 0, the root has everything without it and the others end
-    (that rank waits for a word of its own root and raises). A call that moves
-    nothing at all meets its peers instead (Note [empty calls meet] in
-    :mod:`plait.algos._presence`).
+    slice from every other rank's window and compares each digest. A rank that
+    sends nothing would go unseen: where the rank that disagrees has a gatherv
+    count of 0, the root had everything without it and the others ended (that
+    rank alone raised, at the word of its own root). So a gatherv rank without
+    rows (in binomial: a subtree without rows) sends a one-element token where
+    its rows would go, and the root waits for it like for rows; it costs only
+    calls with such ranks. A call that moves nothing at all meets its peers
+    instead (Note [empty calls meet] in :mod:`plait.algos._presence`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from plait.algos._cost import Cost
+from plait.algos._presence import moves_nothing
 from plait.algos._registry import register
 from plait.algos._rooted import agree_on_root, ends_with_the_roots_word
 from plait.algos.binomial import subtree_size, wrap_runs
@@ -124,14 +125,22 @@ def gatherv_direct(b: Builder) -> None:
     """Every rank sends its block straight to the root, which receives them in place: one step."""
     ctx = b.ctx
     p, r, root = ctx.size, ctx.rank, ctx.root
+    counts = ctx.block_counts()
+    token = not moves_nothing(b)  # a rank without rows sends a token (Note [the root's word])
     if r != root:
-        _send_all(b, root, b.inp)
+        if counts[r] or not token:
+            _send_all(b, root, b.inp)
+        else:
+            b.send(root, b.scratch(1))
         return
-    blocks = uneven_blocks(b.out, ctx.block_counts())
+    blocks = uneven_blocks(b.out, counts)
     b.copy(b.inp, blocks[r])
     for s in range(1, p):
         q = (root + s) % p
-        _recv_all(b, q, blocks[q])
+        if counts[q] or not token:
+            _recv_all(b, q, blocks[q])
+        else:
+            b.recv(q, b.scratch(1))
 
 
 @register("scatterv", "direct")
@@ -175,6 +184,14 @@ def gatherv_binomial(b: Builder) -> None:
     v = (r - root) % p
     parent = binomial_parent(v)
     children = binomial_children(v, p)
+    # A subtree without rows sends a token instead of nothing (Note [the root's word]).
+    token = not moves_nothing(b)
+
+    def empty(w: int) -> bool:
+        return token and at[w + subtree_size(w, p)] == at[w]
+
+    # The tokens' receives, which what this rank sends on follows.
+    heard = [b.recv((c + root) % p, b.scratch(1)) for c in children if empty(c)]
     if parent < 0:
         real_at = displacements(counts)
         b.copy(b.inp, b.out.sub(real_at[r], counts[r]))
@@ -182,6 +199,10 @@ def gatherv_binomial(b: Builder) -> None:
             for lo, hi in wrap_runs(child, child + subtree_size(child, p), root, p):
                 run = b.out.sub(real_at[(lo + root) % p], at[hi] - at[lo])
                 _recv_all(b, (child + root) % p, run)
+        return
+    to = (parent + root) % p
+    if empty(v):
+        b.send(to, b.scratch(1), after=heard)
         return
     n = subtree_size(v, p)
     buf = b.inp
@@ -193,7 +214,8 @@ def gatherv_binomial(b: Builder) -> None:
             _recv_all(b, (child + root) % p, buf.sub(at[child] - at[v], at[end] - at[child]))
     runs = wrap_runs(v, v + n, root, p) if parent == 0 else [(v, v + n)]
     for lo, hi in runs:
-        _send_all(b, (parent + root) % p, buf.sub(at[lo] - at[v], at[hi] - at[lo]))
+        for seg in segments(buf.sub(at[lo] - at[v], at[hi] - at[lo]), ctx.segment):
+            b.send(to, seg, after=heard)
 
 
 @register("scatterv", "binomial")
