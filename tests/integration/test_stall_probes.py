@@ -146,20 +146,31 @@ def test_an_empty_call_against_others_fails_every_rank_in_the_call(case: str, wi
 
 
 @pytest.mark.parametrize("size", [3, 4])
-@pytest.mark.parametrize("algorithm", ["direct", "binomial"])
-def test_a_gatherv_rank_without_rows_that_disagrees_fails_every_rank(
-    algorithm: str, size: int
+@pytest.mark.parametrize(
+    ("collective", "algorithm"),
+    [
+        ("gatherv", "direct"),
+        ("gatherv", "binomial"),
+        ("allgatherv", "direct"),
+        ("allgatherv", "ring"),
+    ],
+)
+def test_a_rank_without_rows_that_disagrees_fails_every_rank(
+    collective: str, algorithm: str, size: int
 ) -> None:
     # The last rank has no rows in every rank's eyes but disagrees on another rank's count:
-    # it sent nothing, so the root had everything without it and sent its word, and every
-    # rank but the last ended as if the call had succeeded. A rank (a subtree) without rows
-    # now sends a one-element token, checked like any message (Note [the root's word]).
+    # it sent nothing, so the others had everything without it (a gatherv's root sent its
+    # word) and every rank but the last (an allgatherv: but its ring neighbour) ended as if
+    # the call had succeeded. A rank (a subtree) without rows now sends a one-element token
+    # where its rows would go, checked like any message (Note [the root's word]).
     def body(comm: plait.Communicator) -> tuple[str, float, str]:
         counts = [1] * (size - 1) + [0]
         if comm.rank == size - 1:
             counts[0] = 2
         x = np.ones(counts[comm.rank])
-        return _outcome(lambda: comm.gatherv(x, counts, root=0, algorithm=algorithm))
+        if collective == "gatherv":
+            return _outcome(lambda: comm.gatherv(x, counts, root=0, algorithm=algorithm))
+        return _outcome(lambda: comm.allgatherv(x, counts, algorithm=algorithm))
 
     results = run_ranks(size, body, timeout=60, window=0)
     assert [r[0] for r in results] == ["MismatchError"] * size, results

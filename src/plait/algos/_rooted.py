@@ -49,9 +49,10 @@ Note [the root's word]
     slice from every other rank's window and compares each digest. A rank that
     sends nothing would go unseen: where the rank that disagrees has a gatherv
     count of 0, the root had everything without it and the others ended (that
-    rank alone raised, at the word of its own root). So a gatherv rank without
-    rows (in binomial: a subtree without rows) sends a one-element token where
-    its rows would go, and the root waits for it like for rows; it costs only
+    rank alone raised, at the word of its own root), and so in an allgatherv.
+    So a gatherv or allgatherv rank without rows (in a binomial gatherv: a
+    subtree without rows) sends a one-element token where its rows would go,
+    which is waited for (and, in a ring, passed on) like rows; it costs only
     calls with such ranks. A call that moves nothing at all meets its peers
     instead (Note [empty calls meet] in :mod:`plait.algos._presence`).
 """

@@ -94,7 +94,7 @@ def allgatherv_ring(b: Builder) -> None:
     ctx = b.ctx
     blocks = uneven_blocks(b.out, ctx.block_counts())
     b.copy(b.inp, blocks[ctx.rank])
-    ring_allgather(b, range(ctx.size), ctx.rank, blocks, ctx.segment)
+    ring_allgather(b, range(ctx.size), ctx.rank, _tokens_for_empty(b, blocks), ctx.segment)
 
 
 @register("allgatherv", "direct")
@@ -109,11 +109,22 @@ def allgatherv_direct(b: Builder) -> None:
     p, r = ctx.size, ctx.rank
     blocks = uneven_blocks(b.out, ctx.block_counts())
     b.copy(b.inp, blocks[r])
+    sent = _tokens_for_empty(b, [*blocks[:r], b.inp, *blocks[r + 1 :]])
     for s in range(1, p):
-        _send_all(b, pairwise_peers(r, p, s)[0], b.inp)
+        _send_all(b, pairwise_peers(r, p, s)[0], sent[r])
     for s in range(1, p):
         frm = pairwise_peers(r, p, s)[1]
-        _recv_all(b, frm, blocks[frm])
+        _recv_all(b, frm, sent[frm])
+
+
+def _tokens_for_empty(b: Builder, blocks: list[Region]) -> list[Region]:
+    """``blocks``, each empty one replaced by a one-element token in scratch where the call
+    moves something: a rank without rows sends a token where its rows would go, checked like
+    any message, so that a rank which disagrees on the counts is never unseen (Note [the
+    root's word] in :mod:`plait.algos._rooted`)."""
+    if moves_nothing(b):
+        return blocks
+    return [blk if blk.count else b.scratch(1) for blk in blocks]
 
 
 # -- gatherv and scatterv -------------------------------------------------------------------
@@ -125,22 +136,15 @@ def gatherv_direct(b: Builder) -> None:
     """Every rank sends its block straight to the root, which receives them in place: one step."""
     ctx = b.ctx
     p, r, root = ctx.size, ctx.rank, ctx.root
-    counts = ctx.block_counts()
-    token = not moves_nothing(b)  # a rank without rows sends a token (Note [the root's word])
-    if r != root:
-        if counts[r] or not token:
-            _send_all(b, root, b.inp)
-        else:
-            b.send(root, b.scratch(1))
+    if r != root:  # a rank without rows sends a token (Note [the root's word])
+        _send_all(b, root, _tokens_for_empty(b, [b.inp])[0])
         return
-    blocks = uneven_blocks(b.out, counts)
+    blocks = uneven_blocks(b.out, ctx.block_counts())
     b.copy(b.inp, blocks[r])
+    got = _tokens_for_empty(b, blocks)
     for s in range(1, p):
         q = (root + s) % p
-        if counts[q] or not token:
-            _recv_all(b, q, blocks[q])
-        else:
-            b.recv(q, b.scratch(1))
+        _recv_all(b, q, got[q])
 
 
 @register("scatterv", "direct")
