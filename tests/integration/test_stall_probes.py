@@ -17,6 +17,7 @@ import pytest
 
 import plait
 import plait.testing
+from plait.compression import FP16
 from plait.runtime import posts, stall
 from plait.runtime.executor import Call
 from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
@@ -177,15 +178,42 @@ def test_a_rank_without_rows_that_disagrees_fails_every_rank(
     assert all(r[1] < SOON for r in results), results
 
 
-def test_empty_calls_that_agree_meet_and_succeed() -> None:
-    # The other side: ranks that all pass nothing meet like a barrier and return empty results.
-    def body(comm: plait.Communicator) -> list[int]:
-        got = [comm.allreduce(np.ones(0)).size, comm.allgather(np.ones(0)).size]
+@pytest.mark.parametrize(
+    "window", [0, plait.testing.DEFAULT_WINDOW_BYTES], ids=["messages", "window"]
+)
+def test_empty_calls_that_agree_meet_and_succeed(window: int) -> None:
+    # The other side: ranks that all pass nothing meet like a barrier (none ends before the
+    # last has begun) and return empty results.
+    late = 0.3
+
+    def body(comm: plait.Communicator) -> tuple[list[int], float]:
+        if comm.rank == 2:
+            time.sleep(late)  # the late rank under test
+        start = time.monotonic()
+        got = [comm.allreduce(np.ones(0)).size]
+        waited = time.monotonic() - start
+        got.append(comm.allgather(np.ones(0)).size)
         r = comm.reduce(np.ones(0), root=1)
         got.append(-1 if r is None else r.size)
-        return got
+        return got, waited
 
-    assert run_ranks(3, body, timeout=30) == [[0, 0, -1], [0, 0, 0], [0, 0, -1]]
+    results = run_ranks(3, body, timeout=30, window=window)
+    assert [r[0] for r in results] == [[0, 0, -1], [0, 0, 0], [0, 0, -1]]
+    assert all(r[1] > late / 2 for r in results[:2]), results
+
+
+def test_empty_calls_run_where_a_call_number_is_reserved_ahead() -> None:
+    # A call whose number is reserved ahead (an uneven call that learns its counts first, a
+    # compressed allreduce, async) runs only message-passing schedules: an empty call of a
+    # message-passing algorithm meets its peers by messages, even where they share a window.
+    def body(comm: plait.Communicator) -> tuple[int, int | None, int]:
+        a = comm.allgatherv(np.ones(0), async_op=True).wait()
+        g = comm.gatherv(np.ones(0), root=0, async_op=True).wait()
+        r = comm.allreduce(np.ones(0, np.float32), compression=FP16(), async_op=True).wait()
+        return a.size, None if g is None else g.size, r.size
+
+    results = run_ranks(3, body, timeout=30, window=plait.testing.DEFAULT_WINDOW_BYTES)
+    assert results == [(0, 0, 0), (0, None, 0), (0, None, 0)]
 
 
 @pytest.mark.parametrize("size", [3, 4])

@@ -17,11 +17,13 @@ import pytest
 from plait.algos._registry import (
     COLLECTIVES,
     REDUCING,
+    UNEVEN_COLLECTIVES,
     AlgorithmSpec,
     algorithms,
     build_schedule,
     specs,
 )
+from plait.schedule.builder import Context, record
 from plait.schedule.symbolic import prove
 
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
@@ -104,3 +106,34 @@ def test_host_aware_algorithms_on_every_layout(name: str, size: int) -> None:
             prove(spec, size, count, hosts=hosts)
             prove(spec, size, count, hosts=hosts, in_place=True)
         prove(spec, size, BIG_ODD, hosts=hosts, segment=8)
+
+
+#: Every algorithm but the simulator's; a one-sided one builds without a window only where
+#: it has nothing to move (it refuses a call without one otherwise).
+ALL_SPECS = [
+    spec
+    for c in (*COLLECTIVES, *UNEVEN_COLLECTIVES)
+    for spec in specs(c)
+    if not spec.needs_fabric and not (spec.needs_window and c == "barrier")
+]
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: f"{s.collective}-{s.name}")
+@pytest.mark.parametrize("window", [0, 1 << 40], ids=["messages", "window"])
+def test_a_call_that_moves_nothing_meets_its_peers(spec: AlgorithmSpec, window: int) -> None:
+    # Note [empty calls meet] in plait.algos._presence: proven with and without a window
+    # (messages over TCP and in the simulator, a post where every rank shares the window),
+    # and every rank of more than one records steps.
+    for size in range(1, 10):
+        ctx_counts = [0] * size if spec.collective in UNEVEN_COLLECTIVES else None
+        if spec.collective == "alltoallv":
+            ctx_counts = [0] * (size * size)
+        for root in sorted({0, size - 1}):
+            prove(spec, size, 0, root=root, counts=ctx_counts, window=window)
+        if size > 1:
+            ctx = Context(spec.collective, 0, size, 0, counts=_tuple(ctx_counts), window=window)
+            assert record(spec.build, ctx).steps, (spec.name, size)
+
+
+def _tuple(counts: list[int] | None) -> tuple[int, ...] | None:
+    return None if counts is None else tuple(counts)

@@ -11,9 +11,9 @@ Note [empty calls meet]
     broadcast: nothing was compared.
 
     So every call of more than one rank that moves nothing meets its peers as
-    a barrier does: where they share one window, as the one-sided barrier
-    (:func:`post_and_wait_all`: a post whose digest each peer compares), else
-    as the dissemination barrier (:func:`signal_all`, ⌈lg p⌉ one-element
+    a barrier does: in a one-sided algorithm where they share one window, as
+    the one-sided barrier (:func:`post_and_wait_all`: a post whose digest each
+    peer compares), else as the dissemination barrier (:func:`signal_all`, ⌈lg p⌉ one-element
     messages, each carrying the call's digest). A rank whose call differs
     raises MismatchError, and its peers learn it from its verdict or their
     stall probes (Note [stall probes] in :mod:`plait.runtime.stall`), in that
@@ -65,10 +65,15 @@ def post_and_wait_all(b: Builder) -> None:
             b.wait(q, 1)
 
 
-def meets_when_empty(build: Callable[[Builder], None]) -> Callable[[Builder], None]:
+def meets_when_empty(
+    build: Callable[[Builder], None], one_sided: bool
+) -> Callable[[Builder], None]:
     """``build``, followed by a barrier's steps where the call moves nothing and ``build``
-    recorded no step (Note [empty calls meet]): one-sided where every rank shares the
-    window (a barrier's time there), else :func:`signal_all`."""
+    recorded no step (Note [empty calls meet]): for a one-sided algorithm (``one_sided``)
+    where every rank shares the window, :func:`post_and_wait_all` (a barrier's time there);
+    else :func:`signal_all`, so that a message-passing algorithm's schedule stays one of
+    messages (it may run where a one-sided schedule cannot, as in a call whose number was
+    reserved ahead)."""
 
     @functools.wraps(build)
     def built(b: Builder) -> None:
@@ -76,7 +81,7 @@ def meets_when_empty(build: Callable[[Builder], None]) -> Callable[[Builder], No
         if b.recorded or b.rank >= b.size or not moves_nothing(b):
             return
         ctx = b.ctx
-        if ctx.window > 0 and (ctx.hosts is None or ctx.hosts.n_hosts == 1):
+        if one_sided and ctx.window > 0 and (ctx.hosts is None or ctx.hosts.n_hosts == 1):
             post_and_wait_all(b)
         else:
             signal_all(b)

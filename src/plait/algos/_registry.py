@@ -142,15 +142,19 @@ def register(
 
     def decorate(build: BuildFn) -> BuildFn:
         table = _REGISTRY[collective]
-        if name in table and getattr(table[name].build, "__wrapped__", None) is not build:
-            raise ValueError(f"algorithm {name!r} is already registered for {collective}")
+        if name in table:
+            known = table[name].build
+            if known is not build and getattr(known, "__wrapped__", None) is not build:
+                raise ValueError(f"algorithm {name!r} is already registered for {collective}")
         summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else ""
         table[name] = AlgorithmSpec(
             collective,
             name,
             # A call with nothing to move still meets its peers (Note [empty calls meet]);
             # a barrier always does, and a fabric's switches are the simulator's.
-            build if collective == "barrier" or needs_fabric else meets_when_empty(build),
+            build
+            if collective == "barrier" or needs_fabric
+            else meets_when_empty(build, needs_window or host_windows),
             commutative_only,
             in_place,
             summary,

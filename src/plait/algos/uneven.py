@@ -5,8 +5,12 @@ Each is its even twin's algorithm with blocks of per-rank lengths
 ``c[q]`` elements at displacement ``d[q] = c[0] + … + c[q-1]``, and alltoallv's
 block from i to j is ``m[i][j]`` elements. Every rank's context carries all the
 counts, so both ends of every message compute its length alike; a block of
-zero elements is no message at all (the builder drops empty sends and
-receives on both sides), so zero counts cost nothing. With every count equal
+zero elements is no message (the builder drops empty sends and receives on
+both sides), except that a gatherv or allgatherv rank without rows sends a
+one-element token where its rows would go, so that one that disagrees on the
+counts is never unseen (Note [the root's word] in :mod:`plait.algos._rooted`),
+and a call with no rows anywhere meets its peers (Note [empty calls meet] in
+:mod:`plait.algos._presence`). With every count equal
 to ``k`` each builder records exactly the schedule of its even twin with
 ``count = k`` (``tests/unit/test_symbolic_v.py`` checks it), which is why the
 twins' closed-form costs are registered here too: they hold for equal counts.
@@ -35,8 +39,9 @@ be the same messages in a worse order (every rank's first send to rank 0).
 
 Example, allgatherv ring, p=3, counts (2, 0, 1), OUT = [a a | | c]::
 
-    step 0: r0 sends a→r1, r1 sends nothing (its block is empty), r2 sends c→r0
-    step 1: r0 sends c→r1, r1 sends a→r2, r2 receives nothing from r1
+    step 0: r0 sends a→r1, r1 sends a token (its block is empty), r2 sends c→r0
+    step 1: r0 sends c→r1, r1 sends a→r2, r2 receives the token from r1 (a block of
+            its own, one element in scratch: it goes no further)
 """
 
 from __future__ import annotations
