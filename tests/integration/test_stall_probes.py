@@ -432,7 +432,7 @@ def test_a_loss_behind_a_mismatch_is_told_as_the_mismatch() -> None:
     # different collectives: the loss is told as the mismatch behind it.
     told, settled = threading.Event(), threading.Event()
 
-    def body(comm: plait.Communicator) -> str:
+    def body(comm: plait.Communicator) -> tuple[str, str]:
         t = comm._transport
         call = Call(("reduce", "binomial", 0), 0, 4321, np.add, None, seq=0)
         call = call._replace(probe_tag=comm._runner._probe_tag)
@@ -441,17 +441,20 @@ def test_a_loss_behind_a_mismatch_is_told_as_the_mismatch() -> None:
             t.isend(0, call.probe_tag, memoryview(stall._pack(call, stall._VERDICT, ())), 0)
             t.close()
             told.set()
-            return ""
+            return "", ""
         if comm.rank == 0:
             assert told.wait(30)
             found = stall.settle(t, call, where, _lost(2))  # type: ignore[arg-type]
             settled.set()
-            return type(found).__name__
+            return type(found).__name__, str(found)
         assert settled.wait(30)
-        return type(stall._verdict_here(t, call, 1, comm.size)).__name__
+        found = stall._verdict_here(t, call, 1, comm.size)
+        return type(found).__name__, str(found)
 
     results = run_ranks(3, body, timeout=30, window=0)
-    assert results[:2] == ["MismatchError", "MismatchError"], results
+    assert [r[0] for r in results[:2]] == ["MismatchError", "MismatchError"], results
+    assert "rank 2 found that the ranks called different collectives" in results[0][1]
+    assert "rank 0 heard from another rank that the ranks called" in results[1][1], results
 
 
 def _lost(rank: int) -> plait.PeerLostError:

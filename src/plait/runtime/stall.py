@@ -28,7 +28,8 @@ Note [stall probes]
       has then itself waited a probe period, would be mistaken: megabytes
       in flight over a link of well under 1 MB/s);
     - a ``VERDICT`` (a peer found this call, or an earlier one, mismatched):
-      MismatchError, naming that peer;
+      MismatchError, naming that peer (or a ``RELAYED`` one: a peer that lost the
+      rank which found it passes it on, :func:`settle`);
     - anything else (an older call, the same call and digest) says nothing.
 
     - a ``LOST`` notice (a peer's call failed because a rank was lost, which
@@ -84,7 +85,7 @@ __all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle", 
 PROBE_SECONDS = 1.0
 #: Seconds a peer found in a later call may still deliver what this call waits for.
 GRACE_SECONDS = 2.0
-_STALLED, _VERDICT, _LOST = 0, 1, 2
+_STALLED, _VERDICT, _LOST, _RELAYED = 0, 1, 2, 3  # _RELAYED: a verdict passed on
 #: The attribute that marks an error :func:`settle` has settled.
 _SETTLED = "_plait_settled"
 #: Set on the PeerLostError of a call that met a peer's mark that it gave up on the call: the
@@ -229,8 +230,8 @@ class Prober:
         self, q: int, seq: int, digest: int, kind: int, name: str, waiting: Sequence[int]
     ) -> MismatchError | None:
         call, r = self._call, self._rank
-        if kind == _VERDICT:
-            return _verdict_error(call, r, q, name)
+        if kind in (_VERDICT, _RELAYED):
+            return _verdict_error(call, r, q, name, kind == _RELAYED)
         if seq == call.seq and digest != call.check:
             return MismatchError(
                 f"rank {r}: {call.describe}: rank {q} is in a different call, {name}, and "
@@ -296,7 +297,7 @@ def settle(
             if isinstance(found, MismatchError):
                 # The cause behind the loss: the peer that found it may have left since, and
                 # ranks that can hear only from this one must learn it, not its consequence.
-                _tell_all(transport, call, where.rank, where.size)
+                _tell_all(transport, call, where.rank, where.size, _RELAYED)
         lost = err.lost_rank if isinstance(err, PeerLostError) else None
         if lost is not None and not isinstance(found, MismatchError):
             _tell_all(transport, call, where.rank, where.size, _LOST, lost)
@@ -404,8 +405,8 @@ def _notice(call: Call, rank: int, q: int, buf: np.ndarray) -> MismatchError | P
     """Peer ``q``'s verdict or ``LOST`` notice in ``buf``, as this rank's error (None for a
     stall probe)."""
     _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
-    if kind == _VERDICT:
-        return _verdict_error(call, rank, q, _text(name))
+    if kind in (_VERDICT, _RELAYED):
+        return _verdict_error(call, rank, q, _text(name), kind == _RELAYED)
     if kind == _LOST:
         return _lost_error(call, rank, q, _text(name), theirs[0])
     return None
@@ -469,7 +470,13 @@ def _tell_all(
                 continue
 
 
-def _verdict_error(call: Call, rank: int, q: int, name: str) -> MismatchError:
+def _verdict_error(call: Call, rank: int, q: int, name: str, relayed: bool) -> MismatchError:
+    if relayed:  # q passed on what another rank found (settle)
+        return MismatchError(
+            f"rank {rank}: {call.describe}: rank {q} heard from another rank that the ranks "
+            f"called different collectives (in its {name}; the rank that found it says what "
+            "differs)"
+        )
     return MismatchError(
         f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
         f"collectives (in its {name}; its own message says what differs)"
