@@ -646,7 +646,8 @@ def _keep_store(
 ) -> bool:
     """Give ``comm`` its recovery over ``store`` (Note [store lifetime]); closes ``comm`` if
     that fails. True: the store is the communicator's to let go of now."""
-    from plait._recovery import StoreOwner, enable
+    from plait._recovery import enable
+    from plait.rendezvous.store import StoreOwner
 
     def release() -> None:
         if owned:

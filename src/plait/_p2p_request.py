@@ -399,8 +399,11 @@ class Request(Generic[R]):
 
 
 def _reword(err: BaseException, where: str, mine: str = "") -> BaseException:
-    """``err`` with ``where`` (this rank, the call, the peer and the tag) in front."""
-    text = f"{where}: {err}{mine}"
+    """``err`` with ``where`` (this rank, the call, the peer and the tag) in front; the
+    rank is said once where ``err`` starts with it too (an abort's error does)."""
+    said = str(err)
+    head = where.partition(": ")[0] + ": "
+    text = f"{where}: {said.removeprefix(head)}{mine}"
     try:
         new = type(err)(text)
     except Exception:

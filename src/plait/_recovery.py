@@ -87,16 +87,31 @@ Note [agree]
     different set of flags. A rank that never arrives and is not found
     failed (alive, but still inside a call on the communicator: call
     :func:`abort` when a call fails) makes agree raise CommTimeout at its
-    deadline.
+    deadline. The coordinator then writes the result *void* (``void <its
+    rank> <the ranks missing>``), and every rank that reads it, the late one
+    when it comes too, raises CommTimeout: agreement ``k`` failed everywhere,
+    and every rank's next agree is number ``k + 1``. (Were it left undecided,
+    the late rank would wait in ``k`` for a coordinator gone on to ``k + 1``,
+    each for the other, until both timed out.) A rank that times out waiting
+    for the result writes nothing: the coordinator may still decide, with
+    its flag.
 
 Note [shrink]
-    ``shrink`` first aborts the communicator (every rank still in a call on
-    it leaves the call), then agrees (Note [agree]) on the survivors. Rank
+    ``shrink`` agrees (Note [agree]) on the survivors, and aborts the
+    communicator so that every rank still in a call on it leaves the call:
+    at once where it failed or was aborted on this rank, else only if some
+    rank has neither arrived nor failed ``_GRACE_SECONDS`` after this one
+    did. A rank whose calls all succeeded may have peers still finishing the
+    last of them (reading this rank's window, or its last message), which an
+    abort would fail although the call succeeded here; a rank in shrink is in
+    no call, so once every rank has arrived, none needs the abort. Rank
     ``i`` of the new communicator is the ``i``-th survivor in the old order.
     The survivors connect through the store's namespace ``<old>/s<k>`` (``k``
     the agreement's number) with the kinds of link ``init`` allowed and no
     job id, so shared-memory segments get fresh names: nothing of the old
-    transport is reused. The old communicator is then closed. A rank that
+    transport is reused; its id is new (:func:`~plait.group.shrunk_comm_id`), so its
+    flight recorder dumps, and its splits' ids, are its own. The old
+    communicator is then closed. A rank that
     dies while the survivors connect makes shrink fail at its timeout; agree
     and shrink again.
 """
@@ -105,7 +120,6 @@ from __future__ import annotations
 
 import _thread
 import contextlib
-import os
 import threading
 import time
 import weakref
@@ -113,6 +127,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from plait._checks import check_timeout
+from plait._processes import Process, alive, this_process
 from plait.communicator import Communicator
 from plait.errors import (
     AbortedError,
@@ -123,7 +138,8 @@ from plait.errors import (
     RendezvousError,
     UnsupportedError,
 )
-from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
+from plait.group import shrunk_comm_id
+from plait.rendezvous.store import PrefixStore, Store, StoreOwner, StoreTimeout
 from plait.transport.base import Transport
 from plait.transport.endpoint import Endpoint
 from plait.transport.memory import MemoryFabric
@@ -133,7 +149,6 @@ __all__ = [
     "STALE_SECONDS",
     "Agreement",
     "Recovery",
-    "StoreOwner",
     "abort",
     "agree",
     "enable",
@@ -146,6 +161,11 @@ HEARTBEAT_SECONDS = 1.0
 STALE_SECONDS = 5.0
 #: Longest single wait of agree in the store, between two looks at who failed.
 _SLICE = 0.25
+#: The result of an agreement its coordinator gave up at its timeout (Note [agree]).
+_VOID = "void"
+#: Seconds shrink waits on a healthy communicator for every rank to arrive before it aborts
+#: it (Note [shrink]).
+_GRACE_SECONDS = 1.0
 #: Seconds an abort waits for the other ranks' marks before it closes (Note [abort]).
 _MARK_SECONDS = 0.5
 #: Seconds ``abort`` waits, at most, until every peer has been told and marked (Note [abort]).
@@ -165,49 +185,6 @@ class Agreement(NamedTuple):
 
     flag: int
     ranks: tuple[int, ...]
-
-
-class StoreOwner:
-    """The store ``plait.init`` met through, shared by a communicator and those shrunk from it.
-
-    ``release`` (if any) runs when the last of them lets go: it closes a store
-    ``init`` opened (Note [store lifetime] in :mod:`plait._init`). ``count_out``
-    (if any) counts ranks that will never let go (they failed) as gone, for a
-    store that the last rank deletes.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        release: Callable[[], None] | None = None,
-        count_out: Callable[[int], None] | None = None,
-    ) -> None:
-        self.store = store
-        self.count_out = count_out
-        self._release = release
-        self._refs = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> None:
-        """One more communicator uses the store."""
-        with self._lock:
-            self._refs += 1
-
-    def release(self) -> None:
-        """One communicator less; the last one runs ``release``."""
-        with self._lock:
-            self._refs -= 1
-            last = self._refs == 0
-        if last and self._release is not None:
-            self._release()
-
-
-class _Process(NamedTuple):
-    """Where a rank runs: its machine (boot id and pid namespace), pid and start time."""
-
-    machine: str
-    pid: int
-    start: str
 
 
 class Recovery:
@@ -245,10 +222,10 @@ class Recovery:
         self._once = _thread.allocate_lock()  # taken by the one abort, without blocking
         self._agrees = 0
         self._failed: set[int] = set()  # ranks an earlier agreement left out
-        self._procs: dict[int, _Process | None] = {}
+        self._procs: dict[int, Process | None] = {}
         self._stopping = False
         self._closed = False
-        me = _this_process()
+        me = this_process()
         self.store.set(f"proc/{self.rank}", f"{me.machine}\n{me.pid}\n{me.start}".encode())
         self.store.add(f"hb/{self.rank}", 1)
         owner.acquire()
@@ -262,7 +239,7 @@ class Recovery:
         self._members.add(comm)
         comm._recovery = self
         if self._aborted is not None:
-            _mark(comm, self._aborted)
+            _mark(comm, _as_split(self._aborted))
 
     def owns(self, comm: Communicator) -> bool:
         """Whether ``comm`` is the communicator this recovery was made for (not a group)."""
@@ -291,7 +268,7 @@ class Recovery:
             return None
         self._aborted = text
         for comm in list(self._members):
-            _mark(comm, text)
+            _mark(comm, text if self.owns(comm) else _as_split(text))
         done = self._abort_done = threading.Event()
         return done
 
@@ -359,26 +336,39 @@ class Recovery:
                 self.store_error = exc
 
     # -- agree (Note [agree]) ----------------------------------------------------------------
-    def agree(self, flag: int, seconds: float) -> tuple[Agreement, int]:
-        """The agreement of the surviving ranks and its number (see :func:`agree`)."""
+    def agree(
+        self,
+        flag: int,
+        seconds: float,
+        what: str = "agree",
+        late: Callable[[], None] | None = None,
+    ) -> tuple[Agreement, int]:
+        """The agreement of the surviving ranks and its number (see :func:`agree`).
+
+        ``what`` names the call in errors. ``late`` (shrink's): run once if some rank
+        has neither arrived nor failed ``_GRACE`` seconds after this one arrived.
+        """
         me = self.rank
         k = self._agrees
         self._agrees += 1
         keys = f"agree/{k}/"
         deadline = time.monotonic() + seconds
         seen: dict[int, tuple[int, float]] = {}
+        self._check_store(what)
         try:
-            self._check_store("agree")
             self.store.set(f"{keys}flag/{me}", str(flag).encode())
+            grace = min(deadline, time.monotonic() + _GRACE_SECONDS)
+            if late is not None and self._missing(keys, seen, grace):
+                late()
             while True:
                 if self._coordinator(seen) == me:
-                    text = self._decide(keys, seen, deadline, seconds, k)
+                    text = self._decide(keys, seen, deadline, seconds, k, what)
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CommTimeout(
-                        f"rank {me}: agree #{k}: no result within {seconds} s; the coordinator "
-                        "neither decided nor was found failed"
+                        f"rank {me}: {what}: agree #{k}: no result within {seconds:g} s; the "
+                        "coordinator neither decided nor was found failed"
                     )
                 try:
                     self.store.wait([f"{keys}result"], min(_SLICE, left))
@@ -386,17 +376,25 @@ class Recovery:
                     continue
                 text = self.store.get(f"{keys}result").decode()
                 break
-        except StoreTimeout:
+        except CommTimeout:  # a StoreTimeout too: the store answered
             raise
         except (RendezvousError, ClosedError, OSError) as exc:
-            raise self._store_gone("agree", exc) from exc
+            raise self._store_gone(what, exc) from exc
         value, _, listed = text.partition(" ")
+        if value == _VOID:
+            by, _, missing = listed.partition(" ")
+            raise CommTimeout(
+                f"rank {me}: {what}: agree #{k} was given up by rank {by} at its timeout, "
+                f"before rank(s) [{missing}] took part or failed; the next agree of every "
+                "rank is the next agreement"
+            )
         ranks = tuple(int(r) for r in listed.split(",") if r)
         self._failed.update(set(range(self.size)) - set(ranks))
         if me not in ranks:
             raise ExcludedError(
-                f"rank {me}: agree #{k}: the other ranks agreed without this rank (they took "
-                f"it for failed; the survivors are ranks {list(ranks)}); close this communicator"
+                f"rank {me}: {what}: agree #{k}: the other ranks agreed without this rank (they "
+                f"took it for failed; the survivors are ranks {list(ranks)}); close this "
+                "communicator"
             )
         return Agreement(int(value), ranks), k
 
@@ -407,44 +405,68 @@ class Recovery:
                 return p
         return self.rank
 
-    def _decide(
-        self, keys: str, seen: dict[int, tuple[int, float]], deadline: float, seconds: float, k: int
-    ) -> str:
-        """As coordinator: wait until every rank wrote its flag or failed; write the result."""
+    def _missing(self, keys: str, seen: dict[int, tuple[int, float]], until: float) -> list[int]:
+        """The ranks that have neither written their flag under ``keys`` nor failed, once
+        there are none or at ``until`` (monotonic), whichever comes first."""
         store = self.store
         while True:
-            if store.check([f"{keys}result"]):
-                return store.get(f"{keys}result").decode()
-            present: list[int] = []
-            missing: list[int] = []
-            for p in range(self.size):
-                if p not in self._failed:
-                    (present if store.check([f"{keys}flag/{p}"]) else missing).append(p)
+            missing = [
+                p
+                for p in range(self.size)
+                if p not in self._failed and not store.check([f"{keys}flag/{p}"])
+            ]
             missing = [p for p in missing if not self._has_failed(p, seen)]
-            if not missing:
+            left = until - time.monotonic()
+            if not missing or left <= 0:
+                return missing
+            with contextlib.suppress(StoreTimeout):
+                store.wait([f"{keys}flag/{missing[0]}"], min(_SLICE, left))
+
+    def _decide(
+        self,
+        keys: str,
+        seen: dict[int, tuple[int, float]],
+        deadline: float,
+        seconds: float,
+        k: int,
+        what: str,
+    ) -> str:
+        """As coordinator: wait until every rank wrote its flag or failed; write the result.
+
+        At the deadline the result is void (Note [agree]): a rank that arrives later
+        finds it and raises too, so every rank's next agree is the next agreement.
+        """
+        store = self.store
+        result = f"{keys}result"
+        if not store.check([result]):
+            missing = self._missing(keys, seen, deadline)
+            if missing:
+                text = f"{_VOID} {self.rank} {','.join(map(str, missing))}"
+            else:
                 value = -1  # all bits set: the identity of AND
+                present = [p for p in range(self.size) if p not in self._failed]
+                present = [p for p in present if store.check([f"{keys}flag/{p}"])]
                 for p in present:
                     value &= int(store.get(f"{keys}flag/{p}"))
                 text = f"{value} {','.join(map(str, present))}"
-                if not store.check([f"{keys}result"]):
-                    store.set(f"{keys}result", text.encode())
-                return store.get(f"{keys}result").decode()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CommTimeout(
-                    f"rank {self.rank}: agree #{k}: rank(s) {missing} neither took part nor "
-                    f"failed within {seconds} s; a rank still inside a call on this "
-                    "communicator never gets to agree (call abort() when a call fails)"
-                )
-            with contextlib.suppress(StoreTimeout):
-                store.wait([f"{keys}flag/{missing[0]}"], min(_SLICE, left))
+            if not store.check([result]):
+                store.set(result, text.encode())
+        text = store.get(result).decode()
+        void, by, late = [*text.split(" "), "", ""][:3]
+        if void == _VOID and by == str(self.rank):
+            raise CommTimeout(
+                f"rank {self.rank}: {what}: agree #{k}: rank(s) [{late}] neither took part "
+                f"nor failed within {seconds:g} s; a rank still inside a call on this "
+                "communicator never gets to agree (call abort() when a call fails)"
+            )
+        return text
 
     def _has_failed(self, p: int, seen: dict[int, tuple[int, float]]) -> bool:
         """Whether rank ``p`` counts as failed now (Note [agree]); ``seen``: its heartbeats."""
         if p in self._failed:
             return True
         proc = self._process(p)
-        if proc is not None and proc.machine == _this_process().machine and not _alive(proc):
+        if proc is not None and proc.machine == this_process().machine and not alive(proc):
             return True  # its process is gone
         beat = self.store.add(f"hb/{p}", 0)
         now = time.monotonic()
@@ -454,7 +476,7 @@ class Recovery:
             return False
         return now - last[1] >= STALE_SECONDS
 
-    def _process(self, p: int) -> _Process | None:
+    def _process(self, p: int) -> Process | None:
         """Where rank ``p`` runs, as it published (None if it never did)."""
         if p in self._procs:
             return self._procs[p]
@@ -462,7 +484,7 @@ class Recovery:
         if not self.store.check([key]):
             return None
         machine, pid, start = self.store.get(key).decode().split("\n")
-        proc = self._procs[p] = _Process(machine, int(pid), start)
+        proc = self._procs[p] = Process(machine, int(pid), start)
         return proc
 
     def _check_store(self, what: str) -> None:
@@ -500,9 +522,18 @@ class Recovery:
         self.owner.release()
 
 
+_BY = "the communicator was aborted by rank"
+
+
 def _aborted_by(rank: int | str, reason: str) -> str:
     """What the errors of an abort say: who aborted, and why."""
-    return f"the communicator was aborted by rank {rank}" + (f" ({reason})" if reason else "")
+    return f"{_BY} {rank}" + (f" ({reason})" if reason else "")
+
+
+def _as_split(text: str) -> str:
+    """:func:`_aborted_by`'s ``text`` as a split's group says it: the rank that aborted is
+    numbered by the communicator it was split from."""
+    return text.replace(_BY, "the communicator it was split from was aborted by its rank", 1)
 
 
 def _mark(comm: Communicator, text: str) -> None:
@@ -527,49 +558,6 @@ def _abort_transport(t: Transport, rank: int, text: str) -> None:
         root.abort(lambda: AbortedError(f"rank {rank}: {text}"))
     else:
         root.close()
-
-
-# -- where a process runs (Note [agree]) ---------------------------------------------------------
-def _machine() -> str:
-    """This machine and pid namespace: a pid means the same process only within both."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return ""  # no /proc: never compare pids
-    return f"{boot}:{ns}"
-
-
-def _start_time(pid: int) -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time), or None: no such process, or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name (field 2) may hold spaces
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
-
-
-_PROCESS: _Process | None = None
-
-
-def _this_process() -> _Process:
-    global _PROCESS
-    pid = os.getpid()
-    if _PROCESS is None or _PROCESS.pid != pid:  # after a fork, the child is another process
-        _PROCESS = _Process(_machine(), pid, _start_time(pid) or "")
-    return _PROCESS
-
-
-def _alive(proc: _Process) -> bool:
-    """Whether ``proc`` (on this machine) still runs: same pid, same start time, no zombie."""
-    if not proc.machine:
-        return True
-    return _start_time(proc.pid) == proc.start
 
 
 # -- what the communicator's methods call ----------------------------------------------------------
@@ -659,8 +647,13 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
         return new
     if rec._closed:
         raise ClosedError(f"rank {comm.rank}: shrink on a closed communicator")
-    rec.abort("replaced by shrink()", here=True)
-    agreement, k = rec.agree(1, seconds)
+
+    def leave() -> None:  # every rank still in a call on the old communicator leaves it
+        rec.abort("replaced by shrink()", here=True)
+
+    if comm._runner.broken is not None:  # failed or aborted here: peers may be stuck in a call
+        leave()
+    agreement, k = rec.agree(1, seconds, "shrink", leave)
     members = agreement.ranks
     size = len(members)
     rank = members.index(comm.rank)
@@ -687,6 +680,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             transport,
             timeout=comm.timeout,
             hosts=hosts,
+            _comm_id=shrunk_comm_id(comm._comm_id, k),
             _settings=comm._settings,
             _world_rank=comm._world_rank,
         )

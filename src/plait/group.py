@@ -50,6 +50,7 @@ __all__ = [
     "p2p_tag",
     "probe_tag",
     "setup_tag",
+    "shrunk_comm_id",
     "user_tag",
 ]
 
@@ -108,6 +109,14 @@ def setup_tag(comm_id: int) -> int:
 def child_comm_id(parent_id: int, seq: int, color: int) -> int:
     """Id of the group of ``color`` split from ``parent_id`` by its call ``seq`` (never 0)."""
     digest = zlib.crc32(f"{parent_id}/{seq}/{color}".encode())
+    return digest % ((1 << COMM_ID_BITS) - 1) + 1
+
+
+def shrunk_comm_id(parent_id: int, agreement: int) -> int:
+    """Id of the communicator shrunk from ``parent_id`` through its agreement number
+    ``agreement`` (never 0): its flight recorder's dumps, and the ids of its splits, are
+    not those of the communicator it replaces."""
+    digest = zlib.crc32(f"{parent_id}/shrink/{agreement}".encode())
     return digest % ((1 << COMM_ID_BITS) - 1) + 1
 
 

@@ -96,6 +96,26 @@ def test_the_watchdog_reports_a_stall_once(clock: FakeClock, tmp_path: Path) -> 
     assert dog.check() is None  # reported once
     rec.end(slot)
     assert parse_stall_line(f"[3]: {line}") == line[len(STALL_MARKER) :].strip()
+
+
+def test_a_stall_line_is_written_whole(clock: FakeClock, tmp_path: Path) -> None:
+    """The line and its newline go in one write: print wrote them apart, and a dump line
+    of the signal handler written between them joined the two into one line, which the
+    launcher did not read as a stall."""
+    writes: list[str] = []
+
+    class Stream(io.StringIO):
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return super().write(s)
+
+    rec = FlightRecorder(3, 4, job="whole")
+    slot = rec.begin(SHAPE, 0)
+    dog = Watchdog(1.0, recorders=lambda: [rec], stream=Stream(), clock=clock)
+    clock.advance(2.0)
+    line = dog.check()
+    assert writes == [f"{line}\n"]
+    rec.end(slot)
     assert parse_stall_line("loss 0.25") is None
 
 

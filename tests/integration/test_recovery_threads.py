@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,12 @@ from plait.transport.route import connect
 pytestmark = pytest.mark.timeout(60)
 
 
-def store_ranks(n: int, fn: Callable[[plait.Communicator], Any]) -> list[Any]:
-    """Run ``fn`` on ``n`` threads, each with a communicator that has its recovery."""
-    store = MemoryStore(timeout=30)
+def store_ranks(
+    n: int, fn: Callable[[plait.Communicator], Any], store: MemoryStore | None = None
+) -> list[Any]:
+    """Run ``fn`` on ``n`` threads, each with a communicator that has its recovery
+    (namespace ``job/ft`` of ``store``, a new one by default)."""
+    store = MemoryStore(timeout=30) if store is None else store
     results: list[Any] = [None] * n
 
     def body(r: int) -> None:
@@ -86,6 +90,88 @@ def test_a_late_rank_is_left_out_and_told(monkeypatch: pytest.MonkeyPatch) -> No
     assert results[:2] == [plait.Agreement(1, (0, 1))] * 2
 
 
+def test_an_agree_that_times_out_raises_a_timeout_and_keeps_the_ranks_in_step() -> None:
+    """Rank 1 comes late, alive: rank 0's agree (then shrink) times out. It raised
+    RendezvousError ("the store ... is unreachable"), and its next agree waited in agreement
+    #1 while rank 1 waited in #0 for it, until both timed out. Now the late rank finds the
+    agreement given up and raises at once, and the next agree of each meets."""
+    gave_up = [threading.Event(), threading.Event()]
+
+    def body(comm: plait.Communicator) -> Any:
+        for call, event in zip((comm.agree, comm.shrink), gave_up, strict=True):
+            if comm.rank == 0:
+                with pytest.raises(plait.CommTimeout, match=r"rank\(s\) \[1\] neither took"):
+                    call(timeout=0.3)  # type: ignore[operator]
+                event.set()
+            else:
+                assert event.wait(20)
+                start = time.monotonic()
+                with pytest.raises(plait.CommTimeout, match="given up by rank 0"):
+                    call(timeout=10)  # type: ignore[operator]
+                assert time.monotonic() - start < 5
+        got = comm.agree(0b110 if comm.rank else 0b011, timeout=10)
+        new = comm.shrink(timeout=10)
+        try:
+            return got, new.allreduce(np.ones(2)).tolist()
+        finally:
+            new.close()
+
+    assert store_ranks(2, body) == [(plait.Agreement(0b010, (0, 1)), [2.0, 2.0])] * 2
+
+
+def test_shrinking_a_healthy_communicator_lets_the_peers_end_their_calls() -> None:
+    """Rank 0 sends, then shrinks; rank 1 receives only once rank 0 is agreeing. shrink
+    aborted the old communicator first, so rank 1's receive of a message already sent
+    failed with AbortedError (and a collective that rank 0 had finished failed on a peer
+    still reading its window, now and then)."""
+    store = MemoryStore(timeout=30)
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 0:
+            comm.send(np.arange(3.0), 1, tag=5)
+        else:
+            store.wait(["job/ft/agree/0/flag/0"], 20)  # rank 0 is in shrink
+            got = comm.recv(np.zeros(3), 0, tag=5).tolist()
+            assert got == [0.0, 1.0, 2.0]
+        new = comm.shrink(timeout=20)
+        try:
+            return new.size, new.allreduce(np.ones(1)).tolist()
+        finally:
+            new.close()
+
+    assert store_ranks(2, body, store) == [(2, [2.0])] * 2
+
+
+def test_a_shrunk_communicator_dumps_and_splits_apart_from_the_old_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """It took the id of the world (0): its dumps replaced the old communicator's files
+    (rank<r>.json), and a split of it had the id of the same split of the old one."""
+    monkeypatch.setenv("PLAIT_DUMP_DIR", str(tmp_path))
+
+    def body(comm: plait.Communicator) -> Any:
+        old = comm._runner.recorder
+        assert old is not None
+        old_split = comm.split(0)
+        old_id = old_split._comm_id
+        old_split.close()
+        new = comm.shrink(timeout=20)
+        try:
+            rec = new._runner.recorder
+            assert rec is not None
+            assert rec.comm != 0
+            new_split = new.split(0)
+            assert new_split._comm_id != old_id
+            new_split.close()
+            return str(old.dump("old")), str(rec.dump("new"))
+        finally:
+            new.close()
+
+    paths = [p for pair in store_ranks(2, body) for p in pair]
+    assert len(set(paths)) == 4, paths
+    assert all(Path(p).exists() for p in paths)
+
+
 def test_abort_from_a_watchdog_fails_blocked_receives_everywhere_within_a_second() -> None:
     def body(comm: plait.Communicator) -> Any:
         comm.barrier()
@@ -95,6 +181,7 @@ def test_abort_from_a_watchdog_fails_blocked_receives_everywhere_within_a_second
         with pytest.raises(plait.CommError) as info:
             comm.recv(np.zeros(2), (comm.rank + 1) % comm.size, tag=3)
         elapsed = time.monotonic() - start
+        assert str(info.value).count(f"rank {comm.rank}: ") == 1, info.value  # said once
         with pytest.raises(plait.AbortedError, match="aborted by rank 0 \\(watchdog\\)"):
             comm.allreduce(np.ones(2))
         return elapsed, type(info.value).__name__
@@ -171,7 +258,9 @@ def test_a_split_group_is_aborted_with_its_parent_but_cannot_agree() -> None:
             comm.abort("stop")
         with pytest.raises(plait.CommError):  # nobody sends this: only the abort ends it
             group.recv(np.zeros(1), 1 - group.rank, tag=9)
-        with pytest.raises(plait.AbortedError):
+        # The group's ranks are numbered apart: the rank that aborted is named as its own
+        # communicator numbers it (it said "aborted by rank 0" in a group of ranks 1 and 3).
+        with pytest.raises(plait.AbortedError, match="split from was aborted by its rank 0"):
             group.allreduce(np.ones(1))
         group.close()
         return True

@@ -93,6 +93,15 @@ def dump_on_error(recorder: FlightRecorder | None, error: BaseException) -> Path
         return None
 
 
+def _say(stream: IO[str], line: str) -> None:
+    """Write ``line`` and its newline to ``stream`` in one write, and flush: ``print``
+    writes the newline apart, so another thread's line (a stall's, a dump's) could come
+    between them, two lines joined into one that the launcher would not read as a stall."""
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(line + "\n")
+        stream.flush()
+
+
 def install_signal_handler(signum: int = signal.SIGUSR1) -> bool:
     """Make ``signum`` dump every recorder of the process; True if installed now.
 
@@ -115,11 +124,7 @@ def install_signal_handler(signum: int = signal.SIGUSR1) -> bool:
         def handler(sig: int, frame: FrameType | None) -> None:
             paths = dump_all(f"signal {signal.Signals(sig).name}")
             if paths:
-                print(
-                    f"plait: flight recorder dumped to {', '.join(map(str, paths))}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _say(sys.stderr, f"plait: flight recorder dumped to {', '.join(map(str, paths))}")
             if callable(previous):
                 previous(sig, frame)
 
@@ -253,9 +258,7 @@ class Watchdog:
         if self._on_stall is not None:
             self._on_stall(line)
         else:
-            stream = self._stream if self._stream is not None else sys.stderr
-            with contextlib.suppress(OSError, ValueError):
-                print(line, file=stream, flush=True)
+            _say(self._stream if self._stream is not None else sys.stderr, line)
         return line
 
 

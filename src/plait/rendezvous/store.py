@@ -12,11 +12,18 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from plait.errors import CommTimeout, RendezvousError
 
-__all__ = ["DEFAULT_STORE_TIMEOUT", "MemoryStore", "PrefixStore", "Store", "StoreTimeout"]
+__all__ = [
+    "DEFAULT_STORE_TIMEOUT",
+    "MemoryStore",
+    "PrefixStore",
+    "Store",
+    "StoreOwner",
+    "StoreTimeout",
+]
 
 #: Seconds a blocking store call waits by default.
 DEFAULT_STORE_TIMEOUT = 300.0
@@ -154,3 +161,38 @@ class MemoryStore(Store):
     def delete(self, key: str) -> bool:
         with self._cv:
             return self._data.pop(key, None) is not None
+
+
+class StoreOwner:
+    """The store ``plait.init`` met through, shared by a communicator and those shrunk from it.
+
+    ``release`` (if any) runs when the last of them lets go: it closes a store
+    ``init`` opened (Note [store lifetime] in :mod:`plait._init`). ``count_out``
+    (if any) counts ranks that will never let go (they failed) as gone, for a
+    store that the last rank deletes.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        release: Callable[[], None] | None = None,
+        count_out: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.count_out = count_out
+        self._release = release
+        self._refs = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        """One more communicator uses the store."""
+        with self._lock:
+            self._refs += 1
+
+    def release(self) -> None:
+        """One communicator less; the last one runs ``release``."""
+        with self._lock:
+            self._refs -= 1
+            last = self._refs == 0
+        if last and self._release is not None:
+            self._release()

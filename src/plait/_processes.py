@@ -1,0 +1,66 @@
+"""Where a rank's process runs, and whether it still does (Note [agree] in :mod:`plait._recovery`).
+
+A pid names the same process only on the same machine (boot id) and in the same pid
+namespace, and only as long as the process it named lives: a new one may get the pid
+again. So a process is its machine, its pid and its start time (field 22 of
+``/proc/<pid>/stat``), and it is alive while a process of that pid with that start time
+runs and is not a zombie.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+__all__ = ["Process", "alive", "machine", "this_process"]
+
+
+class Process(NamedTuple):
+    """Where a rank runs: its machine (boot id and pid namespace), pid and start time."""
+
+    machine: str
+    pid: int
+    start: str
+
+
+def machine() -> str:
+    """This machine and pid namespace: a pid means the same process only within both."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # no /proc: never compare pids
+    return f"{boot}:{ns}"
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time), or None: no such process, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name (field 2) may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+_PROCESS: Process | None = None
+
+
+def this_process() -> Process:
+    """This process (made again after a fork: the child is another process)."""
+    global _PROCESS
+    pid = os.getpid()
+    if _PROCESS is None or _PROCESS.pid != pid:
+        _PROCESS = Process(machine(), pid, _start_time(pid) or "")
+    return _PROCESS
+
+
+def alive(proc: Process) -> bool:
+    """Whether ``proc`` (on this machine) still runs: same pid, same start time, no zombie."""
+    if not proc.machine:
+        return True
+    return _start_time(proc.pid) == proc.start
