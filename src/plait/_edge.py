@@ -103,39 +103,29 @@ class CollectiveMethods:
     # The request every plain barrier runs (made by the first), and its short path
     _barrier: tuple[Request, Callable[[Request, int], Any] | None] | None
 
-    def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice:
-        """The algorithm and segment size of a call.
+    if TYPE_CHECKING:  # defined by the classes mixed in above (the communicator, the uneven edge)
 
-        Defined by :class:`plait.Communicator`, next to the settings and the
-        cache of auto's choices it reads.
-        """
-        raise NotImplementedError
-
-    def _allreduce_compressed(
-        self,
-        x: Any,
-        op: Op,
-        out: Any,
-        algorithm: Any,
-        timeout: float | None,
-        async_op: bool,
-        compression: Compression,
-    ) -> Any:
-        """``allreduce(compression=...)`` (defined by the communicator)."""
-        raise NotImplementedError
-
-    def _reduce_scatterv(
-        self,
-        x: Any,
-        op: Op,
-        counts: RowCounts,
-        out: Any,
-        algorithm: Any,
-        timeout: float | None,
-        async_op: bool,
-    ) -> Any:
-        """``reduce_scatter(counts=...)`` (defined by :class:`plait._uneven_edge.UnevenMethods`)."""
-        raise NotImplementedError
+        def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice: ...
+        def _allreduce_compressed(
+            self,
+            x: Any,
+            op: Op,
+            out: Any,
+            algorithm: Any,
+            timeout: float | None,
+            async_op: bool,
+            compression: Compression,
+        ) -> Any: ...
+        def _reduce_scatterv(
+            self,
+            x: Any,
+            op: Op,
+            counts: RowCounts,
+            out: Any,
+            algorithm: Any,
+            timeout: float | None,
+            async_op: bool,
+        ) -> Any: ...
 
     def _keep_shortcut(self, key: tuple[Any, ...], cut: Shortcut) -> None:
         """Keep ``cut`` for the calls of ``key`` (Note [the short path]), within CACHE_LIMIT."""
@@ -153,6 +143,7 @@ class CollectiveMethods:
         algorithm: Any,
         timeout: float | None,
         async_op: bool,
+        purpose: str = "",
     ) -> Any:
         """The recipe of the collectives that read ``x`` and return a new result.
 
@@ -162,7 +153,7 @@ class CollectiveMethods:
         blocks, the result's shape, whether this rank gets a result at all
         (``reduce`` and ``gather`` return None off root and ignore ``out``
         there) and the call's count (one block for the block collectives),
-        which also sizes the algorithm choice.
+        which also sizes the algorithm choice. ``purpose``: see ``UnevenMethods._within``.
         """
         # Note [the short path] in plait._shortcut: a repeated simple call skips the checks.
         # (Not for a compressor's calls: they choose among message algorithms only.)
@@ -216,10 +207,12 @@ class CollectiveMethods:
         count = t.x_count(a.size, size)
         choice = self._choose(c, algorithm, count * a.itemsize, op)
         req = self._stage.request(
-            choice, count, a, out_arr, shape, op, root=root, has_out=has_out, src=x, dst=out
-        )
+            choice, count, a, out_arr, shape, op, root=root, has_out=has_out, src=x, dst=out,
+            purpose=purpose,
+        )  # fmt: skip
         if (
             key is not None
+            and not purpose
             and not self._runner.reserved()
             and x.dtype.isnative
             and req.writeback is None
@@ -368,7 +361,6 @@ class CollectiveMethods:
         the host and root's data written back into it.
         """
         c = "broadcast"
-        r = self._rank
         simple = type(x) is np.ndarray and type(root) is int and not async_op and timeout is None
         runner = self._runner
         if simple and (runner.plain or not runner.reserved()):
@@ -380,6 +372,15 @@ class CollectiveMethods:
                 if go is not None and runner.plain:
                     return go(cut.request_fill(x), 3)  # as start's skip
                 return runner.start(cut.request_fill(x), None, False, self)
+        return self._fill(x, root, algorithm, timeout, async_op, "")
+
+    def _fill(
+        self, x: Any, root: int, algorithm: Any, timeout: float | None, async_op: bool, purpose: str
+    ) -> Any:
+        """broadcast's long path (``purpose``: see ``UnevenMethods._within``)."""
+        c = "broadcast"
+        r = self._rank
+        simple = type(x) is np.ndarray and type(root) is int and not async_op and timeout is None
         if type(x) is not np.ndarray and r == root and immutable(x):
             a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
         else:
@@ -392,7 +393,7 @@ class CollectiveMethods:
                 check_own_memory(a, "x", r, c)
         choice = self._choose(c, algorithm, a.nbytes, None)
         req = self._stage.request(
-            choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x
+            choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x, purpose=purpose
         )
         if (
             simple

@@ -45,6 +45,8 @@ _MISUSED = np.uint64(objects.PICKLE_FAILED - 1)
 _SEP = objects.SEPARATE_MIN
 _SCATTERV = collective("scatterv")
 _ALLTOALLV = collective("alltoallv")
+_ALLGATHER = collective("allgather")
+_BROADCAST = collective("broadcast")
 
 
 class ObjectMethods(UnevenMethods):
@@ -82,18 +84,18 @@ class ObjectMethods(UnevenMethods):
                 word[0] = messages[0].nbytes
             except Exception as exc:
                 err, word[0] = exc, _FAILED
-        self.broadcast(word, root, timeout=timeout)
+        self._within(_BROADCAST, word, c, timeout, root=root)
         self._raise_if_failed(c, word, err, [root])
         if r == root:
             for m in messages:
-                self.broadcast(np.frombuffer(m, np.uint8), root, timeout=timeout)
+                self._within(_BROADCAST, np.frombuffer(m, np.uint8), c, timeout, root=root)
             return obj
         first = objects.empty(int(word[0]))
-        self.broadcast(np.frombuffer(first, np.uint8), root, timeout=timeout)
+        self._within(_BROADCAST, np.frombuffer(first, np.uint8), c, timeout, root=root)
         layout = objects.Layout.read(first, separate_min=_SEP)
         rest = [objects.empty(n) for n in layout.message_lens[1:]]
         for m in rest:
-            self.broadcast(np.frombuffer(m, np.uint8), root, timeout=timeout)
+            self._within(_BROADCAST, np.frombuffer(m, np.uint8), c, timeout, root=root)
         return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
 
     def allgather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
@@ -109,7 +111,7 @@ class ObjectMethods(UnevenMethods):
         """
         c = "allgather_object"
         first, err = _first_message(obj)
-        sizes = self.allgather(_word(first), timeout=timeout)
+        sizes = self._within(_ALLGATHER, _word(first), c, timeout)
         counts = self._raise_if_failed(c, sizes, err)
         out = np.frombuffer(objects.empty(sum(counts)), np.uint8)
         self.allgatherv(_as_bytes(first), counts, out=out, timeout=timeout)
@@ -126,7 +128,7 @@ class ObjectMethods(UnevenMethods):
         c = "gather_object"
         check_root(root, self._rank, self._size, c)
         first, err = _first_message(obj)
-        sizes = self.allgather(_word(first), timeout=timeout)
+        sizes = self._within(_ALLGATHER, _word(first), c, timeout)
         counts = self._raise_if_failed(c, sizes, err)
         out = None
         if self._rank == root:
@@ -164,7 +166,7 @@ class ObjectMethods(UnevenMethods):
                 table[:] = _MISUSED
             else:
                 frames, err = _pickle_each(objs, table)
-        self.broadcast(table, root, timeout=timeout)
+        self._within(_BROADCAST, table, c, timeout, root=root)
         if usage is not None:
             raise usage
         if table[0] == _MISUSED:
@@ -208,7 +210,7 @@ class ObjectMethods(UnevenMethods):
             row[:] = _MISUSED
         else:
             frames, err = _pickle_each(objs, row)
-        matrix = self.allgather(row, timeout=timeout)
+        matrix = self._within(_ALLGATHER, row, c, timeout)
         if usage is not None:
             raise usage
         # a rank with any object that failed fails as a whole

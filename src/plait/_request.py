@@ -31,6 +31,20 @@ Note [byte order]
     carries the native dtype, so ranks that pass the same values in
     different byte orders agree; the check word holds ``dtype.str``, byte
     order included, so a mismatch can never hide behind equal names.
+
+Note [calls within calls]
+    Some calls are made of others: ``split`` allgathers each rank's color
+    and key, ``bcast_object`` broadcasts a length and then the bytes, an
+    uneven call without counts allgathers them first. Such an inner call
+    looked exactly like a user's call of the same shape, so one rank's
+    ``split`` against the others' ``allgather`` of two int64 went through
+    as if they matched (over messages the ranks even ended as if it had
+    succeeded). An inner call carries its ``purpose`` (the outer call's
+    name) in its plan and check word, so it matches only the same inner
+    call, and a mismatch error names it. It never takes or keeps a kept
+    request of the short path (Note [the short path] in :mod:`plait._shortcut`),
+    whose plans are the user's calls': it passes the communicator's timeout,
+    which the short path leaves to the long one.
 """
 
 from __future__ import annotations
@@ -152,6 +166,7 @@ class Plan:
         "guard",
         "line",
         "local",
+        "purpose",
         "schedule",
         "shape",
         "ufunc",
@@ -159,13 +174,16 @@ class Plan:
         "windowed",
     )
 
-    def __init__(self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None) -> None:
+    def __init__(
+        self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None, purpose: str = ""
+    ) -> None:
         self.ctx = ctx
+        self.purpose = purpose  # the plait call this one is part of (Note [calls within calls])
         # The call writes into its ``x`` (broadcast): OUT is the caller's memory and,
         # on root, the data to send (see plait.collectives).
         self.fills_x = collectives.get(ctx.collective).fills_x
         self.schedule = build_schedule(spec, ctx)
-        self.check = call_digest(spec.name, ctx, dtype, op)
+        self.check = call_digest(spec.name, ctx, dtype, op, purpose)
         # The reduction its calls run (only schedules that reduce call it: np.bitwise_or
         # stands in where there is no op, and is never called).
         self.ufunc: np.ufunc = op.ufunc if op is not None else np.bitwise_or
@@ -271,6 +289,7 @@ class Stager:
         src: Any = None,
         dst: Any = None,
         counts: tuple[int, ...] | None = None,
+        purpose: str = "",
     ) -> Request:
         """Flatten and stage the arrays (see Note [in-place and staging]).
 
@@ -280,7 +299,8 @@ class Stager:
         conversion: they decide what the call returns (Note [result types] in
         :mod:`plait.communicator`), unless ``result`` says it. ``counts``: an
         uneven call's checked per-rank element counts (``Context.counts``,
-        ``count`` then 0); they are part of the plan's key and check word.
+        ``count`` then 0); they are part of the plan's key and check word, as is
+        ``purpose`` (Note [calls within calls]).
         """
         if dtype is None:
             given = inp if inp is not None else out
@@ -288,16 +308,19 @@ class Stager:
             dtype = given.dtype
         if not dtype.isnative or (out is not None and not out.dtype.isnative):
             return self._in_native_order(
-                choice, count, inp, out, shape, op, root, has_out, result, dtype, src, dst, counts
-            )
+                choice, count, inp, out, shape, op, root, has_out, result, dtype, src, dst, counts,
+                purpose,
+            )  # fmt: skip
         spec = choice.spec
         segment = choice.segment(dtype.itemsize)
         # An uneven call's key is one longer, so it never meets an even call's.
-        key = (
+        key: tuple[Any, ...] = (
             (spec, count, dtype, op, root, segment)
             if counts is None
             else (spec, count, dtype, op, root, segment, counts)
         )
+        if purpose:  # an inner call's plan is its own (Note [calls within calls])
+            key += (purpose,)
         plan = self.plans.get(key)
         if plan is None:
             ctx = Context(
@@ -315,7 +338,7 @@ class Stager:
             )
             if len(self.plans) >= CACHE_LIMIT:
                 self.plans.clear()
-            plan = self.plans[key] = Plan(spec, ctx, dtype, op)
+            plan = self.plans[key] = Plan(spec, ctx, dtype, op, purpose)
         same_array = inp is not None and out is inp and inp.flags.c_contiguous
         flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
         writeback: np.ndarray | DeviceTarget | None = None
@@ -398,6 +421,7 @@ class Stager:
         src: Any,
         dst: Any,
         counts: tuple[int, ...] | None,
+        purpose: str,
     ) -> Request:
         """The request of a call whose ``x`` or ``out`` is not in native byte order.
 
@@ -421,7 +445,7 @@ class Stager:
                 stage = np.empty(shape, native)
         req = self.request(
             choice, count, inp, stage, shape, op, root=root, has_out=has_out,
-            result=result, dtype=native, src=src, dst=dst, counts=counts,
+            result=result, dtype=native, src=src, dst=dst, counts=counts, purpose=purpose,
         )  # fmt: skip
         if target is None:
             return req
@@ -483,18 +507,24 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def call_digest(algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None) -> int:
+def call_digest(
+    algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None, purpose: str = ""
+) -> int:
     """The check word of a call: equal on all ranks exactly when their calls match.
 
     Cached per call shape: a hot loop repeats the same few calls. An uneven
     call's per-rank counts are part of it, so ranks that disagree on any
-    count fail with MismatchError instead of misreading each other's blocks.
+    count fail with MismatchError instead of misreading each other's blocks;
+    so is the ``purpose`` of a call plait makes within another (Note [calls
+    within calls]).
     """
     key = op.key if op is not None else "-"
     # dtype.str, not dtype.name: the name is the same in both byte orders (Note [byte order])
     text = f"{ctx.collective}|{algorithm}|{ctx.count}|{dtype.str}|{key}|{ctx.root}|{ctx.segment}"
     if ctx.counts is not None:
         text += "|" + ",".join(map(str, ctx.counts))
+    if purpose:
+        text += "|" + purpose
     return zlib.crc32(text.encode())
 
 
@@ -510,8 +540,9 @@ def signature(req: Request) -> str:
     op = req.op.name if req.op is not None else "-"
     segment = format_bytes(ctx.segment * dtype.itemsize)
     count = f"counts={list(ctx.counts)}" if ctx.counts is not None else f"count={ctx.count}"
+    within = f"{req.plan.purpose}: " if req.plan.purpose else ""
     return (
-        f"{ctx.collective}({count}, dtype={dtype.name}, op={op}, "
+        f"{within}{ctx.collective}({count}, dtype={dtype.name}, op={op}, "
         f"root={ctx.root}, algorithm={req.spec.name}, segment={segment})"
     )
 

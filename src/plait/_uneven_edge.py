@@ -52,6 +52,8 @@ _GATHERV = collectives.get("gatherv")
 _SCATTERV = collectives.get("scatterv")
 _ALLTOALLV = collectives.get("alltoallv")
 _REDUCE_SCATTERV = collectives.get("reduce_scatterv")
+_ALLGATHER = collectives.get("allgather")
+_BROADCAST = collectives.get("broadcast")
 
 #: ``auto`` for the uneven collectives: ``(mean block bytes, commutative) -> algorithm``.
 #: A fixed map, not :data:`plait.selection.select.RULES` (what the bench, the tuner, the
@@ -72,6 +74,25 @@ _UNEVEN_AUTO: dict[str, Callable[[int, bool], str]] = {
 
 class UnevenMethods(CollectiveMethods):
     """The uneven collectives, on top of the even ones they exchange counts with."""
+
+    def _within(
+        self,
+        t: Collective,
+        x: np.ndarray,
+        purpose: str,
+        timeout: float | None,
+        op: Op | None = None,
+        root: int = 0,
+    ) -> Any:
+        """Even collective ``t`` of ``x`` as part of plait's own call ``purpose`` (its
+        name): it matches only the same part of the same call on the other ranks (Note
+        [calls within calls] in :mod:`plait._request`). A broadcast fills ``x``; the others
+        return a new array. The count exchanges, the object collectives and ``split`` make
+        their inner calls with it."""
+        seconds = self._runner.timeout if timeout is None else timeout  # not the short path
+        if t.fills_x:
+            return self._fill(x, root, "auto", seconds, False, purpose)
+        return self._collective(t, x, op, root, None, "auto", seconds, False, purpose)
 
     def _reduce_scatterv(
         self,
@@ -265,7 +286,7 @@ class UnevenMethods(CollectiveMethods):
 
         mine = np.array(a.shape[0], np.int64)
         return self._after_exchange(
-            c, lambda: self.allgather(mine, timeout=timeout), finish, async_op
+            c, lambda: self._within(_ALLGATHER, mine, c, timeout), finish, async_op
         )
 
     @overload
@@ -337,7 +358,7 @@ class UnevenMethods(CollectiveMethods):
         mine = np.array(a.shape[0], np.int64)
         return self._after_exchange(
             c,
-            lambda: self.allgather(mine, timeout=timeout),
+            lambda: self._within(_ALLGATHER, mine, c, timeout),
             lambda got: start(tuple(got.tolist()), False),
             async_op,
         )
@@ -428,7 +449,7 @@ class UnevenMethods(CollectiveMethods):
             )
 
         return self._after_exchange(
-            c, lambda: self.broadcast(table, root, timeout=timeout), finish, async_op
+            c, lambda: self._within(_BROADCAST, table, c, timeout, root=root), finish, async_op
         )
 
     @overload
@@ -514,5 +535,5 @@ class UnevenMethods(CollectiveMethods):
             )  # fmt: skip
 
         return self._after_exchange(
-            c, lambda: self.allgather(mine, timeout=timeout), finish, async_op
+            c, lambda: self._within(_ALLGATHER, mine, c, timeout), finish, async_op
         )

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
+from plait import collectives
 from plait._checks import CACHE_LIMIT, check_timeout
 from plait._object_methods import ObjectMethods
 from plait._p2p import PointToPointMethods
@@ -78,6 +79,9 @@ if TYPE_CHECKING:
     from plait._request import Compression
 
 __all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats"]
+
+_ALLGATHER = collectives.get("allgather")
+_ALLREDUCE = collectives.get("allreduce")
 
 #: Seconds a call may take before it fails with CommTimeout (PLAIT_TIMEOUT overrides).
 DEFAULT_TIMEOUT = float(os.environ.get("PLAIT_TIMEOUT", "300"))
@@ -315,7 +319,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
             raise ValueError(f"rank {self._rank}: split: color must be >= 0 or None; got {color}")
         seq = self._runner.seq  # the allgather below takes this sequence number
         mine = np.array([-1 if color is None else int(color), int(key)], np.int64)
-        table = self.allgather(mine, timeout=timeout)
+        table = self._within(_ALLGATHER, mine, "split", timeout)
         if color is None:
             return None
         members = sorted((int(k), r) for r, (c, k) in enumerate(table.tolist()) if c == color)
@@ -445,14 +449,13 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 "turned off"
             )
         wanted = rec.capacity if window is None else min(int(window), rec.capacity)
-        agreed = self.allreduce(
-            np.array([newest_done(rec), wanted], np.int64), MIN, timeout=timeout
-        )
+        mine = np.array([newest_done(rec), wanted], np.int64)
+        agreed = self._within(_ALLREDUCE, mine, "stragglers", timeout, MIN)
         hi, n = int(agreed[0]), min(int(agreed[1]), int(agreed[0]) + 1)
         if n <= 0:  # no call completed on every rank yet (alike on every rank)
             return [Lateness(q, 0, 0.0, 0.0, 0.0, None) for q in range(self._size)]
         first = hi - n + 1
-        table = self.allgather(local_row(rec, first, n), timeout=timeout)
+        table = self._within(_ALLGATHER, local_row(rec, first, n), "stragglers", timeout)
         names = local_collectives(rec, first, n)
         return from_table(table, first, names, same_clock=self.cross_size == 1)
 

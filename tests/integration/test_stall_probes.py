@@ -146,6 +146,51 @@ def test_an_empty_call_against_others_fails_every_rank_in_the_call(case: str, wi
     assert all(r[1] < SOON for r in results), results
 
 
+#: A call plait makes of others (on the last rank) against the user's call that looks like
+#: its first part (on the others).
+INNER_ON_ONE = {
+    "split": (lambda c: c.split(0), lambda c: c.allgather(np.zeros(2, np.int64))),
+    "gatherv without counts": (
+        lambda c: c.gatherv(np.ones(1), root=0),
+        lambda c: c.allgather(np.zeros((), np.int64)),
+    ),
+    "allgather_object": (
+        lambda c: c.allgather_object("x"),
+        lambda c: c.allgather(np.zeros((), np.uint64)),
+    ),
+    "bcast_object": (
+        lambda c: c.bcast_object("x", root=0),
+        lambda c: c.broadcast(np.zeros((), np.uint64), root=0),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "window", [0, plait.testing.DEFAULT_WINDOW_BYTES], ids=["messages", "window"]
+)
+@pytest.mark.parametrize("case", list(INNER_ON_ONE))
+def test_a_call_within_a_call_never_matches_the_users_call(case: str, window: int) -> None:
+    # split's allgather of each rank's color and key had the check word of a user's
+    # allgather of two int64: one rank's split against the others' allgather went through
+    # (over messages every rank ended as if it had succeeded). An inner call carries its
+    # purpose in its check word (Note [calls within calls] in plait._request).
+    size = 3
+    inner, lookalike = INNER_ON_ONE[case]
+
+    def body(comm: plait.Communicator) -> tuple[tuple[str, float, str], str]:
+        got = _outcome(lambda: (inner if comm.rank == size - 1 else lookalike)(comm))
+        after = _outcome(comm.barrier)[0]
+        return got, after
+
+    results = run_ranks(size, body, timeout=60, window=window)
+    assert results[-1][0][0] == "MismatchError", results
+    assert all(r[0][1] < SOON for r in results), results
+    if case == "bcast_object" and not window:  # the ranks that agree with root may end
+        assert all("MismatchError" in (r[0][0], r[1]) for r in results), results
+    else:
+        assert [r[0][0] for r in results] == ["MismatchError"] * size, results
+
+
 @pytest.mark.parametrize("size", [3, 4])
 @pytest.mark.parametrize(
     ("collective", "algorithm"),
