@@ -135,7 +135,7 @@ class FileStore(Store):
                 return value
             if not poll.pause():
                 raise StoreTimeout(
-                    f"file store {self.path}: get: key {key!r} not set within {poll.seconds} s"
+                    f"file store {self.path}: get: key {key!r} not set within {poll.seconds:g} s"
                 )
 
     def add(self, key: str, amount: int) -> int:
@@ -162,7 +162,7 @@ class FileStore(Store):
                 return
             if not poll.pause():
                 raise StoreTimeout(
-                    f"file store {self.path}: keys {missing} not set within {poll.seconds} s"
+                    f"file store {self.path}: keys {missing} not set within {poll.seconds:g} s"
                 )
 
     def check(self, keys: Sequence[str]) -> bool:

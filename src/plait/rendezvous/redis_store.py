@@ -189,7 +189,7 @@ class RedisStore(Store):
                 if left <= 0 or confirmed < len(channels):
                     raise StoreTimeout(
                         f"redis store {self.address}: keys {missing} (prefix {self.prefix!r}) "
-                        f"not set within {seconds} s"
+                        f"not set within {seconds:g} s"
                     )
                 pubsub.get_message(timeout=min(left, _MAX_BLOCK))
         finally:

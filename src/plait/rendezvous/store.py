@@ -151,7 +151,7 @@ class MemoryStore(Store):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise StoreTimeout(f"store: keys {missing} not set within {seconds} s")
+                    raise StoreTimeout(f"store: keys {missing} not set within {seconds:g} s")
                 self._cv.wait(left)
 
     def check(self, keys: Sequence[str]) -> bool:

@@ -199,7 +199,7 @@ class TCPStore(Store):
             Op.GET, [SECONDS.pack(seconds), _key(key)], f"get({key!r})", seconds
         )
         if status is Status.TIMEOUT:
-            raise StoreTimeout(f"store {self.address}: get: key {key!r} not set within {seconds} s")
+            raise StoreTimeout(f"store {self.address}: get: key {key!r} not set within {seconds:g} s")
         return fields[0]
 
     def add(self, key: str, amount: int) -> int:
@@ -216,7 +216,7 @@ class TCPStore(Store):
         status, missing = self._call(Op.WAIT, fields, f"wait({len(keys)} keys)", seconds)
         if status is Status.TIMEOUT:
             raise StoreTimeout(
-                f"store {self.address}: keys {key_list(missing)} not set within {seconds} s"
+                f"store {self.address}: keys {key_list(missing)} not set within {seconds:g} s"
             )
 
     def check(self, keys: Sequence[str]) -> bool:

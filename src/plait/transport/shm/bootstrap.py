@@ -417,7 +417,7 @@ class _Join:
             if left <= 0:
                 raise RendezvousError(
                     f"rank {self.me}: ranks {sorted(self.names[r] for r in missing)} did "
-                    f"not connect to the shared-memory transport within {self.timeout} s"
+                    f"not connect to the shared-memory transport within {self.timeout:g} s"
                 )
             ready, _, _ = select.select([listener, *watched], [], [], self._slice(left))
             for sock in ready:
@@ -487,7 +487,7 @@ class _Join:
             if left <= 0:
                 raise RendezvousError(
                     f"rank {self.me}: rank {self.names[p.rank]} was silent during the "
-                    f"shared-memory rendezvous for {self.timeout} s"
+                    f"shared-memory rendezvous for {self.timeout:g} s"
                 )
             ready, _, _ = select.select([sock], [], [], self._slice(left))
             if ready:

@@ -262,7 +262,7 @@ def connect_mesh(
                 missing = [j for j, k in zip(lower, keys, strict=True) if not store.check([k])]
                 raise BootstrapTimeout(
                     f"rank {rank}: rank(s) {missing} never published their address "
-                    f"(store keys {prefix}/addr/<rank>) within {timeout} s"
+                    f"(store keys {prefix}/addr/<rank>) within {timeout:g} s"
                 ) from exc
         for j, key in zip(lower, keys, strict=True):
             addr = _address(store.get(key).decode())
@@ -316,7 +316,7 @@ def connect_mesh(
                         "died or given up (see its error)"
                     )
             return BootstrapTimeout(
-                f"rank {rank}: TCP bootstrap did not finish within {timeout} s: " + "; ".join(parts)
+                f"rank {rank}: TCP bootstrap did not finish within {timeout:g} s: " + "; ".join(parts)
             )
 
         def answered(a: _Answer) -> None:
