@@ -199,7 +199,9 @@ class TCPStore(Store):
             Op.GET, [SECONDS.pack(seconds), _key(key)], f"get({key!r})", seconds
         )
         if status is Status.TIMEOUT:
-            raise StoreTimeout(f"store {self.address}: get: key {key!r} not set within {seconds:g} s")
+            raise StoreTimeout(
+                f"store {self.address}: get: key {key!r} not set within {seconds:g} s"
+            )
         return fields[0]
 
     def add(self, key: str, amount: int) -> int:

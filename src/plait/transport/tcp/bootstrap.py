@@ -316,7 +316,8 @@ def connect_mesh(
                         "died or given up (see its error)"
                     )
             return BootstrapTimeout(
-                f"rank {rank}: TCP bootstrap did not finish within {timeout:g} s: " + "; ".join(parts)
+                f"rank {rank}: TCP bootstrap did not finish within {timeout:g} s: "
+                + "; ".join(parts)
             )
 
         def answered(a: _Answer) -> None:
