@@ -189,15 +189,22 @@ class PointToPointMethods:
         The receive is posted first and both run together, so a ring of
         ``sendrecv`` never deadlocks whatever the buffering. ``src`` may be
         ``ANY_SOURCE``, ``recvtag`` ``ANY_TAG``, either peer ``PROC_NULL``;
-        ``status`` describes the message received. Every argument is checked
-        before anything is posted; if one half fails, the other is withdrawn
-        and the error raised.
+        ``status`` describes the message received. ``buf`` must not share
+        memory with ``x`` (ValueError; to replace ``x``, send a copy of it).
+        Every argument is checked before anything is posted; if one half
+        fails, the other is withdrawn and the error raised.
         """
         c = "sendrecv"
         seconds = self._runner.seconds(timeout, c)
         _check_status(status, self._rank, c)
         out = self._outgoing(x, dst, sendtag, c, "dst", "sendtag")
         inc = self._incoming_of(buf, src, recvtag, c, "src", "recvtag")
+        if _overlap(out.data, inc.target) or _overlap(out.data, inc.array):
+            raise ValueError(
+                f"rank {self._rank}: {c}: buf shares memory with x, so the message received "
+                "would overwrite the one being sent; receive into another array (to replace x, "
+                "as MPI's Sendrecv_replace: comm.sendrecv(x.copy(), dst, x, src))"
+            )
         rreq = self._post_recv(buf, inc, c)
         sreq = self._post_send(out, c)
         self._block([rreq, sreq], seconds)
@@ -408,3 +415,11 @@ class PointToPointMethods:
                 r._abandon()
         for r in reqs:
             r._finish(None)
+
+
+def _overlap(a: np.ndarray, b: object) -> bool:
+    """Whether the contiguous array ``a`` and ``b`` (an array; anything else: no) share
+    memory: exactly, which costs little against one contiguous range."""
+    if not isinstance(b, np.ndarray) or not np.may_share_memory(a, b):
+        return False
+    return bool(np.shares_memory(a, b))

@@ -251,6 +251,28 @@ def test_sendrecv_ring_never_deadlocks(size: int, lockstep: bool) -> None:
         assert res == ((r - 1) % size,) * 2
 
 
+def test_sendrecv_refuses_a_buf_that_shares_memory_with_x() -> None:
+    """The message received overwrote the one being sent: over shared memory a rank got its
+    own data back, without an error."""
+
+    def body(comm: plait.Communicator) -> Any:
+        peer = 1 - comm.rank
+        x = np.full(8, float(comm.rank), np.float32)
+        for buf in (x, x[2:6], x.reshape(2, 4)[:, 1]):
+            with pytest.raises(ValueError, match="buf shares memory with x"):
+                comm.sendrecv(x, peer, buf, peer)
+        assert (x == comm.rank).all()  # refused before a byte moved
+        evens, odds = x[0::2], x[1::2]  # side by side, no element in common: fine
+        comm.sendrecv(evens, peer, odds, peer)
+        mixed = x.tolist()
+        got = comm.sendrecv(x.copy(), peer, x, peer)  # the replace MPI spells apart
+        return mixed, got.tolist()
+
+    for r, (mixed, got) in enumerate(run_ranks(2, body)):
+        assert mixed == [float(r), float(1 - r)] * 4
+        assert got == mixed[1:] + mixed[:1]  # the peer's x, as it was
+
+
 def test_proc_null_ends_a_non_periodic_shift() -> None:
     def body(comm: plait.Communicator) -> Any:
         r, p = comm.rank, comm.size
