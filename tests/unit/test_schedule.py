@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from plait.schedule.builder import Builder, Context, blocks, segments
+from plait.schedule.builder import MOST_SEGMENTS, Builder, Context, blocks, segments
 from plait.schedule.ir import IN, OUT, TMP, Region, Schedule, StepKind
 from plait.schedule.verify import ScheduleError, run_joint
 
@@ -20,6 +22,25 @@ def test_blocks_and_segments() -> None:
     r = Region(OUT, 4, 10)
     assert segments(r, 0) == [r]
     assert segments(r, 4) == [Region(OUT, 4, 4), Region(OUT, 8, 4), Region(OUT, 12, 2)]
+
+
+def test_a_long_region_is_cut_into_longer_segments_not_more() -> None:
+    n = 4 * MOST_SEGMENTS + 1
+    cut = segments(Region(IN, 0, n), 1)
+    assert len(cut) <= MOST_SEGMENTS
+    assert [s.offset for s in cut] == sorted(s.offset for s in cut)
+    assert sum(s.count for s in cut) == n  # every element once, in order
+    assert all(a.offset + a.count == b.offset for a, b in itertools.pairwise(cut))
+
+
+def test_a_schedule_never_grows_with_a_claimed_count_alone() -> None:
+    """An allgatherv whose counts claim a trillion rows of a peer (who refuses them): its
+    ring schedule was built step by step, a core busy and memory growing for minutes."""
+    from plait.algos._registry import build_schedule, get
+
+    ctx = Context("allgatherv", 0, 2, 0, segment=16384, counts=(1, 1 << 40))
+    sched = build_schedule(get("allgatherv", "ring"), ctx)
+    assert len(sched.steps) <= 2 * MOST_SEGMENTS + 8
 
 
 def test_dependencies_follow_data_hazards() -> None:

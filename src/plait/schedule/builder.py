@@ -561,11 +561,22 @@ def blocks(count: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+#: Most segments one region is cut into: a longer region gets longer segments. A schedule's
+#: size then never grows with the element count alone: an uneven call whose counts claim a
+#: peer's rows by the trillion (a mistake; the peer refuses them) built its steps one by one,
+#: a core busy and memory growing, before any byte could move.
+MOST_SEGMENTS = 4096
+
+
 def segments(region: Region, segment: int) -> list[Region]:
-    """Split ``region`` into pipelining segments of at most ``segment`` elements (0: one)."""
-    if segment <= 0 or region.count <= segment:
+    """Split ``region`` into pipelining segments of at most ``segment`` elements (0: one),
+    and at most :data:`MOST_SEGMENTS` of them (alike on both sides of a message: they cut
+    regions of one size with one ``segment``)."""
+    n = region.count
+    if segment <= 0 or n <= segment:
         return [region]
-    return [region.sub(o, min(segment, region.count - o)) for o in range(0, region.count, segment)]
+    segment = max(segment, -(-n // MOST_SEGMENTS))
+    return [region.sub(o, min(segment, n - o)) for o in range(0, n, segment)]
 
 
 def exchange(
