@@ -22,6 +22,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -296,8 +297,9 @@ PARALLEL_RANKS = 512
 
 def default_workers() -> int:
     """Worker processes :func:`build_program` uses: every core, if forking is safe here."""
-    if not hasattr(os, "fork") or threading.active_count() > 1:
-        # Forking a process with threads can deadlock the child (and newer Pythons warn).
+    if not hasattr(os, "fork") or threading.active_count() > 1 or "jax" in sys.modules:
+        # Forking a process with threads can deadlock the child (and newer Pythons warn);
+        # JAX runs threads of its own that Python does not count, and warns at every fork.
         return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))
