@@ -23,6 +23,7 @@ The exchange (server = the accepting side)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -55,6 +56,9 @@ NONCE = 16
 MAC = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE
 RESPONSE_BYTES = NONCE + MAC
+#: What a server sends in place of its proof to a client whose proof failed, before it
+#: closes: the client can tell a wrong secret from a connection dropped under load.
+REFUSED = b"plait: refused".ljust(MAC, b"\0")
 
 
 #: Seconds between two summaries of failed authentications (see :class:`FailureLog`).
@@ -68,11 +72,12 @@ class AuthError(TransportError):
 
 
 class HandshakeUnanswered(AuthError):
-    """The server closed the connection or stayed silent before its challenge.
+    """The server closed the connection or stayed silent before its challenge, or closed
+    it after the client's proof without a verdict (:data:`REFUSED`).
 
-    Nothing about secrets has been exchanged yet, so this is never a wrong
-    PLAIT_SECRET: the server is overloaded (out of file descriptors, or over its
-    cap of connections still authenticating) or is not a plait server at all.
+    Never a wrong PLAIT_SECRET (a server refuses that in words): the server is
+    overloaded (out of file descriptors, or over its cap of connections still
+    authenticating, which drops the oldest first) or is not a plait server at all.
     A client may retry.
     """
 
@@ -204,15 +209,28 @@ _OVERLOADED = (
     "it may be out of file descriptors or holding too many connections that are still "
     "authenticating; no secret was exchanged yet, so the secret is not the cause"
 )
+_DROPPED = (
+    "the server closed the connection after our proof without a verdict: it is overloaded "
+    "and dropped it as one of too many connections still authenticating (a wrong secret it "
+    "refuses in words)"
+)
 
 
 def _recv_exactly(
-    sock: socket.socket, n: int, deadline: float, what: str, *, answered: bool = True
+    sock: socket.socket,
+    n: int,
+    deadline: float,
+    what: str,
+    *,
+    answered: bool = True,
+    verdict: bool = False,
 ) -> bytes:
     """``n`` bytes before ``deadline``; ``answered``: the other side has spoken already.
 
     Before the other side's first byte (``answered`` False) a closed or silent
     connection is :class:`HandshakeUnanswered`: it cannot be about the secret.
+    So is one closed before the first byte of the server's ``verdict`` (its proof, or
+    :data:`REFUSED`): it dropped the connection, and said nothing of the secret.
     """
     data = bytearray()
     started = time.monotonic()
@@ -235,12 +253,16 @@ def _recv_exactly(
                 raise HandshakeUnanswered(
                     f"{what}: the connection failed before the handshake: {exc} ({_OVERLOADED})"
                 ) from exc
+            if verdict and not data:
+                raise HandshakeUnanswered(f"{what}: {_DROPPED}: {exc}") from exc
             raise AuthError(f"{what}: connection failed during the handshake: {exc}") from exc
         if not chunk:
             if not answered and not data:
                 raise HandshakeUnanswered(
                     f"{what}: the server closed the connection before the handshake ({_OVERLOADED})"
                 )
+            if verdict and not data:
+                raise HandshakeUnanswered(f"{what}: {_DROPPED}")
             raise AuthError(
                 f"{what}: the other side closed the connection during the handshake: it "
                 "does not accept our PLAIT_SECRET (or it dropped us as one of too many "
@@ -269,7 +291,9 @@ def client_handshake(sock: socket.socket, key: bytes, timeout: float, what: str)
         server_nonce = hello[len(MAGIC) :]
         client_nonce = secrets.token_bytes(NONCE)
         sock.sendall(client_nonce + client_proof(key, server_nonce, client_nonce))
-        answer = _recv_exactly(sock, MAC, deadline, what)
+        answer = _recv_exactly(sock, MAC, deadline, what, verdict=True)
+        if answer == REFUSED:
+            raise AuthError(f"{what}: the other side does not accept our PLAIT_SECRET")
         if not hmac.compare_digest(answer, server_proof(key, server_nonce, client_nonce)):
             raise AuthError(
                 f"{what}: the other side failed authentication (it does not know PLAIT_SECRET)"
@@ -288,6 +312,8 @@ def server_handshake(sock: socket.socket, key: bytes, timeout: float, what: str)
         response = _recv_exactly(sock, RESPONSE_BYTES, deadline, what)
         answer = check_response(key, server_nonce, response)
         if answer is None:
+            with contextlib.suppress(OSError):
+                sock.sendall(REFUSED)
             raise AuthError(
                 f"{what}: the other side failed authentication (it does not know PLAIT_SECRET)"
             )

@@ -147,6 +147,34 @@ def test_a_silent_server_is_not_blamed_on_the_secret(monkeypatch: pytest.MonkeyP
     assert "PLAIT_SECRET" not in message
 
 
+def test_a_connection_dropped_after_our_proof_is_retried_not_blamed_on_the_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server over its cap of connections still authenticating drops the oldest, which
+    may be an honest client that already sent its proof: that client was told "check
+    PLAIT_SECRET" and not retried. A wrong proof is now refused in words (REFUSED), so a
+    close without a verdict is a drop, retried while the client's patience lasts."""
+    monkeypatch.setenv("PLAIT_SECRET", "right")
+    key = _auth.secret()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        client = Background(lambda: TCPStore("127.0.0.1", port, connect_timeout=TEST_TIMEOUT))
+        first, _ = listener.accept()
+        hello, _ = _auth.challenge()
+        first.sendall(hello)
+        first.recv(_auth.RESPONSE_BYTES)
+        first.close()  # dropped after its proof, as the oldest of too many
+        listener.settimeout(TEST_TIMEOUT)
+        try:
+            second, _ = listener.accept()  # the client came back
+        except TimeoutError:
+            client.result()  # raises what the client raised instead
+            raise
+        with second:
+            _auth.server_handshake(second, key, TEST_TIMEOUT, "store")
+            client.result().close()
+
+
 def test_a_wrong_secret_still_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLAIT_SECRET", "right")
     with TCPStoreServer() as server:

@@ -360,6 +360,8 @@ class TCPStoreServer:
             )
             if answer is None:
                 self._refused.failed(conn.peer)
+                with contextlib.suppress(OSError):  # a verdict, not a drop under load
+                    conn.sock.send(_auth.REFUSED)
                 self._drop(conn)
                 return
             del conn.inbuf[: _auth.RESPONSE_BYTES]

@@ -231,15 +231,18 @@ class TCPStore(Store):
 
     # ---- connections
 
-    def _connect(self, patience: float) -> socket.socket:
+    def _connect(self, patience: float, shed: float = 0.0) -> socket.socket:
         """An authenticated connection, retrying for ``patience`` seconds.
 
-        Retried: refused connections (the server may not be up yet) and
-        connections the server closes before its challenge (it is overloaded and
+        Retried: refused connections (the server may not be up yet) and, for
+        ``shed`` seconds if longer, connections the server drops without a
+        verdict, before its challenge or after our proof (it is overloaded and
         sheds load; see Note [hostile peers] in :mod:`._tcp_server`). Not
         retried: a handshake that fails on the secret.
         """
-        deadline = time.monotonic() + patience
+        start = time.monotonic()
+        deadline = start + patience
+        shed_until = start + max(patience, shed)
         delay, max_delay = _net.CONNECT_BACKOFF
         while True:
             try:
@@ -254,7 +257,7 @@ class TCPStore(Store):
                 _auth.client_handshake(sock, self._key, _HANDSHAKE_SECONDS, f"store {self.address}")
             except _auth.HandshakeUnanswered as exc:
                 sock.close()
-                left = deadline - time.monotonic()
+                left = shed_until - time.monotonic()
                 if left <= 0:
                     raise StoreConnectError(str(exc)) from exc
                 time.sleep(min(delay, left))  # nothing to wait on: the server shed us
@@ -272,8 +275,8 @@ class TCPStore(Store):
             sock = self._idle.pop() if self._idle else None
         if sock is None:
             # The server was up when this client connected, so a refused
-            # connection now means it is gone: no retrying.
-            sock = self._connect(0.0)
+            # connection now means it is gone: no retrying (but for a drop under load).
+            sock = self._connect(0.0, self.connect_timeout)
         with self._lock:
             if self._closed:
                 sock.close()

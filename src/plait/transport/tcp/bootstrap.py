@@ -332,6 +332,8 @@ def connect_mesh(
             if proof is None:  # wrong secret or garbage: drop it and keep waiting
                 if a.buf:  # (a bare connect and close is no attempt to authenticate)
                     listener.refused.failed(a.peer)
+                    with contextlib.suppress(OSError):  # a verdict, not a drop under load
+                        a.sock.send(_auth.REFUSED)
                 a.sock.close()
                 return
             fields = HELLO.unpack(a.buf[_auth.RESPONSE_BYTES :])
@@ -387,12 +389,19 @@ def connect_mesh(
                         f"{d.addr} closed the connection before its challenge ({_UNANSWERED})",
                         unanswered=not d.buf,
                     )
+                elif d.buf.startswith(_auth.REFUSED):  # its verdict on our proof
+                    sel.unregister(d.sock)
+                    d.sock.close()
+                    d.sock = None
+                    raise _auth.AuthError(
+                        f"rank {rank}: {d.addr}, published as rank {d.peer}, refused this "
+                        "rank's proof: the ranks were not given the same PLAIT_SECRET"
+                    )
                 else:
                     retry(
                         d,
-                        "connection closed during the handshake (did the peer reject our "
-                        "PLAIT_SECRET, or drop us as one of too many connections "
-                        "authenticating?)",
+                        "connection closed during the handshake (dropped as one of too many "
+                        "connections authenticating?)",
                     )
                 return
             d.buf += chunk
