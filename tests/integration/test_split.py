@@ -98,6 +98,10 @@ def test_bad_split_arguments() -> None:
             comm.split(-3)
         with pytest.raises(TypeError, match="key must be an int"):
             comm.split(0, key="x")  # type: ignore[arg-type]
+        # Past 64 bits: a raw OverflowError naming neither the rank nor the argument.
+        for color, key in ((1 << 63, 0), (np.uint64(2**64 - 1), 0), (0, 1 << 63), (0, -(1 << 64))):
+            with pytest.raises(ValueError, match="must fit in 64 signed bits"):
+                comm.split(color, key=key)
         return comm.allreduce(np.ones(1))[0]
 
     assert run_ranks(2, body) == [2.0, 2.0]

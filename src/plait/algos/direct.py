@@ -62,7 +62,10 @@ def allreduce_direct_ports(p: int, n: float, a: float, b: float, g: float, d: fl
 
 @register("allreduce", "direct", cost=Cost(ports=allreduce_direct_ports))
 def allreduce(b: Builder) -> None:
-    """Send each slice to its owner, which reduces it in rank order and sends it to all: 2 steps.
+    """Send each slice to its owner, which reduces it and sends it to all: 2 steps.
+
+    The owner reduces in a fixed order (rank order for a non-commutative op), so every
+    rank gets the same bits.
 
     Segments (``ctx.segment``) let an owner forward each piece of its slice as
     soon as that piece is reduced.
