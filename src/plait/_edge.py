@@ -103,29 +103,13 @@ class CollectiveMethods:
     # The request every plain barrier runs (made by the first), and its short path
     _barrier: tuple[Request, Callable[[Request, int], Any] | None] | None
 
-    if TYPE_CHECKING:  # defined by the classes mixed in above (the communicator, the uneven edge)
-
-        def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice: ...
-        def _allreduce_compressed(
-            self,
-            x: Any,
-            op: Op,
-            out: Any,
-            algorithm: Any,
-            timeout: float | None,
-            async_op: bool,
-            compression: Compression,
-        ) -> Any: ...
-        def _reduce_scatterv(
-            self,
-            x: Any,
-            op: Op,
-            counts: RowCounts,
-            out: Any,
-            algorithm: Any,
-            timeout: float | None,
-            async_op: bool,
-        ) -> Any: ...
+    # Defined by the classes mixed in above: the algorithm and segment of a call (the
+    # communicator, next to the settings and the cache of auto's choices it reads),
+    # ``allreduce(compression=...)`` (the communicator) and ``reduce_scatter(counts=...)``
+    # (plait._uneven_edge.UnevenMethods).
+    _choose: Callable[[str, Any, int, Op | None], Choice]
+    _allreduce_compressed: Callable[..., Any]
+    _reduce_scatterv: Callable[..., Any]
 
     def _keep_shortcut(self, key: tuple[Any, ...], cut: Shortcut) -> None:
         """Keep ``cut`` for the calls of ``key`` (Note [the short path]), within CACHE_LIMIT."""

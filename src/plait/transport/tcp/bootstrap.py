@@ -38,7 +38,7 @@ import os
 import selectors
 import socket
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from plait import _auth, _guard, _net
 from plait.errors import CommTimeout, RendezvousError, TransportError
@@ -364,6 +364,17 @@ def connect_mesh(
                 return
             done[src] = a.sock
 
+        def refused(d: _Dial, why: str) -> NoReturn:
+            """End ``d``: it and this rank do not share the secret (``why``, then
+            PLAIT_SECRET)."""
+            assert d.sock is not None
+            sel.unregister(d.sock)
+            d.sock.close()
+            d.sock = None
+            raise _auth.AuthError(
+                f"rank {rank}: {d.addr}, published as rank {d.peer}, {why} PLAIT_SECRET"
+            )
+
         def dialled(d: _Dial) -> None:
             """Bytes (or an end) arrived on an outgoing connection in stage 1 or 2."""
             assert d.sock is not None
@@ -390,13 +401,7 @@ def connect_mesh(
                         unanswered=not d.buf,
                     )
                 elif d.buf.startswith(_auth.REFUSED):  # its verdict on our proof
-                    sel.unregister(d.sock)
-                    d.sock.close()
-                    d.sock = None
-                    raise _auth.AuthError(
-                        f"rank {rank}: {d.addr}, published as rank {d.peer}, refused this "
-                        "rank's proof: the ranks were not given the same PLAIT_SECRET"
-                    )
+                    refused(d, "refused this rank's proof: the ranks were not given the same")
                 else:
                     retry(
                         d,
@@ -427,13 +432,7 @@ def connect_mesh(
                 d.stage = 2
                 return
             if not hmac.compare_digest(d.buf[: _auth.MAC], _auth.server_proof(secret, *d.nonces)):
-                sel.unregister(d.sock)
-                d.sock.close()
-                d.sock = None
-                raise _auth.AuthError(
-                    f"rank {rank}: {d.addr}, published as rank {d.peer}, failed "
-                    "authentication: it does not know this job's PLAIT_SECRET"
-                )
+                refused(d, "failed authentication: it does not know this job's")
             fields = HELLO.unpack(d.buf[_auth.MAC :])
             if (
                 fields[0] != MAGIC
