@@ -399,7 +399,7 @@ class Stager:
             out=flat_out,
             writeback=writeback,
             result=result,
-            writes_caller_memory=caller_out or plan.fills_x,
+            writes_caller_memory=root != self._rank if plan.fills_x else caller_out,
             average=op is not None and op.average,
             plan=plan,
             aliased=aliased,
@@ -450,7 +450,8 @@ class Stager:
         if target is None:
             return req
         return req._replace(
-            writeback=target, writes_caller_memory=out is not None or req.plan.fills_x
+            writeback=target,
+            writes_caller_memory=root != self._rank if req.plan.fills_x else out is not None,
         )
 
 

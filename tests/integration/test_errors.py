@@ -261,6 +261,20 @@ def test_in_place_failure_says_buffer_is_undefined() -> None:
     run_ranks(2, body)
 
 
+def test_a_failed_broadcast_leaves_roots_x_as_it_was_and_says_so() -> None:
+    """Root only reads its ``x``: its error said the buffer's contents were undefined."""
+
+    def body(comm: plait.Communicator) -> Any:
+        x = np.arange(4.0) if comm.rank == 0 else np.zeros(4, np.float32)  # dtypes differ
+        with pytest.raises(plait.MismatchError) as info:
+            comm.broadcast(x, root=0)
+        return "undefined" in str(info.value), x.tolist()
+
+    (root_says, root_x), (other_says, _) = run_ranks(2, body, window=0)
+    assert (root_says, root_x) == (False, [0.0, 1.0, 2.0, 3.0])
+    assert other_says
+
+
 def test_closed_communicator() -> None:
     def body(comm: plait.Communicator) -> Any:
         comm.close()
