@@ -89,8 +89,8 @@ Note [agree]
     :func:`abort` when a call fails) makes agree raise CommTimeout at its
     deadline. The coordinator then writes the result *void* (``void <its
     rank> <the ranks missing>``), and every rank that reads it, the late one
-    when it comes too, raises CommTimeout: agreement ``k`` failed everywhere,
-    and every rank's next agree is number ``k + 1``. (Were it left undecided,
+    when it comes too, raises CommTimeout: no rank ends agreement ``k`` with
+    a result, and every rank's next agree is number ``k + 1``. (Were it left undecided,
     the late rank would wait in ``k`` for a coordinator gone on to ``k + 1``,
     each for the other, until both timed out.) A rank that times out waiting
     for the result writes nothing: the coordinator may still decide, with
@@ -407,9 +407,12 @@ class Recovery:
 
     def _missing(self, keys: str, seen: dict[int, tuple[int, float]], until: float) -> list[int]:
         """The ranks that have neither written their flag under ``keys`` nor failed, once
-        there are none or at ``until`` (monotonic), whichever comes first."""
+        there are none or at ``until`` (monotonic), whichever comes first; none once the
+        agreement has a result (a coordinator that took over decided it)."""
         store = self.store
         while True:
+            if store.check([f"{keys}result"]):
+                return []
             missing = [
                 p
                 for p in range(self.size)
@@ -654,6 +657,9 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
     if comm._runner.broken is not None:  # failed or aborted here: peers may be stuck in a call
         leave()
     agreement, k = rec.agree(1, seconds, "shrink", leave)
+    done = None if comm._runner.broken else rec._mark(_aborted_by(rec.rank, "replaced by shrink()"))
+    if done is not None:  # every rank came: no call to leave, but later ones (a group's) say why
+        done.set()
     members = agreement.ranks
     size = len(members)
     rank = members.index(comm.rank)

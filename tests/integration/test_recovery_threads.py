@@ -76,6 +76,23 @@ def test_shrink_without_a_failure_renumbers_and_closes_the_old_one() -> None:
         assert res == (True, r, 3, [3.0, 6.0, 9.0])
 
 
+def test_a_group_of_a_communicator_shrunk_while_healthy_says_why_it_is_gone() -> None:
+    """Its next call said only that the transport was closed (the rank twice over)."""
+
+    def body(comm: plait.Communicator) -> Any:
+        group = comm.split(0)
+        new = comm.shrink()
+        try:
+            with pytest.raises(plait.AbortedError, match=r"replaced by shrink\(\)") as info:
+                group.allreduce(np.ones(1))
+            return str(info.value).count(f"rank {comm.rank}: ")
+        finally:
+            group.close()
+            new.close()
+
+    assert store_ranks(2, body) == [1, 1]
+
+
 def test_a_late_rank_is_left_out_and_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 2 closes its communicator (its heartbeat stops): the others agree without it."""
     monkeypatch.setattr(_recovery, "HEARTBEAT_SECONDS", 0.05)

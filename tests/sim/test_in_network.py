@@ -20,7 +20,7 @@ from plait.algos import get
 from plait.algos.in_network import plan
 from plait.errors import UnsupportedError
 from plait.runtime.executor import Call, execute
-from plait.schedule.builder import Fabric
+from plait.schedule.builder import MOST_SEGMENTS, Fabric
 from plait.schedule.symbolic import prove
 from plait.testing import reference, run_ranks
 from plait.transport.memory import MemoryFabric
@@ -88,6 +88,16 @@ def test_proven_on_provenance_sets(p: int, count: int) -> None:
         fabric = net.aggregation_fabric()[0]
         prove(SPEC, p, count, fabric=fabric, segment=3)
         prove(SPEC, p, count, fabric=fabric)
+
+
+def test_more_pieces_than_other_schedules_cut_a_region_into() -> None:
+    """A switch holds a piece in its memory, so its pieces cannot grow as the others' do past
+    MOST_SEGMENTS: the ranks cut their vector as the switches do (they sent fewer, longer
+    pieces than their switch received once the others' were capped)."""
+    fabric = sim.single_switch(2, LINK, aggregation_memory=8).aggregation_fabric()[0]
+    prove(SPEC, 2, MOST_SEGMENTS + 1000, fabric=fabric, segment=1)
+    net = sim.single_switch(2, LINK, aggregation_memory=64)
+    assert sim.simulate("allreduce", "in_network", 80_000, net, dtype="float32").time > 0
 
 
 @pytest.mark.parametrize("p", [1, 3, pytest.param(6, marks=pytest.mark.slow)])

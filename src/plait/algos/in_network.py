@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from plait.algos._registry import register
 from plait.errors import UnsupportedError
-from plait.schedule.builder import Builder, segments
+from plait.schedule.builder import Builder
+from plait.schedule.ir import Region
 
 __all__: list[str] = []
 
@@ -60,6 +61,14 @@ def plan(count: int, itemsize: int, segment: int, memory: int) -> tuple[int, int
     if count:
         seg = min(seg, count)
     return seg, max(1, per // seg)
+
+
+def _cut(region: Region, seg: int) -> list[Region]:
+    """``region`` in pieces of ``seg`` elements, as the switches cut it: however many there
+    are (a switch holds a piece in its memory, so the pieces cannot grow as
+    :func:`~plait.schedule.builder.segments` lets others grow)."""
+    n = region.count
+    return [region.sub(o, min(seg, n - o)) for o in range(0, n, seg)] or [region]
 
 
 @register("allreduce", "in_network", commutative_only=True, in_place=False, needs_fabric=True)
@@ -84,7 +93,7 @@ def allreduce(b: Builder) -> None:
     if r < p:  # a rank: its vector up, the result down, at most `window` segments in flight
         switch = p + fabric.attach[r]
         received: list[int] = []
-        pieces = zip(segments(b.inp, seg), segments(b.out, seg), strict=True)
+        pieces = zip(_cut(b.inp, seg), _cut(b.out, seg), strict=True)
         for k, (x, y) in enumerate(pieces):
             b.send(switch, x, after=(received[k - window],) if k >= window else ())
             received.append(b.recv(switch, y))

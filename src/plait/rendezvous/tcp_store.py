@@ -43,6 +43,8 @@ __all__ = ["StoreConnectError", "TCPStore", "TCPStoreServer"]
 
 #: Seconds a new connection has to complete the shared-secret handshake.
 _HANDSHAKE_SECONDS = 10.0
+#: Seconds a new pooled connection that the server dropped under load is tried again.
+_SHED_SECONDS = 1.0
 #: Extra seconds a client waits for the answer to a blocking call beyond its
 #: timeout: the server answers "timeout" itself, so this only bounds a server
 #: that stopped answering without closing the connection.
@@ -275,8 +277,9 @@ class TCPStore(Store):
             sock = self._idle.pop() if self._idle else None
         if sock is None:
             # The server was up when this client connected, so a refused
-            # connection now means it is gone: no retrying (but for a drop under load).
-            sock = self._connect(0.0, self.connect_timeout)
+            # connection now means it is gone: no retrying (but for a drop under load, for
+            # a moment: a call with a short timeout must not wait on the store's patience).
+            sock = self._connect(0.0, min(self.connect_timeout, _SHED_SECONDS))
         with self._lock:
             if self._closed:
                 sock.close()
