@@ -196,7 +196,6 @@ class CollectiveMethods:
         )  # fmt: skip
         if (
             key is not None
-            and not purpose
             and not self._runner.reserved()
             and x.dtype.isnative
             and req.writeback is None
@@ -204,7 +203,9 @@ class CollectiveMethods:
             and x.flags.c_contiguous
         ):
             go = self._runner.short_path(req.plan)
-            self._keep_shortcut(key, Shortcut(req, shape, has_out, x.ndim == 1, go))
+            # An inner call's is kept apart: only UnevenMethods._within looks it up.
+            cut = Shortcut(req, shape, has_out, x.ndim == 1, go)
+            self._keep_shortcut((*key, purpose) if purpose else key, cut)
         # 4: the user's frame is beyond this one and the collective method's
         res = self._runner.start(req, timeout, async_op, self, 4)
         return res if req.finish is None else finished(res, req.finish, async_op)
@@ -389,7 +390,8 @@ class CollectiveMethods:
         ):
             go = self._runner.short_path(req.plan)
             cut = Shortcut(req, x.shape, True, x.ndim == 1, go)
-            self._keep_shortcut((c, x.shape, x.dtype, root, algorithm), cut)
+            key = (c, x.shape, x.dtype, root, algorithm)
+            self._keep_shortcut((*key, purpose) if purpose else key, cut)  # as in _collective
         return self._runner.start(req, timeout, async_op, self)
 
     @overload

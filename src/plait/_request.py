@@ -41,10 +41,11 @@ Note [calls within calls]
     as if they matched (over messages the ranks even ended as if it had
     succeeded). An inner call carries its ``purpose`` (the outer call's
     name) in its plan and check word, so it matches only the same inner
-    call, and a mismatch error names it. It never takes or keeps a kept
-    request of the short path (Note [the short path] in :mod:`plait._shortcut`),
-    whose plans are the user's calls': it passes the communicator's timeout,
-    which the short path leaves to the long one.
+    call, and a mismatch error names it. It never takes a kept request of
+    the user's calls (Note [the short path] in :mod:`plait._shortcut`): it
+    passes the communicator's timeout, which the short path leaves to the
+    long one. It keeps one of its own instead, keyed with its purpose, which
+    only inner calls look up (``UnevenMethods._within``).
 """
 
 from __future__ import annotations

@@ -89,9 +89,19 @@ class UnevenMethods(CollectiveMethods):
         [calls within calls] in :mod:`plait._request`). A broadcast fills ``x``; the others
         return a new array. The count exchanges, the object collectives and ``split`` make
         their inner calls with it."""
-        seconds = self._runner.timeout if timeout is None else timeout  # not the short path
+        runner = self._runner
+        if t.fills_x:  # (broadcast's long path looks up no kept request: timeout may be None)
+            key: tuple[Any, ...] = (t.name, x.shape, x.dtype, root, "auto", purpose)
+        else:  # as _collective keeps them, with the purpose last
+            key = (t.name, x.shape, x.dtype, op, root, None, "auto", purpose)
+        cut = self._shortcuts.get(key) if timeout is None and runner.plain else None
+        if cut is not None and x.flags.carray:  # contiguous, aligned, writeable
+            req = cut.request_fill(x) if t.fills_x else cut.request(x, False)
+            return runner.start(req, None, False, self)
         if t.fills_x:
-            return self._fill(x, root, "auto", seconds, False, purpose)
+            return self._fill(x, root, "auto", timeout, False, purpose)
+        # A timeout keeps _collective from looking up the user's kept requests.
+        seconds = runner.timeout if timeout is None else timeout
         return self._collective(t, x, op, root, None, "auto", seconds, False, purpose)
 
     def _reduce_scatterv(
