@@ -111,11 +111,12 @@ class CollectiveMethods:
     _allreduce_compressed: Callable[..., Any]
     _reduce_scatterv: Callable[..., Any]
 
-    def _keep_shortcut(self, key: tuple[Any, ...], cut: Shortcut) -> None:
-        """Keep ``cut`` for the calls of ``key`` (Note [the short path]), within CACHE_LIMIT."""
+    def _keep_shortcut(self, key: tuple[Any, ...], cut: Shortcut, purpose: str = "") -> None:
+        """Keep ``cut`` for the calls of ``key`` (Note [the short path]), within CACHE_LIMIT;
+        an inner call's (``purpose``) apart, where only ``UnevenMethods._within`` looks."""
         if len(self._shortcuts) >= CACHE_LIMIT:
             self._shortcuts.clear()
-        self._shortcuts[key] = cut
+        self._shortcuts[(*key, purpose) if purpose else key] = cut
 
     def _collective(
         self,
@@ -203,9 +204,7 @@ class CollectiveMethods:
             and x.flags.c_contiguous
         ):
             go = self._runner.short_path(req.plan)
-            # An inner call's is kept apart: only UnevenMethods._within looks it up.
-            cut = Shortcut(req, shape, has_out, x.ndim == 1, go)
-            self._keep_shortcut((*key, purpose) if purpose else key, cut)
+            self._keep_shortcut(key, Shortcut(req, shape, has_out, x.ndim == 1, go), purpose)
         # 4: the user's frame is beyond this one and the collective method's
         res = self._runner.start(req, timeout, async_op, self, 4)
         return res if req.finish is None else finished(res, req.finish, async_op)
@@ -390,8 +389,7 @@ class CollectiveMethods:
         ):
             go = self._runner.short_path(req.plan)
             cut = Shortcut(req, x.shape, True, x.ndim == 1, go)
-            key = (c, x.shape, x.dtype, root, algorithm)
-            self._keep_shortcut((*key, purpose) if purpose else key, cut)  # as in _collective
+            self._keep_shortcut((c, x.shape, x.dtype, root, algorithm), cut, purpose)
         return self._runner.start(req, timeout, async_op, self)
 
     @overload

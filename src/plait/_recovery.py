@@ -362,7 +362,7 @@ class Recovery:
                 late()
             while True:
                 if self._coordinator(seen) == me:
-                    text = self._decide(keys, seen, deadline, seconds, k, what)
+                    text = self._decide(keys, seen, deadline)
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -383,6 +383,12 @@ class Recovery:
         value, _, listed = text.partition(" ")
         if value == _VOID:
             by, _, missing = listed.partition(" ")
+            if by == str(me):
+                raise CommTimeout(
+                    f"rank {me}: {what}: agree #{k}: rank(s) [{missing}] neither took part "
+                    f"nor failed within {seconds:g} s; a rank still inside a call on this "
+                    "communicator never gets to agree (call abort() when a call fails)"
+                )
             raise CommTimeout(
                 f"rank {me}: {what}: agree #{k} was given up by rank {by} at its timeout, "
                 f"before rank(s) [{missing}] took part or failed; the next agree of every "
@@ -425,15 +431,7 @@ class Recovery:
             with contextlib.suppress(StoreTimeout):
                 store.wait([f"{keys}flag/{missing[0]}"], min(_SLICE, left))
 
-    def _decide(
-        self,
-        keys: str,
-        seen: dict[int, tuple[int, float]],
-        deadline: float,
-        seconds: float,
-        k: int,
-        what: str,
-    ) -> str:
+    def _decide(self, keys: str, seen: dict[int, tuple[int, float]], deadline: float) -> str:
         """As coordinator: wait until every rank wrote its flag or failed; write the result.
 
         At the deadline the result is void (Note [agree]): a rank that arrives later
@@ -454,15 +452,7 @@ class Recovery:
                 text = f"{value} {','.join(map(str, present))}"
             if not store.check([result]):
                 store.set(result, text.encode())
-        text = store.get(result).decode()
-        void, by, late = [*text.split(" "), "", ""][:3]
-        if void == _VOID and by == str(self.rank):
-            raise CommTimeout(
-                f"rank {self.rank}: {what}: agree #{k}: rank(s) [{late}] neither took part "
-                f"nor failed within {seconds:g} s; a rank still inside a call on this "
-                "communicator never gets to agree (call abort() when a call fails)"
-            )
-        return text
+        return store.get(result).decode()
 
     def _has_failed(self, p: int, seen: dict[int, tuple[int, float]]) -> bool:
         """Whether rank ``p`` counts as failed now (Note [agree]); ``seen``: its heartbeats."""

@@ -315,14 +315,13 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise TypeError(f"rank {self._rank}: split: {what} must be an int; got {value!r}")
-        if color is not None and color < 0:
-            raise ValueError(f"rank {self._rank}: split: color must be >= 0 or None; got {color}")
-        for what, value in (("color", color), ("key", key)):
-            if value is not None and not -(1 << 63) <= int(value) < 1 << 63:
+            if not -(1 << 63) <= int(value) < 1 << 63:
                 raise ValueError(
                     f"rank {self._rank}: split: {what} must fit in 64 signed bits "
                     f"(-2**63 to 2**63-1); got {value}"
                 )
+        if color is not None and color < 0:
+            raise ValueError(f"rank {self._rank}: split: color must be >= 0 or None; got {color}")
         seq = self._runner.seq  # the allgather below takes this sequence number
         mine = np.array([-1 if color is None else int(color), int(key)], np.int64)
         table = self._within(_ALLGATHER, mine, "split", timeout)
