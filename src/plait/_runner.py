@@ -84,9 +84,9 @@ class CallRunner:
         "_probe_tag",
         "_rank",
         "_reserving",
-        "_shared",
         "_size",
         "_transport",
+        "_window",
         "_worker",
         "_workspaces",
         "aborted",
@@ -113,7 +113,7 @@ class CallRunner:
         self._transport = transport
         # Whether all its ranks share a window: one-sided calls run on it (run_one_sided);
         # else, across hosts, on their host's (execute, Note [mixed schedules]).
-        self._shared = getattr(transport, "window", None) is not None
+        self._window: Any = getattr(transport, "window", None)
         self._rank = transport.rank
         self._size = transport.size
         self._comm_id = comm_id
@@ -156,7 +156,7 @@ class CallRunner:
         """The frame that runs a plain call of ``plan`` whole, or None: a caller that knows
         the call is blocking, with the communicator's timeout and no copy back, calls it
         while :attr:`plain` is true, with the ``skip`` it would pass :meth:`start`."""
-        if plan.windowed and self._shared:
+        if plan.windowed and self._window is not None:
             return self._run_window
         if plan.line is not None:
             return self._run_straight
@@ -393,7 +393,7 @@ class CallRunner:
                         ),
                     )
                     buffers = (req.inp, req.out, tmp)
-                    if schedule.one_sided and self._shared:
+                    if schedule.one_sided and self._window is not None:
                         run_one_sided(schedule, buffers, self._transport, call, req.aliased)
                     else:
                         execute(schedule, buffers, self._transport, call, staging, req.aliased)
@@ -433,10 +433,9 @@ class CallRunner:
         broken, the recorder's slot ended and dumped, and the message says what it can."""
         if self.aborted is not None:  # every rank is marked before any closes (plait._recovery)
             exc = AbortedError(f"rank {self._rank}: {_describe(describe)}: {self.aborted}")
-        elif isinstance(exc, PeerLostError) and self._shared:
+        elif isinstance(exc, PeerLostError) and self._window is not None:
             # The rank lost may have left over a mismatch it found first.
-            window = getattr(self._transport, "window", None)
-            found = mismatch_behind(window, self._rank, _describe(describe), self.epoch)
+            found = mismatch_behind(self._window, self._rank, _describe(describe), self.epoch)
             if found is not None:
                 exc = found
         self.broken = exc
@@ -470,26 +469,27 @@ class CallRunner:
     #     reserved numbers) is run by _run_window: the steps of start and _run (number and
     #     epoch under the lock, the recorder's slot, its turn among the one-sided calls, the
     #     quiet reductions, failures through _failed, the turn passed on in every case) in
-    #     one frame. short_path names such frames; start, or the edge for a kept request
-    #     (Note [the short path] in plait._shortcut), calls them.
+    #     one frame, which calls the schedule's generated run (Note [generated runs] in
+    #     plait.runtime.compiled) directly, with _call as the maker of its Call: most
+    #     calls wait for nobody and need none. short_path names such frames; start, or the
+    #     edge for a kept request (Note [the short path] in plait._shortcut), calls them.
 
     @runs_calls  # as _run: the recorder finds a call in flight by this frame
     def _run_window(self, req: Request, skip: int) -> Any:
         """:meth:`start` and :meth:`_run` of a plain one-sided call, in one frame (Note
         [the one-sided short path])."""
-        spec, plan = req.spec, req.plan
+        plan = req.plan
         lock = self._lock
         lock.acquire()
         try:
             if self.closed or self.broken is not None:
-                self.check_usable(spec.collective)
+                self.check_usable(plan.shape.collective)
             seq = self.seq
             self.seq = seq + 1
             epoch = self.epoch
             self.epoch = epoch + 1
         finally:
             lock.release()
-        describe = (spec.collective, spec.name, seq)
         rec = self.recorder
         slot = None
         if rec is not None:
@@ -504,32 +504,25 @@ class CallRunner:
         token = None
         try:
             if self.turn != epoch:
-                self._wait_turn(epoch, self.timeout, describe)
+                self._wait_turn(epoch, self.timeout, _label(plan, seq))
             if self.broken is not None or self.closed:
-                self.check_usable(spec.collective)
+                self.check_usable(plan.shape.collective)
             token = quiet() if plan.guard else None  # Note [quiet reductions]
-            call = _new(
-                Call,
-                (
-                    describe,
-                    0,
-                    plan.check,
-                    plan.ufunc,
-                    (slot.start if slot is not None else _monotonic()) + self.timeout,
-                    slot,
-                    rec,
-                    None,
-                    epoch,
-                    seq,
-                    self._probe_tag,
-                ),
-            )
+            schedule, out, window = plan.schedule, req.out, self._window
+            last = getattr(window, "last_compiled", None)  # run_of's first look, inlined
             try:
-                run_one_sided(
-                    plan.schedule, (req.inp, req.out, _NO_TMP), self._transport, call, req.aliased
-                )
+                if last is not None and last[0] is schedule and last[1] is out.dtype:
+                    last[2](
+                        req.inp, out, _NO_TMP, req.aliased, epoch, seq, slot, self._call, plan,
+                        window, self._transport,
+                    )  # fmt: skip
+                else:  # compiled first (its window may grow), and cached for the next call
+                    call = self._call(plan, epoch, seq, slot)
+                    run_one_sided(
+                        schedule, (req.inp, out, _NO_TMP), self._transport, call, req.aliased
+                    )
             except CommError as exc:  # not the turn's timeout above: that breaks nothing
-                raise self._failed(exc, req, describe, slot) from exc.__cause__
+                raise self._failed(exc, req, _label(plan, seq), slot) from exc.__cause__
         except BaseException as exc:
             if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
                 rec.end(slot, exc)
@@ -544,6 +537,13 @@ class CallRunner:
         if slot is not None:
             slot.end = _monotonic()
         return req.result
+
+    def _call(self, plan: Plan, epoch: int, seq: int, slot: Slot | None) -> Call:
+        """The :class:`Call` of a one-sided call, for a generated run's slow way."""
+        deadline = (slot.start if slot is not None else _monotonic()) + self.timeout
+        rec = self.recorder if slot is not None else None
+        fields = (_label(plan, seq), 0, plan.check, plan.ufunc, deadline, slot, rec, None)
+        return _new(Call, (*fields, epoch, seq, self._probe_tag))
 
     # Note [the straight-line short path]
     #     The same for a message-passing call that runs in a straight line (the small calls
@@ -691,3 +691,9 @@ _NO_TMP = np.empty(0, np.uint8)
 
 def _describe(label: tuple[str, str, int]) -> str:
     return f"{label[0]} ({label[1]}, call #{label[2]})"
+
+
+def _label(plan: Plan, seq: int) -> tuple[str, str, int]:
+    """A call's label (:attr:`Call.label`): its collective, algorithm and number."""
+    shape = plan.shape
+    return (shape.collective, shape.algorithm, seq)

@@ -33,11 +33,15 @@ T = TypeVar("T")
 
 
 class RankFailure(Exception):
-    """Raised by :func:`run_ranks` when some rank raised; ``errors[r]`` holds each rank's."""
+    """Raised by :func:`run_ranks` when some rank raised; ``errors[r]`` holds each rank's.
+
+    The message gives every rank's error in rank order: the one that failed first is
+    often not rank 0 (the others then fail with PeerLostError as it closes).
+    """
 
     def __init__(self, errors: dict[int, BaseException]) -> None:
-        first = min(errors)
-        super().__init__(f"rank {first} failed: {errors[first]!r} ({len(errors)} rank(s) failed)")
+        each = "; ".join(f"rank {r} failed: {errors[r]!r}" for r in sorted(errors))
+        super().__init__(f"{each} ({len(errors)} rank(s) failed)")
         self.errors = errors
 
 

@@ -254,6 +254,9 @@ def test_rank_failure_is_reported() -> None:
         run_ranks(3, body)
     assert isinstance(info.value.errors[1], RuntimeError)
     assert isinstance(info.value.errors[0], plait.PeerLostError)
+    # The message names every rank's error, the one that failed first (rank 1's) too.
+    assert "rank 1 failed: RuntimeError('boom')" in str(info.value)
+    assert "rank 0 failed: PeerLostError" in str(info.value)
 
 
 def test_torch_cpu_tensors_without_copy() -> None:

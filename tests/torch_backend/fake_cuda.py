@@ -46,6 +46,9 @@ class FakeGpu:
         self.reads = 0
         self.writes = 0
         self.written: list[int] = []  # the data_ptr of each write's destination
+        # The memory of every tensor written, kept for the GPU's life: a tensor made later
+        # at a freed written address would otherwise count that write as its own.
+        self._kept: list[torch.Tensor] = []
         self.syncs = 0
         self.synced_writes: list[int] = []
         self._queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (memory, new values)
@@ -160,6 +163,7 @@ class FakeCudaTensor(torch.Tensor):
         self.gpu._queue_write(self._memory(), src.detach().clone())
         self.gpu.writes += 1
         self.gpu.written.append(self.data_ptr())
+        self.gpu._kept.append(self._memory())
         return self
 
     def numpy(self, *args: Any, **kwargs: Any) -> Any:

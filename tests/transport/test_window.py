@@ -181,15 +181,17 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
     from plait.schedule.builder import Context
 
     class ClosingWindow:
-        """The window, but the transport closes as soon as the call has begun."""
+        """The window, but the transport closes as soon as the call has posted."""
 
         def __init__(self, w: Any, transport: Any) -> None:
             self._w, self._transport = w, transport
 
-        def begin(self, epoch: int, digest: int, deadline: float | None) -> int:
-            half: int = self._w.begin(epoch, digest, deadline)
+        def poster(self) -> None:
+            return None  # every post through post, below
+
+        def post(self, value: int) -> None:
+            self._w.post(value)
             self._transport.close()
-            return half
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self._w, name)
@@ -199,7 +201,7 @@ def test_a_one_sided_call_on_a_closed_transport_raises_the_closed_error() -> Non
         ctx = Context("allreduce", 0, 2, 4, 4, window=win(a).capacity)
         schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
         f32 = np.dtype(np.float32)
-        w.last_compiled = (schedule, f32, compiled_for(schedule, w, f32))  # in place
+        w.last_compiled = (schedule, f32, compiled_for(schedule, w, f32).run)  # in place
         x = np.ones(4, np.float32)
         call = Call("allreduce (test)", 0, 0, np.add, soon(), epoch=0)
         closing: Any = SimpleNamespace(window=w, rank=0, size=2)

@@ -275,7 +275,7 @@ def test_a_copy_and_a_reduction_into_one_region_run_as_one_fold(name: str) -> No
     for rank in (0, 1):
         ctx = Context("allreduce", rank, 2, 64, 4, window=4096)
         schedule = build_schedule(get("allreduce", name), ctx)
-        ops = compiled._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
+        ops = compiled._compile(schedule, _Window(2), np.dtype(np.float32)).ops[0]
         folds = [op for op in ops if op[0] == compiled._FOLD]
         assert len(folds) == 1, (rank, schedule.steps)
         assert len(ops) == len(schedule.steps) - 1
@@ -366,7 +366,7 @@ def test_every_kind_of_compiled_operation_does_what_its_steps_say() -> None:
     peers = {q: window.typed(q, 0, np.dtype(np.float64)) for q in (1, 2)}
     peers[1][:n] = [3.0, -7.5, 11.25, 0.5]
     peers[2][:n] = [-2.0, 9.0, 4.75, -13.5]
-    ops = compiled._compile(schedule, window, np.dtype(np.float64), 0).ops
+    ops = compiled._compile(schedule, window, np.dtype(np.float64)).ops[0]
     kinds = {op[0] for op in ops}
     assert {compiled._COPY, compiled._POST, compiled._GET, compiled._GET_REDUCE} <= kinds
     assert {compiled._WAIT, compiled._FOLD, compiled._REDUCE} <= kinds
@@ -399,7 +399,7 @@ def test_calls_of_one_kind_share_the_code_of_their_generated_run() -> None:
     for count in (4, 12, 300):
         ctx = Context("allreduce", 0, 2, count, 4, window=4096)
         schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
-        runs.append(compiled._compile(schedule, window, np.dtype(np.float32), 0).run)
+        runs.append(compiled._compile(schedule, window, np.dtype(np.float32)).run)
     assert runs[0].__code__ is runs[1].__code__ is runs[2].__code__
     assert [run.__globals__["n_in"] for run in runs] == [4, 12, 300]
 
@@ -486,7 +486,7 @@ def test_a_compiled_wait_reads_a_short_counter_again_before_it_waits(
 
     ctx = Context("allreduce", 0, 2, 4, 4, window=4096)
     schedule = build_schedule(get("allreduce", "arena_oneshot"), ctx)
-    ops = compiled._compile(schedule, _Window(2), np.dtype(np.float32), 0).ops
+    ops = compiled._compile(schedule, _Window(2), np.dtype(np.float32)).ops[0]
     (phase,) = [op[5] for op in ops if op[0] >= compiled._GET]
     counter = _LateCounter(5, phase)  # the first read and four more: short until the fifth
 

@@ -38,28 +38,44 @@ Note [compiled one-sided schedules]
 Note [generated runs]
     Interpreting the operations in a loop (read an operation's code, branch on
     it, make the list of its operands, look them up) cost about as much as the
-    operations of an 8-byte call themselves. So :func:`_generate` writes each
-    half's operations out as the source of one function, in their order, with
-    the operands as names: the caller's buffers ``inp``, ``out`` and ``tmp``,
-    regions of them sliced at the top (``r3``, ...), and the window's views,
-    probes and peers bound as names of the function's own globals (``c5``,
-    ``k0``, ...). It runs a call as one frame with no loop and no branch but
-    the waits': a wait reads the peer's counter, polls it (Note [a second
-    look]) and checks its digest inline, and calls :func:`_peer` only where
-    that fails. Every value that differs from one size, rank or window to the
-    next is such a name, so one source serves all the calls of one kind and
-    is compiled once (:func:`compile`; 0.5 ms for a 2-rank allreduce, 15 ms
-    for a 33-rank one of 100 operations), and a call of a new size only binds
-    the names again (0.05-0.8 ms). It does what the operations say, in their
-    order, and nothing else
-    (``tests/unit/test_arena.py`` runs every kind of operation against what
-    its steps say, with a reduction whose operands' order shows in the bits).
-    It holds no reference to the window (that is passed in, so that the
-    window's cache of compiled forms makes no cycle), and its code is filed
-    under this package's folder, so that the flight recorder's walk to the
-    caller's frame passes over it like any frame of plait. Measured against
-    the loop in the same processes: 0.4-0.6 µs less of a 2-rank 8-byte call
-    (7-10 %; docs/performance.md).
+    operations of an 8-byte call themselves. So :func:`_generate` writes the
+    whole call out as the source of one function: each half's operations in
+    their order (the half is chosen by one branch), with the operands as
+    names: the caller's buffers ``inp``, ``out`` and ``tmp``, regions of them
+    sliced at the top (``r3``, ...), and the window's views, probes and peers
+    bound as names of the function's own globals (``c5_0``, ``k0_1``, ...). It
+    runs a call as one frame with no loop and no branch but the waits': a wait
+    reads the peer's counter, polls it (Note [a second look]) and checks its
+    digest inline, and calls :func:`_peer` only where that fails. Every value
+    that differs from one size, rank or window to the next is such a name, so
+    one source serves all the calls of one kind and is compiled once
+    (:func:`compile`; 0.5 ms for a 2-rank allreduce, 15 ms for a 33-rank one
+    of 100 operations), and a call of a new size only binds the names again
+    (0.05-0.8 ms). It does what the operations say, in their order, and
+    nothing else (``tests/unit/test_arena.py`` runs every kind of operation
+    against what its steps say, with a reduction whose operands' order shows
+    in the bits).
+
+    The call around the operations is in the function too, since its frames
+    and method calls cost as much again as the operations of a small call:
+    the begin (:meth:`~plait.transport.window.Window.begin`: each peer's
+    counter read in place, this rank's digest word written in place; where a
+    peer has not ended call ``epoch - 2``, the window's begin and its wait,
+    :func:`~plait.runtime.posts.begin_call`), each post in place where the
+    window says how (:meth:`~plait.transport.window.Window.poster`: the
+    store, the fence and a look at the peers' sleeping flags; ``post`` itself
+    only for a sleeper), the window's ``end``, and the failure: settled and
+    posted as given up (:func:`~plait.runtime.posts.failed`). Its caller
+    passes the call's numbers and a ``make`` for its
+    :class:`~plait.runtime.executor.Call`, which only a slow way (a wait, a
+    begin that waits, a failure) asks for: a call that waits for nobody makes
+    none (a quarter of a 2-rank barrier). It holds no reference to the window
+    or the transport (they are passed in, so that the window's cache of
+    compiled forms makes no cycle), and its code is filed under this
+    package's folder, so that the flight recorder's walk to the caller's
+    frame passes over it like any frame of plait. Measured against the loop
+    in the same processes: 0.4-0.6 µs less of a 2-rank 8-byte call (7-10 %);
+    the call around it in the function, a further 0.6-1.0 µs (docs/performance.md).
 
 Note [a second look]
     Ranks that run a loop of small calls arrive at each wait nearly together, and a
@@ -89,12 +105,13 @@ from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
-from plait.errors import InternalError
+from plait.errors import CommError, InternalError
 from plait.runtime.executor import Call
-from plait.runtime.posts import MISMATCHED, await_post, check_peer
+from plait.runtime.posts import MISMATCHED, await_post, begin_call, check_peer, failed, give_up
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
+from plait.transport.window import MASK64
 
-__all__ = ["Compiled", "compiled_for"]
+__all__ = ["Compiled", "compiled_for", "run_of"]
 
 # Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
 # is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
@@ -105,9 +122,9 @@ __all__ = ["Compiled", "compiled_for"]
 _POST, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
 
 
-def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Compiled, Compiled]:
-    """The schedule's operations for each half of ``window`` (made once, then cached)."""
-    cache: dict[tuple[int, np.dtype], tuple[Schedule, tuple[Compiled, Compiled]]]
+def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> Compiled:
+    """The schedule's call on ``window`` for ``dtype`` (made once, then cached)."""
+    cache: dict[tuple[int, np.dtype], tuple[Schedule, Compiled]]
     try:
         cache = window.compiled
     except AttributeError:
@@ -118,29 +135,58 @@ def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> tuple[Comp
     if len(cache) >= 256:
         cache.clear()
     window.reserve(schedule.shared_count * dtype.itemsize)  # a group's window grows here
-    halves = (_compile(schedule, window, dtype, 0), _compile(schedule, window, dtype, 1))
-    cache[(id(schedule), dtype)] = (schedule, halves)  # keeps the schedule, so the id is its own
-    return halves
+    made = _compile(schedule, window, dtype)
+    cache[(id(schedule), dtype)] = (schedule, made)  # keeps the schedule, so the id is its own
+    return made
+
+
+def run_of(schedule: Schedule, window: Any, dtype: np.dtype) -> Callable[..., None]:
+    """The generated call of ``schedule`` on ``window`` (Note [generated runs]): a loop
+    repeats one call, whose run is the window's last (a dtype is one object per kind;
+    another object of an equal dtype looks it up).
+
+    Raises:
+        CommError: the transport closed (the window's memory is released).
+    """
+    last = getattr(window, "last_compiled", None)
+    if last is not None and last[0] is schedule and last[1] is dtype:
+        run: Callable[..., None] = last[2]
+        return run
+    run = compiled_for(schedule, window, dtype).run
+    window.last_compiled = (schedule, dtype, run)
+    return run
 
 
 class Compiled(NamedTuple):
-    """One half's compiled operations (Note [compiled one-sided schedules]).
+    """A schedule's compiled operations for each half of a window (Note [compiled
+    one-sided schedules]), and the call that runs them (Note [generated runs]).
 
-    ``ops``: the operations; an operand is a place in one numbering, first the
-    caller's buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN``
+    ``ops``: each half's operations; an operand is a place in one numbering, first
+    the caller's buffers ``IN``, ``OUT`` and ``TMP`` (a region that is all of ``IN``
     or ``OUT`` is the buffer itself), then its other regions, then the window's
-    views. ``run``: the operations as one function (Note [generated runs]),
-    called as ``run(inp, out, tmp, base, call, aliased, window, transport,
-    schedule)`` with the call's buffers and ``base``, its epoch shifted to the
-    phase bits.
+    views. ``run``: the whole call as one function, called as ``run(inp, out, tmp,
+    aliased, epoch, seq, slot, make, key, window, transport)``: ``key`` has the
+    call's ``check`` and ``ufunc``, and ``make(key, epoch, seq, slot)`` gives the
+    call's :class:`~plait.runtime.executor.Call` where a slow way needs it.
     """
 
-    ops: list[tuple[Any, ...]]
+    ops: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
     run: Callable[..., None]
 
 
-def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Compiled:
-    """One half's operations: window regions as views, caller regions resolved per call."""
+def _compile(schedule: Schedule, window: Any, dtype: np.dtype) -> Compiled:
+    """Both halves' operations, and the call that runs them."""
+    ops0, regions, views0 = _operations(schedule, window, dtype, 0)
+    ops1, _, views1 = _operations(schedule, window, dtype, 1)  # the same regions
+    counts = (schedule.in_count, schedule.out_count)
+    run = _generate(schedule, window, (ops0, ops1), regions, (views0, views1), counts)
+    return Compiled((ops0, ops1), run)
+
+
+def _operations(
+    schedule: Schedule, window: Any, dtype: np.dtype, half: int
+) -> tuple[list[tuple[Any, ...]], tuple[tuple[int, int, int], ...], tuple[np.ndarray, ...]]:
+    """One half's operations, the caller's regions they name and the window's views."""
     rank = schedule.rank
     mine = window.typed(rank, half, dtype)
     regions: dict[tuple[int, int, int], int] = {}
@@ -219,9 +265,7 @@ def _compile(schedule: Schedule, window: Any, dtype: np.dtype, half: int) -> Com
             ops[i] = (op[0], at(op[1]), at(op[2]), at(op[3]), *op[4:])
         elif op[0] != _POST:
             ops[i] = (op[0], at(op[1]), at(op[2]), *op[3:])
-    counts = (schedule.in_count, schedule.out_count)
-    operands = any(op[0] not in (_POST, _WAIT) for op in ops)
-    return Compiled(ops, _generate(ops, tuple(regions), tuple(views), counts, operands, half))
+    return ops, tuple(regions), tuple(views)
 
 
 def _follows(prev: Step | None, kind: StepKind, dst: Region) -> TypeGuard[Step]:
@@ -238,81 +282,88 @@ _FILENAME = str(Path(__file__).resolve().parent / "<compiled one-sided schedule>
 
 
 def _generate(
-    ops: list[tuple[Any, ...]],
+    schedule: Schedule,
+    window: Any,
+    ops: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]],
     regions: tuple[tuple[int, int, int], ...],
-    consts: tuple[np.ndarray, ...],
+    consts: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
     counts: tuple[int, int],
-    operands: bool,
-    half: int,
 ) -> Callable[..., None]:
-    """The function that runs ``ops`` in order (Note [generated runs])."""
+    """The function that runs a call of ``schedule`` on ``window`` (Note [generated runs])."""
     n = 3 + len(regions)
-    env: dict[str, Any] = {"_peer": _peer, "_wrong": _wrong_counts, "half": half}
-
-    def name(k: int) -> str:
-        if k < 3:
-            return _BUFFERS[k]
-        if k < n:
-            return f"r{k}"
-        env[f"c{k}"] = consts[k - n]
-        return f"c{k}"
-
-    head = ["def run(inp, out, tmp, base, call, aliased, window, transport, schedule):"]
+    rank = schedule.rank
+    size = getattr(window, "size", schedule.size)
+    env: dict[str, Any] = {
+        "_peer": _peer,
+        "_wrong": _wrong_counts,
+        "_begin": begin_call,
+        "_failed": failed,
+        "_give_up": give_up,
+        "CommError": CommError,
+        "schedule": schedule,
+    }
+    head = ["def run(inp, out, tmp, aliased, epoch, seq, slot, make, key, window, transport):"]
+    # Begin (Window.begin, inline): every peer has ended call epoch - 2, which used this
+    # half; this rank's digest word for the half says which call it is in.
+    _, _, env["own"], own = window.probe(rank, 0)
+    ended: list[str] = []
+    for q in range(size):
+        if q != rank:
+            env[f"e{q}"], i, _, _ = window.probe(q, 0)
+            ended.append(f"e{q}[{int(i)}] >= need")
+    head += [
+        "    call = None",
+        "    check = key.check",
+        "    base = epoch << 32",
+        "    half = epoch & 1",
+        "    try:",
+        f"        need = base - {1 << 32}",
+        "        go = need <= 0" + (f" or ({' and '.join(ended)})" if ended else ""),
+        "        if go:",
+        f"            own[{int(own)} + half] = check & {MASK64}",
+        "    except (TypeError, ValueError):  # released: the slow way says why",
+        "        go = False",
+        "    if not go:",
+        "        call = make(key, epoch, seq, slot)",
+        "        half = _begin(window, transport, call, schedule)",
+        "    try:",
+    ]
+    operands = any(op[0] not in (_POST, _WAIT) for op in ops[0])
     if operands:
         env["n_in"], env["n_out"] = counts
-        head.append("    if inp.size != n_in or out.size != n_out:")
-        head.append("        raise _wrong(schedule, call, inp, out, n_in, n_out)")
+        head.append("        if inp.size != n_in or out.size != n_out:")
+        head.append(
+            "            raise _wrong(schedule, make(key, epoch, seq, slot), inp, out, n_in, n_out)"
+        )
     for k, (b, lo, hi) in enumerate(regions, 3):
         env[f"s{k}"] = slice(lo, hi)
-        head.append(f"    r{k} = {_BUFFERS[b]}[s{k}]")
-    if any(op[0] in (_REDUCE, _GET_REDUCE, _FOLD) for op in ops):
-        head.append("    ufunc = call.ufunc")
-    if any(op[0] >= _GET for op in ops):
-        head.append("    check = call.check")
-        head.append(f"    gave_up = base | {MISMATCHED}")  # from gave_up to ended: it gave up
-        head.append(f"    ended = base + {1 << 32}")  # and from here on it ended this call
-    body: list[str] = []
-    for m, op in enumerate(ops):
-        code = op[0]
-        if code == _POST:
-            body.append(f"    window.post(base | {int(op[1])})")
-            continue
-        if code >= _GET:  # the peer's phase first
-            q, phase, peers, probe = op[4:8]
-            counters, i, digests, j = probe
-            env[f"q{m}"], env[f"p{m}"], env[f"w{m}"] = q, peers, probe
-            env[f"k{m}"], env[f"d{m}"] = counters, digests
-            # The peer's words, read in place (released, they raise: the slow way says why).
-            # Its digest is that of this call from its begin until every rank has ended it.
-            ctr = f"k{m}[{int(i)}]"
-            body += [
-                f"    need = base | {int(phase)}",
-                "    try:",
-                f"        v = {ctr}",
-                "        if v < need:  # a moment behind, mostly (Note [a second look])",
-                "            for _ in range(window.polls):",
-                f"                if (v := {ctr}) >= need:",
-                "                    break",
-                f"        go = v >= need and d{m}[{int(j)}] == check and not gave_up <= v < ended",
-                "    except (TypeError, ValueError):",
-                "        go = False",
-                "    if not go:",
-                f"        _peer(window, transport, call, schedule, need, q{m}, p{m}, w{m}, half)",
-            ]
-            if code == _WAIT:
-                continue
-        if code == _FOLD:
-            body.append(f"    ufunc({name(op[1])}, {name(op[3])}, out={name(op[2])})")
-        elif code in (_REDUCE, _GET_REDUCE):
-            src, dst = name(op[1]), name(op[2])
-            pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
-            body.append(f"    ufunc({pair}, out={dst})")
-        elif code == _SELF_COPY:
-            body.append("    if not aliased:")  # IN and OUT are one memory in place
-            body.append(f"        {name(op[2])}[...] = {name(op[1])}")
-        else:  # _COPY, _GET
-            body.append(f"    {name(op[2])}[...] = {name(op[1])}")
-    source = "\n".join(head + (body or ["    pass"])) + "\n"
+        head.append(f"        r{k} = {_BUFFERS[b]}[s{k}]")
+    if any(op[0] in (_REDUCE, _GET_REDUCE, _FOLD) for op in ops[0]):
+        head.append("        ufunc = key.ufunc")
+    if any(op[0] >= _GET for op in ops[0]):
+        head.append(f"        gave_up = base | {MISMATCHED}")  # from gave_up to ended: it gave up
+        head.append(f"        ended = base + {1 << 32}")  # and from here on it ended this call
+    post = _post_lines(window, env)
+    bodies = [_body(ops[h], consts[h], n, h, env, post) for h in (0, 1)]
+    head.append("        if half:")
+    head += ["    " + line for line in bodies[1] or ["        pass"]]
+    head.append("        else:")
+    head += ["    " + line for line in bodies[0] or ["        pass"]]
+    head += [
+        "    except CommError as exc:",
+        "        if call is None:",
+        "            call = make(key, epoch, seq, slot)",
+        "        found = _failed(window, transport, call, schedule, exc)",
+        "        if found is exc:",
+        "            raise",
+        "        raise found from None",
+        "    except BaseException:",
+        "        _give_up(window, epoch, None)",
+        "        raise",
+    ]
+    if not schedule.last_phase:  # else its posts said it (Note [window reuse])
+        head.append("    window.end(epoch)")
+    source = "\n".join(head) + "\n"
     made = _CODE.get(source)
     if made is None:
         if len(_CODE) >= 256:
@@ -321,6 +372,99 @@ def _generate(
     exec(made, env)
     run: Callable[..., None] = env["run"]
     return run
+
+
+def _post_lines(window: Any, env: dict[str, Any]) -> list[str]:
+    """The lines of a post of ``v`` (Window.post, in place where the window says how:
+    :meth:`~plait.transport.window.Window.poster`), their constants bound in ``env``."""
+    poster = window.poster() if hasattr(window, "poster") else None
+    if poster is None:
+        return ["        window.post(v)"]
+    env["own_ctr"], i, fence, flags, sleeping = poster
+    lines = ["        try:", f"            own_ctr[{int(i)}] = v  # after the half's bytes"]
+    if fence is not None:  # store, fence, load: Dekker with a peer going to sleep
+        env["fence"] = fence
+        lines += ["            fence.acquire()", "            fence.release()"]
+    for f, words in enumerate(flags):
+        env[f"f{f}"] = words
+    asleep = " or ".join(f"f{f}[{int(sleeping)}]" for f in range(len(flags))) or "False"
+    lines += [
+        f"            woken = {asleep}",
+        "        except (TypeError, ValueError):",
+        "            woken = True",
+        "        if woken:  # a peer may sleep, or the memory is released: the window's post",
+        "            window.post(v)",
+    ]
+    return lines
+
+
+def _body(
+    ops: list[tuple[Any, ...]],
+    consts: tuple[np.ndarray, ...],
+    n: int,
+    h: int,
+    env: dict[str, Any],
+    post: list[str],
+) -> list[str]:
+    """Half ``h``'s operations as lines of the run (at the depth of its ``try``), their
+    constants bound in ``env`` under names that end in ``_h``; ``post``: the lines of a
+    post of ``v``."""
+
+    def name(k: int) -> str:
+        if k < 3:
+            return _BUFFERS[k]
+        if k < n:
+            return f"r{k}"
+        env[f"c{k}_{h}"] = consts[k - n]
+        return f"c{k}_{h}"
+
+    body: list[str] = []
+    for m, op in enumerate(ops):
+        code = op[0]
+        if code == _POST:
+            body.append(f"        v = base | {int(op[1])}")
+            body += post
+            continue
+        if code >= _GET:  # the peer's phase first
+            q, phase, peers, probe = op[4:8]
+            counters, i, digests, j = probe
+            env[f"q{m}_{h}"], env[f"p{m}_{h}"], env[f"w{m}_{h}"] = q, peers, probe
+            env[f"k{m}_{h}"], env[f"d{m}_{h}"] = counters, digests
+            # The peer's words, read in place (released, they raise: the slow way says why).
+            # Its digest is that of this call from its begin until every rank has ended it.
+            ctr = f"k{m}_{h}[{int(i)}]"
+            body += [
+                f"        need = base | {int(phase)}",
+                "        try:",
+                f"            v = {ctr}",
+                "            if v < need:  # a moment behind, mostly (Note [a second look])",
+                "                for _ in range(window.polls):",
+                f"                    if (v := {ctr}) >= need:",
+                "                        break",
+                f"            go = v >= need and d{m}_{h}[{int(j)}] == check"
+                " and not gave_up <= v < ended",
+                "        except (TypeError, ValueError):",
+                "            go = False",
+                "        if not go:",
+                "            if call is None:",
+                "                call = make(key, epoch, seq, slot)",
+                f"            _peer(window, transport, call, schedule, need, q{m}_{h}, p{m}_{h},"
+                f" w{m}_{h}, {h})",
+            ]
+            if code == _WAIT:
+                continue
+        if code == _FOLD:
+            body.append(f"        ufunc({name(op[1])}, {name(op[3])}, out={name(op[2])})")
+        elif code in (_REDUCE, _GET_REDUCE):
+            src, dst = name(op[1]), name(op[2])
+            pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
+            body.append(f"        ufunc({pair}, out={dst})")
+        elif code == _SELF_COPY:
+            body.append("        if not aliased:")  # IN and OUT are one memory in place
+            body.append(f"            {name(op[2])}[...] = {name(op[1])}")
+        else:  # _COPY, _GET
+            body.append(f"        {name(op[2])}[...] = {name(op[1])}")
+    return body
 
 
 # The source of a generated run names every value that differs from one size, rank or

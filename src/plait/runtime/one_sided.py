@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from plait.errors import CommError, InternalError
-from plait.runtime.compiled import compiled_for
+from plait.runtime.compiled import run_of
 from plait.runtime.executor import (
     Call,
     _local_step,
@@ -48,8 +48,10 @@ from plait.runtime.posts import (
     ABANDONED,
     MISMATCHED,
     await_post,
+    begin_call,
     begin_waiting,
     check_peer,
+    failed,
     give_up,
     mismatch_behind,
     named,
@@ -88,37 +90,22 @@ def run_one_sided(
         raise InternalError(
             f"rank {schedule.rank}: {call.describe} is one-sided but has no shared window"
         )
+    inp, out, tmp = buffers
+    if call.timeline is None:
+        try:
+            run = run_of(schedule, window, out.dtype)
+        except CommError as exc:  # a group's window could not grow, or the transport closed
+            # Begun, so that the peers read that this rank gave up on the call.
+            begin_call(window, transport, call, schedule)
+            err = wrap(schedule.rank, call, "the start of the call", exc)
+            raise failed(window, transport, call, schedule, err) from None
+        run(inp, out, tmp, aliased, epoch, call.seq, call.slot, given, call, window, transport)
+        return
+    half = begin_call(window, transport, call, schedule)
     try:
-        half = window.begin(epoch, call.check, 0.0)  # peers have nearly always ended epoch - 2
-        if half < 0:
-            half = begin_waiting(window, transport, call, schedule, None)
-    except CommError as exc:  # a peer lost, the transport closed; or a timeout, a mismatch
-        rank = schedule.rank
-        found = settle(transport, call, schedule, named(rank, call, "the start of the call", exc))
-        give_up(window, epoch, found)
-        raise found from None
-    try:
-        if call.timeline is not None:
-            _run_steps(schedule, buffers, window, transport, call, half, aliased)
-        else:
-            # A loop repeats one call: its operations are the window's last ones (a dtype is
-            # one object per kind; another object of an equal dtype looks them up).
-            dtype = buffers[1].dtype
-            last = getattr(window, "last_compiled", None)
-            if last is not None and last[0] is schedule and last[1] is dtype:
-                compiled = last[2][half]
-            else:
-                try:
-                    halves = compiled_for(schedule, window, dtype)
-                except CommError as exc:  # released meanwhile: the transport closed
-                    raise wrap(schedule.rank, call, "the start of the call", exc) from None
-                window.last_compiled = (schedule, dtype, halves)
-                compiled = halves[half]
-            inp, out, tmp = buffers
-            compiled.run(inp, out, tmp, epoch << 32, call, aliased, window, transport, schedule)
+        _run_steps(schedule, buffers, window, transport, call, half, aliased)
     except CommError as exc:
-        found = settle(transport, call, schedule, exc)  # tell a mismatch, or find one told
-        give_up(window, epoch, found)
+        found = failed(window, transport, call, schedule, exc)  # tell a mismatch, or find one
         if found is exc:
             raise
         raise found from None
@@ -127,6 +114,11 @@ def run_one_sided(
         raise
     if not schedule.last_phase:  # else its posts said it (Note [window reuse])
         window.end(epoch)
+
+
+def given(call: Call, epoch: int, seq: int, slot: Any) -> Call:
+    """The ``make`` of a generated run whose caller made the call's Call already."""
+    return call
 
 
 # -- step by step, for the timeline ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from plait.errors import CommError, MismatchError, PeerLostError
 from plait.runtime.executor import Call
-from plait.runtime.stall import GAVE_UP, wait_post
+from plait.runtime.stall import GAVE_UP, settle, wait_post
 from plait.runtime.waits import timeout_for, wrap
 from plait.schedule.ir import Schedule
 from plait.transport.base import Transport, renumbered
@@ -26,8 +26,10 @@ __all__ = [
     "LOST",
     "MISMATCHED",
     "await_post",
+    "begin_call",
     "begin_waiting",
     "check_peer",
+    "failed",
     "give_up",
     "mismatch_behind",
     "named",
@@ -67,6 +69,37 @@ def begin_waiting(
             where.rank, call, behind if members is None else [members[q] for q in behind]
         )
     return half
+
+
+def begin_call(window: Any, transport: Transport, call: Call, where: Schedule) -> int:
+    """Begin one-sided call ``call.epoch`` on ``window``: the half it uses. Peers have nearly
+    always ended call ``epoch - 2``; where one has not, wait for it (:func:`begin_waiting`).
+
+    Raises:
+        CommError: what the call raises; the rank has posted that it gave up on it.
+    """
+    epoch = call.epoch
+    try:
+        half: int = window.begin(epoch, call.check, 0.0)
+        if half < 0:
+            half = begin_waiting(window, transport, call, where, None)
+    except CommError as exc:  # a peer lost, the transport closed; or a timeout, a mismatch
+        found = settle(
+            transport, call, where, named(where.rank, call, "the start of the call", exc)
+        )
+        give_up(window, epoch, found)
+        raise found from None
+    return half
+
+
+def failed(
+    window: Any, transport: Transport, call: Call, where: Schedule, exc: BaseException
+) -> BaseException:
+    """What a one-sided call that began raises after ``exc``: a mismatch told or found
+    (:func:`~plait.runtime.stall.settle`), once this rank has posted that it gave up."""
+    found = settle(transport, call, where, exc)
+    give_up(window, call.epoch, found)
+    return found
 
 
 def give_up(window: Any, epoch: int, error: BaseException | None) -> None:

@@ -27,7 +27,17 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-_thread = threading.local()
+
+class _ThreadState(threading.local):
+    """Per-thread state of waits. ``background`` has a class default, so that reading it on
+    a thread that never set it is an attribute read (``getattr`` with a default on a bare
+    ``threading.local`` raises and catches AttributeError inside: 0.3-0.5 µs, paid by every
+    wait that found a peer's counter short)."""
+
+    background = False
+
+
+_thread = _ThreadState()
 
 
 def background_thread() -> None:
@@ -61,7 +71,7 @@ def spin_seconds(variable: str, default: float) -> float:
 
 def may_spin() -> bool:
     """Whether the calling thread may poll briefly before it sleeps (see background_thread)."""
-    return not getattr(_thread, "background", False)
+    return not _thread.background
 
 
 __all__ = [

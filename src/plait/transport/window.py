@@ -50,6 +50,7 @@ __all__ = [
     "PHASE_BITS",
     "MemoryArena",
     "MemoryWindow",
+    "Poster",
     "Probe",
     "Window",
     "check_half",
@@ -71,6 +72,9 @@ PHASE_BITS = 32
 MASK64 = (1 << 64) - 1
 #: Where a peer's counter and digest word are read directly (:meth:`Window.probe`).
 Probe = tuple[Any, int, Any, int]
+#: Where this rank posts in place (:meth:`Window.poster`): its counter's words and index,
+#: the fence's lock (or None), each peer's control words and the index of its sleeping flag.
+Poster = tuple[Any, int, Any, tuple[Any, ...], int]
 #: Bytes of one rank's announcement in :func:`exchange`, at most.
 EXCHANGE_BYTES = 255
 #: The check word of :func:`exchange`'s messages.
@@ -164,6 +168,20 @@ class Window(abc.ABC):
             : raw.size // dtype.itemsize * dtype.itemsize
         ].view(dtype)
         return view
+
+    def poster(self) -> Poster | None:
+        """Where a caller may post in place of :meth:`post`, or None (this base class's).
+
+        ``(counters, i, fence, flags, sleeping)``: store the value in
+        ``counters[i]``, then, where ``fence`` is a lock, acquire and release it (a
+        full memory fence), then read ``f[sleeping]`` of each ``f`` in ``flags``;
+        where one is set (a peer may be asleep on this rank's counter) or a store
+        or read raised ValueError or TypeError (the memory is released), call
+        :meth:`post` with the same value, which wakes the peer or raises the closed
+        error. A compiled schedule posts so (Note [generated runs] in
+        :mod:`plait.runtime.compiled`): a method call is most of a small post's cost.
+        """
+        return None
 
     @abc.abstractmethod
     def post(self, value: int) -> None:

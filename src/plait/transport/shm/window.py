@@ -146,6 +146,7 @@ from plait.transport.window import (
     GROUP_WINDOW_BYTES,
     MASK64,
     PHASE_BITS,
+    Poster,
     Probe,
     Window,
     check_half,
@@ -520,6 +521,10 @@ class ShmWindow(Window):
         return int(words[index])
 
     # -- posting and waiting ---------------------------------------------------------------------
+    def poster(self) -> Poster:
+        """Where a caller posts in place (see :meth:`Window.poster`)."""
+        return self._words, self._index, self._fence.lock, tuple(self._flags), W_SLEEPING
+
     def post(self, value: int) -> None:
         """Publish ``value``; ring peers asleep in poll (see :meth:`Window.post`)."""
         if value < self._last:
@@ -616,11 +621,8 @@ class ShmWindow(Window):
                         return True
                     if monotonic() >= until:
                         break
-                    if crowded:
-                        # From the first poll: the peer may share our core, and a flat-out
-                        # spin would keep it from running and posting (Note [doorbells and
-                        # waiting]).
-                        sched_yield()
+                    if crowded:  # the peer may share our core: a flat-out spin would keep
+                        sched_yield()  # it from posting (Note [doorbells and waiting])
             return self._sleep(q, words, index, value, deadline)
         except (TypeError, ValueError):
             if self._released or ep.closed:
