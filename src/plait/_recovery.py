@@ -628,11 +628,12 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
     )
     deadline = time.monotonic() + seconds
     rec = _owned(comm, "shrink")
-    if rec is None:  # a lone rank: a new one, and the old one closed
+    if rec is None:  # a lone rank: a new one (an id of its own: its dumps), the old closed
         new = Communicator(
             MemoryFabric(1).endpoints[0],
             timeout=comm.timeout,
             hosts=comm.hosts,
+            _comm_id=shrunk_comm_id(comm._comm_id, 1),
             _settings=comm._settings,
             _world_rank=comm._world_rank,
         )

@@ -170,8 +170,9 @@ class CallRunner:
         self._transport.close()
 
     def check_usable(self, c: str) -> None:
-        """Raise ClosedError after close, CommError after a failure; else nothing."""
-        if self.closed:
+        """Raise ClosedError after close (AbortedError, saying why, where it was aborted),
+        CommError after a failure; else nothing."""
+        if self.closed and self.aborted is None:  # aborted, then closed: why it was aborted
             raise ClosedError(f"rank {self._rank}: {c} on a closed communicator")
         if self.aborted is not None:
             raise AbortedError(f"rank {self._rank}: {c}: {self.aborted}")

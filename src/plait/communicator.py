@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
@@ -145,6 +146,8 @@ class Communicator(PointToPointMethods, ObjectMethods):
         if len(self._hosts) != self._size:
             raise ValueError(f"hosts lists {len(self._hosts)} ranks; expected {self._size}")
         self._on_close: list[Callable[[], object]] = []
+        # Groups split from it: they share its transport, so they close with it first.
+        self._groups: weakref.WeakSet[Communicator] = weakref.WeakSet()
         # abort, agree and shrink over the store plait.init met through (plait._recovery).
         self._recovery: Recovery | None = None
         # Host layout for host-aware algorithms; None when every rank shares one host.
@@ -252,6 +255,8 @@ class Communicator(PointToPointMethods, ObjectMethods):
             return
         if self._recovery is not None:  # an abort in progress finishes first (plait._recovery)
             self._recovery.closing(self)
+        for group in list(self._groups):  # their queued async calls finish first
+            group.close()
         self._runner.close()
         for callback in self._on_close:
             callback()
@@ -304,8 +309,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
         Every rank must call it. Ranks passing the same non-negative ``color``
         form one group, ordered by ``key`` and then by their rank here; a rank
         passing ``color=None`` joins no group and gets None. A group shares
-        this communicator's connections (closing it leaves this one usable)
-        and is fully independent: its calls never match calls made here.
+        this communicator's connections (closing it leaves this one usable;
+        closing this one closes it first, after its queued async calls) and is
+        fully independent: its calls never match calls made here.
 
         Example with 4 ranks: ``comm.split(comm.rank % 2)`` gives ranks 0 and 2
         a group of size 2 (as its ranks 0 and 1), and ranks 1 and 3 another.
@@ -345,6 +351,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         )
         if self._recovery is not None:  # it shares the connections, so an abort reaches it
             self._recovery.adopt(group)
+        self._groups.add(group)
         return group
 
     def split_by_host(self, *, timeout: float | None = None) -> Communicator:

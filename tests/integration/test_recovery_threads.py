@@ -85,6 +85,8 @@ def test_a_group_of_a_communicator_shrunk_while_healthy_says_why_it_is_gone() ->
         try:
             with pytest.raises(plait.AbortedError, match=r"replaced by shrink\(\)") as info:
                 group.allreduce(np.ones(1))
+            with pytest.raises(plait.AbortedError, match=r"replaced by shrink\(\)"):
+                comm.allreduce(np.ones(1))  # the old one: closed, and why
             return str(info.value).count(f"rank {comm.rank}: ")
         finally:
             group.close()
@@ -291,7 +293,11 @@ def test_a_lone_rank_agrees_with_itself_and_shrinks_to_itself() -> None:
     new = comm.shrink()
     assert comm.closed
     assert new.allreduce(np.ones(2)).tolist() == [1.0, 1.0]
-    new.close()
+    # An id of its own, as a shrink of many ranks: its dumps do not replace the world's.
+    assert new._comm_id != comm._comm_id
+    newer = new.shrink()
+    assert len({comm._comm_id, new._comm_id, newer._comm_id}) == 3
+    newer.close()
 
 
 def test_bad_arguments_are_named() -> None:

@@ -105,3 +105,17 @@ def test_bad_split_arguments() -> None:
         return comm.allreduce(np.ones(1))[0]
 
     assert run_ranks(2, body) == [2.0, 2.0]
+
+
+def test_closing_the_parent_closes_its_groups_after_their_queued_calls() -> None:
+    # A group shares its parent's transport: its next call said "rank 0 has closed its
+    # communicator" (PeerLostError) on rank 0 itself, its closed flag False.
+    def body(comm: plait.Communicator) -> Any:
+        sub = comm.split(0)
+        queued = sub.allreduce(np.full(3, comm.rank + 1.0), async_op=True)
+        comm.close()
+        with pytest.raises(plait.ClosedError, match="allreduce on a closed communicator"):
+            sub.allreduce(np.ones(1))
+        return sub.closed, queued.wait().tolist()
+
+    assert run_ranks(2, body) == [(True, [3.0, 3.0, 3.0])] * 2
