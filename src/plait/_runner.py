@@ -170,8 +170,7 @@ class CallRunner:
         self._transport.close()
 
     def check_usable(self, c: str) -> None:
-        """Raise ClosedError after close (AbortedError, saying why, where it was aborted),
-        CommError after a failure; else nothing."""
+        """Raise ClosedError after close (AbortedError if aborted), CommError after a failure."""
         if self.closed and self.aborted is None:  # aborted, then closed: why it was aborted
             raise ClosedError(f"rank {self._rank}: {c} on a closed communicator")
         if self.aborted is not None:
@@ -540,7 +539,8 @@ class CallRunner:
         return req.result
 
     def _call(self, plan: Plan, epoch: int, seq: int, slot: Slot | None) -> Call:
-        """The :class:`Call` of a one-sided call, for a generated run's slow way."""
+        """The :class:`Call` of a one-sided call, for a generated run's slow way (without
+        a recorder's slot, its deadline counts from then)."""
         deadline = (slot.start if slot is not None else _monotonic()) + self.timeout
         rec = self.recorder if slot is not None else None
         fields = (_label(plan, seq), 0, plan.check, plan.ufunc, deadline, slot, rec, None)

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from plait.algos._registry import build_schedule, get
 from plait.runtime import compiled
@@ -143,3 +144,44 @@ def test_may_spin_is_per_thread() -> None:
     other.join()
     assert seen == [True, False, True]
     assert may_spin()
+
+
+def test_a_call_that_cannot_be_compiled_tells_its_peers_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The call is compiled before it begins: an error there that is not a CommError (out
+    # of memory, an interrupt) left the peers to wait out the timeout; it is posted now.
+    import time
+
+    import plait
+    from plait.testing import memory_communicators
+
+    generate = compiled._generate
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "rank0":
+            raise MemoryError("no memory for the compiled call")
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(compiled, "_generate", failing)
+    comms = memory_communicators(2, timeout=20.0)
+    got: dict[int, tuple[str, float]] = {}
+
+    def rank(r: int) -> None:
+        start = time.monotonic()
+        try:
+            comms[r].allreduce(np.ones(4), algorithm="arena_oneshot")
+            got[r] = ("ok", 0.0)
+        except BaseException as exc:  # every rank's outcome is compared
+            got[r] = (type(exc).__name__, time.monotonic() - start)
+
+    threads = [threading.Thread(target=rank, args=(r,), name=f"rank{r}") for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for c in comms:
+        c.close()
+    assert got[0][0] == "MemoryError"
+    assert got[1][0] == plait.PeerLostError.__name__
+    assert got[1][1] < 10  # at once, not at the timeout

@@ -30,6 +30,7 @@ Note [one-sided]
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -99,6 +100,11 @@ def run_one_sided(
             begin_call(window, transport, call, schedule)
             err = wrap(schedule.rank, call, "the start of the call", exc)
             raise failed(window, transport, call, schedule, err) from None
+        except BaseException:  # out of memory, interrupted: the peers read it too
+            with contextlib.suppress(CommError):  # (a failed begin told them itself)
+                begin_call(window, transport, call, schedule)
+                give_up(window, epoch, None)
+            raise
         run(inp, out, tmp, aliased, epoch, call.seq, call.slot, given, call, window, transport)
         return
     half = begin_call(window, transport, call, schedule)

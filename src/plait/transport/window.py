@@ -257,7 +257,9 @@ class Window(abc.ABC):
         After :meth:`release` a read raises ValueError or TypeError, or still gives
         the last values; either way :meth:`wait` then raises the closed error. This
         base class reads through :meth:`counter` and :meth:`digest`; the windows
-        here give their words themselves.
+        here give their words themselves, and this rank's own probe is where a
+        compiled call writes its digest word for the half in place, as :meth:`begin`
+        does (a write that raises TypeError sends every call through :meth:`begin`).
         """
         check_half(half)
         return _Read(self.counter), q, _Read(lambda i: self.digest(q, i)), half
