@@ -257,7 +257,11 @@ def check_counts(counts: Any, n: int, what: str, rank: int, c: str) -> tuple[int
             f"rank {rank}: {c}: {what} needs {n} entries, one per rank; got {len(counts)}"
         )
     for k in counts:
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer):  # as an array of floats
+            raise TypeError(
+                f"rank {rank}: {c}: {what} must be ints >= 0 (rows per rank); got {list(counts)}"
+            )
+        if k < 0:
             raise ValueError(
                 f"rank {rank}: {c}: {what} must be ints >= 0 (rows per rank); got {list(counts)}"
             )

@@ -202,6 +202,9 @@ def test_counts_of_the_wrong_type_raise_type_error() -> None:
             comm.allgatherv(np.ones((1, 2)), 2)  # type: ignore[call-overload]
         with pytest.raises(TypeError, match="1-D integer array"):
             comm.allgatherv(np.ones((1, 2)), np.ones(1))
+        for counts in ([1.0], [True], ["1"]):  # entries that are not ints: as such an array
+            with pytest.raises(TypeError, match="ints >= 0"):
+                comm.allgatherv(np.ones((1, 2)), counts)
 
     run_ranks(1, body)
 
