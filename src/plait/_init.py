@@ -94,6 +94,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from plait._binding import bind_crowded
 from plait.communicator import Communicator
 from plait.errors import RendezvousError
 from plait.rendezvous.lost import JobRanks, wait_ranks
@@ -581,6 +582,8 @@ def init(
         job = info.job_id if info.launcher == "plait" else None
         t = connect(rank, size, hosts, group, links=links, timeout=left(), job=job)
         comm = Communicator(t, timeout=timeout, hosts=hosts)
+        if "shm" in links:  # ranks that share a host's memory wait by yielding to each other
+            bind_crowded(rank, hosts)
         # A store passed as an object is the caller's (torch's, in the torch backend), and the
         # temp-dir file store must be let go at once: no watcher thread on either, and no agree
         # or shrink (Note [store lifetime]).
