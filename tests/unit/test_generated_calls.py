@@ -154,34 +154,35 @@ def test_a_call_that_cannot_be_compiled_tells_its_peers_at_once(
     import time
 
     import plait
-    from plait.testing import memory_communicators
+    from plait.testing import run_ranks
 
     generate = compiled._generate
+    here = threading.local()
 
     def failing(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == "rank0":
+        if getattr(here, "fails", False):
             raise MemoryError("no memory for the compiled call")
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(compiled, "_generate", failing)
-    comms = memory_communicators(2, timeout=20.0)
-    got: dict[int, tuple[str, float]] = {}
 
-    def rank(r: int) -> None:
+    peer_done = threading.Event()  # rank 0 stays (closing would tell rank 1 as much)
+
+    def body(comm: plait.Communicator) -> tuple[str, float]:
+        here.fails = comm.rank == 0
         start = time.monotonic()
         try:
-            comms[r].allreduce(np.ones(4), algorithm="arena_oneshot")
-            got[r] = ("ok", 0.0)
-        except BaseException as exc:  # every rank's outcome is compared
-            got[r] = (type(exc).__name__, time.monotonic() - start)
+            comm.allreduce(np.ones(4), algorithm="arena_oneshot")
+            got = "ok"
+        except (MemoryError, plait.CommError) as exc:
+            got = type(exc).__name__
+        waited = time.monotonic() - start
+        if comm.rank == 1:
+            peer_done.set()
+        else:
+            peer_done.wait(30)
+        return got, waited
 
-    threads = [threading.Thread(target=rank, args=(r,), name=f"rank{r}") for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    for c in comms:
-        c.close()
-    assert got[0][0] == "MemoryError"
-    assert got[1][0] == plait.PeerLostError.__name__
-    assert got[1][1] < 10  # at once, not at the timeout
+    (zero, _), (one, waited) = run_ranks(2, body, timeout=20.0)
+    assert (zero, one) == ("MemoryError", "PeerLostError")
+    assert waited < 10  # at once, not at the timeout
