@@ -133,3 +133,16 @@ def test_show_gives_the_one_sided_choices_where_the_ranks_share_a_window(
     assert "# transport: tcp" in out
     rows = _cells(out)
     assert not [cell for cells in rows.values() for cell in cells if "arena" in cell]
+
+
+def test_fit_keeps_a_positive_slope_when_one_large_size_was_slowed() -> None:
+    # The profile of a busy machine: 4 MiB slowed to 2.4 ms, 16 MiB at 1.8 ms. The slope of
+    # the two largest alone was negative, so β came out 0 (and auto's model lost its bytes).
+    from plait.cli.tune import fit
+
+    sizes = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+    times = [5e-6 + n * 1e-10 for n in sizes]
+    times[-2] = 2.4e-3
+    alpha, beta = fit(sizes, times)
+    assert alpha == times[0]
+    assert 0 < beta < 2.4e-3 / (4 << 20)

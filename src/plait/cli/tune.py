@@ -12,7 +12,7 @@ Two ranks bounce messages of 8 B to 16 MiB through plait's own point-to-point
 calls, over shared memory (the "intra" link class) and over TCP ("inter"; on
 one machine that is loopback, a stand-in until it is run across hosts); a
 straight line through the one-way times gives α (the 8-byte time) and β (the
-slope between the largest sizes). γ and δ are numpy's add and copy per byte.
+least-squares slope over the larger half of the sizes). γ and δ are numpy's add and copy per byte.
 The profile is written to PLAIT_PROFILE or ~/.config/plait/profile.json; with
 it, algorithm="auto" picks per call the algorithm and segment size with the
 lowest predicted time (see the module plait.selection.model). Every rank of a
@@ -70,12 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
-    """(α, β) from one-way times: the smallest message's time, the slope of the two largest."""
+    """(α, β) from one-way times: the smallest message's time, and the least-squares slope
+    over the larger half of the sizes (at least 0). The slope of the two largest alone
+    came out 0 where a busy machine slowed the second largest (4 MiB 2.4 ms, 16 MiB 1.8)."""
     pairs = sorted(zip(sizes, one_way, strict=True))
     alpha = pairs[0][1]
-    (n1, t1), (n2, t2) = pairs[-2], pairs[-1]
-    beta = max((t2 - t1) / (n2 - n1), 0.0) if n2 > n1 else 0.0
-    return alpha, beta
+    big = pairs[len(pairs) // 2 :] if len(pairs) > 2 else pairs
+    mean_n = sum(n for n, _ in big) / len(big)
+    mean_t = sum(t for _, t in big) / len(big)
+    spread = sum((n - mean_n) ** 2 for n, _ in big)
+    if spread == 0:
+        return alpha, 0.0
+    slope = sum((n - mean_n) * (t - mean_t) for n, t in big) / spread
+    return alpha, max(slope, 0.0)
 
 
 def _measure(transport: str, timeout: float) -> dict[str, Any]:
