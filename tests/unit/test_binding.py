@@ -68,13 +68,18 @@ def test_a_job_of_three_ranks_on_two_cpus_binds_them_in_turn(tmp_path: Path) -> 
             """
         )
     )
+    # The launcher binds itself first (not preexec_fn: a fork of this process, where another
+    # test may have imported JAX, warns), and its ranks inherit the two CPUs.
+    launch = (
+        f"import os, runpy, sys; os.sched_setaffinity(0, {set(two)}); "
+        "sys.argv = ['plait', *sys.argv[1:]]; runpy.run_module('plait', run_name='__main__')"
+    )
     res = subprocess.run(
-        [sys.executable, "-m", "plait", "run", "-n", "3", str(script)],
+        [sys.executable, "-c", launch, "run", "-n", "3", str(script)],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
-        preexec_fn=lambda: os.sched_setaffinity(0, set(two)),
     )
     assert res.returncode == 0, res.stderr
     (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("CPUS")]
