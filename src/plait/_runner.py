@@ -42,7 +42,7 @@ from plait.errors import (
     PeerLostError,
     UnsupportedError,
 )
-from plait.group import collective_tag, probe_tag
+from plait.group import collective_tag, crossings, probe_tag
 from plait.runtime.executor import Call, execute, run_local
 from plait.runtime.line import run_line
 from plait.runtime.one_sided import mismatch_behind, run_one_sided
@@ -63,20 +63,19 @@ _monotonic = time.monotonic
 class CallRunner:
     """Takes sequence numbers, runs requests and keeps the closed and broken state.
 
-    One per communicator. ``seq`` is the number the next call takes;
-    ``broken`` is the error that made the communicator unusable (None while
-    it is usable); ``detail`` is PLAIT_DEBUG=detail (compare every call
-    across ranks first); ``recorder`` is the communicator's flight recorder
-    (None when PLAIT_RECORDER_SIZE=0) and ``timeline`` the rank's
-    PLAIT_TIMELINE trace (None unless set, or without a recorder, which
-    reports the calls to it). ``world_rank`` is the rank of the process in
-    the world communicator: a split's calls go to its parent's timeline.
+    One per communicator. ``seq`` is the number the next call takes; ``broken`` is the
+    error that made the communicator unusable (None while it is usable); ``detail`` is
+    PLAIT_DEBUG=detail (compare every call across ranks first); ``recorder`` is the
+    communicator's flight recorder (None when PLAIT_RECORDER_SIZE=0) and ``timeline`` the
+    rank's PLAIT_TIMELINE trace (None unless set, or without a recorder, which reports the
+    calls to it). ``world_rank`` is the rank of the process in the world communicator: a
+    split's calls go to its parent's timeline.
 
-    Raises:
-        ValueError: a PLAIT_RECORDER_* or PLAIT_TIMELINE_EVENTS setting is invalid.
+    Raises ValueError where a PLAIT_RECORDER_* or PLAIT_TIMELINE_EVENTS setting is invalid.
     """
 
     __slots__ = (
+        "__weakref__",  # Note [crossed calls] in plait.runtime.crossing
         "_comm_id",
         "_gate",
         "_gate_waiters",
@@ -118,6 +117,7 @@ class CallRunner:
         self._size = transport.size
         self._comm_id = comm_id
         self._probe_tag = probe_tag(comm_id)  # Note [stall probes] in plait.runtime.stall
+        crossings(self, transport, comm_id)
         self.timeout = timeout
         self.detail = detail
         self.seq = 0

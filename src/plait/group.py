@@ -11,6 +11,7 @@ Note [wire tags]
         p2p = 0     comm id (18)     call seq (20)    message index (24)
         p2p = 1     comm id (18)     user tag (31, bits 0..30)
         p2p = 1     comm id (18)     bit 32 set: the set-up of that group's window
+        p2p = 1     0                bit 33 set: whereabouts of stalled calls
 
     Sequence numbers wrap after 2**20 calls, which is safe because the calls
     of one communicator complete in order on each rank long before that.
@@ -28,6 +29,11 @@ Note [wire tags]
     threads, or by two splits in a row) never take each other's messages, and
     the messages a failed set-up leaves behind (one small message per peer that
     gave up) stay unread instead of being taken by the next one.
+
+    A stalled call tells the ranks it waits on where it waits on one tag that
+    every communicator sharing the transport shares (:func:`whereabouts_tag`,
+    Note [crossed calls] in :mod:`plait.runtime.crossing`), so that calls of
+    different communicators that wait on each other are found out.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import zlib
 from collections.abc import Sequence
 
 from plait.errors import UnsupportedError
+from plait.runtime.crossing import Numbered, register
 from plait.transport.base import Handle, Matching, Transport
 from plait.transport.window import Window
 
@@ -46,12 +53,14 @@ __all__ = [
     "GroupTransport",
     "child_comm_id",
     "collective_tag",
+    "crossings",
     "p2p_pattern",
     "p2p_tag",
     "probe_tag",
     "setup_tag",
     "shrunk_comm_id",
     "user_tag",
+    "whereabouts_tag",
 ]
 
 COMM_ID_BITS = 18
@@ -62,6 +71,7 @@ _COMM_SHIFT = SEQ_BITS + INDEX_BITS
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 _USER_TAG_MASK = (1 << 31) - 1
 _SETUP = 1 << 32
+_WHEREABOUTS = 1 << 33
 #: Seconds a new group's ranks may take to set up its window.
 SETUP_TIMEOUT = 300.0
 
@@ -104,6 +114,23 @@ def user_tag(wire_tag: int) -> int:
 def setup_tag(comm_id: int) -> int:
     """The tag of the messages that set up the window of group ``comm_id`` (Note [wire tags])."""
     return _P2P | (comm_id << _COMM_SHIFT) | _SETUP
+
+
+def whereabouts_tag() -> int:
+    """The tag of stalled calls' whereabouts notices, one for every communicator of a
+    transport (Note [crossed calls] in :mod:`plait.runtime.crossing`)."""
+    return _P2P | _WHEREABOUTS
+
+
+def crossings(owner: Numbered, transport: Transport, comm_id: int) -> None:
+    """Register the call runner ``owner`` of communicator ``comm_id`` over ``transport`` (a
+    group's view, or the transport its groups share) for Note [crossed calls]."""
+    ranks = tuple(range(transport.size))
+    root = transport
+    while isinstance(root, GroupTransport):
+        ranks = tuple(root.ranks[r] for r in ranks)
+        root = root.parent
+    register(owner, transport, probe_tag(comm_id), comm_id, root, ranks, whereabouts_tag())
 
 
 def child_comm_id(parent_id: int, seq: int, color: int) -> int:

@@ -431,6 +431,43 @@ def test_timeout_names_the_rank_at_the_end_of_the_chain() -> None:
     assert "rank 1 waits in this call too, for rank(s) [0]" in results[2], results[2]
 
 
+@pytest.mark.parametrize(
+    "window", [0, plait.testing.DEFAULT_WINDOW_BYTES], ids=["messages", "window"]
+)
+def test_crossed_calls_of_two_communicators_are_named_where_threads_may_undo_them(
+    window: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rank 0 calls the world then the group, rank 1 the group then the world. Ranks that
+    # are threads of one process may yet be undone by another thread (Note [crossed calls]
+    # in plait.runtime.crossing), so they log the crossing and wait: the timeout names it.
+    done = threading.Barrier(2)  # no rank returns (and closes) before both timed out
+
+    def body(comm: plait.Communicator) -> str:
+        group = comm.split(0)
+        x = np.ones(3)
+        try:
+            if comm.rank == 0:
+                comm.allreduce(x, timeout=PROBE_SECONDS + 2.5)
+                group.allreduce(x)
+            else:
+                group.allreduce(x, timeout=PROBE_SECONDS + 2.5)
+        except plait.CollectiveTimeout as exc:
+            done.wait(30)
+            return str(exc)
+        return "no timeout"
+
+    with caplog.at_level("WARNING", logger="plait"):
+        results = run_ranks(2, body, timeout=60, window=window)
+    crossed = "a call this rank has not begun, while this rank waits for it here"
+    assert all(crossed in msg for msg in results), results
+    assert "job rank 1 waits in allreduce" in results[0], results[0]
+    assert "job rank 0 waits in allreduce" in results[1], results[1]
+    assert "of the world communicator" in results[1], results[1]
+    logged = [r.getMessage() for r in caplog.records if crossed in r.getMessage()]
+    assert len(logged) == 2, logged  # once per rank
+    assert all("unless another thread of this rank makes that call" in m for m in logged)
+
+
 def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
     # A one-sided call that meets a peer's mark that it gave up on the call for a lost rank
     # raises what the peer found: rank 0 lost rank 2 and tells (a LOST notice) before it

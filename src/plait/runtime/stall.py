@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.errors import CommTimeout, MismatchError, PeerLostError
+from plait.runtime.crossing import Crossing
 from plait.schedule.ir import Schedule
 from plait.transport.base import Handle, Transport
 
@@ -114,6 +115,7 @@ class Prober:
     __slots__ = (
         "_bufs",
         "_call",
+        "_cross",
         "_heard",
         "_posted",
         "_rank",
@@ -133,6 +135,8 @@ class Prober:
         self._suspects: dict[int, tuple[float, MismatchError]] = {}
         # peer stalled in this very call -> the peers it said it waits on
         self._heard: dict[int, tuple[int, ...]] = {}
+        # the call's notices to peers that may wait in other communicators' calls
+        self._cross = Crossing(transport, call.probe_tag, call.seq, call.describe)
 
     def start(self, waiting: Sequence[int]) -> None:
         """Tell every peer this call is stalled waiting on ``waiting``, and listen for theirs."""
@@ -143,6 +147,7 @@ class Prober:
             self._send(q, me)
             self._bufs[q] = np.zeros(PROBE_BYTES, np.uint8)
             self._post(q)
+        self._cross.start(waiting)  # Note [crossed calls] in plait.runtime.crossing
 
     def check(self, waiting: Sequence[int]) -> None:
         """Read the peers' probes that arrived; raise MismatchError on evidence.
@@ -176,6 +181,10 @@ class Prober:
             elif now >= until:
                 self._tell_all()
                 raise err
+        crossed = self._cross.check(self._rank, waiting)
+        if crossed is not None:
+            self._tell_all()
+            raise crossed
 
     def explain(self, waiting: Sequence[int]) -> str:
         """Who waits on whom, from the probes of peers stalled in this call (for a timeout).
@@ -185,7 +194,7 @@ class Prober:
         the likeliest cause. Empty when no probe came.
         """
         if not self._heard:
-            return ""
+            return self._cross.explain()
         parts: list[str] = []
         silent: list[int] = []
         seen = set(waiting) | {self._rank}
@@ -206,7 +215,7 @@ class Prober:
                 f"rank(s) {sorted(silent)} did not say they wait: the likeliest cause (stopped, "
                 "busy outside plait, or in another call)"
             )
-        return "; " + "; ".join(parts)
+        return "; " + "; ".join(parts) + self._cross.explain()
 
     @property
     def wake_at(self) -> float | None:
@@ -219,11 +228,12 @@ class Prober:
             if not h.done:
                 self._t.cancel(h)
         self._posted.clear()
+        self._cross.close()
 
     @property
     def handles(self) -> list[Handle]:
         """The posted receives, to wait on along with the call's own."""
-        return list(self._posted)
+        return [*self._posted, *self._cross.handles]
 
     # -- internals ---------------------------------------------------------------------------
     def _verdict(
