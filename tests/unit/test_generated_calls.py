@@ -114,6 +114,29 @@ def test_a_peer_behind_at_the_start_takes_the_windows_begin_with_the_calls_call(
     assert [m[1:] for m in made] == [(EPOCH, EPOCH, None)]  # made once, for the slow way
 
 
+class _Reads:
+    """A peer's counter that reads ``values`` in turn, then the last of them for good."""
+
+    def __init__(self, *values: int) -> None:
+        self.values = list(values)
+
+    def __getitem__(self, i: int) -> int:
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+def test_where_ranks_outnumber_cores_a_wait_yields_before_it_makes_a_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    yielded: list[int] = []
+    monkeypatch.setattr(compiled.os, "sched_yield", lambda: yielded.append(1))
+    window = _Window(_Reads(BASE | 5, 0, 0, BASE | 5))  # begun; short at two reads of the wait
+    window.yields = 8
+    x, made = _run(window)
+    np.testing.assert_array_equal(x, [10, 21, 32, 43])
+    assert len(yielded) == 2  # the core given up until the peer's post was there
+    assert made == []  # and no Call made, no slow way taken
+
+
 def test_a_post_is_stored_in_place_and_goes_through_post_only_for_a_sleeper() -> None:
     window = _Poster([BASE | 5])
     _run(window)

@@ -93,6 +93,11 @@ Note [a second look]
     the window's wait, a rank spends a few microseconds of Python before its first
     yield and after its last, and often goes to sleep and must be woken; with 4 ranks
     on 2 cores, that made most calls the slowest rank's sleep (docs/performance.md).
+    The yields are in the generated function too, before the call's ``Call`` is made
+    and :func:`_peer` called: with 4 ranks on 2 cores most waits end after a yield or
+    two, and each had paid for a ``Call`` and a frame it never used (an 8-byte
+    allreduce in ``plait bench``: 21.6-23.2 µs against 24.8-27.5, docs/performance.md,
+    "an eighth time").
 """
 
 from __future__ import annotations
@@ -295,6 +300,7 @@ def _generate(
     size = getattr(window, "size", schedule.size)
     env: dict[str, Any] = {
         "_peer": _peer,
+        "_yield": os.sched_yield,
         "_wrong": _wrong_counts,
         "_begin": begin_call,
         "_failed": failed,
@@ -441,6 +447,11 @@ def _body(
                 "                for _ in range(window.polls):",
                 f"                    if (v := {ctr}) >= need:",
                 "                        break",
+                "                else:  # where ranks outnumber cores: give the core up",
+                "                    for _ in range(window.yields):",
+                "                        _yield()",
+                f"                        if (v := {ctr}) >= need:",
+                "                            break",
                 f"            go = v >= need and d{m}_{h}[{int(j)}] == check"
                 " and not gave_up <= v < ended",
                 "        except (TypeError, ValueError):",
@@ -484,30 +495,19 @@ def _peer(
     half: int,
 ) -> None:
     """The slow way of a generated run's wait for peer ``q`` to post ``need``: its counter
-    was short after the run's polls, its digest differs, it gave up, or its words are
-    released.
+    was short after the run's polls or yields (Note [a second look]), its digest differs,
+    it gave up, or its words are released.
 
-    Gives the core up between reads where ranks outnumber cores (Note [a second
-    look]) and waits the whole way where the counter is still short (a wait for a
-    counter that has arrived returns at once), then checks the peer's call (Note
-    [one-sided] in :mod:`plait.runtime.one_sided`).
+    Waits the whole way where the counter is still short (a wait for a counter that has
+    arrived returns at once), then checks the peer's call (Note [one-sided] in
+    :mod:`plait.runtime.one_sided`).
     """
     counters, i, digests, j = probe
-    ready = False
-    try:
-        for _ in range(window.yields):
-            os.sched_yield()
-            if counters[i] >= need:
-                ready = True
-                break
-    except (TypeError, ValueError):
-        pass
     # The recorder's slot says whom the call waits for; a failure leaves it for the dump.
     slot = call.slot
     if slot is not None:
         slot.peers = peers
-    if not ready:
-        await_post(window, transport, q, need, call, schedule, q)
+    await_post(window, transport, q, need, call, schedule, q)
     base = need & ~0xFFFFFFFF
     try:
         suspect = digests[j] != call.check or base | MISMATCHED <= counters[i] < base + (1 << 32)
