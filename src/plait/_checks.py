@@ -307,6 +307,14 @@ def check_out(
     return o
 
 
+def check_async(async_op: Any, where: str) -> bool:
+    """``async_op`` as a bool (numpy's bools too); anything else is a TypeError, so that a
+    string or a number is never taken for a choice it does not spell."""
+    if isinstance(async_op, bool | np.bool_):
+        return bool(async_op)
+    raise TypeError(f"{where}: async_op must be True or False; got {async_op!r}")
+
+
 def check_timeout(timeout: Any, where: str) -> float:
     """``timeout`` as positive float seconds; ``where`` prefixes the message."""
     # Any real number: numpy's too (np.float32(5.0), np.int64(5)), as root and tag take them.

@@ -155,7 +155,7 @@ class CollectiveMethods:
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
             cut = (
                 self._shortcuts.get(key)
-                if not async_op and timeout is None and (runner.plain or not runner.reserved())
+                if async_op is False and timeout is None and (runner.plain or not runner.reserved())
                 else None
             )
             # ``flags.carray``: contiguous, aligned and writeable in one test (an unaligned
@@ -345,7 +345,9 @@ class CollectiveMethods:
         the host and root's data written back into it.
         """
         c = "broadcast"
-        simple = type(x) is np.ndarray and type(root) is int and not async_op and timeout is None
+        simple = (
+            type(x) is np.ndarray and type(root) is int and async_op is False and timeout is None
+        )
         runner = self._runner
         if simple and (runner.plain or not runner.reserved()):
             # Note [the short path] (a read-only x on root takes the long way)
@@ -364,7 +366,9 @@ class CollectiveMethods:
         """broadcast's long path (``purpose``: see ``UnevenMethods._within``)."""
         c = "broadcast"
         r = self._rank
-        simple = type(x) is np.ndarray and type(root) is int and not async_op and timeout is None
+        simple = (
+            type(x) is np.ndarray and type(root) is int and async_op is False and timeout is None
+        )
         if type(x) is not np.ndarray and r == root and immutable(x):
             a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
         else:
@@ -600,7 +604,7 @@ class CollectiveMethods:
             )
             cut = (
                 self._shortcuts.get(key)
-                if not async_op and timeout is None and (runner.plain or not runner.reserved())
+                if async_op is False and timeout is None and (runner.plain or not runner.reserved())
                 else None
             )
             if (
@@ -668,7 +672,7 @@ class CollectiveMethods:
         # path]), except a compressor's, whose calls choose among message algorithms only.
         runner = self._runner
         kept = self._barrier
-        if kept is not None and runner.plain and timeout is None and not async_op:
+        if kept is not None and runner.plain and timeout is None and async_op is False:
             req, go = kept
             if go is not None:
                 return go(req, 3)  # as start's skip

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plait._checks import check_timeout
+from plait._checks import check_async, check_timeout
 from plait._request import Plan, Request, check_same_call, signature
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
@@ -197,14 +197,15 @@ class CallRunner:
     ) -> Any:
         """Number ``req`` and run it: return its result, or a Work for ``async_op``.
 
-        ``comm`` is the communicator the call came to: PLAIT_DEBUG=detail
-        compares the call across ranks through its allgather first. ``skip``
-        is how far out from the recorder's ``begin`` the user's frame is: 3
-        when the collective method calls this directly (begin, start, the
-        method), 4 through ``CollectiveMethods._collective``; a wrong guess
-        costs the recorder a short walk, never a wrong line.
+        ``comm`` is the communicator the call came to: PLAIT_DEBUG=detail compares the call
+        across ranks through its allgather first. ``skip`` is how far out from the recorder's
+        ``begin`` the user's frame is: 3 when the collective method calls this directly
+        (begin, start, the method), 4 through ``CollectiveMethods._collective``; a wrong
+        guess costs the recorder a short walk, never a wrong line.
         """
         spec, plan = req.spec, req.plan
+        if async_op is not False and async_op is not True:  # bad input, or numpy's bool
+            async_op = check_async(async_op, f"rank {self._rank}: {spec.collective}")
         if timeout is None and not async_op and req.writeback is None and self.plain:
             go = self.short_path(plan)  # a plain call: its plan may have a short path
             if go is not None:
@@ -285,8 +286,7 @@ class CallRunner:
         compressed call gives the same bits whether it runs blocking or on the worker."""
         if not self._reserving:  # no thread does: skip the per-thread lookup
             return False
-        w = self._workspaces
-        return w.pinned is not None or w.compressing
+        return self._workspaces.pinned is not None or self._workspaces.compressing
 
     def compressing(self, fn: Callable[[], Any]) -> Any:
         """Run a blocking compressed call's ``fn`` here, as :meth:`reserved` says."""

@@ -163,6 +163,42 @@ def test_timeout_may_be_a_numpy_number(timeout: Any) -> None:
         comm.allreduce(np.ones(2), timeout=np.bool_(True))
 
 
+#: One call of each edge that takes async_op=, made by a rank alone with a bad flag.
+ASYNC_CALLS: dict[str, Callable[[plait.Communicator, Any], Any]] = {
+    "allreduce": lambda comm, flag: comm.allreduce(np.ones(2), async_op=flag),
+    "broadcast": lambda comm, flag: comm.broadcast(np.ones(2), 0, async_op=flag),
+    "allgather": lambda comm, flag: comm.allgather(np.ones(2), async_op=flag),
+    "allgatherv": lambda comm, flag: comm.allgatherv(np.ones((1, 2)), [1, 1], async_op=flag),
+}
+
+
+@pytest.mark.parametrize("call", sorted(ASYNC_CALLS))
+@pytest.mark.parametrize("flag", ["yes", "", 1, 0, None])
+def test_async_op_must_be_a_bool(call: str, flag: Any) -> None:
+    # A string or a number was taken for its truth ('yes' and '' alike for a blocking call
+    # on the short path, any of them for an async one on the long way). Refused before the
+    # call is numbered: rank 0 never takes part, and rank 1's next call still meets it.
+    comms = memory_communicators(2, timeout=5)
+
+    def body(comm: plait.Communicator) -> Any:
+        ASYNC_CALLS[call](comm, False)  # its short path kept, where it has one
+        work = comm.allreduce(np.ones(2), async_op=np.bool_(comm.rank == 0))
+        return work.wait() if comm.rank == 0 else work
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(body, comms))
+        with pytest.raises(TypeError, match=r"async_op must be True or False; got"):
+            ASYNC_CALLS[call](comms[1], flag)
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(body, comms))
+        for g in got:
+            np.testing.assert_array_equal(g, [2.0, 2.0])
+    finally:
+        for comm in comms:
+            comm.close()
+
+
 #: Each uneven call that learns its counts first, called by rank 1 of 2 with a bad out=: it
 #: is refused before the count exchange, so rank 0 need not take part (it used to raise after
 #: the exchange on that rank alone, and leave the others waiting in the call that follows).
