@@ -20,15 +20,18 @@ Note [crossed calls]
     call ``n`` (its ``C`` has numbered at most ``n`` calls), is a *crossing*:
     each waits for a call the other makes only later.
 
-    It is a deadlock for sure only where nothing but the stalled thread can
-    make ``C``'s call ``n``: the process runs no Python thread but this one
-    and plait's own (named ``plait-``; queued calls are numbered already, so
-    a worker thread never begins a call not yet numbered). Then the call
-    raises MismatchError, and tells its peers as for any mismatch; ``q``,
-    stalled the same way, finds the crossing from this rank's notice and
-    raises too. Where other threads run, one of them may yet make the call
-    (two threads that drive one communicator each), so the crossing is only
-    logged, once per call, and a timeout's message names it.
+    It is a deadlock for sure only where nothing but the two stalled threads
+    can make the calls they wait for: neither process runs a Python thread
+    but the stalled one and plait's own that make no calls of their own
+    (named ``plait-``; a worker's queued calls are numbered already, so it
+    never begins a call not yet numbered; the torch backend's threads run
+    the user's callbacks, so they count as the user's). Each notice says
+    whether its sender is so alone. Then the call raises MismatchError, and
+    tells its peers as for any mismatch; ``q``, stalled the same way, finds
+    the crossing from this rank's notice and raises too. Where other threads
+    run on either side, one of them may yet make the call (two threads that
+    drive one communicator each), so the crossing is only logged, once per
+    call, and a timeout's message names it.
 
     A notice outlives its call: it is read whenever this rank next stalls.
     One whose call has ended names a call this rank has begun (that call
@@ -62,9 +65,10 @@ _log = logging.getLogger("plait")
 
 #: Most of the ranks a notice says its call waits on.
 _NAMED = 8
-#: The communicator's id, the call's number, its name (UTF-8, zero-padded), how many ranks
-#: it waits on, and the first of them as the shared transport numbers them (-1 after the last).
-_WIRE = struct.Struct(f"<QQ40sI{_NAMED}i")
+#: The communicator's id, the call's number, its name (UTF-8, zero-padded), whether the
+#: sender runs no other thread that could make a call (_alone), how many ranks it waits on,
+#: and the first of them as the shared transport numbers them (-1 after the last).
+_WIRE = struct.Struct(f"<QQ40sII{_NAMED}i")
 #: Bytes of one whereabouts notice.
 NOTICE_BYTES = _WIRE.size
 
@@ -143,6 +147,7 @@ class Crossing:
         "_peer",
         "_posted",
         "_seq",
+        "_sure",
         "found",
     )
 
@@ -155,6 +160,7 @@ class Crossing:
         self._heard: dict[int, str] = {}  # root rank -> where it waits, in words
         self._logged = False
         self._peer = -1  # the root rank of the crossing's peer
+        self._sure = False  # whether that peer said it runs no other thread (_alone)
         #: The crossing found, in words ("" until one is).
         self.found = ""
 
@@ -167,10 +173,10 @@ class Crossing:
         peers = [me.ranks[q] for q in waiting][:_NAMED]
         named = peers + [-1] * (_NAMED - len(peers))
         name = self._describe.encode("utf-8", "replace")[:40]
-        notice = memoryview(_WIRE.pack(me.comm_id, self._seq, name, len(peers), *named))
+        notice = _WIRE.pack(me.comm_id, self._seq, name, _alone(), len(peers), *named)
         for p in peers:
             try:
-                me.root.isend(p, me.tag, notice, 0)
+                me.root.isend(p, me.tag, memoryview(notice), 0)
             except Exception:  # a lost peer: the call itself says so
                 continue
             self._bufs[p] = np.zeros(NOTICE_BYTES, np.uint8)
@@ -191,7 +197,7 @@ class Crossing:
             p = self._posted.pop(h)
             if h.error is not None:
                 continue
-            comm_id, seq, raw, n, *theirs = _WIRE.unpack(self._bufs[p].tobytes())
+            comm_id, seq, raw, alone, n, *theirs = _WIRE.unpack(self._bufs[p].tobytes())
             self._post(p)
             if comm_id == me.comm_id:
                 continue
@@ -203,7 +209,7 @@ class Crossing:
             where = f"{name} of {other.describe()}, for job rank(s) {waits}"
             self._heard[p] = where
             if p in still and me.root.rank in waits and not self.found:
-                self._peer = p
+                self._peer, self._sure = p, bool(alone)
                 self.found = (
                     f"job rank {p} waits in {where}, a call this rank has not begun, while this "
                     f"rank waits for it here: the ranks made calls on different communicators "
@@ -212,11 +218,16 @@ class Crossing:
         if not self.found:
             return None
         text = f"rank {rank}: {self._describe}: {self.found}"
-        if _alone():
+        if self._sure and _alone():
             return MismatchError(text)
         if not self._logged:
             self._logged = True
-            _log.warning("%s (a deadlock unless another thread of this rank makes that call)", text)
+            _log.warning(
+                "%s (a deadlock unless another thread of this rank or of job rank %d makes the "
+                "call the other waits for)",
+                text,
+                self._peer,
+            )
         return None
 
     def explain(self) -> str:
@@ -250,6 +261,10 @@ class Crossing:
 
 
 def _alone() -> bool:
-    """Whether no Python thread but this one and plait's own runs in this process."""
+    """Whether no Python thread but this one and plait's own that make no calls of their own
+    runs in this process (the torch backend's run the user's callbacks and point-to-point)."""
     me = threading.current_thread()
-    return all(t is me or t.name.startswith("plait-") for t in threading.enumerate())
+    return all(
+        t is me or (t.name.startswith("plait-") and not t.name.startswith("plait-torch-"))
+        for t in threading.enumerate()
+    )
