@@ -18,7 +18,7 @@ import pytest
 import plait
 import plait.testing
 from plait.compression import FP16
-from plait.runtime import posts, stall
+from plait.runtime import crossing, posts, stall
 from plait.runtime.executor import Call
 from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
 from plait.testing import run_ranks
@@ -466,6 +466,49 @@ def test_crossed_calls_of_two_communicators_are_named_where_threads_may_undo_the
     logged = [r.getMessage() for r in caplog.records if crossed in r.getMessage()]
     assert len(logged) == 2, logged  # once per rank
     assert all("unless another thread of this rank or of job rank" in m for m in logged)
+
+
+def test_a_rank_with_one_communicator_sends_no_whereabouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No other communicator to cross with: a stalled call tells its peers nothing more than
+    # its probes (a notice to a rank that never stalls waits among its unexpected messages).
+    sent: list[int] = []
+    monkeypatch.setattr(crossing.Crossing, "_send", lambda self, p, payload: sent.append(p))
+
+    def body(comm: plait.Communicator) -> str:
+        if comm.rank == 1:
+            time.sleep(PROBE_SECONDS + 1.0)  # away until rank 0 has stalled a while
+            return ""
+        return _outcome(lambda: comm.allreduce(np.ones(2), timeout=PROBE_SECONDS + 0.5))[0]
+
+    assert run_ranks(2, body, timeout=60, window=0)[0] == "CollectiveTimeout"
+    assert sent == []
+
+
+def test_a_prober_whose_first_look_raises_withdraws_its_receives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The prober that a message call makes once it has stalled looks at once; where that
+    # look raised, the call never held the prober, and its receives (on the probe tag, and
+    # the whereabouts tag every communicator of the transport shares) stayed posted.
+    made: list[stall.Prober] = []
+
+    def check(self: stall.Prober, waiting: Any) -> None:
+        made.append(self)
+        raise plait.MismatchError("the first look finds a mismatch (test)")
+
+    monkeypatch.setattr(stall.Prober, "check", check)
+
+    def body(comm: plait.Communicator) -> str:
+        if comm.rank == 1:
+            time.sleep(PROBE_SECONDS + 1.0)  # away until rank 0 has probed and raised
+            return ""
+        return _outcome(lambda: comm.allreduce(np.ones(2), timeout=PROBE_SECONDS + 5))[0]
+
+    assert run_ranks(2, body, timeout=60, window=0)[0] == "MismatchError"
+    assert made, "the call never probed"
+    assert made[0].handles == []  # withdrawn
 
 
 def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:

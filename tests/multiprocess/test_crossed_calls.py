@@ -14,7 +14,9 @@ def test_calls_crossed_between_communicators_fail_every_rank_within_seconds(
     tmp_path: Path, transport: str
 ) -> None:
     # Ranks 0 and 1 share a group and the world, and call them in opposite orders; rank 2
-    # waits in the world's call with rank 0, and learns of the mismatch from rank 0.
+    # waits in the world's call with rank 0, and learns of the mismatch from rank 0. The
+    # world's call is "direct", in which rank 0 waits on rank 1 itself: only crossings of two
+    # ranks are found (in a ring, 0 would wait on 2, which waits on 1).
     script = """
         import time, numpy as np, plait
         comm = plait.init(timeout=60)
@@ -24,9 +26,9 @@ def test_calls_crossed_between_communicators_fail_every_rank_within_seconds(
         try:
             if comm.rank == 1:
                 group.allreduce(x)
-                comm.allreduce(x)
+                comm.allreduce(x, algorithm="direct")
             else:
-                comm.allreduce(x)
+                comm.allreduce(x, algorithm="direct")
                 if comm.rank == 0:
                     group.allreduce(x)
         except plait.MismatchError as exc:
@@ -116,3 +118,33 @@ def test_a_crossing_the_peers_other_thread_undoes_is_no_error(tmp_path: Path) ->
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert sorted(res.stdout.split()).count("done") == 2, res.stdout
     assert "calls on different communicators in different orders" in res.stderr, res.stderr[-2000:]
+
+
+def test_a_peer_whose_call_runs_on_its_worker_thread_is_no_crossing(tmp_path: Path) -> None:
+    # Rank 2 queues its world call (async_op=True) and waits in the group's call with rank 0,
+    # which waits for it in the world's call while rank 1 computes. Rank 0 sees a crossing,
+    # but rank 2 has begun the world's call (on its worker thread): it confirms none, and
+    # every call finishes once rank 1 comes. A one-sided view made rank 0 raise.
+    script = """
+        import time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        group = comm.split(0 if comm.rank in (0, 2) else 1)
+        x = np.ones(5, np.float32)
+        if comm.rank == 0:
+            world = comm.allreduce(x, algorithm="ring", out=np.empty_like(x))
+            grouped = group.allreduce(2 * x, out=np.empty_like(x))
+            assert grouped.tolist() == [4.0] * 5, grouped
+        elif comm.rank == 2:
+            work = comm.allreduce(x, algorithm="ring", out=np.empty_like(x), async_op=True)
+            grouped = group.allreduce(2 * x, out=np.empty_like(x))
+            assert grouped.tolist() == [4.0] * 5, grouped
+            world = work.wait()
+        else:
+            time.sleep(4)  # computing before its world call
+            world = comm.allreduce(x, algorithm="ring", out=np.empty_like(x))
+        assert world.tolist() == [3.0] * 5, world
+        print(f"done on {comm.rank}", flush=True)
+    """
+    res, _ = plait_run(["-n", "3", "--tag-output", "--transport", "tcp"], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert sorted(res.stdout.split()).count("done") == 3, res.stdout

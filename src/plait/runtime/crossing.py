@@ -10,37 +10,51 @@ Note [crossed calls]
     returns. Each sees a peer that is late, which is no mismatch (a rank may
     compute for minutes before its next call), and would wait for its timeout.
 
-    So a stalled call also sends each rank it waits on one *whereabouts*
-    notice, on one tag of the transport that all those communicators share
-    (outside every communicator's tags: Note [wire tags] in :mod:`plait.group`):
-    its communicator's id, its call's number and name, and the ranks it waits
-    on as the transport numbers them. And it reads theirs. Peer ``q``'s notice
-    that its call ``n`` of communicator ``C`` waits on this rank, where ``C``
-    is not the communicator of this call and this rank has not begun ``C``'s
-    call ``n`` (its ``C`` has numbered at most ``n`` calls), is a *crossing*:
-    each waits for a call the other makes only later.
+    So where a rank has more than one communicator on a transport, a stalled
+    call also sends each rank it waits on one *whereabouts* notice, on one
+    tag of the transport that all of them share (outside every
+    communicator's tags: Note [wire tags] in :mod:`plait.group`): its
+    communicator's id, its call's number and name, and the ranks it waits on
+    as the transport numbers them. And it reads the notices of every rank of
+    the transport. Peer ``q``'s notice that its call ``n`` of communicator
+    ``C`` waits on this rank, where ``C`` is not the communicator of this
+    call, this call waits on ``q``, and this rank has not begun ``C``'s call
+    ``n`` (its ``C`` has numbered at most ``n`` calls, and is neither broken
+    nor closed), is a *crossing* as this rank sees it: each waits for a call
+    the other has not begun. The rank then sends ``q`` a *confirmation*
+    naming both calls.
 
-    It is a deadlock for sure only where nothing but the two stalled threads
-    can make the calls they wait for: neither process runs a Python thread
-    but the stalled one and plait's own that make no calls of their own
-    (named ``plait-``; a worker's queued calls are numbered already, so it
-    never begins a call not yet numbered; the torch backend's threads run
-    the user's callbacks, so they count as the user's). Each notice says
-    whether its sender is so alone. Then the call raises MismatchError, and
-    tells its peers as for any mismatch; ``q``, stalled the same way, finds
-    the crossing from this rank's notice and raises too. Where other threads
-    run on either side, one of them may yet make the call (two threads that
-    drive one communicator each), so the crossing is only logged, once per
-    call, and a timeout's message names it.
+    A crossing that both ranks see is a deadlock for sure only where nothing
+    but the two stalled threads can begin the calls they wait for: neither
+    process runs a Python thread but the stalled one and plait's own that
+    begin no calls (named ``plait-``; a worker runs queued calls, numbered
+    when they were queued; the torch backend's threads run the user's
+    callbacks, so they count as the user's). Each notice and confirmation
+    says whether its sender is so alone. A rank that sees a crossing, is
+    alone, and holds its peer's confirmation of the same two calls from a
+    peer that is alone raises MismatchError (and tells its peers, as for any
+    mismatch); the peer, holding this rank's confirmation, does too. One
+    side is not enough: a peer whose call runs on its worker thread while
+    its main thread waits in the other communicator has begun the call this
+    rank waits in, so it sees no crossing and confirms none, and both calls
+    finish (with both ranks alone, a crossing that only one sees is not
+    logged or named either). Where other threads run on either side, one of them may yet
+    begin a call, so the crossing is only logged (once per call) and a
+    timeout's message names it. Threads that Python's ``threading`` module
+    does not know (started by a C extension) are not seen.
 
     A notice outlives its call: it is read whenever this rank next stalls.
     One whose call has ended names a call this rank has begun (that call
-    could not end on ``q`` without this rank), and is passed over. A notice
-    about this very communicator is the stall probes' business and passed
-    over too. Costs: nothing while calls finish within the probe period; a
+    could not end on ``q`` without this rank) or a communicator that broke
+    here, and is passed over; a confirmation names the very call it
+    confirms. A notice about this very communicator is the stall probes'
+    business and passed over too. Only crossings of two ranks are found; a
+    ring of three or more shows in each timeout's message, as what each
+    peer said it waits in. Costs: nothing while calls finish within the
+    probe period, and nothing on a transport with one communicator; a
     stalled call sends one notice of :data:`NOTICE_BYTES` to each rank it
-    waits on and keeps one receive posted for each. As with probes, a notice
-    to a rank that never stalls waiting on its sender stays among that
+    waits on and keeps one receive posted for each rank of the transport.
+    As with probes, a notice to a rank that never stalls stays among that
     rank's unexpected messages until it does, or closes.
 """
 
@@ -63,20 +77,27 @@ __all__ = ["NOTICE_BYTES", "Crossing", "Numbered", "register"]
 
 _log = logging.getLogger("plait")
 
+_WHERE, _CONFIRM = 0, 1
 #: Most of the ranks a notice says its call waits on.
 _NAMED = 8
-#: The communicator's id, the call's number, its name (UTF-8, zero-padded), whether the
-#: sender runs no other thread that could make a call (_alone), how many ranks it waits on,
-#: and the first of them as the shared transport numbers them (-1 after the last).
-_WIRE = struct.Struct(f"<QQ40sII{_NAMED}i")
-#: Bytes of one whereabouts notice.
+#: Kind; the sender's communicator id and call number, the call's name (UTF-8, zero-padded),
+#: whether the sender is alone (_alone); for a confirmation, the receiver's call that the
+#: sender has not begun (communicator id, number); how many ranks the call waits on, and the
+#: first of them as the shared transport numbers them (-1 after the last).
+_WIRE = struct.Struct(f"<IQQ40sIQQI{_NAMED}i")
+#: Bytes of one whereabouts notice or confirmation.
 NOTICE_BYTES = _WIRE.size
+#: Calls whose crossing was logged, the latest last (a call stalls again on each peer).
+_WARNED: dict[tuple[int, int, int], None] = {}
 
 
 class Numbered(Protocol):
-    """What a communicator's call runner shows here: how many calls it has numbered."""
+    """What a communicator's call runner shows here: how many calls it has numbered, and
+    whether it can still begin one."""
 
     seq: int
+    closed: bool
+    broken: BaseException | None
 
 
 @dataclass(frozen=True)
@@ -87,12 +108,13 @@ class _Member:
     root: Transport  # the transport every communicator of the job shares
     ranks: tuple[int, ...]  # the communicator's rank i is the root's rank ranks[i]
     tag: int  # the root's whereabouts tag
-    owner: weakref.ref[Any]  # the runner (its seq)
+    owner: weakref.ref[Any]  # the runner
 
     def began(self, seq: int) -> bool:
-        """Whether this rank has numbered call ``seq`` (a gone runner: say it has)."""
+        """Whether this rank has numbered call ``seq``, or will begin no call (a runner
+        that is gone, closed or broken: a notice about it is no current crossing)."""
         runner = self.owner()
-        return runner is None or runner.seq > seq
+        return runner is None or runner.seq > seq or runner.closed or runner.broken is not None
 
     def describe(self) -> str:
         if self.comm_id == 0:
@@ -134,53 +156,59 @@ def register(
 class Crossing:
     """The whereabouts notices of one stalled call (Note [crossed calls]).
 
-    ``transport`` and ``probe_tag``: the call's; ``describe``: its name. A call
-    of a communicator that was never registered (a bare transport) makes none.
+    ``transport`` and ``probe_tag``: the call's; ``seq`` and ``describe``: its
+    number and name. A call of a communicator that was never registered (a
+    bare transport), or the only one of its transport here, makes none.
     """
 
     __slots__ = (
         "_bufs",
+        "_confirmed",
         "_describe",
         "_heard",
-        "_logged",
         "_me",
-        "_peer",
         "_posted",
         "_seq",
-        "_sure",
+        "_theirs",
         "found",
+        "sure",
     )
 
     def __init__(self, transport: Transport, probe_tag: int, seq: int, describe: str) -> None:
-        self._me = _by_probe.get((id(transport), probe_tag))
+        me = _by_probe.get((id(transport), probe_tag))
+        if me is not None and sum(1 for k in list(_by_comm) if k[0] == id(me.root)) < 2:
+            me = None  # no other communicator here to cross with
+        self._me = me
         self._seq = seq
         self._describe = describe
         self._bufs: dict[int, np.ndarray] = {}
         self._posted: dict[Handle, int] = {}  # receive -> root rank of the peer
         self._heard: dict[int, str] = {}  # root rank -> where it waits, in words
-        self._logged = False
-        self._peer = -1  # the root rank of the crossing's peer
-        self._sure = False  # whether that peer said it runs no other thread (_alone)
-        #: The crossing found, in words ("" until one is).
+        # root rank -> (its communicator id, call number, alone) as it confirmed a crossing
+        self._confirmed: dict[int, tuple[int, int, bool]] = {}
+        # the crossing's peer (root rank), its communicator and call, whether it is alone
+        self._theirs = (-1, 0, 0, False)
+        #: The crossing seen, in words ("" until one is).
         self.found = ""
+        #: Whether it is one for sure: both ranks see it (confirmed), or either runs other
+        #: threads (then only they can undo it). Where both are alone and only this rank sees
+        #: it, the peer has begun the call another way (on its worker thread).
+        self.sure = False
 
     def start(self, waiting: Sequence[int]) -> None:
         """Tell the ranks this call waits on (``waiting``, as its communicator numbers
-        them) where it waits, and listen for theirs."""
+        them) where it waits, and listen for every rank's notices."""
         me = self._me
         if me is None:
             return
         peers = [me.ranks[q] for q in waiting][:_NAMED]
-        named = peers + [-1] * (_NAMED - len(peers))
-        name = self._describe.encode("utf-8", "replace")[:40]
-        notice = _WIRE.pack(me.comm_id, self._seq, name, _alone(), len(peers), *named)
+        notice = self._pack(_WHERE, 0, 0, peers)
         for p in peers:
-            try:
-                me.root.isend(p, me.tag, memoryview(notice), 0)
-            except Exception:  # a lost peer: the call itself says so
-                continue
-            self._bufs[p] = np.zeros(NOTICE_BYTES, np.uint8)
-            self._post(p)
+            self._send(p, notice)
+        for p in range(me.root.size):
+            if p != me.root.rank:
+                self._bufs[p] = np.zeros(NOTICE_BYTES, np.uint8)
+                self._post(p)
 
     def check(self, rank: int, waiting: Sequence[int]) -> MismatchError | None:
         """Read the notices that arrived; the error to raise for a crossing that is a
@@ -191,49 +219,65 @@ class Crossing:
         if me is None:
             return None
         still = {me.ranks[q] for q in waiting}
-        if self.found and self._peer not in still:
+        if self.found and self._theirs[0] not in still:
             self.found = ""  # what the call waited for from that peer came after all
+            self.sure = False
         for h in [h for h in self._posted if h.done]:
             p = self._posted.pop(h)
             if h.error is not None:
                 continue
-            comm_id, seq, raw, alone, n, *theirs = _WIRE.unpack(self._bufs[p].tobytes())
+            kind, comm_id, seq, raw, alone, mine, my_seq, n, *theirs = _WIRE.unpack(
+                self._bufs[p].tobytes()
+            )
             self._post(p)
-            if comm_id == me.comm_id:
+            if kind == _CONFIRM:
+                if mine == me.comm_id and my_seq == self._seq:  # of this very call
+                    self._confirmed[p] = (comm_id, seq, bool(alone))
                 continue
             other = _by_comm.get((id(me.root), comm_id))
-            if other is None or other.began(seq):
-                continue  # not a communicator of this rank, or an old notice
+            if comm_id == me.comm_id or other is None or other.began(seq):
+                continue  # this communicator's, not one of this rank's, or an old notice
             name = raw.rstrip(b"\0").decode("utf-8", "replace")
             waits = [t for t in theirs[: min(n, _NAMED)] if t >= 0]
             where = f"{name} of {other.describe()}, for job rank(s) {waits}"
             self._heard[p] = where
             if p in still and me.root.rank in waits and not self.found:
-                self._peer, self._sure = p, bool(alone)
+                self._theirs = (p, comm_id, seq, bool(alone))
                 self.found = (
                     f"job rank {p} waits in {where}, a call this rank has not begun, while this "
                     f"rank waits for it here: the ranks made calls on different communicators "
                     f"in different orders"
                 )
+                self._send(p, self._pack(_CONFIRM, comm_id, seq, ()))
         if not self.found:
             return None
+        p, comm_id, seq, alone = self._theirs
         text = f"rank {rank}: {self._describe}: {self.found}"
-        if self._sure and _alone():
+        here = _alone()
+        confirmed = self._confirmed.get(p)
+        if confirmed == (comm_id, seq, True) and here:
+            self.sure = True
             return MismatchError(text)
-        if not self._logged:
-            self._logged = True
+        self.sure = confirmed is not None or not (here and alone)
+        if not self.sure:
+            return None  # wait for the peer's word: it may have begun this call another way
+        key = (id(me.root), me.comm_id, self._seq)
+        if key not in _WARNED:
+            _WARNED[key] = None
+            if len(_WARNED) > 64:
+                del _WARNED[next(iter(_WARNED))]
             _log.warning(
-                "%s (a deadlock unless another thread of this rank or of job rank %d makes the "
-                "call the other waits for)",
+                "%s (a deadlock unless another thread of this rank or of job rank %d begins "
+                "the call the other waits for)",
                 text,
-                self._peer,
+                p,
             )
         return None
 
     def explain(self) -> str:
         """Where the peers this call waits on said they wait in other communicators' calls
         (for a timeout's message; empty where none said so)."""
-        if self.found:
+        if self.found and self.sure:
             return "; " + self.found
         return "".join(f"; job rank {p} waits in {w}" for p, w in sorted(self._heard.items()))
 
@@ -250,6 +294,23 @@ class Crossing:
                 me.root.cancel(h)
         self._posted.clear()
 
+    def _pack(self, kind: int, comm_id: int, seq: int, peers: Sequence[int]) -> bytes:
+        me = self._me
+        assert me is not None
+        named = list(peers) + [-1] * (_NAMED - len(peers))
+        name = self._describe.encode("utf-8", "replace")[:40]
+        return _WIRE.pack(
+            kind, me.comm_id, self._seq, name, _alone(), comm_id, seq, len(peers), *named
+        )
+
+    def _send(self, p: int, payload: bytes) -> None:
+        me = self._me
+        assert me is not None
+        try:
+            me.root.isend(p, me.tag, memoryview(payload), 0)
+        except Exception:  # a lost peer: the call itself says so
+            return
+
     def _post(self, p: int) -> None:
         me = self._me
         assert me is not None
@@ -261,8 +322,8 @@ class Crossing:
 
 
 def _alone() -> bool:
-    """Whether no Python thread but this one and plait's own that make no calls of their own
-    runs in this process (the torch backend's run the user's callbacks and point-to-point)."""
+    """Whether no Python thread but this one and plait's own that begin no calls runs in
+    this process (the torch backend's run the user's callbacks and point-to-point)."""
     me = threading.current_thread()
     return all(
         t is me or (t.name.startswith("plait-") and not t.name.startswith("plait-torch-"))

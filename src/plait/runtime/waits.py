@@ -77,11 +77,17 @@ def block(
         raise settle(transport, call, schedule, late, prober)
     if tl is not None:
         tl.wait(blocked, time.monotonic(), waited)
+    fresh = None
     if prober is None and probe_at and time.monotonic() >= probe_at:
-        prober = Prober(transport, call, schedule.rank, schedule.size)
+        prober = fresh = Prober(transport, call, schedule.rank, schedule.size)
         prober.start(waiting_on(steps, pending))
     if prober is not None:
-        prober.check(waiting_on(steps, pending))
+        try:
+            prober.check(waiting_on(steps, pending))
+        except BaseException:
+            if fresh is not None:  # never returned, so never closed by the caller
+                fresh.close()
+            raise
     return probe_at, prober
 
 
