@@ -468,6 +468,19 @@ def test_crossed_calls_of_two_communicators_are_named_where_threads_may_undo_the
     assert all("unless another thread of this rank or of job rank" in m for m in logged)
 
 
+def _stalled_alone(timeout: float) -> str:
+    """What rank 0 of 2 raises in an allreduce over messages (its class's name) while rank 1
+    stays away long enough for it to probe."""
+
+    def body(comm: plait.Communicator) -> str:
+        if comm.rank == 1:
+            time.sleep(PROBE_SECONDS + 1.0)  # away until rank 0 has stalled a while
+            return ""
+        return _outcome(lambda: comm.allreduce(np.ones(2), timeout=timeout))[0]
+
+    return run_ranks(2, body, timeout=60, window=0)[0]
+
+
 def test_a_rank_with_one_communicator_sends_no_whereabouts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -476,13 +489,7 @@ def test_a_rank_with_one_communicator_sends_no_whereabouts(
     sent: list[int] = []
     monkeypatch.setattr(crossing.Crossing, "_send", lambda self, p, payload: sent.append(p))
 
-    def body(comm: plait.Communicator) -> str:
-        if comm.rank == 1:
-            time.sleep(PROBE_SECONDS + 1.0)  # away until rank 0 has stalled a while
-            return ""
-        return _outcome(lambda: comm.allreduce(np.ones(2), timeout=PROBE_SECONDS + 0.5))[0]
-
-    assert run_ranks(2, body, timeout=60, window=0)[0] == "CollectiveTimeout"
+    assert _stalled_alone(PROBE_SECONDS + 0.5) == "CollectiveTimeout"
     assert sent == []
 
 
@@ -500,13 +507,7 @@ def test_a_prober_whose_first_look_raises_withdraws_its_receives(
 
     monkeypatch.setattr(stall.Prober, "check", check)
 
-    def body(comm: plait.Communicator) -> str:
-        if comm.rank == 1:
-            time.sleep(PROBE_SECONDS + 1.0)  # away until rank 0 has probed and raised
-            return ""
-        return _outcome(lambda: comm.allreduce(np.ones(2), timeout=PROBE_SECONDS + 5))[0]
-
-    assert run_ranks(2, body, timeout=60, window=0)[0] == "MismatchError"
+    assert _stalled_alone(PROBE_SECONDS + 5) == "MismatchError"
     assert made, "the call never probed"
     assert made[0].handles == []  # withdrawn
 
