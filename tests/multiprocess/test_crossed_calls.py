@@ -148,3 +148,41 @@ def test_a_peer_whose_call_runs_on_its_worker_thread_is_no_crossing(tmp_path: Pa
     res, _ = plait_run(["-n", "3", "--tag-output", "--transport", "tcp"], script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert sorted(res.stdout.split()).count("done") == 3, res.stdout
+
+
+def test_a_notice_taken_by_an_earlier_stalled_call_serves_the_crossed_one(
+    tmp_path: Path,
+) -> None:
+    # Rank 0's first call waits seconds for a late rank 2, and reads rank 1's notice while
+    # it does; its next call is the one rank 1's crossed with. The notice used to be spent
+    # on the first call, so the crossing went unseen until the timeout.
+    script = """
+        import time, numpy as np, plait
+        comm = plait.init(timeout=30)
+        g01 = comm.split(0 if comm.rank in (0, 1) else 1)
+        g02 = comm.split(0 if comm.rank in (0, 2) else 1)
+        x = np.ones(5, np.float32)
+        start = time.monotonic()
+        try:
+            if comm.rank == 2:
+                time.sleep(4)  # late for its call with rank 0
+                g02.allreduce(x)
+                comm.allreduce(x, algorithm="direct")
+            elif comm.rank == 1:
+                g01.allreduce(x)  # waits on rank 0, which is in the world's call next
+                comm.allreduce(x, algorithm="direct")
+            else:
+                g02.allreduce(x)
+                comm.allreduce(x, algorithm="direct")
+                g01.allreduce(x)
+        except plait.MismatchError as exc:
+            print(f"crossed on {comm.rank} {time.monotonic() - start:.1f} {exc}", flush=True)
+        else:
+            raise SystemExit("no error")
+    """
+    res, _ = plait_run(["-n", "3", "--tag-output"], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    lines = sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
+    assert [line.split()[2] for line in lines] == ["0", "1", "2"], res.stdout
+    assert all(float(line.split()[3]) < 20 for line in lines), res.stdout  # not the timeout
+    assert "job rank 1 waits in allreduce" in lines[0], lines[0]

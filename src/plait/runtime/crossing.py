@@ -15,14 +15,13 @@ Note [crossed calls]
     tag of the transport that all of them share (outside every
     communicator's tags: Note [wire tags] in :mod:`plait.group`): its
     communicator's id, its call's number and name, and the ranks it waits on
-    as the transport numbers them. And it reads the notices of every rank of
-    the transport. Peer ``q``'s notice that its call ``n`` of communicator
-    ``C`` waits on this rank, where ``C`` is not the communicator of this
-    call, this call waits on ``q``, and this rank has not begun ``C``'s call
-    ``n`` (its ``C`` has numbered at most ``n`` calls, and is neither broken
-    nor closed), is a *crossing* as this rank sees it: each waits for a call
-    the other has not begun. The rank then sends ``q`` a *confirmation*
-    naming both calls.
+    as the transport numbers them. And it reads every rank's. Peer ``q``'s
+    notice that its call ``n`` of communicator ``C`` waits on this rank,
+    where ``C`` is not the communicator of this call, this call waits on
+    ``q``, and this rank has not begun ``C``'s call ``n`` (its ``C`` has
+    numbered at most ``n`` calls, and is neither broken nor closed), is a
+    *crossing* as this rank sees it: each waits for a call the other has not
+    begun. The rank then sends ``q`` a *confirmation* naming both calls.
 
     A crossing that both ranks see is a deadlock for sure only where nothing
     but the two stalled threads can begin the calls they wait for: neither
@@ -38,24 +37,33 @@ Note [crossed calls]
     its main thread waits in the other communicator has begun the call this
     rank waits in, so it sees no crossing and confirms none, and both calls
     finish (with both ranks alone, a crossing that only one sees is not
-    logged or named either). Where other threads run on either side, one of them may yet
-    begin a call, so the crossing is only logged (once per call) and a
-    timeout's message names it. Threads that Python's ``threading`` module
+    logged or named either). Where other threads run on either side, one of
+    them may yet begin a call, so the crossing is only logged (once per
+    call) and a timeout's message names it. Threads that Python's ``threading`` module
     does not know (started by a C extension) are not seen.
 
-    A notice outlives its call: it is read whenever this rank next stalls.
-    One whose call has ended names a call this rank has begun (that call
-    could not end on ``q`` without this rank) or a communicator that broke
-    here, and is passed over; a confirmation names the very call it
-    confirms. A notice about this very communicator is the stall probes'
-    business and passed over too. Only crossings of two ranks are found; a
-    ring of three or more shows in each timeout's message, as what each
-    peer said it waits in. Costs: nothing while calls finish within the
-    probe period, and nothing on a transport with one communicator; a
-    stalled call sends one notice of :data:`NOTICE_BYTES` to each rank it
-    waits on and keeps one receive posted for each rank of the transport.
-    As with probes, a notice to a rank that never stalls stays among that
-    rank's unexpected messages until it does, or closes.
+    What a stalled call reads goes on the transport's *board*, kept for every
+    call of the process: a rank's latest notice, and the confirmations of the
+    latest calls. So a notice that one call (or one wait of a call: a
+    one-sided call probes anew for each peer it waits on) took serves a later
+    call that waits on that rank, and a confirmation taken by another
+    thread's call serves the call it names. Each call sends each rank one
+    notice and one confirmation at most. A notice outlives its call; one
+    whose call has ended names a call this rank has begun (that call could
+    not end on ``q`` without this rank) or a communicator that broke here,
+    and is passed over. A notice about this very communicator is the stall
+    probes' business and passed over too. Only crossings of two ranks are
+    found; a ring of three or more shows in each timeout's message, as what
+    each peer said it waits in.
+
+    Costs: nothing while calls finish within the probe period, and nothing
+    on a transport with one communicator. A stalled call sends one notice of
+    :data:`NOTICE_BYTES` to each rank it waits on, and keeps one receive
+    posted that any rank's notice matches (a pattern, Note [patterns] in
+    :mod:`plait.transport.patterns`; one per rank it waits on where the
+    transport matches no patterns). As with probes, a notice to a rank that
+    never stalls stays among that rank's unexpected messages until it does,
+    or closes: one per stalled call of a peer.
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from plait.errors import MismatchError
-from plait.transport.base import Handle, Transport
+from plait.transport.base import Handle, Matching, Transport
 
 __all__ = ["NOTICE_BYTES", "Crossing", "Numbered", "register"]
 
@@ -87,8 +95,6 @@ _NAMED = 8
 _WIRE = struct.Struct(f"<IQQ40sIQQI{_NAMED}i")
 #: Bytes of one whereabouts notice or confirmation.
 NOTICE_BYTES = _WIRE.size
-#: Calls whose crossing was logged, the latest last (a call stalls again on each peer).
-_WARNED: dict[tuple[int, int, int], None] = {}
 
 
 class Numbered(Protocol):
@@ -122,10 +128,43 @@ class _Member:
         return f"communicator {self.comm_id:x} (job ranks {list(self.ranks)})"
 
 
+class _Board:
+    """What this rank has heard on one transport's whereabouts tag, kept for every call:
+    a notice read by one stalled call (or one of a call's waits) serves the others."""
+
+    __slots__ = ("confirms", "notices", "sent")
+
+    def __init__(self) -> None:
+        # peer -> its latest notice: (communicator id, call number, name, alone, waits)
+        self.notices: dict[int, tuple[int, int, str, bool, tuple[int, ...]]] = {}
+        # (peer, this rank's communicator id, call number) -> (the peer's, alone)
+        self.confirms: dict[tuple[int, int, int], tuple[int, int, bool]] = {}
+        # (kind, communicator id, call number, peer) of what this rank has sent
+        self.sent: dict[tuple[int, int, int, int], None] = {}
+
+    def once(self, key: tuple[int, int, int, int]) -> bool:
+        """Whether ``key`` is new (then remember it, among the latest :data:`_KEPT`)."""
+        if key in self.sent:
+            return False
+        _keep(self.sent, key, None)
+        return True
+
+
+#: Most confirmations and sent marks a board keeps (the oldest go first).
+_KEPT = 256
+
+
+def _keep(table: dict[Any, Any], key: Any, value: Any) -> None:
+    table[key] = value
+    if len(table) > _KEPT:
+        del table[next(iter(table))]
+
+
 # Plain dicts, read and written whole (atomic under the GIL): a runner's entries go when it
 # does (a weakref's callback, which may run in a collection anywhere, so no lock here).
 _by_probe: dict[tuple[int, int], _Member] = {}  # (id(its transport), probe tag) -> member
 _by_comm: dict[tuple[int, int], _Member] = {}  # (id(root), comm id) -> member
+_boards: dict[int, _Board] = {}  # id(root) -> what was heard there
 
 
 def register(
@@ -147,6 +186,8 @@ def register(
             _by_probe.pop(by_probe, None)
         if _by_comm.get(by_comm) is member:
             _by_comm.pop(by_comm, None)
+        if not any(k[0] == by_comm[0] for k in list(_by_comm)):
+            _boards.pop(by_comm[0], None)
 
     member = _Member(comm_id, root, tuple(ranks), tag, weakref.ref(owner, gone))
     _by_probe[by_probe] = member
@@ -161,33 +202,18 @@ class Crossing:
     bare transport), or the only one of its transport here, makes none.
     """
 
-    __slots__ = (
-        "_bufs",
-        "_confirmed",
-        "_describe",
-        "_heard",
-        "_me",
-        "_posted",
-        "_seq",
-        "_theirs",
-        "found",
-        "sure",
-    )
+    __slots__ = ("_board", "_describe", "_me", "_posted", "_seq", "found", "sure")
 
     def __init__(self, transport: Transport, probe_tag: int, seq: int, describe: str) -> None:
         me = _by_probe.get((id(transport), probe_tag))
         if me is not None and sum(1 for k in list(_by_comm) if k[0] == id(me.root)) < 2:
             me = None  # no other communicator here to cross with
         self._me = me
+        self._board = _boards.setdefault(id(me.root), _Board()) if me is not None else None
         self._seq = seq
         self._describe = describe
-        self._bufs: dict[int, np.ndarray] = {}
-        self._posted: dict[Handle, int] = {}  # receive -> root rank of the peer
-        self._heard: dict[int, str] = {}  # root rank -> where it waits, in words
-        # root rank -> (its communicator id, call number, alone) as it confirmed a crossing
-        self._confirmed: dict[int, tuple[int, int, bool]] = {}
-        # the crossing's peer (root rank), its communicator and call, whether it is alone
-        self._theirs = (-1, 0, 0, False)
+        # receive -> its peer (-1: any peer) and the buffer it fills
+        self._posted: dict[Handle, tuple[int, np.ndarray]] = {}
         #: The crossing seen, in words ("" until one is).
         self.found = ""
         #: Whether it is one for sure: both ranks see it (confirmed), or either runs other
@@ -197,17 +223,19 @@ class Crossing:
 
     def start(self, waiting: Sequence[int]) -> None:
         """Tell the ranks this call waits on (``waiting``, as its communicator numbers
-        them) where it waits, and listen for every rank's notices."""
-        me = self._me
-        if me is None:
+        them) where it waits, once a call, and listen for every rank's notices."""
+        me, board = self._me, self._board
+        if me is None or board is None:
             return
         peers = [me.ranks[q] for q in waiting][:_NAMED]
         notice = self._pack(_WHERE, 0, 0, peers)
         for p in peers:
-            self._send(p, notice)
-        for p in range(me.root.size):
-            if p != me.root.rank:
-                self._bufs[p] = np.zeros(NOTICE_BYTES, np.uint8)
+            if board.once((_WHERE, me.comm_id, self._seq, p)):
+                self._send(p, notice)
+        if isinstance(me.root, Matching):
+            self._post(-1)  # one receive that any rank's notice matches
+        else:
+            for p in peers:
                 self._post(p)
 
     def check(self, rank: int, waiting: Sequence[int]) -> MismatchError | None:
@@ -215,71 +243,66 @@ class Crossing:
         deadlock for sure, else None (a crossing that may not be one is logged once).
         ``rank``: this rank, and ``waiting``: the ranks this call still waits on, as its
         communicator numbers them."""
-        me = self._me
-        if me is None:
+        me, board = self._me, self._board
+        if me is None or board is None:
             return None
-        still = {me.ranks[q] for q in waiting}
-        if self.found and self._theirs[0] not in still:
-            self.found = ""  # what the call waited for from that peer came after all
-            self.sure = False
         for h in [h for h in self._posted if h.done]:
-            p = self._posted.pop(h)
-            if h.error is not None:
+            self._read(h, *self._posted.pop(h))
+        self.found, self.sure = "", False
+        for p in sorted({me.ranks[q] for q in waiting}):
+            notice = board.notices.get(p)
+            if notice is None:
                 continue
-            kind, comm_id, seq, raw, alone, mine, my_seq, n, *theirs = _WIRE.unpack(
-                self._bufs[p].tobytes()
-            )
-            self._post(p)
-            if kind == _CONFIRM:
-                if mine == me.comm_id and my_seq == self._seq:  # of this very call
-                    self._confirmed[p] = (comm_id, seq, bool(alone))
-                continue
+            comm_id, seq, name, alone, waits = notice
             other = _by_comm.get((id(me.root), comm_id))
             if comm_id == me.comm_id or other is None or other.began(seq):
                 continue  # this communicator's, not one of this rank's, or an old notice
-            name = raw.rstrip(b"\0").decode("utf-8", "replace")
-            waits = [t for t in theirs[: min(n, _NAMED)] if t >= 0]
-            where = f"{name} of {other.describe()}, for job rank(s) {waits}"
-            self._heard[p] = where
-            if p in still and me.root.rank in waits and not self.found:
-                self._theirs = (p, comm_id, seq, bool(alone))
-                self.found = (
-                    f"job rank {p} waits in {where}, a call this rank has not begun, while this "
-                    f"rank waits for it here: the ranks made calls on different communicators "
-                    f"in different orders"
-                )
-                self._send(p, self._pack(_CONFIRM, comm_id, seq, ()))
-        if not self.found:
-            return None
-        p, comm_id, seq, alone = self._theirs
-        text = f"rank {rank}: {self._describe}: {self.found}"
-        here = _alone()
-        confirmed = self._confirmed.get(p)
-        if confirmed == (comm_id, seq, True) and here:
-            self.sure = True
-            return MismatchError(text)
-        self.sure = confirmed is not None or not (here and alone)
-        if not self.sure:
-            return None  # wait for the peer's word: it may have begun this call another way
-        key = (id(me.root), me.comm_id, self._seq)
-        if key not in _WARNED:
-            _WARNED[key] = None
-            if len(_WARNED) > 64:
-                del _WARNED[next(iter(_WARNED))]
-            _log.warning(
-                "%s (a deadlock unless another thread of this rank or of job rank %d begins "
-                "the call the other waits for)",
-                text,
-                p,
+            if me.root.rank not in waits:
+                continue
+            self.found = (
+                f"job rank {p} waits in {name} of {other.describe()}, for job rank(s) "
+                f"{list(waits)}, a call this rank has not begun, while this rank waits for it "
+                f"here: the ranks made calls on different communicators in different orders"
             )
+            if board.once((_CONFIRM, me.comm_id, self._seq, p)):
+                self._send(p, self._pack(_CONFIRM, comm_id, seq, ()))
+            text = f"rank {rank}: {self._describe}: {self.found}"
+            here = _alone()
+            confirmed = board.confirms.get((p, me.comm_id, self._seq))
+            if confirmed == (comm_id, seq, True) and here:
+                self.sure = True
+                return MismatchError(text)
+            self.sure = confirmed is not None or not (here and alone)
+            if self.sure and board.once((-1, me.comm_id, self._seq, p)):  # logged once
+                _log.warning(
+                    "%s (a deadlock unless another thread of this rank or of job rank %d "
+                    "begins the call the other waits for)",
+                    text,
+                    p,
+                )
+            return None
         return None
 
-    def explain(self) -> str:
-        """Where the peers this call waits on said they wait in other communicators' calls
-        (for a timeout's message; empty where none said so)."""
+    def explain(self, waiting: Sequence[int]) -> str:
+        """Where the peers this call waits on (``waiting``) said they wait in other
+        communicators' calls (for a timeout's message; empty where none said so)."""
+        me, board = self._me, self._board
+        if me is None or board is None:
+            return ""
         if self.found and self.sure:
             return "; " + self.found
-        return "".join(f"; job rank {p} waits in {w}" for p, w in sorted(self._heard.items()))
+        parts = []
+        for p in sorted({me.ranks[q] for q in waiting}):
+            notice = board.notices.get(p)
+            if notice is None or notice[0] == me.comm_id:
+                continue
+            other = _by_comm.get((id(me.root), notice[0]))
+            if other is not None and not other.began(notice[1]):
+                parts.append(
+                    f"; job rank {p} waits in {notice[2]} of {other.describe()}, for job "
+                    f"rank(s) {list(notice[4])}"
+                )
+        return "".join(parts)
 
     @property
     def handles(self) -> list[Handle]:
@@ -287,12 +310,39 @@ class Crossing:
         return list(self._posted)
 
     def close(self) -> None:
-        """Withdraw the receives still posted (the call is over)."""
+        """Withdraw the receives still posted (the call is over); keep what they took."""
         me = self._me
-        for h in self._posted:
-            if not h.done and me is not None:
+        if me is None:
+            return
+        for h, (p, buf) in self._posted.items():
+            if h.done:
+                self._read(h, p, buf, repost=False)
+            elif p < 0 and isinstance(me.root, Matching):
+                if not me.root.withdraw(h) and h.done:  # matched meanwhile
+                    self._read(h, p, buf, repost=False)
+            else:
                 me.root.cancel(h)
         self._posted.clear()
+
+    def _read(self, h: Handle, p: int, buf: np.ndarray, repost: bool = True) -> None:
+        """File what receive ``h`` (from peer ``p``; -1: any) took into ``buf`` on the
+        board."""
+        me, board = self._me, self._board
+        assert me is not None
+        assert board is not None
+        if h.error is not None:
+            return
+        if p < 0 and isinstance(me.root, Matching):
+            p = me.root.envelope(h)[0]
+        kind, comm_id, seq, raw, alone, mine, my_seq, n, *theirs = _WIRE.unpack(buf.tobytes())
+        if repost:
+            self._post(-1 if isinstance(me.root, Matching) else p)
+        if kind == _CONFIRM:
+            _keep(board.confirms, (p, mine, my_seq), (comm_id, seq, bool(alone)))
+        elif kind == _WHERE:
+            name = raw.rstrip(b"\0").decode("utf-8", "replace")
+            waits = tuple(t for t in theirs[: min(n, _NAMED)] if t >= 0)
+            board.notices[p] = (comm_id, seq, name, bool(alone), waits)
 
     def _pack(self, kind: int, comm_id: int, seq: int, peers: Sequence[int]) -> bytes:
         me = self._me
@@ -312,13 +362,19 @@ class Crossing:
             return
 
     def _post(self, p: int) -> None:
+        """Post a receive of a notice from peer ``p`` (-1: any peer, by pattern)."""
         me = self._me
         assert me is not None
+        buf = np.zeros(NOTICE_BYTES, np.uint8)
         try:
-            h = me.root.irecv(p, me.tag, self._bufs[p].data, 0)
-        except Exception:  # a lost peer: the call itself says so
+            if p < 0:
+                assert isinstance(me.root, Matching)
+                h = me.root.irecv_match(None, me.tag, -1, buf.data, 0)
+            else:
+                h = me.root.irecv(p, me.tag, buf.data, 0)
+        except Exception:  # lost peers, a closed transport: the call itself says so
             return
-        self._posted[h] = p
+        self._posted[h] = (p, buf)
 
 
 def _alone() -> bool:

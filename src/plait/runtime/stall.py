@@ -194,7 +194,7 @@ class Prober:
         the likeliest cause. Empty when no probe came.
         """
         if not self._heard:
-            return self._cross.explain()
+            return self._cross.explain(waiting)
         parts: list[str] = []
         silent: list[int] = []
         seen = set(waiting) | {self._rank}
@@ -215,7 +215,7 @@ class Prober:
                 f"rank(s) {sorted(silent)} did not say they wait: the likeliest cause (stopped, "
                 "busy outside plait, or in another call)"
             )
-        return "; " + "; ".join(parts) + self._cross.explain()
+        return "; " + "; ".join(parts) + self._cross.explain(waiting)
 
     @property
     def wake_at(self) -> float | None:
