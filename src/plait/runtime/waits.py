@@ -78,16 +78,16 @@ def block(
     if tl is not None:
         tl.wait(blocked, time.monotonic(), waited)
     fresh = None
-    if prober is None and probe_at and time.monotonic() >= probe_at:
-        prober = fresh = Prober(transport, call, schedule.rank, schedule.size)
-        prober.start(waiting_on(steps, pending))
-    if prober is not None:
-        try:
+    try:
+        if prober is None and probe_at and time.monotonic() >= probe_at:
+            prober = fresh = Prober(transport, call, schedule.rank, schedule.size)
+            prober.start(waiting_on(steps, pending))
+        if prober is not None:
             prober.check(waiting_on(steps, pending))
-        except BaseException:
-            if fresh is not None:  # never returned, so never closed by the caller
-                fresh.close()
-            raise
+    except BaseException:
+        if fresh is not None:  # never returned, so never closed by the caller
+            fresh.close()
+        raise
     return probe_at, prober
 
 
