@@ -512,6 +512,37 @@ def test_a_prober_whose_first_look_raises_withdraws_its_receives(
     assert made[0].handles == []  # withdrawn
 
 
+def test_a_prober_whose_start_raises_withdraws_its_receives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its start sends each peer a probe and posts a receive for that peer's; a send that
+    # raised (a peer lost meanwhile) left the receives already posted behind.
+    made: list[stall.Prober] = []
+    real_init, real_send = stall.Prober.__init__, stall.Prober._send
+
+    def init(self: stall.Prober, *args: Any) -> None:
+        real_init(self, *args)
+        made.append(self)
+
+    def send(self: stall.Prober, q: int, payload: bytes) -> None:
+        if len(self._posted) == 1:  # the second probe: this peer is lost now (test)
+            raise plait.PeerLostError(f"rank {q} was lost (test)")
+        real_send(self, q, payload)
+
+    monkeypatch.setattr(stall.Prober, "__init__", init)
+    monkeypatch.setattr(stall.Prober, "_send", send)
+
+    def body(comm: plait.Communicator) -> str:
+        if comm.rank > 0:
+            time.sleep(PROBE_SECONDS + 1.0)  # away until rank 0 has stalled
+            return ""
+        return _outcome(lambda: comm.allreduce(np.ones(2), timeout=PROBE_SECONDS + 5))[0]
+
+    assert run_ranks(3, body, timeout=60, window=0)[0] == "PeerLostError"
+    assert made, "the call never probed"
+    assert made[0].handles == []  # withdrawn
+
+
 def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
     # A one-sided call that meets a peer's mark that it gave up on the call for a lost rank
     # raises what the peer found: rank 0 lost rank 2 and tells (a LOST notice) before it
