@@ -543,6 +543,32 @@ def test_a_prober_whose_start_raises_withdraws_its_receives(
     assert made[0].handles == []  # withdrawn
 
 
+def test_a_one_sided_call_that_stalls_on_many_waits_probes_each_peer_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An arena allreduce of 4 MiB waits on its peer's counter many times; with the peer
+    # late, every wait stalled and probed anew, and the peer (never stalling itself) kept a
+    # probe per wait among its unexpected messages.
+    sent: list[tuple[int, int]] = []
+    real_send = stall.Prober._send
+
+    def send(self: stall.Prober, q: int, payload: bytes) -> None:
+        sent.append((self._call.seq, q))
+        real_send(self, q, payload)
+
+    monkeypatch.setattr(stall.Prober, "_send", send)
+
+    def body(comm: plait.Communicator) -> None:
+        x = np.ones(1 << 20, np.float32)
+        for _ in range(2):
+            if comm.rank == 1:
+                time.sleep(PROBE_SECONDS + 0.5)  # late for each call: rank 0 stalls
+            comm.allreduce(x, algorithm="arena")
+
+    run_ranks(2, body, timeout=60)
+    assert sorted(sent) == [(0, 1), (1, 1)], sent
+
+
 def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
     # A one-sided call that meets a peer's mark that it gave up on the call for a lost rank
     # raises what the peer found: rank 0 lost rank 2 and tells (a LOST notice) before it

@@ -213,7 +213,8 @@ class Slot:
     Times are monotonic (Note [recorder clocks]): ``queued`` is 0.0 for a
     call that was not queued, ``start`` 0.0 while it is queued, ``end`` 0.0
     while it is in flight. The state is not stored but read from them
-    (:attr:`state`): one store fewer per call.
+    (:attr:`state`): one store fewer per call. ``probed`` is the stall probe
+    the call last sent (its number, whom it waited on; Note [stall probes]).
     """
 
     __slots__ = (
@@ -227,6 +228,7 @@ class Slot:
         "lastis",
         "peers",
         "pending",
+        "probed",
         "queued",
         "seq",
         "shape",
@@ -240,6 +242,7 @@ class Slot:
         self.queued = 0.0
         self.start = 0.0
         self.end = -1.0  # not in flight: the place may be taken
+        self.probed: tuple[int, tuple[int, ...]] = (-1, ())
         self.error: str | None = None
         self.peers: Sequence[int] = ()
         self.pending: Mapping[Any, int] | None = None

@@ -56,7 +56,8 @@ Note [stall probes]
     other mismatch.
 
     Costs: nothing while calls finish within :data:`PROBE_SECONDS`; a stalled
-    call sends ``size - 1`` messages of :data:`PROBE_BYTES` once and keeps
+    call sends ``size - 1`` messages of :data:`PROBE_BYTES` once (again only
+    where whom it waits on changes between its waits) and keeps
     ``size - 1`` receives posted. A probe that reaches a rank which never
     stalls stays among its unexpected messages until that rank next stalls
     (it reads every probe waiting then) or closes: one small message per
@@ -139,12 +140,21 @@ class Prober:
         self._cross = Crossing(transport, call.probe_tag, call.seq, call.describe)
 
     def start(self, waiting: Sequence[int]) -> None:
-        """Tell every peer this call is stalled waiting on ``waiting``, and listen for theirs."""
+        """Tell every peer this call is stalled waiting on ``waiting``, and listen for theirs.
+
+        A one-sided call probes anew for each wait that stalls; its recorder slot keeps
+        what it last told, so it tells the peers again only where whom it waits on
+        changed (else a peer that never stalls would gather a probe per wait)."""
         me = _pack(self._call, _STALLED, waiting)
+        slot, said = self._call.slot, (self._call.seq, tuple(waiting))
+        told = slot is not None and slot.probed == said
+        if slot is not None:
+            slot.probed = said
         for q in range(self._size):
             if q == self._rank:
                 continue
-            self._send(q, me)
+            if not told:
+                self._send(q, me)
             self._bufs[q] = np.zeros(PROBE_BYTES, np.uint8)
             self._post(q)
         self._cross.start(waiting)  # Note [crossed calls] in plait.runtime.crossing
