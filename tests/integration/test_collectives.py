@@ -18,7 +18,7 @@ import pytest
 import plait
 from cases import AFFINE, Case, all_dtypes, bits, op_dtypes, same, values
 from plait.algos._registry import COLLECTIVES, REDUCING, AlgorithmSpec
-from plait.runtime import executor, waits
+from plait.runtime import executor, stall, waits
 from plait.testing import reference, run_ranks
 
 # Algorithms that need aggregating switches run only in the simulator (tests/sim).
@@ -179,7 +179,8 @@ def test_matches_reference_many_ranks(
     # One algorithm keeps the probes, as a check that real traffic never trips them; the
     # probes themselves are tested in test_stall_probes.py.
     if (spec.collective, spec.name) != ("allreduce", "ring"):
-        monkeypatch.setattr(waits, "PROBE_SECONDS", 3600.0)
+        monkeypatch.setattr(waits, "PROBE_SECONDS", 3600.0)  # message calls
+        monkeypatch.setattr(stall, "PROBE_SECONDS", 3600.0)  # one-sided calls' waits
     check(spec, size, build_cases(spec, size, big=True))
 
 

@@ -165,6 +165,7 @@ def _keep(table: dict[Any, Any], key: Any, value: Any) -> None:
 _by_probe: dict[tuple[int, int], _Member] = {}  # (id(its transport), probe tag) -> member
 _by_comm: dict[tuple[int, int], _Member] = {}  # (id(root), comm id) -> member
 _boards: dict[int, _Board] = {}  # id(root) -> what was heard there
+_counts: dict[int, int] = {}  # id(root) -> how many communicators are registered on it
 
 
 def register(
@@ -186,12 +187,17 @@ def register(
             _by_probe.pop(by_probe, None)
         if _by_comm.get(by_comm) is member:
             _by_comm.pop(by_comm, None)
-        if not any(k[0] == by_comm[0] for k in list(_by_comm)):
+        left = _counts.get(by_comm[0], 1) - 1
+        if left > 0:
+            _counts[by_comm[0]] = left
+        else:
+            _counts.pop(by_comm[0], None)
             _boards.pop(by_comm[0], None)
 
     member = _Member(comm_id, root, tuple(ranks), tag, weakref.ref(owner, gone))
     _by_probe[by_probe] = member
     _by_comm[by_comm] = member
+    _counts[by_comm[0]] = _counts.get(by_comm[0], 0) + 1
 
 
 class Crossing:
@@ -206,7 +212,7 @@ class Crossing:
 
     def __init__(self, transport: Transport, probe_tag: int, seq: int, describe: str) -> None:
         me = _by_probe.get((id(transport), probe_tag))
-        if me is not None and sum(1 for k in list(_by_comm) if k[0] == id(me.root)) < 2:
+        if me is not None and _counts.get(id(me.root), 0) < 2:
             me = None  # no other communicator here to cross with
         self._me = me
         self._board = _boards.setdefault(id(me.root), _Board()) if me is not None else None
