@@ -46,16 +46,23 @@ def test_calls_crossed_between_communicators_fail_every_rank_within_seconds(
     assert "job rank 0 waits in allreduce" in lines[1], lines[1]
 
 
-def test_a_crossing_another_thread_may_undo_is_logged_and_waits(tmp_path: Path) -> None:
-    # Two threads per rank drive one communicator each, and rank 0's group thread starts
-    # late: for a while rank 0 waits in the world's call for rank 1, whose world thread has
-    # not begun it, and rank 1 waits in the group's call for rank 0. It resolves itself.
-    script = """
+#: The start of the threaded jobs: the world and a group of all its ranks, warnings shown.
+TWO_COMMUNICATORS = """
         import logging, threading, time, numpy as np, plait
         logging.basicConfig(level=logging.WARNING)
         comm = plait.init(timeout=60)
         group = comm.split(0)
         x = np.ones(5, np.float32)
+"""
+
+
+def test_a_crossing_another_thread_may_undo_is_logged_and_waits(tmp_path: Path) -> None:
+    # Two threads per rank drive one communicator each, and rank 0's group thread starts
+    # late: for a while rank 0 waits in the world's call for rank 1, whose world thread has
+    # not begun it, and rank 1 waits in the group's call for rank 0. It resolves itself.
+    script = (
+        TWO_COMMUNICATORS
+        + """
         results = {}
 
         def world():
@@ -77,6 +84,7 @@ def test_a_crossing_another_thread_may_undo_is_logged_and_waits(tmp_path: Path) 
         assert results["group"].tolist() == [4.0] * 5, results
         print(f"done on {comm.rank}", flush=True)
     """
+    )
     res, _ = plait_run(["-n", "2", "--tag-output"], script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert sorted(res.stdout.split()).count("done") == 2, res.stdout
@@ -89,12 +97,9 @@ def test_a_crossing_the_peers_other_thread_undoes_is_no_error(tmp_path: Path) ->
     # Rank 0 has one thread, and calls the world, then the group. Rank 1 has two: one in the
     # group's call from the start, one that joins the world's call late. Rank 0 is alone,
     # but rank 1 is not, and its late thread undoes the crossing: no rank may raise.
-    script = """
-        import logging, threading, time, numpy as np, plait
-        logging.basicConfig(level=logging.WARNING)
-        comm = plait.init(timeout=60)
-        group = comm.split(0)
-        x = np.ones(5, np.float32)
+    script = (
+        TWO_COMMUNICATORS
+        + """
         if comm.rank == 0:
             world = comm.allreduce(x, out=np.empty_like(x))
             grouped = group.allreduce(2 * x, out=np.empty_like(x))
@@ -114,6 +119,7 @@ def test_a_crossing_the_peers_other_thread_undoes_is_no_error(tmp_path: Path) ->
         assert grouped.tolist() == [4.0] * 5, grouped
         print(f"done on {comm.rank}", flush=True)
     """
+    )
     res, _ = plait_run(["-n", "2", "--tag-output"], script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert sorted(res.stdout.split()).count("done") == 2, res.stdout

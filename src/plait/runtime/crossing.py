@@ -72,7 +72,7 @@ import logging
 import struct
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,6 +128,10 @@ class _Member:
         return f"communicator {self.comm_id:x} (job ranks {list(self.ranks)})"
 
 
+#: A notice as kept: communicator id, call number, name, alone, the ranks it waits on.
+_Notice = tuple[int, int, str, bool, tuple[int, ...]]
+
+
 class _Board:
     """What this rank has heard on one transport's whereabouts tag, kept for every call:
     a notice read by one stalled call (or one of a call's waits) serves the others."""
@@ -135,8 +139,7 @@ class _Board:
     __slots__ = ("confirms", "notices", "sent")
 
     def __init__(self) -> None:
-        # peer -> its latest notice: (communicator id, call number, name, alone, waits)
-        self.notices: dict[int, tuple[int, int, str, bool, tuple[int, ...]]] = {}
+        self.notices: dict[int, _Notice] = {}  # peer -> its latest notice
         # (peer, this rank's communicator id, call number) -> (the peer's, alone)
         self.confirms: dict[tuple[int, int, int], tuple[int, int, bool]] = {}
         # (kind, communicator id, call number, peer) of what this rank has sent
@@ -255,20 +258,13 @@ class Crossing:
         for h in [h for h in self._posted if h.done]:
             self._read(h, *self._posted.pop(h))
         self.found, self.sure = "", False
-        for p in sorted({me.ranks[q] for q in waiting}):
-            notice = board.notices.get(p)
-            if notice is None:
-                continue
-            comm_id, seq, name, alone, waits = notice
-            other = _by_comm.get((id(me.root), comm_id))
-            if comm_id == me.comm_id or other is None or other.began(seq):
-                continue  # this communicator's, not one of this rank's, or an old notice
+        for p, (comm_id, seq, _, alone, waits), where in self._elsewhere(waiting):
             if me.root.rank not in waits:
                 continue
             self.found = (
-                f"job rank {p} waits in {name} of {other.describe()}, for job rank(s) "
-                f"{list(waits)}, a call this rank has not begun, while this rank waits for it "
-                f"here: the ranks made calls on different communicators in different orders"
+                f"job rank {p} waits in {where}, a call this rank has not begun, while this "
+                f"rank waits for it here: the ranks made calls on different communicators in "
+                f"different orders"
             )
             if board.once((_CONFIRM, me.comm_id, self._seq, p)):
                 self._send(p, self._pack(_CONFIRM, comm_id, seq, ()))
@@ -297,18 +293,24 @@ class Crossing:
             return ""
         if self.found and self.sure:
             return "; " + self.found
-        parts = []
+        elsewhere = self._elsewhere(waiting)
+        return "".join(f"; job rank {p} waits in {where}" for p, _, where in elsewhere)
+
+    def _elsewhere(self, waiting: Sequence[int]) -> Iterator[tuple[int, _Notice, str]]:
+        """The ranks of ``waiting`` whose latest notice says they wait in a call of another
+        of this rank's communicators that this rank has not begun: each with its notice, and
+        where it waits in words."""
+        me, board = self._me, self._board
+        assert me is not None
+        assert board is not None
         for p in sorted({me.ranks[q] for q in waiting}):
             notice = board.notices.get(p)
             if notice is None or notice[0] == me.comm_id:
-                continue
+                continue  # none, or this communicator's: the stall probes' business
             other = _by_comm.get((id(me.root), notice[0]))
-            if other is not None and not other.began(notice[1]):
-                parts.append(
-                    f"; job rank {p} waits in {notice[2]} of {other.describe()}, for job "
-                    f"rank(s) {list(notice[4])}"
-                )
-        return "".join(parts)
+            if other is None or other.began(notice[1]):
+                continue  # not a communicator of this rank's, or an old notice
+            yield p, notice, f"{notice[2]} of {other.describe()}, for job rank(s) {list(notice[4])}"
 
     @property
     def handles(self) -> list[Handle]:
