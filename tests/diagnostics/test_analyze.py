@@ -15,7 +15,7 @@ import plait
 from plait.diagnostics import analyze
 from plait.diagnostics.analyze import diagnose, format_report, main
 from plait.diagnostics.recorder import CallShape, FlightRecorder
-from plait.diagnostics.schema import Dump, load, load_all, parse
+from plait.diagnostics.schema import Dump, DumpError, load, load_all, parse
 
 
 def parsed(dumps: list[dict[str, Any]]) -> list[Dump]:
@@ -276,6 +276,46 @@ def test_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert d["findings"][0]["kind"] == "missing"
     assert main([str(tmp_path / "nothing-here")]) == 2
     assert "no flight-recorder dump found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("size", 1e308, "size"),  # int() of it is a number no reader could walk to its end
+        ("size", 2**70, "size"),
+        ("size", 0, "size"),
+        ("size", 2.5, "size"),
+        ("rank", 2, "rank"),  # of a communicator of 2
+        ("rank", -1, "rank"),
+        ("global_rank", -3, "global_rank"),
+        ("recorded", -1, "recorded"),
+        ("time", float("nan"), "time"),
+        ("time", "inf", "time"),
+        ("seq", -5, "seq"),
+        ("seq", True, "seq"),
+        ("count", 1e300, "count"),
+        ("start", float("inf"), "start"),
+        ("waiting_on", [1, -1], "waiting_on"),
+    ],
+)
+def test_a_corrupt_dump_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, said: str
+) -> None:
+    """A dump is a file anyone may have edited: a field out of its range is refused, named,
+    and the other dumps are still read (a size of 1e308 used to make the reader walk ranks
+    for ever)."""
+    d = dump(0, 2, [call(0, state="running", end=None)])
+    if field in d:
+        d[field] = value
+    else:
+        d["calls"][0][field] = value
+    with pytest.raises(DumpError, match=f"malformed dump: ValueError: {said}"):
+        parse(d)
+    write(tmp_path, [d, dump(1, 2, [call(0)])])
+    assert main([str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert f"ValueError: {said}" in out + err
+    assert "rank 0" in out  # the readable dump's rank 1 says rank 0 left none
 
 
 def test_real_recorders_end_to_end(tmp_path: Path, clock: FakeClock) -> None:

@@ -49,6 +49,7 @@ know, so a field can be added without a new version.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -195,18 +196,19 @@ def parse(obj: Any, path: str = "") -> Dump:
     try:
         calls = tuple(_call(c) for c in obj["calls"])
         gr = obj.get("global_rank")
+        size = _within("size", obj["size"], 1, _MAX_RANKS)
         return Dump(
             job=str(obj["job"]),
             comm=int(obj["comm"]),
-            rank=int(obj["rank"]),
-            size=int(obj["size"]),
-            global_rank=None if gr is None else int(gr),
+            rank=_within("rank", obj["rank"], 0, size - 1),
+            size=size,
+            global_rank=None if gr is None else _within("global_rank", gr, 0, _MAX_RANKS - 1),
             pid=int(obj["pid"]),
             host=str(obj["host"]),
             reason=str(obj["reason"]),
-            time=float(obj["time"]),
-            capacity=int(obj["capacity"]),
-            recorded=int(obj["recorded"]),
+            time=_time("time", obj["time"]),
+            capacity=_within("capacity", obj["capacity"], 0, _MAX_NUMBER),
+            recorded=_within("recorded", obj["recorded"], 0, _MAX_NUMBER),
             calls=calls,
             threads=tuple(
                 (str(t["name"]), _stack(t.get("stack", ()))) for t in obj.get("threads", ())
@@ -217,8 +219,38 @@ def parse(obj: Any, path: str = "") -> Dump:
         raise DumpError(f"{where}: malformed dump: {type(exc).__name__}: {exc}") from None
 
 
-def _opt(value: Any) -> float | None:
-    return None if value is None else float(value)
+#: The most ranks a dump may say its communicator has: a dump is read as data from a file
+#: anyone may have edited, and a reader walks every rank, so a corrupt size must not make it
+#: walk for ever.
+_MAX_RANKS = 1 << 24
+
+# The largest call number, ring size or element count a dump may hold (as _MAX_RANKS).
+_MAX_NUMBER = 1 << 62
+
+
+def _within(name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as an int in ``lo..hi``: a ValueError naming the field otherwise (a float
+    such as 1e308 included, where ``int`` would give a number no reader could walk)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    number = int(value)
+    if number != value and not isinstance(value, str):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    if not lo <= number <= hi:
+        raise ValueError(f"{name} {number} is outside {lo}..{hi}")
+    return number
+
+
+def _time(name: str, value: Any) -> float:
+    """``value`` as a finite float (a clock reading): a ValueError naming the field otherwise."""
+    t = float(value)
+    if not math.isfinite(t):
+        raise ValueError(f"{name} {value!r} is not a finite time")
+    return t
+
+
+def _opt(name: str, value: Any) -> float | None:
+    return None if value is None else _time(name, value)
 
 
 def _call(c: Mapping[str, Any]) -> CallRecord:
@@ -226,19 +258,21 @@ def _call(c: Mapping[str, Any]) -> CallRecord:
     if state not in STATES:
         raise ValueError(f"call #{c.get('seq')}: unknown state {state!r}")
     return CallRecord(
-        seq=int(c["seq"]),
+        seq=_within("seq", c["seq"], 0, _MAX_NUMBER),
         collective=str(c["collective"]),
         algorithm=str(c["algorithm"]),
-        count=int(c["count"]),
+        count=_within("count", c["count"], 0, _MAX_NUMBER),
         dtype=str(c["dtype"]),
         nbytes=int(c.get("nbytes", 0)),
         op=str(c["op"]),
         root=int(c["root"]),
         state=state,
-        queued=_opt(c.get("queued")),
-        start=_opt(c.get("start")),
-        end=_opt(c.get("end")),
-        waiting_on=tuple(int(p) for p in c.get("waiting_on", ())),
+        queued=_opt("queued", c.get("queued")),
+        start=_opt("start", c.get("start")),
+        end=_opt("end", c.get("end")),
+        waiting_on=tuple(
+            _within("waiting_on", p, 0, _MAX_RANKS - 1) for p in c.get("waiting_on", ())
+        ),
         error=None if c.get("error") is None else str(c["error"]),
         stack=_stack(c.get("stack", ())),
         site=_site(c.get("site")),
