@@ -305,3 +305,42 @@ def test_an_uncaught_exception_aborts_the_world(monkeypatch: pytest.MonkeyPatch)
             world.Barrier()
     finally:
         world.Free()
+
+
+def test_maxloc_of_no_pairs_is_refused_before_anything_moves() -> None:
+    """A plain buffer of odd length holds no (value, index) pairs: the TypeError that says so
+    comes before the call's allgather (it used to be numpy's reshape error, after it)."""
+
+    def body(comm: MPI.Comm) -> list[str]:
+        said = []
+        for call in (
+            lambda: comm.Allreduce(np.arange(3.0), np.zeros(3), MPI.MAXLOC),
+            lambda: comm.Reduce(np.arange(3.0), np.zeros(3), MPI.MINLOC, root=0),
+        ):
+            with pytest.raises(TypeError, match="MAXLOC and MINLOC reduce \\(value, index\\)"):
+                call()
+            said.append("refused")
+        comm.Barrier()  # nothing moved: the ranks still meet in step
+        got = np.zeros(4)
+        comm.Allreduce(np.array([1.0, 0.0, 5.0, 1.0]) * (comm.rank + 1), got, MPI.MAXLOC)
+        return [*said, got.tolist()]
+
+    for r in ranks(2, body):
+        assert r == ["refused", "refused", [2.0, 0.0, 10.0, 2.0]]
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        (lambda a: [a, 2.5, MPI.DOUBLE], "count must be an int; got 2.5"),
+        (lambda a: [a, (2, 1.0), MPI.DOUBLE], "displacement must be an int; got 1.0"),
+        (lambda a: [a, "2", MPI.DOUBLE], "count must be an int"),
+    ],
+)
+def test_a_count_that_is_not_an_int_is_refused(
+    spec: Callable[[np.ndarray], Any], said: str
+) -> None:
+    """MPI counts are integers: 2.5 elements used to be taken as 2."""
+    with pytest.raises(TypeError, match=said):
+        message(spec(np.arange(4.0)), "Bcast")
+    assert message([np.arange(4.0), np.int64(2), MPI.DOUBLE], "Bcast").count == 2

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.mpi._datatypes import IN_PLACE, Message, message, vector
-from plait.mpi._ops import OPS, Op, combine_pairs
+from plait.mpi._ops import OPS, Op, combine_pairs, fields
 
 if TYPE_CHECKING:
     from plait import Communicator
@@ -55,9 +55,16 @@ def _plait_op(op: Any, call: str) -> plait_ops.Op:
     return op.plait_op
 
 
-def _pairs(a: np.ndarray) -> np.ndarray:
-    """MAXLOC/MINLOC operands: structured pairs as they are, plain arrays as rows of 2."""
-    return a if a.dtype.names is not None else a.reshape(-1, 2)
+def _pairs(a: np.ndarray, call: str) -> np.ndarray:
+    """MAXLOC/MINLOC operands: structured pairs as they are, plain arrays as rows of 2.
+
+    Raises:
+        TypeError: ``a`` holds no pairs (checked before the call moves a byte).
+    """
+    if a.dtype.names is None and a.size % 2 == 0:
+        a = a.reshape(-1, 2)
+    fields(a, call)  # the rule, and the message, of combine_pairs
+    return a
 
 
 class BufferCollectives:
@@ -79,9 +86,11 @@ class BufferCollectives:
     def _allreduce_into(self, x: np.ndarray, out: np.ndarray, op: Any, call: str) -> None:
         c = self._c
         if isinstance(op, Op) and op.loc is not None:
+            _pairs(x, call)
+            pairs = _pairs(out, call)
             g = c.allgather(np.ascontiguousarray(x).view(np.uint8).reshape(-1))
-            blocks = [_pairs(row.view(x.dtype)) for row in g]
-            combine_pairs(blocks, op.loc, _pairs(out), call)
+            blocks = [_pairs(row.view(x.dtype), call) for row in g]
+            combine_pairs(blocks, op.loc, pairs, call)
         else:
             c.allreduce(x, _plait_op(op, call), out=out)
 
@@ -106,10 +115,12 @@ class BufferCollectives:
         else:
             x = message(sendbuf, call).typed()
         if isinstance(op, Op) and op.loc is not None:
+            _pairs(x, call)
+            pairs = _pairs(out, call) if out is not None else None
             g = c.gather(np.ascontiguousarray(x).view(np.uint8).reshape(-1), root)
-            if out is not None and g is not None:
-                blocks = [_pairs(row.view(x.dtype)) for row in g]
-                combine_pairs(blocks, op.loc, _pairs(out), call)
+            if pairs is not None and g is not None:
+                blocks = [_pairs(row.view(x.dtype), call) for row in g]
+                combine_pairs(blocks, op.loc, pairs, call)
             return
         c.reduce(x, root, _plait_op(op, call), out=out)
 

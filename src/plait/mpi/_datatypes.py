@@ -18,6 +18,7 @@ Note [datatypes]
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -286,9 +287,18 @@ def _resolve(buf: Any, dt: Datatype | None, call: str) -> tuple[np.ndarray, Data
     return a.reshape(-1).view(np.uint8), dt
 
 
+def _int(value: Any, what: str, call: str) -> int:
+    """``value`` as an int, as MPI takes a count: an integer of any kind (``operator.index``),
+    never a float (2.5 elements used to be taken as 2)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{call}: {what} must be an int; got {value!r}") from None
+
+
 def _ints(value: Any, what: str, call: str) -> list[int]:
     try:
-        out = [int(v) for v in value]
+        out = [operator.index(v) for v in value]
     except TypeError:
         raise TypeError(f"{call}: {what} must be a sequence of ints; got {value!r}") from None
     if any(v < 0 for v in out):
@@ -334,7 +344,7 @@ def message(spec: Any, call: str, *, blocks: int = 1) -> Message:
     if len(rest) > 2:
         raise TypeError(f"{call}: a buffer specification has at most a count and a displacement")
     if rest:
-        count = int(rest[0])
+        count = _int(rest[0], "count", call)
     else:
         total = _whole(raw, dt, call)
         if total % blocks:
@@ -342,7 +352,7 @@ def message(spec: Any, call: str, *, blocks: int = 1) -> Message:
                 f"{call}: {total} elements of {dt.name} do not split into {blocks} blocks"
             )
         count = total // blocks
-    displ = int(rest[1]) if len(rest) > 1 else 0
+    displ = _int(rest[1], "displacement", call) if len(rest) > 1 else 0
     if count < 0 or displ < 0:
         raise ValueError(f"{call}: counts and displacements must be >= 0")
     return _check_fits(Message(raw, dt, [count], [displ]), call)

@@ -19,7 +19,7 @@ import numpy as np
 
 from plait import ops as plait_ops
 
-__all__ = ["OPS", "Op", "as_function", "combine_pairs"]
+__all__ = ["OPS", "Op", "as_function", "combine_pairs", "fields"]
 
 
 def _max(x: Any, y: Any) -> Any:
@@ -137,7 +137,7 @@ def as_function(op: Any, call: str) -> Callable[[Any, Any], Any]:
     raise TypeError(f"{call}: op must be an MPI op (MPI.SUM, ...) or a function; got {op!r}")
 
 
-def _fields(a: np.ndarray, call: str) -> tuple[np.ndarray, np.ndarray]:
+def fields(a: np.ndarray, call: str) -> tuple[np.ndarray, np.ndarray]:
     """The values and the indices of pairs: two fields of a structured array, or a last axis
     of length 2 (value, index) of a plain one."""
     if a.dtype.names is not None:
@@ -160,9 +160,9 @@ def combine_pairs(blocks: list[np.ndarray], loc: str, out: np.ndarray, call: str
     defines them.
     """
     acc = blocks[0].copy()
-    av, ai = _fields(acc, call)
+    av, ai = fields(acc, call)
     for b in blocks[1:]:
-        bv, bi = _fields(b, call)
+        bv, bi = fields(b, call)
         better = bv > av if loc == "max" else bv < av
         take = better | ((bv == av) & (bi < ai))
         av[take] = bv[take]
