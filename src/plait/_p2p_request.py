@@ -378,6 +378,10 @@ class Request(Generic[R]):
             if isinstance(h.error, MismatchError) and inc is not None:
                 mine = f"; this rank's {self._c}: {inc.target.size} elements of "
                 mine += inc.target.dtype.name
+                sent = h.error.sent
+                theirs = _dtype_of(sent[0]) if sent is not None else None
+                if sent is not None and theirs is not None and theirs.itemsize:
+                    mine += f"; the message: {sent[1] // theirs.itemsize} elements of {theirs.name}"
             err = renumbered(self._transport, h.error)
             self._error = _reword(err, f"rank {self._rank}: {self._c} {self._describe()}", mine)
         elif inc is None:

@@ -67,7 +67,14 @@ class PeerLostError(CommError):
 
 
 class MismatchError(CommError):
-    """Ranks made calls that do not match (collective, count, dtype, op, root or algorithm)."""
+    """Ranks made calls that do not match (collective, count, dtype, op, root or algorithm).
+
+    ``sent``: where a message did not match the receive it reached, its check word and its
+    size in bytes (a layer that knows what check words stand for can name the sender's
+    dtype); None otherwise.
+    """
+
+    sent: tuple[int, int] | None = None
 
 
 class ClosedError(CommError):

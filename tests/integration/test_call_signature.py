@@ -79,7 +79,7 @@ def test_mismatched_send_and_recv_name_the_receivers_call() -> None:
         return str(info.value)
 
     _, msg = run_ranks(2, body)
-    assert msg.endswith("this rank's recv: 3 elements of int64")
+    assert msg.endswith("this rank's recv: 3 elements of int64; the message: 3 elements of float64")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

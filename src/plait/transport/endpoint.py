@@ -177,12 +177,14 @@ class Endpoint(PatternMatching, Descriptors):
     def mismatch(self, op: Op, check: int, nbytes: int) -> MismatchError | None:
         """The error for a message (``check``, ``nbytes``) that ``op`` cannot take, or None."""
         if check != op.check:
-            return MismatchError(
+            err = MismatchError(
                 f"rank {self._me} received from rank {self._names[op.peer]} a message of a "
                 "different call "
                 "(the two ranks disagree on the collective, count, dtype, op, root, algorithm or "
                 "segment size; or, for a send and its recv, on the dtype)"
             )
+            err.sent = (check, nbytes)
+            return err
         if nbytes != op.nbytes:
             return MismatchError(
                 f"rank {self._names[op.peer]} sent {nbytes} bytes but rank {self._me} expected "
