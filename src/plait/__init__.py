@@ -85,6 +85,36 @@ def algorithms(collective: str) -> tuple[_algorithms.AlgorithmName, ...]:
     return _algorithms.algorithms(collective)
 
 
+#: The subpackages ``plait.<name>`` reaches after a bare ``import plait`` (imported on first
+#: use, as numpy's are: an integration or one of its extras costs nothing until then).
+_SUBPACKAGES = frozenset(
+    (
+        "bench",
+        "bucketing",
+        "compression",
+        "dask",
+        "diagnostics",
+        "launch",
+        "mpi",
+        "ray",
+        "rendezvous",
+        "sharded",
+        "sim",
+        "testing",
+        "torch",
+    )
+)
+
+
+def __getattr__(name: str) -> object:
+    """``plait.compression.Int8()`` and the like after ``import plait`` alone."""
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"plait.{name}")
+    raise AttributeError(f"module 'plait' has no attribute {name!r}")
+
+
 __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",

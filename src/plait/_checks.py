@@ -11,13 +11,13 @@ and the value, so they hold no state of their own; the two caches they use
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
 from plait import _arrays, _tensor
 from plait.ops import Op, check_dtype
+from plait.runtime.work import check_timeout
 
 __all__ = [
     "CACHE_LIMIT",
@@ -54,7 +54,7 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
     ``"buf"``) in messages.
     """
     if isinstance(x, np.ndarray):
-        a = x
+        a = x if type(x) is np.ndarray else _plain(x, what, rank, c)
     elif _tensor.is_tensor(x) or hasattr(x, "__dlpack__"):
         a = _arrays.read(x, f"rank {rank}: {c}: {what}")
     else:
@@ -71,6 +71,29 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
             raise TypeError(f"rank {rank}: {c}: {what}: {exc}") from None
         _GOOD_DTYPES.add(a.dtype)
     return a
+
+
+def _plain(x: np.ndarray, what: str, rank: int, c: str) -> np.ndarray:
+    """A subclass of ndarray as a plain array over the same memory (Note [array subclasses]).
+
+    Note [array subclasses]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    A call moves an array's memory, element by element, through flat views of it. A subclass
+    may change what reshaping or indexing means (``np.matrix`` stays 2-D under ``reshape(-1)``,
+    so a flat view of one was still a matrix, and a one-sided call failed midway on one rank
+    while its peer finished), so a call reads every subclass through a plain view of the same
+    memory (``x.view(np.ndarray)``), writes an ``out`` or a broadcast's ``x`` through one, and
+    returns a new result as a plain array, as ``np.asarray`` would. A masked array is refused:
+    its mask is not data a call could move, and summing the masked values silently would be
+    wrong.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"rank {rank}: {c}: {what} is a masked array; a call moves the data under the mask "
+            f"too. Pass {what}.filled(value) to give masked elements a value (0 for a sum), "
+            f"or {what}.data to move them as they are"
+        )
+    return x.view(np.ndarray)
 
 
 def as_writable(x: Any, what: str, rank: int, c: str, *, contents: bool = True) -> np.ndarray:
@@ -293,7 +316,13 @@ def check_out(
     """
     if out is None:
         return None
-    o = out if isinstance(out, np.ndarray) else as_writable(out, "out", rank, c, contents=False)
+    o = (
+        out
+        if type(out) is np.ndarray
+        else _plain(out, "out", rank, c)
+        if isinstance(out, np.ndarray)
+        else as_writable(out, "out", rank, c, contents=False)
+    )
     if o.dtype != dtype and o.dtype.newbyteorder("=") != dtype.newbyteorder("="):
         raise TypeError(f"rank {rank}: {c}: out has dtype {o.dtype}; expected {dtype}")
     if o.shape != tuple(shape):
@@ -313,14 +342,3 @@ def check_async(async_op: Any, where: str) -> bool:
     if isinstance(async_op, bool | np.bool_):
         return bool(async_op)
     raise TypeError(f"{where}: async_op must be True or False; got {async_op!r}")
-
-
-def check_timeout(timeout: Any, where: str) -> float:
-    """``timeout`` as positive float seconds; ``where`` prefixes the message."""
-    # Any real number: numpy's too (np.float32(5.0), np.int64(5)), as root and tag take them.
-    if isinstance(timeout, bool | np.bool_) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"{where}: timeout must be a number of seconds; got {timeout!r}")
-    seconds = float(timeout)
-    if not seconds > 0:
-        raise ValueError(f"{where}: timeout must be positive; got {timeout}")
-    return seconds

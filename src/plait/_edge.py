@@ -633,6 +633,8 @@ class CollectiveMethods:
             check_dtype(dtype)
             a = np.empty(0, dtype)
         else:
+            if x is None:
+                raise ValueError(f"rank {r}: {c}: root {root} must pass x, the array it splits")
             a = as_array(x, "x", r, c)
             split_rows(a.shape, r, self._size, c)
             shape = t.result_shape(a.shape, self._size)

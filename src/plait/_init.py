@@ -95,7 +95,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait._binding import bind_crowded
-from plait.communicator import Communicator
+from plait.communicator import Communicator, default_timeout
 from plait.errors import RendezvousError
 from plait.rendezvous.lost import JobRanks, wait_ranks
 from plait.rendezvous.store import PrefixStore, Store
@@ -521,8 +521,8 @@ def init(
     size = info.size if size is None else size
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"invalid rank {rank} for size {size}; expected 0 <= rank < size")
-    if timeout is None and os.environ.get("PLAIT_TIMEOUT"):
-        timeout = float(os.environ["PLAIT_TIMEOUT"])
+    if timeout is None and os.environ.get("PLAIT_TIMEOUT", "").strip():
+        timeout = default_timeout()
     if size == 1:
         return Communicator(MemoryFabric(1).endpoints[0], timeout=timeout)
 

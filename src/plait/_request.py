@@ -323,23 +323,10 @@ class Stager:
         if purpose:  # an inner call's plan is its own (Note [calls within calls])
             key += (purpose,)
         plan = self.plans.get(key)
-        if plan is None:
-            ctx = Context(
-                spec.collective,
-                self._rank,
-                self._size,
-                count,
-                dtype.itemsize,
-                op.commutative if op is not None else True,
-                root,
-                segment,
-                self._layout,
-                counts=counts,
-                window=self._window,
-            )
-            if len(self.plans) >= CACHE_LIMIT:
-                self.plans.clear()
-            plan = self.plans[key] = Plan(spec, ctx, dtype, op, purpose)
+        # The buffers come before a new plan: a call too large for memory (a read-only view
+        # of 2**50 elements, say) fails at once where its buffer is made, not after building
+        # a schedule of its billions of pieces.
+        fills_x = plan.fills_x if plan is not None else collectives.get(spec.collective).fills_x
         same_array = inp is not None and out is inp and inp.flags.c_contiguous
         flat_in = _flat(inp) if inp is not None else np.empty(0, dtype)
         writeback: np.ndarray | DeviceTarget | None = None
@@ -357,7 +344,7 @@ class Stager:
         elif (
             dst is not None
             and dst is not out
-            and (not plan.fills_x or root != self._rank)
+            and (not fills_x or root != self._rank)
             and (writeback := _arrays.target(dst, out)) is not None
         ):
             # out (broadcast's x) is a host buffer standing in for an array in device memory,
@@ -373,13 +360,28 @@ class Stager:
                 # A call that fills x (broadcast) sends root's data from OUT, so its
                 # staging starts as a copy.
                 flat_out = (
-                    np.ascontiguousarray(out).reshape(-1)
-                    if plan.fills_x
-                    else np.empty(out.size, dtype)
+                    np.ascontiguousarray(out).reshape(-1) if fills_x else np.empty(out.size, dtype)
                 )
                 writeback = out
             if result is ...:
                 result = out if dst is None else dst
+        if plan is None:
+            ctx = Context(
+                spec.collective,
+                self._rank,
+                self._size,
+                count,
+                dtype.itemsize,
+                op.commutative if op is not None else True,
+                root,
+                segment,
+                self._layout,
+                counts=counts,
+                window=self._window,
+            )
+            if len(self.plans) >= CACHE_LIMIT:
+                self.plans.clear()
+            plan = self.plans[key] = Plan(spec, ctx, dtype, op, purpose)
         if result is ...:
             result = None
         aliased = False
@@ -400,7 +402,7 @@ class Stager:
             out=flat_out,
             writeback=writeback,
             result=result,
-            writes_caller_memory=root != self._rank if plan.fills_x else caller_out,
+            writes_caller_memory=root != self._rank if fills_x else caller_out,
             average=op is not None and op.average,
             plan=plan,
             aliased=aliased,

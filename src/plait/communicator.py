@@ -79,13 +79,35 @@ if TYPE_CHECKING:
     from plait._recovery import Agreement, Recovery
     from plait._request import Compression
 
-__all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats"]
+__all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats", "default_timeout"]
 
 _ALLGATHER = collectives.get("allgather")
 _ALLREDUCE = collectives.get("allreduce")
 
-#: Seconds a call may take before it fails with CommTimeout (PLAIT_TIMEOUT overrides).
-DEFAULT_TIMEOUT = float(os.environ.get("PLAIT_TIMEOUT", "300"))
+#: Seconds a call may take before it fails with CommTimeout, where neither the call, its
+#: communicator nor PLAIT_TIMEOUT says (:func:`default_timeout`).
+DEFAULT_TIMEOUT = 300.0
+
+
+def default_timeout() -> float:
+    """PLAIT_TIMEOUT's seconds if it is set, else :data:`DEFAULT_TIMEOUT`.
+
+    Read when a communicator is made, not when plait is imported, so that a bad value is
+    refused there with a message that names it (it used to fail ``import plait`` with
+    numpy's words, or to time every call out at once where it was negative).
+
+    Raises:
+        ValueError: PLAIT_TIMEOUT is not a positive number of seconds.
+    """
+    value = os.environ.get("PLAIT_TIMEOUT", "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT
+    where = f"PLAIT_TIMEOUT={value!r}"
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{where}: timeout must be a number of seconds, such as 300") from None
+    return check_timeout(seconds, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +182,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         self._log_choices = debug in ("info", "detail")
         if self._log_choices:
             _enable_debug_log()
-        seconds = check_timeout(timeout, "init") if timeout is not None else DEFAULT_TIMEOUT
+        seconds = check_timeout(timeout, "init") if timeout is not None else default_timeout()
         # The rank in the world communicator names this process's timeline file.
         self._world_rank = self._rank if _world_rank is None else _world_rank
         try:  # a bad PLAIT_RECORDER_* setting fails here, as a bad PLAIT_ALGO does above

@@ -16,6 +16,7 @@ package is installed.
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class Op:
             ``"float"``, ``"complex"``); None means whatever the ufunc accepts.
     """
 
-    __slots__ = ("_families", "average", "commutative", "name", "ufunc")
+    __slots__ = ("_families", "_key", "average", "commutative", "name", "ufunc")
 
     def __init__(
         self,
@@ -97,14 +98,16 @@ class Op:
         self.name = name or default_name
         self._families = families
         self.average = _average
+        self._key = f"{self.name}:{int(self.commutative)}:{_identity(ufunc)}"
 
     def __repr__(self) -> str:
         return f"plait.{self.name}" if self.name.isupper() else f"plait.Op({self.name})"
 
     @property
     def key(self) -> str:
-        """A string identifying the op across processes (for mismatch checks)."""
-        return f"{self.name}:{int(self.commutative)}"
+        """A string identifying the op across processes (for mismatch checks): its name,
+        whether it commutes, and what its function is (Note [an op's identity])."""
+        return self._key
 
     def check(self, dtype: np.dtype) -> None:
         """TypeError if this op makes no sense for ``dtype``."""
@@ -119,6 +122,31 @@ class Op:
                 )
             return
         _probe(self.ufunc, dtype)
+
+
+def _identity(f: Any) -> str:
+    """What ``f`` is, in words equal in every process that runs the same code.
+
+    Note [an op's identity]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    Ranks whose ops differ must fail with MismatchError, not return different sums. An op's
+    name is not enough: every lambda is ``<lambda>``, and ``name=`` may give two functions
+    one name. So the key also holds a ufunc's own name, or a function's module, qualified
+    name and a checksum of its bytecode, the names it looks up and its plain constants
+    (``np.add`` against ``np.multiply`` in one lambda, ``a + b`` against ``a * b``): equal
+    in every process of one job, which runs one script on one Python. What a closure holds
+    or a ``functools.partial`` binds is not compared.
+    """
+    if isinstance(f, np.ufunc):
+        return f"numpy.{f.__name__}"
+    kind = f if hasattr(f, "__qualname__") else type(f)
+    where = f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return where
+    plain = tuple(c for c in code.co_consts if isinstance(c, int | float | complex | str | bytes))
+    text = repr((code.co_names, code.co_varnames, plain)).encode()
+    return f"{where}:{zlib.crc32(code.co_code):08x}{zlib.crc32(text):08x}"
 
 
 @functools.lru_cache(maxsize=256)

@@ -19,7 +19,6 @@ them in place); reduce-scatter is plait's own, not n all-reduces.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -27,16 +26,16 @@ import numpy as np
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 import plait
+from plait.communicator import DEFAULT_TIMEOUT, default_timeout
 from plait.errors import UnsupportedError
 from plait.ray._rendezvous import Meeting, adopt_secret, group_namespace, job_namespace, meet
 from plait.ray._store import RayKeyValue
+from plait.runtime.work import check_timeout
 
 __all__ = ["BACKEND_NAME", "DEFAULT_TIMEOUT", "PlaitGroup"]
 
 #: The name Ray knows the backend by (Ray upper-cases backend names).
 BACKEND_NAME = "PLAIT"
-#: Seconds for creating a group and default per call, unless PLAIT_TIMEOUT says otherwise.
-DEFAULT_TIMEOUT = 300.0
 #: Ray's reduce ops (by name) as plait's.
 _OPS = {"SUM": plait.SUM, "PRODUCT": plait.PROD, "MIN": plait.MIN, "MAX": plait.MAX}
 
@@ -123,12 +122,6 @@ def _first(t: Any, n: int, what: str) -> Any:
     return flat[:n]
 
 
-def default_timeout() -> float:
-    """PLAIT_TIMEOUT if set, else :data:`DEFAULT_TIMEOUT`."""
-    value = os.environ.get("PLAIT_TIMEOUT", "").strip()
-    return float(value) if value else DEFAULT_TIMEOUT
-
-
 class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to mypy
     """A Ray collective group run by a plait :class:`~plait.Communicator`.
 
@@ -157,7 +150,7 @@ class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to m
         super().__init__(world_size, rank, group_name)
         import ray
 
-        seconds = default_timeout() if timeout is None else float(timeout)
+        seconds = default_timeout() if timeout is None else check_timeout(timeout, "timeout")
         context = ray.get_runtime_context()
         job = str(context.get_job_id())
         adopt_secret(RayKeyValue(job_namespace(job)))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic
 
+import numpy as np
+
 from plait.errors import CommTimeout
 from plait.transport.base import background_thread
 
-__all__ = ["Work"]
+__all__ = ["MAX_TIMEOUT", "Work", "check_timeout"]
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -22,6 +25,30 @@ else:
     from typing import TypeVar
 
     R = TypeVar("R")  # the default above needs Python 3.13's TypeVar at run time
+
+
+#: The longest wait a timeout gives, in seconds (about three years): a longer one, infinity
+#: included, is taken as this, so that every deadline is a time the OS clock can hold (a
+#: wait of 1e300 s used to fail at once with OverflowError).
+MAX_TIMEOUT = 1e8
+
+
+def check_timeout(timeout: Any, where: str, *, poll: bool = False) -> float:
+    """``timeout`` as positive float seconds, at most :data:`MAX_TIMEOUT`; ``where`` prefixes
+    the message. ``poll``: 0 is taken too, for a wait that may only look (as
+    ``concurrent.futures`` takes it).
+
+    Every timeout a caller passes is checked here, from a call's to :meth:`Work.wait`'s (it
+    lives at the lowest layer that takes one; ``plait._checks`` exports it to the edge).
+    """
+    # Any real number: numpy's too (np.float32(5.0), np.int64(5)), as root and tag take them.
+    if isinstance(timeout, bool | np.bool_) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{where}: timeout must be a number of seconds; got {timeout!r}")
+    seconds = float(timeout)
+    if not (seconds >= 0 if poll else seconds > 0):
+        said = "0 or more" if poll else "positive"
+        raise ValueError(f"{where}: timeout must be {said}; got {timeout}")
+    return min(seconds, MAX_TIMEOUT)
 
 
 class Work(Generic[R]):
@@ -60,7 +87,11 @@ class Work(Generic[R]):
         Raises:
             CommTimeout: ``timeout`` passed first (the call goes on).
             CommError: the call failed.
+            TypeError, ValueError: ``timeout`` is not a number of seconds, 0 or more (0
+                only looks, as :meth:`done` does, and raises CommTimeout if not done).
         """
+        if timeout is not None:
+            timeout = check_timeout(timeout, f"{self._describe}: wait", poll=True)
         if timeout is None and self._worker is not None and not self._done.is_set():
             self._worker.help(self._done)
         if not self._done.wait(timeout):

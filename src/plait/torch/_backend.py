@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 import plait
 from plait.errors import CommTimeout, UnsupportedError
+from plait.runtime.work import MAX_TIMEOUT
 from plait.torch import _sparse
 from plait.torch._alltoall import AllToAllCalls
 from plait.torch._coalesced import CoalescedCalls
@@ -285,7 +286,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
             return
         # unlike a call's timeout, zero here means zero: only ranks already there pass
         total = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-        self._monitored.wait(max(total, 0.0))
+        self._monitored.wait(min(max(total, 0.0), MAX_TIMEOUT))
 
     # -- reductions ------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PlaitWork:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import plait
 from plait._tensor import as_array
 from plait.errors import UnsupportedError
+from plait.runtime.work import MAX_TIMEOUT
 from plait.torch._staging import Staged, host_copy, host_output
 
 __all__ = [
@@ -157,11 +158,12 @@ def _nothing() -> None:
 
 
 def seconds(timeout: Any) -> float | None:
-    """A torch timeout (a timedelta; zero or negative means unset) in seconds, or None."""
+    """A torch timeout (a timedelta; zero or negative means unset) in seconds, or None; at
+    most plait's :data:`~plait.runtime.work.MAX_TIMEOUT` (``timedelta.max`` is 8.6e13 s)."""
     if timeout is None:
         return None
     total = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-    return total if total > 0 else None
+    return min(total, MAX_TIMEOUT) if total > 0 else None
 
 
 # -- the arguments of the process group's calls --------------------------------------------
