@@ -50,6 +50,14 @@ Note [abort]
     only after the handler returns. With the store gone, the abort still
     closes this rank's transport: its peers see it lost.
 
+Note [a store that stalls]
+    A store may fail to answer for a while (its host stopped or starved) and answer again.
+    The watcher keeps the error in ``store_error`` while the store fails (an abort then
+    does not wait on it), tries again a heartbeat later and clears it at the first answer;
+    agree and shrink ask once themselves before they refuse. (One stall used to stop the
+    watcher for good: no heartbeat, no abort heard, every agree refused.) A store that is
+    gone fails each try at once, so agree and shrink still raise at once.
+
 Note [agree]
     Failure assumptions: ranks fail by stopping (a crash, kill -9, or hanging
     so long that they look dead), never by lying; the store is reliable and
@@ -126,11 +134,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from plait._abort import abort_transport, aborted_by, as_split, mark
 from plait._checks import check_timeout
 from plait._processes import Process, alive, this_process
 from plait.communicator import Communicator
 from plait.errors import (
-    AbortedError,
     ClosedError,
     CommError,
     CommTimeout,
@@ -141,7 +149,6 @@ from plait.errors import (
 from plait.group import shrunk_comm_id
 from plait.rendezvous.store import PrefixStore, Store, StoreOwner, StoreTimeout
 from plait.transport.base import Transport
-from plait.transport.endpoint import Endpoint
 from plait.transport.memory import MemoryFabric
 
 __all__ = [
@@ -224,6 +231,7 @@ class Recovery:
         self._failed: set[int] = set()  # ranks an earlier agreement left out
         self._procs: dict[int, Process | None] = {}
         self._stopping = False
+        self._wake = threading.Event()  # close, _check_store: stop, or try the store, now
         self._closed = False
         me = this_process()
         self.store.set(f"proc/{self.rank}", f"{me.machine}\n{me.pid}\n{me.start}".encode())
@@ -239,7 +247,7 @@ class Recovery:
         self._members.add(comm)
         comm._recovery = self
         if self._aborted is not None:
-            _mark(comm, _as_split(self._aborted))
+            mark(comm, as_split(self._aborted))
 
     def owns(self, comm: Communicator) -> bool:
         """Whether ``comm`` is the communicator this recovery was made for (not a group)."""
@@ -250,7 +258,7 @@ class Recovery:
         """Abort here and on every peer; return once they know, at most ``_TELL_SECONDS``
         later. Takes no lock: it may run in a signal handler (Note [abort]). ``here`` (not in
         a signal handler): do it all on this thread, or wait for the abort under way."""
-        text = _aborted_by(self.rank, reason)
+        text = aborted_by(self.rank, reason)
         done = self._mark(text)
         if done is not None and here:
             self._finish_abort(text, reason, done, self.rank)
@@ -268,7 +276,7 @@ class Recovery:
             return None
         self._aborted = text
         for comm in list(self._members):
-            _mark(comm, text if self.owns(comm) else _as_split(text))
+            mark(comm, text if self.owns(comm) else as_split(text))
         done = self._abort_done = threading.Event()
         return done
 
@@ -302,7 +310,7 @@ class Recovery:
         finally:
             self._told.release()  # abort() returns: the peers know, or cannot be told
             try:
-                _abort_transport(self._transport, self.rank, text)
+                abort_transport(self._transport, self.rank, text)
                 if source == self.rank and self.store_error is None:
                     with contextlib.suppress(CommError, OSError):
                         self.store.set(f"closed/{source}", b"1")
@@ -310,30 +318,38 @@ class Recovery:
                 done.set()
 
     def _watch(self) -> None:
-        """The watcher thread: wait for ``abort/<rank>``, and beat the heartbeat meanwhile."""
+        """The watcher thread: wait for ``abort/<rank>``, and beat the heartbeat meanwhile;
+        outlive a store that fails (Note [a store that stalls])."""
         me = self.rank
         waiting = f"abort/{me}"
         store = self.store
-        try:
-            while True:
+        while not self._stopping:
+            try:
                 try:
                     store.wait([waiting], HEARTBEAT_SECONDS)
                 except StoreTimeout:
                     store.add(f"hb/{me}", 1)
+                    self.store_error = None
                     continue
+                self.store_error = None
                 if self._stopping or store.check([f"stop/{me}"]):
                     return
                 if waiting != f"abort/{me}":
                     return
                 source, _, reason = store.get(waiting).decode().partition("\n")
-                text = _aborted_by(source, reason)
+                text = aborted_by(source, reason)
                 done = self._mark(text)
                 if done is not None:
                     self._finish_abort(text, reason, done, int(source))
                 waiting = f"stop/{me}"  # keep beating: agree needs it after an abort
-        except (CommError, OSError) as exc:
-            if not self._stopping:
+            except ClosedError:  # the store was closed here: this rank is done with it
+                return
+            except (CommError, OSError) as exc:
+                if self._stopping:
+                    return
                 self.store_error = exc
+                self._wake.wait(HEARTBEAT_SECONDS)  # close or _check_store sets it; else
+                self._wake.clear()  # try again a heartbeat later
 
     # -- agree (Note [agree]) ----------------------------------------------------------------
     def agree(
@@ -481,8 +497,15 @@ class Recovery:
         return proc
 
     def _check_store(self, what: str) -> None:
+        """Raise if the store fails; where the watcher last saw it fail, ask it once more
+        (it may be back before the watcher's next try: Note [a store that stalls])."""
         if self.store_error is not None:
-            raise self._store_gone(what, self.store_error)
+            try:
+                self.store.check([f"stop/{self.rank}"])
+            except (CommError, OSError) as exc:
+                raise self._store_gone(what, exc) from exc
+            self.store_error = None
+            self._wake.set()  # the watcher listens for aborts again now, not a heartbeat on
 
     def _store_gone(self, what: str, exc: BaseException) -> RendezvousError:
         return RendezvousError(
@@ -506,51 +529,15 @@ class Recovery:
         self._abort_done.wait(_JOIN_SECONDS)
         self._closed = True
         self._stopping = True
+        self._wake.set()
         me = self.rank
         if self._thread.is_alive():
-            with contextlib.suppress(CommError, OSError):
-                self.store.set(f"stop/{me}", b"1")
-                self.store.set(f"abort/{me}", b"")  # wakes a watcher waiting for an abort
+            if self.store_error is None:  # else the watcher is between tries: _wake stops it
+                with contextlib.suppress(CommError, OSError):
+                    self.store.set(f"stop/{me}", b"1")
+                    self.store.set(f"abort/{me}", b"")  # wakes a watcher waiting for an abort
             self._thread.join(_JOIN_SECONDS)
         self.owner.release()
-
-
-_BY = "the communicator was aborted by rank"
-
-
-def _aborted_by(rank: int | str, reason: str) -> str:
-    """What the errors of an abort say: who aborted, and why."""
-    return f"{_BY} {rank}" + (f" ({reason})" if reason else "")
-
-
-def _as_split(text: str) -> str:
-    """:func:`_aborted_by`'s ``text`` as a split's group says it: the rank that aborted is
-    numbered by the communicator it was split from."""
-    return text.replace(_BY, "the communicator it was split from was aborted by its rank", 1)
-
-
-def _mark(comm: Communicator, text: str) -> None:
-    """Later calls of ``comm`` raise AbortedError with ``text``: plain stores, no lock."""
-    runner = comm._runner
-    runner.aborted = text
-    if runner.broken is None:
-        runner.broken = AbortedError(text)
-
-
-def _root(t: Transport) -> Transport:
-    """The transport that owns the connections (a split's group: its parent's)."""
-    while (parent := getattr(t, "parent", None)) is not None:
-        t = parent
-    return t
-
-
-def _abort_transport(t: Transport, rank: int, text: str) -> None:
-    """Close ``t``'s connections, failing what is pending there with AbortedError."""
-    root = _root(t)
-    if isinstance(root, Endpoint):
-        root.abort(lambda: AbortedError(f"rank {rank}: {text}"))
-    else:
-        root.close()
 
 
 # -- what the communicator's methods call ----------------------------------------------------------
@@ -578,9 +565,9 @@ def abort(comm: Communicator, reason: str = "") -> None:
     runner = comm._runner
     if runner.closed or runner.aborted is not None:
         return
-    text = _aborted_by(comm.rank, reason)
-    _mark(comm, text)
-    _thread.start_new_thread(_abort_transport, (comm._transport, comm.rank, text))
+    text = aborted_by(comm.rank, reason)
+    mark(comm, text)
+    _thread.start_new_thread(abort_transport, (comm._transport, comm.rank, text))
 
 
 def _owned(comm: Communicator, what: str) -> Recovery | None:
@@ -648,7 +635,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
     if comm._runner.broken is not None:  # failed or aborted here: peers may be stuck in a call
         leave()
     agreement, k = rec.agree(1, seconds, "shrink", leave)
-    done = None if comm._runner.broken else rec._mark(_aborted_by(rec.rank, "replaced by shrink()"))
+    done = None if comm._runner.broken else rec._mark(aborted_by(rec.rank, "replaced by shrink()"))
     if done is not None:  # every rank came: no call to leave, but later ones (a group's) say why
         done.set()
     members = agreement.ranks

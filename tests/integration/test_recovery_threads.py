@@ -353,3 +353,76 @@ def test_an_abort_runs_once_when_a_caller_and_the_watcher_race() -> None:
         return runs
 
     assert store_ranks(1, body) == [["first"]]
+
+
+class StallingStore(MemoryStore):
+    """A store that fails every request while ``down`` is set, as a TCP store whose host is
+    stopped does (the client's request times out), and answers again once it is cleared."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout=30)
+        self.down = threading.Event()
+
+    def _up(self) -> None:
+        if self.down.is_set():
+            raise plait.RendezvousError("store: the server did not answer (stopped)")
+
+    def set(self, key: str, value: bytes) -> None:
+        self._up()
+        super().set(key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        self._up()
+        return super().get(key, timeout)
+
+    def add(self, key: str, amount: int) -> int:
+        self._up()
+        return super().add(key, amount)
+
+    def wait(self, keys: Any, timeout: float | None = None) -> None:
+        self._up()
+        super().wait(keys, timeout)
+
+    def check(self, keys: Any) -> bool:
+        self._up()
+        return super().check(keys)
+
+
+def test_a_store_that_stalled_and_came_back_still_serves_agree_and_abort() -> None:
+    """Note [a store that stalls]: one failed answer stopped every rank's watcher for good, so
+    every later agree raised that the store was unreachable, aborts were no longer heard,
+    and the heartbeats stopped."""
+    store = StallingStore()
+    saw = threading.Barrier(3)
+    healed = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        recovery = comm._recovery
+        assert recovery is not None
+        comm.barrier()
+        if comm.rank == 0:
+            store.down.set()
+        saw.wait(20)
+        deadline = time.monotonic() + 20
+        while recovery.store_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the watcher's next look at the store fails (a heartbeat)
+        assert recovery.store_error is not None
+        saw.wait(20)
+        if comm.rank == 0:
+            store.down.clear()
+            healed.set()
+        assert healed.wait(20)
+        agreed = comm.agree(1)
+        if comm.rank == 1:
+            comm.abort("after the stall")
+            return agreed, "aborted"
+        with pytest.raises(plait.AbortedError, match="aborted by rank 1"):
+            comm.allreduce(np.ones(2), timeout=15)
+        return agreed, "told"
+
+    results = store_ranks(3, body, store)
+    assert results == [
+        (plait.Agreement(1, (0, 1, 2)), "told"),
+        (plait.Agreement(1, (0, 1, 2)), "aborted"),
+        (plait.Agreement(1, (0, 1, 2)), "told"),
+    ], results

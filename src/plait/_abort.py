@@ -1,0 +1,52 @@
+"""What an abort does on one rank (Note [abort] in :mod:`plait._recovery`): the words of
+its errors, its mark on a communicator's calls, and the closing of its transport."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plait.errors import AbortedError
+from plait.transport.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from plait.communicator import Communicator
+    from plait.transport.base import Transport
+
+__all__ = ["abort_transport", "aborted_by", "as_split", "mark"]
+
+_BY = "the communicator was aborted by rank"
+
+
+def aborted_by(rank: int | str, reason: str) -> str:
+    """What the errors of an abort say: who aborted, and why."""
+    return f"{_BY} {rank}" + (f" ({reason})" if reason else "")
+
+
+def as_split(text: str) -> str:
+    """:func:`aborted_by`'s ``text`` as a split's group says it: the rank that aborted is
+    numbered by the communicator it was split from."""
+    return text.replace(_BY, "the communicator it was split from was aborted by its rank", 1)
+
+
+def mark(comm: Communicator, text: str) -> None:
+    """Later calls of ``comm`` raise AbortedError with ``text``: plain stores, no lock."""
+    runner = comm._runner
+    runner.aborted = text
+    if runner.broken is None:
+        runner.broken = AbortedError(text)
+
+
+def _root(t: Transport) -> Transport:
+    """The transport that owns the connections (a split's group: its parent's)."""
+    while (parent := getattr(t, "parent", None)) is not None:
+        t = parent
+    return t
+
+
+def abort_transport(t: Transport, rank: int, text: str) -> None:
+    """Close ``t``'s connections, failing what is pending there with AbortedError."""
+    root = _root(t)
+    if isinstance(root, Endpoint):
+        root.abort(lambda: AbortedError(f"rank {rank}: {text}"))
+    else:
+        root.close()
