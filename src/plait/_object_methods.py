@@ -109,7 +109,12 @@ class ObjectMethods(UnevenMethods):
             pickle.PicklingError: on every rank, naming the ranks whose object
                 could not be pickled.
         """
-        c = "allgather_object"
+        return self._allgather_object(obj, timeout, "allgather_object")
+
+    def _allgather_object(self, obj: Any, timeout: float | None, c: str) -> list[Any]:
+        """:meth:`allgather_object` as part of call ``c`` (its own, or allreduce_object's):
+        its exchange of lengths carries ``c``, so that it matches only the same call on the
+        other ranks (Note [calls within calls] in :mod:`plait._request`)."""
         first, err = _first_message(obj)
         sizes = self._within(_ALLGATHER, _word(first), c, timeout)
         counts = self._raise_if_failed(c, sizes, err)
@@ -247,7 +252,7 @@ class ObjectMethods(UnevenMethods):
         """
         if not callable(op):
             raise TypeError(f"rank {self._rank}: allreduce_object: op must be callable; got {op!r}")
-        objs: list[_O] = self.allgather_object(obj, timeout=timeout)
+        objs: list[_O] = self._allgather_object(obj, timeout, "allreduce_object")
         return objects.reduce_in_rank_order(objs, op)
 
     def send_object(

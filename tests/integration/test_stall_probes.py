@@ -7,6 +7,7 @@ the message path that :mod:`plait.runtime.stall` guards; the same over real proc
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from types import SimpleNamespace
@@ -161,6 +162,13 @@ INNER_ON_ONE = {
     "bcast_object": (
         lambda c: c.bcast_object("x", root=0),
         lambda c: c.broadcast(np.zeros((), np.uint64), root=0),
+    ),
+    # allreduce_object is an allgather_object and a fold: its inner calls carried
+    # allgather_object's purpose, so one rank's allreduce_object went through with the
+    # others' allgather_object, every rank returning as if they matched.
+    "allreduce_object": (
+        lambda c: c.allreduce_object(c.rank, operator.add),
+        lambda c: c.allgather_object(c.rank),
     ),
 }
 
