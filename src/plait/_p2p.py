@@ -139,7 +139,7 @@ class PointToPointMethods:
         c = "send"
         seconds = self._runner.seconds(timeout, c)
         req = self._post_send(self._outgoing(x, dst, tag, c), c)
-        self._block([req], seconds)
+        self._block([req], seconds, cross=timeout is None)
 
     def recv(
         self,
@@ -168,7 +168,7 @@ class PointToPointMethods:
         seconds = self._runner.seconds(timeout, c)
         _check_status(status, self._rank, c)
         req = self._post_recv(buf, self._incoming_of(buf, src, tag, c), c)
-        self._block([req], seconds)
+        self._block([req], seconds, cross=timeout is None)
         req._status._copy_to(status)
         return buf
 
@@ -386,15 +386,16 @@ class PointToPointMethods:
             )
         return t
 
-    def _block(self, reqs: Sequence[Request[Any]], seconds: float) -> None:
+    def _block(self, reqs: Sequence[Request[Any]], seconds: float, cross: bool = False) -> None:
         """Wait for ``reqs`` of one blocking call; on the deadline withdraw them and raise.
 
-        Stops at the first failure (withdrawing the rest) and raises it.
+        Stops at the first failure (withdrawing the rest) and raises it. ``cross``: the
+        call has the communicator's timeout (``Request._wait_until``).
         """
         deadline = time.monotonic() + seconds
         if len(reqs) == 1:  # send and recv
             req = reqs[0]
-            if not req._wait_until(deadline):
+            if not req._wait_until(deadline, cross):
                 req._abandon()
                 raise req._timed_out(seconds)
             req._finish(None)

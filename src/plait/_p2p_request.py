@@ -9,6 +9,7 @@ the pieces fit, and docs/mpi.md, "Point to point", is the user's account.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, check_timeout
 from plait.errors import CommError, CommTimeout, MismatchError
 from plait.group import GroupTransport, user_tag
+from plait.runtime import stall
+from plait.runtime.crossing import Crossing, p2p_number
 from plait.transport.base import Handle, Matching, Transport, renumbered
 
 __all__ = [
@@ -185,6 +188,7 @@ class Request(Generic[R]):
         "_c",
         "_cancelled",
         "_error",
+        "_explained",
         "_handle",
         "_incoming",
         "_outgoing",
@@ -225,6 +229,7 @@ class Request(Generic[R]):
         self._error: BaseException | None = None
         self._cancelled = False
         self._settled = False
+        self._explained = ""  # what a stalled wait heard of the rank it waits on
         if handle is None:  # PROC_NULL: done at once
             self._settle()
 
@@ -265,7 +270,7 @@ class Request(Generic[R]):
         where = f"rank {self._rank}: {self._c}: wait"
         seconds = self._timeout if timeout is None else check_timeout(timeout, where)
         _check_status(status, self._rank, f"{self._c}: wait")
-        if not self._wait_until(time.monotonic() + seconds):
+        if not self._wait_until(time.monotonic() + seconds, cross=timeout is None):
             raise self._timed_out(seconds)
         self._finish(status)
         value: R = self._value
@@ -323,17 +328,42 @@ class Request(Generic[R]):
     def _describe(self) -> str:
         return _describe(self._incoming is not None, self._peer, self._tag)
 
-    def _wait_until(self, deadline: float) -> bool:
-        """Wait for the request until ``deadline`` (time.monotonic); whether it is done."""
+    def _wait_until(self, deadline: float, cross: bool = False) -> bool:
+        """Wait for the request until ``deadline`` (time.monotonic); whether it is done.
+
+        ``cross``: a blocking wait on this request alone, with the communicator's own
+        timeout, that stalls takes part in crossed calls (Note [crossed calls] in
+        :mod:`plait.runtime.crossing`): MismatchError (the request withdrawn) where it
+        and the rank it waits on wait for each other for sure.
+        """
         h = self._handle
         if h is None:
             return True
         t = self._transport
-        while not h.done:
-            left = deadline - time.monotonic()
-            if left <= 0 or not t.wait_any([h], left):
-                return h.done
-        return True
+        look = time.monotonic() + stall.PROBE_SECONDS if cross and self._peer >= 0 else math.inf
+        crossing: Crossing | None = None
+        try:
+            while not h.done:
+                now = time.monotonic()
+                left = deadline - now
+                if left <= 0:
+                    if crossing is not None:
+                        self._explained = crossing.explain([self._peer])
+                    return h.done
+                if crossing is None and now >= look:
+                    crossing = Crossing(t, None, p2p_number(), f"{self._c} {self._describe()}")
+                    crossing.start([self._peer])
+                if crossing is None:
+                    t.wait_any([h], min(left, look - now))
+                    continue
+                t.wait_any([h, *crossing.handles], left)
+                if not h.done and (err := crossing.check(self._rank, [self._peer])):
+                    self._abandon()
+                    raise err
+            return True
+        finally:
+            if crossing is not None:
+                crossing.close()
 
     def _finish(self, status: Status | None) -> bool:
         """The request is done: raise its error, or fill ``status`` and return True."""
@@ -359,6 +389,7 @@ class Request(Generic[R]):
         return CommTimeout(
             f"rank {self._rank}: {self._c} {self._describe()} did not complete within "
             f"{seconds:g} s; the peer may have died or not made the matching {other}"
+            + self._explained
         )
 
     def _settle(self) -> None:

@@ -489,16 +489,18 @@ def _stalled_alone(timeout: float) -> str:
     return run_ranks(2, body, timeout=60, window=0)[0]
 
 
-def test_a_rank_with_one_communicator_sends_no_whereabouts(
+def test_a_rank_with_one_communicator_sends_one_whereabouts_a_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # No other communicator to cross with: a stalled call tells its peers nothing more than
-    # its probes (a notice to a rank that never stalls waits among its unexpected messages).
+    # A point-to-point wait of the same communicator may cross it (Note [crossed calls]), so
+    # a stalled call tells the rank it waits on where it waits even with one communicator:
+    # once a call (a notice to a rank that never stalls waits among its unexpected messages,
+    # as its probes do).
     sent: list[int] = []
     monkeypatch.setattr(crossing.Crossing, "_send", lambda self, p, payload: sent.append(p))
 
     assert _stalled_alone(PROBE_SECONDS + 0.5) == "CollectiveTimeout"
-    assert sent == []
+    assert sent == [1]
 
 
 def test_a_prober_whose_first_look_raises_withdraws_its_receives(
@@ -675,3 +677,17 @@ def test_a_give_up_mark_says_whether_a_notice_of_a_lost_rank_comes(
     with pytest.raises((plait.PeerLostError, plait.MismatchError)) as info:
         posts.check_peer(window, 0, 0, call, 1)
     assert getattr(info.value, stall.GAVE_UP, False) is waits
+
+
+def test_a_timeout_names_the_receive_that_waits_for_this_rank() -> None:
+    # Threads as ranks are not alone (Note [crossed calls]): rank 1's receive from rank 0,
+    # which waits for it in a barrier, is no sure deadlock here, but both timeouts say it.
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        if comm.rank == 1:
+            return _outcome(lambda: comm.recv(np.zeros(4), 0))
+        return _outcome(comm.barrier)
+
+    (kind0, _, said0), (kind1, _, said1) = run_ranks(2, body, timeout=8)
+    assert kind0 == "CollectiveTimeout", said0
+    assert "job rank 1 waits in recv from rank 0 (tag 0) of the world communicator" in said0
+    assert kind1 in ("CommTimeout", "PeerLostError"), said1  # rank 0 may close first

@@ -192,3 +192,63 @@ def test_a_notice_taken_by_an_earlier_stalled_call_serves_the_crossed_one(
     assert [line.split()[2] for line in lines] == ["0", "1", "2"], res.stdout
     assert all(float(line.split()[3]) < 20 for line in lines), res.stdout  # not the timeout
     assert "job rank 1 waits in allreduce" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("other", ["barrier", "recv"])
+def test_a_receive_that_waits_for_a_rank_waiting_for_it_fails_both_within_seconds(
+    tmp_path: Path, transport: str, other: str
+) -> None:
+    # Rank 1 receives from rank 0, which waits for rank 1 in a barrier (or a receive of its
+    # own): both waited out the timeout, and the barrier's said rank 1 "did not say they
+    # wait". A blocking point-to-point wait now tells the rank it waits on where it waits
+    # (Note [crossed calls]).
+    script = f"""
+        import time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        start = time.monotonic()
+        try:
+            if comm.rank == 1:
+                comm.recv(np.zeros(4), 0)
+            elif "{other}" == "barrier":
+                comm.barrier()
+            else:
+                comm.recv(np.zeros(4), 1)
+        except plait.MismatchError as exc:
+            print(f"crossed on {{comm.rank}} {{time.monotonic() - start:.1f}} {{exc}}", flush=True)
+        else:
+            raise SystemExit("no error")
+    """
+    res, _ = plait_run(["-n", "2", "--tag-output", "--transport", transport], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    lines = sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
+    assert [line.split()[2] for line in lines] == ["0", "1"], res.stdout
+    assert all(float(line.split()[3]) < 15 for line in lines), res.stdout  # not the timeout
+    assert all("made different calls on one communicator" in line for line in lines), lines
+    assert "job rank 1 waits in recv from rank 0 (tag 0)" in lines[0], lines[0]
+    assert f"job rank 0 waits in {other}" in lines[1], lines[1]
+
+
+def test_a_receive_with_a_timeout_of_its_own_may_outlast_a_rank_waiting_for_it(
+    tmp_path: Path,
+) -> None:
+    # A timeout the caller gives may be a poll the program means to outlast: rank 1 polls
+    # for a message that never comes, then meets rank 0 in its barrier. No crossing.
+    script = """
+        import numpy as np, plait
+        comm = plait.init(timeout=60)
+        if comm.rank == 1:
+            try:
+                comm.recv(np.zeros(4), 0, timeout=3)
+            except plait.CommTimeout:
+                print("polled", flush=True)
+        comm.barrier()
+        print("met", flush=True)
+    """
+    res, _ = plait_run(["-n", "2", "--tag-output"], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines()) == [
+        "met",
+        "met",
+        "polled",
+    ], res.stdout

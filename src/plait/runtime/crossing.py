@@ -10,8 +10,7 @@ Note [crossed calls]
     returns. Each sees a peer that is late, which is no mismatch (a rank may
     compute for minutes before its next call), and would wait for its timeout.
 
-    So where a rank has more than one communicator on a transport, a stalled
-    call also sends each rank it waits on one *whereabouts* notice, on one
+    So a stalled call also sends each rank it waits on one *whereabouts* notice, on one
     tag of the transport that all of them share (outside every
     communicator's tags: Note [wire tags] in :mod:`plait.group`): its
     communicator's id, its call's number and name, and the ranks it waits on
@@ -56,8 +55,19 @@ Note [crossed calls]
     found; a ring of three or more shows in each timeout's message, as what
     each peer said it waits in.
 
-    Costs: nothing while calls finish within the probe period, and nothing
-    on a transport with one communicator. A stalled call sends one notice of
+    A blocking point-to-point wait on one rank (``send``, ``recv``, a
+    request's ``wait``, without a timeout of the caller's: one given may be a
+    poll the program means to outlast) that stalls is a call of its
+    communicator here too, numbered from :data:`P2P` up (a number no call
+    reaches, so never begun): it sends the rank it waits on a notice (``recv
+    from rank 0 (tag 0)``) and reads the board like a collective. So a rank
+    in a ``recv`` from a rank that waits for it in a collective of the same
+    communicator (the stall probes' business only between collectives), or
+    in a ``recv`` of its own, is a crossing seen from both sides, and raises
+    as above where both are alone. A wait on several ranks, or on any rank,
+    takes no part: another rank may end it.
+
+    Costs: nothing while calls finish within the probe period. A stalled call sends one notice of
     :data:`NOTICE_BYTES` to each rank it waits on, and keeps one receive
     posted that any rank's notice matches (a pattern, Note [patterns] in
     :mod:`plait.transport.patterns`; one per rank it waits on where the
@@ -68,6 +78,7 @@ Note [crossed calls]
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 import threading
@@ -81,7 +92,7 @@ import numpy as np
 from plait.errors import MismatchError
 from plait.transport.base import Handle, Matching, Transport
 
-__all__ = ["NOTICE_BYTES", "Crossing", "Numbered", "register"]
+__all__ = ["NOTICE_BYTES", "P2P", "Crossing", "Numbered", "p2p_number", "register"]
 
 _log = logging.getLogger("plait")
 
@@ -95,6 +106,14 @@ _NAMED = 8
 _WIRE = struct.Struct(f"<IQQ40sIQQI{_NAMED}i")
 #: Bytes of one whereabouts notice or confirmation.
 NOTICE_BYTES = _WIRE.size
+#: The first number of a point-to-point wait (Note [crossed calls]): above every call's.
+P2P = 1 << 63
+_p2p_waits = itertools.count(P2P)
+
+
+def p2p_number() -> int:
+    """A number of this process's own for a stalled point-to-point wait's notices."""
+    return next(_p2p_waits)
 
 
 class Numbered(Protocol):
@@ -169,6 +188,7 @@ _by_probe: dict[tuple[int, int], _Member] = {}  # (id(its transport), probe tag)
 _by_comm: dict[tuple[int, int], _Member] = {}  # (id(root), comm id) -> member
 _boards: dict[int, _Board] = {}  # id(root) -> what was heard there
 _counts: dict[int, int] = {}  # id(root) -> how many communicators are registered on it
+_by_transport: dict[int, _Member] = {}  # id(its transport) -> member (point-to-point waits)
 
 
 def register(
@@ -190,6 +210,8 @@ def register(
             _by_probe.pop(by_probe, None)
         if _by_comm.get(by_comm) is member:
             _by_comm.pop(by_comm, None)
+        if _by_transport.get(by_probe[0]) is member:
+            _by_transport.pop(by_probe[0], None)
         left = _counts.get(by_comm[0], 1) - 1
         if left > 0:
             _counts[by_comm[0]] = left
@@ -200,23 +222,28 @@ def register(
     member = _Member(comm_id, root, tuple(ranks), tag, weakref.ref(owner, gone))
     _by_probe[by_probe] = member
     _by_comm[by_comm] = member
+    _by_transport[by_probe[0]] = member
     _counts[by_comm[0]] = _counts.get(by_comm[0], 0) + 1
 
 
 class Crossing:
     """The whereabouts notices of one stalled call (Note [crossed calls]).
 
-    ``transport`` and ``probe_tag``: the call's; ``seq`` and ``describe``: its
-    number and name. A call of a communicator that was never registered (a
-    bare transport), or the only one of its transport here, makes none.
+    ``transport`` and ``probe_tag``: the call's (``probe_tag`` None: a
+    point-to-point wait, ``seq`` from :func:`p2p_number`); ``seq`` and
+    ``describe``: its number and name. A call of a communicator that was
+    never registered (a bare transport) makes none.
     """
 
     __slots__ = ("_board", "_describe", "_me", "_posted", "_seq", "found", "sure")
 
-    def __init__(self, transport: Transport, probe_tag: int, seq: int, describe: str) -> None:
-        me = _by_probe.get((id(transport), probe_tag))
-        if me is not None and _counts.get(id(me.root), 0) < 2:
-            me = None  # no other communicator here to cross with
+    def __init__(
+        self, transport: Transport, probe_tag: int | None, seq: int, describe: str
+    ) -> None:
+        if probe_tag is None:
+            me = _by_transport.get(id(transport))
+        else:
+            me = _by_probe.get((id(transport), probe_tag))
         self._me = me
         self._board = _boards.setdefault(id(me.root), _Board()) if me is not None else None
         self._seq = seq
@@ -261,10 +288,14 @@ class Crossing:
         for p, (comm_id, seq, _, alone, waits), where in self._elsewhere(waiting):
             if me.root.rank not in waits:
                 continue
+            how = (
+                "made different calls on one communicator"
+                if comm_id == me.comm_id
+                else "made calls on different communicators in different orders"
+            )
             self.found = (
                 f"job rank {p} waits in {where}, a call this rank has not begun, while this "
-                f"rank waits for it here: the ranks made calls on different communicators in "
-                f"different orders"
+                f"rank waits for it here: the ranks {how}"
             )
             if board.once((_CONFIRM, me.comm_id, self._seq, p)):
                 self._send(p, self._pack(_CONFIRM, comm_id, seq, ()))
@@ -305,8 +336,10 @@ class Crossing:
         assert board is not None
         for p in sorted({me.ranks[q] for q in waiting}):
             notice = board.notices.get(p)
-            if notice is None or notice[0] == me.comm_id:
-                continue  # none, or this communicator's: the stall probes' business
+            if notice is None:
+                continue
+            if notice[0] == me.comm_id and notice[1] < P2P and self._seq < P2P:
+                continue  # two collectives of this communicator: the stall probes' business
             other = _by_comm.get((id(me.root), notice[0]))
             if other is None or other.began(notice[1]):
                 continue  # not a communicator of this rank's, or an old notice
