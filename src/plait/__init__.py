@@ -12,6 +12,8 @@ algorithm per call; :class:`Communicator` is the public face.
         total = comm.allreduce(np.ones(4) * comm.rank)
 """
 
+from typing import TYPE_CHECKING
+
 from plait import algos as _algorithms  # registers every algorithm
 from plait._init import init as init
 from plait._p2p import ANY_SOURCE as ANY_SOURCE
@@ -86,33 +88,31 @@ def algorithms(collective: str) -> tuple[_algorithms.AlgorithmName, ...]:
 
 
 #: The subpackages ``plait.<name>`` reaches after a bare ``import plait`` (imported on first
-#: use, as numpy's are: an integration or one of its extras costs nothing until then).
+#: use, as numpy's are). Those that need an extra (torch, ray, dask) are imported by name.
 _SUBPACKAGES = frozenset(
     (
         "bench",
         "bucketing",
         "compression",
-        "dask",
         "diagnostics",
         "launch",
         "mpi",
-        "ray",
         "rendezvous",
         "sharded",
         "sim",
         "testing",
-        "torch",
     )
 )
 
+if not TYPE_CHECKING:  # type checkers see the subpackages only where they are imported
 
-def __getattr__(name: str) -> object:
-    """``plait.compression.Int8()`` and the like after ``import plait`` alone."""
-    if name in _SUBPACKAGES:
-        import importlib
+    def __getattr__(name: str) -> object:
+        """``plait.compression.Int8()`` and the like after ``import plait`` alone."""
+        if name in _SUBPACKAGES:
+            import importlib
 
-        return importlib.import_module(f"plait.{name}")
-    raise AttributeError(f"module 'plait' has no attribute {name!r}")
+            return importlib.import_module(f"plait.{name}")
+        raise AttributeError(f"module 'plait' has no attribute {name!r}")
 
 
 __all__ = [

@@ -88,10 +88,12 @@ def _plain(x: np.ndarray, what: str, rank: int, c: str) -> np.ndarray:
     wrong.
     """
     if isinstance(x, np.ma.MaskedArray):
+        hint = f"pass {what}.data (its values, without the mask)"
+        if what == "x":  # where x is only read, a filled copy serves too
+            hint += " or, where the call only reads x, x.filled(value) (0 for a sum)"
         raise TypeError(
-            f"rank {rank}: {c}: {what} is a masked array; a call moves the data under the mask "
-            f"too. Pass {what}.filled(value) to give masked elements a value (0 for a sum), "
-            f"or {what}.data to move them as they are"
+            f"rank {rank}: {c}: {what} is a masked array; a call moves the values under the "
+            f"mask too, so {hint}"
         )
     return x.view(np.ndarray)
 

@@ -95,6 +95,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait._binding import bind_crowded
+from plait._checks import check_timeout
 from plait.communicator import Communicator, default_timeout
 from plait.errors import RendezvousError
 from plait.rendezvous.lost import JobRanks, wait_ranks
@@ -523,6 +524,8 @@ def init(
         raise ValueError(f"invalid rank {rank} for size {size}; expected 0 <= rank < size")
     if timeout is None and os.environ.get("PLAIT_TIMEOUT", "").strip():
         timeout = default_timeout()
+    elif timeout is not None:  # one check for every phase (inf is the longest timeout)
+        timeout = check_timeout(timeout, "init")
     if size == 1:
         return Communicator(MemoryFabric(1).endpoints[0], timeout=timeout)
 

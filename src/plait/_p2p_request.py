@@ -259,7 +259,8 @@ class Request(Generic[R]):
         """Block until the request is done; return ``buf`` for a receive, None for a send.
 
         Args:
-            timeout: seconds to wait at most; default the communicator's timeout.
+            timeout: seconds to wait at most (0 only looks); default the communicator's
+                timeout.
             status: filled with the message's envelope (see :class:`Status`).
 
         Raises:
@@ -268,7 +269,7 @@ class Request(Generic[R]):
             CommError: the request failed.
         """
         where = f"rank {self._rank}: {self._c}: wait"
-        seconds = self._timeout if timeout is None else check_timeout(timeout, where)
+        seconds = self._timeout if timeout is None else check_timeout(timeout, where, poll=True)
         _check_status(status, self._rank, f"{self._c}: wait")
         if not self._wait_until(time.monotonic() + seconds, cross=timeout is None):
             raise self._timed_out(seconds)

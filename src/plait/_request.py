@@ -608,7 +608,11 @@ def allreduce_compressed(
             f"rank {r}: {c}: compression must be a plait.compression compressor such as "
             f"plait.compression.FP16(); got {compression!r}"
         )
-    a = as_array(x, "x", r, c)
+    # A subclass that reshapes as ndarray does (a memmap) is the compressor's array itself, so
+    # that its identity keys a stateful compressor's state; np.matrix, which does not, and
+    # masked arrays go through as_array (Note [array subclasses] in plait._checks).
+    kept = isinstance(x, np.ndarray) and not isinstance(x, np.matrix | np.ma.MaskedArray)
+    a = x if kept else as_array(x, "x", r, c)
     if a.dtype.kind != "f" or a.dtype.itemsize > 8:
         raise TypeError(
             f"rank {r}: {c}: compression needs float16, float32 or float64 data; got {a.dtype}"

@@ -69,9 +69,9 @@ class PeerLostError(CommError):
 class MismatchError(CommError):
     """Ranks made calls that do not match (collective, count, dtype, op, root or algorithm).
 
-    ``sent``: where a message did not match the receive it reached, its check word and its
-    size in bytes (a layer that knows what check words stand for can name the sender's
-    dtype); None otherwise.
+    ``sent``: on the transport's error where a message did not match the receive it
+    reached, its check word and its size in bytes, for the point-to-point layer to name the
+    sender's dtype in the message of the error the call raises (which has None).
     """
 
     sent: tuple[int, int] | None = None

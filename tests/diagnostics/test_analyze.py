@@ -284,6 +284,9 @@ def test_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ("size", 1e308, "size"),  # int() of it is a number no reader could walk to its end
         ("size", 2**70, "size"),
         ("size", 0, "size"),
+        ("size", float("inf"), "size"),  # int() of it raised OverflowError, uncaught
+        ("nbytes", 1e308, "nbytes"),
+        ("pid", -1, "pid"),
         ("size", 2.5, "size"),
         ("rank", 2, "rank"),  # of a communicator of 2
         ("rank", -1, "rank"),

@@ -66,7 +66,7 @@ def test_a_masked_array_is_refused(where: str) -> None:
 
     def body(c: plait.Communicator) -> str:
         x, out = (masked, None) if where == "x" else (np.ones(2), masked.copy())
-        with pytest.raises(TypeError, match=f"{where} is a masked array.*filled"):
+        with pytest.raises(TypeError, match=f"{where} is a masked array.*pass {where}.data"):
             c.allreduce(x, out=out)
         return "refused"
 
@@ -195,3 +195,36 @@ def test_subpackages_are_reached_from_a_bare_import() -> None:
         "Int8 Bucketer",
         "module 'plait' has no attribute 'nothing'",
     ]
+
+
+class Grad(np.ndarray):
+    """A subclass that reshapes as ndarray does, as a framework's gradient might be."""
+
+
+def test_a_subclass_keys_a_stateful_compressor_by_itself() -> None:
+    """A memmap-like gradient is the compressor's array itself: TopK keeps its residual by
+    the gradient's identity (a plain view, new at each call, could not key it)."""
+
+    def body(c: plait.Communicator) -> list[Any]:
+        g = (np.ones(8) * (c.rank + 1)).view(Grad)
+        top = plait.compression.TopK(0.5)
+        return [np.asarray(c.allreduce(g, compression=top)).tolist() for _ in range(2)]
+
+    first, second = run_ranks(2, body)[0]
+    assert first == [0.0] * 4 + [3.0] * 4
+    assert second == [6.0] * 4 + [0.0] * 4  # the first call's residual, kept for g, added
+
+
+def test_a_request_wait_of_0_only_looks() -> None:
+    def body(c: plait.Communicator) -> str:
+        if c.rank == 0:
+            c.barrier()
+            c.send(np.ones(2), 1)
+            return "sent"
+        req = c.irecv(np.zeros(2), 0)
+        with pytest.raises(plait.CommTimeout):
+            req.wait(0)  # nothing sent yet: the request stays pending
+        c.barrier()
+        return str(req.wait().tolist())
+
+    assert run_ranks(2, body) == ["sent", "[1.0, 1.0]"]

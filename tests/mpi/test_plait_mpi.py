@@ -344,3 +344,12 @@ def test_a_count_that_is_not_an_int_is_refused(
     with pytest.raises(TypeError, match=said):
         message(spec(np.arange(4.0)), "Bcast")
     assert message([np.arange(4.0), np.int64(2), MPI.DOUBLE], "Bcast").count == 2
+
+
+def test_reduce_scatter_counts_must_be_ints() -> None:
+    def body(comm: MPI.Comm) -> str:
+        with pytest.raises(TypeError, match="recvcounts must be a sequence of ints"):
+            comm.Reduce_scatter(np.ones(2), np.zeros(1), recvcounts=[1.9, 1.2])
+        return "refused"
+
+    assert ranks(2, body) == ["refused", "refused"]

@@ -199,11 +199,11 @@ def parse(obj: Any, path: str = "") -> Dump:
         size = _within("size", obj["size"], 1, _MAX_RANKS)
         return Dump(
             job=str(obj["job"]),
-            comm=int(obj["comm"]),
+            comm=_within("comm", obj["comm"], 0, _MAX_NUMBER),
             rank=_within("rank", obj["rank"], 0, size - 1),
             size=size,
             global_rank=None if gr is None else _within("global_rank", gr, 0, _MAX_RANKS - 1),
-            pid=int(obj["pid"]),
+            pid=_within("pid", obj["pid"], 0, _MAX_NUMBER),
             host=str(obj["host"]),
             reason=str(obj["reason"]),
             time=_time("time", obj["time"]),
@@ -215,7 +215,7 @@ def parse(obj: Any, path: str = "") -> Dump:
             ),
             path=path,
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise DumpError(f"{where}: malformed dump: {type(exc).__name__}: {exc}") from None
 
 
@@ -232,6 +232,8 @@ def _within(name: str, value: Any, lo: int, hi: int) -> int:
     """``value`` as an int in ``lo..hi``: a ValueError naming the field otherwise (a float
     such as 1e308 included, where ``int`` would give a number no reader could walk)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} {value!r} is not a whole number")
     number = int(value)
     if number != value and not isinstance(value, str):
@@ -263,9 +265,9 @@ def _call(c: Mapping[str, Any]) -> CallRecord:
         algorithm=str(c["algorithm"]),
         count=_within("count", c["count"], 0, _MAX_NUMBER),
         dtype=str(c["dtype"]),
-        nbytes=int(c.get("nbytes", 0)),
+        nbytes=_within("nbytes", c.get("nbytes", 0), 0, _MAX_NUMBER),
         op=str(c["op"]),
-        root=int(c["root"]),
+        root=_within("root", c["root"], -1, _MAX_RANKS),
         state=state,
         queued=_opt("queued", c.get("queued")),
         start=_opt("start", c.get("start")),

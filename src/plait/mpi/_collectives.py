@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plait.mpi._datatypes import IN_PLACE, Message, message, vector
+from plait.mpi._datatypes import IN_PLACE, Message, ints, message, vector
 from plait.mpi._ops import OPS, Op, combine_pairs, fields
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ class BufferCollectives:
             mine = np.array([r.count], np.int64)
             counts = [int(v) for v in c.allgather(mine).reshape(-1)]
         else:
-            counts = [int(v) for v in recvcounts]
+            counts = ints(recvcounts, "recvcounts", call)
         total = sum(counts)
         if sendbuf is IN_PLACE:
             x = r.typed(r.displs[0], total).copy()

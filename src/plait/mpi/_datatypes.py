@@ -31,6 +31,7 @@ __all__ = [
     "InPlace",
     "Message",
     "datatype_of",
+    "ints",
     "message",
     "vector",
 ]
@@ -296,7 +297,7 @@ def _int(value: Any, what: str, call: str) -> int:
         raise TypeError(f"{call}: {what} must be an int; got {value!r}") from None
 
 
-def _ints(value: Any, what: str, call: str) -> list[int]:
+def ints(value: Any, what: str, call: str) -> list[int]:
     try:
         out = [operator.index(v) for v in value]
     except TypeError:
@@ -382,12 +383,12 @@ def vector(spec: Any, size: int, call: str) -> Message:
     elif isinstance(rest[0], int | np.integer):
         counts = [int(rest[0])] * size
     else:
-        counts = _ints(rest[0], "counts", call)
+        counts = ints(rest[0], "counts", call)
     if len(rest) > 1 and rest[1] is not None:
         displs = (
             [int(rest[1]) * i for i in range(size)]
             if isinstance(rest[1], int | np.integer)
-            else _ints(rest[1], "displacements", call)
+            else ints(rest[1], "displacements", call)
         )
     else:
         displs = [int(v) for v in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 import plait
-from plait.communicator import DEFAULT_TIMEOUT
+from plait.communicator import default_timeout
 from plait.torch._backend import ProcessGroupPlait
 from plait.torch._convert import seconds
 from plait.torch._store import TorchStore
@@ -42,7 +42,7 @@ def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlai
     timeout = backend_opts.timeout
     explicit = timeout is not None and timeout != default_pg_timeout
     call_timeout = seconds(timeout) if explicit else None
-    store = TorchStore(backend_opts.store, call_timeout or DEFAULT_TIMEOUT)
+    store = TorchStore(backend_opts.store, call_timeout or default_timeout())
     comm = plait.init(
         rank=backend_opts.group_rank,
         size=backend_opts.group_size,
