@@ -66,6 +66,7 @@ from plait._p2p_request import (
 )
 from plait.errors import CommTimeout, UnsupportedError
 from plait.group import p2p_pattern, p2p_tag, user_tag
+from plait.runtime.crossing import sent
 from plait.transport.base import Matching, Transport, renumbered
 
 if TYPE_CHECKING:
@@ -322,6 +323,7 @@ class PointToPointMethods:
         # ``.data`` is memoryview(data), typed as one (numpy's stubs give ndarray the buffer
         # protocol only from Python 3.12 on)
         h = t.isend(out.dst, wire, out.data.data, check_word(out.dtype))
+        sent(t, out.dst, h)  # in flight: no crossing with out.dst's receives (Note [crossed calls])
         return Request(c, t, h, self._rank, out.dst, out.tag, self._runner.timeout, None, None, out)
 
     def _post_recv(self, buf: _B, inc: _Incoming, c: str) -> Request[_B]:

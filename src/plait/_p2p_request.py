@@ -333,7 +333,8 @@ class Request(Generic[R]):
         """Wait for the request until ``deadline`` (time.monotonic); whether it is done.
 
         ``cross``: a blocking wait on this request alone, with the communicator's own
-        timeout, that stalls takes part in crossed calls (Note [crossed calls] in
+        timeout, that stalls takes part in crossed calls if it receives from one rank (Note
+        [crossed calls] in
         :mod:`plait.runtime.crossing`): MismatchError (the request withdrawn) where it
         and the rank it waits on wait for each other for sure.
         """
@@ -341,7 +342,8 @@ class Request(Generic[R]):
         if h is None:
             return True
         t = self._transport
-        look = time.monotonic() + stall.PROBE_SECONDS if cross and self._peer >= 0 else math.inf
+        receives = cross and self._incoming is not None and self._peer >= 0  # from one rank
+        look = time.monotonic() + stall.PROBE_SECONDS if receives else math.inf
         crossing: Crossing | None = None
         try:
             while not h.done:

@@ -691,3 +691,20 @@ def test_a_timeout_names_the_receive_that_waits_for_this_rank() -> None:
     assert kind0 == "CollectiveTimeout", said0
     assert "job rank 1 waits in recv from rank 0 (tag 0) of the world communicator" in said0
     assert kind1 in ("CommTimeout", "PeerLostError"), said1  # rank 0 may close first
+
+
+def test_a_rank_with_a_send_in_flight_to_the_receiver_sees_no_crossing() -> None:
+    # A send still in flight may be what the receive waits for (a large message takes
+    # seconds): the rank that sent it sees no crossing with the receiver, and names none.
+    # (Zero-buffer sends keep rank 0's send in flight; here the receive wants another tag.)
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        if comm.rank == 1:
+            return _outcome(lambda: comm.recv(np.zeros(4), 0, tag=7))
+        req = comm.isend(np.ones(4), 1, tag=5)
+        got = _outcome(comm.barrier)
+        req.cancel()
+        return got
+
+    (kind0, _, said0), _ = run_ranks(2, body, timeout=6, lockstep=True)
+    assert kind0 == "CollectiveTimeout", said0
+    assert "waits in recv" not in said0, said0

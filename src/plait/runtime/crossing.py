@@ -55,17 +55,21 @@ Note [crossed calls]
     found; a ring of three or more shows in each timeout's message, as what
     each peer said it waits in.
 
-    A blocking point-to-point wait on one rank (``send``, ``recv``, a
-    request's ``wait``, without a timeout of the caller's: one given may be a
-    poll the program means to outlast) that stalls is a call of its
-    communicator here too, numbered from :data:`P2P` up (a number no call
-    reaches, so never begun): it sends the rank it waits on a notice (``recv
-    from rank 0 (tag 0)``) and reads the board like a collective. So a rank
-    in a ``recv`` from a rank that waits for it in a collective of the same
-    communicator (the stall probes' business only between collectives), or
-    in a ``recv`` of its own, is a crossing seen from both sides, and raises
-    as above where both are alone. A wait on several ranks, or on any rank,
-    takes no part: another rank may end it.
+    A blocking receive from one rank (``recv``, a receive request's
+    ``wait``, without a timeout of the caller's: one given may be a poll the
+    program means to outlast) that stalls is a call of its communicator here
+    too, numbered from :data:`P2P` up (a number no call reaches, so never
+    begun): it sends the rank it waits on a notice (``recv from rank 0 (tag
+    0)``) and reads the board like a collective. So a rank in a ``recv`` from
+    a rank that waits for it in a collective of the same communicator (the
+    stall probes' business only between collectives), or in a ``recv`` of
+    its own, is a crossing seen from both sides, and raises as above where
+    both are alone; but not as seen by a rank with a send to the receiver
+    still in flight (:func:`sent`: the last one it posted there is not done),
+    which may be the very message (a large one takes seconds). A send waits
+    only for the receiver's transport to take its bytes, which any wait of
+    the receiver does, so sends take no part; nor does a wait on several
+    ranks, or on any rank (another rank may end it).
 
     Costs: nothing while calls finish within the probe period. A stalled call sends one notice of
     :data:`NOTICE_BYTES` to each rank it waits on, and keeps one receive
@@ -92,7 +96,7 @@ import numpy as np
 from plait.errors import MismatchError
 from plait.transport.base import Handle, Matching, Transport
 
-__all__ = ["NOTICE_BYTES", "P2P", "Crossing", "Numbered", "p2p_number", "register"]
+__all__ = ["NOTICE_BYTES", "P2P", "Crossing", "Numbered", "p2p_number", "register", "sent"]
 
 _log = logging.getLogger("plait")
 
@@ -114,6 +118,16 @@ _p2p_waits = itertools.count(P2P)
 def p2p_number() -> int:
     """A number of this process's own for a stalled point-to-point wait's notices."""
     return next(_p2p_waits)
+
+
+def sent(transport: Transport, peer: int, handle: Handle) -> None:
+    """Note a point-to-point send to ``peer`` (as ``transport`` numbers it), posted as
+    ``handle``: a rank that waits on it sees no crossing with ``peer``'s receives until it
+    is done (Note [crossed calls]). The last send to a peer is kept: one link carries a
+    rank's messages to a peer in order, so it is done last."""
+    me = _by_transport.get(id(transport))
+    if me is not None:
+        _last_sent[(id(me.root), me.ranks[peer])] = handle
 
 
 class Numbered(Protocol):
@@ -189,6 +203,7 @@ _by_comm: dict[tuple[int, int], _Member] = {}  # (id(root), comm id) -> member
 _boards: dict[int, _Board] = {}  # id(root) -> what was heard there
 _counts: dict[int, int] = {}  # id(root) -> how many communicators are registered on it
 _by_transport: dict[int, _Member] = {}  # id(its transport) -> member (point-to-point waits)
+_last_sent: dict[tuple[int, int], Handle] = {}  # (id(root), job rank) -> last send posted there
 
 
 def register(
@@ -218,6 +233,8 @@ def register(
         else:
             _counts.pop(by_comm[0], None)
             _boards.pop(by_comm[0], None)
+            for key in [k for k in _last_sent if k[0] == by_comm[0]]:
+                _last_sent.pop(key, None)
 
     member = _Member(comm_id, root, tuple(ranks), tag, weakref.ref(owner, gone))
     _by_probe[by_probe] = member
@@ -343,6 +360,8 @@ class Crossing:
             other = _by_comm.get((id(me.root), notice[0]))
             if other is None or other.began(notice[1]):
                 continue  # not a communicator of this rank's, or an old notice
+            if notice[1] >= P2P and (h := _last_sent.get((id(me.root), p))) and not h.done:
+                continue  # p's receive may be waiting for this rank's send in flight
             yield p, notice, f"{notice[2]} of {other.describe()}, for job rank(s) {list(notice[4])}"
 
     @property
