@@ -9,7 +9,6 @@ the pieces fit, and docs/mpi.md, "Point to point", is the user's account.
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -333,40 +332,49 @@ class Request(Generic[R]):
         """Wait for the request until ``deadline`` (time.monotonic); whether it is done.
 
         ``cross``: a blocking wait on this request alone, with the communicator's own
-        timeout, that stalls takes part in crossed calls if it receives from one rank (Note
-        [crossed calls] in
-        :mod:`plait.runtime.crossing`): MismatchError (the request withdrawn) where it
-        and the rank it waits on wait for each other for sure.
+        timeout: a receive from one rank that stalls takes part in crossed calls
+        (:meth:`_wait_crossing`).
         """
         h = self._handle
         if h is None:
             return True
         t = self._transport
-        receives = cross and self._incoming is not None and self._peer >= 0  # from one rank
-        look = time.monotonic() + stall.PROBE_SECONDS if receives else math.inf
-        crossing: Crossing | None = None
+        watch = cross and self._incoming is not None and self._peer >= 0
+        while not h.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return h.done
+            if not watch:
+                if not t.wait_any([h], left):
+                    return h.done
+            elif not t.wait_any([h], min(left, stall.PROBE_SECONDS)) and not h.done:
+                if left <= stall.PROBE_SECONDS:
+                    return False
+                return self._wait_crossing(deadline)  # a probe period without the message
+        return True
+
+    def _wait_crossing(self, deadline: float) -> bool:
+        """:meth:`_wait_until` of a receive from one rank stalled for a probe period: tell
+        the rank where this one waits, and raise MismatchError (the request withdrawn) where
+        the two wait for each other for sure (Note [crossed calls] in
+        :mod:`plait.runtime.crossing`)."""
+        h, t = self._handle, self._transport
+        assert h is not None
+        crossing = Crossing(t, None, p2p_number(), f"{self._c} {self._describe()}")
+        crossing.start([self._peer])
         try:
             while not h.done:
-                now = time.monotonic()
-                left = deadline - now
+                left = deadline - time.monotonic()
                 if left <= 0:
-                    if crossing is not None:
-                        self._explained = crossing.explain([self._peer])
+                    self._explained = crossing.explain([self._peer])
                     return h.done
-                if crossing is None and now >= look:
-                    crossing = Crossing(t, None, p2p_number(), f"{self._c} {self._describe()}")
-                    crossing.start([self._peer])
-                if crossing is None:
-                    t.wait_any([h], min(left, look - now))
-                    continue
                 t.wait_any([h, *crossing.handles], left)
                 if not h.done and (err := crossing.check(self._rank, [self._peer])):
                     self._abandon()
                     raise err
             return True
         finally:
-            if crossing is not None:
-                crossing.close()
+            crossing.close()
 
     def _finish(self, status: Status | None) -> bool:
         """The request is done: raise its error, or fill ``status`` and return True."""

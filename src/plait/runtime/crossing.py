@@ -65,7 +65,7 @@ Note [crossed calls]
     stall probes' business only between collectives), or in a ``recv`` of
     its own, is a crossing seen from both sides, and raises as above where
     both are alone; but not as seen by a rank with a send to the receiver
-    still in flight (:func:`sent`: the last one it posted there is not done),
+    still in flight (:data:`last_sent`: the last one it posted there is not done),
     which may be the very message (a large one takes seconds). A send waits
     only for the receiver's transport to take its bytes, which any wait of
     the receiver does, so sends take no part; nor does a wait on several
@@ -96,7 +96,7 @@ import numpy as np
 from plait.errors import MismatchError
 from plait.transport.base import Handle, Matching, Transport
 
-__all__ = ["NOTICE_BYTES", "P2P", "Crossing", "Numbered", "p2p_number", "register", "sent"]
+__all__ = ["NOTICE_BYTES", "P2P", "Crossing", "Numbered", "last_sent", "p2p_number", "register"]
 
 _log = logging.getLogger("plait")
 
@@ -120,14 +120,23 @@ def p2p_number() -> int:
     return next(_p2p_waits)
 
 
-def sent(transport: Transport, peer: int, handle: Handle) -> None:
-    """Note a point-to-point send to ``peer`` (as ``transport`` numbers it), posted as
-    ``handle``: a rank that waits on it sees no crossing with ``peer``'s receives until it
-    is done (Note [crossed calls]). The last send to a peer is kept: one link carries a
-    rank's messages to a peer in order, so it is done last."""
-    me = _by_transport.get(id(transport))
-    if me is not None:
-        _last_sent[(id(me.root), me.ranks[peer])] = handle
+#: The last point-to-point send posted to each peer, by (id(transport), the peer as the
+#: transport numbers it), by weak reference (it holds the sender's memory): a rank sees no
+#: crossing with a peer's receive while its last send there is not done (Note [crossed
+#: calls]). One link carries a rank's messages to a peer in order, so the last is done last;
+#: one that is gone is done. The point-to-point layer stores here, once a send.
+last_sent: dict[tuple[int, int], weakref.ref[Any]] = {}
+
+
+def _sending(root: Transport, p: int) -> bool:
+    """Whether a send of this process to job rank ``p`` over ``root`` is in flight."""
+    for tid, member in list(_by_transport.items()):
+        if member.root is root and p in member.ranks:
+            ref = last_sent.get((tid, member.ranks.index(p)))
+            h = ref() if ref is not None else None
+            if h is not None and not h.done:
+                return True
+    return False
 
 
 class Numbered(Protocol):
@@ -203,7 +212,6 @@ _by_comm: dict[tuple[int, int], _Member] = {}  # (id(root), comm id) -> member
 _boards: dict[int, _Board] = {}  # id(root) -> what was heard there
 _counts: dict[int, int] = {}  # id(root) -> how many communicators are registered on it
 _by_transport: dict[int, _Member] = {}  # id(its transport) -> member (point-to-point waits)
-_last_sent: dict[tuple[int, int], Handle] = {}  # (id(root), job rank) -> last send posted there
 
 
 def register(
@@ -227,14 +235,14 @@ def register(
             _by_comm.pop(by_comm, None)
         if _by_transport.get(by_probe[0]) is member:
             _by_transport.pop(by_probe[0], None)
+            for key in [k for k in last_sent if k[0] == by_probe[0]]:
+                last_sent.pop(key, None)
         left = _counts.get(by_comm[0], 1) - 1
         if left > 0:
             _counts[by_comm[0]] = left
         else:
             _counts.pop(by_comm[0], None)
             _boards.pop(by_comm[0], None)
-            for key in [k for k in _last_sent if k[0] == by_comm[0]]:
-                _last_sent.pop(key, None)
 
     member = _Member(comm_id, root, tuple(ranks), tag, weakref.ref(owner, gone))
     _by_probe[by_probe] = member
@@ -360,7 +368,7 @@ class Crossing:
             other = _by_comm.get((id(me.root), notice[0]))
             if other is None or other.began(notice[1]):
                 continue  # not a communicator of this rank's, or an old notice
-            if notice[1] >= P2P and (h := _last_sent.get((id(me.root), p))) and not h.done:
+            if notice[1] >= P2P and _sending(me.root, p):
                 continue  # p's receive may be waiting for this rank's send in flight
             yield p, notice, f"{notice[2]} of {other.describe()}, for job rank(s) {list(notice[4])}"
 

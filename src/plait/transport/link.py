@@ -28,6 +28,7 @@ class Op:
     """
 
     __slots__ = (
+        "__weakref__",  # the point-to-point layer keeps a rank's last send by weak reference
         "arr",
         "buf",
         "check",
