@@ -708,3 +708,31 @@ def test_a_rank_with_a_send_in_flight_to_the_receiver_sees_no_crossing() -> None
     (kind0, _, said0), _ = run_ranks(2, body, timeout=6, lockstep=True)
     assert kind0 == "CollectiveTimeout", said0
     assert "waits in recv" not in said0, said0
+
+
+class _Send:
+    """A send's handle as the crossings see it: done or not."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+
+def test_every_send_in_flight_counts_not_only_the_last() -> None:
+    # Over TCP a large message waits for its receive to be posted while a small one sent
+    # after it ends at once: keeping only the last send posted to a peer, a rank took a
+    # 8 GiB message in flight for none and raised on a correct program (Note [crossed calls]).
+    def body(comm: plait.Communicator) -> list[bool]:
+        t = comm._transport
+        big, small = _Send(False), _Send(False)
+        crossing.sending(t, 1 - comm.rank, big)
+        crossing.sending(t, 1 - comm.rank, small)
+        small.done = True
+        root = crossing._by_transport[id(t)].root
+        seen = [crossing._sending(root, 1 - comm.rank)]
+        big.done = True
+        seen.append(crossing._sending(root, 1 - comm.rank))
+        del big, small  # a send that is gone is done
+        seen.append(crossing._sending(root, 1 - comm.rank))
+        return seen
+
+    assert run_ranks(2, body) == [[True, False, False]] * 2

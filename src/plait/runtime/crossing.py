@@ -65,11 +65,13 @@ Note [crossed calls]
     stall probes' business only between collectives), or in a ``recv`` of
     its own, is a crossing seen from both sides, and raises as above where
     both are alone; but not as seen by a rank with a send to the receiver
-    still in flight (:data:`last_sent`: the last one it posted there is not done),
-    which may be the very message (a large one takes seconds). A send waits
-    only for the receiver's transport to take its bytes, which any wait of
-    the receiver does, so sends take no part; nor does a wait on several
-    ranks, or on any rank (another rank may end it).
+    still in flight (:data:`pending_sends`, any of them: a large message
+    waits for its receive to be posted, so sends end in any order), which
+    may be the very message (a large one takes seconds). A send takes no
+    part: whether it waits for its receive depends on the transport and the
+    size (shared memory takes the bytes at any wait of the receiver, TCP
+    holds a large message until its receive is posted); nor does a wait on
+    several ranks, or on any rank (another rank may end it).
 
     Costs: nothing while calls finish within the probe period. A stalled call sends one notice of
     :data:`NOTICE_BYTES` to each rank it waits on, and keeps one receive
@@ -96,7 +98,16 @@ import numpy as np
 from plait.errors import MismatchError
 from plait.transport.base import Handle, Matching, Transport
 
-__all__ = ["NOTICE_BYTES", "P2P", "Crossing", "Numbered", "last_sent", "p2p_number", "register"]
+__all__ = [
+    "NOTICE_BYTES",
+    "P2P",
+    "Crossing",
+    "Numbered",
+    "p2p_number",
+    "pending_sends",
+    "register",
+    "sending",
+]
 
 _log = logging.getLogger("plait")
 
@@ -120,22 +131,38 @@ def p2p_number() -> int:
     return next(_p2p_waits)
 
 
-#: The last point-to-point send posted to each peer, by (id(transport), the peer as the
-#: transport numbers it), by weak reference (it holds the sender's memory): a rank sees no
-#: crossing with a peer's receive while its last send there is not done (Note [crossed
-#: calls]). One link carries a rank's messages to a peer in order, so the last is done last;
-#: one that is gone is done. The point-to-point layer stores here, once a send.
-last_sent: dict[tuple[int, int], weakref.ref[Any]] = {}
+#: The point-to-point sends to each peer that were not done when posted (a message too large
+#: to go at once, or one queued behind others), by (id(transport), the peer as the transport
+#: numbers it), by weak reference (a send holds the sender's memory; one that is gone is
+#: done): a rank sees no crossing with a peer's receive while one is in flight (Note [crossed
+#: calls]). They may end in any order (a large message waits for its receive to be posted).
+pending_sends: dict[tuple[int, int], list[weakref.ref[Any]]] = {}
+
+
+def sending(transport: Transport, peer: int, handle: Handle) -> None:
+    """Keep ``handle``, a send to ``peer`` not done when posted, in :data:`pending_sends`
+    (dropping the ones that ended)."""
+    try:
+        ref = weakref.ref(handle)
+    except TypeError:  # a transport whose handles take no weak reference: none kept
+        return
+    key = (id(transport), peer)
+    refs = pending_sends.get(key)
+    if refs is None:
+        pending_sends[key] = [ref]
+    else:
+        refs[:] = [r for r in refs if (h := r()) is not None and not h.done]
+        refs.append(ref)
 
 
 def _sending(root: Transport, p: int) -> bool:
     """Whether a send of this process to job rank ``p`` over ``root`` is in flight."""
     for tid, member in list(_by_transport.items()):
         if member.root is root and p in member.ranks:
-            ref = last_sent.get((tid, member.ranks.index(p)))
-            h = ref() if ref is not None else None
-            if h is not None and not h.done:
-                return True
+            for ref in pending_sends.get((tid, member.ranks.index(p)), ()):
+                h = ref()
+                if h is not None and not h.done:
+                    return True
     return False
 
 
@@ -235,8 +262,8 @@ def register(
             _by_comm.pop(by_comm, None)
         if _by_transport.get(by_probe[0]) is member:
             _by_transport.pop(by_probe[0], None)
-            for key in [k for k in last_sent if k[0] == by_probe[0]]:
-                last_sent.pop(key, None)
+            for key in [k for k in pending_sends if k[0] == by_probe[0]]:
+                pending_sends.pop(key, None)
         left = _counts.get(by_comm[0], 1) - 1
         if left > 0:
             _counts[by_comm[0]] = left
