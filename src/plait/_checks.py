@@ -53,8 +53,10 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
     ``np.asarray``. ``what`` names the argument (``"x"``, ``"out"``,
     ``"buf"``) in messages.
     """
-    if isinstance(x, np.ndarray):
-        a = x if type(x) is np.ndarray else _plain(x, what, rank, c)
+    if type(x) is np.ndarray:
+        a = x
+    elif isinstance(x, np.ndarray):
+        a = _plain(x, what, rank, c)
     elif _tensor.is_tensor(x) or hasattr(x, "__dlpack__"):
         a = _arrays.read(x, f"rank {rank}: {c}: {what}")
     else:

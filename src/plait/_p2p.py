@@ -140,7 +140,7 @@ class PointToPointMethods:
         c = "send"
         seconds = self._runner.seconds(timeout, c)
         req = self._post_send(self._outgoing(x, dst, tag, c), c)
-        self._block([req], seconds, cross=timeout is None)
+        self._block([req], seconds)
 
     def recv(
         self,

@@ -228,7 +228,6 @@ class Request(Generic[R]):
         self._error: BaseException | None = None
         self._cancelled = False
         self._settled = False
-        self._explained = ""  # what a stalled wait heard of the rank it waits on
         if handle is None:  # PROC_NULL: done at once
             self._settle()
 
@@ -270,7 +269,8 @@ class Request(Generic[R]):
         where = f"rank {self._rank}: {self._c}: wait"
         seconds = self._timeout if timeout is None else check_timeout(timeout, where, poll=True)
         _check_status(status, self._rank, f"{self._c}: wait")
-        if not self._wait_until(time.monotonic() + seconds, cross=timeout is None):
+        cross = timeout is None and self._incoming is not None
+        if not self._wait_until(time.monotonic() + seconds, cross):
             raise self._timed_out(seconds)
         self._finish(status)
         value: R = self._value
@@ -331,25 +331,26 @@ class Request(Generic[R]):
     def _wait_until(self, deadline: float, cross: bool = False) -> bool:
         """Wait for the request until ``deadline`` (time.monotonic); whether it is done.
 
-        ``cross``: a blocking wait on this request alone, with the communicator's own
-        timeout: a receive from one rank that stalls takes part in crossed calls
+        ``cross``: a blocking wait on this receive alone, with the communicator's own
+        timeout: where it receives from one rank and stalls, it takes part in crossed calls
         (:meth:`_wait_crossing`).
         """
         h = self._handle
         if h is None:
             return True
         t = self._transport
-        watch = cross and self._incoming is not None and self._peer >= 0
         while not h.done:
             left = deadline - time.monotonic()
             if left <= 0:
                 return h.done
-            if not watch:
+            if not cross:
                 if not t.wait_any([h], left):
                     return h.done
-            elif not t.wait_any([h], min(left, stall.PROBE_SECONDS)) and not h.done:
-                if left <= stall.PROBE_SECONDS:
-                    return False
+                continue
+            probe = stall.PROBE_SECONDS
+            if not t.wait_any([h], probe if left > probe else left) and not h.done:
+                if left <= probe or self._peer < 0:
+                    continue  # the deadline, or a wait on any rank: as without cross
                 return self._wait_crossing(deadline)  # a probe period without the message
         return True
 
@@ -400,7 +401,7 @@ class Request(Generic[R]):
         return CommTimeout(
             f"rank {self._rank}: {self._c} {self._describe()} did not complete within "
             f"{seconds:g} s; the peer may have died or not made the matching {other}"
-            + self._explained
+            + getattr(self, "_explained", "")  # set only where a stalled wait heard of it
         )
 
     def _settle(self) -> None:
