@@ -9,6 +9,17 @@ import pytest
 from test_faults import TRANSPORTS, plait_run
 
 
+def _crossed(n: int, transport: str, script: str, tmp_path: Path) -> list[str]:
+    """Run ``script`` on ``n`` ranks, each of which prints ``crossed on <rank> <seconds>
+    <error>``; its lines, by rank, once every rank has printed one well before the timeout."""
+    res, _ = plait_run(["-n", str(n), "--tag-output", "--transport", transport], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    lines = sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
+    assert [line.split()[2] for line in lines] == [str(r) for r in range(n)], res.stdout
+    assert all(float(line.split()[3]) < 15 for line in lines), res.stdout  # not the timeout
+    return lines
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_calls_crossed_between_communicators_fail_every_rank_within_seconds(
     tmp_path: Path, transport: str
@@ -36,11 +47,7 @@ def test_calls_crossed_between_communicators_fail_every_rank_within_seconds(
         else:
             raise SystemExit("no error")
     """
-    res, _ = plait_run(["-n", "3", "--tag-output", "--transport", transport], script, tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
-    lines = sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
-    assert [line.split()[2] for line in lines] == ["0", "1", "2"], res.stdout
-    assert all(float(line.split()[3]) < 15 for line in lines), res.stdout  # not the timeout
+    lines = _crossed(3, transport, script, tmp_path)
     assert "calls on different communicators in different orders" in lines[0], lines[0]
     assert "calls on different communicators in different orders" in lines[1], lines[1]
     assert "job rank 0 waits in allreduce" in lines[1], lines[1]
@@ -219,11 +226,7 @@ def test_a_receive_that_waits_for_a_rank_waiting_for_it_fails_both_within_second
         else:
             raise SystemExit("no error")
     """
-    res, _ = plait_run(["-n", "2", "--tag-output", "--transport", transport], script, tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
-    lines = sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
-    assert [line.split()[2] for line in lines] == ["0", "1"], res.stdout
-    assert all(float(line.split()[3]) < 15 for line in lines), res.stdout  # not the timeout
+    lines = _crossed(2, transport, script, tmp_path)
     assert all("made different calls on one communicator" in line for line in lines), lines
     assert "job rank 1 waits in recv from rank 0 (tag 0)" in lines[0], lines[0]
     assert f"job rank 0 waits in {other}" in lines[1], lines[1]
