@@ -112,13 +112,17 @@ def default_timeout() -> float:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Payload bytes a rank's transport has moved; subtract two to measure a stretch of work.
+    """Payload bytes a rank's transport has moved in messages; subtract two to measure a
+    stretch of work.
 
     ::
 
         before = comm.stats()
-        comm.allreduce(x)
+        comm.allreduce(x, algorithm="ring")
         sent = (comm.stats() - before).bytes_sent
+
+    The one-sided calls of one host (the ``arena`` algorithms, which ``auto`` takes there)
+    send no messages: ranks read each other's windows, which these counts leave out.
     """
 
     bytes_sent: int

@@ -146,6 +146,38 @@ def test_a_rank_in_a_different_collective() -> None:
     )
 
 
+def test_ranks_that_failed_in_different_calls_of_one_number_are_told_apart() -> None:
+    # Ranks 0 and 1 failed in reduce #2 at line 9, rank 2 in its reduce #2 at line 7 (another
+    # root): all three were credited with line 9's call.
+    def failed(r: int) -> dict[str, Any]:
+        line, root = (7, 1) if r == 2 else (9, 0)
+        last = call(2, "reduce", line=line, root=root, state="failed", error="MismatchError: x")
+        return dump(r, 3, [call(0), call(1), last])
+
+    [d] = diagnose(parsed([failed(r) for r in range(3)]))
+    said = [f.message for f in d.findings if f.kind == "failed"]
+    assert said == [
+        "ranks 0, 1: reduce #2 (train.py:9) failed: MismatchError: x",
+        "rank 2: reduce #2 (train.py:7) failed: MismatchError: x",
+    ], said
+
+
+def test_a_split_communicator_says_its_ranks_job_ranks() -> None:
+    # Job ranks 1 and 3 raised in the group's call; they left no dump for the world's, where
+    # ranks 0 and 2 wait for them. The world's report said they "probably died".
+    world = [dump(r, 4, [call(0), call(1, state="running", end=None)]) for r in (0, 2)]
+    group = []
+    for r, job_rank in ((0, 1), (1, 3)):
+        d = dump(r, 2, [call(0, state="failed", end=None, error="MismatchError: x")], comm=0x36B)
+        d["global_rank"] = job_rank
+        group.append(d)
+    text = format_report(diagnose(parsed(world + group)))
+    assert "its ranks, as this report numbers them: 0 is job rank 1, 1 is job rank 3" in text
+    world_part = text.split("communicator 36b")[0]
+    assert "ranks 1, 3 dumped for another communicator of the job" in world_part, world_part
+    assert "probably died" not in world_part, world_part
+
+
 def test_a_rank_with_another_count() -> None:
     dumps = [dump(r, 2, [call(0, count=1024 if r == 0 else 1000)]) for r in range(2)]
     [d] = diagnose(parsed(dumps))

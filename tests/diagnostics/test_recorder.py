@@ -387,6 +387,11 @@ def test_settings_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PLAIT_RECORDER_SIZE", "many")
     with pytest.raises(ValueError, match="PLAIT_RECORDER_SIZE"):
         FlightRecorder.from_env(0, 2)
+    # A ring is made whole when its communicator is: 10^11 slots hung plait.init while it
+    # ate the memory. At most a million are taken.
+    monkeypatch.setenv("PLAIT_RECORDER_SIZE", "99999999999")
+    with pytest.raises(ValueError, match="PLAIT_RECORDER_SIZE must be an integer from 0 to"):
+        FlightRecorder.from_env(0, 2)
     monkeypatch.delenv("PLAIT_DUMP_DIR")
     monkeypatch.delenv("PLAIT_JOB_ID")
     assert dump_dir().name == "plait-dumps"

@@ -31,7 +31,7 @@ import json
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +90,7 @@ class Diagnosis:
     where: tuple[str, ...]
     lateness: tuple[Lateness, ...]
     compared: tuple[int, int] | None  # the first and last call numbers lateness was measured on
+    job_ranks: tuple[int | None, ...] = ()  # each rank's job rank, as its dump says (None: ?)
 
     @property
     def ok(self) -> bool:
@@ -106,13 +107,26 @@ def diagnose(dumps: Sequence[Dump], *, late: float = 0.01) -> list[Diagnosis]:
     ``late``: the median lateness, in seconds, from which a rank is a straggler.
     """
     groups: dict[tuple[str, int], list[Dump]] = {}
+    dumped: dict[str, set[int]] = {}  # job -> the job ranks that dumped for any communicator
     for d in dumps:
         groups.setdefault((d.job, d.comm), []).append(d)
-    return [diagnose_group(groups[key], late=late) for key in sorted(groups)]
+        if d.global_rank is not None:
+            dumped.setdefault(d.job, set()).add(d.global_rank)
+    return [
+        diagnose_group(groups[key], late=late, elsewhere=dumped.get(key[0], set()))
+        for key in sorted(groups)
+    ]
 
 
-def diagnose_group(dumps: Sequence[Dump], *, late: float = 0.01) -> Diagnosis:
-    """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id)."""
+def diagnose_group(
+    dumps: Sequence[Dump], *, late: float = 0.01, elsewhere: set[int] | None = None
+) -> Diagnosis:
+    """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id).
+
+    ``elsewhere``: the job ranks that dumped for some communicator of the job; a rank of the
+    world communicator (whose ranks are the job's) without a dump here but among them is
+    stuck or failed in another communicator, not dead.
+    """
     if not dumps:
         raise ValueError("no dumps to diagnose")
     findings: list[Finding] = []
@@ -140,7 +154,8 @@ def diagnose_group(dumps: Sequence[Dump], *, late: float = 0.01) -> Diagnosis:
     missing = tuple(r for r in range(size) if r not in by_rank)
     calls = {r: {c.seq: c for c in by_rank[r].calls} for r in ranks}
     mismatch = _first_mismatch(calls)
-    stuck = _stuck(by_rank, calls, missing)
+    away = {r for r in missing if r in (elsewhere or ())} if dumps[0].comm == 0 else set()
+    stuck = _stuck(by_rank, calls, missing, away)
     if mismatch is not None and (
         not stuck
         or mismatch[0].seq is None
@@ -176,6 +191,7 @@ def diagnose_group(dumps: Sequence[Dump], *, late: float = 0.01) -> Diagnosis:
         where=tuple(_where(r, by_rank.get(r)) for r in range(size)),
         lateness=tuple(lateness),
         compared=compared,
+        job_ranks=tuple(by_rank[r].global_rank if r in by_rank else None for r in range(size)),
     )
 
 
@@ -266,7 +282,10 @@ def _skip_hint(
 
 
 def _stuck(
-    by_rank: dict[int, Dump], calls: dict[int, dict[int, CallRecord]], missing: tuple[int, ...]
+    by_rank: dict[int, Dump],
+    calls: dict[int, dict[int, CallRecord]],
+    missing: tuple[int, ...],
+    away: Collection[int],
 ) -> list[Finding]:
     """Ranks that left no dump, and ranks that never reached the call the others block in."""
     out: list[Finding] = []
@@ -276,7 +295,10 @@ def _stuck(
         if missing:
             out.append(
                 Finding(
-                    "missing", None, missing, f"{_ranks(missing)} left no dump: {_died(missing)}"
+                    "missing",
+                    None,
+                    missing,
+                    f"{_ranks(missing)} left no dump: {_died(missing, away)}",
                 )
             )
         return out
@@ -296,7 +318,7 @@ def _stuck(
                 "missing",
                 seq,
                 missing,
-                f"{_ranks(missing)} left no dump: {_died(missing)}; {_ranks(in_it)} {verb} "
+                f"{_ranks(missing)} left no dump: {_died(missing, away)}; {_ranks(in_it)} {verb} "
                 f"in {ref.describe()}{wait_text}",
             )
         )
@@ -338,13 +360,15 @@ def _failures(by_rank: dict[int, Dump]) -> list[Finding]:
             if c.state == "failed":
                 first[r] = c
                 break
+    # Ranks that failed in one call number may have made different calls there (a mismatch):
+    # each call, with its own line, gets its own finding.
+    calls: dict[tuple[int, str], list[int]] = {}
+    for r, c in sorted(first.items()):
+        calls.setdefault((c.seq, c.describe()), []).append(r)
     out = []
-    for seq in sorted({c.seq for c in first.values()}):
-        rs = sorted(r for r, c in first.items() if c.seq == seq)
+    for (seq, text), rs in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[1][0])):
         c = first[rs[0]]
-        out.append(
-            Finding("failed", seq, tuple(rs), f"{_ranks(rs)}: {c.describe()} failed: {c.error}")
-        )
+        out.append(Finding("failed", seq, tuple(rs), f"{_ranks(rs)}: {text} failed: {c.error}"))
     return out
 
 
@@ -423,15 +447,27 @@ def _plural(n: int, word: str) -> str:
     return f"{'a' if n == 1 else n} {word}{'' if n == 1 else 's'}"
 
 
-def _died(rs: Sequence[int]) -> str:
-    if len(rs) == 1:
-        it, was, its = "it", "was", "its"
-    else:
-        it, was, its = "they", "were", "their"
-    return (
-        f"{it} probably died or {was} killed (see {its} exit status in plait run's output), "
-        f"or {it} wrote to another folder or host"
-    )
+def _died(rs: Sequence[int], away: Collection[int] = ()) -> str:
+    """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator."""
+    there = sorted(r for r in rs if r in away)
+    rest = [r for r in rs if r not in away]
+    said = []
+    if there:
+        said.append(
+            f"{_ranks(there)} dumped for another communicator of the job (see its report): "
+            f"stuck or failed there"
+        )
+    if rest:
+        if len(rest) == 1:
+            it, was, its = "it", "was", "its"
+        else:
+            it, was, its = "they", "were", "their"
+        lead = f"{_ranks(rest)} " if there else ""
+        said.append(
+            f"{lead}{it} probably died or {was} killed (see {its} exit status in plait run's "
+            f"output), or {it} wrote to another folder or host"
+        )
+    return "; ".join(said)
 
 
 def _call_text(c: CallRecord, ref: CallRecord | None) -> str:
@@ -471,6 +507,11 @@ def format_report(diagnoses: Sequence[Diagnosis], skipped: Sequence[str] = ()) -
         lines.append(
             f"job {d.job}, {comm} of {d.size} ranks: dumps from {len(d.ranks)} of {d.size} ranks"
         )
+        if d.comm != 0 and any(g is not None for g in d.job_ranks):
+            known = ", ".join(
+                f"{r} is job rank {'?' if g is None else g}" for r, g in enumerate(d.job_ranks)
+            )
+            lines.append(f"its ranks, as this report numbers them: {known}")
         lines.append(f"dumped on: {', '.join(d.reasons)}")
         if d.ok:
             span = f" (calls #{d.compared[0]} to #{d.compared[1]})" if d.compared else ""

@@ -644,6 +644,11 @@ def _waiting(s: Slot) -> list[int]:
     return sorted(s.peers)
 
 
+#: The most slots (PLAIT_RECORDER_SIZE) or frames a recorder takes: a ring is made whole with
+#: its communicator (10^11 slots hung ``plait.init``; a million take a second and 160 MB).
+MAX_SETTING = 1_000_000
+
+
 def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name, "").strip()
     if not text:
@@ -652,8 +657,8 @@ def _env_int(name: str, default: int) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer; got {text!r}")
+    if not 0 <= value <= MAX_SETTING:
+        raise ValueError(f"{name} must be an integer from 0 to {MAX_SETTING:,}; got {text!r}")
     return value
 
 
