@@ -121,6 +121,15 @@ def check_mixed(size: int, rank: int) -> None:
     same(a, np.full(100_000, float(size)), "async all_reduce before a blocking one")
     same(b, np.full(10, 2.0 * size), "blocking all_reduce between async ones")
     same(c, np.full(7, float(size - 1)), "async all_reduce after a blocking one")
+    # A callback that makes a call and waits for its future, as torch's PowerSGD hook does:
+    # it ran on the thread that completes the futures, and waited for it for ever.
+    d = torch.ones(4)
+
+    def chained(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        return dist.all_reduce(d, async_op=True).get_future().wait()[0] + fut.wait()[0]
+
+    e = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(chained).wait()
+    same(e, np.full(4, 2.0 * size), "a callback that waits for a call's future")
 
 
 def check_reductions(size: int, rank: int, dtype: torch.dtype, async_op: bool) -> None:

@@ -210,7 +210,17 @@ class Notifier:
         self._thread: threading.Thread | None = None
 
     def watch(self, work: PlaitWork) -> None:
-        """Settle ``work`` (and so complete its future) once its calls finish."""
+        """Settle ``work`` (and so complete its future) once its calls finish.
+
+        A future's callbacks run on the thread that completes it, this one; one that makes a
+        call and waits for its future (torch's PowerSGD hook does) would wait for this very
+        thread, so a work watched from here is settled on a thread of its own.
+        """
+        if threading.current_thread() is self._thread:
+            threading.Thread(
+                target=work._settle_quietly, name=f"{self._name}-nested", daemon=True
+            ).start()
+            return
         with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
