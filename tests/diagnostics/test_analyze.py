@@ -415,3 +415,28 @@ def test_main_as_a_registered_subcommand(
     analyze.add_arguments(parser)
     assert analyze.main(parser.parse_args([str(tmp_path), "--late", "0.5"])) == 0
     assert "no problem found" in capsys.readouterr().out
+
+
+def test_a_rank_past_its_last_call_says_where_its_main_thread_is() -> None:
+    # A rank blocked in a point-to-point receive (which the recorder does not keep) read as
+    # "done with allreduce #1; no call since": the dump's thread stacks say where it is.
+    d = dump(1, 2, [call(0), call(1)])
+    d["threads"] = [
+        {"name": "plait-watch-rank1", "stack": [["/x/lib/plait/_recovery.py", 300, "_watch"]]},
+        {
+            "name": "MainThread",
+            "stack": [
+                ["/x/lib/plait/_p2p_request.py", 350, "_wait_until"],
+                ["/x/lib/plait/_p2p.py", 170, "recv"],
+                ["/job/train.py", 13, "<module>"],
+            ],
+        },
+    ]
+    others = dump(0, 2, [call(0), call(1), call(2, state="running", end=None)])
+    [diag] = diagnose(parsed([others, d]))
+    assert diag.where[1].endswith(
+        "no call since; its main thread is at train.py:13, in plait's recv"
+    )
+    d["threads"] = [{"name": "MainThread", "stack": [["/job/train.py", 7, "<module>"]]}]
+    [diag] = diagnose(parsed([others, d]))
+    assert diag.where[1].endswith("no call since; its main thread is at train.py:7")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import textwrap
 import time
@@ -426,7 +427,24 @@ def _where(rank: int, d: Dump | None) -> str:
         if len(error) > _ERROR_CHARS:
             error = error[: _ERROR_CHARS - 3] + "..."
         return f"rank {rank}: failed in {last.describe()}{peers} at {_clock(last.end)}: {error}"
-    return f"rank {rank}: done with {last.describe()} at {_clock(last.end)}; no call since"
+    return (
+        f"rank {rank}: done with {last.describe()} at {_clock(last.end)}; no call since"
+        + _main_thread(d)
+    )
+
+
+def _main_thread(d: Dump) -> str:
+    """Where the dump found the rank's main thread, when it was in no recorded call: in a
+    point-to-point call (which the recorder does not keep) or outside plait."""
+    stack = next((s for name, s in d.threads if name == "MainThread"), ())
+    inside = ""  # the plait function the program called, where the thread is in plait
+    for path, line, function in stack:  # innermost first
+        if f"{os.sep}plait{os.sep}" in path or "/plait/" in path:
+            inside = function
+            continue
+        where = f"{os.path.basename(path)}:{line}"
+        return f"; its main thread is at {where}" + (f", in plait's {inside}" if inside else "")
+    return ""
 
 
 # -- words -------------------------------------------------------------------------------
