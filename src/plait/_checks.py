@@ -320,13 +320,7 @@ def check_out(
     """
     if out is None:
         return None
-    o = (
-        out
-        if type(out) is np.ndarray
-        else _plain(out, "out", rank, c)
-        if isinstance(out, np.ndarray)
-        else as_writable(out, "out", rank, c, contents=False)
-    )
+    o = out if type(out) is np.ndarray else as_writable(out, "out", rank, c, contents=False)
     if o.dtype != dtype and o.dtype.newbyteorder("=") != dtype.newbyteorder("="):
         raise TypeError(f"rank {rank}: {c}: out has dtype {o.dtype}; expected {dtype}")
     if o.shape != tuple(shape):
