@@ -18,7 +18,7 @@ import pytest
 from plait.diagnostics.schema import load
 from plait.launch import Job, launch
 from plait.launch.relay import DRAIN_SECONDS, Relay
-from plait.launch.stall import StallResponder, dump_folder, stall_timeout
+from plait.launch.stall import StallResponder, dump_folder, folder_problem, stall_timeout
 from plait.launch.watch import RankProcess
 
 #: A rank of the launcher tests. Ranks listed in argv[2] keep SIGUSR1's default action (a
@@ -353,3 +353,29 @@ def test_the_relay_goes_on_when_the_stall_handler_fails() -> None:
         "plait run: could not handle rank 5's stall: RuntimeError('no /proc here')",
         "plait: stall: rank 0: x",
     ]
+
+
+def test_a_dump_folder_under_a_file_is_named_as_the_problem(tmp_path: Path) -> None:
+    """PLAIT_DUMP_DIR naming a file: no rank can dump, so the stall line names no folder."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert folder_problem(tmp_path / "new" / "job") is None  # made by the ranks
+    assert folder_problem(afile / "job") == f"{afile} is not a folder"
+    ranks = [RankProcess(r, cast("subprocess.Popen[bytes]", _Proc(1000 + r))) for r in range(2)]
+    responder = StallResponder(ranks, afile / "job", None, catches=lambda pid: True)
+    assert responder.report(0, "rank 0: ...") == (
+        "rank 0 reports a stall; SIGUSR1 sent to have rank 1 dump too; no dumps: "
+        f"{afile} is not a folder (PLAIT_DUMP_DIR)"
+    )
+
+
+def test_the_launcher_says_at_once_that_dumps_will_fail(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    err = io.StringIO()
+    job = Job(command=(sys.executable, "-c", "pass"), nproc=1, env={"PLAIT_DUMP_DIR": str(afile)})
+    assert launch(job, stdout=io.StringIO(), stderr=err) == 0
+    assert (
+        f"plait run: PLAIT_DUMP_DIR={afile}: {afile} is not a folder; flight-recorder dumps "
+        "will fail\n" in err.getvalue()
+    )

@@ -20,12 +20,13 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from plait._net import format_address
 from plait.errors import CommError
 from plait.launch.relay import DRAIN_SECONDS, Relay
-from plait.launch.stall import StallResponder, dump_folder, stall_timeout
+from plait.launch.stall import StallResponder, dump_folder, folder_problem, stall_timeout
 from plait.launch.watch import RankProcess, stop, watch
 from plait.rendezvous.lost import report_lost
 from plait.rendezvous.tcp_store import TCPStore, TCPStoreServer
@@ -161,6 +162,10 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
                 "(PLAIT_SECRET, e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
             )
         secret = secrets.token_hex(16)
+    folder = base.get("PLAIT_DUMP_DIR", "").strip()
+    problem = folder_problem(Path(folder)) if folder else None
+    if problem is not None:  # the ranks would each say so only when they dump
+        _say(job, stderr, f"PLAIT_DUMP_DIR={folder}: {problem}; flight-recorder dumps will fail")
     signals = _Signals()
     old = {s: signal.signal(s, signals.receive) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -50,7 +50,7 @@ from plait.diagnostics.recorder import dump_dir
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
 
-__all__ = ["StallResponder", "dump_folder", "stall_timeout"]
+__all__ = ["StallResponder", "dump_folder", "folder_problem", "stall_timeout"]
 
 
 def dump_folder(env: Mapping[str, str]) -> Path:
@@ -64,6 +64,21 @@ def dump_folder(env: Mapping[str, str]) -> Path:
     folder = env.get("PLAIT_DUMP_DIR", "").strip()
     base = Path(folder) if folder else dump_dir()
     return base / _folder_name(env.get("PLAIT_JOB_ID", "").strip() or "local")
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why dumps cannot go to ``folder`` (made by the ranks if missing), or None.
+
+    The nearest part of the path that exists must be a folder: a ``PLAIT_DUMP_DIR`` that
+    names a file, or lies under one, makes every rank's dump fail, and a line that sent
+    users to the folder would send them nowhere.
+    """
+    part = folder
+    while not part.exists() and part != part.parent:
+        part = part.parent
+    if not part.is_dir():
+        return f"{part} is not a folder"
+    return None
 
 
 def stall_timeout(env: Mapping[str, str]) -> float | None:
@@ -135,6 +150,7 @@ class StallResponder:
                 left.append(r.rank)
             elif _send_usr1(r.proc):
                 signalled.append(r.rank)
+        problem = folder_problem(self.folder)
         folder = shlex.quote(str(self.folder))
         what = (
             f"SIGUSR1 sent to have {_ranks(signalled)} dump too"
@@ -143,6 +159,8 @@ class StallResponder:
         )
         if left:
             what += f" (not {_ranks(left)}: no handler for SIGUSR1)"
+        if problem is not None:
+            return f"rank {rank} reports a stall; {what}; no dumps: {problem} (PLAIT_DUMP_DIR)"
         return f"rank {rank} reports a stall; {what}; dumps in {folder}: plait analyze {folder}"
 
 
