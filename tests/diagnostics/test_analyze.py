@@ -280,7 +280,7 @@ def test_the_first_problem_comes_first() -> None:
 
 def test_communicators_and_jobs_are_diagnosed_apart() -> None:
     dumps = [dump(r, 2, [call(0)], comm=c) for r in range(2) for c in (0, 0xA)]
-    dumps.append(dump(0, 2, [call(0)], job="other"))
+    dumps.append(dump(0, 2, [call(0)], job="other", reason="CollectiveTimeout: ..."))
     result = diagnose(parsed(dumps))
     assert [(d.job, d.comm, d.ranks) for d in result] == [
         ("job1", 0, (0, 1)),
@@ -288,6 +288,28 @@ def test_communicators_and_jobs_are_diagnosed_apart() -> None:
         ("other", 0, (0,)),
     ]
     assert result[2].findings[0].kind == "missing"
+
+
+def test_one_rank_dumped_on_request_is_no_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kill -USR1`` of one rank, to see where it is: the others left no dump, and nothing
+    says they are in trouble (this read "ranks 1, 2 probably died")."""
+    write(tmp_path, [dump(0, 3, [call(0), call(1)])])
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no problem found: no call is blocked in rank 0's dump\n" in out
+    assert "but: ranks 1, 2 left no dump, so rank 0 could not be compared with them" in out
+    assert "died" not in out
+    # The same dump written on an error, or with a call blocked, is a problem as before.
+    for d in (
+        dump(0, 3, [call(0), call(1)], reason="PeerLostError: ..."),
+        dump(0, 3, [call(0), call(1, state="running", end=None)]),
+        dump(0, 3, [call(0, state="failed", error="CollectiveTimeout: ..."), call(1)]),
+    ):
+        [x] = diagnose(parsed([d]))
+        assert not x.ok
+        assert x.findings[0].kind == "missing"
 
 
 def test_dumps_from_different_runs_are_flagged() -> None:

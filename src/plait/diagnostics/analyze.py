@@ -17,8 +17,8 @@ Each communicator's dumps are read together and checked, in this order:
 - how late each rank arrived at the calls every rank completed (median and
   max); a rank late by at least ``--late`` seconds is named a straggler.
 
-The exit status is 0 when nothing is wrong, 1 when a problem was found, and 2
-when no dump could be read. Dumps are written on a timeout, a lost peer or a
+The exit status is 0 when nothing is wrong, 1 when a problem was found or a
+file given could not be read as a dump, and 2 when no dump could be read. Dumps are written on a timeout, a lost peer or a
 mismatch, on SIGUSR1, and by ``plait run --stall-timeout``; see
 docs/debugging.md.
 """
@@ -58,12 +58,19 @@ _ERROR_CHARS = 160
 STALE_SPREAD = 600.0
 
 
+#: Kinds of findings that say what the dumps cannot tell, not that anything went wrong:
+#: ``undumped``, ranks without a dump beside dumps asked for by a signal that show nothing
+#: blocked (``kill -USR1`` of one rank, to see where it is).
+NOT_PROBLEMS = frozenset({"undumped"})
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing found wrong, in plain words.
 
     ``kind``: ``mismatch``, ``skipped``, ``extra``, ``missing``,
-    ``never_arrived``, ``failed``, ``late``, ``size`` or ``stale``; ``seq``
+    ``never_arrived``, ``failed``, ``late``, ``size`` or ``stale``; or
+    ``undumped``, which is not a problem (see :data:`NOT_PROBLEMS`); ``seq``
     the call number it concerns (None if none); ``ranks`` the ranks at fault.
     """
 
@@ -95,8 +102,8 @@ class Diagnosis:
 
     @property
     def ok(self) -> bool:
-        """Whether nothing was found wrong."""
-        return not self.findings
+        """Whether nothing was found wrong (findings of :data:`NOT_PROBLEMS` aside)."""
+        return all(f.kind in NOT_PROBLEMS for f in self.findings)
 
 
 # -- diagnosis ---------------------------------------------------------------------------
@@ -293,7 +300,25 @@ def _stuck(
     # A rank blocks in its last call if that is in flight, or failed (a timeout dumps it).
     blocked = {r: d.last for r, d in by_rank.items() if d.last is not None and d.last.blocked}
     if not blocked:
-        if missing:
+        asked = all(d.reason.startswith("signal ") for d in by_rank.values())
+        if (
+            missing
+            and asked
+            and not any(c.state == "failed" for d in by_rank.values() for c in d.calls)
+        ):
+            # Dumps a user asked one rank for: nothing says the others are in trouble.
+            them, they = ("it", "it") if len(missing) == 1 else ("them", "they")
+            out.append(
+                Finding(
+                    "undumped",
+                    None,
+                    missing,
+                    f"{_ranks(missing)} left no dump, so {_ranks(sorted(by_rank))} could not be "
+                    f"compared with {them}: dump {them} too (kill -USR1), or see plait run's "
+                    f"output if {they} ended",
+                )
+            )
+        elif missing:
             out.append(
                 Finding(
                     "missing",
@@ -465,6 +490,11 @@ def _plural(n: int, word: str) -> str:
     return f"{'a' if n == 1 else n} {word}{'' if n == 1 else 's'}"
 
 
+def _dumps_of(ranks: Sequence[int]) -> str:
+    """``rank 0's dump`` or ``the dumps of ranks 0, 2``."""
+    return f"rank {ranks[0]}'s dump" if len(ranks) == 1 else f"the dumps of {_ranks(ranks)}"
+
+
 def _died(rs: Sequence[int], away: Collection[int] = ()) -> str:
     """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator."""
     there = sorted(r for r in rs if r in away)
@@ -531,7 +561,10 @@ def format_report(diagnoses: Sequence[Diagnosis], skipped: Sequence[str] = ()) -
             )
             lines.append(f"its ranks, as this report numbers them: {known}")
         lines.append(f"dumped on: {', '.join(d.reasons)}")
-        if d.ok:
+        if d.ok and d.findings:
+            lines.append(f"no problem found: no call is blocked in {_dumps_of(d.ranks)}")
+            lines.extend(_wrap(f"but: {f.message}", "") for f in d.findings)
+        elif d.ok:
             span = f" (calls #{d.compared[0]} to #{d.compared[1]})" if d.compared else ""
             lines.append(f"no problem found: every rank made the same calls{span}; none is stuck")
         else:
@@ -596,7 +629,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         print(json.dumps([dataclasses.asdict(d) for d in diagnoses], indent=1))
     else:
         sys.stdout.write(format_report(diagnoses, skipped))
-    return 0 if all(d.ok for d in diagnoses) else 1
+    return 0 if all(d.ok for d in diagnoses) and not skipped else 1
 
 
 if __name__ == "__main__":
