@@ -83,6 +83,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import socket
 import stat
 import tempfile
@@ -571,9 +572,12 @@ def init(
     kept = False  # the communicator keeps the store (Note [store lifetime])
     try:
         host = os.environ.get("PLAIT_HOST") or socket.gethostname()
+        if rank == 0:  # before its host: a rank that has met every host reads it
+            group.set("run", secrets.token_hex(6).encode())
         group.set(f"host/{rank}", host.encode())
         _meet(group, rank, size, seconds, None if timeout is None else left(), info)
         hosts = [group.get(f"host/{r}").decode() for r in range(size)]
+        run = group.get("run").decode()
         # One place chooses the link per peer pair (plait.transport.route); "hybrid" and
         # "auto" allow both kinds, shared memory first.
         from plait.transport.route import LINKS, connect
@@ -584,7 +588,7 @@ def init(
         # is "none") never share segment names.
         job = info.job_id if info.launcher == "plait" else None
         t = connect(rank, size, hosts, group, links=links, timeout=left(), job=job)
-        comm = Communicator(t, timeout=timeout, hosts=hosts)
+        comm = Communicator(t, timeout=timeout, hosts=hosts, _run=run)
         if "shm" in links:  # ranks that share a host's memory wait by yielding to each other
             bind_crowded(rank, hosts)
         # A store passed as an object is the caller's (torch's, in the torch backend), and the

@@ -623,6 +623,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _comm_id=shrunk_comm_id(comm._comm_id, 1),
             _settings=comm._settings,
             _world_rank=comm._world_rank,
+            _run=comm._run,
         )
         comm.close()
         return new
@@ -667,6 +668,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _comm_id=shrunk_comm_id(comm._comm_id, k),
             _settings=comm._settings,
             _world_rank=comm._world_rank,
+            _run=comm._run,
         )
         enable(new, owner, namespace, rec.links)
     finally:

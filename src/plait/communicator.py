@@ -156,6 +156,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         _comm_id: int = 0,
         _settings: Settings | None = None,
         _world_rank: int | None = None,
+        _run: str | None = None,
     ) -> None:
         # What auto follows (PLAIT_ALGO, the rules file, the profile), read once here so
         # that a bad setting fails now, before any collective, and later changes to the
@@ -196,6 +197,11 @@ class Communicator(PointToPointMethods, ObjectMethods):
         except ValueError:
             transport.close()
             raise
+        # Which run of the job this is (plait.init draws it): dumps of a job id used again
+        # are told apart by it (Note [runs of a job] in plait.diagnostics.analyze).
+        self._run = _run
+        if self._runner.recorder is not None:
+            self._runner.recorder.run = _run
         # The window ranks of one host share (plait.transport.shm.window), if the transport has one.
         window = getattr(transport, "window", None)
         self._window = int(window.capacity) if window is not None else 0
@@ -374,6 +380,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
             _comm_id=comm_id,
             _settings=self._settings,
             _world_rank=self._world_rank,
+            _run=self._run,
         )
         if self._recovery is not None:  # it shares the connections, so an abort reaches it
             self._recovery.adopt(group)

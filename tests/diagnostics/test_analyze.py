@@ -299,7 +299,7 @@ def test_one_rank_dumped_on_request_is_no_problem(
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "no problem found: no call is blocked in rank 0's dump\n" in out
-    assert "but: ranks 1, 2 left no dump, so rank 0 could not be compared with them" in out
+    assert "note: ranks 1, 2 left no dump, so rank 0 could not be compared with them" in out
     assert "died" not in out
     # The same dump written on an error, or with a call blocked, is a problem as before.
     for d in (
@@ -310,6 +310,26 @@ def test_one_rank_dumped_on_request_is_no_problem(
         [x] = diagnose(parsed([d]))
         assert not x.ok
         assert x.findings[0].kind == "missing"
+
+
+def test_dumps_of_an_earlier_run_of_the_job_are_left_out() -> None:
+    """A job id used again (Note [runs of a job]): ranks 1 and 2 of the first run, where
+    every rank made a broadcast at #1, beside rank 0 of the second, blocked in an allreduce."""
+    old = [dump(r, 3, [call(0), call(1, "broadcast")], time=T0 + 10) for r in (1, 2)]
+    new = dump(0, 3, [call(0), call(1, state="running", end=None, waiting_on=(1,))])
+    for d in old:
+        d["run"] = "aaaa"
+    new["run"] = "bbbb"
+    [d] = diagnose(parsed([*old, new]))
+    assert d.ranks == (0,)
+    assert [f.kind for f in d.findings] == ["missing", "older_run"]  # no mismatch at #1
+    assert d.findings[1].ranks == (1, 2)
+    assert d.findings[1].message.startswith("left out 2 dumps of an earlier run of job job1 (")
+    # Dumps without a token (an older plait) are read with every run's, as before.
+    for x in old:
+        del x["run"]
+    [d] = diagnose(parsed([*old, new]))
+    assert d.findings[0].kind == "mismatch"
 
 
 def test_dumps_from_different_runs_are_flagged() -> None:

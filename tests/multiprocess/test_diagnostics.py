@@ -246,3 +246,47 @@ def test_timeline_writes_a_valid_trace_per_rank(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     doc = json.loads(merged.read_text())
     assert any(e["ph"] == "s" for e in doc["traceEvents"])  # arrows: posts to their readers
+
+
+def test_dumps_of_an_earlier_run_of_a_job_id_used_again_are_left_out(tmp_path: Path) -> None:
+    """PLAIT_JOB_ID used again: the first run's rank 1 and 2 dumps stay beside the second
+    run's rank 0 dump, and read together made rank 0 look as if in another call."""
+    first = """
+        import numpy as np, os, plait, signal
+        comm = plait.init(timeout=20)
+        comm.allreduce(np.ones(4))
+        os.kill(os.getpid(), signal.SIGUSR1)  # every rank dumps
+        comm.barrier()
+    """
+    second = """
+        import numpy as np, plait, time
+        comm = plait.init(timeout=20)
+        comm.allreduce(np.ones(4))
+        if comm.rank == 0:
+            comm.broadcast(np.ones(4), timeout=2)  # the others never come: only rank 0 dumps
+        else:
+            time.sleep(4)
+    """
+    folder = tmp_path / "dumps" / "diagjob"
+    res = _run(tmp_path, 3, first, _env(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = {load(folder / f"rank{r}.json").run for r in range(3)}
+    assert len(runs) == 1, runs  # one run token, on every rank
+    assert None not in runs
+    _run(tmp_path, 3, second, _env(tmp_path))
+    assert load(folder / "rank0.json").run not in runs  # a new run, a new token
+    analyze = subprocess.run(
+        [sys.executable, "-m", "plait", "analyze", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    report = " ".join(analyze.stdout.split())
+    assert "dumps from 1 of 3 ranks" in report, report
+    assert "first problem: ranks 1, 2 left no dump" in report, report
+    assert "note: left out 2 dumps of an earlier run of job diagjob (rank1.json, rank2.json" in (
+        report
+    ), report
+    assert "broadcast #1" in report, report
+    assert "allreduce #1" not in report, report

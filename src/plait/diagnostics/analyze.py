@@ -18,9 +18,9 @@ Each communicator's dumps are read together and checked, in this order:
   max); a rank late by at least ``--late`` seconds is named a straggler.
 
 The exit status is 0 when nothing is wrong, 1 when a problem was found or a
-file given could not be read as a dump, and 2 when no dump could be read. Dumps are written on a timeout, a lost peer or a
-mismatch, on SIGUSR1, and by ``plait run --stall-timeout``; see
-docs/debugging.md.
+file given could not be read as a dump, and 2 when no dump could be read.
+Dumps are written on a timeout, a lost peer or a mismatch, on SIGUSR1, and by
+``plait run --stall-timeout``; see docs/debugging.md.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ STALE_SPREAD = 600.0
 
 #: Kinds of findings that say what the dumps cannot tell, not that anything went wrong:
 #: ``undumped``, ranks without a dump beside dumps asked for by a signal that show nothing
-#: blocked (``kill -USR1`` of one rank, to see where it is).
-NOT_PROBLEMS = frozenset({"undumped"})
+#: blocked (``kill -USR1`` of one rank, to see where it is); ``older_run``, dumps of an
+#: earlier run of the job left out (Note [runs of a job]).
+NOT_PROBLEMS = frozenset({"undumped", "older_run"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class Finding:
 
     ``kind``: ``mismatch``, ``skipped``, ``extra``, ``missing``,
     ``never_arrived``, ``failed``, ``late``, ``size`` or ``stale``; or
-    ``undumped``, which is not a problem (see :data:`NOT_PROBLEMS`); ``seq``
+    ``undumped`` or ``older_run``, which are not problems (:data:`NOT_PROBLEMS`); ``seq``
     the call number it concerns (None if none); ``ranks`` the ranks at fault.
     """
 
@@ -112,18 +113,62 @@ class Diagnosis:
 def diagnose(dumps: Sequence[Dump], *, late: float = 0.01) -> list[Diagnosis]:
     """One :class:`Diagnosis` per (job, communicator) among ``dumps``.
 
-    ``late``: the median lateness, in seconds, from which a rank is a straggler.
+    ``late``: the median lateness, in seconds, from which a rank is a straggler. Of a job's
+    dumps from several runs (Note [runs of a job]), those of its newest run are diagnosed.
     """
+    dumps, older = _newest_runs(dumps)
     groups: dict[tuple[str, int], list[Dump]] = {}
     dumped: dict[str, set[int]] = {}  # job -> the job ranks that dumped for any communicator
     for d in dumps:
         groups.setdefault((d.job, d.comm), []).append(d)
         if d.global_rank is not None:
             dumped.setdefault(d.job, set()).add(d.global_rank)
-    return [
+    result = [
         diagnose_group(groups[key], late=late, elsewhere=dumped.get(key[0], set()))
         for key in sorted(groups)
     ]
+    for job, left in older.items():
+        i = next(i for i, d in enumerate(result) if d.job == job)
+        ranks = tuple(sorted({d.rank for d in left}))
+        note = Finding(
+            "older_run",
+            None,
+            ranks,
+            f"left out {_plural(len(left), 'dump')} of an earlier run of job {job} "
+            f"({', '.join(sorted({os.path.basename(d.path) or d.host for d in left}))}, "
+            f"written by {_clock(max(d.time for d in left))}): the job id was used again "
+            "(PLAIT_JOB_ID), so its folder holds both runs' dumps",
+        )
+        result[i] = dataclasses.replace(result[i], findings=(*result[i].findings, note))
+    return result
+
+
+# Note [runs of a job]
+#     A rank's dump goes to <folder>/<job>/rank<r>.json and replaces that rank's earlier
+#     one. A job id used again (PLAIT_JOB_ID set by hand, torchrun's run id "none") thus
+#     leaves, beside the new run's dumps, those of earlier runs' ranks that did not dump
+#     this time; read together, a rank's old calls look like a mismatch or a skipped call.
+#     plait.init draws a run token on rank 0 and hands it to every rank through the store
+#     it meets at; each dump carries it (``run``). Of one job's dumps, only those of the run
+#     whose newest dump is newest are diagnosed, and the report says what it left out.
+#     Dumps without a token (written by an older plait, or by a communicator not made by
+#     plait.init) are read with every run's.
+
+
+def _newest_runs(dumps: Sequence[Dump]) -> tuple[list[Dump], dict[str, list[Dump]]]:
+    """``dumps`` less those of a job's earlier runs, and those, by job."""
+    newest: dict[str, tuple[float, str]] = {}
+    for d in dumps:
+        if d.run is not None and (d.job not in newest or d.time > newest[d.job][0]):
+            newest[d.job] = (d.time, d.run)
+    kept: list[Dump] = []
+    older: dict[str, list[Dump]] = {}
+    for d in dumps:
+        if d.run is None or d.run == newest[d.job][1]:
+            kept.append(d)
+        else:
+            older.setdefault(d.job, []).append(d)
+    return kept, older
 
 
 def diagnose_group(
@@ -561,16 +606,17 @@ def format_report(diagnoses: Sequence[Diagnosis], skipped: Sequence[str] = ()) -
             )
             lines.append(f"its ranks, as this report numbers them: {known}")
         lines.append(f"dumped on: {', '.join(d.reasons)}")
-        if d.ok and d.findings:
-            lines.append(f"no problem found: no call is blocked in {_dumps_of(d.ranks)}")
-            lines.extend(_wrap(f"but: {f.message}", "") for f in d.findings)
-        elif d.ok:
-            span = f" (calls #{d.compared[0]} to #{d.compared[1]})" if d.compared else ""
-            lines.append(f"no problem found: every rank made the same calls{span}; none is stuck")
-        else:
-            first, *rest = d.findings
+        problems = [f for f in d.findings if f.kind not in NOT_PROBLEMS]
+        if problems:
+            first, *rest = problems
             lines.append(_wrap(f"first problem: {first.message}", ""))
             lines.extend(_wrap(f"then: {f.message}", "") for f in rest)
+        elif any(f.kind == "undumped" for f in d.findings):
+            lines.append(f"no problem found: no call is blocked in {_dumps_of(d.ranks)}")
+        else:
+            span = f" (calls #{d.compared[0]} to #{d.compared[1]})" if d.compared else ""
+            lines.append(f"no problem found: every rank made the same calls{span}; none is stuck")
+        lines.extend(_wrap(f"note: {f.message}", "") for f in d.findings if f.kind in NOT_PROBLEMS)
         lines.append("where each rank is:")
         lines.extend(_wrap(w, "  ") for w in d.where)
         if d.compared is not None:

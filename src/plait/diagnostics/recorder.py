@@ -319,6 +319,7 @@ class FlightRecorder:
         # Frames kept where a caller is kept: at least the caller's line (Note [recorder cost]).
         self.frames = max(stack_depth, 1)
         self.job = job if job is not None else job_id()
+        self.run: str | None = None  # which run of the job (plait.init draws it for every rank)
         self.folder = Path(folder) if folder is not None else None
         self.timeline = timeline
         # Every slot is made now (about 0.2 µs each), not on first use: a call then
@@ -570,6 +571,7 @@ class FlightRecorder:
             "format": FORMAT,
             "version": VERSION,
             "job": self.job,
+            "run": self.run,
             "comm": self.comm,
             "rank": self.rank,
             "size": self.size,

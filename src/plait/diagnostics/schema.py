@@ -7,6 +7,8 @@ A dump is one JSON object per communicator and rank, written by
       "format": "plait-flight-recorder",  always this string
       "version": 1,                       bumped on any incompatible change
       "job": "1a2b3c",                    PLAIT_JOB_ID (or the launcher's job id); "local" if none
+      "run": "5e0c2a91b7d4",              drawn by plait.init for every rank of one run, so that
+                                          runs of a job id used again are told apart; or null
       "comm": 0,                          communicator id: 0 for the world, else a split's id
       "rank": 2, "size": 4,               rank within that communicator, and its size
       "global_rank": 2,                   the process's rank in the job (PLAIT_RANK, RANK), or null
@@ -167,6 +169,7 @@ class Dump:
     calls: tuple[CallRecord, ...]
     threads: tuple[tuple[str, tuple[tuple[str, int, str], ...]], ...] = ()
     path: str = ""
+    run: str | None = None
 
     def call(self, seq: int) -> CallRecord | None:
         """The record of call number ``seq``, if it is still in this dump's window."""
@@ -214,6 +217,7 @@ def parse(obj: Any, path: str = "") -> Dump:
                 (str(t["name"]), _stack(t.get("stack", ()))) for t in obj.get("threads", ())
             ),
             path=path,
+            run=None if obj.get("run") is None else str(obj["run"]),
         )
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise DumpError(f"{where}: malformed dump: {type(exc).__name__}: {exc}") from None
