@@ -105,9 +105,11 @@ def test_a_skipped_call_found_from_the_sites_of_calls_that_kept_no_line() -> Non
         "(train.py:40)"
     )
     assert hint.kind == "skipped"
+    # Its #2 kept no line of its own: it is a broadcast of the same kind, first made at
+    # line 30 as the others' was, not known to be from line 40 (it said "its last one there").
     assert hint.message.startswith(
-        "rank 2 did not make the others' broadcast at train.py:40 this time (its last one "
-        "there was #2)"
+        "rank 2 did not make the others' broadcast at train.py:40 this time (its last call "
+        "of that kind was #2)"
     )
 
 

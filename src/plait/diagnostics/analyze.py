@@ -323,12 +323,17 @@ def _skip_hint(
         before = [c for s, c in mine.items() if s < seq and same(c, b)]
         if before:
             last = max(before, key=lambda c: c.seq)
+            # Compared by sites (where a kind of call was first made), the last one is of the
+            # same kind, not always from the same line: say "there" only where both lines are
+            # the calls' own.
+            there = bool(last.stack and b.stack) and last.stack[0][:2] == b.stack[0][:2]
+            said = "one there" if there else "call of that kind"
             return Finding(
                 "skipped",
                 seq,
                 tuple(odd),
                 f"{_ranks(odd)} did not make the others' {b.collective} at {b.where} this time "
-                f"({them} last one there was #{last.seq}) and went on to {a.collective} at "
+                f"({them} last {said} was #{last.seq}) and went on to {a.collective} at "
                 f"{a.where}: a branch that only some ranks took?",
             )
     return None
