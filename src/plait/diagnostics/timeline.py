@@ -133,28 +133,19 @@ class Timeline:
 
     def call(self, slot: Slot, recorder: FlightRecorder) -> None:
         """A call ended (the flight recorder's ``end`` calls this)."""
-        shape = slot.shape
-        payload = (
-            recorder.comm,
-            slot.seq,
-            shape.collective,
-            shape.algorithm,
-            shape.count,
-            shape.dtype_name,
-            shape.op_name,
-            shape.root,
-            slot.error,
-        )
+        # The shape is kept, not its names: they are formatted when the trace is written.
+        payload = (recorder.comm, slot.seq, slot.shape, slot.error)
         self._add(("call", slot.start or slot.queued, slot.end, payload))
 
     def step(
-        self, kind: str, peer: int, nbytes: int, tag: int, index: int, start: float, end: float
+        self, kind: Any, peer: int, nbytes: int, tag: int, index: int, start: float, end: float
     ) -> None:
         """A step ran from ``start`` to ``end``.
 
         ``kind`` is the step kind's lower-case name (``send``, ``recv``,
-        ``recv_reduce``, ``copy``, ``reduce``); a send or receive spans from
-        being handed to the transport to being seen done.
+        ``recv_reduce``, ``copy``, ``reduce``), or an enum member whose name
+        is that in upper case (named only when the trace is written); a send
+        or receive spans from being handed to the transport to being seen done.
         """
         self._add(("step", start, end, (kind, peer, nbytes, tag, index)))
 
@@ -182,14 +173,15 @@ class Timeline:
         for what, start, end, payload in records:
             t0, t1 = self._wall(start), self._wall(max(end, start))
             if what == "call":
-                comm, seq, c, algo, count, dtype, op, root, error = payload
+                comm, seq, shape, error = payload
+                c = shape.collective
                 name = f"{c} #{seq}" if not comm else f"{c} #{seq} (comm {comm:x})"
                 args = {
-                    "algorithm": algo,
-                    "count": count,
-                    "dtype": dtype,
-                    "op": op,
-                    "root": root,
+                    "algorithm": shape.algorithm,
+                    "count": shape.count,
+                    "dtype": shape.dtype_name,
+                    "op": shape.op_name,
+                    "root": shape.root,
                     "seq": seq,
                 }
                 if error is not None:
@@ -201,6 +193,8 @@ class Timeline:
                 events.append(slice_event(label, "wait", r, CALLS_TID, t0, t1, {"peers": peers}))
             else:
                 kind, peer, nbytes, tag, index = payload
+                if not isinstance(kind, str):
+                    kind = kind.name.lower()
                 args = {"step": index, "bytes": nbytes, "tag": tag, "peer": peer}
                 if kind in _NET_KINDS:
                     lane = next((i for i, e in enumerate(lanes) if e <= t0), len(lanes))

@@ -380,4 +380,4 @@ def _note(tl: Timeline, step: Step, i: int, start: float, itemsize: int, tag_bas
     """Report step ``i``, from ``start`` to now, to the timeline."""
     r = step.dst if step.dst is not None else step.src
     nbytes = r.count * itemsize if r is not None else 0
-    tl.step(step.kind.name.lower(), step.peer, nbytes, tag_base + step.tag, i, start, _now())
+    tl.step(step.kind, step.peer, nbytes, tag_base + step.tag, i, start, _now())
