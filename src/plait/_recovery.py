@@ -54,7 +54,10 @@ Note [a store that stalls]
     A store may fail to answer for a while (its host stopped or starved) and answer again.
     The watcher keeps the error in ``store_error`` while the store fails (an abort then
     does not wait on it), tries again a heartbeat later and clears it at the first answer;
-    agree and shrink ask once themselves before they refuse. (One stall used to stop the
+    agree and shrink ask once themselves before they refuse, and an abort asks for at most
+    ``_PROBE_SECONDS`` before it tells the peers through the store (then waits a heartbeat
+    longer for their marks: their watchers look again only then) or, where it does not
+    answer, only by closing its transport. (One stall used to stop the
     watcher for good: no heartbeat, no abort heard, every agree refused.) A store that is
     gone fails each try at once, so agree and shrink still raise at once.
 
@@ -177,6 +180,9 @@ _GRACE_SECONDS = 1.0
 _MARK_SECONDS = 0.5
 #: Seconds ``abort`` waits, at most, until every peer has been told and marked (Note [abort]).
 _TELL_SECONDS = 1.0
+#: How long an abort asks a store that failed the watcher's last look whether it is back
+#: (Note [a store that stalls]); short, as the abort's peers wait for it.
+_PROBE_SECONDS = 0.5
 #: Seconds close waits for the watcher thread and for an abort in progress.
 _JOIN_SECONDS = 5.0
 
@@ -284,6 +290,12 @@ class Recovery:
         """Tell every peer through the store (if the abort began here, at ``source``), wait
         until the others marked their calls, close the transport; set ``done``."""
         try:
+            marks = _MARK_SECONDS
+            if self.store_error is not None and self._store_back(_PROBE_SECONDS):
+                self.store_error = None  # back before the watcher's next look: tell through it
+                self._wake.set()
+                # The peers' watchers saw it fail too, and look again a heartbeat later.
+                marks += HEARTBEAT_SECONDS
             if self.store_error is None:
                 store, me = self.store, self.rank
                 if source == me:
@@ -304,7 +316,7 @@ class Recovery:
                 if source != me:  # the aborting rank closes first: its calls fail as aborted
                     others.append(f"closed/{source}")
                 with contextlib.suppress(StoreTimeout):
-                    store.wait(others, _MARK_SECONDS)
+                    store.wait(others, marks)
         except (CommError, OSError) as exc:  # the store is gone: the transport tells them
             self.store_error = exc
         finally:
@@ -495,6 +507,19 @@ class Recovery:
         machine, pid, start = self.store.get(key).decode().split("\n")
         proc = self._procs[p] = Process(machine, int(pid), start)
         return proc
+
+    def _store_back(self, seconds: float) -> bool:
+        """Whether the store answers within ``seconds``: asked on a thread of its own, which
+        a store still stalled may hold until its client gives up (Note [a store that stalls])."""
+        answered = threading.Event()
+
+        def ask() -> None:
+            with contextlib.suppress(CommError, OSError):
+                self.store.check([f"stop/{self.rank}"])
+                answered.set()
+
+        _thread.start_new_thread(ask, ())
+        return answered.wait(seconds)
 
     def _check_store(self, what: str) -> None:
         """Raise if the store fails; where the watcher last saw it fail, ask it once more

@@ -426,3 +426,37 @@ def test_a_store_that_stalled_and_came_back_still_serves_agree_and_abort() -> No
         (plait.Agreement(1, (0, 1, 2)), "aborted"),
         (plait.Agreement(1, (0, 1, 2)), "told"),
     ], results
+
+
+def test_an_abort_just_after_the_store_came_back_is_heard_as_an_abort() -> None:
+    """Note [a store that stalls]: an abort before the watcher's next look at a store that
+    came back took the store for gone, told no peer through it, and only closed the
+    transport: the peers raised PeerLostError, not AbortedError."""
+    store = StallingStore()
+    saw = threading.Barrier(3)
+    healed = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        recovery = comm._recovery
+        assert recovery is not None
+        comm.barrier()
+        if comm.rank == 0:
+            store.down.set()
+        saw.wait(20)
+        deadline = time.monotonic() + 20
+        while recovery.store_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the watcher's next look at the store fails (a heartbeat)
+        assert recovery.store_error is not None
+        saw.wait(20)
+        if comm.rank == 0:
+            store.down.clear()
+            healed.set()
+        assert healed.wait(20)
+        if comm.rank == 1:
+            comm.abort("just after the stall")  # before its watcher looks again
+            return "aborted"
+        with pytest.raises(plait.AbortedError, match="aborted by rank 1"):
+            comm.allreduce(np.ones(2), timeout=15)
+        return "told"
+
+    assert store_ranks(3, body, store) == ["told", "aborted", "told"]
