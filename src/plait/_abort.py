@@ -3,6 +3,7 @@ its errors, its mark on a communicator's calls, and the closing of its transport
 
 from __future__ import annotations
 
+import _thread
 from typing import TYPE_CHECKING
 
 from plait.errors import AbortedError
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from plait.communicator import Communicator
     from plait.transport.base import Transport
 
-__all__ = ["abort_transport", "aborted_by", "as_split", "mark"]
+__all__ = ["abort_alone", "abort_transport", "aborted_by", "as_split", "mark"]
 
 _BY = "the communicator was aborted by rank"
 
@@ -34,6 +35,17 @@ def mark(comm: Communicator, text: str) -> None:
     runner.aborted = text
     if runner.broken is None:
         runner.broken = AbortedError(text)
+
+
+def abort_alone(comm: Communicator, reason: str) -> None:
+    """Abort ``comm`` without a store to tell its peers through: its calls fail, and its
+    transport closes on a thread of its own (a signal handler may be calling)."""
+    runner = comm._runner
+    if runner.closed or runner.aborted is not None:
+        return
+    text = aborted_by(comm.rank, reason)
+    mark(comm, text)
+    _thread.start_new_thread(abort_transport, (comm._transport, comm.rank, text))
 
 
 def _root(t: Transport) -> Transport:

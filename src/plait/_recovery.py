@@ -137,7 +137,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from plait._abort import abort_transport, aborted_by, as_split, mark
+from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark
 from plait._checks import check_timeout
 from plait._processes import Process, alive, this_process
 from plait.communicator import Communicator
@@ -586,13 +586,8 @@ def abort(comm: Communicator, reason: str = "") -> None:
     rec = comm._recovery
     if rec is not None:
         rec.abort(reason)
-        return
-    runner = comm._runner
-    if runner.closed or runner.aborted is not None:
-        return
-    text = aborted_by(comm.rank, reason)
-    mark(comm, text)
-    _thread.start_new_thread(abort_transport, (comm._transport, comm.rank, text))
+    else:
+        abort_alone(comm, reason)
 
 
 def _owned(comm: Communicator, what: str) -> Recovery | None:

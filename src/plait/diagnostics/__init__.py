@@ -25,10 +25,10 @@ call runner and the launcher can all use it. How to use it: docs/debugging.md.
 
 from __future__ import annotations
 
+from plait.diagnostics.places import dump_dir as dump_dir
 from plait.diagnostics.recorder import CallShape as CallShape
 from plait.diagnostics.recorder import FlightRecorder as FlightRecorder
 from plait.diagnostics.recorder import Slot as Slot
-from plait.diagnostics.recorder import dump_dir as dump_dir
 from plait.diagnostics.schema import CallRecord as CallRecord
 from plait.diagnostics.schema import Dump as Dump
 from plait.diagnostics.schema import DumpError as DumpError

@@ -94,7 +94,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -112,6 +111,7 @@ from plait.diagnostics.frames import (
     frame_json,
     threads,
 )
+from plait.diagnostics.places import dump_dir, global_rank, job_id, safe_name
 from plait.diagnostics.schema import FORMAT, VERSION
 
 __all__ = [
@@ -575,7 +575,7 @@ class FlightRecorder:
             "comm": self.comm,
             "rank": self.rank,
             "size": self.size,
-            "global_rank": _global_rank(),
+            "global_rank": global_rank(),
             "pid": os.getpid(),
             "host": os.environ.get("PLAIT_HOST") or socket.gethostname(),
             "reason": reason,
@@ -595,7 +595,7 @@ class FlightRecorder:
         name = (
             f"rank{self.rank}.json" if self.comm == 0 else f"comm{self.comm:x}.rank{self.rank}.json"
         )
-        return folder / _safe(self.job) / name
+        return folder / safe_name(self.job) / name
 
     def dump(self, reason: str, path: str | os.PathLike[str] | None = None) -> Path:
         """Write the ring as JSON to ``path`` (default :meth:`path`) and return where.
@@ -662,38 +662,6 @@ def _env_int(name: str, default: int) -> int:
     if not 0 <= value <= MAX_SETTING:
         raise ValueError(f"{name} must be an integer from 0 to {MAX_SETTING:,}; got {text!r}")
     return value
-
-
-def _global_rank() -> int | None:
-    for name in ("PLAIT_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-        text = os.environ.get(name)
-        if text is not None and text.strip().isdigit():
-            return int(text)
-    return None
-
-
-def _safe(name: str) -> str:
-    """``name`` as one path component."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "job"
-
-
-def job_id() -> str:
-    """The id dumps are filed under: the launcher's job id, else ``local``.
-
-    PLAIT_JOB_ID (set by ``plait run``), then torchrun's TORCHELASTIC_RUN_ID,
-    then Slurm's SLURM_JOB_ID.
-    """
-    for name in ("PLAIT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        text = os.environ.get(name, "").strip()
-        if text:
-            return text
-    return "local"
-
-
-def dump_dir() -> Path:
-    """The dump folder: PLAIT_DUMP_DIR, else ``plait-dumps`` in the temporary folder."""
-    text = os.environ.get("PLAIT_DUMP_DIR", "").strip()
-    return Path(text) if text else Path(tempfile.gettempdir()) / "plait-dumps"
 
 
 def live_recorders() -> list[FlightRecorder]:

@@ -45,8 +45,7 @@ from pathlib import Path
 
 # The recorder's own rule for the job's folder name, so that the launcher names the folder
 # the ranks write to, whatever PLAIT_JOB_ID holds.
-from plait.diagnostics.recorder import _safe as _folder_name
-from plait.diagnostics.recorder import dump_dir
+from plait.diagnostics.places import dump_dir, safe_name
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
 
@@ -63,7 +62,7 @@ def dump_folder(env: Mapping[str, str]) -> Path:
     """
     folder = env.get("PLAIT_DUMP_DIR", "").strip()
     base = Path(folder) if folder else dump_dir()
-    return base / _folder_name(env.get("PLAIT_JOB_ID", "").strip() or "local")
+    return base / safe_name(env.get("PLAIT_JOB_ID", "").strip() or "local")
 
 
 def folder_problem(folder: Path) -> str | None:

@@ -1,0 +1,46 @@
+"""Where flight-recorder dumps go: the job they are filed under, and the folder.
+
+``<folder>/<job>/rank<r>.json`` (:meth:`plait.diagnostics.recorder.FlightRecorder.path`);
+``plait run`` names the same folder to its users (:mod:`plait.launch.stall`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["dump_dir", "global_rank", "job_id", "safe_name"]
+
+
+def global_rank() -> int | None:
+    """This process's rank in the job, as its launcher says; None if none says."""
+    for name in ("PLAIT_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        text = os.environ.get(name)
+        if text is not None and text.strip().isdigit():
+            return int(text)
+    return None
+
+
+def safe_name(name: str) -> str:
+    """``name`` as one path component."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "job"
+
+
+def job_id() -> str:
+    """The id dumps are filed under: the launcher's job id, else ``local``.
+
+    PLAIT_JOB_ID (set by ``plait run``), then torchrun's TORCHELASTIC_RUN_ID,
+    then Slurm's SLURM_JOB_ID.
+    """
+    for name in ("PLAIT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        text = os.environ.get(name, "").strip()
+        if text:
+            return text
+    return "local"
+
+
+def dump_dir() -> Path:
+    """The dump folder: PLAIT_DUMP_DIR, else ``plait-dumps`` in the temporary folder."""
+    text = os.environ.get("PLAIT_DUMP_DIR", "").strip()
+    return Path(text) if text else Path(tempfile.gettempdir()) / "plait-dumps"
