@@ -388,6 +388,27 @@ class StallingStore(MemoryStore):
         return super().check(keys)
 
 
+def _stall_and_heal(
+    comm: plait.Communicator, store: StallingStore, saw: threading.Barrier, healed: threading.Event
+) -> None:
+    """Rank 0 stops the store until every rank's watcher has seen it fail, then heals it."""
+    recovery = comm._recovery
+    assert recovery is not None
+    comm.barrier()
+    if comm.rank == 0:
+        store.down.set()
+    saw.wait(20)
+    deadline = time.monotonic() + 20
+    while recovery.store_error is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the watcher's next look at the store fails (a heartbeat)
+    assert recovery.store_error is not None
+    saw.wait(20)
+    if comm.rank == 0:
+        store.down.clear()
+        healed.set()
+    assert healed.wait(20)
+
+
 def test_a_store_that_stalled_and_came_back_still_serves_agree_and_abort() -> None:
     """Note [a store that stalls]: one failed answer stopped every rank's watcher for good, so
     every later agree raised that the store was unreachable, aborts were no longer heard,
@@ -397,21 +418,7 @@ def test_a_store_that_stalled_and_came_back_still_serves_agree_and_abort() -> No
     healed = threading.Event()
 
     def body(comm: plait.Communicator) -> Any:
-        recovery = comm._recovery
-        assert recovery is not None
-        comm.barrier()
-        if comm.rank == 0:
-            store.down.set()
-        saw.wait(20)
-        deadline = time.monotonic() + 20
-        while recovery.store_error is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # the watcher's next look at the store fails (a heartbeat)
-        assert recovery.store_error is not None
-        saw.wait(20)
-        if comm.rank == 0:
-            store.down.clear()
-            healed.set()
-        assert healed.wait(20)
+        _stall_and_heal(comm, store, saw, healed)
         agreed = comm.agree(1)
         if comm.rank == 1:
             comm.abort("after the stall")
@@ -437,21 +444,7 @@ def test_an_abort_just_after_the_store_came_back_is_heard_as_an_abort() -> None:
     healed = threading.Event()
 
     def body(comm: plait.Communicator) -> Any:
-        recovery = comm._recovery
-        assert recovery is not None
-        comm.barrier()
-        if comm.rank == 0:
-            store.down.set()
-        saw.wait(20)
-        deadline = time.monotonic() + 20
-        while recovery.store_error is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # the watcher's next look at the store fails (a heartbeat)
-        assert recovery.store_error is not None
-        saw.wait(20)
-        if comm.rank == 0:
-            store.down.clear()
-            healed.set()
-        assert healed.wait(20)
+        _stall_and_heal(comm, store, saw, healed)
         if comm.rank == 1:
             comm.abort("just after the stall")  # before its watcher looks again
             return "aborted"
