@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-__all__ = ["Process", "alive", "machine", "this_process"]
+__all__ = ["Process", "alive", "machine", "stopped", "this_process"]
 
 
 class Process(NamedTuple):
@@ -34,8 +34,9 @@ def machine() -> str:
     return f"{boot}:{ns}"
 
 
-def _start_time(pid: int) -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time), or None: no such process, or a zombie."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """Fields 3 and 22 of ``/proc/<pid>/stat`` (state, start time), or None: no such
+    process, or a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -44,7 +45,13 @@ def _start_time(pid: int) -> str | None:
     fields = stat[stat.rindex(")") + 2 :].split()  # the name (field 2) may hold spaces
     if fields[0] in ("Z", "X"):
         return None
-    return fields[19]
+    return fields[0], fields[19]
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time), or None: no such process, or a zombie."""
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
 
 
 _PROCESS: Process | None = None
@@ -64,3 +71,12 @@ def alive(proc: Process) -> bool:
     if not proc.machine:
         return True
     return _start_time(proc.pid) == proc.start
+
+
+def stopped(proc: Process) -> bool | None:
+    """Whether ``proc`` (on this machine) is stopped (SIGSTOP, a debugger: state T or t);
+    None if it no longer runs."""
+    stat = _stat(proc.pid)
+    if stat is None or stat[1] != proc.start:
+        return None
+    return stat[0] in ("T", "t")

@@ -68,7 +68,10 @@ Note [agree]
     raise RendezvousError at once, not hang). A rank counts as failed when
 
     - it runs on this machine (same boot id and pid namespace) and its
-      process is gone or a zombie (``/proc/<pid>/stat``): known at once; or
+      process is gone or a zombie (``/proc/<pid>/stat``): known at once; or it
+      runs there, not stopped, and closed its communicator (a running process
+      of this machine is alive whatever its heartbeat: Note [busy ranks] in
+      plait._liveness); or
     - its heartbeat, a counter ``hb/<rank>`` its watcher thread adds to every
       ``HEARTBEAT_SECONDS``, has not moved for ``STALE_SECONDS``; or
     - an earlier agreement of this communicator left it out.
@@ -139,13 +142,14 @@ from typing import NamedTuple
 
 from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark
 from plait._checks import check_timeout
-from plait._processes import Process, alive, this_process
+from plait._liveness import STALE_SECONDS, Liveness, survivors_store
 from plait.communicator import Communicator
 from plait.errors import (
     ClosedError,
     CommError,
     CommTimeout,
     ExcludedError,
+    PeerLostError,
     RendezvousError,
     UnsupportedError,
 )
@@ -167,8 +171,6 @@ __all__ = [
 
 #: Seconds between two heartbeats of a rank's watcher thread (Note [agree]).
 HEARTBEAT_SECONDS = 1.0
-#: Seconds without a heartbeat after which a rank counts as failed (Note [agree]).
-STALE_SECONDS = 5.0
 #: Longest single wait of agree in the store, between two looks at who failed.
 _SLICE = 0.25
 #: The result of an agreement its coordinator gave up at its timeout (Note [agree]).
@@ -234,14 +236,11 @@ class Recovery:
         self._told.acquire()
         self._once = _thread.allocate_lock()  # taken by the one abort, without blocking
         self._agrees = 0
-        self._failed: set[int] = set()  # ranks an earlier agreement left out
-        self._procs: dict[int, Process | None] = {}
+        self.live = Liveness(self.store)  # who counts as failed (Note [busy ranks])
         self._stopping = False
         self._wake = threading.Event()  # close, _check_store: stop, or try the store, now
         self._closed = False
-        me = this_process()
-        self.store.set(f"proc/{self.rank}", f"{me.machine}\n{me.pid}\n{me.start}".encode())
-        self.store.add(f"hb/{self.rank}", 1)
+        self.live.publish(self.rank)
         owner.acquire()
         self._thread = threading.Thread(
             target=self._watch, name=f"plait-watch-rank{self.rank}", daemon=True
@@ -311,7 +310,7 @@ class Recovery:
                 others = [
                     f"marked/{p}"
                     for p in range(self.size)
-                    if p not in (me, source) and not self._has_failed(p, seen)
+                    if p not in (me, source) and not self.live.has_failed(p, seen)
                 ]
                 if source != me:  # the aborting rank closes first: its calls fail as aborted
                     others.append(f"closed/{source}")
@@ -423,7 +422,7 @@ class Recovery:
                 "rank is the next agreement"
             )
         ranks = tuple(int(r) for r in listed.split(",") if r)
-        self._failed.update(set(range(self.size)) - set(ranks))
+        self.live.failed.update(set(range(self.size)) - set(ranks))
         if me not in ranks:
             raise ExcludedError(
                 f"rank {me}: {what}: agree #{k}: the other ranks agreed without this rank (they "
@@ -435,7 +434,7 @@ class Recovery:
     def _coordinator(self, seen: dict[int, tuple[int, float]]) -> int:
         """The lowest rank not failed (this rank, if all below it failed)."""
         for p in range(self.rank):
-            if not self._has_failed(p, seen):
+            if not self.live.has_failed(p, seen):
                 return p
         return self.rank
 
@@ -450,9 +449,9 @@ class Recovery:
             missing = [
                 p
                 for p in range(self.size)
-                if p not in self._failed and not store.check([f"{keys}flag/{p}"])
+                if p not in self.live.failed and not store.check([f"{keys}flag/{p}"])
             ]
-            missing = [p for p in missing if not self._has_failed(p, seen)]
+            missing = [p for p in missing if not self.live.has_failed(p, seen)]
             left = until - time.monotonic()
             if not missing or left <= 0:
                 return missing
@@ -473,7 +472,7 @@ class Recovery:
                 text = f"{_VOID} {self.rank} {','.join(map(str, missing))}"
             else:
                 value = -1  # all bits set: the identity of AND
-                present = [p for p in range(self.size) if p not in self._failed]
+                present = [p for p in range(self.size) if p not in self.live.failed]
                 present = [p for p in present if store.check([f"{keys}flag/{p}"])]
                 for p in present:
                     value &= int(store.get(f"{keys}flag/{p}"))
@@ -481,32 +480,6 @@ class Recovery:
             if not store.check([result]):
                 store.set(result, text.encode())
         return store.get(result).decode()
-
-    def _has_failed(self, p: int, seen: dict[int, tuple[int, float]]) -> bool:
-        """Whether rank ``p`` counts as failed now (Note [agree]); ``seen``: its heartbeats."""
-        if p in self._failed:
-            return True
-        proc = self._process(p)
-        if proc is not None and proc.machine == this_process().machine and not alive(proc):
-            return True  # its process is gone
-        beat = self.store.add(f"hb/{p}", 0)
-        now = time.monotonic()
-        last = seen.get(p)
-        if last is None or last[0] != beat:
-            seen[p] = (beat, now)
-            return False
-        return now - last[1] >= STALE_SECONDS
-
-    def _process(self, p: int) -> Process | None:
-        """Where rank ``p`` runs, as it published (None if it never did)."""
-        if p in self._procs:
-            return self._procs[p]
-        key = f"proc/{p}"
-        if not self.store.check([key]):
-            return None
-        machine, pid, start = self.store.get(key).decode().split("\n")
-        proc = self._procs[p] = Process(machine, int(pid), start)
-        return proc
 
     def _store_back(self, seconds: float) -> bool:
         """Whether the store answers within ``seconds``: asked on a thread of its own, which
@@ -673,10 +646,11 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
         else:
             from plait.transport.route import connect
 
-            store = PrefixStore(namespace, owner.store)
+            # Waits that end when a survivor dies (Note [survivors that die]).
+            store = survivors_store(namespace, owner.store, rec.live, members)
             try:
                 transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
-            except (RendezvousError, ClosedError, OSError) as exc:
+            except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
                 raise RendezvousError(
                     f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
                     f"connect ({exc}); if one failed meanwhile, agree and shrink again"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import plait
-from plait import _recovery
+from plait import _liveness, _recovery
 from plait.rendezvous.store import MemoryStore, PrefixStore
 from plait.testing import memory_communicators, run_ranks
 from plait.transport.route import connect
@@ -98,7 +98,7 @@ def test_a_group_of_a_communicator_shrunk_while_healthy_says_why_it_is_gone() ->
 def test_a_late_rank_is_left_out_and_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 2 closes its communicator (its heartbeat stops): the others agree without it."""
     monkeypatch.setattr(_recovery, "HEARTBEAT_SECONDS", 0.05)
-    monkeypatch.setattr(_recovery, "STALE_SECONDS", 0.3)
+    monkeypatch.setattr(_liveness, "STALE_SECONDS", 0.3)
 
     def body(comm: plait.Communicator) -> Any:
         if comm.rank == 2:

@@ -385,3 +385,74 @@ def test_resilient_example_finishes_with_the_survivors_answer(victim: int) -> No
     survivors = [r for r in range(3) if r != victim]
     assert f"survivors {survivors} after 1 shrink(s)" in res.stdout, res.stdout
     assert "matches numpy" in res.stdout
+
+
+DIES_IN_SHRINK = """
+import os, signal, threading, time, numpy as np, plait
+comm = plait.init(timeout=60)
+if comm.rank == 1:  # dies inside shrink, once it has taken part in the agreement
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+else:
+    time.sleep(1.5)
+start = time.monotonic()
+try:
+    comm.shrink()
+    first = None
+except plait.CommError as exc:
+    first = f"{type(exc).__name__}: {exc}"
+took = time.monotonic() - start
+new = comm.shrink()
+report(first=first, took=took, size=new.size, total=float(new.allreduce(np.ones(1))[0]))
+new.close()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_survivor_that_dies_inside_shrink_ends_the_set_up_within_seconds(
+    server: TCPStoreServer, tmp_path: Path, transport: str
+) -> None:
+    """Note [survivors that die]: rank 1 took part in shrink's agreement, then died; the
+    others waited for it to connect until their timeout (60 s here, 300 by default)."""
+    procs = start_ranks(DIES_IN_SHRINK, 3, tmp_path, plait_env(server, 3, transport))
+    results = finish(procs, timeout=90)
+    for r in (0, 2):
+        res = results[r]
+        assert res is not None, finish.logs  # type: ignore[attr-defined]
+        if res["first"] is not None:  # else the agreement left rank 1 out already
+            assert res["first"].startswith("RendezvousError"), res
+            assert "rank(s) [1] died" in res["first"], res
+            assert "in shrink (rank 1 exited)" in res["first"], res
+            assert res["took"] < 20, res
+        assert res["size"] == 2, res
+        assert res["total"] == 2.0, res
+
+
+BUSY_IN_C = """
+import time, plait
+comm = plait.init(timeout=60)
+busy = 0.0
+if comm.rank == 2:  # one call of C code that holds the GIL for longer than STALE_SECONDS
+    start = time.monotonic()
+    sum(range(5_000_000))
+    n = int(5_000_000 * 9 / max(time.monotonic() - start, 1e-6))  # about 9 s, idle
+    start = time.monotonic()
+    sum(range(n))
+    busy = time.monotonic() - start
+new = comm.shrink()
+report(size=new.size, busy=busy > 5.5)
+new.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_busy_rank_of_this_machine_is_not_voted_out(
+    server: TCPStoreServer, tmp_path: Path
+) -> None:
+    """Note [busy ranks]: rank 2's watcher misses its heartbeats while the main thread holds
+    the GIL; it was taken for failed after 5 s, and a healthy job lost it."""
+    procs = start_ranks(BUSY_IN_C, 3, tmp_path, plait_env(server, 3, "shm"))
+    results = finish(procs, timeout=90)
+    assert [r and r["size"] for r in results] == [3, 3, 3], finish.logs  # type: ignore[attr-defined]
+    assert results[2] is not None
+    assert results[2]["busy"]  # longer than STALE_SECONDS: it would have been voted out

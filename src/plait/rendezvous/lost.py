@@ -25,12 +25,17 @@ Note [lost ranks]
     about a second, with a :class:`~plait.errors.PeerLostError` naming it.
     Without such a launcher (torchrun, mpirun, a store passed in) nothing is
     ever filed and the waits end at their deadline, as before.
+
+    A :class:`Watched` namespace is the other kind a wait looks in: its owner
+    tells which of its ranks are dead by a function, asked between two slices
+    (a shrunk communicator's set-up: Note [survivors that die] in
+    plait._liveness).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from plait.errors import PeerLostError
 from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
@@ -38,6 +43,7 @@ from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
 __all__ = [
     "LOOK_SECONDS",
     "JobRanks",
+    "Watched",
     "filed",
     "lost_error",
     "report_lost",
@@ -62,6 +68,36 @@ class JobRanks(PrefixStore):
     lost (Note [lost ranks]); waits through any other store (a shrunk
     communicator's, whose ranks are renumbered) do not.
     """
+
+
+class Watched(PrefixStore):
+    """A namespace whose ranks' deaths ``dead`` tells: given ranks, those that died and how.
+
+    ``during`` names what the waits in it are part of ("shrink"), for their errors.
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        store: Store,
+        dead: Callable[[Sequence[int]], dict[int, str]],
+        during: str,
+    ) -> None:
+        super().__init__(prefix, store)
+        self.dead = dead
+        self.during = during
+
+
+def _watched(store: Store) -> Watched | None:
+    """The nearest :class:`Watched` view ``store`` is (or is a view of), else None."""
+    view = store
+    while isinstance(view, PrefixStore):
+        if isinstance(view, Watched):
+            return view
+        if isinstance(view, JobRanks):
+            return None
+        view = view.store
+    return None
 
 
 def root(store: Store) -> Store:
@@ -94,24 +130,32 @@ def filed(store: Store, ranks: Sequence[int]) -> dict[int, str]:
     One round trip when none was; always empty for a store that is not a view of
     a :class:`JobRanks` namespace.
     """
+    watched = _watched(store)
+    if watched is not None:
+        return watched.dead(ranks)
     base = _job_root(store)
     if base is None or not base.check([_COUNT]):
         return {}
     return {r: base.get(_key(r), 0.0).decode() for r in ranks if base.check([_key(r)])}
 
 
-def lost_error(me: str, lost: dict[int, str], what: str) -> PeerLostError:
+def lost_error(
+    me: str, lost: dict[int, str], what: str, store: Store | None = None
+) -> PeerLostError:
     """The error of a start-up wait that rank(s) ``lost`` will never end: they died.
 
     ``me`` starts the message ("rank 2"); ``what`` is what the dead ranks did not
-    do ("announce their segment").
+    do ("announce their segment"); ``store``: the store of the wait (a
+    :class:`Watched` one names what the wait was part of).
     """
     ranks = sorted(lost)
     how = "; ".join(f"rank {r} {lost[r]}" for r in ranks)
-    err = PeerLostError(
-        f"{me}: rank(s) {ranks} died before they could {what} in plait.init ({how}, as "
-        "plait run saw): see their output"
-    )
+    watched = None if store is None else _watched(store)
+    if watched is not None:
+        text = f"died before they could {what} in {watched.during} ({how})"
+    else:
+        text = f"died before they could {what} in plait.init ({how}, as plait run saw)"
+    err = PeerLostError(f"{me}: rank(s) {ranks} {text}: see their output")
     err.lost_rank = ranks[0]
     return err
 
@@ -125,16 +169,19 @@ def wait_ranks(
     me: str,
     what: str,
 ) -> None:
-    """``store.wait(keys, timeout)``, where ``keys[i]`` is set by job rank ``ranks[i]``.
+    """``store.wait(keys, timeout)``, where ``keys[i]`` is set by rank ``ranks[i]`` (of the
+    job in a :class:`JobRanks` namespace, of the namespace's own in a :class:`Watched` one).
 
     Raises:
-        PeerLostError: a launcher filed a rank whose key is missing as dead
-            (Note [lost ranks]); within about :data:`LOOK_SECONDS`.
+        PeerLostError: a launcher filed a rank whose key is missing as dead, or a
+            Watched namespace says it died (Note [lost ranks]); within about
+            :data:`LOOK_SECONDS`.
         StoreTimeout: some keys were still missing after ``timeout``.
     """
     seconds = store.timeout if timeout is None else timeout
-    base = _job_root(store)
-    if base is None:
+    watched = _watched(store)
+    base = _job_root(store) if watched is None else None
+    if base is None and watched is None:
         store.wait(keys, seconds)
         return
     deadline = time.monotonic() + seconds
@@ -146,9 +193,9 @@ def wait_ranks(
         except StoreTimeout:
             if left <= LOOK_SECONDS:
                 raise
-        if not base.check([_COUNT]):  # nobody filed: one round trip (Note [lost ranks])
+        if base is not None and not base.check([_COUNT]):  # nobody filed: one round trip
             continue
         missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
         lost = filed(store, missing)
         if lost:
-            raise lost_error(me, lost, what)
+            raise lost_error(me, lost, what, store)

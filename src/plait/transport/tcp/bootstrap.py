@@ -458,7 +458,7 @@ def connect_mesh(
                 behind = {d.peer for d in waiting} | {j for j, s in expected if (j, s) not in done}
                 lost = filed(store, sorted(behind))
                 if lost:
-                    raise lost_error(f"rank {rank}", lost, "connect over TCP")
+                    raise lost_error(f"rank {rank}", lost, "connect over TCP", store)
                 next_look = now + LOOK_SECONDS
             return next_look
 
