@@ -6,17 +6,20 @@ import gc
 import io
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from dumpkit import FakeClock
 
 import plait
-from plait.diagnostics import triggers
+from plait.diagnostics import recorder, triggers
 from plait.diagnostics.recorder import CallShape, FlightRecorder
 from plait.diagnostics.schema import load
+from plait.diagnostics.timeline import Timeline
 from plait.diagnostics.triggers import (
     STALL_MARKER,
     Watchdog,
@@ -47,6 +50,32 @@ def test_a_dump_that_cannot_be_written_does_not_raise(tmp_path: Path) -> None:
     rec = FlightRecorder(0, 2, folder=tmp_path / "file")  # a file where a folder should be
     assert dump_on_error(rec, plait.MismatchError("x")) is None
     assert dump_all("x", [rec]) == []
+
+
+def _returns(fn: Any, seconds: float = 10.0) -> bool:
+    """Whether ``fn()``, run on a thread of its own, returns within ``seconds``."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()
+
+
+def test_a_dump_waits_on_no_lock_the_interrupted_thread_may_hold(tmp_path: Path) -> None:
+    """Note [dumps from a signal handler]: SIGUSR1 while the main thread wrote its timeline
+    (at exit) made the handler wait for the timeline's lock, which that thread held: the
+    rank never exited. Here the locks are held by this thread while another dumps."""
+    rec = FlightRecorder(0, 2, folder=tmp_path / "dumps")
+    rec.timeline = Timeline(tmp_path / "trace.json", 0)
+    rec.end(rec.begin(SHAPE, 0))
+    with rec.timeline._lock:  # a write under way
+        assert _returns(lambda: dump_all("signal SIGUSR1", [rec]))
+    assert (tmp_path / "dumps").exists()
+    assert not (tmp_path / "trace.json").exists()  # left to the write under way
+    with recorder._live_lock:  # a communicator being made
+        found: list[Any] = []
+        assert _returns(lambda: found.extend(recorder.live_recorders(wait=False)))
+        assert rec in found
+    assert rec.timeline.write(wait=False) == tmp_path / "trace.json"
 
 
 @pytest.fixture

@@ -90,6 +90,7 @@ Settings, read by :meth:`FlightRecorder.from_env`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -664,7 +665,19 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-def live_recorders() -> list[FlightRecorder]:
-    """Every recorder alive in this process (for dumps on SIGUSR1 or a stall)."""
-    with _live_lock:
+def live_recorders(*, wait: bool = True) -> list[FlightRecorder]:
+    """Every recorder alive in this process (for dumps on SIGUSR1 or a stall).
+
+    ``wait=False`` (a signal handler): if the lock is held, perhaps by the thread the
+    handler interrupted, the set is read without it (Note [dumps from a signal handler]
+    in :mod:`plait.diagnostics.triggers`).
+    """
+    if not _live_lock.acquire(blocking=wait):
+        for _ in range(8):
+            with contextlib.suppress(RuntimeError):  # changed while being read: again
+                return list(_live)
+        return []
+    try:
         return list(_live)
+    finally:
+        _live_lock.release()

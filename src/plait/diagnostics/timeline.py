@@ -209,14 +209,22 @@ class Timeline:
                 events.append(slice_event(step_label(kind, peer), kind, r, tid, t0, t1, args))
         return events
 
-    def write(self, path: str | os.PathLike[str] | None = None) -> Path:
+    def write(
+        self, path: str | os.PathLike[str] | None = None, *, wait: bool = True
+    ) -> Path | None:
         """Write the trace (to ``path``, default :attr:`path`); returns where.
+
+        ``wait=False`` (a signal handler's dump): return None at once if a write is under
+        way, on another thread or on the very thread the handler interrupted, which would
+        wait for itself for ever; that write writes what was recorded.
 
         Raises:
             OSError: the file cannot be written.
         """
         target = Path(path) if path is not None else self.path
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             doc = document(self.events(), name=f"plait timeline, rank {self.rank}")
             doc["otherData"]["dropped_events"] = self.dropped
             if target.parent != Path():
@@ -224,6 +232,8 @@ class Timeline:
             tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(doc), encoding="utf-8")
             os.replace(tmp, target)
+        finally:
+            self._lock.release()
         return target
 
     def _write_at_exit(self) -> None:

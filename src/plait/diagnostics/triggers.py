@@ -65,14 +65,25 @@ def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list
     something already went wrong, and must not add an error of its own.
     """
     written = []
-    for rec in live_recorders() if recorders is None else recorders:
+    # Without waiting on a lock: this runs in a signal handler, on the main thread, which
+    # may hold it (Note [dumps from a signal handler]).
+    for rec in live_recorders(wait=False) if recorders is None else recorders:
         try:
             written.append(rec.dump(reason))
             if rec.timeline is not None:
-                rec.timeline.write()  # what led here, in case the process dies next
+                rec.timeline.write(wait=False)  # what led here, in case the process dies next
         except OSError as exc:
             _log.warning("rank %d: flight recorder dump failed: %s", rec.rank, exc)
     return written
+
+
+# Note [dumps from a signal handler]
+#     SIGUSR1's handler runs on the main thread, between two of its bytecodes, wherever it
+#     is: inside a lock the dump would take too (the timeline's, while it writes its file
+#     at exit; the set of live recorders', while a communicator is made), the handler
+#     waited for the thread it interrupted, for ever, and the rank never exited. So a dump
+#     takes no lock it could wait on: the recorders are listed without the lock if it is
+#     held, and a timeline being written is left to the write under way.
 
 
 def dump_on_error(recorder: FlightRecorder | None, error: BaseException) -> Path | None:
