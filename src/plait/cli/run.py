@@ -47,9 +47,13 @@ exit status, and exits with the code of the rank that started the failure
 (128 + N for signal N). Ranks that fail because a peer failed first (their
 traceback starts with a plait communication error, such as PeerLostError) are
 named only when no rank failed otherwise: after such a failure the launcher
-waits up to 3 s for the rank that started it. Ctrl-C (SIGINT) or SIGTERM to
-the launcher stops every rank the same way. Shared-memory segments the job left
-in /dev/shm are removed on the way out.
+waits up to 3 s for the rank that started it. Ctrl-C (SIGINT), SIGTERM or
+SIGHUP to the launcher stops every rank the same way. Each rank runs in a
+process group of its own, and stopping it signals the group: the processes a
+rank's command starts (a wrapper script's Python, a rank's workers) stop with
+it. SIGUSR1 to the launcher is passed on to every rank that catches it (a plait
+rank dumps its flight recorders). Shared-memory segments the job left in
+/dev/shm are removed on the way out.
 
 Restarts: with --max-restarts K (torchrun's option), a failure as above is
 reported, and then every rank is started again, up to K times; the job's exit

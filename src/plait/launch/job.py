@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from plait._net import format_address
+from plait.diagnostics.triggers import catches_signal
 from plait.errors import CommError
 from plait.launch.relay import DRAIN_SECONDS, Relay
 from plait.launch.stall import StallResponder, dump_folder, folder_problem, stall_timeout
@@ -135,12 +136,13 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
     Every rank's stdout and stderr are relayed a whole line at a time to ``stdout`` and
     ``stderr`` (None: ``sys.stdout``, ``sys.stderr``); without ``tag_output`` a rank's stderr
     is prefixed with its rank from its first Python traceback on. If a rank fails, the
-    others are stopped (SIGTERM, then SIGKILL), the rank that started the failure is named
-    and every rank's exit status printed (:func:`plait.launch.watch.watch`); with
-    ``max_restarts`` left, every rank is then started again (Note [restarts]). SIGINT and
-    SIGTERM to this process stop every rank the same way, and are never followed by a
-    restart; call it from the main thread. Shared-memory segments the job left in /dev/shm
-    are removed after every attempt.
+    others are stopped (SIGTERM, then SIGKILL, to each rank's process group: Note [a
+    rank's processes]), the rank that started the failure is named and every rank's exit
+    status printed (:func:`plait.launch.watch.watch`); with ``max_restarts`` left, every
+    rank is then started again (Note [restarts]). SIGINT, SIGTERM and SIGHUP to this
+    process stop every rank the same way, and are never followed by a restart; SIGUSR1 is
+    passed on to the ranks that catch it. Call it from the main thread. Shared-memory
+    segments the job left in /dev/shm are removed after every attempt.
 
     Returns:
         0 if every rank exited with 0; else the exit code of the rank that started the
@@ -167,7 +169,8 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
     if problem is not None:  # the ranks would each say so only when they dump
         _say(job, stderr, f"PLAIT_DUMP_DIR={folder}: {problem}; flight-recorder dumps will fail")
     signals = _Signals()
-    old = {s: signal.signal(s, signals.receive) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, signals.receive) for s in _STOPPING}
+    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, signals.forward)
     try:
         restart = 0
         while True:
@@ -205,17 +208,41 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
 #     (torchrun's) that plait run does not have.
 
 
+#: Signals to the launcher that stop the job: Ctrl-C, kill, and a closed terminal or ssh
+#: session (SIGHUP, which would otherwise end the launcher alone and leave the ranks).
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+# Note [a rank's processes]
+#     A rank's command may start processes of its own: ``plait run -- ./train.sh`` runs a
+#     shell that runs Python, a rank may start data-loading workers. Signalled alone, the
+#     shell died and left Python running, with the launcher gone. So each rank is started
+#     as the leader of a process group of its own, and stopping it signals the group. Ctrl-C
+#     at a terminal then reaches the launcher alone (the terminal signals its foreground
+#     group), which stops every rank as it does on SIGTERM. SIGUSR1 to the launcher is
+#     passed on to every rank that catches it (a plait rank dumps its flight recorders, as
+#     ``kill -USR1`` of the rank does), not to its group: a shell would die of it.
+
+
 class _Signals:
-    """SIGINT and SIGTERM to the launcher: remembered, and passed to the current attempt."""
+    """Signals to the launcher: SIGINT, SIGTERM and SIGHUP remembered and passed to the
+    current attempt; SIGUSR1 passed on to its ranks."""
 
     def __init__(self) -> None:
         self.received = 0
         self.events: queue.Queue[tuple[int, int]] | None = None
+        self.ranks: list[RankProcess] = []  # the current attempt's, as they start
 
     def receive(self, signum: int, _frame: object) -> None:
         self.received = signum
         if self.events is not None:
             self.events.put((-1, -signum))
+
+    def forward(self, signum: int, _frame: object) -> None:
+        for r in list(self.ranks):
+            if r.proc.returncode is None and catches_signal(r.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    r.proc.send_signal(signum)
 
 
 def _say(job: Job, stream: IO[str] | None, message: str) -> None:
@@ -262,10 +289,11 @@ def _attempt(
         job.tag_output, label=job.label, stdout=stdout, stderr=stderr, on_stall=stalls.report
     )
     signals.events = events
+    signals.ranks = ranks
     try:
-        if signals.received:  # between two attempts: do not start another
-            return 128 + signals.received
         for local, env in enumerate(envs):
+            if signals.received:  # before, or while, starting them: start no more
+                return 128 + signals.received
             rank = first + local
             proc = subprocess.Popen(
                 list(job.command),
@@ -273,6 +301,7 @@ def _attempt(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
+                process_group=0,  # Note [a rank's processes]
             )
             relay.add(rank, proc)
             ranks.append(RankProcess(rank, proc))

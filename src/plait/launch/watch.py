@@ -10,6 +10,7 @@ every rank's exit status; it returns the exit code the job ends with.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
 
-__all__ = ["GRACE_SECONDS", "LINGER_SECONDS", "RankProcess", "stop", "watch"]
+__all__ = ["GRACE_SECONDS", "LINGER_SECONDS", "RankProcess", "signal_rank", "stop", "watch"]
 
 #: Seconds between SIGTERM and SIGKILL when stopping ranks.
 GRACE_SECONDS = 5.0
@@ -150,19 +151,30 @@ def _status(r: RankProcess, relay: Relay) -> str:
     return text + (f" ({', '.join(notes)})" if notes else "")
 
 
+def signal_rank(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to every process of a rank: its process group, which the launcher made
+    for it (Note [a rank's processes] in :mod:`plait.launch.job`); else to its process."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # not a group of its own (a rank started by other code)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+
 def stop(ranks: Sequence[RankProcess]) -> None:
-    """Stop every rank still running: SIGTERM, then SIGKILL after GRACE_SECONDS; reap them all."""
+    """Stop every rank still running: SIGTERM, then SIGKILL after GRACE_SECONDS, to each
+    one's process group (a wrapper script's children too); reap them all."""
     for r in ranks:
         if r.proc.poll() is None:
             r.stopped = r.exit is None
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.terminate()
+            signal_rank(r.proc, signal.SIGTERM)
     for r in ranks:
         try:
             r.proc.wait(GRACE_SECONDS)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.kill()
+            signal_rank(r.proc, signal.SIGKILL)
             r.proc.wait()
 
 

@@ -1,0 +1,139 @@
+"""``plait run`` and signals: a rank's own processes are stopped with it (a wrapper script's
+Python too), SIGHUP stops the job as SIGTERM does, and SIGUSR1 to the launcher makes the
+ranks dump (Note [a rank's processes] in plait.launch.job)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(90)
+
+PLAIT = [sys.executable, "-m", "plait"]
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer runs (gone, or a zombie no one reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def _pids(folder: Path, n: int, seconds: float = 30) -> list[int]:
+    """The pids the ranks' Python wrote into ``folder`` (rank r: ``pid<r>``), once all did."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        files = [folder / f"pid{r}" for r in range(n)]
+        if all(f.exists() and f.read_text().strip() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.05)
+    raise AssertionError(f"the ranks never wrote their pids into {folder}")
+
+
+def _until_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    """``pids`` still running after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not _gone(p)]
+
+
+#: A rank that writes its pid (rank 0 fails once every rank has, with "fail") and sleeps.
+RANK = """
+    import os, sys, time
+    rank, folder = int(os.environ["PLAIT_RANK"]), sys.argv[1]
+    with open(os.path.join(folder, f"pid{rank}.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(folder, f"pid{rank}.tmp"), os.path.join(folder, f"pid{rank}"))
+    if rank == 0 and sys.argv[2] == "fail":
+        while not all(os.path.exists(os.path.join(folder, f"pid{r}")) for r in range(3)):
+            time.sleep(0.05)
+        sys.exit(3)
+    time.sleep(120)
+"""
+
+
+def test_a_wrapper_scripts_python_is_stopped_with_its_rank(tmp_path: Path) -> None:
+    """``plait run -- ./train.sh``: the launcher signalled the shell alone, and the Python it
+    ran went on after the job had ended."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{tmp_path / "rank.py"}" "$@"\nexit $?\n')
+    wrapper.chmod(0o755)
+    res = subprocess.run(
+        [*PLAIT, "run", "-n", "3", "--", str(wrapper), str(tmp_path), "fail"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 3, res.stderr
+    assert _until_gone(_pids(tmp_path, 3)) == [], res.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_sighup_stops_the_job_as_sigterm_does(tmp_path: Path, sig: int) -> None:
+    """A closed terminal or ssh session (SIGHUP) ended the launcher alone."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
+    launcher = subprocess.Popen(
+        [*PLAIT, "run", "-n", "3", str(tmp_path / "rank.py"), str(tmp_path), "wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = _pids(tmp_path, 3)
+        launcher.send_signal(sig)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + sig, err
+    assert _until_gone(pids) == [], err
+
+
+DUMPS = """
+    import os, sys, time, plait
+    comm = plait.init(timeout=60)
+    with open(os.path.join(sys.argv[1], f"pid{comm.rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(sys.argv[1], "dumps", "sigjob", f"rank{comm.rank}.json")):
+        if time.monotonic() > deadline:
+            sys.exit(5)
+        time.sleep(0.05)
+    comm.barrier()
+"""
+
+
+def test_sigusr1_to_the_launcher_makes_every_rank_dump(tmp_path: Path) -> None:
+    """mpirun passes SIGUSR1 on; plait run's default action for it was to die, leaving the
+    ranks running."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(DUMPS))
+    env = {**os.environ, "PLAIT_DUMP_DIR": str(tmp_path / "dumps"), "PLAIT_JOB_ID": "sigjob"}
+    launcher = subprocess.Popen(
+        [*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        _pids(tmp_path, 2)  # written after plait.init, which installs the handler
+        launcher.send_signal(signal.SIGUSR1)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, err
+    for r in range(2):
+        assert (tmp_path / "dumps" / "sigjob" / f"rank{r}.json").exists()
