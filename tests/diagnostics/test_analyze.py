@@ -484,3 +484,32 @@ def test_a_rank_past_its_last_call_says_where_its_main_thread_is() -> None:
     d["threads"] = [{"name": "MainThread", "stack": [["/job/train.py", 7, "<module>"]]}]
     [diag] = diagnose(parsed([others, d]))
     assert diag.where[1].endswith("no call since; its main thread is at train.py:7")
+
+
+def test_a_rank_that_came_after_the_others_gave_up_is_named_as_the_cause() -> None:
+    """Rank 1 reached #3 after the others' timeout had run out; every rank failed in #3, and
+    the report gave all three rank 0's timeout, never naming rank 1."""
+    timeout = "CollectiveTimeout: rank {r}: allreduce (ring, call #3) timed out waiting for [1]"
+    dumps = [
+        dump(
+            r,
+            3,
+            [
+                *(call(s) for s in range(3)),
+                call(3, end=T0 + 8, state="failed", waiting_on=(1,), error=timeout.format(r=r)),
+            ],
+        )
+        for r in (0, 2)
+    ]
+    lost = "PeerLostError: rank 1: allreduce (ring, call #3): rank 2 gave up on the call"
+    mine = [*(call(s) for s in range(3)), call(3, start=T0 + 9.5, end=T0 + 9.5, state="failed")]
+    mine[-1].update(error=lost, waiting_on=[2])
+    dumps.append(dump(1, 3, mine))
+    [d] = diagnose(parsed(dumps))
+    kinds = [(f.kind, f.ranks) for f in d.findings]
+    assert kinds == [("too_late", (1,)), ("failed", (0, 2)), ("failed", (1,))], kinds
+    assert d.findings[0].message.startswith(
+        "rank 1 reached call #3 (allreduce at train.py:42) only after ranks 0, 2 had given up "
+        "on it at 12:00:08.000 UTC: rank 1 at 12:00:09.500 UTC, 6.5 s after the first rank."
+    )
+    assert "PeerLostError" in d.findings[2].message

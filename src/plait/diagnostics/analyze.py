@@ -70,7 +70,7 @@ class Finding:
     """One thing found wrong, in plain words.
 
     ``kind``: ``mismatch``, ``skipped``, ``extra``, ``missing``,
-    ``never_arrived``, ``failed``, ``late``, ``size`` or ``stale``; or
+    ``never_arrived``, ``too_late``, ``failed``, ``late``, ``size`` or ``stale``; or
     ``undumped`` or ``older_run``, which are not problems (:data:`NOT_PROBLEMS`); ``seq``
     the call number it concerns (None if none); ``ranks`` the ranks at fault.
     """
@@ -388,6 +388,7 @@ def _stuck(
     verb = "wait" if any(blocked[r].in_flight for r in in_it) else "waited"
     if len(in_it) == 1:
         verb += "s" if verb == "wait" else ""
+    out.extend(_too_late(blocked, in_it, seq))
     if missing:
         out.append(
             Finding(
@@ -428,6 +429,36 @@ def _stuck(
     return out
 
 
+def _too_late(blocked: dict[int, CallRecord], in_it: list[int], seq: int) -> list[Finding]:
+    """Ranks that began call ``seq`` only after the others had given up on it (their
+    timeout ran out first): the cause, though every rank failed in the call."""
+    ended = [blocked[r].end for r in in_it if blocked[r].state == "failed" and blocked[r].end]
+    if not ended:
+        return []
+    gave_up = min(e for e in ended if e is not None)
+    late = sorted(r for r in in_it if (blocked[r].start or 0.0) > gave_up)
+    if not late:
+        return []
+    first = min(blocked[r].start or gave_up for r in in_it)
+    early = sorted(r for r in in_it if r not in late)
+    parts = [
+        f"rank {r} at {_clock(blocked[r].start)}, {_dur((blocked[r].start or 0.0) - first)} "
+        "after the first rank"
+        for r in late
+    ]
+    ref = blocked[late[0]]
+    return [
+        Finding(
+            "too_late",
+            seq,
+            tuple(late),
+            f"{_ranks(late)} reached call #{seq} ({ref.collective} at {ref.where}) only after "
+            f"{_ranks(early)} had given up on it at {_clock(gave_up)}: {'; '.join(parts)}. "
+            "What came before the call took longer there than the others' timeout",
+        )
+    ]
+
+
 def _failures(by_rank: dict[int, Dump]) -> list[Finding]:
     """The first failed call of each rank, grouped by call number."""
     first: dict[int, CallRecord] = {}
@@ -438,11 +469,13 @@ def _failures(by_rank: dict[int, Dump]) -> list[Finding]:
                 break
     # Ranks that failed in one call number may have made different calls there (a mismatch):
     # each call, with its own line, gets its own finding.
-    calls: dict[tuple[int, str], list[int]] = {}
+    # So may ranks that failed in one call of different errors (a timeout where the others
+    # lost a peer): each error kind gets its own finding too.
+    calls: dict[tuple[int, str, str], list[int]] = {}
     for r, c in sorted(first.items()):
-        calls.setdefault((c.seq, c.describe()), []).append(r)
+        calls.setdefault((c.seq, c.describe(), (c.error or "").split(":", 1)[0]), []).append(r)
     out = []
-    for (seq, text), rs in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+    for (seq, text, _), rs in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[1][0])):
         c = first[rs[0]]
         out.append(Finding("failed", seq, tuple(rs), f"{_ranks(rs)}: {text} failed: {c.error}"))
     return out
