@@ -298,7 +298,9 @@ class Recovery:
             if self.store_error is None:
                 store, me = self.store, self.rank
                 if source == me:
-                    payload = f"{me}\n{reason}".encode()
+                    # A reason may hold lone surrogates (str() of an OSError on a
+                    # non-UTF-8 file name): escaped, not an error on the abort's thread.
+                    payload = f"{me}\n{reason}".encode(errors="backslashreplace")
                     for p in range(self.size):
                         if p != me:
                             store.set(f"abort/{p}", payload)
@@ -571,7 +573,7 @@ def _owned(comm: Communicator, what: str) -> Recovery | None:
     if rec is None and comm.size == 1:
         return None
     if comm.closed:
-        raise ClosedError(f"rank {comm.rank}: {what} on a closed communicator")
+        raise _closed(comm, what)
     why = (
         "a split's group: call it on the communicator it was split from"
         if rec is not None
@@ -580,6 +582,14 @@ def _owned(comm: Communicator, what: str) -> Recovery | None:
     raise UnsupportedError(
         f"rank {comm.rank}: {what} needs the store the ranks met through, and this "
         f"communicator has none of its own: it was {why}"
+    )
+
+
+def _closed(comm: Communicator, what: str) -> ClosedError:
+    """``what`` on a closed communicator; one that shrink replaced says so."""
+    why = comm._runner.aborted
+    return ClosedError(
+        f"rank {comm.rank}: {what} on a closed communicator" + (f" ({why})" if why else "")
     )
 
 
@@ -597,7 +607,7 @@ def agree(comm: Communicator, flag: int, timeout: float | None) -> Agreement:
     if rec is None:
         return Agreement(int(flag), (0,))
     if rec._closed:
-        raise ClosedError(f"rank {comm.rank}: agree on a closed communicator")
+        raise _closed(comm, "agree")
     return rec.agree(int(flag), seconds)[0]
 
 
@@ -621,7 +631,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
         comm.close()
         return new
     if rec._closed:
-        raise ClosedError(f"rank {comm.rank}: shrink on a closed communicator")
+        raise _closed(comm, "shrink")
 
     def leave() -> None:  # every rank still in a call on the old communicator leaves it
         rec.abort("replaced by shrink()", here=True)

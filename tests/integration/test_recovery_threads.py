@@ -87,6 +87,9 @@ def test_a_group_of_a_communicator_shrunk_while_healthy_says_why_it_is_gone() ->
                 group.allreduce(np.ones(1))
             with pytest.raises(plait.AbortedError, match=r"replaced by shrink\(\)"):
                 comm.allreduce(np.ones(1))  # the old one: closed, and why
+            for again in (comm.agree, comm.shrink):  # they said only "closed"
+                with pytest.raises(plait.ClosedError, match=r"closed .*replaced by shrink\(\)"):
+                    again()
             return str(info.value).count(f"rank {comm.rank}: ")
         finally:
             group.close()
@@ -210,6 +213,22 @@ def test_abort_from_a_watchdog_fails_blocked_receives_everywhere_within_a_second
         elapsed, kind = res
         assert elapsed < 0.3 + 1.0
         assert kind in ("AbortedError", "PeerLostError")
+
+
+def test_a_reason_that_is_not_valid_unicode_is_told_escaped() -> None:
+    """str() of an OSError on a non-UTF-8 file name holds lone surrogates: encoding it
+    failed on the abort's thread, and the peers saw a lost peer instead of an abort."""
+
+    def body(comm: plait.Communicator) -> Any:
+        comm.barrier()
+        if comm.rank == 1:
+            comm.abort("cannot open ckpt-\udcff")
+        with pytest.raises(plait.AbortedError) as info:
+            comm.allreduce(np.ones(2), timeout=15)
+        return str(info.value)
+
+    for text in store_ranks(3, body):
+        assert "aborted by rank 1 (cannot open ckpt-" in text, text
 
 
 def test_abort_in_a_signal_handler_while_the_main_thread_is_blocked() -> None:
