@@ -117,6 +117,10 @@ def test_bad_arguments() -> None:
     assert "-n >= 1" in res.stderr
     res = run(["run", "-n", "2", "--nnodes", "2", "x.py"])
     assert "--master-port" in res.stderr
+    for bad in ("-5", "0", "nan"):  # every rank started, then failed in plait.init (0: none)
+        res = run(["run", "-n", "2", "--timeout", bad, "x.py"])
+        assert res.returncode == 2, res.stderr
+        assert "--timeout must be a number of seconds > 0" in res.stderr
 
 
 def test_algorithms_listing() -> None:

@@ -318,6 +318,8 @@ def main(args: argparse.Namespace) -> int:
         _usage_error("--max-restarts is for a job on one host (--nnodes 1)")
     if max_restarts and getattr(args, "enable_recovery", False):
         _usage_error("--enable-recovery and --max-restarts exclude each other")
+    if args.timeout is not None and not args.timeout > 0:  # NaN, 0 and less: every call
+        _usage_error(f"--timeout must be a number of seconds > 0, not {args.timeout}")
     stall_timeout = getattr(args, "stall_timeout", None)
     if stall_timeout is not None and not stall_timeout >= 0:
         _usage_error(f"--stall-timeout must be a number of seconds >= 0, not {stall_timeout}")
