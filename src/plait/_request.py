@@ -187,7 +187,7 @@ class Plan:
         self.check = call_digest(spec.name, ctx, dtype, op, purpose)
         # The reduction its calls run (only schedules that reduce call it: np.bitwise_or
         # stands in where there is no op, and is never called).
-        self.ufunc: np.ufunc = op.ufunc if op is not None else np.bitwise_or
+        self.ufunc: np.ufunc = op.kernel(dtype) if op is not None else np.bitwise_or
         # What the flight recorder keeps of each call of this shape (one object, reused).
         self.shape = CallShape(
             ctx.collective, spec.name, ctx.count, dtype, op, ctx.root, caller_site()

@@ -269,9 +269,10 @@ def fold(op: Op, arrays: Sequence[np.ndarray], size: int) -> np.ndarray:
     overflow to inf is a result, not an error.
     """
     acc = np.array(arrays[0], copy=True)
+    kernel = op.kernel(acc.dtype)
     with np.errstate(all="ignore"):
         for x in arrays[1:]:
-            op.ufunc(acc, x, out=acc)
+            kernel(acc, x, out=acc)
         if op.average:
             np.divide(acc, size, out=acc)
     return acc

@@ -31,12 +31,35 @@ import json
 import os
 import sys
 import textwrap
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from plait.diagnostics._words import (
+    call_text as _call_text,
+)
+from plait.diagnostics._words import (
+    clock as _clock,
+)
+from plait.diagnostics._words import (
+    died as _died,
+)
+from plait.diagnostics._words import (
+    dumps_of as _dumps_of,
+)
+from plait.diagnostics._words import (
+    dur as _dur,
+)
+from plait.diagnostics._words import (
+    is_are as _is,
+)
+from plait.diagnostics._words import (
+    plural as _plural,
+)
+from plait.diagnostics._words import (
+    ranks as _ranks,
+)
 from plait.diagnostics.schema import CallRecord, Dump, load_all
 from plait.diagnostics.stragglers import Lateness, format_lateness, measure, stragglers
 
@@ -553,78 +576,6 @@ def _main_thread(d: Dump) -> str:
         where = f"{os.path.basename(path)}:{line}"
         return f"; its main thread is at {where}" + (f", in plait's {inside}" if inside else "")
     return ""
-
-
-# -- words -------------------------------------------------------------------------------
-
-
-def _ranks(rs: Sequence[int]) -> str:
-    rs = sorted(rs)
-    if len(rs) == 1:
-        return f"rank {rs[0]}"
-    return "ranks " + ", ".join(map(str, rs))
-
-
-def _is(rs: Sequence[int]) -> str:
-    return "is" if len(rs) == 1 else "are"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{'a' if n == 1 else n} {word}{'' if n == 1 else 's'}"
-
-
-def _dumps_of(ranks: Sequence[int]) -> str:
-    """``rank 0's dump`` or ``the dumps of ranks 0, 2``."""
-    return f"rank {ranks[0]}'s dump" if len(ranks) == 1 else f"the dumps of {_ranks(ranks)}"
-
-
-def _died(rs: Sequence[int], away: Collection[int] = ()) -> str:
-    """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator."""
-    there = sorted(r for r in rs if r in away)
-    rest = [r for r in rs if r not in away]
-    said = []
-    if there:
-        said.append(
-            f"{_ranks(there)} dumped for another communicator of the job (see its report): "
-            f"stuck or failed there"
-        )
-    if rest:
-        if len(rest) == 1:
-            it, was, its = "it", "was", "its"
-        else:
-            it, was, its = "they", "were", "their"
-        lead = f"{_ranks(rest)} " if there else ""
-        said.append(
-            f"{lead}{it} probably died or {was} killed (see {its} exit status in plait run's "
-            f"output), or {it} wrote to another folder or host"
-        )
-    return "; ".join(said)
-
-
-def _call_text(c: CallRecord, ref: CallRecord | None) -> str:
-    """``allreduce #17 (train.py:42)``, plus the fields that differ from ``ref``'s call."""
-    if ref is None or ref.collective != c.collective:
-        return c.describe()
-    diff = [
-        f"{name}={getattr(c, name)}"
-        for name in ("algorithm", "count", "dtype", "op", "root")
-        if getattr(c, name) != getattr(ref, name)
-    ]
-    return f"{c.collective} #{c.seq} with {', '.join(diff)} ({c.where})"
-
-
-def _clock(t: float | None) -> str:
-    if not t:
-        return "?"
-    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d} UTC"
-
-
-def _dur(t: float) -> str:
-    if t >= 1:
-        return f"{t:.1f} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.1f} ms"
-    return f"{t * 1e6:.0f} µs"
 
 
 # -- report ------------------------------------------------------------------------------

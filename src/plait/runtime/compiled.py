@@ -25,7 +25,9 @@ Note [compiled one-sided schedules]
     same region from a peer (``COPY`` then ``GET_REDUCE``), or a read from a
     peer followed by a local reduction into it (``GET`` then ``REDUCE``), is
     one *fold*, ``ufunc(x, y, out=dst)`` with the operands in the steps'
-    order: the same bits, one pass over the region instead of two (at 4 MiB
+    order: the same bits (numpy's complex multiply is the one ufunc seen to
+    round otherwise with ``out`` apart from its inputs, and is not used: Note
+    [complex products] in plait.ops), one pass over the region instead of two (at 4 MiB
     on 2 ranks, a fifth of the bytes the call moves) and one operation fewer.
     Nobody sees the region between the two steps: peers read this rank's
     window only after a ``POST``, and none comes between them. With

@@ -96,7 +96,7 @@ def start_buffers(
         else:
             out = np.zeros(s.out_count, dt)
         bufs.append((inp, out, np.zeros(s.tmp_count, dt), np.zeros(s.shared_count, dt)))
-    return Data(bufs, op.ufunc if table.reduces else np.bitwise_or)
+    return Data(bufs, op.kernel(dt) if table.reduces else np.bitwise_or)
 
 
 def check(
