@@ -582,11 +582,14 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 "this communicator's ranks share one window across its hosts (hosts emulated "
                 "over one machine's window); use algorithm='auto' or 'hierarchical'"
             )
-        if spec.needs_window and not spec.host_windows and not self._window:
+        if spec.needs_window and not spec.host_windows and not self._window and self._size > 1:
+            # (A lone rank's one-sided call copies its input, and needs no window.)
             raise UnsupportedError(
                 f"rank {self._rank}: {c}: algorithm {algorithm!r} is one-sided: it runs only "
                 "where all ranks share memory on one host (the shared-memory transport's "
-                "window; PLAIT_SHM_WINDOW > 0); use algorithm='auto' or a message-passing one"
+                "window; PLAIT_SHM_WINDOW > 0; a group split from a communicator without one, "
+                "such as a world across hosts, has none either); use algorithm='auto' or a "
+                "message-passing one"
             )
         return Choice(spec, SEGMENT_BYTES, "caller")
 

@@ -119,3 +119,22 @@ def test_closing_the_parent_closes_its_groups_after_their_queued_calls() -> None
         return sub.closed, queued.wait().tolist()
 
     assert run_ranks(2, body) == [(True, [3.0, 3.0, 3.0])] * 2
+
+
+def test_a_lone_rank_group_runs_the_one_sided_algorithms_asked_for() -> None:
+    """A group of one rank has no window; asking it for ``arena`` was refused as if its
+    ranks did not share a host, where a one-rank world ran it (it copies its input)."""
+
+    def body(comm: plait.Communicator) -> Any:
+        group = comm.split(comm.rank)
+        assert group.size == 1
+        x = np.arange(5.0) + comm.rank
+        try:
+            for algorithm in ("arena", "arena_oneshot", "arena_leader"):
+                np.testing.assert_array_equal(group.allreduce(x, algorithm=algorithm), x)
+            np.testing.assert_array_equal(group.allgather(x, algorithm="arena"), x[None])
+            np.testing.assert_array_equal(group.broadcast(x.copy(), 0, algorithm="arena"), x)
+        finally:
+            group.close()
+
+    run_ranks(2, body)
