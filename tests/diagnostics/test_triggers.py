@@ -127,6 +127,21 @@ def test_the_watchdog_reports_a_stall_once(clock: FakeClock, tmp_path: Path) -> 
     assert parse_stall_line(f"[3]: {line}") == line[len(STALL_MARKER) :].strip()
 
 
+def test_a_split_communicators_stall_names_the_job_rank(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its rank alone (rank 0 of a group) named job rank 0, another process."""
+    monkeypatch.setenv("PLAIT_RANK", "1")
+    rec = FlightRecorder(0, 2, 0x36B73, job="split")
+    slot = rec.begin(SHAPE, 0)
+    dog = Watchdog(1.0, recorders=lambda: [rec], stream=io.StringIO(), clock=clock)
+    clock.advance(2.0)
+    line = dog.check()
+    assert line is not None
+    assert line.startswith(f"{STALL_MARKER} rank 1 (rank 0 of communicator 36b73): allreduce #0")
+    rec.end(slot)
+
+
 def test_a_stall_line_is_written_whole(clock: FakeClock, tmp_path: Path) -> None:
     """The line and its newline go in one write: print wrote them apart, and a dump line
     of the signal handler written between them joined the two into one line, which the

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from plait.diagnostics.places import global_rank
 from plait.diagnostics.recorder import FlightRecorder, live_recorders
 from plait.errors import CommTimeout, MismatchError, PeerLostError
 
@@ -263,7 +264,7 @@ class Watchdog:
         paths = dump_all(f"stall: {c} #{slot.seq} in flight for {waited:.0f} s")
         where = paths[0].parent if paths else "nowhere (dump failed)"
         line = (
-            f"{STALL_MARKER} rank {rec.rank}: {c} #{slot.seq} ({slot.shape.algorithm}) "
+            f"{STALL_MARKER} {_who(rec)}: {c} #{slot.seq} ({slot.shape.algorithm}) "
             f"in flight for {waited:.0f} s; flight recorder dumped to {where}"
         )
         if self._on_stall is not None:
@@ -271,6 +272,17 @@ class Watchdog:
         else:
             _say(self._stream if self._stream is not None else sys.stderr, line)
         return line
+
+
+def _who(rec: FlightRecorder) -> str:
+    """The rank a stall line names: the job's (``rank 3``), and a split communicator's rank
+    beside it (``rank 3 (rank 1 of communicator 36b73)``), whose number alone named another
+    process of the job."""
+    job = global_rank()
+    if rec.comm == 0:
+        return f"rank {rec.rank if job is None else job}"
+    mine = f"rank {rec.rank} of communicator {rec.comm:x}"
+    return mine if job is None else f"rank {job} ({mine})"
 
 
 def start_watchdog() -> Watchdog | None:
