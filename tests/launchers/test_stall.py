@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any, cast
@@ -157,6 +159,12 @@ class _Clock:
         return self.now
 
 
+#: The dump folder of the responder tests: made (a stall line names it only if it exists).
+_DUMPS = Path(tempfile.mkdtemp(prefix="plait-stall-test-")) / "job 1"
+_DUMPS.mkdir()
+_QUOTED = shlex.quote(str(_DUMPS))
+
+
 def _responder(
     window: float | None, catching: set[int]
 ) -> tuple[StallResponder, list[RankProcess], _Clock]:
@@ -164,7 +172,7 @@ def _responder(
     clock = _Clock()
     responder = StallResponder(
         ranks,
-        Path("/dumps/job 1"),
+        _DUMPS,
         window,
         catches=lambda pid: pid - 1000 in catching,
         clock=clock,
@@ -182,7 +190,7 @@ def test_one_round_of_signals_per_episode() -> None:
     line = responder.report(1, "rank 1: allreduce #7 (ring) in flight for 10 s; ...")
     assert line == (
         "rank 1 reports a stall; SIGUSR1 sent to have ranks 0, 2 dump too (not rank 3: no "
-        "handler for SIGUSR1); dumps in '/dumps/job 1': plait analyze '/dumps/job 1'"
+        f"handler for SIGUSR1); dumps in {_QUOTED}: plait analyze {_QUOTED}"
     )
     assert _sent(ranks) == [1, 0, 1, 0]
     clock.now += 9.9
@@ -359,13 +367,17 @@ def test_a_dump_folder_under_a_file_is_named_as_the_problem(tmp_path: Path) -> N
     """PLAIT_DUMP_DIR naming a file: no rank can dump, so the stall line names no folder."""
     afile = tmp_path / "afile"
     afile.write_text("")
-    assert folder_problem(tmp_path / "new" / "job") is None  # made by the ranks
+    assert folder_problem(tmp_path / "new" / "job", make=True) is None  # as the launcher starts
+    assert (tmp_path / "new" / "job").is_dir()
+    assert folder_problem(tmp_path / "other") == (
+        f"the ranks could not make {tmp_path / 'other'} (see their 'dump failed' lines)"
+    )
     assert folder_problem(afile / "job") == f"{afile} is not a folder"
     ranks = [RankProcess(r, cast("subprocess.Popen[bytes]", _Proc(1000 + r))) for r in range(2)]
     responder = StallResponder(ranks, afile / "job", None, catches=lambda pid: True)
     assert responder.report(0, "rank 0: ...") == (
         "rank 0 reports a stall; SIGUSR1 sent to have rank 1 dump too; no dumps: "
-        f"{afile} is not a folder (PLAIT_DUMP_DIR)"
+        f"{afile} is not a folder"
     )
 
 

@@ -165,7 +165,7 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
             )
         secret = secrets.token_hex(16)
     folder = base.get("PLAIT_DUMP_DIR", "").strip()
-    problem = folder_problem(Path(folder)) if folder else None
+    problem = folder_problem(Path(folder), make=True) if folder else None
     if problem is not None:  # the ranks would each say so only when they dump
         _say(job, stderr, f"PLAIT_DUMP_DIR={folder}: {problem}; flight-recorder dumps will fail")
     signals = _Signals()

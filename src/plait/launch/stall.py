@@ -65,18 +65,28 @@ def dump_folder(env: Mapping[str, str]) -> Path:
     return base / safe_name(env.get("PLAIT_JOB_ID", "").strip() or "local")
 
 
-def folder_problem(folder: Path) -> str | None:
-    """Why dumps cannot go to ``folder`` (made by the ranks if missing), or None.
+def folder_problem(folder: Path, *, make: bool = False) -> str | None:
+    """Why dumps cannot go to ``folder``, or None.
 
     The nearest part of the path that exists must be a folder: a ``PLAIT_DUMP_DIR`` that
     names a file, or lies under one, makes every rank's dump fail, and a line that sent
-    users to the folder would send them nowhere.
+    users to the folder would send them nowhere. ``make``: make the folder now (the
+    launcher, as it starts), and say why that fails (``/proc/dumps``, no permission);
+    else the folder must exist already (a stall's line: the rank that reports a stall has
+    dumped, or failed to, before it says so).
     """
     part = folder
     while not part.exists() and part != part.parent:
         part = part.parent
     if not part.is_dir():
         return f"{part} is not a folder"
+    if make:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"{folder} cannot be made ({exc.strerror or exc})"
+    elif not folder.is_dir():
+        return f"the ranks could not make {folder} (see their 'dump failed' lines)"
     return None
 
 
@@ -159,7 +169,7 @@ class StallResponder:
         if left:
             what += f" (not {_ranks(left)}: no handler for SIGUSR1)"
         if problem is not None:
-            return f"rank {rank} reports a stall; {what}; no dumps: {problem} (PLAIT_DUMP_DIR)"
+            return f"rank {rank} reports a stall; {what}; no dumps: {problem}"
         return f"rank {rank} reports a stall; {what}; dumps in {folder}: plait analyze {folder}"
 
 
