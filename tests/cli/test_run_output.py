@@ -47,6 +47,31 @@ def test_a_line_is_never_split_by_another_ranks_line(tmp_path: Path) -> None:
     assert sorted(res.stdout.splitlines()) == [b"AAAAaaaa", b"BBBB"]
 
 
+def test_a_line_over_a_mib_is_cut_into_lines_no_other_line_lands_in(tmp_path: Path) -> None:
+    """Its first MiB was written unended, and another rank's line landed after it."""
+    s = script(
+        tmp_path,
+        """
+        import sys, plait
+        with plait.init() as comm:
+            if comm.rank == 0:
+                sys.stdout.write("A" * 3_000_000)  # unbuffered: written now, in pieces
+            comm.barrier()
+            if comm.rank == 1:
+                print("BBBB")
+            comm.barrier()
+            if comm.rank == 0:
+                print("aaaa")
+        """,
+    )
+    res = run(["-n", "2", s])
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert b"BBBB" in lines  # a line of its own
+    assert b"".join(line for line in lines if line != b"BBBB") == b"A" * 3_000_000 + b"aaaa"
+    assert max(map(len, lines)) == 1 << 20
+
+
 def test_nothing_is_lost_when_a_rank_dies(tmp_path: Path) -> None:
     s = script(
         tmp_path,

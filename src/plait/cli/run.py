@@ -36,8 +36,9 @@ must be given the same PLAIT_SECRET.
 Output: the launcher relays every rank's stdout and stderr a whole line at a
 time (a line ends at a newline, or at a carriage return, so progress bars still
 move), so lines of different ranks never mix; a last line without a newline is
-ended when the rank exits. --tag-output prefixes every line with [rank]:;
-without it, a rank's stderr is prefixed from its first Python traceback on, so
+ended when the rank exits, and a line over 1 MiB is cut into lines of 1 MiB.
+--tag-output prefixes every line with [rank]:; without it, a rank's stderr is
+prefixed from its first Python traceback on, so
 that every traceback says whose it is. Ranks run with PYTHONUNBUFFERED=1
 (unless it is set), so that Python output arrives as it is printed.
 

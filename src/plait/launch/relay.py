@@ -35,7 +35,8 @@ __all__ = ["DRAIN_SECONDS", "Relay", "Traceback", "is_comm_error"]
 DRAIN_SECONDS = 2.0
 #: Bytes read from a rank's pipe at a time (a pipe holds 64 KiB).
 _READ_SIZE = 1 << 16
-#: A line longer than this is written in pieces, so that memory stays bounded.
+#: A line longer than this is written in lines of this length, so that memory stays bounded
+#: and no other rank's line lands inside it (a piece written unended let one in).
 _MAX_LINE = 1 << 20
 #: A line and its end: a newline, a carriage return (progress bars), or both.
 _RECORD = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
@@ -280,10 +281,10 @@ class Relay:
         if end == len(buf) - 1 and buf[end] == 0x0D:  # may be the first half of \r\n
             end = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
         if end < 0:
+            while len(buf) > _MAX_LINE:  # a huge line: its start, as a line of its own
+                self._write(s, buf[:_MAX_LINE] + b"\n", whole=True)
+                buf = buf[_MAX_LINE:]
             s.pending = buf
-            if len(buf) > _MAX_LINE:  # a huge line: write its start, unended
-                s.pending = b""
-                self._write(s, buf, whole=False)
             return
         s.pending = buf[end + 1 :]
         self._write(s, buf[: end + 1], whole=True)
