@@ -142,21 +142,17 @@ from typing import NamedTuple
 
 from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark
 from plait._checks import check_timeout
-from plait._liveness import STALE_SECONDS, Liveness, survivors_store
+from plait._liveness import STALE_SECONDS, Liveness
 from plait.communicator import Communicator
 from plait.errors import (
     ClosedError,
     CommError,
     CommTimeout,
     ExcludedError,
-    PeerLostError,
     RendezvousError,
     UnsupportedError,
 )
-from plait.group import shrunk_comm_id
 from plait.rendezvous.store import PrefixStore, Store, StoreOwner, StoreTimeout
-from plait.transport.base import Transport
-from plait.transport.memory import MemoryFabric
 
 __all__ = [
     "HEARTBEAT_SECONDS",
@@ -165,8 +161,9 @@ __all__ = [
     "Recovery",
     "abort",
     "agree",
+    "closed_error",
     "enable",
-    "shrink",
+    "owned",
 ]
 
 #: Seconds between two heartbeats of a rank's watcher thread (Note [agree]).
@@ -251,6 +248,7 @@ class Recovery:
         """``comm`` (a split's group) shares the transport: an abort marks it too."""
         self._members.add(comm)
         comm._recovery = self
+        comm._runner.hear = self.hear
         if self._aborted is not None:
             mark(comm, as_split(self._aborted))
 
@@ -484,17 +482,28 @@ class Recovery:
         return store.get(result).decode()
 
     def _store_back(self, seconds: float) -> bool:
-        """Whether the store answers within ``seconds``: asked on a thread of its own, which
-        a store still stalled may hold until its client gives up (Note [a store that stalls])."""
-        answered = threading.Event()
+        """Whether the store answers within ``seconds`` (Note [a store that stalls])."""
+        return _within(seconds, lambda: self.store.check([f"stop/{self.rank}"]))
 
-        def ask() -> None:
-            with contextlib.suppress(CommError, OSError):
-                self.store.check([f"stop/{self.rank}"])
-                answered.set()
+    def hear(self) -> None:
+        """A call failed: mark the abort that waits in the store for this rank, if the
+        watcher has yet to read it (Note [an abort heard late])."""
+        if self._aborted is not None or self._closed or self.store_error is not None:
+            return
+        key, found = f"abort/{self.rank}", []
 
-        _thread.start_new_thread(ask, ())
-        return answered.wait(seconds)
+        def look() -> None:
+            if self.store.check([key]):
+                found.append(self.store.get(key))
+
+        if not _within(_PROBE_SECONDS, look):
+            return
+        if found and found[0]:  # (close writes an empty one, to wake the watcher)
+            source, _, reason = found[0].decode().partition("\n")
+            text = aborted_by(source, reason)
+            done = self._mark(text)
+            if done is not None:
+                _thread.start_new_thread(self._finish_abort, (text, reason, done, int(source)))
 
     def _check_store(self, what: str) -> None:
         """Raise if the store fails; where the watcher last saw it fail, ask it once more
@@ -541,6 +550,31 @@ class Recovery:
 
 
 # -- what the communicator's methods call ----------------------------------------------------------
+def _within(seconds: float, ask: Callable[[], object]) -> bool:
+    """Whether ``ask()`` returned within ``seconds``, the store answering it: run on a
+    thread of its own, which a stalled store may hold until its client gives up."""
+    answered = threading.Event()
+
+    def run() -> None:
+        with contextlib.suppress(CommError, OSError):
+            ask()
+            answered.set()
+
+    _thread.start_new_thread(run, ())
+    return answered.wait(seconds)
+
+
+# Note [an abort heard late]
+#     A rank stopped (SIGSTOP, a debugger) while the others timed out, aborted and shrank
+#     finds, once it runs again, its call failed by what the others left: a message
+#     withdrawn (read as a mismatch), a connection closed, a peer that gave up. Its watcher
+#     reads the abort waiting for it in the store a moment later, too late for that call,
+#     which raised MismatchError or PeerLostError where every call cut short by an abort
+#     raises AbortedError. So a call that fails on a communicator with recovery first asks
+#     the store, for at most _PROBE_SECONDS, whether an abort waits for this rank, and
+#     marks it as the watcher would (CallRunner._failed calls ``hear``).
+
+
 def enable(
     comm: Communicator,
     store: Store | StoreOwner,
@@ -551,6 +585,7 @@ def enable(
     owner = store if isinstance(store, StoreOwner) else StoreOwner(store)
     rec = Recovery(comm, owner, namespace, links)
     comm._recovery = rec
+    comm._runner.hear = rec.hear
     return rec
 
 
@@ -565,7 +600,7 @@ def abort(comm: Communicator, reason: str = "") -> None:
         abort_alone(comm, reason)
 
 
-def _owned(comm: Communicator, what: str) -> Recovery | None:
+def owned(comm: Communicator, what: str) -> Recovery | None:
     """``comm``'s recovery for agree and shrink; None for a lone rank without one."""
     rec = comm._recovery
     if rec is not None and rec.owns(comm):
@@ -573,7 +608,7 @@ def _owned(comm: Communicator, what: str) -> Recovery | None:
     if rec is None and comm.size == 1:
         return None
     if comm.closed:
-        raise _closed(comm, what)
+        raise closed_error(comm, what)
     why = (
         "a split's group: call it on the communicator it was split from"
         if rec is not None
@@ -585,7 +620,7 @@ def _owned(comm: Communicator, what: str) -> Recovery | None:
     )
 
 
-def _closed(comm: Communicator, what: str) -> ClosedError:
+def closed_error(comm: Communicator, what: str) -> ClosedError:
     """``what`` on a closed communicator; one that shrink replaced says so."""
     why = comm._runner.aborted
     return ClosedError(
@@ -603,82 +638,9 @@ def agree(comm: Communicator, flag: int, timeout: float | None) -> Agreement:
     seconds = (
         comm.timeout if timeout is None else check_timeout(timeout, f"rank {comm.rank}: agree")
     )
-    rec = _owned(comm, "agree")
+    rec = owned(comm, "agree")
     if rec is None:
         return Agreement(int(flag), (0,))
     if rec._closed:
-        raise _closed(comm, "agree")
+        raise closed_error(comm, "agree")
     return rec.agree(int(flag), seconds)[0]
-
-
-def shrink(comm: Communicator, timeout: float | None) -> Communicator:
-    """See :meth:`Communicator.shrink` and Note [shrink]."""
-    seconds = (
-        comm.timeout if timeout is None else check_timeout(timeout, f"rank {comm.rank}: shrink")
-    )
-    deadline = time.monotonic() + seconds
-    rec = _owned(comm, "shrink")
-    if rec is None:  # a lone rank: a new one (an id of its own: its dumps), the old closed
-        new = Communicator(
-            MemoryFabric(1).endpoints[0],
-            timeout=comm.timeout,
-            hosts=comm.hosts,
-            _comm_id=shrunk_comm_id(comm._comm_id, 1),
-            _settings=comm._settings,
-            _world_rank=comm._world_rank,
-            _run=comm._run,
-        )
-        comm.close()
-        return new
-    if rec._closed:
-        raise _closed(comm, "shrink")
-
-    def leave() -> None:  # every rank still in a call on the old communicator leaves it
-        rec.abort("replaced by shrink()", here=True)
-
-    if comm._runner.broken is not None:  # failed or aborted here: peers may be stuck in a call
-        leave()
-    agreement, k = rec.agree(1, seconds, "shrink", leave)
-    done = None if comm._runner.broken else rec._mark(aborted_by(rec.rank, "replaced by shrink()"))
-    if done is not None:  # every rank came: no call to leave, but later ones (a group's) say why
-        done.set()
-    members = agreement.ranks
-    size = len(members)
-    rank = members.index(comm.rank)
-    hosts = [comm.hosts[p] for p in members]
-    namespace = f"{rec.namespace}/s{k}"
-    owner = rec.owner
-    owner.acquire()  # the new communicator's, until its Recovery holds its own
-    try:
-        left = max(deadline - time.monotonic(), 0.001)
-        if size == 1:
-            transport: Transport = MemoryFabric(1).endpoints[0]
-        else:
-            from plait.transport.route import connect
-
-            # Waits that end when a survivor dies (Note [survivors that die]).
-            store = survivors_store(namespace, owner.store, rec.live, members)
-            try:
-                transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
-            except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
-                raise RendezvousError(
-                    f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
-                    f"connect ({exc}); if one failed meanwhile, agree and shrink again"
-                ) from exc
-        new = Communicator(
-            transport,
-            timeout=comm.timeout,
-            hosts=hosts,
-            _comm_id=shrunk_comm_id(comm._comm_id, k),
-            _settings=comm._settings,
-            _world_rank=comm._world_rank,
-            _run=comm._run,
-        )
-        enable(new, owner, namespace, rec.links)
-    finally:
-        owner.release()
-    if rank == 0 and owner.count_out is not None:
-        with contextlib.suppress(CommError, OSError):
-            owner.count_out(comm.size - size)
-    comm.close()
-    return new

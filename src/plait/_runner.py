@@ -69,9 +69,8 @@ class CallRunner:
     communicator's flight recorder (None when PLAIT_RECORDER_SIZE=0) and ``timeline`` the
     rank's PLAIT_TIMELINE trace (None unless set, or without a recorder, which reports the
     calls to it). ``world_rank`` is the rank of the process in the world communicator: a
-    split's calls go to its parent's timeline.
-
-    Raises ValueError where a PLAIT_RECORDER_* or PLAIT_TIMELINE_EVENTS setting is invalid.
+    split's calls go to its parent's timeline. Raises ValueError where a PLAIT_RECORDER_*
+    or PLAIT_TIMELINE_EVENTS setting is invalid.
     """
 
     __slots__ = (
@@ -93,6 +92,7 @@ class CallRunner:
         "closed",
         "detail",
         "epoch",
+        "hear",
         "plain",
         "recorder",
         "seq",
@@ -130,13 +130,14 @@ class CallRunner:
         self.closed = False
         self.broken: BaseException | None = None
         # Why the communicator was aborted (plait._recovery sets it, with broken): later calls
-        # raise AbortedError, whatever error the call that was cut short raised.
+        # raise AbortedError, whatever error the call that was cut short raised. ``hear``:
+        # a failed call asks for an abort not yet heard (Note [an abort heard late]).
         self.aborted: str | None = None
+        self.hear: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._workspaces = PerThread()  # one Workspace per thread that runs calls
-        # Threads running a compressor's calls now: none, no per-thread lookups per call.
-        self._reserving = 0  # (reserved(); Note [the short path] in plait._shortcut)
+        self._reserving = 0  # threads running a compressor's calls now (reserved())
         world = self._rank if world_rank is None else world_rank
         from plait.diagnostics.timeline import Timeline  # here, not on import: python -m runs it
 
@@ -144,9 +145,7 @@ class CallRunner:
             self._rank, self._size, comm_id, timeline=Timeline.from_env(world)
         )
         self.timeline = self.recorder.timeline if self.recorder is not None else None
-        # Whether a blocking call with the communicator's timeout may take a short path
-        # (Note [the one-sided short path]); _replan keeps it true as what it says changes.
-        self._replan()
+        self._replan()  # plain: whether a call may take a short path (as it says)
 
     def _replan(self) -> None:
         """Set :attr:`plain` from what it says (under the lock where that changes)."""
@@ -431,6 +430,8 @@ class CallRunner:
     ) -> CommError:
         """What call ``req`` raises after the transport raised ``exc``: the communicator is
         broken, the recorder's slot ended and dumped, and the message says what it can."""
+        if self.aborted is None and self.hear is not None:
+            self.hear()
         if self.aborted is not None:  # every rank is marked before any closes (plait._recovery)
             exc = AbortedError(f"rank {self._rank}: {_describe(describe)}: {self.aborted}")
         elif isinstance(exc, PeerLostError) and self._window is not None:
@@ -607,8 +608,8 @@ class CallRunner:
 
     # Note [a rank alone]
     #     The same for a call whose plan stays within this rank (one rank: its schedule
-    #     copies within it, or does nothing in place): _run_alone numbers it, opens its
-    #     recorder slot and runs the copies, without start's and _run's general cases.
+    #     copies within it, or does nothing in place): _run_alone numbers it, opens its slot
+    #     and runs the copies, without start's and _run's general cases.
 
     @runs_calls  # as _run: the recorder finds a call in flight by this frame
     def _run_alone(self, req: Request, skip: int) -> Any:
@@ -685,9 +686,7 @@ class CallRunner:
 
 
 _new = tuple.__new__
-
-#: TMP of a schedule that uses none (any dtype: nothing reads it).
-_NO_TMP = np.empty(0, np.uint8)
+_NO_TMP = np.empty(0, np.uint8)  # TMP of a schedule that uses none (nothing reads it)
 
 
 def _describe(label: tuple[str, str, int]) -> str:

@@ -446,7 +446,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         reused. Raises as :meth:`agree` does, and RendezvousError if the
         survivors cannot connect (one failed meanwhile: shrink again).
         """
-        from plait._recovery import shrink
+        from plait._shrink import shrink
 
         return shrink(self, timeout)
 

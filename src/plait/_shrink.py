@@ -1,0 +1,92 @@
+"""``comm.shrink()``: a new communicator of the surviving ranks (Note [shrink] in
+:mod:`plait._recovery`)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from plait._abort import aborted_by
+from plait._checks import check_timeout
+from plait._liveness import survivors_store
+from plait._recovery import closed_error, enable, owned
+from plait.communicator import Communicator
+from plait.errors import ClosedError, CommError, PeerLostError, RendezvousError
+from plait.group import shrunk_comm_id
+from plait.transport.base import Transport
+from plait.transport.memory import MemoryFabric
+
+__all__ = ["shrink"]
+
+
+def shrink(comm: Communicator, timeout: float | None) -> Communicator:
+    """See :meth:`Communicator.shrink` and Note [shrink]."""
+    seconds = (
+        comm.timeout if timeout is None else check_timeout(timeout, f"rank {comm.rank}: shrink")
+    )
+    deadline = time.monotonic() + seconds
+    rec = owned(comm, "shrink")
+    if rec is None:  # a lone rank: a new one (an id of its own: its dumps), the old closed
+        new = Communicator(
+            MemoryFabric(1).endpoints[0],
+            timeout=comm.timeout,
+            hosts=comm.hosts,
+            _comm_id=shrunk_comm_id(comm._comm_id, 1),
+            _settings=comm._settings,
+            _world_rank=comm._world_rank,
+            _run=comm._run,
+        )
+        comm.close()
+        return new
+    if rec._closed:
+        raise closed_error(comm, "shrink")
+
+    def leave() -> None:  # every rank still in a call on the old communicator leaves it
+        rec.abort("replaced by shrink()", here=True)
+
+    if comm._runner.broken is not None:  # failed or aborted here: peers may be stuck in a call
+        leave()
+    agreement, k = rec.agree(1, seconds, "shrink", leave)
+    done = None if comm._runner.broken else rec._mark(aborted_by(rec.rank, "replaced by shrink()"))
+    if done is not None:  # every rank came: no call to leave, but later ones (a group's) say why
+        done.set()
+    members = agreement.ranks
+    size = len(members)
+    rank = members.index(comm.rank)
+    hosts = [comm.hosts[p] for p in members]
+    namespace = f"{rec.namespace}/s{k}"
+    owner = rec.owner
+    owner.acquire()  # the new communicator's, until its Recovery holds its own
+    try:
+        left = max(deadline - time.monotonic(), 0.001)
+        if size == 1:
+            transport: Transport = MemoryFabric(1).endpoints[0]
+        else:
+            from plait.transport.route import connect
+
+            # Waits that end when a survivor dies (Note [survivors that die]).
+            store = survivors_store(namespace, owner.store, rec.live, members)
+            try:
+                transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
+            except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
+                raise RendezvousError(
+                    f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
+                    f"connect ({exc}); if one failed meanwhile, agree and shrink again"
+                ) from exc
+        new = Communicator(
+            transport,
+            timeout=comm.timeout,
+            hosts=hosts,
+            _comm_id=shrunk_comm_id(comm._comm_id, k),
+            _settings=comm._settings,
+            _world_rank=comm._world_rank,
+            _run=comm._run,
+        )
+        enable(new, owner, namespace, rec.links)
+    finally:
+        owner.release()
+    if rank == 0 and owner.count_out is not None:
+        with contextlib.suppress(CommError, OSError):
+            owner.count_out(comm.size - size)
+    comm.close()
+    return new
