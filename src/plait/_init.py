@@ -97,6 +97,7 @@ from typing import Any
 
 from plait._binding import bind_crowded
 from plait._checks import check_timeout
+from plait._processes import die_with_launcher
 from plait.communicator import Communicator, default_timeout
 from plait.errors import RendezvousError
 from plait.rendezvous.lost import JobRanks, wait_ranks
@@ -509,6 +510,7 @@ def init(
 
     install_signal_handler()
     start_watchdog()
+    die_with_launcher(os.environ.get("PLAIT_LAUNCHER_PID"))
     if transport is not None and not isinstance(transport, str):
         if rank is not None and rank != transport.rank:
             raise ValueError(f"rank={rank} disagrees with the transport's rank {transport.rank}")

@@ -10,9 +10,10 @@ runs and is not a zombie.
 from __future__ import annotations
 
 import os
+import signal
 from typing import NamedTuple
 
-__all__ = ["Process", "alive", "machine", "stopped", "this_process"]
+__all__ = ["Process", "alive", "die_with_launcher", "machine", "stopped", "this_process"]
 
 
 class Process(NamedTuple):
@@ -80,3 +81,26 @@ def stopped(proc: Process) -> bool | None:
     if stat is None or stat[1] != proc.start:
         return None
     return stat[0] in ("T", "t")
+
+
+def die_with_launcher(launcher: str | None) -> bool:
+    """Have this process get SIGTERM when its parent dies, if its parent is the launcher
+    whose pid is ``launcher`` (``plait run`` sets PLAIT_LAUNCHER_PID); whether set.
+
+    A launcher killed with SIGKILL cannot stop its ranks, and they ran on, orphaned, until
+    their timeout or for ever. Linux only (prctl's PR_SET_PDEATHSIG); a rank started by a
+    wrapper script (its parent is the script) is not covered.
+    """
+    if not launcher or not launcher.isdigit() or int(launcher) != os.getppid():
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != int(launcher):  # it died before the request: as if just now
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True

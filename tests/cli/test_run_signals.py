@@ -137,3 +137,33 @@ def test_sigusr1_to_the_launcher_makes_every_rank_dump(tmp_path: Path) -> None:
     assert launcher.returncode == 0, err
     for r in range(2):
         assert (tmp_path / "dumps" / "sigjob" / f"rank{r}.json").exists()
+
+
+AWAITS = """
+    import os, sys, time, plait
+    comm = plait.init(timeout=120)
+    with open(os.path.join(sys.argv[1], f"pid{comm.rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
+    """A launcher killed with SIGKILL cannot stop its ranks: they ran on, orphaned, until
+    their timeout (300 s by default) or for ever."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(AWAITS))
+    launcher = subprocess.Popen(
+        [*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        pids = _pids(tmp_path, 2)  # written after plait.init, which asks for it
+        launcher.kill()
+        launcher.wait(30)
+        assert _until_gone(pids) == []
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)

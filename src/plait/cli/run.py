@@ -53,8 +53,9 @@ SIGHUP to the launcher stops every rank the same way. Each rank runs in a
 process group of its own, and stopping it signals the group: the processes a
 rank's command starts (a wrapper script's Python, a rank's workers) stop with
 it. SIGUSR1 to the launcher is passed on to every rank that catches it (a plait
-rank dumps its flight recorders). Shared-memory segments the job left in
-/dev/shm are removed on the way out.
+rank dumps its flight recorders). A rank the launcher started directly gets
+SIGTERM if the launcher is killed (SIGKILL), once it has called plait.init.
+Shared-memory segments the job left in /dev/shm are removed on the way out.
 
 Restarts: with --max-restarts K (torchrun's option), a failure as above is
 reported, and then every rank is started again, up to K times; the job's exit

@@ -360,6 +360,7 @@ def _rank_env(
         PLAIT_JOB_ID=job_id,
         PLAIT_SECRET=secret,
         PLAIT_RESTART_COUNT=str(restart),
+        PLAIT_LAUNCHER_PID=str(os.getpid()),  # the rank dies with it (plait.init)
         PLAIT_MAX_RESTARTS=str(job.max_restarts),
     )
     # Output goes through pipes: without this, a Python command would hold its stdout
