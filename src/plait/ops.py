@@ -143,18 +143,31 @@ class Op:
 #     and a sum, each one rounding of numpy's, whatever the length, aliasing or alignment.
 
 
+#: Elements of a complex product computed at a time (its temporaries stay in cache).
+_COMPLEX_CHUNK = 8192
+
+
 def complex_multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``a * b`` for complex arrays, with the same bits on every path (Note [complex
-    products]); ``out`` may be ``a`` or ``b``."""
-    ar, ai, br, bi = a.real, a.imag, b.real, b.imag
-    re = ar * br
-    re -= ai * bi
-    im = ar * bi
-    im += ai * br
+    """``a * b`` for 1-D complex arrays of one length, with the same bits on every path
+    (Note [complex products]); ``out`` may be ``a`` or ``b``. About 4 times numpy's time
+    for large arrays, 10 for a few elements."""
     if out is None:
-        out = np.empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
-    out.real = re
-    out.imag = im
+        out = np.empty(a.shape, np.result_type(a, b))
+    n = a.shape[0]
+    step = min(n, _COMPLEX_CHUNK)
+    re, im, t = (np.empty(step, out.real.dtype) for _ in range(3))
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        x, y, z = re[: hi - lo], im[: hi - lo], t[: hi - lo]
+        ar, ai, br, bi = a.real[lo:hi], a.imag[lo:hi], b.real[lo:hi], b.imag[lo:hi]
+        np.multiply(ar, br, out=x)
+        np.multiply(ai, bi, out=z)
+        np.subtract(x, z, out=x)
+        np.multiply(ar, bi, out=y)
+        np.multiply(ai, br, out=z)
+        np.add(y, z, out=y)
+        out.real[lo:hi] = x  # after every read of a[lo:hi] and b[lo:hi]: out may be either
+        out.imag[lo:hi] = y
     return out
 
 

@@ -269,10 +269,11 @@ def fold(op: Op, arrays: Sequence[np.ndarray], size: int) -> np.ndarray:
     overflow to inf is a result, not an error.
     """
     acc = np.array(arrays[0], copy=True)
+    flat = acc.reshape(-1)  # a view: acc is a fresh copy; kernels take 1-D arrays
     kernel = op.kernel(acc.dtype)
     with np.errstate(all="ignore"):
         for x in arrays[1:]:
-            kernel(acc, x, out=acc)
+            kernel(flat, np.asarray(x).reshape(-1), out=flat)
         if op.average:
             np.divide(acc, size, out=acc)
     return acc
