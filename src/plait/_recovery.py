@@ -125,9 +125,9 @@ Note [shrink]
     job id, so shared-memory segments get fresh names: nothing of the old
     transport is reused; its id is new (:func:`~plait.group.shrunk_comm_id`), so its
     flight recorder dumps, and its splits' ids, are its own. The old
-    communicator is then closed. A rank that
-    dies while the survivors connect makes shrink fail at its timeout; agree
-    and shrink again.
+    communicator is then closed. A survivor that dies while the others
+    connect makes shrink fail within about a second, naming it (Note
+    [survivors that die] in plait._liveness); agree and shrink again.
 """
 
 from __future__ import annotations
@@ -553,15 +553,19 @@ class Recovery:
 def _within(seconds: float, ask: Callable[[], object]) -> bool:
     """Whether ``ask()`` returned within ``seconds``, the store answering it: run on a
     thread of its own, which a stalled store may hold until its client gives up."""
-    answered = threading.Event()
+    done, answered = threading.Event(), []
 
     def run() -> None:
-        with contextlib.suppress(CommError, OSError):
+        try:
             ask()
-            answered.set()
+            answered.append(True)
+        except (CommError, OSError):  # a store that is gone fails at once: say so at once
+            pass
+        finally:
+            done.set()
 
     _thread.start_new_thread(run, ())
-    return answered.wait(seconds)
+    return done.wait(seconds) and bool(answered)
 
 
 # Note [an abort heard late]

@@ -4,6 +4,7 @@ ranks dump (Note [a rank's processes] in plait.launch.job)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -167,3 +168,63 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
         for pid in pids:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+WORKERS = """
+    import os, subprocess, sys, time
+    rank, folder = int(os.environ["PLAIT_RANK"]), sys.argv[1]
+    child = subprocess.Popen(["sleep", "120"])  # a worker of the rank's own
+    with open(os.path.join(folder, f"pid{rank}.tmp"), "w") as f:
+        f.write(str(child.pid))
+    os.replace(os.path.join(folder, f"pid{rank}.tmp"), os.path.join(folder, f"pid{rank}"))
+    if rank == 0:
+        while not os.path.exists(os.path.join(folder, "pid1")):
+            time.sleep(0.05)
+        os._exit(3)  # its worker left behind
+    time.sleep(120)
+"""
+
+
+def test_the_workers_of_a_rank_that_exited_are_stopped_too(tmp_path: Path) -> None:
+    """Only groups whose first process still ran were signalled: rank 0's worker lived on."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(WORKERS))
+    res = subprocess.run(
+        [*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 3, res.stderr
+    assert _until_gone(_pids(tmp_path, 2)) == [], res.stderr
+
+
+def test_a_rank_reads_the_launchers_terminal(tmp_path: Path) -> None:
+    """Ranks in process groups of their own were stopped (SIGTTIN) when they read the
+    terminal (input(), a debugger): the first rank now stays in the launcher's group."""
+    import pty
+
+    script = tmp_path / "ask.py"
+    script.write_text(
+        "import os, sys\n"
+        "line = sys.stdin.readline().strip()\n"
+        "print(f'rank {os.environ[\"PLAIT_RANK\"]} got {line!r}', flush=True)\n"
+    )
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own, the terminal its controlling one
+        os.execv(sys.executable, [*PLAIT, "run", "-n", "2", str(script)])
+    out = b""
+    try:
+        os.write(fd, b"hello\n")
+        deadline = time.monotonic() + 30
+        while b"rank 0 got" not in out and time.monotonic() < deadline:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:  # the launcher exited: its end of the terminal closed
+                break
+    finally:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"rank 0 got 'hello'" in out, out

@@ -513,3 +513,9 @@ def test_a_rank_that_came_after_the_others_gave_up_is_named_as_the_cause() -> No
         "on it at 12:00:08.000 UTC: rank 1 at 12:00:09.500 UTC, 6.5 s after the first rank."
     )
     assert "PeerLostError" in d.findings[2].message
+    # The others failed at once of a lost peer, not at their timeout: nobody gave up on a
+    # late rank, and rank 1 is not named (it was, as if 6.5 s late had been too late).
+    for x in dumps[:2]:
+        x["calls"][-1]["error"] = "PeerLostError: rank 0: allreduce (ring, call #3): rank 3 ..."
+    [d] = diagnose(parsed(dumps))
+    assert "too_late" not in [f.kind for f in d.findings]

@@ -472,3 +472,16 @@ def test_an_abort_just_after_the_store_came_back_is_heard_as_an_abort() -> None:
         return "told"
 
     assert store_ranks(3, body, store) == ["told", "aborted", "told"]
+
+
+def test_a_store_that_fails_at_once_is_said_at_once() -> None:
+    """A question to a store that is gone waited its whole time bound (half a second added
+    to every failed call) though the store had failed at once."""
+
+    def gone() -> None:
+        raise plait.RendezvousError("store: connection refused")
+
+    start = time.monotonic()
+    assert _recovery._within(5.0, gone) is False
+    assert time.monotonic() - start < 2.0
+    assert _recovery._within(5.0, lambda: None) is True

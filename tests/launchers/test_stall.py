@@ -248,6 +248,9 @@ def test_the_option_sets_the_ranks_variable(tmp_path: Path) -> None:
     assert "--stall-timeout must be a number of seconds >= 0" in res.stderr
     with pytest.raises(ValueError, match="stall_timeout must be >= 0"):
         Job(("true",), stall_timeout=-1.0)
+    for bad in (-5.0, 0.0, float("nan")):  # every rank failed in plait.init; 0 was ignored
+        with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
+            Job(("true",), timeout=bad)
 
 
 #: Three ranks of a real job. After call #0, rank 2 is stuck in its own compute: the behaviour
@@ -379,6 +382,23 @@ def test_a_dump_folder_under_a_file_is_named_as_the_problem(tmp_path: Path) -> N
         "rank 0 reports a stall; SIGUSR1 sent to have rank 1 dump too; no dumps: "
         f"{afile} is not a folder"
     )
+
+
+def test_a_dump_folder_that_cannot_be_reached_is_a_problem_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder on the way that may not be entered made Path.exists raise, and the job
+    never started."""
+    locked = tmp_path / "locked"
+
+    def exists(self: Path) -> bool:
+        if str(self).startswith(str(locked)):
+            raise PermissionError(13, "Permission denied")
+        return self.stat() is not None if self == tmp_path else False
+
+    monkeypatch.setattr(Path, "exists", exists)
+    problem = folder_problem(locked / "inner" / "dumps", make=True)
+    assert problem == f"{locked / 'inner' / 'dumps'} cannot be reached (Permission denied)"
 
 
 def test_the_launcher_says_at_once_that_dumps_will_fail(tmp_path: Path) -> None:

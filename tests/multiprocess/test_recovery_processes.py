@@ -433,14 +433,14 @@ import time, plait
 comm = plait.init(timeout=60)
 busy = 0.0
 if comm.rank == 2:  # one call of C code that holds the GIL for longer than STALE_SECONDS
-    start = time.monotonic()
-    sum(range(5_000_000))
-    n = int(5_000_000 * 9 / max(time.monotonic() - start, 1e-6))  # about 9 s, idle
-    start = time.monotonic()
-    sum(range(n))
-    busy = time.monotonic() - start
+    n = 5_000_000
+    while busy < 6.0:  # longer calls until one lasts (a loaded machine's timing is noisy)
+        start = time.monotonic()
+        sum(range(n))
+        busy = time.monotonic() - start
+        n = int(n * min(max(7.0 / max(busy, 1e-3), 1.5), 50.0))
 new = comm.shrink()
-report(size=new.size, busy=busy > 5.5)
+report(size=new.size, busy=busy > 5.5)  # STALE_SECONDS is 5
 new.close()
 """
 

@@ -411,7 +411,6 @@ def _stuck(
     verb = "wait" if any(blocked[r].in_flight for r in in_it) else "waited"
     if len(in_it) == 1:
         verb += "s" if verb == "wait" else ""
-    out.extend(_too_late(blocked, in_it, seq))
     if missing:
         out.append(
             Finding(
@@ -422,6 +421,7 @@ def _stuck(
                 f"in {ref.describe()}{wait_text}",
             )
         )
+    out.extend(_too_late(blocked, in_it, seq))  # after the missing: a likelier cause
     behind = sorted(
         r for r, d in by_rank.items() if r not in blocked and (d.last is None or d.last.seq < seq)
     )
@@ -455,7 +455,14 @@ def _stuck(
 def _too_late(blocked: dict[int, CallRecord], in_it: list[int], seq: int) -> list[Finding]:
     """Ranks that began call ``seq`` only after the others had given up on it (their
     timeout ran out first): the cause, though every rank failed in the call."""
-    ended = [blocked[r].end for r in in_it if blocked[r].state == "failed" and blocked[r].end]
+    # Only a timeout is giving up on a late rank; a lost peer ends a call at once.
+    ended = [
+        blocked[r].end
+        for r in in_it
+        if blocked[r].state == "failed"
+        and blocked[r].end
+        and (blocked[r].error or "").startswith("CollectiveTimeout")
+    ]
     if not ended:
         return []
     gave_up = min(e for e in ended if e is not None)
@@ -661,7 +668,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         return 2
     diagnoses = diagnose(dumps, late=args.late)
     if args.json:
-        print(json.dumps([dataclasses.asdict(d) for d in diagnoses], indent=1))
+        print(json.dumps([{**dataclasses.asdict(d), "ok": d.ok} for d in diagnoses], indent=1))
     else:
         sys.stdout.write(format_report(diagnoses, skipped))
     return 0 if all(d.ok for d in diagnoses) and not skipped else 1

@@ -126,6 +126,8 @@ class Job:
             )
         if self.transport is not None and self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.timeout is not None and not self.timeout > 0:  # NaN too
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.stall_timeout is not None and not self.stall_timeout >= 0:
             raise ValueError(f"stall_timeout must be >= 0 seconds, got {self.stall_timeout}")
 
@@ -222,6 +224,19 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #     group), which stops every rank as it does on SIGTERM. SIGUSR1 to the launcher is
 #     passed on to every rank that catches it (a plait rank dumps its flight recorders, as
 #     ``kill -USR1`` of the rank does), not to its group: a shell would die of it.
+#     A process of a background group that reads its terminal is stopped (SIGTTIN), so
+#     where the launcher reads a terminal, the first rank of the host stays in the
+#     launcher's group, reading it as before (input(), a debugger's prompt: mpirun gives
+#     stdin to rank 0 too), and the others read nothing (/dev/null): they would all have
+#     read the one terminal by turns before.
+
+
+def _reads_a_terminal() -> bool:
+    """Whether this launcher's stdin is a terminal (Note [a rank's processes])."""
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # no stdin, or one without a descriptor
+        return False
 
 
 class _Signals:
@@ -290,21 +305,24 @@ def _attempt(
     )
     signals.events = events
     signals.ranks = ranks
+    terminal = _reads_a_terminal()
     try:
         for local, env in enumerate(envs):
             if signals.received:  # before, or while, starting them: start no more
                 return 128 + signals.received
             rank = first + local
+            own = not (terminal and local == 0)  # Note [a rank's processes]
             proc = subprocess.Popen(
                 list(job.command),
                 env=env,
+                stdin=subprocess.DEVNULL if terminal and own else None,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
-                process_group=0,  # Note [a rank's processes]
+                process_group=0 if own else None,
             )
             relay.add(rank, proc)
-            ranks.append(RankProcess(rank, proc))
+            ranks.append(RankProcess(rank, proc, group=own))
             threading.Thread(
                 target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
             ).start()

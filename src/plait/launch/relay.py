@@ -282,8 +282,11 @@ class Relay:
             end = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
         if end < 0:
             while len(buf) > _MAX_LINE:  # a huge line: its start, as a line of its own
-                self._write(s, buf[:_MAX_LINE] + b"\n", whole=True)
-                buf = buf[_MAX_LINE:]
+                cut = _MAX_LINE
+                while cut > _MAX_LINE - 3 and buf[cut] & 0xC0 == 0x80:
+                    cut -= 1  # not inside a UTF-8 character
+                self._write(s, buf[:cut] + b"\n", whole=True)
+                buf = buf[cut:]
             s.pending = buf
             return
         s.pending = buf[end + 1 :]

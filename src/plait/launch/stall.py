@@ -76,17 +76,25 @@ def folder_problem(folder: Path, *, make: bool = False) -> str | None:
     dumped, or failed to, before it says so).
     """
     part = folder
-    while not part.exists() and part != part.parent:
-        part = part.parent
-    if not part.is_dir():
-        return f"{part} is not a folder"
+    try:
+        while not part.exists() and part != part.parent:
+            part = part.parent
+        if not part.is_dir():
+            return f"{part} is not a folder"
+    except OSError as exc:  # a folder on the way that may not be entered
+        return f"{folder} cannot be reached ({exc.strerror or exc})"
     if make:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             return f"{folder} cannot be made ({exc.strerror or exc})"
-    elif not folder.is_dir():
-        return f"the ranks could not make {folder} (see their 'dump failed' lines)"
+    else:
+        try:
+            made = folder.is_dir()
+        except OSError:
+            made = False
+        if not made:
+            return f"the ranks could not make {folder} (see their 'dump failed' lines)"
     return None
 
 

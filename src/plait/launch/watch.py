@@ -67,6 +67,9 @@ class RankProcess:
     exit: tuple[int, float] | None = None
     #: The launcher stopped it.
     stopped: bool = False
+    #: Whether it leads a process group of its own, which stopping it signals whole (Note
+    #: [a rank's processes] in :mod:`plait.launch.job`).
+    group: bool = False
 
 
 #: Kinds of failure, most to least likely to have started a job's failure.
@@ -151,31 +154,48 @@ def _status(r: RankProcess, relay: Relay) -> str:
     return text + (f" ({', '.join(notes)})" if notes else "")
 
 
-def signal_rank(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Send ``sig`` to every process of a rank: its process group, which the launcher made
-    for it (Note [a rank's processes] in :mod:`plait.launch.job`); else to its process."""
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:  # not a group of its own (a rank started by other code)
+def signal_rank(r: RankProcess, sig: int) -> None:
+    """Send ``sig`` to every process of rank ``r``: its process group if it leads one of
+    its own (a wrapper script's children, a rank's workers, even once the rank exited),
+    else its process while it runs."""
+    if r.group:
+        with contextlib.suppress(ProcessLookupError):  # nobody is left in it
+            os.killpg(r.proc.pid, sig)
+    elif r.proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
+            r.proc.send_signal(sig)
+
+
+def _group_left(r: RankProcess) -> bool:
+    """Whether a process of rank ``r``'s own group still runs (its leader reaped or not)."""
+    if not r.group:
+        return False
+    try:
+        os.killpg(r.proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def stop(ranks: Sequence[RankProcess]) -> None:
-    """Stop every rank still running: SIGTERM, then SIGKILL after GRACE_SECONDS, to each
-    one's process group (a wrapper script's children too); reap them all."""
+    """Stop every rank: SIGTERM to each one's processes, then SIGKILL to those left after
+    GRACE_SECONDS (its process group: a wrapper script's children too); reap them all."""
     for r in ranks:
         if r.proc.poll() is None:
             r.stopped = r.exit is None
-            signal_rank(r.proc, signal.SIGTERM)
+        signal_rank(r, signal.SIGTERM)  # a rank that exited may have left workers
+    deadline = time.monotonic() + GRACE_SECONDS
     for r in ranks:
-        try:
-            r.proc.wait(GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            signal_rank(r.proc, signal.SIGKILL)
-            r.proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r.proc.wait(max(deadline - time.monotonic(), 0.0))
+    # A process of a rank's group that outlives its leader cannot be waited for: look
+    # every 50 ms until the grace ends (Note [a rank's processes]).
+    while any(_group_left(r) for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for r in ranks:
+        if r.proc.poll() is None or _group_left(r):
+            signal_rank(r, signal.SIGKILL)
+        r.proc.wait()
 
 
 def _survivors(
