@@ -35,6 +35,30 @@ def test_a_buffer_alone_takes_its_datatype_from_the_array() -> None:
     assert (b.datatype, b.count) == (MPI.BYTE, 5)
 
 
+def test_any_buffer_takes_its_own_type_as_mpi4py_reads_it() -> None:
+    """array.array and memoryview buffers were read as bytes: sums added bytes, and a count
+    of 2 was two bytes."""
+    import array
+
+    assert message(array.array("d", [1.0, 2.0]), "t").datatype == MPI.DOUBLE
+    assert message(memoryview(np.zeros(3, np.int32)), "t").datatype == MPI.INT
+
+    def body(c: MPI.Comm) -> Any:
+        r = c.Get_rank()
+        s, o = array.array("d", [1.5 + r, 2.0]), array.array("d", [0.0, 0.0])
+        c.Allreduce(s, o, op=MPI.SUM)
+        mo = np.zeros(2)
+        c.Allreduce(memoryview(np.array([1000.0 * r, 1.0])), memoryview(mo), op=MPI.SUM)
+        b = array.array("d", [1.0, 2.0, 3.0, 4.0] if r == 0 else [0.0] * 4)
+        c.Bcast([b, 2], root=0)
+        return list(o), mo.tolist(), list(b)
+
+    for r, got in enumerate(ranks(3, body)):
+        assert got[0] == [7.5, 6.0]
+        assert got[1] == [3000.0, 3.0]
+        assert got[2] == ([1.0, 2.0, 3.0, 4.0] if r == 0 else [1.0, 2.0, 0.0, 0.0])
+
+
 @pytest.mark.parametrize(
     ("spec", "count", "displ"),
     [

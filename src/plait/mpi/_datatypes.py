@@ -196,14 +196,14 @@ def _memory(buf: Any, call: str) -> np.ndarray:
     """``buf`` as a numpy array over its own memory (no copy); C-contiguous, as MPI's are."""
     if isinstance(buf, np.ndarray):
         a = buf
-    elif isinstance(buf, bytes | bytearray | memoryview):
+    elif isinstance(buf, bytes | bytearray):
         a = np.frombuffer(buf, np.uint8)
     elif any(hasattr(buf, k) for k in ("__buffer__", "__array_interface__", "__array__")):
         a = np.asarray(buf)  # array-likes that share their memory (torch CPU tensors too)
     else:
-        try:
-            a = np.asarray(memoryview(buf))
-        except TypeError:
+        try:  # a memoryview, array.array, ...: typed by its format, as mpi4py reads it
+            a = np.asarray(buf if isinstance(buf, memoryview) else memoryview(buf))
+        except (TypeError, ValueError):
             raise TypeError(
                 f"{call}: a {type(buf).__name__} is not a buffer; pass a numpy array "
                 f"(the lowercase methods take Python objects)"
@@ -281,8 +281,8 @@ def _split(spec: Any, call: str) -> tuple[Any, list[Any], Datatype | None]:
 def _resolve(buf: Any, dt: Datatype | None, call: str) -> tuple[np.ndarray, Datatype]:
     """The buffer's bytes and its datatype (given, or read from the array)."""
     a = _memory(buf, call)
-    if dt is None:
-        dt = datatype_of(a.dtype) if isinstance(buf, np.ndarray) else DATATYPES["BYTE"]
+    if dt is None:  # the buffer's own type (it was bytes for all but numpy arrays)
+        dt = DATATYPES["BYTE"] if isinstance(buf, bytes | bytearray) else datatype_of(a.dtype)
     elif dt.is_pair and a.dtype.names is not None and len(a.dtype.names) == 2:
         dt = Datatype(dt.name, a.dtype, dt.size)  # the array's own layout (Note [datatypes])
     return a.reshape(-1).view(np.uint8), dt
