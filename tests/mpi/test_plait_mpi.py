@@ -377,3 +377,45 @@ def test_reduce_scatter_counts_must_be_ints() -> None:
         return "refused"
 
     assert ranks(2, body) == ["refused", "refused"]
+
+
+def test_waitany_hands_out_each_completion_once_and_never_waits_on_one_alone() -> None:
+    """Waitany returned the same finished request again (mpi4py's is then REQUEST_NULL),
+    and over object and buffer receives, or past a message none wanted, it waited for the
+    first request alone until the timeout."""
+
+    def body(c: MPI.Comm) -> Any:
+        r = c.Get_rank()
+        if r == 0:
+            bufs = [np.zeros(1), np.zeros(1)]
+            reqs = [c.Irecv(bufs[0], 1, 7), c.Irecv(bufs[1], 2, 7)]
+            order = sorted(MPI.Request.Waitany(reqs) for _ in reqs)
+            after = MPI.Request.Testany(reqs)
+            mixed = [c.irecv(source=1, tag=1), c.Irecv(np.zeros(1), 2, tag=2)]
+            first = MPI.Request.Waitany(mixed)  # rank 1 sends only once told
+            c.send("go", 1, tag=9)
+            mixed[0].wait()
+            objs = [c.irecv(source=1, tag=3), c.irecv(source=2, tag=3)]
+            got = MPI.Request.waitany(objs)  # past rank 2's unrelated message (tag 5)
+            c.recv(source=2, tag=5)
+            c.send("go", 1, tag=9)
+            objs[0].wait()
+            return order, [b[0] for b in bufs], after, first, got
+        c.Send(np.array([float(r)]), 0, 7)
+        if r == 1:
+            c.recv(source=0, tag=9)
+            c.send("late", 0, tag=1)
+            c.recv(source=0, tag=9)
+            c.send("late", 0, tag=3)
+        else:
+            c.Send(np.ones(1), 0, tag=2)
+            c.send("unrelated", 0, tag=5)
+            c.send("answer", 0, tag=3)
+        return None
+
+    order, values, after, first, got = ranks(3, body)[0]
+    assert order == [0, 1]
+    assert values == [1.0, 2.0]
+    assert after == (MPI.UNDEFINED, True)
+    assert first == 1
+    assert got == (1, "answer")

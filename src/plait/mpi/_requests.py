@@ -16,6 +16,7 @@ Note [object messages]
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -31,6 +32,8 @@ __all__ = ["UNDEFINED", "Inbox", "Request", "Status"]
 
 #: mpi4py's ``MPI.UNDEFINED`` (Open MPI's value): a count that is not whole, a split color.
 UNDEFINED = -32766
+#: Seconds a wait on several kinds of request blocks on one before it looks at the others.
+_SLICE = 0.01
 
 
 class Status:
@@ -159,10 +162,35 @@ class Inbox:
                 st = self._probe(plait.ANY_SOURCE, plait.ANY_TAG, deadline)
                 assert st is not None
                 if not self._deliver(st, deadline):
-                    # A message no queued receive wants (it is for a later one): wait for
-                    # the first of ps alone, which leaves that message where it is.
-                    first = next(p for p in ps if not p.done)
-                    self.complete(first, deadline)
+                    # A message no queued receive wants (it is for a later one) is the first
+                    # a probe of any source finds, again and again: look for each of ps in
+                    # turn, blocking a slice at a time on the first, until one is done.
+                    self._complete_one_of(ps, deadline)
+
+    def _complete_one_of(self, ps: Sequence[_Pending], deadline: float) -> None:
+        """Deliver a message to one of ``ps``, not waiting on any other message."""
+        waiting = [p for p in ps if not p.done]
+        while True:
+            for k, p in enumerate(waiting):
+                if k == 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise plait.CommTimeout(
+                            f"waitany: no message for any of {len(waiting)} receives within "
+                            f"{self._comm.timeout:g} s"
+                        )
+                    st = self._try_probe(p, min(left, _SLICE))
+                else:
+                    st = self._comm.iprobe(p.source, p.tag)
+                if st is not None and self._deliver(st, deadline):
+                    return
+
+    def _try_probe(self, p: _Pending, seconds: float) -> plait.Status | None:
+        """A probe for ``p`` that waits at most ``seconds``; None if nothing came."""
+        try:
+            return self._comm.probe(p.source, p.tag, timeout=seconds)
+        except plait.CommTimeout:
+            return None
 
     def cancel(self, p: _Pending) -> None:
         """Withdraw ``p`` if it has not matched."""
@@ -208,7 +236,7 @@ class Request:
     received object too (None for sends and buffer receives), as in mpi4py.
     """
 
-    __slots__ = ("_inbox", "_keep", "_pending", "_req")
+    __slots__ = ("_inbox", "_keep", "_pending", "_req", "_spent")
 
     def __init__(
         self,
@@ -222,6 +250,9 @@ class Request:
         self._inbox = inbox
         self._pending = pending
         self._keep = keep  # the bytes of an isend, alive until it is done
+        # Its completion was handed out by waitany or testany: mpi4py's request is then
+        # MPI.REQUEST_NULL, which the next waitany passes over.
+        self._spent = False
 
     def _deadline(self) -> float:
         assert self._inbox is not None
@@ -324,8 +355,15 @@ class Request:
 
     @staticmethod
     def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
-        """Wait until one request is done; ``(its index, its object)``."""
-        i = Request._any(requests)
+        """Wait until one request is done; ``(its index, its object)``. A request whose
+        completion an earlier waitany or testany returned is passed over (mpi4py's is then
+        REQUEST_NULL); ``(UNDEFINED, None)`` when every request is."""
+        live = [i for i, r in enumerate(requests) if not r._spent]
+        if requests and not live:
+            return UNDEFINED, None
+        j = Request._any([requests[i] for i in live])
+        i = live[j]
+        requests[i]._spent = True
         return i, requests[i]._finish(status)
 
     @staticmethod
@@ -336,10 +374,15 @@ class Request:
     @staticmethod
     def testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool, Any]:
         """Progress once on each until one is done: ``(index, True, object)``, else
-        ``(UNDEFINED, False, None)``."""
-        for i, r in enumerate(requests):
-            done, value = r.test(status)
+        ``(UNDEFINED, False, None)``; ``(UNDEFINED, True, None)`` when every request's
+        completion was returned already (as :meth:`waitany`)."""
+        live = [i for i, r in enumerate(requests) if not r._spent]
+        if requests and not live:
+            return UNDEFINED, True, None
+        for i in Request._order_of(requests, live):
+            done, value = requests[i].test(status)
             if done:
+                requests[i]._spent = True
                 return i, True, value
         return UNDEFINED, False, None
 
@@ -348,6 +391,11 @@ class Request:
         """``(index, True)`` of a done request, else ``(UNDEFINED, False)``."""
         i, flag, _ = Request.testany(requests, status)
         return i, flag
+
+    @staticmethod
+    def _order_of(requests: Sequence[Request], live: list[int]) -> list[int]:
+        """``live`` indices, object receives first (as :meth:`_order`)."""
+        return sorted(live, key=lambda i: requests[i]._pending is None)
 
     @staticmethod
     def _any(requests: Sequence[Request]) -> int:
@@ -365,7 +413,21 @@ class Request:
             assert inbox is not None
             pending = [r._pending for r in objects if r._pending is not None]
             return inbox.complete_any(pending, objects[0]._deadline())
-        for i, r in enumerate(requests):  # mixed kinds: the first one not done
-            r.wait()
-            return i
-        raise AssertionError("unreachable")
+        # Mixed kinds: object receives take their messages only when tested, so test each
+        # in turn, blocking a slice at a time on the transport's (Note [object messages]).
+        plain = [q for q in (r._req for r in requests if r._pending is None) if q is not None]
+        deadline = objects[0]._deadline()
+        while True:
+            for i, r in enumerate(requests):
+                if r.test()[0]:
+                    return i
+            if time.monotonic() > deadline:
+                raise plait.CommTimeout(
+                    f"waitany: none of {len(requests)} requests was done within "
+                    f"{objects[0]._inbox._comm.timeout:g} s"  # type: ignore[union-attr]
+                )
+            if plain:
+                with contextlib.suppress(plait.CommTimeout):
+                    plait.wait_any(plain, timeout=_SLICE)
+            else:  # every plain request is done already, or none is a transport's
+                time.sleep(_SLICE)
