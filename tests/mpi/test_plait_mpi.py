@@ -419,3 +419,25 @@ def test_waitany_hands_out_each_completion_once_and_never_waits_on_one_alone() -
     assert after == (MPI.UNDEFINED, True)
     assert first == 1
     assert got == (1, "answer")
+
+
+def test_gatherv_checks_each_ranks_count_at_root() -> None:
+    """Counts 3, 1, 2 against root's 2, 2, 2 were taken (the sum matched): rank 0's third
+    element landed in rank 1's block, with no error (mpi4py: MPI_ERR_TRUNCATE)."""
+
+    def body(c: MPI.Comm) -> Any:
+        r = c.Get_rank()
+        x = np.full([3, 1, 2][r], float(r))
+        if r == 0:
+            rb = np.zeros(6)
+            with pytest.raises(
+                ValueError, match=r"expects \[2, 2, 2\] .* rank\(s\) \[0, 1\] sent 3, 1"
+            ):
+                c.Gatherv(x, [rb, [2, 2, 2], [0, 2, 4], MPI.DOUBLE], root=0)
+            c.Gatherv(x[:2], [rb, [2, 2, 2], [0, 2, 4], MPI.DOUBLE], root=0)
+            return rb.tolist()
+        c.Gatherv(x, None, root=0)
+        c.Gatherv(np.full(2, float(r)), None, root=0)
+        return None
+
+    assert ranks(3, body)[0] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]

@@ -228,7 +228,8 @@ class BufferCollectives:
         """Every rank's ``sendbuf`` into root's ``recvbuf`` at ``displs``, ``counts`` each.
 
         The counts are significant at root only (as in MPI), so the ranks first learn each
-        other's sizes: one allgather of one int64 per rank.
+        other's sizes: one allgather of one int64 per rank. Root raises ValueError where a
+        rank's size is not its count (the others return, as MPI's do).
         """
         call = "Gatherv"
         c = self._c
@@ -239,16 +240,23 @@ class BufferCollectives:
             x = r.bytes(r.displs[root], r.counts[root]).copy()
         else:
             x = message(sendbuf, call).bytes()
+        sent = c.allgather(np.array([x.size], np.int64)).reshape(-1).tolist()  # bytes
         if r is None:
-            c.gatherv(x, None, root)
+            c.gatherv(x, sent, root)
             return
-        out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
-        got = c.gatherv(x, None, root, out=out)
+        # Root checks each rank's size, not only the sum (a rank's surplus went into the
+        # next rank's block); the data is gathered first, so no rank waits on it.
+        fits = sent == r.block_bytes()
+        out = r.raw[: sum(sent)] if r.packed() and fits else None
+        got = c.gatherv(x, sent, root, out=out)
         assert got is not None  # root gets the result
-        if got.size != sum(r.counts) * r.extent:
+        if not fits:
+            bad = [i for i, (n, b) in enumerate(zip(sent, r.block_bytes(), strict=True)) if n != b]
             raise ValueError(
-                f"{call}: root expects {r.block_bytes()} bytes from the ranks but they sent "
-                f"{got.size} in all"
+                f"{call}: root expects {r.counts} elements of {r.datatype.name} from the ranks, "
+                f"but rank(s) {bad} sent "
+                + ", ".join(f"{sent[i] / r.extent:g}" for i in bad)
+                + " (MPI_ERR_TRUNCATE where a rank sent more)"
             )
         if out is None:
             _unpack(r, got)
