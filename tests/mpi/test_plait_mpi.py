@@ -94,6 +94,8 @@ def test_vector_specifications() -> None:
     assert (v.counts, v.displs) == ([2, 2], [0, 5])
     assert vector(a, 5, "t").counts == [2] * 5
     assert vector([a, 2, MPI.DOUBLE], 5, "t").counts == [2] * 5
+    v = vector([a, (2, None), MPI.DOUBLE], 5, "t")  # mpi4py's form; it was refused
+    assert (v.counts, v.displs) == ([2] * 5, [0, 2, 4, 6, 8])
 
 
 @pytest.mark.parametrize(
@@ -441,3 +443,17 @@ def test_gatherv_checks_each_ranks_count_at_root() -> None:
         return None
 
     assert ranks(3, body)[0] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_get_count_of_pairs_counts_pairs() -> None:
+    """Three DOUBLE_INT pairs (16 bytes each as sent, 12 as MPI's size) counted 4."""
+
+    def body(c: MPI.Comm) -> Any:
+        if c.Get_rank() == 0:
+            c.Send([np.zeros(3, PAIR), MPI.DOUBLE_INT], 1, 4)
+            return None
+        st = MPI.Status()
+        c.Recv([np.zeros(3, PAIR), MPI.DOUBLE_INT], 0, 4, status=st)
+        return st.Get_count(MPI.DOUBLE_INT)
+
+    assert ranks(2, body)[1] == 3

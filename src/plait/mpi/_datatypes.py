@@ -19,7 +19,6 @@ Note [datatypes]
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,9 +369,7 @@ def vector(spec: Any, size: int, call: str) -> Message:
     buf, rest, dt = _split(spec, call)
     raw, dt = _resolve(buf, dt, call)
     if len(rest) == 1 and isinstance(rest[0], tuple) and len(rest[0]) == 2:
-        first = rest[0][0]
-        if isinstance(first, Sequence | np.ndarray) and not isinstance(first, str):
-            rest = list(rest[0])
+        rest = list(rest[0])  # (counts, displs), as mpi4py reads a pair: (2, None) too
     if len(rest) > 2:
         raise TypeError(f"{call}: a vector specification is [buf, counts, displs, datatype]")
     if not rest:

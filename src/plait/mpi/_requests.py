@@ -61,8 +61,12 @@ class Status:
         return self.error
 
     def Get_count(self, datatype: Datatype = DATATYPES["BYTE"]) -> int:
-        """Elements of ``datatype`` in the message (bytes by default); UNDEFINED if not whole."""
-        size = datatype.Get_size()
+        """Elements of ``datatype`` in the message (bytes by default); UNDEFINED if not whole.
+
+        By the datatype's extent, the bytes plait sends per element: for the MAXLOC pairs
+        (``DOUBLE_INT``: 12 bytes of data in 16) that is not MPI's size (Note [datatypes]).
+        """
+        size = datatype.extent
         if size == 0 or self.nbytes % size:
             return UNDEFINED
         return self.nbytes // size
