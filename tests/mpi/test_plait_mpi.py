@@ -101,7 +101,9 @@ def test_vector_specifications() -> None:
 @pytest.mark.parametrize(
     ("spec", "error", "words"),
     [
-        (lambda: np.zeros((4, 4))[:, 0], ValueError, "not contiguous"),
+        (lambda: np.zeros((4, 4))[:, 0], ValueError, "not C-contiguous"),
+        (lambda: np.asfortranarray(np.zeros((2, 3))), ValueError, "Fortran-ordered"),
+        (lambda: [np.zeros(3), MPI.DOUBLE.Create_contiguous(3)], MPI.Unsupported, "Datatype"),
         (lambda: [np.zeros(4), 9, MPI.DOUBLE], ValueError, "holds 4"),
         (lambda: [np.zeros(4), MPI.DOUBLE, 2], TypeError, "datatype goes last"),
         (lambda: [np.zeros(3, np.uint8), MPI.INT], ValueError, "not a whole number"),

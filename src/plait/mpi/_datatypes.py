@@ -103,6 +103,19 @@ class Datatype:
     def __repr__(self) -> str:
         return f"<plait.mpi.Datatype {self.name} ({self.dtype})>"
 
+    def __getattr__(self, name: str) -> Any:
+        # mpi4py's Datatype methods plait.mpi lacks (Create_contiguous, Commit, ...): no
+        # derived datatypes; Unsupported, as for MPI and Comm.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from plait.mpi._unsupported import unsupported
+
+        return _raise(unsupported("Datatype", name, ()))
+
+
+def _raise(error: Exception) -> Any:
+    raise error
+
 
 def _pair(value: Any) -> tuple[np.dtype, int]:
     """The structured dtype of a (value, int) C struct, and the bytes of data in it."""
@@ -208,7 +221,10 @@ def _memory(buf: Any, call: str) -> np.ndarray:
                 f"(the lowercase methods take Python objects)"
             ) from None
     if not a.flags.c_contiguous:
-        raise ValueError(f"{call}: the buffer is not contiguous (MPI buffers must be)")
+        raise ValueError(
+            f"{call}: the buffer is not C-contiguous (plait.mpi's buffers must be; a "
+            "Fortran-ordered or strided array: pass np.ascontiguousarray(x), and copy back)"
+        )
     return a
 
 

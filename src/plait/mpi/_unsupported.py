@@ -60,6 +60,15 @@ NEAREST: dict[str, str] = {
     "Create_intercomm": "Split",
     "Attach_buffer": "Isend",
     "Query_thread": "plait.mpi calls from several threads each need their own communicator",
+    "Create_contiguous": "a numpy dtype of several elements, or count times the elements",
+    "Create_vector": "a numpy view with strides, copied to a contiguous array",
+    "Create_struct": "a numpy structured dtype, sent as bytes",
+    "Create_subarray": "a numpy slice, copied to a contiguous array",
+    "Create_indexed": "numpy fancy indexing, copied to a contiguous array",
+    "Create_resized": "a numpy structured dtype with the padding you need",
+    "Commit": "nothing (no derived datatypes to commit)",
+    "Get_attr": "nothing (no attributes; Get_size and Get_rank for the basics)",
+    "Get_error_string": "the plait exception's message (errors are raised, not coded)",
 }
 
 
