@@ -154,6 +154,8 @@ def complex_multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None
     if out is None:
         out = np.empty(a.shape, np.result_type(a, b))
     n = a.shape[0]
+    if n == 0:
+        return out
     step = min(n, _COMPLEX_CHUNK)
     re, im, t = (np.empty(step, out.real.dtype) for _ in range(3))
     for lo in range(0, n, step):

@@ -252,7 +252,9 @@ def test_complex_products_agree_bitwise_whatever_the_path(dtype: Any, algorithm:
 
 def test_complex_multiply_is_the_textbook_formula_on_every_path() -> None:
     rng = np.random.default_rng(7)
-    for n in (1, 2, 3, 8, 33):
+    empty = np.zeros(0, np.complex64)
+    assert plait.ops.complex_multiply(empty, empty, out=empty) is empty  # 0 elements
+    for n in (1, 2, 3, 8, 33, 20_000):  # and more than one chunk
         a = rng.standard_normal(2 * n).view(np.complex128)
         b = rng.standard_normal(2 * n).view(np.complex128)
         re = a.real * b.real - a.imag * b.imag
