@@ -697,11 +697,16 @@ def test_a_rank_with_a_send_in_flight_to_the_receiver_sees_no_crossing() -> None
     # A send still in flight may be what the receive waits for (a large message takes
     # seconds): the rank that sent it sees no crossing with the receiver, and names none.
     # (Zero-buffer sends keep rank 0's send in flight; here the receive wants another tag.)
+    ended = threading.Event()  # rank 0's barrier: rank 1 closes only after it, not before
+
     def body(comm: plait.Communicator) -> tuple[str, float, str]:
         if comm.rank == 1:
-            return _outcome(lambda: comm.recv(np.zeros(4), 0, tag=7))
+            got = _outcome(lambda: comm.recv(np.zeros(4), 0, tag=7))
+            ended.wait(30)  # its timeout may end first: a close would fail rank 0's barrier
+            return got
         req = comm.isend(np.ones(4), 1, tag=5)
         got = _outcome(comm.barrier)
+        ended.set()
         req.cancel()
         return got
 
