@@ -75,10 +75,10 @@ def clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d} UTC"
 
 
-def dur(t: float) -> str:
-    """A duration in s, ms or µs."""
+def dur(t: float, places: int = 1) -> str:
+    """A duration in s (``places`` decimals), ms or µs."""
     if t >= 1:
-        return f"{t:.1f} s"
+        return f"{t:.{places}f} s"
     if t >= 1e-3:
         return f"{t * 1e3:.1f} ms"
     return f"{t * 1e6:.0f} µs"

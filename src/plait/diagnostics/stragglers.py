@@ -46,6 +46,7 @@ import numpy as np
 
 from plait.collectives import COLLECTIVES
 from plait.collectives import get as get_collective
+from plait.diagnostics._words import dur
 from plait.diagnostics.recorder import FlightRecorder
 
 __all__ = [
@@ -163,18 +164,10 @@ def format_lateness(lateness: Sequence[Lateness]) -> list[str]:
             lines.append(f"rank {x.rank}: no call to compare")
             continue
         lines.append(
-            f"rank {x.rank}: median {_seconds(x.median)}, mean {_seconds(x.mean)}, "
-            f"max {_seconds(x.max)} (#{x.worst_seq}) over {x.calls} calls"
+            f"rank {x.rank}: median {dur(x.median, 2)}, mean {dur(x.mean, 2)}, "
+            f"max {dur(x.max, 2)} (#{x.worst_seq}) over {x.calls} calls"
         )
     return lines
-
-
-def _seconds(t: float) -> str:
-    if t >= 1:
-        return f"{t:.2f} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.1f} ms"
-    return f"{t * 1e6:.0f} µs"
 
 
 def newest_done(recorder: FlightRecorder) -> int:

@@ -27,7 +27,13 @@ from plait._net import format_address
 from plait.diagnostics.triggers import catches_signal
 from plait.errors import CommError
 from plait.launch.relay import DRAIN_SECONDS, Relay
-from plait.launch.stall import StallResponder, dump_folder, folder_problem, stall_timeout
+from plait.launch.stall import (
+    StallResponder,
+    dump_folder,
+    folder_problem,
+    send_usr1,
+    stall_timeout,
+)
 from plait.launch.watch import RankProcess, stop, watch
 from plait.rendezvous.lost import report_lost
 from plait.rendezvous.tcp_store import TCPStore, TCPStoreServer
@@ -256,8 +262,7 @@ class _Signals:
     def forward(self, signum: int, _frame: object) -> None:
         for r in list(self.ranks):
             if r.proc.returncode is None and catches_signal(r.proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    r.proc.send_signal(signum)
+                send_usr1(r.proc)
 
 
 def _say(job: Job, stream: IO[str] | None, message: str) -> None:

@@ -49,7 +49,7 @@ from plait.diagnostics.places import dump_dir, safe_name
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
 
-__all__ = ["StallResponder", "dump_folder", "folder_problem", "stall_timeout"]
+__all__ = ["StallResponder", "dump_folder", "folder_problem", "send_usr1", "stall_timeout"]
 
 
 def dump_folder(env: Mapping[str, str]) -> Path:
@@ -165,7 +165,7 @@ class StallResponder:
                 continue  # exited, and reaped: its pid may be another process's by now
             if not self._catches(r.proc.pid):
                 left.append(r.rank)
-            elif _send_usr1(r.proc):
+            elif send_usr1(r.proc):
                 signalled.append(r.rank)
         problem = folder_problem(self.folder)
         folder = shlex.quote(str(self.folder))
@@ -181,7 +181,7 @@ class StallResponder:
         return f"rank {rank} reports a stall; {what}; dumps in {folder}: plait analyze {folder}"
 
 
-def _send_usr1(proc: subprocess.Popen[bytes]) -> bool:
+def send_usr1(proc: subprocess.Popen[bytes]) -> bool:
     """Send SIGUSR1 to ``proc`` unless it has exited (and may have been reaped); whether sent."""
     try:
         proc.send_signal(signal.SIGUSR1)  # does nothing for a process already reaped
