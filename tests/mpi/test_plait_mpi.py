@@ -447,6 +447,43 @@ def test_gatherv_checks_each_ranks_count_at_root() -> None:
     assert ranks(3, body)[0] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
 
 
+def test_v_calls_refuse_a_ranks_own_block_in_elements_before_anything_moves() -> None:
+    """A rank whose message is not its own block's size was refused by plait's check, in
+    bytes of the uint8 view ("x has 24 rows ... counts[1] says 16"); it now says elements
+    and datatypes, and the call after it still runs (nothing moved)."""
+
+    def body(c: MPI.Comm) -> Any:
+        r = c.Get_rank()
+        x = np.full(3, float(r))
+        rb = np.zeros(6)
+        errors = []
+        calls = [
+            lambda: c.Allgatherv(x, [rb, [2, 2, 2]]),
+            lambda: c.Scatterv([rb, [2, 2, 2]] if r == 0 else None, x if r == 0 else x[:2], 0),
+            lambda: c.Alltoallv([x, [1, 1, 1]], [rb, [2, 2, 2]]),
+            lambda: c.Reduce_scatter(x, rb, [2, 2, 2]),
+        ]
+        for call in calls:
+            if r != 0 and call is calls[1]:
+                continue  # only root knows Scatterv's counts
+            with pytest.raises(ValueError, match="element") as info:
+                call()
+            errors.append(str(info.value))
+        c.Allgatherv(x[:2], [rb, [2, 2, 2]])
+        return errors, rb.tolist()
+
+    got = ranks(3, body)
+    for errors, rb in got:
+        assert rb == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+        assert all("bytes" not in e or "element" in e for e in errors)
+    errors = got[1][0]
+    assert "3 element(s) of DOUBLE (24 bytes), but recvbuf's count for this rank" in errors[0]
+    assert "counts[1]) is 2 element(s)" in errors[0]
+    assert "sends itself 1 element(s) of DOUBLE but receives 2" in errors[1]
+    assert "sendbuf holds 3 element(s) of DOUBLE, but recvcounts [2, 2, 2] add up to 6" in errors[2]
+    assert "sendbuf's count for root (counts[0]) is 2 element(s)" in got[0][0][1]
+
+
 def test_get_count_of_pairs_counts_pairs() -> None:
     """Three DOUBLE_INT pairs (16 bytes each as sent, 12 as MPI's size) counted 4."""
 

@@ -45,6 +45,19 @@ def _unpack(m: Message, data: np.ndarray) -> None:
         at += n
 
 
+def _own_block(sent: Message, r: Message, rank: int, call: str, whose: str) -> None:
+    """Raise ValueError, in elements, where this rank's message ``sent`` is not the size of
+    its block ``rank`` of the ``v`` specification ``r`` (``whose`` names that block), before
+    any byte moves: plait's own check would say it in bytes."""
+    if sent.count * sent.extent != r.counts[rank] * r.extent:
+        raise ValueError(
+            f"{call}: this rank's message is {sent.count} element(s) of {sent.datatype.name} "
+            f"({sent.count * sent.extent} bytes), but {whose} is {r.counts[rank]} element(s) "
+            f"of {r.datatype.name} ({r.counts[rank] * r.extent} bytes); they must hold the "
+            "same bytes"
+        )
+
+
 def _plait_op(op: Any, call: str) -> plait_ops.Op:
     if not isinstance(op, Op):
         raise TypeError(
@@ -214,6 +227,11 @@ class BufferCollectives:
             x = r.typed(r.displs[0], total).copy()
         else:
             s = message(sendbuf, call)
+            if s.count != total:
+                raise ValueError(
+                    f"{call}: sendbuf holds {s.count} element(s) of {s.datatype.name}, but "
+                    f"recvcounts {counts} add up to {total}; they must be equal"
+                )
             x = s.typed(s.displs[0], total)
         out = r.typed(r.displs[0], counts[c.rank])
         if isinstance(op, Op) and op.loc is not None:
@@ -269,7 +287,9 @@ class BufferCollectives:
         if sendbuf is IN_PLACE:
             x = r.bytes(r.displs[c.rank], r.counts[c.rank]).copy()
         else:
-            x = message(sendbuf, call).bytes()
+            s = message(sendbuf, call)
+            _own_block(s, r, c.rank, call, f"recvbuf's count for this rank (counts[{c.rank}])")
+            x = s.bytes()
         out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
         got = c.allgatherv(x, r.block_bytes(), out=out)
         if out is None:
@@ -284,8 +304,12 @@ class BufferCollectives:
             return
         s = vector(sendbuf, c.size, call)
         x = _pack(s)
-        nb = s.counts[root] * s.extent
-        out = np.empty(nb, np.uint8) if recvbuf is IN_PLACE else message(recvbuf, call).bytes()
+        if recvbuf is IN_PLACE:
+            out = np.empty(s.counts[root] * s.extent, np.uint8)
+        else:
+            m = message(recvbuf, call)
+            _own_block(m, s, root, call, f"sendbuf's count for root (counts[{root}])")
+            out = m.bytes()
         c.scatterv(x, s.block_bytes(), root, out=out)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -299,6 +323,13 @@ class BufferCollectives:
         else:
             s = vector(sendbuf, c.size, call)
             x = _pack(s)
+            if s.counts[c.rank] * s.extent != r.counts[c.rank] * r.extent:
+                raise ValueError(
+                    f"{call}: this rank sends itself {s.counts[c.rank]} element(s) of "
+                    f"{s.datatype.name} but receives {r.counts[c.rank]} of {r.datatype.name} "
+                    f"from itself (sendcounts[{c.rank}] and recvcounts[{c.rank}] must hold the "
+                    "same bytes)"
+                )
         out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
         got = c.alltoallv(x, s.block_bytes(), r.block_bytes(), out=out)
         if out is None:
