@@ -10,7 +10,9 @@ runs and is not a zombie.
 from __future__ import annotations
 
 import os
+import select
 import signal
+import threading
 from typing import NamedTuple
 
 __all__ = ["Process", "alive", "die_with_launcher", "machine", "stopped", "this_process"]
@@ -83,16 +85,53 @@ def stopped(proc: Process) -> bool | None:
     return stat[0] in ("T", "t")
 
 
+def _parent(pid: int) -> int:
+    """Field 4 of ``/proc/<pid>/stat`` (the parent's pid), or 0 where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def _ancestor(pid: int) -> bool:
+    """Whether process ``pid`` is this process's parent, or its parent's, and so on."""
+    at = os.getppid()
+    for _ in range(64):  # a chain of wrappers, never a cycle: pid 1's parent is 0
+        if at == pid:
+            return True
+        if at <= 1:
+            return False
+        at = _parent(at)
+    return False
+
+
+_WATCHING: int | None = None  # the pid whose launcher this process watches (one thread)
+
+
 def die_with_launcher(launcher: str | None) -> bool:
-    """Have this process get SIGTERM when its parent dies, if its parent is the launcher
-    whose pid is ``launcher`` (``plait run`` sets PLAIT_LAUNCHER_PID); whether set.
+    """Have this process get SIGTERM when the launcher whose pid is ``launcher`` dies
+    (``plait run`` sets PLAIT_LAUNCHER_PID), if the launcher is its parent or a further
+    ancestor; whether that is arranged.
 
     A launcher killed with SIGKILL cannot stop its ranks, and they ran on, orphaned, until
-    their timeout or for ever. Linux only (prctl's PR_SET_PDEATHSIG); a rank started by a
-    wrapper script (its parent is the script) is not covered.
+    their timeout or for ever. Where the launcher is the parent, the kernel sends the signal
+    (prctl's PR_SET_PDEATHSIG); where a wrapper script stands between (the rank's Python is
+    the script's child), a daemon thread waits on a pidfd of the launcher, which becomes
+    readable when it exits (blocked in ``select``: no polling). Linux only.
     """
-    if not launcher or not launcher.isdigit() or int(launcher) != os.getppid():
+    global _WATCHING
+    if not launcher or not launcher.isdigit():
         return False
+    pid = int(launcher)
+    if pid != os.getppid():
+        if os.getpid() == _WATCHING:  # a second init in this process: watched already
+            return True
+        if not _ancestor(pid) or not _watch(pid):
+            return False
+        _WATCHING = os.getpid()
+        return True
     try:
         import ctypes
 
@@ -101,6 +140,33 @@ def die_with_launcher(launcher: str | None) -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() != int(launcher):  # it died before the request: as if just now
+    if os.getppid() != pid:  # it died before the request: as if just now
         os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def _watch(pid: int) -> bool:
+    """Start the thread that sends this process SIGTERM when process ``pid`` (an
+    ancestor) exits; whether it runs."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3), or it is gone already
+        return False
+    if not _ancestor(pid):  # it exited, and another process took its pid, before the open
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return True
+    me = os.getpid()
+
+    def wait() -> None:
+        try:
+            select.select([fd], [], [])
+        except (OSError, ValueError):
+            return
+        finally:
+            os.close(fd)
+        if os.getpid() == me:
+            os.kill(me, signal.SIGTERM)
+
+    threading.Thread(target=wait, name="plait-launcher-watch", daemon=True).start()
     return True

@@ -170,6 +170,32 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_ranks_behind_a_wrapper_script_die_with_a_launcher_killed_by_sigkill(
+    tmp_path: Path,
+) -> None:
+    """The kernel's parent-death signal covers a rank whose parent is the launcher; a
+    rank's Python started by a wrapper script (its parent the script) ran on, orphaned."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(AWAITS))
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{tmp_path / "rank.py"}" "$1"\n')
+    wrapper.chmod(0o755)
+    launcher = subprocess.Popen(
+        [*PLAIT, "run", "-n", "2", str(wrapper), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        pids = _pids(tmp_path, 2)
+        launcher.kill()
+        launcher.wait(30)
+        assert _until_gone(pids) == []
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 WORKERS = """
     import os, subprocess, sys, time
     rank, folder = int(os.environ["PLAIT_RANK"]), sys.argv[1]

@@ -234,7 +234,10 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #     where the launcher reads a terminal, the first rank of the host stays in the
 #     launcher's group, reading it as before (input(), a debugger's prompt: mpirun gives
 #     stdin to rank 0 too), and the others read nothing (/dev/null): they would all have
-#     read the one terminal by turns before.
+#     read the one terminal by turns before. A launcher killed with SIGKILL stops nothing:
+#     each rank's Python then gets SIGTERM from its kernel (its parent the launcher) or
+#     from a thread that waits on the launcher's pidfd (a wrapper script between them),
+#     both asked for in plait.init (die_with_launcher in plait._processes).
 
 
 def _reads_a_terminal() -> bool:
