@@ -1,0 +1,126 @@
+"""What ``plait analyze`` finds, and the first call at which ranks made different calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plait.diagnostics._words import call_text as _call_text
+from plait.diagnostics._words import is_are as _is
+from plait.diagnostics._words import plural as _plural
+from plait.diagnostics._words import ranks as _ranks
+from plait.diagnostics.schema import CallRecord
+
+__all__ = ["NOT_PROBLEMS", "Finding", "first_mismatch", "skip_hint"]
+
+#: Kinds of findings that say what the dumps cannot tell, not that anything went wrong:
+#: ``undumped``, ranks without a dump beside dumps asked for by a signal that show nothing
+#: blocked (``kill -USR1`` of one rank, to see where it is); ``older_run``, dumps of an
+#: earlier run of the job left out (Note [runs of a job]).
+NOT_PROBLEMS = frozenset({"undumped", "older_run"})
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing found wrong, in plain words.
+
+    ``kind``: ``mismatch``, ``skipped``, ``extra``, ``missing``,
+    ``never_arrived``, ``too_late``, ``failed``, ``late``, ``size`` or ``stale``; or
+    ``undumped`` or ``older_run``, which are not problems (:data:`NOT_PROBLEMS`); ``seq``
+    the call number it concerns (None if none); ``ranks`` the ranks at fault.
+    """
+
+    kind: str
+    seq: int | None
+    ranks: tuple[int, ...]
+    message: str
+
+
+def first_mismatch(calls: dict[int, dict[int, CallRecord]]) -> list[Finding] | None:
+    """Findings about the first call number at which ranks' calls differ, or None."""
+    seqs = sorted({s for per in calls.values() for s in per})
+    for seq in seqs:
+        here = {r: per[seq] for r, per in calls.items() if seq in per}
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for r, c in here.items():
+            groups.setdefault(c.signature, []).append(r)
+        if len(groups) < 2:
+            continue
+        ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+        major = ordered[0]
+        ref = here[major[0]]
+        parts = []
+        odd: list[int] = []
+        for g in ordered[1:]:
+            c = here[g[0]]
+            parts.append(f"{_ranks(g)} {_is(g)} in {_call_text(c, ref)}")
+            odd.extend(g)
+        message = (
+            f"{'; '.join(parts)} while {_ranks(major)} {_is(major)} in {_call_text(ref, None)}"
+        )
+        out = [Finding("mismatch", seq, tuple(sorted(odd)), message)]
+        for g in ordered[1:]:
+            hint = skip_hint(g, major, seq, calls)
+            if hint is not None:
+                out.append(hint)
+        return out
+    return None
+
+
+def skip_hint(
+    odd: list[int], major: list[int], seq: int, calls: dict[int, dict[int, CallRecord]]
+) -> Finding | None:
+    """Whether ranks ``odd`` skipped a call (or made an extra one) at ``seq``, from evidence.
+
+    Two kinds of evidence, both facts of the dumps: the calls after ``seq``
+    line up once shifted by ``k`` (and not unshifted), or the others' call at
+    ``seq`` is one that ``odd`` made before from the same line and now did not.
+    """
+    mine, theirs = calls[odd[0]], calls[major[0]]
+    a, b = mine[seq], theirs[seq]
+    them = "its" if len(odd) == 1 else "their"
+
+    def same(x: CallRecord | None, y: CallRecord | None) -> bool | None:
+        if x is None or y is None:
+            return None
+        return x.signature == y.signature and x.line == y.line
+
+    unshifted = [same(mine.get(seq + i), theirs.get(seq + i)) for i in (1, 2, 3)]
+    if not any(unshifted):
+        for k in (1, 2, 3):
+            skipped = [same(mine.get(seq + i), theirs.get(seq + i + k)) for i in range(4)]
+            if skipped[0] and all(v is not False for v in skipped):
+                c = theirs[seq + k]
+                return Finding(
+                    "skipped",
+                    seq,
+                    tuple(odd),
+                    f"{_ranks(odd)} skipped {_plural(k, 'call')}: {them} #{seq} is the others' "
+                    f"#{seq + k} ({c.collective} at {c.where})",
+                )
+            extra = [same(mine.get(seq + i + k), theirs.get(seq + i)) for i in range(4)]
+            if extra[0] and all(v is not False for v in extra):
+                return Finding(
+                    "extra",
+                    seq,
+                    tuple(odd),
+                    f"{_ranks(odd)} made {_plural(k, 'extra call')} from #{seq} on "
+                    f"({a.collective} at {a.where}): {them} #{seq + k} is the others' #{seq}",
+                )
+    if a.line != b.line:
+        before = [c for s, c in mine.items() if s < seq and same(c, b)]
+        if before:
+            last = max(before, key=lambda c: c.seq)
+            # Compared by sites (where a kind of call was first made), the last one is of the
+            # same kind, not always from the same line: say "there" only where both lines are
+            # the calls' own.
+            there = bool(last.stack and b.stack) and last.stack[0][:2] == b.stack[0][:2]
+            said = "one there" if there else "call of that kind"
+            return Finding(
+                "skipped",
+                seq,
+                tuple(odd),
+                f"{_ranks(odd)} did not make the others' {b.collective} at {b.where} this time "
+                f"({them} last {said} was #{last.seq}) and went on to {a.collective} at "
+                f"{a.where}: a branch that only some ranks took?",
+            )
+    return None
