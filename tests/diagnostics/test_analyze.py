@@ -519,3 +519,94 @@ def test_a_rank_that_came_after_the_others_gave_up_is_named_as_the_cause() -> No
         x["calls"][-1]["error"] = "PeerLostError: rank 0: allreduce (ring, call #3): rank 3 ..."
     [d] = diagnose(parsed(dumps))
     assert "too_late" not in [f.kind for f in d.findings]
+
+
+def test_the_call_a_rank_blocks_in_is_its_oldest_not_done_not_its_newest() -> None:
+    """Asynchronous calls: #4 runs, waiting for rank 1 (asleep), and #5 is queued behind it.
+    The report took the newest, #5: "rank 1 never reached call #5 ... rank 0: queued
+    behind allreduce #5"."""
+    dumps = []
+    for r in (0, 2):
+        calls = [call(s) for s in range(4)]
+        calls.append(call(4, state="running", end=None, waiting_on=(1,)))
+        calls.append(call(5, state="queued", end=None, start=None))
+        calls[-1]["queued"] = T0 + 4.5
+        dumps.append(dump(r, 3, calls, reason="stall: allreduce #4 in flight for 2 s"))
+    dumps.append(dump(1, 3, [call(s) for s in range(4)]))
+    [d] = diagnose(parsed(dumps))
+    first = d.findings[0]
+    assert first.kind == "never_arrived"
+    assert first.seq == 4
+    assert first.message.startswith("rank 1 never reached call #4 (allreduce at train.py:42)")
+    assert d.where[0].startswith("rank 0: waiting in allreduce #4 (train.py:42) for rank 1")
+    assert d.where[0].endswith("; a call queued behind it (#5)")
+
+
+def test_a_count_mismatch_on_one_line_is_not_called_a_branch() -> None:
+    """Rank 1 makes the call of line 10 with 32 elements, rank 0 with 16: the sites differ
+    (rank 0's kind was first made at line 9), which read as "rank 1 did not make the
+    others' allreduce at train.py:10 this time ...: a branch that only some ranks took?"."""
+    dumps = []
+    for r, count in ((0, 16), (1, 32)):
+        calls = [call(s, count=16, line=9) for s in range(3)]
+        calls.append(call(3, count=count, line=10, state="running", end=None))
+        for c in calls:
+            c["site"] = ["/job/train.py", 9 if c["count"] == 16 else 10, "main"]
+            if c["state"] == "done":
+                c["stack"] = []
+        dumps.append(dump(r, 2, calls, reason="MismatchError: ..."))
+    [d] = diagnose(parsed(dumps))
+    assert d.findings[0].kind == "mismatch"
+    assert d.findings[0].message == (
+        "rank 1 is in allreduce #3 with count=32 (train.py:10) while rank 0 is in allreduce #3 "
+        "(train.py:10)"
+    )
+    assert all(f.kind != "skipped" for f in d.findings)
+
+
+def test_a_signal_that_finds_a_busy_rank_just_inside_a_call_is_no_problem() -> None:
+    """``kill -USR1`` of one rank of a healthy job in a loop of calls finds it 1.2 ms into
+    one: read as blocked there, "ranks 0, 2 left no dump: they probably died"."""
+    now = T0 + 100
+    calls = [call(s, start=now - 1 + s * 0.001) for s in range(183)]
+    calls.append(call(183, start=now - 0.0012, state="running", end=None, waiting_on=(2,)))
+    [d] = diagnose(parsed([dump(1, 3, calls, time=now)]))
+    assert d.ok
+    assert [f.kind for f in d.findings] == ["undumped"]
+    assert d.where[1].startswith("rank 1: waiting in allreduce #183")
+    # In flight for a second or more at the signal: blocked, as before.
+    calls[-1]["start"] = now - 1.0
+    [d] = diagnose(parsed([dump(1, 3, calls, time=now)]))
+    assert d.findings[0].kind == "missing"
+
+
+def test_a_busy_ranks_old_snapshot_is_not_where_it_blocked() -> None:
+    """Rank 1 dumped on a signal at call #154 of a loop; 13 s later rank 2 failed in an
+    extra call #3000 after ranks 0 and 1 had ended. The report said "rank 1 waits in
+    allreduce #154" as the first problem, though rank 2 completed #154 to #2999 with it."""
+    snap = T0 + 10
+    early = [call(s, start=snap - 1 + s * 0.001) for s in range(154)]
+    early.append(call(154, start=snap - 0.008, state="running", end=None, waiting_on=(2,)))
+    late = [call(s, start=snap - 1 + s * 0.001) for s in range(3000)]
+    late.append(
+        call(
+            3000,
+            start=T0 + 23,
+            end=T0 + 23.5,
+            state="failed",
+            waiting_on=(0, 1),
+            error="PeerLostError: rank 0 was lost",
+        )
+    )
+    dumps = [dump(1, 3, early, time=snap), dump(2, 3, late, reason="PeerLostError: ...")]
+    dumps[1]["time"] = T0 + 23.5
+    [d] = diagnose(parsed(dumps))
+    kinds = [f.kind for f in d.findings]
+    assert kinds[:2] == ["missing", "never_arrived"]
+    assert d.findings[0].message.startswith("rank 0 left no dump")
+    assert "rank 2 waited in allreduce #3000" in d.findings[0].message
+    never = d.findings[1]
+    assert never.ranks == (1,)
+    assert "rank 1's dump (signal SIGUSR1, at " in never.message
+    assert "found it in allreduce #154 (train.py:42), 8.0 ms after it began" in never.message
+    assert "rank 1 waits" not in format_report([d])

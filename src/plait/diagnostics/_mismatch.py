@@ -106,6 +106,8 @@ def skip_hint(
                     f"{_ranks(odd)} made {_plural(k, 'extra call')} from #{seq} on "
                     f"({a.collective} at {a.where}): {them} #{seq + k} is the others' #{seq}",
                 )
+    if a.stack and b.stack and a.stack[0][:2] == b.stack[0][:2]:
+        return None  # one line, different arguments: no branch (sites differ by kind alone)
     if a.line != b.line:
         before = [c for s, c in mine.items() if s < seq and same(c, b)]
         if before:

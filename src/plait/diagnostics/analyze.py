@@ -239,8 +239,8 @@ def _stuck(
 ) -> list[Finding]:
     """Ranks that left no dump, and ranks that never reached the call the others block in."""
     out: list[Finding] = []
-    # A rank blocks in its last call if that is in flight, or failed (a timeout dumps it).
-    blocked = {r: d.last for r, d in by_rank.items() if d.last is not None and d.last.blocked}
+    # A rank blocks in its oldest call not done: in flight, or failed (a timeout dumps it).
+    blocked = {r: c for r, d in by_rank.items() if (c := _blocked_in(d)) is not None}
     if not blocked:
         asked = all(d.reason.startswith("signal ") for d in by_rank.values())
         if (
@@ -301,6 +301,17 @@ def _stuck(
             if last is None:
                 parts.append(f"rank {r} made no call at all")
                 continue
+            if last.in_flight:  # a snapshot of a busy rank, taken before (_blocked_in)
+                since = last.start or last.queued or 0.0
+                before = (
+                    f", {_dur(when - d_time)} before" if when > (d_time := by_rank[r].time) else ""
+                )
+                parts.append(
+                    f"rank {r}'s dump ({by_rank[r].reason}, at {_clock(by_rank[r].time)}"
+                    f"{before} the first rank began #{seq}) found it in {last.describe()}, "
+                    f"{_dur(by_rank[r].time - since)} after it began: a rank at work then"
+                )
+                continue
             ended = last.end or last.start
             gap = (
                 f", {_dur(when - ended)} before the first rank began #{seq}"
@@ -319,6 +330,31 @@ def _stuck(
             )
         )
     return out
+
+
+#: A call in flight for less than this (seconds) when a signal asked for the dump is a
+#: busy rank's, not a blocked one's (Note [snapshots of busy ranks]).
+YOUNG = 1.0
+
+# Note [snapshots of busy ranks]
+#     ``kill -USR1`` of one rank of a healthy job, busy in a loop of calls, finds it in a
+#     call nearly every time, a millisecond in; read as a rank blocked there, with the
+#     others left without a dump, that was "probably died". And such a dump, taken long
+#     before another rank's failure, stood for where the rank blocked though it had gone
+#     on for thousands of calls since. A timeout, a lost peer, a mismatch and a stall
+#     dump where a call is in trouble; a signal dumps wherever the rank is. So a call in
+#     flight for less than YOUNG at a signal's dump is work in progress, not a block: the
+#     rank is compared by the calls before it, and said to have been at work then.
+
+
+def _blocked_in(d: Dump) -> CallRecord | None:
+    """The call rank ``d`` blocks in: its oldest call not done, unless a signal's dump
+    found it there only just begun (Note [snapshots of busy ranks])."""
+    c = d.stuck
+    if c is None or not c.in_flight or not d.reason.startswith("signal "):
+        return c
+    since = c.start or c.queued
+    return c if since is None or d.time - since >= YOUNG else None
 
 
 def _too_late(blocked: dict[int, CallRecord], in_it: list[int], seq: int) -> list[Finding]:
@@ -420,7 +456,7 @@ def _reasons(by_rank: dict[int, Dump]) -> tuple[str, ...]:
 def _where(rank: int, d: Dump | None) -> str:
     if d is None:
         return f"rank {rank}: no dump"
-    last = d.last
+    last = d.stuck or d.last
     if last is None:
         return f"rank {rank}: no call recorded"
     peers = f" for {_ranks(last.waiting_on)}" if last.waiting_on else ""
@@ -428,7 +464,14 @@ def _where(rank: int, d: Dump | None) -> str:
         since = last.start or last.queued
         waited = f" ({_dur(d.time - since)} before its dump)" if since else ""
         verb = "queued behind" if last.state == "queued" else "waiting in"
-        return f"rank {rank}: {verb} {last.describe()}{peers} since {_clock(since)}{waited}"
+        queue = [c for c in d.calls if c.seq > last.seq and c.state == "queued"]
+        behind = (
+            f"; {_plural(len(queue), 'call')} queued behind it (#{queue[0].seq}"
+            + (f" to #{queue[-1].seq})" if len(queue) > 1 else ")")
+            if queue
+            else ""
+        )
+        return f"rank {rank}: {verb} {last.describe()}{peers} since {_clock(since)}{waited}{behind}"
     if last.state == "failed":
         error = last.error or "?"
         if len(error) > _ERROR_CHARS:

@@ -183,6 +183,13 @@ class Dump:
         """The newest call recorded (None for a rank that made no call)."""
         return self.calls[-1] if self.calls else None
 
+    @property
+    def stuck(self) -> CallRecord | None:
+        """The oldest call not done (in flight or failed): where the rank got no further.
+        Not always the newest: asynchronous calls queue behind the one that runs. None
+        where every call recorded ended well."""
+        return next((c for c in self.calls if c.state != "done"), None)
+
 
 def parse(obj: Any, path: str = "") -> Dump:
     """A :class:`Dump` from the parsed JSON ``obj``.
