@@ -35,6 +35,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _settings=comm._settings,
             _world_rank=comm._world_rank,
             _run=comm._run,
+            _members=[comm._members[comm.rank]],
         )
         comm.close()
         return new
@@ -81,6 +82,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _settings=comm._settings,
             _world_rank=comm._world_rank,
             _run=comm._run,
+            _members=[comm._members[p] for p in members],
         )
         enable(new, owner, namespace, rec.links)
     finally:

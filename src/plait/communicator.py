@@ -157,6 +157,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         _settings: Settings | None = None,
         _world_rank: int | None = None,
         _run: str | None = None,
+        _members: Sequence[int] | None = None,
     ) -> None:
         # What auto follows (PLAIT_ALGO, the rules file, the profile), read once here so
         # that a bad setting fails now, before any collective, and later changes to the
@@ -200,8 +201,12 @@ class Communicator(PointToPointMethods, ObjectMethods):
         # Which run of the job this is (plait.init draws it): dumps of a job id used again
         # are told apart by it (Note [runs of a job] in plait.diagnostics.analyze).
         self._run = _run
+        # Each rank's rank in the world communicator it was split or shrunk from: dumps and
+        # timelines name a group's ranks by the job's numbers too.
+        self._members = tuple(range(self._size)) if _members is None else tuple(_members)
         if self._runner.recorder is not None:
             self._runner.recorder.run = _run
+            self._runner.recorder.members = self._members
         # The window ranks of one host share (plait.transport.shm.window), if the transport has one.
         window = getattr(transport, "window", None)
         self._window = int(window.capacity) if window is not None else 0
@@ -381,6 +386,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
             _settings=self._settings,
             _world_rank=self._world_rank,
             _run=self._run,
+            _members=[self._members[r] for r in ranks],
         )
         if self._recovery is not None:  # it shares the connections, so an abort reaches it
             self._recovery.adopt(group)

@@ -610,3 +610,32 @@ def test_a_busy_ranks_old_snapshot_is_not_where_it_blocked() -> None:
     assert "rank 1's dump (signal SIGUSR1, at " in never.message
     assert "found it in allreduce #154 (train.py:42), 8.0 ms after it began" in never.message
     assert "rank 1 waits" not in format_report([d])
+
+
+def test_a_groups_rank_that_dumped_for_another_communicator_is_named_so() -> None:
+    """A split's dumps did not say which job ranks its ranks are: a member stuck in the world
+    communicator (and dumped there) read "rank 0 left no dump: it probably died", and the
+    header said "0 is job rank ?"."""
+    world = dump(1, 4, [call(0), call(1, state="failed", error="MismatchError: ...")])
+    world["global_rank"] = 1
+    mine = dump(1, 2, [call(0, state="failed", error="MismatchError: ...")], comm=0x41A2)
+    mine["global_rank"] = 3
+    mine["members"] = [1, 3]
+    [_world, g] = diagnose(parsed([world, mine]))
+    assert g.job_ranks == (1, 3)
+    assert "died" not in g.findings[0].message
+    assert "rank 0 dumped for another communicator of the job" in g.findings[0].message
+    assert "0 is job rank 1, 1 is job rank 3" in format_report([g])
+    with pytest.raises(DumpError, match="members must be a list of 2 world ranks"):
+        parse({**mine, "members": [1]})
+
+
+def test_a_splits_recorder_knows_its_members_by_world_rank() -> None:
+    def body(c: plait.Communicator) -> Any:
+        sub = c.split(c.rank % 2, key=-c.rank)
+        rec = sub._runner.recorder
+        assert rec is not None
+        return rec.describe("test")["members"]
+
+    got = plait.testing.run_ranks(4, body, timeout=20)
+    assert got == [[2, 0], [3, 1], [2, 0], [3, 1]]

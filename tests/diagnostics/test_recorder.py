@@ -341,8 +341,8 @@ def test_dump_round_trip(tmp_path: Path, clock: FakeClock) -> None:
     assert raw["format"] == FORMAT
     assert raw["version"] == VERSION
     assert set(raw) == {
-        "format", "version", "job", "run", "comm", "rank", "size", "global_rank", "pid", "host",
-        "reason", "time", "capacity", "recorded", "calls", "threads",
+        "format", "version", "job", "run", "comm", "rank", "size", "global_rank", "members",
+        "pid", "host", "reason", "time", "capacity", "recorded", "calls", "threads",
     }  # fmt: skip
     assert any(t["name"] == "MainThread" and t["stack"] for t in raw["threads"])
     d = load(path)

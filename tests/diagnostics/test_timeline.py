@@ -188,3 +188,40 @@ def test_the_same_format_as_plait_sim_trace(tmp_path: Path, clock: FakeClock) ->
     for e in simulated:
         if e["ph"] == "X":
             assert {"step", "bytes", "tag"} <= set(e["args"])
+
+
+def test_merge_joins_messages_within_their_communicator(tmp_path: Path) -> None:
+    """A split numbers its calls, so its tags, on its own: keyed without the communicator,
+    the world's slow message (sent at 1.0, received at 3.0) and a group's quick one with
+    the same tag (2.0 to 2.1) were joined crosswise, an arrow back in time among them."""
+    tl = [Timeline(tmp_path / f"t.rank{r}.json", r) for r in (0, 1)]
+    for t in tl:
+        t._mono0 = t._wall0 = 0.0
+    tl[0].step("send", 1, 8, 5, 0, 0.9, 1.1)
+    tl[1].step("recv", 0, 8, 5, 0, 1.0, 3.0)
+    tl[0].step("send", 1, 8, 5, 0, 1.95, 2.05, 0x41)
+    tl[1].step("recv", 0, 8, 5, 0, 2.0, 2.1, 0x41)
+    out = merge([t.write() for t in tl], tmp_path / "merged.json")
+    events = events_of(out)
+    ends = {e["id"]: e["ts"] for e in events if e["ph"] == "f"}
+    spans = sorted((e["ts"] / 1e6, ends[e["id"]] / 1e6) for e in events if e["ph"] == "s")
+    assert spans == [(1.0, 3.0), (2.0, 2.1)]
+
+
+def test_a_groups_steps_name_their_peers_by_job_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps of ``comm.split(rank % 2)`` named the peer by its rank in the group: job
+    rank 0's partner, job rank 2, read ``r1``."""
+    monkeypatch.setenv("PLAIT_TIMELINE", str(tmp_path / "trace.json"))
+
+    def body(c: plait.Communicator) -> Any:
+        sub = c.split(c.rank % 2)
+        sub.allreduce(np.ones(8, np.float32), algorithm="ring")
+        tl = c._runner.timeline
+        assert tl is not None
+        steps = [e for e in tl.events() if e.get("cat") in ("send", "recv", "recv_reduce")]
+        return {(e["args"]["peer"], e["args"].get("comm", 0) != 0) for e in steps}
+
+    got = plait.testing.run_ranks(4, body, timeout=20)
+    assert got == [{(2, True)}, {(3, True)}, {(0, True)}, {(1, True)}]

@@ -104,8 +104,8 @@ def diagnose(dumps: Sequence[Dump], *, late: float = 0.01) -> list[Diagnosis]:
     dumped: dict[str, set[int]] = {}  # job -> the job ranks that dumped for any communicator
     for d in dumps:
         groups.setdefault((d.job, d.comm), []).append(d)
-        if d.global_rank is not None:
-            dumped.setdefault(d.job, set()).add(d.global_rank)
+        if (g := d.job_rank(d.rank)) is not None:
+            dumped.setdefault(d.job, set()).add(g)
     result = [
         diagnose_group(groups[key], late=late, elsewhere=dumped.get(key[0], set()))
         for key in sorted(groups)
@@ -159,9 +159,10 @@ def diagnose_group(
 ) -> Diagnosis:
     """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id).
 
-    ``elsewhere``: the job ranks that dumped for some communicator of the job; a rank of the
-    world communicator (whose ranks are the job's) without a dump here but among them is
-    stuck or failed in another communicator, not dead.
+    ``elsewhere``: the job ranks that dumped for some communicator of the job; a rank
+    without a dump here but among them (by its job rank: the world communicator's ranks are
+    the job's, a group's dumps list theirs) is stuck or failed in another communicator, not
+    dead.
     """
     if not dumps:
         raise ValueError("no dumps to diagnose")
@@ -190,7 +191,10 @@ def diagnose_group(
     missing = tuple(r for r in range(size) if r not in by_rank)
     calls = {r: {c.seq: c for c in by_rank[r].calls} for r in ranks}
     mismatch = first_mismatch(calls)
-    away = {r for r in missing if r in (elsewhere or ())} if dumps[0].comm == 0 else set()
+    job_ranks = tuple(_job_rank(by_rank, r) for r in range(size))
+    if dumps[0].comm == 0:
+        job_ranks = tuple(r if g is None else g for r, g in enumerate(job_ranks))
+    away = {r for r in missing if job_ranks[r] in (elsewhere or ())}
     stuck = _stuck(by_rank, calls, missing, away)
     if mismatch is not None and (
         not stuck
@@ -227,7 +231,7 @@ def diagnose_group(
         where=tuple(_where(r, by_rank.get(r)) for r in range(size)),
         lateness=tuple(lateness),
         compared=compared,
-        job_ranks=tuple(by_rank[r].global_rank if r in by_rank else None for r in range(size)),
+        job_ranks=job_ranks,
     )
 
 
@@ -330,6 +334,15 @@ def _stuck(
             )
         )
     return out
+
+
+def _job_rank(by_rank: dict[int, Dump], r: int) -> int | None:
+    """Rank ``r``'s job rank, as any dump of its communicator says (its own, or a member
+    list: a rank without a dump is still named), or None."""
+    for d in by_rank.values():
+        if d.members is not None and len(d.members) > r:
+            return d.members[r]
+    return by_rank[r].global_rank if r in by_rank else None
 
 
 #: A call in flight for less than this (seconds) when a signal asked for the dump is a

@@ -321,6 +321,8 @@ class FlightRecorder:
         self.frames = max(stack_depth, 1)
         self.job = job if job is not None else job_id()
         self.run: str | None = None  # which run of the job (plait.init draws it for every rank)
+        # Each rank's rank in the world communicator (a split's or a shrunk one's), or None.
+        self.members: tuple[int, ...] | None = None
         self.folder = Path(folder) if folder is not None else None
         self.timeline = timeline
         # Every slot is made now (about 0.2 µs each), not on first use: a call then
@@ -577,6 +579,7 @@ class FlightRecorder:
             "rank": self.rank,
             "size": self.size,
             "global_rank": global_rank(),
+            "members": None if self.members is None else list(self.members),
             "pid": os.getpid(),
             "host": os.environ.get("PLAIT_HOST") or socket.gethostname(),
             "reason": reason,

@@ -12,6 +12,8 @@ A dump is one JSON object per communicator and rank, written by
       "comm": 0,                          communicator id: 0 for the world, else a split's id
       "rank": 2, "size": 4,               rank within that communicator, and its size
       "global_rank": 2,                   the process's rank in the job (PLAIT_RANK, RANK), or null
+      "members": [0, 2, 5, 7],            each rank's rank in the world communicator (a split's
+                                          or a shrunk one's ranks by the job's numbers), or null
       "pid": 4242, "host": "node1",
       "reason": "CollectiveTimeout: rank 2: allreduce (ring, call #17) timed out ...",
       "time": 1764612345.123456,          wall clock (seconds since the epoch) of the dump
@@ -170,6 +172,13 @@ class Dump:
     threads: tuple[tuple[str, tuple[tuple[str, int, str], ...]], ...] = ()
     path: str = ""
     run: str | None = None
+    members: tuple[int, ...] | None = None
+
+    def job_rank(self, r: int) -> int | None:
+        """The world (job) rank of this communicator's rank ``r``, where the dump says."""
+        if self.members is not None:
+            return self.members[r]
+        return self.global_rank if r == self.rank else None
 
     def call(self, seq: int) -> CallRecord | None:
         """The record of call number ``seq``, if it is still in this dump's window."""
@@ -225,9 +234,19 @@ def parse(obj: Any, path: str = "") -> Dump:
             ),
             path=path,
             run=None if obj.get("run") is None else str(obj["run"]),
+            members=_members(obj.get("members"), size),
         )
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise DumpError(f"{where}: malformed dump: {type(exc).__name__}: {exc}") from None
+
+
+def _members(value: Any, size: int) -> tuple[int, ...] | None:
+    """The ``members`` field: one world rank per rank of the communicator, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != size:
+        raise ValueError(f"members must be a list of {size} world ranks; got {value!r:.80}")
+    return tuple(_within("members", v, 0, _MAX_RANKS - 1) for v in value)
 
 
 #: The most ranks a dump may say its communicator has: a dump is read as data from a file

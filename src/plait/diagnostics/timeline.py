@@ -138,19 +138,28 @@ class Timeline:
         self._add(("call", slot.start or slot.queued, slot.end, payload))
 
     def step(
-        self, kind: Any, peer: int, nbytes: int, tag: int, index: int, start: float, end: float
+        self,
+        kind: Any,
+        peer: int,
+        nbytes: int,
+        tag: int,
+        index: int,
+        start: float,
+        end: float,
+        comm: int = 0,
     ) -> None:
         """A step ran from ``start`` to ``end``.
 
         ``kind`` is the step kind's lower-case name (``send``, ``recv``,
         ``recv_reduce``, ``copy``, ``reduce``), or an enum member whose name
         is that in upper case (named only when the trace is written); a send
-        or receive spans from being handed to the transport to being seen done.
+        or receive spans from being handed to the transport to being seen done. ``peer``
+        is a job rank (as the trace's processes are), ``comm`` the communicator's id.
         """
-        self._add(("step", start, end, (kind, peer, nbytes, tag, index)))
+        self._add(("step", start, end, (kind, peer, nbytes, tag, index, comm)))
 
     def wait(self, start: float, end: float, peers: Sequence[int]) -> None:
-        """The executor blocked from ``start`` to ``end`` waiting for ``peers``."""
+        """The executor blocked from ``start`` to ``end`` waiting for ``peers`` (job ranks)."""
         self._add(("wait", start, end, tuple(peers)))
 
     # -- writing ---------------------------------------------------------------------
@@ -192,10 +201,12 @@ class Timeline:
                 label = "wait " + ",".join(f"r{p}" for p in peers) if peers else "wait"
                 events.append(slice_event(label, "wait", r, CALLS_TID, t0, t1, {"peers": peers}))
             else:
-                kind, peer, nbytes, tag, index = payload
+                kind, peer, nbytes, tag, index, comm = payload
                 if not isinstance(kind, str):
                     kind = kind.name.lower()
                 args = {"step": index, "bytes": nbytes, "tag": tag, "peer": peer}
+                if comm:
+                    args["comm"] = comm
                 if kind in _NET_KINDS:
                     lane = next((i for i, e in enumerate(lanes) if e <= t0), len(lanes))
                     if lane == len(lanes):
@@ -250,7 +261,9 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
     ``b`` from ``a`` with tag ``t`` of the same order among such messages
     (messages between two ranks with one tag arrive in order). A one-sided
     call's post of rank ``a`` is joined to every get or wait on ``a`` of the
-    same counter value (the tag): the ranks that read what it published.
+    same counter value (the tag): the ranks that read what it published. Both
+    within one communicator (a step's ``comm``, 0 for the world's): a group
+    numbers its calls, and so its tags and counters, on its own.
 
     Raises:
         OSError: a file cannot be read or written.
@@ -262,28 +275,30 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
             raise ValueError(f"{p}: not a Chrome trace (no traceEvents list)")
         events.extend(doc["traceEvents"])
-    sends: dict[tuple[int, int, int], list[tuple[int, int, float]]] = {}
-    recvs: dict[tuple[int, int, int], list[tuple[int, int, float]]] = {}
+    sends: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
+    recvs: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("send", "recv", "recv_reduce"):
             continue
         args = e.get("args", {})
         pid, tid, ts, dur = e["pid"], e["tid"], e["ts"] / 1e6, e["dur"] / 1e6
+        comm, peer, tag = args.get("comm", 0), args["peer"], args["tag"]
         if e["cat"] == "send":
-            sends.setdefault((pid, args["peer"], args["tag"]), []).append((pid, tid, ts + dur / 2))
+            sends.setdefault((comm, pid, peer, tag), []).append((pid, tid, ts + dur / 2))
         else:
-            recvs.setdefault((args["peer"], pid, args["tag"]), []).append((pid, tid, ts + dur))
-    posts: dict[tuple[int, int], tuple[int, int, float]] = {}
-    reads: list[tuple[tuple[int, int], tuple[int, int, float]]] = []
+            recvs.setdefault((comm, peer, pid, tag), []).append((pid, tid, ts + dur))
+    posts: dict[tuple[int, int, int], tuple[int, int, float]] = {}
+    reads: list[tuple[tuple[int, int, int], tuple[int, int, float]]] = []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("post", "get", "get_reduce", "wait"):
             continue
         args = e.get("args", {})
         pid, tid, ts, dur = e["pid"], e["tid"], e["ts"] / 1e6, e["dur"] / 1e6
+        comm = args.get("comm", 0)
         if e["cat"] == "post":
-            posts[(pid, args["tag"])] = (pid, tid, ts + dur)
+            posts[(comm, pid, args["tag"])] = (pid, tid, ts + dur)
         elif "peer" in args:  # not the executor's own "wait" (blocked in the transport)
-            reads.append(((args["peer"], args["tag"]), (pid, tid, ts + dur)))
+            reads.append(((comm, args["peer"], args["tag"]), (pid, tid, ts + dur)))
     n = 0
     for key, dsts in recvs.items():
         srcs = sorted(sends.get(key, ()), key=lambda x: x[2])

@@ -45,7 +45,7 @@ import numpy as np
 from plait.errors import InternalError
 from plait.runtime.line import line_of, remember, run_line
 from plait.runtime.stall import Prober, settle
-from plait.runtime.waits import block, malformed, withdraw, wrap
+from plait.runtime.waits import block, job_rank, malformed, withdraw, wrap
 from plait.schedule.ir import Schedule, Step, StepKind, uses_window
 from plait.transport.base import Handle, Transport, renumbered
 
@@ -211,7 +211,7 @@ def execute(
                         continue
                     _combine(step, buffers, staged.pop(i), ufunc, schedule.rank, call)
                     if tl is not None:
-                        _note(tl, step, i, issued.pop(i), itemsize, tag_base)
+                        _note(call, tl, step, i, issued.pop(i), itemsize, tag_base)
                 elif wsteps is not None and uses_window(step):
                     # Nothing else to move (no step ready, only staged receives): it waits alone.
                     busy = ready or any(j not in staged or j in deps_met for j in pending.values())
@@ -224,14 +224,14 @@ def execute(
                     start = _now() if tl is not None else 0.0
                     wsteps.step(step)
                     if tl is not None:
-                        _note(tl, step, i, start, itemsize, tag_base)
+                        _note(call, tl, step, i, start, itemsize, tag_base)
                 else:
                     if step.src is None or step.dst is None:
                         raise malformed(schedule.rank, call, step)
                     start = _now() if tl is not None else 0.0
                     _local_step(step, buffers, ufunc, aliased, schedule.rank)
                     if tl is not None:
-                        _note(tl, step, i, start, itemsize, tag_base)
+                        _note(call, tl, step, i, start, itemsize, tag_base)
                 left -= 1  # step i is done: release the steps that waited for it
                 for j in dependents[i]:
                     remaining[j] -= 1
@@ -263,7 +263,7 @@ def execute(
                 elif wsteps is not None and uses_window(step):
                     wsteps.step(step)  # its peer has posted: it runs at once
                 if tl is not None:
-                    _note(tl, step, i, issued.pop(i), itemsize, tag_base)
+                    _note(call, tl, step, i, issued.pop(i), itemsize, tag_base)
                 left -= 1
                 for j in dependents[i]:
                     remaining[j] -= 1
@@ -376,8 +376,14 @@ def _local_step(
             ufunc(dst, src, out=dst)
 
 
-def _note(tl: Timeline, step: Step, i: int, start: float, itemsize: int, tag_base: int) -> None:
-    """Report step ``i``, from ``start`` to now, to the timeline."""
+def _note(
+    call: Call, tl: Timeline, step: Step, i: int, start: float, itemsize: int, tag_base: int
+) -> None:
+    """Report step ``i``, from ``start`` to now, to the timeline: its peer by job rank, and
+    its communicator, so that a merge joins a group's steps with their own."""
     r = step.dst if step.dst is not None else step.src
     nbytes = r.count * itemsize if r is not None else 0
-    tl.step(step.kind, step.peer, nbytes, tag_base + step.tag, i, start, _now())
+    rec = call.recorder
+    peer = job_rank(rec, step.peer)
+    comm = rec.comm if rec is not None else 0
+    tl.step(step.kind, peer, nbytes, tag_base + step.tag, i, start, _now(), comm)

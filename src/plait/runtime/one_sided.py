@@ -147,7 +147,7 @@ def _run_steps(
     for i, step in enumerate(schedule.steps):
         begun = _now()
         run.step(step)
-        _note(tl, step, i, begun, buffers[1].dtype.itemsize, call.epoch << 32)
+        _note(call, tl, step, i, begun, buffers[1].dtype.itemsize, call.epoch << 32)
 
 
 _WAITS = frozenset((StepKind.GET, StepKind.GET_REDUCE, StepKind.WAIT))

@@ -17,9 +17,19 @@ from plait.schedule.ir import Schedule, Step
 from plait.transport.base import Handle, Transport
 
 if TYPE_CHECKING:
+    from plait.diagnostics.recorder import FlightRecorder
     from plait.runtime.executor import Call
 
-__all__ = ["block", "malformed", "timeout_error", "timeout_for", "waiting_on", "withdraw", "wrap"]
+__all__ = [
+    "block",
+    "job_rank",
+    "malformed",
+    "timeout_error",
+    "timeout_for",
+    "waiting_on",
+    "withdraw",
+    "wrap",
+]
 
 
 def withdraw(transport: Transport, call: Call, pending: dict[Handle, int], ws: Any = None) -> None:
@@ -76,7 +86,7 @@ def block(
         late = timeout_error(schedule.rank, call, steps, pending, prober)
         raise settle(transport, call, schedule, late, prober)
     if tl is not None:
-        tl.wait(blocked, time.monotonic(), waited)
+        tl.wait(blocked, time.monotonic(), [job_rank(call.recorder, p) for p in waited])
     fresh = None
     try:
         if prober is None and probe_at and time.monotonic() >= probe_at:
@@ -135,3 +145,10 @@ def wrap(rank: int, call: Call, step: object, err: BaseException) -> BaseExcepti
             out.lost_rank = step.peer if isinstance(step, Step) else err.lost_rank
         return out
     return CommError(f"rank {rank}: {call.describe}: transport failed at {step!r}: {err}")
+
+
+def job_rank(rec: FlightRecorder | None, rank: int) -> int:
+    """Rank ``rank`` of the communicator ``rec`` records, by its rank in the job (as the
+    timeline names ranks), where the recorder knows its members."""
+    members = rec.members if rec is not None else None
+    return members[rank] if members is not None and 0 <= rank < len(members) else rank
