@@ -14,8 +14,10 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -299,3 +301,66 @@ def test_a_rank_killed_while_making_its_segment_leaves_nothing_in_dev_shm() -> N
     """SIGKILL between creating the segment's file and mapping it (reserving and mapping a
     large window takes milliseconds): the file never had a name in /dev/shm."""
     _killed_leaves_nothing(_KILLED_MAKING_ITS_SEGMENT)
+
+
+_TELL = _AS_NOBODY + textwrap.dedent(
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\\0" + sys.argv[1])
+    token = sys.argv[2].encode()[:16].ljust(16, b"\\0")
+    s.sendall(struct.pack("<Q16sQ", 0, token, 0) + b"Fspoofed: run this to fix it")
+    s.settimeout(20)
+    try:
+        got = s.recv(4096)
+    except ConnectionResetError:
+        got = b""
+    print(repr(got), flush=True)
+    """
+)
+
+
+@as_root
+def test_a_failing_set_up_neither_reads_nor_tells_another_users_connection() -> None:
+    """Where set-up fails, a rank reads why a peer broke off from connections queued on its
+    listener, and tells them why it gives up: a process of another user, with the public
+    token, set the text of a rank's error and read another's."""
+    from types import SimpleNamespace
+
+    from plait.transport.shm import bootstrap
+
+    name = f"plait-{_job()}-g1-0-{secrets.token_hex(8)}"
+    token = "tok" + secrets.token_hex(4)
+    for what in ("told", "break_off"):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind("\0" + name)
+        listener.listen(4)
+        join: Any = SimpleNamespace(
+            listener=listener,
+            token=token.encode()[:16].ljust(16, b"\0"),
+            nonce=0,
+            names=[0, 1],
+            size=2,
+            me=1,
+            hello=b"x" * bootstrap._HELLO.size,
+            wires=[],
+            _close_listener=listener.close,
+        )
+        with subprocess.Popen(
+            [sys.executable, "-c", _TELL, name, token], cwd="/", stdout=subprocess.PIPE, text=True
+        ) as intruder:
+            assert intruder.stdout is not None
+            deadline = time.monotonic() + 20
+            while not _queued(name) and time.monotonic() < deadline:
+                time.sleep(0.01)  # until its connection waits on the listener
+            if what == "told":
+                assert bootstrap._Join._told(join) is None
+            else:
+                bootstrap._Join.break_off(join, RuntimeError("secret reason"))
+            listener.close()
+            assert intruder.stdout.readline() == "b''\n"
+
+
+def _queued(name: str) -> bool:
+    """Whether a connection to abstract socket ``name`` waits to be accepted."""
+    with open("/proc/net/unix") as f:  # a connected client's line names the socket too
+        return sum(line.rstrip().endswith("@" + name) for line in f) >= 2

@@ -540,6 +540,8 @@ class _Join:
             while True:
                 conn, _ = listener.accept()  # BlockingIOError: none left
                 with conn:
+                    if peer_credentials(conn)[1] != os.geteuid():
+                        continue  # another user's words are not a peer's (Note [segment names])
                     conn.setblocking(True)
                     conn.settimeout(_TELL_SECONDS)
                     rank, token, nonce = _HELLO.unpack(recv_exact(conn, _HELLO.size))
@@ -572,6 +574,8 @@ class _Join:
                 while True:
                     conn, _ = self.listener.accept()  # BlockingIOError: none left
                     with conn:
+                        if peer_credentials(conn)[1] != os.geteuid():
+                            continue  # why this rank failed is for its peers alone
                         conn.settimeout(_TELL_SECONDS)
                         conn.sendall(reason)
                         discard_input(conn)
