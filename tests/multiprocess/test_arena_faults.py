@@ -285,3 +285,37 @@ def test_a_rank_waiting_on_a_long_computation_does_not_burn_a_core(
         for out in outs:
             assert out["wall"] > 1.4, out  # it did wait for the computation
             assert out["cpu"] < 0.25, out  # and slept meanwhile (a few ms)
+
+
+def test_ranks_name_the_rank_that_gave_up_not_the_late_one_that_passed_it_on(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 times out (its own 1 s) on rank 3, which comes 3 s late; ranks 0 and 2 wait
+    on rank 3. Rank 3 gives up because rank 1 had, and 0 and 2, reading rank 3's post,
+    said "rank 3 gave up on the call after an error of its own" (Note [who gave up first])."""
+    script = """
+        comm = plait.init(timeout=30)
+        comm.barrier()
+        if comm.rank == 3:
+            wait_for("gave_up", 1)  # rank 1 has timed out: come now
+        try:
+            comm.allreduce(np.ones(4096), algorithm="arena", timeout=1 if comm.rank == 1 else 30)
+            message = None
+        except plait.CommError as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        if comm.rank == 1:
+            arrived("gave_up", 1)
+        arrived("raised", comm.rank)
+        wait_for("raised", 4)
+        comm.close()
+        report(message=message[:400] if message else None)
+    """
+    res, results = plait_run(["-n", "4"], script, tmp_path)
+    logs = res.stdout[-3000:] + res.stderr[-3000:]
+    assert sorted(results) == [0, 1, 2, 3], logs
+    assert results[1][0]["message"].startswith("CollectiveTimeout: rank 1: allreduce"), logs
+    for rank in (0, 2, 3):
+        message = results[rank][0]["message"]
+        assert message.startswith(f"PeerLostError: rank {rank}: allreduce (arena"), message
+        assert "rank 1 gave up on the call after an error of its own" in message, message
+        assert "rank 3 gave up" not in message, message

@@ -114,7 +114,14 @@ import numpy as np
 
 from plait.errors import CommError, InternalError
 from plait.runtime.executor import Call
-from plait.runtime.posts import MISMATCHED, await_post, begin_call, check_peer, failed, give_up
+from plait.runtime.posts import (
+    GAVE_UP_FROM,
+    await_post,
+    begin_call,
+    check_peer,
+    failed,
+    give_up,
+)
 from plait.schedule.ir import SHARED, Region, Schedule, Step, StepKind
 from plait.transport.window import MASK64
 
@@ -349,7 +356,7 @@ def _generate(
     if any(op[0] in (_REDUCE, _GET_REDUCE, _FOLD) for op in ops[0]):
         head.append("        ufunc = key.ufunc")
     if any(op[0] >= _GET for op in ops[0]):
-        head.append(f"        gave_up = base | {MISMATCHED}")  # from gave_up to ended: it gave up
+        head.append(f"        gave_up = base | {GAVE_UP_FROM}")  # from gave_up to ended: it gave up
         head.append(f"        ended = base + {1 << 32}")  # and from here on it ended this call
     post = _post_lines(window, env)
     bodies = [_body(ops[h], consts[h], n, h, env, post) for h in (0, 1)]
@@ -512,7 +519,7 @@ def _peer(
     await_post(window, transport, q, need, call, schedule, q)
     base = need & ~0xFFFFFFFF
     try:
-        suspect = digests[j] != call.check or base | MISMATCHED <= counters[i] < base + (1 << 32)
+        suspect = digests[j] != call.check or base | GAVE_UP_FROM <= counters[i] < base + (1 << 32)
     except (TypeError, ValueError):
         suspect = True
     if suspect:

@@ -19,7 +19,9 @@ Note [one-sided]
     it wakes every peer waiting on it, and a peer that finds it raises at once
     (MismatchError where the digests differ or the rank posted MISMATCHED,
     else PeerLostError naming the rank that gave up) instead of reading its
-    window or waiting for its own timeout. A rank that posted either has a
+    window or waiting for its own timeout (a rank that gave up only because a
+    peer had posts ``FOLLOWED``, so that the others name the rank that gave up
+    first: Note [who gave up first] in :mod:`plait.runtime.posts`). A rank that posted any has a
     broken communicator and posts nothing more: a peer whose next call waits
     on it finds such a post of an earlier epoch at its first wait and raises
     too (:mod:`plait.runtime.posts`). A wait that stalls probes the call's peers like a
@@ -47,6 +49,7 @@ from plait.runtime.executor import (
 )
 from plait.runtime.posts import (
     ABANDONED,
+    GAVE_UP_FROM,
     MISMATCHED,
     await_post,
     begin_call,
@@ -275,7 +278,7 @@ class WindowSteps:
             await_post(window, self._transport, w, base | step.tag, call, self._schedule, q)
             if slot is not None:
                 slot.peers = ()
-            if w not in self._checked or window.counter(w) >= base | MISMATCHED:
+            if w not in self._checked or window.counter(w) >= base | GAVE_UP_FROM:
                 check_peer(window, w, half, call, rank, q)
                 self._checked.add(w)
             if kind is not StepKind.WAIT:

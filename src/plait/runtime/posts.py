@@ -40,9 +40,26 @@ ABANDONED = (1 << 32) - 1
 #: The phase it posts instead when it gave up because it lost a rank: it told the others
 #: which one (a LOST notice, Note [stall probes] in plait.runtime.stall) before it posted.
 LOST = (1 << 32) - 2
-#: The phase it posts instead when it gave up because the ranks' calls differ (the lowest:
-#: a counter at or above it in a call's epoch says the rank gave up).
+#: The phase it posts instead when it gave up because the ranks' calls differ.
 MISMATCHED = (1 << 32) - 3
+#: The phase it posts instead when it gave up only because a peer had (Note [who gave up
+#: first]).
+FOLLOWED = (1 << 32) - 4
+#: The lowest of the phases above: a counter at or above it in a call's epoch says the rank
+#: gave up.
+GAVE_UP_FROM = FOLLOWED
+#: The attribute of a PeerLostError raised because a peer gave up (its rank in the window).
+_FOLLOWS = "_plait_follows"
+
+# Note [who gave up first]
+#     A rank that gives up on a one-sided call posts so, and a peer waiting on it raises at
+#     once, posting that it gave up too: a rank that timed out ends the call everywhere. A
+#     rank waiting on a late rank, though, reads the late one's post, and that late rank
+#     gave up only because the one that timed out had: read as its own error, the report
+#     named a rank that did nothing wrong. So a rank that gives up because of a peer's post
+#     posts FOLLOWED, not ABANDONED; a rank that reads FOLLOWED looks through the window
+#     for the rank whose post of the call is its own (ABANDONED or LOST) and names that
+#     one, saying which rank passed it on.
 
 
 def begin_waiting(
@@ -116,6 +133,8 @@ def gave_up_phase(error: BaseException | None) -> int:
         return MISMATCHED
     if isinstance(error, PeerLostError) and error.lost_rank is not None:
         return LOST
+    if getattr(error, _FOLLOWS, None) is not None:
+        return FOLLOWED
     return ABANDONED
 
 
@@ -158,7 +177,7 @@ def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
     """
     counter = window.counter(q)
     phase, epoch = counter & 0xFFFFFFFF, counter >> 32
-    if phase < MISMATCHED or epoch >= call.epoch:
+    if phase < GAVE_UP_FROM or epoch >= call.epoch:
         return
     if phase == MISMATCHED:
         raise _found_earlier(rank, call.describe, shown, epoch, "makes no more calls on it")
@@ -207,7 +226,7 @@ def check_peer(
     ``shown``: the rank messages name, where ``q`` is its rank in the window only.
     """
     digest, counter = window.peer_state(q, half)
-    q = q if shown is None else shown
+    window_q, q = q, (q if shown is None else shown)
     if digest != call.check:
         raise MismatchError(
             f"rank {rank}: {call.describe}: rank {q} is in a different call "
@@ -220,14 +239,38 @@ def check_peer(
             f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
             "collectives (its own message says what differs)"
         )
-    if phase in (ABANDONED, LOST):
-        err = PeerLostError(
-            f"rank {rank}: {call.describe}: rank {q} gave up on the call after an "
-            "error of its own (see its message)"
-        )
-        if phase == LOST:
+    if phase in (ABANDONED, LOST, FOLLOWED):
+        # A host's window numbers its ranks apart (``shown``): its origin is named only
+        # where the window's numbers are the messages'.
+        same = shown is None or shown == window_q
+        first = _first_to_give_up(window, call.epoch) if phase == FOLLOWED and same else None
+        if first is not None:
+            text = (
+                f"rank {first} gave up on the call after an error of its own (see its "
+                f"message; rank {q} passed it on)"
+            )
+        elif phase == FOLLOWED:  # its origin's post is not seen (or not by its number)
+            text = f"rank {q} gave up on the call because another rank had (see its message)"
+        else:
+            text = f"rank {q} gave up on the call after an error of its own (see its message)"
+        err = PeerLostError(f"rank {rank}: {call.describe}: {text}")
+        setattr(err, _FOLLOWS, q)
+        if phase == LOST or (first is not None and window.counter(first) & 0xFFFF_FFFF == LOST):
             setattr(err, GAVE_UP, True)  # settle raises the rank it lost, which it told
         raise err
+
+
+def _first_to_give_up(window: Any, epoch: int) -> int | None:
+    """A rank of ``window`` whose post of call ``epoch`` says it gave up of its own accord
+    (ABANDONED or LOST), or None (Note [who gave up first])."""
+    for p in range(window.size):
+        try:
+            counter = window.counter(p)
+        except CommError:
+            return None
+        if counter >> 32 == epoch and counter & 0xFFFFFFFF in (ABANDONED, LOST):
+            return p
+    return None
 
 
 def named(rank: int, call: Call, what: str, exc: BaseException) -> BaseException:
