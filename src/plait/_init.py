@@ -99,8 +99,8 @@ from plait._binding import bind_crowded
 from plait._checks import check_timeout
 from plait._processes import die_with_launcher
 from plait.communicator import Communicator, default_timeout
-from plait.errors import RendezvousError
-from plait.rendezvous.lost import JobRanks, wait_ranks
+from plait.errors import CommError, RendezvousError
+from plait.rendezvous.lost import JobRanks, report_gave_up, wait_ranks
 from plait.rendezvous.store import PrefixStore, Store
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
@@ -589,7 +589,11 @@ def init(
         # fresh token, so that jobs with equal ids (torchrun's default run id
         # is "none") never share segment names.
         job = info.job_id if info.launcher == "plait" else None
-        t = connect(rank, size, hosts, group, links=links, timeout=left(), job=job)
+        try:
+            t = connect(rank, size, hosts, group, links=links, timeout=left(), job=job)
+        except CommError as exc:  # the others' waits for this rank end now
+            report_gave_up(group, rank, str(exc))  # Note [ranks that gave up]
+            raise
         comm = Communicator(t, timeout=timeout, hosts=hosts, _run=run)
         if "shm" in links:  # ranks that share a host's memory wait by yielding to each other
             bind_crowded(rank, hosts)

@@ -13,6 +13,7 @@ from plait._recovery import closed_error, enable, owned
 from plait.communicator import Communicator
 from plait.errors import ClosedError, CommError, PeerLostError, RendezvousError
 from plait.group import shrunk_comm_id
+from plait.rendezvous.lost import report_gave_up
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
 
@@ -70,6 +71,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             try:
                 transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
             except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
+                report_gave_up(store, rank, str(exc))  # Note [ranks that gave up]
                 raise RendezvousError(
                     f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
                     f"connect ({exc}); if one failed meanwhile, agree and shrink again"

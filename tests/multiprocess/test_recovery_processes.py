@@ -428,6 +428,46 @@ def test_a_survivor_that_dies_inside_shrink_ends_the_set_up_within_seconds(
         assert res["total"] == 2.0, res
 
 
+DIES_CONNECTING = """
+import os, signal, time, numpy as np, plait, plait.transport.route as route
+comm = plait.init(timeout=60)
+if comm.rank == 3:  # dies as shrink's set-up of the new communicator begins
+    route.connect = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+comm.allreduce(np.ones(4))
+start = time.monotonic()
+try:
+    comm.shrink()
+    first = None
+except plait.CommError as exc:
+    first = f"{type(exc).__name__}: {exc}"
+took = time.monotonic() - start
+new = comm.shrink()
+report(first=first, took=took, size=new.size, total=float(new.allreduce(np.ones(1))[0]))
+new.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_survivor_whose_host_lost_a_rank_in_shrink_does_not_hold_up_the_other_host(
+    server: TCPStoreServer, tmp_path: Path
+) -> None:
+    """Note [ranks that gave up]: hosts a (ranks 0, 2) and b (1, 3); rank 3 dies as the set-up
+    begins. Rank 1's join of host b's memory fails on it, before rank 1 publishes its TCP
+    address, and rank 2 waited for that address until its timeout, naming live rank 1."""
+    procs = start_ranks(DIES_CONNECTING, 4, tmp_path, plait_env(server, 4, "hybrid"))
+    results = finish(procs, timeout=100)
+    for r in (0, 1, 2):
+        res = results[r]
+        assert res is not None, finish.logs  # type: ignore[attr-defined]
+        assert res["first"] is not None, res
+        assert res["took"] < 20, res
+        assert "never published" not in res["first"], res
+        assert res["size"] == 3, res
+        assert res["total"] == 3.0, res
+    said = results[2]["first"]
+    assert "rank(s) [1] gave up shrink before" in said or "rank(s) [3] died" in said, said
+
+
 BUSY_IN_C = """
 import time, plait
 comm = plait.init(timeout=60)

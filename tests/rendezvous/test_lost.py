@@ -6,8 +6,15 @@ import threading
 
 import pytest
 
-from plait.errors import PeerLostError
-from plait.rendezvous.lost import JobRanks, filed, report_lost, wait_ranks
+from plait.errors import PeerLostError, RendezvousError
+from plait.rendezvous.lost import (
+    JobRanks,
+    Watched,
+    filed,
+    report_gave_up,
+    report_lost,
+    wait_ranks,
+)
 from plait.rendezvous.store import MemoryStore, PrefixStore, StoreTimeout
 
 
@@ -56,3 +63,26 @@ def test_ranks_outside_a_job_namespace_never_look() -> None:
 def test_a_wait_that_nobody_ends_times_out_as_before() -> None:
     with pytest.raises(StoreTimeout):
         wait_ranks(JobRanks("init", MemoryStore()), ["k/1"], [1], 1.3, me="rank 0", what="arrive")
+
+
+@pytest.mark.parametrize("kind", ["init", "shrink"])
+def test_a_rank_that_gave_up_its_set_up_ends_the_waits_on_it(kind: str) -> None:
+    """Note [ranks that gave up]: rank 1's shared-memory join failed on a dead rank of its
+    host; rank 2, of another host, waited for rank 1's TCP address until its timeout, and
+    named a live rank that "never published" it."""
+    store = MemoryStore()
+    if kind == "init":
+        group: PrefixStore = JobRanks("plait/init1", store)
+    else:
+        group = Watched("ft/s1", store, lambda ranks: {}, "shrink")  # nobody died
+    tcp = PrefixStore("tcp", group)  # the transports' views of the namespace
+    report_gave_up(PrefixStore("shm", group), 1, "rank 1: rank(s) [3] died before ...")
+    with pytest.raises(RendezvousError) as info:
+        wait_ranks(tcp, ["addr/0", "addr/1"], [0, 1], 60, me="rank 2", what="publish")
+    assert str(info.value) == (
+        f"rank 2: rank(s) [1] gave up {'plait.init' if kind == 'init' else 'shrink'} before "
+        "they could publish (rank 1: rank(s) [3] died before ...)"
+    )
+    # Filed in that namespace only: a later plait.init of the job meets in another.
+    assert filed(JobRanks("plait/init2", store), [1]) == {}
+    assert filed(store, [1]) == {}

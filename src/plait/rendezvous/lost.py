@@ -30,6 +30,17 @@ Note [lost ranks]
     tells which of its ranks are dead by a function, asked between two slices
     (a shrunk communicator's set-up: Note [survivors that die] in
     plait._liveness).
+
+Note [ranks that gave up]
+    A rank alive is not always a rank that will set a key: one whose set-up failed (its
+    shared-memory join met a dead rank of its host) raises, and a rank of another host
+    that waits for its TCP address waited out its whole timeout, naming a live rank that
+    "never published". So a rank whose set-up fails files that it gave up, and why
+    (:func:`report_gave_up`), in the namespace a wait looks in: ``plait/lost/<rank>`` and
+    the count ``plait/lost`` of the :class:`JobRanks` or :class:`Watched` view itself (not
+    the store's root: a later ``plait.init`` of the job meets in a namespace of its own),
+    its value starting with :data:`GAVE_UP`; a wait that finds it ends within about a
+    second with a :class:`~plait.errors.RendezvousError` naming the rank and its reason.
 """
 
 from __future__ import annotations
@@ -37,15 +48,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from plait.errors import PeerLostError
+from plait.errors import CommError, PeerLostError, RendezvousError
 from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
 
 __all__ = [
+    "GAVE_UP",
     "LOOK_SECONDS",
     "JobRanks",
     "Watched",
     "filed",
     "lost_error",
+    "report_gave_up",
     "report_lost",
     "root",
     "wait_ranks",
@@ -55,6 +68,10 @@ __all__ = [
 LOOK_SECONDS = 1.0
 
 _COUNT = "plait/lost"
+#: How a rank filed by :func:`report_gave_up` ended, before its reason.
+GAVE_UP = "gave up its set-up: "
+#: The most bytes of a reason filed.
+_REASON_BYTES = 2000
 
 
 def _key(rank: int) -> str:
@@ -107,14 +124,42 @@ def root(store: Store) -> Store:
     return store
 
 
-def _job_root(store: Store) -> Store | None:
-    """The root of ``store`` if it is a view of a :class:`JobRanks` namespace, else None."""
+def _job_view(store: Store) -> JobRanks | None:
+    """The :class:`JobRanks` namespace ``store`` is (or is a view of), else None."""
     view = store
     while isinstance(view, PrefixStore):
         if isinstance(view, JobRanks):
-            return root(view)
+            return view
         view = view.store
     return None
+
+
+def _job_root(store: Store) -> Store | None:
+    """The root of ``store`` if it is a view of a :class:`JobRanks` namespace, else None."""
+    view = _job_view(store)
+    return None if view is None else root(view)
+
+
+def report_gave_up(store: Store, rank: int, reason: str) -> None:
+    """File that rank ``rank`` of the set-up waiting in ``store`` gave up, and why, where the
+    others' waits look (Note [ranks that gave up]); nothing where they do not look. Best
+    effort: the store may be what failed."""
+    view: Store | None = _watched(store) or _job_view(store)
+    if view is None:
+        return
+    text = (GAVE_UP + reason).encode(errors="backslashreplace")[:_REASON_BYTES]
+    try:
+        view.set(_key(rank), text)
+        view.add(_COUNT, 1)
+    except (CommError, OSError):
+        pass
+
+
+def _gave_up(view: Store, ranks: Sequence[int]) -> dict[int, str]:
+    """Which of ``ranks`` filed in ``view`` that they gave up, and why."""
+    if not view.check([_COUNT]):
+        return {}
+    return {r: view.get(_key(r), 0.0).decode() for r in ranks if view.check([_key(r)])}
 
 
 def report_lost(store: Store, rank: int, how: str) -> None:
@@ -132,31 +177,45 @@ def filed(store: Store, ranks: Sequence[int]) -> dict[int, str]:
     """
     watched = _watched(store)
     if watched is not None:
-        return watched.dead(ranks)
-    base = _job_root(store)
-    if base is None or not base.check([_COUNT]):
+        out = watched.dead(ranks)
+        return {**_gave_up(watched, [r for r in ranks if r not in out]), **out}
+    view = _job_view(store)
+    if view is None:
         return {}
-    return {r: base.get(_key(r), 0.0).decode() for r in ranks if base.check([_key(r)])}
+    out = _gave_up(root(view), ranks)  # what the launcher saw, first
+    return {**_gave_up(view, [r for r in ranks if r not in out]), **out}
 
 
 def lost_error(
     me: str, lost: dict[int, str], what: str, store: Store | None = None
-) -> PeerLostError:
-    """The error of a start-up wait that rank(s) ``lost`` will never end: they died.
+) -> PeerLostError | RendezvousError:
+    """The error of a start-up wait that rank(s) ``lost`` will never end: they died, or
+    gave up their set-up (Note [ranks that gave up]): PeerLostError for the first,
+    RendezvousError where every one of them gave up.
 
     ``me`` starts the message ("rank 2"); ``what`` is what the dead ranks did not
     do ("announce their segment"); ``store``: the store of the wait (a
     :class:`Watched` one names what the wait was part of).
     """
-    ranks = sorted(lost)
-    how = "; ".join(f"rank {r} {lost[r]}" for r in ranks)
     watched = None if store is None else _watched(store)
+    during = watched.during if watched is not None else "plait.init"
+    gave = sorted(r for r, how in lost.items() if how.startswith(GAVE_UP))
+    died = sorted(r for r in lost if r not in gave)
+    if not died:
+        reasons = {r: lost[r][len(GAVE_UP) :] for r in gave}
+        why = "; ".join(
+            t if t.startswith(f"rank {r}: ") else f"rank {r}: {t}" for r, t in reasons.items()
+        )
+        return RendezvousError(
+            f"{me}: rank(s) {gave} gave up {during} before they could {what} ({why})"
+        )
+    how = "; ".join(f"rank {r} {lost[r]}" for r in died)
     if watched is not None:
-        text = f"died before they could {what} in {watched.during} ({how})"
+        text = f"died before they could {what} in {during} ({how})"
     else:
         text = f"died before they could {what} in plait.init ({how}, as plait run saw)"
-    err = PeerLostError(f"{me}: rank(s) {ranks} {text}: see their output")
-    err.lost_rank = ranks[0]
+    err = PeerLostError(f"{me}: rank(s) {died} {text}: see their output")
+    err.lost_rank = died[0]
     return err
 
 
@@ -176,11 +235,13 @@ def wait_ranks(
         PeerLostError: a launcher filed a rank whose key is missing as dead, or a
             Watched namespace says it died (Note [lost ranks]); within about
             :data:`LOOK_SECONDS`.
+        RendezvousError: such a rank filed that it gave up (Note [ranks that gave up]).
         StoreTimeout: some keys were still missing after ``timeout``.
     """
     seconds = store.timeout if timeout is None else timeout
     watched = _watched(store)
-    base = _job_root(store) if watched is None else None
+    job = _job_view(store) if watched is None else None
+    base = None if job is None else root(job)
     if base is None and watched is None:
         store.wait(keys, seconds)
         return
@@ -193,8 +254,12 @@ def wait_ranks(
         except StoreTimeout:
             if left <= LOOK_SECONDS:
                 raise
-        if base is not None and not base.check([_COUNT]):  # nobody filed: one round trip
-            continue
+        if (
+            base is not None
+            and job is not None
+            and not (base.check([_COUNT]) or job.check([_COUNT]))
+        ):
+            continue  # nobody filed: two round trips
         missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
         lost = filed(store, missing)
         if lost:
