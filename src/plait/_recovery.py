@@ -283,6 +283,13 @@ class Recovery:
         done = self._abort_done = threading.Event()
         return done
 
+    def _told_nobody(self, done: threading.Event) -> None:
+        """End an abort :meth:`_mark` began that tells no peer (every rank replaced the
+        communicator with shrink): a later :meth:`abort` returns at once, not after
+        ``_TELL_SECONDS``."""
+        self._told.release()
+        done.set()
+
     def _finish_abort(self, text: str, reason: str, done: threading.Event, source: int) -> None:
         """Tell every peer through the store (if the abort began here, at ``source``), wait
         until the others marked their calls, close the transport; set ``done``."""

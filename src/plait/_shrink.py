@@ -51,7 +51,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
     agreement, k = rec.agree(1, seconds, "shrink", leave)
     done = None if comm._runner.broken else rec._mark(aborted_by(rec.rank, "replaced by shrink()"))
     if done is not None:  # every rank came: no call to leave, but later ones (a group's) say why
-        done.set()
+        rec._told_nobody(done)
     members = agreement.ranks
     size = len(members)
     rank = members.index(comm.rank)

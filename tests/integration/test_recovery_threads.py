@@ -98,6 +98,25 @@ def test_a_group_of_a_communicator_shrunk_while_healthy_says_why_it_is_gone() ->
     assert store_ranks(2, body) == [1, 1]
 
 
+def test_abort_of_a_communicator_shrink_replaced_returns_at_once() -> None:
+    """A healthy shrink marked the old communicator aborted but left its abort unfinished:
+    abort() on it (or a group of it) waited out the whole second it gives peers."""
+
+    def body(comm: plait.Communicator) -> Any:
+        group = comm.split(0)
+        new = comm.shrink()
+        try:
+            start = time.monotonic()
+            comm.abort("late")
+            group.abort("late")
+            return time.monotonic() - start
+        finally:
+            group.close()
+            new.close()
+
+    assert max(store_ranks(2, body)) < 0.5  # it was 2 s: a second for each
+
+
 def test_a_late_rank_is_left_out_and_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 2 closes its communicator (its heartbeat stops): the others agree without it."""
     monkeypatch.setattr(_recovery, "HEARTBEAT_SECONDS", 0.05)
