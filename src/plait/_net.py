@@ -47,6 +47,10 @@ __all__ = [
 CONNECT_BACKOFF = (0.01, 0.25)
 #: The least time one connection attempt is given, even with the deadline about to pass.
 _MIN_ATTEMPT = 0.05
+#: The most time one attempt is given: a server flooded with connections drops SYNs, and
+#: the kernel resends a dropped one only after 1, 3, 7, ... s, so one attempt given the whole
+#: patience lost it all to one dropped SYN; a new attempt starts afresh.
+_MAX_ATTEMPT = 2.0
 #: Linux ioctl that reads an interface's IPv4 address.
 _SIOCGIFADDR = 0x8915
 
@@ -249,8 +253,9 @@ def connect(host: str, port: int, patience: float) -> socket.socket:
     """A blocking TCP connection to ``host:port`` with ``TCP_NODELAY`` set.
 
     Refused or failed attempts are retried with a growing pause (``CONNECT_BACKOFF``)
-    for ``patience`` seconds, because the server may start after its clients; with
-    ``patience`` 0 there is one attempt. Retrying is the point here, so the pauses are
+    for ``patience`` seconds, because the server may start after its clients, and no
+    attempt is given more than ``_MAX_ATTEMPT`` (a flooded server drops connections);
+    with ``patience`` 0 there is one attempt. Retrying is the point here, so the pauses are
     sleeps: there is nothing to wait on until something listens.
 
     Raises:
@@ -262,7 +267,8 @@ def connect(host: str, port: int, patience: float) -> socket.socket:
     while True:
         left = deadline - time.monotonic()
         try:
-            sock = socket.create_connection((host, port), timeout=max(left, _MIN_ATTEMPT))
+            attempt = max(min(left, _MAX_ATTEMPT), _MIN_ATTEMPT)
+            sock = socket.create_connection((host, port), timeout=attempt)
         except OSError:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,38 @@ def test_connect_gives_up_with_the_last_error() -> None:
         port = s.getsockname()[1]
         with pytest.raises(ConnectionRefusedError):
             _net.connect("127.0.0.1", port, 0.0)
+
+
+def test_no_connection_attempt_takes_the_whole_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store flooded with connections drops SYNs, and the kernel resends one only after
+    1, 3, 7 s: one attempt given the whole patience lost it to the first dropped SYN."""
+    given: list[float] = []
+
+    def dropped(address: Any, timeout: float) -> socket.socket:
+        given.append(timeout)
+        if len(given) < 3:
+            raise TimeoutError("timed out")
+        return socket.socket()
+
+    monkeypatch.setattr(socket, "create_connection", dropped)
+    _net.connect("127.0.0.1", 1, 20.0).close()
+    assert len(given) == 3
+    assert max(given) <= _net._MAX_ATTEMPT
+
+
+def test_a_store_that_answers_nothing_is_not_said_to_be_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It said "within 19.999998352002876 s (timed out); is it running, and is the
+    address right?" of a running store that a flood kept from answering."""
+    from plait.rendezvous.tcp_store import StoreConnectError, TCPStore
+
+    def silent(host: str, port: int, patience: float) -> Any:
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(_net, "connect", silent)
+    store = TCPStore.__new__(TCPStore)
+    store.host, store.port, store.address = "127.0.0.1", 1, "127.0.0.1:1"
+    with pytest.raises(StoreConnectError) as info:
+        store._connect(19.999998352002876)
+    assert "within 20 s (timed out); nothing answered: it may be flooded" in str(info.value)

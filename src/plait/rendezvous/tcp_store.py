@@ -250,10 +250,16 @@ class TCPStore(Store):
             try:
                 sock = _net.connect(self.host, self.port, max(0.0, deadline - time.monotonic()))
             except OSError as exc:
-                within = f" within {patience} s" if patience > 0 else ""
+                within = f" within {patience:.3g} s" if patience > 0 else ""
+                if isinstance(exc, TimeoutError):  # nothing refused it: nothing answered
+                    hint = (
+                        "nothing answered: it may be flooded with connections or overloaded, "
+                        "or the address may not reach it (a firewall)"
+                    )
+                else:
+                    hint = "is it running, and is the address right?"
                 raise StoreConnectError(
-                    f"cannot connect to the store server at {self.address}{within} "
-                    f"({exc}); is it running, and is the address right?"
+                    f"cannot connect to the store server at {self.address}{within} ({exc}); {hint}"
                 ) from exc
             try:
                 _auth.client_handshake(sock, self._key, _HANDSHAKE_SECONDS, f"store {self.address}")
