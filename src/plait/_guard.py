@@ -25,8 +25,10 @@ Note [unauthenticated connections]
     * a listener accepts at most one cap's worth of connections per round, so that
       the handshakes of a burst of honest clients are read before their own burst
       pushes them out;
-    * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``, ...),
-      the listener leaves the selector for a pause of ``ACCEPT_BACKOFF[0]`` seconds
+    * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``, ...)
+      while connections are authenticating, the oldest of them is dropped to make room
+      and ``accept`` tried again, as at the cap; where none is, the listener leaves the
+      selector for a pause of ``ACCEPT_BACKOFF[0]`` seconds
       that doubles up to ``ACCEPT_BACKOFF[1]``, instead of being reported readable
       again at once (the failed connection stays in the kernel's queue), which
       would spin a core. The first time is logged as a warning; accepting resumes
@@ -47,7 +49,7 @@ import resource
 import selectors
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from plait import _net
@@ -138,6 +140,13 @@ class PendingHandshakes(Generic[_C]):
         self._deadlines[conn] = now + self.seconds
         return oldest
 
+    def oldest(self) -> _C | None:
+        """Remove and return the oldest connection (None if none is pending)."""
+        conn = next(iter(self._deadlines), None)
+        if conn is not None:
+            del self._deadlines[conn]
+        return conn
+
     def discard(self, conn: _C) -> None:
         """Forget ``conn`` (it authenticated, or is being dropped); nothing if unknown."""
         self._deadlines.pop(conn, None)
@@ -216,12 +225,17 @@ class AcceptBackoff:
         """When the listener goes back into the selector; None while it is there."""
         return self._until
 
-    def accepted(self, most: int) -> Iterator[tuple[socket.socket, str]]:
+    def accepted(
+        self, most: int, make_room: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[socket.socket, str]]:
         """Accept up to ``most`` queued connections: (socket, peer ``host:port``) each.
 
         Stops early when the queue is empty, and after a failure that pauses the
         listener. A connection that was gone or filtered before it could be taken
         is skipped. The sockets are the caller's, blocking as ``accept`` made them.
+        ``make_room``: where ``accept`` runs out of descriptors, drop the oldest
+        connection still authenticating (True if there was one), and accept again
+        instead of pausing: the oldest goes first at the descriptor limit as at the cap.
         """
         for _ in range(most):
             try:
@@ -231,6 +245,8 @@ class AcceptBackoff:
             except (ConnectionAbortedError, PermissionError):
                 continue  # that one connection is gone or was filtered: take the next
             except OSError as exc:
+                if exc.errno in _EXHAUSTED and make_room is not None and make_room():
+                    continue
                 self._stop(exc)
                 return
             self._pause = self._schedule[0]

@@ -205,6 +205,41 @@ def test_out_of_descriptors_pauses_doubling_logs_once_and_resumes(
     ]
 
 
+def test_out_of_descriptors_drops_the_oldest_authenticating_to_make_room(
+    listener: _Scripted, selector: selectors.BaseSelector
+) -> None:
+    """The store held idle connections up to its cap, accept ran out of descriptors, and it
+    paused for good: nothing was admitted, so nothing old was ever dropped, and the honest
+    client queued behind them waited until they timed out."""
+    backoff = AcceptBackoff(listener, selector, "store", schedule=(0.05, 0.15))
+    pending = ["idle 1", "idle 2"]
+    dropped: list[str] = []
+
+    def make_room() -> bool:
+        if not pending:
+            return False
+        dropped.append(pending.pop(0))
+        return True
+
+    listener.errors = [_emfile()]
+    with socket.create_connection(("127.0.0.1", listener.getsockname()[1])):
+        got = list(backoff.accepted(4, make_room))
+        for sock, _ in got:
+            sock.close()
+    assert len(got) == 1
+    assert dropped == ["idle 1"]
+    assert backoff.paused_until is None
+    # With nothing left to drop, it pauses as before.
+    pending.clear()
+    listener.errors = [_emfile()]
+    assert list(backoff.accepted(4, make_room)) == []
+    assert backoff.paused_until is not None
+    table = PendingHandshakes[str](4, 10.0)
+    table.admit("a", 0.0)
+    table.admit("b", 1.0)
+    assert (table.oldest(), table.oldest(), table.oldest()) == ("a", "b", None)
+
+
 def test_a_successful_accept_starts_the_schedule_over(
     listener: _Scripted, selector: selectors.BaseSelector
 ) -> None:

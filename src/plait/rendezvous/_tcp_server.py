@@ -282,7 +282,7 @@ class TCPStoreServer:
             pass
 
     def _accept(self) -> None:
-        for sock, peer in self._accepting.accepted(self._pending.cap):
+        for sock, peer in self._accepting.accepted(self._pending.cap, self._make_room):
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, peer)
@@ -294,6 +294,14 @@ class TCPStoreServer:
             hello, conn.nonce = _auth.challenge()
             conn.outbuf += hello
             self._flush(conn)
+
+    def _make_room(self) -> bool:
+        """Drop the oldest connection still authenticating (out of descriptors); whether
+        there was one."""
+        oldest = self._pending.oldest()
+        if oldest is not None:
+            self._drop(oldest)
+        return oldest is not None
 
     def _drop(self, conn: _Conn) -> None:
         if conn.closed:

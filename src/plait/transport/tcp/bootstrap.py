@@ -161,7 +161,7 @@ class _Listener:
 
     def accept(self) -> None:
         """Accept and greet what is queued (at most one cap's worth per call)."""
-        for sock, peer in self.accepting.accepted(self.pending.cap):
+        for sock, peer in self.accepting.accepted(self.pending.cap, self._make_room):
             sock.setblocking(False)
             hello, nonce = _auth.challenge()
             try:
@@ -174,6 +174,13 @@ class _Listener:
             if oldest is not None:
                 self.drop(oldest)
             self.sel.register(sock, _READ, a)
+
+    def _make_room(self) -> bool:
+        """Drop the oldest pending connection (out of descriptors); whether there was one."""
+        oldest = self.pending.oldest()
+        if oldest is not None:
+            self.drop(oldest)
+        return oldest is not None
 
     def tick(self, now: float) -> float | None:
         """Resume accepting after a pause, drop overdue handshakes; the next time to act."""
