@@ -26,9 +26,11 @@ Note [unauthenticated connections]
       the handshakes of a burst of honest clients are read before their own burst
       pushes them out;
     * when ``accept`` fails for want of descriptors (``EMFILE``, ``ENFILE``, ...)
-      while connections are authenticating, the oldest of them is dropped to make room
-      and ``accept`` tried again, as at the cap; where none is, the listener leaves the
-      selector for a pause of ``ACCEPT_BACKOFF[0]`` seconds
+      while a connection has been authenticating for :data:`ROOM_AFTER` seconds or
+      more, the oldest is dropped to make room and ``accept`` tried again, as at the
+      cap (only such: an honest client answers within a round trip, and dropping the
+      ones just accepted, before their answers could be read, would only churn);
+      where none is, the listener leaves the selector for a pause of ``ACCEPT_BACKOFF[0]`` seconds
       that doubles up to ``ACCEPT_BACKOFF[1]``, instead of being reported readable
       again at once (the failed connection stays in the kernel's queue), which
       would spin a core. The first time is logged as a warning; accepting resumes
@@ -59,6 +61,7 @@ __all__ = [
     "HANDSHAKE_SECONDS",
     "MAX_UNAUTHENTICATED",
     "MIN_UNAUTHENTICATED",
+    "ROOM_AFTER",
     "AcceptBackoff",
     "PendingHandshakes",
     "unauthenticated_cap",
@@ -68,6 +71,9 @@ _log = logging.getLogger("plait")
 
 #: Seconds a new connection has to authenticate (as long as a client waits for it).
 HANDSHAKE_SECONDS = 10.0
+#: How long a connection must have been authenticating before it is dropped to make room
+#: for another where ``accept`` runs out of descriptors (Note [unauthenticated connections]).
+ROOM_AFTER = 0.5
 #: Most connections authenticating at once, unless the listener's user says otherwise.
 MAX_UNAUTHENTICATED = 256
 #: The least cap the descriptor limit may bring :data:`MAX_UNAUTHENTICATED` down to.
@@ -140,11 +146,13 @@ class PendingHandshakes(Generic[_C]):
         self._deadlines[conn] = now + self.seconds
         return oldest
 
-    def oldest(self) -> _C | None:
-        """Remove and return the oldest connection (None if none is pending)."""
+    def oldest(self, admitted_by: float) -> _C | None:
+        """Remove and return the oldest connection if it was admitted at ``admitted_by`` or
+        before (None if none is pending, or it came later)."""
         conn = next(iter(self._deadlines), None)
-        if conn is not None:
-            del self._deadlines[conn]
+        if conn is None or self._deadlines[conn] - self.seconds > admitted_by:
+            return None
+        del self._deadlines[conn]
         return conn
 
     def discard(self, conn: _C) -> None:

@@ -237,7 +237,9 @@ def test_out_of_descriptors_drops_the_oldest_authenticating_to_make_room(
     table = PendingHandshakes[str](4, 10.0)
     table.admit("a", 0.0)
     table.admit("b", 1.0)
-    assert (table.oldest(), table.oldest(), table.oldest()) == ("a", "b", None)
+    assert table.oldest(admitted_by=0.5) == "a"
+    assert table.oldest(admitted_by=0.5) is None  # "b" came later: kept
+    assert (table.oldest(1.0), table.oldest(1.0)) == ("b", None)
 
 
 def test_a_successful_accept_starts_the_schedule_over(

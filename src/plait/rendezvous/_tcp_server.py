@@ -298,7 +298,7 @@ class TCPStoreServer:
     def _make_room(self) -> bool:
         """Drop the oldest connection still authenticating (out of descriptors); whether
         there was one."""
-        oldest = self._pending.oldest()
+        oldest = self._pending.oldest(time.monotonic() - _guard.ROOM_AFTER)
         if oldest is not None:
             self._drop(oldest)
         return oldest is not None

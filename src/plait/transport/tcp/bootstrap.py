@@ -177,7 +177,7 @@ class _Listener:
 
     def _make_room(self) -> bool:
         """Drop the oldest pending connection (out of descriptors); whether there was one."""
-        oldest = self.pending.oldest()
+        oldest = self.pending.oldest(time.monotonic() - _guard.ROOM_AFTER)
         if oldest is not None:
             self.drop(oldest)
         return oldest is not None
