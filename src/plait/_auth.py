@@ -71,6 +71,11 @@ class AuthError(TransportError):
     """The other side of a connection failed the shared-secret handshake."""
 
 
+class ForeignProtocol(AuthError):
+    """The other side's first bytes are not plait's challenge: something other than a
+    plait server listens there (never a wrong PLAIT_SECRET)."""
+
+
 class HandshakeUnanswered(AuthError):
     """The server closed the connection or stayed silent before its challenge, or closed
     it after the client's proof without a verdict (:data:`REFUSED`).
@@ -287,7 +292,7 @@ def client_handshake(sock: socket.socket, key: bytes, timeout: float, what: str)
     try:
         hello = _recv_exactly(sock, CHALLENGE_BYTES, deadline, what, answered=False)
         if not hello.startswith(MAGIC):
-            raise AuthError(f"{what}: the other side does not speak plait's protocol")
+            raise ForeignProtocol(f"{what}: the other side does not speak plait's protocol")
         server_nonce = hello[len(MAGIC) :]
         client_nonce = secrets.token_bytes(NONCE)
         sock.sendall(client_nonce + client_proof(key, server_nonce, client_nonce))

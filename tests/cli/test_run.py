@@ -135,3 +135,24 @@ def test_script_options_that_prefix_launcher_options_pass_through(tmp_path: Path
     res = run(["run", "-n", "1", s, "--n", "3", "--time", "x", "--nproc", "2"])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "['--n', '3', '--time', 'x', '--nproc', '2']"
+
+
+def test_a_master_port_in_use_is_said_in_one_line(tmp_path: Path) -> None:
+    """It printed the whole traceback of the store server's RendezvousError."""
+    import socket
+
+    script = tmp_path / "r.py"
+    script.write_text("import plait\nplait.init()\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run(
+            ["run", "-n", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+             str(script)]
+        )  # fmt: skip
+    assert res.returncode == 1
+    assert res.stderr.strip() == (
+        f"plait run: store server cannot listen on 127.0.0.1:{port}: [Errno 98] Address "
+        "already in use"
+    )

@@ -404,3 +404,27 @@ def test_the_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("PLAIT_STORE_MAX_VALUE", "lots")
     with pytest.raises(ValueError, match="PLAIT_STORE_MAX_VALUE"):
         TCPStoreServer()
+
+
+def test_a_server_that_is_not_plaits_is_not_blamed_on_the_secret() -> None:
+    """A port held by something else (24 random bytes for a greeting) read "the other side
+    does not speak plait's protocol; check PLAIT_SECRET"."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+
+        def greet() -> None:
+            conn, _ = other.accept()
+            with conn:
+                conn.sendall(os.urandom(24))
+                conn.recv(1024)
+
+        thread = threading.Thread(target=greet, daemon=True)
+        thread.start()
+        with pytest.raises(StoreConnectError) as info:
+            TCPStore("127.0.0.1", port, secret=b"s", connect_timeout=5)
+        thread.join(10)
+    message = str(info.value)
+    assert "does not speak plait's protocol: is the address right?" in message
+    assert "PLAIT_SECRET" not in message

@@ -91,6 +91,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from plait.errors import RendezvousError
 from plait.launch import TRANSPORTS, Job, launch, module_command
 
 __all__ = ["add_arguments", "main", "rank_command"]
@@ -346,7 +347,10 @@ def main(args: argparse.Namespace) -> int:
         enable_recovery=getattr(args, "enable_recovery", False),
         env=_mpi4py_env() if getattr(args, "mpi4py", False) else {},
     )
-    return launch(job)
+    try:
+        return launch(job)
+    except RendezvousError as exc:  # its store cannot listen (--master-port taken): say so
+        raise SystemExit(f"plait run: {exc}") from None
 
 
 def _mpi4py_env() -> dict[str, str]:

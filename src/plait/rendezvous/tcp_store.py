@@ -271,6 +271,11 @@ class TCPStore(Store):
                 time.sleep(min(delay, left))  # nothing to wait on: the server shed us
                 delay = min(2 * delay, max_delay)
                 continue
+            except _auth.ForeignProtocol as exc:
+                sock.close()
+                raise StoreConnectError(
+                    f"{exc}: is the address right? Something other than plait's store listens there"
+                ) from exc
             except _auth.AuthError as exc:
                 sock.close()
                 raise StoreConnectError(f"{exc}; check PLAIT_SECRET") from exc
