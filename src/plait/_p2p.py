@@ -61,10 +61,11 @@ from plait._p2p_request import (
     _Outgoing,
     _reword,
     check_word,
+    dumped,
     wait_all,
     wait_any,
 )
-from plait.errors import CommTimeout, UnsupportedError
+from plait.errors import CommError, CommTimeout, UnsupportedError
 from plait.group import p2p_pattern, p2p_tag, user_tag
 from plait.runtime.crossing import sending
 from plait.transport.base import Matching, Transport, renumbered
@@ -140,7 +141,7 @@ class PointToPointMethods:
         c = "send"
         seconds = self._runner.seconds(timeout, c)
         req = self._post_send(self._outgoing(x, dst, tag, c), c)
-        self._block([req], seconds)
+        self._block([req], seconds, chosen=timeout is not None)
 
     def recv(
         self,
@@ -169,7 +170,7 @@ class PointToPointMethods:
         seconds = self._runner.seconds(timeout, c)
         _check_status(status, self._rank, c)
         req = self._post_recv(buf, self._incoming_of(buf, src, tag, c), c)
-        self._block([req], seconds, cross=timeout is None)
+        self._block([req], seconds, cross=timeout is None, chosen=timeout is not None)
         req._status._copy_to(status)
         return buf
 
@@ -208,7 +209,7 @@ class PointToPointMethods:
             )
         rreq = self._post_recv(buf, inc, c)
         sreq = self._post_send(out, c)
-        self._block([rreq, sreq], seconds)
+        self._block([rreq, sreq], seconds, chosen=timeout is not None)
         rreq._status._copy_to(status)
         return buf
 
@@ -237,7 +238,13 @@ class PointToPointMethods:
         c = "probe"
         seconds = self._runner.seconds(timeout, c)
         _check_status(status, self._rank, c)
-        found = self._probe(src, tag, c, time.monotonic() + seconds, seconds)
+        try:
+            found = self._probe(src, tag, c, time.monotonic() + seconds, seconds)
+        except CommError as exc:
+            noted = dumped(self._runner.recorder, exc, chosen=timeout is not None)
+            if noted is exc:
+                raise
+            raise noted from exc
         assert found is not None
         found._copy_to(status)
         return found
@@ -325,7 +332,11 @@ class PointToPointMethods:
         h = t.isend(out.dst, wire, out.data.data, check_word(out.dtype))
         if not h.done:  # in flight: no crossing with dst's receives (Note [crossed calls])
             sending(t, out.dst, h)
-        return Request(c, t, h, self._rank, out.dst, out.tag, self._runner.timeout, None, None, out)
+        req: Request[None] = Request(
+            c, t, h, self._rank, out.dst, out.tag, self._runner.timeout, None, None, out
+        )
+        req._recorder = self._runner.recorder
+        return req
 
     def _post_recv(self, buf: _B, inc: _Incoming, c: str) -> Request[_B]:
         self._runner.check_usable(c)
@@ -342,7 +353,9 @@ class PointToPointMethods:
             want, mask = p2p_pattern(self._comm_id, inc.tag if inc.tag >= 0 else None)
             peers = None if inc.src == ANY_SOURCE else [inc.src]
             h = m.irecv_match(peers, want, mask, view, check)
-        return Request(c, t, h, self._rank, inc.src, inc.tag, timeout, buf, inc)
+        req: Request[_B] = Request(c, t, h, self._rank, inc.src, inc.tag, timeout, buf, inc)
+        req._recorder = self._runner.recorder
+        return req
 
     def _probe(
         self, src: Any, tag: Any, c: str, deadline: float | None, seconds: float
@@ -389,12 +402,29 @@ class PointToPointMethods:
             )
         return t
 
-    def _block(self, reqs: Sequence[Request[Any]], seconds: float, cross: bool = False) -> None:
+    def _block(
+        self,
+        reqs: Sequence[Request[Any]],
+        seconds: float,
+        cross: bool = False,
+        chosen: bool = False,
+    ) -> None:
         """Wait for ``reqs`` of one blocking call; on the deadline withdraw them and raise.
 
-        Stops at the first failure (withdrawing the rest) and raises it. ``cross``: the
+        Stops at the first failure (withdrawing the rest) and raises it, the recorder
+        dumped (:func:`dumped`; ``chosen``: the caller gave the timeout). ``cross``: the
         call has the communicator's timeout (``Request._wait_until``).
         """
+        try:
+            self._wait_all(reqs, seconds, cross)
+        except CommError as exc:
+            noted = dumped(self._runner.recorder, exc, chosen=chosen)
+            if noted is exc:
+                raise
+            raise noted from exc
+
+    def _wait_all(self, reqs: Sequence[Request[Any]], seconds: float, cross: bool) -> None:
+        """:meth:`_block`'s wait."""
         deadline = time.monotonic() + seconds
         if len(reqs) == 1:  # send and recv
             req = reqs[0]

@@ -193,6 +193,7 @@ class Request(Generic[R]):
         "_outgoing",
         "_peer",
         "_rank",
+        "_recorder",
         "_settled",
         "_status",
         "_tag",
@@ -228,6 +229,7 @@ class Request(Generic[R]):
         self._error: BaseException | None = None
         self._cancelled = False
         self._settled = False
+        self._recorder: Any = None  # the communicator's flight recorder: dumped on a failure
         if handle is None:  # PROC_NULL: done at once
             self._settle()
 
@@ -270,9 +272,15 @@ class Request(Generic[R]):
         seconds = self._timeout if timeout is None else check_timeout(timeout, where, poll=True)
         _check_status(status, self._rank, f"{self._c}: wait")
         cross = timeout is None and self._incoming is not None
-        if not self._wait_until(time.monotonic() + seconds, cross):
-            raise self._timed_out(seconds)
-        self._finish(status)
+        try:
+            if not self._wait_until(time.monotonic() + seconds, cross):
+                raise self._timed_out(seconds)
+            self._finish(status)
+        except CommError as exc:
+            noted = dumped(self._recorder, exc, chosen=timeout is not None)
+            if noted is exc:
+                raise
+            raise noted from exc
         value: R = self._value
         return value
 
@@ -578,3 +586,20 @@ def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
                 f"rank {reqs[0]._rank}: {c}: none of {len(reqs)} requests completed within "
                 f"{seconds:g} s ({names}{'...' if len(reqs) > 4 else ''})"
             )
+
+
+def dumped(recorder: Any, exc: CommError, *, chosen: bool) -> CommError:
+    """``exc`` of a point-to-point call, with the flight recorder's dump named in it once
+    dumped (its ``threads`` say where the rank waits: plait analyze reads it), as a failed
+    collective's is; ``exc`` itself where nothing was dumped. A timeout the caller chose
+    (``chosen``) is a receive that may come later, not a hang: no dump."""
+    if recorder is None or (chosen and type(exc) is CommTimeout):
+        return exc
+    from plait.diagnostics.triggers import dump_on_error  # the diagnostics load on failure
+
+    path = dump_on_error(recorder, exc)
+    if path is None:
+        return exc
+    noted = type(exc)(f"{exc}; flight recorder dump: {path}")
+    noted.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
+    return noted

@@ -182,3 +182,33 @@ def test_stall_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         stall_timeout_from_env()
     with pytest.raises(ValueError, match="stall timeout"):
         Watchdog(0)
+
+
+def test_a_failed_point_to_point_wait_dumps_as_a_collective_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank whose receive timed out (its peer in a barrier) left no dump, and analyze
+    called it "probably died". A timeout the caller chose is a receive that may come later:
+    no dump."""
+    monkeypatch.setenv("PLAIT_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("PLAIT_JOB_ID", "p2p")
+
+    def body(c: plait.Communicator) -> Any:
+        if c.rank == 0:
+            with pytest.raises(plait.CommTimeout) as chosen:
+                c.recv(np.empty(1), 1, tag=5, timeout=0.1)
+            assert "flight recorder dump" not in str(chosen.value)
+            with pytest.raises(plait.CommError) as info:
+                c.recv(np.empty(1), 1, tag=5)  # the communicator's timeout
+            with pytest.raises(plait.CommError) as waited:
+                c.irecv(np.empty(1), 1, tag=6).wait()
+            return str(info.value), str(waited.value)
+        with pytest.raises(plait.CommError):  # rank 0 never comes
+            c.barrier()
+        return None
+
+    said, waited = plait.testing.run_ranks(2, body, timeout=1.0)[0]
+    assert said.endswith(f"flight recorder dump: {tmp_path / 'p2p' / 'rank0.json'}")
+    assert waited.endswith(f"flight recorder dump: {tmp_path / 'p2p' / 'rank0.json'}")
+    dump = load(tmp_path / "p2p" / "rank0.json")  # the second failure's, written over
+    assert dump.reason.split(": ", 1)[1] == waited.rpartition("; flight recorder dump")[0]
