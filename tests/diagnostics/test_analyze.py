@@ -639,3 +639,24 @@ def test_a_splits_recorder_knows_its_members_by_world_rank() -> None:
 
     got = plait.testing.run_ranks(4, body, timeout=20)
     assert got == [[2, 0], [3, 1], [2, 0], [3, 1]]
+
+
+def test_a_launcher_note_says_how_a_rank_ended_and_its_dumps_are_no_snapshots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """plait run had ranks 0 and 1 dump (a signal) once rank 2 was killed: their calls, a
+    few ms in, are where they block, and rank 2 is named as plait run saw it end."""
+    from plait.diagnostics.schema import launcher_notes, write_launcher_note
+
+    now = T0 + 100
+    blocked = [call(0), call(1, start=now - 0.005, state="running", end=None, waiting_on=(2,))]
+    write(tmp_path, [dump(r, 3, [dict(c) for c in blocked], time=now) for r in (0, 1)])
+    write_launcher_note(tmp_path, {2: "was killed by SIGKILL"})
+    assert launcher_notes([tmp_path]) == {tmp_path.resolve(): {2: "was killed by SIGKILL"}}
+    assert main([str(tmp_path)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "first problem: rank 2 left no dump: rank 2 was killed by SIGKILL, as plait run saw; "
+        "ranks 0, 1 wait in allreduce #1 (train.py:42) for rank 2" in out
+    )
+    assert "skipped" not in out

@@ -290,3 +290,41 @@ def test_dumps_of_an_earlier_run_of_a_job_id_used_again_are_left_out(tmp_path: P
     ), report
     assert "broadcast #1" in report, report
     assert "allreduce #1" not in report, report
+
+
+def test_a_rank_killed_under_plait_run_leaves_the_others_dumps_and_a_note(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 dies by SIGKILL in a loop of calls: the launcher stopped the others at once,
+    and no rank dumped (analyze: "no flight-recorder dump found"). Now they dump first,
+    beside a note of how rank 2 ended, and analyze names it."""
+    script = """
+        import os, signal, time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        for i in range(200):
+            comm.allreduce(np.ones(1 << 10, np.float32))
+        if comm.rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # the others at work outside plait: only the launcher can tell them
+    """
+    res = _run(tmp_path, 3, script, _env(tmp_path))
+    out = res.stdout + res.stderr
+    assert res.returncode == 128 + 9, out[-3000:]
+    folder = tmp_path / "dumps" / "diagjob"
+    assert "dumped where they were first: plait analyze" in out, out[-3000:]
+    assert (folder / "launcher.json").exists(), out[-3000:]
+    analyze = subprocess.run(
+        [sys.executable, "-m", "plait", "analyze", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    report = " ".join(analyze.stdout.split())
+    assert analyze.returncode == 1, report + analyze.stderr
+    assert "dumps from 2 of 3 ranks" in report, report
+    assert (
+        "first problem: rank 2 left no dump: rank 2 was killed by SIGKILL, as plait run saw"
+        in report
+    ), report
+    assert "skipped" not in report, report  # the note is not read as a dump

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from plait.diagnostics.schema import CallRecord
 
@@ -33,11 +33,15 @@ def dumps_of(rs: Sequence[int]) -> str:
     return f"rank {rs[0]}'s dump" if len(rs) == 1 else f"the dumps of {ranks(rs)}"
 
 
-def died(rs: Sequence[int], away: Collection[int] = ()) -> str:
-    """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator."""
+def died(
+    rs: Sequence[int], away: Collection[int] = (), saw: Mapping[int, str] | None = None
+) -> str:
+    """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator;
+    ``saw``: how some ended, as the launcher saw ("was killed by SIGKILL")."""
+    seen = {r: saw[r] for r in rs if saw and r in saw and r not in away}
     there = sorted(r for r in rs if r in away)
-    rest = [r for r in rs if r not in away]
-    said = []
+    rest = [r for r in rs if r not in away and r not in seen]
+    said = [f"rank {r} {how}, as plait run saw" for r, how in sorted(seen.items())]
     if there:
         said.append(
             f"{ranks(there)} dumped for another communicator of the job (see its report): "

@@ -31,8 +31,9 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from plait.diagnostics._words import dumps_of as _dumps_of
 from plait.diagnostics._words import dur as _dur
 from plait.diagnostics._words import plural as _plural
 from plait.diagnostics._words import ranks as _ranks
-from plait.diagnostics.schema import CallRecord, Dump, load_all
+from plait.diagnostics.schema import CallRecord, Dump, launcher_notes, load_all
 from plait.diagnostics.stragglers import Lateness, format_lateness, measure, stragglers
 
 __all__ = [
@@ -93,11 +94,18 @@ class Diagnosis:
 # -- diagnosis ---------------------------------------------------------------------------
 
 
-def diagnose(dumps: Sequence[Dump], *, late: float = 0.01) -> list[Diagnosis]:
+def diagnose(
+    dumps: Sequence[Dump],
+    *,
+    late: float = 0.01,
+    notes: Mapping[Path, Mapping[int, str]] | None = None,
+) -> list[Diagnosis]:
     """One :class:`Diagnosis` per (job, communicator) among ``dumps``.
 
     ``late``: the median lateness, in seconds, from which a rank is a straggler. Of a job's
     dumps from several runs (Note [runs of a job]), those of its newest run are diagnosed.
+    ``notes``: ``plait run``'s notes of how a job's failed ranks ended, by the folder of
+    its dumps (:func:`~plait.diagnostics.schema.launcher_notes`).
     """
     dumps, older = _newest_runs(dumps)
     groups: dict[tuple[str, int], list[Dump]] = {}
@@ -106,8 +114,15 @@ def diagnose(dumps: Sequence[Dump], *, late: float = 0.01) -> list[Diagnosis]:
         groups.setdefault((d.job, d.comm), []).append(d)
         if (g := d.job_rank(d.rank)) is not None:
             dumped.setdefault(d.job, set()).add(g)
+    ended: dict[str, dict[int, str]] = {}  # job -> how its failed ranks ended
+    for d in dumps:
+        seen = (notes or {}).get(Path(d.path).parent.resolve()) if d.path else None
+        if seen:
+            ended.setdefault(d.job, {}).update(seen)
     result = [
-        diagnose_group(groups[key], late=late, elsewhere=dumped.get(key[0], set()))
+        diagnose_group(
+            groups[key], late=late, elsewhere=dumped.get(key[0], set()), ended=ended.get(key[0])
+        )
         for key in sorted(groups)
     ]
     for job, left in older.items():
@@ -155,14 +170,19 @@ def _newest_runs(dumps: Sequence[Dump]) -> tuple[list[Dump], dict[str, list[Dump
 
 
 def diagnose_group(
-    dumps: Sequence[Dump], *, late: float = 0.01, elsewhere: set[int] | None = None
+    dumps: Sequence[Dump],
+    *,
+    late: float = 0.01,
+    elsewhere: set[int] | None = None,
+    ended: Mapping[int, str] | None = None,
 ) -> Diagnosis:
     """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id).
 
     ``elsewhere``: the job ranks that dumped for some communicator of the job; a rank
     without a dump here but among them (by its job rank: the world communicator's ranks are
     the job's, a group's dumps list theirs) is stuck or failed in another communicator, not
-    dead.
+    dead. ``ended``: how ranks that failed ended, by job rank, as ``plait run`` saw (its
+    dumps of the others were asked for after that failure: no snapshot of a busy rank).
     """
     if not dumps:
         raise ValueError("no dumps to diagnose")
@@ -195,7 +215,8 @@ def diagnose_group(
     if dumps[0].comm == 0:
         job_ranks = tuple(r if g is None else g for r, g in enumerate(job_ranks))
     away = {r for r in missing if job_ranks[r] in (elsewhere or ())}
-    stuck = _stuck(by_rank, calls, missing, away)
+    saw = {r: ended[g] for r, g in enumerate(job_ranks) if ended and g is not None and g in ended}
+    stuck = _stuck(by_rank, calls, missing, away, saw)
     if mismatch is not None and (
         not stuck
         or mismatch[0].seq is None
@@ -240,13 +261,15 @@ def _stuck(
     calls: dict[int, dict[int, CallRecord]],
     missing: tuple[int, ...],
     away: Collection[int],
+    saw: Mapping[int, str],
 ) -> list[Finding]:
-    """Ranks that left no dump, and ranks that never reached the call the others block in."""
+    """Ranks that left no dump, and ranks that never reached the call the others block in;
+    ``saw``: how ranks ended, as ``plait run`` saw (a failure came before the dumps)."""
     out: list[Finding] = []
     # A rank blocks in its oldest call not done: in flight, or failed (a timeout dumps it).
-    blocked = {r: c for r, d in by_rank.items() if (c := _blocked_in(d)) is not None}
+    blocked = {r: c for r, d in by_rank.items() if (c := _blocked_in(d, bool(saw))) is not None}
     if not blocked:
-        asked = all(d.reason.startswith("signal ") for d in by_rank.values())
+        asked = not saw and all(d.reason.startswith("signal ") for d in by_rank.values())
         if (
             missing
             and asked
@@ -270,7 +293,7 @@ def _stuck(
                     "missing",
                     None,
                     missing,
-                    f"{_ranks(missing)} left no dump: {_died(missing, away)}",
+                    f"{_ranks(missing)} left no dump: {_died(missing, away, saw)}",
                 )
             )
         return out
@@ -290,8 +313,8 @@ def _stuck(
                 "missing",
                 seq,
                 missing,
-                f"{_ranks(missing)} left no dump: {_died(missing, away)}; {_ranks(in_it)} {verb} "
-                f"in {ref.describe()}{wait_text}",
+                f"{_ranks(missing)} left no dump: {_died(missing, away, saw)}; "
+                f"{_ranks(in_it)} {verb} in {ref.describe()}{wait_text}",
             )
         )
     out.extend(_too_late(blocked, in_it, seq))  # after the missing: a likelier cause
@@ -360,11 +383,12 @@ YOUNG = 1.0
 #     rank is compared by the calls before it, and said to have been at work then.
 
 
-def _blocked_in(d: Dump) -> CallRecord | None:
+def _blocked_in(d: Dump, failed: bool = False) -> CallRecord | None:
     """The call rank ``d`` blocks in: its oldest call not done, unless a signal's dump
-    found it there only just begun (Note [snapshots of busy ranks])."""
+    found it there only just begun (Note [snapshots of busy ranks]) and no rank had
+    ``failed`` before (``plait run`` asked for the dumps after one)."""
     c = d.stuck
-    if c is None or not c.in_flight or not d.reason.startswith("signal "):
+    if c is None or not c.in_flight or failed or not d.reason.startswith("signal "):
         return c
     since = c.start or c.queued
     return c if since is None or d.time - since >= YOUNG else None
@@ -586,12 +610,13 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         add_arguments(parser)
         args = parser.parse_args(args)
     dumps, skipped = load_all(args.dumps)
+    notes = launcher_notes(args.dumps)
     if not dumps:
         for s in skipped:
             print(f"plait analyze: {s}", file=sys.stderr)
         print("plait analyze: no flight-recorder dump found", file=sys.stderr)
         return 2
-    diagnoses = diagnose(dumps, late=args.late)
+    diagnoses = diagnose(dumps, late=args.late, notes=notes)
     if args.json:
         print(json.dumps([{**dataclasses.asdict(d), "ok": d.ok} for d in diagnoses], indent=1))
     else:

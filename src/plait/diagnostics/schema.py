@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,15 +63,18 @@ from typing import Any
 
 __all__ = [
     "FORMAT",
+    "LAUNCHER_NOTE",
     "STATES",
     "VERSION",
     "CallRecord",
     "Dump",
     "DumpError",
     "find_dumps",
+    "launcher_notes",
     "load",
     "load_all",
     "parse",
+    "write_launcher_note",
 ]
 
 #: The ``format`` field of every dump.
@@ -338,14 +342,50 @@ def load(path: str | os.PathLike[str]) -> Dump:
 
 
 def find_dumps(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The dump files named by ``paths``: files as given, folders searched for ``*.json``."""
+    """The dump files named by ``paths``: files as given, folders searched for ``*.json``
+    (but a launcher's note, :data:`LAUNCHER_NOTE`)."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found.extend(sorted(q for q in p.rglob("*.json") if q.is_file()))
-        else:
+            found.extend(
+                sorted(q for q in p.rglob("*.json") if q.is_file() and q.name != LAUNCHER_NOTE)
+            )
+        elif p.name != LAUNCHER_NOTE:
             found.append(p)
     return found
+
+
+#: The file ``plait run`` writes beside a failed job's dumps: how its failed ranks ended
+#: (``{"format": "plait-launcher-note", "version": 1, "time": ..., "ended": {"2": "was
+#: killed by SIGKILL"}}``), before it has the others dump and stops them.
+LAUNCHER_NOTE = "launcher.json"
+_NOTE_FORMAT = "plait-launcher-note"
+
+
+def launcher_notes(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, dict[int, str]]:
+    """The launcher's notes under ``paths``, by folder: how each failed rank (by its rank
+    in the job) ended, as ``plait run`` saw. A note that cannot be read is left out."""
+    notes: dict[Path, dict[int, str]] = {}
+    for p in map(Path, paths):
+        files = p.rglob(LAUNCHER_NOTE) if p.is_dir() else [p] if p.name == LAUNCHER_NOTE else []
+        for f in files:
+            try:
+                obj = json.loads(f.read_text(encoding="utf-8"))
+                if obj.get("format") == _NOTE_FORMAT:
+                    ended = {int(r): str(how) for r, how in dict(obj["ended"]).items()}
+                    notes[f.parent.resolve()] = ended
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                continue
+    return notes
+
+
+def write_launcher_note(folder: Path, ended: Mapping[int, str]) -> None:
+    """Write :data:`LAUNCHER_NOTE` in ``folder`` (made if need be). Raises OSError."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {"format": _NOTE_FORMAT, "version": 1, "time": time.time(), "ended": dict(ended)}
+    tmp = folder / f".{LAUNCHER_NOTE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({**doc, "ended": {str(r): h for r, h in ended.items()}}))
+    os.replace(tmp, folder / LAUNCHER_NOTE)
 
 
 def load_all(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Dump], list[str]]:

@@ -336,7 +336,14 @@ def _attempt(
             ).start()
         relay.start()
         filer = _Filer(host, port, secret, relay) if job.enable_recovery else None
-        return watch(ranks, relay, events, recovery=job.enable_recovery, on_lost=filer)
+        return watch(
+            ranks,
+            relay,
+            events,
+            recovery=job.enable_recovery,
+            on_lost=filer,
+            before_stop=stalls.dump_before_stop,
+        )
     finally:
         signals.events = None
         stop(ranks)

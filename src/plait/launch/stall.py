@@ -36,6 +36,7 @@ Note [who gets SIGUSR1]
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import subprocess
@@ -46,10 +47,16 @@ from pathlib import Path
 # The recorder's own rule for the job's folder name, so that the launcher names the folder
 # the ranks write to, whatever PLAIT_JOB_ID holds.
 from plait.diagnostics.places import dump_dir, safe_name
+from plait.diagnostics.schema import write_launcher_note
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
 
 __all__ = ["StallResponder", "dump_folder", "folder_problem", "send_usr1", "stall_timeout"]
+
+
+#: The most seconds a failed job's launcher waits for its other ranks' dumps before it
+#: stops them (:meth:`StallResponder.dump_before_stop`).
+DUMP_SECONDS = 2.0
 
 
 def dump_folder(env: Mapping[str, str]) -> Path:
@@ -179,6 +186,53 @@ class StallResponder:
         if problem is not None:
             return f"rank {rank} reports a stall; {what}; no dumps: {problem}"
         return f"rank {rank} reports a stall; {what}; dumps in {folder}: plait analyze {folder}"
+
+    def dump_before_stop(
+        self, ended: Mapping[int, str], seconds: float = DUMP_SECONDS
+    ) -> str | None:
+        """Before the launcher stops a failed job's ranks still running: note how the
+        failed ranks ``ended`` (rank: "was killed by SIGKILL") beside the dumps, for
+        ``plait analyze``; have the ranks that catch SIGUSR1 dump, and wait up to
+        ``seconds`` until each one's dump of its world communicator (``rank<r>.json``) is
+        newer than the signal. The line that says so, or None where no rank was signalled.
+
+        A rank killed by SIGKILL left no dump, and the others, stopped at once, none
+        either: ``plait analyze`` had nothing to read. They dump on their own only where
+        they meet the loss in a call before the launcher's SIGTERM.
+        """
+        start = time.time()
+        with contextlib.suppress(OSError):  # no note: analyze says less, nothing worse
+            write_launcher_note(self.folder, ended)
+        signalled = [
+            r
+            for r in self._ranks
+            if r.exit is None
+            and not r.stopped
+            and r.proc.returncode is None
+            and self._catches(r.proc.pid)
+            and send_usr1(r.proc)
+        ]
+        if not signalled:
+            return None
+        deadline = self._clock() + seconds
+        waiting = [self.folder / f"rank{r.rank}.json" for r in signalled]
+        while waiting and self._clock() < deadline:  # files: nothing to wait on but them
+            waiting = [p for p in waiting if not _newer(p, start)]
+            if waiting:
+                time.sleep(0.05)
+        folder = shlex.quote(str(self.folder))
+        done = [r.rank for r in signalled if _newer(self.folder / f"rank{r.rank}.json", start)]
+        if not done:
+            return f"asked {_ranks([r.rank for r in signalled])} to dump; none did in {seconds:g} s"
+        return f"{_ranks(done)} dumped where they were first: plait analyze {folder}"
+
+
+def _newer(path: Path, since: float) -> bool:
+    """Whether ``path`` exists and was written at ``since`` or later."""
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def send_usr1(proc: subprocess.Popen[bytes]) -> bool:

@@ -236,6 +236,7 @@ def watch(
     *,
     recovery: bool = False,
     on_lost: Callable[[int, str], None] | None = None,
+    before_stop: Callable[[dict[int, str]], str | None] | None = None,
 ) -> int:
     """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
 
@@ -252,6 +253,9 @@ def watch(
     ``on_lost`` (its rank and how it ended: "was killed by SIGKILL"); the job's exit code
     is then that of the first of the others to fail (0 if none did), and a failure of any
     other kind stops the job as without it.
+
+    ``before_stop``: called before a failed job's ranks still running are stopped, with
+    how each failed rank ended (they dump their flight recorders), its line said.
     """
     by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
@@ -301,6 +305,10 @@ def watch(
         code = first.exit[0]
         why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
         relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
+    if running and before_stop is not None:
+        line = before_stop({r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None})
+        if line is not None:
+            relay.say(line)
     stop(ranks)
     relay.close(DRAIN_SECONDS)
     relay.say("the job failed; every rank's exit status:")
