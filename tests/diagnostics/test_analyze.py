@@ -484,6 +484,17 @@ def test_a_rank_past_its_last_call_says_where_its_main_thread_is() -> None:
     d["threads"] = [{"name": "MainThread", "stack": [["/job/train.py", 7, "<module>"]]}]
     [diag] = diagnose(parsed([others, d]))
     assert diag.where[1].endswith("no call since; its main thread is at train.py:7")
+    # In Python's own library (a Thread.join): the program's line, not threading.py's.
+    import sysconfig
+    import threading
+
+    join = [threading.__file__, 1139, "_wait_for_tstate_lock"]
+    assert join[0].startswith(sysconfig.get_paths()["stdlib"])
+    d["threads"] = [{"name": "MainThread", "stack": [join, ["/job/train.py", 9, "<module>"]]}]
+    [diag] = diagnose(parsed([others, d]))
+    assert diag.where[1].endswith(
+        "its main thread is at train.py:9, in threading.py:1139 (_wait_for_tstate_lock)"
+    )
 
 
 def test_a_rank_that_came_after_the_others_gave_up_is_named_as_the_cause() -> None:

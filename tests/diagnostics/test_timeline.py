@@ -225,3 +225,25 @@ def test_a_groups_steps_name_their_peers_by_job_rank(
 
     got = plait.testing.run_ranks(4, body, timeout=20)
     assert got == [{(2, True)}, {(3, True)}, {(0, True)}, {(1, True)}]
+
+
+def test_a_one_sided_call_that_waits_shows_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared-memory (one-sided) calls showed no wait slice on the calls thread, only TCP's
+    did: a rank blocked for its peer's post showed only a long ``get`` step."""
+    import time
+
+    monkeypatch.setenv("PLAIT_TIMELINE", str(tmp_path / "trace.json"))
+
+    def body(c: plait.Communicator) -> Any:
+        if c.rank == 1:
+            time.sleep(0.2)
+        c.allreduce(np.ones(8, np.float32), algorithm="arena")
+        tl = c._runner.timeline
+        assert tl is not None
+        calls = [e for e in tl.events() if e.get("tid") == CALLS_TID and e.get("cat") == "wait"]
+        return [(e["args"]["peers"], e["dur"]) for e in calls]
+
+    waits = plait.testing.run_ranks(2, body, timeout=20)[0]
+    assert any(peers == [1] and dur >= 0.1e6 for peers, dur in waits), waits

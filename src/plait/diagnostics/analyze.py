@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -525,13 +526,24 @@ def _main_thread(d: Dump) -> str:
     point-to-point call (which the recorder does not keep) or outside plait."""
     stack = next((s for name, s in d.threads if name == "MainThread"), ())
     inside = ""  # the plait function the program called, where the thread is in plait
+    library = ""  # the innermost frame of Python's own library, if the program's is further
     for path, line, function in stack:  # innermost first
         if f"{os.sep}plait{os.sep}" in path or "/plait/" in path:
             inside = function
             continue
         where = f"{os.path.basename(path)}:{line}"
-        return f"; its main thread is at {where}" + (f", in plait's {inside}" if inside else "")
-    return ""
+        if _in_library(path):  # threading.py of a Thread.join: the caller's line says more
+            library = library or f"{where} ({function})"
+            continue
+        said = f", in plait's {inside}" if inside else f", in {library}" if library else ""
+        return f"; its main thread is at {where}{said}"
+    return f"; its main thread is at {library}" if library else ""
+
+
+def _in_library(path: str) -> bool:
+    """Whether ``path`` is a module of Python's own library (not site-packages)."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return path.startswith(stdlib + os.sep) and "site-packages" not in path
 
 
 # -- report ------------------------------------------------------------------------------

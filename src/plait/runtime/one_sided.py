@@ -61,7 +61,7 @@ from plait.runtime.posts import (
     named,
 )
 from plait.runtime.stall import settle
-from plait.runtime.waits import malformed, wrap
+from plait.runtime.waits import job_rank, malformed, wrap
 from plait.schedule.ir import Schedule, Step, StepKind
 from plait.transport.base import Handle, Transport
 
@@ -275,7 +275,13 @@ class WindowSteps:
             slot = call.slot
             if slot is not None:
                 slot.peers = (q,)  # a dump while it waits names the peer
+            tl = call.timeline
+            # The timeline shows a wait where the peer had not posted yet (as waits.block's).
+            blocked = _now() if tl is not None and window.counter(w) < base | step.tag else 0.0
             await_post(window, self._transport, w, base | step.tag, call, self._schedule, q)
+            if blocked:
+                assert tl is not None
+                tl.wait(blocked, _now(), [job_rank(call.recorder, q)])
             if slot is not None:
                 slot.peers = ()
             if w not in self._checked or window.counter(w) >= base | GAVE_UP_FROM:
