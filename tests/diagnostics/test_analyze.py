@@ -671,3 +671,18 @@ def test_a_launcher_note_says_how_a_rank_ended_and_its_dumps_are_no_snapshots(
         "ranks 0, 1 wait in allreduce #1 (train.py:42) for rank 2" in out
     )
     assert "skipped" not in out
+
+
+def test_a_rank_whose_dump_cannot_be_read_is_not_called_dead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated rank1.json was skipped, and the report went on: "rank 1 left no dump:
+    it probably died or was killed"."""
+    blocked = [call(0), call(1, state="failed", error="CollectiveTimeout: ...", waiting_on=(1,))]
+    [_, bad] = write(tmp_path, [dump(0, 2, blocked), dump(1, 2, [call(0)])])
+    bad.write_text(bad.read_text()[:50])
+    assert main([str(tmp_path)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("skipped ")
+    assert "rank 1 left no dump: the dump file of rank 1 could not be read" in out
+    assert "died" not in out

@@ -34,14 +34,21 @@ def dumps_of(rs: Sequence[int]) -> str:
 
 
 def died(
-    rs: Sequence[int], away: Collection[int] = (), saw: Mapping[int, str] | None = None
+    rs: Sequence[int],
+    away: Collection[int] = (),
+    saw: Mapping[int, str] | None = None,
+    unread: Collection[int] = (),
 ) -> str:
     """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator;
-    ``saw``: how some ended, as the launcher saw ("was killed by SIGKILL")."""
-    seen = {r: saw[r] for r in rs if saw and r in saw and r not in away}
-    there = sorted(r for r in rs if r in away)
-    rest = [r for r in rs if r not in away and r not in seen]
+    ``saw``: how some ended, as the launcher saw ("was killed by SIGKILL"); ``unread``:
+    those whose dump file is there but could not be read."""
+    bad = sorted(r for r in rs if r in unread)
+    seen = {r: saw[r] for r in rs if saw and r in saw and r not in away and r not in bad}
+    there = sorted(r for r in rs if r in away and r not in bad)
+    rest = [r for r in rs if r not in away and r not in seen and r not in bad]
     said = [f"rank {r} {how}, as plait run saw" for r, how in sorted(seen.items())]
+    if bad:
+        said.append(f"the dump file of {ranks(bad)} could not be read (see the skipped line above)")
     if there:
         said.append(
             f"{ranks(there)} dumped for another communicator of the job (see its report): "

@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import sysconfig
 import textwrap
@@ -45,7 +46,7 @@ from plait.diagnostics._words import dumps_of as _dumps_of
 from plait.diagnostics._words import dur as _dur
 from plait.diagnostics._words import plural as _plural
 from plait.diagnostics._words import ranks as _ranks
-from plait.diagnostics.schema import CallRecord, Dump, launcher_notes, load_all
+from plait.diagnostics.schema import CallRecord, Dump, find_dumps, launcher_notes, load_all
 from plait.diagnostics.stragglers import Lateness, format_lateness, measure, stragglers
 
 __all__ = [
@@ -100,13 +101,15 @@ def diagnose(
     *,
     late: float = 0.01,
     notes: Mapping[Path, Mapping[int, str]] | None = None,
+    unreadable: Collection[Path] = (),
 ) -> list[Diagnosis]:
     """One :class:`Diagnosis` per (job, communicator) among ``dumps``.
 
     ``late``: the median lateness, in seconds, from which a rank is a straggler. Of a job's
     dumps from several runs (Note [runs of a job]), those of its newest run are diagnosed.
     ``notes``: ``plait run``'s notes of how a job's failed ranks ended, by the folder of
-    its dumps (:func:`~plait.diagnostics.schema.launcher_notes`).
+    its dumps (:func:`~plait.diagnostics.schema.launcher_notes`). ``unreadable``: files
+    found that could not be read as dumps: a rank whose file is one is said to be so.
     """
     dumps, older = _newest_runs(dumps)
     groups: dict[tuple[str, int], list[Dump]] = {}
@@ -122,7 +125,11 @@ def diagnose(
             ended.setdefault(d.job, {}).update(seen)
     result = [
         diagnose_group(
-            groups[key], late=late, elsewhere=dumped.get(key[0], set()), ended=ended.get(key[0])
+            groups[key],
+            late=late,
+            elsewhere=dumped.get(key[0], set()),
+            ended=ended.get(key[0]),
+            unread=_unread(groups[key], unreadable),
         )
         for key in sorted(groups)
     ]
@@ -154,6 +161,23 @@ def diagnose(
 #     plait.init) are read with every run's.
 
 
+def _unread(dumps: Sequence[Dump], unreadable: Collection[Path]) -> set[int]:
+    """The ranks of the communicator of ``dumps`` whose files beside theirs are among
+    ``unreadable`` (``rank<r>.json``, or ``comm<id>.rank<r>.json`` of a group)."""
+    folders = {Path(d.path).parent.resolve() for d in dumps if d.path}
+    comm = dumps[0].comm
+    out = set()
+    for p in unreadable:
+        m = _FILE_NAME.fullmatch(p.name)
+        if m and p.parent.resolve() in folders and int(m.group(1) or "0", 16) == comm:
+            out.add(int(m.group(2)))
+    return out
+
+
+#: A dump file's name: ``rank<r>.json``, or ``comm<id in hex>.rank<r>.json`` for a group.
+_FILE_NAME = re.compile(r"(?:comm([0-9a-f]+)\.)?rank(\d+)\.json")
+
+
 def _newest_runs(dumps: Sequence[Dump]) -> tuple[list[Dump], dict[str, list[Dump]]]:
     """``dumps`` less those of a job's earlier runs, and those, by job."""
     newest: dict[str, tuple[float, str]] = {}
@@ -176,6 +200,7 @@ def diagnose_group(
     late: float = 0.01,
     elsewhere: set[int] | None = None,
     ended: Mapping[int, str] | None = None,
+    unread: Collection[int] = (),
 ) -> Diagnosis:
     """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id).
 
@@ -184,6 +209,7 @@ def diagnose_group(
     the job's, a group's dumps list theirs) is stuck or failed in another communicator, not
     dead. ``ended``: how ranks that failed ended, by job rank, as ``plait run`` saw (its
     dumps of the others were asked for after that failure: no snapshot of a busy rank).
+    ``unread``: ranks whose dump file could not be read.
     """
     if not dumps:
         raise ValueError("no dumps to diagnose")
@@ -217,7 +243,7 @@ def diagnose_group(
         job_ranks = tuple(r if g is None else g for r, g in enumerate(job_ranks))
     away = {r for r in missing if job_ranks[r] in (elsewhere or ())}
     saw = {r: ended[g] for r, g in enumerate(job_ranks) if ended and g is not None and g in ended}
-    stuck = _stuck(by_rank, calls, missing, away, saw)
+    stuck = _stuck(by_rank, calls, missing, away, saw, unread)
     if mismatch is not None and (
         not stuck
         or mismatch[0].seq is None
@@ -263,6 +289,7 @@ def _stuck(
     missing: tuple[int, ...],
     away: Collection[int],
     saw: Mapping[int, str],
+    unread: Collection[int] = (),
 ) -> list[Finding]:
     """Ranks that left no dump, and ranks that never reached the call the others block in;
     ``saw``: how ranks ended, as ``plait run`` saw (a failure came before the dumps)."""
@@ -294,7 +321,7 @@ def _stuck(
                     "missing",
                     None,
                     missing,
-                    f"{_ranks(missing)} left no dump: {_died(missing, away, saw)}",
+                    f"{_ranks(missing)} left no dump: {_died(missing, away, saw, unread)}",
                 )
             )
         return out
@@ -314,7 +341,7 @@ def _stuck(
                 "missing",
                 seq,
                 missing,
-                f"{_ranks(missing)} left no dump: {_died(missing, away, saw)}; "
+                f"{_ranks(missing)} left no dump: {_died(missing, away, saw, unread)}; "
                 f"{_ranks(in_it)} {verb} in {ref.describe()}{wait_text}",
             )
         )
@@ -623,12 +650,14 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         args = parser.parse_args(args)
     dumps, skipped = load_all(args.dumps)
     notes = launcher_notes(args.dumps)
+    read = {Path(d.path).resolve() for d in dumps if d.path}
+    unreadable = [p for p in find_dumps(args.dumps) if p.resolve() not in read]
     if not dumps:
         for s in skipped:
             print(f"plait analyze: {s}", file=sys.stderr)
         print("plait analyze: no flight-recorder dump found", file=sys.stderr)
         return 2
-    diagnoses = diagnose(dumps, late=args.late, notes=notes)
+    diagnoses = diagnose(dumps, late=args.late, notes=notes, unreadable=unreadable)
     if args.json:
         print(json.dumps([{**dataclasses.asdict(d), "ok": d.ok} for d in diagnoses], indent=1))
     else:
