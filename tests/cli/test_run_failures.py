@@ -321,3 +321,21 @@ def test_a_rank_killed_in_init_fails_the_others_at_once_with_recovery(
     for line in in_init:
         assert "rank(s) [1] died before they could" in line, line
         assert "rank 1 was killed by SIGKILL, as plait run saw" in line, line
+
+
+def test_a_rank_that_returned_early_is_named_not_the_one_that_lost_it(tmp_path: Path) -> None:
+    """Rank 1 leaves with exit 0 after 3 calls; the others lose it in the 4th. The status
+    marked rank 0's PeerLostError "<- started the failure" and rank 1 "exit 0"."""
+    body = """
+        import sys, numpy as np, plait
+        comm = plait.init(timeout=30)
+        for i in range(6):
+            if comm.rank == 1 and i == 3:
+                sys.exit(0)
+            comm.allreduce(np.ones(16, np.float32))
+    """
+    res = plait_run(["-n", "3"], body, tmp_path)
+    lines = status_lines(res.stderr)
+    assert res.returncode == 1, res.stderr
+    assert "plait run:   rank 1: exit 0   <- exited while the others still needed it" in lines
+    assert not any("started the failure" in line for line in lines), lines

@@ -103,6 +103,24 @@ def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
     return min(failed, key=key)
 
 
+def _left_early(
+    ranks: Sequence[RankProcess], first: RankProcess, tb: Traceback
+) -> list[RankProcess]:
+    """Ranks that exited with 0 before ``first`` failed, where its error is a PeerLostError
+    that names them: a rank that returns early is a peer lost to those still in a call
+    with it, and the rank that raised first was not the cause."""
+    if first.exit is None or tb.last is None or not tb.last.endswith("PeerLostError"):
+        return []
+    return [
+        r
+        for r in ranks
+        if r.exit is not None
+        and r.exit[0] == 0
+        and r.exit[1] <= first.exit[1]
+        and f"rank {r.rank} " in tb.last_line
+    ]
+
+
 def _hung_causes(
     ranks: Sequence[RankProcess], failed: Sequence[RankProcess], relay: Relay
 ) -> list[RankProcess]:
@@ -311,9 +329,12 @@ def watch(
             relay.say(line)
     stop(ranks)
     relay.close(DRAIN_SECONDS)
+    left = _left_early(ranks, first, tb)
     relay.say("the job failed; every rank's exit status:")
     for r in ranks:
-        mark = "   <- started the failure" if r is first else ""
+        mark = "   <- started the failure" if r is first and not left else ""
+        if r in left:
+            mark = "   <- exited while the others still needed it"
         relay.say(f"  rank {r.rank}: {_status(r, relay)}{mark}")
     if tb.last is not None and code > 0:
         relay.say(f"rank {first.rank} failed with {tb.last_line[:300]}")
