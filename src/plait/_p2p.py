@@ -40,6 +40,7 @@ Note [p2p failures]
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -415,13 +416,20 @@ class PointToPointMethods:
         dumped (:func:`dumped`; ``chosen``: the caller gave the timeout). ``cross``: the
         call has the communicator's timeout (``Request._wait_until``).
         """
+        rec = self._runner.recorder
+        me = threading.get_ident()
+        if rec is not None:  # the stall watchdog sees it (the ring keeps no such call)
+            rec.p2p[me] = (f"{reqs[0]._c} {reqs[0]._describe()}", time.monotonic())
         try:
             self._wait_all(reqs, seconds, cross)
         except CommError as exc:
-            noted = dumped(self._runner.recorder, exc, chosen=chosen)
+            noted = dumped(rec, exc, chosen=chosen)
             if noted is exc:
                 raise
             raise noted from exc
+        finally:
+            if rec is not None:
+                rec.p2p.pop(me, None)
 
     def _wait_all(self, reqs: Sequence[Request[Any]], seconds: float, cross: bool) -> None:
         """:meth:`_block`'s wait."""

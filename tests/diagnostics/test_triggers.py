@@ -7,6 +7,7 @@ import io
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,36 @@ def test_the_watchdog_reports_a_stall_once(clock: FakeClock, tmp_path: Path) -> 
     assert dog.check() is None  # reported once
     rec.end(slot)
     assert parse_stall_line(f"[3]: {line}") == line[len(STALL_MARKER) :].strip()
+
+
+def test_the_watchdog_sees_a_blocking_point_to_point_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks each in a recv from the other, under a stall timeout: no stall line and no
+    dump for the whole wait (the ring keeps no point-to-point calls)."""
+    monkeypatch.setenv("PLAIT_DUMP_DIR", str(tmp_path))
+    stream = io.StringIO()
+    seen: list[str | None] = []
+
+    def body(c: plait.Communicator) -> Any:
+        rec = c._runner.recorder
+        assert rec is not None
+        dog = Watchdog(0.2, recorders=lambda: [rec], stream=stream)
+        if c.rank == 0:
+            timer = threading.Timer(0.5, lambda: seen.append(dog.check()))
+            timer.start()
+            c.recv(np.empty(1), 1, tag=3, timeout=2.0)
+            timer.join()
+            assert rec.p2p == {}  # taken off once the wait ended
+        else:
+            time.sleep(1.0)  # outside plait: the watchdog would see no call of rank 1's
+            c.send(np.ones(1), 0, tag=3)
+        return None
+
+    plait.testing.run_ranks(2, body, timeout=20)
+    [line] = seen
+    assert line is not None
+    assert line.startswith(f"{STALL_MARKER} rank 0: recv from rank 1 (tag 3) in flight for ")
 
 
 def test_a_split_communicators_stall_names_the_job_rank(

@@ -225,6 +225,7 @@ class Watchdog:
         self._stream = stream
         self._clock = clock
         self._reported: set[tuple[int, int]] = set()  # (id of recorder, call number)
+        self._reported_p2p: set[tuple[int, int, float]] = set()  # (recorder, -thread, since)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -248,7 +249,7 @@ class Watchdog:
     def check(self) -> str | None:
         """Look once; the stall line if a new stall was found (and reported), else None."""
         now = self._clock()
-        stalled = None
+        stalled: tuple[FlightRecorder, Any, float] | None = None
         for rec in self._recorders():
             for slot in rec.in_flight():
                 since = slot.start or slot.queued
@@ -257,14 +258,24 @@ class Watchdog:
                     self._reported.add(key)
                     if stalled is None:
                         stalled = (rec, slot, now - since)
+            for thread, (what, since) in list(rec.p2p.items()):  # blocking point to point
+                key2 = (id(rec), -thread, since)
+                if now - since >= self.stall_timeout and key2 not in self._reported_p2p:
+                    self._reported_p2p.add(key2)
+                    if stalled is None:
+                        stalled = (rec, what, now - since)
         if stalled is None:
             return None
         rec, slot, waited = stalled
-        c = slot.shape.collective
-        paths = dump_all(f"stall: {c} #{slot.seq} in flight for {waited:.0f} s")
+        if isinstance(slot, str):  # a point-to-point wait
+            what = call = slot
+        else:
+            call = f"{slot.shape.collective} #{slot.seq}"
+            what = f"{call} ({slot.shape.algorithm})"
+        paths = dump_all(f"stall: {call} in flight for {waited:.0f} s")
         where = paths[0].parent if paths else "nowhere (dump failed)"
         line = (
-            f"{STALL_MARKER} {_who(rec)}: {c} #{slot.seq} ({slot.shape.algorithm}) "
+            f"{STALL_MARKER} {_who(rec)}: {what} "
             f"in flight for {waited:.0f} s; flight recorder dumped to {where}"
         )
         if self._on_stall is not None:
