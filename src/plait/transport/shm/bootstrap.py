@@ -542,8 +542,7 @@ class _Join:
                 with conn:
                     if peer_credentials(conn)[1] != os.geteuid():
                         continue  # another user's words are not a peer's (Note [segment names])
-                    conn.setblocking(True)
-                    conn.settimeout(_TELL_SECONDS)
+                    conn.settimeout(_TELL_SECONDS)  # blocking again, up to that
                     rank, token, nonce = _HELLO.unpack(recv_exact(conn, _HELLO.size))
                     data = last_words(conn, _REASON_BYTES + 1, _TELL_SECONDS)
                     if token == self.token and nonce == self.nonce and data.startswith(b"F"):
