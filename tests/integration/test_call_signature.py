@@ -80,7 +80,9 @@ def test_mismatched_send_and_recv_name_the_receivers_call() -> None:
 
     _, msg = run_ranks(2, body)
     said, _, dump = msg.partition("; flight recorder dump: ")
-    assert said.endswith("this rank's recv: 3 elements of int64; the message: 3 elements of float64")
+    assert said.endswith(
+        "this rank's recv: 3 elements of int64; the message: 3 elements of float64"
+    )
     assert dump.endswith("rank1.json")  # a failed receive dumps, as a failed collective does
 
 
