@@ -166,6 +166,27 @@ def test_timeout_names_the_missing_rank() -> None:
     run_ranks(3, body)
 
 
+def test_a_groups_timeout_names_the_silent_rank_by_the_jobs_number_too() -> None:
+    """Job rank 1's timeout on ``split(rank % 2)`` read "rank 0: ... waiting for rank(s)
+    [1]": its group's numbers, which name other processes of the job."""
+    done = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        sub = comm.split(comm.rank % 2)
+        if comm.rank == 3:
+            done.wait(30)
+            return None
+        if comm.rank == 1:
+            with pytest.raises(plait.CommTimeout) as info:
+                sub.allreduce(np.ones(2), algorithm="ring", timeout=0.5)
+            done.set()
+            return str(info.value)
+        return None
+
+    said = run_ranks(4, body)[1]
+    assert "waiting for rank(s) [1] (job rank(s) [3]) of communicator " in said, said
+
+
 def test_timeout_lists_exactly_the_silent_rank() -> None:
     done = threading.Event()
 

@@ -102,9 +102,16 @@ def block(
 
 
 def timeout_for(rank: int, call: Call, waiting: list[int]) -> CollectiveTimeout:
+    """The timeout of ``call`` waiting for ``waiting``; a group's ranks also by the job's
+    numbers, which the launcher's lines and the other ranks' messages use."""
+    rec = call.recorder
+    group = ""
+    if rec is not None and rec.comm and rec.members is not None:
+        jobs = [job_rank(rec, p) for p in sorted(waiting)]
+        group = f" (job rank(s) {jobs}) of communicator {rec.comm:x}"
     return CollectiveTimeout(
-        f"rank {rank}: {call.describe} timed out waiting for rank(s) {sorted(waiting)}: they "
-        "may have died, be stuck in other work, be slower than the timeout, or be in a "
+        f"rank {rank}: {call.describe} timed out waiting for rank(s) {sorted(waiting)}{group}: "
+        "they may have died, be stuck in other work, be slower than the timeout, or be in a "
         "different call"
     )
 
