@@ -419,7 +419,7 @@ class PointToPointMethods:
         rec = self._runner.recorder
         me = threading.get_ident()
         if rec is not None:  # the stall watchdog sees it (the ring keeps no such call)
-            rec.p2p[me] = (f"{reqs[0]._c} {reqs[0]._describe()}", time.monotonic())
+            rec.p2p[me] = (reqs[0], time.monotonic())  # named only if it stalls
         try:
             self._wait_all(reqs, seconds, cross)
         except CommError as exc:

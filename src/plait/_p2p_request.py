@@ -336,6 +336,10 @@ class Request(Generic[R]):
     def _describe(self) -> str:
         return _describe(self._incoming is not None, self._peer, self._tag)
 
+    def label(self) -> str:
+        """What the request is, for a stall line: ``recv from rank 1 (tag 0)``."""
+        return f"{self._c} {self._describe()}"
+
     def _wait_until(self, deadline: float, cross: bool = False) -> bool:
         """Wait for the request until ``deadline`` (time.monotonic); whether it is done.
 

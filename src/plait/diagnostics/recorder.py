@@ -324,9 +324,9 @@ class FlightRecorder:
         # Each rank's rank in the world communicator (a split's or a shrunk one's), or None.
         self.members: tuple[int, ...] | None = None
         # Blocking point-to-point waits in progress, which the ring does not keep: by the
-        # thread's id, what it waits for ("recv from rank 1 (tag 0)") and since when, for
-        # the stall watchdog.
-        self.p2p: dict[int, tuple[str, float]] = {}
+        # thread's id, the call (its ``label()`` says what it waits for: "recv from rank 1
+        # (tag 0)") and since when, for the stall watchdog.
+        self.p2p: dict[int, tuple[Any, float]] = {}
         self.folder = Path(folder) if folder is not None else None
         self.timeline = timeline
         # Every slot is made now (about 0.2 µs each), not on first use: a call then

@@ -258,12 +258,12 @@ class Watchdog:
                     self._reported.add(key)
                     if stalled is None:
                         stalled = (rec, slot, now - since)
-            for thread, (what, since) in list(rec.p2p.items()):  # blocking point to point
+            for thread, (req, since) in list(rec.p2p.items()):  # blocking point to point
                 key2 = (id(rec), -thread, since)
                 if now - since >= self.stall_timeout and key2 not in self._reported_p2p:
                     self._reported_p2p.add(key2)
                     if stalled is None:
-                        stalled = (rec, what, now - since)
+                        stalled = (rec, str(req.label()), now - since)
         if stalled is None:
             return None
         rec, slot, waited = stalled
