@@ -149,44 +149,27 @@ AWAITS = """
 """
 
 
-def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path, wrapped: bool) -> None:
     """A launcher killed with SIGKILL cannot stop its ranks: they ran on, orphaned, until
-    their timeout (300 s by default) or for ever."""
+    their timeout (300 s by default) or for ever. The kernel's parent-death signal covers a
+    rank whose parent is the launcher; a rank's Python started by a wrapper script (its
+    parent the script, ``wrapped``) ran on even after that."""
     (tmp_path / "rank.py").write_text(textwrap.dedent(AWAITS))
+    command = [str(tmp_path / "rank.py")]
+    if wrapped:
+        wrapper = tmp_path / "wrapper.sh"
+        wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{tmp_path / "rank.py"}" "$1"\n')
+        wrapper.chmod(0o755)
+        command = [str(wrapper)]
     launcher = subprocess.Popen(
-        [*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)],
+        [*PLAIT, "run", "-n", "2", *command, str(tmp_path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     pids: list[int] = []
     try:
         pids = _pids(tmp_path, 2)  # written after plait.init, which asks for it
-        launcher.kill()
-        launcher.wait(30)
-        assert _until_gone(pids) == []
-    finally:
-        for pid in pids:
-            if not _gone(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-def test_ranks_behind_a_wrapper_script_die_with_a_launcher_killed_by_sigkill(
-    tmp_path: Path,
-) -> None:
-    """The kernel's parent-death signal covers a rank whose parent is the launcher; a
-    rank's Python started by a wrapper script (its parent the script) ran on, orphaned."""
-    (tmp_path / "rank.py").write_text(textwrap.dedent(AWAITS))
-    wrapper = tmp_path / "wrapper.sh"
-    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{tmp_path / "rank.py"}" "$1"\n')
-    wrapper.chmod(0o755)
-    launcher = subprocess.Popen(
-        [*PLAIT, "run", "-n", "2", str(wrapper), str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    pids: list[int] = []
-    try:
-        pids = _pids(tmp_path, 2)
         launcher.kill()
         launcher.wait(30)
         assert _until_gone(pids) == []

@@ -53,6 +53,17 @@ def _run(
     )
 
 
+def _analyze(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``plait analyze FOLDER``, run as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "plait", "analyze", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
 def test_a_skipped_call_is_named_by_every_rank_and_by_analyze(tmp_path: Path) -> None:
     script = """
         import numpy as np, plait
@@ -76,13 +87,7 @@ def test_a_skipped_call_is_named_by_every_rank_and_by_analyze(tmp_path: Path) ->
         assert f"flight recorder dump: {tmp_path / 'dumps' / 'diagjob'}" in line, line
         assert line.endswith(f"rank{rank}.json"), line
 
-    analyze = subprocess.run(
-        [sys.executable, "-m", "plait", "analyze", str(tmp_path / "dumps")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    analyze = _analyze(tmp_path / "dumps")
     report = analyze.stdout
     assert analyze.returncode == 1, report + analyze.stderr
     assert "dumps from 3 of 3 ranks" in report, report
@@ -275,13 +280,7 @@ def test_dumps_of_an_earlier_run_of_a_job_id_used_again_are_left_out(tmp_path: P
     assert None not in runs
     _run(tmp_path, 3, second, _env(tmp_path))
     assert load(folder / "rank0.json").run not in runs  # a new run, a new token
-    analyze = subprocess.run(
-        [sys.executable, "-m", "plait", "analyze", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    analyze = _analyze(folder)
     report = " ".join(analyze.stdout.split())
     assert "dumps from 1 of 3 ranks" in report, report
     assert "first problem: ranks 1, 2 left no dump" in report, report
@@ -313,13 +312,7 @@ def test_a_rank_killed_under_plait_run_leaves_the_others_dumps_and_a_note(
     folder = tmp_path / "dumps" / "diagjob"
     assert "dumped where they were first: plait analyze" in out, out[-3000:]
     assert (folder / "launcher.json").exists(), out[-3000:]
-    analyze = subprocess.run(
-        [sys.executable, "-m", "plait", "analyze", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    analyze = _analyze(folder)
     report = " ".join(analyze.stdout.split())
     assert analyze.returncode == 1, report + analyze.stderr
     assert "dumps from 2 of 3 ranks" in report, report
