@@ -594,7 +594,11 @@ def init(
         except CommError as exc:  # the others' waits for this rank end now
             report_gave_up(group, rank, str(exc))  # Note [ranks that gave up]
             raise
-        comm = Communicator(t, timeout=timeout, hosts=hosts, _run=run)
+        # The job's own world (not a torch group's init): its ranks are the job's.
+        world = (rank, size) == (info.rank, info.size)
+        comm = Communicator(
+            t, timeout=timeout, hosts=hosts, _run=run, _members=range(size) if world else None
+        )
         if "shm" in links:  # ranks that share a host's memory wait by yielding to each other
             bind_crowded(rank, hosts)
         # A store passed as an object is the caller's (torch's, in the torch backend), and the

@@ -150,7 +150,10 @@ def _watch(pid: int) -> bool:
     ancestor) exits; whether it runs."""
     try:
         fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3), or it is gone already
+    except ProcessLookupError:  # it died (and was reaped) since: as if just now
+        os.kill(os.getpid(), signal.SIGTERM)
+        return True
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3)
         return False
     if not _ancestor(pid):  # it exited, and another process took its pid, before the open
         os.close(fd)
@@ -160,8 +163,11 @@ def _watch(pid: int) -> bool:
 
     def wait() -> None:
         try:
-            select.select([fd], [], [])
-        except (OSError, ValueError):
+            poller = select.poll()  # not select(): a descriptor may be past 1023
+            poller.register(fd, select.POLLIN)
+            while not poller.poll():
+                pass  # (poll without a timeout returns only with an event)
+        except OSError:
             return
         finally:
             os.close(fd)

@@ -36,7 +36,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _settings=comm._settings,
             _world_rank=comm._world_rank,
             _run=comm._run,
-            _members=[comm._members[comm.rank]],
+            _members=None if comm._members is None else [comm._members[comm.rank]],
         )
         comm.close()
         return new
@@ -84,7 +84,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _settings=comm._settings,
             _world_rank=comm._world_rank,
             _run=comm._run,
-            _members=[comm._members[p] for p in members],
+            _members=None if comm._members is None else [comm._members[p] for p in members],
         )
         enable(new, owner, namespace, rec.links)
     finally:

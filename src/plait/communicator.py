@@ -201,9 +201,11 @@ class Communicator(PointToPointMethods, ObjectMethods):
         # Which run of the job this is (plait.init draws it): dumps of a job id used again
         # are told apart by it (Note [runs of a job] in plait.diagnostics.analyze).
         self._run = _run
-        # Each rank's rank in the world communicator it was split or shrunk from: dumps and
-        # timelines name a group's ranks by the job's numbers too.
-        self._members = tuple(range(self._size)) if _members is None else tuple(_members)
+        # Each rank's rank in the job (the world communicator plait.init made, or the
+        # harness's), where known: dumps and timelines name a group's ranks by the job's
+        # numbers too. None for a communicator that is not the job's world or of it (a torch
+        # group's plait.init, a transport passed in): its ranks say nothing of the job's.
+        self._members = None if _members is None else tuple(_members)
         if self._runner.recorder is not None:
             self._runner.recorder.run = _run
             self._runner.recorder.members = self._members
@@ -386,7 +388,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
             _settings=self._settings,
             _world_rank=self._world_rank,
             _run=self._run,
-            _members=[self._members[r] for r in ranks],
+            _members=None if self._members is None else [self._members[r] for r in ranks],
         )
         if self._recovery is not None:  # it shares the connections, so an abort reaches it
             self._recovery.adopt(group)

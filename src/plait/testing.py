@@ -58,7 +58,7 @@ def memory_communicators(
     algorithms cannot run and ``auto`` picks message-passing ones, as between hosts).
     """
     fabric = MemoryFabric(size, lockstep=lockstep, window=window)
-    return [Communicator(t, timeout=timeout) for t in fabric.endpoints]
+    return [Communicator(t, timeout=timeout, _members=range(size)) for t in fabric.endpoints]
 
 
 def run_ranks(

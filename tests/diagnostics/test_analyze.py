@@ -686,3 +686,17 @@ def test_a_rank_whose_dump_cannot_be_read_is_not_called_dead(
     assert out.startswith("skipped ")
     assert "rank 1 left no dump: the dump file of rank 1 could not be read" in out
     assert "died" not in out
+
+
+def test_a_communicator_not_of_the_jobs_world_claims_no_job_ranks() -> None:
+    """A torch group's plait.init (rank 0 of 2, in job rank 2) dumped "members": [0, 1]
+    beside "global_rank": 2, and analyze named it job rank 0."""
+    from plait.communicator import Communicator
+    from plait.transport.memory import MemoryFabric
+
+    comms = [Communicator(t) for t in MemoryFabric(2).endpoints]
+    try:
+        assert all(c._runner.recorder.describe("x")["members"] is None for c in comms)  # type: ignore[union-attr]
+    finally:
+        for c in comms:
+            c.close()

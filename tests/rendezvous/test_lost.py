@@ -86,3 +86,12 @@ def test_a_rank_that_gave_up_its_set_up_ends_the_waits_on_it(kind: str) -> None:
     # Filed in that namespace only: a later plait.init of the job meets in another.
     assert filed(JobRanks("plait/init2", store), [1]) == {}
     assert filed(store, [1]) == {}
+
+
+def test_a_long_reason_in_any_script_is_filed_and_read_whole_characters() -> None:
+    """A reason cut at 2000 bytes in the middle of a character made every waiting rank
+    raise UnicodeDecodeError (not a CommError) instead of the set-up's error."""
+    group = JobRanks("plait/init1", MemoryStore())
+    report_gave_up(group, 1, "rank 1: cannot open /dev/shm/" + "é" * 1200)
+    with pytest.raises(RendezvousError, match="cannot open /dev/shm/éé"):
+        wait_ranks(group, ["addr/1"], [1], 60, me="rank 0", what="publish")

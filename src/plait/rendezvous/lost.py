@@ -70,8 +70,8 @@ LOOK_SECONDS = 1.0
 _COUNT = "plait/lost"
 #: How a rank filed by :func:`report_gave_up` ended, before its reason.
 GAVE_UP = "gave up its set-up: "
-#: The most bytes of a reason filed.
-_REASON_BYTES = 2000
+#: The most characters of a reason filed.
+_REASON_CHARS = 2000
 
 
 def _key(rank: int) -> str:
@@ -147,7 +147,7 @@ def report_gave_up(store: Store, rank: int, reason: str) -> None:
     view: Store | None = _watched(store) or _job_view(store)
     if view is None:
         return
-    text = (GAVE_UP + reason).encode(errors="backslashreplace")[:_REASON_BYTES]
+    text = (GAVE_UP + reason[:_REASON_CHARS]).encode(errors="backslashreplace")
     try:
         view.set(_key(rank), text)
         view.add(_COUNT, 1)
@@ -159,7 +159,10 @@ def _gave_up(view: Store, ranks: Sequence[int]) -> dict[int, str]:
     """Which of ``ranks`` filed in ``view`` that they gave up, and why."""
     if not view.check([_COUNT]):
         return {}
-    return {r: view.get(_key(r), 0.0).decode() for r in ranks if view.check([_key(r)])}
+    # Read as text whatever a store holds: an error here would not be a CommError.
+    return {
+        r: view.get(_key(r), 0.0).decode(errors="replace") for r in ranks if view.check([_key(r)])
+    }
 
 
 def report_lost(store: Store, rank: int, how: str) -> None:

@@ -250,7 +250,7 @@ class TCPStore(Store):
             try:
                 sock = _net.connect(self.host, self.port, max(0.0, deadline - time.monotonic()))
             except OSError as exc:
-                within = f" within {patience:.3g} s" if patience > 0 else ""
+                within = f" within {patience:.4g} s" if patience > 0 else ""
                 if isinstance(exc, TimeoutError):  # nothing refused it: nothing answered
                     hint = (
                         "nothing answered: it may be flooded with connections or overloaded, "
