@@ -563,3 +563,21 @@ def test_a_one_sided_call_in_flight_is_found_on_its_callers_line() -> None:
     run_ranks(2, body)
     assert seen, "rank 0's call was never seen in flight"
     assert seen[0]["stack"][0][:3] == [__file__, line, "body"]
+
+
+def test_a_peer_that_followed_another_in_an_earlier_call_is_not_said_to_have_erred() -> None:
+    """Note [who gave up first]: a peer whose post of an earlier call says it gave up only
+    because another had read "after an error of its own", and this rank then posted as if
+    the error were its own (ABANDONED), so that the next rank blamed it in turn."""
+    from types import SimpleNamespace
+
+    from plait.runtime import posts
+
+    window = SimpleNamespace(counter=lambda q: (3 << 32) | posts.FOLLOWED)
+    call = SimpleNamespace(epoch=5, describe="allreduce (arena, call #9)")
+    with pytest.raises(plait.PeerLostError) as info:
+        posts._look(window, 1, call, 0, 1)  # type: ignore[arg-type]
+    assert "rank 1 gave up on one-sided call 3 of this communicator because another" in str(
+        info.value
+    )
+    assert posts.gave_up_phase(info.value) == posts.FOLLOWED

@@ -285,7 +285,8 @@ class WindowSteps:
             if slot is not None:
                 slot.peers = ()
             if w not in self._checked or window.counter(w) >= base | GAVE_UP_FROM:
-                check_peer(window, w, half, call, rank, q)
+                names = None if self._index is None else list(self._index)
+                check_peer(window, w, half, call, rank, q, names)
                 self._checked.add(w)
             if kind is not StepKind.WAIT:
                 view = window.typed(w, half, bufs[1].dtype)

@@ -12,6 +12,7 @@ wait, begin, check and give up through these functions.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from plait.errors import CommError, MismatchError, PeerLostError
@@ -181,10 +182,17 @@ def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
         return
     if phase == MISMATCHED:
         raise _found_earlier(rank, call.describe, shown, epoch, "makes no more calls on it")
-    raise PeerLostError(
-        f"rank {rank}: {call.describe}: rank {shown} gave up on one-sided call {epoch} of this "
-        "communicator after an error of its own (see its message), and makes no more calls on it"
-    )
+    # (A host's window numbers its ranks apart, and this look cannot say how: the rank that
+    # gave up first is named where the call of that epoch failed.)
+    if phase == FOLLOWED:
+        who = f"rank {shown} gave up on one-sided call {epoch} of this communicator because "
+        why = "another rank had (see its message), and"
+    else:
+        who = f"rank {shown} gave up on one-sided call {epoch} of this communicator after an "
+        why = "error of its own (see its message), and"
+    err = PeerLostError(f"rank {rank}: {call.describe}: {who}{why} makes no more calls on it")
+    setattr(err, _FOLLOWS, q)  # this rank gives up because of it: it posts FOLLOWED
+    raise err
 
 
 def mismatch_behind(window: Any, rank: int, what: str, epoch: int) -> MismatchError | None:
@@ -219,14 +227,21 @@ def _found_earlier(rank: int, what: str, q: int, epoch: int, since: str) -> Mism
 
 
 def check_peer(
-    window: Any, q: int, half: int, call: Call, rank: int, shown: int | None = None
+    window: Any,
+    q: int,
+    half: int,
+    call: Call,
+    rank: int,
+    shown: int | None = None,
+    names: Sequence[int] | None = None,
 ) -> None:
     """Raise unless rank ``q`` is in this call and has not given up on it (Note [one-sided]).
 
-    ``shown``: the rank messages name, where ``q`` is its rank in the window only.
+    ``shown``: the rank messages name, where ``q`` is its rank in the window only;
+    ``names``: each window rank's rank in messages, where they differ (a host's window).
     """
     digest, counter = window.peer_state(q, half)
-    window_q, q = q, (q if shown is None else shown)
+    q = q if shown is None else shown
     if digest != call.check:
         raise MismatchError(
             f"rank {rank}: {call.describe}: rank {q} is in a different call "
@@ -240,13 +255,11 @@ def check_peer(
             "collectives (its own message says what differs)"
         )
     if phase in (ABANDONED, LOST, FOLLOWED):
-        # A host's window numbers its ranks apart (``shown``): its origin is named only
-        # where the window's numbers are the messages'.
-        same = shown is None or shown == window_q
-        first = _first_to_give_up(window, call.epoch) if phase == FOLLOWED and same else None
+        first = _first_to_give_up(window, call.epoch) if phase == FOLLOWED else None
         if first is not None:
+            who = first if names is None else names[first]  # a host's window numbers apart
             text = (
-                f"rank {first} gave up on the call after an error of its own (see its "
+                f"rank {who} gave up on the call after an error of its own (see its "
                 f"message; rank {q} passed it on)"
             )
         elif phase == FOLLOWED:  # its origin's post is not seen (or not by its number)
