@@ -104,4 +104,4 @@ def survivors_store(prefix: str, store: Store, live: Liveness, members: Sequence
                 out[r] = was + how
         return out
 
-    return Watched(prefix, store, dead, "shrink")
+    return Watched(prefix, store, dead, "shrink", members)

@@ -95,3 +95,11 @@ def test_a_long_reason_in_any_script_is_filed_and_read_whole_characters() -> Non
     report_gave_up(group, 1, "rank 1: cannot open /dev/shm/" + "é" * 1200)
     with pytest.raises(RendezvousError, match="cannot open /dev/shm/éé"):
         wait_ranks(group, ["addr/1"], [1], 60, me="rank 0", what="publish")
+
+
+def test_a_survivor_that_gave_up_is_named_by_its_number_before_the_shrink_too() -> None:
+    store = MemoryStore()
+    group = Watched("ft/s1", store, lambda ranks: {}, "shrink", members=[1, 2, 3])
+    report_gave_up(group, 1, "rank 1: its host lost a rank")
+    with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] \(rank\(s\) \[2\] before "):
+        wait_ranks(group, ["addr/1"], [1], 60, me="rank 0", what="publish")

@@ -90,7 +90,8 @@ class JobRanks(PrefixStore):
 class Watched(PrefixStore):
     """A namespace whose ranks' deaths ``dead`` tells: given ranks, those that died and how.
 
-    ``during`` names what the waits in it are part of ("shrink"), for their errors.
+    ``during`` names what the waits in it are part of ("shrink"), for their errors;
+    ``members``, where its ranks had other numbers before (a shrink's survivors).
     """
 
     def __init__(
@@ -99,10 +100,12 @@ class Watched(PrefixStore):
         store: Store,
         dead: Callable[[Sequence[int]], dict[int, str]],
         during: str,
+        members: Sequence[int] | None = None,
     ) -> None:
         super().__init__(prefix, store)
         self.dead = dead
         self.during = during
+        self.members = members  # each rank's number before (a shrink renumbers), or None
 
 
 def _watched(store: Store) -> Watched | None:
@@ -209,8 +212,10 @@ def lost_error(
         why = "; ".join(
             t if t.startswith(f"rank {r}: ") else f"rank {r}: {t}" for r, t in reasons.items()
         )
+        before = [watched.members[r] for r in gave] if watched and watched.members else gave
+        was = f" (rank(s) {before} before the {during})" if before != gave else ""
         return RendezvousError(
-            f"{me}: rank(s) {gave} gave up {during} before they could {what} ({why})"
+            f"{me}: rank(s) {gave}{was} gave up {during} before they could {what} ({why})"
         )
     how = "; ".join(f"rank {r} {lost[r]}" for r in died)
     if watched is not None:
