@@ -662,8 +662,12 @@ def test_a_launcher_note_says_how_a_rank_ended_and_its_dumps_are_no_snapshots(
     now = T0 + 100
     blocked = [call(0), call(1, start=now - 0.005, state="running", end=None, waiting_on=(2,))]
     write(tmp_path, [dump(r, 3, [dict(c) for c in blocked], time=now) for r in (0, 1)])
-    write_launcher_note(tmp_path, {2: "was killed by SIGKILL"})
-    assert launcher_notes([tmp_path]) == {tmp_path.resolve(): {2: "was killed by SIGKILL"}}
+    write_launcher_note(tmp_path, {2: "was killed by SIGKILL"}, "launcher.node1.json")
+    note = tmp_path / "launcher.node1.json"
+    note.write_text(note.read_text().replace('"time": ', f'"time": {now}, "was": '))
+    assert launcher_notes([tmp_path]) == {
+        tmp_path.resolve(): (now, {2: "was killed by SIGKILL"})
+    }  # written as the failure was seen, just before the dumps it asked for
     assert main([str(tmp_path)]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert (
@@ -700,3 +704,16 @@ def test_a_communicator_not_of_the_jobs_world_claims_no_job_ranks() -> None:
     finally:
         for c in comms:
             c.close()
+
+
+def test_a_launcher_note_of_another_run_is_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job id used again: an earlier run's note said rank 2 "was killed by SIGKILL" of a
+    run in which it was not."""
+    from plait.diagnostics.schema import write_launcher_note
+
+    write(tmp_path, [dump(r, 3, [call(0)]) for r in (0, 1)])
+    write_launcher_note(tmp_path, {2: "was killed by SIGKILL"})  # now: years after T0
+    main([str(tmp_path)])
+    assert "SIGKILL" not in capsys.readouterr().out

@@ -243,3 +243,17 @@ def test_a_failed_point_to_point_wait_dumps_as_a_collective_does(
     assert waited.endswith(f"flight recorder dump: {tmp_path / 'p2p' / 'rank0.json'}")
     dump = load(tmp_path / "p2p" / "rank0.json")  # the second failure's, written over
     assert dump.reason.split(": ", 1)[1] == waited.rpartition("; flight recorder dump")[0]
+
+
+def test_a_dump_asked_for_soon_after_an_errors_dump_leaves_it_be(tmp_path: Path) -> None:
+    """plait run has the ranks still running dump (SIGUSR1) when one fails; a rank that had
+    just dumped the PeerLostError it met had that dump replaced by "signal SIGUSR1"."""
+    rec = FlightRecorder(0, 2, job="keep", folder=tmp_path)
+    rec.end(rec.begin(SHAPE, 0), plait.PeerLostError("rank 0: lost rank 1"))
+    path = dump_on_error(rec, plait.PeerLostError("rank 0: lost rank 1"))
+    assert path is not None
+    assert dump_all("signal SIGUSR1", [rec]) == [path]
+    assert load(path).reason.startswith("PeerLostError: ")
+    rec.error_dumped -= 60  # long after, a dump asked for is written as before
+    dump_all("signal SIGUSR1", [rec])
+    assert load(path).reason == "signal SIGUSR1"

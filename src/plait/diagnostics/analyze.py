@@ -46,7 +46,14 @@ from plait.diagnostics._words import dumps_of as _dumps_of
 from plait.diagnostics._words import dur as _dur
 from plait.diagnostics._words import plural as _plural
 from plait.diagnostics._words import ranks as _ranks
-from plait.diagnostics.schema import CallRecord, Dump, find_dumps, launcher_notes, load_all
+from plait.diagnostics.schema import (
+    CallRecord,
+    Dump,
+    LauncherNote,
+    find_dumps,
+    launcher_notes,
+    load_all,
+)
 from plait.diagnostics.stragglers import Lateness, format_lateness, measure, stragglers
 
 __all__ = [
@@ -63,6 +70,8 @@ __all__ = [
 WIDTH = 100
 #: An error message in the list of where each rank is is cut to this length.
 _ERROR_CHARS = 160
+#: A launcher's note (launcher.json) further than this (seconds) from a dump is another run's.
+NOTE_SPREAD = 60.0
 #: Dumps of one communicator written further apart than this (seconds) may be from two runs.
 STALE_SPREAD = 600.0
 
@@ -100,7 +109,7 @@ def diagnose(
     dumps: Sequence[Dump],
     *,
     late: float = 0.01,
-    notes: Mapping[Path, Mapping[int, str]] | None = None,
+    notes: Mapping[Path, LauncherNote] | None = None,
     unreadable: Collection[Path] = (),
 ) -> list[Diagnosis]:
     """One :class:`Diagnosis` per (job, communicator) among ``dumps``.
@@ -121,8 +130,10 @@ def diagnose(
     ended: dict[str, dict[int, str]] = {}  # job -> how its failed ranks ended
     for d in dumps:
         seen = (notes or {}).get(Path(d.path).parent.resolve()) if d.path else None
-        if seen:
-            ended.setdefault(d.job, {}).update(seen)
+        # A note of another run of a job id used again is written apart from this one's
+        # dumps (a note of this run, just before the dumps it asks for).
+        if seen and abs(seen.time - d.time) <= NOTE_SPREAD:
+            ended.setdefault(d.job, {}).update(seen.ended)
     result = [
         diagnose_group(
             groups[key],

@@ -327,6 +327,9 @@ class FlightRecorder:
         # thread's id, the call (its ``label()`` says what it waits for: "recv from rank 1
         # (tag 0)") and since when, for the stall watchdog.
         self.p2p: dict[int, tuple[Any, float]] = {}
+        # When this recorder was last dumped for an error (time.monotonic), or never: a
+        # dump asked for soon after leaves that one be (triggers.KEEP_ERROR_DUMP).
+        self.error_dumped = float("-inf")
         self.folder = Path(folder) if folder is not None else None
         self.timeline = timeline
         # Every slot is made now (about 0.2 µs each), not on first use: a call then

@@ -59,7 +59,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "FORMAT",
@@ -69,7 +69,9 @@ __all__ = [
     "CallRecord",
     "Dump",
     "DumpError",
+    "LauncherNote",
     "find_dumps",
+    "is_launcher_note",
     "launcher_notes",
     "load",
     "load_all",
@@ -348,44 +350,68 @@ def find_dumps(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for p in map(Path, paths):
         if p.is_dir():
             found.extend(
-                sorted(q for q in p.rglob("*.json") if q.is_file() and q.name != LAUNCHER_NOTE)
+                sorted(q for q in p.rglob("*.json") if q.is_file() and not is_launcher_note(q))
             )
-        elif p.name != LAUNCHER_NOTE:
+        elif not is_launcher_note(p):
             found.append(p)
     return found
 
 
 #: The file ``plait run`` writes beside a failed job's dumps: how its failed ranks ended
 #: (``{"format": "plait-launcher-note", "version": 1, "time": ..., "ended": {"2": "was
-#: killed by SIGKILL"}}``), before it has the others dump and stops them.
+#: killed by SIGKILL"}}``), before it has the others dump and stops them. A job on several
+#: hosts writes one per launcher: ``launcher.node<k>.json``.
 LAUNCHER_NOTE = "launcher.json"
 _NOTE_FORMAT = "plait-launcher-note"
 
 
-def launcher_notes(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, dict[int, str]]:
-    """The launcher's notes under ``paths``, by folder: how each failed rank (by its rank
-    in the job) ended, as ``plait run`` saw. A note that cannot be read is left out."""
-    notes: dict[Path, dict[int, str]] = {}
+def is_launcher_note(path: Path) -> bool:
+    """Whether ``path`` names a launcher's note (:data:`LAUNCHER_NOTE`), not a dump."""
+    return path.name.startswith("launcher") and path.suffix == ".json"
+
+
+class LauncherNote(NamedTuple):
+    """What the launchers' notes in one folder say: when the latest was written (wall
+    clock), and how each failed rank (by its rank in the job) ended."""
+
+    time: float
+    ended: dict[int, str]
+
+
+def launcher_notes(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, LauncherNote]:
+    """The launchers' notes under ``paths``, by folder (those of one folder merged). A note
+    that cannot be read is left out."""
+    notes: dict[Path, LauncherNote] = {}
     for p in map(Path, paths):
-        files = p.rglob(LAUNCHER_NOTE) if p.is_dir() else [p] if p.name == LAUNCHER_NOTE else []
+        files = p.rglob("launcher*.json") if p.is_dir() else [p] if is_launcher_note(p) else []
         for f in files:
             try:
                 obj = json.loads(f.read_text(encoding="utf-8"))
-                if obj.get("format") == _NOTE_FORMAT:
-                    ended = {int(r): str(how) for r, how in dict(obj["ended"]).items()}
-                    notes[f.parent.resolve()] = ended
+                if obj.get("format") != _NOTE_FORMAT:
+                    continue
+                ended = {int(r): str(how) for r, how in dict(obj["ended"]).items()}
+                when = float(obj["time"])
             except (OSError, ValueError, TypeError, KeyError, AttributeError):
                 continue
+            had = notes.get(f.parent.resolve())
+            if had is not None:
+                ended, when = {**had.ended, **ended}, max(when, had.time)
+            notes[f.parent.resolve()] = LauncherNote(when, ended)
     return notes
 
 
-def write_launcher_note(folder: Path, ended: Mapping[int, str]) -> None:
-    """Write :data:`LAUNCHER_NOTE` in ``folder`` (made if need be). Raises OSError."""
+def write_launcher_note(folder: Path, ended: Mapping[int, str], name: str = LAUNCHER_NOTE) -> None:
+    """Write a launcher's note (``name``) in ``folder`` (made if need be). Raises OSError."""
     folder.mkdir(parents=True, exist_ok=True)
-    doc = {"format": _NOTE_FORMAT, "version": 1, "time": time.time(), "ended": dict(ended)}
-    tmp = folder / f".{LAUNCHER_NOTE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({**doc, "ended": {str(r): h for r, h in ended.items()}}))
-    os.replace(tmp, folder / LAUNCHER_NOTE)
+    doc = {
+        "format": _NOTE_FORMAT,
+        "version": 1,
+        "time": time.time(),
+        "ended": {str(r): how for r, how in ended.items()},
+    }
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, folder / name)
 
 
 def load_all(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Dump], list[str]]:

@@ -59,8 +59,15 @@ _install_lock = threading.Lock()
 _watchdog: Watchdog | None = None  # the process's, from start_watchdog
 
 
+#: Seconds after an error's dump in which a dump asked for (a signal, a stall) leaves it be:
+#: the launcher has the ranks dump when one fails, just as they dump the error they met.
+KEEP_ERROR_DUMP = 10.0
+
+
 def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list[Path]:
-    """Dump every recorder of this process (or ``recorders``); the files written.
+    """Dump every recorder of this process (or ``recorders``), asked for (a signal, a
+    stall); the files written. A recorder dumped for an error in the last
+    :data:`KEEP_ERROR_DUMP` seconds keeps that dump (its file is listed all the same).
 
     A recorder that cannot be written is logged and skipped: this runs while
     something already went wrong, and must not add an error of its own.
@@ -70,6 +77,9 @@ def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list
     # may hold it (Note [dumps from a signal handler]).
     for rec in live_recorders(wait=False) if recorders is None else recorders:
         try:
+            if time.monotonic() - rec.error_dumped < KEEP_ERROR_DUMP:
+                written.append(rec.path())  # its error's dump says more: left as it is
+                continue
             written.append(rec.dump(reason))
             if rec.timeline is not None:
                 rec.timeline.write(wait=False)  # what led here, in case the process dies next
@@ -97,6 +107,7 @@ def dump_on_error(recorder: FlightRecorder | None, error: BaseException) -> Path
         return None
     try:
         path = recorder.dump(f"{type(error).__name__}: {error}")
+        recorder.error_dumped = time.monotonic()
         if recorder.timeline is not None:
             recorder.timeline.write()
         return path

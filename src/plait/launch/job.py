@@ -307,7 +307,8 @@ def _attempt(
     events: queue.Queue[tuple[int, int]] = queue.Queue()
     ranks: list[RankProcess] = []
     # The ranks' stall lines make the others dump too; the ranks all share one dump folder.
-    stalls = StallResponder(ranks, dump_folder(envs[0]), stall_timeout(envs[0]))
+    note = f"launcher.node{job.node_rank}.json" if job.nnodes > 1 else "launcher.json"
+    stalls = StallResponder(ranks, dump_folder(envs[0]), stall_timeout(envs[0]), note=note)
     relay = Relay(
         job.tag_output, label=job.label, stdout=stdout, stderr=stderr, on_stall=stalls.report
     )

@@ -47,7 +47,7 @@ from pathlib import Path
 # The recorder's own rule for the job's folder name, so that the launcher names the folder
 # the ranks write to, whatever PLAIT_JOB_ID holds.
 from plait.diagnostics.places import dump_dir, safe_name
-from plait.diagnostics.schema import write_launcher_note
+from plait.diagnostics.schema import LAUNCHER_NOTE, write_launcher_note
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
 
@@ -141,8 +141,10 @@ class StallResponder:
         *,
         catches: Callable[[int], bool | None] = catches_signal,
         clock: Callable[[], float] = time.monotonic,
+        note: str = LAUNCHER_NOTE,
     ) -> None:
         self._ranks = ranks
+        self._note = note  # the name of this launcher's note (one per host)
         self.folder = folder
         self._window = window
         self._catches = catches
@@ -188,21 +190,23 @@ class StallResponder:
         return f"rank {rank} reports a stall; {what}; dumps in {folder}: plait analyze {folder}"
 
     def dump_before_stop(
-        self, ended: Mapping[int, str], seconds: float = DUMP_SECONDS
+        self, ended: Mapping[int, str], since: float | None = None, seconds: float = DUMP_SECONDS
     ) -> str | None:
         """Before the launcher stops a failed job's ranks still running: note how the
         failed ranks ``ended`` (rank: "was killed by SIGKILL") beside the dumps, for
         ``plait analyze``; have the ranks that catch SIGUSR1 dump, and wait up to
         ``seconds`` until each one's dump of its world communicator (``rank<r>.json``) is
-        newer than the signal. The line that says so, or None where no rank was signalled.
+        newer than ``since`` (the failure, wall-clock; default now: a rank that dumped
+        the error it met keeps that dump). The line that says so, or None where no rank was
+        signalled.
 
         A rank killed by SIGKILL left no dump, and the others, stopped at once, none
         either: ``plait analyze`` had nothing to read. They dump on their own only where
         they meet the loss in a call before the launcher's SIGTERM.
         """
-        start = time.time()
+        start = time.time() if since is None else since
         with contextlib.suppress(OSError):  # no note: analyze says less, nothing worse
-            write_launcher_note(self.folder, ended)
+            write_launcher_note(self.folder, ended, self._note)
         signalled = [
             r
             for r in self._ranks

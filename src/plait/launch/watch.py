@@ -254,7 +254,7 @@ def watch(
     *,
     recovery: bool = False,
     on_lost: Callable[[int, str], None] | None = None,
-    before_stop: Callable[[dict[int, str]], str | None] | None = None,
+    before_stop: Callable[[dict[int, str], float], str | None] | None = None,
 ) -> int:
     """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
 
@@ -273,7 +273,8 @@ def watch(
     other kind stops the job as without it.
 
     ``before_stop``: called before a failed job's ranks still running are stopped, with
-    how each failed rank ended (they dump their flight recorders), its line said.
+    how each failed rank ended and when the first did (wall clock; they dump their flight
+    recorders), its line said.
     """
     by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
@@ -324,7 +325,10 @@ def watch(
         why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
         relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
     if running and before_stop is not None:
-        line = before_stop({r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None})
+        how = {r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None}
+        when = min(r.exit[1] for r in failed if r.exit is not None)
+        # Wall-clock, a second early: the others may have dumped what they met just before.
+        line = before_stop(how, time.time() - (time.monotonic() - when) - 1.0)
         if line is not None:
             relay.say(line)
     stop(ranks)
