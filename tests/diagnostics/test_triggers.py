@@ -135,26 +135,36 @@ def test_the_watchdog_sees_a_blocking_point_to_point_wait(
     dump for the whole wait (the ring keeps no point-to-point calls)."""
     monkeypatch.setenv("PLAIT_DUMP_DIR", str(tmp_path))
     stream = io.StringIO()
-    seen: list[str | None] = []
+    seen: list[str] = []
+    reported = threading.Event()
+
+    def watch(dog: Watchdog) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not reported.is_set():
+            line = dog.check()
+            if line is not None:
+                seen.append(line)
+                reported.set()
+            time.sleep(0.05)
 
     def body(c: plait.Communicator) -> Any:
         rec = c._runner.recorder
         assert rec is not None
-        dog = Watchdog(0.2, recorders=lambda: [rec], stream=stream)
         if c.rank == 0:
-            timer = threading.Timer(0.5, lambda: seen.append(dog.check()))
-            timer.start()
-            c.recv(np.empty(1), 1, tag=3, timeout=2.0)
-            timer.join()
+            watcher = threading.Thread(
+                target=watch, args=(Watchdog(0.2, recorders=lambda: [rec], stream=stream),)
+            )
+            watcher.start()
+            c.recv(np.empty(1), 1, tag=3, timeout=20.0)
+            watcher.join()
             assert rec.p2p == {}  # taken off once the wait ended
         else:
-            time.sleep(1.0)  # outside plait: the watchdog would see no call of rank 1's
+            reported.wait(15)  # outside plait until rank 0's wait was reported
             c.send(np.ones(1), 0, tag=3)
         return None
 
-    plait.testing.run_ranks(2, body, timeout=20)
+    plait.testing.run_ranks(2, body, timeout=30)
     [line] = seen
-    assert line is not None
     assert line.startswith(f"{STALL_MARKER} rank 0: recv from rank 1 (tag 3) in flight for ")
 
 

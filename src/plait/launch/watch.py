@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import time
@@ -117,7 +118,7 @@ def _left_early(
         if r.exit is not None
         and r.exit[0] == 0
         and r.exit[1] <= first.exit[1]
-        and f"rank {r.rank} " in tb.last_line
+        and re.search(rf"\brank {r.rank}\b|\brank\(s\) \[{r.rank}\]", tb.last_line)
     ]
 
 
