@@ -131,8 +131,8 @@ def test_object_ops_follow_mpi4py() -> None:
     assert MPI.PROD(3, 4) == 12
     assert MPI.MAX(2, 5) == 5
     assert MPI.MIN("b", "a") == "a"
-    assert MPI.LAND(1, 0) == 0
-    assert MPI.LOR(0, 3) == 3
+    assert MPI.LAND(1, 0) is False  # bools, as mpi4py's: not an operand
+    assert MPI.LOR(0, 3) is True
     assert MPI.LXOR(True, True) is False
     assert MPI.BAND(6, 3) == 2
     assert MPI.BOR(6, 3) == 7
@@ -496,3 +496,27 @@ def test_get_count_of_pairs_counts_pairs() -> None:
         return st.Get_count(MPI.DOUBLE_INT)
 
     assert ranks(2, body)[1] == 3
+
+
+def test_names_request_status_and_op_lack_are_unsupported_not_attribute_errors() -> None:
+    """``MPI.Request.Waitsome`` and the like raised a bare AttributeError, where the module
+    and Comm raise Unsupported naming the call (and docs/mpi.md says so)."""
+    for get, words in [
+        (lambda: MPI.Request.Waitsome, "Request.Waitsome; nearest supported: Waitany"),
+        (lambda: MPI.Status().Set_elements, "Status.Set_elements"),
+        (lambda: MPI.Op.Create, "Op.Create; nearest supported: MPI.SUM"),
+        (lambda: MPI.SUM.Reduce_local, "Op.Reduce_local"),
+    ]:
+        with pytest.raises(MPI.Unsupported, match=words):
+            get()
+    assert not hasattr(MPI.Request, "Startall")  # feature checks still see it as absent
+
+
+def test_logical_object_ops_give_bools_as_mpi4py_does() -> None:
+    assert (MPI.LAND(1, 0), MPI.LOR(0, 3), MPI.LXOR(0, 0), MPI.LXOR(2, 0)) == (
+        False,
+        True,
+        False,
+        True,
+    )
+    assert all(type(v) is bool for v in (MPI.LAND(1, 2), MPI.LOR(0, 0)))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from plait import ops as plait_ops
+from plait.mpi._unsupported import Unlisted, lacking
 
 __all__ = ["OPS", "Op", "as_function", "combine_pairs", "fields"]
 
@@ -30,16 +31,16 @@ def _min(x: Any, y: Any) -> Any:
     return y if y < x else x
 
 
-def _land(x: Any, y: Any) -> Any:
-    return x and y
+def _land(x: Any, y: Any) -> bool:
+    return bool(x) and bool(y)  # a bool, as mpi4py's: not an operand (0 and 3 gave 0)
 
 
-def _lor(x: Any, y: Any) -> Any:
-    return x or y
+def _lor(x: Any, y: Any) -> bool:
+    return bool(x) or bool(y)
 
 
-def _lxor(x: Any, y: Any) -> Any:
-    return (x or y) and not (x and y)
+def _lxor(x: Any, y: Any) -> bool:
+    return bool(x) != bool(y)
 
 
 def _maxloc(x: Any, y: Any) -> Any:
@@ -60,7 +61,7 @@ def _minloc(x: Any, y: Any) -> Any:
     return (v, j) if j < i else (u, i)
 
 
-class Op:
+class Op(metaclass=Unlisted):
     """An MPI reduction op; calling it on two objects combines them as mpi4py does.
 
     Attributes:
@@ -72,6 +73,7 @@ class Op:
     """
 
     __slots__ = ("function", "loc", "name", "plait_op")
+    __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
 
     def __init__(
         self,

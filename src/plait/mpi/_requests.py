@@ -27,6 +27,7 @@ import numpy as np
 
 import plait
 from plait.mpi._datatypes import DATATYPES, Datatype
+from plait.mpi._unsupported import Unlisted, lacking
 
 __all__ = ["UNDEFINED", "Inbox", "Request", "Status"]
 
@@ -36,10 +37,11 @@ UNDEFINED = -32766
 _SLICE = 0.01
 
 
-class Status:
+class Status(metaclass=Unlisted):
     """Who sent a message, with which tag, and how many bytes: mpi4py's ``MPI.Status``."""
 
     __slots__ = ("cancelled", "error", "nbytes", "source", "tag")
+    __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
 
     def __init__(self) -> None:
         self.source = plait.ANY_SOURCE
@@ -233,7 +235,7 @@ class Inbox:
         return True
 
 
-class Request:
+class Request(metaclass=Unlisted):
     """A non-blocking operation in flight: mpi4py's ``MPI.Request``.
 
     ``Wait``/``Test`` (capitalised) return True and a flag; ``wait``/``test`` return the
@@ -241,6 +243,7 @@ class Request:
     """
 
     __slots__ = ("_inbox", "_keep", "_pending", "_req", "_spent")
+    __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
 
     def __init__(
         self,

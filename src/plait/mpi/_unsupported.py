@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["Unsupported", "unsupported"]
+__all__ = ["Unlisted", "Unsupported", "unsupported"]
 
 #: The nearest supported call for the mpi4py names people reach for most.
 NEAREST: dict[str, str] = {
@@ -42,6 +43,8 @@ NEAREST: dict[str, str] = {
     "Create_graph": "Split (no topologies)",
     "Create_dist_graph": "Split (no topologies)",
     "Create": "Split",
+    "Waitsome": "Waitany in a loop, or Waitall",
+    "Testsome": "Testany in a loop, or Testall",
     "Create_group": "Split",
     "Get_group": "Split (no groups: pick ranks with a color)",
     "Spawn": "plait run -n N (ranks are fixed when the job starts)",
@@ -78,10 +81,30 @@ class Unsupported(NotImplementedError, AttributeError):
 
 def unsupported(where: str, name: str, supported: Iterable[str]) -> Unsupported:
     """The error for ``where.name``, with the nearest supported call."""
-    hint = NEAREST.get(name)
+    hint = NEAREST.get(where) if where == "Op" else NEAREST.get(name)  # no user-defined ops
     if hint is None:
         close = difflib.get_close_matches(name, list(supported), n=1, cutoff=0.6)
         hint = close[0] if close else None
     text = f"plait.mpi does not support {where}.{name}"
     text += f"; nearest supported: {hint}" if hint else "; see docs/mpi.md for what is supported"
     return Unsupported(text)
+
+
+class Unlisted(type):
+    """The type of plait.mpi's classes (``Request``, ``Status``, ``Op``): an mpi4py name they
+    lack, looked up on the class (``MPI.Request.Waitsome``) or, through the class's own
+    ``__getattr__`` (:func:`lacking`), on an instance, raises :class:`Unsupported` naming
+    it, as the module's and ``Comm``'s do, not a bare AttributeError."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise unsupported(cls.__name__, name, (n for n in dir(cls) if not n.startswith("_")))
+
+
+def lacking(self: object, name: str) -> Any:
+    """A class's ``__getattr__`` for names its instances lack: as :class:`Unlisted`."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    kind = type(self)
+    raise unsupported(kind.__name__, name, (n for n in dir(kind) if not n.startswith("_")))
