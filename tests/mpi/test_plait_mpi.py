@@ -520,3 +520,21 @@ def test_logical_object_ops_give_bools_as_mpi4py_does() -> None:
         True,
     )
     assert all(type(v) is bool for v in (MPI.LAND(1, 2), MPI.LOR(0, 0)))
+
+
+def test_a_typecode_names_the_datatype_as_mpi4py_reads_it() -> None:
+    """``[buf, 'd']`` was refused: "count must be an int; got 'd'"."""
+    assert (message([np.zeros(4), "d"], "t").datatype, message([np.zeros(4), "d"], "t").count) == (
+        MPI.DOUBLE,
+        4,
+    )
+    assert message([np.zeros(4, np.int32), 2, "i"], "t").count == 2
+    with pytest.raises(TypeError, match="'zz' is not a datatype or typecode"):
+        message([np.zeros(4), "zz"], "t")
+
+    def body(c: MPI.Comm) -> Any:
+        x = np.arange(3.0) if c.Get_rank() == 0 else np.zeros(3)
+        c.Bcast([x, "d"], root=0)
+        return x.tolist()
+
+    assert ranks(2, body) == [[0.0, 1.0, 2.0]] * 2

@@ -196,6 +196,17 @@ for _name in ("LONG_DOUBLE", "C_BOOL", "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX"):
 _BY_DTYPE.setdefault(DATATYPES["C_LONG_DOUBLE_COMPLEX"].dtype, DATATYPES["C_LONG_DOUBLE_COMPLEX"])
 
 
+def _typecode(code: str, call: str) -> Datatype:
+    """The datatype of a typecode (``"d"``, ``"i"``, ``"f8"``), as mpi4py reads one."""
+    try:
+        dtype = np.dtype(code)
+    except TypeError:
+        raise TypeError(
+            f"{call}: {code!r} is not a datatype or typecode (MPI.DOUBLE, 'd', 'i', ...)"
+        ) from None
+    return datatype_of(dtype)
+
+
 def datatype_of(dtype: np.dtype) -> Datatype:
     """The datatype of a buffer whose specification names none: from its numpy dtype."""
     known = _BY_DTYPE.get(dtype)
@@ -284,6 +295,8 @@ def _split(spec: Any, call: str) -> tuple[Any, list[Any], Datatype | None]:
         dt = None
         if rest and isinstance(rest[-1], Datatype):
             dt = rest.pop()
+        elif rest and isinstance(rest[-1], str):  # a typecode, as mpi4py takes: "d", "i"
+            dt = _typecode(rest.pop(), call)
         elif rest and rest[-1] is None:
             rest.pop()
         for item in rest:
