@@ -538,3 +538,34 @@ def test_a_typecode_names_the_datatype_as_mpi4py_reads_it() -> None:
         return x.tolist()
 
     assert ranks(2, body) == [[0.0, 1.0, 2.0]] * 2
+
+
+def test_a_truncated_receive_is_said_in_elements_by_the_call_that_made_it() -> None:
+    """It read "Recv: message truncated: rank 0 sent 40 bytes with tag 1 into a buffer of
+    16", and Sendrecv's called itself Recv."""
+
+    def body(c: MPI.Comm) -> Any:
+        if c.Get_rank() == 0:
+            c.Send(np.zeros(5), 1, tag=1)
+            c.Send(np.zeros(5), 1, tag=2)
+            c.Barrier()
+            return None
+        said = []
+        for call in (
+            lambda: c.Recv(np.zeros(2), 0, 1),
+            lambda: c.Sendrecv(np.zeros(1), MPI.PROC_NULL, 0, np.zeros(2), 0, 2),
+        ):
+            with pytest.raises(ValueError, match="message truncated") as info:
+                call()
+            said.append(str(info.value))
+        c.Recv(np.zeros(5), 0, 1)  # left unreceived: still there
+        c.Recv(np.zeros(5), 0, 2)
+        c.Barrier()
+        return said
+
+    recv, sendrecv = ranks(2, body)[1]
+    assert recv == (
+        "Recv: message truncated (MPI_ERR_TRUNCATE): rank 0 sent 5 DOUBLE (40 bytes) with tag "
+        "1, but the buffer holds 2 DOUBLE (16 bytes); the message is left unreceived"
+    )
+    assert sendrecv.startswith("Sendrecv: message truncated (MPI_ERR_TRUNCATE): rank 0 sent 5")

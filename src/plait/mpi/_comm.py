@@ -289,7 +289,12 @@ class Comm(BufferCollectives):
         The message may be shorter than ``buf`` (its size is in ``status``), as in MPI;
         a longer one raises ValueError (MPI's truncation error) and is left unreceived.
         """
-        into = message(buf, "Recv").bytes()
+        self._recv(buf, source, tag, status, "Recv")
+
+    def _recv(self, buf: Any, source: int, tag: int, status: Status | None, call: str) -> None:
+        """:meth:`Recv`, its errors naming ``call``."""
+        m = message(buf, call)
+        into = m.bytes()
         if source == plait.PROC_NULL:
             if status is not None:
                 status._fill(plait.PROC_NULL, _ANY_TAG, 0)
@@ -297,9 +302,12 @@ class Comm(BufferCollectives):
         c = self._c
         st = c.probe(source, tag)
         if st.nbytes > into.size:
+            e, name = m.extent, m.datatype.name
+            sent = f"{st.nbytes // e} {name}" if st.nbytes % e == 0 else f"{st.nbytes} bytes"
             raise ValueError(
-                f"Recv: message truncated: rank {st.source} sent {st.nbytes} bytes with tag "
-                f"{st.tag} into a buffer of {into.size}"
+                f"{call}: message truncated (MPI_ERR_TRUNCATE): rank {st.source} sent {sent} "
+                f"({st.nbytes} bytes) with tag {st.tag}, but the buffer holds {m.count} {name} "
+                f"({into.size} bytes); the message is left unreceived"
             )
         done = plait.Status()
         c.recv(into[: st.nbytes], st.source, st.tag, status=done)
@@ -323,7 +331,7 @@ class Comm(BufferCollectives):
     ) -> None:
         """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf`` from ``source``, together."""
         req = self.Isend(sendbuf, dest, sendtag)
-        self.Recv(recvbuf, source, recvtag, status)
+        self._recv(recvbuf, source, recvtag, status, "Sendrecv")
         req.Wait()
 
 
