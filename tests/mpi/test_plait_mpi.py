@@ -569,3 +569,38 @@ def test_a_truncated_receive_is_said_in_elements_by_the_call_that_made_it() -> N
         "1, but the buffer holds 2 DOUBLE (16 bytes); the message is left unreceived"
     )
     assert sendrecv.startswith("Sendrecv: message truncated (MPI_ERR_TRUNCATE): rank 0 sent 5")
+
+
+def test_buffer_collectives_refuse_sizes_that_differ_in_elements_before_anything_moves() -> None:
+    """plait's own checks said "alltoall: out has shape (36,); expected (24,)" (bytes, and
+    plait's argument names) where mpi4py says MPI_ERR_TRUNCATE or names the counts."""
+
+    def body(c: MPI.Comm) -> Any:
+        n = c.Get_size()
+        said = []
+        for call in (
+            lambda: c.Alltoall(np.zeros(2 * n, "i4"), np.zeros(3 * n, "i4")),
+            lambda: c.Allgather(np.zeros(3, "i4"), np.zeros(2 * n, "i4")),
+            lambda: c.Allreduce(np.zeros(4), np.zeros(3)),
+            lambda: c.Reduce_scatter_block(np.zeros(2 * n + 1), np.zeros(2)),
+        ):
+            try:
+                call()
+            except ValueError as exc:
+                said.append(str(exc))
+        c.Allreduce(np.ones(2), np.zeros(2))  # nothing moved: the ranks are still in step
+        return said
+
+    said = ranks(3, body)
+    assert said[0] == said[2]
+    assert said[0] == [
+        "Alltoall: each block of sendbuf is 2 INT (8 bytes) but each block of recvbuf is 3 INT "
+        "(12 bytes); they must hold the same bytes (MPI_ERR_TRUNCATE where the receive is "
+        "shorter)",
+        "Allgather: sendbuf is 3 INT (12 bytes) but each block of recvbuf is 2 INT (8 bytes); "
+        "they must hold the same bytes (MPI_ERR_TRUNCATE where the receive is shorter)",
+        "Allreduce: sendbuf is 4 DOUBLE (32 bytes) but recvbuf is 3 DOUBLE (24 bytes); they "
+        "must hold the same bytes (MPI_ERR_TRUNCATE where the receive is shorter)",
+        "Reduce_scatter_block: sendbuf is 7 DOUBLE, but 3 blocks of recvbuf's 2 DOUBLE are 6; "
+        "they must hold the same bytes",
+    ]

@@ -58,6 +58,18 @@ def _own_block(sent: Message, r: Message, rank: int, call: str, whose: str) -> N
         )
 
 
+def _same(call: str, a: Message, a_name: str, b: Message, b_name: str) -> None:
+    """Raise ValueError, in elements, unless ``a`` and ``b`` (their counts: per block where
+    the call splits one into blocks) hold the same bytes: plait's own check said it in
+    bytes of the uint8 view, or in the names of plait's arguments (``out``, ``x``)."""
+    if a.count * a.extent != b.count * b.extent:
+        raise ValueError(
+            f"{call}: {a_name} is {a.count} {a.datatype.name} ({a.count * a.extent} bytes) "
+            f"but {b_name} is {b.count} {b.datatype.name} ({b.count * b.extent} bytes); they "
+            "must hold the same bytes (MPI_ERR_TRUNCATE where the receive is shorter)"
+        )
+
+
 def _plait_op(op: Any, call: str) -> plait_ops.Op:
     if not isinstance(op, Op):
         raise TypeError(
@@ -112,7 +124,12 @@ class BufferCollectives:
         call = "Allreduce"
         r = message(recvbuf, call)
         out = r.typed()
-        x = out if sendbuf is IN_PLACE else message(sendbuf, call).typed()
+        if sendbuf is IN_PLACE:
+            x = out
+        else:
+            s = message(sendbuf, call)
+            _same(call, s, "sendbuf", r, "recvbuf")
+            x = s.typed()
         self._allreduce_into(x, out, op, call)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
@@ -120,13 +137,17 @@ class BufferCollectives:
         call = "Reduce"
         c = self._c
         is_root = c.rank == root
-        out = message(recvbuf, call).typed() if is_root else None
+        r = message(recvbuf, call) if is_root else None
+        out = r.typed() if r is not None else None
         if sendbuf is IN_PLACE:
             if out is None:
                 raise ValueError(f"{call}: MPI.IN_PLACE is for root's send buffer only")
             x = out
         else:
-            x = message(sendbuf, call).typed()
+            s = message(sendbuf, call)
+            if r is not None:
+                _same(call, s, "sendbuf", r, "root's recvbuf")
+            x = s.typed()
         if isinstance(op, Op) and op.loc is not None:
             _pairs(x, call)
             pairs = _pairs(out, call) if out is not None else None
@@ -147,7 +168,12 @@ class BufferCollectives:
             r = message(recvbuf, call, blocks=size)
             nb = r.count * r.extent
             out = r.bytes(r.displs[0], r.count * size).reshape(size, nb)
-            x = out[root].copy() if sendbuf is IN_PLACE else message(sendbuf, call).bytes()
+            if sendbuf is IN_PLACE:
+                x = out[root].copy()
+            else:
+                s = message(sendbuf, call)
+                _same(call, s, "sendbuf", r, "each block of root's recvbuf")
+                x = s.bytes()
         else:
             x = message(sendbuf, call).bytes()
         c.gather(x, root, out=out)
@@ -158,7 +184,12 @@ class BufferCollectives:
         c = self._c
         r = message(recvbuf, call, blocks=c.size)
         out = r.bytes(r.displs[0], r.count * c.size).reshape(c.size, r.count * r.extent)
-        x = out[c.rank].copy() if sendbuf is IN_PLACE else message(sendbuf, call).bytes()
+        if sendbuf is IN_PLACE:
+            x = out[c.rank].copy()
+        else:
+            s = message(sendbuf, call)
+            _same(call, s, "sendbuf", r, "each block of recvbuf")
+            x = s.bytes()
         c.allgather(x, out=out)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
@@ -168,8 +199,12 @@ class BufferCollectives:
         if c.rank == root:
             s = message(sendbuf, call, blocks=c.size)
             x = s.bytes(s.displs[0], s.count * c.size)
-            nb = s.count * s.extent
-            out = np.empty(nb, np.uint8) if recvbuf is IN_PLACE else message(recvbuf, call).bytes()
+            if recvbuf is IN_PLACE:
+                out = np.empty(s.count * s.extent, np.uint8)
+            else:
+                m = message(recvbuf, call)
+                _same(call, s, "each block of root's sendbuf", m, "recvbuf")
+                out = m.bytes()
             c.scatter(x, root, out=out)
         else:
             c.scatter(None, root, out=message(recvbuf, call).bytes())
@@ -184,6 +219,7 @@ class BufferCollectives:
             x = out.copy()
         else:
             s = message(sendbuf, call, blocks=c.size)
+            _same(call, s, "each block of sendbuf", r, "each block of recvbuf")
             x = s.bytes(s.displs[0], s.count * c.size)
         c.alltoall(x, out=out)
 
@@ -197,6 +233,12 @@ class BufferCollectives:
         else:
             r = message(recvbuf, call)
             s = message(sendbuf, call)
+            if s.count * s.extent != r.count * r.extent * c.size:
+                raise ValueError(
+                    f"{call}: sendbuf is {s.count} {s.datatype.name}, but {c.size} blocks of "
+                    f"recvbuf's {r.count} {r.datatype.name} are {r.count * c.size}; they must "
+                    "hold the same bytes"
+                )
             x = s.typed(s.displs[0], r.count * c.size)
         out = r.typed(r.displs[0], r.count)
         if isinstance(op, Op) and op.loc is not None:
