@@ -62,7 +62,7 @@ from plait._p2p_request import (
     _Outgoing,
     _reword,
     check_word,
-    dumped,
+    raise_dumped,
     wait_all,
     wait_any,
 )
@@ -242,10 +242,7 @@ class PointToPointMethods:
         try:
             found = self._probe(src, tag, c, time.monotonic() + seconds, seconds)
         except CommError as exc:
-            noted = dumped(self._runner.recorder, exc, chosen=timeout is not None)
-            if noted is exc:
-                raise
-            raise noted from exc
+            raise_dumped(self._runner.recorder, exc, chosen=timeout is not None)
         assert found is not None
         found._copy_to(status)
         return found
@@ -423,10 +420,7 @@ class PointToPointMethods:
         try:
             self._wait_all(reqs, seconds, cross)
         except CommError as exc:
-            noted = dumped(rec, exc, chosen=chosen)
-            if noted is exc:
-                raise
-            raise noted from exc
+            raise_dumped(rec, exc, chosen=chosen)
         finally:
             if rec is not None:
                 rec.p2p.pop(me, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Sequence
-from typing import Any, Final, Generic, NamedTuple, TypeVar
+from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import numpy as np
 
@@ -277,10 +277,7 @@ class Request(Generic[R]):
                 raise self._timed_out(seconds)
             self._finish(status)
         except CommError as exc:
-            noted = dumped(self._recorder, exc, chosen=timeout is not None)
-            if noted is exc:
-                raise
-            raise noted from exc
+            raise_dumped(self._recorder, exc, chosen=timeout is not None)
         value: R = self._value
         return value
 
@@ -592,18 +589,18 @@ def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
             )
 
 
-def dumped(recorder: Any, exc: CommError, *, chosen: bool) -> CommError:
-    """``exc`` of a point-to-point call, with the flight recorder's dump named in it once
-    dumped (its ``threads`` say where the rank waits: plait analyze reads it), as a failed
-    collective's is; ``exc`` itself where nothing was dumped. A timeout the caller chose
-    (``chosen``) is a receive that may come later, not a hang: no dump."""
+def raise_dumped(recorder: Any, exc: CommError, *, chosen: bool) -> NoReturn:
+    """Raise ``exc`` of a point-to-point call, with the flight recorder's dump named in it
+    once dumped (its ``threads`` say where the rank waits: plait analyze reads it), as a
+    failed collective's is. A timeout the caller chose (``chosen``) is a receive that may
+    come later, not a hang: no dump."""
     if recorder is None or (chosen and type(exc) is CommTimeout):
-        return exc
+        raise exc
     from plait.diagnostics.triggers import dump_on_error  # the diagnostics load on failure
 
     path = dump_on_error(recorder, exc)
     if path is None:
-        return exc
+        raise exc
     noted = type(exc)(f"{exc}; flight recorder dump: {path}")
     noted.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
-    return noted
+    raise noted from exc

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import sysconfig
 import textwrap
@@ -46,6 +45,7 @@ from plait.diagnostics._words import dumps_of as _dumps_of
 from plait.diagnostics._words import dur as _dur
 from plait.diagnostics._words import plural as _plural
 from plait.diagnostics._words import ranks as _ranks
+from plait.diagnostics.places import dumped_as
 from plait.diagnostics.schema import (
     CallRecord,
     Dump,
@@ -179,14 +179,10 @@ def _unread(dumps: Sequence[Dump], unreadable: Collection[Path]) -> set[int]:
     comm = dumps[0].comm
     out = set()
     for p in unreadable:
-        m = _FILE_NAME.fullmatch(p.name)
-        if m and p.parent.resolve() in folders and int(m.group(1) or "0", 16) == comm:
-            out.add(int(m.group(2)))
+        named = dumped_as(p.name)
+        if named is not None and named[0] == comm and p.parent.resolve() in folders:
+            out.add(named[1])
     return out
-
-
-#: A dump file's name: ``rank<r>.json``, or ``comm<id in hex>.rank<r>.json`` for a group.
-_FILE_NAME = re.compile(r"(?:comm([0-9a-f]+)\.)?rank(\d+)\.json")
 
 
 def _newest_runs(dumps: Sequence[Dump]) -> tuple[list[Dump], dict[str, list[Dump]]]:
@@ -401,10 +397,7 @@ def _stuck(
 def _job_rank(by_rank: dict[int, Dump], r: int) -> int | None:
     """Rank ``r``'s job rank, as any dump of its communicator says (its own, or a member
     list: a rank without a dump is still named), or None."""
-    for d in by_rank.values():
-        if d.members is not None and len(d.members) > r:
-            return d.members[r]
-    return by_rank[r].global_rank if r in by_rank else None
+    return next((g for d in by_rank.values() if (g := d.job_rank(r)) is not None), None)
 
 
 #: A call in flight for less than this (seconds) when a signal asked for the dump is a
@@ -580,8 +573,10 @@ def _main_thread(d: Dump) -> str:
 
 def _in_library(path: str) -> bool:
     """Whether ``path`` is a module of Python's own library (not site-packages)."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    return path.startswith(stdlib + os.sep) and "site-packages" not in path
+    return path.startswith(_STDLIB) and "site-packages" not in path
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 # -- report ------------------------------------------------------------------------------

@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
-__all__ = ["dump_dir", "global_rank", "job_id", "safe_name"]
+__all__ = ["dump_dir", "dump_name", "dumped_as", "global_rank", "job_id", "safe_name"]
 
 
 def global_rank() -> int | None:
@@ -44,3 +45,18 @@ def dump_dir() -> Path:
     """The dump folder: PLAIT_DUMP_DIR, else ``plait-dumps`` in the temporary folder."""
     text = os.environ.get("PLAIT_DUMP_DIR", "").strip()
     return Path(text) if text else Path(tempfile.gettempdir()) / "plait-dumps"
+
+
+def dump_name(comm: int, rank: int) -> str:
+    """The file a dump of communicator ``comm``'s rank ``rank`` goes to in its job's folder:
+    ``rank<r>.json`` for the world, ``comm<id in hex>.rank<r>.json`` for a split."""
+    return f"rank{rank}.json" if comm == 0 else f"comm{comm:x}.rank{rank}.json"
+
+
+def dumped_as(name: str) -> tuple[int, int] | None:
+    """(communicator, rank) of a file named by :func:`dump_name`, or None."""
+    m = _NAME.fullmatch(name)
+    return None if m is None else (int(m.group(1) or "0", 16), int(m.group(2)))
+
+
+_NAME = re.compile(r"(?:comm([0-9a-f]+)\.)?rank(\d+)\.json")

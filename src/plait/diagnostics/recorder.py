@@ -112,7 +112,7 @@ from plait.diagnostics.frames import (
     frame_json,
     threads,
 )
-from plait.diagnostics.places import dump_dir, global_rank, job_id, safe_name
+from plait.diagnostics.places import dump_dir, dump_name, global_rank, job_id, safe_name
 from plait.diagnostics.schema import FORMAT, VERSION
 
 __all__ = [
@@ -603,10 +603,7 @@ class FlightRecorder:
         A split communicator's file is ``comm<id>.rank<r>.json`` (id in hex).
         """
         folder = self.folder if self.folder is not None else dump_dir()
-        name = (
-            f"rank{self.rank}.json" if self.comm == 0 else f"comm{self.comm:x}.rank{self.rank}.json"
-        )
-        return folder / safe_name(self.job) / name
+        return folder / safe_name(self.job) / dump_name(self.comm, self.rank)
 
     def dump(self, reason: str, path: str | os.PathLike[str] | None = None) -> Path:
         """Write the ring as JSON to ``path`` (default :meth:`path`) and return where.

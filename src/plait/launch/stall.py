@@ -46,7 +46,7 @@ from pathlib import Path
 
 # The recorder's own rule for the job's folder name, so that the launcher names the folder
 # the ranks write to, whatever PLAIT_JOB_ID holds.
-from plait.diagnostics.places import dump_dir, safe_name
+from plait.diagnostics.places import dump_dir, dump_name, safe_name
 from plait.diagnostics.schema import LAUNCHER_NOTE, write_launcher_note
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
@@ -219,13 +219,13 @@ class StallResponder:
         if not signalled:
             return None
         deadline = self._clock() + seconds
-        waiting = [self.folder / f"rank{r.rank}.json" for r in signalled]
+        waiting = [self.folder / dump_name(0, r.rank) for r in signalled]
         while waiting and self._clock() < deadline:  # files: nothing to wait on but them
             waiting = [p for p in waiting if not _newer(p, start)]
             if waiting:
                 time.sleep(0.05)
         folder = shlex.quote(str(self.folder))
-        done = [r.rank for r in signalled if _newer(self.folder / f"rank{r.rank}.json", start)]
+        done = [r.rank for r in signalled if _newer(self.folder / dump_name(0, r.rank), start)]
         if not done:
             return f"asked {_ranks([r.rank for r in signalled])} to dump; none did in {seconds:g} s"
         return f"{_ranks(done)} dumped where they were first: plait analyze {folder}"

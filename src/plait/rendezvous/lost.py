@@ -137,12 +137,6 @@ def _job_view(store: Store) -> JobRanks | None:
     return None
 
 
-def _job_root(store: Store) -> Store | None:
-    """The root of ``store`` if it is a view of a :class:`JobRanks` namespace, else None."""
-    view = _job_view(store)
-    return None if view is None else root(view)
-
-
 def report_gave_up(store: Store, rank: int, reason: str) -> None:
     """File that rank ``rank`` of the set-up waiting in ``store`` gave up, and why, where the
     others' waits look (Note [ranks that gave up]); nothing where they do not look. Best
@@ -249,8 +243,7 @@ def wait_ranks(
     seconds = store.timeout if timeout is None else timeout
     watched = _watched(store)
     job = _job_view(store) if watched is None else None
-    base = None if job is None else root(job)
-    if base is None and watched is None:
+    if job is None and watched is None:
         store.wait(keys, seconds)
         return
     deadline = time.monotonic() + seconds
@@ -262,11 +255,7 @@ def wait_ranks(
         except StoreTimeout:
             if left <= LOOK_SECONDS:
                 raise
-        if (
-            base is not None
-            and job is not None
-            and not (base.check([_COUNT]) or job.check([_COUNT]))
-        ):
+        if job is not None and not (root(job).check([_COUNT]) or job.check([_COUNT])):
             continue  # nobody filed: two round trips
         missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
         lost = filed(store, missing)

@@ -255,7 +255,7 @@ def check_peer(
             "collectives (its own message says what differs)"
         )
     if phase in (ABANDONED, LOST, FOLLOWED):
-        first = _first_to_give_up(window, call.epoch) if phase == FOLLOWED else None
+        first, how = _first_to_give_up(window, call.epoch) if phase == FOLLOWED else (None, 0)
         if first is not None:
             who = first if names is None else names[first]  # a host's window numbers apart
             text = (
@@ -268,22 +268,22 @@ def check_peer(
             text = f"rank {q} gave up on the call after an error of its own (see its message)"
         err = PeerLostError(f"rank {rank}: {call.describe}: {text}")
         setattr(err, _FOLLOWS, q)
-        if phase == LOST or (first is not None and window.counter(first) & 0xFFFF_FFFF == LOST):
+        if LOST in (phase, how):
             setattr(err, GAVE_UP, True)  # settle raises the rank it lost, which it told
         raise err
 
 
-def _first_to_give_up(window: Any, epoch: int) -> int | None:
-    """A rank of ``window`` whose post of call ``epoch`` says it gave up of its own accord
-    (ABANDONED or LOST), or None (Note [who gave up first])."""
+def _first_to_give_up(window: Any, epoch: int) -> tuple[int | None, int]:
+    """A rank of ``window`` whose post of call ``epoch`` says it gave up of its own accord,
+    and that phase (ABANDONED or LOST); (None, 0) if none (Note [who gave up first])."""
     for p in range(window.size):
         try:
             counter = window.counter(p)
         except CommError:
-            return None
+            break
         if counter >> 32 == epoch and counter & 0xFFFFFFFF in (ABANDONED, LOST):
-            return p
-    return None
+            return p, counter & 0xFFFFFFFF
+    return None, 0
 
 
 def named(rank: int, call: Call, what: str, exc: BaseException) -> BaseException:
