@@ -436,6 +436,8 @@ class Request(Generic[R]):
                     mine += f"; the message: {sent[1] // theirs.itemsize} elements of {theirs.name}"
             err = renumbered(self._transport, h.error)
             self._error = _reword(err, f"rank {self._rank}: {self._c} {self._describe()}", mine)
+            if isinstance(h.error, MismatchError) and isinstance(self._error, MismatchError):
+                self._error.sent = h.error.sent
         elif inc is None:
             nbytes, dtype = (out.data.nbytes, out.dtype) if out is not None else (0, None)
             st._set(self._rank, self._tag, nbytes, dtype)

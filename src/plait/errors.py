@@ -69,9 +69,11 @@ class PeerLostError(CommError):
 class MismatchError(CommError):
     """Ranks made calls that do not match (collective, count, dtype, op, root or algorithm).
 
-    ``sent``: on the transport's error where a message did not match the receive it
-    reached, its check word and its size in bytes, for the point-to-point layer to name the
-    sender's dtype in the message of the error the call raises (which has None).
+    ``sent``: where a message did not match the receive it reached, its check word and its
+    size in bytes: on the transport's error, for the point-to-point layer to name the
+    sender's dtype in the message of the error the call raises, and on that error too, for
+    a layer above to say the message's size in its own terms (plait.mpi's Irecv); None on
+    every other error.
     """
 
     sent: tuple[int, int] | None = None

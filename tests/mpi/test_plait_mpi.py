@@ -301,6 +301,20 @@ def test_lowercase_collectives_and_split() -> None:
         (lambda: MPI.Comm(None).Allgatherw, "Comm.Allgatherw; nearest supported: Allgather"),
         (lambda: MPI.REPLACE, "MPI.REPLACE; nearest supported: a Python function"),
         (lambda: MPI.Comm_spawn, "MPI.Comm_spawn; see docs/mpi.md"),
+        # Note [nearest]: no constant or verb spelled alike but meaning another thing
+        (lambda: MPI.IDENT, "MPI.IDENT; see docs/mpi.md"),
+        (lambda: MPI.CONGRUENT, "MPI.CONGRUENT; see docs/mpi.md"),
+        (lambda: MPI.COMPLEX16, "MPI.COMPLEX16; nearest supported: C_DOUBLE_COMPLEX"),
+        (lambda: MPI.FLOAT32_T, "MPI.FLOAT32_T; nearest supported: FLOAT (the same"),
+        (lambda: MPI.INTEGER8, "MPI.INTEGER8; nearest supported: INT64_T"),
+        (lambda: MPI.Status.Set_error, "Status.Set_error; see docs/mpi.md"),
+        (lambda: MPI.Status.Set_elements, "Status.Set_elements; see docs/mpi.md"),
+        (lambda: MPI.COMM_WORLD.Agree, "Comm.Agree; nearest supported: plait's own"),
+        (lambda: MPI.COMM_WORLD.Iscan, "Comm.Iscan; nearest supported: allgather"),
+        (lambda: MPI.COMM_WORLD.Iallgatherv, "Comm.Iallgatherv; nearest supported: Allgatherv"),
+        (lambda: MPI.COMM_WORLD.Allreduce_init, "nearest supported: Allreduce (called each"),
+        (lambda: MPI.Intercomm, "MPI.Intercomm; nearest supported: Intracomm (no inter"),
+        (lambda: MPI.Get_abi_version, "MPI.Get_abi_version; nearest supported: Get_version"),
     ],
 )
 def test_what_is_not_supported_says_so(get: Callable[[], Any], words: str) -> None:
@@ -604,3 +618,60 @@ def test_buffer_collectives_refuse_sizes_that_differ_in_elements_before_anything
         "Reduce_scatter_block: sendbuf is 7 DOUBLE, but 3 blocks of recvbuf's 2 DOUBLE are 6; "
         "they must hold the same bytes",
     ]
+
+
+@pytest.mark.parametrize("how", ["Wait", "Waitany", "Waitall", "Test", "Testany"])
+def test_an_irecv_of_another_size_says_so_in_elements_however_it_is_waited_on(how: str) -> None:
+    """An Irecv's message of another size was reported in bytes of the uint8 view ("sent 80
+    bytes but rank 1 expected 32 bytes; ... 32 elements of uint8"), and Waitany returned its
+    index with no error at all, the buffer untouched and the status empty."""
+
+    def body(comm: MPI.Comm) -> Any:
+        if comm.rank == 0:
+            comm.Send(np.arange(10.0), dest=1, tag=3)
+            comm.Send(np.arange(2.0), dest=1, tag=4)
+            return None
+        said = []
+        for tag in (3, 4):
+            req = comm.Irecv(np.zeros(4), source=0, tag=tag)
+            with pytest.raises(plait.MismatchError) as info:
+                _finish_one(req, how)
+            said.append(str(info.value))
+        return said
+
+    longer, shorter = ranks(2, body)[1]
+    assert longer.startswith("rank 1: Irecv from rank 0 (tag 3): message truncated")
+    assert "the message holds 10 DOUBLE (80 bytes), but the buffer holds 4 DOUBLE" in longer
+    assert "the message holds 2 DOUBLE (16 bytes), but the buffer holds 4 DOUBLE" in shorter
+    assert "exactly its buffer's size" in shorter
+    assert "uint8" not in longer + shorter
+
+
+def _finish_one(req: MPI.Request, how: str) -> None:
+    """Wait on ``req`` (or test it until it is done) the way ``how`` names."""
+    if how == "Wait":
+        req.Wait()
+    elif how == "Waitany":
+        MPI.Request.Waitany([req])
+    elif how == "Waitall":
+        MPI.Request.Waitall([req])
+    elif how == "Test":
+        while not req.Test():
+            pass
+    else:
+        while not MPI.Request.Testany([req])[1]:
+            pass
+
+
+def test_ranks_whose_bcast_sizes_differ_are_told_their_own_in_elements() -> None:
+    """A Bcast whose buffers differ in size from rank to rank said only "this rank called
+    broadcast(count=12, dtype=uint8, ...)": bytes of the view, under plait's name."""
+
+    def body(comm: MPI.Comm) -> Any:
+        with pytest.raises(plait.MismatchError) as info:
+            comm.Bcast(np.zeros(5 if comm.rank == 0 else 3, np.float32), root=0)
+        return str(info.value)
+
+    said = ranks(2, body)
+    assert "this rank's Bcast buf holds 5 FLOAT (20 bytes)" in said[0]
+    assert "this rank's Bcast buf holds 3 FLOAT (12 bytes)" in said[1]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plait.errors import MismatchError
 from plait.mpi._datatypes import IN_PLACE, Message, ints, message, vector
 from plait.mpi._ops import OPS, Op, combine_pairs, fields
 
@@ -70,6 +71,17 @@ def _same(call: str, a: Message, a_name: str, b: Message, b_name: str) -> None:
         )
 
 
+def _in_elements(exc: MismatchError, call: str, what: str, m: Message, count: int) -> Exception:
+    """``exc`` (ranks' calls differ: plait says this rank's in bytes of the uint8 view) with
+    what this rank passed in MPI's terms: ``what`` holds ``count`` elements of ``m``'s."""
+    said, _, dumped = str(exc).partition("; flight recorder dump: ")
+    mine = f"{count} {m.datatype.name} ({count * m.extent} bytes)"
+    text = f"{said}; in MPI's terms, this rank's {call} {what} holds {mine}"
+    err = type(exc)(text + (f"; flight recorder dump: {dumped}" if dumped else ""))
+    err.__dict__.update(exc.__dict__)
+    return err
+
+
 def _plait_op(op: Any, call: str) -> plait_ops.Op:
     if not isinstance(op, Op):
         raise TypeError(
@@ -106,7 +118,11 @@ class BufferCollectives:
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         """Root's ``buf`` into every rank's ``buf``."""
-        self._c.broadcast(message(buf, "Bcast").bytes(), root)
+        m = message(buf, "Bcast")
+        try:
+            self._c.broadcast(m.bytes(), root)
+        except MismatchError as exc:
+            raise _in_elements(exc, "Bcast", "buf", m, m.count) from exc.__cause__
 
     def _allreduce_into(self, x: np.ndarray, out: np.ndarray, op: Any, call: str) -> None:
         c = self._c
@@ -175,8 +191,14 @@ class BufferCollectives:
                 _same(call, s, "sendbuf", r, "each block of root's recvbuf")
                 x = s.bytes()
         else:
-            x = message(sendbuf, call).bytes()
-        c.gather(x, root, out=out)
+            s = message(sendbuf, call)
+            x = s.bytes()
+        try:
+            c.gather(x, root, out=out)
+        except MismatchError as exc:
+            if sendbuf is IN_PLACE:
+                raise
+            raise _in_elements(exc, call, "sendbuf", s, s.count) from exc.__cause__
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         """Every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
@@ -190,7 +212,10 @@ class BufferCollectives:
             s = message(sendbuf, call)
             _same(call, s, "sendbuf", r, "each block of recvbuf")
             x = s.bytes()
-        c.allgather(x, out=out)
+        try:
+            c.allgather(x, out=out)
+        except MismatchError as exc:
+            raise _in_elements(exc, call, "recvbuf", r, r.count * c.size) from exc.__cause__
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Block r of root's ``sendbuf`` into rank r's ``recvbuf``."""
@@ -205,9 +230,16 @@ class BufferCollectives:
                 m = message(recvbuf, call)
                 _same(call, s, "each block of root's sendbuf", m, "recvbuf")
                 out = m.bytes()
-            c.scatter(x, root, out=out)
+            try:
+                c.scatter(x, root, out=out)
+            except MismatchError as exc:
+                raise _in_elements(exc, call, "sendbuf", s, s.count * c.size) from exc.__cause__
         else:
-            c.scatter(None, root, out=message(recvbuf, call).bytes())
+            m = message(recvbuf, call)
+            try:
+                c.scatter(None, root, out=m.bytes())
+            except MismatchError as exc:
+                raise _in_elements(exc, call, "recvbuf", m, m.count) from exc.__cause__
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         """Block j of every rank's ``sendbuf`` to rank j; blocks land in rank order."""
@@ -221,7 +253,10 @@ class BufferCollectives:
             s = message(sendbuf, call, blocks=c.size)
             _same(call, s, "each block of sendbuf", r, "each block of recvbuf")
             x = s.bytes(s.displs[0], s.count * c.size)
-        c.alltoall(x, out=out)
+        try:
+            c.alltoall(x, out=out)
+        except MismatchError as exc:
+            raise _in_elements(exc, call, "recvbuf", r, r.count * c.size) from exc.__cause__
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         """Reduce every rank's ``sendbuf``, then block r of the result to rank r."""

@@ -316,8 +316,9 @@ class Comm(BufferCollectives):
 
     def Irecv(self, buf: Any, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
         """Start receiving into ``buf``, which must have exactly the message's size."""
-        into = message(buf, "Irecv").bytes()
-        return Request(self._c.irecv(into, source, tag), inbox=self._box(), keep=buf)
+        m = message(buf, "Irecv")
+        req = self._c.irecv(m.bytes(), source, tag)
+        return Request(req, inbox=self._box(), keep=buf, into=m)
 
     def Sendrecv(
         self,

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import plait
-from plait.mpi._datatypes import DATATYPES, Datatype
+from plait.mpi._datatypes import DATATYPES, Datatype, Message
 from plait.mpi._unsupported import Unlisted, lacking
 
 __all__ = ["UNDEFINED", "Inbox", "Request", "Status"]
@@ -242,7 +242,7 @@ class Request(metaclass=Unlisted):
     received object too (None for sends and buffer receives), as in mpi4py.
     """
 
-    __slots__ = ("_inbox", "_keep", "_pending", "_req", "_spent")
+    __slots__ = ("_inbox", "_into", "_keep", "_pending", "_req", "_spent")
     __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
 
     def __init__(
@@ -252,11 +252,13 @@ class Request(metaclass=Unlisted):
         inbox: Inbox | None = None,
         pending: _Pending | None = None,
         keep: Any = None,
+        into: Message | None = None,
     ) -> None:
         self._req = req
         self._inbox = inbox
         self._pending = pending
         self._keep = keep  # the bytes of an isend, alive until it is done
+        self._into = into  # an Irecv's buffer, for its errors in MPI's terms
         # Its completion was handed out by waitany or testany: mpi4py's request is then
         # MPI.REQUEST_NULL, which the next waitany passes over.
         self._spent = False
@@ -279,8 +281,38 @@ class Request(metaclass=Unlisted):
             assert self._inbox is not None
             self._inbox.complete(self._pending, self._deadline())
         elif self._req is not None:
-            self._req.wait()
+            try:
+                self._req.wait()
+            except plait.MismatchError as exc:
+                raise self._in_mpi_terms(exc) from exc.__cause__
         return self._finish(status)
+
+    def _in_mpi_terms(self, exc: plait.MismatchError) -> plait.MismatchError:
+        """An Irecv's error for a message of another size, in the buffer's elements and
+        MPI's words (plait's says bytes); other errors as they are."""
+        m, sent = self._into, exc.sent
+        if m is None or sent is None or self._req is None:
+            return exc
+        nbytes, e, name = sent[1], m.datatype.extent, m.datatype.name
+        held = m.count * e
+        what = f"{nbytes // e} {name}" if e and nbytes % e == 0 else f"{nbytes} bytes"
+        if nbytes > held:
+            why = "message truncated (MPI_ERR_TRUNCATE): "
+            tail = ""
+        else:
+            why = ""
+            tail = " (Irecv takes a message of exactly its buffer's size; Recv, a shorter one)"
+        where = self._req.label().partition(" ")[2]  # from rank 0 (tag 3)
+        said = str(exc)
+        rank = said.partition(": ")[0] + ": " if said.startswith("rank ") else ""
+        dumped = said.partition("; flight recorder dump: ")[2]
+        err = plait.MismatchError(
+            f"{rank}Irecv {where}: {why}the message holds {what} ({nbytes} bytes), but the buffer "
+            f"holds {m.count} {name} ({held} bytes){tail}"
+            + (f"; flight recorder dump: {dumped}" if dumped else "")
+        )
+        err.sent = sent
+        return err
 
     def Wait(self, status: Status | None = None) -> bool:
         """Wait until done; True."""
@@ -293,7 +325,10 @@ class Request(metaclass=Unlisted):
             assert self._inbox is not None
             done = self._inbox.complete(self._pending, None)
         else:
-            done = self._req is None or self._req.test()
+            try:
+                done = self._req is None or self._req.test()
+            except plait.MismatchError as exc:
+                raise self._in_mpi_terms(exc) from exc.__cause__
         return (True, self._finish(status)) if done else (False, None)
 
     def Test(self, status: Status | None = None) -> bool:
@@ -371,7 +406,7 @@ class Request(metaclass=Unlisted):
         j = Request._any([requests[i] for i in live])
         i = live[j]
         requests[i]._spent = True
-        return i, requests[i]._finish(status)
+        return i, requests[i].wait(status)  # done: at once, its result or its error
 
     @staticmethod
     def Waitany(requests: Sequence[Request], status: Status | None = None) -> int:

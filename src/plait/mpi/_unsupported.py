@@ -16,16 +16,10 @@ __all__ = ["Unlisted", "Unsupported", "unsupported"]
 
 #: The nearest supported call for the mpi4py names people reach for most.
 NEAREST: dict[str, str] = {
-    "Ibcast": "Bcast (blocking)",
-    "Ireduce": "Reduce (blocking)",
-    "Iallreduce": "Allreduce (blocking)",
-    "Igather": "Gather (blocking)",
-    "Iallgather": "Allgather (blocking)",
-    "Iscatter": "Scatter (blocking)",
-    "Ialltoall": "Alltoall (blocking)",
-    "Ibarrier": "Barrier (blocking)",
     "Scan": "allgather, then a cumulative sum (numpy.cumsum)",
     "Exscan": "allgather, then a cumulative sum (numpy.cumsum)",
+    "Iscan": "allgather, then a cumulative sum (numpy.cumsum)",
+    "Iexscan": "allgather, then a cumulative sum (numpy.cumsum)",
     "scan": "allgather, then itertools.accumulate",
     "exscan": "allgather, then itertools.accumulate",
     "ssend": "send",
@@ -45,6 +39,14 @@ NEAREST: dict[str, str] = {
     "Create": "Split",
     "Waitsome": "Waitany in a loop, or Waitall",
     "Testsome": "Testany in a loop, or Testall",
+    "waitsome": "waitany in a loop, or waitall",
+    "testsome": "testany in a loop, or testall",
+    "Get_status_all": "Testall (with statuses)",
+    "Get_status_any": "Testany (with a status)",
+    "Get_status_some": "Testany in a loop (with a status)",
+    "get_status_all": "testall",
+    "get_status_any": "testany",
+    "get_status_some": "testany in a loop",
     "Create_group": "Split",
     "Get_group": "Split (no groups: pick ranks with a color)",
     "Spawn": "plait run -n N (ranks are fixed when the job starts)",
@@ -56,6 +58,7 @@ NEAREST: dict[str, str] = {
     "REPLACE": "a Python function (lambda a, b: b) to the lowercase reduce/allreduce",
     "NO_OP": "a Python function (lambda a, b: a) to the lowercase reduce/allreduce",
     "Alltoallw": "Alltoallv",
+    "Ialltoallw": "Alltoallv (blocking)",
     "Neighbor_allgather": "Sendrecv with the neighbours",
     "Neighbor_alltoall": "Sendrecv with the neighbours",
     "Sendrecv_replace": "Sendrecv into a second buffer",
@@ -72,6 +75,51 @@ NEAREST: dict[str, str] = {
     "Commit": "nothing (no derived datatypes to commit)",
     "Get_attr": "nothing (no attributes; Get_size and Get_rank for the basics)",
     "Get_error_string": "the plait exception's message (errors are raised, not coded)",
+    "Agree": "plait's own Communicator.agree (plait.mpi has no fault tolerance)",
+    "Iagree": "plait's own Communicator.agree (plait.mpi has no fault tolerance)",
+    "Shrink": "plait's own Communicator.shrink (plait.mpi has no fault tolerance)",
+    "Connect": "plait run (no dynamic processes: ranks are fixed when the job starts)",
+    "Accept": "plait run (no dynamic processes: ranks are fixed when the job starts)",
+    "Intercomm": "Intracomm (no intercommunicators: Split)",
+    "Cartcomm": "Intracomm (no topologies: compute neighbours from the rank)",
+    "Graphcomm": "Intracomm (no topologies: compute neighbours from the rank)",
+    "Distgraphcomm": "Intracomm (no topologies: compute neighbours from the rank)",
+    "Grequest": "Request (no generalized requests)",
+    "Prequest": "Request (no persistent requests: Isend or Irecv each time)",
+    "Is_thread_main": "threading.current_thread() is threading.main_thread()",
+    "FLOAT16_T": "the numpy float16 array alone (its dtype is the datatype)",
+    "BFLOAT16_T": "the ml_dtypes bfloat16 array alone (its dtype is the datatype)",
+}
+
+#: mpi4py's datatypes that are another name for one plait.mpi has (Fortran's and C++'s
+#: names, and C's sized floats): the same size and kind of element.
+TWINS: dict[str, str] = {
+    "INTEGER1": "INT8_T",
+    "INTEGER2": "INT16_T",
+    "INTEGER4": "INT32_T",
+    "INTEGER8": "INT64_T",
+    "SINT8_T": "INT8_T",
+    "SINT16_T": "INT16_T",
+    "SINT32_T": "INT32_T",
+    "SINT64_T": "INT64_T",
+    "REAL4": "FLOAT",
+    "REAL8": "DOUBLE",
+    "FLOAT32_T": "FLOAT",
+    "FLOAT64_T": "DOUBLE",
+    "COMPLEX8": "C_FLOAT_COMPLEX",
+    "COMPLEX16": "C_DOUBLE_COMPLEX",
+    "F_INT": "INT",
+    "F_FLOAT": "FLOAT",
+    "F_DOUBLE": "DOUBLE",
+    "F_BOOL": "C_BOOL",
+    "F_COMPLEX": "C_FLOAT_COMPLEX",
+    "F_FLOAT_COMPLEX": "C_FLOAT_COMPLEX",
+    "F_DOUBLE_COMPLEX": "C_DOUBLE_COMPLEX",
+    "CXX_BOOL": "C_BOOL",
+    "CXX_FLOAT_COMPLEX": "C_FLOAT_COMPLEX",
+    "CXX_DOUBLE_COMPLEX": "C_DOUBLE_COMPLEX",
+    "CXX_LONG_DOUBLE_COMPLEX": "C_LONG_DOUBLE_COMPLEX",
+    "CHARACTER": "CHAR",
 }
 
 
@@ -80,14 +128,45 @@ class Unsupported(NotImplementedError, AttributeError):
 
 
 def unsupported(where: str, name: str, supported: Iterable[str]) -> Unsupported:
-    """The error for ``where.name``, with the nearest supported call."""
+    """The error for ``where.name``, with the nearest supported call (Note [nearest])."""
     hint = NEAREST.get(where) if where == "Op" else NEAREST.get(name)  # no user-defined ops
     if hint is None:
-        close = difflib.get_close_matches(name, list(supported), n=1, cutoff=0.6)
-        hint = close[0] if close else None
+        twin = TWINS.get(name)
+        hint = f"{twin} (the same elements)" if twin else _spelled_alike(name, supported)
     text = f"plait.mpi does not support {where}.{name}"
     text += f"; nearest supported: {hint}" if hint else "; see docs/mpi.md for what is supported"
     return Unsupported(text)
+
+
+def _spelled_alike(name: str, supported: Iterable[str]) -> str | None:
+    """The supported call spelled most like ``name``, if it is the same kind of call.
+
+    Note [nearest]
+        A nonblocking or persistent form of a supported call (``Iallgatherv``,
+        ``Allreduce_init``) gets the blocking call. Otherwise, a name spelled
+        like a supported one is often another thing entirely:
+        constants most of all (``IDENT`` is a result of Compare, not ``INT``;
+        ``COMPLEX16`` holds twice the bytes of ``COMPLEX``), and calls whose
+        verbs differ (``Set_error`` is not ``Get_error``). So a constant gets
+        a hint only from the tables (``NEAREST``, ``TWINS``), and a spelled-
+        alike call only where its verb (the part before the first ``_``) is
+        the name's and the rest is spelled alike too; otherwise the message
+        points to docs/mpi.md.
+    """
+    if not any(ch.islower() for ch in name):
+        return None
+    supported = list(supported)
+    if name[:1] == "I" and name[1:].capitalize() in supported:
+        return f"{name[1:].capitalize()} (blocking)"  # a nonblocking collective
+    if name.endswith("_init") and name[:-5] in supported:
+        return f"{name[:-5]} (called each time)"  # a persistent one
+    if "_" not in name:
+        close = difflib.get_close_matches(name, supported, n=1, cutoff=0.75)
+        return close[0] if close else None
+    verb, rest = name.split("_", 1)  # what it does, and to what: both alike
+    kin = {s.split("_", 1)[1]: s for s in supported if s.split("_", 1)[0] == verb and "_" in s}
+    close = difflib.get_close_matches(rest, list(kin), n=1, cutoff=0.6)
+    return kin[close[0]] if close else None
 
 
 class Unlisted(type):

@@ -186,10 +186,12 @@ class Endpoint(PatternMatching, Descriptors):
             err.sent = (check, nbytes)
             return err
         if nbytes != op.nbytes:
-            return MismatchError(
+            err = MismatchError(
                 f"rank {self._names[op.peer]} sent {nbytes} bytes but rank {self._me} expected "
                 f"{op.nbytes} bytes"
             )
+            err.sent = (check, nbytes)
+            return err
         return None
 
     def deliver_buffered(self, op: Op, msg: Message) -> bool:
