@@ -41,7 +41,9 @@ if __name__ == "__main__":
             main(client)
     else:
         with (
-            LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None) as cluster,
+            LocalCluster(
+                n_workers=3, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+            ) as cluster,
             Client(cluster) as client,
         ):
             main(client)

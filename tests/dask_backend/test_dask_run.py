@@ -48,7 +48,7 @@ def cluster() -> Iterator[Any]:
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",  # None still serves /metrics on 8787, if free
         ) as cluster:
             yield cluster
     finally:

@@ -26,7 +26,10 @@ def client() -> Iterator[Any]:
     try:
         with (
             distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+                n_workers=2,
+                threads_per_worker=1,
+                processes=False,  # in-process transport: no host to bind
+                dashboard_address="127.0.0.1:0",  # None still serves /metrics on 8787, if free
             ) as cluster,
             distributed.Client(cluster) as client,
         ):
