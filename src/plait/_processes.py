@@ -128,7 +128,12 @@ def die_with_launcher(launcher: str | None) -> bool:
     if pid != os.getppid():
         if os.getpid() == _WATCHING:  # a second init in this process: watched already
             return True
-        if not _ancestor(pid) or not _watch(pid):
+        if not _ancestor(pid):
+            if not _gone_since(pid):
+                return False  # someone else's launcher (a variable inherited from afar)
+            os.kill(os.getpid(), signal.SIGTERM)  # it died before this rank asked: as if now
+            return True
+        if not _watch(pid):
             return False
         _WATCHING = os.getpid()
         return True
@@ -143,6 +148,17 @@ def die_with_launcher(launcher: str | None) -> bool:
     if os.getppid() != pid:  # it died before the request: as if just now
         os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+def _gone_since(pid: int) -> bool:
+    """Whether the launcher ``pid``, not an ancestor of this process, has exited since it
+    started this process: no such process, or one that started after this one (the pid
+    taken again). A process that started before this one is someone else's launcher whose
+    variable this process inherited from afar, not this rank's."""
+    theirs, mine = _start_time(pid), _start_time(os.getpid())
+    if mine is None:  # no /proc: nothing to go by
+        return False
+    return theirs is None or int(theirs) > int(mine)  # (a zombie is gone too)
 
 
 def _watch(pid: int) -> bool:

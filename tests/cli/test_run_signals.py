@@ -237,3 +237,52 @@ def test_a_rank_reads_the_launchers_terminal(tmp_path: Path) -> None:
             os.waitpid(pid, 0)
         os.close(fd)
     assert b"rank 0 got 'hello'" in out, out
+
+
+LATE = """
+    import os, sys, time, plait
+    folder = sys.argv[1]
+    while not os.path.exists(os.path.join(folder, "go")):  # the launcher is killed meanwhile
+        time.sleep(0.05)
+    with open(os.path.join(folder, f"pid{os.environ['PLAIT_RANK']}"), "w") as f:
+        f.write(str(os.getpid()))
+    plait.init(timeout=120)
+"""
+
+
+def test_ranks_that_reach_init_after_their_launcher_was_killed_stop(tmp_path: Path) -> None:
+    """A rank that called plait.init only after its launcher had died (SIGKILL) was no
+    longer its child, asked for nothing, and waited out its init timeout for a store that
+    was gone (300 s by default): it now stops at once, as if the launcher had died then."""
+    (tmp_path / "rank.py").write_text(textwrap.dedent(LATE))
+    launcher = subprocess.Popen(
+        [*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children_of(launcher.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        launcher.kill()
+        launcher.wait(30)
+        (tmp_path / "go").touch()
+        pids = _pids(tmp_path, 2)
+        assert _until_gone(pids) == []
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _children_of(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                    found.append(int(entry))
+    return found
