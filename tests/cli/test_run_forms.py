@@ -236,3 +236,20 @@ def test_missing_script_fails_once_before_any_rank(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr == "plait run: error: no such script: missing.py\n"
     assert "can't open file" not in res.stderr
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_master_port_out_of_range_is_a_usage_error(port: str, tmp_path: Path) -> None:
+    """70000 was taken as 4464 (getaddrinfo takes it modulo 65536), silently on one host and,
+    on two, with node 0 serving 4464 while node 1 failed with a traceback."""
+    script = tmp_path / "ok.py"
+    script.write_text("pass\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "run", "-n", "1", "--master-port", port, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert f"--master-port must be a port number in 0..65535, not {port}" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -23,6 +23,8 @@ SHOW = (
         ({"nnodes": 2, "node_rank": 2, "master_port": 9}, "node_rank < nnodes"),
         ({"nnodes": 2}, "needs a master_port"),
         ({"transport": "udp"}, "transport must be one of"),
+        ({"master_port": 70000}, r"master_port must be in 0\.\.65535"),  # it served on 4464
+        ({"master_port": -1}, r"master_port must be in 0\.\.65535"),
     ],
 )
 def test_a_job_that_cannot_run_is_refused(kwargs: dict[str, object], message: str) -> None:

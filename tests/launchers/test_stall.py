@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -241,6 +242,17 @@ def test_the_option_sets_the_ranks_variable(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["2.5", "2.5"]
+    # 0 turns off what the launcher inherited (it was left as it was, stalls dumped still)
+    inherited = {**os.environ, "PLAIT_STALL_TIMEOUT": "1"}
+    res = subprocess.run(
+        [*plait, "--stall-timeout", "0", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=inherited,
+    )
+    assert res.returncode == 0, res.stderr
+    assert [float(v) for v in res.stdout.split()] == [0.0, 0.0]
     res = subprocess.run(
         [*plait, "--stall-timeout", "-1", str(script)], capture_output=True, text=True, timeout=60
     )

@@ -312,6 +312,8 @@ def main(args: argparse.Namespace) -> int:
         _usage_error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if args.nnodes > 1 and getattr(args, "standalone", False):
         _usage_error("--standalone is a job on one host: drop it or --nnodes")
+    if not 0 <= args.master_port <= 65535:  # getaddrinfo would take it modulo 65536
+        _usage_error(f"--master-port must be a port number in 0..65535, not {args.master_port}")
     if args.nnodes > 1 and args.master_port == 0:
         _usage_error("--nnodes > 1 needs --master-port (and --master-addr)")
     max_restarts = getattr(args, "max_restarts", 0)

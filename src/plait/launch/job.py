@@ -72,7 +72,8 @@ class Job:
 
     Raises:
         ValueError: the numbers do not make a job (``nproc < 1``, ``node_rank`` outside
-            ``0..nnodes-1``, several hosts without a fixed ``master_port``, restarts on
+            ``0..nnodes-1``, a ``master_port`` outside 0..65535, several hosts without
+            a fixed ``master_port``, restarts on
             several hosts or fewer than 0), ``command`` is empty, ``transport`` is not
             one of :data:`TRANSPORTS`, or ``stall_timeout`` is negative.
     """
@@ -116,6 +117,8 @@ class Job:
                 f"need nproc >= 1, nnodes >= 1 and 0 <= node_rank < nnodes; got nproc="
                 f"{self.nproc}, nnodes={self.nnodes}, node_rank={self.node_rank}"
             )
+        if not 0 <= self.master_port <= 65535:
+            raise ValueError(f"master_port must be in 0..65535, got {self.master_port}")
         if self.nnodes > 1 and self.master_port == 0:
             raise ValueError("a job on several hosts (nnodes > 1) needs a master_port")
         if self.max_restarts < 0:
@@ -408,7 +411,7 @@ def _rank_env(
         env["PLAIT_TRANSPORT"] = job.transport
     if job.timeout:
         env["PLAIT_TIMEOUT"] = str(job.timeout)
-    if job.stall_timeout:
+    if job.stall_timeout is not None:  # 0 too: off, whatever the launcher inherited
         env["PLAIT_STALL_TIMEOUT"] = str(job.stall_timeout)
     return env
 
