@@ -383,6 +383,11 @@ class CollectiveMethods:
         req = self._stage.request(
             choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x, purpose=purpose
         )
+        if not a.flags.writeable and req.plan.writes_out:  # root's: its algorithm writes it
+            a = np.array(a)  # so it sends from a copy, and x is only read
+            req = self._stage.request(
+                choice, a.size, None, a, a.shape, None, root=root, result=x, dst=x, purpose=purpose
+            )
         if (
             simple
             and not self._runner.reserved()

@@ -173,6 +173,7 @@ class Plan:
         "ufunc",
         "void_in_place",
         "windowed",
+        "writes_out",
     )
 
     def __init__(
@@ -228,6 +229,12 @@ class Plan:
             and s.src.offset == s.dst.offset
             and {s.src.buf, s.dst.buf} == {Buf.IN, Buf.OUT}
             for s in self.schedule.steps
+        )
+        # Whether a step writes this rank's OUT: broadcast's root sends from its x, which
+        # may be read-only there, and only some algorithms write it back (the ring of
+        # scatter_allgather hands root its own blocks again).
+        self.writes_out = any(
+            s.dst is not None and s.dst.buf is Buf.OUT for s in self.schedule.steps
         )
 
 

@@ -81,6 +81,23 @@ def test_broadcast_x_and_recv_buf_must_be_writable_in_place() -> None:
             comm.recv([0.0], 0)
 
 
+@pytest.mark.parametrize("algorithm", ["scatter_allgather", "binomial", "auto"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_broadcast_roots_read_only_x_is_only_read(algorithm: str, size: int) -> None:
+    """Root only reads its x, so a read-only one is fine there; scatter_allgather's ring
+    hands root its own blocks back, and root failed with "into is read-only" after data had
+    moved (its peers lost it)."""
+
+    def body(comm: plait.Communicator) -> list[float]:
+        x = np.arange(7.0) * (comm.rank + 1)
+        if comm.rank == 0:
+            x.flags.writeable = False
+        assert comm.broadcast(x, 0, algorithm=algorithm) is x
+        return x.tolist()
+
+    assert run_ranks(size, body, timeout=20) == [list(np.arange(7.0))] * size
+
+
 def test_out_may_be_a_writable_buffer() -> None:
     def body(comm: plait.Communicator) -> Any:
         out = array.array("d", [0.0, 0.0])
