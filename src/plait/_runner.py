@@ -31,12 +31,11 @@ from plait._checks import check_async, check_timeout
 from plait._request import Plan, Request, check_same_call, signature
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
-from plait.diagnostics.triggers import dump_on_error
+from plait.diagnostics.triggers import dump_on_error, stuck_behind
 from plait.errors import (
     AbortedError,
     ClosedError,
     CommError,
-    CommTimeout,
     InternalError,
     MismatchError,
     PeerLostError,
@@ -669,10 +668,7 @@ class CallRunner:
             finally:
                 self._gate_waiters -= 1
         if not arrived:
-            raise CommTimeout(
-                f"rank {self._rank}: {_describe(describe)}: the one-sided call before it "
-                f"did not finish within {seconds} s"
-            )
+            raise stuck_behind(self.recorder, self._rank, _describe(describe), describe[2], seconds)
 
     def _verify_same_call(self, req: Request, seconds: float, comm: CollectiveMethods) -> None:
         """PLAIT_DEBUG=detail: compare every rank's call (:func:`check_same_call`)."""

@@ -267,3 +267,31 @@ def test_a_dump_asked_for_soon_after_an_errors_dump_leaves_it_be(tmp_path: Path)
     rec.error_dumped -= 60  # long after, a dump asked for is written as before
     dump_all("signal SIGUSR1", [rec])
     assert load(path).reason == "signal SIGUSR1"
+
+
+def test_a_call_queued_behind_a_stuck_async_call_names_whom_it_waits_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call queued behind an async one-sided call that waited for a late rank timed out
+    with a bare CommTimeout ("the one-sided call before it did not finish"): no rank named,
+    no dump, unlike the same call's own timeout."""
+    monkeypatch.setenv("PLAIT_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("PLAIT_JOB_ID", "queued")
+
+    gave_up = threading.Event()
+
+    def body(c: plait.Communicator) -> Any:
+        if c.rank == 1:  # late: it comes once rank 0's queued call has given up
+            assert gave_up.wait(5)
+            return c.allreduce(np.ones(3)).tolist()
+        w = c.allreduce(np.ones(3), async_op=True)
+        with pytest.raises(plait.CollectiveTimeout) as info:
+            c.allreduce(np.ones(3), timeout=0.2)
+        gave_up.set()
+        assert w.wait().tolist() == [2.0] * 3  # the call it waited behind was not harmed
+        return str(info.value)
+
+    said = plait.testing.run_ranks(2, body, timeout=5.0)[0]
+    assert "the one-sided call before it, allreduce (" in said
+    assert "call #0), did not finish within 0.2 s: it waits for rank(s) [1]" in said
+    assert said.endswith(f"flight recorder dump: {tmp_path / 'queued' / 'rank0.json'}")

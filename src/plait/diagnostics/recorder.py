@@ -484,7 +484,7 @@ class FlightRecorder:
         unfinished handles from the transport (which marks them done): the
         failed call's ``waiting_on`` then still names the peers it waited for.
         """
-        slot.peers = _waiting(slot)
+        slot.peers = waiting(slot)
         slot.pending = None
         slot.steps = None
 
@@ -502,7 +502,7 @@ class FlightRecorder:
         a queued call's caller was taken when it was queued).
         """
         if error is not None:
-            slot.peers = _waiting(slot)  # whom it still waited for when it failed
+            slot.peers = waiting(slot)  # whom it still waited for when it failed
             slot.error = f"{type(error).__name__}: {error}"
             if slot.code is None:
                 # A plain walk: the runner's frame sits at different depths below the
@@ -569,7 +569,7 @@ class FlightRecorder:
             "queued": self.wall(s.queued) if s.queued else None,
             "start": self.wall(s.start) if s.start else None,
             "end": None if in_flight else self.wall(s.end),
-            "waiting_on": _waiting(s) if in_flight or s.error is not None else [],
+            "waiting_on": waiting(s) if in_flight or s.error is not None else [],
             "error": s.error,
             "stack": stack,
             "site": None if shape.site is None else list(shape.site),
@@ -638,7 +638,7 @@ def _keep(slot: Slot, f: FrameType, code: CodeType) -> None:
     slot.depth = n
 
 
-def _waiting(s: Slot) -> list[int]:
+def waiting(s: Slot) -> list[int]:
     """The peers an in-flight call waits for: its explicit list (a wait on a window), and
     the peers of its executor's unfinished messages."""
     pending, steps = s.pending, s.steps

@@ -31,8 +31,8 @@ from types import FrameType
 from typing import IO, Any
 
 from plait.diagnostics.places import global_rank
-from plait.diagnostics.recorder import FlightRecorder, live_recorders
-from plait.errors import CommTimeout, MismatchError, PeerLostError
+from plait.diagnostics.recorder import FlightRecorder, live_recorders, waiting
+from plait.errors import CollectiveTimeout, CommTimeout, MismatchError, PeerLostError
 
 __all__ = [
     "DUMP_ERRORS",
@@ -114,6 +114,27 @@ def dump_on_error(recorder: FlightRecorder | None, error: BaseException) -> Path
     except OSError as exc:
         _log.warning("rank %d: flight recorder dump failed: %s", recorder.rank, exc)
         return None
+
+
+def stuck_behind(
+    recorder: FlightRecorder | None, rank: int, call: str, seq: int, seconds: float
+) -> CommTimeout:
+    """The error of ``call`` (number ``seq``), queued behind a one-sided call (an
+    ``async_op`` one) that did not finish within ``seconds``: that call, and whom it waits
+    for, as its own timeout would name them (a CollectiveTimeout), with the recorder dumped.
+    It used to say only that the call before did not finish: no rank, no dump."""
+    text = f"rank {rank}: {call}: the one-sided call before it"
+    before = [s for s in recorder.in_flight() if s.seq < seq] if recorder is not None else []
+    peers = waiting(before[-1]) if before else []
+    if before:
+        shape = before[-1].shape
+        text += f", {shape.collective} ({shape.algorithm}, call #{before[-1].seq}),"
+    text += f" did not finish within {seconds:g} s"
+    if not peers:
+        return CommTimeout(text)
+    exc = CollectiveTimeout(f"{text}: it waits for rank(s) {peers}")
+    path = dump_on_error(recorder, exc)
+    return exc if path is None else CollectiveTimeout(f"{exc}; flight recorder dump: {path}")
 
 
 def _say(stream: IO[str], line: str) -> None:
