@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -371,3 +372,30 @@ def test_a_failed_peer_is_reported_at_once_while_another_is_late(
     finally:
         for c in comms:
             c.close()
+
+
+@pytest.mark.parametrize("algorithm", ["arena_leader", "arena_oneshot", "arena"])
+def test_a_rank_waiting_on_a_late_peer_hears_at_once_of_another_that_closed(
+    algorithm: str,
+) -> None:
+    """Rank 0 has closed before the call; rank 1 is late. Rank 2, whose wait was on rank 1
+    (arena_leader waits on the other non-leaders before the leader), raised only once rank
+    1 came, or at its timeout (Note [members lost] in plait.transport.shm.link)."""
+    comms = memory_communicators(3, timeout=30.0)
+    try:
+        comms[0].close()
+        late = threading.Timer(2.0, _late_call, (comms[1], algorithm))
+        late.start()
+        start = time.monotonic()
+        with pytest.raises(plait.PeerLostError, match="rank 0 has closed"):
+            comms[2].allreduce(np.ones(4, np.float32), algorithm=algorithm)
+        assert time.monotonic() - start < 1.5
+        late.join(10)
+    finally:
+        for c in comms:
+            c.close()
+
+
+def _late_call(comm: plait.Communicator, algorithm: str) -> None:
+    with contextlib.suppress(plait.CommError):
+        comm.allreduce(np.ones(4, np.float32), algorithm=algorithm)

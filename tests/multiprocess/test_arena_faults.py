@@ -319,3 +319,49 @@ def test_ranks_name_the_rank_that_gave_up_not_the_late_one_that_passed_it_on(
         assert message.startswith(f"PeerLostError: rank {rank}: allreduce (arena"), message
         assert "rank 1 gave up on the call after an error of its own" in message, message
         assert "rank 3 gave up" not in message, message
+
+
+@pytest.mark.parametrize("how", ["close", "kill"])
+@pytest.mark.parametrize(("algorithm", "count", "runs"), ARENA_CASES[-1:])  # auto: the leader's
+def test_a_rank_waiting_on_a_busy_peer_hears_at_once_of_another_lost_before_the_call(
+    tmp_path: Path, algorithm: str, count: int, runs: str, how: str
+) -> None:
+    """Rank 0 closes (or dies) before the call; rank 1 is busy for 6 s. Rank 2, waiting on
+    rank 1 (arena_leader's first piece waits on the other non-leaders first), heard of rank
+    0 only once rank 1 arrived, or at its timeout (Note [members lost] in
+    ``plait.transport.shm.link``): it now raises within a second or two, naming rank 0."""
+    script = """
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as above: show what plait raises
+        algorithm, count, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+        comm = plait.init(timeout=120)
+        x = np.ones(count, np.float32)
+        comm.allreduce(x, algorithm=algorithm)
+        if comm.rank == 0:
+            wait_for("ready", 2)
+            if how == "close":
+                comm.close()
+                sys.exit(0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        arrived("ready", comm.rank)
+        if comm.rank == 1:
+            time.sleep(6)
+        start = time.monotonic()
+        try:
+            comm.allreduce(x, algorithm=algorithm)
+            error, message = None, ""
+        except plait.CommError as exc:
+            error, message = type(exc).__name__, str(exc)
+        report(error=error, message=message[:300], seconds=time.monotonic() - start)
+        arrived("raised", comm.rank)
+        wait_for("raised", 2)
+        comm.close()
+    """
+    res, results = plait_run(
+        ["-n", "3", "--enable-recovery"], script, tmp_path, algorithm, str(count), how
+    )
+    logs = res.stdout[-3000:] + res.stderr[-3000:]
+    assert sorted(results) == [1, 2], logs
+    (out,) = results[2]
+    assert out["error"] == "PeerLostError", out
+    assert "rank 0 " in out["message"], out
+    assert out["seconds"] < 3, out

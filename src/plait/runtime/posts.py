@@ -20,7 +20,7 @@ from plait.runtime.executor import Call
 from plait.runtime.stall import GAVE_UP, settle, wait_post
 from plait.runtime.waits import timeout_for, wrap
 from plait.schedule.ir import Schedule
-from plait.transport.base import Transport, renumbered
+from plait.transport.base import OTHER_MEMBER, Transport, renumbered
 
 __all__ = [
     "ABANDONED",
@@ -161,8 +161,8 @@ def await_post(
         if _names_call(rank, call, exc):
             raise  # the probes' or _look's (and the rank a notice says was lost)
         err = wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
-        if isinstance(err, PeerLostError):
-            err.lost_rank = shown  # the window lost it
+        if isinstance(err, PeerLostError) and getattr(exc, OTHER_MEMBER, None) is None:
+            err.lost_rank = shown  # the window lost it (not another member: Note [members lost])
         raise err from None
     if late is not None:
         err = timeout_for(rank, call, [shown])

@@ -75,6 +75,7 @@ def may_spin() -> bool:
 
 
 __all__ = [
+    "OTHER_MEMBER",
     "Handle",
     "Matching",
     "Transport",
@@ -83,6 +84,11 @@ __all__ = [
     "renumbered",
     "spin_seconds",
 ]
+
+#: The attribute a transport sets on the PeerLostError of a wait on one peer that failed
+#: because another member of the call was lost (its rank, as the transport numbers it):
+#: the peer waited on is not the one lost (Note [members lost] in plait.transport.shm.link).
+OTHER_MEMBER = "_plait_other_member"
 
 
 @runtime_checkable

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from plait.errors import PeerLostError, RendezvousError
-from plait.transport.base import Handle, Transport
+from plait.transport.base import OTHER_MEMBER, Handle, Transport
 from plait.transport.link import Op
 
 __all__ = [
@@ -358,6 +358,14 @@ def check_half(half: int) -> None:
         raise ValueError(f"half must be 0 or 1, got {half}")
 
 
+def member_lost(rank: int) -> PeerLostError:
+    """The error of a wait on one rank's counter whose call lost another member, ``rank``,
+    before that began it (Note [members lost] in plait.transport.shm.link)."""
+    err = PeerLostError(f"rank {rank} has closed its communicator")
+    setattr(err, OTHER_MEMBER, rank)
+    return err
+
+
 class MemoryArena:
     """The windows of the ranks of an in-process fabric: arrays, counters, one condition.
 
@@ -405,6 +413,8 @@ class MemoryArena:
                 ep.fail(op, PeerLostError(f"rank {rank} has closed its communicator"))
             elif lost is not None and op.peer == -1 - rank:
                 ep.fail(op, lost)
+            elif lost is not None and self.counters[rank] <= value >> PHASE_BITS << PHASE_BITS:
+                ep.fail(op, member_lost(rank))  # it never began the call (Note [members lost])
             else:
                 keep.append(w)
                 continue
@@ -510,6 +520,8 @@ class MemoryWindow(Window):
                     return True
                 if self._closed(q):
                     raise PeerLostError(f"rank {q} has closed its communicator")
+                if (m := self._absent(value)) is not None:
+                    raise member_lost(m)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -532,9 +544,20 @@ class MemoryWindow(Window):
                 return None
             if self._closed(q):
                 ep.fail(op, PeerLostError(f"rank {q} has closed its communicator"))
+            elif (m := self._absent(value)) is not None:
+                ep.fail(op, member_lost(m))
             else:
                 self._arena.watchers.append((q, value, op, ep))
         return op
+
+    def _absent(self, value: int) -> int | None:
+        """A closed rank that never began the call whose post ``value`` is waited for, so
+        that the call cannot complete (Note [members lost] in plait.transport.shm.link)."""
+        begun = value >> PHASE_BITS << PHASE_BITS
+        for m, counter in enumerate(self._counters):
+            if counter <= begun and m != self.rank and self._closed(m):
+                return m
+        return None
 
     def unwatch(self, handle: Handle) -> None:
         """Forget a watch (see :meth:`Window.unwatch`)."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import PeerLostError
+from plait.transport.base import OTHER_MEMBER
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op, copy_bytes
 from plait.transport.shm.bootstrap import Joined, Wire
@@ -232,8 +233,33 @@ class ShmLink:
         self._check_closed(p)
         if p.lost is not None:
             self._settle_lost(w, p.lost)
+        elif (absent := self._absent(w)) is not None:
+            self._ep.fail(w, _member_lost(absent))
         else:
             self._counters.append(w)
+
+    # Note [members lost]
+    #     A wait on one peer's counter used to fail only when that peer was lost. A call
+    #     of three ranks whose rank 2 waits on rank 1 (busy for a while) then heard of rank
+    #     0's death only once rank 1 arrived, or at its timeout (arena_leader's first piece
+    #     waits on the other non-leaders before the leader). A member of the window that is
+    #     lost, closed or dead, before it began the call the wait is in (its counter at most
+    #     the call's ``epoch << 32``, the previous call's end: no post of the call, nor its
+    #     end) will never take part
+    #     in it, so the wait fails at once, naming it. One that began the call may have done
+    #     all it had to (it posted, or ended the call, then closed at the job's end), so its
+    #     loss fails only the waits on it, as before.
+
+    def _absent(self, w: CounterWait) -> _Peer | None:
+        """A member of ``w``'s window lost before it began the call ``w`` waits in, which
+        therefore cannot complete (Note [members lost]); None if there is none."""
+        roots, counters = w.members
+        begun = w.value >> 32 << 32
+        for root, (words, index) in zip(roots, counters, strict=True):
+            p = self.by_rank.get(root)
+            if p is not None and p.lost is not None and words is not None and words[index] <= begun:
+                return p
+        return None
 
     def unwatch_counter(self, w: CounterWait) -> None:
         """Forget ``w`` (its wait timed out)."""
@@ -445,4 +471,15 @@ class ShmLink:
         for w in [w for w in self._counters if w.peer == p.rank]:
             self._counters.remove(w)
             self._settle_lost(w, p.lost)
+        for w in [w for w in self._counters if self._absent(w) is not None]:
+            self._counters.remove(w)
+            self._ep.fail(w, _member_lost(p))
         ep.lose(p.rank, p.lost)
+
+
+def _member_lost(p: _Peer) -> PeerLostError:
+    """The error of a wait on another peer whose call lost member ``p`` (Note [members
+    lost]): it names ``p``, and says it is not the peer waited on (OTHER_MEMBER)."""
+    err = PeerLostError(p.lost)
+    setattr(err, OTHER_MEMBER, p.rank)
+    return err

@@ -266,16 +266,16 @@ class CounterWait(Op):
 
     The link completes it in ``progress`` once rank ``peer``'s counter (word
     ``index`` of ``words``, the peer's segment) reaches ``value``, and fails it
-    when the peer is lost first (PeerLostError) or the endpoint closes.
+    when the peer is lost first (PeerLostError), or another of ``members`` (the
+    window's ranks and their counters) is lost before it began the call (Note
+    [members lost]), or the endpoint closes.
     """
 
-    __slots__ = ("index", "value", "words")
+    __slots__ = ("index", "members", "value", "words")
 
-    def __init__(self, peer: int, words: Any, index: int, value: int) -> None:
+    def __init__(self, peer: int, words: Any, index: int, value: int, members: Any) -> None:
         super().__init__(peer, 0, _NOTHING, 0, False)
-        self.words = words
-        self.index = index
-        self.value = value
+        self.words, self.index, self.value, self.members = words, index, value, members
 
     def __repr__(self) -> str:
         state = "failed" if self.error else "done" if self.done else "pending"
@@ -587,7 +587,7 @@ class ShmWindow(Window):
 
     def _watch(self, q: int, words: Any, index: int, value: int) -> CounterWait:
         """A :class:`CounterWait` on ``q``'s counter, handed to the link (which completes it)."""
-        w = CounterWait(self._roots[q], words, index, value)
+        w = CounterWait(self._roots[q], words, index, value, (self._roots, self._ctr))
         ep = self._ep
         with ep.lock:
             if ep.closed:
@@ -657,7 +657,7 @@ class ShmWindow(Window):
             self._released = True
             self._words = None
             self._flags = []
-            self._ctr = [(None, 0)] * self.size
+            self._ctr[:] = [(None, 0)] * self.size  # in place: a CounterWait's members too
             self._peer_ctr = []
             self._digests = [(None, 0)] * self.size
             self._halves = [(_EMPTY, _EMPTY)] * self.size
