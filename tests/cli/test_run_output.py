@@ -72,6 +72,22 @@ def test_a_line_over_a_mib_is_cut_into_lines_no_other_line_lands_in(tmp_path: Pa
     assert max(map(len, lines)) == 1 << 20
 
 
+def test_a_line_just_over_a_mib_ended_in_the_same_read_is_cut_too(tmp_path: Path) -> None:
+    """Only a MiB with no line end was cut: a line a little longer, whose end came in the
+    read that took it past the MiB, went through whole (1,078,576 bytes)."""
+    s = script(
+        tmp_path,
+        """
+        import sys
+        sys.stdout.write("B" * (1024 * 1024 + 30000) + "\\n")
+        """,
+    )
+    res = run(["-n", "1", s])
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [len(line) for line in lines] == [1 << 20, 30000]
+
+
 def test_nothing_is_lost_when_a_rank_dies(tmp_path: Path) -> None:
     s = script(
         tmp_path,

@@ -281,16 +281,15 @@ class Relay:
         if end == len(buf) - 1 and buf[end] == 0x0D:  # may be the first half of \r\n
             end = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
         if end < 0:
-            while len(buf) > _MAX_LINE:  # a huge line: its start, as a line of its own
-                cut = _MAX_LINE
-                while cut > _MAX_LINE - 3 and buf[cut] & 0xC0 == 0x80:
-                    cut -= 1  # not inside a UTF-8 character
-                self._write(s, buf[:cut] + b"\n", whole=True)
-                buf = buf[cut:]
-            s.pending = buf
+            *heads, s.pending = _pieces(buf)  # a huge line's start: lines of their own
+            if heads:
+                self._write(s, b"".join(heads), whole=True)
             return
         s.pending = buf[end + 1 :]
-        self._write(s, buf[: end + 1], whole=True)
+        lines = buf[: end + 1]
+        if len(lines) > _MAX_LINE:  # a line may be too long, its end in this read
+            lines = b"".join(p for line in lines.splitlines(keepends=True) for p in _pieces(line))
+        self._write(s, lines, whole=True)
 
     def _write(self, s: _Stream, data: bytes, whole: bool) -> None:
         """Write ``data`` (whole lines if ``whole``), prefixed as the options say."""
@@ -362,3 +361,17 @@ def is_comm_error(name: str) -> bool:
     except Exception:  # a name we cannot resolve: not one of ours
         return False
     return isinstance(cls, type) and issubclass(cls, CommError)
+
+
+def _pieces(line: bytes) -> list[bytes]:
+    """``line`` cut into lines of at most :data:`_MAX_LINE` bytes, each of the cut ones
+    ended with a newline (never inside a UTF-8 character); the last piece as it was."""
+    pieces = []
+    while len(line) > _MAX_LINE:
+        cut = _MAX_LINE
+        while cut > _MAX_LINE - 3 and line[cut] & 0xC0 == 0x80:
+            cut -= 1  # not inside a UTF-8 character
+        pieces.append(line[:cut] + b"\n")
+        line = line[cut:]
+    pieces.append(line)
+    return pieces
