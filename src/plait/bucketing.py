@@ -30,15 +30,34 @@ once and reused every step.
 
 For torch modules, :func:`attach` registers a hook on every parameter that
 hands its gradient to a Bucketer as soon as it is accumulated.
+
+Note [writing the averages back]
+    A gradient is read and written through the communicator's own view of
+    it (:func:`plait._checks.as_writable`): a numpy array as it is, a torch
+    CPU tensor over its memory (bfloat16 too, as ml_dtypes' bfloat16), an
+    array in device memory through a host copy that :meth:`Bucketer.wait`
+    copies back (Note [staging through the host] in :mod:`plait._arrays`).
+    :meth:`Bucketer.wait` writes each average through an array of the
+    gradient's own shape (``out[...] = flat.reshape(out.shape)``), never
+    through ``out.reshape(-1)``, which is a copy for a non-contiguous
+    gradient (a transposed array, a channels-last convolution's
+    ``weight.grad``): the average would land in the copy and each rank keep
+    its own gradient. What cannot take the average in place is refused when
+    the gradient is given, before any bucket starts: a JAX array (JAX never
+    changes one), a list or another object only a copy of which could be
+    written, a read-only array, and one whose elements share memory.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from plait import _arrays, _tensor
+from plait._checks import as_writable, check_own_memory
 from plait.ops import AVG, Op
 from plait.runtime.work import Work
 
@@ -74,7 +93,12 @@ class Bucketer:
         compression: passed to each bucket's allreduce, if given.
 
     Raises:
-        ValueError: an empty layout or a non-positive ``bucket_bytes``.
+        ValueError: an empty layout or a non-positive ``bucket_bytes``, or a
+            gradient the average cannot be written into (read-only, or
+            elements that share memory).
+        TypeError: a gradient that cannot be changed in place (a JAX array,
+            a list; Note [writing the averages back]) or whose dtype plait
+            cannot move.
     """
 
     def __init__(
@@ -95,16 +119,18 @@ class Bucketer:
         self.op = op
         self.compression = compression
         layout: list[tuple[tuple[int, ...], np.dtype]] = []
-        self._arrays: list[np.ndarray | None] = []
-        for g in grads:
+        # The caller's gradients, read again at each ready(): an array in device memory
+        # holds new contents every step, which a host copy made here would not.
+        self._arrays: list[Any] = []
+        for i, g in enumerate(grads):
             if isinstance(g, tuple):
                 shape, dtype = g
                 layout.append((tuple(shape), np.dtype(dtype)))
                 self._arrays.append(None)
             else:
-                a = np.asarray(g)
+                a, _ = self._writable(g, i, "Bucketer")
                 layout.append((a.shape, a.dtype))
-                self._arrays.append(a)
+                self._arrays.append(g)
         self._layout = layout
         n = len(layout)
         order = list(range(n - 1, -1, -1)) if order is None else list(order)
@@ -152,21 +178,25 @@ class Bucketer:
 
         Args:
             index: the gradient's position in the ``grads`` given at construction.
-            grad: its array this step (any array-like; torch CPU tensors work),
-                required when the Bucketer was built from (shape, dtype) pairs;
-                the reduced result is written back into it by :meth:`wait`.
+            grad: its array this step (a numpy array, a torch tensor, any
+                array whose memory can be written in place), required when
+                the Bucketer was built from (shape, dtype) pairs; the reduced
+                result is written back into it by :meth:`wait`.
 
         Raises:
             ValueError: ``index`` was already marked this step, or ``grad``
-                has the wrong shape or dtype or is missing.
+                has the wrong shape or dtype or is missing, or is read-only.
+            TypeError: ``grad`` cannot be changed in place (a JAX array, a
+                list; Note [writing the averages back]).
         """
         if not 0 <= index < len(self._layout):
             raise ValueError(f"gradient index {index} out of range 0..{len(self._layout) - 1}")
         if self._outs[index] is not None:
             raise ValueError(f"gradient {index} was already marked ready this step")
-        target = self._arrays[index] if grad is None else _as_array(grad)
-        if target is None:
+        given = self._arrays[index] if grad is None else grad
+        if given is None:
             raise ValueError(f"gradient {index}: pass its array (the Bucketer has only its shape)")
+        target, out = self._writable(given, index, "Bucketer.ready")
         shape, dtype = self._layout[index]
         if target.shape != shape or target.dtype != dtype:
             raise ValueError(
@@ -176,10 +206,36 @@ class Bucketer:
         k, j = self._where[index]
         bucket = self._buckets[k]
         start = bucket.offsets[j]
-        bucket.buffer[start : start + target.size] = target.reshape(-1)
-        self._outs[index] = target
+        bucket.buffer[start : start + target.size] = target.reshape(-1)  # only read: a copy serves
+        self._outs[index] = out
         bucket.pending -= 1
         self._start_ready_buckets()
+
+    def _writable(self, grad: Any, index: int, c: str) -> tuple[np.ndarray, Any]:
+        """``grad`` as an array to pack from, and where :meth:`wait` writes its average.
+
+        The two are one array, except for an array in device memory: its host
+        copy, and a :class:`plait._arrays.DeviceTarget` that copies the average
+        back. See Note [writing the averages back] for what is refused.
+        """
+        rank, what = self.comm.rank, f"gradient {index}"
+        if _arrays.immutable(grad):
+            kind = "jax.Array" if _arrays.is_jax(grad) else type(grad).__name__
+            raise TypeError(
+                f"rank {rank}: {c}: {what} is a {kind}, which cannot be changed in place, so "
+                "the Bucketer cannot write the reduced result into it; pass a numpy array "
+                "(np.array(grad)) and convert it after wait()"
+            )
+        a = as_writable(grad, what, rank, c)
+        if not a.flags.writeable:
+            raise ValueError(
+                f"rank {rank}: {c}: {what} is read-only, so the Bucketer cannot write the "
+                "reduced result into it"
+            )
+        if not a.flags.c_contiguous:
+            check_own_memory(a, what, rank, c)
+        back = _arrays.target(grad, a)
+        return a, (a if back is None else back)
 
     def _start_ready_buckets(self) -> None:
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
@@ -205,8 +261,10 @@ class Bucketer:
                 assert b.work is not None
                 b.work.wait(timeout)
                 for i, start in zip(b.members, b.offsets, strict=True):
-                    out = self._outs[i]
-                    out.reshape(-1)[...] = b.buffer[start : start + out.size]
+                    # Through an array of the gradient's shape, never out.reshape(-1)
+                    # (Note [writing the averages back]).
+                    shape = self._layout[i][0]
+                    self._outs[i][...] = b.buffer[start : start + math.prod(shape)].reshape(shape)
         finally:
             self._reset()
 
@@ -222,14 +280,6 @@ class Bucketer:
             b.work = None
         self._outs = [None] * len(self._layout)
         self._next = 0
-
-
-def _as_array(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "__dlpack__"):
-        return np.from_dlpack(x)
-    return np.asarray(x)
 
 
 def attach(
@@ -255,7 +305,7 @@ def attach(
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the module has no parameters that require a gradient")
-    layout = [(tuple(p.shape), _torch_dtype(p)) for p in params]
+    layout = [(tuple(p.shape), _torch_dtype(p, i)) for i, p in enumerate(params)]
     bucketer = Bucketer(comm, layout, bucket_bytes=bucket_bytes, op=op, compression=compression)
     for i, p in enumerate(params):
 
@@ -266,7 +316,13 @@ def attach(
     return bucketer.wait
 
 
-def _torch_dtype(p: Any) -> np.dtype:
+def _torch_dtype(p: Any, index: int) -> np.dtype:
+    """The numpy dtype plait reads parameter ``p``'s gradients as (ml_dtypes' for bfloat16).
+
+    Raises:
+        TypeError: a dtype plait cannot move (the message names the parameter).
+    """
     import torch
 
-    return np.dtype(torch.empty(0, dtype=p.dtype).numpy().dtype)
+    empty = torch.empty(0, dtype=p.dtype)
+    return _tensor.as_array(empty, f"attach: parameter {index} ({tuple(p.shape)})").dtype

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from plait import _arrays, _tensor
+from plait._checks import as_array, check_out
 from plait.ops import AVG, SUM, Op
 from plait.runtime.work import Work
 
@@ -47,22 +49,30 @@ class Channels:
         self.comm = comm
         self.channels = [comm.split(0, comm.rank) for _ in range(n)]
 
-    def allreduce(self, x: np.ndarray, op: Op = SUM, *, out: np.ndarray | None = None) -> Any:
+    def allreduce(self, x: Any, op: Op = SUM, *, out: Any = None) -> Any:
         """``comm.allreduce(x, op, out=out)``, the shards reduced concurrently on the channels.
 
-        The result is identical on every rank (each shard is one ordinary
-        allreduce); it may differ in the last bits from an unsharded call,
-        whose algorithm may associate the sums differently.
+        ``x`` and ``out`` are what the communicator takes, and the result is
+        of the kind it returns: ``out`` if given, else a new array of ``x``'s
+        kind (a torch tensor for a tensor, a ``jax.Array`` for a JAX array, a
+        numpy array otherwise). The result is identical on every rank (each
+        shard is one ordinary allreduce); it may differ in the last bits from
+        an unsharded call, whose algorithm may associate the sums differently.
+
+        Raises:
+            ValueError: ``out`` has another shape than ``x``, or is read-only.
+            TypeError: ``out`` has another dtype, or cannot be written in place.
         """
-        a = np.ascontiguousarray(x)
-        result = np.empty_like(a) if out is None else out
-        if result.shape != a.shape or result.dtype != a.dtype:
-            raise ValueError(
-                f"out has shape {result.shape} and dtype {result.dtype}; "
-                f"expected {a.shape} and {a.dtype}"
-            )
-        target = result if result.flags.c_contiguous else np.empty_like(a)
-        flat_in, flat_out = a.reshape(-1), target.reshape(-1)
+        rank, c = self.comm.rank, "Channels.allreduce"
+        a = as_array(x, "x", rank, c)
+        o = check_out(out, a.shape, a.dtype, rank, c)
+        # Staged out (device memory): its host buffer, copied back once the shards are done.
+        back = _arrays.target(out, o) if o is not None and o is not out else None
+        flat_in = np.ascontiguousarray(a).reshape(-1)
+        result = np.empty(a.shape, a.dtype) if o is None else o
+        contiguous = result.flags.c_contiguous and result.dtype == a.dtype
+        target = result if contiguous else np.empty(a.shape, a.dtype)
+        flat_out = target.reshape(-1)  # a view: target is contiguous
         bounds = np.linspace(0, flat_in.size, len(self.channels) + 1).astype(int)
         works: list[Work] = []
         for ch, lo, hi in zip(self.channels, bounds[:-1], bounds[1:], strict=True):
@@ -71,7 +81,16 @@ class Channels:
             w.wait()
         if target is not result:
             result[...] = target
-        return result
+        if o is not None:
+            if back is not None:
+                back[...] = o
+            return out  # the caller's object, as the communicator returns it
+        # A new result in x's kind, as comm.allreduce makes it (Note [result types] in
+        # plait.communicator): the array itself, a tensor over it, or JAX's / the device's.
+        if a is x:
+            return result
+        finish = _arrays.finisher(x)
+        return finish(result) if finish is not None else _tensor.like(x, result)
 
     def close(self) -> None:
         """Release the channels (the parent communicator stays open)."""
@@ -99,7 +118,10 @@ class ShardedOptimizer:
             ``update(param_shard, grad_shard, state)`` with 1-D views; ``state``
             is this rank's dict, so momentum or Adam moments cover the shard only.
 
-    Every rank must pass the same parameter shapes.
+    Every rank must pass the same parameter shapes. Each step reads this
+    rank's shard from the parameters as they are then, so changes made to
+    them between steps (a checkpoint loaded, a manual reset; the same on
+    every rank) are kept, not overwritten by the shard of the step before.
     """
 
     def __init__(self, comm: Any, params: Sequence[np.ndarray], update: Update) -> None:
@@ -117,17 +139,25 @@ class ShardedOptimizer:
         dtype = params[0].dtype
         self._flat = np.zeros(self.shard * comm.size, dtype)
         self._grad_shard = np.empty(self.shard, dtype)
-        self._param_shard = np.empty(self.shard, dtype)
+        self._param_shard = np.zeros(self.shard, dtype)  # the last one's padding stays 0
         self._total = total
-        lo = comm.rank * self.shard
-        self._pack(self.params)
-        self._param_shard[...] = self._flat[lo : lo + self.shard]
 
     def _pack(self, arrays: Sequence[np.ndarray]) -> None:
         at = 0
         for a in arrays:
             self._flat[at : at + a.size] = a.reshape(-1)
             at += a.size
+
+    def _load_shard(self) -> None:
+        """Copy this rank's shard of the parameters, as they are now, into ``_param_shard``."""
+        lo = self.comm.rank * self.shard
+        hi = lo + self.shard
+        at = 0
+        for p in self.params:
+            start, stop = max(lo, at), min(hi, at + p.size)
+            if start < stop:  # only read: reshape(-1) may be a copy
+                self._param_shard[start - lo : stop - lo] = p.reshape(-1)[start - at : stop - at]
+            at += p.size
 
     def step(self, grads: Sequence[np.ndarray]) -> None:
         """Average ``grads`` over ranks, update this rank's shard, share the new parameters."""
@@ -140,12 +170,15 @@ class ShardedOptimizer:
         self._flat[self._total :] = 0
         rows = self._flat.reshape(self.comm.size, self.shard)
         self.comm.reduce_scatter(rows, AVG, out=self._grad_shard.reshape(1, self.shard))
+        self._load_shard()
         self.update(self._param_shard, self._grad_shard, self.state)
         gathered = self.comm.allgather(self._param_shard)
         flat = gathered.reshape(-1)
         at = 0
         for p in self.params:
-            p.reshape(-1)[...] = flat[at : at + p.size]
+            # Through p's own shape: p.reshape(-1) is a copy when p is not contiguous (a
+            # transposed array), and the new values would never reach p.
+            p[...] = flat[at : at + p.size].reshape(p.shape)
             at += p.size
 
 

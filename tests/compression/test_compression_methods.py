@@ -336,6 +336,30 @@ def test_state_shape_mismatch_is_refused_before_any_byte_moves() -> None:
     run_ranks(2, body)
 
 
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [((64, 64), (32, 128)), ((8, 3, 20), (8, 60)), ((4, 50), (200,))],
+    ids=["same-count", "same-matrix", "same-count-1d"],
+)
+def test_a_key_reused_for_another_shape_of_the_same_size_is_refused(
+    first: tuple[int, ...], then: tuple[int, ...]
+) -> None:
+    """The docs' promise is about the shape: not only the element count or PowerSGD's matrix."""
+
+    assert PowerSGD(1).matrix_shape(first) is not None  # compressed: it keeps state
+
+    def body(comm: plait.Communicator) -> None:
+        for c in (TopK(0.1), PowerSGD(1)):
+            keyed = c.with_key("w")
+            comm.allreduce(np.ones(first, np.float32), compression=keyed)
+            before = comm.stats()
+            with pytest.raises(ValueError, match="Give each tensor its own key"):
+                comm.allreduce(np.ones(then, np.float32), compression=keyed)
+            assert comm.stats() == before
+
+    run_ranks(2, body)
+
+
 def test_one_compressor_shared_by_thread_ranks() -> None:
     # State lives per communicator, so threads that play ranks may share one object.
     shared = TopK(0.1)

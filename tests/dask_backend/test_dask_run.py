@@ -153,6 +153,44 @@ def test_results_in_rank_order_and_workers_chosen(client: Any) -> None:
         plait.dask.run(client, where, "c", workers=["tcp://127.0.0.1:1"])
 
 
+class AskedOnlyForWorkers:
+    """A Client double for arguments refused before anything reaches the cluster: ``run`` may
+    ask it which workers there are; any other use (a start lock, a task, the metadata that
+    holds the secret) fails the test."""
+
+    asynchronous = False
+
+    def scheduler_info(self, n_workers: int = -1) -> dict[str, Any]:
+        return {"workers": {f"tcp://127.0.0.1:{9000 + r}": {"name": r} for r in range(2)}}
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("plait.dask.run submitted a task before refusing its arguments")
+
+    get_metadata = set_metadata = submit
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"plait.dask.run used client.{name} before refusing its arguments")
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "match"),
+    [
+        ({"start_timeout": float("nan")}, ValueError, r"start_timeout: timeout must be positive"),
+        ({"start_timeout": 0}, ValueError, r"start_timeout: timeout must be positive"),
+        ({"timeout": -1}, ValueError, r"^plait\.dask\.run: timeout must be positive; got -1"),
+        ({"timeout": float("nan")}, ValueError, r"timeout must be positive; got nan"),
+        ({"timeout": "5"}, TypeError, r"timeout must be a number of seconds"),
+        ({"transport": "bogus"}, ValueError, r"unknown transport 'bogus'; expected one of auto"),
+        ({"transport": object()}, TypeError, r"transport must be one of .* got object"),
+    ],
+)
+def test_bad_keywords_are_refused_before_anything_is_submitted(
+    keywords: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        plait.dask.run(AskedOnlyForWorkers(), total, 1, **keywords)
+
+
 def total(comm: plait.Communicator, n: int) -> float:
     return float(comm.allreduce(np.full(n, comm.rank + 1.0)).sum())
 

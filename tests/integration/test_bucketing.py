@@ -140,3 +140,153 @@ def test_torch_module_gradients_are_averaged_during_backward() -> None:
     for r in (1, 2):
         for a, b in zip(out[0], out[r], strict=True):
             assert a.tobytes() == b.tobytes()
+
+
+# -- where the averages are written (Note [writing the averages back] in plait.bucketing) ------
+def test_a_non_contiguous_gradient_gets_the_average() -> None:
+    """A transposed gradient: ``reshape(-1)`` of it is a copy, which must not take the result."""
+
+    def body(comm: plait.Communicator) -> np.ndarray:
+        g = np.zeros((4, 6), np.float32).T  # built from the array itself
+        b = Bucketer(comm, [g, np.zeros(3, np.float32)])
+        g[...] = np.arange(24, dtype=np.float32).reshape(6, 4) * (comm.rank + 1)
+        b.ready(1)
+        b.ready(0)
+        b.wait()
+        return g
+
+    want = np.arange(24, dtype=np.float32).reshape(6, 4) * 1.5
+    for got in run_ranks(2, body):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_non_contiguous_tensor_given_to_ready_gets_the_average() -> None:
+    torch = pytest.importorskip("torch")
+
+    def body(comm: plait.Communicator) -> np.ndarray:
+        b = Bucketer(comm, [((6, 4), np.float32)])
+        t = torch.zeros(4, 6).T
+        t[...] = float(comm.rank + 1)
+        b.ready(0, t)
+        b.wait()
+        return t.numpy().copy()
+
+    for got in run_ranks(2, body):
+        np.testing.assert_array_equal(got, np.full((6, 4), 1.5, np.float32))
+
+
+def test_attach_averages_a_channels_last_convolution() -> None:
+    """A channels-last Conv2d's ``weight.grad`` is not contiguous: its average must land in it."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    torch.manual_seed(0)
+    base = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    inputs = [
+        torch.from_numpy(np.random.default_rng(r).standard_normal((2, 3, 5, 5)))
+        .float()
+        .to(memory_format=torch.channels_last)
+        for r in range(2)
+    ]
+
+    def grads(model: torch.nn.Module) -> list[np.ndarray]:
+        return [p.grad.numpy().copy() for p in model.parameters()]
+
+    def body(comm: plait.Communicator) -> list[np.ndarray]:
+        model = copy.deepcopy(base)
+        finish = attach(model, comm)
+        model(inputs[comm.rank]).square().sum().backward()
+        assert not model.weight.grad.is_contiguous()  # what the test is about
+        finish()
+        return grads(model)
+
+    local = []
+    for r in range(2):
+        model = copy.deepcopy(base)
+        model(inputs[r]).square().sum().backward()
+        local.append(grads(model))
+    for got in run_ranks(2, body):
+        for i, g in enumerate(got):
+            np.testing.assert_allclose(g, (local[0][i] + local[1][i]) / 2, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_gradients_are_read_as_the_communicator_reads_them() -> None:
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    def body(comm: plait.Communicator) -> tuple[list[float], list[np.ndarray]]:
+        b = Bucketer(comm, [((3,), ml_dtypes.bfloat16)])
+        t = torch.full((3,), float(comm.rank + 1), dtype=torch.bfloat16)
+        b.ready(0, t)
+        b.wait()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+        finish = attach(model, comm)
+        model(torch.full((1, 4), float(comm.rank + 1), dtype=torch.bfloat16)).sum().backward()
+        finish()
+        return t.float().tolist(), [p.grad.float().numpy() for p in model.parameters()]
+
+    (a, ga), (c, gc) = run_ranks(2, body)
+    assert a == c == [1.5, 1.5, 1.5]
+    np.testing.assert_array_equal(ga[0], np.full((2, 4), 1.5, np.float32))  # mean of 1 and 2
+    np.testing.assert_array_equal(ga[1], np.ones(2, np.float32))
+    for x, y in zip(ga, gc, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_jax_array_is_refused_at_ready_before_any_bucket_starts() -> None:
+    """JAX never changes an array in place: refused when given, not after the allreduce ran."""
+    jnp = pytest.importorskip("jax.numpy")
+
+    def body(comm: plait.Communicator) -> None:
+        shaped = Bucketer(comm, [((3,), np.float32)])
+        with pytest.raises(TypeError, match=r"gradient 0 is a jax\.Array, which cannot be changed"):
+            shaped.ready(0, jnp.ones(3, jnp.float32))
+        with pytest.raises(TypeError, match=r"gradient 0 is a jax\.Array"):
+            Bucketer(comm, [jnp.ones(3, jnp.float32)])
+        g = np.full(3, comm.rank + 1.0, np.float32)  # nothing was started: the step goes on
+        shaped.ready(0, g)
+        shaped.wait()
+        np.testing.assert_array_equal(g, np.full(3, 1.5, np.float32))
+
+    run_ranks(2, body)
+
+
+def test_what_cannot_take_the_average_in_place_is_refused_before_any_bucket_starts() -> None:
+    def body(comm: plait.Communicator) -> None:
+        shaped = Bucketer(comm, [((3,), np.float32)])
+        with pytest.raises(ValueError, match="gradient 0 is read-only"):
+            shaped.ready(0, np.broadcast_to(np.float32(1), (3,)))
+        with pytest.raises(ValueError, match="share memory"):
+            shaped.ready(0, np.lib.stride_tricks.as_strided(np.ones(1, np.float32), (3,), (0,)))
+        with pytest.raises(TypeError, match="only the copy written"):
+            shaped.ready(0, [1.0, 2.0, 3.0])
+        with pytest.raises(TypeError, match="only the copy written"):
+            Bucketer(comm, [[1.0, 2.0, 3.0]])
+        # Nothing was started: the Bucketer still serves a step.
+        g = np.full(3, comm.rank + 1.0, np.float32)
+        shaped.ready(0, g)
+        shaped.wait()
+        np.testing.assert_array_equal(g, np.full(3, 1.5, np.float32))
+
+    run_ranks(2, body)
+
+
+def test_a_gradient_in_device_memory_gets_the_average_copied_back() -> None:
+    from fake_device import FakeDevice, FakeDeviceArray
+
+    def body(comm: plait.Communicator) -> tuple[np.ndarray, np.ndarray]:
+        dev = FakeDevice()
+        given = FakeDeviceArray(np.zeros((2, 3), np.float32), dev)  # read again at ready()
+        later = FakeDeviceArray(np.zeros(4, np.float32), dev)
+        b = Bucketer(comm, [given, ((4,), np.float32)])
+        given.launch(np.full((2, 3), comm.rank + 1.0))  # this step's gradient, still queued
+        later.launch(np.full(4, 10.0 * (comm.rank + 1)))
+        b.ready(1, later)
+        b.ready(0)
+        b.wait()
+        return given.held(), later.held()
+
+    for g, h in run_ranks(2, body):
+        np.testing.assert_array_equal(g, np.full((2, 3), 1.5, np.float32))
+        np.testing.assert_array_equal(h, np.full(4, 15.0, np.float32))

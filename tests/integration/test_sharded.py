@@ -41,6 +41,38 @@ def test_channels_reject_a_wrong_out() -> None:
     run_ranks(2, body)
 
 
+def test_channels_return_the_kind_the_communicator_returns() -> None:
+    """A JAX or torch x gives a result of its kind, as ``comm.allreduce(x)`` does."""
+    jnp = pytest.importorskip("jax.numpy")
+    torch = pytest.importorskip("torch")
+
+    def body(comm: plait.Communicator) -> list[Any]:
+        base = np.arange(6, dtype=np.float32) * (comm.rank + 1)
+        with Channels(comm, 2) as ch:
+            got = [ch.allreduce(jnp.asarray(base)), ch.allreduce(torch.from_numpy(base.copy()))]
+            for g in got:
+                assert type(g) is type(comm.allreduce(g))
+            out = torch.zeros(6)
+            assert ch.allreduce(base, out=out) is out  # out itself, a tensor too
+            got.append(out)
+        return [np.asarray(g) for g in got]
+
+    for results in run_ranks(2, body):
+        for got in results:
+            np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 3)
+
+
+def test_channels_write_a_non_contiguous_out() -> None:
+    def body(comm: plait.Communicator) -> np.ndarray:
+        out = np.zeros((3, 2)).T
+        with Channels(comm, 2) as ch:
+            assert ch.allreduce(np.ones((2, 3)), out=out) is out
+        return out
+
+    for got in run_ranks(2, body):
+        np.testing.assert_array_equal(got, np.full((2, 3), 2.0))
+
+
 def momentum(lr: float, mu: float):
     def update(p: np.ndarray, g: np.ndarray, state: dict[str, Any]) -> None:
         v = state.setdefault("v", np.zeros_like(p))
@@ -95,6 +127,45 @@ def test_sharded_optimizer_trains_like_the_plain_one(size: int) -> None:
         for a, b in zip(got[r], got[0], strict=True):
             assert a.tobytes() == b.tobytes()  # replicas identical
     assert np.allclose(got[0][0], np.arange(1.0, 6.0), atol=0.5)  # it learned
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_sharded_optimizer_updates_non_contiguous_parameters(size: int) -> None:
+    """A transposed parameter: ``reshape(-1)`` of it is a copy, which must not take the update."""
+
+    def sgd(p: np.ndarray, g: np.ndarray, state: dict[str, Any]) -> None:
+        p -= 0.1 * g
+
+    def body(comm: plait.Communicator) -> list[np.ndarray]:
+        params = [np.ones((4, 6)).T, np.ones(3)]
+        opt = ShardedOptimizer(comm, params, sgd)
+        opt.step([np.ones((6, 4)), np.full(3, 2.0)])
+        return params
+
+    for weight, bias in run_ranks(size, body):
+        np.testing.assert_allclose(weight, np.full((6, 4), 0.9))
+        np.testing.assert_allclose(bias, np.full(3, 0.8))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_sharded_optimizer_keeps_parameters_changed_between_steps(size: int) -> None:
+    """A step starts from the parameters as they are, not from the shard the last step left."""
+
+    def sgd(p: np.ndarray, g: np.ndarray, state: dict[str, Any]) -> None:
+        p -= 0.5 * g
+
+    def body(comm: plait.Communicator) -> list[np.ndarray]:
+        params = [np.zeros((2, 3)), np.zeros(4)]
+        opt = ShardedOptimizer(comm, params, sgd)
+        opt.step([np.ones((2, 3)), np.ones(4)])  # -0.5 everywhere
+        params[0][...] = 10.0  # a checkpoint loaded, on every rank
+        params[1][1:3] = 20.0
+        opt.step([np.ones((2, 3)), np.ones(4)])
+        return params
+
+    for weight, bias in run_ranks(size, body):
+        np.testing.assert_array_equal(weight, np.full((2, 3), 9.5))
+        np.testing.assert_array_equal(bias, [-1.0, 19.5, 19.5, -1.0])
 
 
 def test_sharded_optimizer_checks_its_input() -> None:

@@ -73,6 +73,23 @@ class Member:
         col.allreduce(x, group_name=name)
         return x
 
+    def barrier_alone(self, name: str, ms: int) -> float | None:
+        """A barrier no other member enters, with Ray's BarrierOptions.timeout_ms set to ``ms``:
+        the seconds until it timed out (None: it returned)."""
+        import ray.util.collective as col
+        from ray.util.collective import types
+
+        before = types.BarrierOptions.timeout_ms
+        types.BarrierOptions.timeout_ms = ms
+        start = time.monotonic()
+        try:
+            col.barrier(group_name=name)
+        except plait.CommTimeout:
+            return time.monotonic() - start
+        finally:
+            types.BarrierOptions.timeout_ms = before
+        return None
+
     def block_in_recv(self, name: str, src: int) -> None:
         import ray.util.collective as col
 
@@ -116,6 +133,14 @@ class Member:
         target = np.zeros(4)
         col.reducescatter(target, [p.copy() for p in data["parts"]], group_name=name)
         out["reducescatter"] = target
+        # bfloat16 tensors, read as allreduce reads them (ml_dtypes' bfloat16)
+        bf16 = torch.full((3,), rank + 1.0, dtype=torch.bfloat16)
+        parts = [torch.zeros(3, dtype=torch.bfloat16) for _ in range(size)]
+        col.allgather(parts, bf16, group_name=name)
+        out["allgather_bf16"] = torch.stack(parts).float().numpy()
+        mine = torch.zeros(3, dtype=torch.bfloat16)
+        col.reducescatter(mine, [bf16.clone() for _ in range(size)], group_name=name)
+        out["reducescatter_bf16"] = mine.float().numpy()
         chain = data["f64"].copy()
         if rank > 0:
             col.recv(chain, rank - 1, group_name=name)
@@ -166,6 +191,8 @@ def test_every_collective_matches_numpy(members: list[Any]) -> None:
         np.testing.assert_array_equal(got["broadcast"], data[2]["f64"])
         np.testing.assert_array_equal(got["allgather"], np.stack([d["i32"] for d in data]))
         np.testing.assert_allclose(got["reducescatter"], sum(d["parts"][rank] for d in data))
+        np.testing.assert_array_equal(got["allgather_bf16"], [[r + 1.0] * 3 for r in range(SIZE)])
+        np.testing.assert_array_equal(got["reducescatter_bf16"], [SIZE * (SIZE + 1) / 2] * 3)
         np.testing.assert_array_equal(got["chain"], data[0]["f64"])
         if rank == 0:
             np.testing.assert_array_equal(got["gather"], np.stack([d["f32"] for d in data]))
@@ -209,6 +236,16 @@ def test_a_group_created_again_meets_afresh(members: list[Any]) -> None:
 
     job = ray.get_runtime_context().get_job_id()
     assert RayKeyValue(group_namespace(job, "again")).keys("") == []  # nothing left behind
+
+
+def test_barrier_times_out_as_ray_barrier_options_say(members: list[Any]) -> None:
+    # ray.util.collective.barrier passes the group no options; BarrierOptions still apply.
+    pair = members[:2]
+    ray.get([a.join.remote(2, r, "barrier") for r, a in enumerate(pair)], timeout=60)
+    waited = ray.get(pair[0].barrier_alone.remote("barrier", 300), timeout=30)
+    assert waited is not None
+    assert waited < 10  # 0.3 s, not the actors' PLAIT_TIMEOUT of 60 s
+    ray.get([a.destroy.remote("barrier") for a in pair], timeout=60)
 
 
 def train_loop(config: dict[str, Any]) -> None:

@@ -82,11 +82,12 @@ def low_rank_product(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 class _State:
-    __slots__ = ("error", "q")
+    __slots__ = ("error", "q", "shape")
 
-    def __init__(self, q: np.ndarray, error: np.ndarray | None) -> None:
+    def __init__(self, q: np.ndarray, error: np.ndarray | None, shape: tuple[int, ...]) -> None:
         self.q = q
         self.error = error
+        self.shape = shape  # the tensor's: (8, 3, 20) and (8, 60) are both 8 x 60 matrices
 
 
 class PowerSGD(Compressor):
@@ -166,6 +167,7 @@ class PowerSGD(Compressor):
         wd = work_dtype(x.dtype)
         fits = (
             nm is not None
+            and state.shape == x.shape
             and state.q.shape == (nm[1], self.rank)
             and state.q.dtype == wd
             and (state.error is None or state.error.shape == nm)
@@ -220,5 +222,5 @@ class PowerSGD(Compressor):
             if self.error_feedback:
                 big -= p @ qi.T
                 error = big
-            self._store(comm, key, x, _State(q, error))
+            self._store(comm, key, x, _State(q, error, x.shape))
         return result

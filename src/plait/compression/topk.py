@@ -14,8 +14,10 @@ in rank order, which makes the result identical bit for bit on every rank::
     residual = acc; residual[idx] -= vals   (exactly what was not sent)
     allgather (idx, vals) -> out = 0; for q in rank order: out[idx_q] += vals_q
 
-``k = max(1, ceil(ratio * count))``. The state per tensor is its residual
-(``count`` elements); see Note [compressor state] in :mod:`plait.compression.base`.
+``k = max(1, ceil(ratio * count))``. The state per tensor is its residual, of
+the tensor's shape (so that a key reused for another shape is refused, not only
+one of another element count); see Note [compressor state] in
+:mod:`plait.compression.base`.
 Without error feedback the unsent entries are simply dropped (biased: avoid).
 
 Bytes one rank sends per call: ``(size - 1) * k * (4 + itemsize)`` (uint32
@@ -90,12 +92,12 @@ class TopK(Compressor):
     def _check_state(
         self, state: Any, x: np.ndarray, comm: Communicator, key: Hashable | None
     ) -> None:
-        want = (x.size, work_dtype(x.dtype))
-        if (state.size, state.dtype) != want:
+        want = (x.shape, work_dtype(x.dtype))
+        if (state.shape, state.dtype) != want:
             raise ValueError(
                 f"rank {comm.rank}: allreduce: {self.name}: the residual kept for "
-                f"{'key ' + repr(key) if key is not None else 'this array'} has "
-                f"{state.size} elements of {state.dtype}; x has {x.size} of {x.dtype}. "
+                f"{'key ' + repr(key) if key is not None else 'this array'} has shape "
+                f"{state.shape} and dtype {state.dtype}; x has {x.shape} and {x.dtype}. "
                 "Give each tensor its own key (c.with_key(name)) or call reset()"
             )
 
@@ -119,12 +121,12 @@ class TopK(Compressor):
         if self.error_feedback:
             residual = self._state(comm, key, x)
             if residual is not None:
-                acc += residual
+                acc += residual.reshape(-1)  # kept in x's shape (contiguous: a view)
         idx = select_topk(acc, k)
         vals = acc[idx].astype(x.dtype)
         if self.error_feedback:
             acc[idx] -= vals.astype(wd)  # what the wire lost in x's dtype stays too
-            self._store(comm, key, x, acc)
+            self._store(comm, key, x, acc.reshape(x.shape))
 
         index_dtype = np.dtype(np.uint32) if count <= 1 << 32 else np.dtype(np.uint64)
         ib = k * index_dtype.itemsize

@@ -62,6 +62,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import plait
+from plait._checks import check_timeout
+from plait._init import TRANSPORTS
 from plait.dask._store import DaskKeyValue, adopt_secret, ensure_secret
 from plait.errors import AbortedError, ClosedError, PeerLostError
 from plait.rendezvous.kv_store import KVStore, poll_until
@@ -300,18 +302,24 @@ def run(
             that rank's exception.
         StartTimeout: some ranks did not start within ``start_timeout``
             (their workers are busy with other tasks, paused or gone).
-        ValueError: ``workers`` names no worker, or the same one twice.
+        ValueError: ``workers`` names no worker, or the same one twice; a
+            ``timeout`` or ``start_timeout`` that is not a positive number of
+            seconds; a ``transport`` that ``plait.init`` does not know.
+        TypeError: ``client`` or ``fn`` is not what it must be, or a keyword
+            argument of ``run`` has the wrong type.
+
+    Every argument is checked here, before any lock is taken or task
+    submitted: a bad one would otherwise fail every rank on its worker.
     """
     distributed = _distributed()
     _check_client(client)
     if not callable(fn):
         raise TypeError(f"plait.dask.run: fn must be callable, got {type(fn).__name__}")
-    if start_timeout <= 0:
-        raise ValueError(f"plait.dask.run: start_timeout must be positive, got {start_timeout}")
+    seconds, start_seconds, kind = _check_keywords(timeout, start_timeout, transport)
     order = rank_order(client, workers)
     job_id = secrets.token_hex(8)
     keys = [f"plait-dask-{job_id}-{r}" for r in range(len(order))]
-    job = _Job(job_id, keys[0], tuple(order), timeout, float(start_timeout), transport)
+    job = _Job(job_id, keys[0], tuple(order), seconds, start_seconds, kind)
     ensure_secret(client)
     store = KVStore(DaskKeyValue(client, job.root), timeout=job.start_timeout)
     deadline = time.monotonic() + job.start_timeout
@@ -343,6 +351,34 @@ def run(
             store.kv.delete("", by_prefix=True)  # the run's branch; its task takes the rest
         with contextlib.suppress(Exception):
             client.cancel([f for f in futures if not f.done()])
+
+
+def _check_keywords(
+    timeout: Any, start_timeout: Any, transport: Any
+) -> tuple[float | None, float, str | None]:
+    """``run``'s keyword arguments checked as ``plait.init`` checks them, on the caller's side.
+
+    The ranks' ``plait.init`` would refuse a bad ``timeout`` or ``transport``
+    too, but only once every task holds its worker, with a traceback per
+    worker; a NaN ``start_timeout`` would fail inside Dask. A transport object
+    cannot travel to the workers, so ``transport`` is a name (or None: each
+    worker's PLAIT_TRANSPORT, else ``"auto"``).
+    """
+    where = "plait.dask.run"
+    seconds = None if timeout is None else check_timeout(timeout, where)
+    start_seconds = check_timeout(start_timeout, f"{where}: start_timeout")
+    if transport is None:
+        return seconds, start_seconds, None
+    if not isinstance(transport, str):
+        raise TypeError(
+            f"{where}: transport must be one of {', '.join(TRANSPORTS)} (a name: a transport "
+            f"object cannot travel to the workers); got {type(transport).__name__}"
+        )
+    if transport.lower() not in TRANSPORTS:
+        raise ValueError(
+            f"{where}: unknown transport {transport!r}; expected one of {', '.join(TRANSPORTS)}"
+        )
+    return seconds, start_seconds, transport
 
 
 def _lock_workers(distributed: Any, client: Any, job: _Job, deadline: float) -> list[Any]:

@@ -6,15 +6,19 @@ Note [how Ray calls a collective group]
     the ``*_multigpu`` calls pass several, one per GPU) and an options object
     (sometimes the options class itself, with class attributes set): the
     reduce op, the root, and a ``timeout_ms`` that is a negative timedelta
-    when unset. Ray creates the group either when an actor calls
+    when unset. ``barrier`` alone is called with no options; the group then
+    reads Ray's ``BarrierOptions`` class, as Ray's own groups do (their
+    default is ``BarrierOptions()``, whose ``timeout_ms`` is the class's).
+    Ray creates the group either when an actor calls
     ``init_collective_group`` or, after the driver's
     ``create_collective_group``, lazily on the actor's first collective
     call; either way it constructs ``PlaitGroup(world_size, rank,
     group_name)``, which is the collective rendezvous. ``destroy_group`` is
     local and may run after a peer died.
 
-The group serves numpy arrays and CPU torch tensors (plait reads and writes
-them in place); reduce-scatter is plait's own, not n all-reduces.
+The group serves numpy arrays and CPU torch tensors, bfloat16 ones too
+(plait reads and writes them in place, as the communicator reads them);
+reduce-scatter is plait's own, not n all-reduces.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
+from ray.util.collective import types
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 import plait
+from plait import _tensor
 from plait.communicator import DEFAULT_TIMEOUT, default_timeout
 from plait.errors import UnsupportedError
 from plait.ray._rendezvous import Meeting, adopt_secret, group_namespace, job_namespace, meet
@@ -78,20 +84,23 @@ def _one(tensors: Any, what: str) -> Any:
 
 
 def _view(t: Any, what: str) -> np.ndarray[Any, Any]:
-    """A numpy view of ``t`` sharing its memory (numpy arrays and CPU torch tensors)."""
+    """A numpy view of ``t`` sharing its memory (numpy arrays and CPU torch tensors).
+
+    A tensor is read as the communicator reads it (:func:`plait._tensor.as_array`),
+    so bfloat16 tensors are ml_dtypes' bfloat16 here as in ``allreduce``.
+    """
     if isinstance(t, np.ndarray):
         return t
-    if type(t).__module__.split(".")[0] == "torch":
+    if _tensor.is_tensor(t):
         device = getattr(getattr(t, "device", None), "type", "cpu")
         if device != "cpu":
             raise UnsupportedError(
                 f"plait's Ray backend: {what}: the tensor is on {device}; plait serves CPU tensors"
             )
         try:
-            view: np.ndarray[Any, Any] = t.detach().numpy()
-        except (TypeError, RuntimeError) as exc:
-            raise UnsupportedError(f"plait's Ray backend: {what}: {exc}") from exc
-        return view
+            return _tensor.as_array(t, f"plait's Ray backend: {what}: the tensor", UnsupportedError)
+        except TypeError as exc:  # a dtype numpy cannot hold
+            raise UnsupportedError(str(exc)) from exc
     raise UnsupportedError(
         f"plait's Ray backend: {what}: expected a numpy array or a CPU torch tensor, "
         f"got {type(t).__name__}"
@@ -113,13 +122,26 @@ def _views(tensor_lists: Any, size: int, like: np.ndarray[Any, Any], what: str) 
 
 
 def _first(t: Any, n: int, what: str) -> Any:
-    """The first ``n`` elements of ``t`` (Ray's n_elements; 0: all of it)."""
+    """The first ``n`` elements of ``t`` (Ray's n_elements; 0: ``t`` itself).
+
+    A view of them where ``t`` is contiguous, else a copy (``reshape(-1)`` of a
+    non-contiguous array is one), which ``recv`` writes back with
+    :func:`_put_first`: a receive into the copy alone would vanish.
+    """
     if not n:
         return t
-    flat = _view(t, what).reshape(-1)
-    if n > flat.size:
-        raise ValueError(f"plait's Ray backend: {what}: n_elements={n} > {flat.size}")
-    return flat[:n]
+    view = _view(t, what)
+    if n > view.size:
+        raise ValueError(f"plait's Ray backend: {what}: n_elements={n} > {view.size}")
+    return view.reshape(-1)[:n]
+
+
+def _put_first(t: Any, part: Any, what: str) -> None:
+    """Write ``part``, received for ``t``'s first elements, into ``t`` unless it is a view of it."""
+    view = _view(t, what)
+    if part is t or np.may_share_memory(view, part):
+        return
+    view.flat[: part.size] = part
 
 
 class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to mypy
@@ -194,8 +216,17 @@ class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to m
         )
 
     def barrier(self, barrier_options: Any = None) -> None:
-        """Return once every member has called it."""
-        self.communicator.barrier(timeout=_seconds(barrier_options))
+        """Return once every member has called it.
+
+        ``ray.util.collective.barrier`` passes no options, where the other calls
+        pass their options class (``types.AllReduceOptions``, …) with its class
+        attributes set; so without options the barrier reads
+        ``types.BarrierOptions``, whose ``timeout_ms`` then overrides
+        PLAIT_TIMEOUT as the other calls' do (Note [how Ray calls a collective
+        group]).
+        """
+        options = types.BarrierOptions if barrier_options is None else barrier_options
+        self.communicator.barrier(timeout=_seconds(options))
 
     def reduce(self, tensor: Any, reduce_options: Any = None) -> None:
         """Reduce every member's tensor into the root's, in place; others stay unchanged."""
@@ -247,6 +278,8 @@ class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to m
 
     def recv(self, tensor: Any, recv_options: Any = None) -> None:
         """Receive into the tensor from ``recv_options.src_rank``, in place."""
-        t = _first(_one(tensor, "recv"), int(getattr(recv_options, "n_elements", 0)), "recv")
+        t = _one(tensor, "recv")
+        part = _first(t, int(getattr(recv_options, "n_elements", 0)), "recv")
         src = int(getattr(recv_options, "src_rank", 0))
-        self.communicator.recv(t, src, timeout=_seconds(recv_options))
+        self.communicator.recv(part, src, timeout=_seconds(recv_options))
+        _put_first(t, part, "recv")
