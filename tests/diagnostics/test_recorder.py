@@ -420,3 +420,29 @@ def test_reading_something_that_is_not_a_dump(tmp_path: Path) -> None:
     cut.write_text('{"format": "plait-flight-recorder", "calls": [')
     with pytest.raises(DumpError, match="cut short"):
         load(cut)
+
+
+def test_a_dump_made_while_the_same_thread_writes_one_leaves_both_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump on SIGUSR1 that came while the same thread was between writing an error's
+    dump and renaming it used the same file beside and renamed it away: the error's dump
+    failed ("No such file or directory: '.../.rank0.json.<pid>.<thread>.tmp'")."""
+    rec = FlightRecorder(0, 2, job="twice", folder=tmp_path)
+    rec.end(rec.begin(SHAPE, 0), plait.PeerLostError("rank 0: lost rank 1"))
+    real = os.replace
+    inner: list[Path] = []
+    calls: list[Any] = []
+
+    def interrupted(src: Any, dst: Any) -> None:
+        calls.append(src)
+        if len(calls) == 1:  # the handler's dump runs before the interrupted rename
+            inner.append(rec.dump("signal SIGUSR1"))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    path = rec.dump("PeerLostError: rank 0: lost rank 1")
+    assert inner == [path]
+    assert len(calls) == 2
+    assert load(path).reason == "PeerLostError: rank 0: lost rank 1"  # the last one written
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # nothing left beside it

@@ -6,12 +6,25 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import tempfile
 from pathlib import Path
 
-__all__ = ["dump_dir", "dump_name", "dumped_as", "global_rank", "job_id", "safe_name"]
+__all__ = [
+    "dump_dir",
+    "dump_name",
+    "dumped_as",
+    "global_rank",
+    "job_id",
+    "replace_with",
+    "safe_name",
+]
+
+#: A number for each file written beside its place: two writes of one file at once on one
+#: thread (a dump on SIGUSR1 interrupting an error's dump) each get their own.
+_WRITES = itertools.count()
 
 
 def global_rank() -> int | None:
@@ -60,3 +73,13 @@ def dumped_as(name: str) -> tuple[int, int] | None:
 
 
 _NAME = re.compile(r"(?:comm([0-9a-f]+)\.)?rank(\d+)\.json")
+
+
+def replace_with(target: Path, text: str) -> None:
+    """Write ``text`` beside ``target`` and rename it over ``target``, so that a reader
+    never sees half of it. The file beside is this write's own: with one name per process
+    and thread, a dump that a signal handler wrote while the same thread was writing one
+    renamed it away first, and the interrupted dump failed ("No such file")."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{next(_WRITES)}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)

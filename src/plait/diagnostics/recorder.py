@@ -112,7 +112,14 @@ from plait.diagnostics.frames import (
     frame_json,
     threads,
 )
-from plait.diagnostics.places import dump_dir, dump_name, global_rank, job_id, safe_name
+from plait.diagnostics.places import (
+    dump_dir,
+    dump_name,
+    global_rank,
+    job_id,
+    replace_with,
+    safe_name,
+)
 from plait.diagnostics.schema import FORMAT, VERSION
 
 __all__ = [
@@ -617,9 +624,7 @@ class FlightRecorder:
         target = Path(path) if path is not None else self.path()
         target.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.describe(reason), indent=1)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        replace_with(target, text)
         return target
 
 

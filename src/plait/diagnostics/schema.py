@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from plait.diagnostics.places import replace_with
+
 __all__ = [
     "FORMAT",
     "LAUNCHER_NOTE",
@@ -409,9 +411,7 @@ def write_launcher_note(folder: Path, ended: Mapping[int, str], name: str = LAUN
         "time": time.time(),
         "ended": {str(r): how for r, how in ended.items()},
     }
-    tmp = folder / f".{name}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, folder / name)
+    replace_with(folder / name, json.dumps(doc))
 
 
 def load_all(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Dump], list[str]]:

@@ -48,6 +48,7 @@ from plait.diagnostics._trace_format import (
     slice_event,
     step_label,
 )
+from plait.diagnostics.places import replace_with
 from plait.diagnostics.recorder import FlightRecorder, Slot
 
 __all__ = ["CALLS_TID", "DEFAULT_EVENTS", "Timeline", "merge", "rank_path"]
@@ -240,9 +241,7 @@ class Timeline:
             doc["otherData"]["dropped_events"] = self.dropped
             if target.parent != Path():
                 target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc), encoding="utf-8")
-            os.replace(tmp, target)
+            replace_with(target, json.dumps(doc))
         finally:
             self._lock.release()
         return target
