@@ -385,7 +385,9 @@ def _generate(
             _CODE.clear()
         made = _CODE[source] = compile(source, _FILENAME, "exec")
     exec(made, env)
-    run: Callable[..., None] = env["run"]
+    # Out of its own globals: a function in the dict it reads would be a cycle, kept until
+    # the collector runs, and with it the window's views (the segments stay mapped).
+    run: Callable[..., None] = env.pop("run")
     return run
 
 
