@@ -163,6 +163,12 @@ def test_a_missing_script_is_reported_once(
         (["--", "no-such-program-xyz"], "command not found: no-such-program-xyz"),
         (["--", "./no-such-file"], "cannot run ./no-such-file: it does not exist"),
         (["python3", "missing.py"], "no such script: missing.py"),
+        # the script after python's own options (it was looked for only right after python)
+        (["python3", "-u", "missing.py"], "no such script: missing.py"),
+        (["python3", "-X", "dev", "-W", "error", "missing.py"], "no such script: missing.py"),
+        # a script named as a command ("command not found: job.py")
+        (["--", "job.py"], "cannot run job.py as a command: it is not executable"),
+        (["--nnodes", "2", "--master-port", "9", "job.py"], "needs the same PLAIT_SECRET"),
         (["app"], "cannot run directory app: it has no __main__.py"),
         (["job.sh"], "job.sh is not executable and starts with '#!/bin/sh'"),
         (["-m"], "-m needs a module name"),
@@ -180,6 +186,8 @@ def test_mistakes_are_reported_once(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "app").mkdir()
     write(tmp_path / "job.sh", "#!/bin/sh\necho hi\n")  # lost its x bit
+    write(tmp_path / "job.py", "print('hi')\n")
+    monkeypatch.delenv("PLAIT_SECRET", raising=False)
     err = fails(["run", "-n", "3", *argv], capsys)
     assert err.count("\n") == 1, err
     assert err.startswith("plait run: error: ")

@@ -310,7 +310,7 @@ def test_a_rank_killed_under_plait_run_leaves_the_others_dumps_and_a_note(
     out = res.stdout + res.stderr
     assert res.returncode == 128 + 9, out[-3000:]
     folder = tmp_path / "dumps" / "diagjob"
-    assert "dumped where they were first: plait analyze" in out, out[-3000:]
+    assert "dumped their calls before being stopped: plait analyze" in out, out[-3000:]
     assert (folder / "launcher.json").exists(), out[-3000:]
     analyze = _analyze(folder)
     report = " ".join(analyze.stdout.split())

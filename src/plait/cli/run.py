@@ -224,18 +224,28 @@ def _check_program(word: str) -> None:
         if os.sep in word:
             state = "is not executable" if os.path.exists(word) else "does not exist"
             _usage_error(f"cannot run {word}: it {state}")
+        if os.path.isfile(word):  # here, but not a program: a script to give without --
+            _usage_error(
+                f"cannot run {word} as a command: it is not executable (a Python script "
+                f"runs as plait run ... {word}, without -- or --no-python)"
+            )
         _usage_error(f"command not found: {word}")
 
 
 def _check_python_script(words: Sequence[str]) -> None:
     """For a ``python X.py ...`` command, fail once if X.py is missing rather than on every rank."""
-    if (
-        len(words) > 1
-        and _PYTHON.fullmatch(os.path.basename(words[0]))
-        and words[1].endswith(".py")
-        and not os.path.isfile(words[1])
-    ):
-        _usage_error(f"no such script: {words[1]}")
+    if len(words) < 2 or not _PYTHON.fullmatch(os.path.basename(words[0])):
+        return
+    rest = iter(words[1:])
+    for word in rest:  # the script is the first word that is not an option or its value
+        if word in ("-W", "-X"):
+            next(rest, None)
+        elif word in ("-", "-c", "-m"):
+            return
+        elif not word.startswith("-"):
+            if word.endswith(".py") and not os.path.isfile(word):
+                _usage_error(f"no such script: {word}")
+            return
 
 
 def _looks_like_script(word: str) -> bool:
@@ -330,9 +340,9 @@ def main(args: argparse.Namespace) -> int:
         _usage_error(f"--stall-timeout must be a number of seconds >= 0, not {stall_timeout}")
     command = rank_command(args)
     if args.nnodes > 1 and os.environ.get("PLAIT_SECRET") is None:
-        raise SystemExit(
-            "plait run: --nnodes > 1 needs the same PLAIT_SECRET in every launcher's "
-            "environment (e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
+        _usage_error(
+            "--nnodes > 1 needs the same PLAIT_SECRET in every launcher's environment "
+            "(e.g. export PLAIT_SECRET=$(openssl rand -hex 16))"
         )
     job = Job(
         command,

@@ -228,7 +228,7 @@ class StallResponder:
         done = [r.rank for r in signalled if _newer(self.folder / dump_name(0, r.rank), start)]
         if not done:
             return f"asked {_ranks([r.rank for r in signalled])} to dump; none did in {seconds:g} s"
-        return f"{_ranks(done)} dumped where they were first: plait analyze {folder}"
+        return f"{_ranks(done)} dumped their calls before being stopped: plait analyze {folder}"
 
 
 def _newer(path: Path, since: float) -> bool:
