@@ -575,11 +575,17 @@ def init(
     try:
         host = os.environ.get("PLAIT_HOST") or socket.gethostname()
         if rank == 0:  # before its host: a rank that has met every host reads it
-            group.set("run", secrets.token_hex(6).encode())
+            group.set("run", f"{secrets.token_hex(6)} {size}".encode())
         group.set(f"host/{rank}", host.encode())
         _meet(group, rank, size, seconds, None if timeout is None else left(), info)
         hosts = [group.get(f"host/{r}").decode() for r in range(size)]
-        run = group.get("run").decode()
+        run, _, sized = group.get("run").decode().partition(" ")
+        if sized != str(size):  # launchers of one job told its ranks different sizes
+            raise RendezvousError(
+                f"rank {rank} of {size}: rank 0 is in a job of {sized} ranks, this rank in one "
+                f"of {size}: the ranks' launchers disagree on the job's size (plait run: the "
+                "same -n and --nnodes on every host)"
+            )
         # One place chooses the link per peer pair (plait.transport.route); "hybrid" and
         # "auto" allow both kinds, shared memory first.
         from plait.transport.route import LINKS, connect

@@ -55,3 +55,30 @@ def test_init_keeps_one_deadline(timeout: float) -> None:
         assert time.monotonic() - start < timeout + 5
     finally:
         server.close()
+
+
+@pytest.mark.multiprocess
+def test_ranks_told_different_job_sizes_say_so() -> None:
+    """Two launchers given different -n numbered their ranks from different sizes (node 1's
+    only rank was rank 1 of 2, node 0's ranks 0 and 1 of 4): node 1's rank failed with "the
+    connection broke; is the store server still running?", node 0's waited out its timeout."""
+    sized = RANK.replace("size=3", "size=int(sys.argv[3])").replace("timeout=1.5", "timeout=4")
+    with TCPStoreServer("127.0.0.1", 0) as server:
+        url = f"tcp://127.0.0.1:{server.port}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", sized, str(r), url, str(n)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for r, n in ((0, 4), (1, 2))
+        ]
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    kind, took, msg = outs[1].strip().split("|", 2)
+    assert kind == "RendezvousError", outs
+    assert msg.startswith(
+        "rank 1 of 2: rank 0 is in a job of 4 ranks, this rank in one of 2: the ranks' "
+        "launchers disagree on the job's size"
+    ), outs
+    assert float(took) < 3  # once rank 0 is there, not at its timeout
+    assert outs[0].startswith("StoreTimeout|"), outs  # ranks 2 and 3 never came
