@@ -15,6 +15,7 @@ import pytest
 from bench_helpers import FAST, ROW_LINE, Running, assert_clean_table, bench, series, tables
 
 import plait
+from plait.algos import get
 from plait.bench import runner
 from plait.bench.runner import Series
 from plait.cli import bench as bench_cli
@@ -178,7 +179,7 @@ def test_bad_arguments_fail_before_any_rank_starts(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
     res, doc = bench(args, tmp_path, timeout=30, fast=False)
-    assert res.returncode != 0
+    assert res.returncode == 2  # a usage error, as argparse's own
     assert message in res.stderr
     assert res.stdout == ""
     assert doc is None
@@ -250,6 +251,109 @@ def test_runner_reports_ranks_that_wrote_nothing() -> None:
     s = runner._series(Series("plait", "plait", "shm", "auto"), 3, {"rows": [], "error": "x"}, 0.5)
     assert s.error == "x"
     assert sys.executable  # the helpers run the bench with this interpreter
+
+
+def test_runner_gives_each_algorithm_its_own_error() -> None:
+    # The error of one algorithm (arena's, over TCP) was copied onto every series.
+    live = runner.Live(rows=False, bar=False)
+    bases = [Series("plait", f"plait-tcp {a}", "tcp", a) for a in ("ring", "arena")]
+    rows = [{"requested": "ring", "bytes": 8}]
+    result = {"rows": rows, "refused": {"arena": "arena is one-sided"}}
+    ring, arena = runner._collect(bases, "plait-tcp", 0, result, 0.5, live)
+    assert (ring.error, ring.rows) == (None, rows)
+    assert (arena.error, arena.rows) == ("arena is one-sided", [])
+    result = {"rows": rows, "error": "rank 0: CommTimeout: late", "failed": "arena"}
+    ring, arena = runner._collect(bases, "plait-tcp", 3, result, 0.5, live)
+    assert ring.error == "stopped after 1 rows, when arena failed"
+    assert arena.error == "rank 0: CommTimeout: late"
+
+
+def test_one_sided_algorithms_over_tcp(tmp_path: Path) -> None:
+    """Named, arena fails in its own series and ring is measured; all leaves arena out."""
+    res, doc = bench("-n 2 -s 1K -a ring,arena -t tcp", tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert doc is not None
+    ring, arena = doc["series"]
+    assert ring["error"] is None
+    assert [(r["bytes"], r["algorithm"], r["wrong"]) for r in ring["rows"]] == [(1024, "ring", 0)]
+    assert "algorithm 'arena' is one-sided" in arena["error"]
+    assert arena["rows"] == []
+    assert "Traceback" not in res.stderr  # refused before any call, on every rank alike
+    res, doc = bench("-n 2 -s 1K -a all -t tcp", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert doc is not None
+    one_sided = [a for a in plait.algorithms("allreduce") if get("allreduce", a).needs_window]
+    assert one_sided
+    note = f"plait bench: --algo all leaves out {', '.join(one_sided)} over tcp: one-sided"
+    assert note in res.stderr
+    labels = [s["label"] for s in doc["series"]]
+    assert labels == [
+        f"plait-tcp {a}"
+        for a in plait.algorithms("allreduce")
+        if a not in one_sided and not get("allreduce", a).needs_fabric
+    ]
+    assert all(s["error"] is None and len(s["rows"]) == 1 for s in doc["series"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timeout", "0"], "--timeout must be a number of seconds > 0, not 0.0"),
+        (["--timeout", "-3"], "--timeout must be a number of seconds > 0, not -3.0"),
+        (["--timeout", "nan"], "--timeout must be a number of seconds > 0, not nan"),
+        (["--seconds", "nan"], "--seconds must be a number of seconds > 0, not nan"),
+        (["--seconds", "-1"], "--seconds must be a number of seconds > 0, not -1.0"),
+        (["--seconds", "inf"], "--seconds must be a number of seconds > 0, not inf"),
+        (["--iters", "0"], "--iters must be at least 1, not 0"),
+        (["--warmup", "-1"], "--warmup must be at least 0, not -1"),
+        (["--rounds", "0"], "--rounds must be at least 1, not 0"),
+        (["-n", "0"], "-n must be at least 1, not 0"),
+        (["-s", "3"], "-s: 3 B is below one float32 element (4 B)"),
+        (["-s", "8", "-d", "longdouble"], "-s: 8 B is below one longdouble element (16 B)"),
+        (["allgather", "-n", "4", "-b", "2", "-e", "8"], "-e: 8 B is below one float32 element "
+         "per rank (4 ranks of 4 B: 16 B)"),
+        (["--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: "
+         "/nonexistent/dir does not exist"),
+        (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv: /nonexistent does not exist"),
+    ],
+)  # fmt: skip
+def test_usage_errors_exit_2_before_any_rank_starts(
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --timeout 0 was a traceback, --seconds nan crashed the ranks, --seconds -1 and --iters 0
+    # ran (rows of no time), -s 3 measured 0 bytes, a --json in no folder failed after the run.
+    from plait.cli.__main__ import main
+
+    def no_run(*args: object) -> list[Series]:
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(runner, "run_plait", no_run)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *args])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: plait bench")
+    assert err.splitlines()[-1].startswith(f"plait bench: error: {message}")  # one line
+
+
+def test_a_plot_matplotlib_cannot_save_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip(
+        "matplotlib", reason="matplotlib is not installed (pip install 'plait[plot]')"
+    )
+    from plait.cli.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--plot", "p.xyz"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # it was a matplotlib traceback after the whole run
+    assert "plait bench: error: --plot p.xyz: matplotlib cannot save .xyz files; expected" in err
 
 
 def test_model_column_with_a_profile(tmp_path: Path) -> None:

@@ -202,3 +202,48 @@ def test_per_round_policy_divides_the_budget() -> None:
     assert split.iters_for(0.01) == 10
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         IterationPolicy(rounds=0).per_round()
+
+
+def test_an_algorithm_the_communicator_cannot_run_is_its_own_series_error(
+    tmp_path: Path,
+) -> None:
+    # One-sided arena where the ranks share no window (TCP): its UnsupportedError ended the
+    # whole sweep, so ring, which runs there, got no row either (and arena's error).
+    spec = make_spec(tmp_path, size=2, algorithms=["ring", "arena", "recursive_doubling"])
+    spec = replace(spec, policy={**spec.policy, "rounds": 2})
+    codes = run_ranks(2, lambda comm: run_sweep(PlaitBackend(comm), spec), window=0)
+    assert codes == [0, 0]
+    result = json.loads(Path(spec.results).read_text())
+    assert "error" not in result
+    assert list(result["refused"]) == ["arena"]
+    assert "algorithm 'arena' is one-sided" in result["refused"]["arena"]
+    rows = result["rows"]
+    for algorithm in ("ring", "recursive_doubling"):
+        mine = [r for r in rows if r["requested"] == algorithm]
+        assert [(r["bytes"], r["count"]) for r in mine] == [tuple(p) for p in spec.points]
+        assert all(r["wrong"] == 0 and r["algorithm"] == algorithm for r in mine)
+    progress = Path(spec.progress).read_text().splitlines()  # type: ignore[arg-type]
+    assert progress[0] == "refused arena"
+    n = 2 * len(spec.points)  # the rows still to come once arena was refused
+    assert [line.split()[:2] for line in progress[1:]] == [
+        [str(i), str(n)] for i in range(1, n + 1)
+    ]
+
+
+class FailingBackend(RecordingBackend):
+    """A backend whose ``b`` fails at the second size, as a broken call would."""
+
+    def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:
+        if algorithm == "b" and point.nbytes == 64:
+            raise RuntimeError("boom")
+        return super().prepare(spec, point, bufs, algorithm)
+
+
+def test_a_failed_call_names_its_algorithm(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "barrier", size=2, algorithms=["a", "b", "c"])
+    spec = replace(spec, points=[(16, 0), (64, 0)])
+    assert run_sweep(FailingBackend(slow=""), spec) == EXIT_FAILED
+    result = json.loads(Path(spec.results).read_text())
+    assert result["error"] == "rank 0: RuntimeError: boom"
+    assert result["failed"] == "b"
+    assert [(r["bytes"], r["requested"]) for r in result["rows"]] == [(16, a) for a in "abc"]

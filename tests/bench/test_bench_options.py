@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,46 @@ def test_bench_algo_all_says_it_leaves_in_network_out(capsys: pytest.CaptureFixt
     assert "--algo all leaves out in_network (simulator only: it needs aggregating switches" in err
     bench_cli._check(parse("bench", ["allgather", "-a", "all", "-e", "8"]))
     assert capsys.readouterr().err == ""  # nothing left out
+
+
+def test_outputs_are_checked_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ok = ["--json", str(tmp_path / "a.json"), "--csv", str(tmp_path / "a.csv")]
+    options.check_outputs(parse("sim", [*ok, "--plot", str(tmp_path / "a.PNG")]))
+    options.check_outputs(parse("sim", ["--plot", "plot"]))  # no extension: matplotlib's PNG
+    with pytest.raises(ValueError, match=re.escape(f"--json {tmp_path} is a folder")):
+        options.check_outputs(parse("bench", ["--json", str(tmp_path)]))
+    missing = tmp_path / "no" / "x.json"
+    with pytest.raises(ValueError, match=re.escape(f"--trace {missing}: {missing.parent} does")):
+        options.check_outputs(parse("sim", ["--trace", str(missing)]), "trace")
+    file = tmp_path / "file"
+    file.write_text("")
+    with pytest.raises(ValueError, match=re.escape(f"{file} is not a folder")):
+        options.check_outputs(parse("bench", ["--csv", str(file / "x.csv")]))
+    # without matplotlib: its usual formats, and it is not imported to ask
+    monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None)
+    assert options.plot_formats() == ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps")
+    with pytest.raises(ValueError, match=r"cannot save \.xyz files; expected .*\.png, \.pdf"):
+        options.check_outputs(parse("bench", ["--plot", "p.xyz"]))
+
+
+@pytest.mark.parametrize(
+    ("collective", "sizes", "message"),
+    [
+        ("allreduce", [0], None),  # an empty row, asked for
+        ("allreduce", [1, 2, 4], None),  # the smaller sizes collapse onto the 0-byte row
+        ("barrier", [8], None),  # no data to size
+        ("allreduce", [3], "-e: 3 B is below one float32 element (4 B)"),
+        ("allgather", [8], "-e: 8 B is below one float32 element per rank (3 ranks of 4 B: 12 B)"),
+    ],
+)
+def test_a_sweep_that_would_hold_no_element_is_refused(
+    collective: str, sizes: list[int], message: str | None
+) -> None:
+    args = parse("bench", [])
+    if message is None:
+        options.check_elements(args, collective, sizes, 4, 3)
+    else:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            options.check_elements(args, collective, sizes, 4, 3)

@@ -219,3 +219,19 @@ def test_follower_hands_over_every_row_by_the_end_of_the_block(tmp_path: Path) -
         for i, n in enumerate((8, 64, 512)):
             f.write(f"{i + 1} 3 {n} {json.dumps(row(n, 1.0))}\n")
     assert [r["bytes"] for r in live.series_rows("plait", "ring")] == [8, 64, 512]
+
+
+def test_a_refused_algorithm_leaves_the_estimate(tmp_path: Path) -> None:
+    # Its rows would never come: the count and the time left went on waiting for them.
+    path = tmp_path / "progress"
+    est = Estimator(IterationPolicy(iters=3, warmup=1), [("plait-tcp", ["ring", "arena"], [8, 64])])
+    out = io.StringIO()
+    live = Live(est, out, bar=False)
+    follower = Follower("plait-tcp", str(path), live, interval=60.0)  # polled by hand below
+    live.begin("plait-tcp")
+    with path.open("w") as f:
+        f.write(f"refused arena\n1 2 8 {json.dumps(row(8, 5.0))}\n")
+    assert follower.poll() == 1
+    assert (est.done, est.total, est.planned) == (1, 2, 4)
+    assert est.jobs["plait-tcp"].pending == [("ring", 64)]
+    assert out.getvalue().splitlines()[0].endswith("[1/2, under a second left]")

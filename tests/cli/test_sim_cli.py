@@ -81,13 +81,55 @@ def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixtur
         (["-a", "nope"], "no algorithm 'nope'"),
         (["-c", "allsum"], "unknown collective"),
         (["-f", "1"], "at least 2"),
+        (["-n", "0"], "-n must be at least 1, not 0"),  # said: --root must be in 0..-1
+        (["-n", "-3", "-a", "ring"], "-n must be at least 1, not -3"),
+        (["--segment", "-5"], "--segment '-5': expected a size in bytes (e.g. 64K), 0"),
+        (["--segment", "1X"], "--segment '1X': expected a size in bytes"),
+        (["-s", "3"], "-s: 3 B is below one float32 element (4 B)"),
+        (["-s", "8", "-d", "longdouble"], "-s: 8 B is below one longdouble element (16 B)"),
+        (["reduce_scatter", "-s", "16"], "-s: 16 B is below one float32 element per rank"),
+        (["-a", "in_network", "-s", "1K"], "'in_network' needs switches that reduce in flight: "
+         "give them aggregation memory with --topology switch, fat-tree:K or hosts:K and "
+         "--aggregation BYTES"),
+        (["--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: /nonexistent does not"),
+        (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv: /nonexistent does not"),
+        (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: /nonexistent does not"),
     ],
-)
+)  # fmt: skip
 def test_bad_input_exits_2_with_a_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture
 ) -> None:
     assert main(["sim", "-n", "8", *argv]) == 2
-    assert message in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before anything ran (a bad --json failed after the run)
+    assert err.startswith("usage: plait sim")
+    assert err.splitlines()[-1].startswith("plait sim: error: ")  # one line
+    assert message in err
+    assert "leaves out" not in err  # --algo all's note comes after the checks
+
+
+def test_a_plot_matplotlib_cannot_save_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    pytest.importorskip(
+        "matplotlib", reason="matplotlib is not installed (pip install 'plait[plot]')"
+    )
+    assert main(["sim", "-n", "8", "-a", "ring", "-s", "1K", "--plot", "p.xyz"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # it was a matplotlib traceback after the run
+    assert "plait sim: error: --plot p.xyz: matplotlib cannot save .xyz files; expected" in err
+
+
+def test_segment_takes_sizes_as_the_size_options_do(tmp_path: Path) -> None:
+    # --segment 64K was "invalid literal for int()".
+    times = {}
+    out = tmp_path / "sim.json"
+    for segment in ("64K", "65536", "0", "default"):
+        argv = ["sim", "-n", "4", "-c", "broadcast", "-a", "binomial", "-s", "1M"]
+        assert main([*argv, "--segment", segment, "--json", str(out)]) == 0
+        times[segment] = json.loads(out.read_text())["results"][0]["time_s"]
+    assert times["64K"] == times["65536"]
+    assert times["64K"] != times["0"]
 
 
 def test_beta_accepts_a_fraction(capsys: pytest.CaptureFixture) -> None:

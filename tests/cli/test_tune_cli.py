@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,8 +111,31 @@ def test_show_refuses_a_bad_rules_file(
     assert code == 1
     assert f"rules file {rules}: [[broadcast]] entry 1: hosts = 'many'" in err
     code, _, err = _show(["-n", "3", "--hosts", "2"], capsys)
-    assert code == 1
+    assert code == 2
     assert "--hosts 2 must divide -n 3" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--show", "-n", "0"], "-n must be at least 1, not 0"),
+        (["--show", "-n", "-3"], "-n must be at least 1, not -3"),
+        (["--show", "--hosts", "0"], "--hosts must be at least 1, not 0"),
+        (["--timeout", "0"], "--timeout must be a number of seconds > 0, not 0.0"),
+        (["--timeout", "-3"], "--timeout must be a number of seconds > 0, not -3.0"),
+        (["--timeout", "nan"], "--timeout must be a number of seconds > 0, not nan"),
+    ],
+)
+def test_bad_options_are_usage_errors(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # -n 0 said "--hosts 1 must divide -n 0", and --timeout 0 printed subprocess's exception.
+    from plait.cli.__main__ import main
+
+    assert main(["tune", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: plait tune")
+    assert err.endswith(f"plait tune: error: {message}\n")
 
 
 def test_show_gives_the_one_sided_choices_where_the_ranks_share_a_window(
@@ -146,3 +172,88 @@ def test_fit_keeps_a_positive_slope_when_one_large_size_was_slowed() -> None:
     alpha, beta = fit(sizes, times)
     assert alpha == times[0]
     assert 0 < beta < 2.4e-3 / (4 << 20)
+
+
+def _run_of(tmp: Path) -> dict[int, list[str]]:
+    """The processes of a measurement whose folder is under ``tmp``: its launcher (``plait
+    run ... -m plait.cli.tune_rank``) and its ranks, by pid, with their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # it exited meanwhile
+            continue
+        if "plait.cli.tune_rank" in words and any(str(tmp) in w for w in words):
+            found[int(entry.name)] = words
+    return found
+
+
+def _ranks_of(tmp: Path) -> list[int]:
+    """The pids of the measurement's ranks (not its launcher)."""
+    return [pid for pid, words in _run_of(tmp).items() if "run" not in words]
+
+
+def _start_tune(tmp_path: Path, timeout: float) -> tuple[subprocess.Popen[str], Path]:
+    """``plait tune`` whose ranks hang before they meet; its temporary folders under a
+    folder of this test (returned), so that its ranks can be told from any other run's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # A rank (it alone has PLAIT_LOCAL_RANK) sleeps before plait.init: an orphan would live on.
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif 'PLAIT_LOCAL_RANK' in os.environ:\n    time.sleep(60)\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(site), env.get("PYTHONPATH", "")]), TMPDIR=str(tmp))
+    cmd = [sys.executable, "-m", "plait", "tune", "--no-tcp", "--timeout", str(timeout)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, tmp
+
+
+def _end(proc: subprocess.Popen[str], tmp: Path) -> list[int]:
+    """Kill what is left of a run (by pid); the launcher and ranks that were still alive."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+    left = list(_run_of(tmp))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_timeout_stops_the_ranks_of_the_measurement(tmp_path: Path) -> None:
+    # The launcher was killed with SIGKILL at the timeout, which left its ranks running.
+    proc, tmp = _start_tune(tmp_path, 4)
+    try:
+        _, err = proc.communicate(timeout=40)
+        assert proc.returncode == 1, err
+        assert "measuring over shm took more than --timeout 4 s; stopped" in err
+        assert _run_of(tmp) == {}
+        assert list(tmp.iterdir()) == []  # its temporary folder is gone
+    finally:
+        assert _end(proc, tmp) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_sigterm_stops_the_ranks_of_the_measurement(tmp_path: Path) -> None:
+    proc, tmp = _start_tune(tmp_path, 40)
+    try:
+        deadline = time.monotonic() + 20
+        while len(_ranks_of(tmp)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_ranks_of(tmp)) == 2, "the ranks did not start"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert "plait tune: interrupted (SIGTERM); the measurement was stopped" in err
+        assert _run_of(tmp) == {}
+        assert list(tmp.iterdir()) == []
+    finally:
+        assert _end(proc, tmp) == []

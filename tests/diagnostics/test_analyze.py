@@ -717,3 +717,13 @@ def test_a_launcher_note_of_another_run_is_left_out(
     write_launcher_note(tmp_path, {2: "was killed by SIGKILL"})  # now: years after T0
     main([str(tmp_path)])
     assert "SIGKILL" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("late", ["-1", "-0.5", "nan", "soon"])
+def test_a_negative_late_is_a_usage_error(late: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--late -1 was accepted, and every rank was reported late."""
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main(["some-folder", "--late", late])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --late: expected a number of seconds >= 0, not {late!r}" in err

@@ -25,8 +25,15 @@ keeps them if the run is interrupted (:mod:`plait.bench.progress`).
 
 A backend that cannot run a row at all (a dtype or op its library lacks)
 raises :class:`Unsupported` from ``prepare``, on every rank alike: the sweep
-stops there with that message and the worker exits 0. Any other error stops
-the sweep too; rank 0 still writes the rows done so far, with the error, and
+stops there with that message and the worker exits 0. A backend that cannot
+run one algorithm here (a one-sided one where the ranks share no window)
+raises :class:`Refused` from ``prepare``, on every rank alike and before any
+call: that algorithm is left out of the rest of the sweep, its reason is its
+series' error (``refused`` in the results, a ``refused ALGORITHM`` line in the
+progress file), and the other algorithms go on. Any other error stops the
+sweep, since a failed call may leave the ranks disagreeing on what was
+exchanged (a plait communicator is then broken); rank 0 still writes the rows
+done so far, with the error and the algorithm that failed (``failed``), and
 the worker exits non-zero.
 """
 
@@ -51,6 +58,7 @@ __all__ = [
     "EXIT_FAILED",
     "Backend",
     "Prepared",
+    "Refused",
     "SweepSpec",
     "Unsupported",
     "load_spec",
@@ -65,6 +73,14 @@ EXIT_FAILED = 3
 
 class Unsupported(Exception):
     """This system cannot run the row (raised alike on every rank, before any communication)."""
+
+
+class Refused(Exception):
+    """This system cannot run one algorithm of the sweep here; the others can.
+
+    Raised from ``prepare`` alike on every rank, before any communication, so the
+    ranks leave the algorithm out together and go on with the others.
+    """
 
 
 @dataclass
@@ -124,7 +140,10 @@ class Backend(Protocol):
     def prepare(
         self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str
     ) -> Prepared:  # pragma: no cover - protocol
-        """Bind the row's call to ``bufs``; raise :class:`Unsupported` if it cannot run."""
+        """Bind the row's call to ``bufs``.
+
+        Raise :class:`Unsupported` if no row can run, :class:`Refused` if ``algorithm`` cannot.
+        """
         ...
 
     def broadcast_int(self, value: int) -> int:  # pragma: no cover - protocol
@@ -218,10 +237,12 @@ def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = N
     policy = IterationPolicy(**spec.policy)
     per_round = policy.per_round()
     rows: list[dict[str, Any]] = []
+    refused: dict[str, str] = {}  # algorithm -> why this system cannot run it here
     result: dict[str, Any] = {"label": spec.label, "size": backend.size, "info": info or {}}
     total = len(spec.points) * len(spec.algorithms)
     progress = open(spec.progress, "a") if spec.progress and backend.rank == 0 else None  # noqa: SIM115
     status = 0
+    algorithm = ""
     try:
         for nbytes, count in spec.points:
             point = Point(nbytes, count)
@@ -231,11 +252,22 @@ def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = N
                 # a slow drift of the machine then falls on all of them alike.
                 order = spec.algorithms if r % 2 == 0 else spec.algorithms[::-1]
                 for algorithm in order:
-                    measured = _time_round(backend, spec, point, algorithm, per_round)
+                    if algorithm in refused:
+                        continue
+                    try:
+                        measured = _time_round(backend, spec, point, algorithm, per_round)
+                    except Refused as exc:
+                        refused[algorithm] = str(exc)
+                        measured_rows = sum(r["requested"] == algorithm for r in rows)
+                        total -= len(spec.points) - measured_rows
+                        if progress is not None:
+                            progress.write(f"refused {algorithm}\n")
+                            progress.flush()
+                        continue
                     if measured is not None:
                         done[algorithm].append(measured)
             for algorithm in spec.algorithms:
-                if not done[algorithm]:
+                if not done[algorithm] or algorithm in refused:
                     continue
                 row = _row(spec, point, done[algorithm], backend.size)
                 row["requested"] = algorithm
@@ -248,11 +280,13 @@ def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = N
     except Exception as exc:
         traceback.print_exc()
         result["error"] = f"rank {backend.rank}: {type(exc).__name__}: {exc}"
+        result["failed"] = algorithm
         status = EXIT_FAILED
     finally:
         if progress is not None:
             progress.close()
     result["rows"] = rows
+    result["refused"] = refused
     if backend.rank == 0:
         _write_results(spec, result)
     return status

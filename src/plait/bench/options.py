@@ -26,9 +26,12 @@ and resolved by :func:`resolve_collective` and :func:`resolve_sizes`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 __all__ = [
     "DeprecatedAlias",
@@ -41,9 +44,35 @@ __all__ = [
     "add_reduction",
     "add_sizes",
     "algorithm_listing",
+    "check_elements",
+    "check_outputs",
+    "plot_formats",
     "resolve_collective",
     "resolve_sizes",
+    "usage",
+    "usage_error",
 ]
+
+
+def usage(args: argparse.Namespace, prog: str, message: str) -> int:
+    """Say that the command was called wrongly, as argparse does; the exit code, 2.
+
+    On stderr, through the subcommand's parser (``args._parser``, set by
+    :mod:`plait.cli.__main__`) as when it refuses an option of the wrong type: the
+    usage, then ``PROG: error: MESSAGE``. Arguments made without one (a test's) get
+    that last line alone.
+    """
+    parser = getattr(args, "_parser", None)
+    if isinstance(parser, argparse.ArgumentParser):
+        parser.print_usage(sys.stderr)
+        prog = parser.prog
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def usage_error(args: argparse.Namespace, prog: str, message: str) -> NoReturn:
+    """:func:`usage`, then exit with its code: a usage error found below ``main``."""
+    raise SystemExit(usage(args, prog, message))
 
 
 def add_alias(parser: argparse.ArgumentParser, *flags: str, dest: str, **kwargs: Any) -> None:
@@ -183,6 +212,43 @@ def resolve_sizes(
     return b, e, f, size_range(b, e, f)
 
 
+def check_elements(
+    args: argparse.Namespace, collective: str, sizes: Sequence[int], itemsize: int, ranks: int
+) -> None:
+    """Refuse sizes too small to hold an element: a sweep whose every row would be empty.
+
+    A size holds ``count`` elements of ``args.dtype`` (``itemsize`` bytes each), rounded
+    down to whole blocks of ``ranks`` for the block collectives (:mod:`plait.bench.sweep`).
+    Smaller sizes of a sweep collapse onto its 0-byte row; but where even the largest
+    size holds nothing (``-s 3`` of float32), the command would time or simulate nothing
+    at all. ``-s 0`` (an empty row, on purpose) is accepted.
+
+    Raises:
+        ValueError: the largest size is above 0 and holds no element.
+    """
+    from plait import collectives
+    from plait.bench.sweep import element_count
+
+    described = collectives.get(collective)
+    largest = max(sizes, default=0)
+    if described.synchronizes or largest == 0:
+        return
+    if element_count(collective, largest, itemsize, ranks) > 0:
+        return
+    least = described.whole_count(1, ranks) * itemsize
+    element = f"one {args.dtype} element"
+    what = (
+        f"{element} ({itemsize} B)"
+        if least == itemsize
+        else f"{element} per rank ({ranks} ranks of {itemsize} B: {least} B)"
+    )
+    flag = "-s" if args.sizes is not None else "-e"
+    raise ValueError(
+        f"{flag}: {largest} B is below {what}, so no row would hold data; "
+        f"give sizes of at least {least} B (or 0 for an empty row)"
+    )
+
+
 def add_algorithms(parser: argparse.ArgumentParser, dest: str, default: str, text: str) -> None:
     """``-a/--algo`` (``--algorithm`` kept as an alias)."""
     parser.add_argument("-a", "--algo", dest=dest, default=default, metavar="ALGO", help=text)
@@ -212,6 +278,55 @@ def add_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", metavar="FILE", help="draw busbw and time against size (PNG, SVG, PDF)"
     )
+
+
+#: The formats ``--plot`` writes where matplotlib is not installed to say (its usual ones).
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps")
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The file extensions matplotlib saves: its own list if installed, else the usual ones."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return PLOT_FORMATS
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def check_outputs(args: argparse.Namespace, *more: str) -> None:
+    """Refuse output files that could not be written, before the run, not after it.
+
+    ``--json``, ``--csv``, ``--plot`` and the options named in ``more`` (``"trace"``):
+    each file's folder must exist and be writable, the file must not be a folder, and
+    the plot's extension must be a format matplotlib saves (none: matplotlib's PNG).
+
+    Raises:
+        ValueError: the first file that could not be written, and why.
+    """
+    for name in ("json", "csv", "plot", *more):
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        target = Path(path)
+        folder = target.parent
+        if target.is_dir():
+            raise ValueError(f"--{name} {path} is a folder; expected a file name")
+        if not folder.is_dir():
+            state = "is not a folder" if folder.exists() else "does not exist"
+            raise ValueError(f"--{name} {path}: {folder} {state}; expected an existing folder")
+        if not os.access(folder, os.W_OK | os.X_OK) or (
+            target.exists() and not os.access(target, os.W_OK)
+        ):
+            raise ValueError(f"--{name} {path}: not writable; expected a file this user can write")
+    plot = getattr(args, "plot", None)
+    suffix = Path(plot).suffix.lower().lstrip(".") if plot else ""
+    if suffix:
+        formats = plot_formats()
+        if suffix not in formats:
+            raise ValueError(
+                f"--plot {plot}: matplotlib cannot save .{suffix} files; expected a name "
+                f"ending in .{', .'.join(formats)}"
+            )
 
 
 def add_progress(parser: argparse.ArgumentParser, text: str) -> None:

@@ -1,7 +1,8 @@
 """What ``plait bench`` shows on stderr while its sweeps run, and the rows it keeps meanwhile.
 
 Rank 0 of a worker appends a line to a file after each row:
-``done total nbytes {row as JSON}``. A thread of the bench process
+``done total nbytes {row as JSON}`` (and ``refused ALGORITHM`` for an algorithm
+it cannot run, whose rows will not come). A thread of the bench process
 (:class:`Follower`) reads the new lines every tenth of a second and hands each
 row to :class:`Live`, which
 
@@ -183,6 +184,13 @@ class Estimator:
         self.total -= len(j.pending)
         j.pending.clear()
 
+    def drop(self, job: str, requested: str) -> None:
+        """The rows of ``job`` for the ``requested`` algorithm will not come (it was refused)."""
+        j = self.jobs[job]
+        kept = [p for p in j.pending if p[0] != requested]
+        self.total -= len(j.pending) - len(kept)
+        j.pending = kept
+
     def add(self, job: str, row: dict[str, Any], now: float) -> None:
         """A row of ``job`` was measured (its ``requested`` algorithm, ``bytes``, times)."""
         j = self.jobs[job]
@@ -302,6 +310,12 @@ class Live:
                 self.estimator.end(job)
             self._clear()
 
+    def refuse(self, job: str, requested: str) -> None:
+        """The ranks of ``job`` cannot run ``requested``: its rows will not come."""
+        with self._lock:
+            if self.estimator is not None and job in self.estimator.jobs:
+                self.estimator.drop(job, requested)
+
     def left(self) -> float | None:
         """The estimated seconds left (None before the first row or without an estimator)."""
         return None if self.estimator is None else self.estimator.left(self.clock())
@@ -389,7 +403,12 @@ class Follower:
             self._partial = lines.pop()  # an unfinished line waits for the rest
             n = 0
             for raw in lines:
-                parsed = parse_line(raw.decode(errors="replace"))
+                line = raw.decode(errors="replace")
+                words = line.split()
+                if len(words) == 2 and words[0] == "refused":
+                    self.live.refuse(self.job, words[1])
+                    continue
+                parsed = parse_line(line)
                 if parsed is not None and parsed[3] is not None:
                     self.live.add(self.job, parsed[3])
                     n += 1

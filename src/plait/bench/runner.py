@@ -182,9 +182,14 @@ def _collect(
     """One series per requested algorithm; raise :class:`Interrupted` if the run was stopped.
 
     Without a results file (the ranks were stopped, or died) the rows come from
-    the progress file, as they were measured.
+    the progress file, as they were measured. An algorithm the ranks refused
+    (:class:`plait.bench.loop.Refused`) has its reason as its series' error; where
+    one algorithm's call failed and stopped the sweep, its series has the error and
+    the others say that they stopped with it.
     """
     out = []
+    refused = result.get("refused", {}) if result is not None else {}
+    failed = result.get("failed") if result is not None else None
     for base in bases:
         s = _series(base, code, result, seconds)
         if result is None:
@@ -193,6 +198,11 @@ def _collect(
                 s.error = f"the ranks exited with code {code} after {len(s.rows)} rows"
         else:
             s.rows = [r for r in s.rows if r.get("requested", "auto") == base.requested]
+            if base.requested in refused:  # this algorithm alone could not run here
+                s.error = refused[base.requested]
+            elif s.error is not None and failed and failed != base.requested:
+                # Another algorithm's call failed, and the sweep stopped with it.
+                s.error = f"stopped after {len(s.rows)} rows, when {failed} failed"
         out.append(s)
     if code in INTERRUPT_CODES:
         for s in out:

@@ -14,9 +14,10 @@ import numpy as np
 
 import plait
 from plait.bench.data import Buffers, resolve_dtype
-from plait.bench.loop import Prepared, SweepSpec, op_by_name, worker_main
+from plait.bench.loop import Prepared, Refused, SweepSpec, op_by_name, worker_main
 from plait.bench.sweep import Point, selection_bytes
 from plait.collectives import get as collective_of
+from plait.errors import UnsupportedError
 from plait.schedule.builder import HostLayout
 from plait.selection.select import select
 
@@ -44,11 +45,34 @@ class PlaitBackend:
             c, self.size, nbytes, commutative=commutative, hosts=self._layout, shared=shared
         ).name
 
+    def _refuse(self, spec: SweepSpec, point: Point, algorithm: str) -> None:
+        """Raise :class:`Refused` if this communicator cannot run ``algorithm``.
+
+        Asked as a call asks it, before any byte moves (``Communicator._choose``: a
+        one-sided algorithm where the ranks share no window, over TCP): the same answer
+        on every rank, and the communicator stays usable, where the call itself would
+        raise on every rank and print a traceback per rank.
+        """
+        c = spec.collective
+        itemsize = resolve_dtype(spec.dtype).itemsize
+        nbytes = selection_bytes(c, point.count, itemsize, self.size)
+        op = op_by_name(spec.op) if collective_of(c).reduces else None
+        try:
+            self.comm._choose(c, algorithm, nbytes, op)
+        except UnsupportedError as exc:
+            raise Refused(str(exc)) from None
+
     def prepare(self, spec: SweepSpec, point: Point, bufs: Buffers, algorithm: str) -> Prepared:
-        """A zero-argument call of the row's collective on ``bufs``."""
+        """A zero-argument call of the row's collective on ``bufs``.
+
+        Raises:
+            Refused: this communicator cannot run ``algorithm`` (see :meth:`_refuse`).
+        """
         comm, c, root, size = self.comm, spec.collective, spec.root, self.size
         op = op_by_name(spec.op)
         inp, out = bufs.inp, bufs.out
+        if algorithm != "auto":
+            self._refuse(spec, point, algorithm)
         name = self._auto(spec, point) if algorithm == "auto" else algorithm
         a = algorithm
         k = point.count // size

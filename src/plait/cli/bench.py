@@ -22,7 +22,9 @@ algorithm plait ran, and the number of wrong elements (checked against a numpy
 reference outside the timed loop). --compare runs the same sweep through Open
 MPI (mpi4py; shared memory and TCP) and the gloo backend of torch.distributed
 where they are installed; --limits measures the machine's memory and loopback
-bandwidth. The exit code is 1 if plait failed or returned a wrong element.
+bandwidth. The exit code is 1 if plait failed or returned a wrong element,
+2 if the options were refused (before any rank starts). An algorithm a
+transport cannot run (a one-sided one over tcp) fails in its own series.
 plait sim takes the same options for the same things. See docs/bench.md.
 """
 
@@ -30,13 +32,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import platform
 import signal
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["add_arguments", "main"]
 
@@ -62,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser, "algo", "auto",
         "auto, an algorithm of the collective (listed below), several separated by commas, "
         "or all: every one a communicator can run, which leaves out in_network (simulator "
-        "only: it needs aggregating switches, plait sim --aggregation) (default auto)",
+        "only: it needs aggregating switches, plait sim --aggregation) and, over tcp, the "
+        "one-sided ones (they need the window of shm) (default auto)",
     )  # fmt: skip
     parser.add_argument(
         "--in-place",
@@ -107,16 +111,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fail(message: str) -> SystemExit:
-    return SystemExit(f"plait bench: {message}")
+def _usage(args: argparse.Namespace, message: str) -> NoReturn:
+    """Refuse the options as a usage error (exit code 2), before any rank starts."""
+    from plait.bench.options import usage_error
+
+    usage_error(args, "plait bench", message)
 
 
-def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+def _choices(args: argparse.Namespace, text: str, allowed: tuple[str, ...], what: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     for item in items:
         if item not in allowed:
-            raise _fail(f"unknown {what} {item!r}; expected one of {', '.join(allowed)}")
+            _usage(args, f"unknown {what} {item!r}; expected one of {', '.join(allowed)}")
     return list(dict.fromkeys(items))
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The call counts and the seconds: whole counts, and times that are numbers > 0."""
+    if args.nproc < 1:
+        _usage(args, f"-n must be at least 1, not {args.nproc}")
+    if args.iters is not None and args.iters < 1:  # 0 timed calls: a row with no time
+        _usage(args, f"--iters must be at least 1, not {args.iters}")
+    if args.warmup is not None and args.warmup < 0:
+        _usage(args, f"--warmup must be at least 0, not {args.warmup}")
+    if args.rounds < 1:
+        _usage(args, f"--rounds must be at least 1, not {args.rounds}")
+    if not 0 < args.seconds < math.inf:  # NaN and inf too: no count of calls fits them
+        _usage(args, f"--seconds must be a number of seconds > 0, not {args.seconds}")
+    if not args.timeout > 0:  # NaN too
+        _usage(args, f"--timeout must be a number of seconds > 0, not {args.timeout}")
 
 
 def _check(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,6 +147,8 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
 
     The collective and the sizes are resolved into ``args`` (``collective``,
     ``begin``, ``end``, ``factor``), as the header and the JSON file show them.
+    A mistake is a usage error (exit code 2); the notes on what ``--algo all``
+    leaves out come after every check has passed.
     """
     import plait
     from plait import collectives
@@ -133,6 +158,7 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     from plait.bench.loop import op_by_name
     from plait.bench.runner import transports as known_transports
 
+    _check_numbers(args)
     try:
         args.collective = options.resolve_collective(args, _COLLECTIVE)
         args.begin, args.end, args.factor, sizes = options.resolve_sizes(
@@ -140,57 +166,72 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
         )
         dtype = resolve_dtype(args.dtype)
         op = op_by_name(args.op)
+        options.check_elements(args, args.collective, sizes, dtype.itemsize, args.nproc)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
-    if args.nproc < 1:
-        raise _fail("-n must be at least 1")
+        _usage(args, str(exc))
     if not 0 <= args.root < args.nproc:
-        raise _fail(f"--root must be in 0..{args.nproc - 1}")
+        _usage(args, f"--root must be in 0..{args.nproc - 1}, not {args.root}")
     c = args.collective
     described = collectives.get(c)
     if described.reduces:
         try:
             op.check(dtype)
         except TypeError as exc:
-            raise _fail(f"{args.op} on {dtype}: {exc}") from None
+            _usage(args, f"{args.op} on {dtype}: {exc}")
     known = plait.algorithms(c)
     runnable = [a for a in known if not get(c, a).needs_fabric]  # not in_network: no switches
-    algos = runnable if args.algo == "all" else _choices(args.algo, ("auto", *known), "algorithm")
+    every = args.algo == "all"
+    algos = runnable if every else _choices(args, args.algo, ("auto", *known), "algorithm")
     for a in algos:
         if a != "auto" and get(c, a).needs_fabric:
-            raise _fail(
+            _usage(
+                args,
                 f"{c} algorithm {a!r} is simulator only: it needs aggregating switches "
                 "(switches that reduce in flight), which plait's transports do not have; "
-                "try it in plait sim --aggregation"
+                "try it in plait sim --aggregation",
             )
+    if described.synchronizes and algos != ["auto"]:
+        algos = ["auto"]  # the barrier takes no algorithm=
+    for a in algos:
+        if described.reduces and a != "auto" and not get(c, a).supports(commutative=op.commutative):
+            _usage(args, f"{c} algorithm {a!r} needs a commutative op; {args.op} is not")
+    transports = _choices(args, args.transport, known_transports(), "transport")
+    compare = _choices(args, args.compare, _COMPARE, "system to compare with")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _usage(args, "--plot needs matplotlib: pip install 'plait[plot]'")
+    try:
+        options.check_outputs(args)
+    except ValueError as exc:
+        _usage(args, str(exc))
+    # Over TCP the ranks share no window: the one-sided algorithms cannot run there (a lone
+    # rank's copy needs none). `all` leaves them out of those series; named, they are refused
+    # in their own series (plait.bench.worker).
+    one_sided = [a for a in algos if a != "auto" and get(c, a).needs_window]
+    by_transport = {
+        t: [a for a in algos if not (every and t == "tcp" and args.nproc > 1 and a in one_sided)]
+        for t in transports
+    }
     left_out = [a for a in known if a not in runnable]
-    if args.algo == "all" and left_out:
+    if every and left_out:
         print(
             f"plait bench: --algo all leaves out {', '.join(left_out)} (simulator only: it "
             "needs aggregating switches, plait sim --aggregation)",
             file=sys.stderr,
         )
-    if described.synchronizes and algos != ["auto"]:
-        algos = ["auto"]  # the barrier takes no algorithm=
-    for a in algos:
-        if described.reduces and a != "auto" and not get(c, a).supports(commutative=op.commutative):
-            raise _fail(f"{c} algorithm {a!r} needs a commutative op; {args.op} is not")
-    transports = _choices(args.transport, known_transports(), "transport")
-    compare = _choices(args.compare, _COMPARE, "system to compare with")
-    for n, what in ((args.iters, "--iters"), (args.warmup, "--warmup")):
-        if n is not None and n < 0:
-            raise _fail(f"{what} must be >= 0")
-    if args.rounds < 1:
-        raise _fail(f"--rounds must be at least 1, not {args.rounds}")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise _fail("--plot needs matplotlib: pip install 'plait[plot]'") from None
+    if every and "tcp" in transports and args.nproc > 1 and one_sided:
+        print(
+            f"plait bench: --algo all leaves out {', '.join(one_sided)} over tcp: one-sided, "
+            "they run only where all ranks share one host's window (-t shm or auto)",
+            file=sys.stderr,
+        )
     return {
         "sizes": sizes,
         "dtype": dtype,
         "algos": algos,
+        "by_transport": by_transport,
         "transports": transports,
         "compare": compare,
     }
@@ -252,7 +293,8 @@ def _plan(
     """Every system's (label, algorithms, sizes), in the order they run (for the estimate)."""
     from plait.bench import runner
 
-    jobs = [(runner.plait_label(t), checked["algos"], sizes) for t in checked["transports"]]
+    by_transport = checked["by_transport"]
+    jobs = [(runner.plait_label(t), by_transport[t], sizes) for t in checked["transports"]]
     if "mpi" in checked["compare"] and runner.mpi_missing() is None:
         jobs += [(f"mpi-{t}", ["auto"], sizes) for t in ("shm", "tcp")]
     if "gloo" in checked["compare"] and runner.gloo_missing() is None:
@@ -266,6 +308,8 @@ def main(args: argparse.Namespace) -> int:
     Returns 1 if plait failed or was wrong; after Ctrl-C (or SIGTERM), the table
     and files hold the rows measured until then and the code is 130 (or 143).
     """
+    from dataclasses import replace
+
     from plait.bench import progress, runner
     from plait.bench.limits import measure_limits
     from plait.bench.loop import SweepSpec
@@ -307,7 +351,8 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plait-bench-") as tmp:
         opts = runner.RunOptions(args.nproc, args.timeout, tmp, live)
         jobs: list[Any] = [
-            (lambda t=t: runner.run_plait(spec, t, opts)) for t in checked["transports"]
+            (lambda t=t, a=algos: runner.run_plait(replace(spec, algorithms=a), t, opts))
+            for t, algos in checked["by_transport"].items()
         ]
         if "mpi" in checked["compare"]:
             jobs += [lambda t=t: [runner.run_mpi(spec, t, opts)] for t in ("shm", "tcp")]
@@ -321,6 +366,8 @@ def main(args: argparse.Namespace) -> int:
                 for s in job():
                     if s.skipped:
                         say(f"{s.label}: skipped: {s.skipped}")
+                    elif s.error and not s.rows:
+                        say(f"{s.label}: failed: {s.error}")
                     elif s.error:
                         say(f"{s.label}: {len(s.rows)} rows, then failed: {s.error}")
                     else:

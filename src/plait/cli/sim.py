@@ -130,7 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--intra-beta", type=_number, default=_DEFAULT_INTRA[1], help="hosts: s per byte"
     )
     parser.add_argument(
-        "--segment", default="default", help="pipelining unit in bytes, 0 or default"
+        "--segment",
+        default="default",
+        help="pipelining unit in bytes, with K, M, G suffixes (64K), 0 (none) or default",
     )
     parser.add_argument(
         "--aggregation",
@@ -391,78 +393,108 @@ def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
     return header
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the sweep; print the table; write the requested files. Exit code 2 on bad input."""
+def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, Any, Any, Any]:
+    """Validate the options before anything is simulated: (sizes, algorithms, dtype, op,
+    segment, network). The notes on what ``--algo all`` leaves out come after every
+    check has passed.
+
+    Raises:
+        ValueError: a mistake in the options (``main`` makes it a usage error).
+    """
     import plait
-    from plait import sim
-    from plait.bench import options, report
+    from plait.algos import get
+    from plait.bench import options
     from plait.bench.data import resolve_dtype
     from plait.bench.loop import op_by_name
-    from plait.bench.runner import Series
-    from plait.bench.sweep import bandwidths, element_count, parse_size
+    from plait.bench.sweep import parse_size
+
+    if args.ranks < 1:
+        raise ValueError(f"-n must be at least 1, not {args.ranks}")
+    notes = []
+    args.collective = options.resolve_collective(args, _COLLECTIVE)
+    c = args.collective
+    args.begin, args.end, args.factor, sizes = options.resolve_sizes(args, _BEGIN, _END, _FACTOR)
+    aggregation = parse_size(args.aggregation)
+    known = plait.algorithms(c)
+    every = args.algorithm == "all"
+    names = known if every else tuple(args.algorithm.split(","))
+    for n in names:
+        if n not in known:
+            raise ValueError(f"{c} has no algorithm {n!r}; expected {', '.join(known)}")
+    needs = [n for n in known if get(c, n).needs_fabric]
+    if every and not aggregation and needs:  # nothing to run them on
+        names = tuple(n for n in names if n not in needs)
+        notes.append(
+            f"--algo all leaves out {', '.join(needs)}: it needs aggregating switches "
+            "(--aggregation BYTES with switch, fat-tree or hosts)"
+        )
+    for n in names:
+        if not aggregation and get(c, n).needs_fabric:
+            raise ValueError(
+                f"{c} algorithm {n!r} needs switches that reduce in flight: give them "
+                "aggregation memory with --topology switch, fat-tree:K or hosts:K and "
+                "--aggregation BYTES"
+            )
+    dtype = resolve_dtype(args.dtype)
+    op = op_by_name(args.op)
+    if not 0 <= args.root < args.ranks:
+        raise ValueError(f"--root must be in 0..{args.ranks - 1}, not {args.root}")
+    options.check_elements(args, c, sizes, dtype.itemsize, args.ranks)
+    segment = None if args.segment == "default" else _segment(args.segment)
+    net = parse_topology(
+        args.topology,
+        args.ranks,
+        args.alpha,
+        args.beta,
+        args.gamma,
+        (args.intra_alpha, args.intra_beta),
+        aggregation,
+        delta=args.delta,
+        wait_latency=args.wait_latency,
+    )
+    # The one-sided algorithms need one window for all ranks: not across hosts.
+    several = net.hosts is not None and len(set(net.hosts)) > 1
+    alone = [n for n in names if several and get(c, n).needs_window and not get(c, n).host_windows]
+    if every and alone:
+        names = tuple(n for n in names if n not in alone)
+        notes.append(
+            f"--algo all leaves out {', '.join(alone)}: one-sided, they run only "
+            "where all ranks share one host's window"
+        )
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'plait[plot]'") from None
+    options.check_outputs(args, "trace")
+    for note in notes:
+        print(f"plait sim: {note}", file=sys.stderr)
+    return sizes, names, dtype, op, segment, net
+
+
+def _segment(text: str) -> int:
+    """``--segment``'s bytes: a size as ``-s`` takes them (``64K``), or 0 (unsegmented)."""
+    from plait.bench.sweep import parse_size
 
     try:
-        args.collective = options.resolve_collective(args, _COLLECTIVE)
-        args.begin, args.end, args.factor, sizes = options.resolve_sizes(
-            args, _BEGIN, _END, _FACTOR
-        )
-        aggregation = parse_size(args.aggregation)
-        known = plait.algorithms(args.collective)
-        names = known if args.algorithm == "all" else tuple(args.algorithm.split(","))
-        needs = [n for n in known if plait._algorithms.get(args.collective, n).needs_fabric]
-        if args.algorithm == "all" and not aggregation and needs:  # nothing to run them on
-            names = tuple(n for n in names if n not in needs)
-            print(
-                f"plait sim: --algo all leaves out {', '.join(needs)}: it needs aggregating "
-                "switches (--aggregation BYTES with switch, fat-tree or hosts)",
-                file=sys.stderr,
-            )
-        for n in names:
-            if n not in known:
-                raise ValueError(
-                    f"{args.collective} has no algorithm {n!r}; expected {', '.join(known)}"
-                )
-        dtype = resolve_dtype(args.dtype)
-        op = op_by_name(args.op)
-        if not 0 <= args.root < args.ranks:
-            raise ValueError(f"--root must be in 0..{args.ranks - 1}")
-        segment = None if args.segment == "default" else int(args.segment)
-        net = parse_topology(
-            args.topology,
-            args.ranks,
-            args.alpha,
-            args.beta,
-            args.gamma,
-            (args.intra_alpha, args.intra_beta),
-            aggregation,
-            delta=args.delta,
-            wait_latency=args.wait_latency,
-        )
-        # The one-sided algorithms need one window for all ranks: not across hosts.
-        several = net.hosts is not None and len(set(net.hosts)) > 1
-        alone = [
-            n
-            for n in names
-            if several
-            and plait._algorithms.get(args.collective, n).needs_window
-            and not plait._algorithms.get(args.collective, n).host_windows
-        ]
-        if args.algorithm == "all" and alone:
-            names = tuple(n for n in names if n not in alone)
-            print(
-                f"plait sim: --algo all leaves out {', '.join(alone)}: one-sided, they run only "
-                "where all ranks share one host's window",
-                file=sys.stderr,
-            )
-        if args.plot:
-            import matplotlib  # noqa: F401
-    except ImportError:
-        print("plait sim: --plot needs matplotlib: pip install 'plait[plot]'", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError) as exc:
-        print(f"plait sim: {exc}", file=sys.stderr)
-        return 2
+        return parse_size(text)
+    except ValueError:
+        raise ValueError(
+            f"--segment {text!r}: expected a size in bytes (e.g. 64K), 0 (unsegmented) or default"
+        ) from None
 
+
+def main(args: argparse.Namespace) -> int:
+    """Run the sweep; print the table; write the requested files. Exit code 2 on bad input."""
+    from plait import sim
+    from plait.bench import options, report
+    from plait.bench.runner import Series
+    from plait.bench.sweep import bandwidths, element_count
+
+    try:
+        sizes, names, dtype, op, segment, net = _check(args)
+    except (ValueError, TypeError) as exc:
+        return options.usage(args, "plait sim", str(exc))
     series: list[Series] = []
     records: list[dict[str, Any]] = []
     last: dict[str, Any] = {}

@@ -32,13 +32,18 @@ who decided.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
+
+from plait.launch.watch import GRACE_SECONDS
 
 __all__ = ["add_arguments", "fit", "main"]
 
@@ -85,16 +90,71 @@ def fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
     return alpha, max(slope, 0.0)
 
 
+#: Seconds the launcher of a measurement has after SIGTERM to stop its ranks (it gives them
+#: GRACE_SECONDS before SIGKILL) and clean up, before it is killed itself.
+_STOP_SECONDS = GRACE_SECONDS + 5.0
+
+
+class _Stopped(Exception):
+    """SIGTERM to ``plait tune`` while it measures (SIGINT is KeyboardInterrupt)."""
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop the launcher of a measurement as Ctrl-C would stop ``plait run``.
+
+    SIGTERM, which it passes on to its ranks before it removes what they left; then
+    SIGKILL if it is still there after ``_STOP_SECONDS``. Killed at once, it would
+    leave the ranks running, orphaned. Its output is read meanwhile, so that a full
+    pipe does not keep it from exiting.
+    """
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=_STOP_SECONDS)
+    finally:  # (a second Ctrl-C while it stops: kill it now)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _measure(transport: str, timeout: float) -> dict[str, Any]:
+    """Run the two ranks of :mod:`plait.cli.tune_rank` over ``transport``; what they measured.
+
+    ``plait run``'s launcher runs in a session of its own, so that a Ctrl-C at a terminal
+    reaches this process alone, which stops the launcher (:func:`_stop`), as it does after
+    ``timeout`` seconds or on any exception; the temporary folder goes with it.
+    """
     with tempfile.TemporaryDirectory(prefix="plait-tune-") as tmp:
         out = os.path.join(tmp, "measure.json")
         cmd = [sys.executable, "-m", "plait", "run", "-n", "2", "--transport", transport]
         cmd += ["-m", "plait.cli.tune_rank", out]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if res.returncode != 0:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
             raise RuntimeError(
-                f"measuring over {transport} failed (exit {res.returncode}): "
-                + (res.stderr or res.stdout)[-2000:]
+                f"measuring over {transport} took more than --timeout {timeout:g} s; stopped"
+            ) from None
+        except BaseException:
+            _stop(proc)
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"measuring over {transport} failed (exit {proc.returncode}): "
+                + (stderr or stdout)[-2000:]
             )
         with open(out) as f:
             measured: dict[str, Any] = json.load(f)
@@ -112,16 +172,16 @@ _MARKS = {
 
 
 def _show(nproc: int, n_hosts: int = 1, transport: str = "shm") -> int:
-    """Print the decision table; 1 (with the reason on stderr) if the settings are invalid."""
+    """Print the decision table; 1 (with the reason on stderr) if the settings are invalid.
+
+    ``nproc`` and ``n_hosts`` are at least 1, and ``n_hosts`` divides ``nproc`` (``main``).
+    """
     from plait import COLLECTIVES, algorithms, collectives
     from plait.bench.sweep import format_size
     from plait.schedule.builder import HostLayout
     from plait.selection import model, overrides, rules_file
     from plait.selection.select import SEGMENT_BYTES, choose, settings
 
-    if nproc < 1 or n_hosts < 1 or nproc % n_hosts:
-        print(f"plait tune: --hosts {n_hosts} must divide -n {nproc}", file=sys.stderr)
-        return 1
     try:
         config = settings()
     except ValueError as exc:
@@ -192,18 +252,50 @@ def _show(nproc: int, n_hosts: int = 1, transport: str = "shm") -> int:
     return 0
 
 
+def _problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, or None."""
+    if args.nproc < 1:
+        return f"-n must be at least 1, not {args.nproc}"
+    if args.hosts < 1:
+        return f"--hosts must be at least 1, not {args.hosts}"
+    if args.nproc % args.hosts:
+        return f"--hosts {args.hosts} must divide -n {args.nproc}"
+    if not args.timeout > 0:  # NaN too
+        return f"--timeout must be a number of seconds > 0, not {args.timeout}"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
-    """Measure and write the profile, or show the decision table."""
+    """Measure and write the profile, or show the decision table.
+
+    Exit code 2 for a usage error, 1 if a measurement failed; 130 after Ctrl-C and 143
+    after SIGTERM, with the measurement's ranks stopped.
+    """
+    from plait.bench.options import usage
     from plait.selection import model
 
+    problem = _problem(args)
+    if problem is not None:
+        return usage(args, "plait tune", problem)
     if args.show:
         return _show(args.nproc, args.hosts, args.transport)
+    # SIGTERM stops the measurement's ranks, as Ctrl-C does (only the main thread can catch it).
+    handled = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _stopped) if handled else None
     try:
         shm = _measure("shm", args.timeout)
         tcp = None if args.no_tcp else _measure("tcp", args.timeout)
-    except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+    except (RuntimeError, OSError) as exc:
         print(f"plait tune: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, _Stopped) as exc:
+        signum = exc.args[0] if isinstance(exc, _Stopped) else signal.SIGINT
+        name = signal.Signals(signum).name
+        print(f"plait tune: interrupted ({name}); the measurement was stopped", file=sys.stderr)
+        return 128 + signum
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
     intra = model.LinkCost(*fit(shm["sizes"], shm["one_way_s"]))
     inter = model.LinkCost(*fit(tcp["sizes"], tcp["one_way_s"])) if tcp else None
     profile = model.Profile(

@@ -631,13 +631,24 @@ def _wrap(text: str, indent: str) -> str:
     )
 
 
+def _late(text: str) -> float:
+    """``--late``: a number of seconds >= 0 (a negative one called every rank late)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``plait analyze``."""
     parser.add_argument("dumps", nargs="+", metavar="DUMPS", help="dump files or folders")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(
         "--late",
-        type=float,
+        type=_late,
         default=0.01,
         metavar="SECONDS",
         help="median lateness from which a rank is called a straggler (default 0.01)",
