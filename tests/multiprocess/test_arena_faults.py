@@ -348,10 +348,11 @@ def test_a_rank_waiting_on_a_busy_peer_hears_at_once_of_another_lost_before_the_
         start = time.monotonic()
         try:
             comm.allreduce(x, algorithm=algorithm)
-            error, message = None, ""
+            error, message, lost = None, "", None
         except plait.CommError as exc:
             error, message = type(exc).__name__, str(exc)
-        report(error=error, message=message[:300], seconds=time.monotonic() - start)
+            lost = getattr(exc, "lost_rank", None)
+        report(error=error, message=message[:300], seconds=time.monotonic() - start, lost=lost)
         arrived("raised", comm.rank)
         wait_for("raised", 2)
         comm.close()
@@ -365,3 +366,4 @@ def test_a_rank_waiting_on_a_busy_peer_hears_at_once_of_another_lost_before_the_
     assert out["error"] == "PeerLostError", out
     assert "rank 0 " in out["message"], out
     assert out["seconds"] < 3, out
+    assert out["lost"] == 0, out

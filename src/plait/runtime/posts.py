@@ -161,12 +161,27 @@ def await_post(
         if _names_call(rank, call, exc):
             raise  # the probes' or _look's (and the rank a notice says was lost)
         err = wrap(rank, call, f"a wait for rank {shown}", renumbered(transport, exc))
-        if isinstance(err, PeerLostError) and getattr(exc, OTHER_MEMBER, None) is None:
-            err.lost_rank = shown  # the window lost it (not another member: Note [members lost])
+        if isinstance(err, PeerLostError):
+            err.lost_rank = _lost_rank(window, q, shown, getattr(exc, OTHER_MEMBER, None))
         raise err from None
     if late is not None:
         err = timeout_for(rank, call, [shown])
         raise type(err)(f"{err}{late}") if late else err
+
+
+def _lost_rank(window: Any, q: int, shown: int, other: int | None) -> int | None:
+    """The rank a wait on rank ``q`` of ``window`` (``shown`` in messages) lost: ``q``, or
+    ``other``, another member of the window lost before the call (Note [members lost] in
+    plait.transport.shm.link; as the transport numbers it), where messages number the
+    window's ranks as the window does; else None."""
+    if other is None:
+        return shown
+    if shown != q:  # a host's window: its ranks are named otherwise
+        return None
+    roots = getattr(window, "members", ())  # a shared-memory window: the transport's ranks
+    if not roots:  # an in-process window names its own ranks
+        return other
+    return roots.index(other) if other in roots else None
 
 
 def _look(window: Any, q: int, call: Call, rank: int, shown: int) -> None:
