@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,10 +26,12 @@ import plait  # noqa: E402
 import plait.torch  # noqa: E402
 from plait.rendezvous.store import StoreTimeout  # noqa: E402
 from plait.rendezvous.tcp_store import TCPStoreServer  # noqa: E402
+from plait.testing import memory_communicators  # noqa: E402
 from plait.torch._convert import plait_op, reshaped_out  # noqa: E402
-from plait.torch._work import Lane, PlaitWork, Reworded  # noqa: E402
+from plait.torch._work import Lane, PlaitWork, Reworded, globally_named, timed_out  # noqa: E402
 
 R = dist.ReduceOp
+C10D = torch._C._distributed_c10d
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -268,6 +271,114 @@ def test_finish_step_runs_once_after_success() -> None:
         assert runs == [1]
     finally:
         lane.stop(10)
+
+
+# -- errors of a sub-group: its ranks by their global ranks too ----------------------------
+@pytest.fixture
+def sub_group(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[list[plait.torch.ProcessGroupPlait]]:
+    """Two threads' groups over one in-process fabric, as ``new_group([1, 2])`` makes them."""
+    monkeypatch.setenv("PLAIT_DUMP_DIR", str(tmp_path))  # the failed calls' dumps
+    comms = memory_communicators(2, timeout=10)
+    groups = [plait.torch.ProcessGroupPlait(c, global_ranks=[1, 2]) for c in comms]
+    try:
+        yield groups
+    finally:
+        for g in groups:
+            g.shutdown()
+
+
+def all_reduce_opts(async_op: bool) -> object:
+    opts = C10D.AllreduceOptions()
+    opts.asyncOp = async_op
+    return opts
+
+
+@pytest.mark.parametrize("how", ["blocking", "wait", "future"])
+def test_a_lost_peer_of_a_sub_group_is_named_by_its_global_rank(
+    sub_group: list[plait.torch.ProcessGroupPlait], how: str
+) -> None:
+    """The group's rank 0 is global rank 1, its rank 1 global rank 2 (which left)."""
+    sub_group[1].communicator.close()
+
+    def call() -> None:
+        work = sub_group[0].allreduce([torch.ones(3)], all_reduce_opts(how != "blocking"))
+        work.wait() if how == "wait" else work.get_future().wait()
+
+    with pytest.raises(plait.PeerLostError) as info:
+        call()
+    text = str(info.value)
+    assert text.startswith("rank 0 (global rank 1): allreduce"), text
+    assert "rank 1 (global rank 2) has closed its communicator" in text, text
+    assert info.value.lost_rank == 1  # plait's attribute names the group's rank
+    assert "global" not in str(info.value.__cause__)  # chained to plait's own
+    # the group is unusable now, and says so in the same terms
+    with pytest.raises(plait.CommError, match=r"^rank 0 \(global rank 1\): allreduce: .*unusable"):
+        sub_group[0].allreduce([torch.ones(3)], all_reduce_opts(False))
+
+
+def test_a_mismatch_in_a_sub_group_names_global_ranks(
+    sub_group: list[plait.torch.ProcessGroupPlait],
+) -> None:
+    errors: dict[int, BaseException] = {}
+
+    def broadcast() -> None:
+        opts = C10D.BroadcastOptions()
+        opts.asyncOp = False
+        try:
+            sub_group[1].broadcast([torch.ones(3)], opts)
+        except BaseException as exc:
+            errors[1] = exc
+
+    thread = threading.Thread(target=broadcast)
+    thread.start()
+    try:
+        sub_group[0].allreduce([torch.ones(3)], all_reduce_opts(True)).wait()
+    except BaseException as exc:
+        errors[0] = exc
+    thread.join(30)
+    assert isinstance(errors[0], plait.MismatchError), repr(errors.get(0))
+    assert isinstance(errors[1], plait.MismatchError), repr(errors.get(1))
+    assert "rank 0 (global rank 1): allreduce" in str(errors[0])
+    assert "rank 1 (global rank 2) is in a different call" in str(errors[0])
+    assert "rank 1 (global rank 2): broadcast" in str(errors[1])
+    assert "rank 0 (global rank 1) is in a different call" in str(errors[1])
+
+
+def test_object_calls_and_send_object_of_a_sub_group_name_global_ranks(
+    sub_group: list[plait.torch.ProcessGroupPlait],
+) -> None:
+    sub_group[1].communicator.close()
+    with pytest.raises(plait.PeerLostError, match=r"rank 1 \(global rank 2\)"):
+        dist.all_gather_object([None, None], {"a": 1}, group=sub_group[0])
+    with pytest.raises(plait.CommError, match=r"^rank 0 \(global rank 1\)"):
+        sub_group[0].send_object({"a": 1}, 1)
+
+
+def test_globally_named_rewords_plaits_errors_once() -> None:
+    names = [3, 5, 7]
+    lost = plait.PeerLostError("rank 0: allreduce (ring, call #4): rank 2 was lost; see rank0.json")
+    lost.lost_rank = 2
+    got = globally_named(lost, names)
+    assert type(got) is plait.PeerLostError
+    assert str(got) == (
+        "rank 0 (global rank 3): allreduce (ring, call #4): rank 2 (global rank 7) was lost; "
+        "see rank0.json"
+    )
+    assert got.lost_rank == 2
+    assert got.__cause__ is lost
+    assert globally_named(got, names) is got  # named already: nothing to add
+    assert globally_named(lost, None) is lost  # the default group's ranks are global
+    value = ValueError("rank 1 is not plait's error")
+    assert globally_named(value, names) is value
+    slow = plait.CollectiveTimeout("rank 1: barrier (arena) timed out waiting for rank(s) [0, 2]")
+    worded = globally_named(timed_out(slow, "rank 1 (global rank 5): barrier", 1.0), names)
+    assert type(worded) is plait.CollectiveTimeout
+    assert str(worded) == (
+        "rank 1 (global rank 5): barrier: Timed out after 1 s: rank 1 (global rank 5): barrier "
+        "(arena) timed out waiting for rank(s) [0, 2] (global rank(s) [3, 7])"
+    )
 
 
 # -- the store adapter and env:// under plait run -------------------------------------------

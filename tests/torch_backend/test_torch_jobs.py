@@ -26,6 +26,7 @@ pytest.importorskip(
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RANKS = HERE / "torch_rank_check.py"
+EXITS = HERE / "torch_exit_check.py"
 PLAIT_RUN = [sys.executable, "-m", "plait", "run"]
 #: Seconds a job may take before it is killed (pytest-timeout is 120 per test).
 JOB_SECONDS = 100.0
@@ -39,14 +40,15 @@ def job_env(**extra: str) -> dict[str, str]:
 @functools.cache
 def plait_run_job(size: int) -> JobResult:
     """DDP against gloo, every call, the errors, the suite's paths, the ``*_object``
-    functions and (fake) CUDA tensors staged through the host, on ``size`` ranks."""
+    functions, (fake) CUDA tensors staged through the host and the futures' values against
+    gloo, on ``size`` ranks."""
     cmd = [
         *PLAIT_RUN,
         "-n",
         str(size),
         "--tag-output",
         str(RANKS),
-        "ddp,calls,errors,suite,objects,staging",
+        "ddp,calls,errors,suite,objects,staging,futures",
     ]
     return run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
 
@@ -101,6 +103,36 @@ def test_cuda_tensors_staged_through_the_host(size: int) -> None:
     """dist.* with tensors torch sees as CUDA tensors (tests/torch_backend/fake_cuda.py): the
     results are written back into them and synchronised, between real processes."""
     passed(plait_run_job(size), "staging", size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_futures_hold_what_gloos_hold(size: int) -> None:
+    """An async call's future (and ``result()``) holds what gloo's does: ``all_gather`` and
+    ``gather`` their output list, ``all_gather_into_tensor`` the output's chunks."""
+    passed(plait_run_job(size), "futures", size)
+
+
+def test_monitored_barrier_as_the_last_call() -> None:
+    """``monitored_barrier()`` just before ``destroy_process_group()`` on 4 ranks, 3 rounds:
+    rank 0 serves the store, and waits until every rank has read its verdict (it returned at
+    once, and the others' reads of the verdict failed with torch's DistNetworkError)."""
+    cmd = [*PLAIT_RUN, "-n", "4", "--tag-output", str(EXITS), "monitored"]
+    res = run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    done = re.findall(r"rank (\d+): round (\d+) clean exit", res.stdout)
+    assert sorted(done) == sorted((str(r), str(k)) for r in range(4) for k in range(3)), done
+
+
+def test_sub_group_errors_name_global_ranks() -> None:
+    """A peer lost in ``new_group([1, 2])``: global rank 1's errors name ranks both ways
+    (``rank 0 (global rank 1)``, ``rank 1 (global rank 2)``), keeping their class and
+    ``lost_rank``."""
+    with job_dirs() as (tmp, _):
+        cmd = [*PLAIT_RUN, "-n", "3", "--tag-output", str(EXITS), "lost"]
+        res = run_job(cmd, job_env(PLAIT_DUMP_DIR=str(tmp)), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    passed_by = sorted(int(r) for r in re.findall(r"rank (\d+): lost passed", res.stdout))
+    assert passed_by == [0, 1], res.describe()
 
 
 def test_torchrun_env() -> None:

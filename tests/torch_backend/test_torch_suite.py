@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ torch = pytest.importorskip(
 
 import plait  # noqa: E402
 from plait.rendezvous.store import MemoryStore  # noqa: E402
-from plait.torch import _sparse  # noqa: E402
+from plait.torch import _monitored, _sparse  # noqa: E402
 from plait.torch._monitored import MonitoredBarrier  # noqa: E402
 from plait.torch._work import timed_out  # noqa: E402
 
@@ -123,8 +124,10 @@ def test_sparse_headers_name_what_differs() -> None:
 
 
 # -- the monitored barrier, threads as ranks over one store ------------------------------------
-def run_ranks(size: int, arrive: list[int], timeout: float) -> dict[int, BaseException | None]:
-    store = MemoryStore()
+def run_ranks(
+    size: int, arrive: list[int], timeout: float, store: MemoryStore | None = None
+) -> dict[int, BaseException | None]:
+    store = store if store is not None else MemoryStore()
     barriers = [MonitoredBarrier(store, r, size, list(range(size))) for r in range(size)]
     results: dict[int, BaseException | None] = {}
 
@@ -158,6 +161,88 @@ def test_monitored_barrier_names_a_missing_rank_0() -> None:
     got = run_ranks(3, [1, 2], 0.2)
     assert all(isinstance(e, plait.CommTimeout) for e in got.values())
     assert "rank(s) [0] did not arrive" in str(got[1])
+
+
+class SlowVerdict(MemoryStore):
+    """A store whose readers of the verdict take a while; records when each read ended."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.read_at: list[float] = []
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        value = super().get(key, timeout)
+        if key.endswith("/release"):
+            time.sleep(self.delay)
+            self.read_at.append(time.monotonic())
+        return value
+
+
+def test_monitored_barrier_rank_0_leaves_after_every_rank_read_the_verdict() -> None:
+    """Rank 0 serves the store under plait run and env://: leaving at once, it took the store
+    with it while the others still read (their reads failed with torch's DistNetworkError)."""
+    store = SlowVerdict(0.3)
+    barriers = [MonitoredBarrier(store, r, 3, [0, 1, 2]) for r in range(3)]
+    done: dict[int, float] = {}
+
+    def rank(r: int) -> None:
+        barriers[r].wait(10.0)
+        done[r] = time.monotonic()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(done) == [0, 1, 2]
+    assert len(store.read_at) == 2
+    assert done[0] >= max(store.read_at), "rank 0 returned before the others read its verdict"
+    assert not [k for k in store._data if k.startswith("plait-torch/monitored/")], store._data
+
+
+class LostStore(MemoryStore):
+    """A store whose server went away once the verdict was written (torch's error, as it is)."""
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        if key.endswith("/release"):
+            super().wait([key], timeout)
+            raise RuntimeError(
+                "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+                "server shutdown or crash?"
+            )
+        return super().get(key, timeout)
+
+
+def test_monitored_barrier_says_the_store_failed_while_reading_the_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # rank 0 waits the longer of the timeout and the grace for rank 1's read, which never comes
+    monkeypatch.setattr(_monitored, "_GRACE", 0.2)
+    got = run_ranks(2, [0, 1], 2.0, store=LostStore())
+    assert isinstance(got[1], plait.RendezvousError), repr(got[1])
+    assert "reading rank 0's verdict" in str(got[1])
+    assert "Failed to recv" in str(got[1])
+    assert isinstance(got[1].__cause__, RuntimeError)
+    assert isinstance(got[0], plait.CommTimeout)  # rank 1 arrived but never read it
+    assert "rank(s) [1] arrived but did not read the verdict" in str(got[0])
+
+
+def test_monitored_barrier_keeps_a_missed_verdict_for_the_late_rank() -> None:
+    """A rank that missed a barrier reads its verdict when it comes; the keys go once a later
+    barrier sees every rank."""
+    store = MemoryStore()
+    barriers = [MonitoredBarrier(store, r, 2, [0, 1]) for r in range(2)]
+    with pytest.raises(plait.CommTimeout, match=r"rank\(s\) \[1\] did not arrive"):
+        barriers[0].wait(0.1)
+    with pytest.raises(plait.CommTimeout, match=r"rank 0 reports that rank\(s\) \[1\]"):
+        barriers[1].wait(5.0)  # late, and told so
+    threads = [threading.Thread(target=b.wait, args=(5.0,)) for b in barriers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not [k for k in store._data if k.startswith("plait-torch/monitored/")], store._data
 
 
 def test_monitored_barrier_needs_a_store() -> None:

@@ -15,6 +15,8 @@ Modes (first argument):
             timeouts worded as torch's, sparse all_reduce, monitored_barrier
     objects torch's *_object functions on plait's object collectives, against
             gloo (the checks are in torch_object_check.py)
+    futures what the future of every async collective holds, against gloo (the
+            checks are in torch_future_check.py)
     staging tensors torch sees as CUDA tensors (fake_cuda.py: CPU memory, copies
             into them land on torch.cuda.synchronize) through dist.*: the
             results land in them, written back and synchronised
@@ -37,6 +39,7 @@ import torch
 import torch.distributed as dist
 from fake_cuda import FakeCuda, FakeCudaTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch_future_check import check_futures
 from torch_object_check import check_objects
 
 import plait
@@ -764,6 +767,7 @@ def main() -> None:
         "suite": check_suite,
         "objects": check_objects,
         "staging": check_staging,
+        "futures": check_futures,
     }
     for name in mode.split(","):
         checks[name](size, rank)

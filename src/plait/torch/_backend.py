@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 import plait
-from plait.errors import CommTimeout, UnsupportedError
+from plait.errors import CommError, CommTimeout, UnsupportedError
 from plait.runtime.work import MAX_TIMEOUT
 from plait.torch import _sparse
 from plait.torch._alltoall import AllToAllCalls
@@ -72,6 +72,7 @@ from plait.torch._convert import (
     output_blocks,
     output_targets,
     plait_op,
+    rank_chunks,
     reshaped_out,
     same_dtype,
     seconds,
@@ -82,7 +83,15 @@ from plait.torch._monitored import MonitoredBarrier
 from plait.torch._p2p import PointToPoint
 from plait.torch._staging import Staged, then_write_back
 from plait.torch._store import TorchStore
-from plait.torch._work import Lane, Notifier, PlaitWork, Reworded, reworded, timed_out
+from plait.torch._work import (
+    Lane,
+    Notifier,
+    PlaitWork,
+    Reworded,
+    globally_named,
+    reworded,
+    timed_out,
+)
 
 __all__ = ["BACKEND_NAME", "DEVICE_TYPES", "ProcessGroupPlait"]
 
@@ -130,6 +139,8 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         self._comm = comm
         self._global = list(global_ranks) if global_ranks else list(range(comm.size))
+        #: A sub-group's global ranks, named in its errors (globally_named); None: the same.
+        self._globals = None if self._global == list(range(comm.size)) else self._global
         self._notifier = Notifier(f"plait-torch-futures-{comm.rank}")
         self._lanes: dict[tuple[str, int, int], Lane] = {}
         self._lock = threading.Lock()
@@ -190,9 +201,17 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
     # -- the running recipe ----------------------------------------------------------------
     def _describe(self, call: str) -> str:
         rank = self._comm.rank
-        if self._global == list(range(self._comm.size)):
+        if self._globals is None:
             return f"rank {rank}: {call}"
-        return f"rank {rank} (global rank {self._global[rank]}): {call}"
+        return f"rank {rank} (global rank {self._globals[rank]}): {call}"
+
+    def _named(self, exc: BaseException) -> BaseException:
+        """plait's error ``exc`` naming this group's ranks by their global ranks too.
+
+        A sub-group's communicator numbers its ranks from 0; torch's caller
+        knows them by their rank in the default group (:func:`globally_named`).
+        """
+        return globally_named(exc, self._globals)
 
     def _run(
         self,
@@ -222,7 +241,9 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
             try:
                 start(False, timeout)
             except CommTimeout as exc:
-                raise timed_out(exc, describe, deadline)  # noqa: B904 - chained by timed_out()
+                raise self._named(timed_out(exc, describe, deadline))  # noqa: B904 - chained
+            except CommError as exc:  # plait's own, UnsupportedError included: not reworded
+                raise self._named(exc)  # noqa: B904 - chained by globally_named()
             except ValueError as exc:
                 if reword is None:
                     raise
@@ -230,7 +251,10 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
             if finish is not None:
                 finish()
             return self._track(PlaitWork.completed(describe, outputs))
-        work = start(True, timeout)
+        try:
+            work = start(True, timeout)
+        except CommError as exc:  # refused at once (a broken communicator)
+            raise self._named(exc)  # noqa: B904 - chained by globally_named()
         return self._track(
             PlaitWork(
                 describe,
@@ -239,6 +263,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
                 finish=finish,
                 notifier=self._notifier,
                 timeout=deadline,
+                global_ranks=self._globals,
             )
         )
 
@@ -454,7 +479,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
                 c,
                 opts,
                 lambda asy, to: comm.allgatherv(mine, counts, out=flat, timeout=to, async_op=asy),
-                output_tensors,
+                list(outs),  # the future's value: the output list, as gloo's
                 copy_blocks(flat, targets),
                 back=back,
             )
@@ -463,7 +488,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
             c,
             opts,
             lambda asy, to: comm.allgather(xa, out=buf, timeout=to, async_op=asy),
-            output_tensors,
+            list(outs),  # the future's value: the output list, as gloo's (not a list of lists)
             copy_rows(buf, targets),
             back=back,
         )
@@ -490,7 +515,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
             c,
             opts,
             lambda asy, to: comm.allgather(xa, out=target, timeout=to, async_op=asy),
-            [output],
+            rank_chunks(output, size),
             finish,
             back=back,
         )
@@ -524,7 +549,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
             c,
             opts,
             lambda asy, to: comm.gather(xa, root, out=buf, timeout=to, async_op=asy),
-            output_tensors,
+            list(outs),  # the future's value: gather_list, as gloo's (not a list of lists)
             copy_rows(buf, targets),
             back=back,
         )

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from plait.torch._convert import array, copy_blocks, output_array, plait_op, same_dtype
+from plait.torch._convert import (
+    array,
+    copy_blocks,
+    output_array,
+    plait_op,
+    rank_chunks,
+    same_dtype,
+)
 from plait.torch._recipe import GroupRecipe
 from plait.torch._staging import Staged
 from plait.torch._work import Joined, Notifier, PlaitWork
@@ -177,12 +184,16 @@ class CoalescedCalls(GroupRecipe):
                 o[...] = buf[:, offset : offset + a.size].reshape(o.shape)
                 offset += a.size
 
+        # The future's value is gloo's: rank r's chunk of every output, for each rank r.
+        chunks = [rank_chunks(o, size) for o in outputs]
+        whole = any(len(row) != size for row in chunks)
+        value = list(outputs) if whole else [[row[r] for row in chunks] for r in range(size)]
         comm = self._comm
         return self._run(
             c,
             opts,
             lambda asy, to: comm.allgather(mine, out=buf, timeout=to, async_op=asy),
-            list(outputs),
+            value,
             finish,
             back=back,
         )

@@ -39,6 +39,7 @@ __all__ = [
     "output_blocks",
     "output_targets",
     "plait_op",
+    "rank_chunks",
     "reshaped_out",
     "row_blocks",
     "same_dtype",
@@ -325,3 +326,16 @@ def copy_rows(buf: np.ndarray, targets: list[np.ndarray]) -> Callable[[], None]:
             dst[...] = row.reshape(dst.shape)
 
     return finish
+
+
+def rank_chunks(output: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Each rank's chunk of a gathered ``output`` (views): gloo's future value for the call.
+
+    gloo runs ``all_gather_into_tensor`` as an all_gather into
+    ``output.chunk(size)``, and its future holds those chunks; so do this
+    backend's. An output whose first dimension does not split into ``size``
+    (gloo refuses those shapes) is given whole, as the one tensor.
+    """
+    if output.dim() == 0 or output.shape[0] % size:
+        return [output]
+    return list(output.chunk(size))

@@ -96,6 +96,8 @@ def monitored_barrier(
 
     Raises:
         plait.CommTimeout: some rank did not arrive in time (named).
+        plait.RendezvousError: the store failed (its server gone with the rank
+            that served it); the message says at which step.
         TypeError: the group is not one of the plait backend.
     """
     pg = plait_group(group, "plait.torch.monitored_barrier")

@@ -63,6 +63,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from plait.errors import CommError
 from plait.torch._backend import ProcessGroupPlait
 
 __all__ = ["ENV", "NAMES", "enabled", "install", "installed", "original", "uninstall"]
@@ -163,7 +164,10 @@ def _wrap(torch_fn: Callable[..., Any], serve: _Serve, known: frozenset[str]) ->
         )
         if pg is None or unknown or not _torch_pickle():
             return torch_fn(*args, **kwargs)
-        return serve(pg, a)
+        try:
+            return serve(pg, a)
+        except CommError as exc:  # a sub-group's ranks named by their global ranks too
+            raise pg._named(exc)  # noqa: B904 - chained by globally_named()
 
     setattr(wrapper, _MARK, torch_fn)
     return wrapper

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 import plait
-from plait.errors import CommTimeout
+from plait.errors import CommError, CommTimeout
 from plait.torch._convert import array, check_one, check_peer, check_tag, output_array
 from plait.torch._staging import Staged, then_write_back
 from plait.torch._work import Lane, PlaitWork, Task
@@ -70,10 +70,13 @@ class PointToPoint:
     _lanes: dict[tuple[str, int, int], Lane]
     _lock: threading.Lock
     _down: bool
+    _globals: list[int] | None  # a sub-group's global ranks, for its errors
 
     if TYPE_CHECKING:  # provided by ProcessGroupPlait
 
         def _describe(self, call: str) -> str: ...
+
+        def _named(self, exc: BaseException) -> BaseException: ...
 
         def _track(self, work: PlaitWork) -> PlaitWork: ...
 
@@ -88,7 +91,11 @@ class PointToPoint:
         task = self._lane("send", dst, tag).submit(
             self._describe(f"send to rank {dst} (tag {tag})"), lambda: comm.send(a, dst, tag)
         )
-        return self._track(PlaitWork(self._describe(c), [task], [t], timeout=comm.timeout))
+        return self._track(
+            PlaitWork(
+                self._describe(c), [task], [t], timeout=comm.timeout, global_ranks=self._globals
+            )
+        )
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> PlaitWork:
         """``dist.recv`` / ``irecv``: the next message from ``srcRank`` with ``tag``."""
@@ -122,7 +129,10 @@ class PointToPoint:
         task = self._lane("send", dst, 0).submit(
             self._describe(f"send_object_list to rank {dst}"), lambda: comm.send_object(obj, dst)
         )
-        task.wait()
+        try:
+            task.wait()
+        except CommError as exc:
+            raise self._named(exc)  # noqa: B904 - chained by globally_named()
 
     def _receive(
         self, c: str, t: torch.Tensor, a: np.ndarray, src: int, tag: int, back: list[Staged]
@@ -147,6 +157,7 @@ class PointToPoint:
                 finish=then_write_back(None, back) if back else None,
                 timeout=comm.timeout,
                 source_rank=source,
+                global_ranks=self._globals,
             )
         )
 

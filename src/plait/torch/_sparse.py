@@ -39,7 +39,7 @@ import torch
 
 import plait
 from plait._tensor import as_array
-from plait.errors import CommTimeout, UnsupportedError
+from plait.errors import CommError, CommTimeout, UnsupportedError
 from plait.torch._convert import seconds
 from plait.torch._work import PlaitWork, timed_out
 
@@ -234,7 +234,9 @@ def allreduce(group: ProcessGroupPlait, t: torch.Tensor, op: plait.Op, opts: Any
     try:
         headers = comm.allgather(local.header, timeout=timeout)
     except CommTimeout as exc:
-        raise timed_out(exc, group._describe(c), timeout or comm.timeout)  # noqa: B904
+        raise group._named(timed_out(exc, group._describe(c), timeout or comm.timeout))  # noqa: B904
+    except CommError as exc:
+        raise group._named(exc)  # noqa: B904 - chained by globally_named()
     counts = check_headers(headers, comm.rank, c)
     row = local.row_bytes
     flat = np.empty(sum(counts) * row, np.uint8)

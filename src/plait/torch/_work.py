@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 import time
 from collections import deque
@@ -36,7 +37,17 @@ import torch.distributed as dist
 from plait.errors import CommError, CommTimeout
 from plait.torch._convert import seconds
 
-__all__ = ["Joined", "Lane", "Notifier", "PlaitWork", "Reworded", "Task", "reworded", "timed_out"]
+__all__ = [
+    "Joined",
+    "Lane",
+    "Notifier",
+    "PlaitWork",
+    "Reworded",
+    "Task",
+    "globally_named",
+    "reworded",
+    "timed_out",
+]
 
 #: Seconds an idle helper thread sleeps between checks that it should stop.
 _IDLE_POLL = 5.0
@@ -44,6 +55,11 @@ _IDLE_POLL = 5.0
 _GRACE = 30.0
 #: The call deadline a watcher assumes when the work was given none.
 _DEFAULT_WAIT = 300.0
+#: A group rank named in plait's message ("rank 1"), not yet given its global rank; not
+#: the global or job rank of another naming ("global rank 2", "job rank 3").
+_RANK = re.compile(r"(?<!global )(?<!job )\brank (\d+)\b(?! \(global)")
+#: A list of group ranks in plait's message ("rank(s) [1, 2]", "ranks [0, 2]").
+_RANKS = re.compile(r"\b(?:rank\(s\)|ranks) \[(\d+(?:, \d+)*)\](?! \(global)")
 
 
 class Pending(Protocol):
@@ -120,6 +136,50 @@ def timed_out(exc: CommTimeout, describe: str, seconds: float | None) -> CommTim
     """
     after = f" after {seconds:g} s" if seconds is not None else ""
     error = type(exc)(f"{describe}: Timed out{after}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def globally_named(exc: BaseException, global_ranks: Sequence[int] | None) -> BaseException:
+    """plait's error ``exc`` of a sub-group's call, naming each rank by its global rank too.
+
+    plait numbers a group's ranks from 0 (its communicator is the group's),
+    while torch's caller knows them by their rank in the default group: "rank
+    0: allreduce (...): rank 1 was lost" becomes "rank 0 (global rank 1):
+    allreduce (...): rank 1 (global rank 2) was lost", and "rank(s) [1]" gets
+    "(global rank(s) [2])", as a timeout's prefix names this rank
+    (:func:`timed_out`). The error keeps its class and attributes
+    (``lost_rank`` stays the group's rank, as plait documents it) and is
+    chained to ``exc``.
+
+    Args:
+        exc: the error; only plait's own (CommError) are reworded.
+        global_ranks: the global rank of each group rank; None where they are
+            the same (the default group): ``exc`` is returned as it is.
+    """
+    if global_ranks is None or not isinstance(exc, CommError):
+        return exc
+    names = list(global_ranks)
+
+    def one(m: re.Match[str]) -> str:
+        r = int(m.group(1))
+        return m.group(0) if r >= len(names) else f"{m.group(0)} (global rank {names[r]})"
+
+    def listed(m: re.Match[str]) -> str:
+        ranks = [int(r) for r in m.group(1).split(", ")]
+        if any(r >= len(names) for r in ranks):
+            return m.group(0)
+        return f"{m.group(0)} (global rank(s) {[names[r] for r in ranks]})"
+
+    text = str(exc)
+    new = _RANK.sub(one, _RANKS.sub(listed, text))
+    if new == text:
+        return exc
+    try:
+        error = type(exc)(new)
+    except Exception:  # a class that takes other arguments: as it is, rather than none
+        return exc
+    error.__dict__.update(exc.__dict__)
     error.__cause__ = exc
     return error
 
@@ -254,7 +314,9 @@ class PlaitWork(dist.Work):
     ``wait()`` returns True once the call is done and raises plait's error
     (a :class:`plait.CommError`, such as :class:`plait.CommTimeout`) if it
     failed; ``get_future()`` gives a future whose value is the call's output
-    tensors. See Note [how a torch Work tracks plait].
+    tensors. See Note [how a torch Work tracks plait]. A sub-group's work is
+    given the ``global_ranks`` of its ranks, and its error names them too
+    (:func:`globally_named`).
     """
 
     def __init__(
@@ -267,6 +329,7 @@ class PlaitWork(dist.Work):
         notifier: Notifier | None = None,
         timeout: float | None = None,
         source_rank: int | Callable[[], int] = -1,
+        global_ranks: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self._describe = describe
@@ -276,6 +339,7 @@ class PlaitWork(dist.Work):
         self._notifier = notifier
         self._timeout = timeout
         self._source = source_rank
+        self._global = global_ranks  # a sub-group's: its errors name them (globally_named)
         self._lock = threading.Lock()
         self._settled = False
         self._error: BaseException | None = None
@@ -406,7 +470,7 @@ class PlaitWork(dist.Work):
                     if isinstance(error, CommTimeout) and not isinstance(p, Joined):
                         error = timed_out(error, self._describe, self._timeout)
                     if error is not None:
-                        self._fail_once(error)
+                        self._fail_once(globally_named(error, self._global))
                         break
             self._finish_once()
         if self._error is not None:

@@ -68,12 +68,13 @@ def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Futu
             write_back(back)  # from the host copy of a bucket on a GPU
 
         tracked = PlaitWork(
-            f"rank {comm.rank}: DDP bucket {bucket.index()} allreduce (compressed)",
+            pg._describe(f"DDP bucket {bucket.index()} allreduce (compressed)"),
             [work],
             [buf],
             finish=finish,
             notifier=pg._notifier,
             timeout=comm.timeout,
+            global_ranks=pg._globals,
         )
         return tracked.get_future().then(lambda fut: fut.value()[0])
 

@@ -1,0 +1,85 @@
+"""One rank of the torch backend's jobs in which ranks leave; run by ``plait run -n N``.
+
+Modes (first argument):
+    monitored  ``plait.torch.monitored_barrier()`` as the last call before
+               ``dist.destroy_process_group()``, in several rounds (a new
+               default group each): rank 0 serves the store under plait run, so
+               it must not leave while the others still read its verdict. Each
+               rank prints ``rank R: round K clean exit``.
+    lost       three ranks; global rank 2 of the sub-group of global ranks
+               [1, 2] exits, and global rank 1's calls on the sub-group fail
+               naming the ranks by their global ranks too. Prints ``rank R:
+               lost passed``; the ranks leave with ``os._exit`` (the default
+               group has lost a rank: nothing more to wait for).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import plait
+import plait.torch
+
+#: Rounds of the ``monitored`` mode: the race it guards against lost most of them.
+ROUNDS = 3
+
+
+def monitored() -> None:
+    for k in range(ROUNDS):
+        dist.init_process_group("plait")
+        rank = dist.get_rank()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        plait.torch.monitored_barrier()
+        dist.destroy_process_group()
+        print(f"rank {rank}: round {k} clean exit", flush=True)
+
+
+def expect(kind: type[BaseException], words: tuple[str, ...], fn: object) -> BaseException:
+    try:
+        fn()  # type: ignore[operator]
+    except kind as exc:
+        missing = [w for w in words if w not in str(exc)]
+        if missing:
+            raise AssertionError(f"message lacks {missing}: {exc}") from exc
+        return exc
+    raise AssertionError(f"expected {kind.__name__} ({words})")
+
+
+def lost() -> None:
+    dist.init_process_group("plait")
+    rank = dist.get_rank()
+    assert dist.get_world_size() == 3
+    sub = dist.new_group([1, 2], backend="plait")
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    if rank == 2:
+        os._exit(0)
+    if rank == 1:
+        # global rank 1 is the sub-group's rank 0; global rank 2, which left, its rank 1
+        exc = expect(
+            plait.PeerLostError,
+            ("rank 0 (global rank 1): ", "rank 1 (global rank 2) "),
+            lambda: dist.all_reduce(torch.ones(4), group=sub),
+        )
+        assert exc.lost_rank == 1, exc.lost_rank  # plait's attribute: the group's rank
+        # the sub-group is unusable now: refused at the call or at its wait()
+        expect(
+            plait.CommError,
+            ("rank 0 (global rank 1): ", "(global rank 2)"),
+            lambda: dist.all_reduce(torch.ones(4), group=sub, async_op=True).wait(),
+        )
+        store.set("lost-checked", "1")
+    else:
+        store.wait(["lost-checked"], timedelta(seconds=60))
+    print(f"rank {rank}: lost passed", flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    {"monitored": monitored, "lost": lost}[sys.argv[1]]()
