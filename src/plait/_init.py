@@ -100,6 +100,7 @@ from plait._checks import check_timeout
 from plait._processes import die_with_launcher
 from plait.communicator import Communicator, default_timeout
 from plait.errors import CommError, RendezvousError
+from plait.group import own_comm_id
 from plait.rendezvous.lost import JobRanks, report_gave_up, wait_ranks
 from plait.rendezvous.store import PrefixStore, Store
 from plait.transport.base import Transport
@@ -603,7 +604,12 @@ def init(
         # The job's own world (not a torch group's init): its ranks are the job's.
         world = (rank, size) == (info.rank, info.size)
         comm = Communicator(
-            t, timeout=timeout, hosts=hosts, _run=run, _members=range(size) if world else None
+            t,
+            timeout=timeout,
+            hosts=hosts,
+            _run=run,
+            _members=range(size) if world else None,
+            _comm_id=0 if world else own_comm_id(run),  # its dumps are not the world's
         )
         if "shm" in links:  # ranks that share a host's memory wait by yielding to each other
             bind_crowded(rank, hosts)

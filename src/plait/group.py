@@ -54,6 +54,7 @@ __all__ = [
     "child_comm_id",
     "collective_tag",
     "crossings",
+    "own_comm_id",
     "p2p_pattern",
     "p2p_tag",
     "probe_tag",
@@ -145,6 +146,13 @@ def shrunk_comm_id(parent_id: int, agreement: int) -> int:
     not those of the communicator it replaces."""
     digest = zlib.crc32(f"{parent_id}/shrink/{agreement}".encode())
     return digest % ((1 << COMM_ID_BITS) - 1) + 1
+
+
+def own_comm_id(run: str) -> int:
+    """Id of a communicator that ``plait.init`` makes for ranks that are not the job's world
+    (a torch sub-group, say), from the ``run`` token its ranks agree on (never 0): its
+    flight recorder's dumps are not the world's ``rank<r>.json`` of the same number."""
+    return zlib.crc32(f"init/{run}".encode()) % ((1 << COMM_ID_BITS) - 1) + 1
 
 
 class GroupTransport:

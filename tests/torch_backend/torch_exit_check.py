@@ -16,6 +16,7 @@ Modes (first argument):
 from __future__ import annotations
 
 import os
+import re
 import sys
 from datetime import timedelta
 
@@ -68,6 +69,8 @@ def lost() -> None:
             lambda: dist.all_reduce(torch.ones(4), group=sub),
         )
         assert exc.lost_rank == 1, exc.lost_rank  # plait's attribute: the group's rank
+        # its dump is the sub-group's own, not global rank 0's rank0.json of the world
+        assert re.search(r"flight recorder dump: \S*/comm[0-9a-f]+\.rank0\.json", str(exc)), exc
         # the sub-group is unusable now: refused at the call or at its wait()
         expect(
             plait.CommError,
