@@ -406,6 +406,27 @@ def test_torch_store_host_of_a_tcp_store() -> None:
     assert store.host == "127.0.0.1"
 
 
+@pytest.mark.parametrize("what", ["get", "wait", "set", "add", "check", "delete"])
+def test_torch_store_says_its_connection_broke(what: str) -> None:
+    """A TCPStore whose server went away raised torch's raw DistNetworkError ("Failed to
+    recv, got 0 bytes"), or, while waiting, a StoreTimeout that blamed missing keys."""
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False)
+    store = plait.torch.TorchStore(client, timeout=5)
+    store.set("a", b"1")
+    del server  # its host went away
+    calls = {
+        "get": lambda: store.get("b", 2),
+        "wait": lambda: store.wait(["b"], 2),
+        "set": lambda: [store.set("c", b"x") for _ in range(50)],  # the first may be sent
+        "add": lambda: store.add("n", 1),
+        "check": lambda: store.check(["a"]),
+        "delete": lambda: store.delete("a"),
+    }
+    with pytest.raises(plait.RendezvousError, match="torch store: the connection broke during"):
+        calls[what]()
+
+
 def test_env_rendezvous_under_plait_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without MASTER_ADDR but with plait run's variables, env:// finds a TCPStore."""
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):

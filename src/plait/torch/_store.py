@@ -70,41 +70,72 @@ class TorchStore(Store):
 
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``."""
-        # torch's stub says str; the binding takes bytes as well
-        self._store.set(self._key(key), bytes(value))  # type: ignore[arg-type]
+        with _broken("set", [key]):
+            # torch's stub says str; the binding takes bytes as well
+            self._store.set(self._key(key), bytes(value))  # type: ignore[arg-type]
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting until it is set."""
         self.wait([key], timeout)
-        return bytes(self._store.get(self._key(key)))
+        with _broken("get", [key]):
+            return bytes(self._store.get(self._key(key)))
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the counter at ``key``; the new value."""
-        return int(self._store.add(self._key(key), amount))
+        with _broken("add", [key]):
+            return int(self._store.add(self._key(key), amount))
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         """Block until every key is set.
 
         Raises:
             StoreTimeout: keys still missing after ``timeout`` (they are named).
+            RendezvousError: the store's connection broke (its host went away).
         """
         seconds = self._timeout(timeout)
         names = [self._key(k) for k in keys]
-        try:
-            self._store.wait(names, timedelta(seconds=seconds))
-        except RuntimeError as exc:  # torch's DistStoreError
-            missing = [k for k in keys if not self._store.check([self._key(k)])]
-            raise StoreTimeout(
-                f"torch store: keys {missing} not set within {seconds} s ({exc})"
-            ) from exc
+        with _broken("wait", keys):
+            try:
+                self._store.wait(names, timedelta(seconds=seconds))
+            except RuntimeError as exc:  # torch's DistStoreError: a timeout, if not broken
+                if _is_broken(exc):
+                    raise
+                missing = [k for k in keys if not self._store.check([self._key(k)])]
+                raise StoreTimeout(
+                    f"torch store: keys {missing} not set within {seconds} s ({exc})"
+                ) from exc
 
     def check(self, keys: Sequence[str]) -> bool:
         """Whether every key is set."""
-        return bool(self._store.check([self._key(k) for k in keys]))
+        with _broken("check", keys):
+            return bool(self._store.check([self._key(k) for k in keys]))
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; whether it existed."""
-        return bool(self._store.delete_key(self._key(key)))
+        with _broken("delete", [key]):
+            return bool(self._store.delete_key(self._key(key)))
+
+
+def _is_broken(exc: BaseException) -> bool:
+    """Whether torch's store error ``exc`` says the connection broke, not a timeout."""
+    network = getattr(dist, "DistNetworkError", None)
+    return network is not None and isinstance(exc, network)
+
+
+@contextlib.contextmanager
+def _broken(what: str, keys: Sequence[str]) -> Iterator[None]:
+    """Turn torch's error for a store connection that broke (``DistNetworkError``: "Failed
+    to recv, got 0 bytes") into plait's RendezvousError, naming what was asked; a waiting
+    call took it for a timeout, or it came out raw."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if not _is_broken(exc):
+            raise
+        raise RendezvousError(
+            f"torch store: the connection broke during {what} of {list(keys)}: its host (the "
+            f"rank that serves it, rank 0 under env://) may have exited or died ({exc})"
+        ) from exc
 
 
 def _host_of(store: Any) -> str | None:
