@@ -170,6 +170,9 @@ __all__ = [
 HEARTBEAT_SECONDS = 1.0
 #: Longest single wait of agree in the store, between two looks at who failed.
 _SLICE = 0.25
+#: Seconds a rank whose agreement ran out of time still waits for the coordinator's result,
+#: which it writes at the same deadline (it names the ranks that never came).
+_LAST_LOOK_SECONDS = 1.0
 #: The result of an agreement its coordinator gave up at its timeout (Note [agree]).
 _VOID = "void"
 #: Seconds shrink waits on a healthy communicator for every rank to arrive before it aborts
@@ -400,10 +403,15 @@ class Recovery:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise CommTimeout(
-                        f"rank {me}: {what}: agree #{k}: no result within {seconds:g} s; the "
-                        "coordinator neither decided nor was found failed"
-                    )
+                    try:  # the coordinator gives up at the same deadline: its word, if it came
+                        self.store.wait([f"{keys}result"], _LAST_LOOK_SECONDS)
+                    except StoreTimeout:
+                        raise CommTimeout(
+                            f"rank {me}: {what}: agree #{k}: no result within {seconds:g} s; "
+                            "the coordinator neither decided nor was found failed"
+                        ) from None
+                    text = self.store.get(f"{keys}result").decode()
+                    break
                 try:
                     self.store.wait([f"{keys}result"], min(_SLICE, left))
                 except StoreTimeout:

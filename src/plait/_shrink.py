@@ -44,7 +44,8 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
         raise closed_error(comm, "shrink")
 
     def leave() -> None:  # every rank still in a call on the old communicator leaves it
-        rec.abort("replaced by shrink()", here=True)
+        # (before the agreement is known: the shrink may yet fail, so not "replaced")
+        rec.abort("left for shrink()", here=True)
 
     if comm._runner.broken is not None:  # failed or aborted here: peers may be stuck in a call
         leave()

@@ -504,3 +504,51 @@ def test_a_store_that_fails_at_once_is_said_at_once() -> None:
     assert _recovery._within(5.0, gone) is False
     assert time.monotonic() - start < 2.0
     assert _recovery._within(5.0, lambda: None) is True
+
+
+def test_a_rank_that_never_agrees_is_named_on_every_rank() -> None:
+    """The coordinator named the rank that never came; the others said only that "the
+    coordinator neither decided nor was found failed", though it had, at the same deadline."""
+    late = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 2:  # alive, and never in time
+            late.wait(10)
+            return None
+        if comm.rank == 0:  # the coordinator's deadline comes after rank 1's
+            time.sleep(0.3)
+        try:
+            with pytest.raises(plait.CommTimeout) as info:
+                comm.agree(1, timeout=1.0)
+            return str(info.value)
+        finally:
+            if comm.rank == 1:
+                late.set()
+
+    said = store_ranks(3, body)
+    assert "rank(s) [2] neither took part nor failed" in said[0]
+    assert "before rank(s) [2] took part or failed" in said[1]
+
+
+def test_a_shrink_that_failed_does_not_say_it_replaced_the_communicator() -> None:
+    """The old communicator said "aborted by rank 1 (replaced by shrink())" after a shrink
+    that timed out: nothing had replaced it."""
+    late = threading.Event()
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 2:
+            late.wait(10)
+            return None
+        try:
+            with pytest.raises(plait.CommTimeout):
+                comm.shrink(timeout=1.5)
+            with pytest.raises(plait.AbortedError) as info:
+                comm.allreduce(np.ones(1))
+            return str(info.value)
+        finally:
+            if comm.rank == 1:
+                late.set()
+
+    for said in store_ranks(3, body)[:2]:
+        assert "left for shrink()" in said
+        assert "replaced" not in said
