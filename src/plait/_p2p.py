@@ -242,7 +242,7 @@ class PointToPointMethods:
         try:
             found = self._probe(src, tag, c, time.monotonic() + seconds, seconds)
         except CommError as exc:
-            raise_dumped(self._runner.recorder, exc, chosen=timeout is not None)
+            raise_dumped(self._runner, exc, chosen=timeout is not None)
         assert found is not None
         found._copy_to(status)
         return found
@@ -333,7 +333,7 @@ class PointToPointMethods:
         req: Request[None] = Request(
             c, t, h, self._rank, out.dst, out.tag, self._runner.timeout, None, None, out
         )
-        req._recorder = self._runner.recorder
+        req._runner = self._runner
         return req
 
     def _post_recv(self, buf: _B, inc: _Incoming, c: str) -> Request[_B]:
@@ -352,7 +352,7 @@ class PointToPointMethods:
             peers = None if inc.src == ANY_SOURCE else [inc.src]
             h = m.irecv_match(peers, want, mask, view, check)
         req: Request[_B] = Request(c, t, h, self._rank, inc.src, inc.tag, timeout, buf, inc)
-        req._recorder = self._runner.recorder
+        req._runner = self._runner
         return req
 
     def _probe(
@@ -420,7 +420,7 @@ class PointToPointMethods:
         try:
             self._wait_all(reqs, seconds, cross)
         except CommError as exc:
-            raise_dumped(rec, exc, chosen=chosen)
+            raise_dumped(self._runner, exc, chosen=chosen)
         finally:
             if rec is not None:
                 rec.p2p.pop(me, None)

@@ -18,7 +18,7 @@ import numpy as np
 
 from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, check_timeout
-from plait.errors import CommError, CommTimeout, MismatchError
+from plait.errors import AbortedError, CommError, CommTimeout, MismatchError, PeerLostError
 from plait.group import GroupTransport, user_tag
 from plait.runtime import stall
 from plait.runtime.crossing import Crossing, p2p_number
@@ -193,7 +193,7 @@ class Request(Generic[R]):
         "_outgoing",
         "_peer",
         "_rank",
-        "_recorder",
+        "_runner",
         "_settled",
         "_status",
         "_tag",
@@ -229,7 +229,7 @@ class Request(Generic[R]):
         self._error: BaseException | None = None
         self._cancelled = False
         self._settled = False
-        self._recorder: Any = None  # the communicator's flight recorder: dumped on a failure
+        self._runner: Any = None  # the communicator's call runner: its abort, its recorder
         if handle is None:  # PROC_NULL: done at once
             self._settle()
 
@@ -277,7 +277,7 @@ class Request(Generic[R]):
                 raise self._timed_out(seconds)
             self._finish(status)
         except CommError as exc:
-            raise_dumped(self._recorder, exc, chosen=timeout is not None)
+            raise_dumped(self._runner, exc, chosen=timeout is not None)
         value: R = self._value
         return value
 
@@ -436,6 +436,8 @@ class Request(Generic[R]):
                     mine += f"; the message: {sent[1] // theirs.itemsize} elements of {theirs.name}"
             err = renumbered(self._transport, h.error)
             self._error = _reword(err, f"rank {self._rank}: {self._c} {self._describe()}", mine)
+            if isinstance(self._error, PeerLostError) and self._peer >= 0:
+                self._error.lost_rank = self._peer  # the rank it sends to or receives from
             if isinstance(h.error, MismatchError) and isinstance(self._error, MismatchError):
                 self._error.sent = h.error.sent
         elif inc is None:
@@ -591,11 +593,23 @@ def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
             )
 
 
-def raise_dumped(recorder: Any, exc: CommError, *, chosen: bool) -> NoReturn:
-    """Raise ``exc`` of a point-to-point call, with the flight recorder's dump named in it
-    once dumped (its ``threads`` say where the rank waits: plait analyze reads it), as a
-    failed collective's is. A timeout the caller chose (``chosen``) is a receive that may
-    come later, not a hang: no dump."""
+def raise_dumped(runner: Any, exc: CommError, *, chosen: bool) -> NoReturn:
+    """Raise ``exc`` of a point-to-point call of ``runner``'s communicator (its call
+    runner, or None), with the flight recorder's dump named in it once dumped (its
+    ``threads`` say where the rank waits: plait analyze reads it), as a failed
+    collective's is. A timeout the caller chose (``chosen``) is a receive that may come
+    later, not a hang: no dump. A peer lost because the communicator was aborted is the
+    abort (AbortedError), as a collective's is: the aborted ranks leave, and a receive from
+    one of them named it "lost: its process exited or was killed"."""
+    if runner is not None and isinstance(exc, PeerLostError):
+        if runner.aborted is None and runner.hear is not None:
+            runner.hear()  # the abort, if one waits in the store for this rank
+        if runner.aborted is not None:
+            where = ": ".join(str(exc).split(": ", 2)[:2])  # rank 1: recv from rank 0 (tag 0)
+            aborted = AbortedError(f"{where}: {runner.aborted}")
+            aborted.__cause__ = exc
+            exc = aborted
+    recorder = None if runner is None else runner.recorder
     if recorder is None or (chosen and type(exc) is CommTimeout):
         raise exc
     from plait.diagnostics.triggers import dump_on_error  # the diagnostics load on failure

@@ -496,3 +496,20 @@ def test_a_mismatch_names_the_receive_and_consumes_the_message() -> None:
     assert run_ranks(2, body)[0] == [1.0, 1.0, 1.0]
     with pytest.raises(RankFailure):
         run_ranks(2, lambda c: c.recv(np.empty(1), 1 - c.rank, timeout=0.1))
+
+
+def test_a_receive_from_a_lost_peer_names_it_in_lost_rank() -> None:
+    """A collective's PeerLostError set lost_rank; a receive from (or a send to) the rank it
+    named was lost left it None, though it knows the rank."""
+    comms = memory_communicators(2, timeout=10.0)
+    try:
+        comms[1].close()
+        with pytest.raises(plait.PeerLostError) as info:
+            comms[0].recv(np.empty(4), 1, tag=3)
+        assert info.value.lost_rank == 1
+        with pytest.raises(plait.PeerLostError) as sent:
+            comms[0].isend(np.ones(4), 1, tag=3).wait()
+        assert sent.value.lost_rank == 1
+    finally:
+        for c in comms:
+            c.close()

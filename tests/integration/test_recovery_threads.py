@@ -552,3 +552,20 @@ def test_a_shrink_that_failed_does_not_say_it_replaced_the_communicator() -> Non
     for said in store_ranks(3, body)[:2]:
         assert "left for shrink()" in said
         assert "replaced" not in said
+
+
+def test_an_abort_fails_every_receive_as_the_abort() -> None:
+    """Every rank waiting in a receive when rank 1 aborted: a receive from a rank that had
+    left after its own error said that rank was "lost: its process exited or was killed"."""
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 1:
+            threading.Timer(0.3, comm.abort, ("watchdog",)).start()
+        with pytest.raises(plait.CommError) as info:
+            comm.recv(np.empty(4), (comm.rank + 1) % comm.size)
+        return type(info.value).__name__, str(info.value)
+
+    for r, (kind, said) in enumerate(store_ranks(4, body)):
+        assert kind == "AbortedError", said
+        assert said.startswith(f"rank {r}: recv from rank {(r + 1) % 4} (tag 0): "), said
+        assert "aborted by rank 1 (watchdog)" in said
