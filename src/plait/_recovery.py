@@ -312,8 +312,9 @@ class Recovery:
                     for p in range(self.size):
                         if p != me:
                             store.set(f"abort/{p}", payload)
-                else:
-                    store.set(f"marked/{me}", b"1")
+                # Its calls are marked: so says every rank, an aborting one too (ranks that
+                # all aborted at once each waited out _MARK_SECONDS for the others' marks).
+                store.set(f"marked/{me}", b"1")
                 # Close only once the others have marked their calls aborted too (or cannot):
                 # none of them then sees this rank's connections close before it knows why.
                 seen: dict[int, tuple[int, float]] = {}

@@ -569,3 +569,18 @@ def test_an_abort_fails_every_receive_as_the_abort() -> None:
         assert kind == "AbortedError", said
         assert said.startswith(f"rank {r}: recv from rank {(r + 1) % 4} (tag 0): "), said
         assert "aborted by rank 1 (watchdog)" in said
+
+
+def test_ranks_that_all_abort_at_once_do_not_wait_for_each_other() -> None:
+    """Each aborting rank waited out half a second for the others' marks, which a rank
+    that aborted itself never wrote; every survivor aborting is the documented idiom."""
+    ready = threading.Barrier(3)
+
+    def body(comm: plait.Communicator) -> float:
+        ready.wait(10)
+        start = time.monotonic()
+        comm.abort("every survivor aborts")
+        return time.monotonic() - start
+
+    took = store_ranks(3, body)
+    assert max(took) < 0.3, took
