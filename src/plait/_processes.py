@@ -15,7 +15,16 @@ import signal
 import threading
 from typing import NamedTuple
 
-__all__ = ["Process", "alive", "die_with_launcher", "machine", "stopped", "this_process"]
+__all__ = [
+    "Process",
+    "alive",
+    "described",
+    "die_with_launcher",
+    "machine",
+    "stopped",
+    "this_process",
+    "visible",
+]
 
 
 class Process(NamedTuple):
@@ -67,6 +76,23 @@ def this_process() -> Process:
     if _PROCESS is None or _PROCESS.pid != pid:
         _PROCESS = Process(machine(), pid, _start_time(pid) or "")
     return _PROCESS
+
+
+def described() -> str:
+    """This process as text another process can read back (:func:`visible`)."""
+    me = this_process()
+    return f"{me.machine}/{me.pid}/{me.start}"
+
+
+def visible(text: str) -> Process | None:
+    """The process :func:`described` wrote ``text`` for, where this process can see it (the
+    same machine and pid namespace: the pid names it here) and it is another; else None."""
+    where, _, rest = text.rpartition("/")
+    where, _, pid = where.rpartition("/")
+    here = machine()
+    if not here or where != here or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    return Process(where, int(pid), rest)
 
 
 def alive(proc: Process) -> bool:

@@ -462,16 +462,18 @@ def test_a_rank_killed_during_the_rendezvous_is_named_at_once(store_server: int)
 
         def rank(r: int, store: Store) -> tuple[str, float]:
             start = time.monotonic()
-            with pytest.raises(RendezvousError) as info:
+            with pytest.raises((RendezvousError, PeerLostError)) as info:
                 ShmTransport(r, 3, store, timeout=30)
             return str(info.value), time.monotonic() - start
 
         results = in_threads([lambda: rank(0, stores[0]), lambda: rank(2, stores[1])])
-        # The first to notice names rank 1; the other may see that one give up first.
+        # The first to notice names rank 1 (its socket hung up, or its process is seen to
+        # have ended); the other may see that one give up first.
         texts = [text for text, _ in results]
-        assert any("rank 1 hung up during the shared-memory rendezvous" in t for t in texts)
+        named = ("rank 1 hung up during the shared-memory rendezvous", "rank 1 was lost")
+        assert any(n in t for t in texts for n in named), texts
         for text, seconds in results:  # the other: rank 1, or the first that gave up
-            said = ("hung up during the shared-memory rendezvous", "broke off setting up")
+            said = (*named, "broke off setting up")
             assert any(s in text for s in said), text
             assert seconds < 10, seconds  # not the 30 s timeout
     finally:
@@ -578,7 +580,16 @@ CHILD = textwrap.dedent(
 
     port, rank, size, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     store = TCPStore("127.0.0.1", port, timeout=30)
-    transport = ShmTransport(rank, size, store, timeout=30)
+    transport = None
+    if mode == "expect-lost":  # a peer dies in the set-up: how long, and what is said
+        import time
+        start = time.monotonic()
+        try:
+            ShmTransport(rank, size, store, timeout=30)
+        except plait.PeerLostError as exc:
+            print(f"{time.monotonic() - start:.2f}|{exc.lost_rank}|{exc}", flush=True)
+    elif mode != "dies-before-dialling":
+        transport = ShmTransport(rank, size, store, timeout=30)
     if mode == "allreduce":
         with plait.init(transport=transport, timeout=30) as comm:
             for n in (1, 1000, 1 << 20):
@@ -586,6 +597,12 @@ CHILD = textwrap.dedent(
                 expect = np.arange(n, dtype=np.float64) * size + size * (size - 1) / 2
                 assert np.array_equal(y, expect), n
         print("ok", transport.bytes_sent, transport.bytes_received)
+    elif mode == "dies-before-dialling":  # announced itself, then dies before it dials
+        import signal
+        from plait.transport.shm import bootstrap
+
+        bootstrap._Join._connect = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        ShmTransport(rank, size, store, timeout=30)
     elif mode in ("stream", "fork-stream"):  # send forever until killed
         if mode == "fork-stream":  # a grandchild keeps our sockets open after we die
             child = os.fork()
@@ -622,6 +639,27 @@ def store_server() -> Iterator[int]:
         yield server.port
     finally:
         server.close()
+
+
+@pytest.mark.multiprocess
+def test_the_highest_rank_dying_in_the_set_up_fails_the_others_at_once(store_server: int) -> None:
+    """The highest rank of a host dials nobody: where it died after announcing its segment and
+    before dialling the others, they waited out the whole timeout for its connection (the
+    30 s here, 300 by default) and said only that it "did not connect"."""
+    procs = [_spawn(store_server, r, 3, "expect-lost") for r in range(2)]
+    procs.append(_spawn(store_server, 2, 3, "dies-before-dialling"))
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r in range(2):
+        took, lost, said = outs[r][0].strip().split("|", 2)
+        assert float(took) < 5, outs[r]
+        assert lost == "2", outs[r]
+        assert "rank 2 was lost" in said, outs[r]
 
 
 @pytest.mark.multiprocess

@@ -19,11 +19,12 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
+from plait._processes import described, visible
 from plait.errors import CommError, PeerLostError, RendezvousError, TransportError
 from plait.rendezvous.lost import wait_ranks
 from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.shm import segment
-from plait.transport.shm.doorbell import peer_credentials, peer_pid, process_start
+from plait.transport.shm.doorbell import alive, peer_credentials, peer_pid, process_start
 from plait.transport.shm.ring import RingEnd, segment_bytes
 from plait.transport.shm.segment import (
     CONTROL_BYTES,
@@ -42,8 +43,9 @@ from plait.transport.shm.segment import (
 )
 from plait.transport.shm.sockets import discard_input, last_words, listen, recv_exact
 from plait.transport.shm.window import arena_bytes, arena_ranges, check_arena
+from plait.transport.shm.wire import Joined, Wire
 
-__all__ = ["JOB_RE", "Joined", "Wire", "join", "join_window"]
+__all__ = ["JOB_RE", "join", "join_window"]
 
 #: Rank, job token (to reject strangers), nonce (the set-up's: to refuse another's).
 _HELLO = struct.Struct("<Q16sQ")
@@ -58,44 +60,6 @@ _CHECK_SECONDS = 0.1
 _REASON_BYTES = 1000
 #: Seconds a rank that gives up spends telling each peer, at most.
 _TELL_SECONDS = 1.0
-
-
-class Wire:
-    """What the rendezvous set up with one peer: its socket, process, segment and both rings."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.name = ""  # its segment's and socket's name (announced in the store)
-        self.nbytes = 0  # its segment's size (announced in the store)
-        self.sock: socket.socket | None = None
-        self.pid = 0  # its process id, if another process visible from here
-        self.pid_start: str | None = None  # and its start time, if /proc tells
-        self.seg: Segment | None = None
-        self.out: RingEnd | None = None  # our ring in its segment
-        self.inbound: RingEnd | None = None  # its ring in ours
-        self.window = (0, 0)  # its arena: byte offset in its segment, bytes per half
-
-    def release(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.seg is not None:
-            self.seg.release()
-            self.seg = None
-
-
-class Joined:
-    """The result of :func:`join`: the job, this rank's segment and a :class:`Wire` per peer.
-
-    ``window`` is this rank's arena: (byte offset in its segment, bytes per half),
-    (0, 0) without one.
-    """
-
-    def __init__(self, job: str, seg: Segment, wires: list[Wire], window: tuple[int, int]) -> None:
-        self.job = job
-        self.seg = seg
-        self.wires = wires
-        self.window = window
 
 
 def join(
@@ -343,12 +307,12 @@ class _Join:
             return None
         self.listener = listener
         try:
-            announced = announce(f"{tail}:{nbytes}".encode())
+            announced = announce(f"{tail}:{nbytes}:{described()}".encode())
             if optional and not all(announced):  # some rank has no segment
                 self.release()
                 return None
-            for p in self.wires:
-                p.name, p.nbytes = self._announced(announced[p.rank], p.rank)
+            for p in self.wires:  # (its process, if visible: _check sees it die)
+                p.name, p.nbytes, p.pid, p.pid_start = self._announced(announced[p.rank], p.rank)
             self.hello = _HELLO.pack(rank, self.token, self.nonce)
             for p in self.wires:
                 if p.rank < rank:
@@ -450,8 +414,9 @@ class _Join:
         return max(self.deadline - time.monotonic(), 0.001)
 
     def _slice(self, left: float) -> float:
-        """How long to block before the next look at ``stopped`` and ``alive`` (if any)."""
-        return left if self.alive is None and self.stopped is None else min(left, _CHECK_SECONDS)
+        """How long to block before the next look at ``stopped``, ``alive`` and the peers'
+        processes."""
+        return min(left, _CHECK_SECONDS)
 
     def _check(self, only: Wire | None = None) -> None:
         """Raise if this rank was stopped (its transport closed) or a peer (``only``) is gone."""
@@ -459,15 +424,22 @@ class _Join:
             error = self.stopped()
             if error is not None:
                 raise error
-        if self.alive is not None:
-            peers = self.wires if only is None else [only]
-            gone = sorted(self.names[p.rank] for p in peers if not self.alive(p.rank))
-            if gone:
-                who = f"rank {gone[0]} was" if len(gone) == 1 else f"ranks {gone} were"
-                raise PeerLostError(
-                    f"rank {self.me}: {who} lost (its process ended or its transport closed) "
-                    "while setting up shared memory with this rank"
-                )
+        # Also a peer whose process is seen to end: the highest rank of a host dials nobody,
+        # and its death before it dialled the others left them waiting out the deadline.
+        gone = sorted(
+            self.names[p.rank]
+            for p in (self.wires if only is None else [only])
+            if (self.alive is not None and not self.alive(p.rank))
+            or (p.pid and not alive(p.pid, p.pid_start))
+        )
+        if gone:
+            who = f"rank {gone[0]} was" if len(gone) == 1 else f"ranks {gone} were"
+            err = PeerLostError(
+                f"rank {self.me}: {who} lost (its process ended or its transport closed) "
+                "while setting up shared memory with this rank"
+            )
+            err.lost_rank = gone[0]
+            raise err
 
     def _await(self, p: Wire) -> socket.socket:
         """``p``'s socket, once it has something to read (checking as :meth:`_accept_all`).
@@ -620,14 +592,21 @@ class _Join:
         # ``p`` may give up (closing its listener) between our connect and this hello.
         self._send(p, lambda s: s.sendall(hello))
 
-    def _announced(self, value: bytes, rank: int) -> tuple[str, int]:
-        """(segment and socket name, segment bytes) from what ``rank`` published."""
-        tail, _, nbytes = value.decode(errors="replace").partition(":")
+    def _announced(self, value: bytes, rank: int) -> tuple[str, int, int, str | None]:
+        """(segment and socket name, segment bytes, its process's pid and start time, or 0
+        and None where not visible from here) from what ``rank`` published."""
+        tail, _, rest = value.decode(errors="replace").partition(":")
+        nbytes, _, proc = rest.partition(":")
         if not _TAIL_RE.fullmatch(tail) or not nbytes.isdigit():
             raise RendezvousError(
                 f"rank {self.me}: rank {self.names[rank]} published {value!r}, not a segment"
             )
-        return f"{self.name}-{rank}-{tail}", int(nbytes)
+        seen = visible(proc)
+        return (
+            f"{self.name}-{rank}-{tail}",
+            int(nbytes),
+            *((seen.pid, seen.start) if seen else (0, None)),
+        )
 
     def _accept_hello(self, conn: socket.socket, missing: set[int]) -> int | None:
         """The rank of a new connection, or None for a stranger (another user, another job)

@@ -18,10 +18,10 @@ from plait.errors import PeerLostError
 from plait.transport.base import OTHER_MEMBER
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op, copy_bytes
-from plait.transport.shm.bootstrap import Joined, Wire
 from plait.transport.shm.doorbell import alive, drain, ring
 from plait.transport.shm.ring import HDR, SLOT_HEADER, RingEnd
 from plait.transport.shm.segment import W_CLOSED, W_SLEEPING, Fence, Segment
+from plait.transport.shm.wire import Joined, Wire
 
 if TYPE_CHECKING:
     from plait.transport.shm.window import CounterWait, ShmWindow

@@ -157,8 +157,8 @@ from plait.transport.window import (
 
 if TYPE_CHECKING:
     from plait.transport.endpoint import Endpoint
-    from plait.transport.shm.bootstrap import Joined
     from plait.transport.shm.link import ShmLink
+    from plait.transport.shm.wire import Joined
 
 __all__ = [
     "ARENA_HEADER",
