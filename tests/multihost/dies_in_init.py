@@ -1,6 +1,6 @@
 """Rank VICTIM dies at its start; the others report what their ``plait.init`` raised.
 
-``python dies_in_init.py VICTIM``: rank VICTIM SIGKILLs itself before it calls
+``python dies_in_init.py VICTIM [REPORTERS]``: rank VICTIM SIGKILLs itself before it calls
 ``plait.init``; every other rank prints ``rank R: lost L in init: <message>``
 for the :class:`plait.PeerLostError` its ``plait.init`` raises (and exits 0),
 or ``rank R: init ended without noticing`` (and exits 5), once every other
@@ -31,7 +31,8 @@ def main() -> int:
         code = 5
     # The store lives as long as host 0's launcher, which ends with its ranks: they stay
     # until every survivor has reported, so that none loses the store before it looks.
-    survivors = int(os.environ["PLAIT_SIZE"]) - 1
+    # (argv[2]: how many report, where the victim's host stops its other ranks)
+    survivors = int(sys.argv[2]) if len(sys.argv) > 2 else int(os.environ["PLAIT_SIZE"]) - 1
     with store_from_url(os.environ["PLAIT_STORE"], rank=rank, timeout=60) as store:
         if store.add("test/reported", 1) == survivors:
             store.set("test/all-reported", b"1")

@@ -460,6 +460,18 @@ def test_a_rank_killed_in_init_on_another_host_is_named_at_once_with_recovery(
     assert "rank 3 was killed by SIGKILL, as plait run saw" in job.stdout, job.report()
 
 
+def test_a_rank_killed_in_init_on_another_host_is_named_at_once_without_recovery(
+    net: Network, tmp_path: Path
+) -> None:
+    # Without --enable-recovery host 1's launcher stops its other rank and exits; it filed
+    # nothing, and host 0's ranks waited out their 300 s in plait.init for ranks 2 and 3.
+    job = net.run(2, 2, DIES_IN_INIT, ["3", "2"], tmp_path)
+    assert job.rcs[0] == 0, job.report()
+    for r in (0, 1):
+        assert f"rank {r}: lost " in job.stdout, job.report()
+    assert "as plait run saw" in job.stdout, job.report()
+
+
 # -- 5. PLAIT_SOCKET_IFNAME ------------------------------------------------------------------
 
 

@@ -339,7 +339,9 @@ def _attempt(
                 target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
             ).start()
         relay.start()
-        filer = _Filer(host, port, secret, relay) if job.enable_recovery else None
+        # Ranks of other hosts still in plait.init wait on this host's: a rank lost here is
+        # filed for them, with recovery or not (without, they waited out their timeout).
+        filer = _Filer(host, port, secret, relay) if job.enable_recovery or job.nnodes > 1 else None
         return watch(
             ranks,
             relay,
@@ -363,12 +365,16 @@ class _Filer:
 
     def __init__(self, host: str, port: int, secret: str, relay: Relay) -> None:
         self.host, self.port, self.secret, self.relay = host, port, secret.encode(), relay
+        self.failed = False  # the store did not answer: the next ranks are not tried
 
     def __call__(self, rank: int, how: str) -> None:
+        if self.failed:
+            return
         try:
             with TCPStore(self.host, self.port, secret=self.secret, timeout=_FILE_SECONDS) as store:
                 report_lost(store, rank, how)
         except (CommError, OSError) as exc:  # best effort: the others time out as before
+            self.failed = True
             self.relay.say(
                 f"could not tell the other ranks in the store that rank {rank} died: {exc}"
             )

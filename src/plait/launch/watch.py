@@ -271,7 +271,9 @@ def watch(
     and the others go on, to agree and shrink (docs/fault-tolerance.md), and passed to
     ``on_lost`` (its rank and how it ended: "was killed by SIGKILL"); the job's exit code
     is then that of the first of the others to fail (0 if none did), and a failure of any
-    other kind stops the job as without it.
+    other kind stops the job as without it. Without ``recovery``, ``on_lost`` (a job on
+    several hosts) gets every rank of a failed job that did not end well, the ones about to
+    be stopped included, for the other hosts' ranks still in ``plait.init``.
 
     ``before_stop``: called before a failed job's ranks still running are stopped, with
     how each failed rank ended and when the first did (wall clock; they dump their flight
@@ -325,6 +327,12 @@ def watch(
         code = first.exit[0]
         why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
         relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
+    if on_lost is not None and not recovery:  # for other hosts' ranks still in plait.init
+        for r in ranks:
+            if r.exit is None:
+                on_lost(r.rank, f"was stopped by its launcher after rank {first.rank} failed")
+            elif r.exit[0] != 0:
+                on_lost(r.rank, _describe(r.exit[0]))
     if running and before_stop is not None:
         how = {r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None}
         when = min(r.exit[1] for r in failed if r.exit is not None)
