@@ -15,16 +15,9 @@ import signal
 import threading
 from typing import NamedTuple
 
-__all__ = [
-    "Process",
-    "alive",
-    "described",
-    "die_with_launcher",
-    "machine",
-    "stopped",
-    "this_process",
-    "visible",
-]
+from plait.transport.shm.doorbell import machine
+
+__all__ = ["Process", "alive", "die_with_launcher", "machine", "stopped", "this_process"]
 
 
 class Process(NamedTuple):
@@ -33,17 +26,6 @@ class Process(NamedTuple):
     machine: str
     pid: int
     start: str
-
-
-def machine() -> str:
-    """This machine and pid namespace: a pid means the same process only within both."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return ""  # no /proc: never compare pids
-    return f"{boot}:{ns}"
 
 
 def _stat(pid: int) -> tuple[str, str] | None:
@@ -76,23 +58,6 @@ def this_process() -> Process:
     if _PROCESS is None or _PROCESS.pid != pid:
         _PROCESS = Process(machine(), pid, _start_time(pid) or "")
     return _PROCESS
-
-
-def described() -> str:
-    """This process as text another process can read back (:func:`visible`)."""
-    me = this_process()
-    return f"{me.machine}/{me.pid}/{me.start}"
-
-
-def visible(text: str) -> Process | None:
-    """The process :func:`described` wrote ``text`` for, where this process can see it (the
-    same machine and pid namespace: the pid names it here) and it is another; else None."""
-    where, _, rest = text.rpartition("/")
-    where, _, pid = where.rpartition("/")
-    here = machine()
-    if not here or where != here or not pid.isdigit() or int(pid) == os.getpid():
-        return None
-    return Process(where, int(pid), rest)
 
 
 def alive(proc: Process) -> bool:

@@ -19,12 +19,18 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
-from plait._processes import described, visible
 from plait.errors import CommError, PeerLostError, RendezvousError, TransportError
 from plait.rendezvous.lost import wait_ranks
 from plait.rendezvous.store import Store, StoreTimeout
 from plait.transport.shm import segment
-from plait.transport.shm.doorbell import alive, peer_credentials, peer_pid, process_start
+from plait.transport.shm.doorbell import (
+    alive,
+    described,
+    peer_credentials,
+    peer_pid,
+    process_start,
+    visible,
+)
 from plait.transport.shm.ring import RingEnd, segment_bytes
 from plait.transport.shm.segment import (
     CONTROL_BYTES,
@@ -601,12 +607,8 @@ class _Join:
             raise RendezvousError(
                 f"rank {self.me}: rank {self.names[rank]} published {value!r}, not a segment"
             )
-        seen = visible(proc)
-        return (
-            f"{self.name}-{rank}-{tail}",
-            int(nbytes),
-            *((seen.pid, seen.start) if seen else (0, None)),
-        )
+        pid, start = visible(proc) or (0, None)
+        return f"{self.name}-{rank}-{tail}", int(nbytes), pid, start
 
     def _accept_hello(self, conn: socket.socket, missing: set[int]) -> int | None:
         """The rank of a new connection, or None for a stranger (another user, another job)

@@ -10,7 +10,16 @@ import os
 import socket
 import struct
 
-__all__ = ["alive", "drain", "peer_pid", "process_start", "ring"]
+__all__ = [
+    "alive",
+    "described",
+    "drain",
+    "machine",
+    "peer_pid",
+    "process_start",
+    "ring",
+    "visible",
+]
 
 #: send() flags of a doorbell, as a plain int (or-ing the enum costs microseconds per call).
 _RING_FLAGS = int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
@@ -75,3 +84,32 @@ def alive(pid: int, start: str | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def machine() -> str:
+    """This machine and pid namespace: a pid means the same process only within both."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # no /proc: never compare pids
+    return f"{boot}:{ns}"
+
+
+def described() -> str:
+    """This process as text another process can read back (:func:`visible`)."""
+    pid = os.getpid()
+    return f"{machine()}/{pid}/{process_start(pid) or ''}"
+
+
+def visible(text: str) -> tuple[int, str | None] | None:
+    """(pid, start time) of the process :func:`described` wrote ``text`` for, where this
+    process can see it (the same machine and pid namespace: the pid names it here) and it
+    is another; else None."""
+    where, _, start = text.rpartition("/")
+    where, _, pid = where.rpartition("/")
+    here = machine()
+    if not here or where != here or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    return int(pid), start or None
