@@ -208,6 +208,12 @@ class GroupTransport:
     def wait_any(self, handles: Sequence[Handle], timeout: float | None) -> bool:
         return self.parent.wait_any(handles, timeout)
 
+    def foreign(self, lo: int, hi: int, check: int) -> int | None:
+        """:meth:`plait.transport.endpoint.Endpoint.foreign`, as the group numbers ranks."""
+        found = getattr(self.parent, "foreign", None)
+        peer = None if found is None else found(lo, hi, check)
+        return None if peer is None else self._index.get(peer)
+
     def cancel(self, handle: Handle) -> None:
         self.parent.cancel(handle)
 

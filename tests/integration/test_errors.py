@@ -400,3 +400,37 @@ def test_a_rank_waiting_on_a_late_peer_hears_at_once_of_another_that_closed(
 def _late_call(comm: plait.Communicator, algorithm: str) -> None:
     with contextlib.suppress(plait.CommError):
         comm.allreduce(np.ones(4, np.float32), algorithm=algorithm)
+
+
+def test_a_root_only_one_rank_disagrees_on_is_found_by_that_rank() -> None:
+    """Rank 3 takes rank 1 for the root of a broadcast that ranks 0-2 root at 0: rank 1, a
+    leaf, never sends to it, and the others go on without stalling, so none read its probes.
+    Rank 3 waited out its timeout, keeping every later message of its parent (Note [foreign
+    messages] in plait.runtime.stall)."""
+    comms = memory_communicators(4, timeout=15.0)
+    try:
+
+        def body(r: int) -> tuple[str, float]:
+            start = time.monotonic()
+            try:
+                for i in range(4):
+                    root = 1 if (r == 3 and i == 2) else 0
+                    comms[r].broadcast(np.full(100, float(r)), root, algorithm="binomial")
+            except plait.CommError as exc:
+                return type(exc).__name__, time.monotonic() - start
+            return "", time.monotonic() - start
+
+        results: dict[int, tuple[str, float]] = {}
+        threads = [
+            threading.Thread(target=lambda r=r: results.__setitem__(r, body(r))) for r in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        kind, seconds = results[3]
+        assert kind == "MismatchError", results
+        assert seconds < 5, results
+    finally:
+        for c in comms:
+            c.close()

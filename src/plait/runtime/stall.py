@@ -62,6 +62,18 @@ Note [stall probes]
     stalls stays among its unexpected messages until that rank next stalls
     (it reads every probe waiting then) or closes: one small message per
     stalled call of a peer.
+
+Note [foreign messages]
+    Some mismatches stall only one rank: a broadcast whose root rank 3 takes
+    for a leaf that never sends to it, while ranks 0 to 2 agree on another
+    root and go on. Rank 3 waits; the others never stall, so they never read
+    its probes, and their messages to it for this call's number sit among its
+    unexpected messages (taken in, on shared memory or eagerly over TCP),
+    where no receive compares their digests. So a stalled message call also
+    looks there: a message under one of its own tags whose digest is not its
+    call's is a peer in another call, MismatchError, told to every rank as a
+    verdict. (Across hosts, the broadcast and scatter of different roots went
+    undetected, and rank 3 kept every later message of rank 2, without bound.)
 """
 
 from __future__ import annotations
@@ -123,10 +135,14 @@ class Prober:
         "_size",
         "_suspects",
         "_t",
+        "_tags",
     )
 
-    def __init__(self, transport: Transport, call: Call, rank: int, size: int) -> None:
+    def __init__(
+        self, transport: Transport, call: Call, rank: int, size: int, tags: int = 0
+    ) -> None:
         self._t = transport
+        self._tags = tags  # a message call's: it sends on tags tag_base .. tag_base + tags - 1
         self._call = call
         self._rank = rank
         self._size = size
@@ -191,6 +207,10 @@ class Prober:
             elif now >= until:
                 self._tell_all()
                 raise err
+        foreign = self._foreign()
+        if foreign is not None:
+            self._tell_all()
+            raise foreign
         crossed = self._cross.check(self._rank, waiting)
         if crossed is not None:
             self._tell_all()
@@ -259,6 +279,21 @@ class Prober:
                 "root or algorithm"
             )
         return None
+
+    def _foreign(self) -> MismatchError | None:
+        """The error of a message call to which a peer sent a message of another call (Note
+        [foreign messages]); None if none waits here."""
+        call, found = self._call, getattr(self._t, "foreign", None)
+        if not self._tags or found is None:
+            return None
+        q = found(call.tag_base, call.tag_base + self._tags, call.check)
+        if q is None:
+            return None
+        return MismatchError(
+            f"rank {self._rank}: {call.describe}: rank {q} is in a different call: a message "
+            "it sent under this call's number carries another call's parameters (the ranks "
+            "disagree on the collective, count, dtype, op, root or algorithm)"
+        )
 
     def _ahead(self, q: int, name: str) -> MismatchError:
         call = self._call

@@ -90,7 +90,8 @@ def block(
     fresh = None
     try:
         if prober is None and probe_at and time.monotonic() >= probe_at:
-            prober = fresh = Prober(transport, call, schedule.rank, schedule.size)
+            tags = max((st.tag for st in schedule.steps), default=-1) + 1  # Note [foreign messages]
+            prober = fresh = Prober(transport, call, schedule.rank, schedule.size, tags)
             prober.start(waiting_on(steps, pending))
         if prober is not None:
             prober.check(waiting_on(steps, pending))

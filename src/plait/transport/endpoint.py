@@ -143,6 +143,17 @@ class Endpoint(PatternMatching, Descriptors):
             del self._posted[key]
         return op
 
+    def foreign(self, lo: int, hi: int, check: int) -> int | None:
+        """A peer with a message waiting to be received, tagged in ``[lo, hi)`` (one call's
+        tags) but carrying another call's ``check``; None if there is none. A rank in
+        another call sends on this call's tags where the two calls share a number: a
+        stalled call finds it here (Note [foreign messages] in plait.runtime.stall)."""
+        with self._lock:
+            for (peer, tag), queue in self._unexpected.items():
+                if lo <= tag < hi and any(m.check != check for m in queue):
+                    return peer
+        return None
+
     def add_unexpected(self, peer: int, tag: int, msg: Message) -> None:
         """File ``msg`` from ``peer`` for the next receive of (``peer``, ``tag``)."""
         msg.seq = self._arrivals
