@@ -143,3 +143,26 @@ def test_async_calls_waited_for_in_any_order_give_the_blocking_results() -> None
             for k, r in zip([2, 0, 3, 1], got[2 * j], strict=True):
                 assert np.array_equal(r, np.full(n, 3 * k + 3, np.float32))
             assert np.array_equal(got[2 * j + 1], np.full(n, 3, np.float32))
+
+
+def test_waits_on_a_failed_call_do_not_grow_its_traceback() -> None:
+    """Each wait raised the one stored exception again, which added its frames to the
+    traceback it kept: 20,000 waits, 40,004 frames and 12.8 MB."""
+
+    def failed() -> None:
+        raise plait.MismatchError("rank 0: allreduce: the ranks' calls differ")
+
+    work = Work[Any]("rank 0: allreduce")
+    try:
+        failed()
+    except plait.MismatchError as exc:
+        work._finish(error=exc)
+    depths = []
+    for _ in range(50):
+        with pytest.raises(plait.MismatchError) as info:
+            work.wait()
+        tb, n = info.value.__traceback__, 0
+        while tb is not None:
+            n, tb = n + 1, tb.tb_next
+        depths.append(n)
+    assert len(set(depths)) == 1, depths

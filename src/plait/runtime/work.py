@@ -6,6 +6,7 @@ import numbers
 import threading
 from collections import deque
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
@@ -59,18 +60,20 @@ class Work(Generic[R]):
     ``Work[R]`` types it as ``R``.
     """
 
-    __slots__ = ("_describe", "_done", "_error", "_result", "_worker")
+    __slots__ = ("_describe", "_done", "_error", "_result", "_tb", "_worker")
 
     def __init__(self, describe: str) -> None:
         self._describe = describe
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._tb: TracebackType | None = None  # the error's, as the call raised it
         self._worker: Worker | None = None  # whose job finishes it (Note [a waiter runs the call])
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result = result
         self._error = error
+        self._tb = None if error is None else error.__traceback__
         self._done.set()
 
     def done(self) -> bool:
@@ -96,8 +99,11 @@ class Work(Generic[R]):
             self._worker.help(self._done)
         if not self._done.wait(timeout):
             raise CommTimeout(f"{self._describe} did not finish within {timeout} s of wait()")
-        if self._error is not None:
-            raise self._error
+        error = self._error
+        if error is not None:
+            # Raised as it was first: each raise of one exception object adds its frames
+            # to the traceback it keeps (a loop of waits on a failed call grew it for ever).
+            raise error.with_traceback(self._tb)
         result: R = self._result
         return result
 
