@@ -163,7 +163,7 @@ class CallRunner:
     def close(self) -> None:
         """Finish queued async calls, then release the transport (call once)."""
         if self._worker is not None:
-            self._worker.stop()
+            self._worker.close()
         self.closed = True
         self._transport.close()
 
@@ -275,7 +275,11 @@ class CallRunner:
             except BaseException as exc:
                 work._finish(error=exc)
 
-        self._worker.submit(job, work)
+        if not self._worker.submit(job, work):  # close() has begun
+            exc = ClosedError(f"rank {self._rank}: {c} on a communicator being closed")
+            if queued is not None and rec is not None:
+                rec.end(queued, exc)
+            raise exc
         return work
 
     def reserved(self) -> bool:
@@ -330,7 +334,8 @@ class CallRunner:
                 if reserved:
                     self._reserve(-1)
 
-        self._worker.submit(job, work)
+        if not self._worker.submit(job, work):
+            raise ClosedError(f"rank {self._rank}: {c} on a communicator being closed")
 
     @runs_calls  # the recorder finds a call in flight by this frame (plait.diagnostics.frames)
     def _run(

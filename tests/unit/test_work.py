@@ -166,3 +166,37 @@ def test_waits_on_a_failed_call_do_not_grow_its_traceback() -> None:
             n, tb = n + 1, tb.tb_next
         depths.append(n)
     assert len(set(depths)) == 1, depths
+
+
+def test_close_returns_while_another_thread_issues_async_calls() -> None:
+    """close() stopped the worker, which ran until its queue was empty, while another thread
+    kept queueing: close() never returned; and calls queued once the worker had ended never
+    ran, their done() False for ever. Calls made once close() has begun raise ClosedError."""
+    from plait.testing import memory_communicators
+
+    for _ in range(10):
+        comm = memory_communicators(1, timeout=5)[0]
+        works: list[Any] = []
+        going = threading.Event()
+
+        def issue(
+            c: plait.Communicator = comm, out: list[Any] = works, going: threading.Event = going
+        ) -> None:
+            while True:
+                try:
+                    out.append(c.allreduce(np.ones(8), async_op=True))
+                except plait.ClosedError:
+                    return
+                if len(out) == 20:
+                    going.set()
+
+        issuer = threading.Thread(target=issue)
+        issuer.start()
+        assert going.wait(10)
+        closer = threading.Thread(target=comm.close)
+        closer.start()
+        closer.join(10)
+        issuer.join(10)
+        assert not closer.is_alive()
+        assert not issuer.is_alive()
+        assert all(w.done() for w in works)

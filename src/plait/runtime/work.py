@@ -147,15 +147,22 @@ class Worker:
         self._busy = False  # a job runs now, on the worker thread or a waiting one
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._stop = False
+        self._closed = False  # close(): no more jobs
         self._thread.start()
 
-    def submit(self, job: Callable[[], None], work: Work[Any] | None = None) -> None:
-        """Queue ``job``, which finishes ``work``: a wait for ``work`` may run it."""
-        if work is not None:
-            work._worker = self
+    def submit(self, job: Callable[[], None], work: Work[Any] | None = None) -> bool:
+        """Queue ``job``, which finishes ``work``: a wait for ``work`` may run it. False
+        (nothing queued) once :meth:`close` was called: jobs that kept coming kept its
+        ``stop`` from returning, and a job queued once the thread had ended never ran (its
+        ``done()`` stayed False)."""
         with self._cv:
+            if self._closed:
+                return False
+            if work is not None:
+                work._worker = self
             self._queue.append((job, work))
             self._cv.notify()
+        return True
 
     def _loop(self) -> None:
         background_thread()  # wait without spinning: the caller computes meanwhile
@@ -207,6 +214,12 @@ class Worker:
         with self._cv:
             self._busy = False
             self._cv.notify()
+
+    def close(self) -> None:
+        """Refuse new jobs (:meth:`submit`), finish the queued ones, then end the thread."""
+        with self._cv:
+            self._closed = True
+        self.stop()
 
     def stop(self) -> None:
         """Finish queued jobs, then end the thread."""
