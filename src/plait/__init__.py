@@ -32,6 +32,7 @@ from plait.errors import CollectiveTimeout as CollectiveTimeout
 from plait.errors import CommError as CommError
 from plait.errors import CommTimeout as CommTimeout
 from plait.errors import ExcludedError as ExcludedError
+from plait.errors import ForkedError as ForkedError
 from plait.errors import InternalError as InternalError
 from plait.errors import MismatchError as MismatchError
 from plait.errors import PeerLostError as PeerLostError
@@ -136,6 +137,7 @@ __all__ = [
     "CommTimeout",
     "Communicator",
     "ExcludedError",
+    "ForkedError",
     "InternalError",
     "MismatchError",
     "Op",

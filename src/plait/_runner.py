@@ -1,10 +1,9 @@
 """The call runner: numbers a communicator's calls and runs them, now or on its worker.
 
-Every rank numbers its calls alike (the sequence number goes into every wire
-tag, Note [wire tags] in :mod:`plait.group`), so numbers are taken on the
-calling thread, in program order, under a lock. A blocking call then runs
-there; an ``async_op=True`` call runs on the communicator's one
-:class:`~plait.runtime.work.Worker` thread behind a :class:`~plait.Work`.
+Every rank numbers its calls alike (the number goes into every wire tag, Note [wire
+tags] in :mod:`plait.group`), so numbers are taken on the calling thread, in program
+order, under a lock. A blocking call then runs there; an ``async_op=True`` call runs on
+the communicator's :class:`~plait.runtime.work.Worker` thread behind a :class:`~plait.Work`.
 The first :class:`~plait.errors.CommError` leaves the communicator *broken*:
 the ranks may disagree about what completed, so every later call refuses.
 
@@ -36,6 +35,7 @@ from plait.errors import (
     AbortedError,
     ClosedError,
     CommError,
+    ForkedError,
     InternalError,
     MismatchError,
     PeerLostError,
@@ -109,8 +109,7 @@ class CallRunner:
         world_rank: int | None = None,
     ) -> None:
         self._transport = transport
-        # Whether all its ranks share a window: one-sided calls run on it (run_one_sided);
-        # else, across hosts, on their host's (execute, Note [mixed schedules]).
+        # Shared by all its ranks: one-sided calls run there (Note [mixed schedules])
         self._window: Any = getattr(transport, "window", None)
         self._rank = transport.rank
         self._size = transport.size
@@ -128,9 +127,8 @@ class CallRunner:
         self._gate_waiters = 0  # threads waiting for their turn (notified only then)
         self.closed = False
         self.broken: BaseException | None = None
-        # Why the communicator was aborted (plait._recovery sets it, with broken): later calls
-        # raise AbortedError, whatever error the call that was cut short raised. ``hear``:
-        # a failed call asks for an abort not yet heard (Note [an abort heard late]).
+        # Why it was aborted (plait._recovery sets it, with broken); ``hear``: a failed call
+        # asks for an abort not yet heard (Note [an abort heard late]).
         self.aborted: str | None = None
         self.hear: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -173,7 +171,9 @@ class CallRunner:
             raise ClosedError(f"rank {self._rank}: {c} on a closed communicator")
         if self.aborted is not None:
             raise AbortedError(f"rank {self._rank}: {c}: {self.aborted}")
-        if self.broken is not None:
+        if isinstance(self.broken, ForkedError):  # (Note [communicators after fork]) as it is
+            raise ForkedError(f"rank {self._rank}: {c}: {str(self.broken).partition(': ')[2]}")
+        if self.broken:
             raise CommError(
                 f"rank {self._rank}: {c}: this communicator is unusable after an earlier "
                 f"failure ({self.broken}); create a new one"

@@ -47,6 +47,7 @@ import numpy as np
 
 from plait import collectives
 from plait._checks import CACHE_LIMIT, check_timeout
+from plait._fork import watch
 from plait._object_methods import ObjectMethods
 from plait._p2p import PointToPointMethods
 from plait._request import Stager, allreduce_compressed, format_bytes
@@ -61,7 +62,7 @@ from plait.diagnostics.stragglers import (
     local_row,
     newest_done,
 )
-from plait.errors import UnsupportedError
+from plait.errors import ForkedError, UnsupportedError
 from plait.group import GroupTransport, child_comm_id
 from plait.ops import MIN, Op
 from plait.schedule.builder import HostLayout
@@ -195,6 +196,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
             self._runner = CallRunner(
                 transport, _comm_id, seconds, debug == "detail", self._world_rank
             )
+            watch(self._runner, self._rank)  # Note [communicators after fork] in plait._fork
         except ValueError:
             transport.close()
             raise
@@ -291,6 +293,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
     def close(self) -> None:
         """Finish queued async calls, then release the transport. Idempotent."""
         if self._runner.closed:
+            return
+        if isinstance(self._runner.broken, ForkedError):  # the parent's, in a forked child
+            self._runner.closed = True
             return
         if self._recovery is not None:  # an abort in progress finishes first (plait._recovery)
             self._recovery.closing(self)

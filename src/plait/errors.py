@@ -34,6 +34,7 @@ __all__ = [
     "CommError",
     "CommTimeout",
     "ExcludedError",
+    "ForkedError",
     "InternalError",
     "MismatchError",
     "PeerLostError",
@@ -99,6 +100,12 @@ class ExcludedError(CommError):
     Raised by ``agree`` and ``shrink`` on the rank left out; the survivors go on
     without it, so the only thing left for it is to close the communicator.
     """
+
+
+class ForkedError(CommError):
+    """A communicator used in a child process that ``fork`` made after the communicator:
+    its memory, sockets and store connection are the parent's (Note [communicators after
+    fork] in plait._fork). ``plait.init`` in the child makes one of its own."""
 
 
 class UnsupportedError(CommError, ValueError):

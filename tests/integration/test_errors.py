@@ -317,6 +317,7 @@ def test_error_tree() -> None:
         plait.TransportError,
         plait.RendezvousError,
         plait.InternalError,
+        plait.ForkedError,
     ):
         assert issubclass(cls, plait.CommError)
     assert issubclass(plait.CommTimeout, TimeoutError)
@@ -434,3 +435,42 @@ def test_a_root_only_one_rank_disagrees_on_is_found_by_that_rank() -> None:
     finally:
         for c in comms:
             c.close()
+
+
+FORKS = """
+import os, sys
+import numpy as np
+import plait
+from plait.testing import memory_communicators
+
+comm = memory_communicators(1, timeout=5)[0]
+comm.allreduce(np.ones(2))
+pid = os.fork()
+if pid == 0:
+    try:
+        comm.allreduce(np.ones(2))
+        said = "no error"
+    except plait.ForkedError as exc:
+        said = str(exc)
+    comm.close()  # (leaving a with block): touches nothing of the parent's
+    print("child:", said, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent:", comm.allreduce(np.ones(2)).tolist(), flush=True)
+comm.close()
+"""
+
+
+def test_a_forked_child_cannot_use_its_parents_communicator() -> None:
+    """A child made by fork used its parent's communicator: it took part in the parent's
+    calls (the ranks disagreed on the results, with no error), and its close() broke the
+    parent's (Note [communicators after fork] in plait._fork)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", FORKS], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    child, parent = res.stdout.splitlines()
+    assert child.startswith("child: rank 0: allreduce: this communicator belongs to process")
+    assert "call plait.init in the child" in child
+    assert parent == "parent: [1.0, 1.0]"
