@@ -631,6 +631,17 @@ def _spawn(port: int, rank: int, size: int, mode: str) -> subprocess.Popen[str]:
     )
 
 
+def _outputs(procs: list[subprocess.Popen[str]]) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr) once it ends; those still running after 60 s killed."""
+    try:
+        return [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 @pytest.fixture
 def store_server() -> Iterator[int]:
     tcp_store = pytest.importorskip("plait.rendezvous.tcp_store")
@@ -648,13 +659,7 @@ def test_the_highest_rank_dying_in_the_set_up_fails_the_others_at_once(store_ser
     30 s here, 300 by default) and said only that it "did not connect"."""
     procs = [_spawn(store_server, r, 3, "expect-lost") for r in range(2)]
     procs.append(_spawn(store_server, 2, 3, "dies-before-dialling"))
-    try:
-        outs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = _outputs(procs)
     for r in range(2):
         took, lost, said = outs[r][0].strip().split("|", 2)
         assert float(took) < 5, outs[r]
@@ -665,13 +670,7 @@ def test_the_highest_rank_dying_in_the_set_up_fails_the_others_at_once(store_ser
 @pytest.mark.multiprocess
 def test_two_processes_allreduce(store_server: int) -> None:
     procs = [_spawn(store_server, r, 2, "allreduce") for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = _outputs(procs)
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert out.startswith("ok"), (out, err)
