@@ -30,6 +30,7 @@ EXPECTED = {
     "CommTimeout",
     "Communicator",
     "ExcludedError",
+    "ForkedError",
     "InternalError",
     "MismatchError",
     "Op",
