@@ -183,3 +183,19 @@ def test_prover_rejects_associations_that_differ_between_ranks() -> None:
         r"\(\(0 1\) 2\) on rank 0",
     ):
         prove(AlgorithmSpec("allreduce", "lopsided", lopsided), 3, 2)
+
+
+def test_prover_refuses_a_call_no_communicator_makes() -> None:
+    """A root outside the ranks was proven as a reduce that returns nothing anywhere."""
+    from plait.algos._registry import get
+    from plait.schedule.symbolic import prove
+
+    spec = get("reduce", "binomial")
+    for root in (-1, 4):
+        with pytest.raises(ValueError, match=rf"root must be a rank, in 0\.\.3; got {root}"):
+            prove(spec, 4, 8, root=root)
+    with pytest.raises(ValueError, match="count must be >= 0; got -3"):
+        prove(get("allreduce", "ring"), 4, -3)
+    with pytest.raises(ValueError, match="size must be at least 1; got 0"):
+        prove(get("allreduce", "ring"), 0, 3)
+    prove(spec, 4, 8, root=3)

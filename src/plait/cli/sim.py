@@ -15,6 +15,7 @@ Every rank runs plait's own schedule of the collective, in virtual time. The
 table has the form of plait bench's (time, algbw, busbw with the nccl-tests
 factors) with one series per algorithm; the time is virtual (when
 the last rank finishes), so p10 and p90 equal the median and iters is 1.
+A barrier moves no data: one row of 0 bytes, without bandwidth, as there.
 Progress goes to stderr once a run has taken three seconds: a line as each
 simulation (an algorithm at a size) ends, with the time elapsed, and one now
 and then while a long one runs (after 15 s, 30 s, then every minute or so).
@@ -182,6 +183,18 @@ def parse_topology(
     return net
 
 
+#: Per topology, how many ``:``-separated parameters it takes at most, and its form.
+_FORMS = {
+    "flat": (0, "flat"),
+    "flat-free": (0, "flat-free"),
+    "switch": (0, "switch"),
+    "ring": (0, "ring"),
+    "fat-tree": (3, "fat-tree:K[:OVERSUB[:SPINES]]"),
+    "hosts": (2, "hosts:K[:NICS]"),
+    "torus": (1, "torus:AxB[xC]"),
+}
+
+
 def _topology(
     spec: str,
     p: int,
@@ -195,8 +208,12 @@ def _topology(
     """The network :func:`parse_topology` returns, before it sets the wait latency."""
     from plait import sim
 
-    name, _, rest = spec.partition(":")
+    name, colon, rest = spec.partition(":")
     args = [a for a in rest.split(":") if a] if rest else []
+    if name in _FORMS and (len(args) > _FORMS[name][0] or (colon and not _FORMS[name][0])):
+        most, form = _FORMS[name]
+        takes = "no parameters" if not most else f"at most {most} parameter{'s' * (most > 1)}"
+        raise ValueError(f"--topology {spec!r}: {name} takes {takes}; expected {form}")
     link = sim.LinkParams(alpha, beta)
     if aggregation and name not in ("switch", "fat-tree", "hosts"):
         raise ValueError(
@@ -372,7 +389,9 @@ def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
     from plait import collectives
 
     described = collectives.get(args.collective)
-    what = [args.collective, dtype.name]
+    what = [args.collective]
+    if not described.synchronizes:  # the barrier moves no data: no dtype, no op
+        what.append(dtype.name)
     if described.reduces:
         what.append(args.op)
     if described.rooted:
@@ -402,6 +421,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
         ValueError: a mistake in the options (``main`` makes it a usage error).
     """
     import plait
+    from plait import collectives
     from plait.algos import get
     from plait.bench import options
     from plait.bench.data import resolve_dtype
@@ -439,7 +459,15 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
     op = op_by_name(args.op)
     if not 0 <= args.root < args.ranks:
         raise ValueError(f"--root must be in 0..{args.ranks - 1}, not {args.root}")
+    described = collectives.get(c)
+    if described.reduces:
+        try:
+            op.check(dtype)
+        except TypeError as exc:
+            raise ValueError(f"{args.op} on {dtype}: {exc}") from None
     options.check_elements(args, c, sizes, dtype.itemsize, args.ranks)
+    if described.synchronizes:  # the barrier moves no data: one row of 0 bytes, as in bench
+        sizes = [0]
     segment = None if args.segment == "default" else _segment(args.segment)
     net = parse_topology(
         args.topology,

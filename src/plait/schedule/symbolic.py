@@ -143,7 +143,18 @@ def prove(
     may use (``Context.window``; elements here, the itemsize being 1); every
     rank's window starts unwritten (``None``), so a ``GET`` of what its owner
     never wrote before publishing it fails the proof.
+
+    Raises:
+        ScheduleError: the schedules break a rule or the postcondition.
+        ValueError: ``size`` below 1, ``root`` not a rank, a negative ``count``: a call no
+            communicator makes (a root of -1 was proven as a reduce that returns nothing).
     """
+    if size < 1:
+        raise ValueError(f"size must be at least 1; got {size}")
+    if not 0 <= root < size:
+        raise ValueError(f"root must be a rank, in 0..{size - 1}; got {root}")
+    if counts is None and count < 0:
+        raise ValueError(f"count must be >= 0; got {count}")
     c = spec.collective
     table = _collective(c)
     layout = HostLayout(hosts) if hosts is not None else None

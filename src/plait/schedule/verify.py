@@ -14,7 +14,9 @@ all ranks at once:
   ``q``'s ``SHARED`` as it is at that moment.
 
 It checks that regions are in bounds, ``IN`` is never written, every message
-has a partner of the same length, and every step finishes (else it reports the
+has a partner of the same length, two steps of a rank that touch the same
+memory are ordered whatever the timing (Note [local order] in
+:mod:`plait.schedule.order`), and every step finishes (else it reports the
 deadlock). Values are whatever the caller's ``combine`` works on: provenance
 tuples in :mod:`plait.schedule.symbolic`, or ``None`` to check structure only.
 
@@ -43,8 +45,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plait.schedule.ir import IN, SHARED, Region, Schedule, Step, StepKind, uses_window
+from plait.schedule.order import unordered
 
-__all__ = ["ScheduleError", "check_hosts", "check_static", "run_joint"]
+__all__ = ["ScheduleError", "check_hosts", "check_order", "check_static", "run_joint"]
 
 Combine = Callable[[Any, Any], Any]
 
@@ -67,8 +70,9 @@ def _posts(sched: Schedule) -> tuple[list[int], list[int]]:
     return phases, where
 
 
-def check_static(schedules: Sequence[Schedule]) -> None:
-    """Bounds, no writes to IN, deps point backwards, send/recv pairs agree, one-sided rules.
+def check_static(schedules: Sequence[Schedule], aliased: Sequence[bool] | None = None) -> None:
+    """Bounds, no writes to IN, deps point backwards, send/recv pairs agree, one-sided rules,
+    steps that touch the same memory ordered (:func:`check_order`, given ``aliased``).
 
     One-sided rules: a schedule with one-sided steps or ``SHARED`` regions is
     marked ``one_sided`` (no message steps; chained: each step depends on the
@@ -143,6 +147,45 @@ def check_static(schedules: Sequence[Schedule]) -> None:
     for key in recvs:
         if key not in sends:
             raise ScheduleError(f"receive {key[1]}<-{key[0]} #{key[2]} has no send")
+    check_order(schedules, aliased)
+
+
+def check_order(schedules: Sequence[Schedule], aliased: Sequence[bool] | None = None) -> None:
+    """Two steps of a rank that touch overlapping memory, one writing, are ordered whatever
+    the timing (Note [local order] in :mod:`plait.schedule.order`); each schedule's
+    ``dependents``, ``n_deps`` and ``roots``, which the executor follows, agree with its
+    ``deps``. ``aliased[r]``: rank ``r``'s ``IN`` and ``OUT`` are one memory (in place).
+
+    Raises:
+        ScheduleError: naming the two steps and the region they share, or the field
+            that disagrees.
+    """
+    for rank, sched in enumerate(schedules):
+        _check_derived(rank, sched)
+    problem = unordered(schedules, aliased)
+    if problem is not None:
+        raise ScheduleError(problem)
+
+
+def _check_derived(rank: int, sched: Schedule) -> None:
+    """``dependents``, ``n_deps`` and ``roots`` say what ``deps`` says: the order checked
+    is the order run."""
+    steps, dependents, n_deps = sched.steps, sched.dependents, sched.n_deps
+    if len(dependents) != len(steps) or len(n_deps) != len(steps):
+        raise ScheduleError(
+            f"rank {rank}: {len(steps)} steps, but dependents and n_deps for "
+            f"{len(dependents)} and {len(n_deps)}"
+        )
+    if n_deps != tuple(len(step.deps) for step in steps):
+        raise ScheduleError(f"rank {rank}: n_deps disagree with the steps' deps")
+    for i, step in enumerate(steps):
+        for d in step.deps:
+            if i not in dependents[d]:
+                raise ScheduleError(f"{_Where(rank, i, step)}: dependents[{d}] does not list it")
+    if sum(n_deps) != sum(map(len, dependents)):
+        raise ScheduleError(f"rank {rank}: dependents name a step whose deps do not list it")
+    if sched.roots and sched.roots != tuple(i for i, n in enumerate(n_deps) if n == 0):
+        raise ScheduleError(f"rank {rank}: roots are not the steps without deps")
 
 
 def check_hosts(schedules: Sequence[Schedule], hosts: Sequence[int]) -> None:
@@ -328,7 +371,9 @@ def run_joint(
     Raises:
         ScheduleError: on a structural fault, a deadlock or a race on a window.
     """
-    check_static(schedules)
+    # In place, the caller passes one list as IN and as OUT.
+    aliased = [len(b) > 1 and b[0] is b[1] for b in buffers] if buffers is not None else None
+    check_static(schedules, aliased)
     size = len(schedules)
     with_data = buffers is not None
     if buffers is not None:

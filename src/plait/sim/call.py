@@ -119,8 +119,12 @@ def build_all(
     aggregating switches' schedules follow the ranks'. ``counts``: an uneven
     collective's per-rank counts (``Context.counts``; ``count`` is then not read).
     ``window``: the bytes of shared window each rank may use (``Context.window``).
+
+    Raises:
+        ValueError: an unknown algorithm, ``root`` not a rank, a negative ``count``, ...
     """
     spec = get(collective, algorithm)
+    _check_call(size, root, count if counts is None else 0, "count")
     hosts_layout = network.host_layout() if network is not None else None
     fabric = None
     if spec.needs_fabric:
@@ -144,6 +148,17 @@ def build_all(
         window,
     )
     return [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
+
+
+def _check_call(size: int, root: int, amount: int, name: str = "nbytes") -> None:
+    """ValueError unless ``root`` is one of the ``size`` ranks and ``amount`` (the argument
+    ``name``) is not negative. Unchecked, a root outside the ranks built schedules where no
+    rank is the root (a reduce to -1 returned nothing, and passed its check) or that name a
+    rank that does not exist; a negative size, regions of negative length."""
+    if not 0 <= root < size:
+        raise ValueError(f"root must be a rank, in 0..{size - 1}; got {root}")
+    if amount < 0:
+        raise ValueError(f"{name} must be >= 0; got {amount}")
 
 
 #: The window :func:`simulate` gives one-sided algorithms by default: 2 MiB per rank, the
@@ -202,7 +217,8 @@ def simulate(
             default), 0 for the others.
 
     Raises:
-        ValueError: bad arguments (unknown algorithm, op not allowed by it, ...).
+        ValueError: bad arguments (unknown algorithm, op not allowed by it or not defined
+            for ``dtype``, ``root`` not a rank, negative ``nbytes``, ...).
         SimCheckError: with data, a result that differs from the reference.
     """
     dt = np.dtype(dtype)
@@ -210,14 +226,20 @@ def simulate(
     spec = get(collective, algorithm)
     if not spec.supports(commutative=op.commutative, fabric=True):
         raise ValueError(f"{collective}/{algorithm} needs a commutative op; {op!r} is not")
+    table = _collective(collective)
+    if table.reduces:
+        try:
+            op.check(dt)
+        except TypeError as exc:  # e.g. BAND on floats: numpy would fail inside the run
+            raise ValueError(f"{collective}: {exc}") from None
     if window is None:
         window = WINDOW_BYTES if spec.needs_window else 0
     p = network.size
+    _check_call(p, root, nbytes if counts is None else 0)
     fabric, run_on = None, network
     if spec.needs_fabric:  # the aggregating switches become participants after the ranks
         fabric, nodes = network.aggregation_fabric()
         run_on = network.with_agents(nodes)
-    table = _collective(collective)
     table.check_counts(p, counts)
     given = tuple(int(c) for c in counts) if counts is not None else None
     count = 0 if given is not None else context_count(collective, nbytes, dt.itemsize, p)

@@ -1,0 +1,107 @@
+"""``simulate`` and ``plait sim`` refuse what they cannot run, before they run it.
+
+An op the dtype does not have (``band`` on floats, ``avg`` on integers), a root that
+is no rank, a negative size and a topology given parameters it does not take are
+mistakes in the call: ``simulate`` raises ValueError and ``plait sim`` exits 2 with
+one line, as ``plait bench`` does, instead of a traceback from inside the run or a
+table that ignored them. A barrier moves no data: one row of 0 bytes, no bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plait import sim
+from plait.cli.__main__ import main
+from plait.ops import AVG, BAND
+
+NET = sim.flat(4, 1e-6, 1e-9)
+
+
+@pytest.mark.parametrize("with_data", [False, True])
+def test_simulate_refuses_an_op_the_dtype_does_not_have(with_data: bool) -> None:
+    # With data BAND ended in numpy's TypeError inside the engine and AVG on int32 in a
+    # casting error; without, both were timed as if they could run.
+    with pytest.raises(ValueError, match=r"op BAND is not defined for float32 \(float\)"):
+        sim.simulate("allreduce", "ring", 1024, NET, op=BAND, with_data=with_data)
+    with pytest.raises(ValueError, match=r"op AVG is not defined for int32 \(int\)"):
+        sim.simulate(
+            "reduce_scatter", "ring", 1024, NET, op=AVG, dtype=np.int32, with_data=with_data
+        )
+    sim.simulate("allreduce", "ring", 1024, NET, op=BAND, dtype=np.int32, with_data=with_data)
+
+
+def test_simulate_checks_the_root_and_the_size() -> None:
+    # A reduce to -1 returned no output anywhere, and passed; a broadcast from 9 blamed a
+    # rank's peer; a negative size raised an IndexError from the builder.
+    for root in (-1, 4, 9):
+        for collective in ("reduce", "broadcast"):
+            with pytest.raises(ValueError, match=rf"root must be a rank, in 0\.\.3; got {root}"):
+                sim.simulate(collective, "binomial", 64, NET, root=root, with_data=True)
+    with pytest.raises(ValueError, match="nbytes must be >= 0; got -1024"):
+        sim.simulate("allreduce", "ring", -1024, NET)
+    with pytest.raises(ValueError, match=r"root must be a rank, in 0\.\.3; got -1"):
+        sim.build_all("reduce", "binomial", 4, 8, root=-1)
+    with pytest.raises(ValueError, match="count must be >= 0; got -2"):
+        sim.build_all("allreduce", "ring", 4, -2)
+    res = sim.simulate("reduce", "binomial", 64, NET, root=3, with_data=True)
+    assert res.outputs is not None
+    assert res.outputs[3] is not None  # the root's result, checked against the reference
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-o", "band", "-d", "float32", "--with-data"],
+         "band on float32: op BAND is not defined for float32 (float); it needs bool or int data"),
+        (["-o", "band", "-d", "float32"], "band on float32: op BAND is not defined"),
+        (["-o", "avg", "-d", "int32", "--with-data"],
+         "avg on int32: op AVG is not defined for int32 (int); it needs float or complex data"),
+        (["--topology", "ring:3"], "--topology 'ring:3': ring takes no parameters; expected ring"),
+        (["--topology", "flat-free:7"], "flat-free takes no parameters; expected flat-free"),
+        (["--topology", "switch:9"], "switch takes no parameters; expected switch"),
+        (["--topology", "flat:"], "flat takes no parameters"),
+        (["--topology", "hosts:2:1:3"],
+         "hosts takes at most 2 parameters; expected hosts:K[:NICS]"),
+        (["--topology", "torus:2x2:1"], "torus takes at most 1 parameter; expected torus:AxB[xC]"),
+        (["--topology", "fat-tree:2:1:1:1"], "fat-tree takes at most 3 parameters"),
+    ],
+)  # fmt: skip
+def test_plait_sim_refuses_with_a_usage_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["sim", "-n", "4", "-s", "1K", "-a", "ring", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: plait sim")
+    assert err.splitlines()[-1].startswith("plait sim: error: ")
+    assert message in err
+
+
+def test_parameters_a_topology_takes_still_work(capsys: pytest.CaptureFixture) -> None:
+    for spec in ("fat-tree:2:1:2", "hosts:2:2", "torus:2x2"):
+        assert main(["sim", "-n", "4", "--topology", spec, "-s", "1K", "-a", "ring"]) == 0
+    assert "1024" in capsys.readouterr().out
+
+
+def test_a_barrier_moves_no_bytes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # It reported 1024 bytes at 0.512 GB/s for -s 1K, and a row per size; plait bench
+    # gives the barrier one row of 0 bytes and no bandwidth.
+    out = tmp_path / "barrier.json"
+    rc = main(["sim", "barrier", "-n", "4", "-b", "1K", "-e", "64K", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("# plait sim: barrier, flat")  # no dtype, as bench
+    records = json.loads(out.read_text())["results"]
+    assert {r["algorithm"] for r in records} == {"arena", "dissemination"}
+    for r in records:
+        assert (r["bytes"], r["algbw_gbps"], r["busbw_gbps"]) == (0, 0.0, 0.0)
+        assert r["time_s"] > 0
+    rows = [ln.split() for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert [(row[0], row[1], row[-3], row[-2]) for row in rows] == [
+        ("0", "0", "0.000", "0.000")
+    ] * 2
