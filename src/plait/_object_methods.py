@@ -44,6 +44,8 @@ _FAILED = objects.PICKLE_FAILED
 _MISUSED = np.uint64(objects.PICKLE_FAILED - 1)
 _SEP = objects.SEPARATE_MIN
 _SCATTERV = collective("scatterv")
+_ALLGATHERV = collective("allgatherv")
+_GATHERV = collective("gatherv")
 _ALLTOALLV = collective("alltoallv")
 _ALLGATHER = collective("allgather")
 _BROADCAST = collective("broadcast")
@@ -119,7 +121,11 @@ class ObjectMethods(UnevenMethods):
         sizes = self._within(_ALLGATHER, _word(first), c, timeout)
         counts = self._raise_if_failed(c, sizes, err)
         out = np.frombuffer(objects.empty(sum(counts)), np.uint8)
-        self.allgatherv(_as_bytes(first), counts, out=out, timeout=timeout)
+        mine = _as_bytes(first)
+        self._uneven(
+            _ALLGATHERV, mine, _BYTE, (), counts, sum(counts), None, 0, mine, out,
+            "auto", timeout, False, c,
+        )  # fmt: skip
         return _load_all(out, counts)
 
     def gather_object(
@@ -138,7 +144,11 @@ class ObjectMethods(UnevenMethods):
         out = None
         if self._rank == root:
             out = np.frombuffer(objects.empty(sum(counts)), np.uint8)
-        self.gatherv(_as_bytes(first), counts, root, out=out, timeout=timeout)
+        mine = _as_bytes(first)
+        self._uneven(
+            _GATHERV, mine, _BYTE, (), counts, len(out) if out is not None else None, None,
+            root, mine, out, "auto", timeout, False, c,
+        )  # fmt: skip
         return _load_all(out, counts) if out is not None else None
 
     def scatter_object(
@@ -184,7 +194,7 @@ class ObjectMethods(UnevenMethods):
         out = np.frombuffer(objects.empty(counts[r]), np.uint8)
         self._uneven(
             _SCATTERV, send, _BYTE, (), counts, counts[r], None, root, send, out,
-            "auto", timeout, False,
+            "auto", timeout, False, c,
         )  # fmt: skip
         return objects.loads(*objects.unpack([out]))
 
@@ -232,7 +242,7 @@ class ObjectMethods(UnevenMethods):
         out = np.frombuffer(objects.empty(sum(col)), np.uint8)
         self._uneven(
             _ALLTOALLV, send, _BYTE, (), tuple(m), sum(col), None, 0, send, out,
-            "auto", timeout, False,
+            "auto", timeout, False, c,
         )  # fmt: skip
         return _load_all(out, col)
 

@@ -156,7 +156,8 @@ class Plan:
     messages is skipped; ``void_in_place``: in place, it does nothing at all;
     ``windowed``: one-sided, with no scratch memory and no average to take;
     ``line``: the straight-line order of a message-passing schedule with no average to
-    take, or None; ``alone``: local, with no scratch memory and no average to take.
+    take, or None; ``alone``: local, with no scratch memory and no average to take;
+    ``named``: the call in messages (``"allgather_object's allgather"`` for an inner call).
     """
 
     __slots__ = (
@@ -167,6 +168,7 @@ class Plan:
         "guard",
         "line",
         "local",
+        "named",
         "purpose",
         "schedule",
         "shape",
@@ -181,6 +183,8 @@ class Plan:
     ) -> None:
         self.ctx = ctx
         self.purpose = purpose  # the plait call this one is part of (Note [calls within calls])
+        #: How its messages name it: an inner call as part of the user's call.
+        self.named = f"{purpose}'s {ctx.collective}" if purpose else ctx.collective
         # The call writes into its ``x`` (broadcast): OUT is the caller's memory and,
         # on root, the data to send (see plait.collectives).
         self.fills_x = collectives.get(ctx.collective).fills_x
@@ -409,7 +413,8 @@ class Stager:
             out=flat_out,
             writeback=writeback,
             result=result,
-            writes_caller_memory=root != self._rank if fills_x else caller_out,
+            # An inner call's memory is plait's own (Note [calls within calls]).
+            writes_caller_memory=not purpose and (root != self._rank if fills_x else caller_out),
             average=op is not None and op.average,
             plan=plan,
             aliased=aliased,
@@ -461,7 +466,8 @@ class Stager:
             return req
         return req._replace(
             writeback=target,
-            writes_caller_memory=root != self._rank if req.plan.fills_x else out is not None,
+            writes_caller_memory=not purpose
+            and (root != self._rank if req.plan.fills_x else out is not None),
         )
 
 

@@ -208,7 +208,7 @@ class CallRunner:
             go = self.short_path(plan)  # a plain call: its plan may have a short path
             if go is not None:
                 return go(req, skip + 1)
-        c = spec.collective
+        c = plan.named
         # self.seconds(timeout, c), inlined: this runs on every call
         seconds = (
             self.timeout if timeout is None else check_timeout(timeout, f"rank {self._rank}: {c}")
@@ -357,7 +357,7 @@ class CallRunner:
             if epoch >= 0 and self.turn != epoch:
                 self._wait_turn(epoch, seconds, describe)
             if self.broken is not None or self.closed:
-                self.check_usable(req.spec.collective)
+                self.check_usable(req.plan.named)
             plan = req.plan
             schedule = plan.schedule
             ufunc = plan.ufunc
@@ -488,7 +488,7 @@ class CallRunner:
         lock.acquire()
         try:
             if self.closed or self.broken is not None:
-                self.check_usable(plan.shape.collective)
+                self.check_usable(plan.named)
             seq = self.seq
             self.seq = seq + 1
             epoch = self.epoch
@@ -511,7 +511,7 @@ class CallRunner:
             if self.turn != epoch:
                 self._wait_turn(epoch, self.timeout, _label(plan, seq))
             if self.broken is not None or self.closed:
-                self.check_usable(plan.shape.collective)
+                self.check_usable(plan.named)
             token = quiet() if plan.guard else None  # Note [quiet reductions]
             schedule, out, window = plan.schedule, req.out, self._window
             last = getattr(window, "last_compiled", None)  # run_of's first look, inlined
@@ -565,8 +565,8 @@ class CallRunner:
         """:meth:`start` and :meth:`_run` of a plain straight-line call, in one frame (Note
         [the straight-line short path])."""
         spec, plan = req.spec, req.plan
-        seq = self._number(spec.collective)
-        describe = (spec.collective, spec.name, seq)
+        seq = self._number(plan.named)
+        describe = (plan.named, spec.name, seq)
         rec = self.recorder
         slot = None if rec is None else self._open(rec, plan, seq, skip)
         token = None
@@ -620,7 +620,7 @@ class CallRunner:
         """:meth:`start` and :meth:`_run` of a plain call of a rank alone, in one frame (Note
         [a rank alone])."""
         plan = req.plan
-        seq = self._number(req.spec.collective)
+        seq = self._number(plan.named)
         rec = self.recorder
         slot = None if rec is None else self._open(rec, plan, seq, skip)
         if not (req.aliased and plan.void_in_place):
@@ -696,5 +696,4 @@ def _describe(label: tuple[str, str, int]) -> str:
 
 def _label(plan: Plan, seq: int) -> tuple[str, str, int]:
     """A call's label (:attr:`Call.label`): its collective, algorithm and number."""
-    shape = plan.shape
-    return (shape.collective, shape.algorithm, seq)
+    return (plan.named, plan.shape.algorithm, seq)

@@ -141,6 +141,7 @@ class UnevenMethods(CollectiveMethods):
         algorithm: Any,
         timeout: float | None,
         async_op: bool,
+        purpose: str = "",
     ) -> Any:
         """Start an uneven call whose arguments are checked and whose ``rows`` every rank knows.
 
@@ -150,6 +151,7 @@ class UnevenMethods(CollectiveMethods):
         below as element counts of the flat buffers, into the plan's key and
         the check word, so ranks that disagree on a count, or on the size of
         a row, fail with MismatchError instead of misreading each other.
+        ``purpose``: the plait call this one is part of (``_within`` says why).
         """
         size = self._size
         row = math.prod(rest)
@@ -163,7 +165,7 @@ class UnevenMethods(CollectiveMethods):
         choice = self._choose(t.name, algorithm, nbytes, op)
         req = self._stage.request(
             choice, 0, inp, out_arr, shape, op, root=root, has_out=has_out,
-            dtype=dtype, src=x, dst=out, counts=elems,
+            dtype=dtype, src=x, dst=out, counts=elems, purpose=purpose,
         )  # fmt: skip
         # 4: the user's frame is beyond this one and the collective method's (further out
         # for reduce_scatter(counts=) and the object collectives: the recorder walks on)

@@ -182,3 +182,36 @@ def test_an_op_that_raises_does_so_on_every_rank() -> None:
         assert "rank 1's object" in "".join(info.value.__notes__)
 
     run_ranks(2, body)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("name", "part"),
+    [
+        ("allgather_object", "allgatherv"),
+        ("gather_object", "gatherv"),
+        ("allreduce_object", "allgatherv"),
+    ],
+)
+def test_a_failure_in_the_second_part_names_the_object_call(name: str, part: str) -> None:
+    # Rank 1 takes part in the exchange of lengths only, then leaves: rank 0's call fails in
+    # the exchange of the messages, which used to name a bare ``allgatherv``/``gatherv`` and
+    # say that an output buffer the caller never gave was left undefined.
+    from plait.collectives import get
+
+    def body(comm: plait.Communicator) -> str | None:
+        if comm.rank == 1:
+            word = np.array([64], np.uint64)
+            comm._within(get("allgather"), word, name, 5)  # type: ignore[attr-defined]
+            return None
+        with pytest.raises(plait.PeerLostError) as info:
+            if name == "allreduce_object":
+                comm.allreduce_object("x", operator.add, timeout=5)
+            else:
+                getattr(comm, name)("x", timeout=5)
+        return str(info.value)
+
+    message = run_ranks(2, body)[0]
+    assert message is not None
+    assert f"rank 0: {name}'s {part} (" in message, message
+    assert "buffer" not in message, message
