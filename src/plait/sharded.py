@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from plait import _arrays, _tensor
-from plait._checks import as_array, check_out
+from plait._checks import as_array, as_writable, check_out
 from plait.ops import AVG, SUM, Op
 from plait.runtime.work import Work
 
@@ -85,12 +85,7 @@ class Channels:
             if back is not None:
                 back[...] = o
             return out  # the caller's object, as the communicator returns it
-        # A new result in x's kind, as comm.allreduce makes it (Note [result types] in
-        # plait.communicator): the array itself, a tensor over it, or JAX's / the device's.
-        if a is x:
-            return result
-        finish = _arrays.finisher(x)
-        return finish(result) if finish is not None else _tensor.like(x, result)
+        return _in_kind(x, a, result)
 
     def close(self) -> None:
         """Release the channels (the parent communicator stays open)."""
@@ -104,6 +99,16 @@ class Channels:
         self.close()
 
 
+def _in_kind(x: Any, a: np.ndarray, result: np.ndarray) -> Any:
+    """A new ``result`` in the kind of the caller's ``x`` (read as ``a``), as the
+    communicator makes it (Note [result types] in plait.communicator): the array itself, a
+    tensor over it, or JAX's / the device's."""
+    if a is x:
+        return result
+    finish = _arrays.finisher(x)
+    return finish(result) if finish is not None else _tensor.like(x, result)
+
+
 #: update(param_shard, grad_shard, state) -> None, in place; ``state`` is a dict kept per rank.
 Update = Callable[[np.ndarray, np.ndarray, dict[str, Any]], None]
 
@@ -113,7 +118,10 @@ class ShardedOptimizer:
 
     Args:
         comm: the communicator.
-        params: the model's parameter arrays (one dtype), updated in place by :meth:`step`.
+        params: the model's parameters (one dtype), updated in place by :meth:`step`:
+            numpy arrays or torch CPU tensors (``nn.Parameter`` included, written through
+            its data as a torch optimizer writes it); anything else plait writes in place
+            (:func:`plait._checks.as_writable`), but not memory on a device or read-only.
         update: the optimizer rule applied to one shard, in place:
             ``update(param_shard, grad_shard, state)`` with 1-D views; ``state``
             is this rank's dict, so momentum or Adam moments cover the shard only.
@@ -124,14 +132,15 @@ class ShardedOptimizer:
     every rank) are kept, not overwritten by the shard of the step before.
     """
 
-    def __init__(self, comm: Any, params: Sequence[np.ndarray], update: Update) -> None:
+    def __init__(self, comm: Any, params: Sequence[Any], update: Update) -> None:
         if not params:
             raise ValueError("ShardedOptimizer needs at least one parameter")
-        dtypes = {p.dtype for p in params}
+        self.comm = comm
+        self.params = [_param(comm.rank, p, f"params[{i}]") for i, p in enumerate(params)]
+        dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"parameters must share one dtype, got {sorted(map(str, dtypes))}")
-        self.comm = comm
-        self.params = list(params)
+        params = self.params
         self.update = update
         self.state: dict[str, Any] = {}
         total = sum(p.size for p in params)
@@ -159,10 +168,16 @@ class ShardedOptimizer:
                 self._param_shard[start - lo : stop - lo] = p.reshape(-1)[start - at : stop - at]
             at += p.size
 
-    def step(self, grads: Sequence[np.ndarray]) -> None:
-        """Average ``grads`` over ranks, update this rank's shard, share the new parameters."""
+    def step(self, grads: Sequence[Any]) -> None:
+        """Average ``grads`` over ranks, update this rank's shard, share the new parameters.
+
+        ``grads``: one array per parameter, of its shape (numpy arrays or tensors, as
+        the communicator takes them).
+        """
         if len(grads) != len(self.params):
             raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
+        r, c = self.comm.rank, "ShardedOptimizer.step"
+        grads = [as_array(g, f"grads[{i}]", r, c) for i, g in enumerate(grads)]
         for g, p in zip(grads, self.params, strict=True):
             if g.shape != p.shape:
                 raise ValueError(f"a gradient has shape {g.shape}; its parameter has {p.shape}")
@@ -182,6 +197,23 @@ class ShardedOptimizer:
             at += p.size
 
 
+def _param(rank: int, p: Any, what: str) -> np.ndarray:
+    """Parameter ``p`` as a numpy array over its own memory, which :meth:`ShardedOptimizer.step`
+    updates in place."""
+    c = "ShardedOptimizer"
+    if _arrays.staged(p):  # a host copy would take the update, never the device's memory
+        raise TypeError(
+            f"rank {rank}: {c}: {what} is in device memory; ShardedOptimizer updates "
+            "parameters in host memory only (numpy arrays, CPU tensors)"
+        )
+    if _tensor.is_tensor(p):
+        p = p.detach()  # the same memory: step writes it as an optimizer does, without grad
+    a = as_writable(p, what, rank, c)
+    if not a.flags.writeable:
+        raise ValueError(f"rank {rank}: {c}: {what} is read-only; step writes it in place")
+    return a
+
+
 class StaleAverager:
     """Average gradients in the background; apply each average ``staleness`` steps later.
 
@@ -196,19 +228,32 @@ class StaleAverager:
             raise ValueError(f"staleness must be >= 0, got {staleness}")
         self.comm = comm
         self.staleness = staleness
-        self._pending: deque[Work] = deque()
+        # (the work, the grad it averages, that grad as read): the result takes its kind
+        self._pending: deque[tuple[Work, Any, np.ndarray]] = deque()
 
-    def average(self, grad: np.ndarray) -> np.ndarray | None:
-        """Start averaging ``grad``; return the average due at this step, if any."""
-        buf = np.array(grad, copy=True)
-        self._pending.append(self.comm.allreduce(buf, AVG, out=buf, async_op=True))
+    def average(self, grad: Any) -> Any:
+        """Start averaging ``grad``; return the average due at this step, if any.
+
+        ``grad``: an array the communicator takes (a numpy array, a torch tensor of any
+        dtype it moves, bfloat16 included); each average comes back in the kind of the
+        ``grad`` it was started from, as a new array (a tensor for a tensor).
+        """
+        a = as_array(grad, "grad", self.comm.rank, "StaleAverager.average")
+        buf = np.array(a, copy=True)
+        work = self.comm.allreduce(buf, AVG, out=buf, async_op=True)
+        self._pending.append((work, grad, a))
         if len(self._pending) > self.staleness:
-            due: np.ndarray = self._pending.popleft().wait()
-            return due
+            return self._due(*self._pending.popleft())
         return None
 
-    def drain(self) -> list[np.ndarray]:
+    def drain(self) -> list[Any]:
         """Wait for every average still in flight, oldest first."""
-        out = [w.wait() for w in self._pending]
+        out = [self._due(*pending) for pending in self._pending]
         self._pending.clear()
         return out
+
+    @staticmethod
+    def _due(work: Work, grad: Any, a: np.ndarray) -> Any:
+        """The average ``work`` makes, in ``grad``'s kind (``a``: grad as read)."""
+        buf: np.ndarray = work.wait()
+        return _in_kind(grad, a, buf)

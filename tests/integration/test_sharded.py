@@ -206,3 +206,57 @@ def test_stale_averages_arrive_late_and_in_order(staleness: int) -> None:
 def test_staleness_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="staleness"):
         StaleAverager(None, -1)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_sharded_optimizer_updates_torch_parameters_in_place(size: int) -> None:
+    """``nn.Parameter``s and their ``.grad``s, as a torch training loop has them."""
+    torch = pytest.importorskip("torch")
+
+    def sgd(p: np.ndarray, g: np.ndarray, state: dict[str, Any]) -> None:
+        p -= 0.5 * g
+
+    def body(comm: plait.Communicator) -> list[Any]:
+        weight = torch.nn.Parameter(torch.ones(3, 2))
+        bias = torch.nn.Parameter(torch.zeros(5))
+        opt = ShardedOptimizer(comm, [weight, bias], sgd)
+        opt.step([torch.full((3, 2), float(comm.rank)), torch.ones(5)])
+        return [weight, bias]
+
+    mean = sum(range(size)) / size
+    for weight, bias in run_ranks(size, body):
+        assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad
+        torch.testing.assert_close(weight.data, torch.full((3, 2), 1.0 - 0.5 * mean))
+        torch.testing.assert_close(bias.data, torch.full((5,), -0.5))
+
+
+def test_sharded_optimizer_refuses_parameters_it_cannot_update() -> None:
+    def body(comm: plait.Communicator) -> None:
+        frozen = np.zeros(3)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match=r"params\[1\] is read-only"):
+            ShardedOptimizer(comm, [np.zeros(3), frozen], momentum(0.1, 0))
+        with pytest.raises(TypeError, match=r"params\[0\]"):
+            ShardedOptimizer(comm, [[1.0, 2.0]], momentum(0.1, 0))  # a list: never written
+
+    run_ranks(1, body)
+
+
+def test_stale_averages_of_bfloat16_tensors_come_back_as_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+
+    def body(comm: plait.Communicator) -> list[Any]:
+        avg = StaleAverager(comm, 1)
+        g = torch.zeros(4, dtype=torch.bfloat16)
+        got = []
+        for t in range(3):
+            g.fill_(2.0 * t + 2.0 * comm.rank)  # the caller reuses its tensor
+            got.append(avg.average(g))
+        return got + avg.drain()
+
+    for got in run_ranks(2, body):
+        assert got[0] is None
+        for t, a in enumerate(got[1:]):
+            assert isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
+            torch.testing.assert_close(a, torch.full((4,), 2.0 * t + 1.0, dtype=torch.bfloat16))
