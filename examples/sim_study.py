@@ -66,9 +66,10 @@ def main() -> int:
     aggregation = parse_size(args.aggregation)
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
+    w = max(12, 2 + max(map(len, algos)))  # a column holds the fastest algorithm's name
     for name, net in networks(args.ranks, aggregation).items():
         print(f"# {net.description}")
-        print("# " + "algorithm".ljust(20) + "".join(format_size(s).rjust(12) for s in sizes))
+        print("# " + "algorithm".ljust(20) + "".join(format_size(s).rjust(w) for s in sizes))
         table: dict[str, list[float]] = {}
         for algo in algos:
             if algo == "in_network" and not net.reducing_switches():
@@ -90,11 +91,11 @@ def main() -> int:
                 )
                 row.append(res.time)
             table[algo] = row
-            print("  " + algo.ljust(20) + "".join(f"{t * 1e6:12.1f}" for t in row), flush=True)
+            print("  " + algo.ljust(20) + "".join(f"{t * 1e6:{w}.1f}" for t in row), flush=True)
         if not table:
             continue
         best = [min(table, key=lambda a, i=i: table[a][i]) for i in range(len(sizes))]
-        print("  " + "fastest".ljust(20) + "".join(b[:11].rjust(12) for b in best))
+        print("  " + "fastest".ljust(20) + "".join(b.rjust(w) for b in best))
         _plot(args.out / f"{name}.png", net.description, results, name)
     (args.out / "study.json").write_text(json.dumps(results, indent=1))
     return 0

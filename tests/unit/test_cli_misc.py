@@ -95,6 +95,18 @@ def test_algorithms_listing_of_one_collective(capsys: pytest.CaptureFixture[str]
     assert out.splitlines()[0].endswith("(one host: a shared-memory window)")
 
 
+def test_algorithms_listing_has_the_uneven_collectives(capsys: pytest.CaptureFixture[str]) -> None:
+    # The catalogue README points to lists allgatherv and the other uneven collectives too.
+    import plait
+
+    status, out = run(["algorithms", "allgatherv"], capsys)
+    assert status == 0
+    assert [line.split()[1] for line in out.splitlines()] == list(plait.algorithms("allgatherv"))
+    status, out = run(["algorithms"], capsys)
+    listed = {line.split()[0] for line in out.splitlines()}
+    assert {"allgatherv", "gatherv", "scatterv", "alltoallv", "reduce_scatterv"} <= listed
+
+
 def test_algorithms_listing_refuses_an_unknown_collective(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -18,22 +18,27 @@ __all__ = ["add_arguments", "main", "plain"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``plait algorithms``."""
-    from plait.algos._registry import COLLECTIVES
-
     parser.add_argument(
         "collective",
         nargs="?",
-        choices=COLLECTIVES,
+        choices=_all(),
         metavar="COLLECTIVE",
-        help="only this collective: " + ", ".join(COLLECTIVES),
+        help="only this collective: " + ", ".join(_all()),
     )
+
+
+def _all() -> tuple[str, ...]:
+    """Every collective with algorithms: the even ones, then the uneven (``allgatherv``...)."""
+    from plait.algos._registry import COLLECTIVES, UNEVEN_COLLECTIVES
+
+    return (*COLLECTIVES, *UNEVEN_COLLECTIVES)
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the table."""
-    from plait.algos._registry import COLLECTIVES, SIMULATOR_ONLY, specs
+    from plait.algos._registry import SIMULATOR_ONLY, specs
 
-    chosen = [args.collective] if args.collective else list(COLLECTIVES)
+    chosen = [args.collective] if args.collective else list(_all())
     for c in chosen:
         for spec in specs(c):
             notes = [SIMULATOR_ONLY] if spec.needs_fabric else []
