@@ -8,6 +8,7 @@ usable; ``allreduce_object`` folds a non-commutative op in rank order.
 
 from __future__ import annotations
 
+import functools
 import operator
 import pickle
 import threading
@@ -204,11 +205,12 @@ def test_a_failure_in_the_second_part_names_the_object_call(name: str, part: str
             word = np.array([64], np.uint64)
             comm._within(get("allgather"), word, name, 5)  # type: ignore[attr-defined]
             return None
+        if name == "allreduce_object":
+            call = functools.partial(comm.allreduce_object, "x", operator.add, timeout=5)
+        else:
+            call = functools.partial(getattr(comm, name), "x", timeout=5)
         with pytest.raises(plait.PeerLostError) as info:
-            if name == "allreduce_object":
-                comm.allreduce_object("x", operator.add, timeout=5)
-            else:
-                getattr(comm, name)("x", timeout=5)
+            call()
         return str(info.value)
 
     message = run_ranks(2, body)[0]

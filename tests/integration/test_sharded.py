@@ -225,7 +225,8 @@ def test_sharded_optimizer_updates_torch_parameters_in_place(size: int) -> None:
 
     mean = sum(range(size)) / size
     for weight, bias in run_ranks(size, body):
-        assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad
+        assert isinstance(weight, torch.nn.Parameter)
+        assert weight.requires_grad
         torch.testing.assert_close(weight.data, torch.full((3, 2), 1.0 - 0.5 * mean))
         torch.testing.assert_close(bias.data, torch.full((5,), -0.5))
 
@@ -258,5 +259,6 @@ def test_stale_averages_of_bfloat16_tensors_come_back_as_tensors() -> None:
     for got in run_ranks(2, body):
         assert got[0] is None
         for t, a in enumerate(got[1:]):
-            assert isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
+            assert isinstance(a, torch.Tensor)
+            assert a.dtype == torch.bfloat16
             torch.testing.assert_close(a, torch.full((4,), 2.0 * t + 1.0, dtype=torch.bfloat16))
