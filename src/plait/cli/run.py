@@ -33,6 +33,14 @@ environment (``PLAIT_RANK``, ``PLAIT_SIZE``, ``PLAIT_LOCAL_RANK``,
 secret is generated per job on one host; with several hosts every launcher
 must be given the same PLAIT_SECRET.
 
+With several hosts the launchers meet in that store before any of them starts a
+rank: each claims its --node-rank, and waits (as long as a rank's plait.init
+would: --timeout, PLAIT_TIMEOUT or 300 s) until a launcher of every node has
+come. Launchers given different -n or --nnodes, or two given one --node-rank,
+make every launcher still waiting exit within seconds with code 1 and a message
+that names the launchers (host and pid) and what each was given; so does a node
+that never comes, once the wait is over.
+
 Output: the launcher relays every rank's stdout and stderr a whole line at a
 time (a line ends at a newline, or at a carriage return, so progress bars still
 move), so lines of different ranks never mix; a last line without a newline is

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import IO
 
 from plait._net import format_address
 from plait.diagnostics.triggers import catches_signal
-from plait.errors import CommError
+from plait.errors import CommError, RendezvousError
 from plait.launch.relay import DRAIN_SECONDS, Relay
 from plait.launch.stall import (
     StallResponder,
@@ -36,7 +37,9 @@ from plait.launch.stall import (
 )
 from plait.launch.watch import RankProcess, stop, watch
 from plait.rendezvous.lost import report_lost
-from plait.rendezvous.tcp_store import TCPStore, TCPStoreServer
+from plait.rendezvous.nodes import LOOK_SECONDS, MeetingError, NodeClaim, meet_nodes
+from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
+from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServer
 
 __all__ = ["TRANSPORTS", "Job", "launch", "module_command"]
 
@@ -61,10 +64,13 @@ class Job:
 
     Ranks ``node_rank * nproc`` to ``(node_rank + 1) * nproc - 1`` of ``nproc * nnodes`` run
     here. The launcher of node 0 serves the job's TCP store at ``master_addr:master_port``;
-    every rank finds its identity in its environment (``PLAIT_RANK``, ``PLAIT_SIZE``,
-    ``PLAIT_LOCAL_RANK``, ``PLAIT_LOCAL_SIZE``, ``PLAIT_NODE_RANK``, ``PLAIT_NNODES``,
-    ``PLAIT_STORE``, ``PLAIT_JOB_ID``, ``PLAIT_SECRET``, ``PLAIT_RESTART_COUNT``,
-    ``PLAIT_MAX_RESTARTS``), which a bare :func:`plait.init` reads.
+    with several hosts, every launcher meets the others there before it starts a rank, and
+    fails if they disagree on ``nproc`` or ``nnodes`` or another holds its ``node_rank``
+    (Note [launchers meet] in :mod:`plait.rendezvous.nodes`). Every rank finds its identity
+    in its environment (``PLAIT_RANK``, ``PLAIT_SIZE``, ``PLAIT_LOCAL_RANK``,
+    ``PLAIT_LOCAL_SIZE``, ``PLAIT_NODE_RANK``, ``PLAIT_NNODES``, ``PLAIT_STORE``,
+    ``PLAIT_JOB_ID``, ``PLAIT_SECRET``, ``PLAIT_RESTART_COUNT``, ``PLAIT_MAX_RESTARTS``),
+    which a bare :func:`plait.init` reads.
 
     With ``stall_timeout``, every rank also gets ``PLAIT_STALL_TIMEOUT``: its watchdog dumps
     its flight recorders and prints a stall line when a call makes no progress for that
@@ -161,7 +167,11 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
 
     Raises:
         ValueError: several hosts and no secret (neither ``job.secret`` nor ``PLAIT_SECRET``).
-        RendezvousError: node 0 cannot serve the store at ``master_addr:master_port``.
+        RendezvousError: node 0 cannot serve the store at ``master_addr:master_port``; or,
+            on several hosts, the launchers could not meet there before starting their
+            ranks: the store cannot be reached, two were given this node rank, they were
+            given different ``nproc`` or ``nnodes``, or some never came (Note [launchers
+            meet] in :mod:`plait.rendezvous.nodes`).
         OSError: a rank's command cannot be started.
     """
     base = {**os.environ, **job.env}
@@ -215,8 +225,9 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
 #     PLAIT_RESTART_COUNT (0 on the first, like TORCHELASTIC_RESTART_COUNT) and
 #     PLAIT_MAX_RESTARTS. A signal to the launcher ends the job without a restart.
 #     Restarts are for jobs on one host: with several hosts, each launcher would have to
-#     agree with the others on when to restart, which needs a rendezvous of launchers
-#     (torchrun's) that plait run does not have.
+#     agree with the others on when to restart, which needs launchers that meet again at
+#     every restart (torchrun's rendezvous); plait run's meet once, before their first
+#     ranks start (Note [launchers meet] in plait.rendezvous.nodes).
 
 
 #: Signals to the launcher that stop the job: Ctrl-C, kill, and a closed terminal or ssh
@@ -319,6 +330,10 @@ def _attempt(
     signals.ranks = ranks
     terminal = _reads_a_terminal()
     try:
+        # Launchers that disagree on the job, or share a node rank, fail here, before any
+        # rank starts (Note [launchers meet] in plait.rendezvous.nodes).
+        if job.nnodes > 1 and not _meet_launchers(job, base, host, port, secret, signals):
+            return 128 + signals.received
         for local, env in enumerate(envs):
             if signals.received:  # before, or while, starting them: start no more
                 return 128 + signals.received
@@ -357,6 +372,77 @@ def _attempt(
         if server is not None:
             server.close()
         _cleanup_shm(job_id)
+
+
+def _meet_seconds(job: Job, base: Mapping[str, str]) -> float:
+    """Seconds a launcher waits for the others: its ranks' init deadline (``timeout``, else
+    PLAIT_TIMEOUT, else the store's default), at most 10^8 s as for every plait timeout."""
+    seconds = job.timeout
+    if seconds is None:
+        try:
+            seconds = float(base.get("PLAIT_TIMEOUT", "").strip() or "nan")
+        except ValueError:  # the ranks say what is wrong with it, each in its plait.init
+            seconds = None
+    if seconds is None or not seconds > 0:  # NaN too
+        return DEFAULT_STORE_TIMEOUT
+    return min(seconds, 1e8)
+
+
+def _meet_launchers(
+    job: Job, base: Mapping[str, str], host: str, port: int, secret: str, signals: _Signals
+) -> bool:
+    """Meet the job's other launchers in its store before starting a rank: True once every
+    node's launcher has claimed it with the same ``nproc`` and ``nnodes``, False if a signal
+    came first (Note [launchers meet] in :mod:`plait.rendezvous.nodes`).
+
+    Every wait runs in slices of at most :data:`~plait.rendezvous.nodes.LOOK_SECONDS`,
+    between which a signal to the launcher is seen: its handler only records it.
+
+    Raises:
+        RendezvousError: the store cannot be reached, this node rank is taken, the launchers
+            disagree on the job, another launcher failed to meet, or some never came.
+    """
+    seconds = _meet_seconds(job, base)
+    deadline = time.monotonic() + seconds
+    address = format_address(host, port)
+    store = None
+    while store is None:  # node 0's launcher may start after this one
+        left = deadline - time.monotonic()
+        try:
+            store = TCPStore(
+                host,
+                port,
+                secret=secret.encode(),
+                timeout=seconds,
+                connect_timeout=max(min(left, LOOK_SECONDS), 0.0),
+            )
+        except StoreConnectError as exc:
+            # Only a server not listening yet is worth another try (not a wrong secret).
+            if not isinstance(exc.__cause__, OSError) or left <= LOOK_SECONDS:
+                raise StoreConnectError(
+                    f"node {job.node_rank}: cannot reach the job's store, which node 0's plait "
+                    f"run serves at {address}: {exc}"
+                ) from exc
+            if signals.received:
+                return False
+    claim = NodeClaim.here(job.node_rank, job.nnodes, job.nproc)
+    with store:
+        try:
+            return meet_nodes(
+                store,
+                claim,
+                max(deadline - time.monotonic(), 0.0),
+                stopped=lambda: bool(signals.received),
+            )
+        except MeetingError:
+            raise
+        except RendezvousError as exc:
+            if job.node_rank == 0:
+                raise
+            raise RendezvousError(
+                f"node {job.node_rank}: the job's store at {address} went away before every "
+                f"launcher met (node 0's plait run ended or was stopped): {exc}"
+            ) from exc
 
 
 class _Filer:

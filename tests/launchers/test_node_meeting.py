@@ -1,0 +1,283 @@
+"""Launchers of one job on several hosts (``plait run --nnodes N``) meet before any rank starts.
+
+Each test emulates the hosts on this machine: one ``plait run`` per node, all on 127.0.0.1
+with node 0 serving the store on a free port, every launcher in a session of its own so that
+whatever happens its processes can be found and killed. Two mistakes in how the launchers
+were started must fail every launcher within seconds, with a message that names them
+(Note [launchers meet] in plait.rendezvous.nodes): launchers given different ``-n`` (or
+``--nnodes``), and two launchers given one ``--node-rank``. The ranks' own timeout is a
+minute, so a launcher that waits it out fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import pytest
+from launch_helpers import clean_env, free_port_pair
+
+from plait.rendezvous.tcp_store import TCPStore
+
+pytestmark = pytest.mark.multiprocess
+
+#: The ranks' timeout (PLAIT_TIMEOUT): far longer than any launcher here may take.
+RANK_TIMEOUT = "60"
+#: Seconds within which every launcher of a job that cannot start must have failed.
+FAIL_SECONDS = 15.0
+#: Seconds a test waits for all its launchers before it kills them and fails.
+JOB_SECONDS = 40.0
+HOST = socket.gethostname()
+
+#: Every rank says it started, then meets the others and checks an allreduce.
+RANK = """
+    import os, sys
+    import numpy as np
+    import plait
+    rank = os.environ["PLAIT_RANK"]
+    print(f"rank {rank} started", flush=True)
+    with plait.init() as comm:
+        total = comm.allreduce(np.array([comm.rank + 1.0]))
+        print(f"rank {comm.rank} of {comm.size} met: {total[0]:g}", flush=True)
+        if os.environ.get("HOLD") == "1":  # stay in the job until the test closes stdin
+            sys.stdin.read()
+"""
+
+
+@dataclass
+class Launcher:
+    node: int
+    proc: subprocess.Popen[str]
+    started: float
+    out: str = ""
+    err: str = ""
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        return (
+            f"--- node {self.node} (pid {self.proc.pid}) rc={self.proc.returncode} after "
+            f"{self.seconds:.1f} s\n--- stdout\n{self.out[-3000:]}\n--- stderr\n{self.err[-4000:]}"
+        )
+
+
+def _kill(launchers: Sequence[Launcher]) -> None:
+    for la in launchers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(la.proc.pid, signal.SIGKILL)
+
+
+class Job:
+    """Launchers of one job, on a free port of 127.0.0.1, with the job's shared secret."""
+
+    def __init__(self, tmp: Path, nnodes: int) -> None:
+        self.port = free_port_pair()
+        self.nnodes = nnodes
+        self.script = tmp / "job.py"
+        self.script.write_text(textwrap.dedent(RANK))
+        self.env = clean_env(PLAIT_SECRET=f"node-meeting-{self.port}", PLAIT_TIMEOUT=RANK_TIMEOUT)
+        self.launchers: list[Launcher] = []
+
+    def start(self, node: int, nproc: int, *, hold: bool = False, nnodes: int = 0) -> Launcher:
+        """Start node ``node``'s launcher with ``-n nproc``; ``hold``: its ranks stay in the job
+        until :meth:`release` closes its stdin."""
+        cmd = [
+            *(sys.executable, "-m", "plait", "run", "--tag-output"),
+            *("--nnodes", str(nnodes or self.nnodes), "--node-rank", str(node)),
+            *("-n", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(self.port)),
+            str(self.script),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            env={**self.env, "HOLD": "1" if hold else "0"},
+            stdin=subprocess.PIPE if hold else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        launcher = Launcher(node, proc, time.monotonic())
+        self.launchers.append(launcher)
+        return launcher
+
+    def finish(self, launchers: Sequence[Launcher] | None = None) -> list[Launcher]:
+        """Wait for ``launchers`` (default: all) to exit; kill every launcher past JOB_SECONDS."""
+        chosen = list(self.launchers if launchers is None else launchers)
+        deadline = time.monotonic() + JOB_SECONDS
+        for la in chosen:
+            try:
+                la.out, la.err = la.proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                _kill(self.launchers)
+                for other in self.launchers:
+                    other.out, other.err = other.proc.communicate()
+                report = "\n".join(x.describe() for x in self.launchers)
+                raise AssertionError(
+                    f"launchers still running after {JOB_SECONDS} s\n{report}"
+                ) from None
+            la.seconds = time.monotonic() - la.started
+        return chosen
+
+    def report(self) -> str:
+        return "\n".join(la.describe() for la in self.launchers)
+
+    def close(self) -> None:
+        _kill(self.launchers)
+        for la in self.launchers:
+            if la.proc.poll() is None:
+                la.proc.wait()
+            for stream in (la.proc.stdin, la.proc.stdout, la.proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Callable[[int], Job]]:
+    """Makes a job of ``nnodes`` hosts; every launcher of it is killed after the test."""
+    made: list[Job] = []
+
+    def make(nnodes: int) -> Job:
+        made.append(Job(tmp_path, nnodes))
+        return made[-1]
+
+    yield make
+    for j in made:
+        j.close()
+
+
+def _read_until(stream: IO[str] | None, pattern: str, count: int) -> list[str]:
+    """Lines of ``stream`` up to the ``count``-th that matches ``pattern``."""
+    assert stream is not None
+    lines: list[str] = []
+    seen = 0
+    while seen < count:
+        line = stream.readline()
+        assert line, f"the stream ended after {lines}"
+        lines.append(line)
+        seen += bool(re.search(pattern, line))
+    return lines
+
+
+def _failed_at_once(j: Job) -> None:
+    for la in j.finish():
+        assert la.proc.returncode not in (0, None), j.report()
+        assert la.seconds < FAIL_SECONDS, j.report()
+        # No rank starts: nothing of the job is written under a numbering that clashes.
+        assert "started" not in la.out, j.report()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("sizes", "order"),
+    [((2, 3), (0, 1)), ((3, 2), (0, 1)), ((2, 3), (1, 0)), ((2, 2, 3), (2, 0, 1))],
+    ids=["fewer-on-node0", "more-on-node0", "node1-first", "three-nodes"],
+)
+def test_launchers_given_different_nproc_all_fail_at_once(
+    job: Callable[[int], Job], sizes: tuple[int, ...], order: tuple[int, ...]
+) -> None:
+    j = job(len(sizes))
+    launchers = {k: j.start(k, sizes[k]) for k in order}
+    _failed_at_once(j)
+    pids = {k: la.proc.pid for k, la in launchers.items()}
+    odd = next(k for k in range(1, len(sizes)) if sizes[k] != sizes[0])
+    nn = len(sizes)
+    for la in launchers.values():
+        # Which launcher said how many, and what was expected: node 0's shape, everywhere.
+        assert f"node 0 ({HOST} pid {pids[0]}) was given -n {sizes[0]} --nnodes {nn}" in la.err, (
+            j.report()
+        )
+        assert f"node {odd} ({HOST} pid {pids[odd]}) -n {sizes[odd]} --nnodes {nn}" in la.err, (
+            j.report()
+        )
+        assert f"expected -n {sizes[0]} --nnodes {nn} on every node" in la.err, j.report()
+
+
+@pytest.mark.timeout(90)
+def test_launchers_given_different_nnodes_all_fail_at_once(job: Callable[[int], Job]) -> None:
+    j = job(2)
+    node0 = j.start(0, 2)
+    node1 = j.start(1, 2, nnodes=3)
+    _failed_at_once(j)
+    for la in (node0, node1):
+        assert f"node 1 ({HOST} pid {node1.proc.pid}) -n 2 --nnodes 3" in la.err, j.report()
+        assert "expected -n 2 --nnodes 2 on every node" in la.err, j.report()
+
+
+def _names_both(text: str, node: int, pids: Sequence[int]) -> bool:
+    """Whether a line of ``text`` says node rank ``node`` went to two launchers, naming both."""
+    lines = [x for x in text.splitlines() if f"node rank {node} was given to two launchers" in x]
+    return any(all(f"{HOST} pid {p}" in x for p in pids) for x in lines)
+
+
+@pytest.mark.timeout(90)
+def test_two_launchers_given_one_node_rank_all_fail_at_once(job: Callable[[int], Job]) -> None:
+    # Node 2 never comes: without the check, node 0's ranks waited out their minute for it.
+    j = job(3)
+    node0 = j.start(0, 2)
+    first, second = j.start(1, 2), j.start(1, 2)
+    _failed_at_once(j)
+    pids = (first.proc.pid, second.proc.pid)
+    for la in (node0, first, second):
+        assert _names_both(la.err, 1, pids), j.report()
+
+
+@pytest.mark.timeout(90)
+def test_a_second_launcher_of_a_running_node_fails_and_the_job_goes_on(
+    job: Callable[[int], Job],
+) -> None:
+    j = job(2)
+    node0, node1 = j.start(0, 2, hold=True), j.start(1, 2, hold=True)
+    for la in (node0, node1):  # both nodes' ranks have met and hold the job open
+        _read_until(la.proc.stdout, r"met: 10$", 2)
+    late = j.start(1, 2)
+    [late] = j.finish([late])
+    assert late.proc.returncode not in (0, None), j.report()
+    assert late.seconds < FAIL_SECONDS, j.report()
+    assert "started" not in late.out, j.report()  # its ranks would have clashed with node 1's
+    assert _names_both(late.err, 1, (node1.proc.pid, late.proc.pid)), j.report()
+    for la in (node0, node1):
+        assert la.proc.stdin is not None
+        la.proc.stdin.close()  # EOF: every rank of the two nodes leaves the job
+        la.proc.stdin = None  # communicate() has nothing left to send
+    for la in j.finish([node0, node1]):
+        assert la.proc.returncode == 0, j.report()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0)], ids=["node0-first", "node0-last"])
+def test_launchers_that_agree_run_the_job(
+    job: Callable[[int], Job], order: tuple[int, ...]
+) -> None:
+    j = job(3)
+    for k in order:
+        j.start(k, 2)
+    for la in j.finish():
+        assert la.proc.returncode == 0, j.report()
+        met = sorted(re.findall(r"rank (\d) of 6 met: 21", la.out))
+        assert met == [str(2 * la.node), str(2 * la.node + 1)], j.report()
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_waiting_for_the_others_stops_on_sigint(job: Callable[[int], Job]) -> None:
+    from plait.rendezvous.nodes import claim_key
+
+    j = job(2)
+    node0 = j.start(0, 2)
+    with TCPStore("127.0.0.1", j.port, secret=j.env["PLAIT_SECRET"].encode(), timeout=20) as s:
+        s.get(claim_key(0), 20)  # node 0 has claimed its rank and waits for node 1
+    node0.proc.send_signal(signal.SIGINT)
+    [node0] = j.finish([node0])
+    assert node0.proc.returncode == 128 + signal.SIGINT, j.report()
+    assert node0.seconds < FAIL_SECONDS, j.report()
+    assert "started" not in node0.out, j.report()
