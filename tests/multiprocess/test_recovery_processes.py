@@ -198,6 +198,62 @@ def test_kill_9_fails_every_survivor_fast_naming_the_dead_rank(
         assert agreed["ranks"] == [0, 2, 3], agreed
 
 
+NOTICE_BEHIND_A_FULL_RING = """
+import os, signal, threading, time, numpy as np, plait
+from plait.transport.shm import DEFAULT_SLOTS
+comm = plait.init(timeout=20)
+data = np.ones(1 << 12)
+comm.allreduce(data)
+comm.barrier()
+if comm.rank == 1:
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+elif comm.rank == 2:  # rank 3 sleeps: these fill rank 2's ring to it, its notice waits behind
+    time.sleep(0.2)
+    for t in range(DEFAULT_SLOTS):
+        comm.send(np.full(4, float(t)), 3, tag=t)
+elif comm.rank == 3:
+    time.sleep(3.0)  # outside plait while rank 1 dies and rank 2 tells
+    for t in range(DEFAULT_SLOTS):
+        comm.recv(np.zeros(4), 2, tag=t)
+start = time.monotonic()
+try:
+    comm.allreduce(data, algorithm="ring")
+    report(rank=comm.rank, error=None)
+except plait.CommError as exc:
+    report(rank=comm.rank, error=type(exc).__name__, seconds=time.monotonic() - start,
+           lost=getattr(exc, "lost_rank", None), message=str(exc))
+agreement = comm.agree(1)
+report(rank=comm.rank, ranks=list(agreement.ranks))
+comm.close()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_lost_notice_behind_a_full_ring_still_reaches_its_peer(
+    tmp_path: Path, server: TCPStoreServer
+) -> None:
+    # Rank 2 sees rank 1 die and tells ranks 0 and 3 (Note [stall probes]); its ring to
+    # rank 3, busy outside plait, is full, so the notice waits in rank 2's queue, and rank 2
+    # then waits in agree, not in its transport. Rank 3, which waits only on rank 2 in the
+    # ring, must still hear it (Note [notices that wait]), not wait for its 20 s timeout.
+    procs = start_ranks(NOTICE_BEHIND_A_FULL_RING, 4, tmp_path, plait_env(server, 4, "shm"))
+    results: dict[int, list[dict]] = {}
+    logs = []
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=80)
+        logs.append(f"--- rank {r} rc {p.returncode}\n{out[-2000:]}\n{err[-2000:]}")
+        results[r] = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    text = "\n".join(logs)
+    assert not results[1], text
+    for r in (0, 2, 3):
+        assert len(results[r]) == 2, text
+        failure, agreed = results[r]
+        assert failure["error"] == "PeerLostError", text
+        assert failure["lost"] == 1, text
+        assert failure["seconds"] < 8, text  # not the 20 s timeout
+        assert agreed["ranks"] == [0, 2, 3], text
+
+
 WATCHDOG = """
 import threading, time, numpy as np, plait
 comm = plait.init(timeout=60)

@@ -37,7 +37,9 @@ Note [stall probes]
       ``lost_rank``. Every rank takes part in every collective, so a stalled
       call of a communicator that lost a rank cannot finish; a rank that
       waits on a live peer (which itself waited on the lost one) would
-      otherwise wait for its timeout and blame that live peer.
+      otherwise wait for its timeout and blame that live peer. A notice
+      leaves even where the rank that tells stops driving its transport
+      (Note [notices that wait]).
 
     A rank that raises MismatchError this way first sends every other rank a
     verdict, so that the ranks of the same mistake that found no evidence of
@@ -79,6 +81,7 @@ Note [foreign messages]
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -88,7 +91,7 @@ import numpy as np
 from plait.errors import CommTimeout, MismatchError, PeerLostError
 from plait.runtime.crossing import Crossing
 from plait.schedule.ir import Schedule
-from plait.transport.base import Handle, Transport
+from plait.transport.base import Handle, Transport, background_thread
 
 if TYPE_CHECKING:
     from plait.runtime.executor import Call
@@ -243,7 +246,7 @@ class Prober:
         if silent:
             parts.append(
                 f"rank(s) {sorted(silent)} did not say they wait: the likeliest cause (stopped, "
-                "busy outside plait, or in another call)"
+                "busy outside plait, in another call, or cut off from this rank's network)"
             )
         return "; " + "; ".join(parts) + self._cross.explain(waiting)
 
@@ -515,14 +518,54 @@ def _tell_all(
     transport: Transport, call: Call, rank: int, size: int, kind: int = _VERDICT, lost: int = -1
 ) -> None:
     """Send every peer a verdict, or a ``LOST`` notice naming rank ``lost`` (best effort:
-    the call is failing anyway)."""
+    the call is failing anyway), and see that they leave (Note [notices that wait])."""
     verdict = _pack(call, kind, () if lost < 0 else (lost,))
+    sent: list[Handle] = []
     for q in range(size):
         if q != rank and q != lost:
             try:
-                transport.isend(q, call.probe_tag, memoryview(verdict), 0)
+                sent.append(transport.isend(q, call.probe_tag, memoryview(verdict), 0))
             except Exception:
                 continue
+    waiting = [h for h in sent if not h.done]
+    if waiting:
+        name = f"plait-notices-rank{transport.rank}"
+        courier = threading.Thread(target=_deliver, args=(transport, waiting), name=name)
+        courier.daemon = True
+        try:
+            courier.start()
+        except RuntimeError:  # the interpreter is shutting down: no peer waits for long
+            return
+
+
+# Note [notices that wait]
+#     A verdict or a LOST notice is sent as its call fails, and the rank then stops
+#     driving its transport: it raises, and goes on to agree, shrink or code of its own.
+#     A send that cannot leave at once waits in the rank's own queue, and moves only
+#     while some thread of the rank waits on the transport: on shared memory, a ring
+#     whose slots all hold messages its reader has not taken in yet (four, by default:
+#     the reader was busy outside plait or descheduled, while this rank sent it its
+#     part of the last call and of this one). The notice then never left, and a peer
+#     that waits only on this rank (rank 3 of a ring of four that lost rank 1, waiting
+#     on rank 2) drained the ring once it stalled, found no notice, and waited for its
+#     timeout, blaming a live peer. So a notice that has not left when its call fails
+#     is driven by a thread of its own (:func:`_deliver`), which sleeps in the
+#     transport until the reader takes in what blocks it (the reader's wait rings this
+#     rank's doorbell) or the transport closes (the rank's close, abort or shrink
+#     ends it). It costs nothing where every notice leaves at once, nearly always;
+#     where one waits, the rank's own threads may still use the transport meanwhile
+#     (one thread drives it, the others wait to be told of their completions).
+
+
+def _deliver(transport: Transport, sent: list[Handle]) -> None:
+    """Wait on the transport until every notice of ``sent`` has left, or cannot (its peer
+    lost, the transport closed): Note [notices that wait]."""
+    background_thread()  # it sleeps in the kernel at once, never polls
+    try:
+        while sent and transport.wait_any(sent, None):
+            sent = [h for h in sent if not h.done]
+    except Exception:  # the transport went away meanwhile: nothing more to tell
+        return
 
 
 def _verdict_error(call: Call, rank: int, q: int, name: str, relayed: bool) -> MismatchError:
