@@ -436,6 +436,7 @@ def test_timeout_names_the_rank_at_the_end_of_the_chain() -> None:
     results = run_ranks(4, body, timeout=60, window=0)
     for msg in results[:3]:
         assert "rank(s) [3] did not say they wait: the likeliest cause" in msg, msg
+        assert "or cut off from this rank's network)" in msg, msg  # a partition too
     assert "rank 1 waits in this call too, for rank(s) [0]" in results[2], results[2]
 
 
