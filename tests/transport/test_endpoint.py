@@ -22,7 +22,7 @@ import pytest
 
 from plait.errors import ClosedError, PeerLostError
 from plait.transport import conformance
-from plait.transport.base import Transport
+from plait.transport.base import Transport, closed_peer
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op
 from plait.transport.loopback import Loopback
@@ -122,7 +122,7 @@ class QueueLink:
                 ep.bytes_received += len(data)
                 ep.complete(op)
         if not box and self.fabric.closed[peer]:
-            ep.lose(peer, f"rank {peer} has closed its transport")
+            ep.lose(peer, closed_peer(f"rank {peer} has closed its transport"))
             moved = True
         return moved
 

@@ -39,7 +39,11 @@ Note [stall probes]
       waits on a live peer (which itself waited on the lost one) would
       otherwise wait for its timeout and blame that live peer. A notice
       leaves even where the rank that tells stops driving its transport
-      (Note [notices that wait]).
+      (Note [notices that wait]). A call that failed because a peer closed
+      its transport tells the rank that peer said it lost, and raises that;
+      where the peer said nothing, a ``CLOSED`` notice names it as a rank
+      that closed, not one that died (Note [peers that close] in
+      :mod:`plait.transport.base`).
 
     A rank that raises MismatchError this way first sends every other rank a
     verdict, so that the ranks of the same mistake that found no evidence of
@@ -91,7 +95,7 @@ import numpy as np
 from plait.errors import CommTimeout, MismatchError, PeerLostError
 from plait.runtime.crossing import Crossing
 from plait.schedule.ir import Schedule
-from plait.transport.base import Handle, Transport, background_thread
+from plait.transport.base import PEER_CLOSED, Handle, Transport, background_thread, peer_closed
 
 if TYPE_CHECKING:
     from plait.runtime.executor import Call
@@ -102,7 +106,9 @@ __all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle", 
 PROBE_SECONDS = 1.0
 #: Seconds a peer found in a later call may still deliver what this call waits for.
 GRACE_SECONDS = 2.0
-_STALLED, _VERDICT, _LOST, _RELAYED = 0, 1, 2, 3  # _RELAYED: a verdict passed on
+# _RELAYED: a verdict passed on; _CLOSED: a LOST notice whose rank closed its communicator
+# rather than died (Note [peers that close] in plait.transport.base)
+_STALLED, _VERDICT, _LOST, _RELAYED, _CLOSED = 0, 1, 2, 3, 4
 #: The attribute that marks an error :func:`settle` has settled.
 _SETTLED = "_plait_settled"
 #: Set on the PeerLostError of a call that met a peer's mark that it gave up on the call: the
@@ -193,8 +199,9 @@ class Prober:
             self._post(q)  # the next probe from q (a verdict may follow its stall probe)
             if kind == _STALLED and seq == self._call.seq and digest == self._call.check:
                 self._heard[q] = tuple(p for p in theirs[: min(n, _NAMED)] if p >= 0)
-            if kind == _LOST:  # raised once the rest has been read: a mismatch comes first
-                lost = lost or _lost_error(self._call, self._rank, q, _text(name), theirs[0])
+            if kind in (_LOST, _CLOSED):  # raised once the rest has been read: a mismatch first
+                told = _lost_error(self._call, self._rank, q, _text(name), theirs[0], kind)
+                lost = _likelier(lost, told)
                 continue
             err = self._verdict(q, seq, digest, kind, _text(name), waiting)
             if err is not None:
@@ -357,13 +364,24 @@ def settle(
                 # ranks that can hear only from this one must learn it, not its consequence.
                 _tell_all(transport, call, where.rank, where.size, _RELAYED)
         lost = err.lost_rank if isinstance(err, PeerLostError) else None
+        kind, closed = _LOST, peer_closed(err)
+        if closed:  # Note [peers that close]: what the peer told came before its close
+            if isinstance(found, PeerLostError) and found.lost_rank not in (None, lost):
+                lost = found.lost_rank
+                kind = _CLOSED if peer_closed(found) else _LOST
+            else:  # it told nothing (this rank saw its close itself): it closed
+                kind = _CLOSED
+                if isinstance(found, PeerLostError):
+                    found = None
         if lost is not None and not isinstance(found, MismatchError):
-            _tell_all(transport, call, where.rank, where.size, _LOST, lost)
+            _tell_all(transport, call, where.rank, where.size, kind, lost)
         gave_up = getattr(err, GAVE_UP, False)
         if found is None and gave_up:  # the peer told before it marked: on its way
             found = _notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
-        if isinstance(found, PeerLostError) and not (gave_up or isinstance(err, CommTimeout)):
-            found = None  # a loss told by a peer explains a timeout or a peer giving up only
+        if isinstance(found, PeerLostError) and not (
+            gave_up or closed or isinstance(err, CommTimeout)
+        ):  # a loss told by a peer explains a timeout, a peer giving up or closing only
+            found = None
     except Exception:
         return err
     if found is None:
@@ -454,8 +472,7 @@ def _verdict_here(
             found = _notice(call, rank, q, buf)
             if isinstance(found, MismatchError):
                 return found
-            if lost is None:
-                lost = found
+            lost = _likelier(lost, found)
     return lost
 
 
@@ -465,9 +482,17 @@ def _notice(call: Call, rank: int, q: int, buf: np.ndarray) -> MismatchError | P
     _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
     if kind in (_VERDICT, _RELAYED):
         return _verdict_error(call, rank, q, _text(name), kind == _RELAYED)
-    if kind == _LOST:
-        return _lost_error(call, rank, q, _text(name), theirs[0])
+    if kind in (_LOST, _CLOSED):
+        return _lost_error(call, rank, q, _text(name), theirs[0], kind)
     return None
+
+
+def _likelier(known: PeerLostError | None, told: PeerLostError | None) -> PeerLostError | None:
+    """Of two notices, the first, unless only the second names a rank that died (the other
+    one that closed: Note [peers that close] in plait.transport.base)."""
+    if known is None or (peer_closed(known) and told is not None and not peer_closed(told)):
+        return told
+    return known
 
 
 def _notice_soon(
@@ -581,11 +606,21 @@ def _verdict_error(call: Call, rank: int, q: int, name: str, relayed: bool) -> M
     )
 
 
-def _lost_error(call: Call, rank: int, q: int, name: str, lost: int) -> PeerLostError:
-    err = PeerLostError(
-        f"rank {rank}: {call.describe}: rank {lost} was lost (rank {q} found so in its {name}), "
-        "and no call of this communicator can finish without it"
-    )
+def _lost_error(
+    call: Call, rank: int, q: int, name: str, lost: int, kind: int = _LOST
+) -> PeerLostError:
+    if kind == _CLOSED:  # Note [peers that close] in plait.transport.base
+        err = PeerLostError(
+            f"rank {rank}: {call.describe}: rank {lost} closed its communicator during the "
+            f"call (rank {q} found so in its {name}), and no call of this communicator can "
+            "finish without it"
+        )
+        setattr(err, PEER_CLOSED, True)
+    else:
+        err = PeerLostError(
+            f"rank {rank}: {call.describe}: rank {lost} was lost (rank {q} found so in its "
+            f"{name}), and no call of this communicator can finish without it"
+        )
     err.lost_rank = lost
     return err
 

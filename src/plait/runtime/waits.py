@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from plait.errors import CollectiveTimeout, CommError, InternalError, PeerLostError
 from plait.runtime.stall import PROBE_SECONDS, Prober, settle
 from plait.schedule.ir import Schedule, Step
-from plait.transport.base import Handle, Transport
+from plait.transport.base import PEER_CLOSED, Handle, Transport, peer_closed
 
 if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder
@@ -151,6 +151,8 @@ def wrap(rank: int, call: Call, step: object, err: BaseException) -> BaseExcepti
         out = type(err)(f"rank {rank}: {call.describe}: {err}")
         if isinstance(out, PeerLostError) and isinstance(err, PeerLostError):
             out.lost_rank = step.peer if isinstance(step, Step) else err.lost_rank
+            if peer_closed(err):  # settle looks for what it told (Note [peers that close])
+                setattr(out, PEER_CLOSED, True)
         return out
     return CommError(f"rank {rank}: {call.describe}: transport failed at {step!r}: {err}")
 

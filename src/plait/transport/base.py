@@ -27,6 +27,8 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from plait.errors import PeerLostError
+
 
 class _ThreadState(threading.local):
     """Per-thread state of waits. ``background`` has a class default, so that reading it on
@@ -76,11 +78,14 @@ def may_spin() -> bool:
 
 __all__ = [
     "OTHER_MEMBER",
+    "PEER_CLOSED",
     "Handle",
     "Matching",
     "Transport",
     "background_thread",
+    "closed_peer",
     "may_spin",
+    "peer_closed",
     "renumbered",
     "spin_seconds",
 ]
@@ -89,6 +94,36 @@ __all__ = [
 #: because another member of the call was lost (its rank, as the transport numbers it):
 #: the peer waited on is not the one lost (Note [members lost] in plait.transport.shm.link).
 OTHER_MEMBER = "_plait_other_member"
+
+#: The attribute (True) a transport sets on the PeerLostError of an operation whose peer
+#: closed its transport in order, rather than died: such a peer may have left after a
+#: failure of its own, which it told its peers before it closed (Note [peers that close]).
+PEER_CLOSED = "_plait_peer_closed"
+
+# Note [peers that close]
+#     A rank whose call fails tells its peers the rank it lost (a LOST notice, Note [stall
+#     probes] in plait.runtime.stall), then often closes its communicator at once (a
+#     ``with`` block, a ``close()`` in an except clause). A peer still waiting on it in the
+#     same call then fails on the close, and blamed the rank that closed as the lost one,
+#     and told its own peers so. So a transport marks the error of a peer's orderly close
+#     (PEER_CLOSED: the TCP goodbye, the shared-memory closed word, the in-process close),
+#     and a call failing with such an error looks first for what that peer told: its notice
+#     travels before its close on the same ordered path (the TCP stream, the ring, the
+#     in-process queue), so it is at hand, and the call raises the rank that was lost. A
+#     peer that told nothing (it closed after a timeout, or without taking part) stays the
+#     rank named, as one that *closed*, not one that died.
+
+
+def closed_peer(message: str) -> PeerLostError:
+    """The PeerLostError of an operation whose peer closed its transport (PEER_CLOSED)."""
+    err = PeerLostError(message)
+    setattr(err, PEER_CLOSED, True)
+    return err
+
+
+def peer_closed(err: BaseException | None) -> bool:
+    """Whether ``err`` says that the peer closed its transport, rather than died."""
+    return bool(getattr(err, PEER_CLOSED, False))
 
 
 @runtime_checkable
@@ -191,4 +226,9 @@ def renumbered(transport: object, err: BaseException) -> BaseException:
     1 (job rank 3)"). Any other transport's errors are returned as they are.
     """
     renumber = getattr(transport, "renumber", None)
-    return err if renumber is None else renumber(err)
+    if renumber is None:
+        return err
+    out: BaseException = renumber(err)
+    if out is not err and peer_closed(err):  # what kind of loss it was, whatever the numbers
+        setattr(out, PEER_CLOSED, True)
+    return out

@@ -36,7 +36,7 @@ import numpy as np
 
 from plait.errors import ClosedError, MismatchError, PeerLostError
 from plait.transport import harness
-from plait.transport.base import Transport
+from plait.transport.base import Transport, peer_closed
 from plait.transport.harness import WAIT, Factory, build_in_threads, run_ranks, wait_all
 from plait.transport.pattern_checks import (
     check_pattern_any_peer_takes_the_earliest,
@@ -55,6 +55,7 @@ __all__ = [
     "check_cancel_completed",
     "check_check_mismatch",
     "check_close_fails_own_pending",
+    "check_close_while_waiting",
     "check_concurrent_threads",
     "check_counters",
     "check_fifo_per_tag",
@@ -402,7 +403,7 @@ def check_send_then_close(make: Factory) -> None:
 
 
 def check_close_fails_own_pending(make: Factory) -> None:
-    """close() completes this rank's pending receives with an error; close is idempotent."""
+    """close() completes this rank's pending receives with ClosedError; close is idempotent."""
     ts = harness.made(make, 2)
     try:
         buf = np.full(4, 7, np.uint8)
@@ -410,8 +411,33 @@ def check_close_fails_own_pending(make: Factory) -> None:
         ts[0].close()
         ts[0].close()
         assert h.done, "a pending receive is still pending after close()"
-        assert isinstance(h.error, ClosedError | PeerLostError), f"got {h.error!r}"
+        assert isinstance(h.error, ClosedError), f"got {h.error!r}"
         assert (buf == 7).all()
+    finally:
+        harness.close_all(ts)
+
+
+def check_close_while_waiting(make: Factory) -> None:
+    """A close from another thread ends this rank's blocked wait with ClosedError (its own
+    close, not a lost peer), and a peer's receive from it with a PeerLostError that says the
+    rank closed rather than died (``peer_closed``: Note [peers that close] in
+    :mod:`plait.transport.base`)."""
+    ts = harness.made(make, 2)
+    try:
+        mine, theirs = np.full(4, 7, np.uint8), np.zeros(4, np.uint8)
+        h = ts[0].irecv(1, 1, harness.mv(mine), 0)
+        peer = ts[1].irecv(0, 1, harness.mv(theirs), 0)
+        closer = threading.Timer(0.2, ts[0].close)
+        closer.start()
+        try:
+            assert ts[0].wait_any([h], WAIT), f"the wait outlived the close: {h.error!r}"
+        finally:
+            closer.join()
+        assert isinstance(h.error, ClosedError), f"own close: got {h.error!r}"
+        assert (mine == 7).all()
+        wait_all(ts[1], [peer])
+        assert isinstance(peer.error, PeerLostError), f"peer's close: got {peer.error!r}"
+        assert peer_closed(peer.error), f"a close taken for a death: {peer.error!r}"
     finally:
         harness.close_all(ts)
 
@@ -602,6 +628,7 @@ CHECKS: tuple[Callable[[Factory], None], ...] = (
     check_peer_close,
     check_send_then_close,
     check_close_fails_own_pending,
+    check_close_while_waiting,
     check_wait_any_timeout,
     check_cancel,
     check_cancel_completed,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 
-from plait.errors import PeerLostError
+from plait.errors import ClosedError
+from plait.transport.base import closed_peer
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op, UndrivenLink
 from plait.transport.window import DEFAULT_WINDOW_BYTES, MemoryArena, MemoryWindow
@@ -70,8 +71,9 @@ class MemoryTransport(Endpoint):
             )
 
     def _closed_error(self) -> BaseException:
-        # Peers see this rank as lost; its own pending receives fail the same way.
-        return PeerLostError(f"rank {self.rank} has closed its communicator")
+        # This rank's own operations (and window waits) cut short by its close, as on the
+        # other transports; its peers see it lost (MemoryLink.shutdown).
+        return ClosedError(f"rank {self._me}: this rank's communicator was closed")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -154,7 +156,8 @@ class MemoryLink(UndrivenLink):
         me = self._ep.rank
         for other in self._fabric.endpoints:
             if other.rank != me:
-                other.lose(me, f"rank {me} has closed its communicator")
+                # a close, not a death (Note [peers that close] in plait.transport.base)
+                other.lose(me, closed_peer(f"rank {me} has closed its communicator"))
                 other.notify()
         if self._fabric.arena is not None:  # ranks waiting on a window counter look again
             self._fabric.arena.cond.notify_all()

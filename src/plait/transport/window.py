@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from plait.errors import PeerLostError, RendezvousError
-from plait.transport.base import OTHER_MEMBER, Handle, Transport
+from plait.transport.base import OTHER_MEMBER, Handle, Transport, closed_peer
 from plait.transport.link import Op
 
 __all__ = [
@@ -410,7 +410,7 @@ class MemoryArena:
             if q == rank and self.counters[q] >= value:
                 ep.complete(op)
             elif lost is not None and q == rank:
-                ep.fail(op, PeerLostError(f"rank {rank} has closed its communicator"))
+                ep.fail(op, closed_peer(f"rank {rank} has closed its communicator"))
             elif lost is not None and op.peer == -1 - rank:
                 ep.fail(op, lost)
             elif lost is not None and self.counters[rank] <= value >> PHASE_BITS << PHASE_BITS:
@@ -519,7 +519,7 @@ class MemoryWindow(Window):
                 if self._counters[q] >= value:
                     return True
                 if self._closed(q):
-                    raise PeerLostError(f"rank {q} has closed its communicator")
+                    raise closed_peer(f"rank {q} has closed its communicator")
                 if (m := self._absent(value)) is not None:
                     raise member_lost(m)
                 left = None if deadline is None else deadline - time.monotonic()
@@ -543,7 +543,7 @@ class MemoryWindow(Window):
             if self._counters[q] >= value:
                 return None
             if self._closed(q):
-                ep.fail(op, PeerLostError(f"rank {q} has closed its communicator"))
+                ep.fail(op, closed_peer(f"rank {q} has closed its communicator"))
             elif (m := self._absent(value)) is not None:
                 ep.fail(op, member_lost(m))
             else:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import PeerLostError
-from plait.transport.base import OTHER_MEMBER
+from plait.transport.base import OTHER_MEMBER, closed_peer
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op, copy_bytes
 from plait.transport.shm.doorbell import alive, drain, ring
@@ -47,6 +47,7 @@ class _Peer:
         self.out: RingEnd = wire.out
         self.inbound: RingEnd = wire.inbound
         self.lost: str | None = None
+        self.closed = False  # lost by closing its transport, not by dying
         self.sendq: deque[Op] = deque()
         # The message being received from this peer, if any.
         self.cur_active = False
@@ -99,7 +100,7 @@ class ShmLink:
         p = self.by_rank[op.peer]
         self._check_closed(p)
         if p.lost is not None:
-            self._ep.fail(op, PeerLostError(p.lost))
+            self._ep.fail(op, _lost_error(p))
         else:
             p.sendq.append(op)
             self._push(p)
@@ -232,7 +233,7 @@ class ShmLink:
         p = self.by_rank[w.peer]
         self._check_closed(p)
         if p.lost is not None:
-            self._settle_lost(w, p.lost)
+            self._settle_lost(w, p)
         elif (absent := self._absent(w)) is not None:
             self._ep.fail(w, _member_lost(absent))
         else:
@@ -307,12 +308,12 @@ class ShmLink:
             self._ep.complete(w)
         return bool(ready)
 
-    def _settle_lost(self, w: CounterWait, reason: str) -> None:
-        """``w``'s peer is lost: what it posted before still counts, else PeerLostError."""
+    def _settle_lost(self, w: CounterWait, p: _Peer) -> None:
+        """``w``'s peer ``p`` is lost: what it posted before still counts, else PeerLostError."""
         if w.words[w.index] >= w.value:
             self._ep.complete(w)
         else:
-            self._ep.fail(w, PeerLostError(reason))
+            self._ep.fail(w, _lost_error(p))
 
     # -- rings -----------------------------------------------------------------------------------
     def _push(self, p: _Peer) -> bool:
@@ -445,14 +446,14 @@ class ShmLink:
         if p.lost is not None:
             return
         ep = self._ep
-        closed = p.seg is not None and p.seg.words[W_CLOSED] == 1
+        closed = p.closed = p.seg is not None and p.seg.words[W_CLOSED] == 1
         name = ep.name(p.rank)
         p.lost = (
             f"rank {name} has closed its transport"
             if closed
             else f"rank {name} was lost: its process exited or was killed"
         )
-        err = PeerLostError(p.lost)
+        err = _lost_error(p)
         if p.sock is not None:
             ep.unwatch(p.sock.fileno())
             del self._by_fd[p.sock.fileno()]
@@ -470,11 +471,18 @@ class ShmLink:
         p.sendq.clear()
         for w in [w for w in self._counters if w.peer == p.rank]:
             self._counters.remove(w)
-            self._settle_lost(w, p.lost)
+            self._settle_lost(w, p)
         for w in [w for w in self._counters if self._absent(w) is not None]:
             self._counters.remove(w)
             self._ep.fail(w, _member_lost(p))
-        ep.lose(p.rank, p.lost)
+        ep.lose(p.rank, err if closed else p.lost)
+
+
+def _lost_error(p: _Peer) -> PeerLostError:
+    """The error of an operation with lost peer ``p``: one that closed its transport is
+    told apart from one that died (Note [peers that close] in plait.transport.base)."""
+    assert p.lost is not None
+    return closed_peer(p.lost) if p.closed else PeerLostError(p.lost)
 
 
 def _member_lost(p: _Peer) -> PeerLostError:

@@ -18,6 +18,7 @@ import struct
 from collections.abc import Sequence
 
 from plait.errors import CommError, PeerLostError, TransportError
+from plait.transport.base import closed_peer
 from plait.transport.endpoint import Endpoint
 from plait.transport.link import Message, Op
 from plait.transport.tcp import reader, rendezvous, writer
@@ -341,8 +342,12 @@ class TcpLink:
         self.lose(p, None, "connection closed without a goodbye (the process exited or died)")
 
     def on_bye(self, p: Peer) -> None:
-        """``p`` closed its transport: fail what waits on it, keep reading parts still owed."""
-        p.gone = PeerLostError(
+        """``p`` closed its transport: fail what waits on it, keep reading parts still owed.
+
+        The error says it closed, not died (Note [peers that close] in
+        :mod:`plait.transport.base`): what it told before its goodbye came first.
+        """
+        p.gone = closed_peer(
             f"rank {p.rank} closed its transport: connection to rank {self.rank} closed"
         )
         self._fail_pending(p, p.gone, inbound=False)
