@@ -597,3 +597,55 @@ def test_a_rank_stopped_while_the_others_aborted_hears_the_abort(
     error = results[2]["error"]  # type: ignore[index]
     assert error.startswith("AbortedError: "), error
     assert "aborted by rank" in error, error
+
+
+CLOSE_AFTER_FAILURE = """
+import os, signal, threading, time, numpy as np, plait
+WITH = WITH_BLOCK
+def run(comm):
+    data = np.ones(1 << 12)
+    comm.allreduce(data)
+    if comm.rank == 1:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    start = time.monotonic()
+    try:
+        while True:
+            start = time.monotonic()
+            comm.allreduce(data, algorithm="ring")
+    except plait.CommError as exc:
+        report(rank=comm.rank, error=type(exc).__name__, message=str(exc),
+               lost=getattr(exc, "lost_rank", None), seconds=time.monotonic() - start)
+        if not WITH:
+            comm.close()  # at once, in the except clause
+        raise SystemExit(0)
+if WITH:
+    with plait.init(timeout=60) as comm:
+        run(comm)
+else:
+    run(plait.init(timeout=60))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("with_block", [True, False], ids=["with", "close-in-except"])
+@pytest.mark.parametrize("transport", ["tcp", "shm", "hybrid"])
+def test_survivors_that_close_at_once_are_not_named_lost(
+    tmp_path: Path, server: TCPStoreServer, transport: str, with_block: bool
+) -> None:
+    # Rank 1 of 4 is killed during ring allreduces; its neighbours fail at once and close
+    # their communicators (leaving a ``with`` block, or in an except clause). Rank 3 waits
+    # only on rank 2 in a ring, so it fails on rank 2's close: it used to raise a
+    # PeerLostError whose lost_rank was rank 2, which had merely closed, and told its own
+    # peers so (Note [peers that close] in plait.transport.base).
+    script = CLOSE_AFTER_FAILURE.replace("WITH_BLOCK", str(with_block))
+    results = finish(start_ranks(script, 4, tmp_path, plait_env(server, 4, transport)), 90)
+    logs = finish.logs  # type: ignore[attr-defined]
+    assert results[1] is None, logs  # killed
+    for r in (0, 2, 3):
+        res = results[r]
+        assert res is not None, logs
+        assert res["error"] == "PeerLostError", res
+        assert res["lost"] == 1, res  # not the neighbour that closed after its own failure
+        assert "rank 1" in res["message"], res
+        assert "closed its transport" not in res["message"], res
+        assert res["seconds"] < 10, res  # not the 60 s timeout
