@@ -127,7 +127,9 @@ Note [shrink]
     flight recorder dumps, and its splits' ids, are its own. The old
     communicator is then closed. A survivor that dies while the others
     connect makes shrink fail within about a second, naming it (Note
-    [survivors that die] in plait._liveness); agree and shrink again.
+    [survivors that die] in plait._liveness), on every survivor: none
+    returns before all have connected (Note [survivors connect, then agree]
+    in plait._shrink); agree and shrink again.
 """
 
 from __future__ import annotations

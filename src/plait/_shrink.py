@@ -13,7 +13,8 @@ from plait._recovery import closed_error, enable, owned
 from plait.communicator import Communicator
 from plait.errors import ClosedError, CommError, PeerLostError, RendezvousError
 from plait.group import shrunk_comm_id
-from plait.rendezvous.lost import report_gave_up
+from plait.rendezvous.lost import report_gave_up, wait_ranks
+from plait.rendezvous.store import Store
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
 
@@ -71,6 +72,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             store = survivors_store(namespace, owner.store, rec.live, members)
             try:
                 transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
+                _all_connected(transport, store, comm.rank, rank, size, deadline)
             except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
                 report_gave_up(store, rank, str(exc))  # Note [ranks that gave up]
                 raise RendezvousError(
@@ -95,3 +97,37 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             owner.count_out(comm.size - size)
     comm.close()
     return new
+
+
+def _all_connected(
+    transport: Transport, store: Store, old: int, rank: int, size: int, deadline: float
+) -> None:
+    """Return once every survivor has connected; else close ``transport`` and raise.
+
+    Note [survivors connect, then agree]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A rank's set-up can end well while a peer's fails: the peer connected to
+    some survivors and died (or gave up) before it connected to the others.
+    Returning then would leave the survivors in different communicators (those
+    whose set-up ended well in one that includes the peer, the others retrying
+    the shrink on the old one, which the first have closed: each went on
+    alone). So every survivor says it connected (``connected/<rank>`` in the
+    set-up's namespace) and returns only once all have; one that died or gave
+    up before saying so fails every survivor's shrink within about a second
+    (Note [survivors that die] in plait._liveness), and every one agrees and
+    shrinks again. Every survivor sees the same keys (Note [a key set before a
+    death] in plait.rendezvous.lost), so all return, or all raise.
+    """
+    try:
+        store.set(f"connected/{rank}", b"1")
+        wait_ranks(
+            store,
+            [f"connected/{r}" for r in range(size)],
+            range(size),
+            max(deadline - time.monotonic(), 0.001),
+            me=f"rank {old}",
+            what="finish connecting",
+        )
+    except BaseException:
+        transport.close()
+        raise

@@ -457,7 +457,10 @@ class Communicator(PointToPointMethods, ObjectMethods):
         :meth:`agree` does, and connects them afresh through a new namespace
         of the store: no connection or shared memory of this communicator is
         reused. Raises as :meth:`agree` does, and RendezvousError if the
-        survivors cannot connect (one failed meanwhile: shrink again).
+        survivors cannot connect (one failed meanwhile: shrink again); then
+        it raises on every survivor, so they retry together. A group from
+        :meth:`split` cannot shrink (UnsupportedError): shrink the
+        communicator it was split from and split the new one.
         """
         from plait._shrink import shrink
 

@@ -186,11 +186,14 @@ def test_kill_9_fails_every_survivor_fast_naming_the_dead_rank(
     script = KILL_WITHOUT_ABORT.replace("VICTIM", str(victim))
     procs = start_ranks(script, n, tmp_path, plait_env(server, n, transport))
     lines: dict[int, list[dict]] = {}
+    logs = []
     for r, p in enumerate(procs):
-        out, _ = p.communicate(timeout=100)
+        out, err = p.communicate(timeout=100)
+        logs.append(f"--- rank {r}, rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}")
         lines[r] = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
     assert not lines[victim]
     for r in (0, 2, 3):
+        assert len(lines[r]) == 2, "\n".join(logs)
         failure, agreed = lines[r]
         assert failure["error"] == "PeerLostError", failure
         assert failure["lost"] == victim, failure
@@ -522,6 +525,44 @@ def test_a_survivor_whose_host_lost_a_rank_in_shrink_does_not_hold_up_the_other_
         assert res["total"] == 3.0, res
     said = results[2]["first"]
     assert "rank(s) [1] gave up shrink before" in said or "rank(s) [3] died" in said, said
+
+
+CONNECTS_THEN_FAILS = (
+    """
+import time, numpy as np, plait, plait.transport.route as route
+from plait.errors import RendezvousError
+comm = plait.init(timeout=60)
+if comm.rank == 2:  # its first set-up connects to every survivor, then fails on this rank
+    real = route.connect
+    def connect(*args, **kwargs):
+        route.connect = real
+        real(*args, **kwargs).close()
+        raise RendezvousError("connected, then failed")
+    route.connect = connect
+comm.allreduce(np.ones(4))
+"""
+    + SHRINK_TWICE
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_set_up_that_fails_on_one_survivor_fails_the_shrink_on_every_survivor(
+    server: TCPStoreServer, tmp_path: Path, transport: str
+) -> None:
+    """Note [survivors connect, then agree]: rank 2's set-up failed once every connection
+    was made; ranks 0 and 1 returned a communicator that included it, closed the old one,
+    and rank 2's second shrink on that one was left alone."""
+    procs = start_ranks(CONNECTS_THEN_FAILS, 3, tmp_path, plait_env(server, 3, transport))
+    results = finish(procs, timeout=100)
+    for res in results:
+        assert res is not None, finish.logs  # type: ignore[attr-defined]
+        assert res["first"] is not None, res
+        assert res["first"].startswith("RendezvousError"), res
+        assert res["took"] < 20, res
+        assert res["size"] == 3, res
+        assert res["total"] == 3.0, res
+    assert "rank(s) [2] gave up shrink" in results[0]["first"], results[0]
 
 
 BUSY_IN_C = """

@@ -103,3 +103,21 @@ def test_a_survivor_that_gave_up_is_named_by_its_number_before_the_shrink_too() 
     report_gave_up(group, 1, "rank 1: its host lost a rank")
     with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] \(rank\(s\) \[2\] before "):
         wait_ranks(group, ["addr/1"], [1], 60, me="rank 0", what="publish")
+
+
+def test_a_rank_that_set_its_key_then_died_ends_every_wait_alike() -> None:
+    """Note [a key set before a death]: rank 1 sets its key and dies between the wait's
+    look at the keys and its look at the deaths; the wait raised, while a wait of another
+    rank that looked a moment later returned (shrink's survivors parted ways)."""
+    store = MemoryStore()
+    group: Watched
+
+    def dead(ranks: object) -> dict[int, str]:
+        group.set("connected/1", b"1")  # set just before the death the look finds
+        return {1: "exited"}
+
+    group = Watched("ft/s1", store, dead, "shrink", members=[0, 2])
+    group.set("connected/0", b"1")
+    wait_ranks(
+        group, ["connected/0", "connected/1"], [0, 1], 60, me="rank 0", what="finish connecting"
+    )

@@ -31,6 +31,15 @@ Note [lost ranks]
     (a shrunk communicator's set-up: Note [survivors that die] in
     plait._liveness).
 
+Note [a key set before a death]
+    Waits of different ranks for the same keys must end alike (every survivor of a
+    shrink waits for all to have connected, and returns only if all did). A rank that
+    sets its key and then dies is seen as having set it by a wait that looks at the keys
+    afterwards, and as one that never will by a wait that looked before, then found the
+    rank dead. So a rank found dead, or given up, ends a wait only if its key is still
+    missing when looked at again after that: a key set before the death is then found,
+    and every wait ends alike.
+
 Note [ranks that gave up]
     A rank alive is not always a rank that will set a key: one whose set-up failed (its
     shared-memory join met a dead rank of its host) raises, and a rank of another host
@@ -257,7 +266,11 @@ def wait_ranks(
                 raise
         if job is not None and not (root(job).check([_COUNT]) or job.check([_COUNT])):
             continue  # nobody filed: two round trips
-        missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
+        key_of = dict(zip(ranks, keys, strict=True))
+        missing = [r for r in ranks if not store.check([key_of[r]])]
         lost = filed(store, missing)
+        # A rank may have set its key, then died, between the two looks: it did what was
+        # awaited, and a wait that saw its key would return (Note [a key set before a death]).
+        lost = {r: how for r, how in lost.items() if not store.check([key_of[r]])}
         if lost:
             raise lost_error(me, lost, what, store)
