@@ -199,3 +199,22 @@ def test_prover_refuses_a_call_no_communicator_makes() -> None:
     with pytest.raises(ValueError, match="size must be at least 1; got 0"):
         prove(get("allreduce", "ring"), 0, 3)
     prove(spec, 4, 8, root=3)
+
+
+def test_a_message_refused_for_its_after_leaves_no_trace() -> None:
+    """A send or receive told to wait for a later step raises before it numbers a message
+    or counts the schedule as one with messages: a one-sided schedule whose builder went on
+    after the error came out "mixed", and a caught error left a gap in the tags."""
+    b = builder(0, 2)
+    with pytest.raises(ValueError, match="only wait for earlier steps"):
+        b.send(1, Region(IN, 0, 4), after=[0])
+    with pytest.raises(ValueError, match="only wait for earlier steps"):
+        b.recv(1, Region(OUT, 0, 4), after=[0])
+    b.post(1)
+    sched = b.build()
+    assert not sched.mixed
+    b = builder(0, 2)
+    with pytest.raises(ValueError, match="only wait for earlier steps"):
+        b.send(1, Region(IN, 0, 4), after=[0])
+    b.send(1, Region(IN, 0, 4))
+    assert [st.tag for st in b.build().steps] == [0]

@@ -83,7 +83,14 @@ def subtree_size(vrank: int, size: int) -> int:
 
 def relative_group(root: int, size: int) -> list[int]:
     """Real rank of each tree position when vranks are counted from ``root``."""
-    return [(root + v) % size for v in range(size)]
+    return list(_relative_group(root, size))
+
+
+@functools.lru_cache(maxsize=64)
+def _relative_group(root: int, size: int) -> tuple[int, ...]:
+    """:func:`relative_group`, made once per (root, size): every rank of a call lists it
+    alike (Note [lists every rank makes] in :mod:`plait.schedule.builder`)."""
+    return tuple([(root + v) % size for v in range(size)])
 
 
 def wrap_runs(lo: int, hi: int, root: int, size: int) -> list[tuple[int, int]]:

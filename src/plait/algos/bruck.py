@@ -85,19 +85,27 @@ def contiguous(regions: Sequence[Region]) -> Region | None:
 
 
 def copy_blocks(b: Builder, pairs: Sequence[tuple[Region, Region]]) -> None:
-    """Copy every (src, dst) pair, as one copy per run where both sides continue back to back."""
-    i = 0
-    while i < len(pairs):
+    """Copy every (src, dst) pair, as one copy per run where both sides continue back to back.
+
+    A run's regions are made once, when it ends (p/2 pairs a step on thousands of ranks).
+    """
+    i, n = 0, len(pairs)
+    while i < n:
         src, dst = pairs[i]
-        i += 1
-        while i < len(pairs):
-            s, d = pairs[i]
-            if s.buf != src.buf or s.offset != src.end or d.buf != dst.buf or d.offset != dst.end:
+        src_end, dst_end = src.offset + src.count, dst.offset + dst.count
+        j = i + 1
+        while j < n:
+            s, d = pairs[j]
+            if s.buf != src.buf or s.offset != src_end or d.buf != dst.buf or d.offset != dst_end:
                 break
-            src = Region(src.buf, src.offset, src.count + s.count)
-            dst = Region(dst.buf, dst.offset, dst.count + d.count)
-            i += 1
+            src_end += s.count
+            dst_end += d.count
+            j += 1
+        if j > i + 1:
+            src = Region(src.buf, src.offset, src_end - src.offset)
+            dst = Region(dst.buf, dst.offset, dst_end - dst.offset)
         b.copy(src, dst)
+        i = j
 
 
 # -- closed-form cost (plait.algos._cost) ----------------------------------------------
@@ -149,10 +157,14 @@ def allgather(b: Builder) -> None:
     ctx = b.ctx
     p, r, k = ctx.size, ctx.rank, ctx.count
 
-    def out_block(i: int) -> Region:  # OUT block of position i
-        return b.out.sub((r + i) % p * k, k)
+    def out_runs(d: int, c: int) -> list[tuple[int, int]]:
+        """Positions [d, d+c) as runs (first position, length) whose OUT blocks lie back to
+        back: one, or two where the run wraps past rank p-1 (what :func:`copy_blocks` of
+        the c blocks one by one would merge them into, without listing them)."""
+        head = p - (r + d) % p
+        return [(d, c)] if c <= head or k == 0 else [(d, head), (d + head, c - head)]
 
-    b.copy(b.inp, out_block(0))
+    b.copy(b.inp, b.out.sub(r * k, k))
     steps = bruck_steps(p)
     if not steps:
         return
@@ -161,15 +173,13 @@ def allgather(b: Builder) -> None:
         b.copy(b.inp, work.sub(0, k))
     for j, (d, c) in enumerate(steps):
         b.send((r - d) % p, b.inp if d == 1 else work.sub(0, c * k))
-        positions = range(d, d + c)
-        direct = None
-        if j == len(steps) - 1:  # nothing is forwarded after the last step
-            direct = contiguous([out_block(i) for i in positions])
-        if direct is not None:
-            b.recv((r + d) % p, direct)
+        runs = out_runs(d, c)
+        if j == len(steps) - 1 and len(runs) == 1:  # nothing is forwarded after the last step
+            b.recv((r + d) % p, b.out.sub((r + d) % p * k, c * k))
             continue
         b.recv((r + d) % p, work.sub(d * k, c * k))
-        copy_blocks(b, [(work.sub(i * k, k), out_block(i)) for i in positions])
+        for i, n in runs:
+            b.copy(work.sub(i * k, n * k), b.out.sub((r + i) % p * k, n * k))
 
 
 @register("alltoall", "bruck", in_place=False)

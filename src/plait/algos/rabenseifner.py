@@ -46,6 +46,7 @@ A reduce to root 0 at p=6 gathers at real rank 1 (vrank 0) and forwards to 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from plait.algos._cost import Cost, lg
@@ -65,6 +66,8 @@ __all__ = [
     "halving_plan",
     "halving_reduce_scatter",
     "hypercube_gather",
+    "span_regions",
+    "virtual_group",
 ]
 
 #: A half-open range ``[lo, hi)`` of virtual-rank blocks.
@@ -213,18 +216,32 @@ def hypercube_gather(
             _recv(b, group[pv], _span(regions, window), segment)
 
 
-def _virtual_group(size: int) -> list[int]:
-    return [unfold(j, size) for j in range(pof2_floor(size))]
+@functools.lru_cache(maxsize=64)
+def virtual_group(size: int) -> tuple[int, ...]:
+    """The real rank of each virtual rank of a folded group (the same on every rank: made
+    once per size, Note [lists every rank makes] in :mod:`plait.schedule.builder`)."""
+    return tuple([unfold(j, size) for j in range(pof2_floor(size))])
 
 
-def _blocks(region: Region, parts: int) -> list[Region]:
-    return [region.sub(o, n) for o, n in blocks(region.count, parts)]
+@functools.lru_cache(maxsize=64)
+def _blocks(region: Region, parts: int) -> tuple[Region, ...]:
+    """``region`` cut into ``parts`` blocks (made once per region and parts)."""
+    return tuple([region.sub(o, n) for o, n in blocks(region.count, parts)])
+
+
+@functools.lru_cache(maxsize=64)
+def span_regions(region: Region, size: int, block: int) -> tuple[Region, ...]:
+    """Per virtual rank of ``size`` folded ranks, the part of ``region`` (``block`` elements
+    per real rank) that the real ranks it speaks for own (:func:`fold_spans`; made once)."""
+    return tuple([region.sub(lo * block, (hi - lo) * block) for lo, hi in fold_spans(size)])
 
 
 # -- registered builders ------------------------------------------------------------
 
 
-def _fold_and_halve(b: Builder, work: Region, v: int) -> tuple[list[int], list[Region], bool]:
+def _fold_and_halve(
+    b: Builder, work: Region, v: int
+) -> tuple[Sequence[int], Sequence[Region], bool]:
     """The common first half of both algorithms, for a participating rank (virtual rank ``v``).
 
     Copies IN into ``work``, folds in the even neighbour's vector if this rank
@@ -238,7 +255,7 @@ def _fold_and_halve(b: Builder, work: Region, v: int) -> tuple[list[int], list[R
     folded = r < 2 * (p - pof2_floor(p))
     if folded:
         _recv_reduce(b, r - 1, work, seg, recv_first=True)
-    group = _virtual_group(p)
+    group = virtual_group(p)
     regions = _blocks(work, len(group))
     halving_reduce_scatter(b, group, v, regions, seg)
     return group, regions, folded

@@ -44,8 +44,8 @@ from __future__ import annotations
 
 from plait.algos._cost import Cost
 from plait.algos._registry import register
-from plait.algos.rabenseifner import fold_spans, halving_reduce_scatter
-from plait.algos.topology import fold, pof2_floor, unfold
+from plait.algos.rabenseifner import halving_reduce_scatter, span_regions, virtual_group
+from plait.algos.topology import fold, pof2_floor
 from plait.schedule.builder import Builder, segments
 
 __all__: list[str] = []
@@ -117,8 +117,8 @@ def reduce_scatter(b: Builder) -> None:
     if folded:
         for s in segments(work, seg):
             b.recv_reduce(r - 1, s, recv_first=True)
-    group = [unfold(j, p) for j in range(pof2_floor(p))]
-    regions = [work.sub(lo * k, (hi - lo) * k) for lo, hi in fold_spans(p)]
+    group = virtual_group(p)
+    regions = span_regions(work, p, k)
     halving_reduce_scatter(b, group, v, regions, seg)
     if folded:
         for s in segments(work.sub((r - 1) * k, k), seg):

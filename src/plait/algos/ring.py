@@ -41,19 +41,15 @@ def ring_reduce_scatter(
     p = len(group)
     nxt, prv = group[(me + 1) % p], group[(me - 1) % p]
     for s in range(p - 1):
-        out_chunk = chunks[(me - s - 1) % p]
-        in_chunk = chunks[(me - s - 2) % p]
-        for seg_out, seg_in in zip(
-            segments(out_chunk, segment), segments(in_chunk, segment), strict=False
-        ):
+        outs = segments(chunks[(me - s - 1) % p], segment)
+        ins = segments(chunks[(me - s - 2) % p], segment)
+        for seg_out, seg_in in zip(outs, ins, strict=False):
             b.send(nxt, seg_out)
             b.recv_reduce(prv, seg_in, recv_first=True)
         # Chunks may differ in length by one element, hence in segment count.
-        n_out = len(segments(out_chunk, segment))
-        n_in = len(segments(in_chunk, segment))
-        for seg in segments(out_chunk, segment)[n_in:]:
+        for seg in outs[len(ins) :]:
             b.send(nxt, seg)
-        for seg in segments(in_chunk, segment)[n_out:]:
+        for seg in ins[len(outs) :]:
             b.recv_reduce(prv, seg, recv_first=True)
 
 

@@ -17,11 +17,13 @@ but only records steps. The builder:
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from plait.collectives import get as _collective
+from plait.schedule.cuts import MOST_SEGMENTS, blocks, segments
+from plait.schedule.hazards import Hazards
 from plait.schedule.ir import (
     IN,
     OUT,
@@ -32,7 +34,6 @@ from plait.schedule.ir import (
     Schedule,
     Step,
     StepKind,
-    uses_window,
 )
 
 __all__ = ["Builder", "Context", "Fabric", "HostLayout"]
@@ -220,59 +221,27 @@ class Context:
         return _collective(self.collective).even_counts(self.size, self.count)
 
 
-class _Hazards:
-    """Per buffer, disjoint intervals with their last writer and the readers since.
-
-    An access to [start, end) depends on the last writer of every piece it
-    overlaps and, if it writes, on the readers since. Pieces are kept sorted, so
-    each access costs a bisection plus the pieces it touches.
-    """
-
-    __slots__ = ("ends", "readers", "starts", "writer")
-
-    _END = 1 << 62
-
-    def __init__(self) -> None:
-        self.starts: list[int] = [0]
-        self.ends: list[int] = [self._END]
-        self.writer: list[int] = [-1]
-        self.readers: list[list[int]] = [[]]
-
-    def _split(self, x: int) -> None:
-        i = bisect.bisect_right(self.starts, x) - 1
-        if self.starts[i] < x < self.ends[i]:
-            self.starts.insert(i + 1, x)
-            self.ends.insert(i + 1, self.ends[i])
-            self.writer.insert(i + 1, self.writer[i])
-            self.readers.insert(i + 1, list(self.readers[i]))
-            self.ends[i] = x
-
-    def deps(self, start: int, end: int, write: bool, out: set[int]) -> None:
-        self._split(start)
-        self._split(end)
-        i = bisect.bisect_left(self.starts, start)
-        j = bisect.bisect_left(self.starts, end)
-        for k in range(i, j):
-            if self.writer[k] >= 0:
-                out.add(self.writer[k])
-            if write:
-                out.update(self.readers[k])
-
-    def record(self, start: int, end: int, index: int, write: bool) -> None:
-        i = bisect.bisect_left(self.starts, start)
-        j = bisect.bisect_left(self.starts, end)
-        if write:
-            self.starts[i:j] = [start]
-            self.ends[i:j] = [end]
-            self.writer[i:j] = [index]
-            self.readers[i:j] = [[]]
-        else:
-            for k in range(i, j):
-                self.readers[k].append(index)
+#: One recorded step, as :class:`Step`'s fields in order: (kind, peer, src, dst, first,
+#: tag, deps). The builder keeps these and makes the :class:`Step` objects once, in
+#: :meth:`Builder.build` (Note [recorded rows]).
+Row = tuple[StepKind, int, "Region | None", "Region | None", bool, int, tuple[int, ...]]
 
 
 class Builder:
-    """Records one rank's steps; see the module docstring."""
+    """Records one rank's steps; see the module docstring.
+
+    Note [recorded rows]
+    ~~~~~~~~~~~~~~~~~~~~
+    A step is recorded as a plain tuple of :class:`Step`'s fields (a :data:`Row`),
+    with its dependencies already derived, and becomes a :class:`Step` only in
+    :meth:`build`: a frozen dataclass costs about a microsecond to make, more
+    than the tuple and its hazards together, and the simulator, which builds
+    every rank's schedule of a thousand-rank call, reads the same rows as flat
+    columns (:meth:`columns`) without making the objects at all. The rows are
+    the schedule: :meth:`build` turns exactly them into its steps, and
+    :meth:`columns` is what :mod:`plait.sim.program` would read off those steps
+    (``tests/unit/test_schedule_scale.py`` holds the two to each other).
+    """
 
     def __init__(self, ctx: Context, in_count: int, out_count: int) -> None:
         self.ctx = ctx
@@ -281,29 +250,33 @@ class Builder:
         self._participants = ctx.participants
         self._in_count = in_count
         self._out_count = out_count
+        self._inp = Region(IN, 0, in_count)
+        self._out = Region(OUT, 0, out_count)
         self._tmp_count = 0
         self._shared_count = 0
         self._phase = 0  # the last phase posted
-        self._steps: list[Step] = []
+        self._rows: list[Row] = []
         self._sent: dict[int, int] = {}
         self._received: dict[int, int] = {}
-        self._hazards = (_Hazards(), _Hazards(), _Hazards(), _Hazards())
+        self._hazards = (Hazards(), Hazards(), Hazards(), Hazards())
+        self._one_sided_steps = False  # whether a POST, GET, GET_REDUCE or WAIT was recorded
+        self._messages = False  # whether a SEND, RECV or RECV_REDUCE was recorded
 
     @property
     def recorded(self) -> int:
         """How many steps have been recorded so far."""
-        return len(self._steps)
+        return len(self._rows)
 
     # -- regions ---------------------------------------------------------------
     @property
     def inp(self) -> Region:
-        """The whole input buffer."""
-        return Region(IN, 0, self._in_count)
+        """The whole input buffer (one region, made once: regions are immutable)."""
+        return self._inp
 
     @property
     def out(self) -> Region:
-        """The whole output buffer."""
-        return Region(OUT, 0, self._out_count)
+        """The whole output buffer (one region, made once)."""
+        return self._out
 
     def scratch(self, count: int) -> Region:
         """A fresh scratch region of ``count`` elements, disjoint from all others."""
@@ -338,19 +311,36 @@ class Builder:
         """
         if src.count == 0:
             return -1
-        self._check_peer(peer)
-        _no_window(self.rank, src)
-        tag = self._sent.get(peer, 0)
-        self._sent[peer] = tag + 1
-        return self._add(Step(StepKind.SEND, peer, src=src, tag=tag), (src,), (), after)
+        if not 0 <= peer < self._participants or peer == self.rank:
+            self._check_peer(peer)
+        if src.buf == SHARED:
+            _no_window(self.rank, src)
+        rows = self._rows
+        index = len(rows)
+        deps = self._after(after, index) if after else []  # checked before anything changes
+        sent = self._sent
+        tag = sent.get(peer, 0)
+        sent[peer] = tag + 1
+        self._messages = True
+        start = src.offset
+        end = start + src.count
+        hazards = self._hazards[src.buf]
+        one = hazards.piece.get(start)
+        if one is not None and one[0] == end and not after:  # Note [hazard pieces]
+            one[2].append(index)
+            rows.append((_SEND, peer, src, None, False, tag, (one[1],) if one[1] >= 0 else ()))
+            return index
+        hazards.read(start, end, index, deps)
+        rows.append((_SEND, peer, src, None, False, tag, _sorted(deps)))
+        return index
 
     def messages(self) -> list[int]:
         """The indices of the sends and receives recorded so far (for an ``after``)."""
-        return [i for i, s in enumerate(self._steps) if s.kind in _MESSAGES]
+        return [i for i, row in enumerate(self._rows) if row[0] in _MESSAGES]
 
     def recv(self, peer: int, dst: Region, *, after: Sequence[int] = ()) -> int:
         """Receive from ``peer`` into ``dst``; ``after`` as for :meth:`send`."""
-        return self._recv(StepKind.RECV, peer, dst, first=False, after=after)
+        return self._recv(_RECV, peer, dst, first=False, after=after)
 
     def recv_reduce(self, peer: int, dst: Region, *, recv_first: bool) -> int:
         """Receive from ``peer`` and combine: ``recv ∘ dst`` if ``recv_first`` else ``dst ∘ recv``.
@@ -359,7 +349,7 @@ class Builder:
         non-commutative ops in rank order and makes both partners of an exchange
         compute bit-identical results.
         """
-        return self._recv(StepKind.RECV_REDUCE, peer, dst, first=recv_first)
+        return self._recv(_RECV_REDUCE, peer, dst, first=recv_first)
 
     def copy(self, src: Region, dst: Region) -> int:
         """``dst = src``."""
@@ -367,7 +357,7 @@ class Builder:
             raise ValueError(f"copy of {src} into {dst}: lengths differ")
         if src.count == 0 or src == dst:
             return -1
-        return self._add(Step(StepKind.COPY, src=src, dst=dst), (src,), (dst,))
+        return self._add(StepKind.COPY, -1, src, dst, False, -1, src, dst)
 
     def reduce(self, src: Region, dst: Region, *, src_first: bool) -> int:
         """``dst = src ∘ dst`` if ``src_first`` else ``dst ∘ src``."""
@@ -375,7 +365,7 @@ class Builder:
             raise ValueError(f"reduce of {src} into {dst}: lengths differ")
         if src.count == 0:
             return -1
-        return self._add(Step(StepKind.REDUCE, src=src, dst=dst, first=src_first), (src,), (dst,))
+        return self._add(StepKind.REDUCE, -1, src, dst, src_first, -1, src, dst)
 
     # -- one-sided steps (ranks sharing an arena; see plait.schedule.ir) -----------
     def post(self, phase: int) -> int:
@@ -390,8 +380,9 @@ class Builder:
                 "phases must increase"
             )
         self._phase = phase
+        self._one_sided_steps = True
         # It reads the whole window: it follows every write to it, and writes wait for it.
-        return self._add(Step(StepKind.POST, tag=phase), (Region(SHARED, 0, _ALL),), ())
+        return self._add(StepKind.POST, -1, None, None, False, phase, _WHOLE_WINDOW, None)
 
     def get(self, peer: int, src: Region, dst: Region, phase: int) -> int:
         """``dst = peer's SHARED[src]`` once ``peer`` has posted ``phase`` (-1 if empty)."""
@@ -408,21 +399,17 @@ class Builder:
         self._check_peer(peer)
         if phase < 1:
             raise ValueError(f"rank {self.rank}: phases start at 1, got {phase}")
+        self._one_sided_steps = True
         # It reads nothing locally but orders what follows: writes to SHARED come after it.
-        return self._add(Step(StepKind.WAIT, peer, tag=phase), (Region(SHARED, 0, _ALL),), ())
+        return self._add(StepKind.WAIT, peer, None, None, False, phase, _WHOLE_WINDOW, None)
 
     def build(self) -> Schedule:
         """Freeze the recorded steps into a :class:`Schedule`."""
-        windowed = self._shared_count > 0 or any(s.kind >= StepKind.POST for s in self._steps)
-        mixed = windowed and any(s.kind in _MESSAGES for s in self._steps)
-        if mixed:
-            self._chain_windows()
-        elif windowed:
-            self._chain()
-        steps = tuple(self._steps)
-        dependents: list[list[int]] = [[] for _ in steps]
-        for i, step in enumerate(steps):
-            for d in step.deps:
+        rows = self._freeze()
+        steps = tuple([Step(*row) for row in rows])
+        dependents: list[list[int]] = [[] for _ in rows]
+        for i, row in enumerate(rows):
+            for d in row[6]:
                 dependents[d].append(i)
         return Schedule(
             rank=self.rank,
@@ -432,38 +419,73 @@ class Builder:
             out_count=self._out_count,
             tmp_count=self._tmp_count,
             dependents=tuple(tuple(d) for d in dependents),
-            n_deps=tuple(len(s.deps) for s in steps),
+            n_deps=tuple(len(row[6]) for row in rows),
             staged_count=sum(s.count for s in steps if s.kind is StepKind.RECV_REDUCE),
-            roots=tuple(i for i, s in enumerate(steps) if not s.deps),
+            roots=tuple(i for i, row in enumerate(rows) if not row[6]),
             shared_count=self._shared_count,
-            one_sided=windowed and not mixed,
-            mixed=mixed,
+            one_sided=self._windowed() and not self._mixed(),
+            mixed=self._mixed(),
             last_phase=self._phase,
         )
 
+    def columns(self) -> tuple[Sequence[Any], ...]:
+        """The recorded steps as columns: (kind, peer, tag, count, deps), one entry per step.
+
+        What :meth:`build`'s steps say, read without making them (Note [recorded
+        rows]): ``kind[i]`` is step i's :class:`StepKind`, ``count[i]`` its
+        :attr:`Step.count` and ``deps[i]`` its ``deps``. Ends the recording, as
+        :meth:`build` does.
+        """
+        rows = self._freeze()
+        if not rows:
+            return (), (), (), (), ()
+        kind, peer, src, dst, _, tag, deps = zip(*rows, strict=True)
+        count = [
+            (s if s is not None else d or _NOTHING).count for s, d in zip(src, dst, strict=True)
+        ]
+        return kind, peer, tag, count, deps
+
     # -- internals -------------------------------------------------------------
+    def _windowed(self) -> bool:
+        return self._shared_count > 0 or self._one_sided_steps
+
+    def _mixed(self) -> bool:
+        return self._windowed() and self._messages
+
+    def _freeze(self) -> list[Row]:
+        """The rows, with a one-sided or mixed schedule's window steps chained (again, if
+        called again: the chains are idempotent)."""
+        if self._mixed():
+            self._chain_windows()
+        elif self._windowed():
+            self._chain()
+        return self._rows
+
     def _get(
         self, kind: StepKind, peer: int, src: Region, dst: Region, phase: int, *, first: bool
     ) -> int:
-        if src.buf is not SHARED:
+        if src.buf != SHARED:
             raise ValueError(f"rank {self.rank}: a get reads a peer's window, not {src}")
         if src.count != dst.count:
             raise ValueError(f"get of r{peer}.{src} into {dst}: lengths differ")
-        if dst.buf is IN:
+        if dst.buf == IN:
             raise ValueError(f"rank {self.rank}: a get cannot write the input ({dst})")
         if src.count == 0:
             return -1
         self._check_peer(peer)
         if phase < 1:
             raise ValueError(f"rank {self.rank}: phases start at 1, got {phase}")
-        reads = (dst,) if kind is StepKind.GET_REDUCE else ()
-        return self._add(Step(kind, peer, src=src, dst=dst, first=first, tag=phase), reads, (dst,))
+        reads = dst if kind is StepKind.GET_REDUCE else None
+        self._one_sided_steps = True
+        return self._add(kind, peer, src, dst, first, phase, reads, dst)
 
     def _chain(self) -> None:
         """Make every step depend on the one before: a one-sided schedule runs in order."""
-        for i, step in enumerate(self._steps):
-            if i and (not step.deps or step.deps[-1] != i - 1):
-                self._steps[i] = _with_deps(step, {*step.deps, i - 1})
+        rows = self._rows
+        for i, row in enumerate(rows):
+            deps = row[6]
+            if i and (not deps or deps[-1] != i - 1):
+                rows[i] = (*row[:6], tuple(sorted({*deps, i - 1})))
 
     def _chain_windows(self) -> None:
         """Make each step that uses the window follow the one before it (Note [mixed schedules]).
@@ -471,12 +493,18 @@ class Builder:
         The window part of the call then runs in step order, as a one-sided schedule
         does; messages run beside it, ordered only by the data they share with it.
         """
+        rows = self._rows
         last = -1
-        for i, step in enumerate(self._steps):
-            if not uses_window(step):
+        for i, row in enumerate(rows):
+            src, dst = row[2], row[3]
+            if not (
+                row[0] >= StepKind.POST
+                or (src is not None and src.buf == SHARED)
+                or (dst is not None and dst.buf == SHARED)
+            ):
                 continue
-            if last >= 0 and last not in step.deps:
-                self._steps[i] = _with_deps(step, {*step.deps, last})
+            if last >= 0 and last not in row[6]:
+                rows[i] = (*row[:6], tuple(sorted({*row[6], last})))
             last = i
 
     def _recv(
@@ -484,11 +512,38 @@ class Builder:
     ) -> int:
         if dst.count == 0:
             return -1
-        self._check_peer(peer)
-        _no_window(self.rank, dst)
-        tag = self._received.get(peer, 0)
-        self._received[peer] = tag + 1
-        return self._add(Step(kind, peer, dst=dst, first=first, tag=tag), (), (dst,), after)
+        if not 0 <= peer < self._participants or peer == self.rank:
+            self._check_peer(peer)
+        if dst.buf == SHARED:
+            _no_window(self.rank, dst)
+        rows = self._rows
+        index = len(rows)
+        found = self._after(after, index) if after else []  # checked before anything changes
+        received = self._received
+        tag = received.get(peer, 0)
+        received[peer] = tag + 1
+        self._messages = True
+        start = dst.offset
+        end = start + dst.count
+        hazards = self._hazards[dst.buf]
+        one = hazards.piece.get(start)
+        if one is not None and one[0] == end and not after:  # Note [hazard pieces]
+            # The writer, then its readers since, in the order they came: sorted already.
+            deps = (one[1], *one[2]) if one[1] >= 0 else tuple(one[2])
+            one[1] = index
+            one[2] = []
+            rows.append((kind, peer, None, dst, first, tag, deps))
+            return index
+        hazards.write(start, end, index, found)
+        rows.append((kind, peer, None, dst, first, tag, _sorted(found)))
+        return index
+
+    def _after(self, after: Sequence[int], index: int) -> list[int]:
+        """The steps of ``after`` (-1s left out), all before step ``index``."""
+        deps = [i for i in after if i >= 0]
+        if any(i >= index for i in deps):
+            raise ValueError(f"rank {self.rank}: a step can only wait for earlier steps")
+        return deps
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self._participants or peer == self.rank:
@@ -496,87 +551,67 @@ class Builder:
 
     def _add(
         self,
-        step: Step,
-        reads: tuple[Region, ...],
-        writes: tuple[Region, ...],
+        kind: StepKind,
+        peer: int,
+        src: Region | None,
+        dst: Region | None,
+        first: bool,
+        tag: int,
+        read: Region | None,
+        write: Region | None,
         after: Sequence[int] = (),
     ) -> int:
-        index = len(self._steps)
-        deps: set[int] = set()
-        if after:
-            deps.update(i for i in after if i >= 0)
-            if any(i >= index for i in deps):
-                raise ValueError(f"rank {self.rank}: a step can only wait for earlier steps")
-        for r in reads:
-            self._hazards[r.buf].deps(r.offset, r.end, False, deps)
-        for w in writes:
-            self._hazards[w.buf].deps(w.offset, w.end, True, deps)
-        for r in reads:
-            if not any(r.buf == w.buf and w.offset <= r.offset and r.end <= w.end for w in writes):
-                self._hazards[r.buf].record(r.offset, r.end, index, False)
-        for w in writes:
-            self._hazards[w.buf].record(w.offset, w.end, index, True)
-        if step.deps != tuple(sorted(deps)):
-            step = Step(
-                step.kind, step.peer, step.src, step.dst, step.first, step.tag, tuple(sorted(deps))
-            )
-        self._steps.append(step)
+        """Record a step that reads ``read`` and writes ``write`` (either may be None), with
+        the dependencies its data hazards give it; returns its index. (A send and a
+        receive, which touch one region and may have an ``after``, record themselves.)"""
+        index = len(self._rows)
+        deps: list[int] = []
+        hazards = self._hazards
+        if write is None or read is None or read.buf != write.buf:
+            # Separate tables: each access is looked up and recorded on its own.
+            if read is not None:
+                hazards[read.buf].read(read.offset, read.offset + read.count, index, deps)
+            if write is not None:
+                hazards[write.buf].write(write.offset, write.offset + write.count, index, deps)
+            self._rows.append((kind, peer, src, dst, first, tag, _sorted(deps)))
+            return index
+        # One buffer: both looked up before either is recorded.
+        table = hazards[read.buf]
+        r0, r1, w0, w1 = (
+            read.offset,
+            read.offset + read.count,
+            write.offset,
+            write.offset + write.count,
+        )
+        table.deps(r0, r1, False, deps)
+        table.deps(w0, w1, True, deps)
+        if not w0 <= r0 <= r1 <= w1:  # a read within the write leaves no reader behind
+            table.record(r0, r1, index, False)
+        table.record(w0, w1, index, True)
+        self._rows.append((kind, peer, src, dst, first, tag, _sorted(deps)))
         return index
 
 
 #: The length of a region that stands for the whole window in the hazard tables.
 _ALL = 1 << 61
-_MESSAGES = (StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE)
+_WHOLE_WINDOW = Region(SHARED, 0, _ALL)
+_NOTHING = Region(IN, 0, 0)  # the "region" of a POST or WAIT: no elements
+_SEND, _RECV, _RECV_REDUCE = StepKind.SEND, StepKind.RECV, StepKind.RECV_REDUCE
+_MESSAGES = (_SEND, _RECV, _RECV_REDUCE)
+
+
+def _sorted(deps: list[int]) -> tuple[int, ...]:
+    """``deps`` without repeats, in increasing order."""
+    return tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
 
 
 def _no_window(rank: int, region: Region) -> None:
     """Messages move the caller's buffers and scratch, not the window (a copy does)."""
-    if region.buf is SHARED:
+    if region.buf == SHARED:
         raise ValueError(
             f"rank {rank}: a message cannot send from or receive into the window ({region}); "
             "copy between the window and a buffer instead"
         )
-
-
-def _with_deps(step: Step, deps: set[int]) -> Step:
-    return Step(step.kind, step.peer, step.src, step.dst, step.first, step.tag, tuple(sorted(deps)))
-
-
-def blocks(count: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``count`` elements into ``parts`` contiguous (offset, length) blocks.
-
-    The first ``count % parts`` blocks are one element longer, as in MPI's
-    ``MPI_Reduce_scatter`` conventions. Blocks may be empty when count < parts.
-
-    >>> blocks(7, 3)
-    [(0, 3), (3, 2), (5, 2)]
-    """
-    base, extra = divmod(count, parts)
-    out = []
-    offset = 0
-    for i in range(parts):
-        n = base + (1 if i < extra else 0)
-        out.append((offset, n))
-        offset += n
-    return out
-
-
-#: Most segments one region is cut into: a longer region gets longer segments. A schedule's
-#: size then never grows with the element count alone: an uneven call whose counts claim a
-#: peer's rows by the trillion (a mistake; the peer refuses them) built its steps one by one,
-#: a core busy and memory growing, before any byte could move.
-MOST_SEGMENTS = 4096
-
-
-def segments(region: Region, segment: int) -> list[Region]:
-    """Split ``region`` into pipelining segments of at most ``segment`` elements (0: one),
-    and at most :data:`MOST_SEGMENTS` of them (alike on both sides of a message: they cut
-    regions of one size with one ``segment``)."""
-    n = region.count
-    if segment <= 0 or n <= segment:
-        return [region]
-    segment = max(segment, -(-n // MOST_SEGMENTS))
-    return [region.sub(o, min(segment, n - o)) for o in range(0, n, segment)]
 
 
 def exchange(
@@ -615,13 +650,22 @@ def record(build: Callable[[Builder], None], ctx: Context) -> Schedule:
     caches the result per (algorithm, context), :func:`plait.schedule.symbolic.prove`
     calls this directly.
     """
+    return _recorded(build, ctx).build()
+
+
+def record_columns(build: Callable[[Builder], None], ctx: Context) -> tuple[Sequence[Any], ...]:
+    """What :func:`record` records, as :meth:`Builder.columns` (no ``Step`` objects made)."""
+    return _recorded(build, ctx).columns()
+
+
+def _recorded(build: Callable[[Builder], None], ctx: Context) -> Builder:
     in_count, out_count = _collective(ctx.collective).buffer_counts(
         ctx.size, ctx.count, ctx.rank, ctx.root, ctx.counts
     )
     builder = Builder(ctx, in_count, out_count)
     build(builder)
-    return builder.build()
+    return builder
 
 
-__all__ += ["blocks", "exchange", "record", "segments"]
+__all__ += ["MOST_SEGMENTS", "blocks", "exchange", "record", "record_columns", "segments"]
 _ = Buf  # re-exported for builders that annotate buffers

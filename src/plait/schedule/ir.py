@@ -123,13 +123,28 @@ class StepKind(enum.IntEnum):
 ONE_SIDED = frozenset((StepKind.POST, StepKind.GET, StepKind.GET_REDUCE, StepKind.WAIT))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Region:
-    """``count`` elements of ``buf`` starting at element ``offset``."""
+    """``count`` elements of ``buf`` starting at element ``offset``.
+
+    Note [frozen fields set directly]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    :class:`Region` and :class:`Step` are frozen dataclasses whose ``__init__``
+    is written out: it stores each field through its slot's descriptor, which
+    is what the generated one does through ``object.__setattr__`` by name, at
+    two thirds of the cost. A thousand-rank schedule makes millions of them.
+    The classes are otherwise the generated ones (equality, hash, repr,
+    frozen), and immutable, so one region may serve many steps and ranks.
+    """
 
     buf: Buf
     offset: int
     count: int
+
+    def __init__(self, buf: Buf, offset: int, count: int) -> None:
+        _set_buf(self, buf)
+        _set_offset(self, offset)
+        _set_count(self, count)
 
     @property
     def end(self) -> int:
@@ -140,13 +155,17 @@ class Region:
         """The region ``count`` elements long at ``offset`` relative to this one."""
         if offset < 0 or count < 0 or offset + count > self.count:
             raise IndexError(f"sub-region [{offset}, {offset + count}) outside {self}")
-        return Region(self.buf, self.offset + offset, count)
+        region = _new(Region)  # Region(...) without the call through the type
+        _set_buf(region, self.buf)
+        _set_offset(region, self.offset + offset)
+        _set_count(region, count)
+        return region
 
     def __repr__(self) -> str:
         return f"{self.buf.name}[{self.offset}:{self.offset + self.count}]"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Step:
     """One step of one rank's schedule (see the module docstring)."""
 
@@ -157,6 +176,24 @@ class Step:
     first: bool = False
     tag: int = -1
     deps: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        kind: StepKind,
+        peer: int = -1,
+        src: Region | None = None,
+        dst: Region | None = None,
+        first: bool = False,
+        tag: int = -1,
+        deps: tuple[int, ...] = (),
+    ) -> None:  # Note [frozen fields set directly]
+        _set_kind(self, kind)
+        _set_peer(self, peer)
+        _set_src(self, src)
+        _set_dst(self, dst)
+        _set_first(self, first)
+        _set_tag(self, tag)
+        _set_deps(self, deps)
 
     @property
     def count(self) -> int:
@@ -188,6 +225,15 @@ class Step:
             order = "src∘dst" if self.first else "dst∘src"
             body = f"reduce {self.src} -> {self.dst} ({order})"
         return f"<{body} deps={list(self.deps)}>"
+
+
+_new = object.__new__
+_set_buf, _set_offset, _set_count = (
+    vars(Region)[name].__set__ for name in ("buf", "offset", "count")
+)
+_set_kind, _set_peer, _set_src, _set_dst, _set_first, _set_tag, _set_deps = (
+    vars(Step)[name].__set__ for name in ("kind", "peer", "src", "dst", "first", "tag", "deps")
+)
 
 
 @dataclass(frozen=True, slots=True)

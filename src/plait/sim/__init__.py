@@ -62,20 +62,21 @@ and :mod:`plait.sim.topologies` (the modelled networks),
 Run time
 --------
 Measured on the 2-core machine this repository is tested on (timing only,
-flat network, 16 MiB, one segment, ``PLAIT_SIM_SCALE=full pytest
-tests/sim/test_scale.py``; the machine is shared, and with other jobs running
-the build took up to twice as long):
+flat network, 64 MiB, ``PLAIT_SIM_SCALE=full pytest -s tests/sim/test_scale.py``;
+the machine is shared, and with other jobs running a run took up to twice
+as long):
 
 ======================  ======  ==========  ======  ======  =====
 allreduce               ranks   steps       build   engine  total
 ======================  ======  ==========  ======  ======  =====
-ring                    1,024   4,191,232   22 s    8 s     30 s
-recursive_doubling      16,384  475,136     2 s     2 s     4 s
-swing                   16,384  933,888     29 s    5 s     34 s
-double_binary_tree      16,384  147,448     1 s     1 s     2 s
+ring                    1,024   4,191,232   5 s     5 s     10 s
+recursive_doubling      16,384  475,136     0.5 s   1 s     1.5 s
+swing                   16,384  933,888     3 s     2.5 s   6 s
+rabenseifner            16,384  933,888     2 s     2 s     4 s
+double_binary_tree      16,384  147,448     0.5 s   0.5 s   1 s
 ======================  ======  ==========  ======  ======  =====
 
-*Engine*: linear in the number of steps, about 2 µs per step (4 µs where every
+*Engine*: linear in the number of steps, about 1 µs per step (2 µs where every
 message goes to a new pair of ranks, as in recursive doubling) and flat from
 10^5 to 4·10^6 steps, because steps are numbered so that those handled at the
 same instant sit together in memory and events of one instant share one
@@ -84,13 +85,20 @@ flows whose share may change: none beyond the new ones when flows do not share
 links (flat, rings, tori with nearest-neighbour traffic); with max-min sharing
 on contended links, the whole group of flows connected through shared links,
 so heavily contended networks with unsynchronised flows grow towards
-quadratic in the number of concurrent flows (``sharing="equal"`` stays local).
+quadratic in the number of concurrent flows (``sharing="equal"`` stays local;
+:mod:`plait.sim.sharing` finds the shares).
 
-*Build*: plait's builder costs about 5-10 µs per step, plus, for Swing, O(p) per
-rank (it lists all p blocks on every rank: 2 ms per rank at 16,384 ranks, 33 s
-of the build), and Rabenseifner even more (12 ms per rank, about 200 s at
-16,384). Ranks are built in forked worker processes on every core for jobs
-of 512 ranks and more (:func:`plait.sim.program.build_program`), and the
+*Build*: about 1 µs per step, whatever the number of ranks. A step is recorded
+as a row of its fields and read by the engine as columns, never made into an
+object (Note [recorded rows] in :mod:`plait.schedule.builder`); its
+dependencies are found by looking up the pieces of memory it touches, most
+often exactly one (Note [hazard pieces] in :mod:`plait.schedule.hazards`);
+and what every rank lists alike about the call (the p blocks of the vector, a
+folded group's virtual ranks) is made once, not once per rank (Note [lists
+every rank makes] in :mod:`plait.schedule.cuts`). Before these, ring on
+1,024 ranks took 22 s to build, Swing 29 s and Rabenseifner about 200 s on
+16,384 ranks. Ranks are built in forked worker processes on every core for
+jobs of 512 ranks and more (:func:`plait.sim.program.build_program`), and the
 garbage collector is paused while building and simulating (twice as fast).
 """
 

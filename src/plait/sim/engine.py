@@ -29,9 +29,10 @@ at a rate that the network assigns, and arrives its path's latency after its
 last byte left. A send finishes when its message has arrived (delivery, as a
 network completion reports it), which is also when its receive may finish.
 Each link's bandwidth is shared among the flows on it, recomputed whenever a
-flow starts or ends: ``"maxmin"`` (default) is max-min fair sharing over the
-links that interact (progressive filling), ``"equal"`` gives each flow the
-smallest equal share of its links (cheaper and local, not work-conserving).
+flow starts or ends (:mod:`plait.sim.sharing`): ``"maxmin"`` (default) is
+max-min fair sharing over the links that interact (progressive filling),
+``"equal"`` gives each flow the smallest equal share of its links (cheaper and
+local, not work-conserving).
 Events at the same instant are handled as a batch, so the rates are
 recomputed once per instant however many flows start or end in it.
 
@@ -70,6 +71,7 @@ from plait.sim.program import RECV as _RECV
 from plait.sim.program import RECV_REDUCE as _RECV_REDUCE
 from plait.sim.program import SEND as _SEND
 from plait.sim.program import Program, compile_schedules, describe, no_gc
+from plait.sim.sharing import shares
 
 __all__ = ["Data", "Outcome", "StepRecord", "run", "run_schedules"]
 
@@ -209,17 +211,20 @@ class _Sim:
         self.link_flows: list[set[int]] = [set() for _ in range(net.n_links)]
         self.posted = bytearray(self.n)
         self.arrived = bytearray(self.n)
-        # route key (src * p + dst) -> (links that limit bandwidth, latency, all links)
-        self.routes: dict[int, tuple[tuple[int, ...], float, tuple[int, ...]]] = {}
+        # route key (src * p + dst) -> (links that limit bandwidth, latency, all links, the
+        # rate of a flow alone on them)
+        self.routes: dict[int, tuple[tuple[int, ...], float, tuple[int, ...], float]] = {}
         self.route_bytes: dict[int, int] = {}
         self.shared: OneSided | None = None
 
-    def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, tuple[int, ...]]:
-        """(links that limit bandwidth, total latency, all links) from rank src to rank dst."""
+    def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, tuple[int, ...], float]:
+        """(links that limit bandwidth, total latency, all links, the rate of a flow alone on
+        them: its slowest link's speed or its own limit) from rank src to rank dst."""
         path = self.net.route(src, dst)
         cap = self.cap
         limited = path if self.all_finite else tuple([i for i in path if cap[i] != math.inf])
-        return limited, self.net.message_alpha + sum(map(self.lat.__getitem__, path)), path
+        alone = min(min(map(cap.__getitem__, limited)), self.flow_cap) if limited else math.inf
+        return limited, self.net.message_alpha + sum(map(self.lat.__getitem__, path)), path, alone
 
     # -- the event loop ----------------------------------------------------------------
     def loop(self) -> None:
@@ -247,7 +252,8 @@ class _Sim:
         busy = [0.0] * p  # when each rank's local work queue drains
         posted = self.posted  # receive: its dependencies are done
         arrived = self.arrived  # receive: its message has arrived
-        # Per flow: [bytes left, at time, rate, links, latency, send step, end, channel].
+        # Per flow: [bytes left, at time, rate, links, latency, send step, end, channel,
+        # rate alone].
         flows: list[list[Any]] = []
         self.flows = flows
         # Messages from a to b go one after another (one ordered channel per pair, as
@@ -300,7 +306,7 @@ class _Sim:
                     else:
                         route_bytes[key] += nbytes[g]
                     f = len(flows)
-                    flows.append([nbytes[g], t, 0.0, route[0], route[1], g, 0.0, key])
+                    flows.append([nbytes[g], t, 0.0, route[0], route[1], g, 0.0, key, route[3]])
                     if not route[0]:  # shares no link: its own speed limit, in channel order
                         start = channel_free.get(key, t)
                         if start < t:
@@ -480,57 +486,10 @@ class _Sim:
         calendar: dict[float, list[int]],
     ) -> None:
         """Give every flow whose share may have changed at ``t`` its new rate and finish time."""
-        link_flows, cap, flows = self.link_flows, self.cap, self.flows
-        flow_cap = self.flow_cap
-        rates: dict[int, float] = {}
-        for f in new_flows:
-            for i in flows[f][3]:
-                link_flows[i].add(f)
-        for f in new_flows:
-            links = flows[f][3]
-            for i in links:
-                if len(link_flows[i]) != 1:
-                    dirty.update(links)
-                    break
-            else:  # alone on every link it crosses: its slowest link's speed
-                rates[f] = min(min([cap[i] for i in links]), flow_cap)
-        if not dirty:
-            pass
-        elif not self.maxmin:
-            for i in dirty:
-                for f in link_flows[i]:
-                    if f not in rates:
-                        share = min([cap[j] / len(link_flows[j]) for j in flows[f][3]])
-                        rates[f] = min(share, flow_cap)
-        else:
-            seen_links: set[int] = set()
-            for i in dirty:
-                if i in seen_links or not link_flows[i]:
-                    continue
-                # The group of flows connected to link i through shared links.
-                comp_links = [i]
-                seen_links.add(i)
-                comp_flows: list[int] = []
-                seen_here: set[int] = set()
-                k = 0
-                while k < len(comp_links):
-                    for f in link_flows[comp_links[k]]:
-                        if f in seen_here:
-                            continue
-                        seen_here.add(f)
-                        comp_flows.append(f)
-                        for j in flows[f][3]:
-                            if j not in seen_links:
-                                seen_links.add(j)
-                                comp_links.append(j)
-                    k += 1
-                if len(comp_flows) == 1:
-                    f = comp_flows[0]
-                    rates[f] = min(min([cap[j] for j in flows[f][3]]), flow_cap)
-                else:
-                    _progressive_fill(
-                        comp_links, comp_flows, link_flows, cap, flows, flow_cap, rates
-                    )
+        flows = self.flows
+        rates = shares(
+            dirty, new_flows, flows, self.link_flows, self.cap, self.flow_cap, self.maxmin
+        )
         for f, rate in rates.items():
             flow = flows[f]
             old = flow[2]
@@ -649,49 +608,3 @@ class _Sim:
             records=records,
             buffers=self.data.buffers if self.data is not None else None,
         )
-
-
-def _progressive_fill(
-    links: list[int],
-    members: list[int],
-    link_flows: list[set[int]],
-    cap: list[float],
-    flows: list[list[Any]],
-    flow_cap: float,
-    rates: dict[int, float],
-) -> None:
-    """Max-min fair rates for ``members`` (all flows on ``links``), written into ``rates``.
-
-    Repeatedly take the link whose remaining capacity per unfixed flow is the
-    smallest, fix its unfixed flows at that share, and take the share off the
-    other links they cross. Once that share reaches ``flow_cap`` (every flow's
-    own limit), all flows still unfixed run at ``flow_cap``.
-    """
-    room = {i: cap[i] for i in links}
-    count = {i: len(link_flows[i]) for i in links}
-    version = dict.fromkeys(links, 0)
-    heap = [(room[i] / count[i], 0, i) for i in links]
-    heapq.heapify(heap)
-    fixed: set[int] = set()
-    while heap:
-        share, ver, i = heapq.heappop(heap)
-        if ver != version[i] or count[i] == 0:
-            continue
-        if share >= flow_cap:
-            break
-        for f in link_flows[i]:
-            if f in fixed:
-                continue
-            fixed.add(f)
-            rates[f] = share
-            for j in flows[f][3]:
-                count[j] -= 1
-                room[j] -= share
-                if j != i and count[j]:
-                    version[j] += 1
-                    left = room[j] if room[j] > 0.0 else 0.0
-                    heapq.heappush(heap, (left / count[j], version[j], j))
-        count[i] = 0
-    for f in members:
-        if f not in fixed:  # limited by its own cap before any link's share
-            rates[f] = flow_cap

@@ -9,11 +9,13 @@ of its matching receive. Matching is the executor's rule (the k-th send from
 a to b meets the k-th receive at b from a, i.e. equal ``tag``) and is done
 with one sort of integer keys.
 
-It is built from :class:`~plait.schedule.ir.Schedule` objects, or, for big
-jobs, from per-rank arrays made in worker processes
-(:func:`build_program`): building the schedules of 16,384 ranks costs more
-than simulating them, and worker processes run the builder on every core
-without shipping ``Step`` objects back.
+It is built from :class:`~plait.schedule.ir.Schedule` objects (to move
+real data, or schedules made by hand), or from what the builder recorded, read
+as columns (:meth:`~plait.schedule.builder.Builder.columns`: the same steps,
+without making a ``Step`` object for each; Note [recorded rows]), by
+:func:`build_program`; for big jobs in worker processes, since building the
+schedules of thousands of ranks costs as much as simulating them: the workers
+run the builder on every core and send back arrays.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from plait.algos._registry import build_schedule, get
-from plait.schedule.builder import Context, Fabric, HostLayout
+from plait.algos._registry import AlgorithmSpec, build_schedule, get
+from plait.schedule.builder import Context, Fabric, HostLayout, record_columns
 from plait.schedule.ir import Buf, Region, Schedule, StepKind
 
 __all__ = ["Program", "build_program", "compile_schedules", "describe", "no_gc"]
@@ -124,6 +126,39 @@ def _pack(parts: list[tuple[list[int], ...]]) -> tuple[np.ndarray, ...]:
         for c, dt in zip(cols, dtypes, strict=True)
     )
     return (*out, np.array([len(k) for k in cols[0]], dtype=np.int64))
+
+
+def _pack_columns(parts: list[tuple[Sequence[Any], ...]]) -> tuple[np.ndarray, ...]:
+    """:func:`_pack` of ranks recorded as :meth:`Builder.columns`: (kind, peer, tag, count,
+    deps) per rank, the dependents derived here (Note [recorded rows] in
+    :mod:`plait.schedule.builder`).
+
+    A step's dependents are the later steps that list it in their ``deps``, in
+    increasing order, as :meth:`Builder.build` derives them: a stable sort of
+    the (dependency, step) pairs by dependency, which keeps the steps in order.
+    """
+    lengths = np.array([len(c[0]) for c in parts], dtype=np.int64)
+    n = int(lengths.sum())
+
+    def flat(i: int, dtype: type) -> np.ndarray:
+        return np.fromiter(chain.from_iterable(c[i] for c in parts), dtype=dtype, count=n)
+
+    deps = [c[4] for c in parts]
+    n_deps = np.fromiter(chain.from_iterable(map(len, d) for d in deps), np.int32, count=n)
+    edges = int(n_deps.sum())
+    dep_of = np.fromiter(  # each pair's dependency, as the rank's own step index
+        chain.from_iterable(chain.from_iterable(d) for d in deps), np.int64, count=edges
+    )
+    base = np.zeros(len(parts), dtype=np.int64)  # each rank's first step, counting all ranks
+    np.cumsum(lengths[:-1], out=base[1:])
+    step = np.repeat(np.arange(n, dtype=np.int64), n_deps)  # each pair's dependent step
+    rank_base = np.repeat(np.repeat(base, lengths), n_deps)
+    order = np.argsort(dep_of + rank_base, kind="stable")
+    dep_len = np.bincount(dep_of + rank_base, minlength=n).astype(np.int32)
+    dep_loc = (step[order] - rank_base[order]).astype(np.int32)
+    kind = np.fromiter(map(int, chain.from_iterable(c[0] for c in parts)), np.int8, count=n)
+    peer, tag, count = flat(1, np.int32), flat(2, np.int32), flat(3, np.int64)
+    return kind, peer, tag, count, n_deps, dep_len, dep_loc, lengths
 
 
 def _assemble(
@@ -253,7 +288,7 @@ def compile_schedules(schedules: Sequence[Schedule], itemsize: int) -> Program:
 
 
 def _build_chunk(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
-    """Worker: build ranks ``lo..hi-1`` and return their arrays (never the Step objects)."""
+    """Worker: record ranks ``lo..hi-1`` and return their arrays."""
     (
         collective,
         algorithm,
@@ -286,9 +321,14 @@ def _build_chunk(args: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
         counts,
         window,
     )
-    build = build_schedule.__wrapped__  # no cache: each schedule is used once
     with no_gc():
-        return _pack([_rank_arrays(build(spec, ctx.with_rank(r))) for r in range(lo, hi)])
+        return _record(spec, ctx, lo, hi)
+
+
+def _record(spec: AlgorithmSpec, ctx: Context, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+    """Ranks ``lo..hi-1`` of ``ctx``'s call recorded as columns (no ``Step`` objects; each
+    schedule is used once, so no cache either), packed."""
+    return _pack_columns([record_columns(spec.build, ctx.with_rank(r)) for r in range(lo, hi)])
 
 
 #: Jobs with at least this many ranks are built in worker processes (when allowed).
@@ -329,9 +369,11 @@ def build_program(
     With ``workers > 1`` (default: :func:`default_workers` for jobs of at least
     :data:`PARALLEL_RANKS` ranks) the ranks are split among forked worker
     processes; a process that runs other threads builds here instead, since
-    forking it could deadlock the children. ``keep_schedules`` (needed to move
-    real data) builds here, through the builder's cache, and keeps the
-    schedule objects. With a ``fabric`` its switches get schedules too, after the ranks.
+    forking it could deadlock the children. Either way the ranks are recorded as
+    columns, without ``Step`` objects, unless ``keep_schedules`` (needed to move
+    real data): then they are built here, through the builder's cache, and the
+    program keeps the schedule objects. With a ``fabric`` its switches get
+    schedules too, after the ranks.
     ``counts``: an uneven collective's per-rank counts (``Context.counts``);
     ``window``: the bytes of shared window each rank may use (``Context.window``).
     """
@@ -355,13 +397,13 @@ def build_program(
         workers = default_workers() if p >= PARALLEL_RANKS else 1
     elif workers > 1 and default_workers() == 1:
         workers = 1
-    if keep_schedules or workers <= 1 or n < 2 * workers:
+    if keep_schedules:
         with no_gc():
             schedules = [build_schedule(spec, ctx.with_rank(r)) for r in range(n)]
-            program = compile_schedules(schedules, itemsize)
-        if not keep_schedules:
-            program.schedules = None
-        return program
+            return compile_schedules(schedules, itemsize)
+    if workers <= 1 or n < 2 * workers:
+        with no_gc():
+            return _assemble(n, [_record(spec, ctx, 0, n)], itemsize, None)
     host_tuple = hosts.hosts if hosts is not None else None
     chunks = 4 * workers  # smaller pieces balance ranks whose schedules differ in length
     bounds = [n * i // chunks for i in range(chunks + 1)]
