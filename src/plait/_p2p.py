@@ -65,9 +65,11 @@ from plait._p2p_request import (
     raise_dumped,
     wait_all,
     wait_any,
+    wait_crossing,
 )
 from plait.errors import CommError, CommTimeout, UnsupportedError
 from plait.group import p2p_pattern, p2p_tag, user_tag
+from plait.runtime import stall
 from plait.runtime.crossing import sending
 from plait.transport.base import Matching, Transport, renumbered
 
@@ -210,7 +212,7 @@ class PointToPointMethods:
             )
         rreq = self._post_recv(buf, inc, c)
         sreq = self._post_send(out, c)
-        self._block([rreq, sreq], seconds, chosen=timeout is not None)
+        self._block([rreq, sreq], seconds, cross=timeout is None, chosen=timeout is not None)
         rreq._status._copy_to(status)
         return buf
 
@@ -240,7 +242,9 @@ class PointToPointMethods:
         seconds = self._runner.seconds(timeout, c)
         _check_status(status, self._rank, c)
         try:
-            found = self._probe(src, tag, c, time.monotonic() + seconds, seconds)
+            found = self._probe(
+                src, tag, c, time.monotonic() + seconds, seconds, cross=timeout is None
+            )
         except CommError as exc:
             raise_dumped(self._runner, exc, chosen=timeout is not None)
         assert found is not None
@@ -356,9 +360,20 @@ class PointToPointMethods:
         return req
 
     def _probe(
-        self, src: Any, tag: Any, c: str, deadline: float | None, seconds: float
+        self,
+        src: Any,
+        tag: Any,
+        c: str,
+        deadline: float | None,
+        seconds: float,
+        *,
+        cross: bool = False,
     ) -> Status | None:
-        """A probe until ``deadline`` (None: one round of progress); its status or None."""
+        """A probe until ``deadline`` (None: one round of progress); its status or None.
+
+        ``cross``: a blocking probe with the communicator's own timeout: where it waits on
+        one rank and stalls, it takes part in crossed calls, as a ``recv`` does.
+        """
         r = self._rank
         s = _check_rank(src, r, self._size, c, "src", True)
         t_ = _check_tag(tag, r, c, "tag", True)
@@ -370,8 +385,15 @@ class PointToPointMethods:
         m = self._matching(c)
         want, mask = p2p_pattern(self._comm_id, t_ if t_ >= 0 else None)
         h = m.probe(None if s == ANY_SOURCE else [s], want, mask)
+        explained = ""
         if deadline is None:
             m.wait_any([h], 0.0)
+        elif cross and s >= 0:
+            probe = stall.PROBE_SECONDS
+            left = deadline - time.monotonic()
+            if not m.wait_any([h], min(probe, max(left, 0.0))) and not h.done and left > probe:
+                label = f"{c} {_describe(True, s, t_)}"
+                _, explained = wait_crossing(m, h, r, s, label, deadline, lambda: m.withdraw(h))
         else:
             while not h.done:
                 left = deadline - time.monotonic()
@@ -382,7 +404,7 @@ class PointToPointMethods:
                 return None
             raise CommTimeout(
                 f"rank {r}: {c} {_describe(True, s, t_)} found no message within {seconds:g} s; "
-                "the peer may have died or not made the matching send"
+                "the peer may have died or not made the matching send" + explained
             )
         if h.error is not None:
             raise _reword(renumbered(m, h.error), f"rank {r}: {c} {_describe(True, s, t_)}")
@@ -436,6 +458,13 @@ class PointToPointMethods:
             req._finish(None)
             return
         t = self._transport
+        if cross:  # sendrecv: its receive takes part in crossed calls, as a recv does
+            try:
+                reqs[0]._wait_until(deadline, True)
+            except BaseException:
+                for r in reqs:
+                    r._abandon()
+                raise
         while True:
             pending = [r._handle for r in reqs if r._handle is not None and not r._handle.done]
             if not pending or any(r.exception() is not None for r in reqs):

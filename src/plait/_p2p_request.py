@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import numpy as np
@@ -33,6 +33,7 @@ __all__ = [
     "check_word",
     "wait_all",
     "wait_any",
+    "wait_crossing",
 ]
 
 ANY_SOURCE: Final = -1
@@ -368,23 +369,12 @@ class Request(Generic[R]):
         the rank where this one waits, and raise MismatchError (the request withdrawn) where
         the two wait for each other for sure (Note [crossed calls] in
         :mod:`plait.runtime.crossing`)."""
-        h, t = self._handle, self._transport
+        h = self._handle
         assert h is not None
-        crossing = Crossing(t, None, p2p_number(), f"{self._c} {self._describe()}")
-        crossing.start([self._peer])
-        try:
-            while not h.done:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._explained = crossing.explain([self._peer])
-                    return h.done
-                t.wait_any([h, *crossing.handles], left)
-                if not h.done and (err := crossing.check(self._rank, [self._peer])):
-                    self._abandon()
-                    raise err
-            return True
-        finally:
-            crossing.close()
+        done, self._explained = wait_crossing(
+            self._transport, h, self._rank, self._peer, self.label(), deadline, self._abandon
+        )
+        return done
 
     def _finish(self, status: Status | None) -> bool:
         """The request is done: raise its error, or fill ``status`` and return True."""
@@ -620,3 +610,37 @@ def raise_dumped(runner: Any, exc: CommError, *, chosen: bool) -> NoReturn:
     noted = type(exc)(f"{exc}; flight recorder dump: {path}")
     noted.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
     raise noted from exc
+
+
+def wait_crossing(
+    t: Transport,
+    h: Handle,
+    rank: int,
+    peer: int,
+    label: str,
+    deadline: float,
+    abandon: Callable[[], object],
+) -> tuple[bool, str]:
+    """Wait until ``deadline`` for ``h``, a blocking wait (``label``: "recv from rank 1
+    (tag 0)", "probe ...") for a message of rank ``peer`` that stalled for a probe period,
+    taking part in crossed calls (Note [crossed calls] in :mod:`plait.runtime.crossing`):
+    tell ``peer`` where this rank waits and, where the two wait for each other for sure,
+    call ``abandon`` (which withdraws the wait) and raise MismatchError.
+
+    Returns whether ``h`` is done, and what the peers said of where they wait ("" once
+    done), for a timeout's message.
+    """
+    crossing = Crossing(t, None, p2p_number(), label)
+    crossing.start([peer])
+    try:
+        while not h.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return h.done, crossing.explain([peer])
+            t.wait_any([h, *crossing.handles], left)
+            if not h.done and (err := crossing.check(rank, [peer])):
+                abandon()
+                raise err
+        return True, ""
+    finally:
+        crossing.close()

@@ -55,9 +55,10 @@ Note [crossed calls]
     found; a ring of three or more shows in each timeout's message, as what
     each peer said it waits in.
 
-    A blocking receive from one rank (``recv``, a receive request's
-    ``wait``, without a timeout of the caller's: one given may be a poll the
-    program means to outlast) that stalls is a call of its communicator here
+    A blocking wait for a message of one rank (``recv``, a receive request's
+    ``wait``, ``probe``, and ``sendrecv``'s receive, without a timeout of the
+    caller's: one given may be a poll the program means to outlast) that
+    stalls is a call of its communicator here
     too, numbered from :data:`P2P` up (a number no call reaches, so never
     begun): it sends the rank it waits on a notice (``recv from rank 0 (tag
     0)``) and reads the board like a collective. So a rank in a ``recv`` from
