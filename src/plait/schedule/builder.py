@@ -311,17 +311,8 @@ class Builder:
         """
         if src.count == 0:
             return -1
-        if not 0 <= peer < self._participants or peer == self.rank:
-            self._check_peer(peer)
-        if src.buf == SHARED:
-            _no_window(self.rank, src)
+        index, tag, deps = self._message(peer, src, after, self._sent)
         rows = self._rows
-        index = len(rows)
-        deps = self._after(after, index) if after else []  # checked before anything changes
-        sent = self._sent
-        tag = sent.get(peer, 0)
-        sent[peer] = tag + 1
-        self._messages = True
         start = src.offset
         end = start + src.count
         hazards = self._hazards[src.buf]
@@ -512,17 +503,8 @@ class Builder:
     ) -> int:
         if dst.count == 0:
             return -1
-        if not 0 <= peer < self._participants or peer == self.rank:
-            self._check_peer(peer)
-        if dst.buf == SHARED:
-            _no_window(self.rank, dst)
+        index, tag, found = self._message(peer, dst, after, self._received)
         rows = self._rows
-        index = len(rows)
-        found = self._after(after, index) if after else []  # checked before anything changes
-        received = self._received
-        tag = received.get(peer, 0)
-        received[peer] = tag + 1
-        self._messages = True
         start = dst.offset
         end = start + dst.count
         hazards = self._hazards[dst.buf]
@@ -537,6 +519,23 @@ class Builder:
         hazards.write(start, end, index, found)
         rows.append((kind, peer, None, dst, first, tag, _sorted(found)))
         return index
+
+    def _message(
+        self, peer: int, region: Region, after: Sequence[int], numbered: dict[int, int]
+    ) -> tuple[int, int, list[int]]:
+        """Check a send or receive of ``region`` with ``peer``, then number it among the
+        messages ``numbered`` counts (sent or received, per peer); its index, its tag and
+        the steps of ``after``. Everything is checked before anything changes."""
+        if not 0 <= peer < self._participants or peer == self.rank:
+            self._check_peer(peer)
+        if region.buf == SHARED:
+            _no_window(self.rank, region)
+        index = len(self._rows)
+        deps = self._after(after, index) if after else []
+        tag = numbered.get(peer, 0)
+        numbered[peer] = tag + 1
+        self._messages = True
+        return index, tag, deps
 
     def _after(self, after: Sequence[int], index: int) -> list[int]:
         """The steps of ``after`` (-1s left out), all before step ``index``."""
