@@ -25,6 +25,7 @@ from store_backends import TEST_TIMEOUT, Background
 
 from plait import _auth
 from plait.rendezvous import _tcp_server, tcp_store
+from plait.rendezvous._tcp_wire import REQUEST_OVERHEAD, SECONDS, Op, frame
 from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServer
 
 
@@ -428,3 +429,56 @@ def test_a_server_that_is_not_plaits_is_not_blamed_on_the_secret() -> None:
     message = str(info.value)
     assert "does not speak plait's protocol: is the address right?" in message
     assert "PLAIT_SECRET" not in message
+
+
+# -- authenticated clients ---------------------------------------------------------------
+
+
+def test_an_add_of_thousands_of_digits_is_refused_and_the_store_goes_on() -> None:
+    """Note [replies nobody reads]: two adds of a 4,300-digit amount made ``str`` of the sum
+    raise in the server thread, which ended: every client lost the store."""
+    huge = int("9" * 4300)
+    with TCPStoreServer() as server, TCPStore("127.0.0.1", server.port) as client:
+        with pytest.raises(ValueError, match="amount added to 'n' is not a 64-bit integer"):
+            client.add("n", huge)
+        assert client.add("n", (1 << 63) - 1) == (1 << 63) - 1
+        with pytest.raises(ValueError, match="leaves the 64 bits of a counter"):
+            client.add("n", 1)
+        client.set("text", b"9" * 5000)
+        with pytest.raises(ValueError, match="value of key 'text' is not a 64-bit integer"):
+            client.add("text", 1)
+        assert client.add("m", -5) == -5
+        with TCPStore("127.0.0.1", server.port) as other:
+            assert other.get("n") == str((1 << 63) - 1).encode()
+
+
+def test_replies_a_client_never_reads_are_not_buffered_without_bound() -> None:
+    """Note [replies nobody reads]: a hundred pipelined GETs of an 8 MiB value, never read,
+    made the server hold 800 MiB. The requests now wait while a request limit's worth of
+    replies is unsent, and every reply still comes once the client reads."""
+    limit = 1 << 20
+    value = b"v" * limit
+    request = frame(Op.GET, [SECONDS.pack(5.0), b"big"])
+    reply = len(frame(0, [value]))
+    with TCPStoreServer(max_value_bytes=limit) as server:
+        with TCPStore("127.0.0.1", server.port) as client:
+            client.set("big", value)
+        with _authenticated(server.port) as raw:
+            raw.sendall(request * 100)
+            deadline = time.monotonic() + TEST_TIMEOUT
+            held: list[int] = []
+            while time.monotonic() < deadline:  # until the server holds requests back
+                held = [len(c.outbuf) for c in list(server._conns) if c.nonce is None and c.inbuf]
+                if held:
+                    break
+                select.select([], [], [], 0.01)
+            assert held, "the server answered every request, buffering the replies"
+            assert max(held) <= limit + REQUEST_OVERHEAD + reply, held
+            got = 0
+            while got < 100 * reply:
+                chunk = raw.recv(1 << 20)
+                assert chunk, "the server dropped the client"
+                got += len(chunk)
+            assert got == 100 * reply
+        with TCPStore("127.0.0.1", server.port) as good:
+            assert good.get("big") == value

@@ -23,6 +23,18 @@ Note [hostile peers]
     Beyond those, a request larger than the value limit (PLAIT_STORE_MAX_VALUE,
     64 MiB by default) is refused from its header, before its payload is read.
 
+Note [replies nobody reads]
+    An authenticated client, too, must not make the server hold more than a
+    bounded amount: a client that sends GETs of a large value and never reads
+    the replies made it buffer each reply (800 MiB for a hundred of 8 MiB). So
+    a connection whose unsent replies are over the request limit has its next
+    request wait in its input until they leave (it is run again once a flush
+    brings them under), and its input is capped as for a stream behind a parked
+    request: such a client is dropped, an honest one (one request at a time)
+    never waits. An ADD counts in 64 bits, as torch's store does: a value or
+    an amount of thousands of digits made ``str`` of the sum raise in the
+    server thread, which ended, and the store with it.
+
     A server that listens beyond the loopback interface with an empty key
     (no PLAIT_SECRET, as under torchrun) says once that it is open to anyone.
 """
@@ -82,6 +94,28 @@ def _unauthenticated_cap(explicit: int | None) -> int:
     if cap < 1:
         raise ValueError(f"max_unauthenticated must be at least 1, got {cap}")
     return _guard.unauthenticated_cap(cap, _MIN_UNAUTHENTICATED)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _int64(raw: bytes) -> int | None:
+    """``raw`` (ASCII digits) as the 64-bit integer an ADD counts in, else None (also for
+    thousands of digits, which ``int`` refuses with a ValueError of its own, and ``str`` of
+    their sum raised in the server thread, which ended it)."""
+    if len(raw) > 24:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
+def _shown(raw: bytes) -> str:
+    """The start of a value, for a message (of its length where it is long)."""
+    text = raw[:40].decode(errors="backslashreplace")
+    return text if len(raw) <= 40 else f"{text}... ({len(raw)} bytes)"
 
 
 def _is_live(entry: tuple[float, int, _Conn]) -> bool:
@@ -337,6 +371,7 @@ class TCPStoreServer:
     def _flush(self, conn: _Conn) -> None:
         if conn.closed:
             return
+        held = len(conn.outbuf) > self._max_request  # requests wait behind it
         try:
             while conn.outbuf:
                 sent = conn.sock.send(conn.outbuf)
@@ -347,6 +382,8 @@ class TCPStoreServer:
             self._drop(conn)
             return
         want_write = bool(conn.outbuf)
+        if held and conn.inbuf and len(conn.outbuf) <= self._max_request:
+            self._runnable.append(conn)  # the requests that waited for its replies to leave
         if want_write != conn.writing:
             conn.writing = want_write
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
@@ -378,6 +415,8 @@ class TCPStoreServer:
             conn.outbuf += answer
             self._flush(conn)
         while not conn.closed and conn.parked is None:
+            if len(conn.outbuf) > self._max_request:
+                return  # Note [replies nobody reads]: the next request waits for the flush
             if len(conn.inbuf) < HEADER.size:
                 return
             code, length = HEADER.unpack_from(conn.inbuf)
@@ -433,10 +472,17 @@ class TCPStoreServer:
                 self._park(conn, op, [key], self._seconds(seconds))
         elif op is Op.ADD:
             key, amount = self._expect(op, fields, 2)
-            try:
-                total = int(data.get(key, b"0")) + int(amount)
-            except ValueError:
-                message = f"value of key {key!r} is not an integer: {data.get(key)!r:.80}"
+            was, step = _int64(data.get(key, b"0")), _int64(amount)
+            total = None if was is None or step is None else was + step
+            if total is None or not _INT64_MIN <= total <= _INT64_MAX:
+                name = key.decode(errors="backslashreplace")
+                if was is None:
+                    message = f"value of key {name!r} is not a 64-bit integer: {_shown(data[key])}"
+                elif step is None:
+                    message = f"the amount added to {name!r} is not a 64-bit integer: "
+                    message += _shown(amount)
+                else:
+                    message = f"adding {step} to {name!r} ({was}) leaves the 64 bits of a counter"
                 self._reply(conn, Status.BAD_VALUE, [message.encode()])
                 return
             data[key] = str(total).encode()
