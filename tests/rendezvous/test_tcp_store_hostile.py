@@ -24,6 +24,7 @@ import pytest
 from store_backends import TEST_TIMEOUT, Background
 
 from plait import _auth
+from plait.errors import RendezvousError
 from plait.rendezvous import _tcp_server, tcp_store
 from plait.rendezvous._tcp_wire import REQUEST_OVERHEAD, SECONDS, Op, frame
 from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServer
@@ -482,3 +483,35 @@ def test_replies_a_client_never_reads_are_not_buffered_without_bound() -> None:
             assert got == 100 * reply
         with TCPStore("127.0.0.1", server.port) as good:
             assert good.get("big") == value
+
+
+def test_an_error_while_serving_one_client_drops_that_client_not_the_store(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect that raised while the server handled one request ended its thread, and every
+    rank lost the store (the add of thousands of digits above was one)."""
+    real = _tcp_server.TCPStoreServer._handle
+
+    def handle(self: TCPStoreServer, conn: object, code: int, fields: list[bytes]) -> None:
+        if b"boom" in fields:
+            raise RuntimeError("a defect")
+        real(self, conn, code, fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_tcp_server.TCPStoreServer, "_handle", handle)
+    with (
+        caplog.at_level(logging.DEBUG, logger="plait"),
+        TCPStoreServer() as server,
+        TCPStore("127.0.0.1", server.port, timeout=5) as good,
+    ):
+        good.set("k", b"v")
+        for _ in range(2):
+            with (
+                TCPStore("127.0.0.1", server.port, timeout=5) as bad,
+                pytest.raises(RendezvousError, match="connection broke"),
+            ):
+                bad.set("boom", b"x")
+        assert good.get("k") == b"v"
+        with TCPStore("127.0.0.1", server.port) as late:
+            assert late.get("k") == b"v"
+    errors = [r for r in caplog.records if "after an error" in r.getMessage()]
+    assert [r.levelno for r in errors] == [logging.ERROR, logging.DEBUG]

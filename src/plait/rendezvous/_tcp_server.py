@@ -231,6 +231,7 @@ class TCPStoreServer:
         self._parked = 0
         self._seq = itertools.count()
         self._runnable: deque[_Conn] = deque()  # unparked, may hold more requests
+        self._faults = 0  # connections dropped after an error of the server's (_serve_one)
         self._refused = _auth.FailureLog(f"store {self.address}")
         self._oversized = 0  # requests refused for their size
 
@@ -277,14 +278,10 @@ class TCPStoreServer:
                     elif key.fileobj is self._wake_r:
                         self._drain_wake()
                     else:
-                        conn: _Conn = key.data
-                        if mask & selectors.EVENT_WRITE:
-                            self._flush(conn)
-                        if mask & selectors.EVENT_READ:
-                            self._read(conn)
+                        self._serve_one(key.data, mask)
                 self._expire()
                 while self._runnable:
-                    self._process(self._runnable.popleft())
+                    self._serve_one(self._runnable.popleft(), 0)
         finally:
             for conn in list(self._conns):
                 self._drop(conn)
@@ -336,6 +333,26 @@ class TCPStoreServer:
         if oldest is not None:
             self._drop(oldest)
         return oldest is not None
+
+    def _serve_one(self, conn: _Conn, mask: int) -> None:
+        """Serve ``conn``: write for ``mask``'s EVENT_WRITE, read for its EVENT_READ, and
+        with neither, run the requests it holds. A defect that raises while serving one
+        connection drops that connection, logged once, never the server (whose thread
+        ended, taking the store from every rank, on an add of thousands of digits)."""
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._flush(conn)
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if not mask:
+                self._process(conn)
+        except Exception:
+            self._faults += 1
+            level = logging.ERROR if self._faults == 1 else logging.DEBUG
+            _log.log(
+                level, "store %s: dropped %s after an error", self.address, conn.peer, exc_info=True
+            )
+            self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.closed:
