@@ -434,11 +434,11 @@ def test_a_dump_made_while_the_same_thread_writes_one_leaves_both_whole(
     inner: list[Path] = []
     calls: list[Any] = []
 
-    def interrupted(src: Any, dst: Any) -> None:
+    def interrupted(src: Any, dst: Any, **fds: Any) -> None:
         calls.append(src)
         if len(calls) == 1:  # the handler's dump runs before the interrupted rename
             inner.append(rec.dump("signal SIGUSR1"))
-        real(src, dst)
+        real(src, dst, **fds)
 
     monkeypatch.setattr(os, "replace", interrupted)
     path = rec.dump("PeerLostError: rank 0: lost rank 1")

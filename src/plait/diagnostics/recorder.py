@@ -622,7 +622,6 @@ class FlightRecorder:
             OSError: the folder cannot be made or written.
         """
         target = Path(path) if path is not None else self.path()
-        target.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.describe(reason), indent=1)
         replace_with(target, text)
         return target

@@ -404,7 +404,6 @@ def launcher_notes(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, Launch
 
 def write_launcher_note(folder: Path, ended: Mapping[int, str], name: str = LAUNCHER_NOTE) -> None:
     """Write a launcher's note (``name``) in ``folder`` (made if need be). Raises OSError."""
-    folder.mkdir(parents=True, exist_ok=True)
     doc = {
         "format": _NOTE_FORMAT,
         "version": 1,

@@ -239,8 +239,6 @@ class Timeline:
         try:
             doc = document(self.events(), name=f"plait timeline, rank {self.rank}")
             doc["otherData"]["dropped_events"] = self.dropped
-            if target.parent != Path():
-                target.parent.mkdir(parents=True, exist_ok=True)
             replace_with(target, json.dumps(doc))
         finally:
             self._lock.release()

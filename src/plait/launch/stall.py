@@ -46,7 +46,7 @@ from pathlib import Path
 
 # The recorder's own rule for the job's folder name, so that the launcher names the folder
 # the ranks write to, whatever PLAIT_JOB_ID holds.
-from plait.diagnostics.places import dump_dir, dump_name, safe_name
+from plait.diagnostics.places import dump_dir, dump_name, make_folder, safe_name
 from plait.diagnostics.schema import LAUNCHER_NOTE, write_launcher_note
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
@@ -92,7 +92,7 @@ def folder_problem(folder: Path, *, make: bool = False) -> str | None:
         return f"{folder} cannot be reached ({exc.strerror or exc})"
     if make:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folder(folder)
         except OSError as exc:
             return f"{folder} cannot be made ({exc.strerror or exc})"
     else:
