@@ -24,7 +24,7 @@ import pytest
 
 from plait.errors import TransportError
 from plait.rendezvous.store import MemoryStore
-from plait.transport.shm import ShmTransport, segment
+from plait.transport.shm import ShmTransport, segment, sockets
 from plait.transport.shm.ring import segment_bytes
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
@@ -364,3 +364,64 @@ def _queued(name: str) -> bool:
     """Whether a connection to abstract socket ``name`` waits to be accepted."""
     with open("/proc/net/unix") as f:  # a connected client's line names the socket too
         return sum(line.rstrip().endswith("@" + name) for line in f) >= 2
+
+
+def _full_queue(name: str) -> tuple[socket.socket, list[socket.socket]]:
+    """A listener on ``name`` with the shortest queue, filled by connections never accepted."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(0)
+    queued = []
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect("\0" + name)
+        except BlockingIOError:
+            s.close()
+            return listener, queued
+        queued.append(s)
+
+
+def test_a_full_queue_is_waited_for_and_named_when_it_stays_full() -> None:
+    """Note [a queue others fill]: another user who kept a rank's queue full made every
+    connect to it fail at once with EAGAIN ("Resource temporarily unavailable")."""
+    name = f"plait-test-{secrets.token_hex(6)}"
+    listener, queued = _full_queue(name)
+    try:
+        drain = threading.Timer(0.3, lambda: [listener.accept()[0].close() for _ in queued])
+        drain.start()
+        sock = sockets.connect(name, 10, lambda: None, "rank 1")
+        sock.close()
+        drain.join()
+    finally:
+        listener.close()
+        for s in queued:
+            s.close()
+    listener, queued = _full_queue(name)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TransportError, match=r"rank 1: the queue of @plait-test-\w+ stayed"):
+            sockets.connect(name, 0.3, lambda: None, "rank 1")
+        assert time.monotonic() - start < 5
+    finally:
+        listener.close()
+        for s in queued:
+            s.close()
+
+
+def test_a_ranks_queue_holds_more_than_its_peers() -> None:
+    """The queue was as long as the ranks (2): three connections filled it."""
+    name = f"plait-test-{secrets.token_hex(6)}"
+    listener = sockets.listen(name, 2)
+    queued = []
+    try:
+        for _ in range(64):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            queued.append(s)
+            s.setblocking(False)
+            s.connect("\0" + name)  # BlockingIOError where the queue is full
+    finally:
+        listener.close()
+        for s in queued:
+            s.close()

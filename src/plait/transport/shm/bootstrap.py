@@ -47,7 +47,7 @@ from plait.transport.shm.segment import (
     W_WINDOW_BYTES,
     Segment,
 )
-from plait.transport.shm.sockets import discard_input, last_words, listen, recv_exact
+from plait.transport.shm.sockets import connect, discard_input, last_words, listen, recv_exact
 from plait.transport.shm.window import arena_bytes, arena_ranges, check_arena
 from plait.transport.shm.wire import Joined, Wire
 
@@ -572,11 +572,8 @@ class _Join:
 
     def _connect(self, p: Wire, hello: bytes, timeout: float) -> None:
         """Connect to ``p``'s socket, check that its holder is of our user, say ``hello``."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        p.sock = sock
-        sock.settimeout(timeout)
         try:
-            sock.connect(f"\0{p.name}")
+            sock = p.sock = connect(p.name, timeout, lambda: self._check(p), f"rank {self.me}")
         except ConnectionRefusedError:
             try:  # what this rank sees itself, or was told, says more than the refusal
                 self._check()
