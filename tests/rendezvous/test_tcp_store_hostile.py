@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import select
 import socket
 import struct
@@ -19,6 +20,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from store_backends import TEST_TIMEOUT, Background
@@ -515,3 +517,40 @@ def test_an_error_while_serving_one_client_drops_that_client_not_the_store(
             assert late.get("k") == b"v"
     errors = [r for r in caplog.records if "after an error" in r.getMessage()]
     assert [r.levelno for r in errors] == [logging.ERROR, logging.DEBUG]
+
+
+def test_a_proof_that_came_with_a_flood_is_heard_before_its_connection_is_pushed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a flood of connections that never authenticate, an honest client's proof came
+    in the same turn of the server's loop as the connections that pushed it out, oldest
+    first, unread: the client failed after its whole connect timeout."""
+    monkeypatch.setattr(_tcp_server, "MAX_UNAUTHENTICATED", 4, raising=False)
+    held: set[object] = set()
+    real = _tcp_server.TCPStoreServer._serve_one
+
+    def serve_one(self: TCPStoreServer, conn: Any, mask: int) -> None:
+        if conn.peer not in held:  # the honest proof waits, as behind a flood's accepts
+            real(self, conn, mask)
+
+    monkeypatch.setattr(_tcp_server.TCPStoreServer, "_serve_one", serve_one)
+    with TCPStoreServer() as server, _sockets() as socks:
+        honest = socket.socket()
+        socks.append(honest)
+        honest.settimeout(TEST_TIMEOUT)
+        honest.bind(("127.0.0.1", 0))
+        held.add(f"127.0.0.1:{honest.getsockname()[1]}")
+        honest.connect(("127.0.0.1", server.port))
+        hello = b""
+        while len(hello) < _auth.CHALLENGE_BYTES:
+            hello += honest.recv(_auth.CHALLENGE_BYTES - len(hello))
+        nonce = secrets.token_bytes(_auth.NONCE)
+        honest.sendall(nonce + _auth.client_proof(b"", hello[len(_auth.MAGIC) :], nonce))
+        socks += [_raw(server.port) for _ in range(4)]  # the fourth pushes the honest one out
+        held.clear()
+        answer = b""
+        while len(answer) < _auth.MAC:
+            chunk = honest.recv(_auth.MAC - len(answer))
+            assert chunk, "the server dropped the honest client with its proof unread"
+            answer += chunk
+        assert answer == _auth.server_proof(b"", hello[len(_auth.MAGIC) :], nonce)

@@ -17,7 +17,8 @@ Note [hostile peers]
     it shares with the TCP transport's setup are in one place,
     :mod:`plait._guard` Note [unauthenticated connections]: here a connection has
     :data:`HANDSHAKE_SECONDS` to answer the challenge, at most
-    ``max_unauthenticated`` may be authenticating at once (oldest dropped first),
+    ``max_unauthenticated`` may be authenticating at once (oldest dropped first, but
+    for one whose proof has come unread: it is read first, and heard),
     ``accept`` out of descriptors pauses the listener (:data:`ACCEPT_BACKOFF`,
     logged once) and failed handshakes go to an :class:`plait._auth.FailureLog`.
     Beyond those, a request larger than the value limit (PLAIT_STORE_MAX_VALUE,
@@ -320,7 +321,7 @@ class TCPStoreServer:
             self._conns.add(conn)
             oldest = self._pending.admit(conn, time.monotonic())
             if oldest is not None:
-                self._drop(oldest)
+                self._push_out(oldest)
             self._selector.register(sock, selectors.EVENT_READ, conn)
             hello, conn.nonce = _auth.challenge()
             conn.outbuf += hello
@@ -331,8 +332,16 @@ class TCPStoreServer:
         there was one."""
         oldest = self._pending.oldest(time.monotonic() - _guard.ROOM_AFTER)
         if oldest is not None:
-            self._drop(oldest)
+            self._push_out(oldest)
         return oldest is not None
+
+    def _push_out(self, conn: _Conn) -> None:
+        """Drop ``conn``, the oldest connection authenticating, to make room; unless its
+        proof has come and not been read yet (it came in the same turn of the loop as a
+        flood of new connections, and an honest client was pushed out with it unread)."""
+        self._read(conn)
+        if conn.nonce is not None:
+            self._drop(conn)
 
     def _serve_one(self, conn: _Conn, mask: int) -> None:
         """Serve ``conn``: write for ``mask``'s EVENT_WRITE, read for its EVENT_READ, and
