@@ -103,6 +103,11 @@ def test_failed_authentications_are_logged_once_then_counted(
         with _greeted(r.addr) as s:
             s.sendall(b"\0" * (_auth.RESPONSE_BYTES + HELLO.size))  # a wrong proof
             assert _hung_up(s)
+    for junk in (b"x", b"GET / HTTP/1.0\r\n\r\n"):  # less than a proof: no attempt
+        with _greeted(r.addr) as s:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+            assert _hung_up(s)
     r.join_rank1()
     lines = [rec.getMessage() for rec in caplog.records if "authentication" in rec.getMessage()]
     # The first at once, with the peer; the rest in one summary when the listener closes.

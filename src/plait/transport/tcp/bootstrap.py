@@ -337,7 +337,9 @@ def connect_mesh(
                 else None
             )
             if proof is None:  # wrong secret or garbage: drop it and keep waiting
-                if a.buf:  # (a bare connect and close is no attempt to authenticate)
+                # A proof's worth of bytes that is not one failed authentication; fewer (a
+                # port scan, junk, a reset) tried nothing, as the store counts them.
+                if len(a.buf) >= _auth.RESPONSE_BYTES:
                     listener.refused.failed(a.peer)
                     with contextlib.suppress(OSError):  # a verdict, not a drop under load
                         a.sock.send(_auth.REFUSED)
