@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -347,7 +348,7 @@ def test_an_uncaught_exception_aborts_the_world(monkeypatch: pytest.MonkeyPatch)
         with pytest.raises(plait.AbortedError, match="boom"):
             world.Barrier()
     finally:
-        world.Free()
+        world._release()
 
 
 def test_maxloc_of_no_pairs_is_refused_before_anything_moves() -> None:
@@ -677,3 +678,77 @@ def test_ranks_whose_bcast_sizes_differ_are_told_their_own_in_elements() -> None
     said = ranks(2, body)
     assert "this rank's Bcast buf holds 5 FLOAT (20 bytes)" in said[0]
     assert "this rank's Bcast buf holds 3 FLOAT (12 bytes)" in said[1]
+
+
+def test_a_request_once_waited_is_spent_as_mpis_request_null() -> None:
+    """Waitany, Testany and waitall handed out again a request that Wait or wait had
+    completed (mpi4py's is then REQUEST_NULL): a Waitany loop saw one completion twice."""
+
+    def body(c: MPI.Comm) -> Any:
+        if c.Get_rank() == 1:
+            for tag in (1, 2):
+                c.Send(np.array([float(tag)]), 0, tag)
+            c.send("v", 0, tag=3)
+            return None
+        reqs = [c.Irecv(np.zeros(1), 1, 1), c.Irecv(np.zeros(1), 1, 2)]
+        reqs[0].Wait()
+        anys = [MPI.Request.Waitany(reqs), MPI.Request.Waitany(reqs)]
+        q = c.irecv(source=1, tag=3)
+        first = q.wait()
+        st = MPI.Status()
+        again = q.wait(st)
+        spent = (MPI.Request.waitall([q]), MPI.Request.Testany([q]), q.test())
+        return anys, first, again, st.Get_source(), *spent
+
+    anys, first, again, source, all_, testany, test = ranks(2, body)[0]
+    assert anys == [1, MPI.UNDEFINED]
+    assert (first, again, source) == ("v", None, MPI.ANY_SOURCE)
+    assert all_ == [None]
+    assert testany == (MPI.UNDEFINED, True)
+    assert test == (True, None)
+
+
+def test_a_recv_that_timed_out_leaves_a_later_message_to_the_next_recv() -> None:
+    """The receive a timed-out recv had queued stayed queued, and took the message that
+    came later: the next recv timed out too, and the message was lost."""
+    first_gave_up = threading.Event()
+
+    def body(c: plait.Communicator) -> Any:
+        comm = MPI.Comm(c, "test")
+        if comm.Get_rank() == 0:
+            first_gave_up.wait(20)
+            comm.send("hello", 1, tag=1)
+            return None
+        with pytest.raises(plait.CommTimeout):
+            comm.recv(source=0, tag=1)
+        first_gave_up.set()
+        return comm.recv(source=0, tag=1)
+
+    assert run_ranks(2, body, timeout=1.0)[1] == "hello"
+
+
+def test_bad_sources_tags_colors_and_frees_are_refused_at_the_call() -> None:
+    """An irecv of a rank or tag that does not exist was queued (its error came at wait, or
+    never); Split of a negative color joined no group; Free of COMM_WORLD freed it."""
+
+    def body(c: MPI.Comm) -> list[str]:
+        said = []
+        for call in (
+            lambda: c.irecv(source=c.Get_size(), tag=0),
+            lambda: c.irecv(source=0, tag=-7),
+            lambda: c.recv(source=-5),
+            lambda: c.Split(-5, 0),
+        ):
+            with pytest.raises(ValueError, match=r"invalid|out of range") as info:
+                call()
+            said.append(str(info.value))
+        return said
+
+    said = ranks(2, body)[0]
+    assert "irecv: source=2 is invalid" in said[0]
+    assert "irecv: tag -7 out of range" in said[1]
+    assert "recv: source=-5 is invalid" in said[2]
+    assert "Split: color=-5 is invalid (MPI_ERR_ARG)" in said[3]
+    for comm in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
+        with pytest.raises(ValueError, match="cannot be freed"):
+            comm.Free()

@@ -196,7 +196,7 @@ def Is_initialized() -> bool:
 def Finalize() -> None:
     """Release the world communicator (if it was used); no call may follow."""
     global _finalized
-    COMM_WORLD.Free()
+    COMM_WORLD._release()
     _finalized = True
 
 

@@ -133,8 +133,17 @@ class Comm(BufferCollectives):
 
     # -- groups -----------------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> Comm:
-        """Sub-communicators by ``color``, ordered by ``key``; COMM_NULL for MPI.UNDEFINED."""
-        group = self._c.split(None if color == UNDEFINED or color < 0 else color, key)
+        """Sub-communicators by ``color``, ordered by ``key``; COMM_NULL for MPI.UNDEFINED.
+
+        Raises:
+            ValueError: ``color`` is negative but not MPI.UNDEFINED (MPI_ERR_ARG).
+        """
+        if isinstance(color, int) and color < 0 and color != UNDEFINED:
+            raise ValueError(
+                f"Split: color={color} is invalid (MPI_ERR_ARG); expected a color >= 0, or "
+                f"MPI.UNDEFINED ({UNDEFINED}) to join no group"
+            )
+        group = self._c.split(None if color == UNDEFINED else color, key)
         return Comm(group) if group is not None else Comm(None, "MPI_COMM_NULL")
 
     def Dup(self, info: Any = None) -> Comm:
@@ -144,7 +153,22 @@ class Comm(BufferCollectives):
     Clone = Dup
 
     def Free(self) -> None:
-        """Release the communicator; it then compares equal to COMM_NULL."""
+        """Release the communicator; it then compares equal to COMM_NULL.
+
+        Raises:
+            ValueError: it is COMM_WORLD, COMM_SELF or COMM_NULL, which MPI does not let a
+                program free (MPI_ERR_COMM); :func:`plait.mpi.Finalize` releases the world.
+        """
+        if self._name in _PREDEFINED:
+            raise ValueError(
+                f"Free: {self._name} cannot be freed (MPI_ERR_COMM: invalid communicator); "
+                "free the communicators made by Split or Dup, and call MPI.Finalize() to "
+                "release the world"
+            )
+        self._release()
+
+    def _release(self) -> None:
+        """:meth:`Free`, for any communicator (:func:`plait.mpi.Finalize`'s world too)."""
         if self._comm is not None:
             self._comm.close()
         self._comm = None
@@ -220,15 +244,19 @@ class Comm(BufferCollectives):
     ) -> Any:
         """The next object from ``source`` with ``tag`` (wildcards by default); ``buf`` unused."""
         box = self._box()
-        pending = box.post(source, tag)
-        box.complete(pending, time.monotonic() + self._c.timeout)
+        pending = box.post(source, tag, "recv")
+        try:
+            box.complete(pending, time.monotonic() + self._c.timeout)
+        except BaseException:
+            box.cancel(pending)  # a message that comes later is the next receive's
+            raise
         pending.status._copy_to(status)
         return pending.value
 
     def irecv(self, buf: Any = None, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
         """Start receiving an object; a request whose ``wait()`` returns it."""
         box = self._box()
-        return Request(inbox=box, pending=box.post(source, tag))
+        return Request(inbox=box, pending=box.post(source, tag, "irecv"))
 
     def sendrecv(
         self,
@@ -351,6 +379,10 @@ def _join_world() -> plait.Communicator:
 
     sys.excepthook = hook
     return comm
+
+
+#: The names of the communicators MPI makes, which a program may not free.
+_PREDEFINED = ("MPI_COMM_WORLD", "MPI_COMM_SELF", "MPI_COMM_NULL")
 
 
 def world() -> Comm:

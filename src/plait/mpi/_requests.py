@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 import plait
+from plait._p2p import _check_rank, _check_tag
 from plait.mpi._datatypes import DATATYPES, Datatype, Message
 from plait.mpi._unsupported import Unlisted, lacking
 
@@ -133,8 +134,17 @@ class Inbox:
         self._queue: list[_Pending] = []
         self._lock = threading.RLock()
 
-    def post(self, source: int, tag: int) -> _Pending:
-        """Queue a receive from ``source`` with ``tag`` (wildcards allowed)."""
+    def post(self, source: int, tag: int, c: str) -> _Pending:
+        """Queue a receive from ``source`` with ``tag`` (wildcards allowed) for the call
+        ``c``, checking both first.
+
+        Raises:
+            TypeError, ValueError: ``source`` or ``tag`` is no rank or tag of this
+                communicator (MPI_ERR_RANK, MPI_ERR_TAG), before anything is queued.
+        """
+        comm = self._comm
+        source = _check_rank(source, comm.rank, comm.size, c, "source", True)
+        tag = _check_tag(tag, comm.rank, c, "tag", True)
         p = _Pending(source, tag)
         if source == plait.PROC_NULL:
             p.done = True
@@ -148,7 +158,8 @@ class Inbox:
         """Make ``p`` done, waiting until ``deadline`` (monotonic), or once without it.
 
         Raises:
-            CommTimeout: nothing for ``p`` arrived before the deadline (``p`` stays queued).
+            CommTimeout: nothing for ``p`` arrived before the deadline (``p`` stays queued:
+                a blocking receive withdraws it, :meth:`cancel`).
         """
         with self._lock:
             while not p.done:
@@ -259,8 +270,9 @@ class Request(metaclass=Unlisted):
         self._pending = pending
         self._keep = keep  # the bytes of an isend, alive until it is done
         self._into = into  # an Irecv's buffer, for its errors in MPI's terms
-        # Its completion was handed out by waitany or testany: mpi4py's request is then
-        # MPI.REQUEST_NULL, which the next waitany passes over.
+        # Its completion was handed out (by a wait, a test that found it done, waitany,
+        # testany, waitall or testall): mpi4py's request is then MPI.REQUEST_NULL, which a
+        # later wait returns at once with an empty status, and waitany passes over.
         self._spent = False
 
     def _deadline(self) -> float:
@@ -275,8 +287,26 @@ class Request(metaclass=Unlisted):
             status._from(self._req.status)
         return None
 
+    def _null(self, status: Status | None) -> None:
+        """What a request whose completion was handed out gives: nothing, an empty status."""
+        if status is not None:
+            status._fill(plait.ANY_SOURCE, plait.ANY_TAG, 0)
+
     def wait(self, status: Status | None = None) -> Any:
-        """Wait until done (within the communicator's timeout); the object received, or None."""
+        """Wait until done (within the communicator's timeout); the object received, or None.
+
+        Once it has returned, the request is spent, as MPI's becomes MPI_REQUEST_NULL: a
+        later wait returns None at once, and waitany passes it over.
+        """
+        if self._spent:
+            self._null(status)
+            return None
+        value = self._wait(status)
+        self._spent = True
+        return value
+
+    def _wait(self, status: Status | None) -> Any:
+        """:meth:`wait`, leaving the request as it is."""
         if self._pending is not None:
             assert self._inbox is not None
             self._inbox.complete(self._pending, self._deadline())
@@ -320,7 +350,17 @@ class Request(metaclass=Unlisted):
         return True
 
     def test(self, status: Status | None = None) -> tuple[bool, Any]:
-        """Make progress once; ``(done, object or None)``."""
+        """Make progress once; ``(done, object or None)``. A request found done is spent
+        (as :meth:`wait`); a spent one is ``(True, None)``."""
+        if self._spent:
+            self._null(status)
+            return True, None
+        done, value = self._test(status)
+        self._spent = done
+        return done, value
+
+    def _test(self, status: Status | None) -> tuple[bool, Any]:
+        """:meth:`test`, leaving the request as it is."""
         if self._pending is not None:
             assert self._inbox is not None
             done = self._inbox.complete(self._pending, None)
@@ -337,6 +377,9 @@ class Request(metaclass=Unlisted):
 
     def Get_status(self, status: Status | None = None) -> bool:
         """Whether the request is done, without progress; fills ``status`` if it is."""
+        if self._spent:
+            self._null(status)
+            return True
         done = (
             self._pending.done
             if self._pending is not None
@@ -362,17 +405,13 @@ class Request(metaclass=Unlisted):
     free = Free
 
     @staticmethod
-    def _order(requests: Sequence[Request]) -> list[Request]:
-        # Object receives first: they take their messages only when waited on, and a send
-        # waited on before them could wait for a peer that waits for them.
-        return sorted(requests, key=lambda r: r._pending is None)
-
-    @staticmethod
     def waitall(requests: Sequence[Request], statuses: list[Status] | None = None) -> list[Any]:
-        """Wait for every request; their objects (None for sends), in list order."""
-        for r in Request._order(requests):
-            r.wait()
-        return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+        """Wait for every request; their objects (None for sends and spent requests), in
+        list order."""
+        values: list[Any] = [None] * len(requests)
+        for i in Request._order_of(requests, list(range(len(requests)))):
+            values[i] = requests[i].wait(statuses[i] if statuses else None)
+        return values
 
     @staticmethod
     def Waitall(requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:
@@ -384,11 +423,20 @@ class Request(metaclass=Unlisted):
     def testall(
         requests: Sequence[Request], statuses: list[Status] | None = None
     ) -> tuple[bool, list[Any] | None]:
-        """Progress once on each; ``(True, objects)`` if all are done, else ``(False, None)``."""
-        done = [r.test()[0] for r in Request._order(requests)]
-        if not all(done):
+        """Progress once on each; ``(True, objects)`` if all are done (then all are spent),
+        else ``(False, None)``, none spent (MPI's rule)."""
+        live = [i for i, r in enumerate(requests) if not r._spent]
+        if not all(requests[i]._test(None)[0] for i in Request._order_of(requests, live)):
             return False, None
-        return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+        values: list[Any] = [None] * len(requests)
+        for i in live:
+            values[i] = requests[i]._finish(statuses[i] if statuses else None)
+            requests[i]._spent = True
+        if statuses:
+            for i, r in enumerate(requests):
+                if i not in live:
+                    r._null(statuses[i])
+        return True, values
 
     @staticmethod
     def Testall(requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:
@@ -405,7 +453,6 @@ class Request(metaclass=Unlisted):
             return UNDEFINED, None
         j = Request._any([requests[i] for i in live])
         i = live[j]
-        requests[i]._spent = True
         return i, requests[i].wait(status)  # done: at once, its result or its error
 
     @staticmethod
@@ -424,7 +471,6 @@ class Request(metaclass=Unlisted):
         for i in Request._order_of(requests, live):
             done, value = requests[i].test(status)
             if done:
-                requests[i]._spent = True
                 return i, True, value
         return UNDEFINED, False, None
 
@@ -436,7 +482,9 @@ class Request(metaclass=Unlisted):
 
     @staticmethod
     def _order_of(requests: Sequence[Request], live: list[int]) -> list[int]:
-        """``live`` indices, object receives first (as :meth:`_order`)."""
+        """``live`` indices, object receives first: they take their messages only when
+        waited on, and a send waited on before them could wait for a peer that waits for
+        them."""
         return sorted(live, key=lambda i: requests[i]._pending is None)
 
     @staticmethod
@@ -461,7 +509,7 @@ class Request(metaclass=Unlisted):
         deadline = objects[0]._deadline()
         while True:
             for i, r in enumerate(requests):
-                if r.test()[0]:
+                if r._test(None)[0]:
                     return i
             if time.monotonic() > deadline:
                 raise plait.CommTimeout(
