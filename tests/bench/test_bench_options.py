@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -167,6 +168,16 @@ def test_outputs_are_checked_before_the_run(
     file.write_text("")
     with pytest.raises(ValueError, match=re.escape(f"{file} is not a folder")):
         options.check_outputs(parse("bench", ["--csv", str(file / "x.csv")]))
+    # A folder whose modes allow writing may still refuse a file (/proc, a read-only mount):
+    # the run went on, and its output crashed with a traceback at the end.
+    if os.path.isdir("/proc"):
+        with pytest.raises(ValueError, match=r"--json /proc/x\.json: cannot be written"):
+            options.check_outputs(parse("bench", ["--json", "/proc/x.json"]))
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    options.check_outputs(parse("bench", ["--json", str(kept)]))
+    assert kept.read_text() == "old"  # looked at, not touched
+    assert not (tmp_path / "a.json").exists()  # the file a check made is gone again
     # without matplotlib: its usual formats, and it is not imported to ask
     monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None)
     assert options.plot_formats() == ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps")

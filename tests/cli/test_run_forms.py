@@ -261,3 +261,21 @@ def test_a_master_port_out_of_range_is_a_usage_error(port: str, tmp_path: Path) 
     assert res.returncode == 2
     assert f"--master-port must be a port number in 0..65535, not {port}" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["-n", "0"], "-n must be a number of ranks >= 1, not 0"),
+        (["-n", "1", "--nnodes", "0"], "--nnodes must be a number of hosts >= 1, not 0"),
+        (
+            ["-n", "1", "--nnodes", "2", "--node-rank", "5"],
+            "--node-rank must be in 0..1 (--nnodes 2), not 5",
+        ),
+    ],
+)
+def test_each_bad_count_is_named(options: list[str], said: str, tmp_path: Path) -> None:
+    """All three said "need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes"."""
+    res = run(["run", *options, "ok.py"], cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr == f"plait run: error: {said}\n"

@@ -75,6 +75,12 @@ def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixtur
         (["--topology", "torus:3x3"], "has 9 ranks"),
         (["--topology", "hosts:3"], "not a multiple"),
         (["--topology", "fat-tree"], "ranks per leaf"),
+        # said: invalid literal for int() with base 10: 'x'
+        (["--topology", "fat-tree:x"], "--topology 'fat-tree:x': K 'x' is not a whole number; "
+         "expected fat-tree:K[:OVERSUB[:SPINES]]"),
+        (["--topology", "torus:2x2x"], "a dimension '' is not a whole number; expected torus"),
+        (["--topology", "hosts:2:0"], "--topology 'hosts:2:0': nics must be >= 1"),  # no option
+        (["--alpha", "-1"], "--alpha must be a finite number >= 0"),  # said: LinkParams.alpha
         (["-s", "1K", "-e", "2K"], "either as -s LO:HI or as -b LO -e HI"),
         (["-c", "reduce", "-r", "8"], "--root must be in 0..7"),
         (["gather", "-c", "scatter"], "two collectives given"),

@@ -318,6 +318,18 @@ def check_outputs(args: argparse.Namespace, *more: str) -> None:
             target.exists() and not os.access(target, os.W_OK)
         ):
             raise ValueError(f"--{name} {path}: not writable; expected a file this user can write")
+        try:  # what the modes allow, a folder may still refuse (/proc, a read-only mount)
+            if target.exists():
+                with open(target, "a"):
+                    pass
+            else:
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.unlink(target)
+        except OSError as exc:
+            raise ValueError(
+                f"--{name} {path}: cannot be written ({exc.strerror or exc}); expected a file "
+                "this user can write"
+            ) from None
     plot = getattr(args, "plot", None)
     suffix = Path(plot).suffix.lower().lstrip(".") if plot else ""
     if suffix:

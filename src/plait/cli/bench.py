@@ -433,17 +433,27 @@ def _finish(
     meta["sizes"] = checked["sizes"]
     if stopped is not None:
         meta["interrupted"] = INTERRUPT_CODES.get(stopped, stopped)
-    if args.json:
-        import json
+    try:
+        if args.json:
+            import json
 
-        with open(args.json, "w") as f:
-            json.dump(report.document(meta, series, limits), f, indent=1)
-    if args.csv:
-        report.write_csv(args.csv, series)
-    if args.plot:
-        sizes = checked["sizes"]
-        title = header[0].lstrip("# ") + f" ({format_size(sizes[0])} .. {format_size(sizes[-1])})"
-        report.plot(args.plot, title, series, limits)
+            with open(args.json, "w") as f:
+                json.dump(report.document(meta, series, limits), f, indent=1)
+        if args.csv:
+            report.write_csv(args.csv, series)
+        if args.plot:
+            sizes = checked["sizes"]
+            title = (
+                header[0].lstrip("# ") + f" ({format_size(sizes[0])} .. {format_size(sizes[-1])})"
+            )
+            report.plot(args.plot, title, series, limits)
+    except OSError as exc:  # checked before the run; a disk may fill since
+        print(
+            f"plait bench: error: cannot write {exc.filename or 'an output'}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     if stopped is not None:
         return stopped
     plait_series = [s for s in series if s.system == "plait"]

@@ -326,8 +326,15 @@ def rank_command(args: argparse.Namespace) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Check the options, then start the ranks with :func:`plait.launch.launch`; the exit code."""
-    if args.nproc < 1 or args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        _usage_error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
+    if args.nproc < 1:
+        _usage_error(f"-n must be a number of ranks >= 1, not {args.nproc}")
+    if args.nnodes < 1:
+        _usage_error(f"--nnodes must be a number of hosts >= 1, not {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
+        _usage_error(
+            f"--node-rank must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes}), "
+            f"not {args.node_rank}"
+        )
     if args.nnodes > 1 and getattr(args, "standalone", False):
         _usage_error("--standalone is a job on one host: drop it or --nnodes")
     if not 0 <= args.master_port <= 65535:  # getaddrinfo would take it modulo 65536

@@ -178,9 +178,27 @@ def parse_topology(
     Raises:
         ValueError: an unknown topology or bad parameters (the message says which).
     """
-    net = _topology(spec, p, alpha, beta, gamma, delta, intra, aggregation)
+    try:
+        net = _topology(spec, p, alpha, beta, gamma, delta, intra, aggregation)
+    except ValueError as exc:
+        text = str(exc)
+        if text.startswith("LinkParams."):  # --alpha and --beta, in the options' names
+            raise ValueError(text.replace("LinkParams.", "--")) from None
+        if text.startswith(("--", "unknown topology")):
+            raise
+        name = spec.partition(":")[0]
+        raise ValueError(f"--topology {spec!r}: {text}; expected {_FORMS[name][1]}") from None
     net.set_wait_latency(wait_latency)
     return net
+
+
+def _parameter(text: str, kind: type[int] | type[float], what: str) -> Any:
+    """A ``--topology`` parameter ``text`` as ``kind``; ValueError naming ``what`` if not."""
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{what} {text!r} is not {expected}") from None
 
 
 #: Per topology, how many ``:``-separated parameters it takes at most, and its form.
@@ -228,9 +246,9 @@ def _topology(
     if name == "fat-tree":
         if not args:
             raise ValueError("fat-tree needs ranks per leaf: fat-tree:K[:OVERSUB[:SPINES]]")
-        k = int(args[0])
-        over = float(args[1]) if len(args) > 1 else 1.0
-        spines = int(args[2]) if len(args) > 2 else 1
+        k = _parameter(args[0], int, "K")
+        over = _parameter(args[1], float, "OVERSUB") if len(args) > 1 else 1.0
+        spines = _parameter(args[2], int, "SPINES") if len(args) > 2 else 1
         return sim.fat_tree(
             p, k, link, oversubscription=over, spines=spines, gamma=gamma, delta=delta,
             aggregation_memory=aggregation,
@@ -238,10 +256,10 @@ def _topology(
     if name == "hosts":
         if not args:
             raise ValueError("hosts needs ranks per host: hosts:K[:NICS]")
-        k = int(args[0])
+        k = _parameter(args[0], int, "K")
         if k < 1 or p % k:
             raise ValueError(f"--ranks {p} is not a multiple of {k} ranks per host")
-        nics = int(args[1]) if len(args) > 1 else 1
+        nics = _parameter(args[1], int, "NICS") if len(args) > 1 else 1
         return sim.hosts(
             p // k, k, sim.LinkParams(*intra), link, nics=nics, gamma=gamma, delta=delta,
             aggregation_memory=aggregation,
@@ -251,7 +269,7 @@ def _topology(
     if name == "torus":
         if not args:
             raise ValueError("torus needs its dimensions: torus:AxB[xC]")
-        dims = [int(d) for d in args[0].lower().split("x")]
+        dims = [_parameter(d, int, "a dimension") for d in args[0].lower().split("x")]
         if int(np.prod(dims)) != p:
             raise ValueError(f"torus {args[0]} has {int(np.prod(dims))} ranks, not --ranks {p}")
         return sim.torus(dims, link, gamma=gamma, delta=delta)
@@ -588,17 +606,24 @@ def main(args: argparse.Namespace) -> int:
             series.append(s)
     progress.finish()
     sys.stdout.write(report.render(_header(args, dtype, net), series, None, where="topology"))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"sim": vars_of(args), "results": records}, f, indent=1)
-    if args.csv:
-        report.write_csv(args.csv, series)
-    if args.trace and last:
-        name = next(iter(last))
-        sim.write_trace(last[name], args.trace)
-        print(f"# trace of {name} at {last[name].nbytes} B written to {args.trace}")
-    if args.plot:
-        report.plot(args.plot, f"plait sim: {args.collective} on {args.topology}", series, None)
+    try:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"sim": vars_of(args), "results": records}, f, indent=1)
+        if args.csv:
+            report.write_csv(args.csv, series)
+        if args.trace and last:
+            name = next(iter(last))
+            sim.write_trace(last[name], args.trace)
+            print(f"# trace of {name} at {last[name].nbytes} B written to {args.trace}")
+        if args.plot:
+            report.plot(args.plot, f"plait sim: {args.collective} on {args.topology}", series, None)
+    except OSError as exc:  # checked before the run; a disk may fill since
+        print(
+            f"plait sim: error: cannot write {exc.filename or 'an output'}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     return 1 if any(s.error for s in series) else 0
 
 
