@@ -114,7 +114,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
 def test_bad_arguments() -> None:
     res = run(["run", "-n", "0", "x.py"])
     assert res.returncode != 0
-    assert "-n >= 1" in res.stderr
+    assert "-n must be a number of ranks >= 1, not 0" in res.stderr
     res = run(["run", "-n", "2", "--nnodes", "2", "x.py"])
     assert "--master-port" in res.stderr
     for bad in ("-5", "0", "nan"):  # every rank started, then failed in plait.init (0: none)
