@@ -156,3 +156,24 @@ def test_a_master_port_in_use_is_said_in_one_line(tmp_path: Path) -> None:
         f"plait run: store server cannot listen on 127.0.0.1:{port}: [Errno 98] Address "
         "already in use"
     )
+
+
+def test_ranks_beyond_the_descriptor_limit_are_said_in_one_line(tmp_path: Path) -> None:
+    """A launcher out of descriptors printed subprocess's traceback of EMFILE."""
+    import resource
+
+    job = script(tmp_path, "import time\ntime.sleep(60)\n")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+
+    t0 = time.monotonic()
+    res = run(["run", "-n", "100", job], preexec_fn=few_descriptors)
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 30  # the ranks started were stopped, not waited for
+    assert "Traceback" not in res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("plait run: cannot start rank "), res.stderr
+    assert "of 100 ranks: Too many open files" in line
+    assert "limit is 64 descriptors): raise it (ulimit -n) or start fewer ranks" in line

@@ -727,3 +727,34 @@ def test_a_negative_late_is_a_usage_error(late: str, capsys: pytest.CaptureFixtu
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --late: expected a number of seconds >= 0, not {late!r}" in err
+
+
+def test_dumps_that_disagree_on_size_and_list_members_are_diagnosed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs' dumps of one job id, 2 ranks and 3, each listing its members: the reader
+    asked the smaller one for the world rank of rank 2 and raised IndexError."""
+    small = [dump(r, 2, [call(0)]) | {"members": [0, 1]} for r in range(2)]
+    large = dump(2, 3, [call(0), call(1, state="running", end=None)]) | {"members": [0, 1, 2]}
+    write(tmp_path, [*small, large])
+    assert main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "the dumps disagree on the communicator's size: [2, 3]" in out
+
+
+def test_files_that_are_not_dumps_are_named_not_raised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bytes that are not UTF-8 raised UnicodeDecodeError, and JSON nested deeper than the
+    parser goes RecursionError, out of plait analyze; a path that is not there was said as
+    Python's "[Errno 2] No such file or directory: '...'"."""
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00junk")
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    (tmp_path / "launcher.json").write_text("[" * 100_000)  # a launcher's note's name
+    missing = tmp_path / "gone" / "rank0.json"
+    assert main([str(tmp_path), str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'binary.json'}: not a dump (not UTF-8 text)" in err
+    assert f"{tmp_path / 'deep.json'}: not a dump (JSON nested too deep)" in err
+    assert f"{missing}: cannot be read (No such file or directory)" in err
+    assert "Errno" not in err

@@ -100,7 +100,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from plait.errors import RendezvousError
-from plait.launch import TRANSPORTS, Job, launch, module_command
+from plait.launch import TRANSPORTS, Job, StartError, launch, module_command
 
 __all__ = ["add_arguments", "main", "rank_command"]
 
@@ -376,7 +376,7 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         return launch(job)
-    except RendezvousError as exc:  # its store cannot listen (--master-port taken): say so
+    except (RendezvousError, StartError) as exc:  # --master-port taken, a limit of the host
         raise SystemExit(f"plait run: {exc}") from None
 
 

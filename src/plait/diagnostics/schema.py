@@ -184,8 +184,8 @@ class Dump:
 
     def job_rank(self, r: int) -> int | None:
         """The world (job) rank of this communicator's rank ``r``, where the dump says."""
-        if self.members is not None:
-            return self.members[r]
+        if self.members is not None:  # None past its end: another dump's size was larger
+            return self.members[r] if 0 <= r < len(self.members) else None
         return self.global_rank if r == self.rank else None
 
     def call(self, seq: int) -> CallRecord | None:
@@ -339,9 +339,17 @@ def load(path: str | os.PathLike[str]) -> Dump:
     """
     p = str(path)
     try:
-        obj = json.loads(Path(p).read_text(encoding="utf-8"))
+        text = Path(p).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DumpError(f"{p}: not a dump (not UTF-8 text)") from None
+    except OSError as exc:  # the path and why, not Python's "[Errno 2] ...: 'path'"
+        raise OSError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DumpError(f"{p}: not JSON ({exc}); was the dump cut short?") from None
+    except RecursionError:  # nested deeper than the parser goes: no dump is
+        raise DumpError(f"{p}: not a dump (JSON nested too deep)") from None
     return parse(obj, p)
 
 
@@ -393,7 +401,7 @@ def launcher_notes(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, Launch
                     continue
                 ended = {int(r): str(how) for r, how in dict(obj["ended"]).items()}
                 when = float(obj["time"])
-            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
                 continue
             had = notes.get(f.parent.resolve())
             if had is not None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from plait.launch.job import TRANSPORTS as TRANSPORTS
 from plait.launch.job import Job as Job
+from plait.launch.job import StartError as StartError
 from plait.launch.job import launch as launch
 from plait.launch.job import module_command as module_command
 
-__all__ = ["TRANSPORTS", "Job", "launch", "module_command"]
+__all__ = ["TRANSPORTS", "Job", "StartError", "launch", "module_command"]

@@ -9,9 +9,11 @@ times.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import queue
+import resource
 import secrets
 import signal
 import socket
@@ -41,7 +43,7 @@ from plait.rendezvous.nodes import LOOK_SECONDS, MeetingError, NodeClaim, meet_n
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
 from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServer
 
-__all__ = ["TRANSPORTS", "Job", "launch", "module_command"]
+__all__ = ["TRANSPORTS", "Job", "StartError", "launch", "module_command"]
 
 #: Seconds the launcher tries to file a dead rank in the job's store (Note [lost ranks]).
 _FILE_SECONDS = 5.0
@@ -172,6 +174,8 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
             ranks: the store cannot be reached, two were given this node rank, they were
             given different ``nproc`` or ``nnodes``, or some never came (Note [launchers
             meet] in :mod:`plait.rendezvous.nodes`).
+        StartError: a rank cannot be started, for a limit of this host (descriptors,
+            processes, threads or memory); the ranks started before it are stopped.
         OSError: a rank's command cannot be started.
     """
     base = {**os.environ, **job.env}
@@ -339,20 +343,26 @@ def _attempt(
                 return 128 + signals.received
             rank = first + local
             own = not (terminal and local == 0)  # Note [a rank's processes]
-            proc = subprocess.Popen(
-                list(job.command),
-                env=env,
-                stdin=subprocess.DEVNULL if terminal and own else None,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                bufsize=0,
-                process_group=0 if own else None,
-            )
+            try:
+                proc = subprocess.Popen(
+                    list(job.command),
+                    env=env,
+                    stdin=subprocess.DEVNULL if terminal and own else None,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    bufsize=0,
+                    process_group=0 if own else None,
+                )
+            except OSError as exc:  # the host's limits: the ranks started so far are stopped
+                raise StartError(_cannot_start(job, rank, exc)) from exc
             relay.add(rank, proc)
             ranks.append(RankProcess(rank, proc, group=own))
-            threading.Thread(
-                target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
+                ).start()
+            except RuntimeError as exc:  # "can't start new thread": the limit on threads
+                raise StartError(_cannot_start(job, rank, exc)) from exc
         relay.start()
         # Ranks of other hosts still in plait.init wait on this host's: a rank lost here is
         # filed for them, with recovery or not (without, they waited out their timeout).
@@ -372,6 +382,25 @@ def _attempt(
         if server is not None:
             server.close()
         _cleanup_shm(job_id)
+
+
+class StartError(OSError):
+    """A rank of the job could not be started: the host's limit on descriptors, processes,
+    threads or memory was reached. The message names the rank and the limit."""
+
+
+def _cannot_start(job: Job, rank: int, exc: BaseException) -> str:
+    """What to say when rank ``rank`` cannot be started: which rank, why, and what to do."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    total = job.nproc * job.nnodes
+    said = f"cannot start rank {rank} of {total} ranks: {why}"
+    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (
+            f"{said} (the launcher holds two pipes for each rank's output, and its limit "
+            f"is {soft} descriptors): raise it (ulimit -n) or start fewer ranks"
+        )
+    return f"{said} (a limit of this host on processes, threads or memory): start fewer ranks"
 
 
 def _meet_seconds(job: Job, base: Mapping[str, str]) -> float:
