@@ -377,3 +377,20 @@ def test_model_column_with_a_profile(tmp_path: Path) -> None:
             "allreduce", r["algorithm"], 2, r["bytes"], 2e-5, 1e-9, 3e-10, 2e-10
         )
         assert r["model_us"] == pytest.approx(want * 1e6, rel=1e-9)
+
+
+def test_the_header_says_what_the_rows_are() -> None:
+    """A barrier's header gave the sizes of -s (4 MiB) though its one row moves nothing, a
+    single size came with its factor (x2), and one rank or row was said in the plural."""
+    import argparse
+
+    base = dict(dtype="float32", op="sum", in_place=False, root=0, iters=None, seconds=0.1,
+                rounds=1, factor=2)  # fmt: skip
+    barrier = argparse.Namespace(collective="barrier", nproc=2, **base)
+    assert bench_cli._header(barrier, {"sizes": [4 << 20]}, 1)[1].startswith("# no data, one row; ")
+    one = argparse.Namespace(collective="allreduce", nproc=1, **base)
+    head = bench_cli._header(one, {"sizes": [8]}, 1)
+    assert head[0] == "# plait bench: allreduce, float32, sum, 1 rank, out of place"
+    assert head[1].startswith("# size 8 B, one row; ")
+    many = bench_cli._header(one, {"sizes": [8, 16, 32]}, 3)[1]
+    assert many.startswith("# sizes 8 B .. 32 B (x2), 3 rows; ")

@@ -105,3 +105,10 @@ def test_a_barrier_moves_no_bytes(tmp_path: Path, capsys: pytest.CaptureFixture)
     assert [(row[0], row[1], row[-3], row[-2]) for row in rows] == [
         ("0", "0", "0.000", "0.000")
     ] * 2
+
+
+def test_one_rank_is_said_in_the_singular(capsys: pytest.CaptureFixture) -> None:
+    assert main(["sim", "-n", "1", "-s", "1K", "-a", "ring"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert ", 1 rank, " in header
+    assert "ranks" not in header

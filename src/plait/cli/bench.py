@@ -251,7 +251,7 @@ def _header(args: argparse.Namespace, checked: dict[str, Any], n_rows: int) -> l
         what.append(args.dtype)
         if described.reduces:
             what.append(args.op)
-    what.append(f"{args.nproc} ranks")
+    what.append(f"{args.nproc} rank{'' if args.nproc == 1 else 's'}")
     if not (described.synchronizes or described.fills_x):  # broadcast is always in x
         what.append("in place" if args.in_place else "out of place")
     if described.rooted:
@@ -264,10 +264,16 @@ def _header(args: argparse.Namespace, checked: dict[str, Any], n_rows: int) -> l
     )
     if args.rounds > 1:
         policy += f" in {args.rounds} rounds, algorithms taking turns"
+    if described.synchronizes:  # the barrier's one row moves nothing, whatever -s says
+        rows = "no data, one row"
+    elif len(sizes) == 1:
+        rows = f"size {format_size(sizes[0])}, one row"
+    else:
+        rows = f"sizes {format_size(sizes[0])} .. {format_size(sizes[-1])} (x{args.factor}), "
+        rows += f"{n_rows} rows"
     return [
         f"# plait bench: {', '.join(what)}",
-        f"# sizes {format_size(sizes[0])} .. {format_size(sizes[-1])} (x{args.factor}), "
-        f"{n_rows} rows; {policy}; time = median over calls of the slowest rank's",
+        f"# {rows}; {policy}; time = median over calls of the slowest rank's",
         f"# plait {plait.__version__}, numpy {np.__version__}, Python {platform.python_version()}"
         f" on {platform.system()} {platform.machine()}, {os.cpu_count()} cores",
     ]
@@ -369,9 +375,9 @@ def main(args: argparse.Namespace) -> int:
                     elif s.error and not s.rows:
                         say(f"{s.label}: failed: {s.error}")
                     elif s.error:
-                        say(f"{s.label}: {len(s.rows)} rows, then failed: {s.error}")
+                        say(f"{s.label}: {_rows(len(s.rows))}, then failed: {s.error}")
                     else:
-                        say(f"{s.label}: {len(s.rows)} rows in {s.seconds:.1f} s")
+                        say(f"{s.label}: {_rows(len(s.rows))} in {s.seconds:.1f} s")
                     series.append(s)
         except runner.Interrupted as stop:
             series.extend(stop.series)
@@ -460,3 +466,8 @@ def _finish(
     failed = any(s.error for s in plait_series)
     wrong = any(r["wrong"] for s in plait_series for r in s.rows)
     return 1 if failed or wrong else 0
+
+
+def _rows(n: int) -> str:
+    """``1 row`` or ``3 rows``."""
+    return f"{n} row{'' if n == 1 else 's'}"

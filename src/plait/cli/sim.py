@@ -416,7 +416,7 @@ def _header(args: argparse.Namespace, dtype: np.dtype, net: Any) -> list[str]:
         what.append(f"root {args.root}")
     # The network's description names its ranks (``8 ranks``, ``2 hosts × 4 ranks``).
     if not re.search(r"\branks?\b", net.description):
-        what.append(f"{args.ranks} ranks")
+        what.append(f"{args.ranks} rank{'' if args.ranks == 1 else 's'}")
     what.append(net.description)
     header = [f"# plait sim: {', '.join(what)}"]
     if "α=" not in net.description:

@@ -76,7 +76,7 @@ def single_switch(
         net.set_router(lambda s, d: (up[s], down[d]))
     else:
         net.set_router(lambda s, d: (up[s], core, down[d]))
-    net.description = f"single switch, {p} ranks"
+    net.description = f"single switch, {_ranks(p)}"
     return net
 
 
@@ -112,7 +112,7 @@ def flat(
         net.set_message_cost(alpha, beta)
     net.name = "flat"
     net.description = (
-        f"flat α-β{'' if ports else ', contention-free'}, {p} ranks, "
+        f"flat α-β{'' if ports else ', contention-free'}, {_ranks(p)}, "
         f"α={alpha:g} s, β={beta:g} s/B, γ={gamma:g} s/B"
         + ("" if delta is None or delta == gamma else f", δ={delta:g} s/B")
     )
@@ -211,7 +211,7 @@ def fat_tree(
     )
     net.set_router(router)
     net.description = (
-        f"fat tree, {p} ranks, {ranks_per_leaf} per leaf, {spines} spine(s), "
+        f"fat tree, {_ranks(p)}, {ranks_per_leaf} per leaf, {spines} spine(s), "
         f"oversubscription {oversubscription:g}"
     )
     return net
@@ -309,7 +309,7 @@ def hosts(
         return [rank_to_nic[s], *between(nic_of[s], nic_of[d]), nic_to_rank[d]]
 
     net.set_router(router)
-    net.description = f"{n_hosts} hosts × {ranks_per_host} ranks, {nics} NIC(s) per host, {where}"
+    net.description = f"{n_hosts} hosts × {_ranks(ranks_per_host)}, {nics} NIC(s) per host, {where}"
     return net
 
 
@@ -407,3 +407,8 @@ def from_profile(
     return hosts(
         size // ranks_per_host, ranks_per_host, intra, inter, nics=nics, gamma=gamma, delta=delta
     )
+
+
+def _ranks(n: int) -> str:
+    """``1 rank`` or ``8 ranks``, for a network's description."""
+    return f"{n} rank{'' if n == 1 else 's'}"
