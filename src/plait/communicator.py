@@ -63,7 +63,13 @@ from plait.diagnostics.stragglers import (
     newest_done,
 )
 from plait.errors import ForkedError, UnsupportedError
-from plait.group import GroupTransport, child_comm_id
+from plait.group import (
+    GroupTransport,
+    child_comm_id,
+    claim_comm_id,
+    free_candidate,
+    used_candidates,
+)
 from plait.ops import MIN, Op
 from plait.schedule.builder import HostLayout
 from plait.selection.select import (
@@ -183,6 +189,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         layout = HostLayout.from_names(self._hosts)
         self._layout = layout if layout.n_hosts > 1 else None
         self._comm_id = _comm_id
+        claim_comm_id(transport, _comm_id)  # a split's group takes another (plait.group)
         # PLAIT_DEBUG=detail: compare every call's full signature across ranks first, and log it.
         debug = os.environ.get("PLAIT_DEBUG", "").lower()
         # PLAIT_DEBUG=info (or detail): log each choice auto makes, once per call shape.
@@ -373,15 +380,25 @@ class Communicator(PointToPointMethods, ObjectMethods):
         if color is not None and color < 0:
             raise ValueError(f"rank {self._rank}: split: color must be >= 0 or None; got {color}")
         seq = self._runner.seq  # the allgather below takes this sequence number
-        mine = np.array([-1 if color is None else int(color), int(key)], np.int64)
+        # Each rank's word: which of its color's candidate ids it has used (Note
+        # [communicator ids] in plait.group).
+        used = 0 if color is None else used_candidates(self._transport, self._comm_id, seq, color)
+        mine = np.array([-1 if color is None else int(color), int(key), used], np.int64)
         table = self._within(_ALLGATHER, mine, "split", timeout)
         if color is None:
             return None
-        members = sorted((int(k), r) for r, (c, k) in enumerate(table.tolist()) if c == color)
+        rows = table.reshape(self._size, 3).tolist()
+        members = sorted((int(k), r) for r, (c, k, _) in enumerate(rows) if c == color)
         ranks = [r for _, r in members]
+        attempt = free_candidate([rows[r][2] for r in ranks])
+        if attempt is None:
+            raise UnsupportedError(
+                f"rank {self._rank}: split: the group's ranks have used every id it could "
+                "take on this communicator's connections; make fewer groups (reuse them)"
+            )
         # On one host the group sets up a shared window of its own (Note [split windows]).
         setup = self._runner.timeout if timeout is None else float(timeout)
-        comm_id = child_comm_id(self._comm_id, seq, int(color))
+        comm_id = child_comm_id(self._comm_id, seq, int(color), attempt)
         sub = GroupTransport(
             self._transport, ranks, ranks.index(self._rank), comm_id=comm_id, timeout=setup
         )

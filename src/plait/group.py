@@ -24,8 +24,8 @@ Note [wire tags]
     with messages in the point-to-point space of the group's own communicator id
     with bit 32 set (:func:`setup_tag`), which no user tag, stall probe or pattern
     of any communicator has: ``ANY_TAG`` fixes bits 31 and up. The id is new for
-    every split (:func:`child_comm_id` hashes the parent's id and the split's
-    sequence number), so two groups of the same ranks set up at once (by two
+    every split (one its ranks have never used on the transport, Note [communicator
+    ids]), so two groups of the same ranks set up at once (by two
     threads, or by two splits in a row) never take each other's messages, and
     the messages a failed set-up leaves behind (one small message per peer that
     gave up) stay unread instead of being taken by the next one.
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 import time
+import weakref
 import zlib
 from collections.abc import Sequence
 
@@ -52,14 +53,17 @@ __all__ = [
     "COMM_ID_BITS",
     "GroupTransport",
     "child_comm_id",
+    "claim_comm_id",
     "collective_tag",
     "crossings",
+    "free_candidate",
     "own_comm_id",
     "p2p_pattern",
     "p2p_tag",
     "probe_tag",
     "setup_tag",
     "shrunk_comm_id",
+    "used_candidates",
     "user_tag",
     "whereabouts_tag",
 ]
@@ -134,10 +138,61 @@ def crossings(owner: Numbered, transport: Transport, comm_id: int) -> None:
     register(owner, transport, probe_tag(comm_id), comm_id, root, ranks, whereabouts_tag())
 
 
-def child_comm_id(parent_id: int, seq: int, color: int) -> int:
-    """Id of the group of ``color`` split from ``parent_id`` by its call ``seq`` (never 0)."""
-    digest = zlib.crc32(f"{parent_id}/{seq}/{color}".encode())
+# Note [communicator ids]
+#     Communicators that share a transport are kept apart on the wire by their id alone
+#     (Note [wire tags]), so two of them with one id and two ranks in common take each
+#     other's messages: a send on one matches a receive on the other, silently. An id
+#     hashed from the split (its parent, call number and color) into 18 bits repeats
+#     within a few hundred splits (the 137th and 338th calls of a world, color 0), so the
+#     ranks of a new group choose among ID_TRIES hashed candidates the first that none
+#     of them has used on the transport: each rank marks, in the word it sends in the
+#     split's allgather, which of its color's candidates it has used (claim_comm_id
+#     records every communicator made on a transport, closed ones included, since a
+#     closed one's unread messages stay queued), and every member of the group ORs its
+#     members' words and takes the same first free candidate. A pair of ranks in two
+#     communicators is in both, so it has used the first one's id and marks it taken.
+
+#: Candidate ids a split tries (the bits of the word each rank sends; below 63).
+ID_TRIES = 62
+#: The ids made on each transport (by its root), as seen by this rank.
+_CLAIMED: weakref.WeakKeyDictionary[object, set[int]] = weakref.WeakKeyDictionary()
+
+
+def child_comm_id(parent_id: int, seq: int, color: int, attempt: int = 0) -> int:
+    """Candidate ``attempt`` for the id of the group of ``color`` split from ``parent_id``
+    by its call ``seq`` (never 0; Note [communicator ids])."""
+    tail = f"/{attempt}" if attempt else ""
+    digest = zlib.crc32(f"{parent_id}/{seq}/{color}{tail}".encode())
     return digest % ((1 << COMM_ID_BITS) - 1) + 1
+
+
+def _root(transport: object) -> object:
+    """The transport at the bottom of ``transport``'s chain of group views."""
+    while isinstance(transport, GroupTransport):
+        transport = transport.parent
+    return transport
+
+
+def claim_comm_id(transport: object, comm_id: int) -> None:
+    """Record that this rank has made communicator ``comm_id`` over ``transport``."""
+    _CLAIMED.setdefault(_root(transport), set()).add(comm_id)
+
+
+def used_candidates(transport: object, parent_id: int, seq: int, color: int) -> int:
+    """The word this rank sends in a split: bit ``i`` set where candidate ``i`` of
+    :func:`child_comm_id` is an id it has made over ``transport``."""
+    used = _CLAIMED.get(_root(transport), set())
+    ids = (child_comm_id(parent_id, seq, color, i) for i in range(ID_TRIES))
+    return sum(1 << i for i, c in enumerate(ids) if c in used)
+
+
+def free_candidate(words: Sequence[int]) -> int | None:
+    """The first candidate that none of a group's ``words`` (:func:`used_candidates`) marks
+    used, or None where all are."""
+    taken = 0
+    for w in words:
+        taken |= w
+    return next((i for i in range(ID_TRIES) if not taken >> i & 1), None)
 
 
 def shrunk_comm_id(parent_id: int, agreement: int) -> int:

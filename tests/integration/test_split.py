@@ -138,3 +138,58 @@ def test_a_lone_rank_group_runs_the_one_sided_algorithms_asked_for() -> None:
             group.close()
 
     run_ranks(2, body)
+
+
+def _colliding_splits() -> tuple[int, int]:
+    """Two call numbers of the world whose splits of color 0 hash to one first candidate."""
+    from plait.group import child_comm_id
+
+    seen: dict[int, int] = {}
+    for seq in range(5000):
+        first = child_comm_id(0, seq, 0)
+        if first in seen:
+            return seen[first], seq
+        seen[first] = seq
+    raise AssertionError("no two splits of the first 5000 calls share a candidate")
+
+
+def test_two_live_groups_never_share_an_id() -> None:
+    """Splits at calls #137 and #338 of a world hashed to one 18-bit id: a send on the first
+    group was received on the second, and a ring allreduce on each mixed their sums."""
+    s1, s2 = _colliding_splits()
+
+    def body(comm: plait.Communicator) -> Any:
+        while comm._runner.seq < s1:
+            comm.barrier()
+        a = comm.split(0)
+        while comm._runner.seq < s2:
+            comm.barrier()
+        b = comm.split(0)
+        if comm.rank == 0:
+            a.send(np.full(4, 1.0), 1)
+            b.send(np.full(4, 2.0), 1)
+            got = None
+        else:
+            got = (b.recv(np.empty(4), 0)[0], a.recv(np.empty(4), 0)[0])
+        sums = []
+        for _ in range(5):
+            wa = a.allreduce(np.full(8, 1.0), algorithm="ring", async_op=True)
+            wb = b.allreduce(np.full(8, 100.0), algorithm="ring", async_op=True)
+            sums.append((wb.wait()[0], wa.wait()[0]))
+        return a._comm_id != b._comm_id, got, sums
+
+    results = run_ranks(2, body)
+    assert all(differ for differ, _, _ in results)
+    assert results[1][1] == (2.0, 1.0)
+    assert all(s == (200.0, 2.0) for _, _, sums in results for s in sums)
+
+
+def test_a_group_takes_the_first_id_none_of_its_ranks_has_used() -> None:
+    """Note [communicator ids]: each rank marks the candidates it has used; the group ORs
+    its members' marks."""
+    from plait.group import ID_TRIES, free_candidate
+
+    assert free_candidate([0, 0]) == 0
+    assert free_candidate([0b001, 0b100]) == 1
+    assert free_candidate([0b011, 0b100]) == 3
+    assert free_candidate([(1 << ID_TRIES) - 1]) is None
