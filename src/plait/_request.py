@@ -170,6 +170,7 @@ class Plan:
         "local",
         "named",
         "purpose",
+        "rows",
         "schedule",
         "shape",
         "ufunc",
@@ -179,17 +180,24 @@ class Plan:
     )
 
     def __init__(
-        self, spec: AlgorithmSpec, ctx: Context, dtype: np.dtype, op: Op | None, purpose: str = ""
+        self,
+        spec: AlgorithmSpec,
+        ctx: Context,
+        dtype: np.dtype,
+        op: Op | None,
+        purpose: str = "",
+        rows: str = "",
     ) -> None:
         self.ctx = ctx
         self.purpose = purpose  # the plait call this one is part of (Note [calls within calls])
+        self.rows = rows  # an uneven call's rows, as the counts may not say them
         #: How its messages name it: an inner call as part of the user's call.
         self.named = f"{purpose}'s {ctx.collective}" if purpose else ctx.collective
         # The call writes into its ``x`` (broadcast): OUT is the caller's memory and,
         # on root, the data to send (see plait.collectives).
         self.fills_x = collectives.get(ctx.collective).fills_x
         self.schedule = build_schedule(spec, ctx)
-        self.check = call_digest(spec.name, ctx, dtype, op, purpose)
+        self.check = call_digest(spec.name, ctx, dtype, op, purpose, rows)
         # The reduction its calls run (only schedules that reduce call it: np.bitwise_or
         # stands in where there is no op, and is never called).
         self.ufunc: np.ufunc = op.kernel(dtype) if op is not None else np.bitwise_or
@@ -302,6 +310,7 @@ class Stager:
         dst: Any = None,
         counts: tuple[int, ...] | None = None,
         purpose: str = "",
+        rows: str = "",
     ) -> Request:
         """Flatten and stage the arrays (see Note [in-place and staging]).
 
@@ -311,8 +320,10 @@ class Stager:
         conversion: they decide what the call returns (Note [result types] in
         :mod:`plait.communicator`), unless ``result`` says it. ``counts``: an
         uneven call's checked per-rank element counts (``Context.counts``,
-        ``count`` then 0); they are part of the plan's key and check word, as is
-        ``purpose`` (Note [calls within calls]).
+        ``count`` then 0); they are part of the plan's key and check word, as are
+        ``purpose`` (Note [calls within calls]) and ``rows``: the shape of an uneven
+        call's rows, and their counts where a row holds no element (the element counts
+        say neither), so that ranks that disagree on them fail with MismatchError.
         """
         if dtype is None:
             given = inp if inp is not None else out
@@ -321,7 +332,7 @@ class Stager:
         if not dtype.isnative or (out is not None and not out.dtype.isnative):
             return self._in_native_order(
                 choice, count, inp, out, shape, op, root, has_out, result, dtype, src, dst, counts,
-                purpose,
+                purpose, rows,
             )  # fmt: skip
         spec = choice.spec
         segment = choice.segment(dtype.itemsize)
@@ -333,6 +344,8 @@ class Stager:
         )
         if purpose:  # an inner call's plan is its own (Note [calls within calls])
             key += (purpose,)
+        if rows:
+            key += ("rows", rows)
         plan = self.plans.get(key)
         # The buffers come before a new plan: a call too large for memory (a read-only view
         # of 2**50 elements, say) fails at once where its buffer is made, not after building
@@ -392,7 +405,7 @@ class Stager:
             )
             if len(self.plans) >= CACHE_LIMIT:
                 self.plans.clear()
-            plan = self.plans[key] = Plan(spec, ctx, dtype, op, purpose)
+            plan = self.plans[key] = Plan(spec, ctx, dtype, op, purpose, rows)
         if result is ...:
             result = None
         aliased = False
@@ -437,6 +450,7 @@ class Stager:
         dst: Any,
         counts: tuple[int, ...] | None,
         purpose: str,
+        rows: str,
     ) -> Request:
         """The request of a call whose ``x`` or ``out`` is not in native byte order.
 
@@ -461,6 +475,7 @@ class Stager:
         req = self.request(
             choice, count, inp, stage, shape, op, root=root, has_out=has_out,
             result=result, dtype=native, src=src, dst=dst, counts=counts, purpose=purpose,
+            rows=rows,
         )  # fmt: skip
         if target is None:
             return req
@@ -525,7 +540,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4096)
 def call_digest(
-    algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None, purpose: str = ""
+    algorithm: str, ctx: Context, dtype: np.dtype, op: Op | None, purpose: str = "", rows: str = ""
 ) -> int:
     """The check word of a call: equal on all ranks exactly when their calls match.
 
@@ -542,6 +557,8 @@ def call_digest(
         text += "|" + ",".join(map(str, ctx.counts))
     if purpose:
         text += "|" + purpose
+    if rows:
+        text += "|rows " + rows
     return zlib.crc32(text.encode())
 
 
@@ -557,6 +574,8 @@ def signature(req: Request) -> str:
     op = req.op.name if req.op is not None else "-"
     segment = format_bytes(ctx.segment * dtype.itemsize)
     count = f"counts={list(ctx.counts)}" if ctx.counts is not None else f"count={ctx.count}"
+    if req.plan.rows:
+        count += f", {req.plan.rows}"
     within = f"{req.plan.purpose}: " if req.plan.purpose else ""
     return (
         f"{within}{ctx.collective}({count}, dtype={dtype.name}, op={op}, "

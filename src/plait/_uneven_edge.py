@@ -149,8 +149,10 @@ class UnevenMethods(CollectiveMethods):
         ``rest``: the shape of one row; ``out_rows``: the rows of this rank's
         result, None where it gets none (gatherv off root). The counts go
         below as element counts of the flat buffers, into the plan's key and
-        the check word, so ranks that disagree on a count, or on the size of
-        a row, fail with MismatchError instead of misreading each other.
+        the check word with the shape of a row (and the row counts, where a
+        row holds no element), so ranks that disagree on a count, or on the
+        shape of a row, fail with MismatchError instead of misreading each
+        other or returning results of different shapes.
         ``purpose``: the plait call this one is part of (``_within`` says why).
         """
         size = self._size
@@ -159,13 +161,16 @@ class UnevenMethods(CollectiveMethods):
         shape = (out_rows or 0, *rest)
         out_arr = check_out(out, shape, dtype, self._rank, t.name) if has_out else None
         elems = tuple(k * row for k in rows)
+        # The element counts say neither the shape of a row nor, where a row holds nothing,
+        # how many rows: the check word covers both (ranks disagreeing raise MismatchError).
+        layout = f"rows {list(rows)} of shape {rest}" if row == 0 else f"row shape {rest}"
         nbytes = (
             t.uneven_whole(size, elems) * dtype.itemsize // size
         )  # auto sizes by the mean block
         choice = self._choose(t.name, algorithm, nbytes, op)
         req = self._stage.request(
             choice, 0, inp, out_arr, shape, op, root=root, has_out=has_out,
-            dtype=dtype, src=x, dst=out, counts=elems, purpose=purpose,
+            dtype=dtype, src=x, dst=out, counts=elems, purpose=purpose, rows=layout,
         )  # fmt: skip
         # 4: the user's frame is beyond this one and the collective method's (further out
         # for reduce_scatter(counts=) and the object collectives: the recorder walks on)

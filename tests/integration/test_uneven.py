@@ -228,6 +228,27 @@ def test_rows_of_different_sizes_raise_mismatch_error() -> None:
     run_ranks(2, body, lockstep=True)
 
 
+@pytest.mark.parametrize(
+    "mine",
+    [
+        pytest.param(lambda r: ((1 + r, 0), [1, 1 + r]), id="rows of nothing, counts differ"),
+        pytest.param(lambda r: ((0, 2 + r), [0, 0]), id="no rows, widths differ"),
+        pytest.param(lambda r: ((2 + r, 3 - r), [2 + r, 2 + r]), id="same elements, rows differ"),
+    ],
+)
+def test_rows_the_element_counts_do_not_show_raise_mismatch_error(mine: Any) -> None:
+    """Rows of no element: counts [1, 1] on one rank and [1, 2] on the other returned
+    results of 2 and 3 rows; rows of 2 × 3 against 3 × 2 elements (6 a rank on both)
+    returned (4, 3) on one and (6, 2) on the other. The element counts agreed."""
+
+    def body(comm: plait.Communicator) -> None:
+        shape, counts = mine(comm.rank)
+        with pytest.raises(plait.MismatchError, match="row"):
+            comm.allgatherv(np.ones(shape), counts, algorithm="ring", timeout=10)
+
+    run_ranks(2, body, lockstep=True)
+
+
 def test_recv_counts_that_disagree_raise_on_every_rank() -> None:
     def body(comm: plait.Communicator) -> None:
         x = np.ones((2, 1))
