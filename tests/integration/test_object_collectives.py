@@ -217,3 +217,25 @@ def test_a_failure_in_the_second_part_names_the_object_call(name: str, part: str
     assert message is not None
     assert f"rank 0: {name}'s {part} (" in message, message
     assert "buffer" not in message, message
+
+
+def test_a_mismatch_names_the_peers_long_call_whole() -> None:
+    """Different roots of gather_object: the peer's call was named in 40 bytes, "...'s
+    gatherv (binomial, call " without its number."""
+    from plait.runtime.crossing import NAME_BYTES, wire_name
+
+    def body(comm: plait.Communicator) -> str:
+        with pytest.raises(plait.MismatchError) as info:
+            comm.gather_object(comm.rank, root=comm.rank, timeout=10)
+        return str(info.value)
+
+    for r, said in enumerate(run_ranks(2, body)):
+        assert f"rank {1 - r} is in a different call, gather_object's gatherv (" in said
+        assert ", call #1), and waits like this rank" in said
+    long = "é" * 60 + " (ring, call #123456)"
+    cut = wire_name(long)
+    assert len(cut) <= NAME_BYTES
+    text = cut.decode("utf-8")  # strict: no character cut in two
+    assert text.startswith("é" * 10)
+    assert "..." in text
+    assert text.endswith(" (ring, call #123456)")

@@ -100,6 +100,7 @@ from plait.errors import MismatchError
 from plait.transport.base import Handle, Matching, Transport
 
 __all__ = [
+    "NAME_BYTES",
     "NOTICE_BYTES",
     "P2P",
     "Crossing",
@@ -108,9 +109,26 @@ __all__ = [
     "pending_sends",
     "register",
     "sending",
+    "wire_name",
 ]
 
 _log = logging.getLogger("plait")
+
+#: Bytes of a call's name in a notice or a probe (:func:`wire_name`).
+NAME_BYTES = 96
+
+
+def wire_name(describe: str) -> bytes:
+    """A call's name (``gather_object's gatherv (binomial, call #3)``) as a notice or a
+    probe carries it: UTF-8, at most :data:`NAME_BYTES`, cut in the middle where longer so
+    that its call number at the end stays, and never within a character."""
+    raw = describe.encode("utf-8", "replace")
+    if len(raw) <= NAME_BYTES:
+        return raw
+    tail = raw[-40:].decode("utf-8", "ignore").encode()
+    head = raw[: NAME_BYTES - len(tail) - 3].decode("utf-8", "ignore").encode()
+    return head + b"..." + tail
+
 
 _WHERE, _CONFIRM = 0, 1
 #: Most of the ranks a notice says its call waits on.
@@ -119,7 +137,7 @@ _NAMED = 8
 #: whether the sender is alone (_alone); for a confirmation, the receiver's call that the
 #: sender has not begun (communicator id, number); how many ranks the call waits on, and the
 #: first of them as the shared transport numbers them (-1 after the last).
-_WIRE = struct.Struct(f"<IQQ40sIQQI{_NAMED}i")
+_WIRE = struct.Struct(f"<IQQ{NAME_BYTES}sIQQI{_NAMED}i")
 #: Bytes of one whereabouts notice or confirmation.
 NOTICE_BYTES = _WIRE.size
 #: The first number of a point-to-point wait (Note [crossed calls]): above every call's.
@@ -444,7 +462,7 @@ class Crossing:
         me = self._me
         assert me is not None
         named = list(peers) + [-1] * (_NAMED - len(peers))
-        name = self._describe.encode("utf-8", "replace")[:40]
+        name = wire_name(self._describe)
         return _WIRE.pack(
             kind, me.comm_id, self._seq, name, _alone(), comm_id, seq, len(peers), *named
         )

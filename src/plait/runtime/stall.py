@@ -93,7 +93,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.errors import CommTimeout, MismatchError, PeerLostError
-from plait.runtime.crossing import Crossing
+from plait.runtime.crossing import NAME_BYTES, Crossing, wire_name
 from plait.schedule.ir import Schedule
 from plait.transport.base import PEER_CLOSED, Handle, Transport, background_thread, peer_closed
 
@@ -120,7 +120,7 @@ NOTICE_SECONDS = 0.5
 _NAMED = 8
 #: seq (the call's number), digest, kind, the call's name (UTF-8, zero-padded), how many
 #: peers the call waits on, and the first of them (-1 after the last).
-_WIRE = struct.Struct(f"<QQQ40sI{_NAMED}i")
+_WIRE = struct.Struct(f"<QQQ{NAME_BYTES}sI{_NAMED}i")
 #: Bytes of one probe.
 PROBE_BYTES = _WIRE.size
 
@@ -626,7 +626,7 @@ def _lost_error(
 
 
 def _name(call: Call) -> bytes:
-    return call.describe.encode("utf-8", "replace")[:40]
+    return wire_name(call.describe)
 
 
 def _text(raw: bytes) -> str:
