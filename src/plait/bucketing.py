@@ -58,7 +58,8 @@ import numpy as np
 
 from plait import _arrays, _tensor
 from plait._checks import as_writable, check_own_memory
-from plait.ops import AVG, Op
+from plait.errors import CommTimeout
+from plait.ops import AVG, SUM, Op
 from plait.runtime.work import Work
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "Bucketer", "attach"]
@@ -125,13 +126,15 @@ class Bucketer:
         for i, g in enumerate(grads):
             if isinstance(g, tuple):
                 shape, dtype = g
-                layout.append((tuple(shape), np.dtype(dtype)))
+                layout.append((tuple(shape), _layout_dtype(dtype, i)))
                 self._arrays.append(None)
             else:
                 a, _ = self._writable(g, i, "Bucketer")
                 layout.append((a.shape, a.dtype))
                 self._arrays.append(g)
         self._layout = layout
+        if compression is not None:
+            _check_compressible(layout, op)
         n = len(layout)
         order = list(range(n - 1, -1, -1)) if order is None else list(order)
         if sorted(order) != list(range(n)):
@@ -192,7 +195,10 @@ class Bucketer:
         if not 0 <= index < len(self._layout):
             raise ValueError(f"gradient index {index} out of range 0..{len(self._layout) - 1}")
         if self._outs[index] is not None:
-            raise ValueError(f"gradient {index} was already marked ready this step")
+            raise ValueError(
+                f"gradient {index} was already marked ready this step; wait() ends a step "
+                "(after a wait() that timed out, the step goes on until a wait() finishes it)"
+            )
         given = self._arrays[index] if grad is None else grad
         if given is None:
             raise ValueError(f"gradient {index}: pass its array (the Bucketer has only its shape)")
@@ -241,32 +247,54 @@ class Bucketer:
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
             b = self._buckets[self._next]
             kwargs = {} if self.compression is None else {"compression": self.compression}
-            b.work = self.comm.allreduce(b.buffer, self.op, out=b.buffer, async_op=True, **kwargs)
+            try:
+                b.work = self.comm.allreduce(
+                    b.buffer, self.op, out=b.buffer, async_op=True, **kwargs
+                )
+            except BaseException:
+                # The step cannot finish: the buckets started finish on every rank, and the
+                # next ready() begins a new step (not this bucket again, for another gradient).
+                self._abandon()
+                raise
             self._next += 1
 
     def wait(self, timeout: float | None = None) -> None:
         """Finish every bucket and write the results into the gradients; ready for a new step.
 
+        ``timeout`` bounds the wait for each bucket. Where it passes first, the
+        allreduces go on, nothing is reset, and a later :meth:`wait` finishes the
+        step (gradients already written are written again with the same values).
+
         Raises:
             ValueError: some gradients were never marked ready this step (their
                 indexes are named); nothing was started for their buckets.
+            CommTimeout: ``timeout`` passed first (the step goes on: call wait again).
             CommError: a bucket's allreduce failed.
         """
         missing = [i for i, out in enumerate(self._outs) if out is None]
         if missing:
             self._abandon()
             raise ValueError(f"gradients {missing} were not marked ready before wait()")
+        finished: bool | None = False
         try:
             for b in self._buckets:
-                assert b.work is not None
-                b.work.wait(timeout)
+                assert b.work is not None  # every gradient ready: every bucket started
+                try:
+                    b.work.wait(timeout)
+                except CommTimeout:
+                    if b.work.done():  # the allreduce itself timed out: it failed
+                        raise
+                    finished = None  # still running: its buffer is not ours to reuse yet
+                    raise
                 for i, start in zip(b.members, b.offsets, strict=True):
                     # Through an array of the gradient's shape, never out.reshape(-1)
                     # (Note [writing the averages back]).
                     shape = self._layout[i][0]
                     self._outs[i][...] = b.buffer[start : start + math.prod(shape)].reshape(shape)
+            finished = True
         finally:
-            self._reset()
+            if finished is not None:  # done, or failed: a new step begins
+                self._reset()
 
     def _abandon(self) -> None:
         for b in self._buckets:
@@ -326,3 +354,37 @@ def _torch_dtype(p: Any, index: int) -> np.dtype:
 
     empty = torch.empty(0, dtype=p.dtype)
     return _tensor.as_array(empty, f"attach: parameter {index} ({tuple(p.shape)})").dtype
+
+
+def _layout_dtype(dtype: Any, index: int) -> np.dtype:
+    """The numpy dtype of a (shape, dtype) pair's ``dtype``: numpy's, or torch's (as
+    :func:`attach` reads a parameter's gradients: ml_dtypes' bfloat16 for bfloat16)."""
+    if type(dtype).__module__ == "torch":
+        import torch
+
+        empty = torch.empty(0, dtype=dtype)
+        return np.dtype(_tensor.as_array(empty, f"Bucketer: gradient {index}").dtype)
+    try:
+        found: np.dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"Bucketer: gradient {index}: {dtype!r} is not a dtype; pass a numpy or torch "
+            "dtype (np.float32, torch.float32)"
+        ) from None
+    return found
+
+
+def _check_compressible(layout: Sequence[tuple[tuple[int, ...], np.dtype]], op: Op) -> None:
+    """Refuse at construction what a compressed allreduce of a bucket would refuse at its
+    start, mid-step: a gradient that is not floating point, or an op but SUM and AVG."""
+    for i, (_, dtype) in enumerate(layout):
+        if dtype not in _COMPRESSIBLE:
+            raise TypeError(
+                f"Bucketer: gradient {i} is {dtype}; compression needs float16, float32 or "
+                "float64 gradients (reduce the others with a Bucketer of their own)"
+            )
+    if op not in (SUM, AVG):
+        raise ValueError(f"Bucketer: compression supports plait.SUM and plait.AVG; got {op!r}")
+
+
+_COMPRESSIBLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))

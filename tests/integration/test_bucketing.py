@@ -290,3 +290,66 @@ def test_a_gradient_in_device_memory_gets_the_average_copied_back() -> None:
     for g, h in run_ranks(2, body):
         np.testing.assert_array_equal(g, np.full((2, 3), 1.5, np.float32))
         np.testing.assert_array_equal(h, np.full(4, 15.0, np.float32))
+
+
+def test_a_wait_that_times_out_leaves_the_step_to_a_later_wait() -> None:
+    """wait(timeout) reset the Bucketer while the allreduce went on: a retried wait said the
+    gradients were never marked ready, this rank's gradient was never averaged, and the next
+    step's ready() wrote into the buffer the allreduce was still reducing (125.5, not 150)."""
+    import threading
+
+    late = threading.Event()
+
+    def body(comm: plait.Communicator) -> list[float]:
+        g = [np.zeros(4)]
+        b = Bucketer(comm, g)
+        seen = []
+        for step, val in enumerate((1.0, 100.0)):
+            g[0][...] = val * (comm.rank + 1)
+            if comm.rank == 1 and step == 0:
+                assert late.wait(30)  # rank 0's wait has timed out
+            b.ready(0)
+            if comm.rank == 0 and step == 0:
+                with pytest.raises(plait.CommTimeout):
+                    b.wait(timeout=0.2)
+                with pytest.raises(ValueError, match="the step goes on until a wait"):
+                    b.ready(0)
+                late.set()
+            b.wait()
+            seen.append(float(g[0][0]))
+        return seen
+
+    assert run_ranks(2, body) == [[1.5, 150.0], [1.5, 150.0]]
+
+
+def test_compression_refuses_gradients_it_cannot_compress_when_built() -> None:
+    """An int64 gradient with compression was accepted; ready() of a float gradient then
+    raised the int64 gradient's TypeError, and every wait() a bare AssertionError."""
+    from plait.compression import FP16
+
+    def body(comm: plait.Communicator) -> None:
+        grads = [np.ones(4, np.float32), np.ones(3, np.int64)]
+        with pytest.raises(TypeError, match="gradient 1 is int64; compression needs float16"):
+            Bucketer(comm, grads, compression=FP16(), op=plait.SUM)
+        with pytest.raises(ValueError, match=r"compression supports plait\.SUM and plait\.AVG"):
+            Bucketer(comm, grads[:1], compression=FP16(), op=plait.MAX)
+
+    run_ranks(2, body)
+
+
+def test_shape_and_dtype_pairs_take_torch_dtypes() -> None:
+    """(shape, torch.float32) raised "Cannot interpret 'torch.float32' as a data type"."""
+    torch = pytest.importorskip("torch", reason="torch dtypes need torch")
+
+    def body(comm: plait.Communicator) -> list[float]:
+        b = Bucketer(comm, [((2,), torch.float32), ((3,), torch.bfloat16)])
+        a = torch.full((2,), float(comm.rank + 1))
+        c = torch.full((3,), float(comm.rank + 1), dtype=torch.bfloat16)
+        b.ready(1, c)
+        b.ready(0, a)
+        b.wait()
+        return [float(a[0]), float(c[0])]
+
+    assert run_ranks(2, body) == [[1.5, 1.5], [1.5, 1.5]]
+    with pytest.raises(TypeError, match="'f32' is not a dtype"):
+        Bucketer(None, [((2,), "f32")])
