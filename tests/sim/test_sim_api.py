@@ -64,6 +64,10 @@ def test_arguments_are_checked() -> None:
     net = sim.flat(4, 1e-6, 1e-9)
     with pytest.raises(ValueError, match="unknown algorithm"):
         sim.simulate("allreduce", "nope", 64, net)
+    # It said "unknown algorithm 'auto' ...; expected 'auto' or one of: ...".
+    with pytest.raises(ValueError, match="'auto' is plait's choice among the algorithms") as e:
+        sim.simulate("allreduce", "auto", 64, net)
+    assert "expected 'auto'" not in str(e.value)
     with pytest.raises(ValueError, match="unknown collective"):
         sim.simulate("allsum", "ring", 64, net)
     with pytest.raises(ValueError, match="commutative"):

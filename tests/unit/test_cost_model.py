@@ -60,6 +60,17 @@ def test_an_unreadable_profile_is_ignored(
     assert "ignoring the profile" in caplog.text
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", '"x"', "3", "null"])
+def test_a_profile_that_is_not_an_object_is_ignored(
+    profile_file: Path, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
+    """``[1, 2]`` raised AttributeError ('list' object has no attribute 'get') out of every
+    rank's plait.init and of plait tune --show."""
+    profile_file.write_text(text)
+    assert model.load() is None
+    assert "malformed profile: a JSON object expected" in caplog.text
+
+
 def test_predict_best_is_the_formula_minimum() -> None:
     names = ["recursive_doubling", "ring", "rabenseifner", "direct"]  # direct: no formula
     for nbytes in (8, 4096, 1 << 20, 64 << 20):

@@ -199,6 +199,11 @@ def get(collective: str, name: str) -> AlgorithmSpec:
     try:
         return table[name]
     except KeyError:
+        if name == "auto":  # the caller's own choice among them: here, one must be named
+            raise ValueError(
+                f"'auto' is plait's choice among the algorithms of {collective}, not one of "
+                "them; name one here: " + ", ".join(table)
+            ) from None
         raise ValueError(
             f"unknown algorithm {name!r} for {collective}; expected 'auto' or one of: "
             + ", ".join(table)

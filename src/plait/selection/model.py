@@ -119,12 +119,16 @@ class Profile:
         return {"version": VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Profile:
+    def from_json(cls, data: Any) -> Profile:
         """The profile a :meth:`to_json` dict describes.
 
         Raises:
-            ValueError: another format version, or missing or negative fields.
+            ValueError: not a JSON object, another format version, or missing or negative
+                fields.
         """
+        if not isinstance(data, dict):
+            kind = type(data).__name__
+            raise ValueError(f"malformed profile: a JSON object expected, not {kind}")
         if data.get("version") != VERSION:
             raise ValueError(f"profile format {data.get('version')!r}; this plait reads {VERSION}")
         try:
