@@ -16,9 +16,11 @@ runs recursive doubling for allreduce calls below 8 KiB, ring cut into
 256 KiB segments from 8 KiB on, and binomial for every broadcast. Bytes are
 counted as ``auto`` counts them (the whole vector for allreduce/reduce/
 broadcast, one rank's block for the block collectives). The first entry whose
-range holds the call and whose algorithm allows the call's op wins; calls no
-entry covers fall back to the rules file (:mod:`plait.selection.rules_file`),
-the profile and the built-in rules. Every rank must see the same PLAIT_ALGO
+range holds the call, whose algorithm allows the call's op and can run where
+the ranks are (a one-sided algorithm such as ``arena`` needs ranks that share
+a window: one host, over shared memory) wins; calls no entry covers fall back
+to the rules file (:mod:`plait.selection.rules_file`), the profile and the
+built-in rules, silently (``PLAIT_DEBUG=info`` logs each choice and its source). Every rank must see the same PLAIT_ALGO
 (as with any setting that changes schedules, a mismatch fails with
 MismatchError).
 """
