@@ -23,6 +23,25 @@ Note [compressor state]
     ``reset()`` forgets all state (between experiments). State is never
     exchanged: every rank keeps its own, and only what every rank computes
     identically (PowerSGD's ``Q``) stays identical across ranks.
+
+Note [state claims]
+    A key's state must keep its tensor's shape, and a call with another
+    shape is refused at the call, before any byte moves. The state itself is
+    made by the compressor's run, which for an ``async_op=True`` call happens
+    later, on the worker thread. So :meth:`Compressor.check` records, at the
+    call and on the calling thread, the shape and working dtype the key is
+    claimed for (a ``_Slot`` with no state yet), and checks later calls
+    against that claim whether or not the state exists yet. Only calls that
+    will keep state claim a key (a PowerSGD tensor small enough to fall back
+    does not); ``reset()`` forgets claims with the state.
+
+Note [byte order]
+    Ranks may pass the same values in different byte orders, and a
+    compressor receives the caller's array as it is (its identity keys the
+    state). Everything a compressor computes and puts on the wire is in
+    native byte order: :func:`native` converts at the edge, and only the
+    result goes back to ``x``'s dtype. Bytes viewed with a non-native dtype
+    on one rank and a native one on another would be read as other numbers.
 """
 
 from __future__ import annotations
@@ -38,12 +57,25 @@ import numpy as np
 if TYPE_CHECKING:
     from plait.communicator import Communicator
 
-__all__ = ["Compressor", "Keyed", "work_dtype"]
+__all__ = ["Compressor", "Keyed", "native", "work_dtype"]
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:
-    """The precision compressors compute in: float64 for float64 data, float32 otherwise."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    """The precision compressors compute in: float64 for float64 data (either byte order),
+    float32 otherwise."""
+    dtype = np.dtype(dtype)
+    wide = dtype.kind == "f" and dtype.itemsize == 8
+    return np.dtype(np.float64) if wide else np.dtype(np.float32)
+
+
+def native(x: np.ndarray) -> np.ndarray:
+    """``x`` in native byte order: ``x`` itself when it already is, else a converted copy.
+
+    See Note [byte order].
+    """
+    if x.dtype.isnative:
+        return x
+    return x.astype(x.dtype.newbyteorder("="))
 
 
 class _Table(dict):  # type: ignore[type-arg]
@@ -66,6 +98,21 @@ class _Identity:
 
     def __repr__(self) -> str:
         return f"<array at {self.ident:#x}>"
+
+
+class _Slot:
+    """What a table keeps per tensor: the claimed shape and working dtype, and the state.
+
+    ``state`` is None between the call that claimed the key and the run that
+    makes it (Note [state claims]).
+    """
+
+    __slots__ = ("dtype", "shape", "state")
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, state: Any = None) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.state = state
 
 
 def _forget(table_ref: weakref.ref[_Table], key: Hashable) -> None:
@@ -120,13 +167,29 @@ class Compressor(ABC):
                     "compression=c.with_key(name)"
                 ) from None
         table = self._table(comm)
-        state = table.get(self._key(key, x))
-        if state is not None:
-            self._check_state(state, x, comm, key)
+        k = self._key(key, x)
+        slot = table.get(k)
+        if slot is not None:
+            if slot.state is not None:
+                self._check_state(slot.state, x, comm, key)
+            if (slot.shape, slot.dtype) != (x.shape, work_dtype(x.dtype)):
+                raise ValueError(
+                    f"rank {comm.rank}: allreduce: {self.name}: "
+                    f"{'key ' + repr(key) if key is not None else 'this array'} is in use "
+                    f"for a tensor of shape {slot.shape} (computed in {slot.dtype}); x has "
+                    f"{x.shape} and {x.dtype}. Give each tensor its own key "
+                    "(c.with_key(name)) or call reset()"
+                )
+        elif self._keeps_state(x):
+            self._claim(table, k, key, x)
 
     def collectives(self, x: np.ndarray, comm: Communicator) -> int:
         """How many collective calls :meth:`allreduce` makes on ``comm`` for ``x``."""
         return 1
+
+    def _keeps_state(self, x: np.ndarray) -> bool:
+        """Whether a call for ``x`` keeps state, and so claims its key (Note [state claims])."""
+        return self.stateful
 
     @abstractmethod
     def allreduce(
@@ -180,14 +243,24 @@ class Compressor(ABC):
 
     def _state(self, comm: Communicator, key: Hashable | None, x: np.ndarray) -> Any:
         """The state of this tensor on ``comm`` (None on its first call); see :meth:`_store`."""
-        return self._table(comm).get(self._key(key, x))
+        slot = self._table(comm).get(self._key(key, x))
+        return None if slot is None else slot.state
+
+    def _claim(self, table: _Table, k: Hashable, key: Hashable | None, x: np.ndarray) -> _Slot:
+        """A new slot for ``x`` under ``k``, dropped with ``x`` when keyed by its identity."""
+        slot = _Slot(x.shape, work_dtype(x.dtype))
+        if key is None:
+            weakref.finalize(x, _forget, weakref.ref(table), k)
+        table[k] = slot
+        return slot
 
     def _store(self, comm: Communicator, key: Hashable | None, x: np.ndarray, state: Any) -> None:
         table = self._table(comm)
         k = self._key(key, x)
-        if key is None and k not in table:
-            weakref.finalize(x, _forget, weakref.ref(table), k)
-        table[k] = state
+        slot = table.get(k)
+        if slot is None:  # a direct call, without check(): claim the key now
+            slot = self._claim(table, k, key, x)
+        slot.state = state
 
     def _check_state(
         self, state: Any, x: np.ndarray, comm: Communicator, key: Hashable | None

@@ -12,7 +12,8 @@ bfloat16 (round to nearest, ties to even, NaN kept quiet) with integer
 operations on the bit patterns, the wire carries them as uint16, and the
 reduction is :data:`BF16_SUM`, an op that adds two bf16 bit patterns in
 float32 and rounds the sum back, which is what a bfloat16 add does. The
-results match ml_dtypes' bfloat16 bit for bit.
+results match ml_dtypes' bfloat16 bit for bit, from float64 too (rounded once,
+Note [bf16 from float64]).
 
 Bytes on the wire: those of an allreduce of ``count`` 2-byte elements, half of
 float32's (a quarter of float64's).
@@ -35,13 +36,17 @@ __all__ = ["BF16", "BF16_SUM", "FP16", "from_bf16_bits", "to_bf16_bits"]
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) of ``x``: float32 rounded to nearest, ties to even.
+    """bfloat16 bit patterns (uint16) of ``x``, rounded to nearest, ties to even.
 
-    Other float dtypes go through float32 first. NaNs stay NaN (quiet, sign
-    kept); values beyond bfloat16's range become infinities, as in a hardware
+    Rounded once, from ``x``'s own value: float64 too (Note [bf16 from float64]);
+    float16 widens to float32 exactly. NaNs stay NaN (quiet, sign kept);
+    values beyond bfloat16's range become infinities, as in a hardware
     conversion.
     """
-    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, as it should
+    x = np.asarray(x)
+    if x.dtype.kind == "f" and x.dtype.itemsize == 8:
+        f = _to_float32_odd(x)
+    else:
         f = np.ascontiguousarray(x, dtype=np.float32)
     u = f.view(np.uint32)
     # Adding 0x7FFF plus the lowest kept bit rounds to nearest and ties to even;
@@ -52,6 +57,37 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     if nan.any():
         bits[nan] = ((u[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)
     return bits
+
+
+def _to_float32_odd(x: np.ndarray) -> np.ndarray:
+    """float64 ``x`` as float32 rounded to odd: see Note [bf16 from float64].
+
+    Note [bf16 from float64]
+        Rounding float64 to float32 to nearest and then to bfloat16 to
+        nearest rounds twice, and can land on the wrong side of a bfloat16
+        tie: ``1 + 2**-8 + 2**-40`` becomes the tie ``1 + 2**-8`` in float32,
+        which then goes to even, down, though the value is above the tie. So
+        float64 goes to float32 rounded to odd instead: truncated toward
+        zero, with the lowest bit set when anything was cut off. float32
+        keeps 16 more bits than bfloat16 (well over the 2 that rounding to
+        odd needs), so rounding the result to nearest gives the correctly
+        rounded bfloat16 of ``x``, as ml_dtypes' direct conversion does.
+        Past float32's range the truncation is float32's largest value,
+        odd, which rounds to inf as ``x`` should; below it, zero with the
+        lowest bit set, which rounds to zero.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)  # native order
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, fixed below
+        f = x.astype(np.float32)
+        inexact = (f.astype(np.float64) != x) & ~np.isnan(x)
+    if inexact.any():
+        g = f[inexact]
+        over = np.abs(g.astype(np.float64)) > np.abs(x[inexact])
+        g[over] = np.nextafter(g[over], np.float32(0))  # toward zero: the truncation
+        u = g.view(np.uint32)
+        u |= np.uint32(1)
+        f[inexact] = g
+    return f
 
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""int8 with one float32 scale per block: a quarter of float32's bytes, plus the scales.
+"""int8 with one scale per block: a quarter of float32's bytes, plus the scales.
 
 The sum of quantized vectors is not a quantized vector, so this is a
 reduce-scatter and an allgather written out by hand, quantizing in front of
@@ -6,7 +6,7 @@ each (like a ring allreduce whose partial sums are re-quantized once)::
 
     x (count elements), padded to size * shard, cut into size shards
     1. quantize every shard          -> alltoall: rank r gets shard r of every rank
-    2. dequantize those size shards, sum them in rank order (float32), quantize the sum
+    2. dequantize those size shards, sum them in rank order, quantize the sum
     3. allgather the quantized sums  -> every rank dequantizes the same bytes
 
 Step 2 runs on one rank per shard, so the order of the additions is fixed,
@@ -15,8 +15,13 @@ result is identical bit for bit everywhere. It carries two quantization
 errors (each rank's input, then the shard's sum), each at most half a step
 (``max|block| / 127 / 2``) with nearest rounding.
 
-Quantizing a block of ``block_size`` values: ``scale = max|v| / 127`` (float32),
-``q = round(v / scale)`` in -127..127, dequantized as ``q * scale``. A block of
+Quantizing a block of ``block_size`` values: ``scale = max|v| / 127``,
+``q = round(v / scale)`` in -127..127, dequantized as ``q * scale``. Everything,
+the scales on the wire included, is float32, and float64 for float64 data:
+float32 scales would turn float64 values beyond float32's range into inf and
+NaN, and those below its smallest into 0. With ``AVG`` the sum is divided by
+the number of ranks in that precision, before the cast to ``x``'s dtype, so a
+mean that float16 can hold does not overflow. A block of
 zeros has scale 0; a block with an inf or NaN dequantizes to NaN, so a
 non-finite gradient is not silently dropped. Rounding is to nearest (ties to
 even) or stochastic, ``floor(v / scale + u)`` with ``u`` uniform in [0, 1),
@@ -27,8 +32,9 @@ per call a rank draws ``size * shard`` numbers for step 1, then ``shard`` for
 step 2.
 
 Bytes one rank sends per call: ``2 (size - 1) (shard + 4 ceil(shard / block_size))``
-with ``shard = ceil(count / size)``, against ``2 (size - 1) / size * 4 count`` for
-a float32 ring allreduce: about 1/4, plus 4 / block_size for the scales.
+with ``shard = ceil(count / size)`` (8 bytes a scale for float64 data), against
+``2 (size - 1) / size * 4 count`` for a float32 ring allreduce: about 1/4, plus
+4 / block_size for the scales.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from plait.compression.base import Compressor
+from plait.compression.base import Compressor, work_dtype
 
 if TYPE_CHECKING:
     from plait.communicator import Communicator
@@ -52,65 +58,66 @@ _LEVELS = 127  # symmetric: -127..127, so negating a block negates its codes
 def quantize(
     v: np.ndarray, block_size: int, noise: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """int8 codes and float32 per-block scales of each row of ``v`` (last block may be short).
+    """int8 codes and per-block scales of each row of ``v`` (the last block may be short).
 
     Args:
         v: values, 1-D or 2-D (rows quantized separately, blocks starting at
-            each row's first element); converted to float32.
+            each row's first element); computed in float64 when float64,
+            else converted to float32.
         block_size: elements per scale.
         noise: uniforms in [0, 1) of ``v``'s shape for stochastic rounding;
             None rounds to nearest.
 
     Returns:
-        ``(codes, scales)``: int8 of ``v``'s shape, and float32 with
+        ``(codes, scales)``: int8 of ``v``'s shape, and scales in the working
+        precision (float32, or float64 for float64 ``v``) with
         ``ceil(n / block_size)`` scales per row (``n`` the row length).
     """
-    v = np.asarray(v, dtype=np.float32)
+    v = np.asarray(v)
+    wd = work_dtype(v.dtype)
+    v = v.astype(wd, copy=False)
     rows = v.reshape(math.prod(v.shape[:-1]), v.shape[-1]) if v.ndim else v.reshape(1, 1)
     count, n = rows.shape
     blocks = -(-n // block_size)
-    grid = _blocks(rows, blocks, block_size)
+    grid = _blocks(rows, blocks, block_size, wd)
     with np.errstate(invalid="ignore", over="ignore"):
-        scales = np.abs(grid).max(axis=2, initial=0.0) / np.float32(_LEVELS)
-        safe = np.where(scales > 0, scales, np.float32(1))  # inf: codes 0, NaN again below
+        scales = np.abs(grid).max(axis=2, initial=0.0) / wd.type(_LEVELS)
+        safe = np.where(scales > 0, scales, wd.type(1))  # inf: codes 0, NaN again below
         y = (grid / safe[:, :, None]).reshape(count, -1)[:, :n]
-        if noise is None:
-            y = np.rint(y)
-        else:
-            y = np.floor(y + np.asarray(noise, np.float32).reshape(count, n))
+        y = np.rint(y) if noise is None else np.floor(y + np.asarray(noise, wd).reshape(count, n))
     np.clip(y, -_LEVELS, _LEVELS, out=y)
     nan = np.isnan(y)  # NaN input, or inf / inf in a block with an inf
     if nan.any():
         y[nan] = 0  # code 0: the block's scale (inf or NaN) makes it NaN again
     codes = y.astype(np.int8)
     shape_scales = (*v.shape[:-1], blocks) if v.ndim else (blocks,)
-    return codes.reshape(v.shape), scales.astype(np.float32, copy=False).reshape(shape_scales)
+    return codes.reshape(v.shape), scales.astype(wd, copy=False).reshape(shape_scales)
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, block_size: int) -> np.ndarray:
-    """float32 values of :func:`quantize`'s output (1-D or 2-D, as it was given)."""
+    """Values of :func:`quantize`'s output (1-D or 2-D, as it was given), in the scales' dtype."""
     rows = codes.reshape(math.prod(codes.shape[:-1]), codes.shape[-1])
     count, n = rows.shape
     blocks = scales.shape[-1]
-    grid = _blocks(rows, blocks, block_size)
+    grid = _blocks(rows, blocks, block_size, scales.dtype)
     with np.errstate(invalid="ignore"):  # 0 * inf in a non-finite block: NaN, as meant
         grid = grid * scales.reshape(count, blocks, 1)
     values: np.ndarray = grid.reshape(count, -1)[:, :n].reshape(codes.shape)
     return values
 
 
-def _blocks(rows: np.ndarray, blocks: int, block_size: int) -> np.ndarray:
-    """``rows`` as (rows, blocks, block_size) float32, zero-padded where the last block is short."""
+def _blocks(rows: np.ndarray, blocks: int, block_size: int, dtype: np.dtype) -> np.ndarray:
+    """``rows`` as (rows, blocks, block_size) ``dtype``, zero-padded where the last is short."""
     count, n = rows.shape
     if n == blocks * block_size:
-        return rows.astype(np.float32, copy=False).reshape(count, blocks, block_size)
-    padded = np.zeros((count, blocks * block_size), np.float32)
+        return rows.astype(dtype, copy=False).reshape(count, blocks, block_size)
+    padded = np.zeros((count, blocks * block_size), dtype)
     padded[:, :n] = rows
     return padded.reshape(count, blocks, block_size)
 
 
 class Int8(Compressor):
-    """int8 codes with one float32 scale per ``block_size`` elements.
+    """int8 codes with one scale per ``block_size`` elements (float32; float64 for float64 data).
 
     Args:
         block_size: elements per scale (smaller: more accurate, more bytes).
@@ -155,10 +162,11 @@ class Int8(Compressor):
         """Quantize, alltoall, sum each shard in rank order, re-quantize, allgather, dequantize."""
         p = comm.size
         b = self.block_size
+        wd = work_dtype(x.dtype)  # float64 data keeps float64's range and precision
         count = x.size
         shard = -(-count // p)
         blocks = -(-shard // b)
-        scale_bytes = 4 * blocks
+        scale_bytes = wd.itemsize * blocks
         part = scale_bytes + shard  # scales first: 4-byte aligned within the part
         rng = (
             self._shared(comm, "rng", lambda: np.random.default_rng([self.seed, comm.rank]))
@@ -166,7 +174,7 @@ class Int8(Compressor):
             else None
         )
 
-        flat = np.zeros((p, shard), np.float32)
+        flat = np.zeros((p, shard), wd)  # native order (Note [byte order])
         with np.errstate(over="ignore"):
             flat.reshape(-1)[:count] = x.reshape(-1)
         noise = rng.random((p, shard), dtype=np.float32) if rng is not None else None
@@ -176,8 +184,8 @@ class Int8(Compressor):
         send[:, scale_bytes:] = codes.view(np.uint8)
         got = comm.alltoall(send.reshape(-1), timeout=timeout).reshape(p, part)
 
-        parts = _unpack(got, scale_bytes, b)
-        total = np.zeros(shard, np.float32)
+        parts = _unpack(got, scale_bytes, b, wd)
+        total = np.zeros(shard, wd)
         with np.errstate(invalid="ignore", over="ignore"):
             for q in range(p):  # rank order: the same additions wherever this shard is summed
                 total += parts[q]
@@ -187,16 +195,16 @@ class Int8(Compressor):
         mine[:scale_bytes] = scales.view(np.uint8)
         mine[scale_bytes:] = codes.view(np.uint8)
         rows = comm.allgather(mine, timeout=timeout)
-        out = _unpack(rows, scale_bytes, b).reshape(-1)
-        with np.errstate(over="ignore"):
-            result = out[:count].astype(x.dtype)
-        if average:
-            result /= np.asarray(p, x.dtype)
+        out = _unpack(rows, scale_bytes, b, wd).reshape(-1)[:count]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if average:
+                out /= np.asarray(p, wd)  # before the cast: a mean x's dtype holds stays finite
+            result = out.astype(x.dtype)
         return result.reshape(x.shape)
 
 
-def _unpack(parts: np.ndarray, scale_bytes: int, block_size: int) -> np.ndarray:
-    """Dequantize packed parts, one per row: (rows, part) uint8 -> (rows, shard) float32."""
-    scales = np.ascontiguousarray(parts[:, :scale_bytes]).view(np.float32)
+def _unpack(parts: np.ndarray, scale_bytes: int, block_size: int, wd: np.dtype) -> np.ndarray:
+    """Dequantize packed parts, one per row: (rows, part) uint8 -> (rows, shard) in ``wd``."""
+    scales = np.ascontiguousarray(parts[:, :scale_bytes]).view(wd)
     codes = np.ascontiguousarray(parts[:, scale_bytes:]).view(np.int8)
     return dequantize(codes, scales, block_size)

@@ -28,6 +28,18 @@ with ``seed`` (the same draws on every rank, as the ranks call in the same order
 numpy operations and sums (never BLAS, whose blocking may vary between
 machines), so every rank computes the same bits from the same inputs.
 
+Note [non-finite state]
+    One inf or NaN in a gradient makes ``P``, and through the allreduce every
+    rank's ``P``, ``Q`` and error, NaN; kept as they are, every later step of
+    that tensor would be NaN. The step that holds it returns NaN or inf, as a
+    plain allreduce would, but the state keeps only finite numbers: error
+    entries that are not finite are reset to 0, and a ``Q`` with any entry
+    that is not finite is replaced by the first ``Q`` (the seeded draw). ``Q``
+    is allreduced, so every rank sees the same non-finite entries and makes
+    the same choice: it stays identical everywhere. The next finite step
+    recovers. The arithmetic on non-finite values raises no warning of
+    numpy's: it is expected here.
+
 Fallback: tensors with fewer than two dimensions, and matrices where
 ``(n + m) * r * min_compression_rate >= n * m`` (torch's rule), go through the
 plain allreduce, uncompressed and without state.
@@ -160,6 +172,10 @@ class PowerSGD(Compressor):
         """Two allreduces (P, Q), or one where the tensor falls back."""
         return 1 if self.matrix_shape(x.shape) is None else 2
 
+    def _keeps_state(self, x: np.ndarray) -> bool:
+        """Only compressed tensors keep state; one that falls back claims no key."""
+        return self.stateful and self.matrix_shape(x.shape) is not None
+
     def _check_state(
         self, state: Any, x: np.ndarray, comm: Communicator, key: Hashable | None
     ) -> None:
@@ -198,29 +214,38 @@ class PowerSGD(Compressor):
         r = self.rank
         wd = work_dtype(x.dtype)
         state = self._state(comm, key, x) if self.stateful else None
-        big = x.reshape(n, m).astype(wd)
-        if self.error_feedback and state is not None and state.error is not None:
-            big += state.error
-        if self.warm_start and state is not None:
-            q = state.q
-        elif self.warm_start:
-            q = np.random.default_rng([self.seed, n, m, r]).standard_normal((m, r)).astype(wd)
-        else:
-            gen = self._shared(comm, "rng", lambda: np.random.default_rng(self.seed))
-            q = gen.standard_normal((m, r)).astype(wd)
+        big = x.reshape(n, m).astype(wd)  # native order (Note [byte order])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            # Note [non-finite state]: inf and NaN in this step raise no warning of numpy's
+            if self.error_feedback and state is not None and state.error is not None:
+                big += state.error
+            if self.warm_start and state is not None:
+                q = state.q
+            elif self.warm_start:
+                q = self._first_q(n, m, wd)
+            else:
+                gen = self._shared(comm, "rng", lambda: np.random.default_rng(self.seed))
+                q = gen.standard_normal((m, r)).astype(wd)
 
-        p = comm.allreduce(big @ q, SUM, timeout=timeout)
-        orthogonalize(p, self.epsilon)
-        qi = big.T @ p
-        q = comm.allreduce(qi, SUM, timeout=timeout)
-        if average:
-            q /= np.asarray(comm.size, wd)
-        with np.errstate(over="ignore", invalid="ignore"):
+            p = comm.allreduce(big @ q, SUM, timeout=timeout)
+            orthogonalize(p, self.epsilon)
+            qi = big.T @ p
+            q = comm.allreduce(qi, SUM, timeout=timeout)
+            if average:
+                q /= np.asarray(comm.size, wd)
             result = low_rank_product(p, q).astype(x.dtype).reshape(x.shape)
-        if self.stateful:
-            error = None
-            if self.error_feedback:
-                big -= p @ qi.T
-                error = big
-            self._store(comm, key, x, _State(q, error, x.shape))
+            if self.stateful:
+                error = None
+                if self.error_feedback:
+                    big -= p @ qi.T
+                    big[~np.isfinite(big)] = 0
+                    error = big
+                kept = q if np.isfinite(q).all() else self._first_q(n, m, wd)
+                self._store(comm, key, x, _State(kept, error, x.shape))
         return result
+
+    def _first_q(self, n: int, m: int, wd: np.dtype) -> np.ndarray:
+        """The first ``Q`` of an ``n x m`` tensor: standard normal, the same on every rank."""
+        rng = np.random.default_rng([self.seed, n, m, self.rank])
+        q: np.ndarray = rng.standard_normal((m, self.rank)).astype(wd)
+        return q

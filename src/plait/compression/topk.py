@@ -10,15 +10,29 @@ in rank order, which makes the result identical bit for bit on every rank::
 
     acc      = x + residual            (float32; float64 for float64 data)
     idx      = the k indices of largest |acc|, ascending
-    vals     = acc[idx] in x's dtype   (what goes on the wire)
+    vals     = acc[idx] in x's dtype, native order   (what goes on the wire)
     residual = acc; residual[idx] -= vals   (exactly what was not sent)
     allgather (idx, vals) -> out = 0; for q in rank order: out[idx_q] += vals_q
 
-``k = max(1, ceil(ratio * count))``. The state per tensor is its residual, of
-the tensor's shape (so that a key reused for another shape is refused, not only
-one of another element count); see Note [compressor state] in
-:mod:`plait.compression.base`.
+``k = max(1, ceil(ratio * count))``. With ``AVG`` the sum is divided by the
+number of ranks in the working precision, before the cast to ``x``'s dtype, so
+a mean that ``x``'s dtype can hold does not overflow (float16). Values go on
+the wire in native byte order (Note [byte order] in :mod:`plait.compression.base`).
+The state per tensor is its residual, of the tensor's shape (so that a key
+reused for another shape is refused, not only one of another element count);
+see Note [compressor state] in :mod:`plait.compression.base`.
 Without error feedback the unsent entries are simply dropped (biased: avoid).
+
+Note [non-finite residuals]
+    One inf or NaN in a gradient (an overflowed step under loss scaling, say)
+    would stay in the residual for good: ``inf - inf`` is NaN, and NaN plus
+    anything is NaN, so every later step of that tensor would be NaN. The
+    step that holds it returns inf or NaN, as a plain allreduce would (the
+    entry has the largest magnitude, so it is sent), but the residual keeps
+    only finite entries: a non-finite one is reset to 0, and the next finite
+    step recovers. What was not sent of that entry is lost, which is what
+    skipping an overflowed step means anyway. The arithmetic on non-finite
+    values raises no warning of numpy's: it is expected here.
 
 Bytes one rank sends per call: ``(size - 1) * k * (4 + itemsize)`` (uint32
 indices; uint64 past 2**32 elements), against ``2 (size - 1) / size * itemsize * count``
@@ -117,20 +131,23 @@ class TopK(Compressor):
             return np.empty(x.shape, x.dtype)
         k = self.k(count)
         wd = work_dtype(x.dtype)
+        vd = x.dtype.newbyteorder("=")  # the wire's: native order (Note [byte order])
         acc = x.reshape(-1).astype(wd)
-        if self.error_feedback:
-            residual = self._state(comm, key, x)
-            if residual is not None:
-                acc += residual.reshape(-1)  # kept in x's shape (contiguous: a view)
-        idx = select_topk(acc, k)
-        vals = acc[idx].astype(x.dtype)
-        if self.error_feedback:
-            acc[idx] -= vals.astype(wd)  # what the wire lost in x's dtype stays too
-            self._store(comm, key, x, acc.reshape(x.shape))
+        with np.errstate(over="ignore", invalid="ignore"):  # Note [non-finite residuals]
+            if self.error_feedback:
+                residual = self._state(comm, key, x)
+                if residual is not None:
+                    acc += residual.reshape(-1)  # kept in x's shape (contiguous: a view)
+            idx = select_topk(acc, k)
+            vals = acc[idx].astype(vd)
+            if self.error_feedback:
+                acc[idx] -= vals.astype(wd)  # what the wire lost in x's dtype stays too
+                acc[~np.isfinite(acc)] = 0
+                self._store(comm, key, x, acc.reshape(x.shape))
 
         index_dtype = np.dtype(np.uint32) if count <= 1 << 32 else np.dtype(np.uint64)
         ib = k * index_dtype.itemsize
-        mine = np.empty(ib + k * x.dtype.itemsize, np.uint8)
+        mine = np.empty(ib + k * vd.itemsize, np.uint8)
         mine[:ib] = idx.astype(index_dtype).view(np.uint8)
         mine[ib:] = vals.view(np.uint8)
         rows = comm.allgather(mine, timeout=timeout)
@@ -140,9 +157,9 @@ class TopK(Compressor):
             for q in range(p):  # rank order: the same additions on every rank
                 row = rows[q]
                 i = row[:ib].copy().view(index_dtype)
-                v = row[ib:].copy().view(x.dtype)
+                v = row[ib:].copy().view(vd)
                 out[i] += v  # a rank's indices are distinct, so no update is lost
-            result = out.astype(x.dtype)
             if average:
-                result /= np.asarray(p, x.dtype)
+                out /= np.asarray(p, wd)  # before the cast: a mean x's dtype holds stays finite
+            result = out.astype(x.dtype)
         return result.reshape(x.shape)
