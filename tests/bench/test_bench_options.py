@@ -80,11 +80,46 @@ def test_sizes_resolve_with_each_commands_defaults() -> None:
         (["-f", "1"], "-f must be at least 2"),
         (["-b", "1M", "-e", "1K"], "begin <= end"),
         (["-b", "1X"], "not a size"),
+        # Passed the checks, then failed in the ranks (exit 1).
+        (
+            ["-s", "99999999999999999999G"],
+            "-s: 99999999999999999999G is "
+            "107374182399999999998926258176 B, above the largest size, 2**63 - 1 B",
+        ),
+        (["-e", "9223372036854775808"], "-e: 9223372036854775808 is 9223372036854775808 B"),
     ],
 )
 def test_bad_sizes_say_why(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         options.resolve_sizes(parse("bench", argv), "8", "256M", 2)
+
+
+def test_the_largest_size_is_exact_and_the_same_in_both_commands() -> None:
+    # parse_size read digits through a float, so 2**63 - 1 became 2**63.
+    largest = str(2**63 - 1)
+    for command in ("bench", "sim"):
+        args = parse(command, ["-s", largest])
+        assert options.resolve_sizes(args, "8", "256M", 2)[3] == [2**63 - 1]
+        with pytest.raises(ValueError, match=r"above the largest size, 2\*\*63 - 1 B"):
+            options.resolve_sizes(parse(command, ["-s", "8589934592G"]), "8", "1", 2)
+
+
+@pytest.mark.parametrize("command", ["bench", "sim"])
+def test_a_size_beyond_int64_is_a_usage_error(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:  # plait bench exits from its checks, plait sim returns the code
+        rc = main([command, "-n", "2", "-s", "99999999999999999999G", "--no-progress"])
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[-1] == (
+        f"plait {command}: error: -s: 99999999999999999999G is 107374182399999999998926258176 "
+        "B, above the largest size, 2**63 - 1 B (int64's largest, as numpy addresses memory); "
+        "expected a smaller size"
+    )
 
 
 def test_the_collective_is_given_once() -> None:

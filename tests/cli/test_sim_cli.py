@@ -46,11 +46,34 @@ def test_with_data_checks_results_and_writes_a_trace(
          "--trace", str(trace)]
     )  # fmt: skip
     assert rc == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("4096")]
+    # 4 KiB of float32 on 5 ranks: 1020 elements in whole blocks, 4080 B (as plait bench says)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("4080")]
     assert lines
     assert lines[0].split()[-1] == "0"
     events = json.loads(trace.read_text())
     assert events["traceEvents"] if isinstance(events, dict) else events
+
+
+def test_rows_are_plait_benchs_points(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # The rows said the bytes asked for (4, 8, 64) with bandwidth for rows of no element,
+    # and kept sizes that round to one count apart; plait bench prints 0, 12, 24, 60.
+    from plait.bench.sweep import points
+
+    out, table = tmp_path / "sim.json", tmp_path / "sim.csv"
+    argv = ["sim", "allgather", "-n", "3", "-s", "4:64", "-f", "2", "-a", "ring"]
+    assert main([*argv, "--json", str(out), "--csv", str(table)]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    want = points("allgather", [4, 8, 16, 32, 64], 4, 3)
+    assert [(p.nbytes, p.count) for p in want] == [(0, 0), (12, 3), (24, 6), (60, 15)]
+    assert [(int(r[0]), int(r[1])) for r in rows if r] == [(p.nbytes, p.count) for p in want]
+    records = json.loads(out.read_text())["results"]
+    assert [r["bytes"] for r in records] == [0, 12, 24, 60]
+    assert records[0]["algbw_gbps"] == 0.0  # no element, no bandwidth
+    assert records[3]["algbw_gbps"] == pytest.approx(60 / records[3]["time_s"] / 1e9)
+    with table.open() as f:
+        assert [(r["bytes"], r["count"]) for r in csv.DictReader(f)] == [
+            ("0", "0"), ("12", "3"), ("24", "6"), ("60", "15")
+        ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

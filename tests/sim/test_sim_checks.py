@@ -53,6 +53,30 @@ def test_simulate_checks_the_root_and_the_size() -> None:
     assert res.outputs[3] is not None  # the root's result, checked against the reference
 
 
+def test_simulate_refuses_sizes_beyond_int64() -> None:
+    # 2**63 bytes timed recursive doubling as 0.0 s (its bytes wrapped around in int64) and
+    # 2**70 raised OverflowError from inside the program's arrays.
+    net = sim.flat(4, 1e-6, 8e-11)
+    for nbytes in (2**63, 2**70):
+        with pytest.raises(ValueError, match=rf"nbytes must be at most {sim.MAX_BYTES}.*{nbytes}"):
+            sim.simulate("allreduce", "recursive_doubling", nbytes, net)
+    with pytest.raises(ValueError, match=r"count must be at most 2305843009213693951 \(4-byte"):
+        sim.build_all("allreduce", "ring", 4, 2**61, itemsize=4)
+    with pytest.raises(ValueError, match=r"allgatherv: counts make a buffer of \d+ B; expected"):
+        sim.simulate("allgatherv", "ring", 0, net, counts=[2**62] * 4)
+    # The largest size itself is timed right: two exchanges of the whole vector.
+    res = sim.simulate("allreduce", "recursive_doubling", sim.MAX_BYTES, net)
+    assert res.time == pytest.approx(2 * (1e-6 + res.nbytes * 8e-11), rel=1e-12)
+    assert res.nbytes == sim.MAX_BYTES - 3  # whole float32 elements
+
+
+def test_simulate_refuses_a_negative_segment() -> None:
+    # It was taken as unsegmented, while plait sim --segment -1 was refused.
+    with pytest.raises(ValueError, match=r"segment_bytes must be >= 0 .*; got -1000000000"):
+        sim.simulate("allreduce", "ring", 4096, NET, segment_bytes=-(10**9))
+    assert sim.simulate("allreduce", "ring", 4096, NET, segment_bytes=0).time > 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -69,17 +93,47 @@ def test_simulate_checks_the_root_and_the_size() -> None:
          "hosts takes at most 2 parameters; expected hosts:K[:NICS]"),
         (["--topology", "torus:2x2:1"], "torus takes at most 1 parameter; expected torus:AxB[xC]"),
         (["--topology", "fat-tree:2:1:1:1"], "fat-tree takes at most 3 parameters"),
+        # Each cost names its own option: these blamed --alpha, --beta or --topology.
+        (["--topology", "hosts:2", "--intra-alpha", "-1"],
+         "--intra-alpha must be a finite number >= 0 (seconds per message); got -1.0"),
+        (["--topology", "hosts:2", "--intra-beta", "nan"],
+         "--intra-beta must be a finite number >= 0 (seconds per byte); got nan"),
+        (["--gamma", "-1"], "--gamma must be a finite number >= 0 (seconds per byte); got -1.0"),
+        (["--topology", "hosts:2", "--delta", "-1"],
+         "--delta must be a finite number >= 0 (seconds per byte); got -1.0"),
+        (["--beta", "inf"], "--beta must be a finite number >= 0 (seconds per byte); got inf"),
+        (["--wait-latency", "-1"], "--wait-latency must be a finite number >= 0 (seconds)"),
+        # Said: --ranks 4 is not a multiple of 0 ranks per host.
+        (["--topology", "hosts:0"],
+         "--topology 'hosts:0': K must be at least 1 rank per host; got 0; expected hosts:K"),
+        (["--topology", "hosts:-2"], "K must be at least 1 rank per host; got -2"),
+        # 2**63 B: a wrong bandwidth; 2**70 B: an OverflowError traceback.
+        (["-s", "8589934592G"], "-s: 8589934592G is 9223372036854775808 B, above the largest "
+         "size, 2**63 - 1 B"),
+        (["-s", "1099511627776G"], "-s: 1099511627776G is 1180591620717411303424 B, above"),
+        (["-b", "1K", "-e", "9223372036854775808"], "-e: 9223372036854775808 is 92233720368547"),
+        # Listed by plait algorithms, and said to be an unknown collective.
+        (["allgatherv"], "plait sim sweeps sizes, and allgatherv takes per-rank counts: "
+         "simulate it with the Python API, plait.sim.simulate('allgatherv', ALGO, 0, network, "
+         "counts=[...]), or give one of allreduce"),
+        (["-c", "reduce_scatterv"], "plait.sim.simulate('reduce_scatterv', ALGO, 0, network"),
     ],
 )  # fmt: skip
 def test_plait_sim_refuses_with_a_usage_error(
     argv: list[str], message: str, capsys: pytest.CaptureFixture
 ) -> None:
-    assert main(["sim", "-n", "4", "-s", "1K", "-a", "ring", *argv]) == 2
+    sizes = [] if "-b" in argv or "-s" in argv else ["-s", "1K"]
+    assert main(["sim", "-n", "4", *sizes, "-a", "ring", *argv]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("usage: plait sim")
     assert err.splitlines()[-1].startswith("plait sim: error: ")
     assert message in err
+
+
+def test_the_largest_size_runs(capsys: pytest.CaptureFixture) -> None:
+    assert main(["sim", "-n", "2", "-a", "ring", "-s", "9223372036854775807", "--no-progress"]) == 0
+    assert "9223372036854775804" in capsys.readouterr().out  # whole float32 elements
 
 
 def test_parameters_a_topology_takes_still_work(capsys: pytest.CaptureFixture) -> None:

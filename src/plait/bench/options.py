@@ -193,10 +193,17 @@ def resolve_sizes(
 ) -> tuple[int, int, int, list[int]]:
     """``(begin, end, factor, sizes)`` from ``-b/-e/-f`` or ``-s``, with the command's defaults.
 
+    The largest size is :data:`plait.sim.MAX_BYTES`, 2**63 - 1 bytes, in both commands:
+    the largest buffer numpy addresses and int64 offsets hold. Beyond it ``plait bench``
+    failed in the ranks (exit 1) and ``plait sim`` overflowed (a wrong time, or a
+    traceback); it is refused here, before anything runs.
+
     Raises:
-        ValueError: ``-s`` together with ``-b`` or ``-e``, a bad size, begin > end, F < 2.
+        ValueError: ``-s`` together with ``-b`` or ``-e``, a bad size, a size above
+            2**63 - 1 bytes, begin > end, F < 2.
     """
     from plait.bench.sweep import parse_size, size_range
+    from plait.sim.call import MAX_BYTES
 
     lo, hi = args.begin, args.end
     if args.sizes is not None:
@@ -207,6 +214,13 @@ def resolve_sizes(
     b = parse_size(lo if lo is not None else begin)
     e = parse_size(hi if hi is not None else end)
     f = args.factor if args.factor is not None else factor
+    given = hi if hi is not None else end
+    if e > MAX_BYTES:
+        flag = "-s" if args.sizes is not None else "-e"
+        raise ValueError(
+            f"{flag}: {given} is {e} B, above the largest size, 2**63 - 1 B (int64's largest, "
+            "as numpy addresses memory); expected a smaller size"
+        )
     if f < 2:
         raise ValueError(f"-f must be at least 2, got {f}")
     return b, e, f, size_range(b, e, f)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 import numpy as np
 
@@ -77,8 +78,11 @@ def parse_size(text: str) -> int:
     m = _SIZE_RE.match(text)
     if m is None:
         raise ValueError(f"not a size: {text!r}; expected e.g. 8, 64K, 256M or 1G")
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value != int(value):
+    # Exact arithmetic: a float would round sizes above 2**53 (``9223372036854775807`` read
+    # as 2**63), and the largest size allowed (:func:`plait.bench.options.resolve_sizes`) is
+    # decided to the byte.
+    value = Fraction(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value.denominator != 1:
         raise ValueError(f"not a whole number of bytes: {text!r}")
     return int(value)
 

@@ -178,18 +178,39 @@ def parse_topology(
     Raises:
         ValueError: an unknown topology or bad parameters (the message says which).
     """
+    _check_costs(
+        ("--alpha", alpha, "per message"),
+        ("--beta", beta, "per byte"),
+        ("--gamma", gamma, "per byte"),
+        ("--delta", delta, "per byte"),
+        ("--intra-alpha", intra[0], "per message"),
+        ("--intra-beta", intra[1], "per byte"),
+        ("--wait-latency", wait_latency, ""),
+    )
     try:
         net = _topology(spec, p, alpha, beta, gamma, delta, intra, aggregation)
     except ValueError as exc:
         text = str(exc)
-        if text.startswith("LinkParams."):  # --alpha and --beta, in the options' names
-            raise ValueError(text.replace("LinkParams.", "--")) from None
         if text.startswith(("--", "unknown topology")):
             raise
         name = spec.partition(":")[0]
         raise ValueError(f"--topology {spec!r}: {text}; expected {_FORMS[name][1]}") from None
     net.set_wait_latency(wait_latency)
     return net
+
+
+def _check_costs(*costs: tuple[str, float | None, str]) -> None:
+    """ValueError naming the option of the first cost that is not a finite number >= 0.
+
+    Each cost is ``(option, seconds, per what)``; None is not given (a default applies).
+    Checked here, by option, since the network's own checks name its arguments: an
+    ``--intra-alpha`` of -1 reached the user as a bad ``--alpha``, a ``--gamma`` as a bad
+    ``--topology``.
+    """
+    for option, value, per in costs:
+        if value is not None and not (np.isfinite(value) and value >= 0):
+            unit = f"seconds {per}" if per else "seconds"
+            raise ValueError(f"{option} must be a finite number >= 0 ({unit}); got {value!r}")
 
 
 def _parameter(text: str, kind: type[int] | type[float], what: str) -> Any:
@@ -257,7 +278,9 @@ def _topology(
         if not args:
             raise ValueError("hosts needs ranks per host: hosts:K[:NICS]")
         k = _parameter(args[0], int, "K")
-        if k < 1 or p % k:
+        if k < 1:
+            raise ValueError(f"K must be at least 1 rank per host; got {k}")
+        if p % k:
             raise ValueError(f"--ranks {p} is not a multiple of {k} ranks per host")
         nics = _parameter(args[1], int, "NICS") if len(args) > 1 else 1
         return sim.hosts(
@@ -449,6 +472,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
     if args.ranks < 1:
         raise ValueError(f"-n must be at least 1, not {args.ranks}")
     notes = []
+    _refuse_uneven(args)
     args.collective = options.resolve_collective(args, _COLLECTIVE)
     c = args.collective
     args.begin, args.end, args.factor, sizes = options.resolve_sizes(args, _BEGIN, _END, _FACTOR)
@@ -518,6 +542,25 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
     return sizes, names, dtype, op, segment, net
 
 
+def _refuse_uneven(args: argparse.Namespace) -> None:
+    """Say how to simulate an uneven collective, which ``plait algorithms`` lists but this
+    command does not sweep: its rows would need per-rank counts, not one size.
+
+    Raises:
+        ValueError: the collective given is one of ``plait.collectives.UNEVEN_COLLECTIVES``.
+    """
+    from plait.bench.sweep import COLLECTIVES
+    from plait.collectives import UNEVEN_COLLECTIVES
+
+    for c in (getattr(args, "_collective", None), args.collective):
+        if c in UNEVEN_COLLECTIVES:
+            raise ValueError(
+                f"plait sim sweeps sizes, and {c} takes per-rank counts: simulate it with "
+                f"the Python API, plait.sim.simulate({c!r}, ALGO, 0, network, counts=[...]), "
+                f"or give one of {', '.join(COLLECTIVES)}"
+            )
+
+
 def _segment(text: str) -> int:
     """``--segment``'s bytes: a size as ``-s`` takes them (``64K``), or 0 (unsegmented)."""
     from plait.bench.sweep import parse_size
@@ -535,7 +578,7 @@ def main(args: argparse.Namespace) -> int:
     from plait import sim
     from plait.bench import options, report
     from plait.bench.runner import Series
-    from plait.bench.sweep import bandwidths, element_count
+    from plait.bench.sweep import bandwidths, points
 
     try:
         sizes, names, dtype, op, segment, net = _check(args)
@@ -545,11 +588,15 @@ def main(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     last: dict[str, Any] = {}
     p = args.ranks
-    progress = _Progress(sys.stderr, len(names) * len(sizes), args.progress)
+    # plait bench's rows: each size as the bytes its whole elements make, sizes that round
+    # to the same count once, so that a row means the same in both commands.
+    rows = points(args.collective, sizes, dtype.itemsize, p)
+    progress = _Progress(sys.stderr, len(names) * len(rows), args.progress)
     with progress:
         for name in names:
             s = Series("plait", name, args.topology, name)
-            for nbytes in sizes:
+            for i, point in enumerate(rows):
+                nbytes = point.nbytes
                 progress.begin(name, nbytes)
                 try:
                     res = sim.simulate(
@@ -567,7 +614,7 @@ def main(args: argparse.Namespace) -> int:
                 except (ValueError, sim.SimCheckError) as exc:
                     s.error = f"{nbytes} B: {exc}"
                     progress.end("failed")
-                    progress.index += len(sizes) - sizes.index(nbytes) - 1
+                    progress.index += len(rows) - i - 1
                     break
                 progress.end()
                 algbw, busbw = bandwidths(args.collective, nbytes, res.time, p)
@@ -575,7 +622,7 @@ def main(args: argparse.Namespace) -> int:
                 s.rows.append(
                     {
                         "bytes": nbytes,
-                        "count": element_count(args.collective, nbytes, dtype.itemsize, p),
+                        "count": point.count,
                         "algorithm": name,
                         "warmup": 0,
                         "iters": 1,

@@ -106,6 +106,7 @@ from __future__ import annotations
 
 from plait.sim.call import (
     BLOCK_COLLECTIVES,
+    MAX_BYTES,
     Result,
     build_all,
     context_count,
@@ -122,6 +123,7 @@ from plait.sim.trace import trace_events, write_trace
 
 __all__ = [
     "BLOCK_COLLECTIVES",
+    "MAX_BYTES",
     "SHARING",
     "LinkParams",
     "Network",

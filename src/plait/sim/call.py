@@ -30,6 +30,7 @@ from plait.sim.program import build_program
 
 __all__ = [
     "BLOCK_COLLECTIVES",
+    "MAX_BYTES",
     "Result",
     "build_all",
     "context_count",
@@ -124,7 +125,7 @@ def build_all(
         ValueError: an unknown algorithm, ``root`` not a rank, a negative ``count``, ...
     """
     spec = get(collective, algorithm)
-    _check_call(size, root, count if counts is None else 0, "count")
+    _check_call(size, root, count if counts is None else 0, "count", itemsize)
     hosts_layout = network.host_layout() if network is not None else None
     fabric = None
     if spec.needs_fabric:
@@ -133,6 +134,7 @@ def build_all(
         fabric = network.aggregation_fabric()[0]
     _collective(collective).check_counts(size, counts)
     given = tuple(int(c) for c in counts) if counts is not None else None
+    _check_uneven(collective, size, given, itemsize)
     ctx = Context(
         collective,
         0,
@@ -150,15 +152,46 @@ def build_all(
     return [build_schedule(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
 
 
-def _check_call(size: int, root: int, amount: int, name: str = "nbytes") -> None:
+#: The largest buffer a call may have, in bytes: 2**63 - 1, the largest int64 (numpy's
+#: largest array, ``sys.maxsize`` on a 64-bit machine). The compiled program holds element
+#: counts and byte offsets as int64: beyond it they wrapped around (a wrong time, or 0) or
+#: raised OverflowError. ``plait bench`` and ``plait sim`` refuse larger sizes alike.
+MAX_BYTES = (1 << 63) - 1
+
+
+def _check_call(size: int, root: int, amount: int, name: str = "nbytes", itemsize: int = 1) -> None:
     """ValueError unless ``root`` is one of the ``size`` ranks and ``amount`` (the argument
-    ``name``) is not negative. Unchecked, a root outside the ranks built schedules where no
-    rank is the root (a reduce to -1 returned nothing, and passed its check) or that name a
-    rank that does not exist; a negative size, regions of negative length."""
+    ``name``, in units of ``itemsize`` bytes) is not negative and its bytes fit in
+    :data:`MAX_BYTES`. Unchecked, a root outside the ranks built schedules where no rank is
+    the root (a reduce to -1 returned nothing, and passed its check) or that name a rank
+    that does not exist; a negative size, regions of negative length; a size beyond int64,
+    byte counts that wrapped around."""
     if not 0 <= root < size:
         raise ValueError(f"root must be a rank, in 0..{size - 1}; got {root}")
     if amount < 0:
         raise ValueError(f"{name} must be >= 0; got {amount}")
+    if amount * itemsize > MAX_BYTES:
+        most = MAX_BYTES // itemsize
+        unit = "" if itemsize == 1 else f" ({itemsize}-byte elements)"
+        raise ValueError(
+            f"{name} must be at most {most}{unit}, so that its bytes fit in int64 "
+            f"(2**63 - 1); got {amount}"
+        )
+
+
+def _check_uneven(
+    collective: str, size: int, counts: tuple[int, ...] | None, itemsize: int
+) -> None:
+    """ValueError unless the whole buffer ``counts`` make fits in :data:`MAX_BYTES` (as
+    :func:`_check_call` does for an even call's size)."""
+    if counts is None:
+        return
+    whole = _collective(collective).uneven_whole(size, counts) * itemsize
+    if whole > MAX_BYTES:
+        raise ValueError(
+            f"{collective}: counts make a buffer of {whole} B; expected at most 2**63 - 1 B, "
+            "so that its offsets fit in int64"
+        )
 
 
 #: The window :func:`simulate` gives one-sided algorithms by default: 2 MiB per rank, the
@@ -218,7 +251,8 @@ def simulate(
 
     Raises:
         ValueError: bad arguments (unknown algorithm, op not allowed by it or not defined
-            for ``dtype``, ``root`` not a rank, negative ``nbytes``, ...).
+            for ``dtype``, ``root`` not a rank, ``nbytes`` negative or above
+            :data:`MAX_BYTES`, negative ``segment_bytes``, ...).
         SimCheckError: with data, a result that differs from the reference.
     """
     dt = np.dtype(dtype)
@@ -242,6 +276,12 @@ def simulate(
         run_on = network.with_agents(nodes)
     table.check_counts(p, counts)
     given = tuple(int(c) for c in counts) if counts is not None else None
+    _check_uneven(collective, p, given, dt.itemsize)
+    if segment_bytes is not None and segment_bytes < 0:
+        raise ValueError(
+            f"segment_bytes must be >= 0 (0: unsegmented) or None (the communicator's); "
+            f"got {segment_bytes}"
+        )
     count = 0 if given is not None else context_count(collective, nbytes, dt.itemsize, p)
     if segment_bytes is None:
         segment_bytes = SEGMENT_BYTES
