@@ -49,9 +49,9 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
 
     numpy arrays pass as they are; torch tensors, JAX arrays and other DLPack
     objects go through :func:`plait._arrays.read` (over their memory on the
-    CPU, through a host copy from a device) and everything else through
-    ``np.asarray``. ``what`` names the argument (``"x"``, ``"out"``,
-    ``"buf"``) in messages.
+    CPU, through a host copy from a device), ``bytes`` as its bytes (uint8, as a
+    ``bytearray``), and everything else through ``np.asarray``. ``what`` names
+    the argument (``"x"``, ``"out"``, ``"buf"``) in messages.
     """
     if type(x) is np.ndarray:
         a = x
@@ -59,6 +59,8 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
         a = _plain(x, what, rank, c)
     elif _tensor.is_tensor(x) or hasattr(x, "__dlpack__"):
         a = _arrays.read(x, f"rank {rank}: {c}: {what}")
+    elif isinstance(x, bytes):  # its buffer, as bytearray's: np.asarray makes one string of it
+        a = np.frombuffer(x, np.uint8)
     else:
         try:
             a = np.asarray(x)

@@ -52,6 +52,7 @@ from plait._checks import MAX_USER_TAG, as_array, as_writable, check_own_memory
 from plait._p2p_request import (
     ANY_SOURCE,
     ANY_TAG,
+    ARRIVING_GRACE,
     PROC_NULL,
     Request,
     Status,
@@ -67,7 +68,7 @@ from plait._p2p_request import (
     wait_any,
     wait_crossing,
 )
-from plait.errors import CommError, CommTimeout, UnsupportedError
+from plait.errors import CommError, CommTimeout, PeerLostError, UnsupportedError
 from plait.group import p2p_pattern, p2p_tag, user_tag
 from plait.runtime import stall
 from plait.runtime.crossing import sending
@@ -407,7 +408,10 @@ class PointToPointMethods:
                 "the peer may have died or not made the matching send" + explained
             )
         if h.error is not None:
-            raise _reword(renumbered(m, h.error), f"rank {r}: {c} {_describe(True, s, t_)}")
+            err = _reword(renumbered(m, h.error), f"rank {r}: {c} {_describe(True, s, t_)}")
+            if isinstance(err, PeerLostError) and s >= 0:
+                err.lost_rank = s  # the rank it probes, as a recv's error says (Request._settle)
+            raise err
         source, wire, nbytes, check = m.envelope(h)
         st._set(source, user_tag(wire), nbytes, _dtype_of(check))
         return st
@@ -452,8 +456,8 @@ class PointToPointMethods:
         deadline = time.monotonic() + seconds
         if len(reqs) == 1:  # send and recv
             req = reqs[0]
-            if not req._wait_until(deadline, cross):
-                req._abandon()
+            grace = max(seconds, ARRIVING_GRACE)
+            if not req._wait_until(deadline, cross) and not req._abandon(grace):
                 raise req._timed_out(seconds)
             req._finish(None)
             return
@@ -472,8 +476,11 @@ class PointToPointMethods:
             left = deadline - time.monotonic()
             if (left <= 0 or not t.wait_any(pending, left)) and not all(r.done() for r in reqs):
                 late = next(r for r in reqs if not r.done())
-                for r in reqs:
-                    r._abandon()
+                # A receive whose message is arriving has one more timeout to finish (Note
+                # [a message arriving at the deadline] in plait._p2p_request).
+                ended = [r._abandon(max(seconds, ARRIVING_GRACE)) for r in reqs]
+                if all(ended):
+                    break
                 raise late._timed_out(seconds)
         for r in reqs:
             if not r.done():

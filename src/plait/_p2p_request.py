@@ -27,6 +27,7 @@ from plait.transport.base import Handle, Matching, Transport, renumbered
 __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",
+    "ARRIVING_GRACE",
     "PROC_NULL",
     "Request",
     "Status",
@@ -36,6 +37,9 @@ __all__ = [
     "wait_crossing",
 ]
 
+#: Seconds at least that a blocking receive whose message has begun to arrive when its
+#: deadline passes has to finish (Note [a message arriving at the deadline]).
+ARRIVING_GRACE = 10.0
 ANY_SOURCE: Final = -1
 #: ``tag`` of a receive or probe that takes a message with any tag (MPI_ANY_TAG).
 ANY_TAG: Final = -1
@@ -349,10 +353,14 @@ class Request(Generic[R]):
         if h is None:
             return True
         t = self._transport
+        looked = False
         while not h.done:
             left = deadline - time.monotonic()
             if left <= 0:
-                return h.done
+                if looked:
+                    return h.done
+                left = 0.0  # a wait of 0 (or one whose deadline passed) looks once, as test()
+            looked = True
             if not cross:
                 if not t.wait_any([h], left):
                     return h.done
@@ -384,16 +392,45 @@ class Request(Generic[R]):
         self._status._copy_to(status)
         return True
 
-    def _abandon(self) -> None:
-        """A blocking call's deadline passed: make sure the request never touches its buffer."""
+    def _abandon(self, grace: float = 0.0) -> bool:
+        """A blocking call's deadline passed: make sure the request never touches its buffer.
+
+        With ``grace``, a receive whose message has begun to arrive (it can no longer be
+        withdrawn) has that many seconds more to finish (Note [a message arriving at the
+        deadline]). Whether the request ended after all (then it completes as it would have).
+        """
         h = self._handle
         if h is None or h.done:
-            return
+            return True
         t = self._transport
+        if self._incoming is not None and isinstance(t, Matching):
+            if t.withdraw(h):  # matched nothing yet: a message that comes later stays queued
+                self._cancelled = True
+                return False
+            if grace > 0 and (t.wait_any([h], grace) or h.done):
+                return True
+            if grace > 0:
+                self._explained = (
+                    f"; its message had begun to arrive and did not finish within {grace:g} s "
+                    "more: the rest of it was dropped, and the receive buffer's contents are "
+                    "undefined"
+                )
         self._cancelled = True
-        if self._incoming is not None and isinstance(t, Matching) and t.withdraw(h):
-            return
         t.cancel(h)  # a receive whose bytes are arriving drops the rest
+        return False
+
+    # Note [a message arriving at the deadline]
+    #     A blocking receive whose deadline passes withdraws its receive, so that a message
+    #     that comes later is left for the next one. One whose message has begun to arrive
+    #     cannot be withdrawn (MPI's rule: a matched receive completes), and cancelling it
+    #     dropped the rest of the message, which was then lost to every later receive while
+    #     its sender was told it had succeeded (a 256 MiB message over TCP, its receive
+    #     posted with a short timeout). The sender made the matching send, which is what the
+    #     timeout waits for; so such a receive has ARRIVING_GRACE seconds more (or its
+    #     timeout, where that is longer) to finish, and completes as it would have: a large
+    #     message takes that long only on a slow link, and a short timeout must not make its
+    #     receive lose it. Only a message that stalls midway for so long is dropped, and the
+    #     timeout then says so and that the buffer's contents are undefined.
 
     def _timed_out(self, seconds: float) -> CommTimeout:
         other = "send" if self._incoming is not None else "recv"

@@ -147,6 +147,23 @@ def test_foreign_inputs_without_copy() -> None:
         assert np.array_equal(fl, [2, 4, 6])
 
 
+def test_bytes_are_read_as_their_bytes() -> None:
+    """bytes has the buffer protocol, but np.asarray made one string of it: "dtype |S5 is not
+    supported" from send and allreduce, where a bytearray worked."""
+
+    def body(comm: plait.Communicator) -> Any:
+        total = comm.allreduce(b"\x01\x02")
+        if comm.rank == 0:
+            comm.send(b"hello", 1)
+            return total, None
+        return total, bytes(comm.recv(bytearray(5), 0))
+
+    for r, (total, got) in enumerate(run_ranks(2, body)):
+        assert total.dtype == np.uint8
+        assert total.tolist() == [2, 4]
+        assert got == (b"hello" if r == 1 else None)
+
+
 def test_async_ops_return_work() -> None:
     def body(comm: plait.Communicator) -> Any:
         works = [comm.allreduce(np.full(10, i + comm.rank), async_op=True) for i in range(5)]

@@ -73,3 +73,82 @@ def test_a_dead_peer_fails_only_the_requests_that_need_it(tmp_path: Path, transp
     assert "from_two failed: rank 0: irecv from rank 2 (tag 1):" in res.stdout, out[-3000:]
     assert "any source failed:" in res.stdout, out[-3000:]
     assert elapsed < 50, f"took {elapsed:.1f} s: a lost peer was noticed late"
+
+
+ARRIVING = """
+    import numpy as np, plait
+    comm = plait.init(timeout=60)
+    n = 64 << 20
+    if comm.rank == 0:
+        comm.send(np.full(n, 7, np.uint8), 1, tag=3)
+        comm.send(np.ones(1), 1, tag=4)
+    else:
+        comm.probe(0, 3)  # the message is there: its receive matches it at once
+        got = comm.recv(np.empty(n, np.uint8), 0, tag=3, timeout=0.001)
+        assert (got == 7).all()
+        assert comm.recv(np.empty(1), 0, tag=4)[0] == 1.0
+        print("arrived whole", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receive_whose_message_is_arriving_at_its_deadline_gets_it(
+    tmp_path: Path, transport: str
+) -> None:
+    """Its deadline passed while 64 MiB arrived: the rest was dropped, the message lost to
+    every later receive, and the sender told it had succeeded (Note [a message arriving at
+    the deadline])."""
+    res, _ = run_script(["-n", "2", "--transport", transport], ARRIVING, tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "arrived whole" in res.stdout, out[-3000:]
+
+
+POLLS = """
+    import os, select, time, numpy as np, plait
+    comm = plait.init(timeout=60)
+    if comm.rank == 0:
+        comm.send(np.arange(3.0), 1, tag=1)
+        req = comm.isend(np.ones(1), 1, tag=2)
+    else:
+        req = comm.irecv(np.empty(3), 0, tag=1)
+    deadline = time.monotonic() + 30
+    while True:  # wait(0) looks once, as test() does: it made no progress and never ended
+        try:
+            req.wait(0)
+            break
+        except plait.CommTimeout:
+            assert time.monotonic() < deadline, "wait(0) never completed the request"
+            select.select([], [], [], 0.001)
+    if comm.rank == 1:
+        assert comm.recv(np.empty(1), 0, tag=2)[0] == 1.0
+    pids = comm.allgather_object(os.getpid())
+    if comm.rank == 1:
+        os._exit(0)  # dies without closing anything
+    gone = os.pidfd_open(pids[1])
+    select.select([gone], [], [], 30)  # rank 1's process has ended
+    time.sleep(1.1)  # longer than the shared-memory link's check of its peers' processes
+    try:
+        comm.send(np.ones(1), 1, tag=5)  # fits the ring: it completed, and the message was lost
+        raise SystemExit("a send to a rank dead for a second succeeded")
+    except plait.PeerLostError as exc:
+        assert exc.lost_rank == 1, exc.lost_rank
+    for probe in (lambda: comm.probe(1, 5), lambda: comm.iprobe(1, 5)):
+        try:
+            probe()
+            raise SystemExit("a probe of a dead rank succeeded")
+        except plait.PeerLostError as exc:  # its lost_rank was None
+            assert exc.lost_rank == 1, exc.lost_rank
+    print("polls and losses ok", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_wait_0_polls_and_a_lost_peer_fails_sends_and_probes(
+    tmp_path: Path, transport: str
+) -> None:
+    res, _ = run_script(["-n", "2", "--enable-recovery", "--transport", transport], POLLS, tmp_path)
+    out = res.stdout + res.stderr
+    assert "polls and losses ok" in res.stdout, out[-3000:]

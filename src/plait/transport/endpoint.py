@@ -296,10 +296,18 @@ class Endpoint(PatternMatching, Descriptors):
         with self._lock:
             if self._closed:
                 self.fail(op, self.closed_error())
-            elif (lost := self._lost[peer]) is not None:
-                self.fail(op, _lost_error(lost))
             else:
-                link.send(op)
+                # A send that fits its link completes without a wait, where peers are
+                # checked: a rank that only sends learns of a dead peer here, not after a
+                # ring's or a socket buffer's worth of sends that said they succeeded.
+                now = time.monotonic()
+                if now - self._last_check >= _LIVENESS_INTERVAL:
+                    self._liveness(now)
+                lost = self._lost[peer]
+                if lost is not None:
+                    self.fail(op, _lost_error(lost))
+                else:
+                    link.send(op)
             if self._completed:
                 self._after_progress()
         return op
