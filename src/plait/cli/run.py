@@ -80,7 +80,8 @@ without it. The job then succeeds if every other rank exits with 0; a rank
 that fails otherwise (an exception) stops the job as usual.
 
 Stalls: with --stall-timeout S (PLAIT_STALL_TIMEOUT for the ranks), a rank whose
-call makes no progress for S seconds dumps its flight recorder and prints a line
+collective, or blocking send, recv or sendrecv (not a request's wait, nor a
+probe), makes no progress for S seconds dumps its flight recorder and prints a line
 starting with "plait: stall:"; the launcher then sends SIGUSR1 to the ranks of
 its host that have a handler for it (plait.init installs one) and did not report
 the stall themselves, so that every rank dumps, and prints the folder of the
@@ -200,7 +201,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="when a call makes no progress for SECONDS, every rank dumps its flight recorder "
+        help="when a collective or a blocking send, recv or sendrecv makes no progress for "
+        "SECONDS, every rank dumps its flight recorder "
         "and the folder to give plait analyze is printed; the job goes on "
         "(sets PLAIT_STALL_TIMEOUT)",
     )
