@@ -11,6 +11,7 @@ import contextlib
 import gc
 import itertools
 import os
+import secrets
 import socket
 import threading
 import time
@@ -907,3 +908,25 @@ def test_group_calls_run_one_sided_and_mismatches_fail_every_rank() -> None:
         assert algorithms, algorithms
         assert all(a.startswith("arena") for a in algorithms), algorithms
         assert "different call" in error or "different collectives" in error, error
+
+
+def test_a_segment_larger_than_the_memory_available_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [room for a segment]: PLAIT_SHM_WINDOW=99999G had the out-of-memory killer take
+    processes across the host; a segment is refused where it is more than a process's share
+    of the memory available, and a window's growth where it is more than all of it."""
+    from plait.errors import TransportError
+
+    monkeypatch.setattr(segment, "_available_memory", lambda: 1 << 20)
+    path = os.path.join(segment.SHM_DIR, f"plait-room-{secrets.token_hex(4)}")
+    with pytest.raises(TransportError, match="lower PLAIT_SHM_WINDOW") as info:
+        segment.create(path, 600 << 10, 0, "room", share=2)
+    assert "its share: 2 processes" in str(info.value)
+    seg = segment.create(path, 600 << 10, 0, "room", reserve=[(0, 4096)])
+    try:
+        with pytest.raises(TransportError, match="is more than this host has available"):
+            seg.reserve(0, 2 << 20, 0)
+        seg.reserve(4096, 8192, 0)  # what fits is reserved
+    finally:
+        seg.release()

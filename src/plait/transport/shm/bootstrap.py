@@ -357,7 +357,7 @@ class _Join:
         path = os.path.join(SHM_DIR, own)
         some = arena_ranges(rings, arena, self.lazy) if self.lazy else None
         seg = self.seg = segment.create(
-            path, nbytes, self.me, token, populate=not some, reserve=some
+            path, nbytes, self.me, token, populate=not some, reserve=some, share=self.size
         )
         w = seg.words
         w[W_VERSION] = VERSION

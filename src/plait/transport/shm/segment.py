@@ -150,6 +150,7 @@ class Segment:
         """
         if self.fd is None:
             raise TransportError(f"rank {me}: cannot reserve memory in a segment handed over")
+        _check_room(length, 1, me)
         try:
             os.posix_fallocate(self.fd, offset, length)
         except OSError as exc:
@@ -206,6 +207,7 @@ def create(
     *,
     populate: bool = True,
     reserve: Sequence[tuple[int, int]] | None = None,
+    share: int = 1,
 ) -> Segment:
     """Create, reserve and map a segment of ``nbytes`` bytes named after ``path``.
 
@@ -217,12 +219,17 @@ def create(
     ``populate``: map every page now (``MAP_POPULATE``) rather than at its first
     touch; the memory is reserved either way. ``reserve``: the ``(offset, length)``
     ranges to reserve now, where not all of it (the rest with :meth:`Segment.reserve`
-    before its first write: a window that grows on demand).
+    before its first write: a window that grows on demand). ``share``: how many
+    processes of this host make one at once (each may take that share of the memory
+    available; Note [room for a segment]).
 
     Raises:
-        TransportError: the file ``path`` exists already, or the OS refused it
-            (e.g. out of shared memory: reserved now rather than a SIGBUS later).
+        TransportError: the file ``path`` exists already, the memory to reserve is more
+            than this process's share of what the host has available, or the OS refused
+            it (e.g. out of shared memory: reserved now rather than a SIGBUS later).
     """
+    needed = nbytes if reserve is None else sum(length for _, length in reserve)
+    _check_room(needed, share, me)
     fd = _anonymous(path, me, job)
     try:
         try:
@@ -249,6 +256,42 @@ def create(
         os.close(fd)
         raise
     return Segment(mm, fd)
+
+
+# Note [room for a segment]
+#     A segment's memory is reserved with posix_fallocate so that a write never faults
+#     for want of it (a SIGBUS); but on a memfd (as on tmpfs without a size limit) the
+#     kernel grants whatever is asked and finds out later that it cannot back it: a
+#     PLAIT_SHM_WINDOW of 99999G had the out-of-memory killer kill processes across the
+#     host, the launcher among them, with no word of why. So a reservation larger than the
+#     memory the host has available (MemAvailable in /proc/meminfo), or than a process's
+#     share of it where the host's ranks make their segments at once, is refused with the
+#     settings to lower. Where /proc/meminfo cannot be read, nothing is checked.
+
+
+def _check_room(nbytes: int, share: int, me: int) -> None:
+    """Raise TransportError where ``nbytes`` is more than 1/``share`` of the memory this
+    host has available (Note [room for a segment])."""
+    available = _available_memory()
+    if available is None or nbytes <= available // max(share, 1):
+        return
+    of = f" (its share: {share} processes reserve at once)" if share > 1 else ""
+    raise TransportError(
+        f"rank {me}: a shared-memory segment of {nbytes} bytes is more than this host has "
+        f"available, {available} bytes{of}; lower PLAIT_SHM_WINDOW (or slot_bytes, slots)"
+    )
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this host has available (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _anonymous(path: str, me: int, job: str) -> int:
