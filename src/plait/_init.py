@@ -97,18 +97,18 @@ from typing import Any
 
 from plait._binding import bind_crowded
 from plait._checks import check_timeout
+from plait._meeting import TRANSPORTS, check_arguments, claim_rank, meet
 from plait._processes import die_with_launcher
 from plait.communicator import Communicator, default_timeout
 from plait.errors import CommError, RendezvousError
 from plait.group import own_comm_id
-from plait.rendezvous.lost import JobRanks, report_gave_up, wait_ranks
+from plait.rendezvous.lost import JobRanks, report_gave_up
 from plait.rendezvous.store import PrefixStore, Store
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
 
-__all__ = ["LaunchInfo", "detect_launch", "init"]
+__all__ = ["TRANSPORTS", "LaunchInfo", "detect_launch", "init"]
 
-TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
 #: MASTER_PORT when MASTER_ADDR is set without it (torchrun's default).
 DEFAULT_MASTER_PORT = 29500
 _generation = 0
@@ -512,18 +512,21 @@ def init(
     install_signal_handler()
     start_watchdog()
     die_with_launcher(os.environ.get("PLAIT_LAUNCHER_PID"))
+    check_arguments(rank, size, store, transport)
     if transport is not None and not isinstance(transport, str):
         if rank is not None and rank != transport.rank:
             raise ValueError(f"rank={rank} disagrees with the transport's rank {transport.rank}")
         if size is not None and size != transport.size:
             raise ValueError(f"size={size} disagrees with the transport's size {transport.size}")
         return Communicator(transport, timeout=timeout)
-    kind = (transport or os.environ.get("PLAIT_TRANSPORT") or "auto").lower()
+    setting = os.environ.get("PLAIT_TRANSPORT", "").strip()
+    kind = (transport or setting or "auto").strip().lower()
     if kind not in TRANSPORTS:
-        raise ValueError(f"unknown transport {kind!r}; expected one of {', '.join(TRANSPORTS)}")
+        said = f"transport={transport!r}" if transport else f"PLAIT_TRANSPORT={setting!r}"
+        raise ValueError(f"{said} is not a transport; expected one of {', '.join(TRANSPORTS)}")
     info = detect_launch()
-    rank = info.rank if rank is None else rank
-    size = info.size if size is None else size
+    rank = info.rank if rank is None else int(rank)
+    size = info.size if size is None else int(size)
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"invalid rank {rank} for size {size}; expected 0 <= rank < size")
     if timeout is None and os.environ.get("PLAIT_TIMEOUT", "").strip():
@@ -575,11 +578,12 @@ def init(
     kept = False  # the communicator keeps the store (Note [store lifetime])
     try:
         host = os.environ.get("PLAIT_HOST") or socket.gethostname()
+        claim_rank(group, rank, size)
         if rank == 0:  # before its host: a rank that has met every host reads it
             group.set("run", f"{secrets.token_hex(6)} {size}".encode())
-        group.set(f"host/{rank}", host.encode())
-        _meet(group, rank, size, seconds, None if timeout is None else left(), info)
-        hosts = [group.get(f"host/{r}").decode() for r in range(size)]
+        hosts = meet(
+            group, rank, size, (host, kind), seconds, None if timeout is None else left(), info
+        )
         run, _, sized = group.get("run").decode().partition(" ")
         if sized != str(size):  # launchers of one job told its ranks different sizes
             raise RendezvousError(
@@ -622,48 +626,6 @@ def init(
         if owned and not kept:
             _leave(store, group, size, temp=temp)
     return comm
-
-
-def _meet(
-    group: PrefixStore,
-    rank: int,
-    size: int,
-    seconds: float,
-    timeout: float | None,
-    info: LaunchInfo,
-) -> None:
-    """Wait until every rank has said its host; errors that name the ranks, not store keys.
-
-    Raises:
-        StoreTimeout: some ranks never arrived (named) within ``timeout``.
-        RendezvousError: the store went away (where rank 0 served it: rank 0 failed).
-    """
-    from plait.rendezvous.store import StoreTimeout
-
-    keys = [f"host/{r}" for r in range(size)]
-    try:
-        wait_ranks(
-            group, keys, range(size), timeout, me=f"rank {rank} of {size}", what="say their host"
-        )
-    except StoreTimeout:
-        try:
-            missing = [r for r in range(size) if not group.check([keys[r]])]
-        except RendezvousError:
-            missing = []
-        who = f"rank(s) {missing}" if missing else "some ranks"
-        raise StoreTimeout(
-            f"rank {rank} of {size}: plait.init timed out after {seconds:g} s waiting for "
-            f"{who} to arrive: they never called plait.init (not started yet, failed or "
-            "killed during start-up, or given another store or job id)"
-        ) from None
-    except RendezvousError as exc:
-        if not info.store_by_rank0 or rank == 0:
-            raise
-        raise RendezvousError(
-            f"rank {rank} of {size}: plait.init: the store that rank 0 serves at "
-            f"{info.store_url} went away before every rank arrived: rank 0 failed or gave up "
-            f"(see its error) ({exc})"
-        ) from exc
 
 
 def _keep_store(

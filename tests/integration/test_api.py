@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -259,6 +262,62 @@ def test_init_with_transport() -> None:
     assert (comm.rank, comm.size) == (1, 2)
     with pytest.raises(ValueError, match="rank=0 disagrees"):
         plait.init(rank=0, transport=fabric.endpoints[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"size": 1.5}, "size must be an int; got 1.5"),  # was "rank 0 of 1.5: cannot find"
+        ({"rank": "0"}, "rank must be an int; got '0'"),  # was a comparison's TypeError
+        ({"rank": True, "size": 2}, "rank must be an int; got True"),  # was rank 1
+        ({"transport": 5}, "transport must be one of auto, shm, tcp, hybrid"),  # AttributeError
+        ({"store": 5, "rank": 0, "size": 2}, "store must be a Store or a store URL"),
+    ],
+)
+def test_init_checks_its_arguments_types(kwargs: dict[str, Any], said: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(said)):
+        plait.init(**kwargs)
+
+
+def _init_in_processes(tmp_path: Path, *kwargs: dict[str, Any]) -> list[str]:
+    """plait.init with each of ``kwargs`` in a process of its own (each process numbers its
+    inits, and the ranks of one meet under its number), meeting in one file store: what
+    each raised, as ``Type: message``, or ``ok``."""
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys, plait\n"
+        "try:\n"
+        "    plait.init(**json.loads(sys.argv[1])).close()\n"
+        "    print('ok')\n"
+        "except Exception as exc:\n"
+        "    print(f'{type(exc).__name__}: {exc}')\n"
+    )
+    store = f"file://{tmp_path}/store"
+    args = [json.dumps({"store": store, "size": 2, "timeout": 5, **kw}) for kw in kwargs]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, a], stdout=subprocess.PIPE, text=True)
+        for a in args
+    ]
+    return [p.communicate(timeout=60)[0].strip() for p in procs]
+
+
+def test_init_says_the_ranks_were_given_different_transports(tmp_path: Path) -> None:
+    """Each waited for the other on its own kind of link until the timeout, then blamed it
+    for never announcing its segment or address."""
+    got = _init_in_processes(
+        tmp_path, {"rank": 0, "transport": "shm"}, {"rank": 1, "transport": "tcp"}
+    )
+    for said in got:
+        assert said.startswith("RendezvousError: "), got
+        assert "given different transports (rank 0: shm, rank 1: tcp)" in said
+
+
+def test_init_says_two_processes_were_given_one_rank(tmp_path: Path) -> None:
+    """Both waited out the timeout for the rank neither was, and named only that one."""
+    got = _init_in_processes(tmp_path, {"rank": 0}, {"rank": 0})
+    assert any("two processes were given the same rank" in said for said in got), got
 
 
 def test_rank_failure_is_reported() -> None:
