@@ -73,7 +73,7 @@ def restart_count() -> int:
     text = os.environ.get("PLAIT_RESTART_COUNT", "").strip()
     if not text:
         return 0
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ValueError(f"PLAIT_RESTART_COUNT must be a non-negative integer; got {text!r}")
     return int(text)
 

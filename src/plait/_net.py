@@ -79,7 +79,7 @@ def parse_address(text: str) -> tuple[str, int]:
         ValueError: ``text`` has no ``:port`` or the port is not a number.
     """
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise ValueError(f"malformed TCP address {text!r}: expected host:port or [v6]:port")
     return strip_brackets(host), int(port)
 

@@ -113,7 +113,7 @@ def die_with_launcher(launcher: str | None) -> bool:
     readable when it exits (blocked in ``select``: no polling). Linux only.
     """
     global _WATCHING
-    if not launcher or not launcher.isdigit():
+    if not launcher or not (launcher.isascii() and launcher.isdigit()):
         return False
     pid = int(launcher)
     if pid != os.getppid():

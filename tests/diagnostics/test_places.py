@@ -94,3 +94,15 @@ def test_the_shared_dump_folder_is_sticky_and_a_job_folder_private(
     assert stat.S_IMODE(job.stat().st_mode) == 0o700
     replace_with(job / "rank0.json", "{}")
     assert [p.name for p in job.iterdir()] == ["rank0.json"]
+
+
+@pytest.mark.parametrize(("job", "filed"), [("..", "__"), (".", "_"), ("a/../b", "a_.._b")])
+def test_a_job_id_never_names_the_folder_or_its_parent(job: str, filed: str) -> None:
+    """PLAIT_JOB_ID=".." filed dumps beside the dump folder, not in a folder of their own."""
+    assert places.safe_name(job) == filed
+
+
+def test_a_rank_in_other_digits_is_no_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "²" passed str.isdigit and then raised ValueError out of int()."""
+    monkeypatch.setenv("PLAIT_RANK", "²")
+    assert places.global_rank() != 2

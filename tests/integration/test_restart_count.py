@@ -19,7 +19,7 @@ def test_reads_the_attempt_plait_run_sets(monkeypatch: pytest.MonkeyPatch) -> No
     assert plait.restart_count() == 2
 
 
-@pytest.mark.parametrize("text", ["-1", "one", "1.5"])
+@pytest.mark.parametrize("text", ["-1", "one", "1.5", "²"])  # ²: isdigit, but not int()
 def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
     monkeypatch.setenv("PLAIT_RESTART_COUNT", text)
     with pytest.raises(ValueError, match="PLAIT_RESTART_COUNT"):

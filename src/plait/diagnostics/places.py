@@ -34,14 +34,16 @@ def global_rank() -> int | None:
     """This process's rank in the job, as its launcher says; None if none says."""
     for name in ("PLAIT_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
         text = os.environ.get(name)
-        if text is not None and text.strip().isdigit():
+        if text is not None and (text.strip().isascii() and text.strip().isdigit()):
             return int(text)
     return None
 
 
 def safe_name(name: str) -> str:
-    """``name`` as one path component."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "job"
+    """``name`` as one path component: never ``.`` or ``..``, which name the folder itself
+    or its parent (a PLAIT_JOB_ID of ``..`` filed dumps beside the dump folder)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "job"
+    return safe.replace(".", "_") if safe in (".", "..") else safe
 
 
 def job_id() -> str:

@@ -114,7 +114,7 @@ class Timeline:
         text = os.environ.get("PLAIT_TIMELINE_EVENTS", "").strip()
         limit = DEFAULT_EVENTS
         if text:
-            if not text.isdigit() or int(text) < 1:
+            if not (text.isascii() and text.isdigit()) or int(text) < 1:
                 raise ValueError(f"PLAIT_TIMELINE_EVENTS must be a positive integer; got {text!r}")
             limit = int(text)
         key = (template, rank)

@@ -135,7 +135,7 @@ def _redis(url: str, parts: urllib.parse.SplitResult, *, timeout: float) -> Stor
     if not host:
         raise ValueError(f"store URL {url!r} needs a host: {SCHEMES['redis']}")
     db_text = parts.path.strip("/")
-    if not db_text.isdigit() and db_text != "":
+    if not (db_text.isascii() and db_text.isdigit()) and db_text != "":
         raise ValueError(f"store URL {url!r}: the database must be a number, got {db_text!r}")
     query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"prefix"})

@@ -600,7 +600,7 @@ class _Join:
         and None where not visible from here) from what ``rank`` published."""
         tail, _, rest = value.decode(errors="replace").partition(":")
         nbytes, _, proc = rest.partition(":")
-        if not _TAIL_RE.fullmatch(tail) or not nbytes.isdigit():
+        if not _TAIL_RE.fullmatch(tail) or not (nbytes.isascii() and nbytes.isdigit()):
             raise RendezvousError(
                 f"rank {self.me}: rank {self.names[rank]} published {value!r}, not a segment"
             )

@@ -110,6 +110,8 @@ def visible(text: str) -> tuple[int, str | None] | None:
     where, _, start = text.rpartition("/")
     where, _, pid = where.rpartition("/")
     here = machine()
-    if not here or where != here or not pid.isdigit() or int(pid) == os.getpid():
+    if not here or where != here or not (pid.isascii() and pid.isdigit()):
+        return None
+    if int(pid) == os.getpid():
         return None
     return int(pid), start or None
