@@ -597,7 +597,15 @@ def check_same_call(comm: Any, req: Request, seconds: float, rank: int) -> None:
     text = signature(req).encode()[: SIGNATURE_BYTES - 1]
     mine = np.zeros(SIGNATURE_BYTES, np.uint8)
     mine[: len(text)] = np.frombuffer(text, np.uint8)
-    table = comm.allgather(mine, algorithm="bruck", timeout=seconds)
+    try:
+        table = comm.allgather(mine, algorithm="bruck", timeout=seconds)
+    except MismatchError as exc:  # a peer in the user's call: it does not check calls
+        noted = MismatchError(
+            f"{exc}; this rank checks every call first (PLAIT_DEBUG=detail): if the others "
+            "do not, set PLAIT_DEBUG alike on every rank"
+        )
+        noted.__dict__.update(exc.__dict__)
+        raise noted from exc
     calls: dict[str, list[int]] = {}
     for r, row in enumerate(table):
         calls.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(r)

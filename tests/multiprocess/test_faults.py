@@ -231,3 +231,22 @@ def test_close_after_error_releases_everything(tmp_path: Path) -> None:
     res, _ = plait_run(["-n", "2", "--tag-output"], script, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert sorted(res.stdout.splitlines()) == ["[0]: left: [] []", "[1]: left: [] []"]
+
+
+def test_plait_debug_detail_on_some_ranks_is_named(tmp_path: Path) -> None:
+    """A rank under PLAIT_DEBUG=detail checks each call with an allgather its peers do not
+    make: its MismatchError named an allgather the user never called, and nothing else."""
+    script = """
+        import os, numpy as np, plait
+        if os.environ["PLAIT_RANK"] == "1":
+            os.environ["PLAIT_DEBUG"] = "detail"
+        comm = plait.init(timeout=30)
+        try:
+            comm.allreduce(np.ones(3))
+        except plait.MismatchError as exc:
+            print(f"rank {comm.rank}: {exc}", flush=True)
+    """
+    res, _ = plait_run(["-n", "2"], script, tmp_path)
+    said = [line for line in res.stdout.splitlines() if line.startswith("rank 1: ")]
+    assert said, res.stdout + res.stderr
+    assert "set PLAIT_DEBUG alike on every rank" in said[0]
