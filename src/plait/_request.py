@@ -203,7 +203,7 @@ class Plan:
         self.ufunc: np.ufunc = op.kernel(dtype) if op is not None else np.bitwise_or
         # What the flight recorder keeps of each call of this shape (one object, reused).
         self.shape = CallShape(
-            ctx.collective, spec.name, ctx.count, dtype, op, ctx.root, caller_site()
+            ctx.collective, spec.name, ctx.count, dtype, op, ctx.root, caller_site(), purpose
         )
         # numpy warns (an error under -W error) on float overflow or invalid values: silence
         # it only where a reduction can produce one; np.errstate costs about a microsecond.

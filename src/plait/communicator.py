@@ -56,6 +56,7 @@ from plait._shortcut import Shortcut
 from plait._uneven_edge import _UNEVEN_AUTO
 from plait.algos._registry import get
 from plait.diagnostics.stragglers import (
+    OWN_CALLS,
     Lateness,
     from_table,
     local_collectives,
@@ -528,12 +529,12 @@ class Communicator(PointToPointMethods, ObjectMethods):
             )
         wanted = rec.capacity if window is None else min(int(window), rec.capacity)
         mine = np.array([newest_done(rec), wanted], np.int64)
-        agreed = self._within(_ALLREDUCE, mine, "stragglers", timeout, MIN)
+        agreed = self._within(_ALLREDUCE, mine, OWN_CALLS, timeout, MIN)
         hi, n = int(agreed[0]), min(int(agreed[1]), int(agreed[0]) + 1)
         if n <= 0:  # no call completed on every rank yet (alike on every rank)
             return [Lateness(q, 0, 0.0, 0.0, 0.0, None) for q in range(self._size)]
         first = hi - n + 1
-        table = self._within(_ALLGATHER, local_row(rec, first, n), "stragglers", timeout)
+        table = self._within(_ALLGATHER, local_row(rec, first, n), OWN_CALLS, timeout)
         names = local_collectives(rec, first, n)
         return from_table(table, first, names, same_clock=self.cross_size == 1)
 

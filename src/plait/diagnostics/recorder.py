@@ -185,6 +185,9 @@ class CallShape:
     #: Where a call of this shape was first made (:func:`caller_site`), or None: a call
     #: that keeps no stack of its own is shown there in a dump (Note [recorder cost]).
     site: tuple[str, int, str] | None = None
+    #: The plait call this one is part of ("" for a user's call): ``stragglers`` leaves
+    #: its own calls out of what it measures.
+    within: str = ""
 
     @property
     def dtype_name(self) -> str:

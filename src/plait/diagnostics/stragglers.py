@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,7 @@ from plait.diagnostics._words import dur
 from plait.diagnostics.recorder import FlightRecorder
 
 __all__ = [
+    "OWN_CALLS",
     "SYNCHRONIZING",
     "Lateness",
     "format_lateness",
@@ -175,7 +177,17 @@ def newest_done(recorder: FlightRecorder) -> int:
 
     Step 1 of Note [live stragglers] takes the minimum of this over the ranks.
     """
-    return max((s.seq for s in recorder.slots() if s.end > 0 and s.error is None), default=-1)
+    return max((s.seq for s in recorder.slots() if _measured(s)), default=-1)
+
+
+#: The purpose of the calls ``stragglers`` itself makes, which it never measures.
+OWN_CALLS = "stragglers"
+
+
+def _measured(slot: Any) -> bool:
+    """Whether ``slot`` is a call that completed without error and is not one of
+    ``stragglers``' own (their lateness is the measurement's, not the program's)."""
+    return slot.end > 0 and slot.error is None and slot.shape.within != OWN_CALLS
 
 
 def local_collectives(recorder: FlightRecorder, first: int, n: int) -> list[str]:
@@ -198,7 +210,7 @@ def local_row(recorder: FlightRecorder, first: int, n: int) -> np.ndarray:
     row = np.full(2 * n, np.nan)
     for slot in recorder.slots():
         k = slot.seq - first
-        if 0 <= k < n and slot.start and slot.end > 0 and slot.error is None:
+        if 0 <= k < n and slot.start and _measured(slot):
             row[k] = recorder.wall(slot.start)
             row[n + k] = slot.end - slot.start
     return row
