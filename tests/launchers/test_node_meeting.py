@@ -281,3 +281,17 @@ def test_a_launcher_waiting_for_the_others_stops_on_sigint(job: Callable[[int], 
     assert node0.proc.returncode == 128 + signal.SIGINT, j.report()
     assert node0.seconds < FAIL_SECONDS, j.report()
     assert "started" not in node0.out, j.report()
+
+
+@pytest.mark.timeout(90)
+def test_a_launcher_whose_node_0_never_comes_says_how_long_it_tried(
+    job: Callable[[int], Job],
+) -> None:
+    """It tried for the whole timeout, and said "within 0.9841 s", its last try's slice."""
+    j = job(2)
+    j.env["PLAIT_TIMEOUT"] = "3"
+    node1 = j.start(1, 1)
+    [la] = j.finish([node1])
+    assert la.proc.returncode not in (0, None), j.report()
+    assert "cannot reach the job's store" in la.err, j.report()
+    assert "in 3 s of trying" in la.err, j.report()

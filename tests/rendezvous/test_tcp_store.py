@@ -359,3 +359,21 @@ def test_pipelined_requests_behind_a_parked_one_are_answered_in_order() -> None:
         setter.set("first", b"1")
         assert _raw_response(raw) == (0, struct.pack("!I", 1) + b"1")
         assert _raw_response(raw) == (0, struct.pack("!I", 1) + b"1")
+
+
+def test_a_secret_that_is_not_bytes_is_refused_by_the_server() -> None:
+    """secret="s" was taken: every proof then failed inside the server (a TypeError in its
+    log), and every client waited a minute to hear that the server was "overloaded"."""
+    with pytest.raises(TypeError, match="secret must be bytes"):
+        TCPStoreServer("127.0.0.1", 0, secret="s")  # type: ignore[arg-type]
+
+
+def test_the_launcher_says_how_a_rank_it_could_not_file_ended() -> None:
+    """It said the rank "died" where the rank had exited with an error."""
+    from plait.launch.job import _Filer
+
+    said: list[str] = []
+    relay = type("Relay", (), {"say": lambda self, text: said.append(text)})()
+    _Filer("127.0.0.1", free_port(), "s", relay)(2, "exited with code 1")  # type: ignore[arg-type]
+    assert said
+    assert said[0].startswith("could not tell the other ranks in the store that rank 2 exited")

@@ -448,9 +448,11 @@ def _meet_launchers(
         except StoreConnectError as exc:
             # Only a server not listening yet is worth another try (not a wrong secret).
             if not isinstance(exc.__cause__, OSError) or left <= LOOK_SECONDS:
+                # The whole wait, not the last try's slice of it ("within 0.98 s").
+                waited = f"in {seconds:g} s of trying" if isinstance(exc.__cause__, OSError) else ""
                 raise StoreConnectError(
                     f"node {job.node_rank}: cannot reach the job's store, which node 0's plait "
-                    f"run serves at {address}: {exc}"
+                    f"run serves at {address}{' ' + waited if waited else ''}: {exc}"
                 ) from exc
             if signals.received:
                 return False
@@ -491,7 +493,7 @@ class _Filer:
         except (CommError, OSError) as exc:  # best effort: the others time out as before
             self.failed = True
             self.relay.say(
-                f"could not tell the other ranks in the store that rank {rank} died: {exc}"
+                f"could not tell the other ranks in the store that rank {rank} {how}: {exc}"
             )
 
 

@@ -190,6 +190,11 @@ class TCPStoreServer:
         max_value_bytes: int | None = None,
         max_unauthenticated: int | None = None,
     ) -> None:
+        if secret is not None and not isinstance(secret, bytes):  # a str failed every proof
+            raise TypeError(
+                f"TCPStoreServer: secret must be bytes (e.g. secret.encode()); got "
+                f"{type(secret).__name__}"
+            )
         self.host = _net.strip_brackets(host)
         # Clients must prove they know this key before any request is read.
         self._key = _auth.secret() if secret is None else secret
