@@ -4,6 +4,7 @@ ranks and settings, never store keys."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from plait.rendezvous.store import PrefixStore
 if TYPE_CHECKING:
     from plait._init import LaunchInfo
 
-__all__ = ["TRANSPORTS", "check_arguments", "claim_rank", "meet"]
+__all__ = ["TRANSPORTS", "check_arguments", "claim_rank", "machine", "meet"]
 
 #: The transports ``init`` takes by name (``transport=`` or PLAIT_TRANSPORT).
 TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
@@ -74,12 +75,13 @@ def meet(
 
     Raises:
         StoreTimeout: some ranks never arrived (named) within ``timeout``.
-        RendezvousError: the store went away (where rank 0 served it: rank 0 failed), or
-            the ranks were given different transports.
+        RendezvousError: the store went away (where rank 0 served it: rank 0 failed), the
+            ranks were given different transports, or ranks of one host name are on
+            different machines.
     """
     from plait.rendezvous.store import StoreTimeout
 
-    group.set(f"host/{rank}", "\n".join(mine).encode())
+    group.set(f"host/{rank}", "\n".join((*mine, machine())).encode())
     keys = [f"host/{r}" for r in range(size)]
     try:
         wait_ranks(
@@ -104,6 +106,38 @@ def meet(
             f"{info.store_url} went away before every rank arrived: rank 0 failed or gave up "
             f"(see its error) ({exc})"
         ) from exc
-    told = [group.get(key).decode().rpartition("\n") for key in keys]
-    _same_transport(rank, [kind for _, _, kind in told])
-    return [host for host, _, _ in told]
+    told = [group.get(key).decode().rsplit("\n", 2) for key in keys]
+    _same_transport(rank, [kind for _, kind, _ in told])
+    hosts = [host for host, _, _ in told]
+    _one_machine_per_host(rank, hosts, [where for _, _, where in told])
+    return hosts
+
+
+def machine() -> str:
+    """What makes processes able to share memory the way the shared-memory transport does:
+    one kernel (its boot id) and one network namespace (its abstract socket names); "" where
+    either cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return ""
+
+
+def _one_machine_per_host(rank: int, hosts: Sequence[str], machines: Sequence[str]) -> None:
+    """RendezvousError where ranks of one host name are on different machines (cloned
+    virtual machines, containers, network namespaces): taken for one host, they would try
+    shared memory and fail, each blaming the other for giving up or dying."""
+    seen: dict[str, dict[str, list[int]]] = {}
+    for r, (host, where) in enumerate(zip(hosts, machines, strict=True)):
+        if where:
+            seen.setdefault(host, {}).setdefault(where, []).append(r)
+    for host, places in seen.items():
+        if len(places) > 1:
+            groups = "; ".join(f"ranks {rs}" for rs in places.values())
+            raise RendezvousError(
+                f"rank {rank}: ranks on different machines (or network namespaces) have one "
+                f"host name, {host!r} ({groups}), so shared memory cannot join them: give each "
+                "machine a name of its own (PLAIT_HOST)"
+            )

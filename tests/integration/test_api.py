@@ -353,3 +353,35 @@ def test_torch_cpu_tensors_without_copy() -> None:
         assert isinstance(res, torch.Tensor)
         assert torch.equal(res, torch.full((3, 2), 3.0))
         assert torch.equal(t, torch.full((3, 2), 3.0))
+
+
+def test_ranks_of_one_host_name_on_different_machines_are_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cloned machines (or network namespaces) with one host name were taken for one host:
+    the shared-memory set-up failed, each rank blaming the other for giving up or dying."""
+    import threading
+    from types import SimpleNamespace
+
+    from plait import _meeting
+    from plait.rendezvous.store import MemoryStore, PrefixStore
+
+    monkeypatch.setattr(_meeting, "machine", lambda: f"boot-{threading.current_thread().name}")
+    group = PrefixStore("init1", MemoryStore())
+    got: list[Any] = [None, None]
+
+    def one(r: int) -> None:
+        try:
+            got[r] = _meeting.meet(group, r, 2, ("node", "auto"), 5, 5, SimpleNamespace())
+        except Exception as exc:
+            got[r] = exc
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"m{r}") for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for exc in got:
+        assert isinstance(exc, plait.RendezvousError), got
+        assert "have one host name, 'node' (ranks [0]; ranks [1])" in str(exc)
+        assert "(PLAIT_HOST)" in str(exc)
