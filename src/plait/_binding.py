@@ -14,7 +14,7 @@ Note [binding crowded ranks]
     whatever threads it starts later) to one CPU: the ``i``-th rank of the host
     to the ``i mod n``-th of the ``n`` CPUs the process may use. Only where the
     ranks outnumber those CPUs: with a CPU each, the kernel keeps them apart,
-    and a rank's numpy may use more than one. ``PLAIT_BIND=0`` leaves the
+    and a rank's numpy may use more than one. ``PLAIT_BIND=0`` (or ``false``, ``off``) leaves the
     affinity alone (a launcher that binds ranks itself, two jobs sharing one
     host's CPUs).
 """
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+
+from plait._checks import env_switch
 
 __all__ = ["bind_crowded"]
 
@@ -35,7 +37,7 @@ def bind_crowded(
 
     ``hosts[r]`` is rank ``r``'s host; this rank's host is ``hosts[rank]``.
     """
-    if env.get("PLAIT_BIND", "").strip() == "0":
+    if not env_switch(env, "PLAIT_BIND", True):
         return None
     getaffinity = getattr(os, "sched_getaffinity", None)
     setaffinity = getattr(os, "sched_setaffinity", None)

@@ -11,6 +11,7 @@ and the value, so they hold no state of their own; the two caches they use
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ __all__ = [
     "check_rows",
     "check_timeout",
     "check_user_tag",
+    "env_switch",
     "split_rows",
 ]
 
@@ -42,6 +44,26 @@ MAX_USER_TAG = (1 << 31) - 1
 CACHE_LIMIT = 1024
 #: dtypes that passed check_dtype (a handful in any program).
 _GOOD_DTYPES: set[np.dtype] = set()
+
+
+def env_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """The on/off setting ``name`` of ``env``: ``1``, ``true``, ``yes``, ``on`` or ``0``,
+    ``false``, ``no``, ``off`` (any case); ``default`` where unset or empty.
+
+    Raises:
+        ValueError: any other value (``PLAIT_BIND=false`` used to bind, as only ``0`` was
+            read as off), naming the variable.
+    """
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(
+        f"{name}={env[name]!r} is not a switch; expected 0 or 1 (or false/true, no/yes, off/on)"
+    )
 
 
 def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:

@@ -96,7 +96,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait._binding import bind_crowded
-from plait._checks import check_timeout
+from plait._checks import check_timeout, env_switch
 from plait._meeting import TRANSPORTS, check_arguments, claim_rank, meet
 from plait._processes import die_with_launcher
 from plait.communicator import Communicator, default_timeout
@@ -524,6 +524,9 @@ def init(
     if kind not in TRANSPORTS:
         said = f"transport={transport!r}" if transport else f"PLAIT_TRANSPORT={setting!r}"
         raise ValueError(f"{said} is not a transport; expected one of {', '.join(TRANSPORTS)}")
+    # On/off settings read here, so that a bad one fails before anything moves.
+    recovery = env_switch(os.environ, "PLAIT_RECOVERY", True)
+    env_switch(os.environ, "PLAIT_BIND", True)
     info = detect_launch()
     rank = info.rank if rank is None else int(rank)
     size = info.size if size is None else int(size)
@@ -620,7 +623,7 @@ def init(
         # A store passed as an object is the caller's (torch's, in the torch backend), and the
         # temp-dir file store must be let go at once: no watcher thread on either, and no agree
         # or shrink (Note [store lifetime]).
-        if owned and not temp and os.environ.get("PLAIT_RECOVERY", "").strip() != "0":
+        if owned and not temp and recovery:
             kept = _keep_store(comm, store, group, size, owned=owned, temp=temp, links=links)
     finally:
         if owned and not kept:

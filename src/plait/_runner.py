@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait._checks import check_async, check_timeout
-from plait._request import Plan, Request, check_same_call, signature
+from plait._request import Plan, Request
+from plait._signature import check_same_call, signature
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
 from plait.diagnostics.triggers import dump_on_error, stuck_behind

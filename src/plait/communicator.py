@@ -50,9 +50,10 @@ from plait._checks import CACHE_LIMIT, check_timeout
 from plait._fork import watch
 from plait._object_methods import ObjectMethods
 from plait._p2p import PointToPointMethods
-from plait._request import Stager, allreduce_compressed, format_bytes
+from plait._request import Stager, allreduce_compressed
 from plait._runner import CallRunner
 from plait._shortcut import Shortcut
+from plait._signature import format_bytes
 from plait._uneven_edge import _UNEVEN_AUTO
 from plait.algos._registry import get
 from plait.diagnostics.stragglers import (
@@ -192,7 +193,13 @@ class Communicator(PointToPointMethods, ObjectMethods):
         self._comm_id = _comm_id
         claim_comm_id(transport, _comm_id)  # a split's group takes another (plait.group)
         # PLAIT_DEBUG=detail: compare every call's full signature across ranks first, and log it.
-        debug = os.environ.get("PLAIT_DEBUG", "").lower()
+        debug = os.environ.get("PLAIT_DEBUG", "").strip().lower()
+        if debug not in ("", "0", "off", "info", "detail"):  # a typo must not pass unseen
+            transport.close()
+            raise ValueError(
+                f"PLAIT_DEBUG={os.environ['PLAIT_DEBUG']!r} is not a level; expected info or "
+                "detail (or 0, off, unset: neither)"
+            )
         # PLAIT_DEBUG=info (or detail): log each choice auto makes, once per call shape.
         self._log_choices = debug in ("info", "detail")
         if self._log_choices:

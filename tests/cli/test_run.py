@@ -177,3 +177,23 @@ def test_ranks_beyond_the_descriptor_limit_are_said_in_one_line(tmp_path: Path) 
     assert line.startswith("plait run: cannot start rank "), res.stderr
     assert "of 100 ranks: Too many open files" in line
     assert "limit is 64 descriptors): raise it (ulimit -n) or start fewer ranks" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("PLAIT_JOB_ID", "a/b", "PLAIT_JOB_ID='a/b' cannot name the job: expected 1 to 64 of"),
+        ("PLAIT_STORE_MAX_VALUE", "abc", "PLAIT_STORE_MAX_VALUE='abc' is not a size in bytes"),
+    ],
+)
+def test_settings_the_launcher_reads_are_checked_before_any_rank(
+    name: str, value: str, said: str
+) -> None:
+    """A bad PLAIT_STORE_MAX_VALUE was the launcher's traceback; a bad PLAIT_JOB_ID the same
+    error from every rank's transport, which did not name it."""
+    job = ["run", "-n", "2", sys.executable, "-c", "print('started')"]
+    res = run(job, env={**os.environ, name: value})
+    assert res.returncode == 2, res.stderr
+    assert "started" not in res.stdout
+    assert "Traceback" not in res.stderr
+    assert f"plait run: error: {said}" in res.stderr

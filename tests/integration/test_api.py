@@ -385,3 +385,40 @@ def test_ranks_of_one_host_name_on_different_machines_are_told(
         assert isinstance(exc, plait.RendezvousError), got
         assert "have one host name, 'node' (ranks [0]; ranks [1])" in str(exc)
         assert "(PLAIT_HOST)" in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("PLAIT_DEBUG", "bogus", "PLAIT_DEBUG='bogus' is not a level; expected info or detail"),
+        ("PLAIT_RECOVERY", "abc", "PLAIT_RECOVERY='abc' is not a switch"),
+        ("PLAIT_BIND", "maybe", "PLAIT_BIND='maybe' is not a switch"),
+    ],
+)
+def test_settings_that_are_not_a_level_or_a_switch_are_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, said: str
+) -> None:
+    """Each was ignored unseen: PLAIT_DEBUG=1 logged nothing, PLAIT_RECOVERY=false and
+    PLAIT_BIND=false were read as on."""
+    from plait.transport.memory import MemoryFabric
+
+    monkeypatch.setenv(name, value)
+    make: Any = (
+        (lambda: plait.Communicator(MemoryFabric(1).endpoints[0]))
+        if name == "PLAIT_DEBUG"
+        else (lambda: plait.init(rank=0, size=1))
+    )
+    with pytest.raises(ValueError, match=re.escape(said)):
+        make()
+
+
+def test_tcp_streams_left_empty_is_one_and_a_bad_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from plait.transport.tcp import _streams_from
+
+    monkeypatch.setenv("PLAIT_TCP_STREAMS", " ")
+    assert _streams_from(None) == 1  # "'' is not an integer", where every setting reads empty
+    monkeypatch.setenv("PLAIT_TCP_STREAMS", "0")
+    with pytest.raises(ValueError, match=r"PLAIT_TCP_STREAMS='0': must be between 1 and"):
+        _streams_from(None)

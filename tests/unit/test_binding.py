@@ -41,6 +41,7 @@ def test_ranks_that_outnumber_the_cpus_take_one_each_in_turn(cpus: dict[str, obj
 def test_ranks_with_a_cpu_each_or_bind_0_are_left_alone(cpus: dict[str, object]) -> None:
     assert _binding.bind_crowded(0, ["a", "a", "b", "b"], {}) is None  # two on two CPUs
     assert _binding.bind_crowded(0, ["a"] * 4, {"PLAIT_BIND": "0"}) is None
+    assert _binding.bind_crowded(0, ["a"] * 4, {"PLAIT_BIND": " False "}) is None  # bound
     cpus["allowed"] = {7}  # bound already (a launcher's binding): nothing to spread over
     assert _binding.bind_crowded(0, ["a"] * 4, {}) is None
     assert cpus["bound"] == []
@@ -84,3 +85,9 @@ def test_a_job_of_three_ranks_on_two_cpus_binds_them_in_turn(tmp_path: Path) -> 
     assert res.returncode == 0, res.stderr
     (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("CPUS")]
     assert line == f"CPUS {[[two[0], -1], [two[1], -1], [two[0], -1]]}"
+
+
+def test_a_bind_setting_that_is_no_switch_is_refused() -> None:
+    """PLAIT_BIND=maybe (or anything but 0) bound the ranks, unseen."""
+    with pytest.raises(ValueError, match="PLAIT_BIND='maybe' is not a switch; expected 0 or 1"):
+        _binding.bind_crowded(0, ["a"] * 4, {"PLAIT_BIND": "maybe"})

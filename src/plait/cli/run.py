@@ -355,6 +355,7 @@ def main(args: argparse.Namespace) -> int:
     stall_timeout = getattr(args, "stall_timeout", None)
     if stall_timeout is not None and not stall_timeout >= 0:
         _usage_error(f"--stall-timeout must be a number of seconds >= 0, not {stall_timeout}")
+    _check_settings()
     command = rank_command(args)
     if args.nnodes > 1 and os.environ.get("PLAIT_SECRET") is None:
         _usage_error(
@@ -380,6 +381,24 @@ def main(args: argparse.Namespace) -> int:
         return launch(job)
     except (RendezvousError, StartError) as exc:  # --master-port taken, a limit of the host
         raise SystemExit(f"plait run: {exc}") from None
+
+
+def _check_settings() -> None:
+    """Settings the launcher reads too, checked before any rank starts: a bad one was a
+    traceback of the launcher's store, or the same error from every rank."""
+    from plait.rendezvous._tcp_wire import max_value_bytes
+    from plait.transport.shm.bootstrap import JOB_RE
+
+    job = os.environ.get("PLAIT_JOB_ID", "")
+    if job and not JOB_RE.fullmatch(job):
+        _usage_error(
+            f"PLAIT_JOB_ID={job!r} cannot name the job: expected 1 to 64 of A-Z, a-z, 0-9, "
+            "'_', '.' and '-'"
+        )
+    try:
+        max_value_bytes()
+    except ValueError as exc:
+        _usage_error(str(exc))
 
 
 def _mpi4py_env() -> dict[str, str]:

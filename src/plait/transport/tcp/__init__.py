@@ -66,16 +66,18 @@ def _spin_from_env() -> float:
 
 
 def _streams_from(streams: int | None) -> int:
+    what = "streams"
     if streams is None:
-        text = os.environ.get("PLAIT_TCP_STREAMS", "1")
+        text = os.environ.get("PLAIT_TCP_STREAMS", "")
+        what = f"PLAIT_TCP_STREAMS={text!r}"
         try:
-            streams = int(text)
+            streams = int(text.strip() or "1")  # unset or empty: one, as for every setting
         except ValueError:
-            raise ValueError(f"PLAIT_TCP_STREAMS={text!r} is not an integer") from None
+            raise ValueError(f"{what} is not an integer") from None
     if isinstance(streams, bool) or not isinstance(streams, int):
         raise TypeError(f"streams must be an int, got {type(streams).__name__}")
     if not 1 <= streams <= MAX_STREAMS:
-        raise ValueError(f"streams must be between 1 and {MAX_STREAMS}, got {streams}")
+        raise ValueError(f"{what}: must be between 1 and {MAX_STREAMS}, got {streams}")
     return streams
 
 
