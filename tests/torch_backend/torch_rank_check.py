@@ -400,6 +400,10 @@ def check_errors(size: int, rank: int) -> None:
     expect(TypeError, ("AVG", "int64"), lambda: dist.all_reduce(ints, op=R.AVG))
     expand = torch.zeros(1).expand(4)
     expect(plait.UnsupportedError, ("overlapping",), lambda: dist.all_reduce(expand))
+    # Refused on every rank, the root's (which only reads it) too: it was refused where it
+    # is written and sent elsewhere, and the group broke (MismatchError, then unusable).
+    expect(plait.UnsupportedError, ("overlapping",), lambda: dist.broadcast(expand, 0))
+    expect(plait.UnsupportedError, ("overlapping",), lambda: dist.reduce(expand, 0))
     expect(ValueError, ("tensor_list",), lambda: dist.all_gather([torch.empty(4)], t))
     # split sizes that disagree between ranks: every rank sees it and raises
     out = torch.empty(size + 1)

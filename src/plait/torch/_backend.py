@@ -68,6 +68,7 @@ from plait.torch._convert import (
     copy_blocks,
     copy_rows,
     input_arrays,
+    no_overlap,
     output_array,
     output_blocks,
     output_targets,
@@ -342,7 +343,11 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
         root = check_root(opts.rootRank, self._comm.size, c)
         is_root = root == self._comm.rank
         back: list[Staged] = []
-        a = output_array(t, c, "tensor", back) if is_root else array(t, c, "tensor")
+        a = (
+            output_array(t, c, "tensor", back)
+            if is_root
+            else no_overlap(array(t, c, "tensor"), c, "tensor")  # as the root refuses
+        )
         out = a if is_root else None
         comm = self._comm
         return self._run(
@@ -440,7 +445,7 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
         root = check_root(opts.rootRank, self._comm.size, c)
         back: list[Staged] = []
         if root == self._comm.rank:
-            a = array(t, c, "tensor")
+            a = no_overlap(array(t, c, "tensor"), c, "tensor")  # as the other ranks refuse
         else:
             a = output_array(t, c, "tensor", back, contents=False)
         comm = self._comm

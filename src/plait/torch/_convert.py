@@ -35,6 +35,7 @@ __all__ = [
     "copy_blocks",
     "copy_rows",
     "input_arrays",
+    "no_overlap",
     "output_array",
     "output_blocks",
     "output_targets",
@@ -126,7 +127,14 @@ def output_array(
     """
     if isinstance(t, torch.Tensor) and not t.is_cpu:
         return host_output(t, f"{call}: {what}", back, contents)
-    a = array(t, call, what)
+    return no_overlap(array(t, call, what), call, what)
+
+
+def no_overlap(a: np.ndarray, call: str, what: str) -> np.ndarray:
+    """``a``, refused where its elements overlap (stride 0, as from ``expand()``): results
+    cannot be written into it. ``broadcast`` and ``reduce`` ask it of the tensor of every
+    rank, those that only read it too, so that all refuse alike before anything is sent
+    (where one rank refused and the others went on, the group broke)."""
     # an empty tensor has no memory to overlap (numpy may give it zero strides)
     if a.size and any(step == 0 and n > 1 for step, n in zip(a.strides, a.shape, strict=True)):
         raise UnsupportedError(
