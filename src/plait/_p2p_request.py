@@ -407,9 +407,9 @@ class Request(Generic[R]):
             if t.withdraw(h):  # matched nothing yet: a message that comes later stays queued
                 self._cancelled = True
                 return False
-            if grace > 0 and (t.wait_any([h], grace) or h.done):
-                return True
             if grace > 0:
+                if t.wait_any([h], grace) or h.done:
+                    return True
                 self._explained = (
                     f"; its message had begun to arrive and did not finish within {grace:g} s "
                     "more: the rest of it was dropped, and the receive buffer's contents are "

@@ -275,25 +275,22 @@ class Bucketer:
         if missing:
             self._abandon()
             raise ValueError(f"gradients {missing} were not marked ready before wait()")
-        finished: bool | None = False
+        running = False  # a bucket's allreduce goes on: its buffer is not ours to reuse yet
         try:
             for b in self._buckets:
                 assert b.work is not None  # every gradient ready: every bucket started
                 try:
                     b.work.wait(timeout)
                 except CommTimeout:
-                    if b.work.done():  # the allreduce itself timed out: it failed
-                        raise
-                    finished = None  # still running: its buffer is not ours to reuse yet
+                    running = not b.work.done()  # else the allreduce itself timed out
                     raise
                 for i, start in zip(b.members, b.offsets, strict=True):
                     # Through an array of the gradient's shape, never out.reshape(-1)
                     # (Note [writing the averages back]).
                     shape = self._layout[i][0]
                     self._outs[i][...] = b.buffer[start : start + math.prod(shape)].reshape(shape)
-            finished = True
         finally:
-            if finished is not None:  # done, or failed: a new step begins
+            if not running:  # done, or failed: a new step begins
                 self._reset()
 
     def _abandon(self) -> None:
@@ -333,7 +330,10 @@ def attach(
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the module has no parameters that require a gradient")
-    layout = [(tuple(p.shape), _torch_dtype(p, i)) for i, p in enumerate(params)]
+    layout = [
+        (tuple(p.shape), _torch_dtype(p.dtype, f"attach: parameter {i} ({tuple(p.shape)})"))
+        for i, p in enumerate(params)
+    ]
     bucketer = Bucketer(comm, layout, bucket_bytes=bucket_bytes, op=op, compression=compression)
     for i, p in enumerate(params):
 
@@ -344,26 +344,22 @@ def attach(
     return bucketer.wait
 
 
-def _torch_dtype(p: Any, index: int) -> np.dtype:
-    """The numpy dtype plait reads parameter ``p``'s gradients as (ml_dtypes' for bfloat16).
+def _torch_dtype(dtype: Any, what: str) -> np.dtype:
+    """The numpy dtype plait reads tensors of torch's ``dtype`` as (ml_dtypes' for bfloat16).
 
     Raises:
-        TypeError: a dtype plait cannot move (the message names the parameter).
+        TypeError: a dtype plait cannot move (the message names ``what``).
     """
     import torch
 
-    empty = torch.empty(0, dtype=p.dtype)
-    return _tensor.as_array(empty, f"attach: parameter {index} ({tuple(p.shape)})").dtype
+    return np.dtype(_tensor.as_array(torch.empty(0, dtype=dtype), what).dtype)
 
 
 def _layout_dtype(dtype: Any, index: int) -> np.dtype:
     """The numpy dtype of a (shape, dtype) pair's ``dtype``: numpy's, or torch's (as
-    :func:`attach` reads a parameter's gradients: ml_dtypes' bfloat16 for bfloat16)."""
+    :func:`attach` reads a parameter's gradients)."""
     if type(dtype).__module__ == "torch":
-        import torch
-
-        empty = torch.empty(0, dtype=dtype)
-        return np.dtype(_tensor.as_array(empty, f"Bucketer: gradient {index}").dtype)
+        return _torch_dtype(dtype, f"Bucketer: gradient {index}")
     try:
         found: np.dtype = np.dtype(dtype)
     except TypeError:

@@ -449,10 +449,11 @@ def _meet_launchers(
             # Only a server not listening yet is worth another try (not a wrong secret).
             if not isinstance(exc.__cause__, OSError) or left <= LOOK_SECONDS:
                 # The whole wait, not the last try's slice of it ("within 0.98 s").
-                waited = f"in {seconds:g} s of trying" if isinstance(exc.__cause__, OSError) else ""
+                tried = isinstance(exc.__cause__, OSError)
+                waited = f" in {seconds:g} s of trying" if tried else ""
                 raise StoreConnectError(
                     f"node {job.node_rank}: cannot reach the job's store, which node 0's plait "
-                    f"run serves at {address}{' ' + waited if waited else ''}: {exc}"
+                    f"run serves at {address}{waited}: {exc}"
                 ) from exc
             if signals.received:
                 return False
