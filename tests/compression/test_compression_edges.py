@@ -156,13 +156,14 @@ def test_async_call_claims_its_key_at_the_call(make: Callable[[], Compressor]) -
         keyed = make().with_key("k")
         x = np.ones((30, 40), np.float32)
         first = comm.allreduce(x, compression=keyed, async_op=True)
-        before = comm.stats()
         for other in (np.ones((40, 30), np.float32), np.ones(5, np.float32)):
             with pytest.raises(ValueError, match="Give each tensor its own key"):
                 comm.allreduce(other, compression=keyed, async_op=True)
             with pytest.raises(ValueError, match="Give each tensor its own key"):
                 comm.allreduce(other, compression=keyed)
-        assert comm.stats() == before
+        # The refused calls moved nothing and took no call numbers: the calls below still
+        # match on every rank (the byte counters, which the first call moves meanwhile on
+        # its worker thread, cannot say so).
         second = comm.allreduce(x, compression=keyed, async_op=True)  # the same shape: fine
         out = [first.wait(30), second.wait(30), comm.allreduce(np.ones(2), timeout=30)]
         return out
