@@ -19,7 +19,9 @@ point to point (``send``, ``recv``) comes from :class:`plait.Communicator`.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -29,6 +31,7 @@ from plait._checks import check_peer, check_root, check_user_tag
 from plait._uneven_edge import UnevenMethods
 from plait.collectives import displacements
 from plait.collectives import get as collective
+from plait.errors import CommTimeout
 
 __all__ = ["ObjectMethods"]
 
@@ -51,8 +54,60 @@ _ALLGATHER = collective("allgather")
 _BROADCAST = collective("broadcast")
 
 
+class Lanes:
+    """One lock per (way, peer, tag) while some thread sends or receives objects on it.
+
+    Note [one object at a time on a lane]
+        An object goes as several messages on one tag (its length, its first message,
+        its large buffers), and a receive takes them in that order. Two threads that
+        sent to one peer with one tag at once interleaved their messages, and the
+        receiver took one object's length for another's message (MismatchError, or the
+        wrong object); two threads receiving from one peer with one tag split one
+        object's messages between them alike. mpi4py's ``send`` of an object is one
+        message, so threads that share a communicator never see this there. So
+        ``send_object`` and ``recv_object`` hold their lane, (way, peer, tag), for
+        the whole object: threads on one lane take turns, whole objects at a time, in
+        no promised order (as messages of different threads have none); threads on
+        different lanes do not wait for each other. A lane's lock lives while some
+        thread holds or waits for it, so tags used once leave nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._lanes: dict[tuple[str, int, int], list[Any]] = {}  # [lock, threads on it]
+
+    @contextmanager
+    def hold(self, key: tuple[str, int, int], seconds: float, what: str) -> Iterator[None]:
+        """Hold lane ``key`` for one object; CommTimeout if it stays taken for ``seconds``
+        (``what``: the call, as its message names it)."""
+        with self._mu:
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = [threading.Lock(), 0]
+            lane[1] += 1
+        try:
+            if not lane[0].acquire(timeout=min(seconds, threading.TIMEOUT_MAX)):
+                raise CommTimeout(
+                    f"{what}: another thread's {key[0]}_object on the same peer and tag "
+                    f"held it for {seconds:g} s (objects on one peer and tag go one at a "
+                    "time); nothing was sent or received"
+                )
+            try:
+                yield
+            finally:
+                lane[0].release()
+        finally:
+            with self._mu:
+                lane[1] -= 1
+                if lane[1] == 0:
+                    del self._lanes[key]
+
+
 class ObjectMethods(UnevenMethods):
     """The object collectives, built on the collectives below and on point to point."""
+
+    #: send_object's and recv_object's lanes (Note [one object at a time on a lane]).
+    _lanes: Lanes
 
     if TYPE_CHECKING:
         # Point to point is the communicator's own (plait.communicator): declared here for
@@ -272,7 +327,9 @@ class ObjectMethods(UnevenMethods):
 
         Messages on ``tag``: the first message's length (one word), the first
         message, then each buffer of :data:`plait.objects.SEPARATE_MIN` bytes
-        or more straight from the object's memory.
+        or more straight from the object's memory. Threads sending to one peer
+        with one tag take turns, an object at a time (Note [one object at a
+        time on a lane]).
 
         Raises:
             pickle.PicklingError: ``obj`` cannot be pickled (``dst`` raises too).
@@ -287,16 +344,19 @@ class ObjectMethods(UnevenMethods):
         except Exception as exc:
             err = exc
         word = np.array([messages[0].nbytes if messages else _FAILED], np.uint64)
-        self.send(word, dst, tag, timeout=timeout)
-        self._raise_if_failed(c, word, err, [self._rank])
-        for m in messages:
-            self.send(np.frombuffer(m, np.uint8), dst, tag, timeout=timeout)
+        seconds = self._runner.seconds(timeout, c)
+        with self._lanes.hold(("send", dst, tag), seconds, f"rank {self._rank}: {c} to {dst}"):
+            self.send(word, dst, tag, timeout=timeout)
+            self._raise_if_failed(c, word, err, [self._rank])
+            for m in messages:
+                self.send(np.frombuffer(m, np.uint8), dst, tag, timeout=timeout)
 
     def recv_object(self, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """The next object ``send_object`` sent from ``src`` with ``tag`` (mpi4py's ``recv``).
 
         Each message is received once, at its exact size, into memory that the
-        object's arrays then use.
+        object's arrays then use. Threads receiving from one peer with one tag
+        take turns, an object at a time.
 
         Raises:
             pickle.PicklingError: ``src``'s object could not be pickled.
@@ -304,14 +364,16 @@ class ObjectMethods(UnevenMethods):
         c = "recv_object"
         check_peer(src, self._rank, self._size, c, "src")
         check_user_tag(tag, self._rank, c)
-        word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=timeout)
-        self._raise_if_failed(c, word, None, [src])
-        first = objects.empty(int(word[0]))
-        self.recv(np.frombuffer(first, np.uint8), src, tag, timeout=timeout)
-        layout = objects.Layout.read(first, separate_min=_SEP)
-        rest = [objects.empty(n) for n in layout.message_lens[1:]]
-        for m in rest:
-            self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=timeout)
+        seconds = self._runner.seconds(timeout, c)
+        with self._lanes.hold(("recv", src, tag), seconds, f"rank {self._rank}: {c} from {src}"):
+            word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=timeout)
+            self._raise_if_failed(c, word, None, [src])
+            first = objects.empty(int(word[0]))
+            self.recv(np.frombuffer(first, np.uint8), src, tag, timeout=timeout)
+            layout = objects.Layout.read(first, separate_min=_SEP)
+            rest = [objects.empty(n) for n in layout.message_lens[1:]]
+            for m in rest:
+                self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=timeout)
         return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
 
     def _misused(self, c: str, who: str) -> ValueError:

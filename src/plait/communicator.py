@@ -48,7 +48,7 @@ import numpy as np
 from plait import collectives
 from plait._checks import CACHE_LIMIT, check_timeout
 from plait._fork import watch
-from plait._object_methods import ObjectMethods
+from plait._object_methods import Lanes, ObjectMethods
 from plait._p2p import PointToPointMethods
 from plait._request import Stager, allreduce_compressed
 from plait._runner import CallRunner
@@ -240,6 +240,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         # Repeated simple calls, by everything the checks read (Note [the short path]).
         self._shortcuts: dict[tuple[Any, ...], Shortcut] = {}
         self._barrier = None  # CollectiveMethods._barrier
+        self._lanes = Lanes()  # send_object's and recv_object's (plait._object_methods)
 
     # -- identity and lifetime -----------------------------------------------------
     @property

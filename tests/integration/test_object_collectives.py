@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 import plait
+from plait._object_methods import Lanes
+from plait.errors import CommTimeout
 from plait.testing import run_ranks
 
 QUICK = [1, 2, 3, 5]
@@ -239,3 +241,33 @@ def test_a_mismatch_names_the_peers_long_call_whole() -> None:
     assert text.startswith("é" * 10)
     assert "..." in text
     assert text.endswith(" (ring, call #123456)")
+
+
+def test_a_lane_taken_past_the_timeout_raises_and_leaves_nothing_behind() -> None:
+    # Note [one object at a time on a lane]: a thread that finds the peer and tag taken
+    # by another's object for its whole timeout raises, sending nothing.
+    lanes = Lanes()
+    taken = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with lanes.hold(("send", 1, 4), 5.0, "rank 0: send_object to 1"):
+            taken.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert taken.wait(10)
+    try:
+        same = lanes.hold(("send", 1, 4), 0.05, "rank 0: send_object to 1")
+        taken_by_another = r"another thread.s send_object on the same peer"
+        with pytest.raises(CommTimeout, match=taken_by_another), same:
+            pass
+        with lanes.hold(("send", 1, 5), 0.05, "rank 0: send_object to 1"):  # another tag
+            pass
+        with lanes.hold(("recv", 1, 4), 0.05, "rank 0: recv_object from 1"):  # receiving
+            pass
+    finally:
+        release.set()
+        t.join(10)
+    assert lanes._lanes == {}  # a lane lives while some thread holds or waits for it

@@ -38,6 +38,43 @@ def _ref(c: str, xs: list[np.ndarray], counts: list[int], **kw: object) -> list[
     return [o.reshape(-1, 3) if o is not None else None for o in out]
 
 
+def _objects_from_threads(comm: plait.Communicator, threads: int = 3, each: int = 40) -> None:
+    """Rank 0's threads send objects to rank 1 on one tag at once, and rank 1's receive
+    them at once: every object arrives whole (each is several messages, a large array
+    apart from the rest in some)."""
+    got: list[dict[str, object]] = []
+
+    def send(t: int) -> None:
+        for i in range(each):
+            n = 1 + (t * 37 + i * 11) % 3000  # 8 B to 24 KiB
+            comm.send_object({"t": t, "i": i, "a": np.full(n, t)}, 1, tag=9)
+
+    def recv() -> None:
+        got.extend(comm.recv_object(0, tag=9) for _ in range(each))
+
+    errors: list[BaseException] = []
+
+    def run(fn: object, *args: int) -> None:
+        try:
+            fn(*args)  # type: ignore[operator]
+        except BaseException as exc:
+            errors.append(exc)
+
+    work = [(send, t) for t in range(threads)] if comm.rank == 0 else [(recv,)] * threads
+    ts = [threading.Thread(target=run, args=w) for w in work]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    if errors:
+        raise errors[0]
+    if comm.rank == 1:
+        assert sorted((o["t"], o["i"]) for o in got) == [
+            (t, i) for t in range(threads) for i in range(each)
+        ], "objects lost or repeated"
+        assert all((o["a"] == o["t"]).all() for o in got), "an object's array is another's"
+
+
 def main() -> int:
     with plait.init(timeout=60) as comm:
         r, p = comm.rank, comm.size
@@ -82,6 +119,8 @@ def main() -> int:
                 comm.send_object({"w": np.arange(1 << 18)}, 1, tag=5)
             elif r == 1:
                 assert comm.recv_object(0, tag=5)["w"].sum() == np.arange(1 << 18).sum()
+        if p > 1 and r < 2:
+            _objects_from_threads(comm)
         comm.barrier()
         if r == 0:
             kind = type(comm._transport).__name__
