@@ -87,7 +87,11 @@ class Liveness:
 #     slices (a Watched view: Note [lost ranks] in plait.rendezvous.lost), with each new
 #     rank mapped to its old number, so that such a death ends the set-up within about a
 #     second, with a PeerLostError naming the rank; every survivor then agrees and shrinks
-#     again, as the shrink error says.
+#     again, as the shrink error says. A survivor that dies once every one has connected is
+#     in the new communicator, and its next agree must see it gone: so each survivor says
+#     where it runs (``proc/<rank>``) in the new namespace before it says it connected.
+#     The new communicator's liveness looked for it there; where it had died before its
+#     Recovery published it, the agree found no process and waited out STALE_SECONDS.
 
 
 def survivors_store(prefix: str, store: Store, live: Liveness, members: Sequence[int]) -> Watched:

@@ -8,13 +8,13 @@ import time
 
 from plait._abort import aborted_by
 from plait._checks import check_timeout
-from plait._liveness import survivors_store
+from plait._liveness import Liveness, survivors_store
 from plait._recovery import closed_error, enable, owned
 from plait.communicator import Communicator
 from plait.errors import ClosedError, CommError, PeerLostError, RendezvousError
 from plait.group import shrunk_comm_id
 from plait.rendezvous.lost import report_gave_up, wait_ranks
-from plait.rendezvous.store import Store
+from plait.rendezvous.store import PrefixStore, Store
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
 
@@ -72,6 +72,9 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             store = survivors_store(namespace, owner.store, rec.live, members)
             try:
                 transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
+                # Where this rank runs, in the new namespace before it says it connected:
+                # one that dies after that is seen gone at once (Note [survivors that die]).
+                Liveness(PrefixStore(namespace, owner.store)).publish(rank)
                 _all_connected(transport, store, comm.rank, rank, size, deadline)
             except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
                 report_gave_up(store, rank, str(exc))  # Note [ranks that gave up]

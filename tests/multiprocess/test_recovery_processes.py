@@ -690,3 +690,44 @@ def test_survivors_that_close_at_once_are_not_named_lost(
         assert "rank 1" in res["message"], res
         assert "closed its transport" not in res["message"], res
         assert res["seconds"] < 10, res  # not the 60 s timeout
+
+
+DIES_AFTER_CONNECTING = """
+import os, signal, time, numpy as np, plait, plait._shrink as shrinking
+comm = plait.init(timeout=60)
+if comm.rank == 1:  # dies once every survivor has connected, before its Recovery begins
+    shrinking.enable = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+new = comm.shrink()
+try:
+    new.allreduce(np.ones(4))
+    first = None
+except plait.CommError as exc:
+    first = type(exc).__name__
+    new.abort("lost a peer")
+start = time.monotonic()
+agreement = new.agree(1)
+took = time.monotonic() - start
+again = new.shrink()
+report(first=first, size=new.size, ranks=list(agreement.ranks), took=took,
+       total=float(again.allreduce(np.ones(1))[0]))
+again.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_survivor_that_dies_between_connecting_and_its_recovery_is_seen_gone_at_once(
+    server: TCPStoreServer, tmp_path: Path
+) -> None:
+    """A survivor died once all had connected, before the new communicator published where
+    it runs: the next agree found no process to look at and waited out the heartbeat (5 s).
+    Every survivor says where it runs in the new namespace before it says it connected."""
+    procs = start_ranks(DIES_AFTER_CONNECTING, 3, tmp_path, plait_env(server, 3, "shm"))
+    results = finish(procs, timeout=90)
+    for r in (0, 2):
+        res = results[r]
+        assert res is not None, finish.logs  # type: ignore[attr-defined]
+        assert res["size"] == 3, res  # rank 1 had connected: it is in the new communicator
+        assert res["first"] == "PeerLostError", res
+        assert res["ranks"] == [0, 2], res
+        assert res["took"] < 4, res  # gone: seen in /proc, not after 5 s without a heartbeat
+        assert res["total"] == 2.0, res
