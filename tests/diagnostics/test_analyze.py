@@ -758,3 +758,18 @@ def test_files_that_are_not_dumps_are_named_not_raised(
     assert f"{tmp_path / 'deep.json'}: not a dump (JSON nested too deep)" in err
     assert f"{missing}: cannot be read (No such file or directory)" in err
     assert "Errno" not in err
+
+
+def test_ranks_that_probably_died_after_others_named_are_named_themselves() -> None:
+    """Two ranks left no dump, one of them dumped for another communicator: the report
+    read "rank 2 dumped for another communicator ...; rank 1 it probably died"."""
+    from plait.diagnostics._words import died
+
+    assert died([1, 2], away=[2]) == (
+        "rank 2 dumped for another communicator of the job (see its report): stuck or failed "
+        "there; rank 1 probably died or was killed (see its exit status in plait run's output), "
+        "or it wrote to another folder or host"
+    )
+    said = died([0, 1, 3], saw={0: "was killed by SIGKILL"})
+    assert said.startswith("rank 0 was killed by SIGKILL, as plait run saw; ranks 1, 3 probably")
+    assert died([3]).startswith("it probably died or was killed")

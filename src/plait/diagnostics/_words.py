@@ -59,9 +59,11 @@ def died(
             it, was, its = "it", "was", "its"
         else:
             it, was, its = "they", "were", "their"
-        lead = f"{ranks(rest)} " if there else ""
+        # Named where other ranks were named before them ("rank 1 probably died"), else
+        # "it", after "rank 1 left no dump: ".
+        who = ranks(rest) if said else it
         said.append(
-            f"{lead}{it} probably died or {was} killed (see {its} exit status in plait run's "
+            f"{who} probably died or {was} killed (see {its} exit status in plait run's "
             f"output), or {it} wrote to another folder or host"
         )
     return "; ".join(said)
