@@ -142,6 +142,7 @@ class UnevenMethods(CollectiveMethods):
         timeout: float | None,
         async_op: bool,
         purpose: str = "",
+        exchanged: bool = False,
     ) -> Any:
         """Start an uneven call whose arguments are checked and whose ``rows`` every rank knows.
 
@@ -154,12 +155,20 @@ class UnevenMethods(CollectiveMethods):
         shape of a row, fail with MismatchError instead of misreading each
         other or returning results of different shapes.
         ``purpose``: the plait call this one is part of (``_within`` says why).
+        ``exchanged``: the counts came from a count exchange just made (Note [a share
+        learned too late]).
         """
         size = self._size
         row = math.prod(rest)
         has_out = out_rows is not None
         shape = (out_rows or 0, *rest)
-        out_arr = check_out(out, shape, dtype, self._rank, t.name) if has_out else None
+        wrong = None
+        try:
+            out_arr = check_out(out, shape, dtype, self._rank, t.name) if has_out else None
+        except ValueError as exc:
+            if not exchanged:
+                raise
+            wrong, out, out_arr = exc, None, None
         elems = tuple(k * row for k in rows)
         # The element counts say neither the shape of a row nor, where a row holds nothing,
         # how many rows: the check word covers both (ranks disagreeing raise MismatchError).
@@ -175,7 +184,24 @@ class UnevenMethods(CollectiveMethods):
         # 4: the user's frame is beyond this one and the collective method's (further out
         # for reduce_scatter(counts=) and the object collectives: the recorder walks on)
         res = self._runner.start(req, timeout, async_op, self, 4)
+        if wrong is not None:
+            raise ValueError(
+                f"{wrong}: the counts the ranks exchanged give this rank {out_rows} "
+                f"row(s); it took part in {t.name} with memory of its own, so the other "
+                "ranks have their results, and out was not written"
+            ) from None
         return res if req.finish is None else finished(res, req.finish, async_op)
+
+    # Note [a share learned too late]
+    #     Where the counts are exchanged first, a rank learns how many rows its out must
+    #     have only after the exchange; everything else about out is refused before it
+    #     (_check_out_rows). A wrong row count then raised ValueError on this rank alone,
+    #     and the others went on into the call: they waited for it until the timeout, or
+    #     met its next call (MismatchError), and every rank's communicator broke. So a
+    #     rank whose out has the wrong rows takes part with memory of its own (out=None)
+    #     and raises once the call is done: the others' results are right, out is not
+    #     touched, and every communicator stays usable (as MPI's truncation error is the
+    #     receiving rank's alone).
 
     def _check_algorithm(self, c: str, algorithm: Any) -> None:
         """Refuse a bad ``algorithm=`` before a count exchange, not after it (on one rank)."""
@@ -187,7 +213,7 @@ class UnevenMethods(CollectiveMethods):
 
         Its type, dtype, writability, own memory and the shape of a row are known
         before the counts are; only how many rows it must have waits for them (a
-        wrong row count then raises on this rank alone, after the exchange).
+        wrong row count is refused after the exchange: Note [a share learned too late]).
         """
         if out is None:
             return
@@ -298,7 +324,7 @@ class UnevenMethods(CollectiveMethods):
             rows = tuple(got.tolist())
             return self._uneven(
                 t, a, a.dtype, a.shape[1:], rows, sum(rows), None, 0, x, out, algorithm,
-                timeout, False,
+                timeout, False, exchanged=True,
             )  # fmt: skip
 
         mine = np.array(a.shape[0], np.int64)
@@ -357,11 +383,11 @@ class UnevenMethods(CollectiveMethods):
         a = as_array(x, "x", r, c)
         check_root(root, r, self._size, c)
 
-        def start(rows: tuple[int, ...], async_op: bool) -> Any:
+        def start(rows: tuple[int, ...], async_op: bool, exchanged: bool = False) -> Any:
             total = sum(rows) if r == root else None
             return self._uneven(
                 t, a, a.dtype, a.shape[1:], rows, total, None, root, x, out, algorithm,
-                timeout, async_op,
+                timeout, async_op, exchanged=exchanged,
             )  # fmt: skip
 
         if counts is not None:
@@ -376,7 +402,7 @@ class UnevenMethods(CollectiveMethods):
         return self._after_exchange(
             c,
             lambda: self._within(_ALLGATHER, mine, c, timeout),
-            lambda got: start(tuple(got.tolist()), False),
+            lambda got: start(tuple(got.tolist()), False, exchanged=True),
             async_op,
         )
 
@@ -462,8 +488,9 @@ class UnevenMethods(CollectiveMethods):
             rows = tuple(got.tolist())
             inp = a if is_root else None
             return self._uneven(
-                t, inp, dtype, rest, rows, rows[r], None, root, x, out, algorithm, timeout, False
-            )
+                t, inp, dtype, rest, rows, rows[r], None, root, x, out, algorithm, timeout,
+                False, exchanged=True,
+            )  # fmt: skip
 
         return self._after_exchange(
             c, lambda: self._within(_BROADCAST, table, c, timeout, root=root), finish, async_op
@@ -548,7 +575,7 @@ class UnevenMethods(CollectiveMethods):
             rows = tuple(m.reshape(-1).tolist())
             return self._uneven(
                 t, a, a.dtype, a.shape[1:], rows, int(m[:, r].sum()), None, 0, x, out,
-                algorithm, timeout, False,
+                algorithm, timeout, False, exchanged=True,
             )  # fmt: skip
 
         return self._after_exchange(

@@ -272,3 +272,58 @@ def test_auto_picks_the_documented_algorithms() -> None:
     }
     assert _UNEVEN_AUTO["reduce_scatterv"](1 << 20, True) == "ring"
     assert _UNEVEN_AUTO["reduce_scatterv"](1 << 20, False) == "pairwise"
+
+
+#: Each uneven call whose counts are exchanged first, rank 1 passing ``out`` with one row too
+#: many; the result every rank should get (rank 0 and 2 pass the right out).
+TOO_LATE = {
+    "allgatherv": (
+        lambda comm, out: comm.allgatherv(np.full((1 + comm.rank, 2), comm.rank), out=out),
+        lambda r: np.repeat([[0, 0], [1, 1], [2, 2]], [1, 2, 3], axis=0),
+    ),
+    "gatherv": (
+        lambda comm, out: comm.gatherv(np.full((1 + comm.rank, 2), comm.rank), None, 1, out=out),
+        lambda r: np.repeat([[0, 0], [1, 1], [2, 2]], [1, 2, 3], axis=0) if r == 1 else None,
+    ),
+    "scatterv": (
+        lambda comm, out: comm.scatterv(
+            np.arange(12).reshape(6, 2) if comm.rank == 0 else None, [1, 2, 3], 0, out=out
+        ),
+        lambda r: np.arange(12).reshape(6, 2)[[0, 1, 3][r] : [1, 3, 6][r]],
+    ),
+    "alltoallv": (
+        lambda comm, out: comm.alltoallv(np.full((3, 2), comm.rank), [1, 1, 1], out=out),
+        lambda r: np.array([[0, 0], [1, 1], [2, 2]]),
+    ),
+}
+
+
+@pytest.mark.parametrize("call", list(TOO_LATE))
+def test_an_out_with_the_wrong_rows_for_the_exchanged_counts_fails_on_its_rank_alone(
+    call: str,
+) -> None:
+    """Note [a share learned too late]: rank 1's out had a row too many for the counts it
+    learned in the exchange; it raised alone, the others went on into the call, waited for
+    it until their timeout, and every communicator broke."""
+    run, want = TOO_LATE[call]
+
+    def body(comm: plait.Communicator) -> Any:
+        r = comm.rank
+        right = want(r)
+        rows = 0 if right is None else len(right) + (r == 1)
+        out = np.full((rows, 2), -7) if right is not None else None
+        if r == 1:
+            with pytest.raises(ValueError, match=r"out has shape .* out was not written"):
+                run(comm, out)
+            assert out is not None
+            assert (out == -7).all()
+        else:
+            got = run(comm, out)
+            if right is None:
+                assert got is None
+            else:
+                np.testing.assert_array_equal(got, right)
+        return comm.allreduce(np.ones(1))  # every communicator still usable, in step
+
+    for got in run_ranks(3, body, timeout=10):
+        np.testing.assert_array_equal(got, [3.0])
