@@ -356,6 +356,20 @@ def test_object_calls_and_send_object_of_a_sub_group_name_global_ranks(
         sub_group[0].send_object({"a": 1}, 1)
 
 
+def test_a_receive_on_a_broken_sub_group_names_global_ranks(
+    sub_group: list[plait.torch.ProcessGroupPlait],
+) -> None:
+    """A receive is posted on the caller's thread: its refusal on a broken group named the
+    group's ranks alone, where every other call of the group names global ranks too."""
+    sub_group[1].communicator.close()
+    with pytest.raises(plait.PeerLostError):
+        sub_group[0].allreduce([torch.ones(3)], all_reduce_opts(False))
+    with pytest.raises(plait.CommError, match=r"^rank 0 \(global rank 1\): irecv: .*unusable"):
+        sub_group[0].recv([torch.zeros(2)], 1, 0)
+    with pytest.raises(plait.CommError, match=r"^rank 0 \(global rank 1\): irecv: .*unusable"):
+        sub_group[0].recv_anysource([torch.zeros(2)], 0)
+
+
 def test_globally_named_rewords_plaits_errors_once() -> None:
     names = [3, 5, 7]
     lost = plait.PeerLostError("rank 0: allreduce (ring, call #4): rank 2 was lost; see rank0.json")

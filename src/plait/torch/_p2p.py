@@ -146,7 +146,10 @@ class PointToPoint:
         who = "any rank" if src == plait.ANY_SOURCE else f"rank {src}"
         describe = self._describe(f"recv from {who} (tag {tag})")
         lane = self._lane("recv", src, tag)  # first: refuses a group that is shut down
-        req = comm.irecv(a, src, tag)
+        try:
+            req = comm.irecv(a, src, tag)
+        except CommError as exc:  # posted here: named as a group's errors are, as sends' are
+            raise self._named(exc)  # noqa: B904 - chained by globally_named()
         task = lane.submit(describe, lambda: _received(req, comm.timeout))
         source: int | Callable[[], int] = src if src != plait.ANY_SOURCE else _sender(task)
         return self._track(
