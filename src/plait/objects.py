@@ -30,7 +30,10 @@ memory) is *that* memory, not a copy. :func:`dumps` adds what numpy and torch le
   the pickle (no out-of-band buffer at all, as of torch 2.13), travels as its bytes out of
   band, and is rebuilt with ``torch.from_numpy`` over the received memory. Only the bytes
   of the tensor itself move (torch's own pickle carries the whole storage of a view), and
-  views of one storage arrive as separate tensors. Other tensors (other devices, sparse,
+  views of one storage arrive as separate tensors. A tensor whose elements fill its
+  memory without gaps keeps its strides (channels_last, a transposed matrix: sent as they
+  lie, no copy); one with gaps (a slice with a step) arrives contiguous, its storage
+  offset 0. Other tensors (other devices, sparse,
   quantized, subclasses, tensors with Python attributes) keep torch's own pickling;
 * ``bytes`` and ``bytearray`` stay in the pickle (pickle writes them itself and never
   asks a reducer); a large payload travels out of band as a numpy array
@@ -188,23 +191,49 @@ def _reduce_tensor(torch: Any, t: Any) -> Any:
     ):
         return NotImplemented
     requires_grad = bool(t.requires_grad)
-    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    plain = t.detach().resolve_conj().resolve_neg()
+    strides = None if plain.is_contiguous() else _dense_strides(plain)
+    if strides is None:
+        flat = plain.contiguous().reshape(-1)
+    else:  # its memory as it lies: one run of numel elements from its first
+        flat = plain.as_strided((plain.numel(),), (1,))
     try:
         data = flat.view(torch.uint8).numpy()
     except (RuntimeError, TypeError):  # a dtype of less than a byte, say
         return NotImplemented
     # The dtype argument is torch's own object: pickle imports torch on the receiver to
     # find it, exactly as for a tensor pickled by torch, so this module never has to.
-    return _rebuild_tensor, (pickle.PickleBuffer(data), t.dtype, tuple(t.shape), requires_grad)
+    args = (pickle.PickleBuffer(data), t.dtype, tuple(t.shape), requires_grad)
+    return _rebuild_tensor, args if strides is None else (*args, strides)
 
 
-def _rebuild_tensor(data: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
-    """The tensor :func:`_reduce_tensor` sent, over ``data``'s memory when it is writable."""
+def _dense_strides(t: Any) -> tuple[int, ...] | None:
+    """``t``'s strides where its elements fill ``numel`` elements of memory without gaps or
+    overlaps in some order of its dimensions (channels_last, a transpose), else None."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1)
+    step = 1
+    for st, n in dims:
+        if st != step:
+            return None
+        step *= n
+    return tuple(t.stride())
+
+
+def _rebuild_tensor(
+    data: Any,
+    dtype: Any,
+    shape: tuple[int, ...],
+    requires_grad: bool,
+    strides: tuple[int, ...] | None = None,
+) -> Any:
+    """The tensor :func:`_reduce_tensor` sent, over ``data``'s memory when it is writable
+    (with ``strides`` where it kept them)."""
     torch = sys.modules["torch"]  # loaded by pickle to find ``dtype``
     arr = np.frombuffer(data, dtype=np.uint8)
     if not arr.flags.writeable:
         arr = arr.copy()  # torch tensors cannot be read-only
-    t = torch.from_numpy(arr).view(dtype).reshape(shape)
+    flat = torch.from_numpy(arr).view(dtype)
+    t = flat.reshape(shape) if strides is None else flat.as_strided(shape, strides)
     if requires_grad:
         t.requires_grad_(True)
     return t

@@ -497,6 +497,33 @@ def test_torch_tensors_travel_out_of_band_and_arrive_as_the_received_memory(
 
 
 @pytest.mark.torch
+def test_a_dense_tensor_keeps_its_strides_and_one_with_gaps_arrives_contiguous() -> None:
+    """A channels_last or transposed tensor arrived contiguous (NCHW), where torch's own
+    pickling keeps its layout; it is sent as it lies in memory now, with no copy."""
+    torch = _torch()
+    nhwc = torch.arange(2 * 3 * 16 * 16.0).reshape(2, 3, 16, 16)  # out of band: 6 KiB
+    nhwc = nhwc.to(memory_format=torch.channels_last)
+    tensors = {
+        "channels_last": nhwc,
+        "transposed": torch.arange(6000.0).reshape(60, 100).t(),
+        "permuted_with_ones": torch.ones(3, 1, 2).transpose(0, 2),
+        "every_other": torch.arange(5000.0)[::2],  # gaps: contiguous, its own bytes only
+        "expanded": torch.arange(400.0).expand(3, 400),  # overlaps: contiguous
+    }
+    frames = dumps(tensors)
+    assert _address(frames.buffers[0]) == nhwc.data_ptr()  # as it lies: no copy
+    out, _ = _round_trip(tensors, None)
+    for name, t in tensors.items():
+        got = out[name]
+        assert torch.equal(got, t), name
+        if name in ("every_other", "expanded"):
+            assert got.is_contiguous(), name
+        else:
+            assert got.stride() == t.stride(), name
+    assert out["channels_last"].is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.torch
 def test_torch_parameters_and_requires_grad_survive() -> None:
     torch = _torch()
     param = torch.nn.Parameter(torch.randn(300, 10))
