@@ -26,9 +26,12 @@ def signature(req: Request) -> str:
     dtype = req.out.dtype
     op = req.op.name if req.op is not None else "-"
     segment = format_bytes(ctx.segment * dtype.itemsize)
-    count = f"counts={list(ctx.counts)}" if ctx.counts is not None else f"count={ctx.count}"
-    if req.plan.rows:
-        count += f", {req.plan.rows}"
+    if req.plan.rows:  # an uneven call: its rows, where the counts are of elements
+        count = req.plan.rows
+    elif ctx.counts is not None:
+        count = f"counts={list(ctx.counts)}"
+    else:
+        count = f"count={ctx.count}"
     within = f"{req.plan.purpose}: " if req.plan.purpose else ""
     return (
         f"{within}{ctx.collective}({count}, dtype={dtype.name}, op={op}, "
