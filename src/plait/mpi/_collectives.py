@@ -13,6 +13,7 @@ usually a few pairs.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,6 +83,71 @@ def _in_elements(exc: MismatchError, call: str, what: str, m: Message, count: in
     return err
 
 
+def _in_place(buf: Any) -> bool:
+    """Whether a send buffer (root's receive buffer, for Scatter) means MPI.IN_PLACE: mpi4py
+    reads a bare None so wherever the call takes IN_PLACE (``Allgatherv(None, ...)`` on a
+    rank of count 0 included)."""
+    return buf is IN_PLACE or buf is None
+
+
+def _rank_prefix(exc: Exception) -> str:
+    """``"rank 1: "`` where plait's error starts so, else ``""``."""
+    found = re.match(r"rank \d+: ", str(exc))
+    return found.group(0) if found else ""
+
+
+def _scattered(exc: ValueError, call: str, m: Message) -> ValueError:
+    """plait's error for a Scatterv ``recvbuf`` off root that is not what root sends this
+    rank (plait says it in bytes of the uint8 view, as ``out``), in MPI's terms; other
+    errors as they are. ``recvbuf`` was not written: plait took part with memory of its own.
+    """
+    found = re.search(r"give this rank (\d+) row", str(exc))
+    if found is None:
+        return exc
+    nbytes, e, name = int(found.group(1)), m.extent, m.datatype.name
+    held = m.count * e
+    sent = f"{nbytes // e} {name}" if e and nbytes % e == 0 else f"{nbytes} bytes"
+    why = "message truncated (MPI_ERR_TRUNCATE): " if nbytes > held else ""
+    tail = (
+        ""
+        if nbytes > held
+        else " (plait.mpi's Scatterv takes exactly what root sends, MPI's a longer recvbuf too)"
+    )
+    return ValueError(
+        f"{_rank_prefix(exc)}{call}: {why}root sends this rank {sent} ({nbytes} bytes), but "
+        f"recvbuf holds {m.count} {name} ({held} bytes){tail}; recvbuf was not written, and "
+        "the other ranks have their data"
+    )
+
+
+def _disagreeing(exc: ValueError, call: str, s: Message, r: Message) -> ValueError:
+    """plait's error for Alltoallv recvcounts that disagree with what the ranks send (every
+    rank raises it; plait counts bytes) in elements: recvcounts in this rank's recvbuf
+    datatype, the counts sent in its sendbuf datatype (MPI lets ranks differ in datatypes;
+    programs seldom do). Other errors as they are."""
+    said = str(exc)
+    bad = re.findall(r"(\d+) \(recv_counts \[([\d, ]*)\], sent \[([\d, ]*)\]\)", said)
+    if "recv_counts disagree" not in said or not bad:
+        return exc
+
+    def counted(text: str, m: Message) -> str:
+        nbytes = [int(v) for v in text.split(",") if v.strip()]
+        e = m.extent
+        if e and all(n % e == 0 for n in nbytes):
+            return f"{[n // e for n in nbytes]} {m.datatype.name}"
+        return f"{nbytes} bytes"
+
+    ranks = "; ".join(
+        f"rank {q}'s recvcounts are {counted(want, r)}, but the ranks send it {counted(got, s)}"
+        for q, want, got in bad
+    )
+    return ValueError(
+        f"{_rank_prefix(exc)}{call}: recvcounts disagree with the sendcounts of the ranks "
+        f"that send to them: {ranks} (in elements of this rank's recvbuf and sendbuf "
+        "datatypes; MPI_ERR_TRUNCATE where a receive is shorter)"
+    )
+
+
 def _plait_op(op: Any, call: str) -> plait_ops.Op:
     if not isinstance(op, Op):
         raise TypeError(
@@ -118,7 +184,7 @@ class BufferCollectives:
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         """Root's ``buf`` into every rank's ``buf``."""
-        m = message(buf, "Bcast")
+        m = message(buf, "Bcast", what="buf")
         try:
             self._c.broadcast(m.bytes(), root)
         except MismatchError as exc:
@@ -138,12 +204,12 @@ class BufferCollectives:
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         """Reduce every rank's ``sendbuf`` with ``op`` into every rank's ``recvbuf``."""
         call = "Allreduce"
-        r = message(recvbuf, call)
+        r = message(recvbuf, call, what="recvbuf")
         out = r.typed()
-        if sendbuf is IN_PLACE:
+        if _in_place(sendbuf):
             x = out
         else:
-            s = message(sendbuf, call)
+            s = message(sendbuf, call, what="sendbuf")
             _same(call, s, "sendbuf", r, "recvbuf")
             x = s.typed()
         self._allreduce_into(x, out, op, call)
@@ -153,14 +219,14 @@ class BufferCollectives:
         call = "Reduce"
         c = self._c
         is_root = c.rank == root
-        r = message(recvbuf, call) if is_root else None
+        r = message(recvbuf, call, what="recvbuf") if is_root else None
         out = r.typed() if r is not None else None
-        if sendbuf is IN_PLACE:
+        if sendbuf is IN_PLACE or (sendbuf is None and is_root):
             if out is None:
                 raise ValueError(f"{call}: MPI.IN_PLACE is for root's send buffer only")
             x = out
         else:
-            s = message(sendbuf, call)
+            s = message(sendbuf, call, what="sendbuf")
             if r is not None:
                 _same(call, s, "sendbuf", r, "root's recvbuf")
             x = s.typed()
@@ -181,22 +247,22 @@ class BufferCollectives:
         size = c.size
         out = None
         if c.rank == root:
-            r = message(recvbuf, call, blocks=size)
+            r = message(recvbuf, call, blocks=size, what="recvbuf")
             nb = r.count * r.extent
             out = r.bytes(r.displs[0], r.count * size).reshape(size, nb)
-            if sendbuf is IN_PLACE:
+            if _in_place(sendbuf):
                 x = out[root].copy()
             else:
-                s = message(sendbuf, call)
+                s = message(sendbuf, call, what="sendbuf")
                 _same(call, s, "sendbuf", r, "each block of root's recvbuf")
                 x = s.bytes()
         else:
-            s = message(sendbuf, call)
+            s = message(sendbuf, call, what="sendbuf")
             x = s.bytes()
         try:
             c.gather(x, root, out=out)
         except MismatchError as exc:
-            if sendbuf is IN_PLACE:
+            if out is not None and _in_place(sendbuf):
                 raise
             raise _in_elements(exc, call, "sendbuf", s, s.count) from exc.__cause__
 
@@ -204,12 +270,12 @@ class BufferCollectives:
         """Every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
         call = "Allgather"
         c = self._c
-        r = message(recvbuf, call, blocks=c.size)
+        r = message(recvbuf, call, blocks=c.size, what="recvbuf")
         out = r.bytes(r.displs[0], r.count * c.size).reshape(c.size, r.count * r.extent)
-        if sendbuf is IN_PLACE:
+        if _in_place(sendbuf):
             x = out[c.rank].copy()
         else:
-            s = message(sendbuf, call)
+            s = message(sendbuf, call, what="sendbuf")
             _same(call, s, "sendbuf", r, "each block of recvbuf")
             x = s.bytes()
         try:
@@ -222,12 +288,12 @@ class BufferCollectives:
         call = "Scatter"
         c = self._c
         if c.rank == root:
-            s = message(sendbuf, call, blocks=c.size)
+            s = message(sendbuf, call, blocks=c.size, what="sendbuf")
             x = s.bytes(s.displs[0], s.count * c.size)
-            if recvbuf is IN_PLACE:
+            if _in_place(recvbuf):
                 out = np.empty(s.count * s.extent, np.uint8)
             else:
-                m = message(recvbuf, call)
+                m = message(recvbuf, call, what="recvbuf")
                 _same(call, s, "each block of root's sendbuf", m, "recvbuf")
                 out = m.bytes()
             try:
@@ -235,7 +301,7 @@ class BufferCollectives:
             except MismatchError as exc:
                 raise _in_elements(exc, call, "sendbuf", s, s.count * c.size) from exc.__cause__
         else:
-            m = message(recvbuf, call)
+            m = message(recvbuf, call, what="recvbuf")
             try:
                 c.scatter(None, root, out=m.bytes())
             except MismatchError as exc:
@@ -245,12 +311,12 @@ class BufferCollectives:
         """Block j of every rank's ``sendbuf`` to rank j; blocks land in rank order."""
         call = "Alltoall"
         c = self._c
-        r = message(recvbuf, call, blocks=c.size)
+        r = message(recvbuf, call, blocks=c.size, what="recvbuf")
         out = r.bytes(r.displs[0], r.count * c.size)
-        if sendbuf is IN_PLACE:
+        if _in_place(sendbuf):
             x = out.copy()
         else:
-            s = message(sendbuf, call, blocks=c.size)
+            s = message(sendbuf, call, blocks=c.size, what="sendbuf")
             _same(call, s, "each block of sendbuf", r, "each block of recvbuf")
             x = s.bytes(s.displs[0], s.count * c.size)
         try:
@@ -262,19 +328,16 @@ class BufferCollectives:
         """Reduce every rank's ``sendbuf``, then block r of the result to rank r."""
         call = "Reduce_scatter_block"
         c = self._c
-        if sendbuf is IN_PLACE:
-            r = message(recvbuf, call, blocks=c.size)
+        if _in_place(sendbuf):
+            r = message(recvbuf, call, blocks=c.size, what="recvbuf")
             x = r.typed(r.displs[0], r.count * c.size).copy()
         else:
-            r = message(recvbuf, call)
-            s = message(sendbuf, call)
-            if s.count * s.extent != r.count * r.extent * c.size:
-                raise ValueError(
-                    f"{call}: sendbuf is {s.count} {s.datatype.name}, but {c.size} blocks of "
-                    f"recvbuf's {r.count} {r.datatype.name} are {r.count * c.size}; they must "
-                    "hold the same bytes"
-                )
-            x = s.typed(s.displs[0], r.count * c.size)
+            # The send count is per block, as mpi4py reads it (and Scatter's, Alltoall's):
+            # [sb, 2, MPI.DOUBLE] is 2 elements for each of the size ranks.
+            r = message(recvbuf, call, what="recvbuf")
+            s = message(sendbuf, call, blocks=c.size, what="sendbuf")
+            _same(call, s, "each block of sendbuf", r, "recvbuf")
+            x = s.typed(s.displs[0], s.count * c.size)
         out = r.typed(r.displs[0], r.count)
         if isinstance(op, Op) and op.loc is not None:
             whole = np.empty_like(x)
@@ -293,21 +356,33 @@ class BufferCollectives:
         """
         call = "Reduce_scatter"
         c = self._c
-        r = message(recvbuf, call)
+        r = message(recvbuf, call, what="recvbuf")
         if recvcounts is None:
             mine = np.array([r.count], np.int64)
             counts = [int(v) for v in c.allgather(mine).reshape(-1)]
         else:
             counts = ints(recvcounts, "recvcounts", call)
         total = sum(counts)
-        if sendbuf is IN_PLACE:
+        if _in_place(sendbuf):
+            if r.count < total:
+                raise ValueError(
+                    f"{call}: recvbuf holds {r.count} element(s) of {r.datatype.name}, but "
+                    f"recvcounts {counts} add up to {total}; with MPI.IN_PLACE recvbuf holds "
+                    "the whole send data"
+                )
             x = r.typed(r.displs[0], total).copy()
         else:
-            s = message(sendbuf, call)
+            s = message(sendbuf, call, what="sendbuf")
             if s.count != total:
                 raise ValueError(
                     f"{call}: sendbuf holds {s.count} element(s) of {s.datatype.name}, but "
                     f"recvcounts {counts} add up to {total}; they must be equal"
+                )
+            if r.count < counts[c.rank]:
+                raise ValueError(
+                    f"{call}: message truncated (MPI_ERR_TRUNCATE): recvbuf holds {r.count} "
+                    f"element(s) of {r.datatype.name}, but recvcounts[{c.rank}] is "
+                    f"{counts[c.rank]}"
                 )
             x = s.typed(s.displs[0], total)
         out = r.typed(r.displs[0], counts[c.rank])
@@ -328,13 +403,13 @@ class BufferCollectives:
         """
         call = "Gatherv"
         c = self._c
-        r = vector(recvbuf, c.size, call) if c.rank == root else None
-        if sendbuf is IN_PLACE:
+        r = vector(recvbuf, c.size, call, "recvbuf") if c.rank == root else None
+        if sendbuf is IN_PLACE or (sendbuf is None and r is not None):
             if r is None:
                 raise ValueError(f"{call}: MPI.IN_PLACE is for root's send buffer only")
             x = r.bytes(r.displs[root], r.counts[root]).copy()
         else:
-            x = message(sendbuf, call).bytes()
+            x = message(sendbuf, call, what="sendbuf").bytes()
         sent = c.allgather(np.array([x.size], np.int64)).reshape(-1).tolist()  # bytes
         if r is None:
             c.gatherv(x, sent, root)
@@ -360,11 +435,11 @@ class BufferCollectives:
         """Every rank's ``sendbuf`` into every rank's ``recvbuf`` at ``displs``."""
         call = "Allgatherv"
         c = self._c
-        r = vector(recvbuf, c.size, call)
-        if sendbuf is IN_PLACE:
+        r = vector(recvbuf, c.size, call, "recvbuf")
+        if _in_place(sendbuf):
             x = r.bytes(r.displs[c.rank], r.counts[c.rank]).copy()
         else:
-            s = message(sendbuf, call)
+            s = message(sendbuf, call, what="sendbuf")
             _own_block(s, r, c.rank, call, f"recvbuf's count for this rank (counts[{c.rank}])")
             x = s.bytes()
         out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
@@ -373,18 +448,30 @@ class BufferCollectives:
             _unpack(r, got)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """``counts[r]`` elements of root's ``sendbuf`` at ``displs[r]`` to rank r."""
+        """``counts[r]`` elements of root's ``sendbuf`` at ``displs[r]`` to rank r.
+
+        Off root, ``recvbuf`` must hold exactly what root sends this rank; where it does
+        not, the rank still takes part (the others get their data), ``recvbuf`` is not
+        written and ValueError says both sizes in elements of its datatype.
+        """
         call = "Scatterv"
         c = self._c
         if c.rank != root:
-            c.scatterv(None, None, root, out=message(recvbuf, call).bytes())
+            m = message(recvbuf, call, what="recvbuf")
+            try:
+                c.scatterv(None, None, root, out=m.bytes())
+            except ValueError as exc:
+                said = _scattered(exc, call, m)
+                if said is exc:
+                    raise
+                raise said from None
             return
-        s = vector(sendbuf, c.size, call)
+        s = vector(sendbuf, c.size, call, "sendbuf")
         x = _pack(s)
-        if recvbuf is IN_PLACE:
+        if _in_place(recvbuf):
             out = np.empty(s.counts[root] * s.extent, np.uint8)
         else:
-            m = message(recvbuf, call)
+            m = message(recvbuf, call, what="recvbuf")
             _own_block(m, s, root, call, f"sendbuf's count for root (counts[{root}])")
             out = m.bytes()
         c.scatterv(x, s.block_bytes(), root, out=out)
@@ -393,12 +480,12 @@ class BufferCollectives:
         """``sendcounts[j]`` elements from ``sdispls[j]`` to rank j; arrivals at ``rdispls``."""
         call = "Alltoallv"
         c = self._c
-        r = vector(recvbuf, c.size, call)
-        if sendbuf is IN_PLACE:
+        r = vector(recvbuf, c.size, call, "recvbuf")
+        if _in_place(sendbuf):
             s = r
             x = _pack(r).copy()
         else:
-            s = vector(sendbuf, c.size, call)
+            s = vector(sendbuf, c.size, call, "sendbuf")
             x = _pack(s)
             if s.counts[c.rank] * s.extent != r.counts[c.rank] * r.extent:
                 raise ValueError(
@@ -408,6 +495,12 @@ class BufferCollectives:
                     "same bytes)"
                 )
         out = r.raw[: sum(r.counts) * r.extent] if r.packed() else None
-        got = c.alltoallv(x, s.block_bytes(), r.block_bytes(), out=out)
+        try:
+            got = c.alltoallv(x, s.block_bytes(), r.block_bytes(), out=out)
+        except ValueError as exc:
+            said = _disagreeing(exc, call, s, r)
+            if said is exc:
+                raise
+            raise said from None
         if out is None:
             _unpack(r, got)

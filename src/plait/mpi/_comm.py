@@ -31,9 +31,9 @@ import numpy as np
 
 import plait
 from plait.mpi._collectives import BufferCollectives
-from plait.mpi._datatypes import message
+from plait.mpi._datatypes import DATATYPES, Message, message
 from plait.mpi._ops import OPS, as_function
-from plait.mpi._requests import UNDEFINED, Inbox, Request, Status
+from plait.mpi._requests import UNDEFINED, Inbox, Request, Status, as_call
 from plait.mpi._unsupported import unsupported
 
 __all__ = ["Comm", "Intracomm", "world"]
@@ -41,6 +41,26 @@ __all__ = ["Comm", "Intracomm", "world"]
 _SUM = OPS["SUM"]
 _ANY_SOURCE = plait.ANY_SOURCE
 _ANY_TAG = plait.ANY_TAG
+
+
+def _truncated(call: str, st: plait.Status, m: Message) -> ValueError:
+    """MPI's truncation error, in elements of the buffer's datatype: the message ``st``
+    describes is longer than the buffer of ``m``, and stays unreceived."""
+    e, name = m.extent, m.datatype.name
+    sent = f"{st.nbytes // e} {name}" if st.nbytes % e == 0 else f"{st.nbytes} bytes"
+    return ValueError(
+        f"{call}: message truncated (MPI_ERR_TRUNCATE): rank {st.source} sent {sent} "
+        f"({st.nbytes} bytes) with tag {st.tag}, but the buffer holds {m.count} {name} "
+        f"({m.count * e} bytes); the message is left unreceived"
+    )
+
+
+def _p2p(buf: Any, peer: Any, call: str) -> Message:
+    """The message of a point-to-point call; with ``PROC_NULL`` a None buffer is an empty one,
+    as mpi4py does not read the buffer of a message to or from no process."""
+    if buf is None and isinstance(peer, int) and peer == plait.PROC_NULL:
+        buf = [None, 0, DATATYPES["BYTE"]]
+    return message(buf, call, what="buf")
 
 
 def _pickled(obj: Any) -> np.ndarray:
@@ -61,11 +81,15 @@ class Comm(BufferCollectives):
         name: str = "",
         *,
         join: Callable[[], plait.Communicator] | None = None,
+        origin: str = "",
     ) -> None:
         self._comm = comm
         self._name = name
+        self._origin = origin  # how an unnamed one was made ("SPLIT FROM MPI_COMM_WORLD")
         self._join = join
         self._lock = threading.Lock()
+        # Buffer receives take a probed message under it (Note [threads receiving buffers]).
+        self._taking = threading.Lock()
         self._inbox: Inbox | None = None
 
     @property
@@ -144,11 +168,19 @@ class Comm(BufferCollectives):
                 f"MPI.UNDEFINED ({UNDEFINED}) to join no group"
             )
         group = self._c.split(None if color == UNDEFINED else color, key)
-        return Comm(group) if group is not None else Comm(None, "MPI_COMM_NULL")
+        if group is None:
+            return Comm(None, "MPI_COMM_NULL")
+        return Comm(group, origin=f"SPLIT FROM {self._label()}")
+
+    def _label(self) -> str:
+        """The communicator as MPI's messages name it: its name, or, for one Split or Dup
+        made with none, where it came from (as Open MPI's: SPLIT FROM, DUP FROM)."""
+        return self._name or f"MPI COMMUNICATOR {self._origin or 'made by plait.mpi'}"
 
     def Dup(self, info: Any = None) -> Comm:
         """A new communicator of the same ranks whose messages never meet this one's."""
-        return Comm(self._c.split(0, self._c.rank), f"{self._name}.dup" if self._name else "")
+        name = f"{self._name}.dup" if self._name else ""
+        return Comm(self._c.split(0, self._c.rank), name, origin=f"DUP FROM {self._label()}")
 
     Clone = Dup
 
@@ -156,14 +188,17 @@ class Comm(BufferCollectives):
         """Release the communicator; it then compares equal to COMM_NULL.
 
         Raises:
-            ValueError: it is COMM_WORLD, COMM_SELF or COMM_NULL, which MPI does not let a
-                program free (MPI_ERR_COMM); :func:`plait.mpi.Finalize` releases the world.
+            ValueError: it is COMM_WORLD, COMM_SELF or COMM_NULL (a freed communicator
+                included: a second Free), which MPI does not let a program free
+                (MPI_ERR_COMM); :func:`plait.mpi.Finalize` releases the world.
         """
-        if self._name in _PREDEFINED:
+        if self._name in _PREDEFINED or not self:
+            which = self._name if self._name in _PREDEFINED else "MPI_COMM_NULL"
+            again = "" if self._name in _PREDEFINED else " (this one was freed already)"
             raise ValueError(
-                f"Free: {self._name} cannot be freed (MPI_ERR_COMM: invalid communicator); "
-                "free the communicators made by Split or Dup, and call MPI.Finalize() to "
-                "release the world"
+                f"Free: {which} cannot be freed (MPI_ERR_COMM: invalid communicator){again}; "
+                "free the communicators made by Split or Dup, once each, and call "
+                "MPI.Finalize() to release the world"
             )
         self._release()
 
@@ -175,11 +210,16 @@ class Comm(BufferCollectives):
         self._join = None
 
     def Abort(self, errorcode: int = 0) -> NoReturn:
-        """End the job: the other ranks' calls fail, and this process exits with ``errorcode``."""
+        """End the job: the other ranks' calls fail, and this process exits with ``errorcode``.
+
+        Before ``COMM_WORLD`` has joined the job it does not join it (the others may never
+        come): the rank printed is the launcher's (``PLAIT_RANK``, ``RANK``, ...), as the
+        join would read it, and the launcher ends the job.
+        """
         comm = self._comm
-        rank = comm.rank if comm is not None else 0
+        rank = comm.rank if comm is not None else self._rank_before_joining()
         sys.stdout.flush()
-        where = self._name or "a communicator"
+        where = self._label()
         print(
             f"MPI_ABORT was invoked on rank {rank} in communicator {where} "
             f"with errorcode {errorcode}",
@@ -189,6 +229,18 @@ class Comm(BufferCollectives):
         if comm is not None:
             comm.abort(f"MPI_ABORT on rank {rank} with errorcode {errorcode}")
         os._exit(errorcode)
+
+    def _rank_before_joining(self) -> int:
+        """This process's rank in a communicator not joined yet: the world's from the
+        launcher's environment, as ``plait.init`` reads it; 0 for COMM_SELF or none."""
+        if self._join is None or self._name != "MPI_COMM_WORLD":
+            return 0
+        from plait._init import detect_launch
+
+        try:
+            return detect_launch().rank
+        except ValueError:  # an environment the join would refuse too
+            return 0
 
     # -- lowercase collectives: Python objects ---------------------------------------------
     def barrier(self) -> None:
@@ -298,11 +350,11 @@ class Comm(BufferCollectives):
     # -- capitalised point to point: buffers ----------------------------------------------
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Send the elements of ``buf``; returns once ``buf`` may be reused."""
-        self._c.send(message(buf, "Send").bytes(), dest, tag)
+        self._c.send(_p2p(buf, dest, "Send").bytes(), dest, tag)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``buf`` (leave it unchanged until the request is done)."""
-        data = message(buf, "Isend").bytes()
+        data = _p2p(buf, dest, "Isend").bytes()
         return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=buf)
 
     def Recv(
@@ -320,32 +372,56 @@ class Comm(BufferCollectives):
         self._recv(buf, source, tag, status, "Recv")
 
     def _recv(self, buf: Any, source: int, tag: int, status: Status | None, call: str) -> None:
-        """:meth:`Recv`, its errors naming ``call``."""
-        m = message(buf, call)
+        """:meth:`Recv`, its errors naming ``call`` (Note [threads receiving buffers])."""
+        m = _p2p(buf, source, call)
         into = m.bytes()
         if source == plait.PROC_NULL:
             if status is not None:
                 status._fill(plait.PROC_NULL, _ANY_TAG, 0)
             return
         c = self._c
-        st = c.probe(source, tag)
-        if st.nbytes > into.size:
-            e, name = m.extent, m.datatype.name
-            sent = f"{st.nbytes // e} {name}" if st.nbytes % e == 0 else f"{st.nbytes} bytes"
-            raise ValueError(
-                f"{call}: message truncated (MPI_ERR_TRUNCATE): rank {st.source} sent {sent} "
-                f"({st.nbytes} bytes) with tag {st.tag}, but the buffer holds {m.count} {name} "
-                f"({into.size} bytes); the message is left unreceived"
-            )
-        done = plait.Status()
-        c.recv(into[: st.nbytes], st.source, st.tag, status=done)
+        seconds = c.timeout
+        deadline = time.monotonic() + seconds
+        first = True
+        while True:
+            try:
+                if first:  # the communicator's own deadline: a stall takes part in crossed calls
+                    c.probe(source, tag)
+                else:
+                    c.probe(source, tag, timeout=max(deadline - time.monotonic(), 1e-3))
+            except (plait.CommError, ValueError, TypeError) as exc:  # a bad source or tag too
+                raise as_call(exc, call, seconds) from exc.__cause__
+            first = False
+            with self._taking:
+                st = c.iprobe(source, tag)
+                if st is None:
+                    continue  # another thread took it: wait for the next one
+                if st.nbytes > into.size:
+                    raise _truncated(call, st, m)
+                done = plait.Status()
+                c.recv(into[: st.nbytes], st.source, st.tag, status=done)
+                break
         if status is not None:
             status._from(done)
 
+    # Note [threads receiving buffers]
+    #     Recv and Sendrecv accept a message shorter than their buffer, as MPI's do, so they
+    #     probe for its size and then receive exactly that message. Two threads receiving
+    #     with one pattern used to probe the same message and then each take another one
+    #     (MismatchError, and a message consumed). A blocked receive must not hold a lock
+    #     (a thread waiting on another tag would wait behind it), so each waits in a probe
+    #     with no lock held, then under the communicator's lock (_taking) looks again
+    #     (iprobe) and receives the message it finds, from its source with its tag, before
+    #     letting go; finding none (another thread took it), it waits again, within the
+    #     deadline the call started with. Irecv posts under the same lock (posting does not
+    #     wait), so no receive posted meanwhile can match the message between the look and
+    #     the receive.
+
     def Irecv(self, buf: Any, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
         """Start receiving into ``buf``, which must have exactly the message's size."""
-        m = message(buf, "Irecv")
-        req = self._c.irecv(m.bytes(), source, tag)
+        m = _p2p(buf, source, "Irecv")
+        with self._taking:  # Note [threads receiving buffers]
+            req = self._c.irecv(m.bytes(), source, tag)
         return Request(req, inbox=self._box(), keep=buf, into=m)
 
     def Sendrecv(

@@ -217,6 +217,12 @@ def datatype_of(dtype: np.dtype) -> Datatype:
 
 def _memory(buf: Any, call: str) -> np.ndarray:
     """``buf`` as a numpy array over its own memory (no copy); C-contiguous, as MPI's are."""
+    if buf is None:  # where mpi4py reads None as MPI.IN_PLACE, the calls never get here
+        raise TypeError(
+            f"{call}: None is not a buffer here (mpi4py reads a bare None as MPI.IN_PLACE, "
+            "only where the call takes IN_PLACE); for an empty message pass "
+            "[None, 0, datatype] or an empty array"
+        )
     if isinstance(buf, np.ndarray):
         a = buf
     elif isinstance(buf, bytes | bytearray):
@@ -307,7 +313,13 @@ def _split(spec: Any, call: str) -> tuple[Any, list[Any], Datatype | None]:
 
 
 def _resolve(buf: Any, dt: Datatype | None, call: str) -> tuple[np.ndarray, Datatype]:
-    """The buffer's bytes and its datatype (given, or read from the array)."""
+    """The buffer's bytes and its datatype (given, or read from the array).
+
+    ``[None, 0, datatype]`` is mpi4py's empty message (MPI_BOTTOM with no elements): no
+    bytes; a count above 0 with it is refused by :func:`_none_holds_nothing`.
+    """
+    if buf is None and dt is not None:
+        return np.empty(0, np.uint8), dt
     a = _memory(buf, call)
     if dt is None:  # the buffer's own type (it was bytes for all but numpy arrays)
         dt = DATATYPES["BYTE"] if isinstance(buf, bytes | bytearray) else datatype_of(a.dtype)
@@ -344,23 +356,50 @@ def _whole(raw: np.ndarray, dt: Datatype, call: str) -> int:
     return raw.size // dt.extent
 
 
-def _check_fits(m: Message, call: str) -> Message:
-    end = max((d + c for c, d in zip(m.counts, m.displs, strict=True)), default=0)
+def _named(call: str, what: str) -> str:
+    """The head of an error: the call, and the buffer (``sendbuf``, ``recvbuf``) if named."""
+    return f"{call}: {what}:" if what else f"{call}:"
+
+
+def _none_holds_nothing(buf: Any, m: Message, call: str, what: str) -> None:
+    """Refuse ``[None, count, datatype]`` with a count above 0, as mpi4py does: None is an
+    empty message, not memory to read or write."""
+    if buf is None and any(m.counts):
+        raise ValueError(
+            f"{_named(call, what)} the buffer is None, but the specification counts "
+            f"{sum(m.counts)} element(s) of {m.datatype.name}; None holds no element "
+            "(pass an array)"
+        )
+
+
+def _check_fits(m: Message, call: str, what: str = "", blocks: int = 1) -> Message:
+    """Refuse, before any byte moves, a specification that reaches past its buffer's end:
+    ``blocks`` blocks of the count from the displacement (a plain one), or each block at
+    its displacement (a ``v`` one)."""
+    if blocks > 1:
+        end = m.displs[0] + m.counts[0] * blocks
+        shape = f" ({blocks} blocks of {m.counts[0]}" + (
+            f" from element {m.displs[0]})" if m.displs[0] else ")"
+        )
+    else:
+        end = max((d + c for c, d in zip(m.counts, m.displs, strict=True)), default=0)
+        shape = ""
     if end * m.extent > m.raw.size:
         raise ValueError(
-            f"{call}: the specification reaches element {end} of {m.datatype.name} "
-            f"but the buffer holds {m.raw.size // max(m.extent, 1)}"
+            f"{_named(call, what)} the specification reaches element {end} of "
+            f"{m.datatype.name}{shape} but the buffer holds {m.raw.size // max(m.extent, 1)}"
         )
     return m
 
 
-def message(spec: Any, call: str, *, blocks: int = 1) -> Message:
+def message(spec: Any, call: str, *, blocks: int = 1, what: str = "") -> Message:
     """Read a plain specification: ``buf``, ``[buf, datatype]``, ``[buf, count, datatype]``,
     ``[buf, (count, displ), datatype]`` or ``[buf, count, displ, datatype]``.
 
     With ``blocks`` > 1 (the receive buffer of Gather, Allgather and Alltoall, the send
     buffer of Scatter and Alltoall) the count is per block and defaults to the buffer's
-    elements divided by ``blocks``.
+    elements divided by ``blocks``; every block must lie within the buffer. ``what``
+    names the buffer in errors (``sendbuf``, ``recvbuf``).
 
     Raises:
         TypeError: not a buffer, or a misplaced datatype.
@@ -378,19 +417,23 @@ def message(spec: Any, call: str, *, blocks: int = 1) -> Message:
         total = _whole(raw, dt, call)
         if total % blocks:
             raise ValueError(
-                f"{call}: {total} elements of {dt.name} do not split into {blocks} blocks"
+                f"{_named(call, what)} {total} elements of {dt.name} do not split into "
+                f"{blocks} blocks"
             )
         count = total // blocks
     displ = _int(rest[1], "displacement", call) if len(rest) > 1 else 0
     if count < 0 or displ < 0:
         raise ValueError(f"{call}: counts and displacements must be >= 0")
-    return _check_fits(Message(raw, dt, [count], [displ]), call)
+    m = Message(raw, dt, [count], [displ])
+    _none_holds_nothing(buf, m, call, what)
+    return _check_fits(m, call, what, blocks)
 
 
-def vector(spec: Any, size: int, call: str) -> Message:
+def vector(spec: Any, size: int, call: str, what: str = "") -> Message:
     """Read a ``v`` specification: ``[buf, counts, displs, datatype]``, ``[buf, counts,
     datatype]`` (blocks back to back), ``[buf, (counts, displs), datatype]``; a single int
-    count is every rank's, and a plain buffer is split evenly.
+    count is every rank's, and a plain buffer is split evenly. ``what`` names the buffer
+    in errors.
 
     Raises:
         TypeError, ValueError: as :func:`message`, and counts that are not ``size`` long.
@@ -404,7 +447,9 @@ def vector(spec: Any, size: int, call: str) -> Message:
     if not rest:
         total = _whole(raw, dt, call)
         if total % size:
-            raise ValueError(f"{call}: {total} elements of {dt.name} do not split into {size}")
+            raise ValueError(
+                f"{_named(call, what)} {total} elements of {dt.name} do not split into {size}"
+            )
         counts = [total // size] * size
     elif isinstance(rest[0], int | np.integer):
         counts = [int(rest[0])] * size
@@ -423,4 +468,6 @@ def vector(spec: Any, size: int, call: str) -> Message:
             f"{call}: need {size} counts and displacements (one per rank); "
             f"got {len(counts)} and {len(displs)}"
         )
-    return _check_fits(Message(raw, dt, counts, displs), call)
+    m = Message(raw, dt, counts, displs)
+    _none_holds_nothing(buf, m, call, what)
+    return _check_fits(m, call, what)

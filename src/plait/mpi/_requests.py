@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import re
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,12 +31,29 @@ from plait._p2p import _check_rank, _check_tag
 from plait.mpi._datatypes import DATATYPES, Datatype, Message
 from plait.mpi._unsupported import Unlisted, lacking
 
-__all__ = ["UNDEFINED", "Inbox", "Request", "Status"]
+__all__ = ["UNDEFINED", "Inbox", "Request", "Status", "as_call"]
 
 #: mpi4py's ``MPI.UNDEFINED`` (Open MPI's value): a count that is not whole, a split color.
 UNDEFINED = -32766
 #: Seconds a wait on several kinds of request blocks on one before it looks at the others.
 _SLICE = 0.01
+_E = TypeVar("_E", bound=Exception)
+
+
+def as_call(exc: _E, call: str, seconds: float | None = None) -> _E:
+    """``exc``, a probe's error, naming the call the user made (``Recv``, ``recv``,
+    ``irecv``, ``waitany``): plait.mpi receives by probing first, and plait's probe names
+    itself ("probe from rank 0 (tag 5) found no message within 3 s"). ``seconds``: the
+    deadline the user's call had, for the probe's remainder of it."""
+    said = str(exc)
+    text = re.sub(r"^(rank \d+: )?probe\b", lambda g: f"{g.group(1) or ''}{call}", said, count=1)
+    if seconds is not None:
+        text = re.sub(r"within [0-9.e+-]+ s\b", f"within {seconds:g} s", text, count=1)
+    if text == said:
+        return exc
+    err = type(exc)(text)
+    err.__dict__.update(exc.__dict__)  # PeerLostError.lost_rank
+    return err
 
 
 class Status(metaclass=Unlisted):
@@ -44,12 +62,18 @@ class Status(metaclass=Unlisted):
     __slots__ = ("cancelled", "error", "nbytes", "source", "tag")
     __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
 
-    def __init__(self) -> None:
+    def __init__(self, status: Status | None = None) -> None:
+        """An empty status, or a copy of ``status`` (mpi4py's ``MPI.Status(st)``)."""
         self.source = plait.ANY_SOURCE
         self.tag = plait.ANY_TAG
         self.error = 0
         self.nbytes = 0
         self.cancelled = False
+        if status is not None:
+            if not isinstance(status, Status):
+                raise TypeError(f"Status: expected a Status to copy; got {type(status).__name__}")
+            status._copy_to(self)
+            self.error = status.error
 
     def Get_source(self) -> int:
         """The sender's rank."""
@@ -113,11 +137,12 @@ class Status(metaclass=Unlisted):
 class _Pending:
     """One object receive queued in an :class:`Inbox`."""
 
-    __slots__ = ("done", "source", "status", "tag", "value")
+    __slots__ = ("call", "done", "source", "status", "tag", "value")
 
-    def __init__(self, source: int, tag: int) -> None:
+    def __init__(self, source: int, tag: int, call: str) -> None:
         self.source = source
         self.tag = tag
+        self.call = call  # the user's call (recv, irecv), for its timeout's message
         self.done = False
         self.value: Any = None
         self.status = Status()
@@ -145,7 +170,7 @@ class Inbox:
         comm = self._comm
         source = _check_rank(source, comm.rank, comm.size, c, "source", True)
         tag = _check_tag(tag, comm.rank, c, "tag", True)
-        p = _Pending(source, tag)
+        p = _Pending(source, tag, c)
         if source == plait.PROC_NULL:
             p.done = True
             p.status._fill(plait.PROC_NULL, plait.ANY_TAG, 0)
@@ -163,7 +188,7 @@ class Inbox:
         """
         with self._lock:
             while not p.done:
-                st = self._probe(p.source, p.tag, deadline)
+                st = self._probe(p.source, p.tag, deadline, p.call)
                 if st is None:
                     return False
                 self._deliver(st, deadline)
@@ -176,7 +201,7 @@ class Inbox:
                 for i, p in enumerate(ps):
                     if p.done:
                         return i
-                st = self._probe(plait.ANY_SOURCE, plait.ANY_TAG, deadline)
+                st = self._probe(plait.ANY_SOURCE, plait.ANY_TAG, deadline, "waitany")
                 assert st is not None
                 if not self._deliver(st, deadline):
                     # A message no queued receive wants (it is for a later one) is the first
@@ -217,11 +242,18 @@ class Inbox:
                 p.done = True
                 p.status.cancelled = True
 
-    def _probe(self, source: int, tag: int, deadline: float | None) -> plait.Status | None:
+    def _probe(
+        self, source: int, tag: int, deadline: float | None, call: str
+    ) -> plait.Status | None:
+        """A probe until ``deadline`` (None: one look) for the user's ``call``, whose name
+        its errors give."""
         if deadline is None:
             return self._comm.iprobe(source, tag)
         left = max(deadline - time.monotonic(), 1e-3)
-        return self._comm.probe(source, tag, timeout=left)
+        try:
+            return self._comm.probe(source, tag, timeout=left)
+        except plait.CommError as exc:
+            raise as_call(exc, call, self._comm.timeout) from exc.__cause__
 
     def _deliver(self, st: plait.Status, deadline: float | None) -> bool:
         """Receive the probed message into the earliest queued receive it matches, if any."""
@@ -447,9 +479,10 @@ class Request(metaclass=Unlisted):
     def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
         """Wait until one request is done; ``(its index, its object)``. A request whose
         completion an earlier waitany or testany returned is passed over (mpi4py's is then
-        REQUEST_NULL); ``(UNDEFINED, None)`` when every request is."""
+        REQUEST_NULL); ``(UNDEFINED, None)`` when every request is, or there are none
+        (MPI's rule for an empty or all-null list)."""
         live = [i for i, r in enumerate(requests) if not r._spent]
-        if requests and not live:
+        if not live:  # none, or all spent: MPI's (MPI_UNDEFINED), not an error
             return UNDEFINED, None
         j = Request._any([requests[i] for i in live])
         i = live[j]
@@ -464,9 +497,9 @@ class Request(metaclass=Unlisted):
     def testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool, Any]:
         """Progress once on each until one is done: ``(index, True, object)``, else
         ``(UNDEFINED, False, None)``; ``(UNDEFINED, True, None)`` when every request's
-        completion was returned already (as :meth:`waitany`)."""
+        completion was returned already, or there are none (as :meth:`waitany`)."""
         live = [i for i, r in enumerate(requests) if not r._spent]
-        if requests and not live:
+        if not live:  # none, or all spent: flag True, so a Testany loop ends (MPI's rule)
             return UNDEFINED, True, None
         for i in Request._order_of(requests, live):
             done, value = requests[i].test(status)
