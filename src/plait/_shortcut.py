@@ -69,7 +69,7 @@ class Shortcut:
 
     def request(self, x: np.ndarray, in_place: bool) -> Request:
         """The request of this call on ``x`` (``in_place``: ``out=x``)."""
-        flat = x if self._flat else x.reshape(-1)
+        flat = x if self._flat else x.ravel()
         spec, ctx, op = self._head
         average, plan = self._tail
         if in_place:
@@ -83,7 +83,7 @@ class Shortcut:
                 (spec, ctx, op, flat, out, None, None, plan.fills_x, average, plan, False, None),
             )
         new = np.empty(self._fresh, x.dtype)
-        fresh = new.reshape(-1)
+        fresh = new.ravel()
         return _new(
             Request,
             (spec, ctx, op, flat, fresh, None, new, plan.fills_x, average, plan, False, None),
@@ -93,7 +93,7 @@ class Shortcut:
         """The request of a call that fills ``x`` in place (broadcast: root sends from it)."""
         spec, ctx, op = self._head
         average, plan = self._tail
-        flat = x if self._flat else x.reshape(-1)
+        flat = x if self._flat else x.ravel()
         return _new(
             Request,
             (spec, ctx, op, self._nothing, flat, None, x, True, average, plan, False, None),
@@ -104,14 +104,14 @@ class Shortcut:
         (contiguous, writable, apart from x), or a new array where it is None."""
         spec, ctx, op = self._head
         average, plan = self._tail
-        inp = (x if self._flat else x.reshape(-1)) if self._reads_x else self._nothing
+        inp = (x if self._flat else x.ravel()) if self._reads_x else self._nothing
         if out is None:
             new = np.empty(self._fresh, x.dtype)
-            fresh = new.reshape(-1)
+            fresh = new.ravel()
             return _new(
                 Request, (spec, ctx, op, inp, fresh, None, new, False, average, plan, False, None)
             )
-        into = out if out.ndim == 1 else out.reshape(-1)
+        into = out if out.ndim == 1 else out.ravel()
         return _new(
             Request, (spec, ctx, op, inp, into, None, out, True, average, plan, False, None)
         )
@@ -122,8 +122,8 @@ class Shortcut:
             return self.request(x, False)
         spec, ctx, op = self._head
         average, plan = self._tail
-        flat = x if self._flat else x.reshape(-1)
-        into = out if out.ndim == 1 else out.reshape(-1)
+        flat = x if self._flat else x.ravel()
+        into = out if out.ndim == 1 else out.ravel()
         return _new(
             Request, (spec, ctx, op, flat, into, None, out, True, average, plan, False, None)
         )
