@@ -83,6 +83,11 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
         a = _arrays.read(x, f"rank {rank}: {c}: {what}")
     elif isinstance(x, bytes):  # its buffer, as bytearray's: np.asarray makes one string of it
         a = np.frombuffer(x, np.uint8)
+    elif x is None:  # np.asarray makes an object array of it: say what was passed
+        raise TypeError(
+            f"rank {rank}: {c}: {what} is None; expected an array (a numpy array, a tensor, "
+            "or anything np.asarray reads as numbers)"
+        )
     else:
         try:
             a = np.asarray(x)

@@ -383,7 +383,8 @@ class Stager:
                 flat_out = (
                     np.ascontiguousarray(out).reshape(-1) if fills_x else np.empty(out.size, dtype)
                 )
-                writeback = out
+                if not fills_x or root != self._rank:  # broadcast's root only reads its x
+                    writeback = out
             if result is ...:
                 result = out if dst is None else dst
         if plan is None:
@@ -474,12 +475,11 @@ class Stager:
             result=result, dtype=native, src=src, dst=dst, counts=counts, purpose=purpose,
             rows=rows,
         )  # fmt: skip
-        if target is None:
-            return req
+        if target is None or (req.plan.fills_x and root == self._rank):
+            return req  # (broadcast's root only reads its x: nothing to write back there)
         return req._replace(
             writeback=target,
-            writes_caller_memory=not purpose
-            and (root != self._rank if req.plan.fills_x else out is not None),
+            writes_caller_memory=not purpose and (req.plan.fills_x or out is not None),
         )
 
 

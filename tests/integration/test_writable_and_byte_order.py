@@ -98,6 +98,40 @@ def test_broadcast_roots_read_only_x_is_only_read(algorithm: str, size: int) -> 
     assert run_ranks(size, body, timeout=20) == [list(np.arange(7.0))] * size
 
 
+@pytest.mark.parametrize("kind", ["strided", "big-endian", "both"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_broadcast_roots_read_only_x_that_needs_staging_is_only_read(kind: str, size: int) -> None:
+    """A read-only root x that is not contiguous or not in native byte order (a read-only
+    np.memmap of big-endian data) is staged to be sent; root's staging was to be written
+    back into x, and root raised numpy's "assignment destination is read-only" after its
+    data had gone to the others."""
+    dtype = ">f8" if kind != "strided" else "<f8"
+    step = 2 if kind != "big-endian" else 1
+
+    def body(comm: plait.Communicator) -> list[float]:
+        x = (np.arange(14.0) * (comm.rank + 1)).astype(dtype)[::step]
+        if comm.rank == 0:
+            x.flags.writeable = False
+        assert comm.broadcast(x, 0) is x
+        assert comm.allreduce(np.ones(1))[0] == size  # still usable, in step
+        return x.tolist()
+
+    want = list(np.arange(14.0)[::step])
+    assert run_ranks(size, body, timeout=20) == [want] * size
+
+
+def test_x_none_is_named_as_none() -> None:
+    """``allreduce(None)`` (a rank that forgot its x) said "x: dtype object is not supported":
+    np.asarray(None) is an array of one object."""
+    [comm] = memory_communicators(1)
+    with comm:
+        for call in (comm.allreduce, comm.allgather, comm.alltoall, comm.reduce_scatter):
+            with pytest.raises(TypeError, match=r": x is None; expected an array"):
+                call(None)
+        with pytest.raises(TypeError, match=r"gather: x is None; expected an array"):
+            comm.gather(None, 0)
+
+
 def test_out_may_be_a_writable_buffer() -> None:
     def body(comm: plait.Communicator) -> Any:
         out = array.array("d", [0.0, 0.0])
