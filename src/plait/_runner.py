@@ -47,7 +47,7 @@ from plait.runtime.executor import Call, execute, run_local
 from plait.runtime.line import run_line
 from plait.runtime.one_sided import mismatch_behind, run_one_sided
 from plait.runtime.scratch import PerThread, Workspace, quiet, restore
-from plait.runtime.work import Work, Worker
+from plait.runtime.work import LazyWorker, Work
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class CallRunner:
         self.aborted: str | None = None
         self.hear: Callable[[], None] | None = None
         self._lock = threading.Lock()
-        self._worker: Worker | None = None
+        self._worker = LazyWorker(f"plait-rank{self._rank}")  # (Note [one worker])
         self._workspaces = PerThread()  # one Workspace per thread that runs calls
         self._reserving = 0  # threads running a compressor's calls now (reserved())
         world = self._rank if world_rank is None else world_rank
@@ -161,8 +161,7 @@ class CallRunner:
 
     def close(self) -> None:
         """Finish queued async calls, then release the transport (call once)."""
-        if self._worker is not None:
-            self._worker.close()
+        self._worker.close()
         self.closed = True
         self._transport.close()
 
@@ -263,8 +262,7 @@ class CallRunner:
                 slot.end = 0.0  # in flight from here (FlightRecorder.begin says why last)
             return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
         work = Work(f"rank {self._rank}: {_describe(describe)}")
-        if self._worker is None:
-            self._worker = Worker(f"plait-rank{self._rank}")
+        worker = self._worker.get()  # None once close() has begun
         # Nothing that can fail comes between begin and the job that ends the slot.
         queued = rec.begin(plan.shape, seq, skip, True) if rec is not None else None
 
@@ -276,7 +274,7 @@ class CallRunner:
             except BaseException as exc:
                 work._finish(error=exc)
 
-        if not self._worker.submit(job, work):  # close() has begun
+        if worker is None or not worker.submit(job, work):  # close() has begun
             exc = ClosedError(f"rank {self._rank}: {c} on a communicator being closed")
             if queued is not None and rec is not None:
                 rec.end(queued, exc)
@@ -318,8 +316,7 @@ class CallRunner:
             self.check_usable(c)
             seqs = list(range(self.seq + calls - 1, self.seq - 1, -1))  # popped from the end
             self.seq += calls
-        if self._worker is None:
-            self._worker = Worker(f"plait-rank{self._rank}")
+        worker = self._worker.get()
 
         def job() -> None:
             reserved = False
@@ -335,7 +332,7 @@ class CallRunner:
                 if reserved:
                     self._reserve(-1)
 
-        if not self._worker.submit(job, work):
+        if worker is None or not worker.submit(job, work):
             raise ClosedError(f"rank {self._rank}: {c} on a communicator being closed")
 
     @runs_calls  # the recorder finds a call in flight by this frame (plait.diagnostics.frames)

@@ -200,3 +200,48 @@ def test_close_returns_while_another_thread_issues_async_calls() -> None:
         assert not closer.is_alive()
         assert not issuer.is_alive()
         assert all(w.done() for w in works)
+
+
+def test_an_async_call_that_meets_close_makes_no_worker_close_never_sees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [one worker]: a first async call that had passed its checks as close() ran made
+    the worker after close() had looked for one; its thread waited for jobs for good."""
+    import plait._runner as runner_module
+    from plait.testing import memory_communicators
+
+    [comm] = memory_communicators(1)
+    made = Work.__init__
+
+    def closing(self: Work[Any], describe: str) -> None:  # close() runs in the window
+        made(self, describe)
+        comm.close()
+
+    monkeypatch.setattr(runner_module, "Work", type("Closing", (Work,), {"__init__": closing}))
+    with pytest.raises(plait.ClosedError, match="being closed"):
+        comm.allreduce(np.ones(3), async_op=True)
+    left = [t.name for t in threading.enumerate() if t.name.startswith("plait-rank")]
+    assert left == []
+
+
+def test_first_async_calls_of_two_threads_share_one_worker() -> None:
+    from plait.runtime.work import LazyWorker
+
+    lazy = LazyWorker("plait-test-lazy")
+    start = threading.Barrier(8)
+    got: list[Worker | None] = []
+
+    def first() -> None:
+        start.wait(10)
+        got.append(lazy.get())
+
+    threads = [threading.Thread(target=first) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(got) == 8
+    assert all(w is got[0] for w in got)
+    lazy.close()
+    assert lazy.get() is None  # none is made once close() has begun
+    assert not [t for t in threading.enumerate() if t.name == "plait-test-lazy"]

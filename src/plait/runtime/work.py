@@ -228,3 +228,42 @@ class Worker:
             self._cv.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+
+
+class LazyWorker:
+    """A communicator's :class:`Worker`, made by its first async call.
+
+    Note [one worker]
+        Most communicators make no async call, so the worker thread is made by the
+        first one. Made without a lock, two threads' first calls could each make one
+        (their calls then ran side by side, out of call order, and one thread was
+        never stopped), and a call that had passed its checks as ``close()`` ran made
+        one that ``close()`` never saw: its thread waited for jobs for good. So it is
+        made under a lock that :meth:`close` takes too, and once ``close()`` has
+        begun none is made: :meth:`get` returns None, and the call is refused.
+    """
+
+    __slots__ = ("_done", "_lock", "_name", "_worker")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+        self._done = False
+
+    def get(self) -> Worker | None:
+        """The worker, made now if it is the first call; None once :meth:`close` began."""
+        with self._lock:
+            if self._done:
+                return None
+            if self._worker is None:
+                self._worker = Worker(self._name)
+            return self._worker
+
+    def close(self) -> None:
+        """Make no worker any more; close the one made (:meth:`Worker.close`)."""
+        with self._lock:
+            self._done = True
+            worker = self._worker
+        if worker is not None:
+            worker.close()
