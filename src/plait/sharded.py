@@ -21,6 +21,7 @@ Three tools on top of the communicator's collectives:
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,8 +45,15 @@ class Channels:
     """
 
     def __init__(self, comm: Any, n: int = 4) -> None:
-        if n < 1:
-            raise ValueError(f"need at least one channel, got {n}")
+        n = _count(n, 1, "n", "Channels", comm.rank)
+        # Every rank's n first (one small allgather): ranks that differ would make different
+        # numbers of splits, and the ranks with more wait in the last one until the timeout.
+        ns = [int(k) for k in comm.allgather(np.array([n], np.int64)).reshape(-1)]
+        if len(set(ns)) > 1:
+            raise ValueError(
+                f"rank {comm.rank}: Channels: the ranks ask for different numbers of "
+                f"channels, {ns} by rank; every rank must pass the same n"
+            )
         self.comm = comm
         self.channels = [comm.split(0, comm.rank) for _ in range(n)]
 
@@ -73,6 +81,14 @@ class Channels:
         contiguous = result.flags.c_contiguous and result.dtype == a.dtype
         target = result if contiguous else np.empty(a.shape, a.dtype)
         flat_out = target.reshape(-1)  # a view: target is contiguous
+        if (
+            flat_in.size
+            and np.may_share_memory(flat_in, flat_out)
+            and not (flat_in.ctypes.data == flat_out.ctypes.data and flat_in.size == flat_out.size)
+        ):
+            # out overlaps x partly: a shard written would be another shard's input, read
+            # meanwhile on its channel (the communicator copies x so too)
+            flat_in = flat_in.copy()
         bounds = np.linspace(0, flat_in.size, len(self.channels) + 1).astype(int)
         works: list[Work] = []
         for ch, lo, hi in zip(self.channels, bounds[:-1], bounds[1:], strict=True):
@@ -133,10 +149,18 @@ class ShardedOptimizer:
     """
 
     def __init__(self, comm: Any, params: Sequence[Any], update: Update) -> None:
-        if not params:
+        if isinstance(params, np.ndarray) or _tensor.is_tensor(params):
+            raise TypeError(
+                f"rank {comm.rank}: ShardedOptimizer: params must be a sequence of "
+                "parameters (a list, or model.parameters()); got one array: pass [params]"
+            )
+        self._sources = list(params)  # the caller's, read again each step (_current)
+        if not self._sources:
             raise ValueError("ShardedOptimizer needs at least one parameter")
         self.comm = comm
-        self.params = [_param(comm.rank, p, f"params[{i}]") for i, p in enumerate(params)]
+        self.params = [_param(comm.rank, p, f"params[{i}]") for i, p in enumerate(self._sources)]
+        self._ptrs = [_address(p) for p in self._sources]
+        self._checked = False  # every rank's shapes compared, at the first step
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"parameters must share one dtype, got {sorted(map(str, dtypes))}")
@@ -177,10 +201,13 @@ class ShardedOptimizer:
         if len(grads) != len(self.params):
             raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
         r, c = self.comm.rank, "ShardedOptimizer.step"
+        self._current()
         grads = [as_array(g, f"grads[{i}]", r, c) for i, g in enumerate(grads)]
         for g, p in zip(grads, self.params, strict=True):
             if g.shape != p.shape:
                 raise ValueError(f"a gradient has shape {g.shape}; its parameter has {p.shape}")
+        if not self._checked:
+            self._same_shapes()
         self._pack(grads)
         self._flat[self._total :] = 0
         rows = self._flat.reshape(self.comm.size, self.shard)
@@ -195,6 +222,53 @@ class ShardedOptimizer:
             # transposed array), and the new values would never reach p.
             p[...] = flat[at : at + p.size].reshape(p.shape)
             at += p.size
+
+    def _current(self) -> None:
+        """Read again each torch parameter whose memory was replaced since (``p.data = ...``,
+        as ``vector_to_parameters`` or a checkpoint loader does): a torch optimizer reads
+        ``p.data`` at every step, and this one wrote the old memory, which nothing used."""
+        for i, p in enumerate(self._sources):
+            at = _address(p)
+            if at != self._ptrs[i]:
+                a = _param(self.comm.rank, p, f"params[{i}]")
+                if a.shape != self.params[i].shape or a.dtype != self.params[i].dtype:
+                    raise ValueError(
+                        f"rank {self.comm.rank}: ShardedOptimizer: params[{i}] is now "
+                        f"{a.shape} of {a.dtype}; it was {self.params[i].shape} of "
+                        f"{self.params[i].dtype} (make a new optimizer for new shapes)"
+                    )
+                self.params[i], self._ptrs[i] = a, at
+
+    def _same_shapes(self) -> None:
+        """Compare every rank's parameter shapes (one small allgather, at the first step):
+        ranks whose totals pad to the same shard would otherwise exchange shards of
+        different parameters, and their replicas drift apart without an error."""
+        shapes = repr([tuple(p.shape) for p in self.params]).encode()
+        mine = np.array([self._total, len(self.params), zlib.crc32(shapes)], np.int64)
+        table = self.comm.allgather(mine)
+        differ = [q for q in range(self.comm.size) if not np.array_equal(table[q], table[0])]
+        if differ:
+            raise ValueError(
+                f"rank {self.comm.rank}: ShardedOptimizer.step: the parameter shapes of "
+                f"rank(s) {differ} differ from rank 0's (totals by rank "
+                f"{table[:, 0].tolist()}, counts {table[:, 1].tolist()}); every rank must "
+                "pass the same parameter shapes; nothing was updated"
+            )
+        self._checked = True
+
+
+def _address(p: Any) -> int:
+    """Where a torch parameter's data starts now (0 for an array: its memory stays)."""
+    return int(p.data_ptr()) if _tensor.is_tensor(p) else 0
+
+
+def _count(k: Any, least: int, what: str, c: str, rank: int) -> int:
+    """``k`` as an int of at least ``least``; TypeError or ValueError naming it."""
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise TypeError(f"rank {rank}: {c}: {what} must be an int; got {k!r}")
+    if k < least:
+        raise ValueError(f"rank {rank}: {c}: {what} must be >= {least}; got {k}")
+    return int(k)
 
 
 def _param(rank: int, p: Any, what: str) -> np.ndarray:
@@ -224,8 +298,7 @@ class StaleAverager:
     """
 
     def __init__(self, comm: Any, staleness: int = 1) -> None:
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        staleness = _count(staleness, 0, "staleness", "StaleAverager", comm.rank)
         self.comm = comm
         self.staleness = staleness
         # (the work, the grad it averages, that grad as read): the result takes its kind

@@ -9,7 +9,7 @@ import pytest
 
 import plait
 from plait.sharded import Channels, ShardedOptimizer, StaleAverager
-from plait.testing import run_ranks
+from plait.testing import memory_communicators, run_ranks
 
 
 @pytest.mark.parametrize("channels", [1, 3, 4])
@@ -203,9 +203,82 @@ def test_stale_averages_arrive_late_and_in_order(staleness: int) -> None:
             np.testing.assert_array_equal(a, np.full(4, t * 10 + 1.0))  # mean of ranks 0..2
 
 
-def test_staleness_must_not_be_negative() -> None:
-    with pytest.raises(ValueError, match="staleness"):
-        StaleAverager(None, -1)
+def test_staleness_and_channels_must_be_counts() -> None:
+    """StaleAverager(comm, 1.5) ran as 1, and a string compared with 0 raised Python's
+    "'<' not supported"; Channels(comm, "2") likewise."""
+    [comm] = memory_communicators(1)
+    with comm:
+        with pytest.raises(ValueError, match="staleness must be >= 0; got -1"):
+            StaleAverager(comm, -1)
+        for bad in (1.5, "1", None, True):
+            with pytest.raises(TypeError, match="staleness must be an int"):
+                StaleAverager(comm, bad)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="Channels: n must be an int"):
+                Channels(comm, bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="n must be >= 1; got 0"):
+            Channels(comm, 0)
+        with pytest.raises(TypeError, match="got one array: pass"):
+            ShardedOptimizer(comm, np.ones(3), lambda p, g, s: None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="at least one parameter"):
+            ShardedOptimizer(comm, iter([]), lambda p, g, s: None)
+
+
+def test_ranks_that_ask_for_different_channels_raise_alike() -> None:
+    """Channels(comm, 2 + rank) made 2 splits on one rank and 3 on the other, which waited
+    in its last one until the timeout."""
+
+    def body(comm: plait.Communicator) -> float:
+        with pytest.raises(ValueError, match=r"different numbers of channels, \[2, 3\]"):
+            Channels(comm, 2 + comm.rank)
+        return float(comm.allreduce(np.ones(1))[0])
+
+    assert run_ranks(2, body, timeout=10) == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("channels", [2, 4])
+def test_channels_allreduce_into_an_out_that_overlaps_x(channels: int) -> None:
+    """out = buf[2:10] over x = buf[0:8]: a channel's shard written was another's input,
+    read meanwhile: wrong sums, different on each rank."""
+
+    def body(comm: plait.Communicator) -> np.ndarray:
+        buf = np.arange(10.0) * (comm.rank + 1)
+        with Channels(comm, channels) as ch:
+            ch.allreduce(buf[0:8], out=buf[2:10])
+        return buf[2:]
+
+    for got in run_ranks(2, body):
+        np.testing.assert_array_equal(got, np.arange(8.0) * 3)
+
+
+def test_sharded_optimizer_refuses_shapes_that_differ_between_ranks() -> None:
+    """5 elements on rank 0 and 6 on rank 1 pad to the same shard of 3: the replicas went
+    apart without an error."""
+
+    def body(comm: plait.Communicator) -> float:
+        w = np.ones(5 + comm.rank)
+        opt = ShardedOptimizer(comm, [w], lambda p, g, s: p.__isub__(0.5 * g))
+        with pytest.raises(ValueError, match=r"shapes of rank\(s\) \[1\] differ"):
+            opt.step([np.ones(5 + comm.rank)])
+        assert (w == 1).all()  # nothing was updated
+        return float(comm.allreduce(np.ones(1))[0])
+
+    assert run_ranks(2, body, timeout=10) == [2.0, 2.0]
+
+
+def test_sharded_optimizer_follows_torch_parameters_whose_data_was_replaced() -> None:
+    """``p.data = ...`` (vector_to_parameters, a checkpoint loader) left the optimizer
+    reading and writing the old memory: the parameters never moved again."""
+    torch = pytest.importorskip("torch")
+
+    def body(comm: plait.Communicator) -> list[float]:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(2, 1)
+        opt = ShardedOptimizer(comm, list(m.parameters()), lambda p, g, s: p.__isub__(0.5 * g))
+        torch.nn.utils.vector_to_parameters(torch.zeros(3), m.parameters())
+        opt.step([torch.ones(1, 2), torch.ones(1)])
+        return torch.nn.utils.parameters_to_vector(m.parameters()).tolist()
+
+    assert run_ranks(2, body) == [[-0.5, -0.5, -0.5]] * 2
 
 
 @pytest.mark.parametrize("size", [1, 3])
