@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ast
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +29,7 @@ def signature(req: Request) -> str:
     op = req.op.name if req.op is not None else "-"
     segment = format_bytes(ctx.segment * dtype.itemsize)
     if req.plan.rows:  # an uneven call: its rows, where the counts are of elements
-        count = req.plan.rows
+        count = _rows(req.plan.rows, ctx.counts)
     elif ctx.counts is not None:
         count = f"counts={list(ctx.counts)}"
     else:
@@ -37,6 +39,16 @@ def signature(req: Request) -> str:
         f"{within}{ctx.collective}({count}, dtype={dtype.name}, op={op}, "
         f"root={ctx.root}, algorithm={req.spec.name}, segment={segment})"
     )
+
+
+def _rows(layout: str, counts: tuple[int, ...] | None) -> str:
+    """An uneven call's rows as its caller counted them: ``layout`` as the call's plan keeps
+    it ("rows [...] of shape ...", or "row shape (3,)" with the element ``counts``)."""
+    if not layout.startswith("row shape ") or counts is None:
+        return layout
+    rest = ast.literal_eval(layout.removeprefix("row shape "))
+    row = math.prod(rest)
+    return f"rows {[k // row for k in counts]} of shape {rest}"
 
 
 #: Bytes of the signature each rank allgathers under PLAIT_DEBUG=detail (longer ones are cut).

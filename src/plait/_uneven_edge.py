@@ -171,9 +171,9 @@ class UnevenMethods(CollectiveMethods):
             wrong, out, out_arr = exc, None, None
         elems = tuple(k * row for k in rows)
         # The element counts say neither the shape of a row nor, where a row holds nothing,
-        # how many rows: the check word covers both (ranks disagreeing raise MismatchError),
-        # and a mismatch shows the rows, as the caller counted them.
-        layout = f"rows {list(rows)} of shape {rest}"
+        # how many rows: the check word covers both (ranks disagreeing raise MismatchError).
+        # (A mismatch shows the rows, worked out from the counts: _signature.signature.)
+        layout = f"rows {list(rows)} of shape {rest}" if row == 0 else f"row shape {rest}"
         nbytes = (
             t.uneven_whole(size, elems) * dtype.itemsize // size
         )  # auto sizes by the mean block

@@ -45,14 +45,21 @@ class Channels:
     """
 
     def __init__(self, comm: Any, n: int = 4) -> None:
-        n = _count(n, 1, "n", "Channels", comm.rank)
-        # Every rank's n first (one small allgather): ranks that differ would make different
-        # numbers of splits, and the ranks with more wait in the last one until the timeout.
+        # Every rank's n first (one small allgather, -1 for one refused here): ranks that
+        # differ would make different numbers of splits, and those with more wait in the
+        # last one until the timeout; a rank that raised alone would leave them waiting too.
+        refused = None
+        try:
+            n = _count(n, 1, "n", "Channels", comm.rank)
+        except (TypeError, ValueError) as exc:
+            refused, n = exc, -1
         ns = [int(k) for k in comm.allgather(np.array([n], np.int64)).reshape(-1)]
+        if refused is not None:
+            raise refused
         if len(set(ns)) > 1:
             raise ValueError(
                 f"rank {comm.rank}: Channels: the ranks ask for different numbers of "
-                f"channels, {ns} by rank; every rank must pass the same n"
+                f"channels, {ns} by rank (-1: refused there); every rank must pass the same n"
             )
         self.comm = comm
         self.channels = [comm.split(0, comm.rank) for _ in range(n)]

@@ -235,6 +235,21 @@ def test_ranks_that_ask_for_different_channels_raise_alike() -> None:
     assert run_ranks(2, body, timeout=10) == [2.0, 2.0]
 
 
+def test_a_channel_count_refused_on_one_rank_fails_every_rank() -> None:
+    """n=0 on rank 0 raised there before the comparison; rank 1 waited in it."""
+
+    def body(comm: plait.Communicator) -> float:
+        if comm.rank == 0:
+            with pytest.raises(ValueError, match="n must be >= 1; got 0"):
+                Channels(comm, 0)
+        else:
+            with pytest.raises(ValueError, match=r"\[-1, 2\] by rank \(-1: refused there\)"):
+                Channels(comm, 2)
+        return float(comm.allreduce(np.ones(1))[0])
+
+    assert run_ranks(2, body, timeout=10) == [2.0, 2.0]
+
+
 @pytest.mark.parametrize("channels", [2, 4])
 def test_channels_allreduce_into_an_out_that_overlaps_x(channels: int) -> None:
     """out = buf[2:10] over x = buf[0:8]: a channel's shard written was another's input,

@@ -253,6 +253,9 @@ class LazyWorker:
 
     def get(self) -> Worker | None:
         """The worker, made now if it is the first call; None once :meth:`close` began."""
+        worker = self._worker
+        if worker is not None and not self._done:  # made: no lock (a close() that begins
+            return worker  # meanwhile has the worker refuse the job, Worker.submit)
         with self._lock:
             if self._done:
                 return None
