@@ -727,7 +727,8 @@ def test_a_survivor_that_dies_between_connecting_and_its_recovery_is_seen_gone_a
         res = results[r]
         assert res is not None, finish.logs  # type: ignore[attr-defined]
         assert res["size"] == 3, res  # rank 1 had connected: it is in the new communicator
-        assert res["first"] == "PeerLostError", res
+        # its own loss, or the other survivor's abort once that one saw it
+        assert res["first"] in ("PeerLostError", "AbortedError"), res
         assert res["ranks"] == [0, 2], res
         assert res["took"] < 4, res  # gone: seen in /proc, not after 5 s without a heartbeat
         assert res["total"] == 2.0, res
