@@ -280,6 +280,15 @@ def check_user_tag(tag: Any, rank: int, c: str) -> int:
     return int(tag)
 
 
+def check_count(k: Any, least: int, what: str, rank: int, c: str) -> int:
+    """``k`` (the argument ``what``) as an int of at least ``least``."""
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise TypeError(f"rank {rank}: {c}: {what} must be an int; got {k!r}")
+    if k < least:
+        raise ValueError(f"rank {rank}: {c}: {what} must be >= {least}; got {k}")
+    return int(k)
+
+
 def split_rows(shape: tuple[int, ...], rank: int, size: int, c: str) -> int:
     """The rows of one rank's block when axis 0 of ``shape`` is cut in ``size`` parts."""
     if not shape or shape[0] % size:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from plait import _arrays, _tensor
-from plait._checks import as_array, as_writable, check_out
+from plait._checks import as_array, as_writable, check_count, check_out
 from plait.ops import AVG, SUM, Op
 from plait.runtime.work import Work
 
@@ -50,7 +50,7 @@ class Channels:
         # last one until the timeout; a rank that raised alone would leave them waiting too.
         refused = None
         try:
-            n = _count(n, 1, "n", "Channels", comm.rank)
+            n = check_count(n, 1, "n", comm.rank, "Channels")
         except (TypeError, ValueError) as exc:
             refused, n = exc, -1
         ns = [int(k) for k in comm.allgather(np.array([n], np.int64)).reshape(-1)]
@@ -269,15 +269,6 @@ def _address(p: Any) -> int:
     return int(p.data_ptr()) if _tensor.is_tensor(p) else 0
 
 
-def _count(k: Any, least: int, what: str, c: str, rank: int) -> int:
-    """``k`` as an int of at least ``least``; TypeError or ValueError naming it."""
-    if isinstance(k, bool) or not isinstance(k, int | np.integer):
-        raise TypeError(f"rank {rank}: {c}: {what} must be an int; got {k!r}")
-    if k < least:
-        raise ValueError(f"rank {rank}: {c}: {what} must be >= {least}; got {k}")
-    return int(k)
-
-
 def _param(rank: int, p: Any, what: str) -> np.ndarray:
     """Parameter ``p`` as a numpy array over its own memory, which :meth:`ShardedOptimizer.step`
     updates in place."""
@@ -305,7 +296,7 @@ class StaleAverager:
     """
 
     def __init__(self, comm: Any, staleness: int = 1) -> None:
-        staleness = _count(staleness, 0, "staleness", "StaleAverager", comm.rank)
+        staleness = check_count(staleness, 0, "staleness", comm.rank, "StaleAverager")
         self.comm = comm
         self.staleness = staleness
         # (the work, the grad it averages, that grad as read): the result takes its kind
