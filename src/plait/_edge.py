@@ -667,27 +667,48 @@ class CollectiveMethods:
         return res if req.finish is None else finished(res, req.finish, async_op)
 
     @overload
-    def barrier(self, *, timeout: float | None = ..., async_op: Literal[False] = ...) -> None: ...
+    def barrier(
+        self,
+        *,
+        algorithm: str = ...,
+        timeout: float | None = ...,
+        async_op: Literal[False] = ...,
+    ) -> None: ...
     @overload
-    def barrier(self, *, timeout: float | None = ..., async_op: Literal[True]) -> Work[None]: ...
+    def barrier(
+        self, *, algorithm: str = ..., timeout: float | None = ..., async_op: Literal[True]
+    ) -> Work[None]: ...
     @overload
-    def barrier(self, *, timeout: float | None = ..., async_op: bool) -> Work[None] | None: ...
-    def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
-        """Return only once every rank has entered the barrier."""
+    def barrier(
+        self, *, algorithm: str = ..., timeout: float | None = ..., async_op: bool
+    ) -> Work[None] | None: ...
+    def barrier(
+        self, *, algorithm: str = "auto", timeout: float | None = None, async_op: bool = False
+    ) -> Any:
+        """Return only once every rank has entered the barrier.
+
+        Args:
+            algorithm: ``"auto"`` or a name from ``plait.algorithms("barrier")``; every rank
+                passes the same.
+            timeout: seconds this call may wait (the communicator's timeout by default).
+            async_op: return a :class:`~plait.Work` instead of waiting.
+        """
         c = "barrier"
-        # A barrier's request holds no caller memory: one serves every call (Note [the short
-        # path]), except a compressor's, whose calls choose among message algorithms only.
+        # A barrier's request holds no caller memory: one serves every call of auto's choice
+        # (Note [the short path]), except a compressor's, whose calls choose among message
+        # algorithms only.
         runner = self._runner
         kept = self._barrier
-        if kept is not None and runner.plain and timeout is None and async_op is False:
+        auto = type(algorithm) is str and algorithm == "auto"
+        if kept is not None and runner.plain and timeout is None and async_op is False and auto:
             req, go = kept
             if go is not None:
                 return go(req, 3)  # as start's skip
             return runner.start(req, None, False, self)
-        plain = not runner.reserved()
+        plain = not runner.reserved() and auto
         if plain and kept is not None:
             return runner.start(kept[0], timeout, async_op, self)
-        choice = self._choose(c, "auto", 0, None)
+        choice = self._choose(c, algorithm, 0, None)
         empty = np.empty(0, np.uint8)
         req = self._stage.request(choice, 0, empty, None, (0,), None, has_out=False, result=None)
         if plain:

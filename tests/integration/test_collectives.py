@@ -50,7 +50,7 @@ def _caller(spec: AlgorithmSpec, op: plait.Op | None, root: int) -> Any:
         return lambda comm, x: comm.gather(x, root, algorithm=name)
     if c == "scatter":
         return lambda comm, x: comm.scatter(x, root, algorithm=name)
-    return lambda comm, x: comm.barrier()
+    return lambda comm, x: comm.barrier(algorithm=name)
 
 
 def _shapes(collective: str, size: int, big: bool) -> list[tuple[int, ...]]:

@@ -59,6 +59,18 @@ BAD_CALLS: list[tuple[str, Callable[[plait.Communicator, np.ndarray], Any], type
         TypeError,
         "algorithm must be a str",
     ),
+    (
+        "unknown barrier algorithm",
+        lambda c, x: c.barrier(algorithm="ring"),
+        ValueError,
+        "unknown algorithm 'ring' for barrier; expected 'auto' or one of: ",
+    ),
+    (
+        "barrier algorithm type",
+        lambda c, x: c.barrier(algorithm=np.array(["auto"])),
+        TypeError,
+        "algorithm must be a str",
+    ),
     ("op as string", lambda c, x: c.allreduce(x, op="sum"), TypeError, "op must be a plait.Op"),
     (
         "BAND on float",
@@ -221,6 +233,15 @@ def _mismatched_call(comm: plait.Communicator) -> Callable[[], Any]:
     if comm.rank == 0:
         return lambda: comm.allreduce(x, algorithm="recursive_doubling", timeout=10)
     return lambda: comm.reduce(x, root=0, algorithm="binomial", timeout=10)
+
+
+def test_barriers_of_different_algorithms_raise_on_every_rank() -> None:
+    def body(comm: plait.Communicator) -> Any:
+        comm.barrier(algorithm="dissemination")  # forced, on every rank: no error
+        with pytest.raises(plait.MismatchError, match="different call"):
+            comm.barrier(algorithm="arena" if comm.rank else "dissemination", timeout=10)
+
+    run_ranks(2, body)
 
 
 def test_mismatched_collectives_raise_on_every_rank_that_waits() -> None:
