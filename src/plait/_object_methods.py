@@ -209,7 +209,8 @@ class ObjectMethods(UnevenMethods):
     def scatter_object(
         self, objs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None
     ) -> Any:
-        """Root's ``objs[r]`` on rank r (mpi4py's ``scatter``); ``objs`` is read on root only.
+        """Root's ``objs[r]`` on rank r (mpi4py's ``scatter``); ``objs`` is read on root only:
+        a list, or anything of ``size`` items indexed by position (a numpy array's rows).
 
         Two collectives: a broadcast of the ``size`` lengths from root, then a
         scatterv of the messages, laid end to end on root.
@@ -228,14 +229,15 @@ class ObjectMethods(UnevenMethods):
         err: BaseException | None = None
         usage: ValueError | None = None  # raised here after the others learn of it
         if r == root:
-            if not isinstance(objs, Sequence) or len(objs) != size:
+            items = _items(objs, size)
+            if items is None:
                 usage = ValueError(
                     f"rank {r}: {c}: root must pass a sequence of {size} objects, one per rank; "
                     f"got {_what(objs)}"
                 )
                 table[:] = _MISUSED
             else:
-                frames, err = _pickle_each(objs, table)
+                frames, err = _pickle_each(items, table)
         self._within(_BROADCAST, table, c, timeout, root=root)
         if usage is not None:
             raise usage
@@ -254,7 +256,8 @@ class ObjectMethods(UnevenMethods):
         return objects.loads(*objects.unpack([out]))
 
     def alltoall_object(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
-        """``objs[j]`` goes to rank j; returns what every rank sent here, in rank order.
+        """``objs[j]`` goes to rank j; returns what every rank sent here, in rank order
+        (``objs``: a list, or anything of ``size`` items indexed by position).
 
         mpi4py's ``alltoall``. Two collectives: an allgather of each rank's
         ``size`` lengths (the whole matrix, which every schedule needs), then
@@ -272,14 +275,15 @@ class ObjectMethods(UnevenMethods):
         frames: list[objects.Frames | None] = []
         err: BaseException | None = None
         usage: ValueError | None = None  # raised here after the others learn of it
-        if not isinstance(objs, Sequence) or len(objs) != size:
+        items = _items(objs, size)
+        if items is None:
             usage = ValueError(
                 f"rank {r}: {c}: objs must be a sequence of {size} objects, one per rank; "
                 f"got {_what(objs)}"
             )
             row[:] = _MISUSED
         else:
-            frames, err = _pickle_each(objs, row)
+            frames, err = _pickle_each(items, row)
         matrix = self._within(_ALLGATHER, row, c, timeout)
         if usage is not None:
             raise usage
@@ -410,6 +414,22 @@ class ObjectMethods(UnevenMethods):
             f"rank {self._rank}: {c}: the object of {who} could not be pickled{mine}; "
             "nothing was delivered"
         ) from err
+
+
+def _items(objs: Any, size: int) -> list[Any] | None:
+    """The ``size`` objects of ``objs`` in order, or None where it is not ``size`` objects.
+
+    As mpi4py's ``scatter`` and ``alltoall``, anything with a length that indexes by
+    position serves: a list or tuple, and a numpy array or torch tensor too (its rows).
+    """
+    if isinstance(objs, Sequence):
+        return list(objs) if len(objs) == size else None
+    try:
+        if len(objs) != size:
+            return None
+        return [objs[i] for i in range(size)]
+    except (TypeError, KeyError, IndexError):  # no length, or not indexed by position
+        return None
 
 
 def _what(objs: Any) -> str:

@@ -49,6 +49,13 @@ def test_constructor_arguments_are_checked() -> None:
     ):
         with pytest.raises(ValueError, match=match):
             bad()
+    # A seed np.random.default_rng would refuse at the first call, refused when it is made.
+    for make in (lambda s: Int8(stochastic=True, seed=s), lambda s: PowerSGD(1, seed=s)):
+        with pytest.raises(ValueError, match=r": seed must be a non-negative int; got -1"):
+            make(-1)
+        with pytest.raises(TypeError, match=r"seed must be a non-negative int; got 1\.7"):
+            make(1.7)  # was taken as 1
+        assert make(np.int64(7)).seed == 7
     with pytest.raises(TypeError):
         TopK().with_key(["unhashable"])  # type: ignore[arg-type]
     keyed = TopK().with_key("a").with_key("b")

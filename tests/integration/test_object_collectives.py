@@ -177,6 +177,23 @@ def test_a_root_that_passes_the_wrong_number_of_objects_is_named_on_every_rank()
     run_ranks(3, body)
 
 
+def test_an_array_of_one_object_per_rank_is_scattered_by_its_rows() -> None:
+    """As mpi4py's scatter and alltoall, which index what they are given: a numpy array of
+    ``size`` rows serves (it was refused as "not a sequence of 2 ... got a ndarray of 2")."""
+
+    def body(comm: plait.Communicator) -> None:
+        grid = np.arange(6.0).reshape(2, 3) + 10 * comm.rank
+        got = comm.scatter_object(grid if comm.rank == 0 else None, 0)
+        np.testing.assert_array_equal(got, np.arange(3.0) + 3 * comm.rank)
+        parts = comm.alltoall_object(grid)
+        for q in range(2):
+            np.testing.assert_array_equal(parts[q], np.arange(3.0) + 3 * comm.rank + 10 * q)
+        with pytest.raises(ValueError, match=r"sequence of 2 objects, one per rank; got a set of"):
+            comm.alltoall_object({1, 2})
+
+    run_ranks(2, body)
+
+
 def test_an_op_that_raises_does_so_on_every_rank() -> None:
     def body(comm: plait.Communicator) -> None:
         obj: Any = 1 if comm.rank == 0 else "s"

@@ -57,7 +57,7 @@ import numpy as np
 if TYPE_CHECKING:
     from plait.communicator import Communicator
 
-__all__ = ["Compressor", "Keyed", "native", "work_dtype"]
+__all__ = ["Compressor", "Keyed", "check_seed", "native", "work_dtype"]
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:
@@ -66,6 +66,17 @@ def work_dtype(dtype: np.dtype) -> np.dtype:
     dtype = np.dtype(dtype)
     wide = dtype.kind == "f" and dtype.itemsize == 8
     return np.dtype(np.float64) if wide else np.dtype(np.float32)
+
+
+def check_seed(seed: Any, who: str) -> int:
+    """``seed`` as an int, or ValueError/TypeError naming ``who``: a non-negative integer (a
+    numpy integer too), as ``np.random.default_rng`` takes it; checked when the compressor
+    is made, not at its first call."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise TypeError(f"{who}: seed must be a non-negative int; got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"{who}: seed must be a non-negative int; got {seed!r}")
+    return int(seed)
 
 
 def native(x: np.ndarray) -> np.ndarray:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from plait.compression.base import Compressor, work_dtype
+from plait.compression.base import Compressor, check_seed, work_dtype
 
 if TYPE_CHECKING:
     from plait.communicator import Communicator
@@ -136,7 +136,7 @@ class Int8(Compressor):
             raise ValueError(f"Int8: block_size must be a positive int; got {block_size!r}")
         self.block_size = block_size
         self.stochastic = bool(stochastic)
-        self.seed = int(seed)
+        self.seed = check_seed(seed, "Int8")
         if self.stochastic:
             self.name = "int8-stochastic"
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plait.compression.base import Compressor, work_dtype
+from plait.compression.base import Compressor, check_seed, work_dtype
 from plait.ops import AVG, SUM
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class PowerSGD(Compressor):
         self.min_compression_rate = float(min_compression_rate)
         self.warm_start = bool(warm_start)
         self.error_feedback = bool(error_feedback)
-        self.seed = int(seed)
+        self.seed = check_seed(seed, "PowerSGD")
         self.epsilon = float(epsilon)
 
     def __repr__(self) -> str:
