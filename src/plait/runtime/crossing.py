@@ -155,12 +155,28 @@ def p2p_number() -> int:
 #: numbers it), by weak reference (a send holds the sender's memory; one that is gone is
 #: done): a rank sees no crossing with a peer's receive while one is in flight (Note [crossed
 #: calls]). They may end in any order (a large message waits for its receive to be posted).
-pending_sends: dict[tuple[int, int], list[weakref.ref[Any]]] = {}
+pending_sends: dict[tuple[int, int], _Sends] = {}
+
+
+class _Sends(list):  # type: ignore[type-arg]
+    """One peer's sends in :data:`pending_sends`, and the length at which the ended ones
+    are next dropped: twice what was left the last time, so that posting ``k`` sends that
+    stay in flight (a loop of isends ahead of its receives) costs O(k), not O(k²)."""
+
+    __slots__ = ("prune_at",)
+
+    def __init__(self, first: weakref.ref[Any]) -> None:
+        super().__init__((first,))
+        self.prune_at = _PRUNE_AT
+
+
+#: The fewest kept sends of one peer at which the ended ones are dropped.
+_PRUNE_AT = 64
 
 
 def sending(transport: Transport, peer: int, handle: Handle) -> None:
     """Keep ``handle``, a send to ``peer`` not done when posted, in :data:`pending_sends`
-    (dropping the ones that ended)."""
+    (dropping the ones that ended, now and then: :class:`_Sends`)."""
     try:
         ref = weakref.ref(handle)
     except TypeError:  # a transport whose handles take no weak reference: none kept
@@ -168,10 +184,12 @@ def sending(transport: Transport, peer: int, handle: Handle) -> None:
     key = (id(transport), peer)
     refs = pending_sends.get(key)
     if refs is None:
-        pending_sends[key] = [ref]
-    else:
+        pending_sends[key] = _Sends(ref)
+        return
+    refs.append(ref)
+    if len(refs) >= refs.prune_at:
         refs[:] = [r for r in refs if (h := r()) is not None and not h.done]
-        refs.append(ref)
+        refs.prune_at = max(_PRUNE_AT, 2 * len(refs))
 
 
 def _sending(root: Transport, p: int) -> bool:
