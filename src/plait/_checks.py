@@ -195,7 +195,9 @@ def check_own_memory(a: np.ndarray, what: str, rank: int, c: str) -> None:
 
     A stride of 0 along an axis of more than one element (``np.lib.stride_tricks``,
     torch's ``expand()``) makes every element along it one memory cell, so the call's
-    result could not be stored there; torch refuses such outputs too.
+    result could not be stored there; torch refuses such outputs too. Other strides can
+    make elements overlap as well (``as_strided`` with rows closer than a row's length):
+    writing a result there would lose some of its elements (:func:`_overlaps`).
     """
     for axis, (n, stride) in enumerate(zip(a.shape, a.strides, strict=True)):
         if stride == 0 and n > 1:
@@ -205,6 +207,38 @@ def check_own_memory(a: np.ndarray, what: str, rank: int, c: str) -> None:
                 f"cannot write a result into each; pass an array with memory of its own "
                 f"(np.empty(shape, dtype), or .copy() / .clone() of it)"
             )
+    if _overlaps(a):
+        raise ValueError(
+            f"rank {rank}: {c}: the elements of {what} overlap in memory (shape "
+            f"{tuple(a.shape)}, strides {tuple(a.strides)}, {a.itemsize}-byte items), so the "
+            f"call cannot write a result into each; pass an array with memory of its own "
+            f"(np.empty(shape, dtype), or .copy() / .clone() of it)"
+        )
+
+
+def _overlaps(a: np.ndarray) -> bool:
+    """Whether two elements of ``a`` share a byte.
+
+    Views made by slicing, transposing or reshaping an array of distinct elements pass a
+    test of their strides alone: taken from the smallest, each axis's stride reaches past
+    everything the smaller axes span. Only a layout that fails it (made by ``as_strided``)
+    has every element's offset computed and compared.
+    """
+    axes = sorted((abs(s), n) for n, s in zip(a.shape, a.strides, strict=True) if n > 1)
+    span = a.itemsize
+    for stride, n in axes:
+        if stride < span:
+            break
+        span += stride * (n - 1)
+    else:
+        return False
+    if a.size == 0:
+        return False
+    offsets = np.zeros((), np.int64)
+    for n, stride in zip(a.shape, a.strides, strict=True):
+        offsets = np.add.outer(offsets, np.arange(n, dtype=np.int64) * stride)
+    ends = np.sort(offsets, axis=None)
+    return bool((np.diff(ends) < a.itemsize).any())
 
 
 #: What to do instead of writing into an immutable array, by the argument's name.

@@ -202,6 +202,33 @@ def test_an_output_whose_elements_share_memory_is_refused() -> None:
     assert one[0] == 0.0
 
 
+def test_an_output_whose_rows_overlap_is_refused() -> None:
+    # Rows 2 elements apart, 3 long: 9 elements in 6 memory cells. A receive of arange(9)
+    # was accepted and left [[0, 1, 3], [3, 4, 6], [6, 7, 8]]: elements 2 and 5 were lost.
+    cells = np.zeros(6)
+    rows = np.lib.stride_tricks.as_strided(cells, shape=(3, 3), strides=(16, 8))
+    assert rows.flags.writeable
+    comms = memory_communicators(2, timeout=5)
+    try:
+        comms[0].send(np.arange(9.0), 1)
+        with pytest.raises(ValueError, match=r"elements of buf overlap in memory \(shape \(3, 3\)"):
+            comms[1].recv(rows, 0)
+        with pytest.raises(ValueError, match="elements of out overlap in memory"):
+            comms[1].allreduce(np.arange(9.0).reshape(3, 3), out=rows)
+        with pytest.raises(ValueError, match="elements of x overlap in memory"):
+            comms[1].broadcast(rows, 0)
+        got = comms[1].recv(np.empty((3, 3)), 0)  # the message stays for a good buffer
+        np.testing.assert_array_equal(got.ravel(), np.arange(9.0))
+        # Views that slice, step or transpose are apart, as are strides that interleave.
+        apart = np.lib.stride_tricks.as_strided(np.zeros(8), shape=(3, 2), strides=(16, 24))
+        comms[0].send(np.arange(6.0), 1)
+        np.testing.assert_array_equal(comms[1].recv(apart, 0).ravel(), np.arange(6.0))
+    finally:
+        for comm in comms:
+            comm.close()
+    assert not cells.any()
+
+
 @pytest.mark.parametrize("timeout", [np.int64(5), np.float32(5.0), np.float64(2.5)])
 def test_timeout_may_be_a_numpy_number(timeout: Any) -> None:
     def body(comm: plait.Communicator) -> Any:
