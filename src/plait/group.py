@@ -42,9 +42,9 @@ import re
 import time
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from plait.errors import UnsupportedError
+from plait.errors import ClosedError, UnsupportedError
 from plait.runtime.crossing import Numbered, register
 from plait.transport.base import Handle, Matching, Transport
 from plait.transport.window import Window
@@ -74,6 +74,7 @@ INDEX_BITS = 24
 _P2P = 1 << 62
 _COMM_SHIFT = SEQ_BITS + INDEX_BITS
 _SEQ_MASK = (1 << SEQ_BITS) - 1
+_COMM_MASK = (1 << COMM_ID_BITS) - 1
 _USER_TAG_MASK = (1 << 31) - 1
 _SETUP = 1 << 32
 _WHEREABOUTS = 1 << 33
@@ -338,7 +339,21 @@ class GroupTransport:
         """The parent's counter (shared by the parent and all its groups)."""
         return self.parent.bytes_received  # type: ignore[attr-defined,no-any-return]
 
+    def fail_posted(self, owns: Callable[[int], bool], err: BaseException) -> None:
+        """The parent's :meth:`~plait.transport.endpoint.Endpoint.fail_posted`, where it has one."""
+        fail = getattr(self.parent, "fail_posted", None)
+        if fail is not None:
+            fail(owns, err)
+
     def close(self) -> None:
-        """Release the group's window, if any (the parent owns the connections). Idempotent."""
+        """Release the group's window, if any, and fail the group's receives and probes still
+        waiting with ClosedError, as a transport's close does (the parent owns the
+        connections and stays open). Idempotent."""
         if self.window is not None:
             self.window.release()
+        ours = self.comm_id
+
+        def owns(tag: int) -> bool:
+            return (tag >> _COMM_SHIFT) & _COMM_MASK == ours
+
+        self.fail_posted(owns, ClosedError(f"rank {self.rank}: the communicator is closed"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -119,6 +121,45 @@ def test_closing_the_parent_closes_its_groups_after_their_queued_calls() -> None
         return sub.closed, queued.wait().tolist()
 
     assert run_ranks(2, body) == [(True, [3.0, 3.0, 3.0])] * 2
+
+
+def test_closing_a_group_fails_its_waiting_receives_at_once() -> None:
+    # As closing the world does: a receive posted on a group, and another thread's receive
+    # blocked in it, waited until their timeout (10 s here) after the group was closed.
+    def body(comm: plait.Communicator) -> Any:
+        sub = comm.split(0)
+        if comm.rank == 0:
+            comm.recv(np.zeros(1), 1, tag=9)  # until rank 1 has closed its group
+            sub.close()
+            return None
+        posted = sub.irecv(np.zeros(1), 0, tag=1)
+        failed: list[BaseException] = []
+
+        def blocked() -> None:
+            try:
+                sub.recv(np.zeros(1), plait.ANY_SOURCE, tag=2)
+            except plait.CommError as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=blocked)
+        thread.start()
+        endpoint = sub._runner._transport.parent  # the group's view's: the world's
+        deadline = time.monotonic() + 5
+        while not endpoint._wild and time.monotonic() < deadline:  # its receive is posted
+            threading.Event().wait(0.005)
+        assert endpoint._wild
+        start = time.monotonic()
+        sub.close()
+        with pytest.raises(plait.ClosedError, match="closed"):
+            posted.wait(timeout=5)
+        thread.join(5)
+        assert [type(e) for e in failed] == [plait.ClosedError], failed
+        assert time.monotonic() - start < 5
+        comm.send(np.zeros(1), 0, tag=9)
+        comm.send(np.ones(1), 1, tag=3)  # the parent goes on
+        return comm.recv(np.zeros(1), 1, tag=3).tolist()
+
+    assert run_ranks(2, body, timeout=10) == [None, [1.0]]
 
 
 def test_a_lone_rank_group_runs_the_one_sided_algorithms_asked_for() -> None:

@@ -421,6 +421,23 @@ class Endpoint(PatternMatching, Descriptors):
             if link is not None:
                 link.cancel(handle)
 
+    def fail_posted(self, owns: Callable[[int], bool], err: BaseException) -> None:
+        """Fail the receives and probes still waiting whose tag ``owns`` accepts, with
+        ``err``: a sub-communicator's when it closes (the endpoint stays open), so that a
+        thread waiting in one hears of the close at once rather than at its timeout. A
+        message that arrives for them later is filed like any unexpected one."""
+        with self._lock:
+            if self._closed:
+                return
+            for key in [k for k in self._posted if owns(k[1])]:
+                for op in self._posted.pop(key):
+                    self.fail(op, err)
+            for waiting in (self._wild, self._probes):
+                for w in [w for w in waiting if owns(w.want)]:
+                    waiting.remove(w)
+                    self.fail(w, err)
+            self._after_progress()
+
     def close(self) -> None:
         """Fail pending operations, tell peers (PeerLostError there), release everything.
 
