@@ -207,6 +207,39 @@ def test_the_workers_of_a_rank_that_exited_are_stopped_too(tmp_path: Path) -> No
     assert _until_gone(_pids(tmp_path, 2)) == [], res.stderr
 
 
+def test_the_workers_of_the_rank_at_the_terminal_are_stopped_too(tmp_path: Path) -> None:
+    """At a terminal the first rank shares the launcher's process group (so that it may
+    read the terminal), and stopping it signalled its process alone: its worker, left
+    behind when it exited, ran on after the job (until the terminal's session ended)."""
+    import pty
+    import shlex
+
+    (tmp_path / "rank.py").write_text(textwrap.dedent(WORKERS))
+    run = shlex.join([*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)])
+    pid, fd = pty.fork()
+    if pid == 0:  # a shell leads the terminal's session, as at a prompt, and outlives the job
+        os.execv("/bin/sh", ["sh", "-c", f"{run}; echo launcher-exit=$?; exec sleep 60"])
+    out = b""
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while b"launcher-exit=" not in out and time.monotonic() < deadline:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+        assert b"launcher-exit=3" in out, out
+        pids = _pids(tmp_path, 2)
+        assert _until_gone(pids) == [], out
+    finally:
+        for worker in pids:
+            if not _gone(worker):
+                os.kill(worker, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
 def test_a_rank_reads_the_launchers_terminal(tmp_path: Path) -> None:
     """Ranks in process groups of their own were stopped (SIGTTIN) when they read the
     terminal (input(), a debugger): the first rank now stays in the launcher's group."""

@@ -37,7 +37,7 @@ from plait.launch.stall import (
     send_usr1,
     stall_timeout,
 )
-from plait.launch.watch import RankProcess, stop, watch
+from plait.launch.watch import RankProcess, group_members, stop, watch
 from plait.rendezvous.lost import report_lost
 from plait.rendezvous.nodes import LOOK_SECONDS, MeetingError, NodeClaim, meet_nodes
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
@@ -252,7 +252,11 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #     where the launcher reads a terminal, the first rank of the host stays in the
 #     launcher's group, reading it as before (input(), a debugger's prompt: mpirun gives
 #     stdin to rank 0 too), and the others read nothing (/dev/null): they would all have
-#     read the one terminal by turns before. A launcher killed with SIGKILL stops nothing:
+#     read the one terminal by turns before. Stopping that first rank signals the processes
+#     it started too, found in ``/proc`` (plait.launch.watch._strays): those of the
+#     launcher's group that were not there before it started, other than the launcher's
+#     and its parent's children; they used to run on after the job (a wrapper script's
+#     Python, a background child). A launcher killed with SIGKILL stops nothing:
 #     each rank's Python then gets SIGTERM from its kernel (its parent the launcher) or
 #     from a thread that waits on the launcher's pidfd (a wrapper script between them),
 #     both asked for in plait.init (die_with_launcher in plait._processes).
@@ -343,6 +347,7 @@ def _attempt(
                 return 128 + signals.received
             rank = first + local
             own = not (terminal and local == 0)  # Note [a rank's processes]
+            before = frozenset() if own else group_members()
             try:
                 proc = subprocess.Popen(
                     list(job.command),
@@ -356,7 +361,7 @@ def _attempt(
             except OSError as exc:  # the host's limits: the ranks started so far are stopped
                 raise StartError(_cannot_start(job, rank, exc)) from exc
             relay.add(rank, proc)
-            ranks.append(RankProcess(rank, proc, group=own))
+            ranks.append(RankProcess(rank, proc, group=own, before=before))
             try:
                 threading.Thread(
                     target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True

@@ -71,6 +71,10 @@ class RankProcess:
     #: Whether it leads a process group of its own, which stopping it signals whole (Note
     #: [a rank's processes] in :mod:`plait.launch.job`).
     group: bool = False
+    #: Without a group of its own: the processes of the launcher's group there were before
+    #: it started (:func:`group_members`), and those found since that are its own.
+    before: frozenset[int] = frozenset()
+    strays: frozenset[int] = frozenset()
 
 
 #: Kinds of failure, most to least likely to have started a job's failure.
@@ -176,21 +180,71 @@ def _status(r: RankProcess, relay: Relay) -> str:
 def signal_rank(r: RankProcess, sig: int) -> None:
     """Send ``sig`` to every process of rank ``r``: its process group if it leads one of
     its own (a wrapper script's children, a rank's workers, even once the rank exited),
-    else its process while it runs."""
+    else its process while it runs and the processes it started (:func:`_strays`)."""
     if r.group:
         with contextlib.suppress(ProcessLookupError):  # nobody is left in it
             os.killpg(r.proc.pid, sig)
-    elif r.proc.poll() is None:
+        return
+    r.strays |= _strays(r)
+    if r.proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             r.proc.send_signal(sig)
+    for pid in r.strays:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def group_members() -> frozenset[int]:
+    """The processes of this launcher's process group, itself included (empty where
+    ``/proc`` cannot be read)."""
+    return frozenset(pid for pid, (_, group) in _processes().items() if group == os.getpgrp())
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every process's (parent, process group), from ``/proc``."""
+    table: dict[int, tuple[int, int]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as f:
+                        fields = f.read().rpartition(b")")[2].split()
+                except OSError:  # it ended meanwhile
+                    continue
+                table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _strays(r: RankProcess) -> frozenset[int]:
+    """The processes rank ``r`` started where it shares the launcher's process group (at a
+    terminal, Note [a rank's processes] in :mod:`plait.launch.job`), running or left
+    behind: those of the group that were not there before it started, other than the
+    launcher, its children (the rank itself) and its parent's (a pipeline's other
+    commands, ``plait run ... | tee log``)."""
+    me, parent, group = os.getpid(), os.getppid(), os.getpgrp()
+    return frozenset(
+        pid
+        for pid, (ppid, pgrp) in _processes().items()
+        if pgrp == group and pid not in r.before and pid != me and ppid not in (me, parent)
+    )
 
 
 def _group_left(r: RankProcess) -> bool:
-    """Whether a process of rank ``r``'s own group still runs (its leader reaped or not)."""
+    """Whether a process of rank ``r``'s own group, or one it started, still runs (its
+    leader reaped or not)."""
     if not r.group:
-        return False
+        return any(_alive(pid) for pid in r.strays)
     try:
         os.killpg(r.proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie counts until its parent reaps it)."""
+    try:
+        os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
     return True
