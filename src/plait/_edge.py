@@ -50,7 +50,7 @@ from plait.ops import SUM, Op, check_dtype
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Literal, Unpack
+    from typing import Unpack
 
     from torch import Tensor
 
@@ -667,32 +667,16 @@ class CollectiveMethods:
         return res if req.finish is None else finished(res, req.finish, async_op)
 
     @overload
-    def barrier(
-        self,
-        *,
-        algorithm: str = ...,
-        timeout: float | None = ...,
-        async_op: Literal[False] = ...,
-    ) -> None: ...
+    def barrier(self, **kw: Unpack[Blocking]) -> None: ...
     @overload
-    def barrier(
-        self, *, algorithm: str = ..., timeout: float | None = ..., async_op: Literal[True]
-    ) -> Work[None]: ...
+    def barrier(self, **kw: Unpack[Async]) -> Work[None]: ...
     @overload
-    def barrier(
-        self, *, algorithm: str = ..., timeout: float | None = ..., async_op: bool
-    ) -> Work[None] | None: ...
+    def barrier(self, **kw: Unpack[Either]) -> Work[None] | None: ...
     def barrier(
         self, *, algorithm: str = "auto", timeout: float | None = None, async_op: bool = False
     ) -> Any:
-        """Return only once every rank has entered the barrier.
-
-        Args:
-            algorithm: ``"auto"`` or a name from ``plait.algorithms("barrier")``; every rank
-                passes the same.
-            timeout: seconds this call may wait (the communicator's timeout by default).
-            async_op: return a :class:`~plait.Work` instead of waiting.
-        """
+        """Return only once every rank has entered the barrier (``algorithm``: ``"auto"``
+        or a name from ``plait.algorithms("barrier")``, the same on every rank)."""
         c = "barrier"
         # A barrier's request holds no caller memory: one serves every call of auto's choice
         # (Note [the short path]), except a compressor's, whose calls choose among message

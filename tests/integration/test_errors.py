@@ -238,7 +238,7 @@ def _mismatched_call(comm: plait.Communicator) -> Callable[[], Any]:
 def test_barriers_of_different_algorithms_raise_on_every_rank() -> None:
     def body(comm: plait.Communicator) -> Any:
         comm.barrier(algorithm="dissemination")  # forced, on every rank: no error
-        with pytest.raises(plait.MismatchError, match="different (call|collectives)"):
+        with pytest.raises(plait.MismatchError, match=r"different (call|collectives)"):
             comm.barrier(algorithm="arena" if comm.rank else "dissemination", timeout=10)
 
     run_ranks(2, body)
