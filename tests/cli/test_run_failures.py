@@ -131,6 +131,32 @@ def test_a_rank_that_raised_and_hangs_on_its_way_out_is_named(tmp_path: Path) ->
     ]
 
 
+@pytest.mark.multiprocess
+def test_a_rank_that_logged_an_exception_and_went_on_is_not_named(tmp_path: Path) -> None:
+    """A traceback a rank printed for an exception it handled, shortly before another rank
+    exited with code 2, was read as a rank that raised and hung: the job exited 1 blaming
+    it. A rank that writes after its traceback went on; the rank that exited is named."""
+    body = """
+        import os, sys, time, traceback
+        if os.environ["PLAIT_RANK"] == "0":
+            try:
+                int("not a number")
+            except ValueError:
+                traceback.print_exc()  # logged, and the rank goes on
+            time.sleep(0.2)  # some work
+            print("rank 0 goes on", flush=True)
+            time.sleep(60)
+        time.sleep(0.5)
+        sys.exit(2)
+    """
+    res = plait_run(["-n", "2"], body, tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert status_lines(res.stderr) == [
+        "plait run:   rank 0: killed by SIGTERM (stopped by plait run, after ValueError)",
+        "plait run:   rank 1: exit 2   <- started the failure",
+    ]
+
+
 # How a rank's stderr is read (Note [which rank started a failure] in plait.launch.watch).
 
 

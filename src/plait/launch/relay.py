@@ -68,8 +68,13 @@ class Traceback:
     first: str | None = None
     last: str | None = None
     last_line: str = ""
-    #: time.monotonic() when the latest chain began.
+    #: time.monotonic() when the latest chain began; the relay's round (Relay.round) that
+    #: read its last exception line.
     started: float = 0.0
+    ended: int = 0
+    #: The rank wrote more after the latest traceback: it handled the exception and went on
+    #: (a logged one), so it did not raise and then hang (Note [which rank started...]).
+    went_on: bool = False
 
     def skim(self, data: bytes) -> bool:
         """Whether ``data`` (whole lines) leaves the state as is but for ``chained``.
@@ -80,16 +85,27 @@ class Traceback:
             return False
         if b"above exception" in data:
             return False
-        self.chained = self.chained and not data.strip()
+        written = bool(data.strip())
+        self.chained = self.chained and not written
+        if written and self.first is not None:
+            self.went_on = True
         return True
 
-    def feed(self, record: bytes, now: float) -> None:
-        """Take one line of stderr (with its line end)."""
+    def wrote(self, read: int) -> None:
+        """The rank's stdout had a line in the relay's round ``read``: written after its
+        traceback where that was read in an earlier round (what a pipe held before the
+        traceback ended was ready for that round's read already)."""
+        if self.first is not None and not self.in_frames and read > self.ended:
+            self.went_on = True
+
+    def feed(self, record: bytes, now: float, read: int = 0) -> None:
+        """Take one line of stderr (with its line end), read at ``now`` in the relay's round
+        ``read``."""
         line = record.rstrip(b"\r\n")
         if line == _TRACEBACK or line.startswith(_GROUP_TRACEBACK):
             if not (self.chained and self.first is not None):
                 self.first, self.started = None, now
-            self.seen, self.in_frames, self.chained = True, True, False
+            self.seen, self.in_frames, self.chained, self.went_on = True, True, False, False
             self.group = line != _TRACEBACK
             return
         if self.in_frames:
@@ -106,11 +122,12 @@ class Traceback:
             if self.first is None:
                 self.first = name
             self.last, self.last_line = name, line.decode(errors="replace")
-            self.in_frames = False
+            self.in_frames, self.ended = False, read
         elif line in _CHAINED:
             self.chained = True
         elif line.strip():
             self.chained = False
+            self.went_on = self.first is not None
 
 
 @dataclass
@@ -199,6 +216,9 @@ class Relay:
         self._on_stall = on_stall
         self._thread = threading.Thread(target=self._loop, name="plait-run-output", daemon=True)
         self._closed = False
+        #: How many times the relay's thread has looked for output (what one look finds of
+        #: two pipes may have been written in either order; Traceback.wrote).
+        self.round = 0
 
     def add(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         """Relay the pipes of ``proc`` (started with stdout and stderr pipes); before start()."""
@@ -251,7 +271,9 @@ class Relay:
 
     def _loop(self) -> None:
         while self._streams:
-            for key, _ in self._selector.select():
+            ready = self._selector.select()
+            self.round += 1
+            for key, _ in ready:
                 if key.data is None:  # close(): take what the pipes hold now, and stop
                     for s in list(self._streams.values()):
                         while self._read(s):
@@ -294,6 +316,10 @@ class Relay:
     def _write(self, s: _Stream, data: bytes, whole: bool) -> None:
         """Write ``data`` (whole lines if ``whole``), prefixed as the options say."""
         tb = s.traceback
+        if tb is None and whole:  # stdout: after a traceback, the rank went on
+            told = self._tracebacks[s.rank]
+            if told.first is not None:
+                told.wrote(self.round)
         if not whole:
             tag = s.tagged or (tb is not None and tb.seen)
             out = (s.prefix if tag and s.at_line_start else b"") + data
@@ -302,7 +328,7 @@ class Relay:
             now = time.monotonic()
             parts = []
             for i, record in enumerate(_RECORD.findall(data)):
-                tb.feed(record, now)
+                tb.feed(record, now, self.round)
                 tag = s.tagged or tb.seen
                 parts.append(s.prefix + record if tag and (i or s.at_line_start) else record)
             out = b"".join(parts)

@@ -51,11 +51,15 @@ LINGER_SECONDS = 3.0
 #     rank has exited, then names the first failure by time of the likeliest kind: its
 #     traceback's start if it printed one, else its exit. If no failure of kind 1 came, a
 #     rank still running whose stderr shows a whole traceback of kind 1, begun at most
-#     LINGER_SECONDS before the first failure, is named instead: it raised and then hung on
-#     its way out (on a thread that is not a daemon, say); the job exits with code 1, as
-#     Python would have. Reading tracebacks needs nothing from the ranks (a command that is
-#     not Python, or that never imports plait, works the same); an exception printed by a
-#     hook of the rank's own in another format counts as an exit of kind 2.
+#     LINGER_SECONDS before the first failure and followed by no output of the rank (a
+#     rank that logged an exception it handled goes on writing; a line of stdout read
+#     together with the traceback's end may have been written before it, and does not
+#     count: Traceback.wrote in plait.launch.relay), is named instead: it
+#     raised and then hung on its way out (on a thread that is not a daemon, say); the job
+#     exits with code 1, as Python would have. Reading tracebacks needs nothing from the
+#     ranks (a command that is not Python, or that never imports plait, works the same);
+#     an exception printed by a hook of the rank's own in another format counts as an exit
+#     of kind 2.
 
 
 @dataclass
@@ -130,15 +134,22 @@ def _hung_causes(
     ranks: Sequence[RankProcess], failed: Sequence[RankProcess], relay: Relay
 ) -> list[RankProcess]:
     """Ranks still running whose latest traceback, whole, starts with another exception than a
-    CommError and began at most LINGER_SECONDS before the first failure: ranks that raised and
-    then hung on their way out (on a thread that is not a daemon, say). A traceback printed
-    long before is one the rank handled."""
+    CommError and began at most LINGER_SECONDS before the first failure, and that wrote
+    nothing after it: ranks that raised and then hung on their way out (on a thread that is
+    not a daemon, say). A traceback printed long before, or followed by more output, is one
+    the rank handled."""
     since = min(r.exit[1] for r in failed if r.exit is not None) - LINGER_SECONDS
 
     def raised_lately(tb: Traceback) -> bool:
         first = tb.first
         whole = not tb.in_frames
-        return first is not None and whole and tb.started >= since and not is_comm_error(first)
+        return (
+            first is not None
+            and whole
+            and not tb.went_on
+            and tb.started >= since
+            and not is_comm_error(first)
+        )
 
     return [r for r in ranks if r.exit is None and raised_lately(relay.traceback(r.rank))]
 
