@@ -144,7 +144,8 @@ def test_rooted_collective_over_both_transports(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("collective", "extra"), [("scatter", ["-r", "2", "--in-place"]), ("barrier", [])]
+    ("collective", "extra"),
+    [("scatter", ["-r", "2", "--in-place"]), ("barrier", []), ("barrier", ["-a", "dissemination"])],
 )
 def test_scatter_and_barrier_three_ranks(collective: str, extra: list[str], tmp_path: Path) -> None:
     res, doc = bench([collective, "-n", "3", "-b", "0", "-e", "512", "-f", "8", *extra], tmp_path)
@@ -152,8 +153,9 @@ def test_scatter_and_barrier_three_ranks(collective: str, extra: list[str], tmp_
     assert doc is not None
     (s,) = doc["series"]
     if collective == "barrier":  # one row: no data to size; one host: the one-sided barrier
+        name = extra[1] if extra else "arena"  # or the one asked for (it ran auto's before)
         assert [(r["bytes"], r["algorithm"], r["busbw_gbps"]) for r in s["rows"]] == [
-            (0, "arena", 0.0)
+            (0, name, 0.0)
         ]
     else:
         assert "root 2" in res.stdout.splitlines()[0]
@@ -173,6 +175,9 @@ def test_scatter_and_barrier_three_ranks(collective: str, extra: list[str], tmp_
         (["--compare", "nccl"], "unknown system to compare with 'nccl'"),
         (["-t", "rdma"], "unknown transport 'rdma'"),
         (["--algo", "in_network"], "'in_network' is simulator only: it needs aggregating"),
+        # These measured nothing and exited 0.
+        (["--algo", ","], "no algorithm named in ','"),
+        (["-t", ""], "no transport named in ''"),
     ],
 )
 def test_bad_arguments_fail_before_any_rank_starts(

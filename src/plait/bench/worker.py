@@ -96,7 +96,7 @@ class PlaitBackend:
         elif c == "scatter":
             call = lambda: comm.scatter(inp, root, out=out, algorithm=a)  # noqa: E731
         elif c == "barrier":
-            call = comm.barrier
+            call = comm.barrier if a == "auto" else lambda: comm.barrier(algorithm=a)
         else:
             raise ValueError(f"unknown collective {c!r}")
         return Prepared(call, name, out)

@@ -118,11 +118,17 @@ def _usage(args: argparse.Namespace, message: str) -> NoReturn:
     usage_error(args, "plait bench", message)
 
 
-def _choices(args: argparse.Namespace, text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+def _choices(
+    args: argparse.Namespace, text: str, allowed: tuple[str, ...], what: str, none: bool = False
+) -> list[str]:
+    """The names of ``text`` (separated by commas), each one of ``allowed``; at least one
+    unless ``none`` (an empty list then means none)."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     for item in items:
         if item not in allowed:
             _usage(args, f"unknown {what} {item!r}; expected one of {', '.join(allowed)}")
+    if not items and not none:
+        _usage(args, f"no {what} named in {text!r}; expected one of {', '.join(allowed)}")
     return list(dict.fromkeys(items))
 
 
@@ -190,13 +196,11 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
                 "(switches that reduce in flight), which plait's transports do not have; "
                 "try it in plait sim --aggregation",
             )
-    if described.synchronizes and algos != ["auto"]:
-        algos = ["auto"]  # the barrier takes no algorithm=
     for a in algos:
         if described.reduces and a != "auto" and not get(c, a).supports(commutative=op.commutative):
             _usage(args, f"{c} algorithm {a!r} needs a commutative op; {args.op} is not")
     transports = _choices(args, args.transport, known_transports(), "transport")
-    compare = _choices(args, args.compare, _COMPARE, "system to compare with")
+    compare = _choices(args, args.compare, _COMPARE, "system to compare with", none=True)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
