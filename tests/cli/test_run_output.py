@@ -130,6 +130,22 @@ def test_ranks_that_print_a_lot(tmp_path: Path, tag: bool) -> None:
         assert tagged == [f"{prefix}{rank} {i:05d} {rank * 80}" for i in range(20000)]
 
 
+def test_a_line_of_exactly_a_mib_stays_whole(tmp_path: Path) -> None:
+    """Its line end was counted toward the MiB: the line was cut before it, and an empty
+    line followed."""
+    s = script(
+        tmp_path,
+        """
+        import sys
+        sys.stdout.write("C" * (1024 * 1024) + "\\n" + "D" * 10 + "\\r\\n")
+        sys.stdout.write("E" * (1024 * 1024) + "\\r\\n")
+        """,
+    )
+    res = run(["-n", "1", s])
+    assert res.returncode == 0, res.stderr
+    assert [len(line) for line in res.stdout.splitlines()] == [1 << 20, 10, 1 << 20]
+
+
 def test_a_closed_stdout_does_not_stall_the_ranks(tmp_path: Path) -> None:
     # `plait run ... | head -1`: the launcher drops what it cannot write and the job goes on.
     s = script(

@@ -391,9 +391,11 @@ def is_comm_error(name: str) -> bool:
 
 def _pieces(line: bytes) -> list[bytes]:
     """``line`` cut into lines of at most :data:`_MAX_LINE` bytes, each of the cut ones
-    ended with a newline (never inside a UTF-8 character); the last piece as it was."""
+    ended with a newline (never inside a UTF-8 character); the last piece as it was. The
+    line's own end does not count: a line of exactly _MAX_LINE bytes stays whole."""
     pieces = []
-    while len(line) > _MAX_LINE:
+    ending = 2 if line.endswith(b"\r\n") else 1 if line.endswith((b"\n", b"\r")) else 0
+    while len(line) - ending > _MAX_LINE:
         cut = _MAX_LINE
         while cut > _MAX_LINE - 3 and line[cut] & 0xC0 == 0x80:
             cut -= 1  # not inside a UTF-8 character
