@@ -133,3 +133,40 @@ def test_a_reader_that_goes_away_ends_the_output_quietly() -> None:
         code = proc.wait(timeout=60)
     assert code == 141, err
     assert "Traceback" not in err, err
+
+
+def test_a_stdout_that_cannot_take_the_output_is_said_in_a_line() -> None:
+    # `plait algorithms > /dev/full` ended in an OSError traceback, and `plait run ... >&-`
+    # (no stdout at all) in an AttributeError after every rank had succeeded, exit 1.
+    import subprocess
+    import sys
+
+    plait = f"{sys.executable} -m plait"
+    full = subprocess.run(
+        f"{plait} algorithms > /dev/full", shell=True, capture_output=True, text=True, timeout=60
+    )
+    assert full.returncode == 1, full.stderr
+    assert full.stderr == "plait algorithms: cannot write the output: No space left on device\n"
+    closed = subprocess.run(
+        f"{plait} run -n 1 -- {sys.executable} -c 'print(1)' >&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert closed.returncode == 0, closed.stderr
+    assert "Traceback" not in closed.stderr, closed.stderr
+
+
+def test_ctrl_c_in_a_subcommand_without_its_own_answer_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `plait sim` printed a KeyboardInterrupt traceback on Ctrl-C.
+    import plait.cli.sim
+
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plait.cli.sim, "main", interrupted)
+    assert main(["sim", "-n", "4"]) == 130
+    assert capsys.readouterr().err == "plait sim: interrupted\n"

@@ -6,6 +6,7 @@ A subcommand module provides ``add_arguments(parser)`` and ``main(args) -> int``
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -84,15 +85,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         code = int(args._module.main(args) or 0)
-        sys.stdout.flush()  # here, not at exit, where a closed pipe could not be handled
+        if sys.stdout is not None:  # None where it was closed (``plait run ... >&-``)
+            sys.stdout.flush()  # here, not at exit, where a closed pipe could not be handled
         return code
     except BrokenPipeError:
         # The reader went away (``plait tune --show | head``): stop quietly, as a shell tool
         # does, and keep Python from writing the rest of the buffer to the closed pipe at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _drop_stdout()
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
+    except KeyboardInterrupt:  # Ctrl-C where the subcommand has no answer of its own
+        print(f"plait {args.command}: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT
+    except OSError as exc:
+        if exc.filename is not None or exc.errno not in _WRITE_ERRORS:
+            raise
+        # stdout could not take the output (a full disk, /dev/full): say so, not a traceback.
+        _drop_stdout()
+        print(f"plait {args.command}: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+#: The errors of a write to a file that is full or broken, which stdout may give.
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that Python writes no rest of its buffer at exit."""
+    if sys.stdout is None:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
