@@ -12,7 +12,7 @@ import pytest
 from dumpkit import T0, FakeClock, call, dump, write
 
 import plait
-from plait.diagnostics import analyze
+from plait.diagnostics import _words, analyze
 from plait.diagnostics.analyze import diagnose, format_report, main
 from plait.diagnostics.recorder import CallShape, FlightRecorder
 from plait.diagnostics.schema import Dump, DumpError, load, load_all, parse
@@ -773,3 +773,13 @@ def test_ranks_that_probably_died_after_others_named_are_named_themselves() -> N
     said = died([0, 1, 3], saw={0: "was killed by SIGKILL"})
     assert said.startswith("rank 0 was killed by SIGKILL, as plait run saw; ranks 1, 3 probably")
     assert died([3]).startswith("it probably died or was killed")
+
+
+@pytest.mark.parametrize("when", [1e308, -1e20])
+def test_a_time_no_clock_gives_is_refused_naming_the_field(when: float) -> None:
+    # A start of 1e308 (a corrupt or hand-made dump) ended the report in an OverflowError.
+    calls = [call(s, start=T0 + s, end=T0 + s + 0.1) for s in range(3)]
+    calls[1]["start"] = when
+    with pytest.raises(DumpError, match=r"start .* is not a time a clock gives"):
+        parse(dump(1, 2, calls))
+    assert _words.clock(when) == "?"  # and the report's words say so, where one gets there

@@ -85,7 +85,10 @@ def clock(t: float | None) -> str:
     """A wall-clock time of day, to the millisecond, in UTC; ``?`` if unknown."""
     if not t:
         return "?"
-    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d} UTC"
+    try:
+        return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d} UTC"
+    except (OverflowError, ValueError, OSError):  # no time a dump of a real run holds
+        return "?"
 
 
 def dur(t: float, places: int = 1) -> str:

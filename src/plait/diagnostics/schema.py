@@ -282,11 +282,18 @@ def _within(name: str, value: Any, lo: int, hi: int) -> int:
 
 
 def _time(name: str, value: Any) -> float:
-    """``value`` as a finite float (a clock reading): a ValueError naming the field otherwise."""
+    """``value`` as a clock reading (seconds since 1970, or 0 for none): a ValueError naming
+    the field otherwise (a time a clock cannot give made the report fail far from here)."""
     t = float(value)
     if not math.isfinite(t):
         raise ValueError(f"{name} {value!r} is not a finite time")
+    if abs(t) > _LATEST:
+        raise ValueError(f"{name} {value!r} is not a time a clock gives (seconds since 1970)")
     return t
+
+
+#: The latest time a dump may hold: the year 33658.
+_LATEST = 1e12
 
 
 def _opt(name: str, value: Any) -> float | None:
