@@ -625,6 +625,18 @@ def init(
         # or shrink (Note [store lifetime]).
         if owned and not temp and recovery:
             kept = _keep_store(comm, store, group, size, owned=owned, temp=temp, links=links)
+        elif not owned:
+            comm._no_recovery = (
+                "made with a store object (store=; the torch backend lends torch's), on which "
+                "init starts no thread"
+            )
+        elif temp:
+            comm._no_recovery = (
+                "met through a file store in the temp dir (mpirun or srun on one host), which "
+                "init lets go; set PLAIT_STORE or MASTER_ADDR for agree and shrink"
+            )
+        else:
+            comm._no_recovery = "made with PLAIT_RECOVERY=0"
     finally:
         if owned and not kept:
             _leave(store, group, size, temp=temp)

@@ -634,7 +634,7 @@ def owned(comm: Communicator, what: str) -> Recovery | None:
     why = (
         "a split's group: call it on the communicator it was split from"
         if rec is not None
-        else "made without a store (from a transport object, or with PLAIT_RECOVERY=0)"
+        else comm._no_recovery
     )
     raise UnsupportedError(
         f"rank {comm.rank}: {what} needs the store the ranks met through, and this "

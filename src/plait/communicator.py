@@ -185,8 +185,10 @@ class Communicator(PointToPointMethods, ObjectMethods):
         self._on_close: list[Callable[[], object]] = []
         # Groups split from it: they share its transport, so they close with it first.
         self._groups: weakref.WeakSet[Communicator] = weakref.WeakSet()
-        # abort, agree and shrink over the store plait.init met through (plait._recovery).
+        # abort, agree and shrink over the store plait.init met through (plait._recovery),
+        # and where there is none, why (plait.init says which store it met through).
         self._recovery: Recovery | None = None
+        self._no_recovery = "made without a store (from a transport object)"
         # Host layout for host-aware algorithms; None when every rank shares one host.
         layout = HostLayout.from_names(self._hosts)
         self._layout = layout if layout.n_hosts > 1 else None

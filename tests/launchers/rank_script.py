@@ -98,6 +98,15 @@ def main() -> None:
             print("lost:", exc, flush=True)
             raise SystemExit(5) from None
         raise SystemExit("the allreduce succeeded without rank 1")
+    if mode == "agree":  # what agree says where init let its store go (a temp-dir file store)
+        with plait.init() as comm:
+            try:
+                report["agree"] = repr(comm.agree())
+            except plait.UnsupportedError as exc:
+                report["agree"] = str(exc)
+        with open(os.path.join(os.environ["PLAIT_TEST_OUT"], f"rank-{info.rank}.json"), "w") as f:
+            json.dump(report, f)
+        return
     if mode == "twice":
         first = plait.init()
         second = plait.init()

@@ -139,6 +139,18 @@ def test_two_inits_in_one_job() -> None:
         assert plait_leftovers(tmp) == []
 
 
+def test_agree_says_why_the_file_store_gives_no_recovery() -> None:
+    """It said the communicator was "made without a store (from a transport object, or
+    with PLAIT_RECOVERY=0)": neither was so, and what to set was not said."""
+    with job_dirs() as (tmp, out):
+        res = mpirun(2, "agree", mpirun_env(tmp, out))
+        assert res.returncode == 0, res.describe()
+        for r in read_results(out):
+            assert r["store_is_temp"], r
+            assert "a file store in the temp dir" in r["agree"], r
+            assert "set PLAIT_STORE or MASTER_ADDR for agree and shrink" in r["agree"], r
+
+
 def test_master_addr_store() -> None:
     port = free_port_pair()
     with job_dirs() as (tmp, out):
