@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "plait.diagnostics.analyze",
         "say what went wrong first, from the flight-recorder dumps of every rank",
     ),
+    "store": ("plait.cli.store", "serve the rendezvous store for PLAIT_STORE=tcp://host:port"),
 }
 
 
