@@ -295,3 +295,37 @@ def test_a_launcher_whose_node_0_never_comes_says_how_long_it_tried(
     assert la.proc.returncode not in (0, None), j.report()
     assert "cannot reach the job's store" in la.err, j.report()
     assert "in 3 s of trying" in la.err, j.report()
+
+
+#: Ranks meet, then rank FAIL exits with 3 while the others compute alone for a while.
+FAILS = """
+    import os, sys, time
+    import numpy as np
+    import plait
+    with plait.init() as comm:
+        comm.allreduce(np.ones(1))
+        if comm.rank == int(os.environ["FAIL"]):
+            sys.exit(3)
+        print(f"rank {comm.rank} computes alone", flush=True)
+        time.sleep(30)
+    print(f"rank {comm.rank} ran to its end", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("failing", [0, 3], ids=["on-node-0", "on-node-1"])
+def test_a_failure_on_one_host_stops_the_others(job: Callable[[int], Job], failing: int) -> None:
+    """Each launcher watched its own ranks only: the other host's ranks ran to their end
+    and its launcher exited 0 for a job that had failed (Note [a failure on another host]
+    in plait.launch.elsewhere)."""
+    j = job(2)
+    j.script.write_text(textwrap.dedent(FAILS))
+    j.env["FAIL"] = str(failing)
+    for node in (0, 1):
+        j.start(node, 2)
+    for la in j.finish():
+        assert la.proc.returncode == 3, j.report()
+        assert la.seconds < 20, j.report()
+        assert "ran to its end" not in la.out, j.report()
+    other = j.launchers[1 - failing // 2]
+    assert f"rank {failing}, on another host, exited with code 3" in other.err, j.report()

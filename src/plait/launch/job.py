@@ -29,6 +29,7 @@ from typing import IO
 from plait._net import format_address
 from plait.diagnostics.triggers import catches_signal
 from plait.errors import CommError, RendezvousError
+from plait.launch.elsewhere import Elsewhere, linger
 from plait.launch.relay import DRAIN_SECONDS, Relay
 from plait.launch.stall import (
     StallResponder,
@@ -337,6 +338,8 @@ def _attempt(
     signals.events = events
     signals.ranks = ranks
     terminal = _reads_a_terminal()
+    elsewhere: Elsewhere | None = None
+    filer: _Filer | None = None
     try:
         # Launchers that disagree on the job, or share a node rank, fail here, before any
         # rank starts (Note [launchers meet] in plait.rendezvous.nodes).
@@ -372,6 +375,12 @@ def _attempt(
         # Ranks of other hosts still in plait.init wait on this host's: a rank lost here is
         # filed for them, with recovery or not (without, they waited out their timeout).
         filer = _Filer(host, port, secret, relay) if job.enable_recovery or job.nnodes > 1 else None
+        if job.nnodes > 1 and not job.enable_recovery:  # Note [a failure on another host]
+            mine = range(first, first + job.nproc)
+            elsewhere = Elsewhere(
+                host, port, secret, job.node_rank, mine, job.nproc * job.nnodes, events
+            )
+            elsewhere.start()
         return watch(
             ranks,
             relay,
@@ -379,12 +388,17 @@ def _attempt(
             recovery=job.enable_recovery,
             on_lost=filer,
             before_stop=stalls.dump_before_stop,
+            elsewhere=elsewhere,
         )
     finally:
+        if elsewhere is not None:
+            elsewhere.close()
         signals.events = None
         stop(ranks)
         relay.close(DRAIN_SECONDS)
         if server is not None:
+            if filer is not None and filer.filed and not job.enable_recovery:
+                linger(host, port, secret, job.nnodes)  # Note [a failure on another host]
             server.close()
         _cleanup_shm(job_id)
 
@@ -489,6 +503,7 @@ class _Filer:
     def __init__(self, host: str, port: int, secret: str, relay: Relay) -> None:
         self.host, self.port, self.secret, self.relay = host, port, secret.encode(), relay
         self.failed = False  # the store did not answer: the next ranks are not tried
+        self.filed = False  # a rank was filed
 
     def __call__(self, rank: int, how: str) -> None:
         if self.failed:
@@ -496,6 +511,7 @@ class _Filer:
         try:
             with TCPStore(self.host, self.port, secret=self.secret, timeout=_FILE_SECONDS) as store:
                 report_lost(store, rank, how)
+            self.filed = True
         except (CommError, OSError) as exc:  # best effort: the others time out as before
             self.failed = True
             self.relay.say(

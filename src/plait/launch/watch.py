@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from plait.launch.elsewhere import ELSEWHERE, STOPPED, Elsewhere, exit_code
 from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
 
 __all__ = ["GRACE_SECONDS", "LINGER_SECONDS", "RankProcess", "signal_rank", "stop", "watch"]
@@ -152,6 +153,17 @@ def _hung_causes(
         )
 
     return [r for r in ranks if r.exit is None and raised_lately(relay.traceback(r.rank))]
+
+
+def _failed_elsewhere(ranks: Sequence[RankProcess], relay: Relay, rank: int, how: str) -> int:
+    """Stop this host's ranks after rank ``rank`` of another host ended ``how``; its code."""
+    relay.say(f"rank {rank}, on another host, {how}; stopping the ranks of this host")
+    stop(ranks)
+    relay.close(DRAIN_SECONDS)
+    relay.say("the job failed on another host; this host's ranks:")
+    for r in ranks:
+        relay.say(f"  rank {r.rank}: {_status(r, relay)}")
+    return exit_code(how)
 
 
 def _describe(code: int) -> str:
@@ -321,6 +333,7 @@ def watch(
     recovery: bool = False,
     on_lost: Callable[[int, str], None] | None = None,
     before_stop: Callable[[dict[int, str], float], str | None] | None = None,
+    elsewhere: Elsewhere | None = None,
 ) -> int:
     """Wait for the ranks to finish, for a failure or for a signal; return the job's exit code.
 
@@ -343,6 +356,10 @@ def watch(
     ``before_stop``: called before a failed job's ranks still running are stopped, with
     how each failed rank ended and when the first did (wall clock; they dump their flight
     recorders), its line said.
+
+    ``elsewhere``: for a job on several hosts, what puts ``(ELSEWHERE, rank)`` on ``events``
+    when a rank of another host failed: this host's ranks are then stopped, and the exit
+    code is that rank's (Note [a failure on another host] in plait.launch.elsewhere).
     """
     by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
@@ -362,6 +379,8 @@ def watch(
             rank, code = events.get(timeout=timeout)
         except queue.Empty:
             break  # no cause came within the linger
+        if rank == ELSEWHERE and elsewhere is not None:
+            return _failed_elsewhere(ranks, relay, code, elsewhere.how.get(code, "failed"))
         if rank < 0:  # a signal to the launcher
             relay.say(f"received {_signal_name(-code)}; stopping all ranks")
             stop(ranks)
@@ -395,7 +414,7 @@ def watch(
     if on_lost is not None and not recovery:  # for other hosts' ranks still in plait.init
         for r in ranks:
             if r.exit is None:
-                on_lost(r.rank, f"was stopped by its launcher after rank {first.rank} failed")
+                on_lost(r.rank, f"{STOPPED} after rank {first.rank} failed")
             elif r.exit[0] != 0:
                 on_lost(r.rank, _describe(r.exit[0]))
     if running and before_stop is not None:

@@ -61,14 +61,17 @@ from plait.errors import CommError, PeerLostError, RendezvousError
 from plait.rendezvous.store import PrefixStore, Store, StoreTimeout
 
 __all__ = [
+    "COUNT",
     "GAVE_UP",
     "LOOK_SECONDS",
     "JobRanks",
     "Watched",
     "filed",
+    "lost_count",
     "lost_error",
     "report_gave_up",
     "report_lost",
+    "reports",
     "root",
     "wait_ranks",
 ]
@@ -77,6 +80,8 @@ __all__ = [
 LOOK_SECONDS = 1.0
 
 _COUNT = "plait/lost"
+#: The key that counts the ranks filed lost (set at the first).
+COUNT = _COUNT
 #: How a rank filed by :func:`report_gave_up` ended, before its reason.
 GAVE_UP = "gave up its set-up: "
 #: The most characters of a reason filed.
@@ -176,6 +181,17 @@ def report_lost(store: Store, rank: int, how: str) -> None:
     base = root(store)
     base.set(_key(rank), how.encode())
     base.add(_COUNT, 1)  # after the reason: a count above zero always finds it
+
+
+def lost_count(store: Store) -> int:
+    """How many ranks launchers have filed lost in ``store`` (0 before the first)."""
+    base = root(store)
+    return base.add(_COUNT, 0) if base.check([_COUNT]) else 0
+
+
+def reports(store: Store, ranks: Sequence[int]) -> dict[int, str]:
+    """Which of ``ranks`` a launcher filed as dead (:func:`report_lost`), and how they ended."""
+    return _gave_up(root(store), ranks)
 
 
 def filed(store: Store, ranks: Sequence[int]) -> dict[int, str]:
