@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
-from types import FrameType
 
 __all__ = ["add_arguments", "main"]
 
@@ -42,13 +40,11 @@ def main(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         args._parser.error(f"--port {args.port} is not a port; expected 0..65535")
-    stop = threading.Event()
-
-    def stopped(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stopped)
+    # Blocked in every thread (the server's inherits the mask), so that they wait for
+    # sigwait below: a handler's signal that reached the server's thread left the main
+    # thread asleep in its wait.
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
         server = TCPStoreServer(args.host, args.port)
     except (RendezvousError, ValueError) as exc:
@@ -56,7 +52,6 @@ def main(args: argparse.Namespace) -> int:
         return 1
     with server:
         print(f"plait store: serving tcp://{server.address} (PLAIT_STORE)", flush=True)
-        while not stop.wait(3600):
-            pass
+        signal.sigwait(stops)
     print("plait store: stopped", flush=True)
     return 0
