@@ -211,8 +211,9 @@ def check_response(key: bytes, server_nonce: bytes, response: bytes) -> bytes | 
 
 #: Why a server may close a connection or stay silent before its challenge.
 _OVERLOADED = (
-    "it may be out of file descriptors or holding too many connections that are still "
-    "authenticating; no secret was exchanged yet, so the secret is not the cause"
+    "it may be stopped or hung, out of file descriptors, or holding too many connections "
+    "that are still authenticating; no secret was exchanged yet, so the secret is not the "
+    "cause"
 )
 _DROPPED = (
     "the server closed the connection after our proof without a verdict: it is overloaded "

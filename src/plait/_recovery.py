@@ -154,7 +154,7 @@ from plait.errors import (
     RendezvousError,
     UnsupportedError,
 )
-from plait.rendezvous.store import PrefixStore, Store, StoreOwner, StoreTimeout
+from plait.rendezvous.store import PrefixStore, Store, StoreOwner, StoreTimeout, answers_by
 
 __all__ = [
     "HEARTBEAT_SECONDS",
@@ -187,6 +187,9 @@ _TELL_SECONDS = 1.0
 #: How long an abort asks a store that failed the watcher's last look whether it is back
 #: (Note [a store that stalls]); short, as the abort's peers wait for it.
 _PROBE_SECONDS = 0.5
+#: Seconds beyond its deadline (and last look) an agreement's store calls may wait for
+#: their answers, on a store that stopped answering (answers_by).
+_ANSWER_SLACK = 1.0
 #: Seconds close waits for the watcher thread and for an abort in progress.
 _JOIN_SECONDS = 5.0
 
@@ -394,37 +397,41 @@ class Recovery:
         keys = f"agree/{k}/"
         deadline = time.monotonic() + seconds
         seen: dict[int, tuple[int, float]] = {}
-        self._check_store(what)
-        try:
-            self.store.set(f"{keys}flag/{me}", str(flag).encode())
-            grace = min(deadline, time.monotonic() + _GRACE_SECONDS)
-            if late is not None and self._missing(keys, seen, grace):
-                late()
-            while True:
-                if self._coordinator(seen) == me:
-                    text = self._decide(keys, seen, deadline)
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    try:  # the coordinator gives up at the same deadline: its word, if it came
-                        self.store.wait([f"{keys}result"], _LAST_LOOK_SECONDS)
+        # No store call outlasts the agreement's own deadline (Note [a store that stalls]).
+        with answers_by(deadline + _LAST_LOOK_SECONDS + _ANSWER_SLACK):
+            self._check_store(what)
+            try:
+                self.store.set(f"{keys}flag/{me}", str(flag).encode())
+                grace = min(deadline, time.monotonic() + _GRACE_SECONDS)
+                if late is not None and self._missing(keys, seen, grace):
+                    late()
+                while True:
+                    if self._coordinator(seen) == me:
+                        text = self._decide(keys, seen, deadline)
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        # The coordinator gives up at the same deadline: its word, if it came.
+                        try:
+                            self.store.wait([f"{keys}result"], _LAST_LOOK_SECONDS)
+                        except StoreTimeout:
+                            raise CommTimeout(
+                                f"rank {me}: {what}: agree #{k}: no result within "
+                                f"{seconds:g} s; the coordinator neither decided nor was found "
+                                "failed"
+                            ) from None
+                        text = self.store.get(f"{keys}result").decode()
+                        break
+                    try:
+                        self.store.wait([f"{keys}result"], min(_SLICE, left))
                     except StoreTimeout:
-                        raise CommTimeout(
-                            f"rank {me}: {what}: agree #{k}: no result within {seconds:g} s; "
-                            "the coordinator neither decided nor was found failed"
-                        ) from None
+                        continue
                     text = self.store.get(f"{keys}result").decode()
                     break
-                try:
-                    self.store.wait([f"{keys}result"], min(_SLICE, left))
-                except StoreTimeout:
-                    continue
-                text = self.store.get(f"{keys}result").decode()
-                break
-        except CommTimeout:  # a StoreTimeout too: the store answered
-            raise
-        except (RendezvousError, ClosedError, OSError) as exc:
-            raise self._store_gone(what, exc) from exc
+            except CommTimeout:  # a StoreTimeout too: the store answered
+                raise
+            except (RendezvousError, ClosedError, OSError) as exc:
+                raise self._store_gone(what, exc) from exc
         value, _, listed = text.partition(" ")
         if value == _VOID:
             by, _, missing = listed.partition(" ")

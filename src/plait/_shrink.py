@@ -14,11 +14,14 @@ from plait.communicator import Communicator
 from plait.errors import ClosedError, CommError, PeerLostError, RendezvousError
 from plait.group import shrunk_comm_id
 from plait.rendezvous.lost import report_gave_up, wait_ranks
-from plait.rendezvous.store import PrefixStore, Store
+from plait.rendezvous.store import PrefixStore, Store, answers_by
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
 
 __all__ = ["shrink"]
+
+#: Seconds beyond its deadline shrink's store calls may wait for their answers.
+_ANSWER_SLACK = 1.0
 
 
 def shrink(comm: Communicator, timeout: float | None) -> Communicator:
@@ -60,41 +63,43 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
     hosts = [comm.hosts[p] for p in members]
     namespace = f"{rec.namespace}/s{k}"
     owner = rec.owner
-    owner.acquire()  # the new communicator's, until its Recovery holds its own
-    try:
-        left = max(deadline - time.monotonic(), 0.001)
-        if size == 1:
-            transport: Transport = MemoryFabric(1).endpoints[0]
-        else:
-            from plait.transport.route import connect
+    # No store call outlasts shrink's own deadline (Note [a store that stalls]).
+    with answers_by(deadline + _ANSWER_SLACK):
+        owner.acquire()  # the new communicator's, until its Recovery holds its own
+        try:
+            left = max(deadline - time.monotonic(), 0.001)
+            if size == 1:
+                transport: Transport = MemoryFabric(1).endpoints[0]
+            else:
+                from plait.transport.route import connect
 
-            # Waits that end when a survivor dies (Note [survivors that die]).
-            store = survivors_store(namespace, owner.store, rec.live, members)
-            try:
-                transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
-                # Where this rank runs, in the new namespace before it says it connected:
-                # one that dies after that is seen gone at once (Note [survivors that die]).
-                Liveness(PrefixStore(namespace, owner.store)).publish(rank)
-                _all_connected(transport, store, comm.rank, rank, size, deadline)
-            except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
-                report_gave_up(store, rank, str(exc))  # Note [ranks that gave up]
-                raise RendezvousError(
-                    f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
-                    f"connect ({exc}); if one failed meanwhile, agree and shrink again"
-                ) from exc
-        new = Communicator(
-            transport,
-            timeout=comm.timeout,
-            hosts=hosts,
-            _comm_id=shrunk_comm_id(comm._comm_id, k),
-            _settings=comm._settings,
-            _world_rank=comm._world_rank,
-            _run=comm._run,
-            _members=None if comm._members is None else [comm._members[p] for p in members],
-        )
-        enable(new, owner, namespace, rec.links)
-    finally:
-        owner.release()
+                # Waits that end when a survivor dies (Note [survivors that die]).
+                store = survivors_store(namespace, owner.store, rec.live, members)
+                try:
+                    transport = connect(rank, size, hosts, store, links=rec.links, timeout=left)
+                    # Where this rank runs, in the new namespace before it says it connected:
+                    # one that dies after that is seen gone at once (Note [survivors that die]).
+                    Liveness(PrefixStore(namespace, owner.store)).publish(rank)
+                    _all_connected(transport, store, comm.rank, rank, size, deadline)
+                except (RendezvousError, PeerLostError, ClosedError, OSError) as exc:
+                    report_gave_up(store, rank, str(exc))  # Note [ranks that gave up]
+                    raise RendezvousError(
+                        f"rank {comm.rank}: shrink: the {size} survivors {list(members)} could not "
+                        f"connect ({exc}); if one failed meanwhile, agree and shrink again"
+                    ) from exc
+            new = Communicator(
+                transport,
+                timeout=comm.timeout,
+                hosts=hosts,
+                _comm_id=shrunk_comm_id(comm._comm_id, k),
+                _settings=comm._settings,
+                _world_rank=comm._world_rank,
+                _run=comm._run,
+                _members=None if comm._members is None else [comm._members[p] for p in members],
+            )
+            enable(new, owner, namespace, rec.links)
+        finally:
+            owner.release()
     if rank == 0 and owner.count_out is not None:
         with contextlib.suppress(CommError, OSError):
             owner.count_out(comm.size - size)

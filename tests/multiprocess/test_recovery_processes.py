@@ -732,3 +732,70 @@ def test_a_survivor_that_dies_between_connecting_and_its_recovery_is_seen_gone_a
         assert res["ranks"] == [0, 2], res
         assert res["took"] < 4, res  # gone: seen in /proc, not after 5 s without a heartbeat
         assert res["total"] == 2.0, res
+
+
+STALLED_STORE = """
+import os, sys, time, plait
+rank, url, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+comm = plait.init(rank=rank, size=2, store=url, timeout=60, transport="tcp")
+comm.agree(1)  # a connection of the store's pool, reused below
+open(os.path.join(folder, f"ready{rank}"), "w").close()
+while not os.path.exists(os.path.join(folder, "stopped")):  # the test stops the store
+    time.sleep(0.05)
+start = time.monotonic()
+try:
+    comm.agree(1, timeout=3)
+    print("agreed", flush=True)
+except plait.CommError as exc:
+    print(f"{type(exc).__name__} {time.monotonic() - start:.1f} {exc}", flush=True)
+os._exit(0)  # not close(): it would tell the stopped store
+"""
+
+
+@pytest.mark.multiprocess
+def test_agree_on_a_store_that_stopped_answering_raises_by_its_timeout(tmp_path: Path) -> None:
+    """agree(timeout=3) on a store stopped with SIGSTOP waited for the store's own
+    timeout and 10 s more (70 s here, 310 s by default) on a connection it had used."""
+    import signal
+    import time
+
+    script = tmp_path / "rank.py"
+    script.write_text(STALLED_STORE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
+    env["PLAIT_SECRET"] = secrets.token_hex(8)
+    store = subprocess.Popen(
+        [sys.executable, "-m", "plait", "store"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    ranks: list[subprocess.Popen[str]] = []
+    try:
+        assert store.stdout is not None
+        url = store.stdout.readline().split()[3]
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(r), url, str(tmp_path)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for r in range(2)
+        ]
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+            assert time.monotonic() < deadline
+            assert all(p.poll() is None for p in ranks)
+            time.sleep(0.05)
+        store.send_signal(signal.SIGSTOP)
+        (tmp_path / "stopped").touch()
+        outs = [p.communicate(timeout=60)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+        store.send_signal(signal.SIGCONT)
+        store.terminate()
+        store.communicate(timeout=30)
+    for out in outs:
+        kind, seconds, _ = out.split(" ", 2)
+        assert kind == "RendezvousError", out
+        assert float(seconds) < 8, out  # its 3 s, the last look and a second's slack
+        assert "did not answer within" in out, out

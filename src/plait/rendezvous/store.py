@@ -10,9 +10,10 @@ still missing, never hang forever.
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from plait.errors import CommTimeout, RendezvousError
 
@@ -23,10 +24,35 @@ __all__ = [
     "Store",
     "StoreOwner",
     "StoreTimeout",
+    "answer_deadline",
+    "answers_by",
 ]
 
 #: Seconds a blocking store call waits by default.
 DEFAULT_STORE_TIMEOUT = 300.0
+
+_bound = threading.local()
+
+
+@contextlib.contextmanager
+def answers_by(deadline: float) -> Iterator[None]:
+    """Within the block, a call of this thread to a store over the network waits for its
+    server until ``deadline`` (``time.monotonic()``) at most, whatever the store's own
+    timeout: a call with a deadline of its own (``agree(timeout=5)``) on a store that
+    stopped answering raises by then, not after the store's 300 s (Note [a store that
+    stalls] in plait._recovery). Blocks nest; the earliest deadline holds."""
+    before = getattr(_bound, "deadline", None)
+    _bound.deadline = deadline if before is None else min(before, deadline)
+    try:
+        yield
+    finally:
+        _bound.deadline = before
+
+
+def answer_deadline() -> float | None:
+    """The deadline :func:`answers_by` set for this thread, or None."""
+    deadline: float | None = getattr(_bound, "deadline", None)
+    return deadline
 
 
 class StoreTimeout(RendezvousError, CommTimeout):

@@ -37,7 +37,7 @@ from plait.rendezvous._tcp_wire import (
     split_fields,
 )
 from plait.rendezvous._tcp_wire import max_value_bytes as _max_value
-from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout
+from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout, answer_deadline
 
 __all__ = ["StoreConnectError", "TCPStore", "TCPStoreServer"]
 
@@ -49,6 +49,8 @@ _SHED_SECONDS = 1.0
 #: timeout: the server answers "timeout" itself, so this only bounds a server
 #: that stopped answering without closing the connection.
 _ANSWER_GRACE = 10.0
+#: The least seconds a call under a caller's deadline waits for its answer (answers_by).
+_LEAST_ANSWER = 0.05
 #: Idle connections a client keeps for reuse.
 _MAX_IDLE = 8
 
@@ -261,8 +263,12 @@ class TCPStore(Store):
                 raise StoreConnectError(
                     f"cannot connect to the store server at {self.address}{within} ({exc}); {hint}"
                 ) from exc
+            handshake = _HANDSHAKE_SECONDS
+            bound = answer_deadline()  # a caller's own deadline (answers_by)
+            if bound is not None:
+                handshake = min(handshake, max(bound - time.monotonic(), _LEAST_ANSWER))
             try:
-                _auth.client_handshake(sock, self._key, _HANDSHAKE_SECONDS, f"store {self.address}")
+                _auth.client_handshake(sock, self._key, handshake, f"store {self.address}")
             except _auth.HandshakeUnanswered as exc:
                 sock.close()
                 left = shed_until - time.monotonic()
@@ -322,6 +328,10 @@ class TCPStore(Store):
         # answers "timeout" itself, the grace only covers a server gone silent.
         patience = max(0.0, self.timeout if blocking is None else blocking)
         io_timeout = patience + _ANSWER_GRACE if math.isfinite(patience) else None
+        bound = answer_deadline()  # a caller's own deadline (answers_by)
+        if bound is not None:
+            left = max(bound - time.monotonic(), _LEAST_ANSWER)
+            io_timeout = left if io_timeout is None else min(io_timeout, left)
         try:
             sock.settimeout(io_timeout)
             sock.sendall(request)
@@ -339,7 +349,7 @@ class TCPStore(Store):
             if closed:
                 raise ClosedError(f"store {self.address}: {what} interrupted by close()") from exc
             if isinstance(exc, TimeoutError):
-                reason = f"the server did not answer within {io_timeout} s"
+                reason = f"the server did not answer within {io_timeout:.3g} s"
             else:
                 reason = f"the connection broke ({exc})"
             raise RendezvousError(
