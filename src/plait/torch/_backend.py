@@ -20,11 +20,12 @@ Note [sync and async calls]
     Point-to-point calls are not collectives: they run apart, in
     ``plait.torch._p2p`` (Note [point to point on lanes] there).
 
-The group's calls live in six modules: this one (lifetime, the running
+The group's calls live in seven modules: this one (lifetime, the running
 recipe, the devices, the dense collectives), ``plait.torch._coalesced``
 (coalesced calls and the coalescing block), ``plait.torch._alltoall`` (the
-all-to-alls, even and uneven) and ``plait.torch._p2p`` (send and receive),
-all three mixed into :class:`ProcessGroupPlait`, ``plait.torch._sparse``
+all-to-alls, even and uneven), ``plait.torch._rooted`` (``gather`` and
+``scatter``, whose lists only the root sees) and ``plait.torch._p2p`` (send
+and receive), all four mixed into :class:`ProcessGroupPlait`, ``plait.torch._sparse``
 (the all_reduce of a sparse tensor) and ``plait.torch._staging`` (tensors on
 a GPU, served through host copies: Note [tensors on a GPU] there).
 
@@ -71,17 +72,16 @@ from plait.torch._convert import (
     no_overlap,
     output_array,
     output_blocks,
-    output_targets,
     plait_op,
     rank_chunks,
     reshaped_out,
     same_dtype,
     seconds,
-    stack_inputs,
     stacked,
 )
 from plait.torch._monitored import MonitoredBarrier
 from plait.torch._p2p import PointToPoint
+from plait.torch._rooted import RootedCalls
 from plait.torch._staging import Staged, then_write_back
 from plait.torch._store import TorchStore
 from plait.torch._work import (
@@ -109,7 +109,11 @@ _DEVICES = [torch.device(kind) for kind in DEVICE_TYPES]
 Start = Callable[[bool, float | None], Any]
 
 
-class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.ProcessGroup):
+# misc: RootedCalls' gather and scatter take the backend's (tensor lists, options) form, and
+# torch's stub declares ProcessGroup's user-facing overloads for the same names
+class ProcessGroupPlait(  # type: ignore[misc]
+    CoalescedCalls, AllToAllCalls, RootedCalls, PointToPoint, dist.ProcessGroup
+):
     """A torch.distributed process group whose calls plait runs, on CPU and CUDA tensors.
 
     Made by ``dist.init_process_group("plait")`` or ``dist.new_group(...,
@@ -526,69 +530,6 @@ class ProcessGroupPlait(CoalescedCalls, AllToAllCalls, PointToPoint, dist.Proces
         )
 
     _allgather_base = all_gather_single
-
-    def gather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: Any = None,
-    ) -> PlaitWork:
-        """``dist.gather``: every rank's tensor into root's gather_list, in rank order."""
-        opts = opts if opts is not None else _C10D.GatherOptions()
-        c = "gather"
-        x = check_one(input_tensors, c, "input_tensors")
-        root = check_root(opts.rootRank, self._comm.size, c)
-        xa = array(x, c, "tensor")
-        comm = self._comm
-        if root != comm.rank:
-            if output_tensors and any(len(o) for o in output_tensors):
-                raise ValueError(f"{c}: gather_list must be empty on ranks other than dst")
-            return self._run(
-                c, opts, lambda asy, to: comm.gather(xa, root, timeout=to, async_op=asy), []
-            )
-        outs = check_one(output_tensors, c, "output_tensors")
-        back: list[Staged] = []
-        targets = output_targets(self._comm.size, outs, xa, c, "gather_list", back)
-        buf = np.empty((comm.size, *xa.shape), xa.dtype)
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.gather(xa, root, out=buf, timeout=to, async_op=asy),
-            list(outs),  # the future's value: gather_list, as gloo's (not a list of lists)
-            copy_rows(buf, targets),
-            back=back,
-        )
-
-    def scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: Any = None,
-    ) -> PlaitWork:
-        """``dist.scatter``: root's ``scatter_list[r]`` into rank r's tensor."""
-        opts = opts if opts is not None else _C10D.ScatterOptions()
-        c = "scatter"
-        out = check_one(output_tensors, c, "output_tensors")
-        root = check_root(opts.rootRank, self._comm.size, c)
-        back: list[Staged] = []
-        oa = output_array(out, c, "tensor", back, contents=False)
-        target, finish = reshaped_out(oa, (1, *oa.shape))
-        comm = self._comm
-        stacked: np.ndarray | None = None
-        if root == comm.rank:
-            stacked = stack_inputs(
-                self._comm.size, check_one(input_tensors, c, "input_tensors"), oa, c, "scatter_list"
-            )
-        elif input_tensors and any(len(i) for i in input_tensors):
-            raise ValueError(f"{c}: scatter_list must be empty on ranks other than src")
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.scatter(stacked, root, out=target, timeout=to, async_op=asy),
-            [out],
-            finish,
-            back=back,
-        )
 
     def barrier(self, opts: Any = None) -> PlaitWork:
         """``dist.barrier``: returns once every rank has entered."""
