@@ -194,6 +194,7 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
     problem = folder_problem(Path(folder), make=True) if folder else None
     if problem is not None:  # the ranks would each say so only when they dump
         _say(job, stderr, f"PLAIT_DUMP_DIR={folder}: {problem}; flight-recorder dumps will fail")
+    _enough_descriptors(job)
     signals = _Signals()
     old = {s: signal.signal(s, signals.receive) for s in _STOPPING}
     old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, signals.forward)
@@ -420,6 +421,34 @@ def _cannot_start(job: Job, rank: int, exc: BaseException) -> str:
             f"is {soft} descriptors): raise it (ulimit -n) or start fewer ranks"
         )
     return f"{said} (a limit of this host on processes, threads or memory): start fewer ranks"
+
+
+def _enough_descriptors(job: Job) -> None:
+    """Raise this process's soft limit on descriptors to what the job needs, as far as the
+    hard limit allows; StartError where it does not allow enough.
+
+    The launcher holds two pipes per rank of its host and, on node 0, the store's
+    connections: one per rank of the job, two for a while during ``plait.init``. A store out of descriptors cannot accept
+    the ranks that would free some, so the job waited out its ranks' init timeout (300 s).
+    """
+    ranks = job.nproc * job.nnodes if job.node_rank == 0 else 0
+    need = _BASE_DESCRIPTORS + 2 * job.nproc + ranks
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise StartError(
+            f"the launcher needs about {need} file descriptors for {job.nproc} ranks here "
+            f"(two pipes for each rank's output, and the store's connections), but its "
+            f"limit is {hard}: raise it (ulimit -n) or start fewer ranks"
+        )
+    want = 4 * need if hard == resource.RLIM_INFINITY else min(hard, 4 * need)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+#: Descriptors the launcher holds whatever the number of ranks (its store's listener and
+#: poller, the relay's selector, its own standard streams, Python's), with room to spare.
+_BASE_DESCRIPTORS = 32
 
 
 def _meet_seconds(job: Job, base: Mapping[str, str]) -> float:
