@@ -428,8 +428,9 @@ def _enough_descriptors(job: Job) -> None:
     hard limit allows; StartError where it does not allow enough.
 
     The launcher holds two pipes per rank of its host and, on node 0, the store's
-    connections: one per rank of the job, two for a while during ``plait.init``. A store out of descriptors cannot accept
-    the ranks that would free some, so the job waited out its ranks' init timeout (300 s).
+    connections: one per rank of the job, two for a while during ``plait.init``. A store
+    out of descriptors cannot accept the ranks that would free some, so the job waited out
+    its ranks' init timeout (300 s).
     """
     ranks = job.nproc * job.nnodes if job.node_rank == 0 else 0
     need = _BASE_DESCRIPTORS + 2 * job.nproc + ranks
