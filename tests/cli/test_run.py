@@ -205,6 +205,12 @@ def test_a_soft_descriptor_limit_too_low_for_the_job_is_raised(tmp_path: Path) -
     [
         ("PLAIT_JOB_ID", "a/b", "PLAIT_JOB_ID='a/b' cannot name the job: expected 1 to 64 of"),
         ("PLAIT_STORE_MAX_VALUE", "abc", "PLAIT_STORE_MAX_VALUE='abc' is not a size in bytes"),
+        # Each of these failed in every rank, with a traceback and exit 1.
+        ("PLAIT_TIMEOUT", "abc", "PLAIT_TIMEOUT='abc': timeout must be a number of seconds"),
+        ("PLAIT_TRANSPORT", "bogus", "PLAIT_TRANSPORT='bogus' is not a transport; expected"),
+        ("PLAIT_STALL_TIMEOUT", "-3", "PLAIT_STALL_TIMEOUT must be a number of seconds >= 0"),
+        ("PLAIT_ALGO", "allreduce:nope", "PLAIT_ALGO: 'allreduce:nope': unknown algorithm 'nope'"),
+        ("PLAIT_BIND", "maybe", "PLAIT_BIND='maybe' is not a switch"),
     ],
 )
 def test_settings_the_launcher_reads_are_checked_before_any_rank(

@@ -97,7 +97,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from plait.errors import RendezvousError
@@ -355,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
     stall_timeout = getattr(args, "stall_timeout", None)
     if stall_timeout is not None and not stall_timeout >= 0:
         _usage_error(f"--stall-timeout must be a number of seconds >= 0, not {stall_timeout}")
-    _check_settings()
+    _check_settings(args)
     command = rank_command(args)
     if args.nnodes > 1 and os.environ.get("PLAIT_SECRET") is None:
         _usage_error(
@@ -383,22 +383,44 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"plait run: {exc}") from None
 
 
-def _check_settings() -> None:
-    """Settings the launcher reads too, checked before any rank starts: a bad one was a
-    traceback of the launcher's store, or the same error from every rank."""
+def _check_settings(args: argparse.Namespace) -> None:
+    """Settings the launcher or its ranks read, checked before any rank starts: a bad one
+    was a traceback of the launcher's store, or the same error from every rank (those an
+    option of the launcher replaces are not read)."""
+    from plait._checks import env_switch
+    from plait.communicator import default_timeout
+    from plait.diagnostics.triggers import stall_timeout_from_env
     from plait.rendezvous._tcp_wire import max_value_bytes
+    from plait.selection.overrides import overrides
     from plait.transport.shm.bootstrap import JOB_RE
 
+    checks: list[Callable[[], object]] = [
+        max_value_bytes,
+        overrides,
+        lambda: env_switch(os.environ, "PLAIT_RECOVERY", True),
+        lambda: env_switch(os.environ, "PLAIT_BIND", True),
+    ]
+    if args.timeout is None:
+        checks.append(default_timeout)
+    if getattr(args, "stall_timeout", None) is None:
+        checks.append(stall_timeout_from_env)
+    for check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            _usage_error(str(exc))
+    transport = os.environ.get("PLAIT_TRANSPORT", "").strip()
+    if args.transport is None and transport and transport.lower() not in TRANSPORTS:
+        _usage_error(
+            f"PLAIT_TRANSPORT={transport!r} is not a transport; expected one of "
+            f"{', '.join(TRANSPORTS)}"
+        )
     job = os.environ.get("PLAIT_JOB_ID", "")
     if job and not JOB_RE.fullmatch(job):
         _usage_error(
             f"PLAIT_JOB_ID={job!r} cannot name the job: expected 1 to 64 of A-Z, a-z, 0-9, "
             "'_', '.' and '-'"
         )
-    try:
-        max_value_bytes()
-    except ValueError as exc:
-        _usage_error(str(exc))
 
 
 def _mpi4py_env() -> dict[str, str]:
