@@ -365,3 +365,27 @@ def test_a_rank_that_returned_early_is_named_not_the_one_that_lost_it(tmp_path: 
     assert res.returncode == 1, res.stderr
     assert "plait run:   rank 1: exit 0   <- exited while the others still needed it" in lines
     assert not any("started the failure" in line for line in lines), lines
+
+
+def test_a_syntax_error_and_an_exception_named_past_ascii_are_read() -> None:
+    """A SyntaxError's report has no "Traceback" line, and a name such as Ошибка did not
+    match: the summary said only "exit 1", and the report's lines had no rank prefix."""
+    syntax = read('  File "/tmp/job.py", line 1\n    x = (\n        ^\nSyntaxError: never closed\n')
+    assert (syntax.seen, syntax.first, syntax.last) == (True, "SyntaxError", "SyntaxError")
+    named = read(
+        'Traceback (most recent call last):\n  File "x.py", line 3, in <module>\n'
+        "__main__.Ошибка: нет\n"
+    )
+    assert (named.first, named.last_line) == ("__main__.Ошибка", "__main__.Ошибка: нет")
+    frame = read('  File "x.py", line 3, in <module>\n')  # a frame alone starts nothing
+    assert not frame.seen
+
+
+@pytest.mark.multiprocess
+def test_a_rank_whose_script_does_not_compile_is_named_with_its_error(tmp_path: Path) -> None:
+    res = plait_run(["-n", "2"], "x = (\n", tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "plait run: rank 0 failed with SyntaxError: '(' was never closed" in res.stderr, (
+        res.stderr
+    )
+    assert_every_line_has_an_owner(res.stderr)

@@ -41,7 +41,11 @@ _MAX_LINE = 1 << 20
 #: A line and its end: a newline, a carriage return (progress bars), or both.
 _RECORD = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 #: The last line of a Python traceback: the exception's (module-qualified) name.
-_EXCEPTION_LINE = re.compile(rb"([A-Za-z_][\w.]*)(?::|$)")
+#: An exception's line: its name (a Python identifier, dotted; bytes of UTF-8 past ASCII
+#: count as letters, as in ``class Ошибка(Exception)``), then ``:`` or the line's end.
+_EXCEPTION_LINE = re.compile(rb"([A-Za-z_\x80-\xff][\w.\x80-\xff]*)(?::|$)")
+#: The first line of a SyntaxError's report, which has no "Traceback" line before it.
+_SYNTAX_FILE = re.compile(rb'  File ".*", line \d+$')
 #: What a rank's stall line holds (it may follow a ``[rank]: `` prefix of the rank's own).
 _STALL = STALL_MARKER.encode()
 _TRACEBACK = b"Traceback (most recent call last):"
@@ -83,6 +87,8 @@ class Traceback:
         """
         if self.in_frames or b"Traceback (most recent call last)" in data:
             return False
+        if b'  File "' in data:  # a SyntaxError's report may start here
+            return False
         if b"above exception" in data:
             return False
         written = bool(data.strip())
@@ -102,11 +108,12 @@ class Traceback:
         """Take one line of stderr (with its line end), read at ``now`` in the relay's round
         ``read``."""
         line = record.rstrip(b"\r\n")
-        if line == _TRACEBACK or line.startswith(_GROUP_TRACEBACK):
+        syntax = not self.in_frames and _SYNTAX_FILE.match(line) is not None
+        if line == _TRACEBACK or line.startswith(_GROUP_TRACEBACK) or syntax:
             if not (self.chained and self.first is not None):
                 self.first, self.started = None, now
             self.seen, self.in_frames, self.chained, self.went_on = True, True, False, False
-            self.group = line != _TRACEBACK
+            self.group = line.startswith(_GROUP_TRACEBACK)
             return
         if self.in_frames:
             if self.group:
@@ -118,7 +125,7 @@ class Traceback:
             match = _EXCEPTION_LINE.match(line)
             if match is None:
                 return  # another thread's line in the middle of the traceback
-            name = match.group(1).decode("ascii")
+            name = match.group(1).decode(errors="replace")
             if self.first is None:
                 self.first = name
             self.last, self.last_line = name, line.decode(errors="replace")
