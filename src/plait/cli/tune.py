@@ -262,6 +262,13 @@ def _problem(args: argparse.Namespace) -> str | None:
         return f"--hosts {args.hosts} must divide -n {args.nproc}"
     if not args.timeout > 0:  # NaN too
         return f"--timeout must be a number of seconds > 0, not {args.timeout}"
+    if args.output is not None and not args.show:  # refused before the measurement, as bench's
+        from plait.bench.options import check_outputs
+
+        try:
+            check_outputs(args, "output")
+        except ValueError as exc:
+            return str(exc)
     return None
 
 
