@@ -360,3 +360,59 @@ def test_a_receive_that_times_out_names_the_call_made() -> None:
     said = run_ranks(2, body, timeout=1.0)[1]
     for call, text in zip(("Recv", "Sendrecv", "recv", "irecv"), said, strict=True):
         assert text.startswith(f"rank 1: {call} from rank 0 (tag 5) found no message within 1 s")
+
+
+# -- MPI.Exception: what mpi4py raises with MPI's error class ---------------------------
+def test_bad_ranks_tags_roots_and_truncation_raise_mpi_exception_with_its_class() -> None:
+    """``except MPI.Exception`` raised AttributeError (plait.mpi had no such name) while the
+    error it meant to catch was on its way; mpi4py raises these as MPI.Exception."""
+
+    def body(comm: MPI.Comm) -> list[tuple[int, bool]]:
+        got = []
+        calls: list[Callable[[], Any]] = [
+            lambda: comm.Send(np.zeros(2), dest=5),
+            lambda: comm.send(1, dest=-7),
+            lambda: comm.recv(source=9),
+            lambda: comm.Send(np.zeros(2), dest=0, tag=-5),
+            lambda: comm.Recv(np.zeros(2), source=0, tag=-7),
+            lambda: comm.Bcast(np.zeros(2), root=7),
+            lambda: comm.reduce(1, root=9),
+            lambda: comm.Split(-5),
+        ]
+        for call in calls:
+            try:
+                call()
+            except MPI.Exception as exc:
+                got.append((exc.Get_error_class(), isinstance(exc, ValueError)))
+        req = comm.Isend(np.zeros(4), dest=comm.rank, tag=3)
+        try:
+            comm.Recv(np.zeros(2), source=comm.rank, tag=3)
+        except MPI.Exception as exc:
+            got.append((exc.error_class, "MPI_ERR_TRUNCATE" in str(exc)))
+        comm.Recv(np.zeros(4), source=comm.rank, tag=3)  # the message stayed
+        req.Wait()
+        return got
+
+    want = [(MPI.ERR_RANK, True)] * 3 + [(MPI.ERR_TAG, True)] * 2 + [(MPI.ERR_ROOT, True)] * 2
+    want += [(MPI.ERR_ARG, True), (MPI.ERR_TRUNCATE, True)]
+    assert ranks(2, body) == [want, want]
+    null = MPI.COMM_NULL
+    with pytest.raises(MPI.Exception) as info:
+        null.Get_rank()
+    assert info.value.Get_error_class() == MPI.ERR_COMM
+
+
+def test_mpi_exception_is_mpi4pys() -> None:
+    e = MPI.Exception(MPI.ERR_RANK)
+    assert isinstance(e, RuntimeError)
+    assert (repr(e), str(e), int(e), e == MPI.ERR_RANK, bool(e)) == (
+        "MPI.Exception(6)",
+        "MPI_ERR_RANK: invalid rank",
+        6,
+        True,
+        True,
+    )
+    assert (e.Get_error_code(), e.Get_error_class(), e.error_string) == (6, 6, str(e))
+    assert not MPI.Exception(MPI.SUCCESS)
+    assert MPI.Get_error_string(MPI.ERR_TAG) == "MPI_ERR_TAG: invalid tag"
+    assert MPI.Get_error_class(MPI.ERR_TRUNCATE) == MPI.ERR_TRUNCATE

@@ -27,6 +27,7 @@ from typing import Any
 import plait
 from plait.mpi._comm import Comm, Intracomm, world
 from plait.mpi._datatypes import DATATYPES, IN_PLACE, Datatype, InPlace
+from plait.mpi._errors import ERRORS, Exception, Get_error_class, Get_error_string
 from plait.mpi._ops import OPS, Op
 from plait.mpi._requests import UNDEFINED, Request, Status
 from plait.mpi._unsupported import Unsupported, unsupported
@@ -56,7 +57,10 @@ __all__ = [
     "UNDEFINED",
     "Comm",
     "Datatype",
+    "Exception",
     "Finalize",
+    "Get_error_class",
+    "Get_error_string",
     "Get_library_version",
     "Get_processor_name",
     "Get_version",
@@ -74,6 +78,7 @@ __all__ = [
     "Wtime",
     "mpi4py_path",
     *DATATYPES,
+    *ERRORS,
 ]
 
 ANY_SOURCE = plait.ANY_SOURCE
@@ -87,6 +92,25 @@ COMM_WORLD = world()
 COMM_SELF = Comm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1))
 #: What ``Split`` returns for ``MPI.UNDEFINED``; false, and equal to any freed communicator.
 COMM_NULL = Comm(None, "MPI_COMM_NULL")
+
+# MPI's error classes (Note [MPI's errors] in plait.mpi._errors).
+SUCCESS = ERRORS["SUCCESS"][0]
+ERR_BUFFER = ERRORS["ERR_BUFFER"][0]
+ERR_COUNT = ERRORS["ERR_COUNT"][0]
+ERR_TYPE = ERRORS["ERR_TYPE"][0]
+ERR_TAG = ERRORS["ERR_TAG"][0]
+ERR_COMM = ERRORS["ERR_COMM"][0]
+ERR_RANK = ERRORS["ERR_RANK"][0]
+ERR_REQUEST = ERRORS["ERR_REQUEST"][0]
+ERR_ROOT = ERRORS["ERR_ROOT"][0]
+ERR_GROUP = ERRORS["ERR_GROUP"][0]
+ERR_OP = ERRORS["ERR_OP"][0]
+ERR_ARG = ERRORS["ERR_ARG"][0]
+ERR_UNKNOWN = ERRORS["ERR_UNKNOWN"][0]
+ERR_TRUNCATE = ERRORS["ERR_TRUNCATE"][0]
+ERR_OTHER = ERRORS["ERR_OTHER"][0]
+ERR_INTERN = ERRORS["ERR_INTERN"][0]
+ERR_LASTCODE = ERRORS["ERR_LASTCODE"][0]
 
 SUM = OPS["SUM"]
 PROD = OPS["PROD"]

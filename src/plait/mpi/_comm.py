@@ -18,6 +18,7 @@ Note [the world communicator]
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import pickle
 import sys
@@ -32,6 +33,7 @@ import numpy as np
 import plait
 from plait.mpi._collectives import BufferCollectives
 from plait.mpi._datatypes import DATATYPES, Message, message
+from plait.mpi._errors import MPIValueError, mpi_error, raising_mpi_errors
 from plait.mpi._ops import OPS, as_function
 from plait.mpi._requests import UNDEFINED, Inbox, Request, Status, as_call
 from plait.mpi._unsupported import unsupported
@@ -43,15 +45,16 @@ _ANY_SOURCE = plait.ANY_SOURCE
 _ANY_TAG = plait.ANY_TAG
 
 
-def _truncated(call: str, st: plait.Status, m: Message) -> ValueError:
+def _truncated(call: str, st: plait.Status, m: Message) -> MPIValueError:
     """MPI's truncation error, in elements of the buffer's datatype: the message ``st``
     describes is longer than the buffer of ``m``, and stays unreceived."""
     e, name = m.extent, m.datatype.name
     sent = f"{st.nbytes // e} {name}" if st.nbytes % e == 0 else f"{st.nbytes} bytes"
-    return ValueError(
+    return mpi_error(
+        "ERR_TRUNCATE",
         f"{call}: message truncated (MPI_ERR_TRUNCATE): rank {st.source} sent {sent} "
         f"({st.nbytes} bytes) with tag {st.tag}, but the buffer holds {m.count} {name} "
-        f"({m.count * e} bytes); the message is left unreceived"
+        f"({m.count * e} bytes); the message is left unreceived",
     )
 
 
@@ -103,7 +106,9 @@ class Comm(BufferCollectives):
                 self._comm = self._join()
                 self._join = None
         if self._comm is None:
-            raise ValueError("plait.mpi: COMM_NULL (or a freed communicator) cannot communicate")
+            raise mpi_error(
+                "ERR_COMM", "plait.mpi: COMM_NULL (or a freed communicator) cannot communicate"
+            )
         return self._comm
 
     def _box(self) -> Inbox:
@@ -163,9 +168,10 @@ class Comm(BufferCollectives):
             ValueError: ``color`` is negative but not MPI.UNDEFINED (MPI_ERR_ARG).
         """
         if isinstance(color, int) and color < 0 and color != UNDEFINED:
-            raise ValueError(
+            raise mpi_error(
+                "ERR_ARG",
                 f"Split: color={color} is invalid (MPI_ERR_ARG); expected a color >= 0, or "
-                f"MPI.UNDEFINED ({UNDEFINED}) to join no group"
+                f"MPI.UNDEFINED ({UNDEFINED}) to join no group",
             )
         group = self._c.split(None if color == UNDEFINED else color, key)
         if group is None:
@@ -195,10 +201,11 @@ class Comm(BufferCollectives):
         if self._name in _PREDEFINED or not self:
             which = self._name if self._name in _PREDEFINED else "MPI_COMM_NULL"
             again = "" if self._name in _PREDEFINED else " (this one was freed already)"
-            raise ValueError(
+            raise mpi_error(
+                "ERR_COMM",
                 f"Free: {which} cannot be freed (MPI_ERR_COMM: invalid communicator){again}; "
                 "free the communicators made by Split or Dup, once each, and call "
-                "MPI.Finalize() to release the world"
+                "MPI.Finalize() to release the world",
             )
         self._release()
 
@@ -439,6 +446,12 @@ class Comm(BufferCollectives):
         self._recv(recvbuf, source, recvtag, status, "Sendrecv")
         req.Wait()
 
+
+# Every public method raises a bad rank, tag or root as MPI's error (Note [MPI's errors]).
+for _name, _method in list(vars(Comm).items()) + list(vars(BufferCollectives).items()):
+    if not _name.startswith("_") and inspect.isfunction(_method):
+        setattr(Comm, _name, raising_mpi_errors(_method))
+del _name, _method
 
 Intracomm = Comm
 
