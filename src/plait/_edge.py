@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = ["CollectiveMethods"]
 
 # Looked up once here, not per call (collectives.get costs a call and a dict lookup).
+_AUTO = "auto"  # barrier's default algorithm, one object
 _ALLREDUCE = collectives.get("allreduce")
 _REDUCE = collectives.get("reduce")
 _REDUCE_SCATTER = collectives.get("reduce_scatter")
@@ -673,26 +674,25 @@ class CollectiveMethods:
     @overload
     def barrier(self, **kw: Unpack[Either]) -> Work[None] | None: ...
     def barrier(
-        self, *, algorithm: str = "auto", timeout: float | None = None, async_op: bool = False
+        self, *, algorithm: str = _AUTO, timeout: float | None = None, async_op: bool = False
     ) -> Any:
         """Return only once every rank has entered the barrier (``algorithm``: ``"auto"``
         or a name from ``plait.algorithms("barrier")``, the same on every rank)."""
-        c = "barrier"
-        # A barrier's request holds no caller memory: one serves every call of auto's choice
-        # (Note [the short path]), except a compressor's, whose calls choose among message
-        # algorithms only.
+        # One request serves every call of auto's choice (Note [the short path]; not a
+        # compressor's, among message algorithms only). "is": the default is one object.
         runner = self._runner
         kept = self._barrier
-        auto = type(algorithm) is str and algorithm == "auto"
-        if kept is not None and runner.plain and timeout is None and async_op is False and auto:
+        auto = algorithm is _AUTO
+        if auto and kept is not None and runner.plain and timeout is None and async_op is False:
             req, go = kept
             if go is not None:
                 return go(req, 3)  # as start's skip
             return runner.start(req, None, False, self)
+        auto = auto or (type(algorithm) is str and algorithm == "auto")
         plain = not runner.reserved() and auto
         if plain and kept is not None:
             return runner.start(kept[0], timeout, async_op, self)
-        choice = self._choose(c, algorithm, 0, None)
+        choice = self._choose("barrier", algorithm, 0, None)
         empty = np.empty(0, np.uint8)
         req = self._stage.request(choice, 0, empty, None, (0,), None, has_out=False, result=None)
         if plain:
