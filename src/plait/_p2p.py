@@ -457,7 +457,12 @@ class PointToPointMethods:
         if len(reqs) == 1:  # send and recv
             req = reqs[0]
             grace = max(seconds, ARRIVING_GRACE)
-            if not req._wait_until(deadline, cross) and not req._abandon(grace):
+            try:
+                came = req._wait_until(deadline, cross)
+            except BaseException:  # interrupted (Ctrl-C): withdrawn, as at its deadline
+                req._abandon()
+                raise
+            if not came and not req._abandon(grace):
                 raise req._timed_out(seconds)
             req._finish(None)
             return

@@ -7,13 +7,11 @@ the communicator's :class:`~plait.runtime.work.Worker` thread behind a :class:`~
 The first :class:`~plait.errors.CommError` leaves the communicator *broken*:
 the ranks may disagree about what completed, so every later call refuses.
 
-Every call is recorded by the communicator's
-:class:`~plait.diagnostics.recorder.FlightRecorder` (unless
-PLAIT_RECORDER_SIZE=0): :meth:`CallRunner.start` fills the call's slot when
-it takes its number, the executor links the slot to its unfinished handles,
-and :meth:`CallRunner._run` ends it on every path out. A timeout, a lost
-peer or a mismatch dumps the recorder, and the error names the file
-(docs/debugging.md).
+Every call is recorded by the communicator's :class:`~plait.diagnostics.recorder.FlightRecorder`
+(unless PLAIT_RECORDER_SIZE=0): :meth:`CallRunner.start` fills the call's slot when it takes
+its number, the executor links the slot to its unfinished handles, and :meth:`CallRunner._run`
+ends it on every path out. A timeout, a lost peer or a mismatch dumps the recorder, and the
+error names the file (docs/debugging.md).
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ from plait.runtime.executor import Call, execute, run_local
 from plait.runtime.line import run_line
 from plait.runtime.one_sided import mismatch_behind, run_one_sided
 from plait.runtime.scratch import PerThread, Workspace, quiet, restore
-from plait.runtime.work import LazyWorker, Work
+from plait.runtime.work import LazyWorker, Work, let_go
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -132,7 +130,7 @@ class CallRunner:
         # asks for an abort not yet heard (Note [an abort heard late]).
         self.aborted: str | None = None
         self.hear: Callable[[], None] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # Note [an interrupt under the lock] in runtime.work
         self._worker = LazyWorker(f"plait-rank{self._rank}")  # (Note [one worker])
         self._workspaces = PerThread()  # one Workspace per thread that runs calls
         self._reserving = 0  # threads running a compressor's calls now (reserved())
@@ -225,8 +223,8 @@ class CallRunner:
                 "inside a compressed asynchronous allreduce"
             )
         lock = self._lock
-        lock.acquire()  # not ``with``: its enter and exit cost twice as much
-        try:
+        try:  # Note [an interrupt under the lock]
+            lock.acquire()
             if self.closed or self.broken is not None:
                 self.check_usable(c)
             if pinned is None:
@@ -242,8 +240,10 @@ class CallRunner:
             if one_sided:
                 epoch = self.epoch
                 self.epoch += 1
-        finally:
             lock.release()
+        except BaseException:
+            let_go(lock)
+            raise
         describe = (c, spec.name, seq)  # formatted only when needed
         if self.detail:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
@@ -483,16 +483,18 @@ class CallRunner:
         [the one-sided short path])."""
         plan = req.plan
         lock = self._lock
-        lock.acquire()
-        try:
+        try:  # Note [an interrupt under the lock]
+            lock.acquire()
             if self.closed or self.broken is not None:
                 self.check_usable(plan.named)
             seq = self.seq
             self.seq = seq + 1
             epoch = self.epoch
             self.epoch = epoch + 1
-        finally:
             lock.release()
+        except BaseException:
+            let_go(lock)
+            raise
         rec = self.recorder
         slot = None
         if rec is not None:
@@ -551,12 +553,11 @@ class CallRunner:
 
     # Note [the straight-line short path]
     #     The same for a message-passing call that runs in a straight line (the small calls
-    #     between hosts, Note [straight-line schedules]): under the conditions of the
-    #     one-sided short path, a call whose plan has a straight-line order (no average to
-    #     take) is run by _run_straight, which numbers it, opens its recorder slot, carves
-    #     its scratch memory and hands the order to run_line directly, without start's
-    #     general cases, _run's, and execute's choice of how to run the schedule (about
-    #     2 µs less per 2-rank 8-byte call over TCP: docs/performance.md).
+    #     between hosts, Note [straight-line schedules]): under the one-sided short path's
+    #     conditions, a call whose plan has a straight-line order (no average to take) is
+    #     run by _run_straight: it numbers it, opens its recorder slot, carves its scratch
+    #     and hands the order to run_line, without start's general cases, _run's, and
+    #     execute's choice (2 µs less per 2-rank 8-byte call over TCP: docs/performance.md).
 
     @runs_calls  # as _run: the recorder finds a call in flight by this frame
     def _run_straight(self, req: Request, skip: int) -> Any:
@@ -640,14 +641,16 @@ class CallRunner:
     def _number(self, c: str) -> int:
         """The next call's number (a blocking call's, on a usable communicator)."""
         lock = self._lock
-        lock.acquire()  # not ``with``: its enter and exit cost twice as much
-        try:
+        try:  # Note [an interrupt under the lock]
+            lock.acquire()
             if self.closed or self.broken is not None:  # (aborted comes with broken)
                 self.check_usable(c)
             seq = self.seq
             self.seq = seq + 1
-        finally:
             lock.release()
+        except BaseException:
+            let_go(lock)
+            raise
         return seq
 
     @staticmethod

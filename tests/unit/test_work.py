@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import plait
-from plait.runtime.work import Work, Worker
+from plait.runtime.work import Work, Worker, let_go
 from plait.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -245,3 +246,74 @@ def test_first_async_calls_of_two_threads_share_one_worker() -> None:
     lazy.close()
     assert lazy.get() is None  # none is made once close() has begun
     assert not [t for t in threading.enumerate() if t.name == "plait-test-lazy"]
+
+
+class _InterruptedPop(collections.deque):  # type: ignore[type-arg]
+    """A queue whose popleft is interrupted as it returns, as a signal's handler can be."""
+
+    def popleft(self) -> Any:
+        super().popleft()
+        raise KeyboardInterrupt
+
+
+def test_a_job_interrupted_as_it_leaves_the_queue_fails_its_work() -> None:
+    """An interrupt as popleft returned lost the job: its Work was never finished, and every
+    wait for it waited out its timeout (Note [an interrupt under the lock])."""
+    w = Worker("plait-test")
+    w.stop()
+    first, second = Work[Any]("first"), Work[Any]("second")
+    w.submit(lambda: first._finish("first"), first)
+    w.submit(lambda: second._finish("second"), second)
+    w._queue = _InterruptedPop(w._queue)
+    with pytest.raises(KeyboardInterrupt):
+        second.wait()
+    assert isinstance(first.exception(), KeyboardInterrupt)
+    assert not w._busy
+    w._queue = collections.deque(w._queue)
+    assert second.wait() == "second"
+
+
+def test_a_worker_freed_by_an_interrupted_free_is_free() -> None:
+    """An interrupt on the way into _free left the worker busy for good: no job ran again."""
+    w = Worker("plait-test")
+    w.stop()
+    first, second = Work[Any]("first"), Work[Any]("second")
+    w.submit(lambda: first._finish("first"), first)
+    w.submit(lambda: second._finish("second"), second)
+    free, calls = w._free, []
+
+    def interrupted_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        free()
+
+    w._free = interrupted_once  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        second.wait()
+    assert first.wait() == "first"
+    assert not w._busy
+    assert second.wait() == "second"
+
+
+def test_a_lock_taken_as_an_interrupt_came_is_let_go() -> None:
+    lock = threading.RLock()
+    lock.acquire()
+    let_go(lock)  # held here: released
+    assert lock.acquire(blocking=False)
+    lock.release()
+    held = threading.Event()
+    done = threading.Event()
+
+    def other() -> None:
+        with lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    held.wait(10)
+    let_go(lock)  # another thread's: left alone
+    assert not lock.acquire(blocking=False)
+    done.set()
+    t.join(10)
