@@ -20,7 +20,7 @@ from typing import Any
 
 from plait.errors import ForkedError
 
-__all__ = ["watch"]
+__all__ = ["not_forked", "watch"]
 
 
 #: Every live communicator's call runner: the process that made it, and its rank.
@@ -30,6 +30,14 @@ _RUNNERS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDicti
 def watch(runner: Any, rank: int) -> None:
     """Break ``runner`` (rank ``rank``'s) in any child this process forks from now on."""
     _RUNNERS[runner] = (os.getpid(), rank)
+
+
+def not_forked(runner: Any, what: str) -> None:
+    """Raise ForkedError where ``runner``'s communicator is its parent's (this process is a
+    child made by fork): what would drive its transport or store (a request's wait, abort,
+    agree, shrink) acted on the parent's job; None: nothing to check."""
+    if runner is not None and isinstance(runner.broken, ForkedError):
+        runner.check_usable(what)
 
 
 def _in_child() -> None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from plait._arrays import DeviceTarget
 from plait._checks import CACHE_LIMIT, check_timeout
+from plait._fork import not_forked
 from plait.errors import AbortedError, CommError, CommTimeout, MismatchError, PeerLostError
 from plait.group import GroupTransport, user_tag
 from plait.runtime import stall
@@ -255,6 +256,7 @@ class Request(Generic[R]):
         _check_status(status, self._rank, f"{self._c}: test")
         h = self._handle
         if h is not None and not h.done:
+            not_forked(self._runner, f"{self._c}: test")  # the parent's messages
             self._transport.wait_any([h], 0.0)
             if not h.done:
                 return False
@@ -298,6 +300,7 @@ class Request(Generic[R]):
         h = self._handle
         if h is None or h.done:
             return
+        not_forked(self._runner, f"{self._c}: cancel")
         t = self._transport
         if self._incoming is not None and isinstance(t, Matching):
             self._cancelled = t.withdraw(h)
@@ -352,6 +355,8 @@ class Request(Generic[R]):
         h = self._handle
         if h is None:
             return True
+        if not h.done:
+            not_forked(self._runner, f"{self._c}: wait")
         t = self._transport
         looked = False
         while not h.done:
@@ -601,6 +606,8 @@ def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
             f"{c}: the requests belong to communicators over {len(roots)} different transports; "
             "wait_any waits on one (a communicator and its splits); use wait_all or test()"
         )
+    for r in reqs:
+        not_forked(r._runner, c)
     t = reqs[0]._transport
     handles = [r._handle for r in reqs if r._handle is not None]
     deadline = time.monotonic() + seconds

@@ -144,6 +144,7 @@ from typing import NamedTuple
 
 from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark
 from plait._checks import check_timeout
+from plait._fork import not_forked
 from plait._liveness import STALE_SECONDS, Liveness
 from plait.communicator import Communicator
 from plait.errors import (
@@ -622,6 +623,7 @@ def abort(comm: Communicator, reason: str = "") -> None:
     """See :meth:`Communicator.abort` and Note [abort]."""
     if not isinstance(reason, str):
         raise TypeError(f"rank {comm.rank}: abort: reason must be a str; got {reason!r}")
+    not_forked(comm._runner, "abort")  # the store and transport are the parent's
     rec = comm._recovery
     if rec is not None:
         rec.abort(reason)
@@ -631,6 +633,7 @@ def abort(comm: Communicator, reason: str = "") -> None:
 
 def owned(comm: Communicator, what: str) -> Recovery | None:
     """``comm``'s recovery for agree and shrink; None for a lone rank without one."""
+    not_forked(comm._runner, what)
     rec = comm._recovery
     if rec is not None and rec.owns(comm):
         return rec

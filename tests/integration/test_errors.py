@@ -484,6 +484,62 @@ comm.close()
 """
 
 
+FORKED_RECOVERY = """
+import os, sys
+import numpy as np
+import plait
+from plait.testing import memory_communicators
+
+comm = memory_communicators(1, timeout=5)[0]
+req = comm.irecv(np.zeros(2), 0, tag=4)  # posted before the fork
+pid = os.fork()
+if pid == 0:
+    for name, call in [
+        ("wait", lambda: req.wait(1)),
+        ("test", req.test),
+        ("wait_any", lambda: plait.wait_any([req], timeout=1)),
+        ("cancel", req.cancel),
+        ("abort", comm.abort),
+        ("agree", comm.agree),
+        ("shrink", comm.shrink),
+    ]:
+        try:
+            call()
+            print(name, "no error", flush=True)
+        except plait.ForkedError as exc:
+            print(name, "ForkedError", str(exc).split(": this")[0], flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+comm.send(np.ones(2), 0, tag=4)
+print("parent:", req.wait(5).tolist(), comm.allreduce(np.ones(2)).tolist(), flush=True)
+comm.close()
+"""
+
+
+def test_a_forked_child_cannot_wait_abort_agree_or_shrink_its_parents() -> None:
+    """A request's wait in the child took the parent's message off its transport, and abort,
+    agree and shrink there acted on the parent's job through its store and transport: the
+    peers were aborted, or an agreement was given up as the parent's rank."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", FORKED_RECOVERY], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    *child, parent = res.stdout.splitlines()
+    assert child == [
+        "wait ForkedError rank 0: irecv: wait",
+        "test ForkedError rank 0: irecv: test",
+        "wait_any ForkedError rank 0: wait_any",
+        "cancel ForkedError rank 0: irecv: cancel",
+        "abort ForkedError rank 0: abort",
+        "agree ForkedError rank 0: agree",
+        "shrink ForkedError rank 0: shrink",
+    ], res.stdout
+    assert parent == "parent: [1.0, 1.0] [1.0, 1.0]"
+
+
 def test_a_forked_child_cannot_use_its_parents_communicator() -> None:
     """A child made by fork used its parent's communicator: it took part in the parent's
     calls (the ranks disagreed on the results, with no error), and its close() broke the
