@@ -240,6 +240,37 @@ def test_the_workers_of_the_rank_at_the_terminal_are_stopped_too(tmp_path: Path)
         os.close(fd)
 
 
+def test_the_other_commands_of_a_pipeline_at_the_terminal_are_left_alone(tmp_path: Path) -> None:
+    """Looking for the first rank's processes, the launcher took every newcomer of its
+    process group for one: a command the other side of a pipe ran during the job was
+    killed, though the job succeeded."""
+    import pty
+    import shlex
+
+    job = tmp_path / "ok.py"
+    job.write_text("import time\ntime.sleep(2)\nprint('done')\n")  # the pipe's sleep 4 meanwhile
+    mark = tmp_path / "survived"
+    run = shlex.join([*PLAIT, "run", "-n", "2", str(job)])
+    line = f"{run} | {{ sleep 1; sleep 4 && touch {shlex.quote(str(mark))}; cat; }}"
+    pid, fd = pty.fork()
+    if pid == 0:  # a shell leads the terminal's session, as at a prompt
+        os.execv("/bin/sh", ["sh", "-c", f"{line}; echo pipeline-exit=$?; exec sleep 60"])
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"pipeline-exit=" not in out and time.monotonic() < deadline:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"pipeline-exit=0" in out, out
+    assert mark.exists(), out
+
+
 def test_a_rank_reads_the_launchers_terminal(tmp_path: Path) -> None:
     """Ranks in process groups of their own were stopped (SIGTTIN) when they read the
     terminal (input(), a debugger): the first rank now stays in the launcher's group."""

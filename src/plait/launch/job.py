@@ -38,7 +38,7 @@ from plait.launch.stall import (
     send_usr1,
     stall_timeout,
 )
-from plait.launch.watch import RankProcess, group_members, stop, watch
+from plait.launch.watch import RankProcess, adopt_orphans, group_members, stop, watch
 from plait.rendezvous.lost import report_lost
 from plait.rendezvous.nodes import LOOK_SECONDS, MeetingError, NodeClaim, meet_nodes
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
@@ -255,10 +255,11 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #     launcher's group, reading it as before (input(), a debugger's prompt: mpirun gives
 #     stdin to rank 0 too), and the others read nothing (/dev/null): they would all have
 #     read the one terminal by turns before. Stopping that first rank signals the processes
-#     it started too, found in ``/proc`` (plait.launch.watch._strays): those of the
-#     launcher's group that were not there before it started, other than the launcher's
-#     and its parent's children; they used to run on after the job (a wrapper script's
-#     Python, a background child). A launcher killed with SIGKILL stops nothing:
+#     it started too, found in ``/proc`` (plait.launch.watch._strays): its descendants, and
+#     those it left when it exited, which come to the launcher (a child subreaper); they
+#     used to run on after the job (a wrapper script's Python, a background child). Other
+#     processes of the group (a pipeline's, and theirs) are never signalled. A launcher
+#     killed with SIGKILL stops nothing:
 #     each rank's Python then gets SIGTERM from its kernel (its parent the launcher) or
 #     from a thread that waits on the launcher's pidfd (a wrapper script between them),
 #     both asked for in plait.init (die_with_launcher in plait._processes).
@@ -339,6 +340,8 @@ def _attempt(
     signals.events = events
     signals.ranks = ranks
     terminal = _reads_a_terminal()
+    if terminal:  # the first rank shares this group: what it leaves comes here
+        adopt_orphans()
     elsewhere: Elsewhere | None = None
     filer: _Filer | None = None
     try:

@@ -10,6 +10,7 @@ every rank's exit status; it returns the exit code the job ends with.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import re
@@ -22,7 +23,15 @@ from dataclasses import dataclass
 from plait.launch.elsewhere import ELSEWHERE, STOPPED, Elsewhere, exit_code
 from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
 
-__all__ = ["GRACE_SECONDS", "LINGER_SECONDS", "RankProcess", "signal_rank", "stop", "watch"]
+__all__ = [
+    "GRACE_SECONDS",
+    "LINGER_SECONDS",
+    "RankProcess",
+    "adopt_orphans",
+    "signal_rank",
+    "stop",
+    "watch",
+]
 
 #: Seconds between SIGTERM and SIGKILL when stopping ranks.
 GRACE_SECONDS = 5.0
@@ -240,16 +249,45 @@ def _processes() -> dict[int, tuple[int, int]]:
 
 def _strays(r: RankProcess) -> frozenset[int]:
     """The processes rank ``r`` started where it shares the launcher's process group (at a
-    terminal, Note [a rank's processes] in :mod:`plait.launch.job`), running or left
-    behind: those of the group that were not there before it started, other than the
-    launcher, its children (the rank itself) and its parent's (a pipeline's other
-    commands, ``plait run ... | tee log``)."""
-    me, parent, group = os.getpid(), os.getppid(), os.getpgrp()
-    return frozenset(
-        pid
-        for pid, (ppid, pgrp) in _processes().items()
-        if pgrp == group and pid not in r.before and pid != me and ppid not in (me, parent)
-    )
+    terminal, Note [a rank's processes] in :mod:`plait.launch.job`): its descendants, and
+    those it left that were handed to this launcher (a subreaper: :func:`adopt_orphans`),
+    in the launcher's group and not there before it started. Never another process of the
+    group (a pipeline's other commands and theirs, ``plait run ... | tee log``)."""
+    table = _processes()
+    me, group = os.getpid(), os.getpgrp()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    # Orphans handed to this launcher: its children other than the rank, in its group.
+    todo = [r.proc.pid]
+    todo += [p for p in children.get(me, ()) if p != r.proc.pid and table[p][1] == group]
+    found: set[int] = set()
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    found.update(p for p in children.get(me, ()) if p != r.proc.pid and table[p][1] == group)
+    return frozenset(p for p in found if p not in r.before and table.get(p, (0, 0))[1] == group)
+
+
+def adopt_orphans() -> None:
+    """Make this process the parent of the processes its ranks leave behind (Linux's child
+    subreaper), so that :func:`_strays` still finds those of a rank that exited first."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+#: prctl's option that makes a process the parent of its descendants' orphans.
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _reap(pids: frozenset[int]) -> None:
+    """Reap those of ``pids`` that are this launcher's children and have ended (adopted)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _group_left(r: RankProcess) -> bool:
@@ -292,6 +330,7 @@ def stop(ranks: Sequence[RankProcess]) -> None:
         if r.proc.poll() is None or _group_left(r):
             signal_rank(r, signal.SIGKILL)
         r.proc.wait()
+        _reap(r.strays)
 
 
 def _survivors(
@@ -412,11 +451,14 @@ def watch(
         why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
         relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
     if on_lost is not None and not recovery:  # for other hosts' ranks still in plait.init
+        # The failed first: another host's launcher acts on the first it finds (Note [a
+        # failure on another host] in plait.launch.elsewhere).
+        for r in ranks:
+            if r.exit is not None and r.exit[0] != 0:
+                on_lost(r.rank, _describe(r.exit[0]))
         for r in ranks:
             if r.exit is None:
                 on_lost(r.rank, f"{STOPPED} after rank {first.rank} failed")
-            elif r.exit[0] != 0:
-                on_lost(r.rank, _describe(r.exit[0]))
     if running and before_stop is not None:
         how = {r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None}
         when = min(r.exit[1] for r in failed if r.exit is not None)
