@@ -448,7 +448,7 @@ class Comm(BufferCollectives):
 
 
 # Every public method raises a bad rank, tag or root as MPI's error (Note [MPI's errors]).
-for _name, _method in list(vars(Comm).items()) + list(vars(BufferCollectives).items()):
+for _name, _method in {**vars(BufferCollectives), **vars(Comm)}.items():  # Comm's win
     if not _name.startswith("_") and inspect.isfunction(_method):
         setattr(Comm, _name, raising_mpi_errors(_method))
 del _name, _method
