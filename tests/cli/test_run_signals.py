@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -207,68 +208,66 @@ def test_the_workers_of_a_rank_that_exited_are_stopped_too(tmp_path: Path) -> No
     assert _until_gone(_pids(tmp_path, 2)) == [], res.stderr
 
 
+@contextlib.contextmanager
+def _at_a_terminal(line: str) -> Iterator[bytes]:
+    """Run the shell ``line`` at a terminal whose session a shell leads (as at a prompt),
+    which outlives it; yield what the terminal showed up to ``line``'s exit status
+    (``exit=N``), and end the session after the block."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own, the terminal its controlling one
+        os.execv("/bin/sh", ["sh", "-c", f"{line}; echo exit=$?; exec sleep 60"])
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"exit=" not in out and time.monotonic() < deadline:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:  # the session ended
+                break
+        yield out
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
 def test_the_workers_of_the_rank_at_the_terminal_are_stopped_too(tmp_path: Path) -> None:
     """At a terminal the first rank shares the launcher's process group (so that it may
     read the terminal), and stopping it signalled its process alone: its worker, left
     behind when it exited, ran on after the job (until the terminal's session ended)."""
-    import pty
     import shlex
 
     (tmp_path / "rank.py").write_text(textwrap.dedent(WORKERS))
     run = shlex.join([*PLAIT, "run", "-n", "2", str(tmp_path / "rank.py"), str(tmp_path)])
-    pid, fd = pty.fork()
-    if pid == 0:  # a shell leads the terminal's session, as at a prompt, and outlives the job
-        os.execv("/bin/sh", ["sh", "-c", f"{run}; echo launcher-exit=$?; exec sleep 60"])
-    out = b""
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while b"launcher-exit=" not in out and time.monotonic() < deadline:
-            try:
-                out += os.read(fd, 4096)
-            except OSError:
-                break
-        assert b"launcher-exit=3" in out, out
-        pids = _pids(tmp_path, 2)
-        assert _until_gone(pids) == [], out
+        with _at_a_terminal(run) as out:
+            assert b"exit=3" in out, out
+            pids = _pids(tmp_path, 2)
+            assert _until_gone(pids) == [], out
     finally:
         for worker in pids:
             if not _gone(worker):
                 os.kill(worker, signal.SIGKILL)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(fd)
 
 
 def test_the_other_commands_of_a_pipeline_at_the_terminal_are_left_alone(tmp_path: Path) -> None:
     """Looking for the first rank's processes, the launcher took every newcomer of its
     process group for one: a command the other side of a pipe ran during the job was
     killed, though the job succeeded."""
-    import pty
     import shlex
 
     job = tmp_path / "ok.py"
     job.write_text("import time\ntime.sleep(2)\nprint('done')\n")  # the pipe's sleep 4 meanwhile
     mark = tmp_path / "survived"
     run = shlex.join([*PLAIT, "run", "-n", "2", str(job)])
-    line = f"{run} | {{ sleep 1; sleep 4 && touch {shlex.quote(str(mark))}; cat; }}"
-    pid, fd = pty.fork()
-    if pid == 0:  # a shell leads the terminal's session, as at a prompt
-        os.execv("/bin/sh", ["sh", "-c", f"{line}; echo pipeline-exit=$?; exec sleep 60"])
-    out = b""
-    try:
-        deadline = time.monotonic() + 60
-        while b"pipeline-exit=" not in out and time.monotonic() < deadline:
-            try:
-                out += os.read(fd, 4096)
-            except OSError:
-                break
-    finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(fd)
-    assert b"pipeline-exit=0" in out, out
-    assert mark.exists(), out
+    with _at_a_terminal(
+        f"{run} | {{ sleep 1; sleep 4 && touch {shlex.quote(str(mark))}; cat; }}"
+    ) as out:
+        assert b"exit=0" in out, out
+        assert mark.exists(), out
 
 
 def test_a_rank_reads_the_launchers_terminal(tmp_path: Path) -> None:
