@@ -465,11 +465,16 @@ def test_a_rank_killed_in_init_on_another_host_is_named_at_once_without_recovery
 ) -> None:
     # Without --enable-recovery host 1's launcher stops its other rank and exits; it filed
     # nothing, and host 0's ranks waited out their 300 s in plait.init for ranks 2 and 3.
+    # Now it files them, and host 0's launcher, which looks for them, ends the job there
+    # too, naming rank 3 and exiting with its code (Note [a failure on another host]); a
+    # rank of host 0 that heard of the loss first names it as well.
     job = net.run(2, 2, DIES_IN_INIT, ["3", "2"], tmp_path)
-    assert job.rcs[0] == 0, job.report()
-    for r in (0, 1):
-        assert f"rank {r}: lost " in job.stdout, job.report()
-    assert "as plait run saw" in job.stdout, job.report()
+    assert job.rcs == [137, 137], job.report()
+    said = "plait run: rank 3, on another host, was killed by SIGKILL; stopping the ranks"
+    assert said in job.nodes[0].stderr, job.report()
+    for n in job.nodes:
+        assert n.ended is not None
+    assert "finished without noticing" not in job.stdout, job.report()
 
 
 # -- 5. PLAIT_SOCKET_IFNAME ------------------------------------------------------------------
