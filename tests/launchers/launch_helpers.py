@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ports import free_port_pair  # noqa: F401 - the launcher tests' import of it
 
 HERE = Path(__file__).resolve().parent
 RANK_SCRIPT = HERE / "rank_script.py"
@@ -57,23 +58,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PLAIT_TIMEOUT"] = RANK_TIMEOUT
     env.update(extra)
     return env
-
-
-def free_port_pair() -> int:
-    """A port p such that p and p + 1 are both free on 127.0.0.1 (just now)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 @contextlib.contextmanager

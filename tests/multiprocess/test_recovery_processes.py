@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 from plait.rendezvous.tcp_store import TCPStoreServer
+from ports import free_port_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = secrets.token_hex(16)
@@ -346,22 +346,6 @@ def test_rank_0_dies_with_the_store_elsewhere_the_survivors_go_on(
         assert res["error"] is None, logs
         assert res["new_rank"] == r - 1
         assert res["total"] == 2 + 3
-
-
-def free_port_pair() -> int:
-    """A port p with p + 1 free too (rank 0 serves its store on MASTER_PORT + 1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free pair of ports")
 
 
 @pytest.mark.timeout(90)
