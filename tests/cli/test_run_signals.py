@@ -302,6 +302,37 @@ def test_a_rank_reads_the_launchers_terminal(tmp_path: Path) -> None:
     assert b"rank 0 got 'hello'" in out, out
 
 
+def test_piped_stdin_goes_to_the_first_rank_alone(tmp_path: Path) -> None:
+    """Every rank read a piped stdin, and each got a share of it that depended on which ran
+    first; the first rank of the host now reads it all and the others read nothing, as
+    at a terminal (and as mpirun gives stdin to rank 0)."""
+    script = tmp_path / "read.py"
+    script.write_text(  # the others read first: rank 0 waits until they have
+        "import os, sys, time\n"
+        "rank, folder = int(os.environ['PLAIT_RANK']), sys.argv[1]\n"
+        "if rank == 0:\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while not all(os.path.exists(os.path.join(folder, f'read{r}')) for r in (1, 2)):\n"
+        "        assert time.monotonic() < deadline, 'the others never read'\n"
+        "        time.sleep(0.01)\n"
+        "data = sys.stdin.read()\n"
+        "open(os.path.join(folder, f'read{rank}'), 'w').close()\n"
+        "print(f'rank {rank} read {len(data.splitlines())}', flush=True)\n"
+    )
+    lines = "".join(f"line {i}\n" for i in range(20_000))
+    done = subprocess.run(
+        [*PLAIT, "run", "-n", "3", str(script), str(tmp_path)],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 read 20000" in done.stdout, done.stdout
+    assert "rank 1 read 0" in done.stdout, done.stdout
+    assert "rank 2 read 0" in done.stdout, done.stdout
+
+
 LATE = """
     import os, sys, time, plait
     folder = sys.argv[1]

@@ -254,13 +254,14 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #     where the launcher reads a terminal, the first rank of the host stays in the
 #     launcher's group, reading it as before (input(), a debugger's prompt: mpirun gives
 #     stdin to rank 0 too), and the others read nothing (/dev/null): they would all have
-#     read the one terminal by turns before. Stopping that first rank signals the processes
-#     it started too, found in ``/proc`` (plait.launch.watch._strays): its descendants, and
-#     those it left when it exited, which come to the launcher (a child subreaper); they
-#     used to run on after the job (a wrapper script's Python, a background child). Other
-#     processes of the group (a pipeline's, and theirs) are never signalled. A launcher
-#     killed with SIGKILL stops nothing:
-#     each rank's Python then gets SIGTERM from its kernel (its parent the launcher) or
+#     read the one terminal by turns before. A piped stdin goes to the first rank alone
+#     too: each rank read a share of it that depended on which ran first. Stopping that
+#     first rank signals the processes it started too, found in ``/proc``
+#     (plait.launch.watch._strays): its descendants, and those it left when it exited,
+#     which come to the launcher (a child subreaper); they used to run on after the job (a
+#     wrapper script's Python, a background child). Other processes of the group (a
+#     pipeline's, and theirs) are never signalled. A launcher killed with SIGKILL stops
+#     nothing: each rank's Python then gets SIGTERM from its kernel (its parent the launcher) or
 #     from a thread that waits on the launcher's pidfd (a wrapper script between them),
 #     both asked for in plait.init (die_with_launcher in plait._processes).
 
@@ -359,7 +360,7 @@ def _attempt(
                 proc = subprocess.Popen(
                     list(job.command),
                     env=env,
-                    stdin=subprocess.DEVNULL if terminal and own else None,
+                    stdin=None if local == 0 else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     bufsize=0,
