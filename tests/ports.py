@@ -5,7 +5,23 @@ from __future__ import annotations
 import random
 import socket
 
-__all__ = ["free_port_pair"]
+__all__ = ["free_port", "free_port_pair"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing is bound to on ``host`` right now, drawn below the kernel's range of
+    ephemeral ports (see :func:`free_port_pair`)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    lo = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, lo - 20000), lo - 1)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host}")
 
 
 def free_port_pair() -> int:

@@ -11,18 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.rendezvous.store import Store
+from ports import free_port  # noqa: F401 - the store tests' import of it
 
 #: Default timeout of test stores: long enough for a slow CI machine, short
 #: enough that a bug fails the test well before pytest-timeout kills it.
 TEST_TIMEOUT = 10.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the kernel's pick for port 0)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def ipv6_loopback_available() -> bool:
