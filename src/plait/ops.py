@@ -21,7 +21,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op", "check_dtype"]
+__all__ = [
+    "AVG",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "MAX",
+    "MIN",
+    "PROD",
+    "SUM",
+    "Op",
+    "check_dtype",
+    "fold",
+    "fold_one",
+]
 
 _INT = "iu"
 _BOOL = "b"
@@ -141,6 +154,37 @@ class Op:
 #     complex numbers by PROD (and the reference the tests compare with) calls
 #     complex_multiply instead: the textbook formula in four real products, a difference
 #     and a sum, each one rounding of numpy's, whatever the length, aliasing or alignment.
+
+#
+# Note [one-element folds]
+#     numpy's loop for one element gives the NaN of the operand that ``out`` is not, where
+#     every other loop (and one element written to fresh memory) gives one fixed
+#     operand's: with numpy 2.4 here, ``np.add(a, b, out=a)`` of one float32, float64 or
+#     complex element returns ``b``'s NaN, ``out=b`` and a fresh ``out`` return ``a``'s
+#     (fmin and complex products alike; a NaN's sign and payload are its bits). Ranks
+#     that fold the same operands in the same order into their own buffers, each its own
+#     (recursive doubling's partners; a one-shot fold in place), got different bits from
+#     a one-element allreduce whose ranks held NaNs of different signs (``inf - inf``
+#     against ``np.nan``). So every fold of one element into one of its operands computes
+#     into fresh memory and copies the result (:func:`fold_one`): the bits then depend on
+#     the operands and their order alone.
+
+
+def fold(ufunc: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``ufunc(a, b, out=out)``, ``out`` being ``a`` or ``b``, with bits that depend on the
+    operands and their order alone (Note [one-element folds])."""
+    if out.size == 1:
+        fold_one(ufunc, a, b, out)
+    else:
+        ufunc(a, b, out=out)
+
+
+def fold_one(ufunc: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``ufunc(a, b, out=out)`` for one element, through fresh memory, so that the bits do
+    not depend on which operand ``out`` is (Note [one-element folds])."""
+    fresh = np.empty_like(out)
+    ufunc(a, b, out=fresh)
+    out[...] = fresh
 
 
 #: Elements of a complex product computed at a time (its temporaries stay in cache).

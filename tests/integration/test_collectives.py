@@ -250,6 +250,37 @@ def test_complex_products_agree_bitwise_whatever_the_path(dtype: Any, algorithm:
                 assert got == {want}, (window, i)
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("algorithm", plait.algorithms("allreduce"))
+def test_nans_of_different_signs_agree_bitwise(algorithm: str, size: int) -> None:
+    """Note [one-element folds]: numpy's loop for one element gives the NaN of the operand
+    ``out`` is not, so recursive doubling's partners (each folding into its own buffer)
+    and a one-shot fold in place gave the ranks NaNs of different signs."""
+    cases = [(dtype, n) for dtype in (np.float32, np.float64, np.complex128) for n in (1, 2, 17)]
+
+    def body(comm: plait.Communicator) -> list[bytes] | None:
+        got = []
+        for dtype, n in cases:
+            x = np.full(n, np.nan, dtype)
+            if comm.rank % 2 == 0:
+                x = -x  # x86's NaN from inf - inf has its sign bit set; np.nan has not
+            try:
+                if comm.rank == 0:  # in place here, not on the others
+                    comm.allreduce(x, plait.SUM, out=x, algorithm=algorithm)
+                    got.append(x.tobytes())
+                else:
+                    got.append(comm.allreduce(x, plait.SUM, algorithm=algorithm).tobytes())
+            except plait.UnsupportedError:  # an algorithm that needs hosts, or a network
+                return None
+        return got
+
+    ranks = run_ranks(size, body)
+    if ranks[0] is None:
+        pytest.skip(f"{algorithm} does not run on {size} threads of one process")
+    for i, case in enumerate(cases):
+        assert len({ranks[r][i] for r in range(size)}) == 1, case
+
+
 def test_complex_multiply_is_the_textbook_formula_on_every_path() -> None:
     rng = np.random.default_rng(7)
     empty = np.zeros(0, np.complex64)

@@ -113,6 +113,7 @@ from typing import Any, NamedTuple, TypeGuard
 import numpy as np
 
 from plait.errors import CommError, InternalError
+from plait.ops import fold_one
 from plait.runtime.executor import Call
 from plait.runtime.posts import (
     GAVE_UP_FROM,
@@ -304,7 +305,6 @@ def _generate(
     counts: tuple[int, int],
 ) -> Callable[..., None]:
     """The function that runs a call of ``schedule`` on ``window`` (Note [generated runs])."""
-    n = 3 + len(regions)
     rank = schedule.rank
     size = getattr(window, "size", schedule.size)
     env: dict[str, Any] = {
@@ -359,7 +359,11 @@ def _generate(
         head.append(f"        gave_up = base | {GAVE_UP_FROM}")  # from gave_up to ended: it gave up
         head.append(f"        ended = base + {1 << 32}")  # and from here on it ended this call
     post = _post_lines(window, env)
-    bodies = [_body(ops[h], consts[h], n, h, env, post) for h in (0, 1)]
+    # Each operand's element count, for the folds of one element (Note [one-element folds]
+    # in plait.ops): the caller's buffers, then their regions; the views have their own.
+    sizes = [schedule.in_count, schedule.out_count, schedule.tmp_count]
+    sizes += [hi - lo for _, lo, hi in regions]
+    bodies = [_body(ops[h], consts[h], sizes, h, env, post) for h in (0, 1)]
     head.append("        if half:")
     head += ["    " + line for line in bodies[1] or ["        pass"]]
     head.append("        else:")
@@ -418,14 +422,18 @@ def _post_lines(window: Any, env: dict[str, Any]) -> list[str]:
 def _body(
     ops: list[tuple[Any, ...]],
     consts: tuple[np.ndarray, ...],
-    n: int,
+    sizes: list[int],
     h: int,
     env: dict[str, Any],
     post: list[str],
 ) -> list[str]:
     """Half ``h``'s operations as lines of the run (at the depth of its ``try``), their
-    constants bound in ``env`` under names that end in ``_h``; ``post``: the lines of a
-    post of ``v``."""
+    constants bound in ``env`` under names that end in ``_h``; ``sizes``: the element
+    counts of the operands before the views; ``post``: the lines of a post of ``v``."""
+    n = len(sizes)
+
+    def one(k: int) -> bool:  # whether operand k is one element
+        return (sizes[k] if k < n else consts[k - n].size) == 1
 
     def name(k: int) -> str:
         if k < 3:
@@ -475,12 +483,18 @@ def _body(
             ]
             if code == _WAIT:
                 continue
-        if code == _FOLD:
-            body.append(f"        ufunc({name(op[1])}, {name(op[3])}, out={name(op[2])})")
-        elif code in (_REDUCE, _GET_REDUCE):
-            src, dst = name(op[1]), name(op[2])
-            pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
-            body.append(f"        ufunc({pair}, out={dst})")
+        if code in (_FOLD, _REDUCE, _GET_REDUCE):
+            dst = name(op[2])
+            if code == _FOLD:
+                pair = f"{name(op[1])}, {name(op[3])}"
+            else:
+                src = name(op[1])
+                pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
+            if one(op[2]):  # Note [one-element folds] in plait.ops
+                env["_fold_one"] = fold_one
+                body.append(f"        _fold_one(ufunc, {pair}, {dst})")
+            else:
+                body.append(f"        ufunc({pair}, out={dst})")
         elif code == _SELF_COPY:
             body.append("        if not aliased:")  # IN and OUT are one memory in place
             body.append(f"            {name(op[2])}[...] = {name(op[1])}")

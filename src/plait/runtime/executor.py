@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from plait.errors import InternalError
+from plait.ops import fold
 from plait.runtime.line import line_of, remember, run_line
 from plait.runtime.stall import Prober, settle
 from plait.runtime.waits import block, job_rank, malformed, withdraw, wrap
@@ -331,10 +332,10 @@ def _combine(
     if r is None:
         raise malformed(rank, call, step)
     dst = buffers[r.buf][r.offset : r.offset + r.count]
-    if step.first:
-        ufunc(data, dst, out=dst)
+    if step.first:  # Note [one-element folds] in plait.ops
+        fold(ufunc, data, dst, dst)
     else:
-        ufunc(dst, data, out=dst)
+        fold(ufunc, dst, data, dst)
 
 
 def run_local(
@@ -370,10 +371,10 @@ def _local_step(
     else:
         src = buffers[s.buf][s.offset : s.offset + s.count]
         dst = buffers[d.buf][d.offset : d.offset + d.count]
-        if step.first:
-            ufunc(src, dst, out=dst)
+        if step.first:  # Note [one-element folds] in plait.ops
+            fold(ufunc, src, dst, dst)
         else:
-            ufunc(dst, src, out=dst)
+            fold(ufunc, dst, src, dst)
 
 
 def _note(

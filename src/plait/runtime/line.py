@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.errors import InternalError
+from plait.ops import fold_one
 from plait.runtime.stall import Prober, settle
 from plait.runtime.waits import block, malformed, withdraw, wrap
 from plait.schedule.ir import Schedule, StepKind
@@ -221,6 +222,8 @@ def run_line(
                 dst = op[2]
                 if op[4] < 0:
                     dst[...] = op[3]  # numpy copies overlapping regions through a temporary
+                elif dst.size == 1:  # Note [one-element folds] in plait.ops
+                    fold_one(ufunc, *((op[3], dst) if op[4] else (dst, op[3])), dst)
                 elif op[4]:
                     ufunc(op[3], dst, out=dst)
                 else:

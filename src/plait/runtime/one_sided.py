@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from plait.errors import CommError, InternalError
+from plait.ops import fold
 from plait.runtime.compiled import run_of
 from plait.runtime.executor import (
     Call,
@@ -355,10 +356,10 @@ def _get(
     dst = bufs[d.buf][d.offset : d.offset + d.count]
     if step.kind is StepKind.GET:
         dst[...] = theirs
-    elif step.first:
-        ufunc(theirs, dst, out=dst)
+    elif step.first:  # Note [one-element folds] in plait.ops
+        fold(ufunc, theirs, dst, dst)
     else:
-        ufunc(dst, theirs, out=dst)
+        fold(ufunc, dst, theirs, dst)
 
 
 def _unposted(window: Any, w: int, value: int) -> bool:
