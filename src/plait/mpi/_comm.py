@@ -2,7 +2,7 @@
 
 The lowercase methods move Python objects with plait's object collectives (pickle protocol
 5, arrays out of band) and, point to point, as pickled bytes matched by an
-:class:`~plait.mpi._requests.Inbox` (Note [object messages]); the capitalised ones move
+:class:`~plait.mpi._inbox.Inbox` (Note [object messages]); the capitalised ones move
 buffers (:mod:`plait.mpi._collectives` for the collectives, here for point to point).
 
 Note [the world communicator]
@@ -17,6 +17,7 @@ Note [the world communicator]
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -34,8 +35,9 @@ import plait
 from plait.mpi._collectives import BufferCollectives
 from plait.mpi._datatypes import DATATYPES, Message, message
 from plait.mpi._errors import MPIValueError, mpi_error, raising_mpi_errors
+from plait.mpi._inbox import Inbox
 from plait.mpi._ops import OPS, as_function
-from plait.mpi._requests import UNDEFINED, Inbox, Request, Status, as_call
+from plait.mpi._requests import UNDEFINED, Request, Status, as_call
 from plait.mpi._unsupported import unsupported
 
 __all__ = ["Comm", "Intracomm", "world"]
@@ -336,8 +338,24 @@ class Comm(BufferCollectives):
     def probe(
         self, source: int = _ANY_SOURCE, tag: int = _ANY_TAG, status: Status | None = None
     ) -> bool:
-        """Wait until a message from ``source`` with ``tag`` can be received; True."""
-        found = self._c.probe(source, tag)
+        """Wait until a message from ``source`` with ``tag`` can be received; True.
+
+        A message that a queued receive (posted earlier) matches is that receive's, not
+        the probe's (Note [object messages]).
+        """
+        c = self._c
+        seconds = c.timeout
+        deadline = time.monotonic() + seconds
+        found = c.probe(source, tag)
+        while (box := self._inbox) is not None and box.busy():
+            again = box.look(source, tag)
+            if again is not None:
+                found = again
+                break
+            try:
+                found = c.probe(source, tag, timeout=max(deadline - time.monotonic(), 1e-3))
+            except plait.CommError as exc:
+                raise as_call(exc, "probe", seconds) from exc.__cause__
         if status is not None:
             status._from(found)
         return True
@@ -345,8 +363,13 @@ class Comm(BufferCollectives):
     def iprobe(
         self, source: int = _ANY_SOURCE, tag: int = _ANY_TAG, status: Status | None = None
     ) -> bool:
-        """Whether a message from ``source`` with ``tag`` can be received now."""
-        found = self._c.iprobe(source, tag)
+        """Whether a message from ``source`` with ``tag`` can be received now (one that no
+        queued receive, posted earlier, matches: Note [object messages])."""
+        box = self._inbox
+        if box is not None and box.busy():
+            found = box.look(source, tag)
+        else:
+            found = self._c.iprobe(source, tag)
         if found is not None and status is not None:
             status._from(found)
         return found is not None
@@ -399,8 +422,10 @@ class Comm(BufferCollectives):
             except (plait.CommError, ValueError, TypeError) as exc:  # a bad source or tag too
                 raise as_call(exc, call, seconds) from exc.__cause__
             first = False
-            with self._taking:
-                st = c.iprobe(source, tag)
+            # Queued receives, posted earlier, take theirs first (Note [object messages]).
+            box = self._inbox if self._inbox is not None and self._inbox.busy() else None
+            with self._taking, box.lock if box is not None else contextlib.nullcontext():
+                st = c.iprobe(source, tag) if box is None else box.look(source, tag)
                 if st is None:
                     continue  # another thread took it: wait for the next one
                 if st.nbytes > into.size:
@@ -422,14 +447,21 @@ class Comm(BufferCollectives):
     #     letting go; finding none (another thread took it), it waits again, within the
     #     deadline the call started with. Irecv posts under the same lock (posting does not
     #     wait), so no receive posted meanwhile can match the message between the look and
-    #     the receive.
+    #     the receive. While object receives are queued, the look and the receive also hold
+    #     the inbox's lock, so that no queued receive takes the message in between (Note
+    #     [object messages]); the lock order is _taking, then the inbox's.
 
     def Irecv(self, buf: Any, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
         """Start receiving into ``buf``, which must have exactly the message's size."""
         m = _p2p(buf, source, "Irecv")
+        box = self._box()
         with self._taking:  # Note [threads receiving buffers]
+            if box.busy():  # behind the queued receives it overlaps (Note [object messages])
+                queued = box.defer(m.bytes(), source, tag)
+                if queued is not None:
+                    return Request(inbox=box, pending=queued, keep=buf, into=m)
             req = self._c.irecv(m.bytes(), source, tag)
-        return Request(req, inbox=self._box(), keep=buf, into=m)
+        return Request(req, inbox=box, keep=buf, into=m)
 
     def Sendrecv(
         self,

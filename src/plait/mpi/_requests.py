@@ -1,37 +1,25 @@
-"""mpi4py's ``Status`` and ``Request`` for plait.mpi, and the inbox of pickled messages.
+"""mpi4py's ``Status`` and ``Request`` for plait.mpi.
 
-Note [object messages]
-    The lowercase ``send``/``isend`` pickle an object (protocol 5, in band: the bytes
-    mpi4py sends) and send them as one message of bytes with the user's tag. A receive of
-    an object cannot be posted before its size is known, so :class:`Inbox` matches object
-    receives itself: every ``recv``/``irecv`` is queued in the order it was posted, and a
-    message found by ``probe`` goes to the *earliest posted* queued receive that matches
-    its source and tag, which then takes it with a receive of exactly its size from that
-    source and tag (non-overtaking per sender and tag makes that the probed message).
-    That is MPI's matching rule; the only difference is that a queued ``irecv`` takes its
-    message when the program waits on or tests a request of the inbox, not in the
-    background, so a large object sent to it waits until then (mpi4py's ``irecv`` refuses
-    large objects anyway: it receives into a fixed 32 KiB buffer by default).
+Object receives are queued in an :class:`~plait.mpi._inbox.Inbox` (Note [object messages]);
+a request of one waits on or tests the inbox.
 """
 
 from __future__ import annotations
 
 import contextlib
-import pickle
 import re
-import threading
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import plait
-from plait._p2p import _check_rank, _check_tag
 from plait.mpi._datatypes import DATATYPES, Datatype, Message
 from plait.mpi._unsupported import Unlisted, lacking
 
-__all__ = ["UNDEFINED", "Inbox", "Request", "Status", "as_call"]
+if TYPE_CHECKING:
+    from plait.mpi._inbox import Inbox, _Pending
+
+__all__ = ["UNDEFINED", "Request", "Status", "as_call"]
 
 #: mpi4py's ``MPI.UNDEFINED`` (Open MPI's value): a count that is not whole, a split color.
 UNDEFINED = -32766
@@ -134,150 +122,6 @@ class Status(metaclass=Unlisted):
         return f"<plait.mpi.Status source={self.source} tag={self.tag} bytes={self.nbytes}>"
 
 
-class _Pending:
-    """One object receive queued in an :class:`Inbox`."""
-
-    __slots__ = ("call", "done", "source", "status", "tag", "value")
-
-    def __init__(self, source: int, tag: int, call: str) -> None:
-        self.source = source
-        self.tag = tag
-        self.call = call  # the user's call (recv, irecv), for its timeout's message
-        self.done = False
-        self.value: Any = None
-        self.status = Status()
-
-    def matches(self, st: plait.Status) -> bool:
-        return self.source in (plait.ANY_SOURCE, st.source) and self.tag in (plait.ANY_TAG, st.tag)
-
-
-class Inbox:
-    """The object receives of one communicator, matched in MPI's order (Note [object messages])."""
-
-    def __init__(self, comm: plait.Communicator) -> None:
-        self._comm = comm
-        self._queue: list[_Pending] = []
-        self._lock = threading.RLock()
-
-    def post(self, source: int, tag: int, c: str) -> _Pending:
-        """Queue a receive from ``source`` with ``tag`` (wildcards allowed) for the call
-        ``c``, checking both first.
-
-        Raises:
-            TypeError, ValueError: ``source`` or ``tag`` is no rank or tag of this
-                communicator (MPI_ERR_RANK, MPI_ERR_TAG), before anything is queued.
-        """
-        comm = self._comm
-        source = _check_rank(source, comm.rank, comm.size, c, "source", True)
-        tag = _check_tag(tag, comm.rank, c, "tag", True)
-        p = _Pending(source, tag, c)
-        if source == plait.PROC_NULL:
-            p.done = True
-            p.status._fill(plait.PROC_NULL, plait.ANY_TAG, 0)
-            return p
-        with self._lock:
-            self._queue.append(p)
-        return p
-
-    def complete(self, p: _Pending, deadline: float | None) -> bool:
-        """Make ``p`` done, waiting until ``deadline`` (monotonic), or once without it.
-
-        Raises:
-            CommTimeout: nothing for ``p`` arrived before the deadline (``p`` stays queued:
-                a blocking receive withdraws it, :meth:`cancel`).
-        """
-        with self._lock:
-            while not p.done:
-                st = self._probe(p.source, p.tag, deadline, p.call)
-                if st is None:
-                    return False
-                self._deliver(st, deadline)
-            return True
-
-    def complete_any(self, ps: Sequence[_Pending], deadline: float) -> int:
-        """Wait until one of ``ps`` is done; its index (the first done, in list order)."""
-        with self._lock:
-            while True:
-                for i, p in enumerate(ps):
-                    if p.done:
-                        return i
-                st = self._probe(plait.ANY_SOURCE, plait.ANY_TAG, deadline, "waitany")
-                assert st is not None
-                if not self._deliver(st, deadline):
-                    # A message no queued receive wants (it is for a later one) is the first
-                    # a probe of any source finds, again and again: look for each of ps in
-                    # turn, blocking a slice at a time on the first, until one is done.
-                    self._complete_one_of(ps, deadline)
-
-    def _complete_one_of(self, ps: Sequence[_Pending], deadline: float) -> None:
-        """Deliver a message to one of ``ps``, not waiting on any other message."""
-        waiting = [p for p in ps if not p.done]
-        while True:
-            for k, p in enumerate(waiting):
-                if k == 0:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise plait.CommTimeout(
-                            f"waitany: no message for any of {len(waiting)} receives within "
-                            f"{self._comm.timeout:g} s"
-                        )
-                    st = self._try_probe(p, min(left, _SLICE))
-                else:
-                    st = self._comm.iprobe(p.source, p.tag)
-                if st is not None and self._deliver(st, deadline):
-                    return
-
-    def _try_probe(self, p: _Pending, seconds: float) -> plait.Status | None:
-        """A probe for ``p`` that waits at most ``seconds``; None if nothing came."""
-        try:
-            return self._comm.probe(p.source, p.tag, timeout=seconds)
-        except plait.CommTimeout:
-            return None
-
-    def cancel(self, p: _Pending) -> None:
-        """Withdraw ``p`` if it has not matched."""
-        with self._lock:
-            if not p.done and p in self._queue:
-                self._queue.remove(p)
-                p.done = True
-                p.status.cancelled = True
-
-    def _probe(
-        self, source: int, tag: int, deadline: float | None, call: str
-    ) -> plait.Status | None:
-        """A probe until ``deadline`` (None: one look) for the user's ``call``, whose name
-        its errors give."""
-        if deadline is None:
-            return self._comm.iprobe(source, tag)
-        left = max(deadline - time.monotonic(), 1e-3)
-        try:
-            return self._comm.probe(source, tag, timeout=left)
-        except plait.CommError as exc:
-            raise as_call(exc, call, self._comm.timeout) from exc.__cause__
-
-    def _deliver(self, st: plait.Status, deadline: float | None) -> bool:
-        """Receive the probed message into the earliest queued receive it matches, if any."""
-        owner = next((q for q in self._queue if q.matches(st)), None)
-        if owner is None:
-            return False
-        left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        buf = np.empty(st.nbytes, np.uint8)
-        self._comm.recv(buf, st.source, st.tag, timeout=left)
-        self._queue.remove(owner)
-        owner.status._fill(st.source, st.tag, st.nbytes)
-        owner.done = True
-        try:
-            owner.value = pickle.loads(buf.data)
-        except Exception as exc:
-            exc.add_note(
-                f"plait.mpi: the message from rank {st.source} with tag {st.tag} "
-                f"({st.nbytes} bytes) is not a pickled object: was it sent with Send "
-                f"(a buffer) rather than send?"
-            )
-            raise
-        return True
-
-
 class Request(metaclass=Unlisted):
     """A non-blocking operation in flight: mpi4py's ``MPI.Request``.
 
@@ -311,6 +155,13 @@ class Request(metaclass=Unlisted):
         assert self._inbox is not None
         return time.monotonic() + self._inbox._comm.timeout
 
+    def _adopt(self) -> None:
+        """An Irecv that was queued behind object receives, once posted to the transport:
+        a plain request from then on (Note [object messages])."""
+        p = self._pending
+        if p is not None and p.req is not None:
+            self._req, self._pending = p.req, None
+
     def _finish(self, status: Status | None) -> Any:
         if self._pending is not None:
             self._pending.status._copy_to(status)
@@ -342,7 +193,8 @@ class Request(metaclass=Unlisted):
         if self._pending is not None:
             assert self._inbox is not None
             self._inbox.complete(self._pending, self._deadline())
-        elif self._req is not None:
+            self._adopt()
+        if self._pending is None and self._req is not None:
             try:
                 self._req.wait()
             except plait.MismatchError as exc:
@@ -396,7 +248,8 @@ class Request(metaclass=Unlisted):
         if self._pending is not None:
             assert self._inbox is not None
             done = self._inbox.complete(self._pending, None)
-        else:
+            self._adopt()
+        if self._pending is None:
             try:
                 done = self._req is None or self._req.test()
             except plait.MismatchError as exc:
@@ -412,6 +265,7 @@ class Request(metaclass=Unlisted):
         if self._spent:
             self._null(status)
             return True
+        self._adopt()
         done = (
             self._pending.done
             if self._pending is not None
@@ -423,6 +277,7 @@ class Request(metaclass=Unlisted):
 
     def Cancel(self) -> None:
         """Withdraw the request if it has not matched yet (MPI's rule)."""
+        self._adopt()
         if self._pending is not None:
             assert self._inbox is not None
             self._inbox.cancel(self._pending)
@@ -532,13 +387,16 @@ class Request(metaclass=Unlisted):
             reqs = [r._req for r in requests]
             return plait.wait_any([q for q in reqs if q is not None])
         inbox = objects[0]._inbox
-        if len(objects) == len(requests) and all(r._inbox is inbox for r in objects):
+        pending = [r._pending for r in objects if r._pending is not None]
+        if (
+            len(objects) == len(requests)
+            and all(r._inbox is inbox for r in objects)
+            and all(p.into is None for p in pending)
+        ):
             assert inbox is not None
-            pending = [r._pending for r in objects if r._pending is not None]
             return inbox.complete_any(pending, objects[0]._deadline())
-        # Mixed kinds: object receives take their messages only when tested, so test each
+        # Mixed kinds: queued receives take their messages only when tested, so test each
         # in turn, blocking a slice at a time on the transport's (Note [object messages]).
-        plain = [q for q in (r._req for r in requests if r._pending is None) if q is not None]
         deadline = objects[0]._deadline()
         while True:
             for i, r in enumerate(requests):
@@ -549,8 +407,14 @@ class Request(metaclass=Unlisted):
                     f"waitany: none of {len(requests)} requests was done within "
                     f"{objects[0]._inbox._comm.timeout:g} s"  # type: ignore[union-attr]
                 )
+            plain = [r._req for r in requests if r._pending is None and r._req is not None]
+            queued = [r for r in requests if r._pending is not None]
             if plain:
                 with contextlib.suppress(plait.CommTimeout):
                     plait.wait_any(plain, timeout=_SLICE)
+            elif queued:  # a slice's wait for the first queued one's message
+                q = queued[0]
+                with contextlib.suppress(plait.CommTimeout):
+                    q._inbox.complete(q._pending, time.monotonic() + _SLICE)  # type: ignore
             else:  # every plain request is done already, or none is a transport's
                 time.sleep(_SLICE)
