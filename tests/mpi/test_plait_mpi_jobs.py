@@ -134,3 +134,36 @@ def test_an_irecv_behind_a_queued_object_receive_takes_what_that_one_does_not_ma
         """,
     )
     assert got[1] == [[0, 7, [0.0, 1.0, 2.0], [10.0, 11.0], "five"]] * 2
+
+
+# -- requests ------------------------------------------------------------------------------
+def test_a_get_status_loop_ends_once_the_message_comes(tmp_path: Path) -> None:
+    """Get_status made no progress, so ``while not r.Get_status(): pass`` never ended: an
+    Irecv's message was never taken in, nor an object irecv's."""
+    got = job(
+        tmp_path,
+        """
+        import time
+
+        def poll(r, s=None):
+            give_up = time.monotonic() + 20  # against a hang: the loop must end long before
+            while not r.Get_status(s):
+                if time.monotonic() > give_up:
+                    return "never"
+            return "done"
+
+        if rank == 0:
+            comm.Send(np.array([9.0]), 1, 9)
+            comm.send("o10", 1, 10)
+            done(None)
+        else:
+            b, s = np.zeros(1), MPI.Status()
+            r = comm.Irecv(b, 0, 9)
+            first = [poll(r, s), s.Get_source(), s.Get_tag(), s.Get_count(MPI.DOUBLE)]
+            first.append(r.Get_status())  # still not spent: Wait gives it
+            r.Wait(s)
+            q = comm.irecv(source=0, tag=10)
+            done([first, b.tolist(), s.Get_tag(), poll(q), q.wait()])
+        """,
+    )
+    assert got[1] == [["done", 0, 9, 1, True], [9.0], 9, "done", "o10"]

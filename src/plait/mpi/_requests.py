@@ -261,19 +261,17 @@ class Request(metaclass=Unlisted):
         return self.test(status)[0]
 
     def Get_status(self, status: Status | None = None) -> bool:
-        """Whether the request is done, without progress; fills ``status`` if it is."""
+        """Make progress once, as :meth:`Test` does; whether the request is done, filling
+        ``status`` if it is. Unlike Test it leaves the request as it is (MPI's
+        ``MPI_Request_get_status`` does not free it): a wait still hands out its result.
+
+        It makes progress because a loop of Get_status is a way to wait: the transport's
+        progress and the inbox's matching happen only inside calls.
+        """
         if self._spent:
             self._null(status)
             return True
-        self._adopt()
-        done = (
-            self._pending.done
-            if self._pending is not None
-            else self._req is None or (self._req.done())
-        )
-        if done:
-            self._finish(status)
-        return done
+        return self._test(status)[0]
 
     def Cancel(self) -> None:
         """Withdraw the request if it has not matched yet (MPI's rule)."""
