@@ -167,3 +167,31 @@ def test_a_get_status_loop_ends_once_the_message_comes(tmp_path: Path) -> None:
         """,
     )
     assert got[1] == [["done", 0, 9, 1, True], [9.0], 9, "done", "o10"]
+
+
+def test_a_truncated_irecv_raises_mpi_exception_of_class_err_truncate(tmp_path: Path) -> None:
+    """A message longer than an Irecv's buffer raised plait.MismatchError, which
+    ``except MPI.Exception`` does not catch; Recv's raised MPI_ERR_TRUNCATE already."""
+    got = job(
+        tmp_path,
+        """
+        if rank == 0:
+            comm.Send(np.arange(5.0), dest=1, tag=5)
+            comm.Send(np.arange(5.0), dest=1, tag=6)
+            done(None)
+        else:
+            said = []
+            for tag in (5, 6):
+                r = comm.Irecv(np.zeros(3), source=0, tag=tag)
+                try:
+                    if tag == 5:
+                        r.Wait()
+                    else:
+                        while not r.Test():
+                            pass
+                except MPI.Exception as e:
+                    said.append(e.Get_error_class())
+            done(said)
+        """,
+    )
+    assert got[1] == [15, 15]  # MPI.ERR_TRUNCATE

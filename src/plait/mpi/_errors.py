@@ -10,9 +10,11 @@ Note [MPI's errors]
     ``except MPI.Exception`` (with ``Get_error_class()``) and ``except ValueError`` both
     catch them. The checks of plait's communicator say which argument was wrong in words;
     :func:`translated` reads the argument from those words (a test keeps the two in step).
-    Errors mpi4py raises as TypeError or ValueError itself (a buffer specification it
-    cannot read, counts that disagree) stay what they are. The error classes have Open
-    MPI's numbers, which mpi4py on Open MPI reports.
+    An Irecv that a longer message fails raises :class:`TruncatedError`, which is also
+    the MismatchError plait's own receive raises there. Errors mpi4py raises as
+    TypeError or ValueError itself (a buffer specification it cannot read, counts that
+    disagree) stay what they are. The error classes have Open MPI's numbers, which
+    mpi4py on Open MPI reports.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from plait.errors import MismatchError
+
 __all__ = [
     "ERRORS",
     "Exception",
     "Get_error_class",
     "Get_error_string",
     "MPIValueError",
+    "TruncatedError",
     "mpi_error",
     "raising_mpi_errors",
     "translated",
@@ -117,6 +122,15 @@ class Exception(builtins.RuntimeError):
 class MPIValueError(Exception, ValueError):
     """A bad argument MPI refuses with an error class (Note [MPI's errors]): caught by
     ``except MPI.Exception`` and by ``except ValueError``."""
+
+
+class TruncatedError(MPIValueError, MismatchError):
+    """A message longer than an ``Irecv``'s buffer: MPI's truncation error
+    (``MPI_ERR_TRUNCATE``), as mpi4py raises it, and the MismatchError that plait's
+    receive of another size raises (Note [MPI's errors])."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ERRORS["ERR_TRUNCATE"][0], message)
 
 
 def mpi_error(name: str, message: str) -> MPIValueError:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import plait
 from plait.mpi._datatypes import DATATYPES, Datatype, Message
+from plait.mpi._errors import TruncatedError
 from plait.mpi._unsupported import Unlisted, lacking
 
 if TYPE_CHECKING:
@@ -203,7 +204,9 @@ class Request(metaclass=Unlisted):
 
     def _in_mpi_terms(self, exc: plait.MismatchError) -> plait.MismatchError:
         """An Irecv's error for a message of another size, in the buffer's elements and
-        MPI's words (plait's says bytes); other errors as they are."""
+        MPI's words (plait's says bytes), a longer one as MPI's truncation error
+        (:class:`TruncatedError`, an ``MPI.Exception`` of class ``ERR_TRUNCATE``); other
+        errors as they are."""
         m, sent = self._into, exc.sent
         if m is None or sent is None or self._req is None:
             return exc
@@ -220,7 +223,8 @@ class Request(metaclass=Unlisted):
         said = str(exc)
         rank = said.partition(": ")[0] + ": " if said.startswith("rank ") else ""
         dumped = said.partition("; flight recorder dump: ")[2]
-        err = plait.MismatchError(
+        kind = TruncatedError if nbytes > held else plait.MismatchError
+        err = kind(
             f"{rank}Irecv {where}: {why}the message holds {what} ({nbytes} bytes), but the buffer "
             f"holds {m.count} {name} ({held} bytes){tail}"
             + (f"; flight recorder dump: {dumped}" if dumped else "")
