@@ -195,3 +195,22 @@ def test_a_truncated_irecv_raises_mpi_exception_of_class_err_truncate(tmp_path: 
         """,
     )
     assert got[1] == [15, 15]  # MPI.ERR_TRUNCATE
+
+
+# -- object collectives --------------------------------------------------------------------
+def test_bcast_gives_the_root_a_copy_as_every_other_rank_gets(tmp_path: Path) -> None:
+    """bcast at root returned the root's own object: changing the result changed it."""
+    got = job(
+        tmp_path,
+        """
+        config = {"n": 1} if rank == 0 else None
+        local = comm.bcast(config, root=0)
+        local["n"] += 10
+        a = np.zeros(3) if rank == 0 else None
+        b = comm.bcast(a, root=0)
+        b += 1
+        done([config, None if a is None else a.tolist(), local, b.tolist()])
+        """,
+    )
+    assert got[0] == [{"n": 1}, [0.0, 0.0, 0.0], {"n": 11}, [1.0, 1.0, 1.0]]
+    assert got[1] == [None, None, {"n": 11}, [1.0, 1.0, 1.0]]

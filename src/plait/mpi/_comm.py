@@ -257,8 +257,12 @@ class Comm(BufferCollectives):
         self._c.barrier()
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        """Root's ``obj`` on every rank."""
-        return self._c.bcast_object(obj, root)
+        """Root's ``obj`` on every rank, root included, as a copy (unpickled, as mpi4py's
+        root gets it), so that changing the result leaves root's ``obj`` as it was."""
+        got = self._c.bcast_object(obj, root)
+        if self._c.rank == root:  # plait's root gets obj itself
+            return pickle.loads(pickle.dumps(got, protocol=5))
+        return got
 
     def scatter(self, sendobj: Sequence[Any] | None, root: int = 0) -> Any:
         """Root's ``sendobj[r]`` on rank r (``sendobj`` has ``size`` items at root)."""
