@@ -29,6 +29,9 @@ def done(value):
         json.dump(value, f)
 """
 
+#: mpi4py's constants (Open MPI's values), as the scripts see them.
+MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_UNDEFINED = -1, -1, -32766
+
 
 def job(tmp_path: Path, body: str, ranks: int = 2) -> list[Any]:
     """Run ``body`` (after :data:`PRELUDE`) on ``ranks`` ranks; each rank's ``done`` value."""
@@ -214,3 +217,42 @@ def test_bcast_gives_the_root_a_copy_as_every_other_rank_gets(tmp_path: Path) ->
     )
     assert got[0] == [{"n": 1}, [0.0, 0.0, 0.0], {"n": 11}, [1.0, 1.0, 1.0]]
     assert got[1] == [None, None, {"n": 11}, [1.0, 1.0, 1.0]]
+
+
+def test_waitany_and_testany_of_no_live_request_leave_an_empty_status(tmp_path: Path) -> None:
+    """Waitany and Testany of an empty list, or of spent requests only, left the status as
+    it was (here the last message's); MPI empties it."""
+    got = job(
+        tmp_path,
+        """
+        R = MPI.Request
+        def seen(st):
+            return [st.Get_source(), st.Get_tag(), st.Get_error(), st.Get_count(MPI.BYTE)]
+
+        if rank == 0:
+            comm.Send(np.array([1.0]), 1, 5)
+            done(None)
+        else:
+            b = np.zeros(1)
+            reqs = [comm.Irecv(b, 0, 5)]
+            st = MPI.Status()
+            said = [R.Waitany(reqs, st), seen(st)]
+            said += [R.Waitany(reqs, st), seen(st)]
+            comm.Sendrecv(np.zeros(1), 1, 7, b, 1, 7, st)
+            said += [list(R.Testany(reqs, st)), seen(st)]
+            comm.Sendrecv(np.zeros(1), 1, 7, b, 1, 7, st)
+            said += [R.Waitany([], st), seen(st)]
+            done(said)
+        """,
+    )
+    empty = [MPI_ANY_SOURCE, MPI_ANY_TAG, 0, 0]
+    assert got[1] == [
+        0,
+        [0, 5, 0, 8],
+        MPI_UNDEFINED,
+        empty,
+        [MPI_UNDEFINED, True],
+        empty,
+        MPI_UNDEFINED,
+        empty,
+    ]

@@ -123,6 +123,14 @@ class Status(metaclass=Unlisted):
         return f"<plait.mpi.Status source={self.source} tag={self.tag} bytes={self.nbytes}>"
 
 
+def _empty(status: Status | None) -> None:
+    """Make ``status`` MPI's empty status (any source, any tag, no error, no bytes): what a
+    null request gives, and Waitany and Testany of no live request."""
+    if status is not None:
+        status._fill(plait.ANY_SOURCE, plait.ANY_TAG, 0)
+        status.error = 0
+
+
 class Request(metaclass=Unlisted):
     """A non-blocking operation in flight: mpi4py's ``MPI.Request``.
 
@@ -173,8 +181,7 @@ class Request(metaclass=Unlisted):
 
     def _null(self, status: Status | None) -> None:
         """What a request whose completion was handed out gives: nothing, an empty status."""
-        if status is not None:
-            status._fill(plait.ANY_SOURCE, plait.ANY_TAG, 0)
+        _empty(status)
 
     def wait(self, status: Status | None = None) -> Any:
         """Wait until done (within the communicator's timeout); the object received, or None.
@@ -336,10 +343,11 @@ class Request(metaclass=Unlisted):
     def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
         """Wait until one request is done; ``(its index, its object)``. A request whose
         completion an earlier waitany or testany returned is passed over (mpi4py's is then
-        REQUEST_NULL); ``(UNDEFINED, None)`` when every request is, or there are none
-        (MPI's rule for an empty or all-null list)."""
+        REQUEST_NULL); ``(UNDEFINED, None)``, ``status`` emptied, when every request is,
+        or there are none (MPI's rule for an empty or all-null list)."""
         live = [i for i, r in enumerate(requests) if not r._spent]
-        if not live:  # none, or all spent: MPI's (MPI_UNDEFINED), not an error
+        if not live:  # none, or all spent: MPI's (MPI_UNDEFINED, an empty status), not an error
+            _empty(status)
             return UNDEFINED, None
         j = Request._any([requests[i] for i in live])
         i = live[j]
@@ -357,6 +365,7 @@ class Request(metaclass=Unlisted):
         completion was returned already, or there are none (as :meth:`waitany`)."""
         live = [i for i, r in enumerate(requests) if not r._spent]
         if not live:  # none, or all spent: flag True, so a Testany loop ends (MPI's rule)
+            _empty(status)
             return UNDEFINED, True, None
         for i in Request._order_of(requests, live):
             done, value = requests[i].test(status)
