@@ -31,6 +31,13 @@ def done(value):
 
 #: mpi4py's constants (Open MPI's values), as the scripts see them.
 MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_UNDEFINED = -1, -1, -32766
+#: plait run, with a deadline for every call well under the tests' own.
+PLAIT_RUN = [sys.executable, "-m", "plait", "run", "--timeout", "30"]
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without plait's settings (a job's own come from plait run)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
 
 
 def job(tmp_path: Path, body: str, ranks: int = 2) -> list[Any]:
@@ -39,15 +46,13 @@ def job(tmp_path: Path, body: str, ranks: int = 2) -> list[Any]:
     script.write_text(PRELUDE + textwrap.dedent(body))
     out = tmp_path / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
-    command = [sys.executable, "-m", "plait", "run", "-n", str(ranks), "--timeout", "30"]
     res = subprocess.run(
-        [*command, str(script), str(out)],
+        [*PLAIT_RUN, "-n", str(ranks), str(script), str(out)],
         capture_output=True,
         text=True,
         timeout=100,
         stdin=subprocess.DEVNULL,
-        env=env,
+        env=_clean_env(),
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [json.loads((out / f"{r}.json").read_text()) for r in range(ranks)]
@@ -256,3 +261,32 @@ def test_waitany_and_testany_of_no_live_request_leave_an_empty_status(tmp_path: 
         MPI_UNDEFINED,
         empty,
     ]
+
+
+# -- communicators -------------------------------------------------------------------------
+def test_a_dup_has_no_name_and_aborts_as_open_mpi_names_it(tmp_path: Path) -> None:
+    """Dup named its communicator 'MPI_COMM_WORLD.dup' (mpi4py's Get_name is ''), and its
+    Abort line said that name instead of Open MPI's "MPI COMMUNICATOR 3 DUP FROM 0"."""
+    got = job(
+        tmp_path,
+        """
+        d = comm.Dup()
+        done([d.Get_name(), MPI.COMM_SELF.Dup().Get_name()])
+        """,
+    )
+    assert got == [["", ""]] * 2
+    script = tmp_path / "abort.py"
+    script.write_text(PRELUDE + "comm.Dup().Dup().Abort(2)\n")
+    res = subprocess.run(
+        [*PLAIT_RUN, "-n", "1", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        stdin=subprocess.DEVNULL,
+        env=_clean_env(),
+    )
+    assert res.returncode == 2
+    assert (
+        "MPI_ABORT was invoked on rank 0 in communicator MPI COMMUNICATOR 4 DUP FROM 3 "
+        "with errorcode 2" in res.stderr
+    )

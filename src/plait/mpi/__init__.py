@@ -89,7 +89,7 @@ THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 #: The job's communicator; it joins the job on first use (Note [the world communicator]).
 COMM_WORLD = world()
 #: This process alone.
-COMM_SELF = Comm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1))
+COMM_SELF = Comm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1), number=1)
 #: What ``Split`` returns for ``MPI.UNDEFINED``; false, and equal to any freed communicator.
 COMM_NULL = Comm(None, "MPI_COMM_NULL")
 

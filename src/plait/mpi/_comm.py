@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import os
 import pickle
 import sys
@@ -87,10 +88,12 @@ class Comm(BufferCollectives):
         *,
         join: Callable[[], plait.Communicator] | None = None,
         origin: str = "",
+        number: int = -1,
     ) -> None:
         self._comm = comm
         self._name = name
         self._origin = origin  # how an unnamed one was made ("SPLIT FROM MPI_COMM_WORLD")
+        self._number = number  # Open MPI's for it (Note [communicator numbers]); -1: none
         self._join = join
         self._lock = threading.Lock()
         # Buffer receives take a probed message under it (Note [threads receiving buffers]).
@@ -178,7 +181,7 @@ class Comm(BufferCollectives):
         group = self._c.split(None if color == UNDEFINED else color, key)
         if group is None:
             return Comm(None, "MPI_COMM_NULL")
-        return Comm(group, origin=f"SPLIT FROM {self._label()}")
+        return Comm(group, origin=f"SPLIT FROM {self._label()}", number=next(_NUMBERS))
 
     def _label(self) -> str:
         """The communicator as MPI's messages name it: its name, or, for one Split or Dup
@@ -186,9 +189,14 @@ class Comm(BufferCollectives):
         return self._name or f"MPI COMMUNICATOR {self._origin or 'made by plait.mpi'}"
 
     def Dup(self, info: Any = None) -> Comm:
-        """A new communicator of the same ranks whose messages never meet this one's."""
-        name = f"{self._name}.dup" if self._name else ""
-        return Comm(self._c.split(0, self._c.rank), name, origin=f"DUP FROM {self._label()}")
+        """A new communicator of the same ranks whose messages never meet this one's.
+
+        It has no name (``Get_name()`` is ``''``, as mpi4py's); MPI's messages call it as
+        Open MPI does, "MPI COMMUNICATOR 3 DUP FROM 0" (Note [communicator numbers]).
+        """
+        group = self._c.split(0, self._c.rank)
+        n = next(_NUMBERS)
+        return Comm(group, origin=f"{n} DUP FROM {self._number}", number=n)
 
     Clone = Dup
 
@@ -506,10 +514,19 @@ def _join_world() -> plait.Communicator:
     return comm
 
 
+# Note [communicator numbers]
+#     Open MPI numbers communicators (its context ids) and names an unnamed one by them in
+#     MPI_ABORT's line: "MPI COMMUNICATOR 3 DUP FROM 0". COMM_WORLD is 0 and COMM_SELF 1;
+#     each Split (for a rank that gets a group) and Dup takes the next, from 3, in the order
+#     this process makes them, as Open MPI's do in a program whose ranks make the same
+#     communicators. A Dup's label says its number and its parent's; a Split's says its
+#     parent's name, as before.
+_NUMBERS = itertools.count(3)
+
 #: The names of the communicators MPI makes, which a program may not free.
 _PREDEFINED = ("MPI_COMM_WORLD", "MPI_COMM_SELF", "MPI_COMM_NULL")
 
 
 def world() -> Comm:
     """A new ``COMM_WORLD`` that joins the job on first use."""
-    return Comm(None, "MPI_COMM_WORLD", join=_join_world)
+    return Comm(None, "MPI_COMM_WORLD", join=_join_world, number=0)
