@@ -290,3 +290,24 @@ def test_a_dup_has_no_name_and_aborts_as_open_mpi_names_it(tmp_path: Path) -> No
         "MPI_ABORT was invoked on rank 0 in communicator MPI COMMUNICATOR 4 DUP FROM 3 "
         "with errorcode 2" in res.stderr
     )
+
+
+# -- buffer specifications -----------------------------------------------------------------
+def test_a_count_of_none_is_the_whole_buffer(tmp_path: Path) -> None:
+    """[buf, None, datatype] was refused ("count must be an int; got None")."""
+    got = job(
+        tmp_path,
+        """
+        said = []
+        for spec in ("[x, None, MPI.DOUBLE]", "[x, (None, 1), MPI.DOUBLE]"):
+            x = np.arange(4.0)
+            a = eval(spec)
+            x = np.zeros(4)
+            comm.Allreduce(a, eval(spec))
+            said.append(x.tolist())
+        g = np.zeros(8)
+        comm.Allgather([np.arange(4.0), None, MPI.DOUBLE], [g, None, MPI.DOUBLE])
+        done(said + [g.tolist()])
+        """,
+    )
+    assert got[0] == [[0.0, 2.0, 4.0, 6.0], [0.0, 2.0, 4.0, 6.0], [0.0, 1.0, 2.0, 3.0] * 2]

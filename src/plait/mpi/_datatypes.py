@@ -394,7 +394,8 @@ def _check_fits(m: Message, call: str, what: str = "", blocks: int = 1) -> Messa
 
 def message(spec: Any, call: str, *, blocks: int = 1, what: str = "") -> Message:
     """Read a plain specification: ``buf``, ``[buf, datatype]``, ``[buf, count, datatype]``,
-    ``[buf, (count, displ), datatype]`` or ``[buf, count, displ, datatype]``.
+    ``[buf, (count, displ), datatype]`` or ``[buf, count, displ, datatype]``. A count of
+    None is the whole buffer from the displacement on, as mpi4py reads it.
 
     With ``blocks`` > 1 (the receive buffer of Gather, Allgather and Alltoall, the send
     buffer of Scatter and Alltoall) the count is per block and defaults to the buffer's
@@ -411,17 +412,17 @@ def message(spec: Any, call: str, *, blocks: int = 1, what: str = "") -> Message
         rest = list(rest[0])
     if len(rest) > 2:
         raise TypeError(f"{call}: a buffer specification has at most a count and a displacement")
-    if rest:
+    displ = _int(rest[1], "displacement", call) if len(rest) > 1 else 0
+    if rest and rest[0] is not None:
         count = _int(rest[0], "count", call)
-    else:
+    else:  # none given, or None (mpi4py's too): the whole buffer, from the displacement on
         total = _whole(raw, dt, call)
         if total % blocks:
             raise ValueError(
                 f"{_named(call, what)} {total} elements of {dt.name} do not split into "
                 f"{blocks} blocks"
             )
-        count = total // blocks
-    displ = _int(rest[1], "displacement", call) if len(rest) > 1 else 0
+        count = total // blocks - (displ if blocks == 1 else 0)
     if count < 0 or displ < 0:
         raise ValueError(f"{call}: counts and displacements must be >= 0")
     m = Message(raw, dt, [count], [displ])
