@@ -311,3 +311,11 @@ def test_a_count_of_none_is_the_whole_buffer(tmp_path: Path) -> None:
         """,
     )
     assert got[0] == [[0.0, 2.0, 4.0, 6.0], [0.0, 2.0, 4.0, 6.0], [0.0, 1.0, 2.0, 3.0] * 2]
+
+
+# -- the module ----------------------------------------------------------------------------
+def test_query_thread_says_what_init_thread_gave(tmp_path: Path) -> None:
+    """MPI.Query_thread was missing, and its hint said threads each need a communicator,
+    which docs/mpi.md contradicts."""
+    got = job(tmp_path, "done([MPI.Init_thread(), MPI.Query_thread(), MPI.THREAD_MULTIPLE])\n")
+    assert got[0] == [3, 3, 3]

@@ -71,6 +71,7 @@ __all__ = [
     "Is_finalized",
     "Is_initialized",
     "Op",
+    "Query_thread",
     "Request",
     "Status",
     "Unsupported",
@@ -209,6 +210,11 @@ def Init() -> None:
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
     """As :func:`Init`; returns ``THREAD_MULTIPLE`` (calls may come from any thread)."""
+    return THREAD_MULTIPLE
+
+
+def Query_thread() -> int:
+    """What :func:`Init_thread` gives: ``THREAD_MULTIPLE`` (calls may come from any thread)."""
     return THREAD_MULTIPLE
 
 

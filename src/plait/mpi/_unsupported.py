@@ -65,7 +65,6 @@ NEAREST: dict[str, str] = {
     "Intercomm_merge": "Split",
     "Create_intercomm": "Split",
     "Attach_buffer": "Isend",
-    "Query_thread": "plait.mpi calls from several threads each need their own communicator",
     "Create_contiguous": "a numpy dtype of several elements, or count times the elements",
     "Create_vector": "a numpy view with strides, copied to a contiguous array",
     "Create_struct": "a numpy structured dtype, sent as bytes",
