@@ -319,3 +319,27 @@ def test_query_thread_says_what_init_thread_gave(tmp_path: Path) -> None:
     which docs/mpi.md contradicts."""
     got = job(tmp_path, "done([MPI.Init_thread(), MPI.Query_thread(), MPI.THREAD_MULTIPLE])\n")
     assert got[0] == [3, 3, 3]
+
+
+def test_names_comm_and_datatype_lack_are_unsupported_on_the_class_too(tmp_path: Path) -> None:
+    """MPI.Comm.Get_parent and MPI.Datatype.Create_struct raised a bare AttributeError, with
+    no hint, where the instance's (comm.Compare) raised Unsupported."""
+    got = job(
+        tmp_path,
+        """
+        said = []
+        for name in ("MPI.Comm.Get_parent", "MPI.Intracomm.Create_cart",
+                     "MPI.Datatype.Create_struct", "comm.Compare"):
+            try:
+                eval(name)
+            except MPI.Unsupported as e:
+                said.append(str(e))
+        done(said)
+        """,
+    )
+    assert len(got[0]) == 4
+    assert got[0][2] == (
+        "plait.mpi does not support Datatype.Create_struct; nearest supported: a numpy "
+        "structured dtype, sent as bytes"
+    )
+    assert got[0][1].startswith("plait.mpi does not support Comm.Create_cart; nearest")

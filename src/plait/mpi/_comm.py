@@ -39,7 +39,7 @@ from plait.mpi._errors import MPIValueError, mpi_error, raising_mpi_errors
 from plait.mpi._inbox import Inbox
 from plait.mpi._ops import OPS, as_function
 from plait.mpi._requests import UNDEFINED, Request, Status, as_call
-from plait.mpi._unsupported import unsupported
+from plait.mpi._unsupported import Unlisted, unsupported
 
 __all__ = ["Comm", "Intracomm", "world"]
 
@@ -74,8 +74,11 @@ def _pickled(obj: Any) -> np.ndarray:
     return np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
 
 
-class Comm(BufferCollectives):
+class Comm(BufferCollectives, metaclass=Unlisted):
     """An mpi4py communicator: ``MPI.COMM_WORLD``, or one from ``Split`` or ``Dup``.
+
+    A name mpi4py's has and this lacks raises Unsupported naming it, on an instance
+    (``comm.Compare``) and on the class (``MPI.Comm.Get_parent``, ``MPI.Intracomm``'s) alike.
 
     ``COMM_NULL`` (what ``Split`` gives a rank with ``MPI.UNDEFINED``, and what ``Free``
     leaves) is false in a boolean context and compares equal to every freed communicator.

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from plait.mpi._unsupported import Unlisted, unsupported
+
 __all__ = [
     "IN_PLACE",
     "Datatype",
@@ -54,11 +56,13 @@ class InPlace:
 IN_PLACE = InPlace()
 
 
-class Datatype:
+class Datatype(metaclass=Unlisted):
     """An MPI datatype: a numpy dtype with MPI's name, size (bytes of data) and extent.
 
     The extent is the stride between elements (the dtype's itemsize); the size differs from
-    it only for the pair types, whose C struct has padding (Note [datatypes]).
+    it only for the pair types, whose C struct has padding (Note [datatypes]). A name
+    mpi4py's has and this lacks raises Unsupported, on an instance (``MPI.INT.Commit``)
+    and on the class (``MPI.Datatype.Create_struct``) alike.
     """
 
     __slots__ = ("dtype", "name", "size")
@@ -108,8 +112,6 @@ class Datatype:
         # derived datatypes; Unsupported, as for MPI and Comm.
         if name.startswith("_"):
             raise AttributeError(name)
-        from plait.mpi._unsupported import unsupported
-
         return _raise(unsupported("Datatype", name, ()))
 
 

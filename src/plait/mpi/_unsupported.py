@@ -169,10 +169,11 @@ def _spelled_alike(name: str, supported: Iterable[str]) -> str | None:
 
 
 class Unlisted(type):
-    """The type of plait.mpi's classes (``Request``, ``Status``, ``Op``): an mpi4py name they
-    lack, looked up on the class (``MPI.Request.Waitsome``) or, through the class's own
-    ``__getattr__`` (:func:`lacking`), on an instance, raises :class:`Unsupported` naming
-    it, as the module's and ``Comm``'s do, not a bare AttributeError."""
+    """The type of plait.mpi's classes (``Comm``, ``Datatype``, ``Request``, ``Status``,
+    ``Op``): an mpi4py name they lack, looked up on the class (``MPI.Request.Waitsome``,
+    ``MPI.Comm.Get_parent``) or, through the class's own ``__getattr__``, on an instance,
+    raises :class:`Unsupported` naming it, as the module's does, not a bare
+    AttributeError."""
 
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("_"):
