@@ -343,3 +343,21 @@ def test_names_comm_and_datatype_lack_are_unsupported_on_the_class_too(tmp_path:
         "structured dtype, sent as bytes"
     )
     assert got[0][1].startswith("plait.mpi does not support Comm.Create_cart; nearest")
+
+
+def test_split_refuses_a_negative_numpy_color_as_mpi_err_arg(tmp_path: Path) -> None:
+    """A numpy integer color was not seen as an int: -3 raised a plain ValueError from the
+    split, not MPI.Exception of class ERR_ARG; np.int64(UNDEFINED) gave COMM_NULL already."""
+    got = job(
+        tmp_path,
+        """
+        said = [comm.Split(np.int64(MPI.UNDEFINED), 0) == MPI.COMM_NULL]
+        try:
+            comm.Split(np.int64(-3), 0)
+        except MPI.Exception as e:
+            said.append(e.Get_error_class())
+        said.append(comm.Split(np.int32(rank), 0).Get_size())
+        done(said)
+        """,
+    )
+    assert got == [[True, 13, 1]] * 2  # MPI.ERR_ARG

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import operator
 import os
 import pickle
 import sys
@@ -175,6 +176,9 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         Raises:
             ValueError: ``color`` is negative but not MPI.UNDEFINED (MPI_ERR_ARG).
         """
+        # Any integer, numpy's included, as mpi4py reads a color; plait's split refuses others.
+        with contextlib.suppress(TypeError):
+            color = operator.index(color)
         if isinstance(color, int) and color < 0 and color != UNDEFINED:
             raise mpi_error(
                 "ERR_ARG",
