@@ -157,6 +157,32 @@ def test_torchrun_env() -> None:
     passed(res, "basic", 2)
 
 
+def test_a_new_default_group_after_destroy_under_torchrun() -> None:
+    """After ``destroy_process_group()``, torch gives the next default group the old one's
+    namespace in torchrun's store, which outlives it: plait's keys of the first group were
+    still there, and the second ``init_process_group`` failed on every rank with "another
+    process has already joined this job as rank 0"."""
+    port = free_port_pair()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(EXITS),
+        "again",
+    ]
+    with job_dirs() as (tmp, _):
+        res = run_job(cmd, job_env(TMPDIR=str(tmp)), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    done = re.findall(r"rank (\d+): round (\d+) again", res.stdout)
+    assert sorted(done) == sorted((str(r), str(k)) for r in range(2) for k in range(3)), done
+
+
 def test_explicit_init_method(tmp_path: Path) -> None:
     """init_method=file://… with rank and world_size given: torch's FileStore carries it."""
     url = f"file://{tmp_path / 'rendezvous'}"

@@ -11,6 +11,11 @@ Modes (first argument):
                naming the ranks by their global ranks too. Prints ``rank R:
                lost passed``; the ranks leave with ``os._exit`` (the default
                group has lost a rank: nothing more to wait for).
+    again      ``dist.destroy_process_group()`` and ``init_process_group`` again,
+               in several rounds, holding each round's sub-group: torch gives the
+               new default group the old one's namespace in a store that is still
+               there (torchrun's, or one the held group keeps). Each rank prints
+               ``rank R: round K again``.
 """
 
 from __future__ import annotations
@@ -84,5 +89,19 @@ def lost() -> None:
     os._exit(0)
 
 
+def again() -> None:
+    held = []  # each round's sub-group, kept as user code may keep it
+    for k in range(ROUNDS):
+        dist.init_process_group("plait", timeout=timedelta(seconds=30))
+        rank = dist.get_rank()
+        held.append(dist.new_group(list(reversed(range(dist.get_world_size())))))
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        dist.all_reduce(t, group=held[-1])
+        assert t.tolist() == [4.0, 4.0], t
+        dist.destroy_process_group()
+        print(f"rank {rank}: round {k} again", flush=True)
+
+
 if __name__ == "__main__":
-    {"monitored": monitored, "lost": lost}[sys.argv[1]]()
+    {"monitored": monitored, "lost": lost, "again": again}[sys.argv[1]]()

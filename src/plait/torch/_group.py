@@ -42,7 +42,9 @@ def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlai
     timeout = backend_opts.timeout
     explicit = timeout is not None and timeout != default_pg_timeout
     call_timeout = seconds(timeout) if explicit else None
-    store = TorchStore(backend_opts.store, call_timeout or default_timeout())
+    store = TorchStore(
+        backend_opts.store, call_timeout or default_timeout(), backend_opts.group_size
+    )
     comm = plait.init(
         rank=backend_opts.group_rank,
         size=backend_opts.group_size,

@@ -43,6 +43,8 @@ __all__ = ["TorchStore", "install_env_rendezvous", "plait_run_rendezvous"]
 
 #: plait.init's keys start with ``plait/init<n>/``, n counting the process's init calls.
 _INIT_GENERATION = re.compile(r"^plait/init\d+/")
+#: The counter of a namespace's groups (Note [a namespace used again]).
+_GROUPS = "plait/groups"
 
 
 class TorchStore(Store):
@@ -51,22 +53,42 @@ class TorchStore(Store):
     plait.init numbers its keys with the count of ``init`` calls made by this
     process; the members of a torch sub-group can have made different counts
     (only members create a group's backend), while torch already gives each
-    group a namespace of its own. So the count is dropped from the keys.
+    group a namespace of its own. So the count is dropped from the keys, and
+    replaced by the group's own (Note [a namespace used again]) where ``size``
+    is given.
+
+    Note [a namespace used again]
+        ``destroy_process_group()`` resets torch's count of groups, so the next
+        default group gets the old one's namespace (``default_pg/0/``) in a store
+        that may outlive it: torchrun's, or one that a sub-group the program still
+        holds keeps open. plait's keys of the old group were there, and the new
+        group's ranks found their ranks claimed ("another process has already
+        joined this job as rank 0"). gloo overwrites its keys and does not see it.
+        So each member of a group adds 1 to one counter of the namespace as its
+        backend is made, and ``(count - 1) // size`` numbers the group's keys:
+        every member of one group has added before any member of the next one
+        can (the next is made after the last has met, which needs them all).
 
     Args:
         store: torch's store (usually the group's PrefixStore).
         timeout: default seconds of blocking calls.
+        size: the group's size, to number its keys by the groups made in this
+            namespace before it (None: not numbered).
     """
 
-    def __init__(self, store: dist.Store, timeout: float) -> None:
+    def __init__(self, store: dist.Store, timeout: float, size: int | None = None) -> None:
         self._store = store
         self.timeout = timeout
         #: The store's host, for plait's TCP transport to pick the route to it.
         self.host = _host_of(store)
+        self._prefix = "plait/init/"
+        if size is not None:  # Note [a namespace used again]
+            with _broken("add", [_GROUPS]):
+                made = int(store.add(_GROUPS, 1))
+            self._prefix = f"plait/init{(made - 1) // size}/"
 
-    @staticmethod
-    def _key(key: str) -> str:
-        return _INIT_GENERATION.sub("plait/init/", key, count=1)
+    def _key(self, key: str) -> str:
+        return _INIT_GENERATION.sub(self._prefix, key, count=1)
 
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``."""
