@@ -135,24 +135,18 @@ def test_sub_group_errors_name_global_ranks() -> None:
     assert passed_by == [0, 1], res.describe()
 
 
+def torchrun(script: Path, mode: str) -> JobResult:
+    """``script mode`` on 2 ranks under torchrun, in a temporary folder of its own."""
+    port = free_port_pair()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), str(script), mode]
+    with job_dirs() as (tmp, _):
+        return run_job(cmd, job_env(TMPDIR=str(tmp)), timeout=JOB_SECONDS, cwd=ROOT)
+
+
 def test_torchrun_env() -> None:
     """Under torchrun, env:// is torch's own: the group meets through torchrun's store."""
-    port = free_port_pair()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        str(RANKS),
-        "basic",
-    ]
-    with job_dirs() as (tmp, _):
-        res = run_job(cmd, job_env(TMPDIR=str(tmp)), timeout=JOB_SECONDS, cwd=ROOT)
+    res = torchrun(RANKS, "basic")
     assert res.returncode == 0, res.describe()
     passed(res, "basic", 2)
 
@@ -162,22 +156,7 @@ def test_a_new_default_group_after_destroy_under_torchrun() -> None:
     namespace in torchrun's store, which outlives it: plait's keys of the first group were
     still there, and the second ``init_process_group`` failed on every rank with "another
     process has already joined this job as rank 0"."""
-    port = free_port_pair()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        str(EXITS),
-        "again",
-    ]
-    with job_dirs() as (tmp, _):
-        res = run_job(cmd, job_env(TMPDIR=str(tmp)), timeout=JOB_SECONDS, cwd=ROOT)
+    res = torchrun(EXITS, "again")
     assert res.returncode == 0, res.describe()
     done = re.findall(r"rank (\d+): round (\d+) again", res.stdout)
     assert sorted(done) == sorted((str(r), str(k)) for r in range(2) for k in range(3)), done
