@@ -26,11 +26,13 @@ from plait import collectives
 from plait._checks import (
     as_array,
     as_writable,
+    check_async,
     check_counts,
     check_op,
     check_out,
     check_root,
     check_rows,
+    check_timeout,
 )
 from plait._edge import CollectiveMethods
 from plait._request import finished
@@ -230,13 +232,20 @@ class UnevenMethods(CollectiveMethods):
         exchange: Callable[[], np.ndarray],
         finish: Callable[[np.ndarray], Any],
         async_op: bool,
+        timeout: float | None,
     ) -> Any:
         """Exchange counts (one small collective), then make the call (``finish``, one more).
 
         With ``async_op`` both run on the worker thread; their sequence numbers
         are reserved now, in call order, as a compressed allreduce's are, so
-        calls made meanwhile cannot take their places.
+        calls made meanwhile cannot take their places. ``async_op`` and ``timeout``
+        are checked first: the worker would meet a bad one after the exchange.
         """
+        where = f"rank {self._rank}: {c}"
+        if async_op is not False and async_op is not True:
+            async_op = check_async(async_op, where)
+        if timeout is not None:
+            check_timeout(timeout, where)
         if not async_op:
             return finish(exchange())
         work: Work[Any] = Work(f"rank {self._rank}: {c} (after its count exchange)")
@@ -330,7 +339,7 @@ class UnevenMethods(CollectiveMethods):
 
         mine = np.array(a.shape[0], np.int64)
         return self._after_exchange(
-            c, lambda: self._within(_ALLGATHER, mine, c, timeout), finish, async_op
+            c, lambda: self._within(_ALLGATHER, mine, c, timeout), finish, async_op, timeout
         )
 
     @overload
@@ -405,6 +414,7 @@ class UnevenMethods(CollectiveMethods):
             lambda: self._within(_ALLGATHER, mine, c, timeout),
             lambda got: start(tuple(got.tolist()), False, exchanged=True),
             async_op,
+            timeout,
         )
 
     @overload
@@ -494,7 +504,11 @@ class UnevenMethods(CollectiveMethods):
             )  # fmt: skip
 
         return self._after_exchange(
-            c, lambda: self._within(_BROADCAST, table, c, timeout, root=root), finish, async_op
+            c,
+            lambda: self._within(_BROADCAST, table, c, timeout, root=root),
+            finish,
+            async_op,
+            timeout,
         )
 
     @overload
@@ -580,5 +594,5 @@ class UnevenMethods(CollectiveMethods):
             )  # fmt: skip
 
         return self._after_exchange(
-            c, lambda: self._within(_ALLGATHER, mine, c, timeout), finish, async_op
+            c, lambda: self._within(_ALLGATHER, mine, c, timeout), finish, async_op, timeout
         )

@@ -332,3 +332,38 @@ def test_an_out_with_the_wrong_rows_for_the_exchanged_counts_fails_on_its_rank_a
 
     for got in run_ranks(3, body, timeout=10):
         np.testing.assert_array_equal(got, [3.0])
+
+
+@pytest.mark.parametrize(
+    ("call", "kw", "error"),
+    [
+        ("allgatherv", {"async_op": "yes"}, TypeError),
+        ("gatherv", {"async_op": None}, TypeError),
+        ("scatterv", {"async_op": 1}, TypeError),
+        ("alltoallv", {"async_op": 1}, TypeError),
+        ("allgatherv", {"async_op": True, "timeout": -1}, ValueError),
+        ("alltoallv", {"async_op": True, "timeout": float("nan")}, ValueError),
+    ],
+)
+def test_calls_that_exchange_counts_check_async_op_and_timeout_first(
+    call: str, kw: dict[str, Any], error: type[Exception]
+) -> None:
+    """The calls that exchange their counts first took any truthy ``async_op`` for True (and
+    None for False), and an async one's bad ``timeout`` was refused only by its ``wait()``,
+    after the exchange had run: each is now refused at the call, as the others are."""
+
+    def body(comm: plait.Communicator) -> str:
+        x = np.arange(2.0 * comm.size)
+        args: dict[str, Any] = {
+            "allgatherv": {},
+            "gatherv": {},
+            "scatterv": {"counts": [2] * comm.size},
+            "alltoallv": {"send_counts": [2] * comm.size},
+        }[call]
+        with pytest.raises(error) as caught:
+            getattr(comm, call)(x, **args, **kw)
+        assert call in str(caught.value)
+        got = comm.allreduce(np.ones(1))  # nothing was exchanged: the next call meets
+        return f"{got[0]:g}"
+
+    assert run_ranks(2, body) == ["2", "2"]
