@@ -356,7 +356,7 @@ class Stager:
         if not has_out:
             flat_out = np.empty(0, dtype)
         elif out is None:
-            new = np.empty(shape, dtype)
+            new = _new_result(shape, dtype, f"rank {self._rank}: {spec.collective}")
             flat_out = new.reshape(-1)
             if result is ...:
                 # A JAX or device x gets its result made once the call is done (finish).
@@ -641,3 +641,18 @@ def allreduce_compressed(
         return work
     runner.submit_reserved(work, calls, c, run)
     return work
+
+
+def _new_result(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
+    """A new result array, or numpy's refusal with the call named: counts that claim more
+    rows than memory holds gave numpy's words alone ("array is too big")."""
+    try:
+        return np.empty(shape, dtype)
+    except (ValueError, MemoryError) as exc:
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+        raise type(exc)(
+            f"{where}: cannot allocate its result of shape {shape} and dtype {dtype} "
+            f"({nbytes} bytes), as the counts given say: {exc}"
+        ) from None

@@ -367,3 +367,18 @@ def test_calls_that_exchange_counts_check_async_op_and_timeout_first(
         return f"{got[0]:g}"
 
     assert run_ranks(2, body) == ["2", "2"]
+
+
+def test_counts_too_large_for_memory_name_the_call() -> None:
+    """Counts that claim more rows than memory can hold gave numpy's words alone ("array is
+    too big"), naming no rank, call or argument."""
+
+    def body(comm: plait.Communicator) -> str:
+        x = np.ones((2, 1))
+        counts = [2, 2**62] if comm.rank == 0 else [2**62, 2]
+        with pytest.raises((ValueError, MemoryError)) as caught:  # both refuse before a byte
+            comm.gatherv(x, counts, root=comm.rank)
+        return str(caught.value)
+
+    for said in run_ranks(2, body):
+        assert re.search(r"rank \d: gatherv: cannot allocate its result of shape", said), said
