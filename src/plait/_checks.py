@@ -296,12 +296,13 @@ def check_root(root: Any, rank: int, size: int, c: str) -> None:
 
 
 def check_peer(peer: Any, rank: int, size: int, c: str, what: str) -> None:
-    """``peer`` (the argument ``what``: ``"dst"`` or ``"src"``) is another rank."""
+    """``peer`` (the argument ``what``: ``"dst"`` or ``"src"``) is a rank, this one included
+    (a rank may send to itself, as with ``send``)."""
     if isinstance(peer, bool) or not isinstance(peer, int | np.integer):
         raise TypeError(f"rank {rank}: {c}: {what} must be an int; got {peer!r}")
-    if not 0 <= peer < size or peer == rank:
+    if not 0 <= peer < size:
         raise ValueError(
-            f"rank {rank}: {c}: {what}={peer} is invalid; expected another rank in 0..{size - 1}"
+            f"rank {rank}: {c}: {what}={peer} is invalid; expected a rank in 0..{size - 1}"
         )
 
 

@@ -145,14 +145,27 @@ def test_send_object_that_cannot_pickle_raises_on_both_ends() -> None:
     run_ranks(2, body)
 
 
+def test_a_rank_sends_an_object_to_itself() -> None:
+    """``send`` to this rank worked, and mpi4py's ``comm.send(obj, dest=comm.rank)`` does;
+    ``send_object`` refused its own rank."""
+
+    def body(comm: plait.Communicator) -> Any:
+        big = np.arange(300_000.0)  # a buffer of its own among the messages
+        comm.send_object({"rank": comm.rank, "big": big}, comm.rank, tag=4)
+        got = comm.recv_object(comm.rank, tag=4)
+        return got["rank"], bool(np.array_equal(got["big"], big))
+
+    assert run_ranks(2, body) == [(0, True), (1, True)]
+
+
 def test_wrong_arguments_raise() -> None:
     def body(comm: plait.Communicator) -> None:
         with pytest.raises(ValueError, match="root 2 is out of range"):
             comm.bcast_object(1, 2)
         with pytest.raises(TypeError, match="op must be callable"):
             comm.allreduce_object(1, "add")  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match=r"dst=\d is invalid"):
-            comm.send_object(1, comm.rank)
+        with pytest.raises(ValueError, match=r"dst=2 is invalid; expected a rank in 0..1"):
+            comm.send_object(1, 2)
         # a wrong list length on one rank: it raises ValueError saying what it got, and the
         # others a ValueError naming it (they used to be told of a pickling failure)
         objs = [1] if comm.rank == 0 else [1, 2]
