@@ -153,7 +153,7 @@ class ObjectMethods(UnevenMethods):
         rest = [objects.empty(n) for n in layout.message_lens[1:]]
         for m in rest:
             self._within(_BROADCAST, np.frombuffer(m, np.uint8), c, timeout, root=root)
-        return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
+        return _unpickled([first, *rest], f"rank {r}: {c}: the object of rank {root}", _SEP)
 
     def allgather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's ``obj`` on every rank, in rank order (mpi4py's ``allgather``).
@@ -181,7 +181,7 @@ class ObjectMethods(UnevenMethods):
             _ALLGATHERV, mine, _BYTE, (), counts, sum(counts), None, 0, mine, out,
             "auto", timeout, False, c,
         )  # fmt: skip
-        return _load_all(out, counts)
+        return _load_all(out, counts, f"rank {self._rank}: {c}")
 
     def gather_object(
         self, obj: Any, root: int = 0, *, timeout: float | None = None
@@ -204,7 +204,7 @@ class ObjectMethods(UnevenMethods):
             _GATHERV, mine, _BYTE, (), counts, len(out) if out is not None else None, None,
             root, mine, out, "auto", timeout, False, c,
         )  # fmt: skip
-        return _load_all(out, counts) if out is not None else None
+        return _load_all(out, counts, f"rank {self._rank}: {c}") if out is not None else None
 
     def scatter_object(
         self, objs: Sequence[Any] | None = None, root: int = 0, *, timeout: float | None = None
@@ -253,7 +253,7 @@ class ObjectMethods(UnevenMethods):
             _SCATTERV, send, _BYTE, (), counts, counts[r], None, root, send, out,
             "auto", timeout, False, c,
         )  # fmt: skip
-        return objects.loads(*objects.unpack([out]))
+        return _unpickled([out], f"rank {r}: {c}: the object root (rank {root}) gave this rank")
 
     def alltoall_object(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
         """``objs[j]`` goes to rank j; returns what every rank sent here, in rank order
@@ -303,7 +303,7 @@ class ObjectMethods(UnevenMethods):
             _ALLTOALLV, send, _BYTE, (), tuple(m), sum(col), None, 0, send, out,
             "auto", timeout, False, c,
         )  # fmt: skip
-        return _load_all(out, col)
+        return _load_all(out, col, f"rank {self._rank}: {c}")
 
     def allreduce_object(
         self, obj: _O, op: Callable[[_O, _O], _O], *, timeout: float | None = None
@@ -378,7 +378,8 @@ class ObjectMethods(UnevenMethods):
             rest = [objects.empty(n) for n in layout.message_lens[1:]]
             for m in rest:
                 self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=timeout)
-        return objects.loads(*objects.unpack([first, *rest], separate_min=_SEP))
+        where = f"rank {self._rank}: {c}: the object of rank {src}"
+        return _unpickled([first, *rest], where, _SEP)
 
     def _misused(self, c: str, who: str) -> ValueError:
         """The error of the ranks whose peer ``who`` passed objs not one per rank."""
@@ -485,9 +486,21 @@ def _pack_all(
         objects.pack_into(f, out[d : d + n].data)
 
 
-def _load_all(buf: np.ndarray, counts: Sequence[int]) -> list[Any]:
-    """The objects whose messages lie end to end in ``buf``, ``counts`` bytes each."""
+def _load_all(buf: np.ndarray, counts: Sequence[int], where: str) -> list[Any]:
+    """The objects whose messages lie end to end in ``buf``, ``counts`` bytes each (rank q's
+    q-th; ``where``: the rank and call, for :func:`_unpickled`)."""
     return [
-        objects.loads(*objects.unpack([buf[d : d + n]]))
-        for d, n in zip(displacements(counts), counts, strict=True)
+        _unpickled([buf[d : d + n]], f"{where}: the object of rank {q}")
+        for q, (d, n) in enumerate(zip(displacements(counts), counts, strict=True))
     ]
+
+
+def _unpickled(messages: Sequence[Any], what: str, separate_min: int | None = None) -> Any:
+    """The object ``messages`` hold; where unpickling it raises (the object's own
+    ``__setstate__``, say), the error is the object's, with a note of ``what`` it was: it
+    named no call and no rank."""
+    try:
+        return objects.loads(*objects.unpack(messages, separate_min=separate_min))
+    except Exception as exc:
+        exc.add_note(f"{what} could not be unpickled here")
+        raise

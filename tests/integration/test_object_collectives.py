@@ -158,6 +158,47 @@ def test_a_rank_sends_an_object_to_itself() -> None:
     assert run_ranks(2, body) == [(0, True), (1, True)]
 
 
+def _refuse() -> None:
+    raise ValueError("boom on unpickle")
+
+
+class _Unloadable:
+    """Pickles, but its unpickling raises (a ``__setstate__`` that checks, say)."""
+
+    def __reduce__(self) -> Any:
+        return (_refuse, ())
+
+
+def test_an_object_that_fails_to_unpickle_is_named() -> None:
+    """Unpickling that raised gave the object's bare error, naming no call and no rank; it
+    keeps its class, with a note of the call and the rank whose object it was."""
+
+    def body(comm: plait.Communicator) -> list[str]:
+        notes = []
+        for call in (
+            lambda: comm.bcast_object(_Unloadable() if comm.rank == 1 else None, root=1),
+            lambda: comm.allgather_object(_Unloadable() if comm.rank == 1 else 0),
+            lambda: comm.scatter_object([0, _Unloadable()] if comm.rank == 0 else None),
+        ):
+            try:
+                call()
+            except ValueError as exc:
+                notes.append(f"{exc}: " + " ".join(getattr(exc, "__notes__", [])))
+        return notes
+
+    got = run_ranks(2, body)
+    boom = "boom on unpickle: "
+    assert got[0] == [
+        boom + "rank 0: bcast_object: the object of rank 1 could not be unpickled here",
+        boom + "rank 0: allgather_object: the object of rank 1 could not be unpickled here",
+    ], got[0]
+    assert got[1] == [
+        boom + "rank 1: allgather_object: the object of rank 1 could not be unpickled here",
+        boom + "rank 1: scatter_object: the object root (rank 0) gave this rank could not be "
+        "unpickled here",
+    ], got[1]
+
+
 def test_wrong_arguments_raise() -> None:
     def body(comm: plait.Communicator) -> None:
         with pytest.raises(ValueError, match="root 2 is out of range"):
