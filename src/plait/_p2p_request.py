@@ -438,10 +438,13 @@ class Request(Generic[R]):
     #     timeout then says so and that the buffer's contents are undefined.
 
     def _timed_out(self, seconds: float) -> CommTimeout:
-        other = "send" if self._incoming is not None else "recv"
+        sending = self._incoming is None
+        # A send is not undone: what of it has left is sent to its end (cancel()).
+        after = "; its message may still arrive, where part of it had left" if sending else ""
         return CommTimeout(
             f"rank {self._rank}: {self._c} {self._describe()} did not complete within "
-            f"{seconds:g} s; the peer may have died or not made the matching {other}"
+            f"{seconds:g} s; the peer may have died or not made the matching "
+            f"{'recv' if sending else 'send'}{after}"
             + getattr(self, "_explained", "")  # set only where a stalled wait heard of it
         )
 
