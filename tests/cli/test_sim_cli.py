@@ -120,6 +120,9 @@ def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixtur
         (["-a", "in_network", "-s", "1K"], "'in_network' needs switches that reduce in flight: "
          "give them aggregation memory with --topology switch, fat-tree:K or hosts:K and "
          "--aggregation BYTES"),
+        # said nothing: a switch of 1 B held segments of 8 (its memory rounded up to one)
+        (["--topology", "switch", "--aggregation", "8", "-d", "float64", "-a", "in_network"],
+         "--aggregation 8 B holds fewer than 4 elements of float64 (32 B)"),
         (["--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: /nonexistent does not"),
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv: /nonexistent does not"),
         (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: /nonexistent does not"),

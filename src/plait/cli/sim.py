@@ -464,6 +464,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
     import plait
     from plait import collectives
     from plait.algos import get
+    from plait.algos.in_network import DEFAULT_WINDOW
     from plait.bench import options
     from plait.bench.data import resolve_dtype
     from plait.bench.loop import op_by_name
@@ -498,6 +499,13 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
                 "--aggregation BYTES"
             )
     dtype = resolve_dtype(args.dtype)
+    least = DEFAULT_WINDOW * dtype.itemsize  # a switch holds segments of a quarter of it
+    if aggregation and aggregation < least:
+        raise ValueError(
+            f"--aggregation {aggregation} B holds fewer than {DEFAULT_WINDOW} elements of "
+            f"{dtype.name} ({least} B): a switch keeps {DEFAULT_WINDOW} segments in flight, "
+            f"each of one element at least; give --aggregation {least} or more"
+        )
     op = op_by_name(args.op)
     if not 0 <= args.root < args.ranks:
         raise ValueError(f"--root must be in 0..{args.ranks - 1}, not {args.root}")
