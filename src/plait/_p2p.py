@@ -374,6 +374,15 @@ class PointToPointMethods:
 
         ``cross``: a blocking probe with the communicator's own timeout: where it waits on
         one rank and stalls, it takes part in crossed calls, as a ``recv`` does.
+
+        Note [a probed message withdrawn]
+            A send that times out withdraws its message where none of it has left: over
+            TCP, its WITHDRAW follows its RTS. A probe completes as the RTS is read, and
+            the WITHDRAW read in the same round of progress took the message away: the
+            probe described a message that was no longer there, and the receive made for
+            it took the next message, at the wrong size, and lost it. So a probe that found
+            a message looks once more, which costs a look, and describes what is there
+            then (waiting on where nothing is).
         """
         r = self._rank
         s = _check_rank(src, r, self._size, c, "src", True)
@@ -407,6 +416,20 @@ class PointToPointMethods:
                 f"rank {r}: {c} {_describe(True, s, t_)} found no message within {seconds:g} s; "
                 "the peer may have died or not made the matching send" + explained
             )
+        if h.error is None:
+            # Note [a probed message withdrawn]: its sender may have withdrawn it in the round
+            # of progress that brought it (a WITHDRAW behind its RTS): is it still here?
+            again = m.probe(None if s == ANY_SOURCE else [s], want, mask)
+            if not again.done and m.withdraw(again):
+                if deadline is None:
+                    return None
+                if time.monotonic() < deadline:  # wait for the next one
+                    return self._probe(src, tag, c, deadline, seconds, cross=cross)
+                raise CommTimeout(
+                    f"rank {r}: {c} {_describe(True, s, t_)} found no message within "
+                    f"{seconds:g} s; the message it saw was withdrawn by its sender"
+                )
+            h = again
         if h.error is not None:
             err = _reword(renumbered(m, h.error), f"rank {r}: {c} {_describe(True, s, t_)}")
             if isinstance(err, PeerLostError) and s >= 0:
