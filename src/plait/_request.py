@@ -648,11 +648,12 @@ def _new_result(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarr
     rows than memory holds gave numpy's words alone ("array is too big")."""
     try:
         return np.empty(shape, dtype)
-    except (ValueError, MemoryError) as exc:
+    except (ValueError, MemoryError) as exc:  # numpy's MemoryError takes (shape, dtype)
         nbytes = dtype.itemsize
         for n in shape:
             nbytes *= n
-        raise type(exc)(
+        said = (
             f"{where}: cannot allocate its result of shape {shape} and dtype {dtype} "
             f"({nbytes} bytes), as the counts given say: {exc}"
-        ) from None
+        )
+        raise (MemoryError(said) if isinstance(exc, MemoryError) else ValueError(said)) from None
