@@ -12,9 +12,10 @@ Modes (first argument):
                lost passed``; the ranks leave with ``os._exit`` (the default
                group has lost a rank: nothing more to wait for).
     again      ``dist.destroy_process_group()`` and ``init_process_group`` again,
-               in several rounds, holding each round's sub-group: torch gives the
-               new default group the old one's namespace in a store that is still
-               there (torchrun's, or one the held group keeps). Each rank prints
+               in several rounds, holding each round's sub-group (of another size
+               in the first round): torch gives the new groups the old ones'
+               namespaces in a store that is still there (torchrun's, or one the
+               held group keeps). Each rank prints
                ``rank R: round K again``.
 """
 
@@ -94,11 +95,17 @@ def again() -> None:
     for k in range(ROUNDS):
         dist.init_process_group("plait", timeout=timedelta(seconds=30))
         rank = dist.get_rank()
-        held.append(dist.new_group(list(reversed(range(dist.get_world_size())))))
+        size = dist.get_world_size()
+        # A sub-group of one rank first, then of all: each round's takes the namespace of
+        # the round before's, with another size.
+        members = [0] if k == 0 else list(reversed(range(size)))
+        held.append(dist.new_group(members))
         t = torch.ones(2)
         dist.all_reduce(t)
-        dist.all_reduce(t, group=held[-1])
-        assert t.tolist() == [4.0, 4.0], t
+        if rank in members:
+            dist.all_reduce(t, group=held[-1])
+        want = size * len(members) if rank in members else size
+        assert t.tolist() == [want, want], t
         dist.destroy_process_group()
         print(f"rank {rank}: round {k} again", flush=True)
 

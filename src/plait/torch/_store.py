@@ -43,7 +43,7 @@ __all__ = ["TorchStore", "install_env_rendezvous", "plait_run_rendezvous"]
 
 #: plait.init's keys start with ``plait/init<n>/``, n counting the process's init calls.
 _INIT_GENERATION = re.compile(r"^plait/init\d+/")
-#: The counter of a namespace's groups (Note [a namespace used again]).
+#: The counters of a namespace's groups, one per size (Note [a namespace used again]).
 _GROUPS = "plait/groups"
 
 
@@ -64,10 +64,13 @@ class TorchStore(Store):
         holds keeps open. plait's keys of the old group were there, and the new
         group's ranks found their ranks claimed ("another process has already
         joined this job as rank 0"). gloo overwrites its keys and does not see it.
-        So each member of a group adds 1 to one counter of the namespace as its
-        backend is made, and ``(count - 1) // size`` numbers the group's keys:
-        every member of one group has added before any member of the next one
-        can (the next is made after the last has met, which needs them all).
+        So each member of a group adds 1 to a counter of the namespace as its
+        backend is made, one counter per group size (a namespace may serve groups
+        of different sizes, a sub-group's name being a count that starts again
+        too), and ``(count - 1) // size`` numbers the group's keys, with its size:
+        every member of one group has added before any member of the next one of
+        that size can (the next is made after the last has met, which needs them
+        all).
 
     Args:
         store: torch's store (usually the group's PrefixStore).
@@ -83,9 +86,10 @@ class TorchStore(Store):
         self.host = _host_of(store)
         self._prefix = "plait/init/"
         if size is not None:  # Note [a namespace used again]
-            with _broken("add", [_GROUPS]):
-                made = int(store.add(_GROUPS, 1))
-            self._prefix = f"plait/init{(made - 1) // size}/"
+            counter = f"{_GROUPS}/{size}"
+            with _broken("add", [counter]):
+                made = int(store.add(counter, 1))
+            self._prefix = f"plait/init{size}-{(made - 1) // size}/"
 
     def _key(self, key: str) -> str:
         return _INIT_GENERATION.sub(self._prefix, key, count=1)
