@@ -101,8 +101,9 @@ def _bind(
 
     Sends and receives get their memoryview, a staged receive its slice of the staging
     pool; a combine, a copy and a reduction get their destination, their source (a
-    combine's staged data) and what to do (-1: copy; else reduce, 1 with the source first).
-    A copy that is no copy in this call (a region onto itself) is left out.
+    combine's staged data) and what to do (-1: copy; else reduce, 1 with the source first;
+    2 or 3 for that of one element, through fresh memory: Note [one-element folds] in
+    plait.ops). A copy that is no copy in this call (a region onto itself) is left out.
     """
     schedule = line.schedule
     steps, rank = schedule.steps, schedule.rank
@@ -128,13 +129,16 @@ def _bind(
             if d is None:
                 raise malformed(rank, call, step)
             dst = buffers[d.buf][d.offset : d.offset + d.count]
-            ops.append((code, op[1], dst, staged[op[1]], int(step.first)))  # as a REDUCE
+            kind = int(step.first) + (2 if d.count == 1 else 0)
+            ops.append((code, op[1], dst, staged[op[1]], kind))  # as a REDUCE
         elif code == L_LOCAL:
             step = steps[op[1]]
             s, d = step.src, step.dst
             if s is None or d is None or step.kind > StepKind.REDUCE:
                 raise InternalError(f"rank {rank}: {step!r} is not a local step with two regions")
             kind = -1 if step.kind is StepKind.COPY else int(step.first)
+            if kind >= 0 and d.count == 1:  # Note [one-element folds] in plait.ops
+                kind += 2
             # A copy onto itself has nothing to do (IN and OUT are one memory in place).
             if (
                 kind < 0
@@ -219,15 +223,15 @@ def run_line(
                 pending[h] = op[1]
                 held[op[1]] = h
             else:  # L_COMBINE or L_LOCAL: a copy (-1), or a reduction with its operand order
-                dst = op[2]
-                if op[4] < 0:
+                dst, kind = op[2], op[4]
+                if kind < 0:
                     dst[...] = op[3]  # numpy copies overlapping regions through a temporary
-                elif dst.size == 1:  # Note [one-element folds] in plait.ops
-                    fold_one(ufunc, *((op[3], dst) if op[4] else (dst, op[3])), dst)
-                elif op[4]:
+                elif kind == 1:
                     ufunc(op[3], dst, out=dst)
-                else:
+                elif kind == 0:
                     ufunc(dst, op[3], out=dst)
+                else:  # one element (bind): Note [one-element folds] in plait.ops
+                    fold_one(ufunc, *((op[3], dst) if kind == 3 else (dst, op[3])), dst)
         if slot is not None:
             slot.pending = slot.steps = None  # all done: the links of watch go with the call
     except BaseException:
