@@ -108,6 +108,50 @@ def test_buffer_receives_and_probes_leave_queued_object_receives_their_messages(
     assert fourth == [16, "any", [0.0, 1.0]]
 
 
+@pytest.mark.parametrize("kind", ["Irecv", "Recv", "iprobe"])
+def test_a_thread_waiting_on_an_object_holds_up_no_other_threads_receive(
+    tmp_path: Path, kind: str
+) -> None:
+    """Note [waiting without the inbox's lock]: a blocking object recv held the inbox's lock
+    while it waited, so another thread's Irecv, Recv or iprobe of another tag waited for
+    it; here the object is sent only once that other receive is done, and both timed out."""
+    got = job(
+        tmp_path,
+        f"""
+        import threading
+        kind = {kind!r}
+        if rank == 0:
+            got = {{}}
+            queued = threading.Event()
+            def receive_object():
+                req = comm.irecv(source=1, tag=1)  # queued, as the blocking recv's is
+                queued.set()
+                got["obj"] = req.wait()
+            t = threading.Thread(target=receive_object)
+            t.start()
+            queued.wait(30)
+            buf = np.zeros(4)
+            if kind == "Irecv":
+                comm.Irecv(buf, source=1, tag=2).Wait()
+            elif kind == "Recv":
+                comm.Recv(buf, source=1, tag=2)
+            else:
+                while not comm.iprobe(source=1, tag=2):
+                    pass
+                comm.Recv(buf, source=1, tag=2)
+            comm.Send(buf, dest=1, tag=3)
+            t.join()
+            done([buf.tolist(), got["obj"]])
+        else:
+            comm.Send(np.arange(4.0), dest=0, tag=2)
+            comm.Recv(np.zeros(4), source=0, tag=3)  # the object goes only after this
+            comm.send("late object", dest=0, tag=1)
+            done(None)
+        """,
+    )
+    assert got[0] == [[0.0, 1.0, 2.0, 3.0], "late object"], got
+
+
 def test_an_irecv_behind_a_queued_object_receive_takes_what_that_one_does_not_match(
     tmp_path: Path,
 ) -> None:

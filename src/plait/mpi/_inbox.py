@@ -173,50 +173,60 @@ class Inbox:
     def complete(self, p: _Pending, deadline: float | None) -> bool:
         """Make ``p`` done, waiting until ``deadline`` (monotonic), or once without it.
 
+        The wait holds no lock (Note [waiting without the inbox's lock]): it is a probe
+        of ``p``'s pattern, and what it finds is delivered under the lock.
+
         Raises:
             CommTimeout: nothing for ``p`` arrived before the deadline (``p`` stays queued:
                 a blocking receive withdraws it, :meth:`cancel`).
         """
-        with self.lock:
-            while not p.done:
-                st = self._probe(p.source, p.tag, deadline, p.call)
-                if st is None:
-                    return False
-                self._deliver(st, deadline)
-            return True
+        while True:
+            with self.lock:
+                while not p.done:
+                    st = self._comm.iprobe(p.source, p.tag)
+                    if st is None:
+                        break
+                    self._deliver(st, deadline)
+                if p.done:
+                    return True
+            if deadline is None:
+                return False
+            self._probe(p.source, p.tag, deadline, p.call)  # raises at the deadline
+
+    # Note [waiting without the inbox's lock]
+    #     A blocking object recv used to hold the inbox's lock while it waited, and every
+    #     other thread's Irecv, iprobe and Recv on the communicator then waited for it while
+    #     anything was queued, even for messages of other patterns: a program whose other
+    #     thread received what let the object's sender go on deadlocked. So waits hold no
+    #     lock: a probe of the pattern waits, and the lock is taken to deliver what it
+    #     found (to the earliest queued receive it matches, which may be another thread's).
 
     def complete_any(self, ps: Sequence[_Pending], deadline: float) -> int:
-        """Wait until one of ``ps`` is done; its index (the first done, in list order)."""
-        with self.lock:
-            while True:
+        """Wait until one of ``ps`` is done; its index (the first done, in list order).
+
+        Each round delivers, under the lock, whatever has arrived for any of ``ps``, then
+        waits a slice (:data:`_SLICE`) without it on the first one not done (Note [waiting
+        without the inbox's lock]).
+        """
+        while True:
+            with self.lock:
+                for p in ps:
+                    while not p.done:
+                        st = self._comm.iprobe(p.source, p.tag)
+                        if st is None:
+                            break
+                        self._deliver(st, deadline)
                 for i, p in enumerate(ps):
                     if p.done:
                         return i
-                st = self._probe(plait.ANY_SOURCE, plait.ANY_TAG, deadline, "waitany")
-                assert st is not None
-                if not self._deliver(st, deadline):
-                    # A message no queued receive wants (it is for a later one) is the first
-                    # a probe of any source finds, again and again: look for each of ps in
-                    # turn, blocking a slice at a time on the first, until one is done.
-                    self._complete_one_of(ps, deadline)
-
-    def _complete_one_of(self, ps: Sequence[_Pending], deadline: float) -> None:
-        """Deliver a message to one of ``ps``, not waiting on any other message."""
-        waiting = [p for p in ps if not p.done]
-        while True:
-            for k, p in enumerate(waiting):
-                if k == 0:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise plait.CommTimeout(
-                            f"waitany: no message for any of {len(waiting)} receives within "
-                            f"{self._comm.timeout:g} s"
-                        )
-                    st = self._try_probe(p, min(left, _SLICE))
-                else:
-                    st = self._comm.iprobe(p.source, p.tag)
-                if st is not None and self._deliver(st, deadline):
-                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise plait.CommTimeout(
+                    f"waitany: no message for any of {len(ps)} receives within "
+                    f"{self._comm.timeout:g} s"
+                )
+            first = next(p for p in ps if not p.done)
+            self._try_probe(first, min(left, _SLICE))
 
     def _try_probe(self, p: _Pending, seconds: float) -> plait.Status | None:
         """A probe for ``p`` that waits at most ``seconds``; None if nothing came."""
