@@ -51,6 +51,7 @@ Note [calls within calls]
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import zlib
 from collections.abc import Callable, Hashable
@@ -649,9 +650,7 @@ def _new_result(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarr
     try:
         return np.empty(shape, dtype)
     except (ValueError, MemoryError) as exc:  # numpy's MemoryError takes (shape, dtype)
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
+        nbytes = dtype.itemsize * math.prod(shape)
         said = (
             f"{where}: cannot allocate its result of shape {shape} and dtype {dtype} "
             f"({nbytes} bytes), as the counts given say: {exc}"

@@ -125,11 +125,17 @@ class Inbox:
         """Let each queued receive that overlaps ``source`` and ``tag`` take, in posting
         order, the messages that have arrived for it."""
         for p in [q for q in self._queue if q.overlaps(source, tag)]:
-            while not p.done:
-                st = self._comm.iprobe(p.source, p.tag)
-                if st is None:
-                    break
-                self._deliver(st, None)  # to p, or to an earlier receive it matches too
+            self._take_arrived(p, None)
+
+    def _take_arrived(self, p: _Pending, deadline: float | None) -> None:
+        """Deliver the messages of ``p``'s pattern that have arrived, until ``p`` is done or
+        none is left (each to the earliest queued receive it matches: ``p``, or one before);
+        the caller holds :attr:`lock`."""
+        while not p.done:
+            st = self._comm.iprobe(p.source, p.tag)
+            if st is None:
+                return
+            self._deliver(st, deadline)
 
     def _release(self) -> None:
         """Post each queued Irecv that no earlier queued receive overlaps any more."""
@@ -182,11 +188,7 @@ class Inbox:
         """
         while True:
             with self.lock:
-                while not p.done:
-                    st = self._comm.iprobe(p.source, p.tag)
-                    if st is None:
-                        break
-                    self._deliver(st, deadline)
+                self._take_arrived(p, deadline)
                 if p.done:
                     return True
             if deadline is None:
@@ -211,11 +213,7 @@ class Inbox:
         while True:
             with self.lock:
                 for p in ps:
-                    while not p.done:
-                        st = self._comm.iprobe(p.source, p.tag)
-                        if st is None:
-                            break
-                        self._deliver(st, deadline)
+                    self._take_arrived(p, deadline)
                 for i, p in enumerate(ps):
                     if p.done:
                         return i
