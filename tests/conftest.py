@@ -59,6 +59,7 @@ _ONE_WORKER = {
     "test_multihost.py",
     "test_sim_validate.py",
     "test_ray_groups.py",
+    "test_ray_group_lifecycle.py",
     "test_dask_run.py",
     "test_dask_threads.py",
     "test_mpi4py_scripts.py",

@@ -285,14 +285,22 @@ def check_op(
         accepted.add((op, dtype))
 
 
-def check_root(root: Any, rank: int, size: int, c: str) -> None:
-    """``root`` is an int naming one of the ``size`` ranks."""
+def check_root(root: Any, rank: int, size: int, c: str) -> int:
+    """``root`` as a Python int, once checked to name one of the ``size`` ranks.
+
+    A numpy integer (``np.argmax(...)``, an element of an array) is accepted and returned as
+    an int: calls go on with the returned value, never the given one. Kept as given, an
+    unsigned one made the builders' ``(rank - root) % size`` wrap on ranks below the root
+    (those ranks built another call's schedule), and any numpy one made the flight
+    recorder's dumps fail, their JSON refusing numpy scalars."""
     if isinstance(root, bool) or not isinstance(root, int | np.integer):
         raise TypeError(f"rank {rank}: {c}: root must be an int; got {root!r}")
-    if not 0 <= root < size:
+    at = int(root)
+    if not 0 <= at < size:
         raise ValueError(
-            f"rank {rank}: {c}: root {root} is out of range; expected 0 <= root < {size}"
+            f"rank {rank}: {c}: root {at} is out of range; expected 0 <= root < {size}"
         )
+    return at
 
 
 def check_peer(peer: Any, rank: int, size: int, c: str, what: str) -> None:
@@ -301,8 +309,17 @@ def check_peer(peer: Any, rank: int, size: int, c: str, what: str) -> None:
     if isinstance(peer, bool) or not isinstance(peer, int | np.integer):
         raise TypeError(f"rank {rank}: {c}: {what} must be an int; got {peer!r}")
     if not 0 <= peer < size:
+        from plait._p2p_status import ANY_SOURCE, PROC_NULL
+
+        hint = {
+            ANY_SOURCE: f"; {c} takes no ANY_SOURCE: probe(plait.ANY_SOURCE, tag) first, and "
+            "receive from the source its Status names"
+            if what == "src"
+            else "; ANY_SOURCE is for receives and probes",
+            PROC_NULL: f"; {c} takes no PROC_NULL: skip the call where there is no peer",
+        }.get(int(peer), "")
         raise ValueError(
-            f"rank {rank}: {c}: {what}={peer} is invalid; expected a rank in 0..{size - 1}"
+            f"rank {rank}: {c}: {what}={peer} is invalid; expected a rank in 0..{size - 1}{hint}"
         )
 
 

@@ -181,7 +181,7 @@ class CollectiveMethods:
         size = self._size
         a = as_array(x, "x", r, c)
         if t.rooted:
-            check_root(root, r, size, c)
+            root = check_root(root, r, size, c)
         if t.reduces:
             check_op(op, a.dtype, r, c, self._checked)
         if t.split_input:
@@ -374,7 +374,7 @@ class CollectiveMethods:
             a = as_array(x, "x", r, c)  # root only reads its x: a JAX array is fine there
         else:
             a = as_writable(x, "x", r, c)
-        check_root(root, r, self._size, c)
+        root = check_root(root, r, self._size, c)
         if r != root:
             if not a.flags.writeable:
                 raise ValueError(f"rank {r}: {c}: x is read-only; it receives root's data")
@@ -624,7 +624,7 @@ class CollectiveMethods:
                     return go(req, 3)  # as start's skip
                 return runner.start(req, None, False, self)
         r = self._rank
-        check_root(root, r, self._size, c)
+        root = check_root(root, r, self._size, c)
         is_root = r == root
         if x is None and not is_root:
             if out is None:

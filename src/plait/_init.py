@@ -44,7 +44,8 @@ Note [store lifetime]
     (``abort``, ``agree``, ``shrink``: :mod:`plait._recovery`). So the
     communicator keeps the store open, and a watcher thread per rank waits
     there for aborts and keeps the rank's heartbeat; the store is let go when
-    the communicator (or the last one shrunk from it) closes. With
+    the communicator (or the last one shrunk from it) closes, or is dropped
+    unreferenced (Note [dropped communicators] in plait._recovery). With
     ``PLAIT_RECOVERY=0`` it is let go before ``init`` returns, no thread is
     started, ``abort`` is local only and ``agree`` and ``shrink`` refuse.
     Letting go of a store ``init`` opened itself (from a URL or the
@@ -76,6 +77,7 @@ Note [store lifetime]
     whose client a thread waiting there would hold up), so its communicator
     has a local-only ``abort`` and no ``agree`` or ``shrink``, as with
     ``PLAIT_RECOVERY=0``.
+
 """
 
 from __future__ import annotations
@@ -97,13 +99,14 @@ from typing import Any
 
 from plait._binding import bind_crowded
 from plait._checks import check_timeout, env_switch
-from plait._meeting import TRANSPORTS, check_arguments, claim_rank, meet
+from plait._meeting import TRANSPORTS, check_arguments, claim_rank, init_space, job_space, meet
 from plait._processes import die_with_launcher
 from plait.communicator import Communicator, default_timeout
 from plait.errors import CommError, RendezvousError
 from plait.group import own_comm_id
 from plait.rendezvous.lost import JobRanks, report_gave_up
 from plait.rendezvous.store import PrefixStore, Store
+from plait.selection.select import fingerprint, settings
 from plait.transport.base import Transport
 from plait.transport.memory import MemoryFabric
 
@@ -346,8 +349,20 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         rank, size, local, local_size = _identity(
             env, ("PLAIT_RANK",), ("PLAIT_SIZE",), ("PLAIT_LOCAL_RANK",), ("PLAIT_LOCAL_SIZE",)
         )
+        by_rank0 = False
+        if url is None:  # ranks started by hand next to torch's variables: as torchrun's
+            url = _master_store(env)
+            by_rank0 = url is not None
         return LaunchInfo(
-            "plait", rank, size, local, url, False, env.get("PLAIT_JOB_ID") or None, local_size
+            "plait",
+            rank,
+            size,
+            local,
+            url,
+            by_rank0 and rank == 0,
+            env.get("PLAIT_JOB_ID") or None,
+            local_size,
+            store_by_rank0=by_rank0,
         )
 
     torch_ident = None
@@ -398,6 +413,13 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
             env.get("TORCHELASTIC_RUN_ID", "").strip() or None,
             local_size=local_size,
             store_by_rank0=by_rank0,
+        )
+    several = env.get("PLAIT_SIZE", "").strip()
+    if several not in ("", "1"):  # a job of several without this rank's number: not one alone
+        raise ValueError(
+            f"PLAIT_SIZE is {several!r} but PLAIT_RANK is not set: each process of a job of "
+            "several needs its rank in PLAIT_RANK (0 to PLAIT_SIZE - 1); unset PLAIT_SIZE to "
+            "run alone"
         )
     return LaunchInfo("none", 0, 1, None, url, False, None)
 
@@ -538,6 +560,7 @@ def init(
         timeout = check_timeout(timeout, "init")
     if size == 1:
         return Communicator(MemoryFabric(1).endpoints[0], timeout=timeout)
+    config = settings()  # a bad rules file or PLAIT_ALGO fails before anything moves
 
     global _generation
     with _generation_lock:
@@ -575,18 +598,18 @@ def init(
     # Under plait run, rank r is job rank r: a rank the launcher saw die is filed where
     # the start-up waits look (Note [lost ranks] in plait.rendezvous.lost).
     job_ranks = from_env and info.launcher == "plait" and (rank, size) == (info.rank, info.size)
-    group = (JobRanks if job_ranks else PrefixStore)(f"plait/init{generation}", store)
+    job_id = job_space(info) if from_env else None  # Note [jobs that share a store]
+    group = (JobRanks if job_ranks else PrefixStore)(init_space(generation, job_id), store)
     t: Any = None
     temp = info.store_is_temp and from_env
     kept = False  # the communicator keeps the store (Note [store lifetime])
     try:
         host = os.environ.get("PLAIT_HOST") or socket.gethostname()
-        claim_rank(group, rank, size)
+        claim_rank(group, rank, size, job_id, info.launcher)
         if rank == 0:  # before its host: a rank that has met every host reads it
             group.set("run", f"{secrets.token_hex(6)} {size}".encode())
-        hosts = meet(
-            group, rank, size, (host, kind), seconds, None if timeout is None else left(), info
-        )
+        mine = (host, kind, fingerprint(config))  # Note [one configuration] in plait._meeting
+        hosts = meet(group, rank, size, mine, seconds, None if timeout is None else left(), info)
         run, _, sized = group.get("run").decode().partition(" ")
         if sized != str(size):  # launchers of one job told its ranks different sizes
             raise RendezvousError(
@@ -614,6 +637,7 @@ def init(
             t,
             timeout=timeout,
             hosts=hosts,
+            _settings=config,
             _run=run,
             _members=range(size) if world else None,
             _comm_id=0 if world else own_comm_id(run),  # its dumps are not the world's

@@ -1,22 +1,60 @@
 """How the ranks of ``plait.init`` meet in the job's store: each checks its arguments,
 claims its rank, says its host and transport, and waits for the others. The errors name
-ranks and settings, never store keys."""
+ranks and settings, never store keys.
+
+Note [one configuration]
+    What ``auto`` follows (PLAIT_ALGO, the rules file, the profile ``plait tune`` wrote) is
+    read on each rank, and a profile that cannot be read is skipped with a warning. Ranks
+    that follow different ones (a profile on one host only, or unreadable on one rank)
+    chose different algorithms or segments for some call, well into the job, and met there
+    with a MismatchError that broke the communicator. So each rank says the fingerprint of
+    its settings (:func:`plait.selection.select.fingerprint`: their content, not their
+    paths) with its host, and ``init`` refuses ranks that differ, naming what each follows.
+
+Note [jobs that share a store]
+    A store served apart from the ranks (``plait store``, Redis, a shared directory)
+    outlives its jobs, and the keys a job wrote stay in it: a rank's claim, its host, its
+    transport's addresses. The keys of ``init`` are numbered by the process's count of
+    ``init`` calls, which starts at 1 in every job, so a second job meeting there found the
+    first one's claims and failed at once ("another process has already joined this job as
+    rank 0"); its stale addresses would have been read as its own. So where the store comes
+    from the environment, is not the job's alone (``plait run`` serves one per attempt,
+    rank 0 one at MASTER_PORT + 1, the temp-dir store is named after the job) and the
+    launcher gives the job an id (``PLAIT_JOB_ID`` for ranks started by hand, torchrun's
+    ``--rdzv-id``, mpirun's, srun's), the job meets in a namespace
+    of that id (:func:`job_space`), and jobs of different ids share the store one after
+    another or side by side. A store of the job's own keeps the plain namespace: the
+    launchers of ``plait run --nnodes`` name the job after ``--master-addr`` as each was
+    given it, which two hosts may spell differently. A job id used again meets the old
+    claims: the error says so, and what to set. Keys are never deleted: a job that fails
+    midway could not, and a later job must not depend on whether an earlier one ended
+    cleanly.
+"""
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import RendezvousError
-from plait.rendezvous.lost import wait_ranks
+from plait.rendezvous.lost import JobRanks, mark_joined, wait_ranks
 from plait.rendezvous.store import PrefixStore
 
 if TYPE_CHECKING:
     from plait._init import LaunchInfo
 
-__all__ = ["TRANSPORTS", "check_arguments", "claim_rank", "machine", "meet"]
+__all__ = [
+    "TRANSPORTS",
+    "check_arguments",
+    "claim_rank",
+    "init_space",
+    "job_space",
+    "machine",
+    "meet",
+]
 
 #: The transports ``init`` takes by name (``transport=`` or PLAIT_TRANSPORT).
 TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
@@ -47,31 +85,71 @@ def _same_transport(rank: int, kinds: Sequence[str]) -> None:
         )
 
 
-def claim_rank(group: PrefixStore, rank: int, size: int) -> None:
+def job_space(info: LaunchInfo) -> str | None:
+    """The id that names this job's namespace of a store from the environment, if it needs
+    one (Note [jobs that share a store]): a store served apart from the job, under a
+    launcher that gives the job an id. None for a store of this job alone (``plait run``'s,
+    one per attempt; rank 0's at MASTER_PORT + 1; the temp dir's, named after the job), and
+    for torchrun's default run id, "none"."""
+    if info.store_by_rank0 or info.store_is_temp or os.environ.get("PLAIT_LAUNCHER_PID"):
+        return None
+    job = info.job_id
+    return None if job is None or job == "none" else job
+
+
+def init_space(generation: int, job_id: str | None) -> str:
+    """The namespace of the store in which the ``generation``-th ``plait.init`` of each
+    rank's process meets, under ``job_id`` (:func:`job_space`'s) where it has one."""
+    space = f"plait/init{generation}"
+    return space if job_id is None else f"{space}/job/{urllib.parse.quote(job_id, safe='')}"
+
+
+def claim_rank(
+    group: PrefixStore, rank: int, size: int, job: str | None = None, launcher: str = "plait"
+) -> None:
     """Claim ``rank`` in the job's store: two processes given one rank are told at once
     (the second; the first would only time out waiting for the rank that neither is).
+
+    ``job``: the id the job meets under, if any (Note [jobs that share a store]), and
+    ``launcher`` (:class:`~plait._init.LaunchInfo`'s), for the error's advice.
 
     Raises:
         RendezvousError: another process has claimed this rank.
     """
     if group.add(f"claim/{rank}", 1) > 1:
+        own = {
+            "plait": "give each job an id of its own (PLAIT_JOB_ID)",
+            "torchrun": "give each job a run id of its own (torchrun's --rdzv-id); a "
+            "restart keeps it (its count can differ from node to node), so for restarts leave "
+            "PLAIT_STORE unset: rank 0 then serves each attempt a store of its own",
+        }.get(launcher, "give each job a store of its own")
+        again = (
+            f"an earlier job of the same id ({job!r}) met in this store: {own}"
+            if job is not None
+            else "an earlier job met in this store, which keeps its keys: give each job an "
+            "id of its own (PLAIT_JOB_ID; torchrun's --rdzv-id), or a store of its own"
+        )
         raise RendezvousError(
             f"rank {rank} of {size}: another process has already joined this job as rank "
-            f"{rank}: two processes were given the same rank (RANK, PLAIT_RANK or init(rank=))"
+            f"{rank}: two processes were given the same rank (RANK, PLAIT_RANK or init(rank=)), "
+            f"or {again}"
         )
+    if isinstance(group, JobRanks):  # the launcher's store (Note [ranks that never joined])
+        mark_joined(group, rank)
 
 
 def meet(
     group: PrefixStore,
     rank: int,
     size: int,
-    mine: tuple[str, str],
+    mine: tuple[str, str, str],
     seconds: float,
     timeout: float | None,
     info: LaunchInfo,
 ) -> list[str]:
-    """Say this rank's host and transport (``mine``), wait until every rank has said its
-    own, and return every rank's host; errors that name the ranks, not store keys.
+    """Say this rank's host, transport and settings' fingerprint (``mine``), wait until every
+    rank has said its own, and return every rank's host; errors that name the ranks, not
+    store keys.
 
     Raises:
         StoreTimeout: some ranks never arrived (named) within ``timeout``.
@@ -106,11 +184,31 @@ def meet(
             f"{info.store_url} went away before every rank arrived: rank 0 failed or gave up "
             f"(see its error) ({exc})"
         ) from exc
-    told = [group.get(key).decode().rsplit("\n", 2) for key in keys]
-    _same_transport(rank, [kind for _, kind, _ in told])
-    hosts = [host for host, _, _ in told]
-    _one_machine_per_host(rank, hosts, [where for _, _, where in told])
+    told = [group.get(key).decode().split("\n", 3) for key in keys]
+    _same_transport(rank, [kind for _, kind, _, _ in told])
+    _same_settings(rank, [config for _, _, config, _ in told])
+    hosts = [host for host, _, _, _ in told]
+    _one_machine_per_host(rank, hosts, [where for _, _, _, where in told])
     return hosts
+
+
+def _same_settings(rank: int, configs: Sequence[str]) -> None:
+    """RendezvousError where the ranks follow different settings for ``auto`` (Note [one
+    configuration]), naming what each follows."""
+    digests = [config.partition(" ")[0] for config in configs]
+    if len(set(digests)) > 1:
+        seen: dict[str, list[int]] = {}
+        for r, digest in enumerate(digests):
+            seen.setdefault(digest, []).append(r)
+        told = "; ".join(
+            f"rank(s) {ranks}: {configs[ranks[0]].partition(' ')[2]}" for ranks in seen.values()
+        )
+        raise RendezvousError(
+            f"rank {rank}: the ranks follow different settings for algorithm='auto' ({told}): "
+            "they would choose different algorithms for some call and fail there; give every "
+            "rank the same PLAIT_ALGO, rules file (PLAIT_RULES) and profile (PLAIT_PROFILE, "
+            "written by plait tune), or none"
+        )
 
 
 def machine() -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,7 +32,7 @@ from plait._checks import check_peer, check_root, check_user_tag
 from plait._uneven_edge import UnevenMethods
 from plait.collectives import displacements
 from plait.collectives import get as collective
-from plait.errors import CommTimeout
+from plait.errors import CommError, CommTimeout, MismatchError
 
 __all__ = ["ObjectMethods"]
 
@@ -70,16 +71,36 @@ class Lanes:
         no promised order (as messages of different threads have none); threads on
         different lanes do not wait for each other. A lane's lock lives while some
         thread holds or waits for it, so tags used once leave nothing behind.
+
+    Note [an object cut short]
+        A ``send_object`` that fails after its first message was posted (a timeout over
+        TCP, where part of a message may have left and the rest still goes; Ctrl-C)
+        leaves its receiver with part of an object: the receiver takes the next
+        object's length for the rest (MismatchError), or the rest of the next object
+        for this one. Nothing on the tag can put that right, so the lane is *spoiled*
+        on the side that failed: every later ``send_object`` (or ``recv_object``, for
+        a receive that failed after it took the length) on that peer and tag raises
+        CommError naming the first failure, and a receive whose message does not fit
+        the object it reads says that its sender's earlier object may have been cut
+        short. A failure before anything moved (a receive that timed out waiting for
+        the length) and a pickling failure (told in the length word) spoil nothing.
+        The lanes spoiled stay listed while the communicator lives, one entry each.
     """
 
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._lanes: dict[tuple[str, int, int], list[Any]] = {}  # [lock, threads on it]
+        self._spoiled: dict[tuple[str, int, int], str] = {}  # lane -> why
+
+    def spoil(self, key: tuple[str, int, int], why: str) -> None:
+        """Refuse lane ``key`` from now on, saying ``why`` (Note [an object cut short])."""
+        with self._mu:
+            self._spoiled.setdefault(key, why)
 
     @contextmanager
     def hold(self, key: tuple[str, int, int], seconds: float, what: str) -> Iterator[None]:
         """Hold lane ``key`` for one object; CommTimeout if it stays taken for ``seconds``
-        (``what``: the call, as its message names it)."""
+        (``what``: the call, as its message names it); CommError if it was spoiled."""
         with self._mu:
             lane = self._lanes.get(key)
             if lane is None:
@@ -93,6 +114,10 @@ class Lanes:
                     "time); nothing was sent or received"
                 )
             try:
+                with self._mu:  # read once its turn came: the thread before may have spoiled it
+                    why = self._spoiled.get(key)
+                if why is not None:
+                    raise CommError(f"{what}: {why}; use another tag for the objects that follow")
                 yield
             finally:
                 lane[0].release()
@@ -131,7 +156,7 @@ class ObjectMethods(UnevenMethods):
         """
         c = "bcast_object"
         r = self._rank
-        check_root(root, r, self._size, c)
+        root = check_root(root, r, self._size, c)
         word = np.zeros(1, np.uint64)
         messages: list[memoryview] = []
         err: BaseException | None = None
@@ -192,7 +217,7 @@ class ObjectMethods(UnevenMethods):
         needs them all), then a gatherv of the messages.
         """
         c = "gather_object"
-        check_root(root, self._rank, self._size, c)
+        root = check_root(root, self._rank, self._size, c)
         first, err = _first_message(obj)
         sizes = self._within(_ALLGATHER, _word(first), c, timeout)
         counts = self._raise_if_failed(c, sizes, err)
@@ -223,7 +248,7 @@ class ObjectMethods(UnevenMethods):
         """
         c = "scatter_object"
         r, size = self._rank, self._size
-        check_root(root, r, size, c)
+        root = check_root(root, r, size, c)
         table = np.zeros(size, np.uint64)
         frames: list[objects.Frames | None] = []
         err: BaseException | None = None
@@ -349,11 +374,20 @@ class ObjectMethods(UnevenMethods):
             err = exc
         word = np.array([messages[0].nbytes if messages else _FAILED], np.uint64)
         seconds = self._runner.seconds(timeout, c)
-        with self._lanes.hold(("send", dst, tag), seconds, f"rank {self._rank}: {c} to {dst}"):
-            self.send(word, dst, tag, timeout=timeout)
+        lane = ("send", dst, tag)
+        end = time.monotonic() + seconds  # one deadline for the whole object, its turn included
+        with self._lanes.hold(lane, seconds, f"rank {self._rank}: {c} to {dst}"):
+            try:
+                self.send(word, dst, tag, timeout=_left(end))
+                if err is None:
+                    for m in messages:
+                        self.send(np.frombuffer(m, np.uint8), dst, tag, timeout=_left(end))
+            except BaseException as exc:  # Note [an object cut short]
+                self._lanes.spoil(lane, f"an earlier {c} to rank {dst} with tag {tag} failed "
+                                  f"partway ({type(exc).__name__}): its receiver may hold part "
+                                  "of that object")  # fmt: skip
+                raise
             self._raise_if_failed(c, word, err, [self._rank])
-            for m in messages:
-                self.send(np.frombuffer(m, np.uint8), dst, tag, timeout=timeout)
 
     def recv_object(self, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """The next object ``send_object`` sent from ``src`` with ``tag`` (mpi4py's ``recv``).
@@ -369,15 +403,29 @@ class ObjectMethods(UnevenMethods):
         check_peer(src, self._rank, self._size, c, "src")
         check_user_tag(tag, self._rank, c)
         seconds = self._runner.seconds(timeout, c)
-        with self._lanes.hold(("recv", src, tag), seconds, f"rank {self._rank}: {c} from {src}"):
-            word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=timeout)
+        lane = ("recv", src, tag)
+        end = time.monotonic() + seconds  # one deadline for the whole object, its turn included
+        with self._lanes.hold(lane, seconds, f"rank {self._rank}: {c} from {src}"):
+            try:
+                word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=_left(end))
+            except MismatchError as exc:  # not a length: the rest of a cut object
+                exc.add_note(_CUT.format(src=src))
+                raise
             self._raise_if_failed(c, word, None, [src])
-            first = objects.empty(int(word[0]))
-            self.recv(np.frombuffer(first, np.uint8), src, tag, timeout=timeout)
-            layout = objects.Layout.read(first, separate_min=_SEP)
-            rest = [objects.empty(n) for n in layout.message_lens[1:]]
-            for m in rest:
-                self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=timeout)
+            try:
+                first = objects.empty(int(word[0]))
+                self.recv(np.frombuffer(first, np.uint8), src, tag, timeout=_left(end))
+                layout = objects.Layout.read(first, separate_min=_SEP)
+                rest = [objects.empty(n) for n in layout.message_lens[1:]]
+                for m in rest:
+                    self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=_left(end))
+            except BaseException as exc:  # Note [an object cut short]
+                if isinstance(exc, MismatchError):
+                    exc.add_note(_CUT.format(src=src))
+                self._lanes.spoil(lane, f"an earlier {c} from rank {src} with tag {tag} "
+                                  f"failed partway ({type(exc).__name__}): it took part of an "
+                                  "object")  # fmt: skip
+                raise
         where = f"rank {self._rank}: {c}: the object of rank {src}"
         return _unpickled([first, *rest], where, _SEP)
 
@@ -415,6 +463,19 @@ class ObjectMethods(UnevenMethods):
             f"rank {self._rank}: {c}: the object of {who} could not be pickled{mine}; "
             "nothing was delivered"
         ) from err
+
+
+#: The note on a receive whose message does not fit the object it reads.
+_CUT = (
+    "rank {src}'s earlier send_object on this tag may have failed partway (a timeout): the "
+    "objects on this peer and tag are undefined from here"
+)
+
+
+def _left(end: float) -> float:
+    """Seconds left until ``end`` for one message of an object (at least a microsecond: a
+    timeout must be positive)."""
+    return max(end - time.monotonic(), 1e-6)
 
 
 def _items(objs: Any, size: int) -> list[Any] | None:

@@ -31,7 +31,12 @@ Note [p2p failures]
     other rank of the communicator is lost (ULFM instead interrupts every
     pending any-source receive at the first failure; here such a receive
     goes on with the live ranks, as a master whose workers die one by one
-    wants, and its deadline bounds it anyway). Every blocking call has a
+    wants, and its deadline bounds it anyway). A receive from several ranks
+    that has matched a message is bound to it, as MPI's is: where its sender
+    dies before all of it has arrived, the receive fails, and its
+    ``lost_rank`` is that sender (``Request._lost_rank``). The transport
+    fails it so; to take it back to matching would need the transport to
+    re-post it, behind the receives posted since, out of MPI's order. Every blocking call has a
     deadline, the communicator's timeout unless ``timeout=`` says otherwise;
     when it passes, the call withdraws what it posted and raises CommTimeout
     naming the peer and the tag. ``Request.wait`` times out the same way but
@@ -58,7 +63,6 @@ from plait._p2p_request import (
     Status,
     _check_status,
     _describe,
-    _dtype_of,
     _Incoming,
     _Outgoing,
     _reword,
@@ -68,6 +72,7 @@ from plait._p2p_request import (
     wait_any,
     wait_crossing,
 )
+from plait._p2p_status import _dtype_of
 from plait.errors import CommError, CommTimeout, PeerLostError, UnsupportedError
 from plait.group import p2p_pattern, p2p_tag, user_tag
 from plait.runtime import stall

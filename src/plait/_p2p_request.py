@@ -1,24 +1,26 @@
-"""Requests and statuses of point to point: what ``isend``/``irecv`` return, and who sent what.
+"""Requests of point to point: what ``isend``/``irecv`` return, and waits on several.
 
-:class:`Request` (``wait``, ``test``, ``cancel``), :class:`Status`,
-:func:`wait_all`, :func:`wait_any`, the constants ``ANY_SOURCE``, ``ANY_TAG``
-and ``PROC_NULL``, and the check word of a message. The calls that make
-requests are :class:`plait._p2p.PointToPointMethods`; the Notes there say how
-the pieces fit, and docs/mpi.md, "Point to point", is the user's account.
+:class:`Request` (``wait``, ``test``, ``cancel``), :func:`wait_all` and
+:func:`wait_any`; :class:`Status`, the constants ``ANY_SOURCE``, ``ANY_TAG`` and
+``PROC_NULL`` and the check word of a message are :mod:`plait._p2p_status`'s,
+named here too. The calls that make requests are
+:class:`plait._p2p.PointToPointMethods`; the Notes there say how the pieces fit,
+and docs/mpi.md, "Point to point", is the user's account.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
+from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
 import numpy as np
 
 from plait._arrays import DeviceTarget
-from plait._checks import CACHE_LIMIT, check_timeout
+from plait._checks import check_timeout
 from plait._fork import not_forked
+from plait._p2p_status import ANY_SOURCE, ANY_TAG, PROC_NULL, Status, _dtype_of, check_word
 from plait.errors import AbortedError, CommError, CommTimeout, MismatchError, PeerLostError
 from plait.group import GroupTransport, user_tag
 from plait.runtime import stall
@@ -41,120 +43,13 @@ __all__ = [
 #: Seconds at least that a blocking receive whose message has begun to arrive when its
 #: deadline passes has to finish (Note [a message arriving at the deadline]).
 ARRIVING_GRACE = 10.0
-ANY_SOURCE: Final = -1
-#: ``tag`` of a receive or probe that takes a message with any tag (MPI_ANY_TAG).
-ANY_TAG: Final = -1
-#: A peer that is no rank: a send to it or a receive from it completes at once, moving
-#: nothing (MPI_PROC_NULL), for the edges of a non-periodic shift.
-PROC_NULL: Final = -2
+
+#: The locks that settling requests hold, each request's chosen by its hash (Note [settling
+#: a request]); a power of two.
+_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 #: What a request's ``wait`` returns: ``buf`` for a receive, None for a send.
 R = TypeVar("R")
-
-
-def check_word(dtype: np.dtype) -> int:
-    """The check word of a point-to-point message: its dtype (the lengths are checked apart)."""
-    word = _CHECK_WORDS.get(dtype)
-    if word is None:
-        word = zlib.crc32(f"p2p|{dtype.name}".encode())
-        if len(_CHECK_WORDS) < CACHE_LIMIT:
-            _CHECK_WORDS[dtype] = word
-    return word
-
-
-#: check_word's answers so far, by dtype (``dtype.name`` is slow to compute).
-_CHECK_WORDS: dict[np.dtype, int] = {}
-
-
-_BY_CHECK: dict[int, np.dtype] = {}
-
-
-def _dtype_of(check: int) -> np.dtype | None:
-    """The dtype whose check word is ``check``, among numpy's numeric ones; None if other."""
-    if not _BY_CHECK:
-        for code in np.typecodes["All"]:
-            try:
-                dt = np.dtype(code)
-            except TypeError:
-                continue
-            if dt.kind not in "OSUVMm":
-                _BY_CHECK[check_word(dt)] = dt
-    return _BY_CHECK.get(check)
-
-
-class Status:
-    """Who sent a message, with which tag, and how large it is.
-
-    Filled by ``recv``, ``probe``, ``iprobe``, ``sendrecv`` and a request's
-    ``wait``/``test`` when passed as ``status=`` (mpi4py's way), and kept by
-    every request as :attr:`Request.status`. Before it is filled: source
-    ``ANY_SOURCE``, tag ``ANY_TAG``, no bytes.
-
-    Attributes:
-        source: the sender's rank in the communicator (``PROC_NULL`` for a
-            receive from ``PROC_NULL``; for a send's request, this rank).
-        tag: the message's tag (``ANY_TAG`` for ``PROC_NULL``).
-        nbytes: the payload's size in bytes.
-        dtype: the dtype of its elements: the receive's (the sender's is the
-            same, or the receive fails); for a probe, the sender's, when it is
-            one of numpy's numeric dtypes (else None).
-        cancelled: whether the request was cancelled before it matched.
-    """
-
-    __slots__ = ("cancelled", "dtype", "nbytes", "source", "tag")
-
-    def __init__(self) -> None:
-        self.source: int = ANY_SOURCE
-        self.tag: int = ANY_TAG
-        self.nbytes = 0
-        self.dtype: np.dtype | None = None
-        self.cancelled = False
-
-    @property
-    def count(self) -> int | None:
-        """Number of elements of :attr:`dtype` in the message; None if the dtype is unknown."""
-        if self.dtype is None:
-            return 0 if self.nbytes == 0 else None
-        return self.nbytes // self.dtype.itemsize
-
-    def get_count(self, dtype: Any = None) -> int:
-        """Number of elements of ``dtype`` (default :attr:`dtype`) in the message.
-
-        Raises:
-            ValueError: the message's dtype is unknown and none was given, or the
-                message is not a whole number of ``dtype`` elements.
-        """
-        dt = self.dtype if dtype is None else np.dtype(dtype)
-        if dt is None:
-            if self.nbytes == 0:
-                return 0
-            raise ValueError(
-                f"the message's dtype is not a numpy numeric one; pass get_count(dtype) "
-                f"({self.nbytes} bytes)"
-            )
-        if dt.itemsize == 0 or self.nbytes % dt.itemsize:
-            raise ValueError(
-                f"a message of {self.nbytes} bytes is not a whole number of {dt.name} elements"
-            )
-        return self.nbytes // dt.itemsize
-
-    def _set(
-        self, source: int, tag: int, nbytes: int, dtype: np.dtype | None, cancelled: bool = False
-    ) -> None:
-        self.source, self.tag, self.nbytes, self.dtype = source, tag, nbytes, dtype
-        self.cancelled = cancelled
-
-    def _copy_to(self, other: Status | None) -> None:
-        if other is not None:
-            other._set(self.source, self.tag, self.nbytes, self.dtype, self.cancelled)
-
-    def __repr__(self) -> str:
-        dtype = self.dtype.name if self.dtype is not None else None
-        extra = ", cancelled" if self.cancelled else ""
-        return (
-            f"<plait.Status source={self.source} tag={self.tag} count={self.count} "
-            f"dtype={dtype} nbytes={self.nbytes}{extra}>"
-        )
 
 
 class _Outgoing(NamedTuple):
@@ -234,16 +129,25 @@ class Request(Generic[R]):
         self._status = Status()
         self._error: BaseException | None = None
         self._cancelled = False
-        self._settled = False
+        self._settled = False  # set once settled: status, error and buf are final
         self._runner: Any = None  # the communicator's call runner: its abort, its recorder
         if handle is None:  # PROC_NULL: done at once
             self._settle()
 
     # -- the user's side -----------------------------------------------------------------
     def done(self) -> bool:
-        """Whether the request has completed, failed or been cancelled (no progress, no raise)."""
+        """Whether the request has completed, failed or been cancelled (no progress, no raise).
+
+        Once it says so, a receive's ``buf`` holds the message, strided and byte-swapped
+        ones too (Note [settling a request]).
+        """
+        if self._settled:
+            return True
         h = self._handle
-        return h is None or h.done
+        if h is not None and not h.done:
+            return False
+        self._settle()
+        return True
 
     def test(self, status: Status | None = None) -> bool:
         """Make progress once, without blocking; whether the request is done.
@@ -302,11 +206,15 @@ class Request(Generic[R]):
             return
         not_forked(self._runner, f"{self._c}: cancel")
         t = self._transport
-        if self._incoming is not None and isinstance(t, Matching):
-            self._cancelled = t.withdraw(h)
-            return
-        t.cancel(h)
-        self._cancelled = True
+        # Under the settling lock: a thread settling the request sees it cancelled, or not at all.
+        with _LOCKS[hash(self) & 63]:
+            if h.done:
+                return
+            if self._incoming is not None and isinstance(t, Matching):
+                self._cancelled = t.withdraw(h)
+                return
+            t.cancel(h)
+            self._cancelled = True
 
     @property
     def cancelled(self) -> bool:
@@ -368,14 +276,24 @@ class Request(Generic[R]):
             looked = True
             if not cross:
                 if not t.wait_any([h], left):
+                    self._closed_meanwhile(h)
                     return h.done
                 continue
             probe = stall.PROBE_SECONDS
             if not t.wait_any([h], probe if left > probe else left) and not h.done:
+                self._closed_meanwhile(h)
                 if left <= probe or self._peer < 0:
                     continue  # the deadline, or a wait on any rank: as without cross
                 return self._wait_crossing(deadline)  # a probe period without the message
         return True
+
+    def _closed_meanwhile(self, h: Any) -> None:
+        """ClosedError (or AbortedError) where the communicator was closed (aborted) while
+        this request waited: its wait woke short of the deadline, and a send, whose handle
+        the close had not failed yet, read the wake-up as its timeout."""
+        runner = self._runner
+        if not h.done and (runner.closed or runner.aborted is not None):
+            runner.check_usable(self._c)
 
     def _wait_crossing(self, deadline: float) -> bool:
         """:meth:`_wait_until` of a receive from one rank stalled for a probe period: tell
@@ -409,9 +327,12 @@ class Request(Generic[R]):
             return True
         t = self._transport
         if self._incoming is not None and isinstance(t, Matching):
-            if t.withdraw(h):  # matched nothing yet: a message that comes later stays queued
-                self._cancelled = True
-                return False
+            with _LOCKS[hash(self) & 63]:  # as in cancel()
+                if h.done:  # another thread drove it to its end meanwhile
+                    return True
+                if t.withdraw(h):  # matched nothing yet: a message that comes later stays queued
+                    self._cancelled = True
+                    return False
             if grace > 0:
                 if t.wait_any([h], grace) or h.done:
                     return True
@@ -420,8 +341,11 @@ class Request(Generic[R]):
                     "more: the rest of it was dropped, and the receive buffer's contents are "
                     "undefined"
                 )
-        self._cancelled = True
-        t.cancel(h)  # a receive whose bytes are arriving drops the rest
+        with _LOCKS[hash(self) & 63]:
+            if h.done:  # it ended meanwhile: it completes as it would have
+                return True
+            self._cancelled = True
+            t.cancel(h)  # a receive whose bytes are arriving drops the rest
         return False
 
     # Note [a message arriving at the deadline]
@@ -449,10 +373,33 @@ class Request(Generic[R]):
         )
 
     def _settle(self) -> None:
-        """Once done: fill the status, take the error, copy a receive back where needed."""
+        """Once done: fill the status, take the error, copy a receive back where needed;
+        once, every other caller waiting until it is (Note [settling a request])."""
         if self._settled:
             return
-        self._settled = True
+        with _LOCKS[hash(self) & 63]:
+            if not self._settled:
+                self._fill()
+                self._settled = True
+
+    # Note [settling a request]
+    #     A done handle is not yet a done request: a strided, byte-swapped or device buf
+    #     receives into a copy, written back as the request settles, and the status and the
+    #     error are filled then. So done() settles a request whose handle is done before it
+    #     says so (a flag read once settled: it stays cheap), and a thread that finds another
+    #     settling the request waits on its lock until the buf, the status and the error are
+    #     final. The flag was set before the work, unlocked: a second thread's wait() (test(),
+    #     status, wait_all) returned while the first was still writing buf back, and done()
+    #     said True before anything was written back. The lock is one of _LOCKS, by the
+    #     request's hash: a lock of its own cost each request 0.8 µs to make (a blocking recv
+    #     of a small message takes about 15), where one taken from a few shared ones costs
+    #     nothing measurable; two requests sharing one settle one after the other, and
+    #     nothing holding one waits for anything else. cancel() and a deadline's withdrawal
+    #     set ``_cancelled`` under the lock too, so that settling sees a cancelled request
+    #     as cancelled.
+
+    def _fill(self) -> None:
+        """:meth:`_settle`'s work, the lock held."""
         h = self._handle
         inc = self._incoming
         st = self._status
@@ -471,8 +418,8 @@ class Request(Generic[R]):
                     mine += f"; the message: {sent[1] // theirs.itemsize} elements of {theirs.name}"
             err = renumbered(self._transport, h.error)
             self._error = _reword(err, f"rank {self._rank}: {self._c} {self._describe()}", mine)
-            if isinstance(self._error, PeerLostError) and self._peer >= 0:
-                self._error.lost_rank = self._peer  # the rank it sends to or receives from
+            if isinstance(self._error, PeerLostError):
+                self._error.lost_rank = self._lost_rank(h)
             if isinstance(h.error, MismatchError) and isinstance(self._error, MismatchError):
                 self._error.sent = h.error.sent
         elif inc is None:
@@ -491,6 +438,18 @@ class Request(Generic[R]):
             st._set(source, tag, inc.target.nbytes, inc.target.dtype)
             if inc.copy_back:
                 inc.array[...] = inc.target.reshape(inc.array.shape)
+
+    def _lost_rank(self, h: Handle) -> int | None:
+        """The rank whose loss failed ``h``: the one it sends to or receives from, or the
+        sender of the message a receive from several ranks had matched (Note [p2p
+        failures] in :mod:`plait._p2p`); None where every rank it could match is lost."""
+        if self._peer >= 0:
+            return self._peer
+        t = self._transport
+        if self._incoming is None or not isinstance(t, Matching):
+            return None
+        peer = t.envelope(h)[0]
+        return peer if peer >= 0 else None
 
 
 def _reword(err: BaseException, where: str, mine: str = "") -> BaseException:

@@ -61,6 +61,17 @@ Note [a store that stalls]
     watcher for good: no heartbeat, no abort heard, every agree refused.) A store that is
     gone fails each try at once, so agree and shrink still raise at once.
 
+Note [dropped communicators]
+    A communicator with recovery that its program drops unclosed is let go of as
+    :meth:`Communicator.close` would: a ``weakref.finalize`` on it and on each group split
+    from it calls :meth:`Recovery._gone`, and once none of them is left open (the groups
+    share its transport) the watcher stops, says the rank closed (``stop/<rank>``), lets go
+    of the store and closes the transport, on its own thread. The finalizer may run on any
+    thread, the watcher's too, in the middle of a store call: it only sets flags and starts
+    a thread that wakes the watcher, whose store calls end before the store is let go of.
+    No strong reference leads from the watcher to a communicator; one referenced at the exit
+    is left to the exit.
+
 Note [agree]
     Failure assumptions: ranks fail by stopping (a crash, kill -9, or hanging
     so long that they look dead), never by lying; the store is reliable and
@@ -85,8 +96,9 @@ Note [agree]
     1. every rank writes its flag to ``flag/<rank>``;
     2. the coordinator is the lowest rank not failed. It waits (in the store,
        a slice at a time) until every rank has either written its flag or
-       failed, then writes ``result``: the AND of the flags written and the
-       ranks that wrote them, unless a result is there already;
+       failed, then claims ``result``: the AND of the flags written and the
+       ranks that wrote them (Note [one result] in plait._agreement: exactly
+       one rank's claim wins, and only it writes the result);
     3. the others wait for ``result`` a slice at a time, and between slices
        check the ranks below them: when the coordinator fails, the next one
        takes over (its result is computed from the same keys);
@@ -94,41 +106,37 @@ Note [agree]
        coordinator took it for failed) raises ExcludedError.
 
     A rank that dies after writing its flag is among those that took part:
-    the next agree or shrink finds it. The store offers no compare-and-set,
-    so a coordinator taken for failed while alive (stopped for more than
-    ``STALE_SECONDS``) could still write a result another already wrote;
-    every rank reads the result once, and the two differ only if they saw a
-    different set of flags. A rank that never arrives and is not found
-    failed (alive, but still inside a call on the communicator: call
+    the next agree or shrink finds it. A rank that never arrives and is not
+    found failed (alive, but still inside a call on the communicator: call
     :func:`abort` when a call fails) makes agree raise CommTimeout at its
-    deadline. The coordinator then writes the result *void* (``void <its
-    rank> <the ranks missing>``), and every rank that reads it, the late one
-    when it comes too, raises CommTimeout: no rank ends agreement ``k`` with
-    a result, and every rank's next agree is number ``k + 1``. (Were it left undecided,
-    the late rank would wait in ``k`` for a coordinator gone on to ``k + 1``,
-    each for the other, until both timed out.) A rank that times out waiting
-    for the result writes nothing: the coordinator may still decide, with
-    its flag.
+    deadline. The coordinator then claims the result *void* (``void <its
+    rank> <the ranks missing>``); a rank that times out waiting for the
+    result looks ``_LAST_LOOK_SECONDS`` longer, then claims it itself (void
+    where a rank is missing: the coordinator, maybe). Every rank that reads
+    a void result, a late one when it comes too (the coordinator included),
+    raises CommTimeout: no rank ends agreement ``k`` with a result, and every
+    rank's next agree is number ``k + 1``. (Were it left undecided, the late
+    rank would wait in ``k`` for a rank gone on to ``k + 1``, each for the
+    other, until both timed out.) A coordinator taken for failed while alive
+    (stopped for more than ``STALE_SECONDS``) claims too, as does the rank
+    that took over from it: one claim wins, so one result still.
 
 Note [shrink]
-    ``shrink`` agrees (Note [agree]) on the survivors, and aborts the
-    communicator so that every rank still in a call on it leaves the call:
-    at once where it failed or was aborted on this rank, else only if some
-    rank has neither arrived nor failed ``_GRACE_SECONDS`` after this one
-    did. A rank whose calls all succeeded may have peers still finishing the
-    last of them (reading this rank's window, or its last message), which an
-    abort would fail although the call succeeded here; a rank in shrink is in
-    no call, so once every rank has arrived, none needs the abort. Rank
-    ``i`` of the new communicator is the ``i``-th survivor in the old order.
-    The survivors connect through the store's namespace ``<old>/s<k>`` (``k``
-    the agreement's number) with the kinds of link ``init`` allowed and no
-    job id, so shared-memory segments get fresh names: nothing of the old
-    transport is reused; its id is new (:func:`~plait.group.shrunk_comm_id`), so its
-    flight recorder dumps, and its splits' ids, are its own. The old
-    communicator is then closed. A survivor that dies while the others
-    connect makes shrink fail within about a second, naming it (Note
-    [survivors that die] in plait._liveness), on every survivor: none
-    returns before all have connected (Note [survivors connect, then agree]
+    ``shrink`` agrees (Note [agree]) on the survivors, and aborts the communicator so
+    that every rank still in a call on it leaves the call: at once where it failed or was
+    aborted on this rank, else only if some rank has neither arrived nor failed
+    ``_GRACE_SECONDS`` after this one did. A rank whose calls all succeeded may have peers
+    still finishing the last of them (reading this rank's window, or its last message),
+    which an abort would fail although the call succeeded here; a rank in shrink is in no
+    call, so once every rank has arrived, none needs the abort. Rank ``i`` of the new
+    communicator is the ``i``-th survivor in the old order. The survivors connect through
+    the store's namespace ``<old>/s<k>`` (``k`` the agreement's number) with the kinds of
+    link ``init`` allowed and no job id, so shared-memory segments get fresh names: nothing
+    of the old transport is reused; its id is new (:func:`~plait.group.shrunk_comm_id`),
+    so its flight recorder dumps, and its splits' ids, are its own. The old communicator
+    is then closed. A survivor that dies while the others connect makes shrink fail within
+    about a second, naming it (Note [survivors that die] in plait._liveness), on every
+    survivor: none returns before all have connected (Note [survivors connect, then agree]
     in plait._shrink); agree and shrink again.
 """
 
@@ -143,6 +151,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark
+from plait._agreement import SETTLE_SECONDS, SLICE, VOID, Ballot
 from plait._checks import check_timeout
 from plait._fork import not_forked
 from plait._liveness import STALE_SECONDS, Liveness
@@ -171,13 +180,9 @@ __all__ = [
 
 #: Seconds between two heartbeats of a rank's watcher thread (Note [agree]).
 HEARTBEAT_SECONDS = 1.0
-#: Longest single wait of agree in the store, between two looks at who failed.
-_SLICE = 0.25
 #: Seconds a rank whose agreement ran out of time still waits for the coordinator's result,
-#: which it writes at the same deadline (it names the ranks that never came).
+#: which it decides at the same deadline, before it claims the result itself (Note [agree]).
 _LAST_LOOK_SECONDS = 1.0
-#: The result of an agreement its coordinator gave up at its timeout (Note [agree]).
-_VOID = "void"
 #: Seconds shrink waits on a healthy communicator for every rank to arrive before it aborts
 #: it (Note [shrink]).
 _GRACE_SECONDS = 1.0
@@ -200,8 +205,8 @@ class Agreement(NamedTuple):
 
     Attributes:
         flag: the bitwise AND of the flags of the ranks that took part.
-        ranks: the ranks that took part, in increasing order (this
-            communicator's numbering); the others failed.
+        ranks: the ranks that took part, in increasing order (this communicator's
+            numbering); the others failed.
     """
 
     flag: int
@@ -211,9 +216,9 @@ class Agreement(NamedTuple):
 class Recovery:
     """A communicator's side of abort, agree and shrink: its namespace, its watcher thread.
 
-    Made by :func:`enable`. It publishes where this rank's process runs,
-    starts the watcher thread (Note [abort]; it also keeps the heartbeat of
-    Note [agree]) and closes with the communicator.
+    Made by :func:`enable`. It publishes where this rank's process runs, starts the watcher
+    thread (Note [abort]; it also keeps the heartbeat of Note [agree]) and closes with the
+    communicator.
     """
 
     def __init__(
@@ -246,12 +251,18 @@ class Recovery:
         self._stopping = False
         self._wake = threading.Event()  # close, _check_store: stop, or try the store, now
         self._closed = False
+        self._dropped = False  # every member was collected unclosed (Note [dropped ...])
+        self._let_go_once = _thread.allocate_lock()  # taken by the one _let_go
+        self._nudging = _thread.allocate_lock()  # held by _nudge's store calls
+        self._ended = threading.Event()  # set: the watcher is done (and let go, if dropped)
         self.live.publish(self.rank)
         owner.acquire()
         self._thread = threading.Thread(
             target=self._watch, name=f"plait-watch-rank{self.rank}", daemon=True
         )
         self._thread.start()
+        # Let go once collected, not at the exit (Note [dropped communicators]).
+        weakref.finalize(comm, self._gone).atexit = False
 
     def adopt(self, comm: Communicator) -> None:
         """``comm`` (a split's group) shares the transport: an abort marks it too."""
@@ -260,6 +271,7 @@ class Recovery:
         comm._runner.hear = self.hear
         if self._aborted is not None:
             mark(comm, as_split(self._aborted))
+        weakref.finalize(comm, self._gone).atexit = False  # Note [dropped communicators]
 
     def owns(self, comm: Communicator) -> bool:
         """Whether ``comm`` is the communicator this recovery was made for (not a group)."""
@@ -294,8 +306,7 @@ class Recovery:
 
     def _told_nobody(self, done: threading.Event) -> None:
         """End an abort :meth:`_mark` began that tells no peer (every rank replaced the
-        communicator with shrink): a later :meth:`abort` returns at once, not after
-        ``_TELL_SECONDS``."""
+        communicator with shrink): a later :meth:`abort` returns at once."""
         self._told.release()
         done.set()
 
@@ -346,8 +357,20 @@ class Recovery:
                 done.set()
 
     def _watch(self) -> None:
-        """The watcher thread: wait for ``abort/<rank>``, and beat the heartbeat meanwhile;
-        outlive a store that fails (Note [a store that stalls])."""
+        """The watcher thread: :meth:`_listen`, then let go of the transport and the store if
+        the communicator was dropped (Note [dropped communicators])."""
+        try:
+            self._listen()
+        finally:
+            try:
+                if self._dropped:
+                    self._let_go()
+            finally:
+                self._ended.set()
+
+    def _listen(self) -> None:
+        """Wait for ``abort/<rank>``, and beat the heartbeat meanwhile; outlive a store that
+        fails (Note [a store that stalls])."""
         me = self.rank
         waiting = f"abort/{me}"
         store = self.store
@@ -395,46 +418,28 @@ class Recovery:
         me = self.rank
         k = self._agrees
         self._agrees += 1
-        keys = f"agree/{k}/"
+        ballot = Ballot(self.store, self.live, me, self.size, k, what)
         deadline = time.monotonic() + seconds
-        seen: dict[int, tuple[int, float]] = {}
         # No store call outlasts the agreement's own deadline (Note [a store that stalls]).
-        with answers_by(deadline + _LAST_LOOK_SECONDS + _ANSWER_SLACK):
+        bound = deadline + _LAST_LOOK_SECONDS + _ANSWER_SLACK
+        with answers_by(bound):
             self._check_store(what)
-            try:
-                self.store.set(f"{keys}flag/{me}", str(flag).encode())
+        try:
+            with answers_by(bound):
+                ballot.take_part(flag)
                 grace = min(deadline, time.monotonic() + _GRACE_SECONDS)
-                if late is not None and self._missing(keys, seen, grace):
+                if late is not None and ballot.missing(grace):
                     late()
-                while True:
-                    if self._coordinator(seen) == me:
-                        text = self._decide(keys, seen, deadline)
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        # The coordinator gives up at the same deadline: its word, if it came.
-                        try:
-                            self.store.wait([f"{keys}result"], _LAST_LOOK_SECONDS)
-                        except StoreTimeout:
-                            raise CommTimeout(
-                                f"rank {me}: {what}: agree #{k}: no result within "
-                                f"{seconds:g} s; the coordinator neither decided nor was found "
-                                "failed"
-                            ) from None
-                        text = self.store.get(f"{keys}result").decode()
-                        break
-                    try:
-                        self.store.wait([f"{keys}result"], min(_SLICE, left))
-                    except StoreTimeout:
-                        continue
-                    text = self.store.get(f"{keys}result").decode()
-                    break
-            except CommTimeout:  # a StoreTimeout too: the store answered
-                raise
-            except (RendezvousError, ClosedError, OSError) as exc:
-                raise self._store_gone(what, exc) from exc
+                text = self._outcome(ballot, deadline)
+            if text is None:  # another rank's claim won (Note [one result] in plait._agreement)
+                with answers_by(time.monotonic() + SETTLE_SECONDS + _ANSWER_SLACK):
+                    text = ballot.settle(SETTLE_SECONDS)
+        except CommTimeout:  # a StoreTimeout too: the store answered
+            raise
+        except (RendezvousError, ClosedError, OSError) as exc:
+            raise self._store_gone(what, exc) from exc
         value, _, listed = text.partition(" ")
-        if value == _VOID:
+        if value == VOID:
             by, _, missing = listed.partition(" ")
             if by == str(me):
                 raise CommTimeout(
@@ -457,55 +462,22 @@ class Recovery:
             )
         return Agreement(int(value), ranks), k
 
-    def _coordinator(self, seen: dict[int, tuple[int, float]]) -> int:
-        """The lowest rank not failed (this rank, if all below it failed)."""
-        for p in range(self.rank):
-            if not self.live.has_failed(p, seen):
-                return p
-        return self.rank
-
-    def _missing(self, keys: str, seen: dict[int, tuple[int, float]], until: float) -> list[int]:
-        """The ranks that have neither written their flag under ``keys`` nor failed, once
-        there are none or at ``until`` (monotonic), whichever comes first; none once the
-        agreement has a result (a coordinator that took over decided it)."""
-        store = self.store
+    @staticmethod
+    def _outcome(ballot: Ballot, deadline: float) -> str | None:
+        """Wait for the result; decide it as coordinator, or, at the deadline and a last
+        look, whoever this rank is. None: another rank's claim won (Ballot.settle)."""
         while True:
-            if store.check([f"{keys}result"]):
-                return []
-            missing = [
-                p
-                for p in range(self.size)
-                if p not in self.live.failed and not store.check([f"{keys}flag/{p}"])
-            ]
-            missing = [p for p in missing if not self.live.has_failed(p, seen)]
-            left = until - time.monotonic()
-            if not missing or left <= 0:
-                return missing
-            with contextlib.suppress(StoreTimeout):
-                store.wait([f"{keys}flag/{missing[0]}"], min(_SLICE, left))
-
-    def _decide(self, keys: str, seen: dict[int, tuple[int, float]], deadline: float) -> str:
-        """As coordinator: wait until every rank wrote its flag or failed; write the result.
-
-        At the deadline the result is void (Note [agree]): a rank that arrives later
-        finds it and raises too, so every rank's next agree is the next agreement.
-        """
-        store = self.store
-        result = f"{keys}result"
-        if not store.check([result]):
-            missing = self._missing(keys, seen, deadline)
-            if missing:
-                text = f"{_VOID} {self.rank} {','.join(map(str, missing))}"
-            else:
-                value = -1  # all bits set: the identity of AND
-                present = [p for p in range(self.size) if p not in self.live.failed]
-                present = [p for p in present if store.check([f"{keys}flag/{p}"])]
-                for p in present:
-                    value &= int(store.get(f"{keys}flag/{p}"))
-                text = f"{value} {','.join(map(str, present))}"
-            if not store.check([result]):
-                store.set(result, text.encode())
-        return store.get(result).decode()
+            if ballot.coordinator() == ballot.rank:
+                return ballot.decide(deadline)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # The coordinator decides at the same deadline: its word, if it comes; else
+                # this rank claims the result (void where some rank never came).
+                text = ballot.wait(_LAST_LOOK_SECONDS)
+                return text if text is not None else ballot.decide(time.monotonic())
+            text = ballot.wait(min(SLICE, left))
+            if text is not None:
+                return text
 
     def _store_back(self, seconds: float) -> bool:
         """Whether the store answers within ``seconds`` (Note [a store that stalls])."""
@@ -542,7 +514,9 @@ class Recovery:
             self.store_error = None
             self._wake.set()  # the watcher listens for aborts again now, not a heartbeat on
 
-    def _store_gone(self, what: str, exc: BaseException) -> RendezvousError:
+    def _store_gone(self, what: str, exc: BaseException) -> CommError:
+        if self._closed:  # not the store: close() from another thread cut its wait short
+            return ClosedError(f"rank {self.rank}: {what} cut short: the communicator was closed")
         return RendezvousError(
             f"rank {self.rank}: {what}: the store the ranks met through is unreachable ({exc}); "
             f"{what} needs it. Where rank 0 served it (MASTER_ADDR, torchrun-style launches) it "
@@ -573,6 +547,53 @@ class Recovery:
                     self.store.set(f"abort/{me}", b"")  # wakes a watcher waiting for an abort
             self._thread.join(_JOIN_SECONDS)
         self.owner.release()
+
+    def _gone(self) -> None:
+        """A member was collected: if no member is left open, stop the watcher, which then
+        lets go. Runs on whatever thread freed the member, the watcher's too, maybe inside a
+        store call or a lock: it takes no lock, waits for nothing and raises nothing."""
+        if self._closed or self._dropped or any(not m.closed for m in list(self._members)):
+            return
+        self._dropped = True
+        self._stopping = True  # (without the nudge, the watcher sees it a heartbeat later)
+        with contextlib.suppress(RuntimeError):  # no new thread at the interpreter's exit
+            _thread.start_new_thread(self._nudge, ())
+
+    def _nudge(self) -> None:
+        """Wake the watcher of a dropped communicator (as :meth:`close` does), which lets go
+        on its way out; let go here where it ended before, or does not end in time."""
+        self._wake.set()
+        with self._nudging:  # not once the store is let go of: its client would connect again
+            if not self._closed:
+                self._say_stopped(f"abort/{self.rank}")  # wakes a wait for an abort, or stop
+        self._ended.wait(_JOIN_SECONDS)  # (not join(): this thread is not threading's)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """What :meth:`Communicator.close` does, for a dropped one: wait for an abort in
+        progress, say this rank closed (``stop/<rank>``: Note [busy ranks] in
+        plait._liveness), let go of the store, close the transport. Once, on a thread of its
+        own (the watcher's, or :meth:`_nudge`'s); errors pass, nobody is left to hear them."""
+        if not self._let_go_once.acquire(blocking=False):
+            return
+        self._abort_done.wait(_JOIN_SECONDS)
+        with self._nudging:
+            self._closed = True
+        try:
+            self._say_stopped()
+            self.owner.release()
+        finally:
+            with contextlib.suppress(CommError, OSError):
+                self._transport.close()
+
+    def _say_stopped(self, *wake: str) -> None:
+        """Set ``stop/<rank>`` (and the keys ``wake``, empty) where the store answers soon."""
+        if self.store_error is not None:  # the watcher is between tries: _wake stops it
+            return
+        with contextlib.suppress(CommError, OSError), answers_by(time.monotonic() + _JOIN_SECONDS):
+            self.store.set(f"stop/{self.rank}", b"1")
+            for key in wake:
+                self.store.set(key, b"")
 
 
 # -- what the communicator's methods call ----------------------------------------------------------
@@ -637,10 +658,10 @@ def owned(comm: Communicator, what: str) -> Recovery | None:
     rec = comm._recovery
     if rec is not None and rec.owns(comm):
         return rec
+    if comm.closed:  # a lone rank's too: replaced by shrink, or closed
+        raise closed_error(comm, what)
     if rec is None and comm.size == 1:
         return None
-    if comm.closed:
-        raise closed_error(comm, what)
     why = (
         "a split's group: call it on the communicator it was split from"
         if rec is not None

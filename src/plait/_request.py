@@ -591,7 +591,7 @@ def allreduce_compressed(
     # masked arrays go through as_array (Note [array subclasses] in plait._checks).
     kept = isinstance(x, np.ndarray) and not isinstance(x, np.matrix | np.ma.MaskedArray)
     a = x if kept else as_array(x, "x", r, c)
-    if a.dtype.kind != "f" or a.dtype.itemsize > 8:
+    if a.dtype.kind != "f" or a.dtype.itemsize > 8 or a.dtype.isbuiltin == 2:  # numpy's own
         raise TypeError(
             f"rank {r}: {c}: compression needs float16, float32 or float64 data; got {a.dtype}"
         )

@@ -4,8 +4,9 @@ Every rank numbers its calls alike (the number goes into every wire tag, Note [w
 tags] in :mod:`plait.group`), so numbers are taken on the calling thread, in program
 order, under a lock. A blocking call then runs there; an ``async_op=True`` call runs on
 the communicator's :class:`~plait.runtime.work.Worker` thread behind a :class:`~plait.Work`.
-The first :class:`~plait.errors.CommError` leaves the communicator *broken*:
-the ranks may disagree about what completed, so every later call refuses.
+The first :class:`~plait.errors.CommError`, or any error that ends a call midway
+(Note [errors of a rank's own] in :mod:`plait._failures`), leaves the communicator
+*broken*: the ranks may disagree about what completed, so every later call refuses.
 
 Every call is recorded by the communicator's :class:`~plait.diagnostics.recorder.FlightRecorder`
 (unless PLAIT_RECORDER_SIZE=0): :meth:`CallRunner.start` fills the call's slot when it takes
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait._checks import check_async, check_timeout
+from plait._failures import gave_up
 from plait._request import Plan, Request
 from plait._signature import check_same_call, signature
 from plait.diagnostics.frames import runs_calls
@@ -261,7 +263,7 @@ class CallRunner:
                 slot.start = _monotonic()
                 slot.end = 0.0  # in flight from here (FlightRecorder.begin says why last)
             return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
-        work = Work(f"rank {self._rank}: {_describe(describe)}")
+        work = Work(f"rank {self._rank}: {_describe(describe)}", comm)
         worker = self._worker.get()  # None once close() has begun
         # Nothing that can fail comes between begin and the job that ends the slot.
         queued = rec.begin(plan.shape, seq, skip, True) if rec is not None else None
@@ -408,8 +410,7 @@ class CallRunner:
             if req.writeback is not None:
                 req.writeback[...] = req.out.reshape(req.writeback.shape)
         except BaseException as exc:
-            if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
-                rec.end(slot, exc)
+            self._left(exc, req, describe, slot)
             raise
         finally:
             if epoch >= 0:
@@ -426,6 +427,18 @@ class CallRunner:
             if timeline is not None and rec is not None:
                 timeline.call(slot, rec)
         return req.result
+
+    def _left(
+        self, exc: BaseException, req: Request, label: tuple[str, str, int], slot: Slot | None
+    ) -> None:
+        """End the slot of call ``label``, which raised ``exc``; an error of this rank's own
+        breaks the communicator and is told (Note [errors of a rank's own] in plait._failures)."""
+        rec = self.recorder
+        if slot is not None and rec is not None and slot.end == 0.0:  # not ended already
+            rec.end(slot, exc)
+        if not (isinstance(exc, CommError) or req.plan.local or self.broken is not None):
+            t, r = self._transport, self._rank
+            self.broken = gave_up(t, r, self._size, self._probe_tag, req, label, exc)
 
     def _failed(
         self, exc: CommError, req: Request, describe: tuple[str, str, int], slot: Slot | None
@@ -529,8 +542,7 @@ class CallRunner:
             except CommError as exc:  # not the turn's timeout above: that breaks nothing
                 raise self._failed(exc, req, _label(plan, seq), slot) from exc.__cause__
         except BaseException as exc:
-            if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
-                rec.end(slot, exc)
+            self._left(exc, req, _label(plan, seq), slot)
             raise
         finally:
             if token is not None:
@@ -576,22 +588,11 @@ class CallRunner:
             if workspace is None:  # first call on this thread
                 workspace = self._workspaces.ws = Workspace()
             tmp, staging = workspace.pair(schedule.tmp_count, schedule.staged_count, req.out.dtype)
-            call = _new(
-                Call,
-                (
-                    describe,
-                    collective_tag(self._comm_id, seq),
-                    plan.check,
-                    plan.ufunc,
-                    (slot.start if slot is not None else _monotonic()) + self.timeout,
-                    slot,
-                    rec,
-                    None,
-                    -1,
-                    seq,
-                    self._probe_tag,
-                ),
-            )
+            start = slot.start if slot is not None else _monotonic()
+            call = _new(Call, (
+                describe, collective_tag(self._comm_id, seq), plan.check, plan.ufunc,
+                start + self.timeout, slot, rec, None, -1, seq, self._probe_tag,
+            ))  # fmt: skip
             line = plan.line
             assert line is not None  # start sends only such plans here
             try:
@@ -599,8 +600,7 @@ class CallRunner:
             except CommError as exc:
                 raise self._failed(exc, req, describe, slot) from exc.__cause__
         except BaseException as exc:
-            if slot is not None and rec is not None and slot.end == 0.0:  # not ended above
-                rec.end(slot, exc)
+            self._left(exc, req, describe, slot)
             raise
         finally:
             if token is not None:

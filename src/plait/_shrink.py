@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from plait._abort import aborted_by
+from plait._abort import aborted_by, mark
 from plait._checks import check_timeout
 from plait._liveness import Liveness, survivors_store
 from plait._recovery import closed_error, enable, owned
@@ -42,6 +42,7 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
             _run=comm._run,
             _members=None if comm._members is None else [comm._members[comm.rank]],
         )
+        mark(comm, aborted_by(comm.rank, "replaced by shrink()"))  # as a shrink of many says
         comm.close()
         return new
     if rec._closed:

@@ -391,7 +391,7 @@ class UnevenMethods(CollectiveMethods):
         c = t.name
         r = self._rank
         a = as_array(x, "x", r, c)
-        check_root(root, r, self._size, c)
+        root = check_root(root, r, self._size, c)
 
         def start(rows: tuple[int, ...], async_op: bool, exchanged: bool = False) -> Any:
             total = sum(rows) if r == root else None
@@ -467,7 +467,7 @@ class UnevenMethods(CollectiveMethods):
         c = t.name
         r = self._rank
         size = self._size
-        check_root(root, r, size, c)
+        root = check_root(root, r, size, c)
         is_root = r == root
         a: np.ndarray | None
         if x is None and not is_root:

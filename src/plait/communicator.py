@@ -92,6 +92,10 @@ __all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats", "default_timeout"]
 
 _ALLGATHER = collectives.get("allgather")
 _ALLREDUCE = collectives.get("allreduce")
+#: Window bytes per rank below which ``auto`` goes through messages: a one-sided piece of
+#: one element takes up to 2 × size window elements (alltoall's), of up to 32 bytes
+#: (clongdouble), and a smaller window (PLAIT_SHM_WINDOW set that low) holds none.
+_SMALLEST_WINDOW = 2 * 32
 
 #: Seconds a call may take before it fails with CommTimeout, where neither the call, its
 #: communicator nor PLAIT_TIMEOUT says (:func:`default_timeout`).
@@ -214,6 +218,8 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 transport, _comm_id, seconds, debug == "detail", self._world_rank
             )
             watch(self._runner, self._rank)  # Note [communicators after fork] in plait._fork
+            # dropped without close(): its async worker thread ends (LazyWorker.let_go)
+            weakref.finalize(self, self._runner._worker.let_go).atexit = False
         except ValueError:
             transport.close()
             raise
@@ -275,7 +281,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         that needs it (``GROUP_WINDOW_BYTES`` in :mod:`plait.transport.window`), or none
         if some rank could not set it up. ``auto`` runs the one-sided algorithms in a
         window smaller than ``FULL_WINDOW_BYTES`` (2 MiB: pieces of 1 MiB) only for calls
-        that fit in it."""
+        that fit in it, and not in one below 64 bytes a rank, which holds no piece of some."""
         return self._window
 
     @property
@@ -335,9 +341,16 @@ class Communicator(PointToPointMethods, ObjectMethods):
         return f"<plait.Communicator rank {self._rank} of {self._size}, {state}>"
 
     def stats(self) -> Stats:
-        """Payload bytes this rank has sent and received since its transport was made.
+        """Payload bytes of the messages this rank sent and received since its transport was made.
 
-        Counts message payloads (no headers or handshakes). A group from
+        Counts message payloads (no headers or handshakes), on every
+        transport. Data that moves without a message is not counted: the
+        one-sided algorithms of one host (the ``arena`` ones, which ``auto``
+        takes there for most calls) read and write the peers' memory in the
+        host's shared window directly, so there the counts may not move at
+        all; counting them would cost every such call, which takes
+        microseconds. ``PLAIT_SHM_WINDOW=0`` or a message algorithm
+        (``algorithm="ring"``) counts what would go as messages. A group from
         :meth:`split` shares its parent's transport and so its counters: they
         include the traffic of the parent and of every group split from it.
         Take differences of two calls to measure one piece of work
@@ -505,22 +518,28 @@ class Communicator(PointToPointMethods, ObjectMethods):
         is itself a collective (every rank must call it, and every rank gets
         the same list): an allreduce of 16 bytes agrees on the calls to
         measure, the last ``window`` calls every rank has completed, and an
-        allgather of 16 bytes per call brings every rank the others' times
-        (Note [live stragglers] in :mod:`plait.diagnostics.stragglers`). The
-        two calls it makes are not among those it measures. Ranks on one host
-        are compared by their start times; across hosts, whose clocks may
-        disagree, through how long each rank waited in the synchronizing
-        collectives. ``plait analyze`` gives the same numbers from dumps.
+        allgather of 24 bytes per call (its number, start and wait) brings
+        every rank the others' times (Note [live stragglers] in
+        :mod:`plait.diagnostics.stragglers`). The calls it makes, now or in
+        an earlier ``stragglers``, are not among those it measures, nor are
+        calls that failed. Ranks on one host are compared by their start
+        times; across hosts, whose clocks may disagree, through how long each
+        rank waited in the synchronizing collectives. ``plait analyze`` gives
+        the same numbers from dumps.
 
         Args:
             window: how many calls to measure, at most; default (and at most)
                 the calls the flight recorder keeps (PLAIT_RECORDER_SIZE). The
-                smallest value any rank passes is used.
+                smallest value any rank passes is used. Fewer are measured
+                where the ring holds fewer of the calls every rank completed:
+                each earlier ``stragglers`` call still in it takes two of its
+                places, and each failed call one.
             timeout: seconds for each of the two calls it makes.
 
         Returns:
-            One :class:`plait.diagnostics.Lateness` per rank, in seconds;
-            ``calls`` 0 for every rank before any call completed.
+            One :class:`plait.diagnostics.Lateness` per rank, in seconds, with
+            how many calls it measured in ``calls``; 0 for every rank before
+            any call completed.
 
         Raises:
             UnsupportedError: the flight recorder is off (PLAIT_RECORDER_SIZE=0).
@@ -537,16 +556,17 @@ class Communicator(PointToPointMethods, ObjectMethods):
                 f"rank {r}: stragglers needs the flight recorder, which PLAIT_RECORDER_SIZE=0 "
                 "turned off"
             )
+        from plait.diagnostics.stragglers import local_calls
+
+        calls = local_calls(rec)  # before its own calls take places in the ring
         wanted = rec.capacity if window is None else min(int(window), rec.capacity)
-        mine = np.array([newest_done(rec), wanted], np.int64)
+        mine = np.array([newest_done(calls), wanted], np.int64)
         agreed = self._within(_ALLREDUCE, mine, OWN_CALLS, timeout, MIN)
         hi, n = int(agreed[0]), min(int(agreed[1]), int(agreed[0]) + 1)
         if n <= 0:  # no call completed on every rank yet (alike on every rank)
             return [Lateness(q, 0, 0.0, 0.0, 0.0, None) for q in range(self._size)]
-        first = hi - n + 1
-        table = self._within(_ALLGATHER, local_row(rec, first, n), OWN_CALLS, timeout)
-        names = local_collectives(rec, first, n)
-        return from_table(table, first, names, same_clock=self.cross_size == 1)
+        table = self._within(_ALLGATHER, local_row(calls, hi, n), OWN_CALLS, timeout)
+        return from_table(table, local_collectives(calls), same_clock=self.cross_size == 1)
 
     # -- what the collectives use ------------------------------------------------------------
     def _choose(self, c: str, algorithm: Any, nbytes: int, op: Op | None) -> Choice:
@@ -558,8 +578,9 @@ class Communicator(PointToPointMethods, ObjectMethods):
             # Not one-sided inside a compressed async allreduce (CallRunner.start refuses it),
             # nor where the window is too small for full pieces and the call does not fit in
             # it (PLAIT_SHM_WINDOW set low): there messages are faster (docs/performance.md).
+            # Nor where it cannot hold one piece of every one-sided algorithm (_SMALLEST_WINDOW).
             shared = (
-                self._window > 0
+                self._window >= _SMALLEST_WINDOW * self._size
                 and not self._runner.reserved()
                 and (nbytes <= self._window or self._window >= FULL_WINDOW_BYTES)
             )

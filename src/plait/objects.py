@@ -28,13 +28,22 @@ memory) is *that* memory, not a copy. :func:`dumps` adds what numpy and torch le
   once (one copy, on the sender) and then travels out of band like any other;
 * a torch CPU tensor, which torch pickles through its storage and a byte stream inside
   the pickle (no out-of-band buffer at all, as of torch 2.13), travels as its bytes out of
-  band, and is rebuilt with ``torch.from_numpy`` over the received memory. Only the bytes
+  band, read without ``Tensor.numpy()`` (which would leave the sender's tensor unresizable
+  for good: Note [arrays over a tensor's memory] in :mod:`plait._tensor`). Only the bytes
   of the tensor itself move (torch's own pickle carries the whole storage of a view), and
   views of one storage arrive as separate tensors. A tensor whose elements fill its
   memory without gaps keeps its strides (channels_last, a transposed matrix: sent as they
   lie, no copy); one with gaps (a slice with a step) arrives contiguous, its storage
   offset 0. Other tensors (other devices, sparse,
   quantized, subclasses, tensors with Python attributes) keep torch's own pickling;
+* a received tensor gets storage of its own that torch can resize, as torch's unpickling
+  gives it (FSDP frees and re-allocates its parameters' storage): memory that torch did
+  not allocate never is resizable, so ``torch.from_numpy`` over the received memory will
+  not do. A tensor sent as a message of its own (:data:`SEPARATE_MIN` bytes or more,
+  where the call has separate messages) arrives in memory that :func:`empty` allocated
+  through torch, and that storage becomes the tensor's: no copy. One that arrived inside
+  a larger message (with other buffers, or in the pickle) is copied out of it once, into
+  storage of its own;
 * ``bytes`` and ``bytearray`` stay in the pickle (pickle writes them itself and never
   asks a reducer); a large payload travels out of band as a numpy array
   (``np.frombuffer(payload, np.uint8)``) or wrapped in :class:`pickle.PickleBuffer`, which
@@ -75,7 +84,7 @@ one 8,000,000-byte buffer. With ``separate_min=SEPARATE_MIN`` it is two messages
 itself.
 
 Arrays loaded from a received message keep that whole message's memory alive (they are
-views of it); copy an array to let the rest go.
+views of it); copy an array to let the rest go. Tensors do not: each has storage of its own.
 """
 
 from __future__ import annotations
@@ -89,6 +98,8 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import numpy as np
+
+from plait import _tensor
 
 __all__ = [
     "ALIGN",
@@ -197,8 +208,8 @@ def _reduce_tensor(torch: Any, t: Any) -> Any:
         flat = plain.contiguous().reshape(-1)
     else:  # its memory as it lies: one run of numel elements from its first
         flat = plain.as_strided((plain.numel(),), (1,))
-    try:
-        data = flat.view(torch.uint8).numpy()
+    try:  # over its memory without .numpy(), which would leave it unresizable for good
+        data = _tensor.over(flat.view(torch.uint8), "tensor").data
     except (RuntimeError, TypeError):  # a dtype of less than a byte, say
         return NotImplemented
     # The dtype argument is torch's own object: pickle imports torch on the receiver to
@@ -226,17 +237,48 @@ def _rebuild_tensor(
     requires_grad: bool,
     strides: tuple[int, ...] | None = None,
 ) -> Any:
-    """The tensor :func:`_reduce_tensor` sent, over ``data``'s memory when it is writable
-    (with ``strides`` where it kept them)."""
+    """The tensor :func:`_reduce_tensor` sent, in resizable storage of its own (with
+    ``strides`` where it kept them): ``data``'s own memory where :func:`empty` allocated it
+    through torch for this buffer alone, else a copy of ``data``."""
     torch = sys.modules["torch"]  # loaded by pickle to find ``dtype``
     arr = np.frombuffer(data, dtype=np.uint8)
-    if not arr.flags.writeable:
-        arr = arr.copy()  # torch tensors cannot be read-only
-    flat = torch.from_numpy(arr).view(dtype)
-    t = flat.reshape(shape) if strides is None else flat.as_strided(shape, strides)
+    storage = _storage_of(torch, arr)
+    if storage is None:
+        memory = torch.empty(arr.nbytes, dtype=torch.uint8)
+        if arr.nbytes:
+            np.copyto(_tensor.over(memory, "tensor"), arr)
+        storage = memory.untyped_storage()
+    t = torch.empty(0, dtype=dtype)
+    if strides is None:
+        t.set_(storage, 0, shape)
+    else:
+        t.set_(storage, 0, shape, strides)
     if requires_grad:
         t.requires_grad_(True)
     return t
+
+
+def _storage_of(torch: Any, arr: np.ndarray) -> Any:
+    """The torch storage whose memory ``arr`` is, all of it and nothing else, or None.
+
+    Only memory that :func:`empty` allocated through torch qualifies (numpy's, and memory
+    a message shares with other buffers, do not): a tensor may then keep it as its
+    storage, which torch can resize.
+    """
+    owner: Any = arr
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    if isinstance(owner, memoryview):  # what np.frombuffer(memoryview) keeps
+        owner = owner.obj
+        while isinstance(owner, np.ndarray):
+            owner = owner.base
+    held = _tensor.held(owner)
+    if held is None or not isinstance(held, torch.Tensor):
+        return None
+    storage = held.untyped_storage()
+    if storage.data_ptr() != arr.ctypes.data or storage.nbytes() != arr.nbytes:
+        return None
+    return storage
 
 
 def dumps(obj: object) -> Frames:
@@ -273,8 +315,10 @@ def loads(header: Bytes, buffers: Sequence[Bytes] = ()) -> Any:
     """The object :func:`dumps` made ``header`` and ``buffers`` from.
 
     A buffer in writable memory (``bytearray``, ndarray, :func:`empty`) becomes the
-    memory of the array or tensor rebuilt from it, uncopied; a read-only one gives a
-    read-only array (as pickle does) and a copied tensor.
+    memory of the array rebuilt from it, uncopied; a read-only one gives a read-only
+    array (as pickle does). A tensor gets resizable storage of its own: the buffer's
+    memory where :func:`empty` allocated it through torch for it alone, else a copy
+    (Note [out-of-band buffers]).
 
     This runs code chosen by whoever pickled the object: only load what a rank of the
     same job sent (see the module docstring).
@@ -402,9 +446,16 @@ class Layout:
 def empty(nbytes: int) -> memoryview:
     """``nbytes`` of writable, :data:`ALIGN`-aligned memory to receive into.
 
-    Arrays loaded from it are views of it (numpy memory, so torch and numpy accept it
-    without a copy), aligned wherever :class:`Layout` put them.
+    Arrays loaded from it are views of it, aligned wherever :class:`Layout` put them.
+    Where torch is loaded, :data:`SEPARATE_MIN` bytes or more are torch's memory, so
+    that a tensor sent as a message of its own arrives in it uncopied and can still be
+    resized (Note [out-of-band buffers]); numpy reads it without a copy too.
     """
+    torch = sys.modules.get("torch")
+    if torch is not None and nbytes >= SEPARATE_MIN:
+        held = torch.empty(nbytes, dtype=torch.uint8)
+        if held.data_ptr() % ALIGN == 0:  # torch's CPU allocator aligns to 64 bytes
+            return _tensor.over(held, "memory").data
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start : start + nbytes].data

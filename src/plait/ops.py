@@ -43,19 +43,26 @@ _CPLX = "c"
 
 
 def _is_ml_float(dtype: np.dtype) -> bool:
-    # ml_dtypes registers its floats (bfloat16, float8_*) with kind 'V'.
+    # ml_dtypes registers most of its floats (bfloat16, float8_*) with kind 'V'.
     module = dtype.type.__module__
     return dtype.kind == "V" and dtype.names is None and module.startswith("ml_dtypes")
 
 
 def dtype_family(dtype: np.dtype) -> str:
-    """'bool', 'int', 'float' or 'complex'; 'unsupported' for anything else."""
+    """'bool', 'int', 'float' or 'complex'; 'unsupported' for anything else.
+
+    Kinds 'f' and 'c' count only for numpy's own types (``isbuiltin`` 2 is a type another
+    package registered): ml_dtypes gives some of its types those kinds too (complex32,
+    float8_e5m2), and complex32's ``.real`` is not a float view, so PROD, which multiplies
+    complex numbers through their real and imaginary parts, failed midway on it."""
     kind = dtype.kind
     if kind == "b":
         return "bool"
     if kind in _INT:
         return "int"
-    if kind == "f" or (_is_ml_float(dtype) and dtype.name == "bfloat16"):
+    if dtype.isbuiltin == 2:  # another package's type: of these, bfloat16 alone
+        return "float" if _is_ml_float(dtype) and dtype.name == "bfloat16" else "unsupported"
+    if kind == "f":
         return "float"
     if kind == "c":
         return "complex"

@@ -312,6 +312,9 @@ def test_one_sided_algorithms_over_tcp(tmp_path: Path) -> None:
         (["--iters", "0"], "--iters must be at least 1, not 0"),
         (["--warmup", "-1"], "--warmup must be at least 0, not -1"),
         (["--rounds", "0"], "--rounds must be at least 1, not 0"),
+        # every round made a call: the row had 4 where the header said 1
+        (["--iters", "1", "--rounds", "4"], "--rounds 4 is more than --iters 1: the rounds "
+         "share the timed calls and each needs one"),
         (["-n", "0"], "-n must be at least 1, not 0"),
         (["-s", "3"], "-s: 3 B is below one float32 element (4 B)"),
         (["-s", "8", "-d", "longdouble"], "-s: 8 B is below one longdouble element (16 B)"),
@@ -320,6 +323,19 @@ def test_one_sided_algorithms_over_tcp(tmp_path: Path) -> None:
         (["--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: "
          "/nonexistent/dir does not exist"),
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv: /nonexistent does not exist"),
+        # dtypes of 0 bytes: a ZeroDivisionError in the sizes' arithmetic, exit 1
+        (["-d", "str", "-s", "64"], "-d str: dtype <U0 is not supported; expected bool"),
+        (["-d", "U", "-s", "64"], "-d U: dtype <U0 is not supported"),
+        (["-d", "S", "-s", "64"], "-d S: dtype |S0 is not supported"),
+        (["-d", "V", "-s", "64"], "-d V: dtype |V0 is not supported"),
+        pytest.param(["-d", "a0", "-s", "64"], "-d a0: dtype |S0 is not supported",
+                     marks=pytest.mark.filterwarnings("ignore:Data type alias 'a'")),
+        # a collective that reduces nothing never checked the dtype: every call failed
+        (["allgather", "-d", "U4", "-s", "64"], "-d U4: dtype <U4 is not supported"),
+        # an empty file name was not written, and the run said nothing of it
+        (["--json", ""], "--json '' is empty; expected a file name"),
+        (["--csv", ""], "--csv '' is empty; expected a file name"),
+        (["--plot", ""], "--plot '' is empty; expected a file name"),
     ],
 )  # fmt: skip
 def test_usage_errors_exit_2_before_any_rank_starts(

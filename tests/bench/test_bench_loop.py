@@ -180,7 +180,7 @@ def test_rounds_take_turns_and_pool_their_calls(tmp_path: Path) -> None:
     assert [(r["bytes"], r["requested"]) for r in rows] == [(n, a) for n in (16, 64) for a in "abc"]
     for r in rows:
         assert r["rounds"] == 3
-        assert r["iters"] == 9  # 7 calls asked for, ceil(7 / 3) = 3 per round
+        assert r["iters"] == 7  # as asked: 3, 2 and 2 (it was ceil(7 / 3) = 3 per round, 9)
         assert r["warmup"] == 3  # one per round
         want = 2000.0 if r["requested"] == "b" else 1000.0
         assert r["time_us"] == pytest.approx(want)
@@ -202,6 +202,20 @@ def test_per_round_policy_divides_the_budget() -> None:
     assert split.iters_for(0.01) == 10
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         IterationPolicy(rounds=0).per_round()
+    with pytest.raises(ValueError, match=r"round 3 is not one of 0\.\.2"):
+        IterationPolicy(rounds=3).per_round(3)
+
+
+@pytest.mark.parametrize(("iters", "rounds"), [(10, 4), (7, 3), (4, 4), (9, 3), (1000, 7)])
+def test_rounds_split_the_timed_calls_exactly(iters: int, rounds: int) -> None:
+    # --iters 10 --rounds 4 made 12 calls a row (3 per round) where the header said 10.
+    from plait.bench.sweep import IterationPolicy
+
+    policy = IterationPolicy(iters=iters, rounds=rounds)
+    counts = [policy.per_round(r).iters_for(1e-3) for r in range(rounds)]
+    assert sum(counts) == iters
+    assert max(counts) - min(counts) <= 1
+    assert counts == sorted(counts, reverse=True)  # the first rounds take the extra calls
 
 
 def test_an_algorithm_the_communicator_cannot_run_is_its_own_series_error(
@@ -247,3 +261,20 @@ def test_a_failed_call_names_its_algorithm(tmp_path: Path) -> None:
     assert result["error"] == "rank 0: RuntimeError: boom"
     assert result["failed"] == "b"
     assert [(r["bytes"], r["requested"]) for r in result["rows"]] == [(16, a) for a in "abc"]
+
+
+def test_the_benchs_own_calls_keep_the_deadline_of_init() -> None:
+    # Under plait bench --timeout 1e-6 a rank a moment late to the bench's broadcast of
+    # the iteration count failed the series with that broadcast's CollectiveTimeout.
+    import time
+
+    def body(comm: plait.Communicator) -> tuple[int, int]:
+        backend = PlaitBackend(comm)  # made before --timeout is set, as the worker makes it
+        comm._runner.timeout = 0.05
+        if comm.rank == 1:
+            time.sleep(0.3)  # late, not synchronising: the point is a rank that is late
+        iters = backend.broadcast_int(7 if comm.rank == 0 else 0)
+        rows = backend.gather_rows(np.full(2, comm.rank))
+        return iters, 0 if rows is None else rows.shape[0]
+
+    assert run_ranks(2, body) == [(7, 2), (7, 0)]

@@ -100,9 +100,9 @@ def test_no_python_makes_a_script_a_command(tmp_path: Path) -> None:
 
 
 def test_every_word_after_the_module_is_the_modules() -> None:
-    ns = parse(["-n", "2", "-m", "pkg.train", "--epochs", "3", "-n", "5"])
+    ns = parse(["-n", "2", "-m", "json.tool", "--epochs", "3", "-n", "5"])
     assert ns.nproc == 2
-    expected = [sys.executable, "-u", "-m", "pkg.train", "--epochs", "3", "-n", "5"]
+    expected = [sys.executable, "-u", "-m", "json.tool", "--epochs", "3", "-n", "5"]
     assert run_cli.rank_command(ns) == expected
 
 
@@ -172,6 +172,8 @@ def test_a_missing_script_is_reported_once(
         (["app"], "cannot run directory app: it has no __main__.py"),
         (["job.sh"], "job.sh is not executable and starts with '#!/bin/sh'"),
         (["-m"], "-m needs a module name"),
+        # one traceback per rank, ModuleNotFoundError, exit code 1
+        (["-m", "no_such_module_xyz.sub"], "no module named 'no_such_module_xyz' here"),
         ([], "give a script, a command or -m MODULE"),
         (["--standalone", "--nnodes", "2", "--master-port", "9", "x.py"], "--standalone"),
     ],

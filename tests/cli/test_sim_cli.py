@@ -112,6 +112,8 @@ def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixtur
         (["-f", "1"], "at least 2"),
         (["-n", "0"], "-n must be at least 1, not 0"),  # said: --root must be in 0..-1
         (["-n", "-3", "-a", "ring"], "-n must be at least 1, not -3"),
+        # it built silently for minutes, and ran out of memory
+        (["-n", "100000000"], "-n 100000000 is more ranks than plait sim simulates (1,048,576"),
         (["--segment", "-5"], "--segment '-5': expected a size in bytes (e.g. 64K), 0"),
         (["--segment", "1X"], "--segment '1X': expected a size in bytes"),
         (["-s", "3"], "-s: 3 B is below one float32 element (4 B)"),
@@ -126,6 +128,13 @@ def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixtur
         (["--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: /nonexistent does not"),
         (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv: /nonexistent does not"),
         (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: /nonexistent does not"),
+        # an empty file name was not written, and the run said nothing of it
+        (["--trace", ""], "--trace '' is empty; expected a file name"),
+        (["--json", ""], "--json '' is empty; expected a file name"),
+        # dtypes of 0 bytes: a ZeroDivisionError where the collective reduces nothing
+        (["-d", "str"], "-d str: dtype <U0 is not supported; expected bool"),
+        (["allgather", "-d", "str"], "-d str: dtype <U0 is not supported"),
+        (["alltoall", "-d", "V"], "-d V: dtype |V0 is not supported"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_a_message(

@@ -124,6 +124,9 @@ def test_show_refuses_a_bad_rules_file(
         (["--timeout", "0"], "--timeout must be a number of seconds > 0, not 0.0"),
         (["--timeout", "-3"], "--timeout must be a number of seconds > 0, not -3.0"),
         (["--timeout", "nan"], "--timeout must be a number of seconds > 0, not nan"),
+        # They measured for a minute, ignoring the option, and wrote the profile.
+        (["-n", "3"], "-n is for --show; the measurement always runs 2 ranks on this host"),
+        (["--hosts", "2", "--transport", "tcp"], "--hosts, --transport are for --show"),
         # It made the folder, after measuring for a minute.
         (
             ["--output", "/nonexistent-plait-folder/p.json"],

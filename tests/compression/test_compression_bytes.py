@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 import plait
+from on_threads import run_on
 from plait.communicator import Communicator, Stats
 from plait.compression import BF16, FP16, Compressor, Int8, PowerSGD, TopK
 from plait.rendezvous.store import MemoryStore, PrefixStore
@@ -120,28 +120,6 @@ def _transports(kind: str) -> list[Any]:
     )
 
 
-def _run(comms: Sequence[Communicator], fn: Callable[[Communicator], Any]) -> list[Any]:
-    results: list[Any] = [None] * len(comms)
-    errors: list[BaseException] = []
-
-    def body(r: int) -> None:
-        try:
-            results[r] = fn(comms[r])
-        except BaseException as exc:
-            errors.append(exc)
-            comms[r].close()
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(comms))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(100)
-    if errors:
-        raise errors[0]
-    assert not any(t.is_alive() for t in threads)
-    return results
-
-
 def _workload(comm: Communicator) -> tuple[list[np.ndarray], Stats]:
     rng = np.random.default_rng(comm.rank)
     x = rng.standard_normal((128, 96)).astype(np.float32)
@@ -162,7 +140,7 @@ def test_every_transport_counts_the_same_bytes(kind: str) -> None:
     want = run_ranks(P, _workload, window=0)  # as over TCP: messages only
     comms = [Communicator(t, timeout=60) for t in _transports(kind)]
     try:
-        got = _run(comms, _workload)
+        got = run_on(comms, _workload)
     finally:
         for c in comms:
             c.close()

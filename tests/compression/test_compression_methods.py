@@ -242,6 +242,11 @@ def test_orthogonalize_and_product() -> None:
     np.testing.assert_allclose(p.T @ p, np.eye(3), atol=1e-5)
     z = np.zeros((5, 2), np.float32)
     assert np.array_equal(orthogonalize(z), np.zeros((5, 2)))  # zero stays zero, no NaN
+    # Columns of one direction: what is left of the later ones is rounding, and is zeroed
+    # (Note [rank-deficient matrices]), not normalised into more unit columns.
+    one = np.multiply.outer(rng.standard_normal(40), rng.standard_normal(4)).astype(np.float32)
+    norms = np.sqrt(np.sum(orthogonalize(one) ** 2, axis=0))
+    np.testing.assert_allclose(norms, [1, 0, 0, 0], atol=1e-6)
     q = rng.standard_normal((7, 3)).astype(np.float32)
     np.testing.assert_allclose(low_rank_product(p, q), p @ q.T, rtol=1e-5, atol=1e-6)
 
@@ -255,6 +260,21 @@ def test_powersgd_is_exact_on_low_rank_sums() -> None:
     results = reduce_on_ranks(xs, lambda: PowerSGD(1))
     assert_identical(results)
     np.testing.assert_allclose(results[0][0], np.sum(xs, axis=0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("rank", "kind"), [(2, "outer"), (4, "outer"), (4, "constant")])
+def test_powersgd_of_a_higher_rank_than_the_matrix_is_exact(rank: int, kind: str) -> None:
+    """A matrix of lower rank than PowerSGD's left columns of P that one pass of Gram-Schmidt
+    reduced to rounding, normalised into a second copy of the matrix's direction: a constant
+    matrix at rank 4 came out 2.0 times too large, an outer product at rank 2 1.19 times
+    (Note [rank-deficient matrices] in plait.compression.powersgd)."""
+    rng = np.random.default_rng(7)
+    u, v = rng.standard_normal(64), rng.standard_normal(32)
+    one = np.outer(u, v) if kind == "outer" else np.ones((64, 32))
+    xs = [((r + 1) * one).astype(np.float32) for r in range(2)]
+    results = reduce_on_ranks(xs, lambda: PowerSGD(rank))
+    assert_identical(results)
+    np.testing.assert_allclose(results[0][0], 3 * one, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("average", [False, True])

@@ -153,6 +153,19 @@ def test_results_in_rank_order_and_workers_chosen(client: Any) -> None:
         plait.dask.run(client, where, "c", workers=["tcp://127.0.0.1:1"])
 
 
+def keywords_named_like_runs_own(
+    comm: plait.Communicator, fn: str = "", client: str = ""
+) -> tuple[str, str]:
+    return fn, client
+
+
+def test_keywords_named_client_or_fn_go_on_to_fn(client: Any) -> None:
+    """run's client and fn are positional-only: keywords of those names are fn's. They
+    raised "got multiple values for argument 'fn'"."""
+    got = plait.dask.run(client, keywords_named_like_runs_own, fn="x", client="y")
+    assert got == [("x", "y")] * SIZE
+
+
 class AskedOnlyForWorkers:
     """A Client double for arguments refused before anything reaches the cluster: ``run`` may
     ask it which workers there are; any other use (a start lock, a task, the metadata that

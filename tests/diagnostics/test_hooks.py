@@ -232,6 +232,55 @@ def test_stragglers_measures_the_calls_every_rank_completed() -> None:
     assert all(r == results[0] for r in results)  # the same table on every rank
 
 
+def test_stragglers_measures_a_whole_window_past_its_own_calls() -> None:
+    """Earlier stragglers calls in the ring do not shorten the window: it is the last
+    ``window`` calls of the program, whatever their numbers."""
+
+    def body(comm: plait.Communicator) -> list[Any]:
+        for _ in range(20):
+            comm.allreduce(np.ones(4))
+        comm.stragglers(window=10)  # calls #20 and #21
+        comm.stragglers(window=10)  # #22 and #23
+        for _ in range(3):
+            comm.allreduce(np.ones(4))  # #24 .. #26
+        return comm.stragglers(window=10)
+
+    for late in run_ranks(2, body):
+        assert [x.calls for x in late] == [10, 10], late
+        assert all(x.worst_seq in {*range(13, 20), *range(24, 27)} for x in late), late
+
+
+def test_stragglers_measures_a_full_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a ring of R calls it measures R: its own first call takes a place in the ring
+    only after it has read the calls there; a later call finds two places taken by the
+    earlier one's calls."""
+    monkeypatch.setenv("PLAIT_RECORDER_SIZE", "10")
+
+    def body(comm: plait.Communicator) -> list[list[int]]:
+        for _ in range(20):
+            comm.allreduce(np.ones(4))
+        first = [x.calls for x in comm.stragglers()]
+        return [first, [x.calls for x in comm.stragglers(window=10)]]
+
+    for first, second in run_ranks(2, body):
+        assert first == [10, 10]
+        assert second == [8, 8]  # the ring holds #12 .. #19 and the first call's #20, #21
+
+
+def test_stragglers_with_a_ring_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_RECORDER_SIZE", "1")
+
+    def body(comm: plait.Communicator) -> list[list[int]]:
+        for _ in range(3):
+            comm.allreduce(np.ones(4))
+        first = [x.calls for x in comm.stragglers()]
+        return [first, [x.calls for x in comm.stragglers()]]
+
+    for first, second in run_ranks(2, body):
+        assert first == [1, 1]  # the last allreduce
+        assert second == [0, 0]  # the ring holds only the first stragglers' allgather
+
+
 def test_stragglers_refuses_a_bad_window() -> None:
     [comm] = memory_communicators(1)
     with comm, pytest.raises(ValueError, match="window"):

@@ -9,8 +9,10 @@ from dumpkit import FakeClock
 import plait
 from plait.diagnostics.recorder import CallShape, FlightRecorder
 from plait.diagnostics.stragglers import (
+    LocalCall,
     format_lateness,
     from_table,
+    local_calls,
     local_collectives,
     local_row,
     measure,
@@ -77,16 +79,48 @@ def test_the_live_exchange(clock: FakeClock) -> None:
         clock.advance(0.01)
         for rec, slot in zip(recs, slots, strict=True):
             rec.end(slot)
-    first, n = 4, 6  # calls 4..9: still in every ring
-    table = np.stack([local_row(rec, first, n) for rec in recs])
-    assert table.shape == (3, 12)
+    calls = [local_calls(rec) for rec in recs]
+    assert [c.seq for c in calls[0]] == list(range(2, 10))  # calls 0 and 1 left the ring of 8
+    assert newest_done(calls[0]) == 9
+    assert newest_done([]) == -1
+    n = 6  # calls 4..9
+    table = np.stack([local_row(c, 9, n) for c in calls])
+    assert table.shape == (3, 18)
     for same_clock in (True, False):
-        result = from_table(table, first, ["allreduce"] * n, same_clock=same_clock)
+        result = from_table(table, local_collectives(calls[0]), same_clock=same_clock)
         assert [x.calls for x in result] == [n] * 3
         assert result[2].median == pytest.approx(0.201, abs=1e-3)
         assert result[1].median == pytest.approx(0.001, abs=1e-3)
-    assert newest_done(recs[0]) == 9
-    assert local_collectives(recs[0], 0, 4) == ["", "", "allreduce", "allreduce"]
-    gone = local_row(recs[0], 0, 4)  # calls 0..3 left the ring of 8: 2 are still there
-    assert np.isnan(gone[:2]).all()
-    assert np.isfinite(gone[2:4]).all()
+        assert result[2].worst_seq in range(4, 10)
+    row = local_row(calls[0], 3, 4)  # up to call 3, the ring has calls 2 and 3: NaN before them
+    assert np.isnan(row[[0, 1, 4, 5, 8, 9]]).all()
+    assert row[2:4].tolist() == [2.0, 3.0]
+    assert np.isfinite(row[[6, 7, 10, 11]]).all()
+
+
+def _calls(seqs: list[int], start: float) -> list[LocalCall]:
+    return [LocalCall(q, "allreduce", start + q, 0.5) for q in seqs]
+
+
+def test_the_window_lists_calls_by_number() -> None:
+    """Calls that are not measured (stragglers' own, failed ones) leave no hole in the window:
+    it is the last n measured calls, whatever their numbers (Note [live stragglers])."""
+    # calls 20..23 were two earlier stragglers calls, absent from every rank's list
+    seqs = [*range(14, 20), *range(24, 27)]
+    calls = [_calls(seqs, 0.0), _calls(seqs, 0.25)]
+    table = np.stack([local_row(c, 26, 8) for c in calls])
+    result = from_table(table, local_collectives(calls[0]), same_clock=True)
+    assert [x.calls for x in result] == [8, 8]
+    assert result[1].median == pytest.approx(0.25)
+    # a call that failed on rank 1 only is in rank 0's row but not in rank 1's: left out
+    calls[1] = [c for c in calls[1] if c.seq != 25]
+    table = np.stack([local_row(c, 26, 8) for c in calls])
+    result = from_table(table, local_collectives(calls[0]), same_clock=True)
+    assert [x.calls for x in result] == [7, 7]
+    assert result[0].worst_seq != 25
+
+
+def test_an_empty_table_measures_nothing() -> None:
+    table = np.stack([local_row([], 5, 3), local_row(_calls([4, 5], 0.0), 5, 3)])
+    result = from_table(table, {}, same_clock=False)
+    assert [x.calls for x in result] == [0, 0]

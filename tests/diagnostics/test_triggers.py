@@ -53,6 +53,22 @@ def test_a_dump_that_cannot_be_written_does_not_raise(tmp_path: Path) -> None:
     assert dump_all("x", [rec]) == []
 
 
+def test_a_dump_that_fails_for_any_reason_does_not_raise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ring JSON could not write (a numpy root, before roots were made ints) made the
+    error's dump raise TypeError, which the caller raised in place of the MismatchError."""
+    rec = FlightRecorder(0, 2, folder=tmp_path)
+    rec.end(rec.begin(SHAPE, 0), plait.MismatchError("x"))
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Object of type int64 is not JSON serializable")
+
+    monkeypatch.setattr(recorder.json, "dumps", refuse)
+    assert dump_on_error(rec, plait.MismatchError("x")) is None
+    assert dump_all("x", [rec]) == []
+
+
 def _returns(fn: Any, seconds: float = 10.0) -> bool:
     """Whether ``fn()``, run on a thread of its own, returns within ``seconds``."""
     t = threading.Thread(target=fn, daemon=True)
@@ -267,6 +283,40 @@ def test_a_dump_asked_for_soon_after_an_errors_dump_leaves_it_be(tmp_path: Path)
     rec.error_dumped -= 60  # long after, a dump asked for is written as before
     dump_all("signal SIGUSR1", [rec])
     assert load(path).reason == "signal SIGUSR1"
+
+
+@pytest.mark.usefixtures("restore_sigusr1")
+def test_a_signal_says_which_dumps_it_left_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rank signalled soon after it dumped an error keeps that dump, and its line on
+    stderr says so: it said "flight recorder dumped to" the file it had not rewritten."""
+    gc.collect()  # recorders of earlier tests must not dump into this one's folder
+    recs = [FlightRecorder(r, 2, job="kept", folder=tmp_path) for r in range(2)]
+    err = plait.PeerLostError("rank 0: lost rank 1")
+    recs[0].end(recs[0].begin(SHAPE, 0), err)
+    kept = dump_on_error(recs[0], err)
+    assert kept is not None
+    assert install_signal_handler()
+    signal.raise_signal(signal.SIGUSR1)
+    err_text = capsys.readouterr().err
+    written = tmp_path / "kept" / "rank1.json"
+    # Recorders of other tests still alive in this process dump too, and may print lines of
+    # their own: this signal's line is the first that names this test's files.
+    lines = [x for x in err_text.splitlines() if x.startswith("plait: flight recorder")]
+    line = next((x for x in lines if str(written) in x), "")
+    dumped, _, again = line.removeprefix("plait: flight recorder ").partition(
+        "; not dumped again: "
+    )
+    assert dumped.startswith("dumped to "), line
+    assert str(written) in dumped.removeprefix("dumped to ").split(", "), line
+    assert str(kept) not in dumped.removeprefix("dumped to ").split(", "), line
+    assert f"{kept} keeps the dump of the error met " in again, line
+    assert load(kept).reason.startswith("PeerLostError: ")
+    assert load(written).reason == "signal SIGUSR1"
+    want = f"not dumped again: {kept} keeps the dump of the error met 2.0 s ago"
+    assert triggers.dumped_line([(kept, 2.0)]) == f"plait: flight recorder {want}"
+    assert triggers.dumped_line([]) is None
 
 
 def test_a_call_queued_behind_a_stuck_async_call_names_whom_it_waits_for(

@@ -81,7 +81,86 @@ def test_dtypes_are_never_mixed_in_a_bucket() -> None:
         assert all(np.all(g == 1) for g in grads)
         return b.bucket_members()
 
-    assert run_ranks(2, body)[0] == [[2], [1], [0]]
+    assert run_ranks(2, body)[0] == [[1], [2, 0]]  # float64 completes first
+
+
+# -- one open bucket per dtype (Note [a bucket per dtype] in plait.bucketing) ------------------
+MIXED = [np.float16 if i % 2 == 0 else np.float32 for i in range(20)]  # 100 elements each
+
+
+def mixed_grads(rank: int, step: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(100 * step + rank)
+    return [rng.standard_normal(100).astype(d) for d in MIXED]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_interleaved_dtypes_share_a_bucket_per_dtype(size: int) -> None:
+    """float16 and float32 gradients in turn (6000 bytes) made 20 buckets, one allreduce per
+    gradient: the open bucket was closed at every change of dtype."""
+
+    def body(comm: plait.Communicator) -> tuple[int, list[list[int]], list, list]:
+        grads = [np.empty(100, d) for d in MIXED]
+        b = Bucketer(comm, grads)
+        got, alone = [], []
+        for step in range(3):
+            mine = mixed_grads(comm.rank, step)
+            for i in reversed(range(len(grads))):
+                grads[i][...] = mine[i]
+                b.ready(i)
+            b.wait()
+            got.append([g.copy() for g in grads])
+            alone.append([comm.allreduce(g, plait.AVG) for g in mine])
+        return b.num_buckets, b.bucket_members(), got, alone
+
+    out = run_ranks(size, body)
+    floats32, floats16 = list(range(19, 0, -2)), list(range(18, -1, -2))
+    for count, members, got, alone in out:
+        assert count == 2
+        assert members == [floats32, floats16]  # in backward order; float16's completes last
+        for step in range(3):
+            for i in range(20):
+                assert got[step][i].dtype == MIXED[i]
+                # bit for bit the average of the gradient's own allreduce, and on every rank
+                assert got[step][i].tobytes() == alone[step][i].tobytes(), (step, i)
+                assert got[step][i].tobytes() == out[0][2][step][i].tobytes(), (step, i)
+
+
+def test_each_dtype_fills_buckets_of_its_own_up_to_bucket_bytes() -> None:
+    def body(comm: plait.Communicator) -> list[list[int]]:
+        # float32 gradients of 400 bytes and float16 ones of 200, in turn; 800-byte buckets
+        layout = [((100,), np.float32 if i % 2 else np.float16) for i in range(10)]
+        b = Bucketer(comm, layout, bucket_bytes=800)
+        arrays = [np.full(s, comm.rank + 1, d) for s, d in layout]
+        for i in (9, 8, 7, 6, 5, 4, 3, 2, 1, 0):
+            b.ready(i, arrays[i])
+        b.wait()
+        assert all(np.all(a == 1.5) for a in arrays)
+        return b.bucket_members()
+
+    # float32: [9, 7], [5, 3], [1]; float16: [8, 6, 4, 2], [0]; started as they complete
+    want = [[9, 7], [5, 3], [8, 6, 4, 2], [1], [0]]
+    assert run_ranks(2, body) == [want, want]
+
+
+def test_the_buckets_are_those_of_the_order_given_never_of_when_gradients_come() -> None:
+    """Each rank marks the interleaved gradients ready in its own order: the buckets are the
+    layout's alone (those of ``order``), so every rank starts the same allreduces."""
+
+    def body(comm: plait.Communicator) -> tuple[list[list[int]], list[np.ndarray]]:
+        grads = [np.full(100, comm.rank + i, d) for i, d in enumerate(MIXED)]
+        b = Bucketer(comm, grads, bucket_bytes=1000, order=list(range(20)), op=plait.SUM)
+        marks = list(range(20)) if comm.rank == 0 else [*range(1, 20, 2), *range(0, 20, 2)]
+        for i in marks:
+            b.ready(i)
+        b.wait()
+        return b.bucket_members(), grads
+
+    (m0, g0), (m1, g1) = run_ranks(2, body)
+    floats16 = [[0, 2, 4, 6, 8], [10, 12, 14, 16, 18]]  # 1000 bytes each; float32: 800
+    assert m0 == m1 == [[1, 3], [5, 7], floats16[0], [9, 11], [13, 15], floats16[1], [17, 19]]
+    for i in range(20):
+        np.testing.assert_array_equal(g0[i], np.full(100, 2 * i + 1, MIXED[i]))
+        assert g0[i].tobytes() == g1[i].tobytes()
 
 
 def test_misuse_is_refused() -> None:

@@ -43,6 +43,10 @@ def _communicators(kind: str, n: int) -> list[plait.Communicator]:
 CALLS: dict[str, Callable[[plait.Communicator], Any]] = {
     "recv": lambda comm: comm.recv(np.zeros(4), 1),
     "allreduce": lambda comm: comm.allreduce(np.ones(4), algorithm="ring"),
+    # (a message larger than any transport holds for a receive not posted: the send waits;
+    # its wait read the close's wake-up as its timeout, and raised CommTimeout)
+    "send": lambda comm: comm.send(np.ones(4_000_000), 1),
+    "isend": lambda comm: comm.isend(np.ones(4_000_000), 1).wait(),
 }
 
 
@@ -51,6 +55,8 @@ CALLS: dict[str, Callable[[plait.Communicator], Any]] = {
 def test_a_close_from_another_thread_fails_the_blocked_call_with_closed_error(
     kind: str, call: str
 ) -> None:
+    if kind == "memory" and "send" in call:
+        pytest.skip("the in-process transport takes any send at once: nothing to cut short")
     comms = _communicators(kind, 2)
     try:
         closer = threading.Timer(0.3, comms[0].close)

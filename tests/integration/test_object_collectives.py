@@ -342,3 +342,18 @@ def test_a_lane_taken_past_the_timeout_raises_and_leaves_nothing_behind() -> Non
         release.set()
         t.join(10)
     assert lanes._lanes == {}  # a lane lives while some thread holds or waits for it
+
+
+def test_object_calls_given_a_wildcard_say_what_to_do_instead() -> None:
+    # recv_object(plait.ANY_SOURCE), as mpi4py's recv defaults to, said only "src=-1 is
+    # invalid; expected a rank in 0..1".
+    comm = plait.init()  # one rank
+    with pytest.raises(ValueError, match=r"recv_object takes no ANY_SOURCE: probe\(plait"):
+        comm.recv_object(plait.ANY_SOURCE)
+    with pytest.raises(ValueError, match=r"dst=-1 is invalid; .*ANY_SOURCE is for receives and"):
+        comm.send_object("x", plait.ANY_SOURCE)
+    with pytest.raises(ValueError, match="send_object takes no PROC_NULL: skip the call"):
+        comm.send_object("x", plait.PROC_NULL)
+    with pytest.raises(ValueError, match=r"src=5 is invalid; expected a rank in 0..0$"):
+        comm.recv_object(5)
+    comm.close()

@@ -513,3 +513,131 @@ def test_a_receive_from_a_lost_peer_names_it_in_lost_rank() -> None:
     finally:
         for c in comms:
             c.close()
+
+
+@pytest.mark.parametrize("layout", ["strided", "byte-swapped"])
+def test_done_is_true_only_once_the_buffer_holds_the_message(layout: str) -> None:
+    """A strided or byte-swapped buf receives into a copy, written back when the request
+    settles: done() said True while the copy was not written back yet, and buf read zeros."""
+    n = 10
+
+    def body(comm: plait.Communicator) -> Any:
+        # Rank 0 stays until rank 1 is done: a probe of a peer that has closed its
+        # communicator raises (no message can come from it any more), so rank 0 returning
+        # while rank 1 still probes would fail the loop below for a reason of its own.
+        if comm.rank == 0:
+            comm.send(np.arange(n, dtype=np.int32), 1, tag=1)
+            comm.barrier()
+            return None
+        buf = np.zeros(2 * n, np.int32)[::2] if layout == "strided" else np.zeros(n, ">i4")
+        req = comm.irecv(buf, 0, tag=1)
+        while not req.done():
+            comm.iprobe(0, 99)  # progress, as a user's loop makes it
+        seen = buf.copy()
+        req.wait()
+        comm.barrier()
+        return seen
+
+    seen = run_ranks(2, body)[1]
+    np.testing.assert_array_equal(seen, np.arange(n))
+
+
+class _SlowStatus(plait.Status):
+    """A request's status that holds up the thread settling the request: it says so
+    (``started``), then waits (at most ``hold`` seconds) for the other thread to be done."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.other_done = threading.Event()
+        self.hold = hold
+
+    def _set(self, *args: Any, **kwargs: Any) -> None:
+        super()._set(*args, **kwargs)
+        self.started.set()
+        self.other_done.wait(self.hold)
+
+
+@pytest.mark.parametrize("how", ["wait", "test", "done", "status", "wait_all"])
+def test_a_second_thread_sees_a_request_complete_only_once_settled(how: str) -> None:
+    """Two threads complete one strided receive. The one that did not fill the buffer
+    returned at once, while the other was still writing the message back into it (or had not
+    filled the status yet). Now it waits until the request is settled.
+
+    The settling thread is held up inside the request (the status it fills) until the other
+    thread has looked, or for ``hold`` seconds: the other thread blocks now, so the hold runs
+    out and the test passes; before, it returned in the hold with the buffer unfilled."""
+    n = 1000
+    hold = 1.0
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 0:
+            comm.recv(np.empty(1), 1, tag=9)  # the receive is posted
+            comm.send(np.arange(n, dtype=np.float64), 1, tag=1)
+            return None
+        view = np.zeros(2 * n)[::2]
+        req = comm.irecv(view, plait.ANY_SOURCE, plait.ANY_TAG)
+        slow = _SlowStatus(hold)
+        req._status = slow
+        seen: list[Any] = []
+
+        def other() -> None:
+            slow.started.wait(60)
+            try:
+                if how == "wait":
+                    req.wait()
+                elif how == "test":
+                    assert req.test()
+                elif how == "done":
+                    assert req.done()
+                elif how == "status":
+                    assert req.status is not None
+                else:
+                    plait.wait_all([req])
+                st = req.status
+                assert st is not None
+                seen.append((view.copy(), st.source, st.tag))
+            finally:
+                slow.other_done.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        comm.send(np.ones(1), 0, tag=9)
+        req.wait()
+        thread.join(60)
+        return seen
+
+    seen = run_ranks(2, body)[1]
+    assert len(seen) == 1
+    got, source, tag = seen[0]
+    np.testing.assert_array_equal(got, np.arange(n, dtype=np.float64))
+    assert (source, tag) == (0, 1)
+
+
+def test_an_any_source_receive_cut_short_names_its_lost_sender() -> None:
+    """A receive from ANY_SOURCE that has matched a message fails where the message's sender
+    is lost before all of it has arrived (shared memory and TCP do so; the in-process
+    transport moves a message at once, so its transport's part is played here: bind the
+    receive to rank 2's message and fail it as a link that lost rank 2 does). The error's
+    lost_rank is that sender; it was None, though the message named the rank."""
+    comms = memory_communicators(3, timeout=10.0)
+    try:
+        req = comms[0].irecv(np.empty(4), plait.ANY_SOURCE, tag=1)
+        ep = comms[0]._transport
+        h = req._handle
+        with ep.lock:  # as Endpoint._take_wild binds it, then as the lost link fails it
+            ep._wild.remove(h)
+            h.peer = 2
+            ep.fail(h, plait.PeerLostError("rank 2 was lost: its process exited or was killed"))
+        with pytest.raises(plait.PeerLostError, match=r"from any rank .*rank 2 was lost") as info:
+            req.wait()
+        assert info.value.lost_rank == 2
+        # Every rank lost: no one rank to name.
+        comms[1].close()
+        comms[2].close()
+        with pytest.raises(plait.PeerLostError, match="every rank") as every:
+            comms[0].recv(np.empty(4), plait.ANY_SOURCE, tag=1)
+        assert every.value.lost_rank is None
+    finally:
+        for c in comms:
+            c.close()

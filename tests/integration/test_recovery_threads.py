@@ -584,3 +584,101 @@ def test_ranks_that_all_abort_at_once_do_not_wait_for_each_other() -> None:
 
     took = store_ranks(3, body)
     assert max(took) < 0.3, took
+
+
+@pytest.mark.parametrize("call", ["agree", "shrink"])
+def test_a_coordinator_that_comes_after_the_others_gave_up_gives_up_too(call: str) -> None:
+    """Rank 0, the coordinator, comes once ranks 1 and 2 have raised CommTimeout: it
+    returned a result of agreement #0 the others never saw (a shrink then connected to
+    survivors that had given up). A rank that times out now claims the void result itself
+    (Note [one result] in plait._agreement), and the coordinator reads it."""
+    gave_up = [threading.Event(), threading.Event()]
+
+    def body(comm: plait.Communicator) -> Any:
+        method = getattr(comm, call)
+        if comm.rank == 0:
+            assert all(event.wait(20) for event in gave_up)
+            start = time.monotonic()
+            with pytest.raises(plait.CommTimeout, match=r"given up by rank [12] .*\[0[],]"):
+                method(timeout=10)
+            assert time.monotonic() - start < 5
+        else:
+            try:  # (the other may come after this one's timeout on a loaded machine: [0,2])
+                with pytest.raises(plait.CommTimeout, match=r"\[0[],]"):
+                    method(timeout=0.3)
+            finally:
+                gave_up[comm.rank - 1].set()
+        return comm.agree(comm.rank + 1 if comm.rank else 7, timeout=10)
+
+    assert store_ranks(3, body) == [plait.Agreement(7 & 2 & 3, (0, 1, 2))] * 3
+
+
+def test_a_coordinator_with_a_longer_timeout_decides_only_if_no_rank_gave_up() -> None:
+    """Rank 1 (timeout 0.3 s) gave up on rank 2 and raised; rank 0 (timeout 20 s) waited on,
+    and when rank 2 came, both returned a result of the agreement rank 1 had given up."""
+    gave_up = threading.Event()
+    store = MemoryStore(timeout=30)
+
+    def body(comm: plait.Communicator) -> Any:
+        if comm.rank == 2:
+            assert gave_up.wait(20)
+            start = time.monotonic()
+            with pytest.raises(plait.CommTimeout, match="given up by rank 1"):
+                comm.agree(1, timeout=10)
+            assert time.monotonic() - start < 5
+        elif comm.rank == 1:
+            try:
+                store.wait(["job/ft/agree/0/flag/0"], 20)  # rank 0 waits in the agreement
+                with pytest.raises(plait.CommTimeout, match=r"rank\(s\) \[2\] neither took"):
+                    comm.agree(1, timeout=0.3)
+            finally:
+                gave_up.set()
+        else:
+            with pytest.raises(plait.CommTimeout, match="given up by rank 1"):
+                comm.agree(1, timeout=20)
+        return comm.agree(1, timeout=10)
+
+    assert store_ranks(3, body, store) == [plait.Agreement(1, (0, 1, 2))] * 3
+
+
+def test_a_claim_whose_winner_failed_before_writing_it_is_settled_from_its_proposal() -> None:
+    """Rank 0 won the claim of agreement #0 and failed before it wrote the result: rank 1,
+    which lost the claim, writes rank 0's proposal for every rank (Note [one result])."""
+    from plait._agreement import Ballot
+
+    store = MemoryStore(timeout=5)
+    live = _liveness.Liveness(store)
+    live.failed.add(0)  # failed, as an earlier agreement would have left it out
+    store.set("agree/0/proposal/0", b"void 0 2")
+    store.add("agree/0/claims", 1)
+    ballot = Ballot(store, live, 1, 3, 0, "agree")
+    ballot.take_part(1)
+    assert ballot.decide(time.monotonic()) is None  # lost: the winner wrote nothing
+    assert ballot.settle(5.0) == "void 0 2"
+    assert store.get("agree/0/result") == b"void 0 2"
+    # Two ranks that may have won, both failed: nobody can know which, and every rank says so.
+    live.failed.add(2)
+    store.set("agree/1/proposal/0", b"void 0 2")
+    store.add("agree/1/claims", 1)
+    store.set("agree/1/proposal/2", b"1 0,1,2")
+    store.add("agree/1/claims", 1)
+    other = Ballot(store, live, 1, 3, 1, "agree")
+    assert other.decide(time.monotonic()) is None
+    with pytest.raises(plait.CommTimeout, match=r"one of rank\(s\) \[0, 2\] claimed"):
+        other.settle(5.0)
+
+
+def test_a_lone_rank_closed_or_replaced_by_shrink_refuses_as_many_ranks_do() -> None:
+    """A communicator of one rank agreed and shrank after shrink() had replaced it, or after
+    close(), and its later calls did not say that shrink() had replaced it."""
+    (comm,) = memory_communicators(1)
+    new = comm.shrink()
+    for again in (comm.agree, comm.shrink):
+        with pytest.raises(plait.ClosedError, match=r"closed .*replaced by shrink\(\)"):
+            again()
+    with pytest.raises(plait.AbortedError, match=r"replaced by shrink\(\)"):
+        comm.allreduce(np.ones(1))
+    new.close()
+    for again in (new.agree, new.shrink):
+        with pytest.raises(plait.ClosedError, match="on a closed communicator"):
+            again()

@@ -19,7 +19,7 @@ import pytest
 import plait
 import plait.testing
 from plait.compression import FP16
-from plait.runtime import crossing, posts, stall
+from plait.runtime import crossing, notices, posts, stall
 from plait.runtime.executor import Call
 from plait.runtime.stall import GRACE_SECONDS, PROBE_SECONDS
 from plait.testing import run_ranks
@@ -111,6 +111,30 @@ def test_a_rooted_call_with_different_roots_fails_everywhere(
         return _outcome(calls)
 
     results = run_ranks(size, body, timeout=60, window=window)
+    assert [r[0] for r in results] == ["MismatchError"] * size, results
+    assert all(r[1] < SOON for r in results), results
+
+
+@pytest.mark.parametrize("count", [1, 3, 9])
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("algorithm", ["binomial", "scatter_allgather"])
+def test_each_broadcast_algorithm_finds_ranks_that_differ_on_the_root(
+    algorithm: str, size: int, count: int
+) -> None:
+    """scatter_allgather had no witness: with fewer elements than ranks every chunk but the
+    first is empty, the root received nothing, and ranks that differed on the root each
+    returned (some with their own data), and so did the barrier after."""
+    roots = {2: [0, 1], 3: [0, 1, 0], 4: [0, 0, 2, 2]}[size]
+
+    def body(comm: plait.Communicator) -> tuple[str, float, str]:
+        def calls() -> None:
+            x = np.full(count, float(comm.rank))
+            comm.broadcast(x, roots[comm.rank], algorithm=algorithm)
+            comm.barrier()
+
+        return _outcome(calls)
+
+    results = run_ranks(size, body, timeout=60, window=0)
     assert [r[0] for r in results] == ["MismatchError"] * size, results
     assert all(r[1] < SOON for r in results), results
 
@@ -599,7 +623,7 @@ def test_a_peer_that_gave_up_is_explained_by_the_rank_it_lost() -> None:
             return None
         if comm.rank == 0:
             assert settling.wait(30)
-            stall._tell_all(t, call, 0, comm.size, stall._LOST, 2)
+            notices.tell_all(t, call, 0, comm.size, notices.LOST, 2)
             assert done.wait(30)
             return None
         assert gone.wait(30)
@@ -632,7 +656,7 @@ def test_a_loss_behind_a_mismatch_is_told_as_the_mismatch() -> None:
         call = call._replace(probe_tag=comm._runner._probe_tag)
         where = SimpleNamespace(rank=comm.rank, size=comm.size)
         if comm.rank == 2:  # its verdict reaches rank 0 only, as where rank 1 lost it too
-            t.isend(0, call.probe_tag, memoryview(stall._pack(call, stall._VERDICT, ())), 0)
+            t.isend(0, call.probe_tag, memoryview(notices.pack(call, notices.VERDICT, ())), 0)
             t.close()
             told.set()
             return "", ""
@@ -642,7 +666,7 @@ def test_a_loss_behind_a_mismatch_is_told_as_the_mismatch() -> None:
             settled.set()
             return type(found).__name__, str(found)
         assert settled.wait(30)
-        found = stall._verdict_here(t, call, 1, comm.size)
+        found = notices.verdict_here(t, call, 1, comm.size)
         return type(found).__name__, str(found)
 
     results = run_ranks(3, body, timeout=30, window=0)
@@ -749,3 +773,48 @@ def test_every_send_in_flight_counts_not_only_the_last() -> None:
         return seen
 
     assert run_ranks(2, body) == [[True, False, False]] * 2
+
+
+def test_a_notice_that_a_peer_gave_up_a_later_call_is_kept_for_that_call() -> None:
+    """Rank 0, stalled in call #4, read rank 1's notice that it gave up on call #5 (an error
+    of its own): it was read as a stall probe and dropped, and rank 0's call #5, waiting on a
+    rank that will never come, waited for its timeout. It is kept for call #5 now, which
+    names rank 1 as its lost_rank (Note [stall probes])."""
+    told, read = threading.Event(), threading.Event()
+
+    def body(comm: plait.Communicator) -> tuple[Any, ...] | None:
+        t = comm._transport
+        tag = comm._runner._probe_tag
+
+        def call(seq: int) -> Call:
+            return Call(("allreduce", "ring", seq), 0, 1234, np.add, None, seq=seq, probe_tag=tag)
+
+        if comm.rank == 1:
+            notices.abandon(t, call(5), 1, comm.size, ZeroDivisionError("boom"))
+            told.set()
+            assert read.wait(30)
+            return None
+        assert told.wait(30)
+        prober = stall.Prober(t, call(4), 0, comm.size)
+        prober.start([1])
+        try:
+            deadline = time.monotonic() + 20
+            while not any(h.done for h in prober.handles) and time.monotonic() < deadline:
+                t.wait_any(prober.handles, 1.0)
+            prober.check([1])  # call #4 learns nothing from a notice of call #5
+        finally:
+            prober.close()
+            read.set()
+        later = stall.Prober(t, call(5), 0, comm.size)
+        try:
+            later.check([1])
+        except plait.PeerLostError as exc:
+            return exc.lost_rank, str(exc)
+        finally:
+            later.close()
+        return ("no error",)
+
+    result = run_ranks(2, body, timeout=30, window=0)[0]
+    assert result is not None
+    assert result[0] == 1, result
+    assert "rank 1 gave up on the call after an error of its own, ZeroDivisionError" in result[1]

@@ -170,6 +170,55 @@ def test_strided_and_grad_tensors() -> None:
     run_ranks(SIZE, body)
 
 
+def resizable(t: Any, what: str) -> None:
+    """``t`` can still be resized, grown and its storage freed and re-allocated (FSDP's way)."""
+    n = t.numel()
+    try:
+        t.resize_(2 * n)
+        storage = t.untyped_storage()
+        storage.resize_(0)
+        storage.resize_(2 * n * t.element_size())
+    except RuntimeError as exc:  # "Trying to resize storage that is not resizable"
+        raise AssertionError(f"{what}: {exc}") from None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_tensors_stay_resizable_after_a_call(dtype: Any) -> None:
+    """A tensor plait read or wrote can be resized afterwards; ``Tensor.numpy()`` had marked
+    its storage unresizable for good. (No ``.numpy()`` here: it would do the same.)"""
+    if dtype == torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+
+    def body(comm: plait.Communicator) -> None:
+        x = torch.full((4,), float(comm.rank + 1), dtype=dtype)
+        comm.allreduce(x, out=x)
+        assert x.tolist() == [3.0] * 4
+        resizable(x, "allreduce in place")
+        y = torch.ones(6, dtype=dtype)
+        out = torch.empty((SIZE, 6), dtype=dtype)
+        comm.allgather(y, out=out)
+        resizable(y, "allgather's input")
+        resizable(out, "allgather's out")
+        b = torch.full((3,), float(comm.rank), dtype=dtype)
+        comm.broadcast(b, root=1)
+        assert b.tolist() == [1.0] * 3
+        resizable(b, "broadcast")
+        w = comm.allreduce(torch.ones(5, dtype=dtype), async_op=True)
+        resizable(w.wait().clone(), "a copy of an async result")
+        sent = torch.arange(300_000, dtype=dtype)  # over 1 MiB: a message of its own
+        got = comm.bcast_object({"t": sent, "small": torch.ones(3)}, root=0)
+        assert torch.equal(got["t"], sent)
+        resizable(sent, "bcast_object's tensor on the root")
+        resizable(got["t"], "bcast_object's received tensor")
+        resizable(got["small"], "bcast_object's received small tensor")
+        every = comm.allgather_object(torch.full((2000,), float(comm.rank), dtype=dtype))
+        for r, t in enumerate(every):
+            assert t.tolist() == [float(r)] * 2000
+            resizable(t, f"allgather_object's tensor of rank {r}")
+
+    run_ranks(SIZE, body)
+
+
 def test_compressed_allreduce_of_a_tensor() -> None:
     from plait.compression import FP16
 
@@ -199,6 +248,37 @@ def test_tensors_plait_cannot_read_are_refused_with_what_to_do() -> None:
                 comm.allreduce(torch.ones(3).to(torch.float8_e4m3fn))
         with pytest.raises(TypeError, match=r"out is a tensor on meta"):
             comm.allreduce(torch.ones(3), out=torch.empty(3, device="meta"))
+
+
+def test_a_tensor_whose_storage_was_freed_is_refused_and_an_empty_one_is_read() -> None:
+    """A tensor of elements with no memory (its storage freed with ``resize_(0)``, as FSDP
+    frees a shard) reached numpy as an array interface at NULL: numpy's own ValueError, or
+    with numpy before 2.4 an array that was not the tensor's memory; an empty tensor (its
+    pointer NULL too) failed there with numpy before 2.4."""
+    (comm,) = memory_communicators(1)
+    with comm:
+        freed = torch.ones(4)
+        freed.untyped_storage().resize_(0)
+        with pytest.raises(TypeError, match=r"x has no memory plait can read \(its storage"):
+            comm.allreduce(freed)
+        for empty in (torch.empty(0), torch.empty(0, 3), torch.empty(0, dtype=torch.bool)):
+            assert empty.data_ptr() == 0 or empty.numel() == 0
+            got = comm.allreduce(empty)
+            assert isinstance(got, torch.Tensor)
+            assert (got.shape, got.dtype) == (empty.shape, empty.dtype)
+
+
+def test_the_dtype_table_is_filled_whole_by_a_thread_that_finds_it_in_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table of torch's dtypes was filled one entry at a time on first use, and a second
+    thread that found it begun read any dtype not in it yet as one plait cannot move."""
+    from plait import _tensor
+
+    monkeypatch.setattr(_tensor, "_DTYPES", {torch.int8: np.dtype(np.int8)})
+    monkeypatch.setattr(_tensor, "_FILLED", False)
+    assert _tensor.numpy_dtype(torch.float32, "t") == np.dtype(np.float32)
+    assert _tensor.over(torch.ones(2, dtype=torch.float64), "t").dtype == np.float64
 
 
 # -- bfloat16 ---------------------------------------------------------------------------

@@ -92,6 +92,18 @@ def test_nothing() -> None:
     assert (info.launcher, info.size, info.store_url) == ("none", 1, "tcp://h:1")
 
 
+@pytest.mark.parametrize("rank", [None, "", "  "])
+def test_a_size_of_several_without_a_rank_is_refused_naming_plait_rank(rank: str | None) -> None:
+    """PLAIT_SIZE=2 with PLAIT_RANK empty or unset (``PLAIT_RANK=$r`` with ``$r`` unset) gave
+    a job of one rank on every process: each allreduce returned its own input."""
+    env = {"PLAIT_SIZE": "2", "PLAIT_STORE": "tcp://127.0.0.1:29999"}
+    if rank is not None:
+        env["PLAIT_RANK"] = rank
+    with pytest.raises(ValueError, match=r"PLAIT_SIZE is '2' but PLAIT_RANK is not set"):
+        detect_launch(env)
+    assert detect_launch({**env, "PLAIT_SIZE": "1"}).size == 1  # one alone: as it says
+
+
 def test_plait_run() -> None:
     info = detect_launch(PLAIT)
     assert (info.launcher, info.rank, info.size) == ("plait", 2, 4)
@@ -381,3 +393,53 @@ def test_srun_on_several_nodes_meets_on_the_first_node() -> None:
     assert detect_launch({**env, "MASTER_PORT": "4000"}).store_url == "tcp://cn012:4001"
     # MASTER_ADDR still wins over the node list.
     assert detect_launch({**env, "MASTER_ADDR": "h0"}).store_url == "tcp://h0:29501"
+
+
+def test_plaits_variables_take_master_addr_where_no_store_is_named() -> None:
+    env = {"PLAIT_RANK": "1", "PLAIT_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "5000"}
+    info = detect_launch(env)
+    assert (info.launcher, info.store_url, info.store_by_rank0) == (
+        "plait",
+        "tcp://node0:5001",
+        True,
+    )
+    assert not info.store_is_server
+    assert detect_launch({**env, "PLAIT_RANK": "0"}).store_is_server
+    named = detect_launch({**env, "PLAIT_STORE": "tcp://h:7"})
+    assert (named.store_url, named.store_by_rank0) == ("tcp://h:7", False)
+
+
+def test_a_job_meets_under_its_id_only_in_a_store_served_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under plait run --nnodes each launcher named the job after its own --master-addr, and
+    # the namespace of that name split a job whose hosts spelled node 0 differently.
+    from plait._meeting import job_space
+
+    for name in ("PLAIT_LAUNCHER_PID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    by_hand = {"PLAIT_RANK": "1", "PLAIT_SIZE": "2", "PLAIT_STORE": "tcp://h:7"}
+    assert job_space(detect_launch({**by_hand, "PLAIT_JOB_ID": "j"})) == "j"
+    assert job_space(detect_launch(by_hand)) is None
+    torch = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "r", "PLAIT_STORE": "tcp://h:7"}
+    assert job_space(detect_launch(torch)) == "r"
+    assert job_space(detect_launch({**torch, "TORCHELASTIC_RUN_ID": "none"})) is None
+    del torch["PLAIT_STORE"]
+    assert job_space(detect_launch({**torch, "MASTER_ADDR": "n0"})) is None  # rank 0's store
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # nodes may count differently
+    assert job_space(detect_launch({**torch, "PLAIT_STORE": "tcp://h:7"})) == "r"
+    monkeypatch.setenv("PLAIT_LAUNCHER_PID", "1")  # plait run's own store, one per attempt
+    assert job_space(detect_launch({**by_hand, "PLAIT_JOB_ID": "j"})) is None
+
+
+def test_a_claim_met_again_names_the_launchers_own_id() -> None:
+    # It said to set PLAIT_JOB_ID, which torchrun's ranks never read.
+    from plait._meeting import claim_rank
+    from plait.rendezvous.store import MemoryStore, PrefixStore
+
+    group = PrefixStore("plait/init1/job/r", MemoryStore())
+    claim_rank(group, 0, 2, "r", "torchrun")
+    with pytest.raises(plait.RendezvousError, match=r"same id \('r'\).*--rdzv-id\); a restart"):
+        claim_rank(group, 0, 2, "r", "torchrun")
+    with pytest.raises(plait.RendezvousError, match=r"an id of its own \(PLAIT_JOB_ID\)$"):
+        claim_rank(group, 0, 2, "r", "plait")

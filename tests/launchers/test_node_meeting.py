@@ -88,13 +88,21 @@ class Job:
         self.env = clean_env(PLAIT_SECRET=f"node-meeting-{self.port}", PLAIT_TIMEOUT=RANK_TIMEOUT)
         self.launchers: list[Launcher] = []
 
-    def start(self, node: int, nproc: int, *, hold: bool = False, nnodes: int = 0) -> Launcher:
+    def start(
+        self,
+        node: int,
+        nproc: int,
+        *,
+        hold: bool = False,
+        nnodes: int = 0,
+        master_addr: str = "127.0.0.1",
+    ) -> Launcher:
         """Start node ``node``'s launcher with ``-n nproc``; ``hold``: its ranks stay in the job
         until :meth:`release` closes its stdin."""
         cmd = [
             *(sys.executable, "-m", "plait", "run", "--tag-output"),
             *("--nnodes", str(nnodes or self.nnodes), "--node-rank", str(node)),
-            *("-n", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(self.port)),
+            *("-n", str(nproc), "--master-addr", master_addr, "--master-port", str(self.port)),
             str(self.script),
         ]
         proc = subprocess.Popen(
@@ -268,6 +276,18 @@ def test_launchers_that_agree_run_the_job(
         assert met == [str(2 * la.node), str(2 * la.node + 1)], j.report()
 
 
+@pytest.mark.timeout(90)
+def test_launchers_given_node_0_by_other_names_run_the_job(job: Callable[[int], Job]) -> None:
+    # Each launcher named the job after --master-addr as it was given, and the ranks met in
+    # a namespace of that name: the two halves waited for each other until the timeout.
+    j = job(2)
+    j.start(0, 1, master_addr="127.0.0.1")
+    j.start(1, 1, master_addr="localhost")
+    for la in j.finish():
+        assert la.proc.returncode == 0, j.report()
+        assert f"rank {la.node} of 2 met: 3" in la.out, j.report()
+
+
 @pytest.mark.timeout(60)
 def test_a_launcher_waiting_for_the_others_stops_on_sigint(job: Callable[[int], Job]) -> None:
     from plait.rendezvous.nodes import claim_key
@@ -329,3 +349,86 @@ def test_a_failure_on_one_host_stops_the_others(job: Callable[[int], Job], faili
         assert "ran to its end" not in la.out, j.report()
     other = j.launchers[1 - failing // 2]
     assert f"rank {failing}, on another host, exited with code 3" in other.err, j.report()
+
+
+#: Ranks meet; rank 3 exits with 9 (DIES: os._exit or sys.exit), and each other rank, as
+#: ROLES says, waits for a message from rank 3 (and fails with PeerLostError once it is gone)
+#: or computes alone until it is stopped.
+DIES = """
+    import os, sys, time
+    import numpy as np
+    import plait
+    with plait.init() as comm:
+        comm.barrier()
+        if comm.rank == 3:
+            os._exit(9) if os.environ["DIES"] == "os._exit" else sys.exit(9)
+        if os.environ["ROLES"].split(",")[comm.rank] == "waits":
+            comm.recv(np.zeros(1), 3)
+        time.sleep(30)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("dies", "roles"),
+    [("os._exit", "alone,alone,waits"), ("sys.exit", "waits,waits,alone")],
+    ids=["a-bystander-filed-before-it", "a-host-of-bystanders-filed-first"],
+)
+def test_every_host_names_the_rank_that_started_a_failure(
+    job: Callable[[int], Job], dies: str, roles: str
+) -> None:
+    """Rank 3 (node 1) exits with 9; the other ranks that fail do so because it died.
+
+    Node 1 filed its failed ranks in rank order, rank 2's PeerLostError before rank 3, and
+    node 0's launcher named the lowest: "rank 2, on another host", exit 1. And node 1, while
+    it waited a second for a cause after rank 3's exit without a traceback (rank 2 still
+    running), took node 0's filing of its ranks' PeerLostErrors: "rank 0, on another
+    host", exit 1. The launchers now settle on one rank (Note [which host started a
+    failure] in plait.launch.elsewhere)."""
+    j = job(2)
+    j.script.write_text(textwrap.dedent(DIES))
+    j.env.update(DIES=dies, ROLES=f"{roles},dies")
+    node0, node1 = j.start(0, 2), j.start(1, 2)
+    j.finish()
+    for la in (node0, node1):
+        assert la.proc.returncode == 9, j.report()
+    assert "rank 3, on another host, exited with code 9" in node0.err, j.report()
+    assert "on another host" not in node1.err, j.report()
+    assert re.search(r"rank 3: exit 9 +<- started the failure", node1.err), j.report()
+
+
+HANGS = """
+    import threading, time
+    import numpy as np
+    import plait
+    with plait.init() as comm:
+        comm.barrier()
+        if comm.rank == 3:  # a thread that is no daemon: the rank hangs on its way out
+            threading.Thread(target=time.sleep, args=(20,)).start()
+            raise ValueError("the cause")
+        try:
+            comm.recv(np.zeros(1), 3)
+        finally:
+            if comm.rank == 2:  # a bystander that takes a moment to end
+                time.sleep(0.5)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_cause_found_late_on_a_later_ticket_is_named_everywhere(
+    job: Callable[[int], Job],
+) -> None:
+    """Rank 3 (node 1) raises ValueError and hangs on its way out; node 1 names it only once
+    its bystander (rank 2) has ended, after node 0 had drawn ticket 1 for rank 0's
+    PeerLostError and waited for the smaller tickets only (none): both launchers named rank
+    0, exit 1. A launcher whose failure is not the likeliest kind waits for every ticket
+    drawn (Note [which host started a failure] in plait.launch.elsewhere)."""
+    j = job(2)
+    j.script.write_text(textwrap.dedent(HANGS))
+    node0, node1 = j.start(0, 2), j.start(1, 2)
+    j.finish()
+    assert "rank 3, on another host" in node0.err, j.report()
+    assert "on another host" not in node1.err, j.report()
+    assert re.search(r"rank 3: .*<- started the failure", node1.err), j.report()
+    for la in (node0, node1):
+        assert la.proc.returncode == 1, j.report()

@@ -40,7 +40,7 @@ STALLER = """
     out, bare, mode = sys.argv[1], {int(r) for r in sys.argv[2].split(",") if r}, sys.argv[3]
     if mode == "fail" and rank == 1 and os.environ["PLAIT_RESTART_COUNT"] == "0":
         sys.exit(3)
-    store = store_from_url(os.environ["PLAIT_STORE"], rank=rank, timeout=20)
+    store = store_from_url(os.environ["PLAIT_STORE"], rank=rank, timeout=60)
     received = 0
     wake_r, wake_w = os.pipe()
 
@@ -64,7 +64,7 @@ STALLER = """
         store.wait([f"ready-{r}" for r in range(size)])
         report_stall()
     elif rank not in bare:
-        select.select([wake_r], [], [], 20)  # until SIGUSR1 (PEP 475: the handler wakes it)
+        select.select([wake_r], [], [], 60)  # until SIGUSR1 (PEP 475: the handler wakes it)
         if rank == 2:
             report_stall()
         store.set(f"signalled-{rank}", b"1")
@@ -103,7 +103,7 @@ def _reason(folder: Path, rank: int) -> str:
     return str(json.loads((folder / f"rank{rank}.json").read_text())["reason"])
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_a_stall_line_makes_every_other_catching_rank_dump_once(tmp_path: Path) -> None:
     code, err = _launch(tmp_path, 4, "1", "", stall_timeout=30)
     assert code == 0, err  # a stall is no failure

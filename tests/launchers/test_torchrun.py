@@ -147,3 +147,29 @@ def test_leftover_launcher_variables_do_not_leak(tmp_path) -> None:
     assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "OMPI_COMM_WORLD_RANK"} & set(env)
     assert env["PLAIT_TIMEOUT"]
     assert os.path.isdir(tmp_path)
+
+
+def test_plaits_variables_with_master_addr_meet_as_torchs_do() -> None:
+    # PLAIT_RANK and PLAIT_SIZE set by hand next to MASTER_ADDR failed at once, asking
+    # for MASTER_ADDR: plait's own variables never looked at it.
+    port = free_port_pair()
+    with job_dirs() as (tmp, out):
+        envs = [
+            clean_env(
+                PLAIT_RANK=str(r),
+                PLAIT_SIZE="3",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                TMPDIR=str(tmp),
+                PLAIT_TEST_OUT=str(out),
+            )
+            for r in range(3)
+        ]
+        for res in run_ranks(envs, ["check"]):
+            assert res.returncode == 0, res.describe()
+        reports = read_results(out)
+        assert [r["rank"] for r in reports] == [0, 1, 2]
+        for r in reports:
+            assert r["store_url"] == f"tcp://127.0.0.1:{port + 1}"
+            assert r["store_is_server"] == (r["rank"] == 0)
+            assert r["sub_sum"] == 3

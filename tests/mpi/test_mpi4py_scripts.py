@@ -135,6 +135,85 @@ def test_the_mpi4py_package_is_plait_mpi(tmp_path: Path) -> None:
     assert res.stdout.split() == ["1", "5"]
 
 
+def test_is_initialized_is_false_until_init_where_rc_says_not_to_initialize() -> None:
+    """Is_initialized was True whatever mpi4py.rc said; mpi4py's is False after
+    ``rc.initialize = False`` until MPI.Init(), and a script may call Init behind it."""
+    from plait.mpi import mpi4py_path
+
+    later = (
+        "import mpi4py\n"
+        "mpi4py.rc.initialize = False\n"
+        "from mpi4py import MPI\n"
+        "said = [MPI.Is_initialized()]\n"
+        "MPI.Init()\n"
+        "print(said + [MPI.Is_initialized()], MPI.COMM_WORLD.allreduce(1))\n"
+    )
+    at_once = "from mpi4py import MPI\nprint(MPI.Is_initialized())\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLAIT_", "OMPI_", "PMIX"))}
+    env["PYTHONPATH"] = mpi4py_path()
+    said = []
+    for check in (later, at_once):
+        res = subprocess.run(
+            [sys.executable, "-c", check], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert res.returncode == 0, res.stderr
+        said.append(res.stdout.strip())
+    assert said == ["[False, True] 1", "True"]
+
+
+PROGRAM = """
+import sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(comm.Get_rank(), comm.allreduce(1), __name__, sys.argv, flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["script", "-m", "-c"])
+def test_python_m_mpi4py_runs_a_script_a_module_or_a_command(kind: str, tmp_path: Path) -> None:
+    """``python -m mpi4py prog.py`` under ``--mpi4py`` failed: the package had no
+    ``__main__`` ("No module named mpi4py.__main__"). Each program runs as ``__main__`` with
+    the ``sys.argv`` mpi4py gives it."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    program = {"script": ["prog.py"], "-m": ["-m", "prog"], "-c": ["-c", PROGRAM]}[kind]
+    res = subprocess.run(
+        [*PLAIT, "run", "-n", "2", "--mpi4py", sys.executable, "-m", "mpi4py", *program, "x"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    argv0 = {"script": "prog.py", "-m": str(tmp_path / "prog.py"), "-c": "-c"}[kind]
+    lines = sorted(line for line in res.stdout.splitlines() if line[:1].isdigit())
+    assert lines == [f"{r} 2 __main__ {[argv0, 'x']}" for r in range(2)]
+
+
+def test_mpi4py_version_is_mpi4pys_labelled_as_plaits(tmp_path: Path) -> None:
+    """``mpi4py.__version__`` raised AttributeError. It is the mpi4py release plait.mpi
+    follows with a local label, which version parsers accept; ``python -m mpi4py --version``
+    says it as mpi4py's does."""
+    from plait.mpi import mpi4py_path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLAIT_", "OMPI_", "PMIX"))}
+    env["PYTHONPATH"] = mpi4py_path()
+    check = (
+        "import mpi4py\n"
+        "from packaging.version import Version\n"
+        "v = Version(mpi4py.__version__)\n"
+        "print(mpi4py.__version__, v.public, v.local, v >= Version('4.0'))\n"
+    )
+    said = []
+    for command in (["-c", check], ["-m", "mpi4py", "--version"]):
+        res = subprocess.run(
+            [sys.executable, *command], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert res.returncode == 0, res.stderr
+        said.append(res.stdout.strip())
+    assert said == ["4.1.0+plait 4.1.0 plait True", "mpi4py 4.1.0+plait"]
+
+
 @pytest.fixture(scope="module")
 def plait_tcp_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], str]:
     out = tmp_path_factory.mktemp("plait-tcp") / "out"
@@ -146,3 +225,23 @@ def test_same_output_over_tcp(
 ) -> None:
     # Every script, every rank, with the ranks connected over TCP instead of shared memory.
     assert plait_tcp_outputs == plait_outputs
+
+
+def test_python_m_mpi4py_c_compiles_the_command_with_no_future_of_its_own() -> None:
+    """``python -m mpi4py -c`` compiled the command inheriting the runner's own ``from
+    __future__ import annotations``: its annotations came out as strings, where ``python
+    -c``'s (and mpi4py's) are the objects."""
+    from plait.mpi import mpi4py_path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLAIT_", "OMPI_", "PMIX"))}
+    env["PYTHONPATH"] = mpi4py_path()
+    command = "def f(x: int): pass\nprint(f.__annotations__['x'] is int)\n"
+    res = subprocess.run(
+        [sys.executable, "-m", "mpi4py", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "True"

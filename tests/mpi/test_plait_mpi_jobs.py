@@ -30,7 +30,7 @@ def done(value):
 """
 
 #: mpi4py's constants (Open MPI's values), as the scripts see them.
-MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_UNDEFINED = -1, -1, -32766
+MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_PROC_NULL, MPI_UNDEFINED = -1, -1, -2, -32766
 #: plait run, with a deadline for every call well under the tests' own.
 PLAIT_RUN = [sys.executable, "-m", "plait", "run", "--timeout", "30"]
 
@@ -221,6 +221,49 @@ def test_a_get_status_loop_ends_once_the_message_comes(tmp_path: Path) -> None:
     assert got[1] == [["done", 0, 9, 1, True], [9.0], 9, "done", "o10"]
 
 
+def test_a_sends_status_says_no_message_as_mpi4pys_does(tmp_path: Path) -> None:
+    """A wait or test of a send filled its status with the peer, the tag and the bytes sent,
+    as if a message had come; mpi4py's says source PROC_NULL, tag ANY_TAG, count 0."""
+    got = job(
+        tmp_path,
+        """
+        peer = 1 - rank
+
+        def said(st):
+            return [st.Get_source(), st.Get_tag(), st.Get_count()]
+
+        out = []
+        for how in ("Wait", "wait", "Test", "Waitall", "Waitany", "testall"):
+            sts = [MPI.Status(), MPI.Status()]
+            reqs = [comm.Isend(np.full(2, 1.0), peer, 4), comm.Irecv(np.zeros(2), peer, 4)]
+            if how == "Waitall":
+                MPI.Request.Waitall(reqs, sts)
+            elif how == "testall":
+                while not MPI.Request.testall(reqs, sts)[0]:
+                    pass
+            else:
+                reqs[1].Wait(sts[1])
+                if how == "Waitany":
+                    MPI.Request.Waitany(reqs[:1], sts[0])
+                elif how == "Test":
+                    while not reqs[0].Test(sts[0]):
+                        pass
+                else:
+                    getattr(reqs[0], how)(sts[0])
+            out.append(said(sts[0]) + said(sts[1]))
+        st = MPI.Status()
+        r = comm.isend("x", peer, 5)
+        comm.recv(source=peer, tag=5)
+        r.wait(st)
+        out.append(said(st))
+        done(out)
+        """,
+    )
+    send = [MPI_PROC_NULL, MPI_ANY_TAG, 0]
+    for rank, out in enumerate(got):
+        assert out == [[*send, 1 - rank, 4, 16]] * 6 + [send], rank
+
+
 def test_a_truncated_irecv_raises_mpi_exception_of_class_err_truncate(tmp_path: Path) -> None:
     """A message longer than an Irecv's buffer raised plait.MismatchError, which
     ``except MPI.Exception`` does not catch; Recv's raised MPI_ERR_TRUNCATE already."""
@@ -336,6 +379,186 @@ def test_a_dup_has_no_name_and_aborts_as_open_mpi_names_it(tmp_path: Path) -> No
     )
 
 
+def test_ranks_tags_and_roots_are_read_as_mpi4py_reads_a_c_int(tmp_path: Path) -> None:
+    """A float, numpy float or bool rank, tag or root was refused ("bcast_object: root must
+    be an int; got 0.0"): mpi4py truncates it, as C does, in every method. A tag of 2**31
+    or more raises OverflowError, as mpi4py's, and a string TypeError."""
+    got = job(
+        tmp_path,
+        """
+        half = comm.size / 2  # a float
+        said = [comm.bcast(f"from {rank}", root=half - 1)]
+        if rank == 0:
+            comm.send("x", dest=half, tag=1.0)
+            comm.Send(np.arange(2.0), dest=np.float64(1.9), tag=np.float32(2.5))
+            comm.isend("y", dest=True, tag=3.7).wait()
+            comm.Isend(np.arange(3.0), dest=1.2, tag=4).Wait()
+            comm.Sendrecv(np.arange(1.0), 1.0, 5.5, np.zeros(1), source=1.0, recvtag=6.1)
+            said.append(comm.sendrecv("a", 1.0, 7.9, source=np.float64(1), recvtag=8.0))
+        else:
+            st = MPI.Status()
+            said.append(comm.recv(source=0.0, tag=1.0, status=st))
+            said.append([st.Get_source(), st.Get_tag()])
+            b = np.zeros(2)
+            comm.Recv(b, source=np.float64(0.2), tag=2.0)
+            said.append(b.tolist())
+            comm.probe(source=0.5, tag=3.2)
+            said.append(comm.iprobe(source=0.5, tag=np.float64(3)))
+            said.append(comm.irecv(source=False, tag=3.0).wait())
+            b = np.zeros(3)
+            comm.Irecv(b, source=0.0, tag=4.4).Wait()
+            said.append(b.tolist())
+            comm.Sendrecv(np.arange(1.0), 0.0, 6.9, np.zeros(1), source=0.0, recvtag=5.0)
+            said.append(comm.sendrecv("b", dest=0.3, sendtag=8.0, source=0.0, recvtag=7.0))
+        a = np.full(2, float(rank))
+        comm.Bcast(a, root=0.9)
+        said.append(a.tolist())
+        said.append(comm.reduce(rank + 1, root=np.float32(1.5)))
+        said.append(comm.gather(rank, root=False))
+        said.append(comm.scatter([10, 11] if rank == 1 else None, root=True))
+        r = np.zeros(1)
+        comm.Reduce(np.ones(1), r, root=1.0)
+        said.append(r.tolist())
+        g = np.zeros(2)
+        comm.Gather(np.full(1, float(rank)), g, root=np.float64(1))
+        said.append(g.tolist())
+        x = np.zeros(1)
+        comm.Scatter(np.arange(2.0), x, root=1.1)
+        said.append(x.tolist())
+        g = np.zeros(2)
+        comm.Gatherv(np.full(1, float(rank)), g, root=0.0)
+        said.append(g.tolist())
+        x = np.zeros(1)
+        comm.Scatterv(np.arange(2.0), x, root=0.0)
+        said.append(x.tolist())
+        for call in (
+            lambda: comm.send(1, dest=1, tag=2**31),
+            lambda: comm.Isend(np.zeros(1), 1, 2**31),
+            lambda: comm.recv(source=0, tag=2**40),
+            lambda: comm.bcast(1, root=2**31),
+            lambda: comm.send(1, dest="1"),
+            lambda: comm.Recv(np.zeros(1), source=None, tag=0),
+            lambda: comm.Bcast(np.zeros(1), root=float("nan")),
+        ):
+            try:
+                call()
+                said.append("ok")
+            except (TypeError, ValueError, OverflowError) as e:
+                said.append(f"{type(e).__name__}: {e}")
+        done(said)
+        """,
+    )
+    refused = ["OverflowError: value too large to convert to int"] * 4 + [
+        "TypeError: an integer is required",
+        "TypeError: an integer is required",
+        "ValueError: cannot convert float NaN to integer",
+    ]
+    assert [said[-7:] for said in got] == [refused, refused]
+    assert got[0][:-7] == [
+        *["from 0", "b", [0.0, 0.0], None, [0, 1], 10, [0.0], [0.0, 0.0], [0.0]],
+        *[[0.0, 1.0], [0.0]],
+    ]
+    assert got[1][:-7] == [
+        *["from 0", "x", [0, 1], [0.0, 1.0], True, "y", [0.0, 1.0, 2.0], "a", [0.0, 0.0]],
+        *[3, None, 11, [2.0], [0.0, 1.0], [1.0], [0.0, 0.0], [1.0]],
+    ]
+
+
+def test_comm_of_a_comm_is_its_communicator_and_request_null_is_a_null_request(
+    tmp_path: Path,
+) -> None:
+    """MPI.Intracomm(MPI.COMM_WORLD) made a Comm over a Comm, whose calls raised
+    Unsupported ("Comm.allreduce_object"); MPI.Comm() raised TypeError; MPI.REQUEST_NULL
+    raised Unsupported. mpi4py's are a second handle to the same communicator, COMM_NULL,
+    and a request that a wait passes over."""
+    got = job(
+        tmp_path,
+        """
+        size = comm.Get_size()
+        said = []
+        s = MPI.Comm(MPI.COMM_SELF)  # before COMM_SELF is first used: one join for both
+        said += [s == MPI.COMM_SELF, s.allreduce(1), MPI.COMM_SELF.allreduce(2)]
+        c = MPI.Intracomm(comm)
+        said += [c == comm, c is comm, c.Get_rank() == rank, c.allreduce(1), c.Get_name()]
+        said += [MPI.Comm() == MPI.COMM_NULL, bool(MPI.Comm()), MPI.Intracomm() == MPI.COMM_NULL]
+        reqs = [MPI.REQUEST_NULL] * size
+        buf = np.zeros(size)
+        for p in range(size):
+            if p != rank:
+                reqs[p] = comm.Irecv(buf[p : p + 1], source=p)
+        for p in range(size):
+            if p != rank:
+                comm.Send(np.array([float(rank + 1)]), dest=p)
+        sts = [MPI.Status() for _ in range(size)]
+        MPI.Request.Waitall(reqs, sts)
+        said += [buf.tolist(), [[st.source, st.tag] for st in sts]]
+        st = MPI.Status()
+        MPI.REQUEST_NULL.Wait(st)
+        said.append([st.source, st.tag, st.Get_count()])
+        said += [MPI.Request() == MPI.REQUEST_NULL, bool(MPI.REQUEST_NULL)]
+        said += [MPI.Request.Waitany([MPI.REQUEST_NULL]), MPI.Request.Testall([MPI.Request()])]
+        r = comm.Isend(np.zeros(1), dest=rank, tag=3)
+        said += [bool(r), r == MPI.REQUEST_NULL]
+        comm.Recv(np.zeros(1), source=rank, tag=3)
+        r.Wait()
+        said += [bool(r), r == MPI.REQUEST_NULL]
+        done(said)
+        """,
+    )
+    same = [True, 1, 2, True, False, True, 2, "MPI_COMM_WORLD", True, False, True]
+    nulls = [[MPI_ANY_SOURCE, MPI_ANY_TAG, 0], True, False, MPI_UNDEFINED, True, True, False]
+    assert got == [
+        [*same, [0.0, 2.0], [[MPI_ANY_SOURCE, MPI_ANY_TAG], [1, 0]], *nulls, False, True],
+        [*same, [1.0, 0.0], [[0, 0], [MPI_ANY_SOURCE, MPI_ANY_TAG]], *nulls, False, True],
+    ]
+
+
+# -- buffer collectives ----------------------------------------------------------------------
+def test_scatterv_roots_own_recvbuf_may_be_longer_and_a_short_one_raises_after_the_call(
+    tmp_path: Path,
+) -> None:
+    """Root refused a recvbuf longer than its own block before it joined the call, so the
+    other ranks, in it already, failed with it (the next call mismatched). mpi4py's root
+    fills the start of a longer one; a shorter one is MPI's truncation error, which root
+    raises once the others have their data, as a rank off root does (that one's was a
+    plain ValueError, not MPI.Exception)."""
+    got = job(
+        tmp_path,
+        """
+        said = []
+        for n in ((4, 2), (1, 2), (2, 1)):
+            send = [np.arange(4.0), [2, 2], MPI.DOUBLE] if rank == 0 else None
+            recv = np.full(n[rank], -1.0)
+            try:
+                comm.Scatterv(send, recv, root=0)
+            except MPI.Exception as e:
+                said.append([e.Get_error_class(), str(e)])
+            said.append(recv.tolist())
+            said.append(comm.allreduce(1))
+        done(said)
+        """,
+    )
+    truncated = (
+        "rank 1: Scatterv: message truncated (MPI_ERR_TRUNCATE): root sends this rank 2 DOUBLE "
+        "(16 bytes), but recvbuf holds 1 DOUBLE (8 bytes); recvbuf was not written, and the "
+        "other ranks have their data"
+    )
+    assert got[1] == [[2.0, 3.0], 2, [2.0, 3.0], 2, [15, truncated], [-1.0], 2]
+    assert got[0][5:] == [[0.0, 1.0], 2]
+    assert got[0][:5] == [
+        [0.0, 1.0, -1.0, -1.0],
+        2,
+        [
+            15,  # MPI.ERR_TRUNCATE
+            "Scatterv: message truncated (MPI_ERR_TRUNCATE): root sends itself 2 DOUBLE (16 "
+            "bytes), but recvbuf holds 1 DOUBLE (8 bytes); recvbuf was not written, and the "
+            "other ranks have their data",
+        ],
+        [-1.0],
+        2,
+    ]
+
+
 # -- buffer specifications -----------------------------------------------------------------
 def test_a_count_of_none_is_the_whole_buffer(tmp_path: Path) -> None:
     """[buf, None, datatype] was refused ("count must be an int; got None")."""
@@ -355,6 +578,151 @@ def test_a_count_of_none_is_the_whole_buffer(tmp_path: Path) -> None:
         """,
     )
     assert got[0] == [[0.0, 2.0, 4.0, 6.0], [0.0, 2.0, 4.0, 6.0], [0.0, 1.0, 2.0, 3.0] * 2]
+
+
+def test_a_count_of_none_after_a_displacement_is_per_block_of_the_rest(tmp_path: Path) -> None:
+    """[r, (None, 1), MPI.DOUBLE] with one block per rank split the whole buffer into
+    blocks ("5 elements of DOUBLE do not split into 2 blocks"); mpi4py's count is what
+    follows the displacement, divided into blocks: (n - displ) // blocks."""
+    got = job(
+        tmp_path,
+        """
+        D = MPI.DOUBLE
+        said = []
+        r = np.zeros(5)
+        comm.Allgather(np.full(2, float(rank)), [r, (None, 1), D])
+        said.append(r.tolist())
+        g = np.zeros(5)
+        comm.Gather(np.full(2, float(rank)), [g, (None, 1), D], root=0)
+        said.append(g.tolist())
+        x = np.zeros(2)
+        comm.Scatter([np.arange(5.0), (None, 1), D], x, root=0)
+        said.append(x.tolist())
+        r = np.zeros(5)
+        comm.Alltoall([np.arange(5.0) + 100 * rank, (None, 1), D], [r, (None, 1), D])
+        said.append(r.tolist())
+        r = np.zeros(2)
+        comm.Reduce_scatter_block([np.arange(5.0) + rank, (None, 1), D], r)
+        said.append(r.tolist())
+        r = np.zeros(4)
+        comm.Allgather(np.full(1, float(rank)), [r, None, 2, D])
+        said.append(r.tolist())
+        for spec in ("[np.zeros(6), (None, 1), D]", "[np.zeros(5), (None, 6), D]"):
+            try:
+                comm.Allgather(np.zeros(2), eval(spec))
+            except ValueError as e:
+                said.append(str(e))
+        done(said)
+        """,
+    )
+    gathered = [0.0, 0.0, 0.0, 1.0, 1.0]
+    refused = [
+        "Allgather: recvbuf: 5 elements of DOUBLE after the displacement 1 do not split into "
+        "2 blocks",
+        "Allgather: recvbuf: the displacement 6 is past the buffer's end (5 elements of DOUBLE)",
+    ]
+    shifted = [0.0, 0.0, 0.0, 1.0]
+    assert [said[:6] for said in got] == [
+        [gathered, gathered, [1.0, 2.0], [0.0, 1.0, 2.0, 101.0, 102.0], [3.0, 5.0], shifted],
+        [gathered, [0.0] * 5, [3.0, 4.0], [0.0, 3.0, 4.0, 103.0, 104.0], [7.0, 9.0], shifted],
+    ]
+    assert [said[6:] for said in got] == [refused, refused]
+
+
+def test_buffers_mpi4py_cannot_use_raise_buffer_error(tmp_path: Path) -> None:
+    """A strided buffer raised ValueError, and so did a Fortran-ordered one, which mpi4py
+    takes (in memory order); a read-only buffer a call writes into raised plait's "out is
+    read-only" (a bytes object as Recv's buffer was taken, and the call waited), and
+    Sendrecv sent before it looked at its receive buffer. mpi4py raises BufferError, before
+    anything is sent; plait.mpi's is also the ValueError it was."""
+    got = job(
+        tmp_path,
+        """
+        ro = np.zeros(2)
+        ro.setflags(write=False)
+        said = []
+        for call in (
+            lambda: comm.Send(np.zeros(4)[::2], rank, 1),
+            lambda: comm.Allreduce(np.zeros((2, 2))[:, 0], np.zeros(2)),
+            lambda: comm.Recv(ro, rank, 1),
+            lambda: comm.Irecv(b"ab", rank, 1),
+            lambda: comm.Sendrecv(np.ones(2), rank, 1, ro, rank, 1),
+            lambda: comm.Allreduce(np.ones(2), ro),
+            lambda: comm.Allreduce(MPI.IN_PLACE, ro),
+            lambda: comm.Allgather(np.ones(1), [ro, 1, MPI.DOUBLE]),
+            lambda: comm.Bcast(ro, root=1 - rank),
+        ):
+            try:
+                call()
+                said.append("ok")
+            except BufferError as e:
+                said.append([isinstance(e, ValueError), str(e)])
+        comm.Bcast(ro if rank == 0 else np.zeros(2), root=0)  # root only reads its buffer
+        said.append(comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))  # nothing was sent
+        f = np.arange(6.0).reshape(2, 3, order="F")
+        b = np.zeros(6)
+        comm.Sendrecv(f, rank, 2, b, rank, 2)
+        r = np.zeros((3, 2), order="F")
+        comm.Allreduce(np.arange(6.0), r)
+        said += [b.tolist(), r.ravel(order="K").tolist()]
+        done(said)
+        """,
+    )
+    strided = (
+        "the buffer is not contiguous (a strided view, such as x[:, 0] or x[::2]); pass "
+        "np.ascontiguousarray(x), and copy back what is received"
+    )
+    read_only = "the buffer is read-only, but this call writes into it; pass a writable array"
+    refused = [
+        f"Send: buf: {strided}",
+        f"Allreduce: sendbuf: {strided}",
+        f"Recv: buf: {read_only}",
+        f"Irecv: buf: {read_only}",
+        f"Sendrecv: buf: {read_only}",
+        f"Allreduce: recvbuf: {read_only}",
+        f"Allreduce: recvbuf: {read_only}",
+        f"Allgather: recvbuf: {read_only}",
+        f"Bcast: buf: {read_only}",
+    ]
+    in_order = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    for said in got:
+        summed = [2 * v for v in in_order]  # two ranks
+        assert said == [*([True, words] for words in refused), False, in_order, summed]
+
+
+def test_v_buffers_without_counts_split_as_mpi4py_splits_them(tmp_path: Path) -> None:
+    """A v buffer without counts whose elements the ranks do not divide was refused ("5
+    elements of DOUBLE do not split into 2"); mpi4py gives rank i n // size of them, and
+    one more to each of the first n % size ranks: 5 on 2 ranks are 3 and 2."""
+    got = job(
+        tmp_path,
+        """
+        n = 5
+        mine = n // 2 + (n % 2 > rank)
+        said = []
+        r = np.zeros(n)
+        comm.Allgatherv(np.full(mine, float(rank)), r)
+        said.append(r.tolist())
+        r = np.zeros(n)
+        comm.Allgatherv(np.full(mine, float(rank)), [r, None, MPI.DOUBLE])
+        said.append(r.tolist())
+        x = np.zeros(mine)
+        comm.Scatterv(np.arange(5.0) if rank == 0 else None, x, root=0)
+        said.append(x.tolist())
+        g = np.zeros(n) if rank == 0 else None
+        comm.Gatherv(np.full(mine, float(rank)), g, root=0)
+        said.append(None if g is None else g.tolist())
+        a = np.zeros(4 if rank == 0 else 2)  # 3 sent by each: 2 to rank 0, 1 to rank 1
+        comm.Alltoallv(np.arange(3.0) + 10 * rank, a)
+        said.append(a.tolist())
+        done(said)
+        """,
+    )
+    gathered = [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert got == [
+        [gathered, gathered, [0.0, 1.0, 2.0], gathered, [0.0, 1.0, 10.0, 11.0]],
+        [gathered, gathered, [3.0, 4.0], None, [2.0, 12.0]],
+    ]
 
 
 # -- the module ----------------------------------------------------------------------------
@@ -405,3 +773,26 @@ def test_split_refuses_a_negative_numpy_color_as_mpi_err_arg(tmp_path: Path) -> 
         """,
     )
     assert got == [[True, 13, 1]] * 2  # MPI.ERR_ARG
+
+
+def test_sendrecv_refuses_its_receives_source_and_tag_before_it_sends(tmp_path: Path) -> None:
+    """A Sendrecv whose source or recvtag no message can match raised MPI_ERR_RANK or
+    MPI_ERR_TAG, but only after its send had gone: the peer found a stray message in a
+    later receive. Open MPI checks the arguments first."""
+    got = job(
+        tmp_path,
+        """
+        said = []
+        for kw in (dict(source=5), dict(source=1 - rank, recvtag=-7)):
+            try:
+                comm.Sendrecv(np.ones(1), 1 - rank, 0, np.zeros(1), **kw)
+                said.append("ok")
+            except MPI.Exception as e:
+                said.append(MPI.Get_error_string(e.Get_error_class()))
+        comm.Barrier()
+        said.append(comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))  # nothing was sent
+        done(said)
+        """,
+    )
+    for said in got:
+        assert said == ["MPI_ERR_RANK: invalid rank", "MPI_ERR_TAG: invalid tag", False]

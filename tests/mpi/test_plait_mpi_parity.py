@@ -323,12 +323,14 @@ def test_abort_before_the_world_is_joined_names_this_ranks_rank() -> None:
 
 @pytest.mark.multiprocess
 def test_abort_on_a_split_communicator_says_where_it_came_from() -> None:
-    """It printed "in communicator a communicator with errorcode 5"."""
-    res = _abort("MPI.COMM_WORLD.Split(0, 0).Abort(5)")
+    """It printed "in communicator a communicator with errorcode 5", then "MPI COMMUNICATOR
+    SPLIT FROM MPI_COMM_WORLD"; Open MPI numbers a split as a Dup (Note [communicator
+    numbers] in plait.mpi._comm)."""
+    res = _abort("MPI.COMM_WORLD.Split(0, 0).Split(0, 0).Abort(5)")
     assert res.returncode == 5
     assert (
-        "MPI_ABORT was invoked on rank 0 in communicator MPI COMMUNICATOR SPLIT FROM "
-        "MPI_COMM_WORLD with errorcode 5" in res.stderr
+        "MPI_ABORT was invoked on rank 0 in communicator MPI COMMUNICATOR 4 SPLIT FROM 3 "
+        "with errorcode 5" in res.stderr
     )
 
 

@@ -10,10 +10,7 @@ through the ranks' standard input and output.
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,9 +18,9 @@ from typing import Any
 import pytest
 from test_recovery_processes import finish
 
+from by_hand import start_by_hand
 from plait.rendezvous.tcp_store import TCPStoreServer
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = secrets.token_hex(16)
 N = 3
 
@@ -68,31 +65,7 @@ def start(script: str, tmp_path: Path, server: TCPStoreServer, transport: str) -
     head = "import os, signal, sys, threading, time, numpy as np, plait\n"
     head += "comm = plait.init(timeout=60)\ncomm.allreduce(np.ones(4))\n"
     path.write_text(PROLOGUE + head + textwrap.dedent(script))
-    procs = []
-    for r in range(N):
-        env = {
-            **os.environ,
-            "PLAIT_SECRET": SECRET,
-            "PYTHONUNBUFFERED": "1",
-            "PLAIT_RANK": str(r),
-            "PLAIT_SIZE": str(N),
-            "PLAIT_LOCAL_RANK": str(r),
-            "PLAIT_STORE": f"tcp://127.0.0.1:{server.port}",
-            "PLAIT_TRANSPORT": transport,
-            "PLAIT_DUMP_DIR": str(tmp_path / "dumps"),
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(path)],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    return procs
+    return start_by_hand(path, N, server, SECRET, transport, tmp_path / "dumps", stdin=True)
 
 
 def await_line(proc: Any, word: str) -> str:

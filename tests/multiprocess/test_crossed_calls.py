@@ -266,3 +266,32 @@ def test_a_receive_with_a_timeout_of_its_own_may_outlast_a_rank_waiting_for_it(
         "met",
         "polled",
     ], res.stdout
+
+
+def test_a_receive_that_ended_is_no_crossing_later(tmp_path: Path) -> None:
+    """Rank 0's recv stalled (and told rank 1 where it waits), then ended; later rank 1's recv
+    stalled while rank 0 computed outside plait, and rank 1 logged a crossing with the recv
+    rank 0 had long finished: a point-to-point wait's number never says it ended, so its
+    notice stayed on rank 1's board (Note [crossed calls]). An idle thread makes a crossing a
+    logged one rather than an error."""
+    script = """
+        import threading, time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        idle = threading.Event()
+        threading.Thread(target=idle.wait, daemon=True).start()
+        if comm.rank == 0:
+            comm.recv(np.empty(1), 1, tag=1)
+            time.sleep(3)  # computing outside plait, past rank 1's probe period
+            comm.send(np.ones(1), 1, tag=2)
+        else:
+            time.sleep(3)  # late for rank 0's recv, past its probe period
+            comm.send(np.ones(1), 0, tag=1)
+            comm.recv(np.empty(1), 0, tag=2)
+        idle.set()
+        comm.barrier()
+        print(f"done on {comm.rank}", flush=True)
+    """
+    res, _ = plait_run(["-n", "2", "--tag-output"], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert sorted(res.stdout.split()).count("done") == 2, res.stdout
+    assert "waits in recv from rank 1 (tag 1)" not in res.stderr, res.stderr[-2000:]

@@ -208,6 +208,72 @@ def test_one_sided_mismatches_fail_every_live_rank_within_seconds(tmp_path: Path
     assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_op_raising_midway_is_told_to_every_rank(tmp_path: Path, transport: str) -> None:
+    """The rank whose op raised kept a usable communicator and told nobody: its peers
+    blamed a mismatch of collectives 3 s later (Note [errors of a rank's own] in
+    plait._failures). A small call (the straight line over TCP) and a large one, each on a
+    communicator of its own; rank 1 reduces in both algorithms."""
+    script = """
+        import time, numpy as np, plait
+        comm = plait.init(timeout=60)
+        comms = {8: (comm, "recursive_doubling"), 100_000: (comm.split(0), "ring")}
+        def add(a, b, out=None):
+            if comm.rank == 1 and a.size > 1:
+                raise ZeroDivisionError("boom")
+            return np.add(a, b, out=out)
+        op = plait.Op(add, name="add")
+        for n, (c, algorithm) in comms.items():
+            start = time.monotonic()
+            try:
+                c.allreduce(np.ones(n, np.float32), op=op, algorithm=algorithm)
+                got = "finished"
+            except (ZeroDivisionError, plait.CommError) as exc:
+                got = type(exc).__name__ + (" told" if "rank 1 gave up on " in str(exc) else "")
+            try:
+                c.allreduce(np.ones(3))
+                later = "usable"
+            except plait.CommError as exc:
+                later = "unusable" if "unusable after an earlier failure" in str(exc) else (
+                    "told" if "rank 1 gave up on " in str(exc) else repr(exc))
+            print(n, got, later, round(time.monotonic() - start), sep="|", flush=True)
+    """
+    res, _ = plait_run(["-n", "3", "--transport", transport], script, tmp_path)
+    lines = [line.split("|") for line in res.stdout.splitlines()]
+    assert len(lines) == 6, res.stdout + res.stderr[-2000:]
+    failing = [f for f in lines if f[1] == "ZeroDivisionError"]
+    assert sorted(f[0] for f in failing) == ["100000", "8"], res.stdout
+    assert all(f[2] == "unusable" for f in failing), res.stdout
+    for n, got, later, seconds in (f for f in lines if f not in failing):
+        # ranks 0 and 2: told within a probe period or two, in this call or the next
+        assert (got, later) in [("PeerLostError told", "unusable"), ("finished", "told")], n
+        assert int(seconds) < 10, (n, seconds)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_survivors_that_exit_after_a_loss_name_the_rank_lost(
+    tmp_path: Path, transport: str
+) -> None:
+    """Rank 4 dies mid-ring; each survivor's script ends without close(). Each survivor
+    waiting on one that had already ended named that one as lost, down the ring (Note [a
+    peer that told, then left] in plait.runtime.stall)."""
+    script = """
+        import os, signal, threading, numpy as np, plait
+        comm = plait.init(timeout=60)
+        x = np.ones(1 << 16)
+        comm.allreduce(x, algorithm="ring")
+        if comm.rank == 4:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        try:
+            while True:
+                comm.allreduce(x, algorithm="ring")
+        except plait.PeerLostError as exc:
+            print(f"lost {exc.lost_rank}", flush=True)
+    """
+    res, _ = plait_run(["-n", "5", "--enable-recovery", "--transport", transport], script, tmp_path)
+    assert sorted(res.stdout.splitlines()) == ["lost 4"] * 4, res.stdout + res.stderr[-2000:]
+
+
 def test_close_after_error_releases_everything(tmp_path: Path) -> None:
     script = """
         import os, threading, numpy as np, plait

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from by_hand import collect
 from plait.rendezvous.tcp_store import TCPStoreServer
 from ports import free_port_pair
 
@@ -63,20 +64,8 @@ def start_ranks(
 
 def finish(procs: list[subprocess.Popen[str]], timeout: float = 60) -> list[dict | None]:
     """Wait for every rank (killing all at ``timeout``); each rank's RESULT, None if none."""
-    results: list[dict | None] = []
-    logs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            logs.append(f"--- rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}")
-            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-            results.append(json.loads(lines[-1][7:]) if lines else None)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    finish.logs = "\n".join(logs)  # type: ignore[attr-defined]
+    results, logs = collect(procs, timeout)
+    finish.logs = logs  # type: ignore[attr-defined]
     return results
 
 
@@ -783,3 +772,40 @@ def test_agree_on_a_store_that_stopped_answering_raises_by_its_timeout(tmp_path:
         assert kind == "RendezvousError", out
         assert float(seconds) < 8, out  # its 3 s, the last look and a second's slack
         assert "did not answer within" in out, out
+
+
+AGREE_CUT_BY_CLOSE = """
+import threading, time, numpy as np, plait
+comm = plait.init(timeout=30)
+if comm.rank == 1:  # takes no part in the agreement; ends when rank 0 closes
+    try:
+        comm.recv(np.empty(1), 0)
+    except plait.CommError:
+        pass
+else:
+    got = {}
+    def agree():
+        start = time.monotonic()
+        try:
+            comm.agree(1, timeout=20)
+        except plait.CommError as exc:
+            got.update(kind=type(exc).__name__, text=str(exc), took=time.monotonic() - start)
+    waiter = threading.Thread(target=agree)
+    waiter.start()
+    time.sleep(0.5)  # not synchronising: close comes while agree waits for rank 1
+    comm.close()
+    waiter.join()
+    report(**got)
+comm.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_agree_cut_short_by_close_says_so(server: TCPStoreServer, tmp_path: Path) -> None:
+    # It said "the store the ranks met through is unreachable ... it died with rank 0".
+    procs = start_ranks(AGREE_CUT_BY_CLOSE, 2, tmp_path, plait_env(server, 2, "tcp"))
+    res = finish(procs, timeout=45)[0]
+    assert res is not None, finish.logs  # type: ignore[attr-defined]
+    assert res["kind"] == "ClosedError", res
+    assert res["text"] == "rank 0: agree cut short: the communicator was closed", res
+    assert res["took"] < 10, res

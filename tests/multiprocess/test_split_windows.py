@@ -10,7 +10,6 @@ files from ``/dev/shm`` on the way out, which would hide a leak.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import secrets
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from by_hand import collect
 from plait.rendezvous.tcp_store import TCPStoreServer
 from plait.transport.window import GROUP_WINDOW_BYTES
 
@@ -85,21 +85,9 @@ def run_job(script: str, n: int, server: TCPStoreServer, tmp_path: Path) -> list
                 text=True,
             )
         )
-    results: list[dict | None] = []
-    logs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=45)
-            logs.append(f"--- rc {p.returncode}\n{out[-2000:]}\n{err[-3000:]}")
-            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-            results.append(json.loads(lines[-1][7:]) if lines else None)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert glob.glob(f"/dev/shm/plait-{job}-*") == [], "\n".join(logs)
-    run_job.logs = "\n".join(logs)  # type: ignore[attr-defined]
+    results, logs = collect(procs, 45)
+    assert glob.glob(f"/dev/shm/plait-{job}-*") == [], logs
+    run_job.logs = logs  # type: ignore[attr-defined]
     return results
 
 

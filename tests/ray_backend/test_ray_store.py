@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import plait
-from plait.ray._rendezvous import adopt_secret, group_namespace, meet
+from plait.ray._rendezvous import adopt_secret, create, group_namespace, meet
 from plait.ray._store import RayKVStore
 from plait.rendezvous.store import StoreTimeout
 
@@ -126,18 +126,18 @@ def test_secret_is_shared_through_the_store() -> None:
     assert adopt_secret(kv, own) == "mine"  # a secret given to the process is kept
 
 
-def _create(kv: FakeKV, size: int, timeout: float = 10.0) -> list[plait.Communicator]:
+def _create(
+    kv: FakeKV, size: int, timeout: float = 10.0, tokens: list[str] | None = None
+) -> list[plait.Communicator]:
     """Every rank of a group creates it in a thread of its own, as Ray actors would."""
     comms: list[plait.Communicator | None] = [None] * size
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
-            m = meet(kv, r, size, "g", timeout)
-            try:
-                comms[r] = plait.init(rank=r, size=size, store=m.store, timeout=timeout)
-            finally:
-                m.joined()
+            m, comms[r] = create(kv, r, size, "g", timeout)
+            if tokens is not None and r == 0:
+                tokens.append(m.token)
         except BaseException as exc:
             errors.append(exc)
 
@@ -156,7 +156,8 @@ def test_incarnations_meet_under_fresh_tokens_and_leave_nothing_stale() -> None:
     # What a dead earlier incarnation left: an unanswered arrival and keys of its run.
     kv.put("arrive/deadbeef", b"1", True)
     kv.put("run/old/plait/init/host/0", b"ghost", True)
-    comms = _create(kv, 3)
+    tokens: list[str] = []
+    comms = _create(kv, 3, tokens=tokens)
     try:
         out = [np.empty(0)] * 3
 
@@ -173,17 +174,15 @@ def test_incarnations_meet_under_fresh_tokens_and_leave_nothing_stale() -> None:
     finally:
         for c in comms:
             c.close()
-    # The arrivals and answers are gone; the run's keys are under a fresh token.
-    assert not kv.keys("arrive/")
-    assert not kv.keys("ack/")
-    runs = {k.split("/")[1] for k in kv.keys("run/")} - {"old"}
-    assert len(runs) == 1
-    first = runs.pop()
-    comms = _create(kv, 2)  # created again under the same name
+    # Once created, the group keeps nothing in the store: not its own run, not the
+    # arrivals and answers, not what the dead incarnation left.
+    assert kv.data == {}
+    comms = _create(kv, 2, tokens=tokens)  # created again under the same name
     for c in comms:
         c.close()
-    second = {k.split("/")[1] for k in kv.keys("run/")} - {"old", first}
-    assert len(second) == 1
+    assert kv.data == {}
+    assert len(set(tokens)) == 2
+    assert "old" not in tokens
 
 
 def test_forget_deletes_the_incarnation_and_a_missing_rank_0_times_out() -> None:

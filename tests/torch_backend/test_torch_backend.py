@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -27,8 +28,9 @@ import plait.torch  # noqa: E402
 from plait.rendezvous.store import StoreTimeout  # noqa: E402
 from plait.rendezvous.tcp_store import TCPStoreServer  # noqa: E402
 from plait.testing import memory_communicators  # noqa: E402
+from plait.torch import _work  # noqa: E402
 from plait.torch._convert import plait_op, reshaped_out  # noqa: E402
-from plait.torch._work import Lane, PlaitWork, Reworded, globally_named, timed_out  # noqa: E402
+from plait.torch._work import Lanes, PlaitWork, Reworded, globally_named, timed_out  # noqa: E402
 
 R = dist.ReduceOp
 C10D = torch._C._distributed_c10d
@@ -202,10 +204,10 @@ def test_strided_and_reshaped_outputs(world: dist.ProcessGroup) -> None:
 
 # -- work handles --------------------------------------------------------------------------------
 def test_work_over_a_lane_completes_future_and_raises_plaits_error() -> None:
-    lane = Lane("test-lane")
+    lane = Lanes("test-lane")
     release = threading.Event()
     try:
-        task = lane.submit("slow", lambda: release.wait(30))
+        task = lane.submit(0, "slow", lambda: release.wait(30))
         work = PlaitWork("rank 0: test", [task], ["out"], timeout=30)
         future = work.get_future()
         assert not work.is_completed()
@@ -221,7 +223,7 @@ def test_work_over_a_lane_completes_future_and_raises_plaits_error() -> None:
         def fail() -> None:
             raise plait.PeerLostError("rank 1 is gone")
 
-        bad = PlaitWork("rank 0: bad", [lane.submit("fail", fail)], [], timeout=30)
+        bad = PlaitWork("rank 0: bad", [lane.submit(0, "fail", fail)], [], timeout=30)
         with pytest.raises(plait.PeerLostError, match="rank 1 is gone"):
             bad.wait()
         with pytest.raises(plait.PeerLostError):
@@ -235,14 +237,14 @@ def test_work_over_a_lane_completes_future_and_raises_plaits_error() -> None:
 
 def test_reworded_argument_errors_and_plaits_own() -> None:
     """A late argument error is raised in the caller's terms, once; plait's own pass unchanged."""
-    lane = Lane("test-lane")
+    lane = Lanes("test-lane")
 
     def fail(exc: BaseException) -> None:
         raise exc
 
     try:
         late = ValueError("recv_counts disagree")
-        task = lane.submit("late", lambda: fail(late))
+        task = lane.submit(0, "late", lambda: fail(late))
         work = Reworded(task, lambda e: ValueError(f"torch ({e})"))
         with pytest.raises(ValueError, match=r"torch \(recv_counts disagree\)") as first:
             work.wait()
@@ -251,7 +253,7 @@ def test_reworded_argument_errors_and_plaits_own() -> None:
             work.wait(0)
         assert again.value is first.value
         own = plait.UnsupportedError("plait's own")  # a ValueError too, but plait's
-        other = Reworded(lane.submit("own", lambda: fail(own)), lambda e: ValueError("no"))
+        other = Reworded(lane.submit(0, "own", lambda: fail(own)), lambda e: ValueError("no"))
         with pytest.raises(plait.UnsupportedError) as info:
             other.wait()
         assert info.value is own
@@ -260,10 +262,10 @@ def test_reworded_argument_errors_and_plaits_own() -> None:
 
 
 def test_finish_step_runs_once_after_success() -> None:
-    lane = Lane("test-lane")
+    lane = Lanes("test-lane")
     runs: list[int] = []
     try:
-        task = lane.submit("ok", lambda: None)
+        task = lane.submit(0, "ok", lambda: None)
         work = PlaitWork("rank 0: x", [task], [], finish=lambda: runs.append(1), timeout=30)
         work.wait()
         work.wait()
@@ -271,6 +273,134 @@ def test_finish_step_runs_once_after_success() -> None:
         assert runs == [1]
     finally:
         lane.stop(10)
+
+
+# -- lanes (Note [lanes that end]) -------------------------------------------------------------
+def test_a_lane_ends_when_it_runs_empty_and_its_thread_soon_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new key for every task (a tag per message) leaves no lane behind, and the threads
+    go on from lane to lane: each key kept a thread of its own until the group was destroyed."""
+    monkeypatch.setattr(_work, "_LANE_IDLE", 0.2)
+    lanes = Lanes("test-lanes")
+    try:
+        for key in range(300):
+            assert lanes.submit(("send", 1, key), "one", lambda: None).wait(10) is None
+        assert lanes.threads() <= 2  # one that runs them; at most one more still ending
+        deadline = time.monotonic() + 10
+        while (lanes.lanes(), lanes.threads()) != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (lanes.lanes(), lanes.threads()) == (0, 0)
+        assert lanes.submit("again", "after", lambda: 7).wait(10) == 7  # a new thread
+    finally:
+        lanes.stop(10)
+
+
+def test_a_task_submitted_as_its_lane_ends_is_never_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that end at once (no idle wait): every submit races a lane running empty and
+    a worker ending, and every task still runs, each lane's in submission order."""
+    monkeypatch.setattr(_work, "_LANE_IDLE", 0.0)
+    lanes = Lanes("test-lanes")
+    ran: dict[int, list[int]] = {0: [], 1: []}
+    try:
+
+        def submitter(key: int) -> None:
+            for i in range(1500):
+                task = lanes.submit(key, f"task {i}", lambda i=i: ran[key].append(i))
+                if i % 3 == 0:
+                    task.wait(10)  # now and then the lane runs empty right after
+
+        threads = [threading.Thread(target=submitter, args=(k,)) for k in ran]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        last = [lanes.submit(k, "last", lambda: None) for k in ran]
+        for task in last:
+            task.wait(10)
+        assert ran == {0: list(range(1500)), 1: list(range(1500))}
+    finally:
+        lanes.stop(10)
+
+
+def test_a_blocked_lane_holds_up_no_other_and_stop_runs_what_is_queued() -> None:
+    lanes = Lanes("test-lanes")
+    release = threading.Event()
+    blocked = lanes.submit("a", "blocked", lambda: release.wait(30))
+    queued = lanes.submit("a", "queued behind it", lambda: "ran")
+    assert lanes.submit("b", "another lane", lambda: 2).wait(10) == 2
+    assert not blocked.done()
+    threading.Timer(0.1, release.set).start()
+    lanes.stop(10)  # waits for "a" to run empty
+    assert queued.wait(0) == "ran"
+    assert lanes.threads() == 0
+    with pytest.raises(RuntimeError, match="shut down"):
+        lanes.submit("a", "late", lambda: None)
+
+
+def test_a_thread_that_cannot_start_leaves_no_lane_without_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker thread that could not start (threads run out) left its lane registered with
+    no worker: later tasks of that lane queued behind it for good, and stop() raised
+    "cannot join thread before it is started"."""
+    lanes = Lanes("test-lanes")
+    real = threading.Thread.start
+    failed = []
+
+    def start_once_failing(self: threading.Thread) -> None:
+        if self.name.startswith("test-lanes") and not failed:
+            failed.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            lanes.submit("a", "first", lambda: 1)
+        assert (lanes.lanes(), lanes.threads()) == (0, 0)
+        assert lanes.submit("a", "second", lambda: 2).wait(10) == 2
+    finally:
+        lanes.stop(10)
+    assert failed
+
+
+class _FakeWork:
+    """A plait work that ends ``after`` seconds from now, with ``error`` if given."""
+
+    def __init__(self, after: float, error: BaseException | None = None) -> None:
+        self.end = time.monotonic() + after
+        self.error = error
+
+    def done(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def wait(self, timeout: float | None = None) -> None:
+        left = self.end - time.monotonic()
+        if timeout is not None and left > timeout:
+            time.sleep(timeout)
+            raise plait.CommTimeout(f"did not finish within {timeout} s of wait()")
+        time.sleep(max(left, 0.0))
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_coalesced_call_whose_first_collective_failed_raises_once_all_have_ended() -> None:
+    """A coalesced call of several dtypes whose first collective failed raised its error at
+    once, while the next still ran: the work, which reads done() to tell the call's error
+    from its wait's timeout, reported a timeout of the wait in place of the error."""
+    from plait.torch._coalesced import _All
+
+    failed = plait.MismatchError("rank 0: allgather: rank 1 is in a different call")
+    works = [_FakeWork(0.0, failed), _FakeWork(0.3)]
+    pending = _All(works)
+    with pytest.raises(plait.MismatchError):
+        pending.wait(None)
+    assert pending.done()
+    slow = _All([_FakeWork(0.0, failed), _FakeWork(30.0)])
+    with pytest.raises(plait.CommTimeout):  # the wait's own timeout: not the call's error
+        slow.wait(0.1)
+    assert not slow.done()
 
 
 # -- errors of a sub-group: its ranks by their global ranks too ----------------------------

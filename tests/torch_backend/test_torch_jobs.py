@@ -40,15 +40,15 @@ def job_env(**extra: str) -> dict[str, str]:
 @functools.cache
 def plait_run_job(size: int) -> JobResult:
     """DDP against gloo, every call, the errors, the suite's paths, the ``*_object``
-    functions, (fake) CUDA tensors staged through the host and the futures' values against
-    gloo, on ``size`` ranks."""
+    functions, (fake) CUDA tensors staged through the host, the futures' values against
+    gloo and resizable tensors (FSDP against gloo), on ``size`` ranks."""
     cmd = [
         *PLAIT_RUN,
         "-n",
         str(size),
         "--tag-output",
         str(RANKS),
-        "ddp,calls,errors,suite,objects,staging,futures",
+        "ddp,calls,errors,suite,objects,staging,futures,resize",
     ]
     return run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
 
@@ -86,7 +86,9 @@ def test_refused_calls_and_failed_work(size: int) -> None:
 @pytest.mark.parametrize("size", [2, 3])
 def test_what_torchs_own_suite_needs(size: int) -> None:
     """Receive from any source, the CPU device's backend, coalesced calls, "Timed out", sparse
-    all_reduce, and monitored_barrier: what torch's own test suite needs (torch_dist_suite.py)."""
+    all_reduce, and monitored_barrier: what torch's own test suite needs (torch_dist_suite.py).
+    Coalesced all_gather_into_tensor and reduce_scatter_tensor with tensors of several dtypes
+    (refused before), and a tag per message leaving no thread behind (one thread per tag)."""
     passed(plait_run_job(size), "suite", size)
 
 
@@ -110,6 +112,14 @@ def test_futures_hold_what_gloos_hold(size: int) -> None:
     """An async call's future (and ``result()``) holds what gloo's does: ``all_gather`` and
     ``gather`` their output list, ``all_gather_into_tensor`` the output's chunks."""
     passed(plait_run_job(size), "futures", size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_tensors_stay_resizable_and_fsdp_trains(size: int) -> None:
+    """A tensor that went through any call (collectives, point to point, the ``*_object``
+    functions) can be resized afterwards, and FSDP's FULL_SHARD and SHARD_GRAD_OP, which free
+    parameters with ``storage.resize_(0)``, train to gloo's parameters."""
+    passed(plait_run_job(size), "resize", size)
 
 
 def test_monitored_barrier_as_the_last_call() -> None:

@@ -11,6 +11,7 @@ sub-group) are in ``torch_rank_check.py``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -114,6 +115,19 @@ def test_tags_are_apart(three: list[ProcessGroupPlait]) -> None:
     on_1 = three[0].recv_anysource([b], 1)
     on_1.wait()
     assert (float(b[0]), on_1._source_rank()) == (1.0, 1)
+
+
+def test_a_tag_per_message_leaves_no_thread_behind(three: list[ProcessGroupPlait]) -> None:
+    """A new tag for every message (a step number): each (direction, peer, tag) kept a thread
+    until the group was destroyed, 2 x 400 here; now a lane ends once it has run empty."""
+    before = threading.active_count()
+    got = torch.zeros(4)
+    for step in range(400):
+        recv = three[1].recv([got], 0, step)
+        send(three[0], float(step), 1, tag=step).wait()
+        recv.wait()
+        assert float(got[0]) == step
+    assert threading.active_count() - before <= 6  # a sender's and a receiver's, and idle ones
 
 
 def test_a_timed_out_receive_is_withdrawn() -> None:

@@ -11,12 +11,15 @@ Modes (first argument):
     basic   a few calls and a sub-group (for other ways of starting a job:
             torchrun, init_method=file://)
     suite   what torch's own distributed tests need beyond those: the group as
-            the CPU device's backend, coalesced calls and coalescing blocks,
-            timeouts worded as torch's, sparse all_reduce, monitored_barrier
+            the CPU device's backend, coalesced calls and coalescing blocks (with
+            tensors of several dtypes), a tag per message, timeouts worded as
+            torch's, sparse all_reduce, monitored_barrier
     objects torch's *_object functions on plait's object collectives, against
             gloo (the checks are in torch_object_check.py)
     futures what the future of every async collective holds, against gloo (the
             checks are in torch_future_check.py)
+    resize  tensors stay resizable after every kind of call, and FSDP's sharded
+            strategies train as on gloo (the checks are in torch_resize_check.py)
     staging tensors torch sees as CUDA tensors (fake_cuda.py: CPU memory, copies
             into them land on torch.cuda.synchronize) through dist.*: the
             results land in them, written back and synchronised
@@ -31,7 +34,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
@@ -41,6 +46,7 @@ from fake_cuda import FakeCuda, FakeCudaTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch_future_check import check_futures
 from torch_object_check import check_objects
+from torch_resize_check import check_resizable
 
 import plait
 import plait.torch
@@ -548,7 +554,9 @@ def check_basic(size: int, rank: int) -> None:
 
 def check_suite(size: int, rank: int) -> None:
     check_any_source(size, rank)
+    check_a_tag_per_message(size, rank)
     check_device_and_coalesced(size, rank)
+    check_coalesced_dtypes(size, rank)
     check_sparse(size, rank)
     check_monitored_barrier(size, rank)
     check_timeout_wording(size, rank)
@@ -598,6 +606,20 @@ def check_any_source(size: int, rank: int) -> None:
     dist.destroy_process_group(sub)
 
 
+def check_a_tag_per_message(size: int, rank: int) -> None:
+    """A ring of messages, each with a tag of its own, leaves no thread behind: every (peer,
+    tag) kept a helper thread until the group was destroyed, 2 x 300 a rank here."""
+    before = threading.active_count()
+    got = torch.zeros(2)
+    for step in range(300):
+        recv = dist.irecv(got, src=(rank - 1) % size, tag=step)
+        dist.send(torch.full((2,), float(step)), dst=(rank + 1) % size, tag=step)
+        recv.wait()
+        same(got, np.full(2, float(step)), f"message with tag {step}")
+    grew = threading.active_count() - before
+    assert grew <= 6, f"rank {rank}: {grew} more threads after 300 tags"
+
+
 def check_device_and_coalesced(size: int, rank: int) -> None:
     """The group answers for the CPU and CUDA; coalesced calls, and coalescing blocks, work."""
     c10d = dist.distributed_c10d
@@ -634,6 +656,60 @@ def check_device_and_coalesced(size: int, rank: int) -> None:
     work.wait()
     same(pieces, np.arange(2.0 * rank, 2.0 * rank + 2) * size, "reduce_scatter_tensor_coalesced")
     assert pg._get_sequence_number_for_group() > 0
+
+
+#: The dtypes of a coalesced call's tensors, mixed and interleaved (one collective per dtype).
+MIXED = (torch.float32, torch.int64, torch.bfloat16, torch.float32, torch.int64)
+
+
+def check_coalesced_dtypes(size: int, rank: int) -> None:
+    """Coalesced all_gather_into_tensor and reduce_scatter_tensor with tensors of several dtypes,
+    as torch's coalescing manager (blocking and async) and its functional collectives make
+    them: each output as the call on its own would give it, where plait refused the call."""
+    import torch.distributed._functional_collectives as funcol
+
+    def gather_ins() -> list[torch.Tensor]:
+        return [torch.full((j + 1,), float(rank * 10 + j), dtype=d) for j, d in enumerate(MIXED)]
+
+    def gathered(j: int) -> np.ndarray:
+        return np.repeat(np.arange(size) * 10.0 + j, j + 1)
+
+    def scatter_ins() -> list[torch.Tensor]:
+        return [(torch.arange(size * (j + 1)) + rank).to(d) for j, d in enumerate(MIXED)]
+
+    def scattered(j: int) -> np.ndarray:
+        n = j + 1
+        return np.arange(rank * n, rank * n + n) * float(size) + sum(range(size))
+
+    def same_all(got: list[torch.Tensor], want: Callable[[int], np.ndarray], what: str) -> None:
+        for j, (t, d) in enumerate(zip(got, MIXED, strict=True)):
+            assert t.dtype == d, f"{what} [{j}]: dtype {t.dtype}, expected {d}"
+            same(t.float(), want(j), f"{what} [{j}]")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's deprecated names
+        for async_ops in (False, True):
+            ins = gather_ins()
+            outs = [torch.empty(size * t.numel(), dtype=t.dtype) for t in ins]
+            with dist.distributed_c10d._coalescing_manager(async_ops=async_ops) as cm:
+                for o, i in zip(outs, ins, strict=True):
+                    dist.all_gather_into_tensor(o, i)
+            if async_ops:
+                cm.wait()
+            same_all(outs, gathered, f"all_gather_into_tensor coalesced (async {async_ops})")
+            ins = scatter_ins()
+            outs = [torch.empty(t.numel() // size, dtype=t.dtype) for t in ins]
+            with dist.distributed_c10d._coalescing_manager(async_ops=async_ops) as cm:
+                for o, i in zip(outs, ins, strict=True):
+                    dist.reduce_scatter_tensor(o, i)
+            if async_ops:
+                cm.wait()
+            same_all(outs, scattered, f"reduce_scatter_tensor coalesced (async {async_ops})")
+        world = dist.group.WORLD
+        got = funcol.all_gather_into_tensor_coalesced(gather_ins(), world)
+        same_all([funcol.wait_tensor(t) for t in got], gathered, "funcol all_gather coalesced")
+        got = funcol.reduce_scatter_tensor_coalesced(scatter_ins(), "sum", [0] * len(MIXED), world)
+        same_all([funcol.wait_tensor(t) for t in got], scattered, "funcol reduce_scatter coalesced")
 
 
 def check_sparse(size: int, rank: int) -> None:
@@ -772,6 +848,7 @@ def main() -> None:
         "objects": check_objects,
         "staging": check_staging,
         "futures": check_futures,
+        "resize": check_resizable,
     }
     for name in mode.split(","):
         checks[name](size, rank)

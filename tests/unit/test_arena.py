@@ -91,6 +91,30 @@ def test_auto_picks_one_sided_algorithms_only_where_ranks_share_a_window(
     assert run_ranks(2, body, window=window) == [want, want]
 
 
+@pytest.mark.parametrize("size", [3, 4])
+@pytest.mark.parametrize("window", [16, 64, 128])
+def test_auto_goes_through_messages_where_a_window_holds_no_piece(size: int, window: int) -> None:
+    """A window too small for one piece of an arena algorithm (PLAIT_SHM_WINDOW set that
+    low) made ``auto`` pick one for a call that fitted in it, which then refused to run
+    ("cannot hold one piece") on every rank: alltoall, reduce_scatter, scatter."""
+
+    def body(comm: plait.Communicator) -> list[np.ndarray]:
+        p, r = comm.size, comm.rank
+        x = (np.arange(p, dtype=np.clongdouble) + 10 * r).astype(np.clongdouble)
+        return [
+            comm.alltoall(x),
+            comm.reduce_scatter(x),
+            comm.scatter(np.arange(p, dtype=np.float64), root=0),
+            comm.allreduce(np.ones(1)),
+        ]
+
+    for r, (a2a, rs, sc, ar) in enumerate(run_ranks(size, body, window=window)):
+        np.testing.assert_array_equal(a2a, [r + 10 * q for q in range(size)])
+        np.testing.assert_array_equal(rs, [size * r + 10 * sum(range(size))])
+        np.testing.assert_array_equal(sc, [float(r)])
+        np.testing.assert_array_equal(ar, [float(size)])
+
+
 def test_every_collective_agrees_with_numpy_through_small_windows() -> None:
     def body(comm: plait.Communicator) -> list[np.ndarray | None]:
         p, r = comm.size, comm.rank

@@ -487,13 +487,45 @@ def test_torch_tensors_travel_out_of_band_and_arrive_as_the_received_memory(
         assert got.dtype == t.dtype, name
         assert got.shape == t.shape, name
         assert torch.equal(got, t.resolve_conj()), name
-    # the received memory is the tensor's memory
+    # a tensor that was a message of its own arrives in that memory; one inside a larger
+    # message is copied out of it, into storage of its own (Note [out-of-band buffers])
     bases = [_address(m) for m in received]
     ends = [b + m.nbytes for b, m in zip(bases, received, strict=True)]
     ptr = out["f32"].data_ptr()
-    assert any(b <= ptr < e for b, e in zip(bases, ends, strict=True))
+    inside = any(b <= ptr < e for b, e in zip(bases, ends, strict=True))
+    assert inside == (separate_min is not None)
     if separate_min is not None:
         assert ptr in bases
+    for got in out.values():
+        assert got.untyped_storage().nbytes() == got.nbytes  # its own, all of it
+
+
+@pytest.mark.torch
+@SPLITS
+def test_sent_and_received_tensors_stay_resizable(separate_min: int | None) -> None:
+    """Neither the sender's tensors nor the received ones end up with storage torch cannot
+    resize: ``Tensor.numpy()`` marked the sender's so for good, and storage over received
+    memory (``torch.from_numpy``) never is; FSDP frees parameters with
+    ``storage.resize_(0)``."""
+    torch = _torch()
+    tensors = {
+        "big": torch.arange(SEPARATE_MIN // 4 + 10, dtype=torch.float32),  # a message alone
+        "small": torch.arange(2000, dtype=torch.int64),  # out of band, inside the first
+        "tiny": torch.ones(3),  # in the pickle
+        "bf16": torch.ones(1000, dtype=torch.bfloat16),
+        "grad": torch.ones(700, requires_grad=True),
+        "transposed": torch.arange(6000.0).reshape(60, 100).t(),
+    }
+    out, _ = _round_trip(tensors, separate_min)
+    for name, t in [*tensors.items(), *(("received " + k, v) for k, v in out.items())]:
+        plain = t.detach()
+        n = plain.numel()
+        plain.resize_(2 * n)  # raised "Trying to resize storage that is not resizable"
+        storage = plain.untyped_storage()
+        storage.resize_(0)
+        storage.resize_(2 * n * plain.element_size())
+        assert plain.shape == (2 * n,), name
+    assert out["grad"].requires_grad
 
 
 @pytest.mark.torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -209,3 +210,40 @@ def test_the_example_in_the_performance_docs_parses() -> None:
         ("recursive_doubling", None),
         ("ring", 256 << 10),
     ]
+
+
+def test_settings_that_decide_alike_have_one_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # plait.init refused ranks whose rules files differed in section order only, whose
+    # PLAIT_ALGO listed collectives in another order, or whose profiles' notes differed.
+    from plait.selection import model
+    from plait.selection.select import fingerprint, settings
+
+    def print_of(**env: str) -> str:
+        for name in ("PLAIT_ALGO", "PLAIT_RULES", "PLAIT_PROFILE"):
+            monkeypatch.setenv(name, env.get(name, os.devnull if name == "PLAIT_RULES" else ""))
+        if not env.get("PLAIT_PROFILE"):
+            monkeypatch.setenv("PLAIT_PROFILE", str(tmp_path / "none.json"))
+        return fingerprint(settings()).partition(" ")[0]
+
+    one = tmp_path / "one.toml"
+    one.write_text('[[allreduce]]\nalgorithm = "ring"\n[[broadcast]]\nalgorithm = "binomial"\n')
+    two = tmp_path / "two.toml"
+    two.write_text('[[broadcast]]\nalgorithm = "binomial"\n[[allreduce]]\nalgorithm = "ring"\n')
+    assert print_of(PLAIT_RULES=str(one)) == print_of(PLAIT_RULES=str(two))
+    assert print_of(PLAIT_ALGO="allreduce:ring,broadcast:binomial") == print_of(
+        PLAIT_ALGO="broadcast:binomial,allreduce:ring"
+    )
+    noted = model.Profile(model.LinkCost(1.0, 1e-12), measured={"note": "copied"})
+    for name, profile in (("a.json", model.Profile(model.LinkCost(1.0, 1e-12))), ("b.json", noted)):
+        model.save(profile, tmp_path / name)
+    assert print_of(PLAIT_PROFILE=str(tmp_path / "a.json")) == print_of(
+        PLAIT_PROFILE=str(tmp_path / "b.json")
+    )
+    # What decides differently differs.
+    assert print_of(PLAIT_ALGO="allreduce:ring") != print_of(PLAIT_ALGO="allreduce:direct")
+    assert print_of(PLAIT_ALGO="allreduce:ring:0-8K,direct") != print_of(
+        PLAIT_ALGO="allreduce:direct,ring:0-8K"
+    )
+    assert print_of() != print_of(PLAIT_PROFILE=str(tmp_path / "a.json"))

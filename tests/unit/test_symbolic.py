@@ -5,15 +5,22 @@ above (the edge counts behave alike at every p; what a larger p brings is its sh
 every root for rooted collectives at a few positions; rank order for non-commutative
 ops where the algorithm allows them; aliased IN/OUT (``out=x``) where the algorithm claims it;
 and a segmented build. ``prove`` also runs the static checks (bounds, matching
-sends and receives, no deadlock under zero buffering).
+sends and receives, no deadlock under zero buffering), and with ``agreement=True``
+checks that every rank heard from whom it must so that ranks which disagree on the
+call find out (``symbolic.must_hear``: the witness, the root's word, tokens, empty
+calls that meet). The host-aware allreduces are proven on every host layout, with
+slices that cross hosts by recursive doubling and (a wider item) by ring.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 
+from plait.algos import _rooted, hierarchical
 from plait.algos._registry import (
     COLLECTIVES,
     REDUCING,
@@ -21,10 +28,14 @@ from plait.algos._registry import (
     AlgorithmSpec,
     algorithms,
     build_schedule,
+    get,
     specs,
 )
-from plait.schedule.builder import Context, record
-from plait.schedule.symbolic import prove
+from plait.algos.binomial import binomial_bcast, relative_group
+from plait.algos.uneven import uneven_blocks
+from plait.schedule.builder import Builder, Context, HostLayout, record
+from plait.schedule.symbolic import prove, witness
+from plait.schedule.verify import ScheduleError
 
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
 IN_PLACE = {"allreduce", "reduce", "alltoall"}
@@ -67,13 +78,13 @@ def test_postcondition(spec: AlgorithmSpec, size: int) -> None:
     # the ones the plain proof built.
     for count in sizes:
         for root in roots:
-            prove(spec, size, count, root=root, build=build_schedule)
+            prove(spec, size, count, root=root, build=build_schedule, agreement=True)
             if spec.collective in REDUCING and not spec.commutative_only:
                 prove(spec, size, count, root=root, commutative=False, build=build_schedule)
             if spec.in_place and spec.collective in IN_PLACE:
                 prove(spec, size, count, root=root, in_place=True, build=build_schedule)
     if size <= 17 or size == 33:
-        prove(spec, size, BIG_ODD, root=roots[-1], segment=7)
+        prove(spec, size, BIG_ODD, root=roots[-1], segment=7, agreement=True)
 
 
 def test_every_collective_has_algorithms() -> None:
@@ -98,12 +109,10 @@ def layouts(p: int) -> list[list[int] | None]:
 )
 @pytest.mark.parametrize("name", ["hierarchical", "cascade"])
 def test_host_aware_algorithms_on_every_layout(name: str, size: int) -> None:
-    from plait.algos._registry import get
-
     spec = get("allreduce", name)
     for hosts in layouts(size):
         for count in counts(size):
-            prove(spec, size, count, hosts=hosts)
+            prove(spec, size, count, hosts=hosts, agreement=True)
             prove(spec, size, count, hosts=hosts, in_place=True)
         prove(spec, size, BIG_ODD, hosts=hosts, segment=8)
 
@@ -129,7 +138,7 @@ def test_a_call_that_moves_nothing_meets_its_peers(spec: AlgorithmSpec, window: 
         if spec.collective == "alltoallv":
             ctx_counts = [0] * (size * size)
         for root in sorted({0, size - 1}):
-            prove(spec, size, 0, root=root, counts=ctx_counts, window=window)
+            prove(spec, size, 0, root=root, counts=ctx_counts, window=window, agreement=True)
         if size > 1:
             ctx = Context(spec.collective, 0, size, 0, counts=_tuple(ctx_counts), window=window)
             assert record(spec.build, ctx).steps, (spec.name, size)
@@ -137,3 +146,122 @@ def test_a_call_that_moves_nothing_meets_its_peers(spec: AlgorithmSpec, window: 
 
 def _tuple(counts: list[int] | None) -> tuple[int, ...] | None:
     return None if counts is None else tuple(counts)
+
+
+# -- slices that cross hosts by ring ---------------------------------------------------------
+
+#: An item so wide that every slice but an empty one is at least INNER_RD_BYTES.
+WIDE = hierarchical.INNER_RD_BYTES
+#: The window prove gives each rank by default (bytes).
+WINDOW = 1 << 40
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        p if p in QUICK_SIZES else pytest.param(p, marks=pytest.mark.slow)
+        for p in [*range(2, 10), 12, 17, 24, 33]
+    ],
+)
+@pytest.mark.parametrize("name", ["hierarchical", "hierarchical_arena", "cascade_arena"])
+def test_wide_slices_cross_hosts_by_ring_on_every_layout(name: str, size: int) -> None:
+    # Proofs run with one-byte items, so a slice crosses hosts by recursive doubling unless
+    # it is INNER_RD_BYTES or more (hierarchical._cross): the ring across hosts is proven
+    # here, with items that wide, on every layout of more than one host.
+    spec = get("allreduce", name)
+    for hosts in layouts(size)[1:]:
+        for count in (1, size - 1, size + 1, BIG_ODD):
+            prove(spec, size, count, hosts=hosts, itemsize=WIDE, agreement=True)
+            prove(spec, size, count, hosts=hosts, itemsize=WIDE, in_place=True)
+        prove(spec, size, BIG_ODD, hosts=hosts, itemsize=WIDE, segment=8)
+
+
+@pytest.mark.parametrize("name", ["hierarchical", "hierarchical_arena", "cascade_arena"])
+def test_the_item_width_picks_the_inner_algorithm(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wide proofs take the ring across hosts, the narrow ones recursive doubling."""
+    rings: list[int] = []
+    ring = hierarchical._cross_ring
+
+    def counted(b: Builder, *args: Any) -> None:
+        rings.append(b.rank)
+        ring(b, *args)
+
+    monkeypatch.setattr(hierarchical, "_cross_ring", counted)
+    spec = get("allreduce", name)
+    layout = HostLayout([r // 2 for r in range(6)])
+    # 12 elements, 2 ranks on each host: slices of 6, by ring from INNER_RD_BYTES on.
+    edge = -(-hierarchical.INNER_RD_BYTES // 6)
+    for itemsize, want in ((1, False), (edge - 1, False), (edge, True), (WIDE, True)):
+        rings.clear()
+        for r in range(6):
+            record(
+                spec.build, Context("allreduce", r, 6, 12, itemsize, hosts=layout, window=WINDOW)
+            )
+        assert bool(rings) is want, (itemsize, rings)
+
+
+# -- whom a rank must have heard from --------------------------------------------------------
+
+
+class _Recipe(NamedTuple):
+    collective: str
+    name: str
+    build: Callable[[Builder], None]
+
+
+def _without_the_witness(b: Builder) -> None:
+    """broadcast binomial without the witness's message to the root."""
+    ctx = b.ctx
+    binomial_bcast(
+        b, relative_group(ctx.root, ctx.size), (ctx.rank - ctx.root) % ctx.size, b.out, ctx.segment
+    )
+
+
+def _without_tokens(b: Builder) -> None:
+    """allgatherv direct whose ranks without rows send nothing (no token)."""
+    ctx = b.ctx
+    blocks = uneven_blocks(b.out, ctx.block_counts())
+    b.copy(b.inp, blocks[ctx.rank])
+    for q in range(ctx.size):
+        if q != ctx.rank:
+            b.send(q, b.inp)
+            b.recv(q, blocks[q])
+
+
+def _unwrapped(collective: str, name: str) -> _Recipe:
+    """A registered builder without what its wrappers add: the root's word, the meeting of
+    an empty call."""
+    return _Recipe(collective, name, inspect.unwrap(get(collective, name).build))
+
+
+_HEARS_TOO_LITTLE = [
+    (_Recipe("broadcast", "no_witness", _without_the_witness), 3, None, "the root's witness"),
+    (_unwrapped("reduce", "binomial"), 3, None, "the root's word"),
+    (_unwrapped("gather", "binomial"), 3, None, "the root's word"),
+    (_unwrapped("gatherv", "direct"), 0, (2, 0, 1), "the root's word"),
+    (_Recipe("allgatherv", "no_tokens", _without_tokens), 0, (2, 0, 1), "every rank shares"),
+    (_unwrapped("allreduce", "ring"), 0, None, "moves nothing"),
+]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "count", "counts", "rule"),
+    [pytest.param(*case, id=f"{case[0].collective}-{case[0].name}") for case in _HEARS_TOO_LITTLE],
+)
+def test_agreement_catches_a_rank_that_hears_too_little(
+    recipe: _Recipe, count: int, counts: tuple[int, ...] | None, rule: str
+) -> None:
+    # Each result is right without the message that lets ranks which disagree find out:
+    # only the agreement check sees it missing.
+    for root in range(3):
+        prove(recipe, 3, count, root=root, counts=counts)
+        with pytest.raises(ScheduleError, match=rf"can leave before hearing from .*{rule}"):
+            prove(recipe, 3, count, root=root, counts=counts, agreement=True)
+
+
+def test_the_provers_witness_is_the_rank_the_builders_send_from() -> None:
+    for p in range(2, 34):
+        for root in range(p):
+            assert witness(root, p) == _rooted.witness(root, p)

@@ -6,9 +6,11 @@ size a few seeded random count vectors (or alltoallv matrices) are proven:
 all zeros, mostly zeros, small counts with zeros among them, one large odd
 count among small ones, and equal counts; every root at a few positions for
 the rooted ones, rank order for a non-commutative op where the algorithm
-allows it, and a segmented build. With equal counts each builder must record
-exactly its even twin's schedule, which is what lets it carry the twin's
-closed-form cost.
+allows it, and a segmented build; for an algorithm correct in place, every set
+again with ``IN`` and ``OUT`` one memory on each rank where they have one length,
+as an ``out=x`` call runs (and sets where one rank holds every row, so that such a
+rank moves rows). With equal counts each builder must record exactly its even
+twin's schedule, which is what lets it carry the twin's closed-form cost.
 """
 
 from __future__ import annotations
@@ -58,6 +60,30 @@ def count_sets(collective: str, size: int) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(sets))
 
 
+def in_place_sets(collective: str, size: int) -> list[tuple[int, ...]]:
+    """Counts under which ranks' ``IN`` and ``OUT`` have one length, so that an ``out=x``
+    call runs on one memory (:mod:`plait._request` aliases them only where the lengths are
+    equal).
+
+    One rank holds every row (allgatherv and reduce_scatterv: that rank; gatherv and
+    scatterv: the root, whose peers have none), at a few positions; for a matrix, a
+    symmetric one (every rank sends as much as it receives).
+    """
+    uneven = TABLE[collective].uneven
+    assert uneven is not None
+    if uneven.matrix:
+        rng = random.Random(f"{collective}-{size}-in-place")
+        m = [[0] * size for _ in range(size)]
+        for i in range(size):
+            for j in range(i, size):
+                m[i][j] = m[j][i] = rng.choice((0, 3) if i == j else (1, 2, 5))
+        return [tuple(n for row in m for n in row)]
+    return [
+        tuple(size + 1 if q == j else 0 for q in range(size))
+        for j in sorted({0, size // 2, size - 1})
+    ]
+
+
 @pytest.mark.parametrize("size", PROVED_SIZES)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.collective}-{s.name}")
 def test_postcondition(spec: AlgorithmSpec, size: int) -> None:
@@ -66,10 +92,45 @@ def test_postcondition(spec: AlgorithmSpec, size: int) -> None:
     sets = count_sets(spec.collective, size)
     for counts in sets:
         for root in roots:
-            prove(spec, size, 0, root=root, counts=counts)
+            prove(spec, size, 0, root=root, counts=counts, agreement=True)
             if c.reduces and not spec.commutative_only:
                 prove(spec, size, 0, root=root, counts=counts, commutative=False)
     prove(spec, size, 0, root=roots[-1], counts=sets[3 % len(sets)], segment=2)
+    if spec.in_place:
+        # Aliased on every rank whose IN and OUT have one length, as the edge runs out=x.
+        for counts in [*sets, *in_place_sets(spec.collective, size)]:
+            for root in roots:
+                prove(spec, size, 0, root=root, counts=counts, in_place=True)
+
+
+@pytest.mark.parametrize(
+    "spec", [s for s in SPECS if s.in_place], ids=lambda s: f"{s.collective}-{s.name}"
+)
+def test_in_place_proofs_alias_ranks_that_have_rows(spec: AlgorithmSpec) -> None:
+    """The in-place proofs alias memory that holds rows, not only empty buffers."""
+    c = TABLE[spec.collective]
+    for p in range(2, 8):
+        roots = sorted({0, p // 2, p - 1}) if c.rooted else [0]
+        aliased = {
+            r
+            for counts in in_place_sets(spec.collective, p)
+            for root in roots
+            for r in range(p)
+            if (n := c.buffer_counts(p, 0, r, root, counts))[0] == n[1] > 0
+        }
+        assert aliased, (spec.name, p)
+
+
+def test_alltoallv_pairwise_is_wrong_in_place() -> None:
+    # Why it copies its input in place (in_place=False): a block's send from IN and the
+    # receive into OUT at the same place are not ordered.
+    spec = get("alltoallv", "pairwise")
+    assert not spec.in_place
+    for p in (2, 3):
+        (counts,) = in_place_sets("alltoallv", p)
+        prove(spec, p, 0, counts=counts)
+        with pytest.raises(ScheduleError, match="IN and OUT are one memory in place"):
+            prove(spec, p, 0, counts=counts, in_place=True)
 
 
 def test_every_uneven_collective_has_algorithms_and_stays_out_of_listings() -> None:

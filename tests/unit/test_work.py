@@ -214,8 +214,8 @@ def test_an_async_call_that_meets_close_makes_no_worker_close_never_sees(
     [comm] = memory_communicators(1)
     made = Work.__init__
 
-    def closing(self: Work[Any], describe: str) -> None:  # close() runs in the window
-        made(self, describe)
+    def closing(self: Work[Any], describe: str, owner: object = None) -> None:  # close() here
+        made(self, describe, owner)
         comm.close()
 
     monkeypatch.setattr(runner_module, "Work", type("Closing", (Work,), {"__init__": closing}))
@@ -317,3 +317,45 @@ def test_a_lock_taken_as_an_interrupt_came_is_let_go() -> None:
     assert not lock.acquire(blocking=False)
     done.set()
     t.join(10)
+
+
+def test_the_worker_of_a_communicator_dropped_without_close_ends() -> None:
+    # Its thread waited for jobs for the life of the process.
+    import gc
+
+    comm = plait.init()
+    work = comm.allreduce(np.ones(3), async_op=True)
+    assert work.wait().tolist() == [1.0, 1.0, 1.0]
+    worker = comm._runner._worker._worker
+    assert worker is not None
+    thread = worker._thread
+    del comm, work, worker
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_stop_under_the_job_this_thread_runs_for_a_wait_returns() -> None:
+    # A signal handler's close() over Work.wait() landed here: stop joined the worker
+    # thread, which waited for the job suspended under the handler, for good.
+    w = Worker("plait-test")
+    stopped = threading.Event()
+    work = Work[Any]("call")
+
+    def job() -> None:  # the handler, running on the thread that runs the job
+        w.stop()
+        stopped.set()
+        work._finish("done")
+
+    def waiter() -> None:
+        with w._cv:  # the worker thread cannot take the job: the wait runs it
+            w.submit(job, work)
+            w.help(threading.Event())
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    t.join(10)
+    assert stopped.is_set()
+    assert work.wait() == "done"
+    w._thread.join(10)
+    assert not w._thread.is_alive()

@@ -29,6 +29,7 @@ import functools
 
 from plait.algos._cost import Cost
 from plait.algos._registry import register
+from plait.algos._rooted import agree_on_root
 from plait.algos.binomial import relative_group, subtree_size
 from plait.algos.ring import ring_allgather
 from plait.algos.topology import binomial_children, binomial_parent
@@ -69,7 +70,13 @@ def _scatter_depth(s: int, a: float, mb: float) -> float:
 
 @register("broadcast", "scatter_allgather", cost=Cost(broadcast_scatter_allgather))
 def broadcast(b: Builder) -> None:
-    """Binomial scatter of p chunks from the root, then ring allgather: long vectors."""
+    """Binomial scatter of p chunks from the root, then ring allgather: long vectors.
+
+    The witness tells the root it is in the call (Note [rooted calls agree on the root]):
+    with fewer elements than ranks the chunks of all but the first are empty, the root
+    received nothing, and ranks that disagreed on the root each returned as if all was
+    well."""
+    agree_on_root(b)
     ctx = b.ctx
     p, root = ctx.size, ctx.root
     v = (ctx.rank - root) % p

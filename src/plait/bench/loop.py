@@ -235,7 +235,7 @@ def _write_results(spec: SweepSpec, result: dict[str, Any]) -> None:
 def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = None) -> int:
     """Measure every row of ``spec`` for every algorithm; return the worker's exit code."""
     policy = IterationPolicy(**spec.policy)
-    per_round = policy.per_round()
+    per_round = [policy.per_round(r) for r in range(policy.rounds)]
     rows: list[dict[str, Any]] = []
     refused: dict[str, str] = {}  # algorithm -> why this system cannot run it here
     result: dict[str, Any] = {"label": spec.label, "size": backend.size, "info": info or {}}
@@ -255,7 +255,7 @@ def run_sweep(backend: Backend, spec: SweepSpec, info: dict[str, Any] | None = N
                     if algorithm in refused:
                         continue
                     try:
-                        measured = _time_round(backend, spec, point, algorithm, per_round)
+                        measured = _time_round(backend, spec, point, algorithm, per_round[r])
                     except Refused as exc:
                         refused[algorithm] = str(exc)
                         measured_rows = sum(r["requested"] == algorithm for r in rows)

@@ -31,7 +31,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DeprecatedAlias",
@@ -48,6 +51,7 @@ __all__ = [
     "check_outputs",
     "plot_formats",
     "resolve_collective",
+    "resolve_dtype",
     "resolve_sizes",
     "usage",
     "usage_error",
@@ -263,6 +267,31 @@ def check_elements(
     )
 
 
+def resolve_dtype(args: argparse.Namespace, collective: str) -> np.dtype:
+    """The numpy dtype ``-d`` names, refused unless plait can move it.
+
+    Checked before anything that divides by the element size: ``str``, ``U``, ``S``,
+    ``V`` and ``a0`` name dtypes of 0 bytes, which crashed the sizes' arithmetic
+    (a ZeroDivisionError) before the reduction's own check refused them, and a
+    collective that reduces nothing never asked at all (its ranks failed in every
+    call). The barrier moves no data and reads no dtype: any name numpy knows passes.
+
+    Raises:
+        ValueError: a name numpy does not know, or a dtype plait cannot move.
+    """
+    from plait import collectives
+    from plait.bench.data import resolve_dtype as by_name
+    from plait.ops import check_dtype
+
+    dtype = by_name(args.dtype)
+    if not collectives.get(collective).synchronizes:
+        try:
+            check_dtype(dtype)
+        except TypeError as exc:
+            raise ValueError(f"-d {args.dtype}: {exc}") from None
+    return dtype
+
+
 def add_algorithms(parser: argparse.ArgumentParser, dest: str, default: str, text: str) -> None:
     """``-a/--algo`` (``--algorithm`` kept as an alias)."""
     parser.add_argument("-a", "--algo", dest=dest, default=default, metavar="ALGO", help=text)
@@ -311,16 +340,19 @@ def check_outputs(args: argparse.Namespace, *more: str) -> None:
     """Refuse output files that could not be written, before the run, not after it.
 
     ``--json``, ``--csv``, ``--plot`` and the options named in ``more`` (``"trace"``):
-    each file's folder must exist and be writable, the file must not be a folder, and
-    the plot's extension must be a format matplotlib saves (none: matplotlib's PNG).
+    each file's name must not be empty, its folder must exist and be writable, the file
+    must not be a folder, and the plot's extension must be a format matplotlib saves
+    (none: matplotlib's PNG).
 
     Raises:
         ValueError: the first file that could not be written, and why.
     """
     for name in ("json", "csv", "plot", *more):
         path = getattr(args, name, None)
-        if not path:
+        if path is None:
             continue
+        if not path:  # was taken for no file: the run wrote nothing and said nothing of it
+            raise ValueError(f"--{name} '' is empty; expected a file name")
         target = Path(path)
         folder = target.parent
         if target.is_dir():

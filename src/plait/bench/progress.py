@@ -130,8 +130,8 @@ def _row_cost(policy: IterationPolicy, nbytes: int, call: float) -> float:
     Per round: the warm-up, the timed calls (as many as fit in the round's share of
     ``--seconds`` at that speed, or ``--iters``) and the checked call.
     """
-    per = policy.per_round()
-    return policy.rounds * (per.warmup_for(nbytes) + per.iters_for(call) + 1) * call
+    rounds = (policy.per_round(r) for r in range(policy.rounds))
+    return sum(per.warmup_for(nbytes) + per.iters_for(call) + 1 for per in rounds) * call
 
 
 @dataclass

@@ -15,6 +15,13 @@ When the ranks stop because the bench was interrupted (Ctrl-C: the launcher
 exits 130, SIGTERM: 143), the runners raise :class:`Interrupted` with the
 series measured until then, taken from the progress file, so that nothing
 measured is lost.
+
+Ranks that fail before they report anything leave their cause in the lines the
+launcher says on stderr (``rank 0 failed with StoreTimeout: …``); the series'
+error repeats it, since the table's ``# error`` line is all that ``--no-progress``
+and a saved JSON file keep. A launcher that cannot start the ranks (too few file
+descriptors, a limit of the host) fails its series with that one line, as
+``plait run`` says it, not a traceback.
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import IO, Any, cast
 
 from plait.bench.loop import SweepSpec
 from plait.bench.progress import Follower, Live
-from plait.launch import TRANSPORTS, Job, launch, module_command
+from plait.errors import RendezvousError
+from plait.launch import TRANSPORTS, Job, StartError, launch, module_command
 
 __all__ = [
     "INTERRUPT_CODES",
@@ -94,7 +102,7 @@ class RunOptions:
     """How to start every system's ranks, and where their rows go as they are measured."""
 
     nproc: int
-    timeout: float  # seconds per call before a rank gives up
+    timeout: float  # seconds per call before a rank gives up (not plait.init's: its own)
     tmpdir: str
     live: Live | None = None  # None: rows are kept, nothing is printed
 
@@ -125,6 +133,39 @@ def _paths(opts: RunOptions, name: str) -> tuple[str, str, str]:
     return base + ".spec.json", base + ".results.json", base + ".progress"
 
 
+class _Said:
+    """The bench's stderr as the launcher's stream: every line goes on, its own are kept.
+
+    The launcher writes its lines (``plait run: rank 0 failed with …``) and the ranks'
+    stderr here, whole lines at a time, one writer at a time (its relay holds a lock);
+    :meth:`cause` gives the line that names why the ranks failed.
+    """
+
+    def __init__(self, out: IO[str], label: str) -> None:
+        self._out = out
+        self._prefix = f"{label}: "
+        self._partial = ""
+        self.lines: list[str] = []  # the launcher's own, without its label
+
+    def write(self, text: str) -> int:
+        """Pass ``text`` on; keep each whole line of the launcher's own."""
+        self._out.write(text)
+        *whole, self._partial = (self._partial + text).split("\n")
+        self.lines += [ln[len(self._prefix) :] for ln in whole if ln.startswith(self._prefix)]
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the bench's stderr."""
+        self._out.flush()
+
+    def cause(self) -> str | None:
+        """Why the ranks failed, as the launcher said it: the rank that failed and its
+        exception's last line where one was read, else the first line about a rank."""
+        about = [ln for ln in self.lines if ln.startswith("rank ")]
+        failed = [ln for ln in about if " failed with " in ln]
+        return failed[-1] if failed else about[0] if about else None
+
+
 def _launch(
     module: str,
     spec: SweepSpec,
@@ -132,35 +173,46 @@ def _launch(
     opts: RunOptions,
     transport: str | None,
     env: dict[str, str],
-) -> tuple[int, dict[str, Any] | None, float, Live]:
+) -> tuple[int, dict[str, Any] | None, float, Live, str | None]:
     """Run ``module`` on ``opts.nproc`` ranks with ``plait run``'s launcher.
 
     The ranks' stdout goes to the bench's stderr, so that its stdout holds only the table.
-    Returns (exit code, results, seconds, the rows as they came): the exit code is
-    130 if the bench got KeyboardInterrupt meanwhile.
+    Returns (exit code, results, seconds, the rows as they came, why the ranks failed as
+    the launcher said it, else None): the exit code is 130 if the bench got
+    KeyboardInterrupt meanwhile. Ranks that could not be started give code 1, as
+    ``plait run`` exits then, and results that say why, as the ranks' own error would.
     """
     spec.save(spec_path)
-    job = Job(
-        module_command(module, spec_path),
-        nproc=opts.nproc,
-        env=env,
-        transport=transport,
-        timeout=opts.timeout,
-    )
+    # No timeout= here: it would set PLAIT_TIMEOUT, which plait.init reads for its own
+    # deadline too (Note [the bench's timeout] in plait.bench.worker).
+    job = Job(module_command(module, spec_path), nproc=opts.nproc, env=env, transport=transport)
     assert spec.progress is not None
     live = _live(opts)
+    said = _Said(sys.stderr, job.label)
     with Follower(spec.label, spec.progress, live) as follower:
         try:
-            code = launch(job, stdout=sys.stderr)  # 130 when the launcher got SIGINT
+            # 130 when the launcher got SIGINT; it writes to said as to a text stream
+            code = launch(job, stdout=sys.stderr, stderr=cast(IO[str], said))
         except KeyboardInterrupt:  # before or after the launcher watched for it
             code = 130
-    return code, _read(spec.results), follower.seconds, live
+        except (RendezvousError, StartError) as exc:  # a limit of the host: plait run's line
+            return 1, {"rows": [], "error": str(exc)}, follower.seconds, live, None
+    why = said.cause() if code != 0 else None
+    return code, _read(spec.results), follower.seconds, live, why
 
 
-def _series(base: Series, code: int, result: dict[str, Any] | None, seconds: float) -> Series:
+def _series(
+    base: Series,
+    code: int,
+    result: dict[str, Any] | None,
+    seconds: float,
+    why: str | None = None,
+) -> Series:
     s = replace(base, seconds=seconds)
     if result is None:
         s.error = f"the ranks exited with code {code} and reported nothing"
+        if why is not None:
+            s.error += f"; {why}"
         return s
     s.rows = result.get("rows", [])
     s.info = result.get("info", {})
@@ -178,11 +230,13 @@ def _collect(
     result: dict[str, Any] | None,
     seconds: float,
     live: Live,
+    why: str | None = None,
 ) -> list[Series]:
     """One series per requested algorithm; raise :class:`Interrupted` if the run was stopped.
 
     Without a results file (the ranks were stopped, or died) the rows come from
-    the progress file, as they were measured. An algorithm the ranks refused
+    the progress file, as they were measured, and the error ends with ``why``, the
+    launcher's line on why the ranks failed. An algorithm the ranks refused
     (:class:`plait.bench.loop.Refused`) has its reason as its series' error; where
     one algorithm's call failed and stopped the sweep, its series has the error and
     the others say that they stopped with it.
@@ -191,11 +245,13 @@ def _collect(
     refused = result.get("refused", {}) if result is not None else {}
     failed = result.get("failed") if result is not None else None
     for base in bases:
-        s = _series(base, code, result, seconds)
+        s = _series(base, code, result, seconds, why)
         if result is None:
             s.rows = live.series_rows(job, base.requested)
             if s.rows:
                 s.error = f"the ranks exited with code {code} after {len(s.rows)} rows"
+                if why is not None:
+                    s.error += f"; {why}"
         else:
             s.rows = [r for r in s.rows if r.get("requested", "auto") == base.requested]
             if base.requested in refused:  # this algorithm alone could not run here
@@ -220,14 +276,15 @@ def run_plait(spec: SweepSpec, transport: str, opts: RunOptions) -> list[Series]
     label = plait_label(transport)
     spec_path, results, progress = _paths(opts, label)
     spec = replace(spec, results=results, progress=progress, label=label)
-    code, result, seconds, live = _launch(
+    spec = replace(spec, options={**spec.options, "timeout": opts.timeout})
+    code, result, seconds, live, why = _launch(
         "plait.bench.worker", spec, spec_path, opts, transport, {}
     )
     bases = [
         Series("plait", label if algo == "auto" else f"{label} {algo}", transport, algo)
         for algo in spec.algorithms
     ]
-    return _collect(bases, label, code, result, seconds, live)
+    return _collect(bases, label, code, result, seconds, live, why)
 
 
 def plait_label(transport: str) -> str:
@@ -262,8 +319,8 @@ def run_gloo(spec: SweepSpec, opts: RunOptions) -> Series:
     )
     env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     module = "plait.bench.compare.gloo_worker"
-    code, result, seconds, live = _launch(module, spec, spec_path, opts, None, env)
-    return _collect([base], "gloo", code, result, seconds, live)[0]
+    code, result, seconds, live, why = _launch(module, spec, spec_path, opts, None, env)
+    return _collect([base], "gloo", code, result, seconds, live, why)[0]
 
 
 def open_mpi_version() -> tuple[int, ...] | None:

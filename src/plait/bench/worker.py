@@ -2,8 +2,22 @@
 
 Started on every rank by ``plait run``'s launcher, so it meets the others
 with a bare :func:`plait.init` (transport from PLAIT_TRANSPORT), then runs
-the sweep of :mod:`plait.bench.loop`.
+the sweep of :mod:`plait.bench.loop` with ``--timeout`` as its calls' timeout
+(Note [the bench's timeout]).
 """
+
+# Note [the bench's timeout]
+#     ``plait bench --timeout S`` bounds each call, not the rendezvous: plait.init keeps
+#     its own deadline (PLAIT_TIMEOUT where the user set it, else 300 s). The launcher
+#     used to pass S as PLAIT_TIMEOUT, which plait.init reads for both, so that a tiny
+#     call timeout (1e-6) failed every rank in plait.init (a StoreTimeout) and no call was
+#     ever made. The worker sets S as the communicator's default timeout once it is made,
+#     not as each call's ``timeout=``: a call given one leaves plait's short path (it cost
+#     some 24 µs a call on a 2-core machine), which would be measured with it.
+#     The bench's own calls between the timed ones (the agreed number of iterations,
+#     the gathered times) are not timed: they keep the deadline plait.init had, each
+#     given as its ``timeout=``. Under S they raised the error of the bench's broadcast
+#     where a rank was a moment late to it, not of the timed call.
 
 from __future__ import annotations
 
@@ -13,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import plait
+from plait._checks import check_timeout
 from plait.bench.data import Buffers, resolve_dtype
 from plait.bench.loop import Prepared, Refused, SweepSpec, op_by_name, worker_main
 from plait.bench.sweep import Point, selection_bytes
@@ -27,8 +42,10 @@ __all__ = ["PlaitBackend", "main"]
 class PlaitBackend:
     """plait's collectives, bound to the bench's buffers."""
 
-    def __init__(self, comm: plait.Communicator) -> None:
+    def __init__(self, comm: plait.Communicator, own_timeout: float | None = None) -> None:
         self.comm = comm
+        #: the deadline of the bench's own calls (Note [the bench's timeout])
+        self.own_timeout = comm.timeout if own_timeout is None else own_timeout
         self.rank = comm.rank
         self.size = comm.size
         layout = HostLayout.from_names(comm.hosts)
@@ -103,18 +120,24 @@ class PlaitBackend:
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` everywhere."""
-        return int(self.comm.broadcast(np.array([value], np.int64), 0)[0])
+        ints = np.array([value], np.int64)
+        return int(self.comm.broadcast(ints, 0, timeout=self.own_timeout)[0])
 
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         """Every rank's ``row`` stacked on rank 0."""
-        rows: np.ndarray | None = self.comm.gather(np.ascontiguousarray(row, np.float64), 0)
+        row = np.ascontiguousarray(row, np.float64)
+        rows: np.ndarray | None = self.comm.gather(row, 0, timeout=self.own_timeout)
         return rows
 
 
 def _make(spec: SweepSpec) -> tuple[PlaitBackend, dict[str, Any], Callable[[], None]]:
-    comm = plait.init()
+    comm = plait.init()  # its own deadline, not --timeout (Note [the bench's timeout])
+    backend = PlaitBackend(comm)
+    timeout = spec.options.get("timeout")
+    if timeout is not None:
+        comm._runner.timeout = check_timeout(timeout, "--timeout")
     info = {"plait": plait.__version__, "numpy": np.__version__}
-    return PlaitBackend(comm), info, comm.close
+    return backend, info, comm.close
 
 
 def main() -> None:

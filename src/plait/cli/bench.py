@@ -99,7 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limits", action="store_true", help="measure this machine's limits too")
     parser.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds per call before a rank gives up (60)"
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds per call before a rank gives up (60); plait.init keeps its own deadline",
     )
     o.add_progress(
         parser,
@@ -142,6 +145,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
         _usage(args, f"--warmup must be at least 0, not {args.warmup}")
     if args.rounds < 1:
         _usage(args, f"--rounds must be at least 1, not {args.rounds}")
+    if args.iters is not None and args.rounds > args.iters:  # a round of no call: no median
+        _usage(
+            args,
+            f"--rounds {args.rounds} is more than --iters {args.iters}: the rounds share the "
+            "timed calls and each needs one; give fewer rounds or more calls",
+        )
     if not 0 < args.seconds < math.inf:  # NaN and inf too: no count of calls fits them
         _usage(args, f"--seconds must be a number of seconds > 0, not {args.seconds}")
     if not args.timeout > 0:  # NaN too
@@ -160,7 +169,6 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     from plait import collectives
     from plait.algos import get
     from plait.bench import options
-    from plait.bench.data import resolve_dtype
     from plait.bench.loop import op_by_name
     from plait.bench.runner import transports as known_transports
 
@@ -170,7 +178,7 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
         args.begin, args.end, args.factor, sizes = options.resolve_sizes(
             args, _BEGIN, _END, _FACTOR
         )
-        dtype = resolve_dtype(args.dtype)
+        dtype = options.resolve_dtype(args, args.collective)  # before sizes divide by it
         op = op_by_name(args.op)
         options.check_elements(args, args.collective, sizes, dtype.itemsize, args.nproc)
     except ValueError as exc:

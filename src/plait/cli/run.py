@@ -289,6 +289,30 @@ def _check_script(word: str) -> None:
         )
 
 
+def _check_module(name: str) -> None:
+    """Exit 2 if ``-m name``'s top-level package cannot be found where the ranks look
+    (this directory, then Python's path), as ``python -m`` would say on every rank.
+
+    Only the top level is looked up: finding ``a.b`` would import ``a``, running its code
+    in the launcher. The lookup imports nothing.
+    """
+    import importlib.util
+
+    top = name.partition(".")[0]
+    if not top.isidentifier() or top in sys.builtin_module_names:
+        return  # python -m says what is wrong with such a name
+    path = sys.path[:]
+    sys.path.insert(0, os.getcwd())  # as python -m puts the directory it runs in first
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = True  # a finder that cannot tell: the ranks will
+    finally:
+        sys.path[:] = path
+    if not found:
+        _usage_error(f"-m {name}: no module named {top!r} here or on Python's path")
+
+
 def rank_command(args: argparse.Namespace) -> list[str]:
     """The command line every rank runs, from ``-m``, the ``command`` words and ``--no-python``.
 
@@ -301,6 +325,7 @@ def rank_command(args: argparse.Namespace) -> list[str]:
         module = [args.module] if isinstance(args.module, str) else list(args.module)
         if not module or module[0].startswith("-"):
             _usage_error("-m needs a module name")
+        _check_module(module[0])
         return [*module_command(*module, *words)]
     verbatim = bool(words) and words[0] == "--"
     if verbatim:

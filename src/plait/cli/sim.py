@@ -78,6 +78,8 @@ _DEFAULT_GAMMA = 1 / 15e9
 _DEFAULT_DELTA = 1 / 15e9
 #: The defaults of the options both commands have (plait.bench.options resolves them).
 _COLLECTIVE, _BEGIN, _END, _FACTOR, _RANKS = "allreduce", "1K", "64M", 4, 16
+#: The most ranks -n takes (docs/simulator.md, "Scale": 16,384 take seconds to build).
+MAX_RANKS = 1 << 20
 
 
 def _number(text: str) -> float:
@@ -466,12 +468,16 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
     from plait.algos import get
     from plait.algos.in_network import DEFAULT_WINDOW
     from plait.bench import options
-    from plait.bench.data import resolve_dtype
     from plait.bench.loop import op_by_name
     from plait.bench.sweep import parse_size
 
     if args.ranks < 1:
         raise ValueError(f"-n must be at least 1, not {args.ranks}")
+    if args.ranks > MAX_RANKS:  # it built for minutes, silent, then ran out of memory
+        raise ValueError(
+            f"-n {args.ranks} is more ranks than plait sim simulates ({MAX_RANKS:,}: a "
+            "schedule of each rank is built, about 1 µs and a few hundred bytes a step)"
+        )
     notes = []
     _refuse_uneven(args)
     args.collective = options.resolve_collective(args, _COLLECTIVE)
@@ -498,7 +504,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
                 "aggregation memory with --topology switch, fat-tree:K or hosts:K and "
                 "--aggregation BYTES"
             )
-    dtype = resolve_dtype(args.dtype)
+    dtype = options.resolve_dtype(args, c)  # before sizes divide by its size
     least = DEFAULT_WINDOW * dtype.itemsize  # a switch holds segments of a quarter of it
     if aggregation and aggregation < least:
         raise ValueError(

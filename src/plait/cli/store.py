@@ -1,4 +1,4 @@
-"""Serve the built-in rendezvous store until stopped (Ctrl-C or SIGTERM).
+r"""Serve the built-in rendezvous store until stopped (Ctrl-C or SIGTERM).
 
 Ranks started by hand, or by a launcher plait does not know, meet through it when
 each is given PLAIT_STORE=tcp://HOST:PORT. Run apart from the ranks, it outlives any
@@ -8,11 +8,14 @@ who can reach the port, and says so when it listens beyond loopback.
 
 Example:
   PLAIT_SECRET=s3cret plait store --host 0.0.0.0 --port 29600
-  # on each host: PLAIT_STORE=tcp://host0:29600 PLAIT_SECRET=s3cret PLAIT_RANK=r \
-  #   PLAIT_SIZE=4 python train.py
+  # then on each host, for each of its ranks r (0 to 3 in all):
+  PLAIT_STORE=tcp://host0:29600 PLAIT_SECRET=s3cret PLAIT_RANK=r PLAIT_SIZE=4 \
+      python train.py
 """
 
-# The docstring above is `plait store --help`: plain text, no reStructuredText markup.
+# The docstring above is `plait store --help`: plain text, no reStructuredText markup,
+# and raw, so that the example's backslash ends its line there as in a shell (in a plain
+# string it joined the two lines into one).
 
 from __future__ import annotations
 

@@ -57,17 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--show", action="store_true", help="print the decision table instead of measuring"
     )
-    parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks for --show (2)")
+    parser.add_argument("-n", "--nproc", type=int, help="ranks for --show (2)")
     parser.add_argument(
         "--hosts",
         type=int,
-        default=1,
         help="for --show: the ranks split evenly over this many hosts, numbered host by host (1)",
     )
     parser.add_argument(
         "--transport",
         choices=("shm", "tcp"),
-        default="shm",
         help="for --show: shm (the default of plait run: ranks on one host share a window, so "
         "the one-sided algorithms can run) or tcp (messages only)",
     )
@@ -253,7 +251,18 @@ def _show(nproc: int, n_hosts: int = 1, transport: str = "shm") -> int:
 
 
 def _problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the options, or None."""
+    """What is wrong with the options, or None (the --show options' defaults filled in)."""
+    given = [o for o, v in (("-n", args.nproc), ("--hosts", args.hosts)) if v is not None]
+    if args.transport is not None:
+        given.append("--transport")
+    if given and not args.show:  # a measurement would run and ignore them
+        return (
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --show; the "
+            "measurement always runs 2 ranks on this host, over shared memory and TCP"
+        )
+    args.nproc = 2 if args.nproc is None else args.nproc
+    args.hosts = 1 if args.hosts is None else args.hosts
+    args.transport = args.transport or "shm"
     if args.nproc < 1:
         return f"-n must be at least 1, not {args.nproc}"
     if args.hosts < 1:

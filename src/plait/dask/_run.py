@@ -263,6 +263,7 @@ def _check_client(client: Any) -> None:
 def run(
     client: Any,
     fn: Callable[..., Any],
+    /,
     *args: Any,
     workers: Sequence[str] | None = None,
     timeout: float | None = None,
@@ -278,7 +279,8 @@ def run(
     workers)[r]``. ``fn``, ``args`` and ``kwargs`` travel as a task's do
     (cloudpickle); futures among the arguments are replaced by their
     results, as in ``Client.submit``. The keyword arguments of ``run``
-    itself are not passed on.
+    itself are not passed on; ``client`` and ``fn`` are positional-only, so
+    keywords of those names go on to ``fn``.
 
     Args:
         client: a synchronous ``distributed.Client``.

@@ -23,23 +23,44 @@ Note [live stragglers]
     ``comm.stragglers()`` is itself a collective, made when the user asks
     (not on every call, which would cost the recorder its 2 % budget):
 
-    1. ``allreduce(MIN)`` of each rank's newest completed call number, ``hi``
-       (8 bytes); the window is the ``window`` calls up to ``hi``, which every
-       rank has completed;
-    2. :func:`local_row` gives each rank's starts and waits for those calls
-       (``2 * window`` float64s, NaN where a call left its ring), and one
-       ``allgather`` (``2 * window * 8`` bytes per rank: 32 KiB for 2000 calls)
-       brings every rank the table;
-    3. :func:`from_table` computes every rank's lateness, alike on every rank.
+    0. :func:`local_calls` copies from this rank's ring the calls it may
+       measure (completed without error, not one of ``stragglers``' own),
+       before ``stragglers`` makes a call of its own: its calls take places
+       in the ring, and one taken first would push the oldest call out of a
+       full ring before it was read;
+    1. ``allreduce(MIN)`` of each rank's newest such call number, ``hi``, and
+       of the window it asks for, ``n`` (16 bytes): every rank completed the
+       calls up to ``hi``;
+    2. :func:`local_row` gives each rank's last ``n`` of those calls up to
+       ``hi``, as their numbers, starts and waits (``3 * n`` float64s), and
+       one ``allgather`` (``3 * n * 8`` bytes per rank: about 47 KiB for 2000
+       calls) brings every rank the table;
+    3. :func:`from_table` keeps the calls whose numbers are in every rank's
+       row and computes every rank's lateness at them, alike on every rank.
 
-    The two calls are recorded like any other and fall outside the window.
+    The calls are listed by number, not taken as the range ``hi - n + 1 ..
+    hi``: that range would hold the calls of earlier ``stragglers`` calls
+    and calls that failed, which are not measured, and so measure fewer
+    than ``n``. The two calls ``stragglers`` makes are recorded like any
+    other and have the same numbers on every rank, so every rank leaves out
+    the same ones. A call that failed on some ranks only (one whose error
+    left the communicator usable) is in the others' rows but not in every
+    row, so it is left out and the window holds one call fewer.
+
+    What it can measure is what the rings hold: with a ring of ``R`` calls
+    (``PLAIT_RECORDER_SIZE``), at most ``R``, and fewer where the ring holds
+    fewer of the program's completed calls up to ``hi``: each earlier
+    ``stragglers`` call still in it takes two places, each failed call one,
+    and each call a rank completed after ``hi`` one. Each :class:`Lateness`
+    says in ``calls`` how many it measured.
+
     Piggy-backing the start time on existing messages would cost every call
     and needs the transport; the explicit collective costs only its callers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +75,10 @@ __all__ = [
     "OWN_CALLS",
     "SYNCHRONIZING",
     "Lateness",
+    "LocalCall",
     "format_lateness",
     "from_table",
+    "local_calls",
     "local_collectives",
     "local_row",
     "measure",
@@ -172,16 +195,19 @@ def format_lateness(lateness: Sequence[Lateness]) -> list[str]:
     return lines
 
 
-def newest_done(recorder: FlightRecorder) -> int:
-    """The newest call number this rank completed without error (-1: none).
-
-    Step 1 of Note [live stragglers] takes the minimum of this over the ranks.
-    """
-    return max((s.seq for s in recorder.slots() if _measured(s)), default=-1)
-
-
 #: The purpose of the calls ``stragglers`` itself makes, which it never measures.
 OWN_CALLS = "stragglers"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCall:
+    """One call of this rank's ring that ``stragglers`` may measure: its number,
+    collective, wall-clock start and wait (end - start), in seconds."""
+
+    seq: int
+    collective: str
+    start: float
+    wait: float
 
 
 def _measured(slot: Any) -> bool:
@@ -190,42 +216,68 @@ def _measured(slot: Any) -> bool:
     return slot.end > 0 and slot.error is None and slot.shape.within != OWN_CALLS
 
 
-def local_collectives(recorder: FlightRecorder, first: int, n: int) -> list[str]:
-    """The collective of calls ``first .. first+n-1`` ("" where the ring no longer has it)."""
-    names = [""] * n
-    for slot in recorder.slots():
-        k = slot.seq - first
-        if 0 <= k < n:
-            names[k] = slot.shape.collective
-    return names
+def local_calls(recorder: FlightRecorder) -> list[LocalCall]:
+    """The calls of this rank's ring that can be measured, oldest first.
+
+    Step 0 of Note [live stragglers]: taken before ``stragglers`` makes a
+    call, so that its calls push none of these out of a full ring.
+    """
+    return [
+        LocalCall(s.seq, s.shape.collective, recorder.wall(s.start), s.end - s.start)
+        for s in recorder.slots()
+        if s.start and _measured(s)
+    ]
 
 
-def local_row(recorder: FlightRecorder, first: int, n: int) -> np.ndarray:
+def newest_done(calls: Sequence[LocalCall]) -> int:
+    """The newest call number in ``calls`` (from :func:`local_calls`; -1: none).
+
+    Step 1 of Note [live stragglers] takes the minimum of this over the ranks.
+    """
+    return calls[-1].seq if calls else -1
+
+
+def local_collectives(calls: Sequence[LocalCall]) -> dict[int, str]:
+    """The collective of each call of ``calls``, by call number (for :func:`from_table`)."""
+    return {c.seq: c.collective for c in calls}
+
+
+def local_row(calls: Sequence[LocalCall], hi: int, n: int) -> np.ndarray:
     """This rank's part of the live exchange (Note [live stragglers]).
 
-    ``2 * n`` float64s: the wall-clock starts of calls ``first .. first+n-1``,
-    then their waits (end - start); NaN for a call not in the ring or not
-    done.
+    ``3 * n`` float64s: the numbers of the last ``n`` calls of ``calls`` up to
+    number ``hi``, then their wall-clock starts, then their waits (end -
+    start); where there are fewer than ``n``, NaN before them.
     """
-    row = np.full(2 * n, np.nan)
-    for slot in recorder.slots():
-        k = slot.seq - first
-        if 0 <= k < n and slot.start and _measured(slot):
-            row[k] = recorder.wall(slot.start)
-            row[n + k] = slot.end - slot.start
+    chosen = [c for c in calls if c.seq <= hi][-n:] if n > 0 else []
+    row = np.full(3 * n, np.nan)
+    k = n - len(chosen)
+    for i, c in enumerate(chosen, k):
+        row[i] = c.seq
+        row[n + i] = c.start
+        row[2 * n + i] = c.wait
     return row
 
 
 def from_table(
-    table: np.ndarray, first: int, collectives: Sequence[str], *, same_clock: bool
+    table: np.ndarray, collectives: Mapping[int, str], *, same_clock: bool
 ) -> list[Lateness]:
     """Every rank's lateness from the allgathered rows of :func:`local_row`.
 
-    ``table`` has shape (ranks, 2n); ``collectives`` names calls ``first ..
-    first+n-1`` (from this rank's recorder: every rank made the same calls).
+    ``table`` has shape (ranks, 3n). The calls measured are those whose
+    number is in every rank's row: every rank completed them and still holds
+    them. ``collectives`` names calls by number (this rank's, from
+    :func:`local_calls`: every rank made the same calls).
     """
     table = np.asarray(table, dtype=np.float64)
-    n = table.shape[1] // 2
-    starts = table[:, :n].T
-    ends = starts + table[:, n:].T
-    return measure(starts, ends, range(first, first + n), collectives, same_clock=same_clock)
+    ranks, n = table.shape[0], table.shape[1] // 3
+    places = [{int(q): i for i, q in enumerate(row[:n]) if np.isfinite(q)} for row in table]
+    seqs = sorted(set.intersection(*map(set, places))) if places else []
+    starts = np.empty((len(seqs), ranks))
+    waits = np.empty((len(seqs), ranks))
+    for r, (row, where) in enumerate(zip(table, places, strict=True)):
+        at = [where[q] for q in seqs]
+        starts[:, r] = row[n:][at]
+        waits[:, r] = row[2 * n :][at]
+    names = [collectives.get(q, "") for q in seqs]
+    return measure(starts, starts + waits, seqs, names, same_clock=same_clock)

@@ -41,6 +41,7 @@ __all__ = [
     "catches_signal",
     "dump_all",
     "dump_on_error",
+    "dumped_line",
     "install_signal_handler",
     "parse_stall_line",
     "stall_timeout_from_env",
@@ -72,20 +73,49 @@ def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list
     A recorder that cannot be written is logged and skipped: this runs while
     something already went wrong, and must not add an error of its own.
     """
-    written = []
+    return [path for path, _ in _dump_each(reason, recorders)]
+
+
+def _dump_each(
+    reason: str, recorders: list[FlightRecorder] | None
+) -> list[tuple[Path, float | None]]:
+    """:func:`dump_all`'s work: each recorder's file, with None where it was written now,
+    or how many seconds ago its error's dump was written where that dump was kept (so that
+    the line a signal prints says which files it rewrote)."""
+    done: list[tuple[Path, float | None]] = []
     # Without waiting on a lock: this runs in a signal handler, on the main thread, which
     # may hold it (Note [dumps from a signal handler]).
     for rec in live_recorders(wait=False) if recorders is None else recorders:
         try:
-            if time.monotonic() - rec.error_dumped < KEEP_ERROR_DUMP:
-                written.append(rec.path())  # its error's dump says more: left as it is
+            ago = time.monotonic() - rec.error_dumped
+            if ago < KEEP_ERROR_DUMP:
+                done.append((rec.path(), ago))  # its error's dump says more: left as it is
                 continue
-            written.append(rec.dump(reason))
+            done.append((rec.dump(reason), None))
             if rec.timeline is not None:
                 rec.timeline.write(wait=False)  # what led here, in case the process dies next
-        except OSError as exc:
-            _log.warning("rank %d: flight recorder dump failed: %s", rec.rank, exc)
-    return written
+        except Exception as exc:  # a dump never takes the place of what it reports
+            _log.warning("rank %d: flight recorder dump failed: %r", rec.rank, exc)
+    return done
+
+
+def dumped_line(done: list[tuple[Path, float | None]]) -> str | None:
+    """The line a signal's dump prints on stderr (None: no file): the files written, and
+    those that kept an error's dump, which a signal soon after the error leaves as they are
+    (``plait run`` signals the ranks when one fails, just as they dump the error they met):
+    it used to say that those too were dumped to."""
+    written = [str(path) for path, ago in done if ago is None]
+    kept = [
+        f"{path} keeps the dump of the error met {ago:.1f} s ago"
+        for path, ago in done
+        if ago is not None
+    ]
+    parts = []
+    if written:
+        parts.append(f"dumped to {', '.join(written)}")
+    if kept:
+        parts.append(f"not dumped again: {', '.join(kept)}")
+    return f"plait: flight recorder {'; '.join(parts)}" if parts else None
 
 
 # Note [dumps from a signal handler]
@@ -111,8 +141,8 @@ def dump_on_error(recorder: FlightRecorder | None, error: BaseException) -> Path
         if recorder.timeline is not None:
             recorder.timeline.write()
         return path
-    except OSError as exc:
-        _log.warning("rank %d: flight recorder dump failed: %s", recorder.rank, exc)
+    except Exception as exc:  # not only OSError: the error it reports is what the caller raises
+        _log.warning("rank %d: flight recorder dump failed: %r", recorder.rank, exc)
         return None
 
 
@@ -166,9 +196,9 @@ def install_signal_handler(signum: int = signal.SIGUSR1) -> bool:
         previous = signal.getsignal(signum)
 
         def handler(sig: int, frame: FrameType | None) -> None:
-            paths = dump_all(f"signal {signal.Signals(sig).name}")
-            if paths:
-                _say(sys.stderr, f"plait: flight recorder dumped to {', '.join(map(str, paths))}")
+            line = dumped_line(_dump_each(f"signal {signal.Signals(sig).name}", None))
+            if line is not None:
+                _say(sys.stderr, line)
             if callable(previous):
                 previous(sig, frame)
 

@@ -39,6 +39,7 @@ from plait.launch.stall import (
     stall_timeout,
 )
 from plait.launch.watch import RankProcess, adopt_orphans, group_members, stop, watch
+from plait.rendezvous.lost import joined as has_joined
 from plait.rendezvous.lost import report_lost
 from plait.rendezvous.nodes import LOOK_SECONDS, MeetingError, NodeClaim, meet_nodes
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
@@ -46,7 +47,7 @@ from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServ
 
 __all__ = ["TRANSPORTS", "Job", "StartError", "launch", "module_command"]
 
-#: Seconds the launcher tries to file a dead rank in the job's store (Note [lost ranks]).
+#: Seconds the launcher tries to file a rank in the job's store (Note [lost ranks]).
 _FILE_SECONDS = 5.0
 #: The transports a job can force (``PLAIT_TRANSPORT``); ``auto`` lets every rank choose.
 TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
@@ -274,13 +275,18 @@ def _reads_a_terminal() -> bool:
         return False
 
 
+def _event_queue() -> queue.SimpleQueue[tuple[int, int]]:
+    """The queue of an attempt's events: ranks that ended, signals, failures elsewhere."""
+    return queue.SimpleQueue()
+
+
 class _Signals:
     """Signals to the launcher: SIGINT, SIGTERM and SIGHUP remembered and passed to the
     current attempt; SIGUSR1 passed on to its ranks."""
 
     def __init__(self) -> None:
         self.received = 0
-        self.events: queue.Queue[tuple[int, int]] | None = None
+        self.events: queue.SimpleQueue[tuple[int, int]] | None = None
         self.ranks: list[RankProcess] = []  # the current attempt's, as they start
 
     def receive(self, signum: int, _frame: object) -> None:
@@ -330,7 +336,10 @@ def _attempt(
         _rank_env(job, base, first + local, local, address, job_id, secret, restart)
         for local in range(job.nproc)
     ]
-    events: queue.Queue[tuple[int, int]] = queue.Queue()
+    # A SimpleQueue: the signal handler puts into it (_Signals.receive), maybe while this
+    # thread is inside the queue's get, and a Queue's put waited there for the lock its get
+    # held: the launcher hung with its ranks running (two signals close together).
+    events = _event_queue()
     ranks: list[RankProcess] = []
     # The ranks' stall lines make the others dump too; the ranks all share one dump folder.
     note = f"launcher.node{job.node_rank}.json" if job.nnodes > 1 else "launcher.json"
@@ -377,9 +386,12 @@ def _attempt(
             except RuntimeError as exc:  # "can't start new thread": the limit on threads
                 raise StartError(_cannot_start(job, rank, exc)) from exc
         relay.start()
-        # Ranks of other hosts still in plait.init wait on this host's: a rank lost here is
-        # filed for them, with recovery or not (without, they waited out their timeout).
-        filer = _Filer(host, port, secret, relay) if job.enable_recovery or job.nnodes > 1 else None
+        # A rank that exits before it joined plait.init is filed for the others, on every
+        # job (Note [ranks that never joined] in plait.rendezvous.lost). Ranks of other hosts
+        # still in plait.init wait on this host's: a rank lost here is filed for them, with
+        # recovery or not (without, they waited out their timeout).
+        filer = _Filer(host, port, secret, relay, job_id)
+        lost = filer if job.enable_recovery or job.nnodes > 1 else None
         if job.nnodes > 1 and not job.enable_recovery:  # Note [a failure on another host]
             mine = range(first, first + job.nproc)
             elsewhere = Elsewhere(
@@ -391,18 +403,22 @@ def _attempt(
             relay,
             events,
             recovery=job.enable_recovery,
-            on_lost=filer,
+            on_lost=lost,
+            joining=filer,
             before_stop=stalls.dump_before_stop,
             elsewhere=elsewhere,
         )
     finally:
         if elsewhere is not None:
             elsewhere.close()
+        if filer is not None:
+            filer.close()
         signals.events = None
         stop(ranks)
         relay.close(DRAIN_SECONDS)
         if server is not None:
-            if filer is not None and filer.filed and not job.enable_recovery:
+            settled = elsewhere is not None and elsewhere.settled
+            if ((filer is not None and filer.filed) or settled) and not job.enable_recovery:
                 linger(host, port, secret, job.nnodes)  # Note [a failure on another host]
             server.close()
         _cleanup_shm(job_id)
@@ -531,26 +547,87 @@ def _meet_launchers(
 
 
 class _Filer:
-    """Files a rank the launcher saw die in the job's store, for ranks still in
-    ``plait.init`` that wait on it (Note [lost ranks] in :mod:`plait.rendezvous.lost`)."""
+    """Files a rank the launcher saw end in the job's store, for ranks still in
+    ``plait.init`` that wait on it (Note [lost ranks] in :mod:`plait.rendezvous.lost`):
+    a rank lost (called with how it ended), or one that exited before it joined
+    (:meth:`left`, Note [ranks that never joined] there). Each rank is filed once, over
+    one connection kept for the attempt; ``job_id``: the ranks' ``PLAIT_JOB_ID`` (None:
+    :meth:`left` and :meth:`joined` look at nothing)."""
 
-    def __init__(self, host: str, port: int, secret: str, relay: Relay) -> None:
+    def __init__(
+        self, host: str, port: int, secret: str, relay: Relay, job_id: str | None = None
+    ) -> None:
         self.host, self.port, self.secret, self.relay = host, port, secret.encode(), relay
+        self.job_id = job_id
         self.failed = False  # the store did not answer: the next ranks are not tried
-        self.filed = False  # a rank was filed
+        self.unseen = False  # so for the looks at ranks that exit (left, joined)
+        self.filed = False  # a rank was filed lost (not one that only exited early)
+        self._done: set[int] = set()  # ranks filed, either way
+        self._store: TCPStore | None = None
+
+    def _connected(self) -> TCPStore:
+        if self._store is None:
+            self._store = TCPStore(self.host, self.port, secret=self.secret, timeout=_FILE_SECONDS)
+        return self._store
 
     def __call__(self, rank: int, how: str) -> None:
+        if rank in self._done:  # filed as it exited (left)
+            self.filed = True
+            return
         if self.failed:
             return
         try:
-            with TCPStore(self.host, self.port, secret=self.secret, timeout=_FILE_SECONDS) as store:
-                report_lost(store, rank, how)
-            self.filed = True
+            report_lost(self._connected(), rank, how)
         except (CommError, OSError) as exc:  # best effort: the others time out as before
             self.failed = True
+            self.close()
             self.relay.say(
                 f"could not tell the other ranks in the store that rank {rank} {how}: {exc}"
             )
+            return
+        self._done.add(rank)
+        self.filed = True
+
+    def left(self, rank: int, code: int) -> bool:
+        """Rank ``rank`` exited with ``code`` while others still run: file it if it had not
+        joined the job's ``plait.init``; whether it was so filed.
+
+        Best effort and silent: the store may have ended with node 0's launcher, at the end
+        of a job, and a command that never calls ``plait.init`` (``plait run hostname``)
+        has each rank filed without a word, where nobody looks.
+        """
+        if self.failed or self.unseen or rank in self._done or self.job_id is None:
+            return False
+        try:
+            store = self._connected()
+            if has_joined(store, rank):
+                return False
+            report_lost(store, rank, f"exited with code {code} before calling plait.init")
+        except (CommError, OSError):
+            self.unseen = True
+            self.close()
+            return False
+        self._done.add(rank)
+        return True
+
+    def joined(self, rank: int) -> bool:
+        """Whether rank ``rank`` joined the job's ``plait.init`` here (False where the store
+        does not say): a rank that did meets the others in this store."""
+        if self.failed or self.unseen or self.job_id is None:
+            return False
+        try:
+            return has_joined(self._connected(), rank)
+        except (CommError, OSError):
+            self.unseen = True
+            self.close()
+            return False
+
+    def close(self) -> None:
+        """Let go of the store's connection (another call opens one again)."""
+        if self._store is not None:
+            with contextlib.suppress(CommError, OSError):
+                self._store.close()
+            self._store = None
 
 
 def _rank_env(

@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from plait.launch.elsewhere import ELSEWHERE, STOPPED, Elsewhere, exit_code
 from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
@@ -26,6 +27,7 @@ from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
 __all__ = [
     "GRACE_SECONDS",
     "LINGER_SECONDS",
+    "Joining",
     "RankProcess",
     "adopt_orphans",
     "signal_rank",
@@ -91,6 +93,20 @@ class RankProcess:
     strays: frozenset[int] = frozenset()
 
 
+class Joining(Protocol):
+    """What the launcher learns from the job's store about the ranks' ``plait.init``
+    (Note [ranks that never joined] in :mod:`plait.rendezvous.lost`)."""
+
+    def left(self, rank: int, code: int) -> bool:
+        """Rank ``rank`` exited with ``code`` while others still run: whether it had not
+        joined ``plait.init``, and was filed for the ranks that wait on it there."""
+        ...
+
+    def joined(self, rank: int) -> bool:
+        """Whether rank ``rank`` joined ``plait.init`` in the job's store."""
+        ...
+
+
 #: Kinds of failure, most to least likely to have started a job's failure.
 _CAUSE, _EXIT, _SYMPTOM = 0, 1, 2
 #: Seconds to wait after a failure of each kind for a _CAUSE (see Note [which rank started...]).
@@ -122,6 +138,11 @@ def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
     return min(failed, key=key)
 
 
+def _names(line: str, rank: int) -> bool:
+    """Whether an error's line names rank ``rank`` ("rank 2", "rank(s) [2]")."""
+    return re.search(rf"\brank {rank}\b|\brank\(s\) \[{rank}\]", line) is not None
+
+
 def _left_early(
     ranks: Sequence[RankProcess], first: RankProcess, tb: Traceback
 ) -> list[RankProcess]:
@@ -136,8 +157,33 @@ def _left_early(
         if r.exit is not None
         and r.exit[0] == 0
         and r.exit[1] <= first.exit[1]
-        and re.search(rf"\brank {r.rank}\b|\brank\(s\) \[{r.rank}\]", tb.last_line)
+        and _names(tb.last_line, r.rank)
     ]
+
+
+def _never_joined(
+    never: Sequence[RankProcess], first: RankProcess, tb: Traceback, joining: Joining | None
+) -> RankProcess | None:
+    """The rank that started the failure where ``first`` failed of a plait error (a symptom)
+    that names a rank of ``never`` (ranks that exited before they joined ``plait.init``,
+    filed for the others): the first of those by time, if ``first`` itself joined
+    ``plait.init`` in the job's store, else None (Note [ranks that never joined] in
+    plait.rendezvous.lost).
+
+    ``first`` must have joined: a rank that meets its peers through another store (the
+    torch backend, in torch's) leaves no claim in the job's, and a rank of its that
+    exited with 0 after its work would be taken for one that never started.
+    """
+    if first.exit is None or tb.last is None or joining is None:
+        return None
+    named = [
+        r
+        for r in never
+        if r.exit is not None and r.exit[1] <= first.exit[1] and _names(tb.last_line, r.rank)
+    ]
+    if not named or not joining.joined(first.rank):
+        return None
+    return min(named, key=lambda r: r.exit[1] if r.exit is not None else 0.0)
 
 
 def _hung_causes(
@@ -336,14 +382,18 @@ def stop(ranks: Sequence[RankProcess]) -> None:
 def _survivors(
     ranks: Sequence[RankProcess],
     relay: Relay,
-    events: queue.Queue[tuple[int, int]],
+    events: queue.SimpleQueue[tuple[int, int]],
     on_lost: Callable[[int, str], None] | None,
+    joining: Joining | None,
+    never: list[RankProcess],
 ) -> tuple[list[RankProcess], list[RankProcess]]:
     """``--enable-recovery``: wait while ranks exit with 0 or are killed by a signal.
 
     Returns the ranks still running once one exits with a non-zero code (its event is put
     back for :func:`watch`) or all have ended, and those killed by a signal. Each of these
-    is passed to ``on_lost`` (its rank and how it ended) as it is seen.
+    is passed to ``on_lost`` (its rank and how it ended) as it is seen; a rank that exits
+    with 0 is passed to ``joining``, and added to ``never`` where it had not joined
+    ``plait.init``.
     """
     running = list(ranks)
     lost: list[RankProcess] = []
@@ -355,6 +405,8 @@ def _survivors(
         r = next(p for p in running if p.rank == rank)
         running.remove(r)
         r.exit = (code, time.monotonic())
+        if code == 0 and running and joining is not None and joining.left(r.rank, code):
+            never.append(r)
         if code < 0:
             lost.append(r)
             how = _describe(code)
@@ -367,10 +419,11 @@ def _survivors(
 def watch(
     ranks: Sequence[RankProcess],
     relay: Relay,
-    events: queue.Queue[tuple[int, int]],
+    events: queue.SimpleQueue[tuple[int, int]],
     *,
     recovery: bool = False,
     on_lost: Callable[[int, str], None] | None = None,
+    joining: Joining | None = None,
     before_stop: Callable[[dict[int, str], float], str | None] | None = None,
     elsewhere: Elsewhere | None = None,
 ) -> int:
@@ -392,18 +445,28 @@ def watch(
     several hosts) gets every rank of a failed job that did not end well, the ones about to
     be stopped included, for the other hosts' ranks still in ``plait.init``.
 
+    ``joining``: told of every rank that exits by itself while others still run, to file it
+    for them where it had not joined ``plait.init``. A job that then fails of a plait error
+    naming such a rank names it as the rank that started the failure (it exited with 0,
+    say, before calling ``plait.init``, while the others waited there for it: Note [ranks
+    that never joined] in plait.rendezvous.lost), and exits with the code of the rank that
+    failed first.
+
     ``before_stop``: called before a failed job's ranks still running are stopped, with
     how each failed rank ended and when the first did (wall clock; they dump their flight
     recorders), its line said.
 
-    ``elsewhere``: for a job on several hosts, what puts ``(ELSEWHERE, rank)`` on ``events``
-    when a rank of another host failed: this host's ranks are then stopped, and the exit
-    code is that rank's (Note [a failure on another host] in plait.launch.elsewhere).
+    ``elsewhere``: for a job on several hosts, what settles with the other hosts' launchers
+    which rank started a failure, and puts ``(ELSEWHERE, rank)`` on ``events`` when they
+    settled on a rank of another host: this host's ranks are then stopped, and the exit code
+    is that rank's (Notes [a failure on another host] and [which host started a failure] in
+    plait.launch.elsewhere). A failure of this host's is settled so too before it is named.
     """
     by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
+    never: list[RankProcess] = []  # ranks that exited before they joined plait.init
     if recovery:
-        survivors, lost = _survivors(ranks, relay, events, on_lost)
+        survivors, lost = _survivors(ranks, relay, events, on_lost, joining, never)
         running = len(survivors)
         if not survivors:  # every rank ended: with 0, or killed
             if len(lost) < len(ranks):
@@ -412,6 +475,7 @@ def watch(
             return 128 - ended[0] if ended is not None else 1
     deadline = float("inf")
     failed: list[RankProcess] = []
+    ticket: int | None = None  # this host's place among those that failed (plait.launch.elsewhere)
     while running:
         timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
         try:
@@ -419,6 +483,7 @@ def watch(
         except queue.Empty:
             break  # no cause came within the linger
         if rank == ELSEWHERE and elsewhere is not None:
+            elsewhere.seen()
             return _failed_elsewhere(ranks, relay, code, elsewhere.how.get(code, "failed"))
         if rank < 0:  # a signal to the launcher
             relay.say(f"received {_signal_name(-code)}; stopping all ranks")
@@ -427,10 +492,14 @@ def watch(
         r = by_rank[rank]
         r.exit = (code, time.monotonic())
         running -= 1
+        if code >= 0 and running and joining is not None and joining.left(r.rank, code):
+            never.append(r)
         if code == 0:
             continue
         relay.drained(r.rank, DRAIN_SECONDS)  # its traceback, if any, has been read
         failed.append(r)
+        if elsewhere is not None and len(failed) == 1:  # Note [which host started a failure]
+            ticket = elsewhere.ticket()
         kind = _kind(r, relay)
         if kind == _CAUSE:
             break
@@ -445,20 +514,38 @@ def watch(
     rest = "; stopping the other ranks" if running else ""
     if first.exit is None:
         code = 1  # what Python exits with after an uncaught exception
-        relay.say(f"rank {first.rank} raised {_short(tb.last or '?')} but has not exited{rest}")
+        said = f"raised {_short(tb.last or '?')} but has not exited"
     else:
         code = first.exit[0]
         why = f" ({_short(tb.last)})" if tb.last is not None and code > 0 else ""
-        relay.say(f"rank {first.rank} {_describe(code)}{why}{rest}")
+        said = f"{_describe(code)}{why}"
+    # The host whose rank started the failure files it, before the consequences, and every
+    # host names the one the launchers settle on (Note [which host started a failure]).
+    kind = _CAUSE if first.exit is None else _kind(first, relay)
+    early = None if hung or kind != _SYMPTOM else _never_joined(never, first, tb, joining)
+    cause = first
+    if early is not None and early.exit is not None:  # it failed the others' plait.init
+        cause, kind = early, _EXIT
+        said = f"{_describe(early.exit[0])} before calling plait.init (the others waited there)"
+    settle = (
+        elsewhere is not None
+        and ticket is not None
+        and elsewhere.file(ticket, kind, cause.rank, said)
+    )
     if on_lost is not None and not recovery:  # for other hosts' ranks still in plait.init
-        # The failed first: another host's launcher acts on the first it finds (Note [a
-        # failure on another host] in plait.launch.elsewhere).
         for r in ranks:
             if r.exit is not None and r.exit[0] != 0:
                 on_lost(r.rank, _describe(r.exit[0]))
         for r in ranks:
             if r.exit is None:
                 on_lost(r.rank, f"{STOPPED} after rank {first.rank} failed")
+    if settle and elsewhere is not None and ticket is not None:
+        since = min(r.exit[1] for r in failed if r.exit is not None)
+        better_until = since + LINGER_SECONDS if kind == _SYMPTOM else 0.0
+        verdict = elsewhere.verdict(ticket, kind, better_until)
+        if verdict is not None and verdict[0] not in by_rank:
+            return _failed_elsewhere(ranks, relay, *verdict)
+    relay.say(f"rank {cause.rank} {said}{rest}")
     if running and before_stop is not None:
         how = {r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None}
         when = min(r.exit[1] for r in failed if r.exit is not None)
@@ -468,13 +555,16 @@ def watch(
             relay.say(line)
     stop(ranks)
     relay.close(DRAIN_SECONDS)
-    left = _left_early(ranks, first, tb)
+    left = [] if early is not None else _left_early(ranks, first, tb)
     relay.say("the job failed; every rank's exit status:")
     for r in ranks:
-        mark = "   <- started the failure" if r is first and not left else ""
+        mark = "   <- started the failure" if r is cause and not left else ""
+        if r is early:
+            mark += " (exited before calling plait.init)"
         if r in left:
             mark = "   <- exited while the others still needed it"
         relay.say(f"  rank {r.rank}: {_status(r, relay)}{mark}")
     if tb.last is not None and code > 0:
-        relay.say(f"rank {first.rank} failed with {tb.last_line[:300]}")
+        named = f"rank {cause.rank} {said}: " if early is not None else ""
+        relay.say(f"{named}rank {first.rank} failed with {tb.last_line[:300]}")
     return code if code > 0 else 128 - code

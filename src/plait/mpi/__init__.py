@@ -29,7 +29,7 @@ from plait.mpi._comm import Comm, Intracomm, world
 from plait.mpi._datatypes import DATATYPES, IN_PLACE, Datatype, InPlace
 from plait.mpi._errors import ERRORS, Exception, Get_error_class, Get_error_string
 from plait.mpi._ops import OPS, Op
-from plait.mpi._requests import UNDEFINED, Request, Status
+from plait.mpi._requests import REQUEST_NULL, UNDEFINED, Request, Status
 from plait.mpi._unsupported import Unsupported, unsupported
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "MINLOC",
     "PROC_NULL",
     "PROD",
+    "REQUEST_NULL",
     "SUM",
     "THREAD_MULTIPLE",
     "THREAD_SINGLE",
@@ -177,6 +178,9 @@ SHORT_INT = DATATYPES["SHORT_INT"]
 LONG_DOUBLE_INT = DATATYPES["LONG_DOUBLE_INT"]
 
 _finalized = False
+#: Whether MPI counts as started: from import on, but for ``mpi4py.rc.initialize = False``,
+#: until Init (Note [initialising later]).
+_initialized = True
 
 
 def Wtime() -> float:
@@ -205,11 +209,15 @@ def Get_library_version() -> str:
 
 
 def Init() -> None:
-    """Nothing to start: ``COMM_WORLD`` joins the job when first used."""
+    """Nothing to start: ``COMM_WORLD`` joins the job when first used. :func:`Is_initialized`
+    is True from here on (Note [initialising later])."""
+    global _initialized
+    _initialized = True
 
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
     """As :func:`Init`; returns ``THREAD_MULTIPLE`` (calls may come from any thread)."""
+    Init()
     return THREAD_MULTIPLE
 
 
@@ -219,8 +227,20 @@ def Query_thread() -> int:
 
 
 def Is_initialized() -> bool:
-    """True: there is nothing to initialise."""
-    return True
+    """Whether MPI counts as started: True, but for a script that set
+    ``mpi4py.rc.initialize = False`` before its first ``from mpi4py import MPI``, which is
+    False until :func:`Init` or :func:`Init_thread`.
+
+    Note [initialising later]
+        mpi4py starts MPI when ``mpi4py.MPI`` is first imported, unless ``mpi4py.rc``
+        says ``initialize = False``; such a script calls ``MPI.Init()`` itself, often
+        behind ``if not MPI.Is_initialized()``. plait.mpi has nothing to start (the world
+        joins the job on first use), but Is_initialized says what mpi4py's would: the
+        ``mpi4py`` package of ``plait run --mpi4py`` reads ``rc.initialize`` when its
+        ``MPI`` is first imported and, where it is false, sets this False until Init.
+        ``from plait import mpi`` reads no rc: Is_initialized is True.
+    """
+    return _initialized
 
 
 def Finalize() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from plait.errors import MismatchError
 from plait.mpi._datatypes import IN_PLACE, Message, ints, message, vector
+from plait.mpi._errors import mpi_error
 from plait.mpi._ops import OPS, Op, combine_pairs, fields
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ def _rank_prefix(exc: Exception) -> str:
 
 def _scattered(exc: ValueError, call: str, m: Message) -> ValueError:
     """plait's error for a Scatterv ``recvbuf`` off root that is not what root sends this
-    rank (plait says it in bytes of the uint8 view, as ``out``), in MPI's terms; other
+    rank (plait says it in bytes of the uint8 view, as ``out``), in MPI's terms (a shorter
+    one is MPI's truncation error, an ``MPI.Exception`` of class ``ERR_TRUNCATE``); other
     errors as they are. ``recvbuf`` was not written: plait took part with memory of its own.
     """
     found = re.search(r"give this rank (\d+) row", str(exc))
@@ -113,11 +115,12 @@ def _scattered(exc: ValueError, call: str, m: Message) -> ValueError:
         if nbytes > held
         else " (plait.mpi's Scatterv takes exactly what root sends, MPI's a longer recvbuf too)"
     )
-    return ValueError(
+    text = (
         f"{_rank_prefix(exc)}{call}: {why}root sends this rank {sent} ({nbytes} bytes), but "
         f"recvbuf holds {m.count} {name} ({held} bytes){tail}; recvbuf was not written, and "
         "the other ranks have their data"
     )
+    return mpi_error("ERR_TRUNCATE", text) if nbytes > held else ValueError(text)
 
 
 def _disagreeing(exc: ValueError, call: str, s: Message, r: Message) -> ValueError:
@@ -184,7 +187,7 @@ class BufferCollectives:
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         """Root's ``buf`` into every rank's ``buf``."""
-        m = message(buf, "Bcast", what="buf")
+        m = message(buf, "Bcast", what="buf", writes=self._c.rank != root)
         try:
             self._c.broadcast(m.bytes(), root)
         except MismatchError as exc:
@@ -452,7 +455,18 @@ class BufferCollectives:
 
         Off root, ``recvbuf`` must hold exactly what root sends this rank; where it does
         not, the rank still takes part (the others get their data), ``recvbuf`` is not
-        written and ValueError says both sizes in elements of its datatype.
+        written and ValueError says both sizes in elements of its datatype. Root's own
+        ``recvbuf`` may be longer than its block, as MPI's: its start is filled (Note [root's
+        own block]).
+
+        Note [root's own block]
+            Root knows its own count before the call, and used to refuse a ``recvbuf`` of
+            another size then, before it joined the call: the other ranks, already in it,
+            waited for root until their deadline, and the communicator was broken for
+            them. MPI takes a longer buffer and fills its start, so root does that; a
+            shorter one is MPI's truncation error, which root raises once the call is
+            done, as a rank off root does: the others get their data, and root's
+            ``recvbuf`` is not written.
         """
         call = "Scatterv"
         c = self._c
@@ -468,13 +482,26 @@ class BufferCollectives:
             return
         s = vector(sendbuf, c.size, call, "sendbuf")
         x = _pack(s)
+        mine = s.counts[root] * s.extent
+        short = None
         if _in_place(recvbuf):
-            out = np.empty(s.counts[root] * s.extent, np.uint8)
-        else:
+            out = np.empty(mine, np.uint8)
+        else:  # Note [root's own block]
             m = message(recvbuf, call, what="recvbuf")
-            _own_block(m, s, root, call, f"sendbuf's count for root (counts[{root}])")
-            out = m.bytes()
+            if m.count * m.extent >= mine:
+                out = m.bytes()[:mine]
+            else:
+                short, out = m, np.empty(mine, np.uint8)
         c.scatterv(x, s.block_bytes(), root, out=out)
+        if short is not None:
+            n, name = s.counts[root], s.datatype.name
+            raise mpi_error(
+                "ERR_TRUNCATE",
+                f"{call}: message truncated (MPI_ERR_TRUNCATE): root sends itself {n} {name} "
+                f"({mine} bytes), but recvbuf holds {short.count} {short.datatype.name} "
+                f"({short.count * short.extent} bytes); recvbuf was not written, and the "
+                "other ranks have their data",
+            )
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
         """``sendcounts[j]`` elements from ``sdispls[j]`` to rank j; arrivals at ``rdispls``."""

@@ -34,6 +34,8 @@ from typing import Any, NoReturn
 import numpy as np
 
 import plait
+from plait._p2p import _check_rank as check_rank
+from plait._p2p import _check_tag as check_tag
 from plait.mpi._collectives import BufferCollectives
 from plait.mpi._datatypes import DATATYPES, Message, message
 from plait.mpi._errors import MPIValueError, mpi_error, raising_mpi_errors
@@ -62,17 +64,70 @@ def _truncated(call: str, st: plait.Status, m: Message) -> MPIValueError:
     )
 
 
-def _p2p(buf: Any, peer: Any, call: str) -> Message:
-    """The message of a point-to-point call; with ``PROC_NULL`` a None buffer is an empty one,
-    as mpi4py does not read the buffer of a message to or from no process."""
+def _p2p(buf: Any, peer: Any, call: str, writes: bool = False) -> Message:
+    """The message of a point-to-point call (a receive ``writes`` into it: it must be
+    writable); with ``PROC_NULL`` a None buffer is an empty one, as mpi4py does not read the
+    buffer of a message to or from no process."""
     if buf is None and isinstance(peer, int) and peer == plait.PROC_NULL:
         buf = [None, 0, DATATYPES["BYTE"]]
-    return message(buf, call, what="buf")
+    return message(buf, call, what="buf", writes=writes)
 
 
 def _pickled(obj: Any) -> np.ndarray:
     """``obj`` as the bytes mpi4py sends for it (pickle protocol 5, in band)."""
     return np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
+
+
+def c_int(value: Any) -> int:
+    """``value`` as mpi4py reads an argument that is a C int: anything with ``__index__``
+    or ``__int__`` (a float or numpy float is truncated), else TypeError; OverflowError
+    outside a 32-bit int, as mpi4py's messages say."""
+    kind = type(value)
+    if hasattr(kind, "__index__"):
+        n = operator.index(value)
+    elif hasattr(kind, "__int__"):
+        n = int(value)  # ValueError for NaN, as mpi4py
+    else:
+        raise TypeError("an integer is required")
+    if not -(1 << 31) <= n < 1 << 31:
+        raise OverflowError("value too large to convert to int")
+    return n
+
+
+#: The arguments of Comm's methods that mpi4py reads as a C int (Note [C int arguments]).
+_C_INTS = frozenset({"dest", "source", "tag", "sendtag", "recvtag", "root", "errorcode"})
+
+
+def reading_c_ints(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, its arguments named in :data:`_C_INTS` read with :func:`c_int` first,
+    whether passed by position or by name; ``method`` itself where it has none.
+
+    Note [C int arguments]
+        mpi4py reads a rank, a tag, a root and an error code as a C int: a float, a numpy
+        float or a bool is truncated (``size / 2`` is a float in Python 3, and scripts pass
+        it as a root or a destination), a value outside 32 bits raises OverflowError, a
+        string or None TypeError. plait's own calls take ints only, so every public
+        method of Comm reads these arguments so before its body runs: one wrapper, from
+        the method's signature, so that no method (upper or lower case, an alias such as
+        ``Probe`` included) is left out. Split's color and key are C ints too; Split reads
+        them itself.
+    """
+    names = list(inspect.signature(method).parameters)
+    at = frozenset(i for i, name in enumerate(names) if name in _C_INTS)
+    if not at:
+        return method
+    first = min(at)
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > first:
+            args = tuple(c_int(a) if i in at else a for i, a in enumerate(args))
+        for name in kwargs:
+            if name in _C_INTS:
+                kwargs[name] = c_int(kwargs[name])
+        return method(*args, **kwargs)
+
+    return call
 
 
 class Comm(BufferCollectives, metaclass=Unlisted):
@@ -82,18 +137,37 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     (``comm.Compare``) and on the class (``MPI.Comm.Get_parent``, ``MPI.Intracomm``'s) alike.
 
     ``COMM_NULL`` (what ``Split`` gives a rank with ``MPI.UNDEFINED``, and what ``Free``
-    leaves) is false in a boolean context and compares equal to every freed communicator.
+    leaves) is false in a boolean context and compares equal to every freed communicator;
+    ``MPI.Comm()`` is one. ``MPI.Comm(comm)`` (``MPI.Intracomm(comm)``) is a second handle
+    to ``comm``'s communicator (Note [communicator handles]).
+
+    Note [communicator handles]
+        An mpi4py ``Comm`` is a handle: ``MPI.Intracomm(MPI.COMM_WORLD)`` is another Python
+        object for the same communicator, equal to it, and freeing either frees the
+        communicator. plait.mpi keeps what it knows of a communicator in the Comm itself:
+        the plait communicator, or how the world joins the job on first use; the inbox of
+        queued object receives and the lock buffer receives take messages under (Note
+        [threads receiving buffers]); the name. Two objects with copies of these would join
+        the world twice, and match object receives in two inboxes out of MPI's order. So a
+        second handle shares the first one's instance ``__dict__``: every attribute is the
+        communicator's, whichever handle sets it (a join, a ``Free``), with nothing to
+        forward. (plait.mpi's own calls pass a plait communicator, or None for COMM_NULL.)
     """
 
     def __init__(
         self,
-        comm: plait.Communicator | None,
+        comm: plait.Communicator | Comm | None = None,
         name: str = "",
         *,
         join: Callable[[], plait.Communicator] | None = None,
         origin: str = "",
         number: int = -1,
     ) -> None:
+        if isinstance(comm, Comm):  # a second handle (Note [communicator handles])
+            self.__dict__ = comm.__dict__
+            return
+        if comm is None and join is None and not name:
+            name = "MPI_COMM_NULL"  # MPI.Comm(), as mpi4py's: COMM_NULL
         self._comm = comm
         self._name = name
         self._origin = origin  # how an unnamed one was made ("SPLIT FROM MPI_COMM_WORLD")
@@ -156,7 +230,9 @@ class Comm(BufferCollectives, metaclass=Unlisted):
             return NotImplemented
         if not self or not other:
             return not self and not other
-        return self is other or (self._comm is not None and self._comm is other._comm)
+        if self.__dict__ is other.__dict__:  # handles of one (Note [communicator handles])
+            return True
+        return self._comm is not None and self._comm is other._comm
 
     def __hash__(self) -> int:
         return id(self._comm) if self else 0
@@ -173,13 +249,15 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     def Split(self, color: int = 0, key: int = 0) -> Comm:
         """Sub-communicators by ``color``, ordered by ``key``; COMM_NULL for MPI.UNDEFINED.
 
+        ``color`` and ``key`` are read as mpi4py reads a C int (:func:`c_int`).
+
         Raises:
             ValueError: ``color`` is negative but not MPI.UNDEFINED (MPI_ERR_ARG).
+            TypeError, OverflowError: ``color`` or ``key`` is not a number or is outside a
+                C int, as mpi4py raises.
         """
-        # Any integer, numpy's included, as mpi4py reads a color; plait's split refuses others.
-        with contextlib.suppress(TypeError):
-            color = operator.index(color)
-        if isinstance(color, int) and color < 0 and color != UNDEFINED:
+        color, key = c_int(color), c_int(key)
+        if color < 0 and color != UNDEFINED:
             raise mpi_error(
                 "ERR_ARG",
                 f"Split: color={color} is invalid (MPI_ERR_ARG); expected a color >= 0, or "
@@ -188,7 +266,8 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         group = self._c.split(None if color == UNDEFINED else color, key)
         if group is None:
             return Comm(None, "MPI_COMM_NULL")
-        return Comm(group, origin=f"SPLIT FROM {self._label()}", number=next(_NUMBERS))
+        n = next(_NUMBERS)  # as Dup's (Note [communicator numbers])
+        return Comm(group, origin=f"{n} SPLIT FROM {self._number}", number=n)
 
     def _label(self) -> str:
         """The communicator as MPI's messages name it: its name, or, for one Split or Dup
@@ -313,7 +392,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``obj``; a request whose ``wait()`` returns None."""
         data = _pickled(obj)
-        return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=data)
+        return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=data, sends=True)
 
     def recv(
         self,
@@ -404,7 +483,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``buf`` (leave it unchanged until the request is done)."""
         data = _p2p(buf, dest, "Isend").bytes()
-        return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=buf)
+        return Request(self._c.isend(data, dest, tag), inbox=self._box(), keep=buf, sends=True)
 
     def Recv(
         self,
@@ -422,7 +501,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
 
     def _recv(self, buf: Any, source: int, tag: int, status: Status | None, call: str) -> None:
         """:meth:`Recv`, its errors naming ``call`` (Note [threads receiving buffers])."""
-        m = _p2p(buf, source, call)
+        m = _p2p(buf, source, call, writes=True)
         into = m.bytes()
         if source == plait.PROC_NULL:
             if status is not None:
@@ -472,7 +551,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
 
     def Irecv(self, buf: Any, source: int = _ANY_SOURCE, tag: int = _ANY_TAG) -> Request:
         """Start receiving into ``buf``, which must have exactly the message's size."""
-        m = _p2p(buf, source, "Irecv")
+        m = _p2p(buf, source, "Irecv", writes=True)
         box = self._box()
         with self._taking:  # Note [threads receiving buffers]
             if box.busy():  # behind the queued receives it overlaps (Note [object messages])
@@ -492,16 +571,25 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         recvtag: int = _ANY_TAG,
         status: Status | None = None,
     ) -> None:
-        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf`` from ``source``, together."""
+        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf`` from ``source``, together.
+
+        Its receive's arguments are refused before anything is sent, as Open MPI's are: the
+        send went first, and a bad ``source`` or ``recvtag`` left its message for ``dest``
+        to find in a later receive."""
+        _p2p(recvbuf, source, "Sendrecv", writes=True)
+        c = self._c  # plait's checks of a receive's source and tag (Note [MPI's errors])
+        check_rank(source, c.rank, c.size, "Sendrecv", "source", wildcard=True)
+        check_tag(recvtag, c.rank, "Sendrecv", "recvtag", wildcard=True)
         req = self.Isend(sendbuf, dest, sendtag)
         self._recv(recvbuf, source, recvtag, status, "Sendrecv")
         req.Wait()
 
 
-# Every public method raises a bad rank, tag or root as MPI's error (Note [MPI's errors]).
+# Every public method reads its ranks, tags and roots as mpi4py does (Note [C int
+# arguments]) and raises a bad one as MPI's error (Note [MPI's errors]).
 for _name, _method in {**vars(BufferCollectives), **vars(Comm)}.items():  # Comm's win
     if not _name.startswith("_") and inspect.isfunction(_method):
-        setattr(Comm, _name, raising_mpi_errors(_method))
+        setattr(Comm, _name, raising_mpi_errors(reading_c_ints(_method)))
 del _name, _method
 
 Intracomm = Comm
@@ -526,8 +614,8 @@ def _join_world() -> plait.Communicator:
 #     MPI_ABORT's line: "MPI COMMUNICATOR 3 DUP FROM 0". COMM_WORLD is 0 and COMM_SELF 1;
 #     each Split (for a rank that gets a group) and Dup takes the next, from 3, in the order
 #     this process makes them, as Open MPI's do in a program whose ranks make the same
-#     communicators. A Dup's label says its number and its parent's; a Split's says its
-#     parent's name, as before.
+#     communicators. A Dup's or Split's label says its number and its parent's ("MPI
+#     COMMUNICATOR 4 SPLIT FROM 3"), as Open MPI's does, whatever names the parent has.
 _NUMBERS = itertools.count(3)
 
 #: The names of the communicators MPI makes, which a program may not free.

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from plait.mpi._errors import MPIBufferError
 from plait.mpi._unsupported import Unlisted, unsupported
 
 __all__ = [
@@ -101,8 +102,10 @@ class Datatype(metaclass=Unlisted):
         return 0, self.extent
 
     def Get_name(self) -> str:
-        """MPI's name of the type, e.g. ``MPI_DOUBLE``."""
-        return f"MPI_{self.name}"
+        """MPI's name of the type, e.g. ``MPI_DOUBLE``: the C name that mpi4py gives, where
+        its Python name is another for the same type (``LONG_LONG``: ``MPI_LONG_LONG_INT``,
+        ``TWOINT``: ``MPI_2INT``, ``BOOL``: ``MPI_C_BOOL``)."""
+        return f"MPI_{_MPI_NAMES.get(self.name, self.name)}"
 
     def __repr__(self) -> str:
         return f"<plait.mpi.Datatype {self.name} ({self.dtype})>"
@@ -181,6 +184,20 @@ _PAIRS: dict[str, Any] = {
     "LONG_DOUBLE_INT": np.longdouble,
 }
 
+#: What ``Get_name`` says, after ``MPI_``, where it is not the Python name: mpi4py's names
+#: for one type share its handle, and Open MPI names the handle so.
+_MPI_NAMES: dict[str, str] = {
+    "SIGNED_SHORT": "SHORT",
+    "SIGNED_INT": "INT",
+    "UNSIGNED_INT": "UNSIGNED",
+    "SIGNED_LONG": "LONG",
+    "LONG_LONG": "LONG_LONG_INT",
+    "SIGNED_LONG_LONG": "LONG_LONG_INT",
+    "BOOL": "C_BOOL",
+    "C_FLOAT_COMPLEX": "C_COMPLEX",
+    "TWOINT": "2INT",
+}
+
 #: Every datatype by its mpi4py name (``DOUBLE``, ``DOUBLE_INT``, ...).
 DATATYPES: dict[str, Datatype] = {name: Datatype(name, dt) for name, dt in _SCALARS.items()}
 for _name, _value in _PAIRS.items():
@@ -217,8 +234,16 @@ def datatype_of(dtype: np.dtype) -> Datatype:
     return Datatype(str(dtype), dtype)
 
 
-def _memory(buf: Any, call: str) -> np.ndarray:
-    """``buf`` as a numpy array over its own memory (no copy); C-contiguous, as MPI's are."""
+def _memory(buf: Any, call: str, what: str = "", writes: bool = False) -> np.ndarray:
+    """``buf`` as a numpy array over its own memory (no copy), contiguous (in C or Fortran
+    order: its elements are then taken in memory order, as mpi4py takes them) and, where
+    the call ``writes`` into it, writable.
+
+    Raises:
+        TypeError: not a buffer.
+        MPIBufferError: a BufferError, as mpi4py raises, and a ValueError, as plait.mpi
+            raised: a strided buffer, or a read-only one the call writes into.
+    """
     if buf is None:  # where mpi4py reads None as MPI.IN_PLACE, the calls never get here
         raise TypeError(
             f"{call}: None is not a buffer here (mpi4py reads a bare None as MPI.IN_PLACE, "
@@ -239,10 +264,15 @@ def _memory(buf: Any, call: str) -> np.ndarray:
                 f"{call}: a {type(buf).__name__} is not a buffer; pass a numpy array "
                 f"(the lowercase methods take Python objects)"
             ) from None
-    if not a.flags.c_contiguous:
-        raise ValueError(
-            f"{call}: the buffer is not C-contiguous (plait.mpi's buffers must be; a "
-            "Fortran-ordered or strided array: pass np.ascontiguousarray(x), and copy back)"
+    if not (a.flags.c_contiguous or a.flags.f_contiguous):
+        raise MPIBufferError(
+            f"{_named(call, what)} the buffer is not contiguous (a strided view, such as "
+            "x[:, 0] or x[::2]); pass np.ascontiguousarray(x), and copy back what is received"
+        )
+    if writes and not a.flags.writeable:
+        raise MPIBufferError(
+            f"{_named(call, what)} the buffer is read-only, but this call writes into it; "
+            "pass a writable array"
         )
     return a
 
@@ -314,7 +344,9 @@ def _split(spec: Any, call: str) -> tuple[Any, list[Any], Datatype | None]:
     return spec, [], None
 
 
-def _resolve(buf: Any, dt: Datatype | None, call: str) -> tuple[np.ndarray, Datatype]:
+def _resolve(
+    buf: Any, dt: Datatype | None, call: str, what: str, writes: bool
+) -> tuple[np.ndarray, Datatype]:
     """The buffer's bytes and its datatype (given, or read from the array).
 
     ``[None, 0, datatype]`` is mpi4py's empty message (MPI_BOTTOM with no elements): no
@@ -322,12 +354,12 @@ def _resolve(buf: Any, dt: Datatype | None, call: str) -> tuple[np.ndarray, Data
     """
     if buf is None and dt is not None:
         return np.empty(0, np.uint8), dt
-    a = _memory(buf, call)
+    a = _memory(buf, call, what, writes)
     if dt is None:  # the buffer's own type (it was bytes for all but numpy arrays)
         dt = DATATYPES["BYTE"] if isinstance(buf, bytes | bytearray) else datatype_of(a.dtype)
     elif dt.is_pair and a.dtype.names is not None and len(a.dtype.names) == 2:
         dt = Datatype(dt.name, a.dtype, dt.size)  # the array's own layout (Note [datatypes])
-    return a.reshape(-1).view(np.uint8), dt
+    return a.reshape(-1, order="A").view(np.uint8), dt  # "A": in memory order, no copy
 
 
 def _int(value: Any, what: str, call: str) -> int:
@@ -394,22 +426,28 @@ def _check_fits(m: Message, call: str, what: str = "", blocks: int = 1) -> Messa
     return m
 
 
-def message(spec: Any, call: str, *, blocks: int = 1, what: str = "") -> Message:
+def message(
+    spec: Any, call: str, *, blocks: int = 1, what: str = "", writes: bool = False
+) -> Message:
     """Read a plain specification: ``buf``, ``[buf, datatype]``, ``[buf, count, datatype]``,
     ``[buf, (count, displ), datatype]`` or ``[buf, count, displ, datatype]``. A count of
     None is the whole buffer from the displacement on, as mpi4py reads it.
 
     With ``blocks`` > 1 (the receive buffer of Gather, Allgather and Alltoall, the send
     buffer of Scatter and Alltoall) the count is per block and defaults to the buffer's
-    elements divided by ``blocks``; every block must lie within the buffer. ``what``
-    names the buffer in errors (``sendbuf``, ``recvbuf``).
+    elements from the displacement on divided by ``blocks`` (mpi4py's ``(n - displ) //
+    blocks``); every block must lie within the buffer. ``what`` names the buffer in errors
+    (``sendbuf``, ``recvbuf``). The call writes into a ``recvbuf``, and into a buffer read
+    with ``writes`` (Bcast's off root, a receive's): it must be writable.
 
     Raises:
         TypeError: not a buffer, or a misplaced datatype.
-        ValueError: a non-contiguous buffer, or counts past its end.
+        MPIBufferError: a BufferError and a ValueError: a strided buffer, or a read-only
+            one the call writes into.
+        ValueError: counts past the buffer's end.
     """
     buf, rest, dt = _split(spec, call)
-    raw, dt = _resolve(buf, dt, call)
+    raw, dt = _resolve(buf, dt, call, what, writes or what == "recvbuf")
     if len(rest) == 1 and isinstance(rest[0], list | tuple):
         rest = list(rest[0])
     if len(rest) > 2:
@@ -419,12 +457,19 @@ def message(spec: Any, call: str, *, blocks: int = 1, what: str = "") -> Message
         count = _int(rest[0], "count", call)
     else:  # none given, or None (mpi4py's too): the whole buffer, from the displacement on
         total = _whole(raw, dt, call)
-        if total % blocks:
+        left = total - displ  # per block with blocks > 1, as mpi4py: (n - displ) // blocks
+        if left < 0:
             raise ValueError(
-                f"{_named(call, what)} {total} elements of {dt.name} do not split into "
+                f"{_named(call, what)} the displacement {displ} is past the buffer's end "
+                f"({total} elements of {dt.name})"
+            )
+        if left % blocks:
+            after = f" after the displacement {displ}" if displ else ""
+            raise ValueError(
+                f"{_named(call, what)} {left} elements of {dt.name}{after} do not split into "
                 f"{blocks} blocks"
             )
-        count = total // blocks - (displ if blocks == 1 else 0)
+        count = left // blocks
     if count < 0 or displ < 0:
         raise ValueError(f"{call}: counts and displacements must be >= 0")
     m = Message(raw, dt, [count], [displ])
@@ -435,25 +480,29 @@ def message(spec: Any, call: str, *, blocks: int = 1, what: str = "") -> Message
 def vector(spec: Any, size: int, call: str, what: str = "") -> Message:
     """Read a ``v`` specification: ``[buf, counts, displs, datatype]``, ``[buf, counts,
     datatype]`` (blocks back to back), ``[buf, (counts, displs), datatype]``; a single int
-    count is every rank's, and a plain buffer is split evenly. ``what`` names the buffer
-    in errors.
+    count is every rank's, and no counts (none given, or None) split the buffer as mpi4py
+    does (Note [counts of a buffer alone]). ``what`` names the buffer in errors; a
+    ``recvbuf`` must be writable, as in :func:`message`.
 
     Raises:
         TypeError, ValueError: as :func:`message`, and counts that are not ``size`` long.
+
+    Note [counts of a buffer alone]
+        A ``v`` buffer given without counts holds ``n`` elements; mpi4py gives rank ``i``
+        ``n // size`` of them, and one more to each of the first ``n % size`` ranks, back
+        to back: 5 elements on 2 ranks are blocks of 3 and 2. A script that sizes each
+        rank's part so (``n // size + (n % size > rank)``) passes the whole buffer alone.
+        plait.mpi refused any ``n`` that ``size`` does not divide.
     """
     buf, rest, dt = _split(spec, call)
-    raw, dt = _resolve(buf, dt, call)
+    raw, dt = _resolve(buf, dt, call, what, what == "recvbuf")
     if len(rest) == 1 and isinstance(rest[0], tuple) and len(rest[0]) == 2:
         rest = list(rest[0])  # (counts, displs), as mpi4py reads a pair: (2, None) too
     if len(rest) > 2:
         raise TypeError(f"{call}: a vector specification is [buf, counts, displs, datatype]")
-    if not rest:
+    if not rest or rest[0] is None:  # Note [counts of a buffer alone]
         total = _whole(raw, dt, call)
-        if total % size:
-            raise ValueError(
-                f"{_named(call, what)} {total} elements of {dt.name} do not split into {size}"
-            )
-        counts = [total // size] * size
+        counts = [total // size + (total % size > i) for i in range(size)]
     elif isinstance(rest[0], int | np.integer):
         counts = [int(rest[0])] * size
     else:

@@ -13,8 +13,9 @@ Note [MPI's errors]
     An Irecv that a longer message fails raises :class:`TruncatedError`, which is also
     the MismatchError plait's own receive raises there. Errors mpi4py raises as
     TypeError or ValueError itself (a buffer specification it cannot read, counts that
-    disagree) stay what they are. The error classes have Open MPI's numbers, which
-    mpi4py on Open MPI reports.
+    disagree) stay what they are; a buffer it raises BufferError for (strided, or read-only
+    where the call writes) is an :class:`MPIBufferError`, a BufferError and a ValueError.
+    The error classes have Open MPI's numbers, which mpi4py on Open MPI reports.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "Exception",
     "Get_error_class",
     "Get_error_string",
+    "MPIBufferError",
     "MPIValueError",
     "TruncatedError",
     "mpi_error",
@@ -122,6 +124,12 @@ class Exception(builtins.RuntimeError):
 class MPIValueError(Exception, ValueError):
     """A bad argument MPI refuses with an error class (Note [MPI's errors]): caught by
     ``except MPI.Exception`` and by ``except ValueError``."""
+
+
+class MPIBufferError(builtins.BufferError, builtins.ValueError):
+    """A buffer that cannot be used as it is: not contiguous, or read-only where the call
+    writes into it. mpi4py raises BufferError; plait.mpi raised ValueError, which scripts
+    may catch, so it is both."""
 
 
 class TruncatedError(MPIValueError, MismatchError):

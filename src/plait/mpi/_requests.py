@@ -20,7 +20,7 @@ from plait.mpi._unsupported import Unlisted, lacking
 if TYPE_CHECKING:
     from plait.mpi._inbox import Inbox, _Pending
 
-__all__ = ["UNDEFINED", "Request", "Status", "as_call"]
+__all__ = ["REQUEST_NULL", "UNDEFINED", "Request", "Status", "as_call"]
 
 #: mpi4py's ``MPI.UNDEFINED`` (Open MPI's value): a count that is not whole, a split color.
 UNDEFINED = -32766
@@ -136,29 +136,57 @@ class Request(metaclass=Unlisted):
 
     ``Wait``/``Test`` (capitalised) return True and a flag; ``wait``/``test`` return the
     received object too (None for sends and buffer receives), as in mpi4py.
+
+    ``MPI.Request()`` is a null request, as :data:`REQUEST_NULL`: a wait returns at once
+    with an empty status, and the waits of several pass it over. A request whose
+    completion was handed out is one too: it compares equal to ``REQUEST_NULL`` and is
+    false, as mpi4py's (whose requests are not hashable either).
     """
 
-    __slots__ = ("_inbox", "_into", "_keep", "_pending", "_req", "_spent")
+    __slots__ = ("_inbox", "_into", "_keep", "_pending", "_req", "_sends", "_spent")
     __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
 
     def __init__(
         self,
-        req: plait.Request[Any] | None = None,
+        req: plait.Request[Any] | Request | None = None,
         *,
         inbox: Inbox | None = None,
         pending: _Pending | None = None,
         keep: Any = None,
         into: Message | None = None,
+        sends: bool = False,
     ) -> None:
+        if isinstance(req, Request):  # MPI.Request(r): a second handle to r's request
+            for name in Request.__slots__:
+                setattr(self, name, getattr(req, name))
+            return
         self._req = req
+        self._sends = sends  # a send's: its status says no message (Note [a send's status])
         self._inbox = inbox
         self._pending = pending
         self._keep = keep  # the bytes of an isend, alive until it is done
         self._into = into  # an Irecv's buffer, for its errors in MPI's terms
         # Its completion was handed out (by a wait, a test that found it done, waitany,
         # testany, waitall or testall): mpi4py's request is then MPI.REQUEST_NULL, which a
-        # later wait returns at once with an empty status, and waitany passes over.
-        self._spent = False
+        # later wait returns at once with an empty status, and waitany passes over. A
+        # request of nothing (MPI.Request(), REQUEST_NULL) is one from the start.
+        self._spent = req is None and pending is None
+
+    def __bool__(self) -> bool:
+        return not self._spent
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        if self is other or (self._spent and other._spent):
+            return True
+        if self._spent or other._spent:
+            return False
+        self._adopt()
+        other._adopt()
+        return self._req is other._req and self._pending is other._pending
+
+    __hash__ = None  # type: ignore[assignment]  # equal when null: unhashable, as mpi4py's
 
     def _deadline(self) -> float:
         assert self._inbox is not None
@@ -172,11 +200,24 @@ class Request(metaclass=Unlisted):
             self._req, self._pending = p.req, None
 
     def _finish(self, status: Status | None) -> Any:
+        """The request's result, done; ``status`` filled with what it received.
+
+        Note [a send's status]
+            MPI fills a status for received messages only: a wait or test of a send
+            leaves source ``PROC_NULL``, tag ``ANY_TAG`` and count 0 there, as mpi4py's
+            do on Open MPI. plait's send request has a status of its own (the peer, the
+            tag, the bytes), which plait.mpi handed on, so a script that waited on sends
+            and receives with one list of statuses read sends as received messages.
+        """
         if self._pending is not None:
             self._pending.status._copy_to(status)
             return self._pending.value
         if self._req is not None and status is not None:
-            status._from(self._req.status)
+            if self._sends:
+                status._fill(plait.PROC_NULL, plait.ANY_TAG, 0)
+                status.error = 0
+            else:
+                status._from(self._req.status)
         return None
 
     def _null(self, status: Status | None) -> None:
@@ -296,7 +337,9 @@ class Request(metaclass=Unlisted):
     cancel = Cancel
 
     def Free(self) -> None:
-        """Forget the request (it still completes)."""
+        """Forget the request: it still completes, and this handle is ``REQUEST_NULL``
+        from now on, as mpi4py's."""
+        self._spent = True
 
     free = Free
 
@@ -429,3 +472,8 @@ class Request(metaclass=Unlisted):
                     q._inbox.complete(q._pending, time.monotonic() + _SLICE)  # type: ignore
             else:  # every plain request is done already, or none is a transport's
                 time.sleep(_SLICE)
+
+
+#: mpi4py's ``MPI.REQUEST_NULL``: a request of nothing, done from the start; a list of
+#: requests may hold it where nothing was posted.
+REQUEST_NULL = Request()

@@ -34,7 +34,7 @@ import plait
 from plait import _tensor
 from plait.communicator import DEFAULT_TIMEOUT, default_timeout
 from plait.errors import UnsupportedError
-from plait.ray._rendezvous import Meeting, adopt_secret, group_namespace, job_namespace, meet
+from plait.ray._rendezvous import Meeting, adopt_secret, create, group_namespace, job_namespace
 from plait.ray._store import RayKeyValue
 from plait.runtime.work import check_timeout
 
@@ -178,16 +178,11 @@ class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to m
         adopt_secret(RayKeyValue(job_namespace(job)))
         host = str(getattr(context, "gcs_address", "") or "").rpartition(":")[0].strip("[]")
         kv = RayKeyValue(group_namespace(job, group_name))
-        self._meeting: Meeting = meet(kv, rank, world_size, group_name, seconds, host=host or None)
-        try:
-            self.communicator: plait.Communicator = plait.init(
-                rank=rank, size=world_size, store=self._meeting.store, timeout=seconds
-            )
-        except BaseException:
-            self._meeting.joined()
-            self._meeting.forget()
-            raise
-        self._meeting.joined()
+        self._meeting: Meeting
+        self.communicator: plait.Communicator
+        self._meeting, self.communicator = create(
+            kv, rank, world_size, group_name, seconds, host=host or None
+        )
 
     def __repr__(self) -> str:
         return f"<plait.ray.PlaitGroup {self.group_name!r} rank {self.rank} of {self.world_size}>"
@@ -203,7 +198,11 @@ class PlaitGroup(BaseGroup):  # type: ignore[misc]  # Ray's classes are Any to m
         return True
 
     def destroy_group(self) -> None:
-        """Close the communicator; rank 0 deletes the incarnation's keys. Local, never blocks."""
+        """Close the communicator; delete what is left of the incarnation's keys. Local.
+
+        Any member may delete them, rank 0 or not (it may be the one that died):
+        Note [the keys of a finished incarnation] in :mod:`plait.ray._rendezvous`.
+        """
         self.communicator.close()
         self._meeting.forget()
 

@@ -8,21 +8,93 @@ Note [one incarnation of a Ray group]
     each incarnation meets under a fresh random token, and only rank 0 makes
     it; the other ranks learn it from rank 0 in a way that cannot be stale:
 
-    1. Rank r > 0 draws a fresh nonce, writes ``arrive/<nonce>`` and waits
-       for ``ack/<nonce>``, which holds the token.
-    2. Rank 0 draws the token and, until every rank has joined it (while
-       ``plait.init`` waits for them), answers every ``arrive/<nonce>`` it
-       finds with ``ack/<nonce>``.
-    3. Every rank runs ``plait.init`` on a store whose keys all start with
-       ``run/<token>/``; rank 0 then deletes the arrivals it answered (every
-       live rank read its answer before joining) and, when the group is
-       destroyed, everything under ``run/<token>/``.
+    1. Rank r > 0 draws a fresh nonce, writes ``arrive/<nonce>`` (its rank
+       and world size) and waits for ``ack/<nonce>/<token>``, which names the
+       token; once it has read it, it deletes both.
+    2. Rank 0 draws the token, writes an arrival of its own (for Note
+       [members that disagree]) and, until every rank has joined it (while
+       ``plait.init`` waits for them), answers every other ``arrive/<nonce>``
+       it finds with ``ack/<nonce>/<token>``.
+    3. Every rank says its rank and world size under the token
+       (``run/<token>/ray/member/<rank>/<size>/<nonce>``; rank 0 before it
+       answers anyone) and runs ``plait.init`` on a store whose keys all start
+       with ``run/<token>/``.
 
     A nonce is new, so its answer comes from a rank 0 that is creating the
     group now; a token is new, so nothing under it predates the incarnation.
-    Arrivals left by processes that died waiting are answered by the next
-    rank 0 and deleted with the rest. All of this lives in the namespace
-    ``plait/<job id>/<group name>`` of Ray's internal key-value store.
+    All of this lives in the namespace ``plait/<job id>/<group name>`` of
+    Ray's internal key-value store. Note [the keys of a finished incarnation]
+    says when the keys go.
+
+Note [members that disagree]
+    Two actors given one rank, or members given different world sizes,
+    would each wait until the timeout for a rank that never comes. So each
+    member looks, as it joins and then at every poll while ``plait.init``
+    waits (the store's ``on_poll``), at what is fresh and can only come from
+    members creating the group now, never at an arrival (one may be left by
+    a process that died waiting, maybe of an incarnation of another size):
+
+    - the members' keys under the token: a world size not its own, or two
+      nonces of one rank, and it marks the incarnation failed
+      (``run/<token>/ray/failed``, put-if-absent, the reason as the value)
+      and raises. Rank 0's key is there before anyone knows the token, so a
+      member told another world size than rank 0 fails as it joins.
+    - ``run/<token>/ray/failed``: another member found a disagreement; it
+      raises with that member's reason.
+    - the answers to its own fresh nonce: two answers (a rank r > 0), or one
+      with another token (rank 0, whose arrival only another rank 0
+      answers), mean two rank 0s creating the group now. It marks both
+      tokens failed and raises.
+
+    Every member that can tell fails within a poll (50 ms at most) and the
+    others at their next; a rank 0 that fails so keeps its answers to
+    arrivals still waiting, so that they join, read the mark and fail too.
+    A member that fails deletes its own member key, so it may try again. A
+    member that comes after the group was created with all of its members
+    (a second rank 0 or a second rank 1 that started late) still waits out
+    its timeout: nobody answers it any more, and nothing fresh says why.
+
+Note [the keys of a finished incarnation]
+    ``plait.init`` needs the store until every rank has connected, and a rank
+    whose ``init`` has returned does not know that the others' have: one may
+    still read a peer's address. So creating the group ends with a barrier on
+    the new communicator. Once it has passed, no member of the incarnation
+    reads the store again (the communicator is given the store as an object,
+    so no recovery thread watches it), and rank 0 deletes everything under
+    ``run/<token>/``, the arrivals it answered (and their answers: arrivals
+    left by processes that died waiting are among them) and the keys of the
+    incarnations it found under ``run/`` when it began. Those are finished:
+    created, so their members no longer read them, or failed, so they never
+    will be: one name is one group at a time, and an incarnation still being
+    created when this one began would have had a second rank 0 creating the
+    group beside this one's. An incarnation begun after this one is not among
+    them.
+
+    A rank 0 that dies between the barrier and its deletions leaves the keys;
+    so each member deletes ``run/<token>/`` again when it destroys the group
+    (after the barrier, so no member needs them; deleting twice is
+    harmless). Nothing depends on rank 0 living until the group is destroyed.
+
+    A creation that fails leaves ``run/<token>/`` as it is: the other members
+    are still waiting there, and what a failing rank filed for them
+    (Note [ranks that gave up] in :mod:`plait.rendezvous.lost`) must reach
+    them. The next incarnation's rank 0 deletes it (above). A rank 0 that
+    fails stops answering and deletes its arrival and the arrivals it
+    answered, but for those still waiting where the incarnation is marked
+    failed (Note [members that disagree]).
+
+Note [groups are created in one order]
+    Creating a group is a collective call: it returns once every member has
+    made it, and a process creates one group at a time (the actor's call
+    blocks, and Ray holds its lock of the process's groups meanwhile). An
+    actor that creates A then B beside one that creates B then A waits in A
+    for the other, which waits in B for it, until the timeout (Ray's gloo
+    groups do the same). Every member must create its groups in the same
+    order. Nothing can tell this from a member that is only late: the member
+    missing from A has written nothing of A yet, and nothing of B says that
+    it will join A. So the timeout says it, as one of the causes (a note on
+    the StoreTimeout). Destroying a group is local: groups are destroyed in
+    any order.
 
 Note [the job's secret]
     plait authenticates its TCP connections with PLAIT_SECRET
@@ -41,13 +113,22 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import NoReturn
 
+import plait
 from plait.errors import RendezvousError
 from plait.ray._store import KeyValue, RayKVStore, poll_until
 from plait.rendezvous.store import StoreTimeout
 
-__all__ = ["Meeting", "adopt_secret", "group_namespace", "job_namespace", "meet"]
+__all__ = ["Meeting", "adopt_secret", "create", "group_namespace", "job_namespace", "meet"]
+
+#: Said with every timeout of a group's creation (Note [groups are created in one order]).
+_CROSSED = (
+    "Ray group {name!r}: if a member is creating another group first, it waits there for "
+    "this group's members as they wait here for it (a process creates one group at a time): "
+    "create the groups in the same order on every member"
+)
 
 
 def job_namespace(job_id: str) -> str:
@@ -80,37 +161,151 @@ class Meeting:
     Attributes:
         store: the store ``plait.init`` meets through (prefix ``run/<token>/``).
         token: the incarnation's token.
+        nonce: this rank's arrival.
     """
 
-    def __init__(self, kv: KeyValue, store: RayKVStore, token: str, rank: int) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        store: RayKVStore,
+        token: str,
+        rank: int,
+        size: int,
+        group_name: str,
+        nonce: str,
+        older: Iterable[str] = (),
+    ) -> None:
         self.kv = kv
         self.store = store
         self.token = token
         self.rank = rank
+        self.size = size
+        self.group_name = group_name
+        self.nonce = nonce
         self._answered: set[str] = set()
+        self._older = set(older) - {token}  # rank 0: incarnations found when it began
+        self._doomed = False  # the incarnation is marked failed (Note [members that disagree])
+        self._space = f"run/{token}/ray/"  # the members' own keys (plait.init's are beside)
+        self._member = f"{self._space}member/{rank}/{size}/{nonce}"
 
-    def answer(self) -> None:
-        """Rank 0: answer every arrival not answered yet with the token."""
-        for key in self.kv.keys("arrive/"):
-            nonce = key.removeprefix("arrive/")
-            if nonce not in self._answered:
-                self.kv.put(f"ack/{nonce}", self.token.encode(), True)
-                self._answered.add(nonce)
+    def enter(self) -> None:
+        """Say this member's rank and world size under the token, then begin to check."""
+        self.kv.put(self._member, b"", True)
+        self.store.on_poll = self.check
+
+    def check(self) -> None:
+        """Rank 0: answer new arrivals; every rank: raise if the members disagree.
+
+        Runs while this rank waits in ``plait.init`` (Note [members that disagree]).
+
+        Raises:
+            RendezvousError: two actors were given one rank, the members different
+                world sizes, or another member found either.
+        """
+        if self.rank == 0:
+            for key in self.kv.keys("arrive/"):
+                nonce = key.removeprefix("arrive/")
+                if nonce not in self._answered and nonce != self.nonce:
+                    self.kv.put(f"ack/{nonce}/{self.token}", self.token.encode(), True)
+                    self._answered.add(nonce)
+            others = {k.rpartition("/")[2] for k in self.kv.keys(f"ack/{self.nonce}/")}
+            others.discard(self.token)
+            if others:
+                self._fail(_rank_twice(self.group_name, 0), others)
+        keys = self.kv.keys(self._space)
+        if f"{self._space}failed" in keys:
+            self._doomed = True
+            told = self.kv.get(f"{self._space}failed")
+            raise RendezvousError(
+                told.decode() if told else f"Ray group {self.group_name!r}: a member gave up"
+            )
+        members: dict[int, set[str]] = {}
+        sizes: dict[int, str] = {}
+        for key in keys:
+            kind, _, rest = key.removeprefix(self._space).partition("/")
+            parts = rest.split("/")
+            if kind != "member" or len(parts) != 3 or not parts[0].isdigit():
+                continue
+            members.setdefault(int(parts[0]), set()).add(parts[2])
+            sizes[int(parts[0])] = parts[1]
+        if set(sizes.values()) - {str(self.size)}:
+            sizes[self.rank] = str(self.size)
+            said = ", ".join(f"rank {r}: {n}" for r, n in sorted(sizes.items()))
+            self._fail(
+                f"Ray group {self.group_name!r}: its members were given different world "
+                f"sizes ({said}): every member must pass the same world_size"
+            )
+        for rank, nonces in sorted(members.items()):
+            if len(nonces) > 1:
+                self._fail(_rank_twice(self.group_name, rank))
 
     def joined(self) -> None:
-        """``plait.init`` returned (or failed): stop answering, delete what was answered."""
+        """Every member has joined (the creation's barrier passed): rank 0 deletes the keys.
+
+        Note [the keys of a finished incarnation]: the incarnation's, the answered
+        arrivals, and the keys of the incarnations found when this one began.
+        """
         self.store.on_poll = None
-        for nonce in self._answered:
+        if self.rank == 0:
+            for nonce in self._answered | {self.nonce}:
+                with contextlib.suppress(Exception):
+                    self.kv.delete(f"arrive/{nonce}")
+                    self.kv.delete(f"ack/{nonce}/", by_prefix=True)
             with contextlib.suppress(Exception):
+                self.store.clear()
+            for token in self._older:
+                with contextlib.suppress(Exception):
+                    self.kv.delete(f"run/{token}/", by_prefix=True)
+        self._answered.clear()
+
+    def failed(self) -> None:
+        """Creating the group failed here: stop answering; the incarnation's keys stay.
+
+        Others may still wait there and read what this rank filed for them
+        (Note [the keys of a finished incarnation]). This rank's claim goes, so
+        that it may try again; where the members disagree, rank 0 keeps its answers
+        to arrivals still waiting, so that they learn why (Note [members that
+        disagree]).
+        """
+        self.store.on_poll = None
+        with contextlib.suppress(Exception):
+            self.kv.delete(self._member)
+        if self.rank != 0:
+            return
+        for nonce in self._answered | {self.nonce}:
+            with contextlib.suppress(Exception):
+                if nonce != self.nonce and self._doomed and self.kv.exists(f"arrive/{nonce}"):
+                    continue
                 self.kv.delete(f"arrive/{nonce}")
-                self.kv.delete(f"ack/{nonce}")
+                self.kv.delete(f"ack/{nonce}/{self.token}")
+                if nonce == self.nonce:
+                    self.kv.delete(f"ack/{nonce}/", by_prefix=True)
         self._answered.clear()
 
     def forget(self) -> None:
-        """The group is destroyed: rank 0 deletes the incarnation's keys."""
-        if self.rank == 0:
+        """The group is destroyed: delete the incarnation's keys, if any are left.
+
+        Any member may: the creation's barrier passed, so no member reads them
+        (Note [the keys of a finished incarnation]).
+        """
+        with contextlib.suppress(Exception):
+            self.store.clear()
+
+    def _fail(self, message: str, tokens: Iterable[str] = ()) -> NoReturn:
+        """Mark this incarnation (and ``tokens``') failed with ``message``, and raise it."""
+        self._doomed = True
+        for token in {self.token, *tokens}:
             with contextlib.suppress(Exception):
-                self.store.clear()
+                self.kv.put(f"run/{token}/ray/failed", message.encode(), False)
+        raise RendezvousError(message)
+
+
+def _rank_twice(group_name: str, rank: int) -> str:
+    """The error of a rank given to two actors."""
+    return (
+        f"Ray group {group_name!r}: rank {rank} was given to two actors: every member needs a "
+        "rank of its own (init_collective_group's rank, create_collective_group's ranks)"
+    )
 
 
 def meet(
@@ -126,35 +321,83 @@ def meet(
     """Find this incarnation's token (Note [one incarnation of a Ray group]).
 
     Rank 0 returns at once (it answers the others while ``plait.init`` waits);
-    another rank returns once rank 0 has answered its arrival.
+    another rank returns once rank 0 has answered its arrival. Either has said
+    its rank and world size under the token (:meth:`Meeting.enter`).
 
     Raises:
         StoreTimeout: rank 0 did not answer within ``timeout`` seconds.
+        RendezvousError: two rank 0s answered (Note [members that disagree]).
     """
+    nonce = token()
+    arrival = f"{rank} {size}".encode()
     if rank == 0:
+        older = {key.split("/")[1] for key in kv.keys("run/")}
         run = token()
         store = RayKVStore(kv, f"run/{run}/", timeout=timeout, host=host)
-        meeting = Meeting(kv, store, run, rank)
-        store.on_poll = meeting.answer
-        meeting.answer()
+        meeting = Meeting(kv, store, run, rank, size, group_name, nonce, older)
+        meeting.enter()  # before any member can know the token
+        kv.put(f"arrive/{nonce}", arrival, True)  # another rank 0 would answer it
         return meeting
-    nonce = token()
-    kv.put(f"arrive/{nonce}", str(rank).encode(), True)
-    found: list[bytes] = []
+    kv.put(f"arrive/{nonce}", arrival, True)
+    found: set[str] = set()
 
     def answered() -> bool:
-        value = kv.get(f"ack/{nonce}")
-        if value is not None:
-            found.append(value)
-        return value is not None
+        found.update(k.rpartition("/")[2] for k in kv.keys(f"ack/{nonce}/"))
+        return bool(found)
 
-    if not poll_until(answered, time.monotonic() + timeout):
+    try:
+        if not poll_until(answered, time.monotonic() + timeout):
+            raise StoreTimeout(
+                f"Ray group {group_name!r}: rank {rank} of {size}: rank 0 did not create the "
+                f"group within {timeout:g} s (not started, failed, or given another group name)"
+            )
+    finally:
         with contextlib.suppress(Exception):
             kv.delete(f"arrive/{nonce}")
-        raise StoreTimeout(
-            f"Ray group {group_name!r}: rank {rank} of {size}: rank 0 did not create the group "
-            f"within {timeout:g} s (not started, failed, or given another group name)"
-        )
-    run = found[0].decode()
+            kv.delete(f"ack/{nonce}/", by_prefix=True)
+    run = min(found)
     store = RayKVStore(kv, f"run/{run}/", timeout=timeout, host=host)
-    return Meeting(kv, store, run, rank)
+    meeting = Meeting(kv, store, run, rank, size, group_name, nonce)
+    if len(found) > 1:  # answers to a fresh nonce: two rank 0s create the group now
+        meeting._fail(_rank_twice(group_name, 0), found)
+    meeting.enter()
+    return meeting
+
+
+def create(
+    kv: KeyValue,
+    rank: int,
+    size: int,
+    group_name: str,
+    timeout: float,
+    *,
+    host: str | None = None,
+    token: Callable[[], str] = lambda: secrets.token_hex(16),
+) -> tuple[Meeting, plait.Communicator]:
+    """Create one incarnation of a group on this rank: meet, connect, and leave no keys.
+
+    The barrier at the end makes sure no member still reads the store before
+    any deletes it (Note [the keys of a finished incarnation]).
+
+    Raises:
+        StoreTimeout: rank 0 did not answer, or some ranks did not arrive, in time.
+        CommError: ``plait.init`` or the barrier failed.
+    """
+    try:
+        meeting = meet(kv, rank, size, group_name, timeout, host=host, token=token)
+        try:
+            meeting.check()  # a member told another world size than rank 0 fails here
+            comm = plait.init(rank=rank, size=size, store=meeting.store, timeout=timeout)
+            try:
+                comm.barrier(timeout=timeout)
+            except BaseException:
+                comm.close()
+                raise
+        except BaseException:
+            meeting.failed()
+            raise
+    except StoreTimeout as exc:
+        exc.add_note(_CROSSED.format(name=group_name))
+        raise
+    meeting.joined()
+    return meeting, comm

@@ -12,7 +12,9 @@ Note [lost ranks]
     count above zero always finds its reasons). Ranks are the job's ranks
     (``PLAIT_RANK``), the keys sit at the store's root, outside every
     :class:`~plait.rendezvous.store.PrefixStore`, and each attempt of a job
-    has a new store, so a notice never outlives the rank's attempt.
+    has a new store, so a notice never outlives the rank's attempt. A rank
+    that exits before it joined ``plait.init`` is filed so too, with that
+    option or without (Note [ranks that never joined]).
 
     Only the job's own ranks look: ``plait.init`` under ``plait run`` meets
     in a :class:`JobRanks` namespace, where rank ``r`` is job rank ``r``;
@@ -50,6 +52,27 @@ Note [ranks that gave up]
     the store's root: a later ``plait.init`` of the job meets in a namespace of its own),
     its value starting with :data:`GAVE_UP`; a wait that finds it ends within about a
     second with a :class:`~plait.errors.RendezvousError` naming the rank and its reason.
+
+Note [ranks that never joined]
+    A rank whose script ends before it calls ``plait.init`` (``if rank == 2:
+    sys.exit(0)``, an early return on one rank) dies of nothing: it exits, often with 0,
+    and the others wait for its key until the init deadline, as for a rank killed. So
+    ``plait run`` files every rank that exits by itself (any code) while others still
+    run, if it had not joined the job's first ``plait.init``: it has not claimed its rank
+    there (:func:`joined`), and its value says so (``exited with code 0 before calling
+    plait.init``). A rank that has claimed is never filed this way, whatever the others
+    still do: it has set, or is setting, the keys of its init, and ranks finish at
+    different times (one may return from ``init`` and exit while a peer still reads its
+    TCP handshake, which a look for ranks filed lost, between two slices, must not cut
+    short). A rank filed this way is a cause the launcher can name: the others' waits
+    raise :class:`~plait.errors.PeerLostError` naming it, and the launcher names it as
+    the rank that started the failure (:func:`plait.launch.watch.watch`).
+
+    A rank that claims its rank in a ``plait.init`` meeting in the launcher's store (a
+    :class:`JobRanks` namespace) says so at the store's root, ``plait/joined/<rank>``
+    (:func:`mark_joined`), whichever ``init`` of its process that is: one whose first
+    ``init`` met elsewhere (the torch backend meets in torch's store) and a later one here
+    is a rank that joined, not one that never started.
 """
 
 from __future__ import annotations
@@ -67,8 +90,10 @@ __all__ = [
     "JobRanks",
     "Watched",
     "filed",
+    "joined",
     "lost_count",
     "lost_error",
+    "mark_joined",
     "report_gave_up",
     "report_lost",
     "reports",
@@ -183,6 +208,23 @@ def report_lost(store: Store, rank: int, how: str) -> None:
     base.add(_COUNT, 1)  # after the reason: a count above zero always finds it
 
 
+#: Where ranks that joined a ``plait.init`` in the launcher's store are said (:func:`joined`).
+_JOINED = "plait/joined"
+
+
+def mark_joined(store: Store, rank: int) -> None:
+    """Say that job rank ``rank`` has claimed its rank in a ``plait.init`` that met in
+    ``store`` (a :class:`JobRanks` view of the launcher's store: Note [ranks that never
+    joined])."""
+    root(store).set(f"{_JOINED}/{rank}", b"1")
+
+
+def joined(store: Store, rank: int) -> bool:
+    """Whether job rank ``rank`` has claimed its rank in a ``plait.init`` that met in
+    ``store``, the launcher's own (Note [ranks that never joined]); one round trip."""
+    return root(store).check([f"{_JOINED}/{rank}"])
+
+
 def lost_count(store: Store) -> int:
     """How many ranks launchers have filed lost in ``store`` (0 before the first)."""
     base = root(store)
@@ -237,10 +279,12 @@ def lost_error(
             f"{me}: rank(s) {gave}{was} gave up {during} before they could {what} ({why})"
         )
     how = "; ".join(f"rank {r} {lost[r]}" for r in died)
+    # A rank that exited by itself did not die (Note [ranks that never joined]).
+    ended = "exited" if all(lost[r].startswith("exited ") for r in died) else "died"
     if watched is not None:
-        text = f"died before they could {what} in {during} ({how})"
+        text = f"{ended} before they could {what} in {during} ({how})"
     else:
-        text = f"died before they could {what} in plait.init ({how}, as plait run saw)"
+        text = f"{ended} before they could {what} in plait.init ({how}, as plait run saw)"
     err = PeerLostError(f"{me}: rank(s) {died} {text}: see their output")
     err.lost_rank = died[0]
     return err

@@ -61,7 +61,12 @@ Note [crossed calls]
     stalls is a call of its communicator here
     too, numbered from :data:`P2P` up (a number no call reaches, so never
     begun): it sends the rank it waits on a notice (``recv from rank 0 (tag
-    0)``) and reads the board like a collective. So a rank in a ``recv`` from
+    0)``) and reads the board like a collective. Its number never says that it
+    ended, so a wait that told ends by telling so too (an ``ENDED`` notice,
+    which takes its notice off the peer's board; not one that raised a
+    crossing, whose peer needs its notice there to raise too): before, a rank whose peer
+    had long finished a ``recv`` from it logged a crossing with that
+    ``recv``, and its timeouts named it. So a rank in a ``recv`` from
     a rank that waits for it in a collective of the same communicator (the
     stall probes' business only between collectives), or in a ``recv`` of
     its own, is a crossing seen from both sides, and raises as above where
@@ -80,7 +85,8 @@ Note [crossed calls]
     :mod:`plait.transport.patterns`; one per rank it waits on where the
     transport matches no patterns). As with probes, a notice to a rank that
     never stalls stays among that rank's unexpected messages until it does,
-    or closes: one per stalled call of a peer.
+    or closes: one per stalled call of a peer, two per stalled point-to-point wait
+    (its notice, and the ENDED that follows it).
 """
 
 from __future__ import annotations
@@ -130,7 +136,8 @@ def wire_name(describe: str) -> bytes:
     return head + b"..." + tail
 
 
-_WHERE, _CONFIRM = 0, 1
+# _ENDED: a point-to-point wait that told where it waits has ended (Note [crossed calls])
+_WHERE, _CONFIRM, _ENDED = 0, 1, 2
 #: Most of the ranks a notice says its call waits on.
 _NAMED = 8
 #: Kind; the sender's communicator id and call number, the call's name (UTF-8, zero-padded),
@@ -324,7 +331,17 @@ class Crossing:
     never registered (a bare transport) makes none.
     """
 
-    __slots__ = ("_board", "_describe", "_me", "_posted", "_seq", "found", "sure")
+    __slots__ = (
+        "_board",
+        "_describe",
+        "_me",
+        "_posted",
+        "_raised",
+        "_seq",
+        "_told",
+        "found",
+        "sure",
+    )
 
     def __init__(
         self, transport: Transport, probe_tag: int | None, seq: int, describe: str
@@ -339,6 +356,8 @@ class Crossing:
         self._describe = describe
         # receive -> its peer (-1: any peer) and the buffer it fills
         self._posted: dict[Handle, tuple[int, np.ndarray]] = {}
+        self._told: list[int] = []  # the ranks this call sent its notice (by the transport's)
+        self._raised = False  # whether check returned a crossing's error
         #: The crossing seen, in words ("" until one is).
         self.found = ""
         #: Whether it is one for sure: both ranks see it (confirmed), or either runs other
@@ -357,6 +376,7 @@ class Crossing:
         for p in peers:
             if board.once((_WHERE, me.comm_id, self._seq, p)):
                 self._send(p, notice)
+                self._told.append(p)
         if isinstance(me.root, Matching):
             self._post(-1)  # one receive that any rank's notice matches
         else:
@@ -371,8 +391,11 @@ class Crossing:
         me, board = self._me, self._board
         if me is None or board is None:
             return None
-        for h in [h for h in self._posted if h.done]:
-            self._read(h, *self._posted.pop(h))
+        done = [h for h in self._posted if h.done]
+        while done:  # each read posts the next receive, which what has arrived may end at once
+            for h in done:
+                self._read(h, *self._posted.pop(h))
+            done = [h for h in self._posted if h.done]
         self.found, self.sure = "", False
         for p, (comm_id, seq, _, alone, waits), where in self._elsewhere(waiting):
             if me.root.rank not in waits:
@@ -392,7 +415,7 @@ class Crossing:
             here = _alone()
             confirmed = board.confirms.get((p, me.comm_id, self._seq))
             if confirmed == (comm_id, seq, True) and here:
-                self.sure = True
+                self.sure = self._raised = True
                 return MismatchError(text)
             self.sure = confirmed is not None or not (here and alone)
             if self.sure and board.once((-1, me.comm_id, self._seq, p)):  # logged once
@@ -442,10 +465,16 @@ class Crossing:
         return list(self._posted)
 
     def close(self) -> None:
-        """Withdraw the receives still posted (the call is over); keep what they took."""
+        """Withdraw the receives still posted (the call is over); keep what they took. A
+        point-to-point wait tells the ranks it told where it waited that it ended, unless it
+        raised a crossing (whose peer needs its notice there to raise too)."""
         me = self._me
         if me is None:
             return
+        if self._seq >= P2P and not self._raised:  # no number says so (Note [crossed calls])
+            ended = self._pack(_ENDED, 0, 0, ())
+            for p in self._told:
+                self._send(p, ended)
         for h, (p, buf) in self._posted.items():
             if h.done:
                 self._read(h, p, buf, repost=False)
@@ -475,6 +504,10 @@ class Crossing:
             name = raw.rstrip(b"\0").decode("utf-8", "replace")
             waits = tuple(t for t in theirs[: min(n, _NAMED)] if t >= 0)
             board.notices[p] = (comm_id, seq, name, bool(alone), waits)
+        elif kind == _ENDED:
+            notice = board.notices.get(p)
+            if notice is not None and notice[:2] == (comm_id, seq):
+                del board.notices[p]
 
     def _pack(self, kind: int, comm_id: int, seq: int, peers: Sequence[int]) -> bytes:
         me = self._me

@@ -17,6 +17,7 @@ from typing import Any
 
 from plait.errors import CommError, MismatchError, PeerLostError
 from plait.runtime.executor import Call
+from plait.runtime.notices import OWN
 from plait.runtime.stall import GAVE_UP, settle, wait_post
 from plait.runtime.waits import timeout_for, wrap
 from plait.schedule.ir import Schedule
@@ -133,7 +134,7 @@ def gave_up_phase(error: BaseException | None) -> int:
     if isinstance(error, MismatchError):
         return MISMATCHED
     if isinstance(error, PeerLostError) and error.lost_rank is not None:
-        return LOST
+        return FOLLOWED if getattr(error, OWN, False) else LOST  # (it followed a rank)
     if getattr(error, _FOLLOWS, None) is not None:
         return FOLLOWED
     return ABANDONED

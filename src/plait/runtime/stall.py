@@ -45,6 +45,21 @@ Note [stall probes]
       that closed, not one that died (Note [peers that close] in
       :mod:`plait.transport.base`).
 
+      Note [a peer that told, then left]: a peer that told which rank it lost
+      and then left without closing (its script went on to its end, or it was
+      killed) fails the calls that wait on it as a death. Its notice travelled
+      before its end on the same ordered path, as before a close, and a loss
+      told by any peer came before the death this rank saw: the call raises
+      the rank told lost first, and passes that on. Before, ranks waiting in
+      a ring behind a lost rank's neighbour each named the rank before them.
+    - an ``ABANDONED`` notice of this call or an earlier one (the peer gave up
+      on it after an error of its own, and makes no more calls of this
+      communicator: Note [errors of a rank's own] in :mod:`plait._failures`):
+      PeerLostError naming that rank and its error's type. One of a later call
+      is read as a stall probe of that call, and kept for the transport's
+      life: read once, it is gone from the transport, and that later call,
+      waiting on a rank that will never come, raises it once it stalls.
+
     A rank that raises MismatchError this way first sends every other rank a
     verdict, so that the ranks of the same mistake that found no evidence of
     their own (a leaf that returned, then waits in its next call) fail too as
@@ -62,7 +77,7 @@ Note [stall probes]
     other mismatch.
 
     Costs: nothing while calls finish within :data:`PROBE_SECONDS`; a stalled
-    call sends ``size - 1`` messages of :data:`PROBE_BYTES` once (again only
+    call sends ``size - 1`` messages of :data:`~plait.runtime.notices.PROBE_BYTES` once (again only
     where whom it waits on changes between its waits) and keeps
     ``size - 1`` receives posted. A probe that reaches a rank which never
     stalls stays among its unexpected messages until that rank next stalls
@@ -84,8 +99,6 @@ Note [foreign messages]
 
 from __future__ import annotations
 
-import struct
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -93,22 +106,42 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.errors import CommTimeout, MismatchError, PeerLostError
-from plait.runtime.crossing import NAME_BYTES, Crossing, wire_name
+from plait.runtime.crossing import Crossing
+from plait.runtime.notices import (
+    ABANDONED,
+    CLOSED,
+    LOST,
+    NAMED,
+    OWN,
+    PROBE_BYTES,
+    RELAYED,
+    STALLED,
+    VERDICT,
+    WIRE,
+    abandoned_error,
+    keep_later,
+    kept,
+    likelier,
+    lost_error,
+    notice_soon,
+    pack,
+    tell_all,
+    text,
+    verdict_error,
+    verdict_here,
+)
 from plait.schedule.ir import Schedule
-from plait.transport.base import PEER_CLOSED, Handle, Transport, background_thread, peer_closed
+from plait.transport.base import Handle, Transport, peer_closed
 
 if TYPE_CHECKING:
     from plait.runtime.executor import Call
 
-__all__ = ["GRACE_SECONDS", "PROBE_BYTES", "PROBE_SECONDS", "Prober", "settle", "wait_post"]
+__all__ = ["GAVE_UP", "GRACE_SECONDS", "PROBE_SECONDS", "Prober", "settle", "wait_post"]
 
 #: Seconds a call waits before it probes its peers (Note [stall probes]).
 PROBE_SECONDS = 1.0
 #: Seconds a peer found in a later call may still deliver what this call waits for.
 GRACE_SECONDS = 2.0
-# _RELAYED: a verdict passed on; _CLOSED: a LOST notice whose rank closed its communicator
-# rather than died (Note [peers that close] in plait.transport.base)
-_STALLED, _VERDICT, _LOST, _RELAYED, _CLOSED = 0, 1, 2, 3, 4
 #: The attribute that marks an error :func:`settle` has settled.
 _SETTLED = "_plait_settled"
 #: Set on the PeerLostError of a call that met a peer's mark that it gave up on the call: the
@@ -116,13 +149,6 @@ _SETTLED = "_plait_settled"
 GAVE_UP = "_plait_gave_up"
 #: Seconds a call that met such a mark waits for the peer's notice (sent before the mark).
 NOTICE_SECONDS = 0.5
-#: Most of the peers a probe says its call waits on.
-_NAMED = 8
-#: seq (the call's number), digest, kind, the call's name (UTF-8, zero-padded), how many
-#: peers the call waits on, and the first of them (-1 after the last).
-_WIRE = struct.Struct(f"<QQQ{NAME_BYTES}sI{_NAMED}i")
-#: Bytes of one probe.
-PROBE_BYTES = _WIRE.size
 
 
 class Prober:
@@ -170,7 +196,7 @@ class Prober:
         A one-sided call probes anew for each wait that stalls; its recorder slot keeps
         what it last told, so it tells the peers again only where whom it waits on
         changed (else a peer that never stalls would gather a probe per wait)."""
-        me = _pack(self._call, _STALLED, waiting)
+        me = pack(self._call, STALLED, waiting)
         slot, said = self._call.slot, (self._call.seq, tuple(waiting))
         told = slot is not None and slot.probed == said
         if slot is not None:
@@ -195,35 +221,41 @@ class Prober:
             q = self._posted.pop(h)
             if h.error is not None:  # the peer is lost or the transport closed: the call says so
                 continue
-            seq, digest, kind, name, n, *theirs = _WIRE.unpack(self._bufs[q].tobytes())
+            seq, digest, kind, name, n, *theirs = WIRE.unpack(self._bufs[q].tobytes())
             self._post(q)  # the next probe from q (a verdict may follow its stall probe)
-            if kind == _STALLED and seq == self._call.seq and digest == self._call.check:
-                self._heard[q] = tuple(p for p in theirs[: min(n, _NAMED)] if p >= 0)
-            if kind in (_LOST, _CLOSED):  # raised once the rest has been read: a mismatch first
-                told = _lost_error(self._call, self._rank, q, _text(name), theirs[0], kind)
-                lost = _likelier(lost, told)
+            if kind == STALLED and seq == self._call.seq and digest == self._call.check:
+                self._heard[q] = tuple(p for p in theirs[: min(n, NAMED)] if p >= 0)
+            if kind in (LOST, CLOSED):  # raised once the rest has been read: a mismatch first
+                told = lost_error(self._call, self._rank, q, text(name), theirs[0], kind)
+                lost = likelier(lost, told)
                 continue
-            err = self._verdict(q, seq, digest, kind, _text(name), waiting)
+            if kind == ABANDONED and seq <= self._call.seq:  # as a loss: a mismatch first
+                lost = likelier(lost, abandoned_error(self._call, self._rank, q, seq, name))
+                continue
+            if kind == ABANDONED:  # for a later call of this communicator to raise
+                keep_later(self._t, self._call.probe_tag, q, seq, name)
+            err = self._verdict(q, seq, digest, kind, text(name), waiting)
             if err is not None:
-                self._tell_all()
+                self.tell_all()
                 raise err
             if seq > self._call.seq and q in waiting and q not in self._suspects:
-                self._suspects[q] = (now + GRACE_SECONDS, self._ahead(q, _text(name)))
+                self._suspects[q] = (now + GRACE_SECONDS, self._ahead(q, text(name)))
+        lost = likelier(lost, kept(self._t, self._call, self._rank))
         if lost is not None:
             raise lost
         for q, (until, err) in list(self._suspects.items()):
             if q not in waiting:
                 del self._suspects[q]  # what it owed arrived
             elif now >= until:
-                self._tell_all()
+                self.tell_all()
                 raise err
         foreign = self._foreign()
         if foreign is not None:
-            self._tell_all()
+            self.tell_all()
             raise foreign
         crossed = self._cross.check(self._rank, waiting)
         if crossed is not None:
-            self._tell_all()
+            self.tell_all()
             raise crossed
 
     def explain(self, waiting: Sequence[int]) -> str:
@@ -280,8 +312,8 @@ class Prober:
         self, q: int, seq: int, digest: int, kind: int, name: str, waiting: Sequence[int]
     ) -> MismatchError | None:
         call, r = self._call, self._rank
-        if kind in (_VERDICT, _RELAYED):
-            return _verdict_error(call, r, q, name, kind == _RELAYED)
+        if kind in (VERDICT, RELAYED):
+            return verdict_error(call, r, q, name, kind == RELAYED)
         if seq == call.seq and digest != call.check:
             return MismatchError(
                 f"rank {r}: {call.describe}: rank {q} is in a different call, {name}, and "
@@ -313,8 +345,8 @@ class Prober:
             "called different collectives, or with different roots"
         )
 
-    def _tell_all(self) -> None:
-        _tell_all(self._t, self._call, self._rank, self._size)
+    def tell_all(self) -> None:
+        tell_all(self._t, self._call, self._rank, self._size)
 
     def _send(self, q: int, payload: bytes) -> None:
         self._t.isend(q, self._call.probe_tag, memoryview(payload), 0)
@@ -349,7 +381,7 @@ def settle(
     setattr(err, _SETTLED, True)
     try:
         if isinstance(err, MismatchError):
-            _tell_all(transport, call, where.rank, where.size)
+            tell_all(transport, call, where.rank, where.size)
             return err
         found: MismatchError | PeerLostError | None = None
         if prober is not None:  # its receives may hold a verdict already (a mismatch it
@@ -358,29 +390,35 @@ def settle(
             except (MismatchError, PeerLostError) as exc:
                 found = exc
         if found is None:
-            found = _verdict_here(transport, call, where.rank, where.size)
+            found = verdict_here(transport, call, where.rank, where.size)
             if isinstance(found, MismatchError):
                 # The cause behind the loss: the peer that found it may have left since, and
                 # ranks that can hear only from this one must learn it, not its consequence.
-                _tell_all(transport, call, where.rank, where.size, _RELAYED)
+                tell_all(transport, call, where.rank, where.size, RELAYED)
         lost = err.lost_rank if isinstance(err, PeerLostError) else None
-        kind, closed = _LOST, peer_closed(err)
-        if closed:  # Note [peers that close]: what the peer told came before its close
+        kind, closed = LOST, peer_closed(err)
+        # A peer that gave up after an error of its own told every rank: the cause of all
+        own = getattr(found, OWN, False)
+        # Note [a peer that told, then left]: what the peer that died told came first
+        first = isinstance(found, PeerLostError) and found.lost_rank not in (None, lost)
+        first = first and lost is not None and not own
+        if (closed or first) and not own:  # Note [peers that close]: what it told came first
             if isinstance(found, PeerLostError) and found.lost_rank not in (None, lost):
                 lost = found.lost_rank
-                kind = _CLOSED if peer_closed(found) else _LOST
+                kind = CLOSED if peer_closed(found) else LOST
             else:  # it told nothing (this rank saw its close itself): it closed
-                kind = _CLOSED
+                kind = CLOSED
                 if isinstance(found, PeerLostError):
                     found = None
-        if lost is not None and not isinstance(found, MismatchError):
-            _tell_all(transport, call, where.rank, where.size, kind, lost)
+        if lost is not None and not (own or isinstance(found, MismatchError)):
+            tell_all(transport, call, where.rank, where.size, kind, lost)
         gave_up = getattr(err, GAVE_UP, False)
         if found is None and gave_up:  # the peer told before it marked: on its way
-            found = _notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
+            found = notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
         if isinstance(found, PeerLostError) and not (
-            gave_up or closed or isinstance(err, CommTimeout)
-        ):  # a loss told by a peer explains a timeout, a peer giving up or closing only
+            own or first or gave_up or closed or isinstance(err, CommTimeout)
+        ):  # a loss told by a peer explains a timeout, a peer giving up, closing, or leaving
+            # after it told
             found = None
     except Exception:
         return err
@@ -450,184 +488,3 @@ def wait_post(
                 return prober.explain([shown])
     finally:
         prober.close()
-
-
-def _verdict_here(
-    transport: Transport, call: Call, rank: int, size: int
-) -> MismatchError | PeerLostError | None:
-    """A peer's verdict already received (not waited for), as this rank's MismatchError;
-    else a peer's ``LOST`` notice, as its PeerLostError; else None."""
-    lost: PeerLostError | None = None
-    for q in range(size):
-        if q == rank:
-            continue
-        while True:
-            buf = np.zeros(PROBE_BYTES, np.uint8)
-            h = transport.irecv(q, call.probe_tag, buf.data, 0)
-            if not h.done:  # nothing waiting from q
-                transport.cancel(h)
-                break
-            if h.error is not None:
-                break
-            found = _notice(call, rank, q, buf)
-            if isinstance(found, MismatchError):
-                return found
-            lost = _likelier(lost, found)
-    return lost
-
-
-def _notice(call: Call, rank: int, q: int, buf: np.ndarray) -> MismatchError | PeerLostError | None:
-    """Peer ``q``'s verdict or ``LOST`` notice in ``buf``, as this rank's error (None for a
-    stall probe)."""
-    _, _, kind, name, _, *theirs = _WIRE.unpack(buf.tobytes())
-    if kind in (_VERDICT, _RELAYED):
-        return _verdict_error(call, rank, q, _text(name), kind == _RELAYED)
-    if kind in (_LOST, _CLOSED):
-        return _lost_error(call, rank, q, _text(name), theirs[0], kind)
-    return None
-
-
-def _likelier(known: PeerLostError | None, told: PeerLostError | None) -> PeerLostError | None:
-    """Of two notices, the first, unless only the second names a rank that died (the other
-    one that closed: Note [peers that close] in plait.transport.base)."""
-    if known is None or (peer_closed(known) and told is not None and not peer_closed(told)):
-        return told
-    return known
-
-
-def _notice_soon(
-    transport: Transport, call: Call, rank: int, size: int, seconds: float
-) -> MismatchError | PeerLostError | None:
-    """A peer's verdict or ``LOST`` notice, waited for up to ``seconds``: the receive from a
-    lost peer fails at once, and a stall probe is not what is waited for, so each ends only
-    its own peer's wait (a probe's peer is listened to again)."""
-    deadline = time.monotonic() + seconds
-    posted: dict[int, tuple[np.ndarray, Handle]] = {}
-
-    def post(q: int) -> None:
-        buf = np.zeros(PROBE_BYTES, np.uint8)
-        posted[q] = (buf, transport.irecv(q, call.probe_tag, buf.data, 0))
-
-    try:
-        for q in range(size):
-            if q != rank:
-                post(q)
-        while posted:
-            for q, (buf, h) in list(posted.items()):
-                if not h.done:
-                    continue
-                del posted[q]
-                if h.error is None:
-                    found = _notice(call, rank, q, buf)
-                    if found is not None:
-                        return found
-                    post(q)  # a stall probe: its notice may follow
-            left = deadline - time.monotonic()
-            if left <= 0 or not posted:
-                return None
-            if not any(h.done for _, h in posted.values()):
-                transport.wait_any([h for _, h in posted.values()], left)
-        return None
-    finally:
-        for _, h in posted.values():
-            if not h.done:
-                transport.cancel(h)
-
-
-def _pack(call: Call, kind: int, waiting: Sequence[int]) -> bytes:
-    named = list(waiting[:_NAMED]) + [-1] * (_NAMED - min(len(waiting), _NAMED))
-    return _WIRE.pack(call.seq, call.check, kind, _name(call), len(waiting), *named)
-
-
-def _tell_all(
-    transport: Transport, call: Call, rank: int, size: int, kind: int = _VERDICT, lost: int = -1
-) -> None:
-    """Send every peer a verdict, or a ``LOST`` notice naming rank ``lost`` (best effort:
-    the call is failing anyway), and see that they leave (Note [notices that wait])."""
-    verdict = _pack(call, kind, () if lost < 0 else (lost,))
-    sent: list[Handle] = []
-    for q in range(size):
-        if q != rank and q != lost:
-            try:
-                sent.append(transport.isend(q, call.probe_tag, memoryview(verdict), 0))
-            except Exception:
-                continue
-    waiting = [h for h in sent if not h.done]
-    if waiting:
-        name = f"plait-notices-rank{transport.rank}"
-        courier = threading.Thread(target=_deliver, args=(transport, waiting), name=name)
-        courier.daemon = True
-        try:
-            courier.start()
-        except RuntimeError:  # the interpreter is shutting down: no peer waits for long
-            return
-
-
-# Note [notices that wait]
-#     A verdict or a LOST notice is sent as its call fails, and the rank then stops
-#     driving its transport: it raises, and goes on to agree, shrink or code of its own.
-#     A send that cannot leave at once waits in the rank's own queue, and moves only
-#     while some thread of the rank waits on the transport: on shared memory, a ring
-#     whose slots all hold messages its reader has not taken in yet (four, by default:
-#     the reader was busy outside plait or descheduled, while this rank sent it its
-#     part of the last call and of this one). The notice then never left, and a peer
-#     that waits only on this rank (rank 3 of a ring of four that lost rank 1, waiting
-#     on rank 2) drained the ring once it stalled, found no notice, and waited for its
-#     timeout, blaming a live peer. So a notice that has not left when its call fails
-#     is driven by a thread of its own (:func:`_deliver`), which sleeps in the
-#     transport until the reader takes in what blocks it (the reader's wait rings this
-#     rank's doorbell) or the transport closes (the rank's close, abort or shrink
-#     ends it). It costs nothing where every notice leaves at once, nearly always;
-#     where one waits, the rank's own threads may still use the transport meanwhile
-#     (one thread drives it, the others wait to be told of their completions).
-
-
-def _deliver(transport: Transport, sent: list[Handle]) -> None:
-    """Wait on the transport until every notice of ``sent`` has left, or cannot (its peer
-    lost, the transport closed): Note [notices that wait]."""
-    background_thread()  # it sleeps in the kernel at once, never polls
-    try:
-        while sent and transport.wait_any(sent, None):
-            sent = [h for h in sent if not h.done]
-    except Exception:  # the transport went away meanwhile: nothing more to tell
-        return
-
-
-def _verdict_error(call: Call, rank: int, q: int, name: str, relayed: bool) -> MismatchError:
-    if relayed:  # q passed on what another rank found (settle)
-        return MismatchError(
-            f"rank {rank}: {call.describe}: rank {q} heard from another rank that the ranks "
-            f"called different collectives (in its {name}; the rank that found it says what "
-            "differs)"
-        )
-    return MismatchError(
-        f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
-        f"collectives (in its {name}; its own message says what differs)"
-    )
-
-
-def _lost_error(
-    call: Call, rank: int, q: int, name: str, lost: int, kind: int = _LOST
-) -> PeerLostError:
-    if kind == _CLOSED:  # Note [peers that close] in plait.transport.base
-        err = PeerLostError(
-            f"rank {rank}: {call.describe}: rank {lost} closed its communicator during the "
-            f"call (rank {q} found so in its {name}), and no call of this communicator can "
-            "finish without it"
-        )
-        setattr(err, PEER_CLOSED, True)
-    else:
-        err = PeerLostError(
-            f"rank {rank}: {call.describe}: rank {lost} was lost (rank {q} found so in its "
-            f"{name}), and no call of this communicator can finish without it"
-        )
-    err.lost_rank = lost
-    return err
-
-
-def _name(call: Call) -> bytes:
-    return wire_name(call.describe)
-
-
-def _text(raw: bytes) -> str:
-    return raw.rstrip(b"\0").decode("utf-8", "replace")

@@ -60,20 +60,25 @@ class Work(Generic[R]):
     ``Work[R]`` types it as ``R``.
     """
 
-    __slots__ = ("_describe", "_done", "_error", "_result", "_tb", "_worker")
+    __slots__ = ("_describe", "_done", "_error", "_owner", "_result", "_tb", "_worker")
 
-    def __init__(self, describe: str) -> None:
+    def __init__(self, describe: str, owner: object = None) -> None:
         self._describe = describe
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
         self._tb: TracebackType | None = None  # the error's, as the call raised it
         self._worker: Worker | None = None  # whose job finishes it (Note [a waiter runs the call])
+        # The communicator, kept until the call ends: one dropped with calls queued lets go
+        # of its transport only once they are done, as close() would (Note [dropped
+        # communicators] in plait._recovery).
+        self._owner = owner
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result = result
         self._error = error
         self._tb = None if error is None else error.__traceback__
+        self._owner = None  # may let go of the communicator, its finalizers running here
         self._done.set()
 
     def done(self) -> bool:
@@ -145,6 +150,7 @@ class Worker:
         # The jobs, each with the Work it finishes (None: a job that finishes its own).
         self._queue: deque[tuple[Callable[[], None], Work[Any] | None]] = deque()
         self._busy = False  # a job runs now, on the worker thread or a waiting one
+        self._helper = 0  # the waiting thread that runs it (its ident), if one does
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._stop = False
         self._closed = False  # close(): no more jobs
@@ -196,6 +202,7 @@ class Worker:
                     if self._busy or not self._queue:
                         return
                     self._busy = True
+                    self._helper = threading.get_ident()
                     mine = True
                     # Its work is known before it leaves the queue: an interrupt as
                     # popleft returns then fails the work, not loses it (Note [an
@@ -221,6 +228,7 @@ class Worker:
     def _free(self) -> None:
         with self._cv:
             self._busy = False
+            self._helper = 0
             self._cv.notify()
 
     def close(self) -> None:
@@ -229,12 +237,18 @@ class Worker:
             self._closed = True
         self.stop()
 
-    def stop(self) -> None:
-        """Finish queued jobs, then end the thread."""
+    def stop(self, join: bool = True) -> None:
+        """Finish queued jobs, then end the thread (waiting for it where ``join``).
+
+        Called under the job this thread runs for a wait (a signal handler's ``close()``
+        over ``Work.wait()``), it waits for nothing: that job resumes only once this
+        returns, and the worker thread waits for it before it ends.
+        """
         with self._cv:
             self._stop = True
             self._cv.notify()
-        if threading.current_thread() is not self._thread:
+            under_own_job = self._helper == threading.get_ident()
+        if join and not under_own_job and threading.current_thread() is not self._thread:
             self._thread.join()
 
 
@@ -288,6 +302,16 @@ class LazyWorker:
             if self._worker is None:
                 self._worker = Worker(self._name)
             return self._worker
+
+    def let_go(self) -> None:
+        """The communicator is gone (a finalizer's call, on whichever thread dropped it):
+        make no worker any more, and end the one made once its queued jobs are done,
+        waiting for nothing. Without it, the thread of a communicator dropped without
+        ``close()`` waited for jobs for the life of the process."""
+        self._done = True  # no lock: the finalizer may run inside get() on this thread
+        worker = self._worker
+        if worker is not None:
+            worker.stop(join=False)
 
     def close(self) -> None:
         """Make no worker any more; close the one made (:meth:`Worker.close`)."""

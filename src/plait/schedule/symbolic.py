@@ -12,6 +12,17 @@ collective's postcondition on every rank: e.g. for allreduce, element ``i``
 must be ``((0, i), (1, i), …, (p-1, i))`` (any order if the op is commutative,
 exactly rank order if not), and for a barrier every rank must have heard,
 directly or transitively, from every other before it finishes.
+
+Beside the data, :func:`must_hear` says whom a rank must have heard from before it
+ends so that ranks which disagree on the call find out (every message and post
+carries the call's digest, which its reader compares): the root of a broadcast,
+scatter or scatterv its witness, every rank of a reduce, gather, gatherv or a
+call whose result every rank shares every other (the root's word, the tokens
+of ranks without rows), and every rank of a call that moves nothing every other.
+Data alone does not show it: a builder that dropped the witness's message, the
+root's word or a token still gives every rank its result. ``prove(...,
+agreement=True)`` checks it, as the proofs of the registered algorithms do; a
+schedule written to exercise one rule of the verifier need not carry these.
 """
 
 from __future__ import annotations
@@ -20,12 +31,13 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from plait.collectives import Collective
 from plait.collectives import get as _collective
 from plait.schedule.builder import Builder, Context, Fabric, HostLayout, record
 from plait.schedule.ir import Schedule
 from plait.schedule.verify import ScheduleError, check_hosts, run_joint
 
-__all__ = ["Recipe", "expected", "prove"]
+__all__ = ["Recipe", "expected", "must_hear", "prove", "witness"]
 
 Prov = tuple[tuple[int, int], ...]
 
@@ -87,6 +99,69 @@ def expected(
     return out
 
 
+def witness(root: int, size: int) -> int:
+    """The rank the root of a broadcast, scatter or scatterv must hear from: rank 0, or rank 1
+    where the root is 0 (Note [rooted calls agree on the root] in :mod:`plait.algos._rooted`).
+
+    Stated here again, not imported: the prover sits below the algorithms and states what
+    they must do; ``tests/unit/test_symbolic.py`` checks that both name the same rank.
+    ``size`` must be at least 2."""
+    return 1 if root == 0 else 0
+
+
+def must_hear(
+    collective: str, size: int, rank: int, root: int, moves: bool
+) -> tuple[frozenset[int], str]:
+    """The ranks whose start must happen-before ``rank``'s end, and the rule that says so.
+
+    What a rank's result holds shows whom it heard from; this is what it must also
+    have heard where the result does not show it, so that a rank which disagrees
+    with it on the call (another root, other counts, another collective) is not
+    left unseen: each message and post it reads carries a digest it compares.
+    ``moves``: whether the call moves any element (an uneven call: any count).
+
+    * A barrier: every rank (its whole postcondition).
+    * A call of more than one rank that moves nothing meets its peers as a
+      barrier does (Note [empty calls meet] in :mod:`plait.algos._presence`):
+      every rank.
+    * A call whose result is at the root only (reduce, gather, gatherv) ends with
+      the root's word once it has everything, and a gatherv rank without rows
+      sends a token (Note [the root's word] in :mod:`plait.algos._rooted`): every
+      rank.
+    * A call whose result every rank shares and that has no root (allreduce,
+      allgather, allgatherv): every rank, an allgatherv rank without rows by its
+      token.
+    * A call that moves data out of the root (broadcast, scatter, scatterv): the
+      root hears its :func:`witness` (Note [rooted calls agree on the root]).
+    * The others (reduce_scatter, alltoall and their uneven twins): nothing beyond
+      their data.
+    """
+    table = _collective(collective)
+    everyone = frozenset(range(size))
+    if size == 1:
+        return frozenset(), ""
+    if table.synchronizes:
+        return everyone, "a barrier"
+    if not moves:
+        return everyone, "a call that moves nothing meets its peers"
+    if table.rooted:
+        other = (root + 1) % size
+        if table.output_pieces(size, 0, other, root, _zeros(table, size)) is None:
+            return everyone, "the root's word"
+        if rank == root:
+            return frozenset({witness(root, size)}), "the root's witness"
+        return frozenset(), ""
+    if table.replicated:
+        return everyone, "a result every rank shares"
+    return frozenset(), ""
+
+
+def _zeros(table: Collective, size: int) -> tuple[int, ...] | None:
+    """All-zero counts for an uneven collective (None for an even one): only the shape of
+    its result on a rank, not its length, is asked of them."""
+    return None if table.uneven is None else (0,) * table.uneven.length(size)
+
+
 #: An association tree: a rank number, or the pair of trees a reduction combined.
 Tree = int | tuple[Any, Any]
 
@@ -128,6 +203,8 @@ def prove(
     counts: Sequence[int] | None = None,
     build: BuildSchedule = _record,
     window: int = 1 << 40,
+    itemsize: int = 1,
+    agreement: bool = False,
 ) -> None:
     """Build ``spec`` for every rank and check its postcondition; ScheduleError if it fails.
 
@@ -140,14 +217,21 @@ def prove(
     :func:`plait.algos._registry.build_schedule`, which the executor runs.
     ``counts``: an uneven collective's per-rank counts (``Context.counts``;
     ``count`` is then not read). ``window``: the bytes of ``SHARED`` each rank
-    may use (``Context.window``; elements here, the itemsize being 1); every
+    may use (``Context.window``; ``window // itemsize`` elements); every
     rank's window starts unwritten (``None``), so a ``GET`` of what its owner
-    never wrote before publishing it fails the proof.
+    never wrote before publishing it fails the proof. ``itemsize``: the bytes of
+    one element as the builders see it (``Context.itemsize``); a builder that
+    picks a branch by bytes (hierarchical's inner algorithm above
+    ``INNER_RD_BYTES``) takes the one a call of that dtype takes, while each
+    element is still one provenance value. ``agreement``: also check that every
+    rank heard from whom :func:`must_hear` names, before it ends (a barrier is
+    always checked so).
 
     Raises:
         ScheduleError: the schedules break a rule or the postcondition.
-        ValueError: ``size`` below 1, ``root`` not a rank, a negative ``count``: a call no
-            communicator makes (a root of -1 was proven as a reduce that returns nothing).
+        ValueError: ``size`` below 1, ``root`` not a rank, a negative ``count`` or an
+            ``itemsize`` below 1: a call no communicator makes (a root of -1 was proven as a
+            reduce that returns nothing).
     """
     if size < 1:
         raise ValueError(f"size must be at least 1; got {size}")
@@ -155,13 +239,15 @@ def prove(
         raise ValueError(f"root must be a rank, in 0..{size - 1}; got {root}")
     if counts is None and count < 0:
         raise ValueError(f"count must be >= 0; got {count}")
+    if itemsize < 1:
+        raise ValueError(f"itemsize must be at least 1; got {itemsize}")
     c = spec.collective
     table = _collective(c)
     layout = HostLayout(hosts) if hosts is not None else None
     table.check_counts(size, counts)
     given = tuple(int(n) for n in counts) if counts is not None else None
     ctx = Context(
-        c, 0, size, count, 1, commutative, root, segment, layout, fabric, given, window=window
+        c, 0, size, count, itemsize, commutative, root, segment, layout, fabric, given, window
     )
     scheds = [build(spec, ctx.with_rank(r)) for r in range(ctx.participants)]
     buffers: list[list[list[Any]]] = []
@@ -175,6 +261,8 @@ def prove(
             out = [None] * s.out_count
         buffers.append([inp, out, [None] * s.tmp_count, [None] * s.shared_count])
     where = f"{c}/{spec.name} size={size} count={count} root={root} commutative={commutative}"
+    if itemsize != 1:
+        where += f" itemsize={itemsize}"
     if hosts is not None:
         where += f" hosts={list(hosts)}"
     if given is not None:
@@ -186,9 +274,6 @@ def prove(
     except ScheduleError as exc:
         raise ScheduleError(f"{where}: {exc}") from None
     for r in range(size):
-        if table.synchronizes and seen[r] != set(range(size)):
-            missing = sorted(set(range(size)) - seen[r])
-            raise ScheduleError(f"{where}: rank {r} can leave before hearing from {missing}")
         want = expected(c, size, count, r, root, given)
         if want is None:
             continue
@@ -213,3 +298,12 @@ def prove(
                         f"but as {_tree_text(first[1])} on rank 0; results would differ in the "
                         "last bits"
                     )
+    if agreement or table.synchronizes:
+        moves = count > 0 if given is None else any(given)
+        for r in range(size):
+            need, rule = must_hear(c, size, r, root, moves)
+            if not need <= seen[r]:
+                missing = sorted(need - seen[r])
+                raise ScheduleError(
+                    f"{where}: rank {r} can leave before hearing from {missing} ({rule})"
+                )

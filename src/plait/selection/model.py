@@ -43,8 +43,8 @@ Every input (collective, ranks, bytes, the op's commutativity, the host
 layout and the profile) is the same on every rank, and the formulas, the
 budget and the simulator are deterministic (ties go to the earlier
 candidate), so every rank picks the same pair, provided every rank loads the
-same profile (as with PLAIT_ALGO, ranks that disagree fail with
-MismatchError rather than exchange garbage). Calls the model does not cover
+same profile (``plait.init`` refuses ranks whose PLAIT_ALGO, rules file or
+profile differ: Note [one configuration] in plait._meeting). Calls the model does not cover
 (uneven layouts, no ``inter`` link, one candidate and nothing to segment)
 keep the built-in rules.
 """

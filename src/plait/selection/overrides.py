@@ -21,8 +21,8 @@ the ranks are (a one-sided algorithm such as ``arena`` needs ranks that share
 a window: one host, over shared memory) wins; calls no entry covers fall back
 to the rules file (:mod:`plait.selection.rules_file`), the profile and the
 built-in rules, silently (``PLAIT_DEBUG=info`` logs each choice and its
-source). Every rank must see the same PLAIT_ALGO (as with any setting that
-changes schedules, a mismatch fails with MismatchError).
+source). Every rank must see the same PLAIT_ALGO (``plait.init`` refuses ranks
+that differ: Note [one configuration] in plait._meeting).
 """
 
 from __future__ import annotations

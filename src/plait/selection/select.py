@@ -26,14 +26,24 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plait.algos._registry import SEGMENT_BYTES, AlgorithmSpec, algorithms, get
 from plait.schedule.builder import HostLayout
 from plait.selection import model, rules_file
 from plait.selection.overrides import Override, overrides
 
-__all__ = ["RULES", "SEGMENT_BYTES", "Choice", "Rule", "Settings", "choose", "select", "settings"]
+__all__ = [
+    "RULES",
+    "SEGMENT_BYTES",
+    "Choice",
+    "Rule",
+    "Settings",
+    "choose",
+    "fingerprint",
+    "select",
+    "settings",
+]
 
 _INF = float("inf")
 
@@ -203,6 +213,39 @@ def settings() -> Settings:
             (:class:`~plait.selection.rules_file.RulesError`).
     """
     return Settings(overrides(), rules_file.load(), model.load())
+
+
+def fingerprint(config: Settings) -> str:
+    """``config`` in one line: a digest of what ``auto`` follows (PLAIT_ALGO's overrides, the
+    rules file's entries, the profile's numbers; never paths, which may differ from host to
+    host for the same files), then where it comes from, for errors.
+
+    ``plait.init`` compares it across ranks (Note [one configuration] in plait._meeting):
+    ranks that follow different settings choose different algorithms for some call, and
+    meet there with a MismatchError that breaks the communicator.
+    """
+    import hashlib
+    import json
+
+    # What decides, in a canonical order: a profile's numbers without its "measured" notes
+    # (which no choice reads), and each collective's entries in their own order (matching
+    # never compares entries of different collectives).
+    profile = None if config.profile is None else config.profile.to_json()
+    if profile is not None:
+        profile.pop("measured", None)
+    rules = config.rules.entries if config.rules is not None else ()  # empty: as none
+    overrides = sorted(config.overrides, key=lambda o: o.collective)  # stable
+    ordered = [replace(e, where="") for e in sorted(rules, key=lambda e: e.collective)]
+    what = repr((overrides, ordered, json.dumps(profile, sort_keys=True)))
+    words = []
+    if config.overrides:
+        words.append(f"PLAIT_ALGO={os.environ.get('PLAIT_ALGO', '').strip()!r}")
+    if rules and config.rules is not None:
+        words.append(f"the rules file {config.rules.path}")
+    if config.profile is not None:
+        words.append(f"the profile {model.default_path()}")
+    said = ", ".join(words) or "plait's built-in rules alone"
+    return f"{hashlib.sha256(what.encode()).hexdigest()[:16]} {said}".replace("\n", " ")
 
 
 def _can_run(spec: AlgorithmSpec, shared: bool, host_windows: bool, multi_host: bool) -> bool:

@@ -85,7 +85,7 @@ from plait.torch._rooted import RootedCalls
 from plait.torch._staging import Staged, then_write_back
 from plait.torch._store import TorchStore
 from plait.torch._work import (
-    Lane,
+    Lanes,
     Notifier,
     PlaitWork,
     Reworded,
@@ -99,7 +99,7 @@ __all__ = ["BACKEND_NAME", "DEVICE_TYPES", "ProcessGroupPlait"]
 #: The name torch knows the backend by: ``init_process_group("plait")``.
 BACKEND_NAME = "plait"
 _C10D = torch._C._distributed_c10d
-#: Seconds shutdown() waits for a helper thread to finish what is queued.
+#: Seconds shutdown() waits for the helper threads to finish what is queued.
 _STOP_WAIT = 10.0
 #: The device types the backend is registered for (Note [the group is its own CPU backend]);
 #: CUDA tensors are staged through the host (Note [tensors on a GPU] in plait.torch._staging).
@@ -147,7 +147,7 @@ class ProcessGroupPlait(  # type: ignore[misc]
         #: A sub-group's global ranks, named in its errors (globally_named); None: the same.
         self._globals = None if self._global == list(range(comm.size)) else self._global
         self._notifier = Notifier(f"plait-torch-futures-{comm.rank}")
-        self._lanes: dict[tuple[str, int, int], Lane] = {}
+        self._lanes = Lanes(f"plait-torch-lane-{comm.rank}")
         self._lock = threading.Lock()
         self._down = False
         self._group_name = ""
@@ -193,9 +193,7 @@ class ProcessGroupPlait(  # type: ignore[misc]
             if self._down:
                 return
             self._down = True
-            lanes = list(self._lanes.values())
-        for lane in lanes:
-            lane.stop(_STOP_WAIT)
+        self._lanes.stop(_STOP_WAIT)
         self._notifier.stop(_STOP_WAIT)
         self._comm.close()
 

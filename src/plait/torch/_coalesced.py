@@ -17,15 +17,32 @@ torch has two ways of batching collectives, and a backend serves both:
 recipe (``_run``, Note [sync and async calls] there); it is kept apart
 because these calls share the concatenate-and-copy-back shape and nothing
 else in the group depends on them.
+
+Note [one call per dtype]
+    torch's coalescing manager and ``funcol.*_coalesced`` hand one
+    ``all_gather_into_tensor_coalesced`` or ``reduce_scatter_tensor_coalesced``
+    tensors of several dtypes (bfloat16 parameters beside float32 ones),
+    which gloo serves. One plait collective moves one dtype, so the tensors
+    are grouped by dtype and each group is one collective over its tensors
+    concatenated, the groups in the order their dtypes first come in the
+    list. Every rank passes tensors of the same dtypes in the same places
+    (gloo needs that too), so every rank makes the same collectives in the
+    same order; a rank that does not is told by plait's check of each call.
+    The call's work waits for all of them and copies every group's results
+    out once all have succeeded. Tensors of one dtype are one collective,
+    as before.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+import plait
 from plait.torch._convert import (
     array,
     copy_blocks,
@@ -41,6 +58,8 @@ from plait.torch._work import Joined, Notifier, PlaitWork
 __all__ = ["CoalescedCalls"]
 
 _C10D = torch._C._distributed_c10d
+#: What starts one collective: (async_op, timeout) -> its plait work (async) or None.
+Start = Callable[[bool, float | None], Any]
 
 
 class CoalescedCalls(GroupRecipe):
@@ -166,7 +185,8 @@ class CoalescedCalls(GroupRecipe):
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> PlaitWork:
-        """Several ``all_gather_into_tensor`` calls as one allgather (torch's coalescing paths).
+        """Several ``all_gather_into_tensor`` calls as one allgather per dtype (torch's
+        coalescing paths; Note [one call per dtype]).
 
         ``outputs[j]`` gets every rank's ``inputs[j]``, in rank order.
         """
@@ -175,35 +195,27 @@ class CoalescedCalls(GroupRecipe):
         back: list[Staged] = []
         ins, outs = self._pairs(c, outputs, inputs, back, gather=True)
         size = self._comm.size
-        mine = np.concatenate([a.reshape(-1) for a in ins]) if ins else np.empty(0)
-        buf = np.empty((size, mine.size), mine.dtype)
-
-        def finish() -> None:
-            offset = 0
-            for a, o in zip(ins, outs, strict=True):
-                o[...] = buf[:, offset : offset + a.size].reshape(o.shape)
-                offset += a.size
-
+        comm = self._comm
+        starts: list[Start] = []
+        copies: list[Callable[[], None]] = []
+        for dtype, group in _by_dtype(ins, np.dtype(np.float64)):
+            mine = np.concatenate([ins[j].reshape(-1) for j in group] or [np.empty(0, dtype)])
+            buf = np.empty((size, mine.size), dtype)
+            starts.append(_allgather(comm, mine, buf))
+            copies.append(_gathered(buf, [(ins[j], outs[j]) for j in group]))
         # The future's value is gloo's: rank r's chunk of every output, for each rank r.
         chunks = [rank_chunks(o, size) for o in outputs]
         whole = any(len(row) != size for row in chunks)
         value = list(outputs) if whole else [[row[r] for row in chunks] for r in range(size)]
-        comm = self._comm
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.allgather(mine, out=buf, timeout=to, async_op=asy),
-            value,
-            finish,
-            back=back,
-        )
+        return self._run(c, opts, _in_turn(starts), value, _each(copies), back=back)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> PlaitWork:
-        """Several ``reduce_scatter_tensor`` calls as one reduce_scatter (torch's coalescing).
+        """Several ``reduce_scatter_tensor`` calls as one reduce_scatter per dtype (torch's
+        coalescing; Note [one call per dtype]).
 
         Rank r's ``outputs[j]`` gets the reduction of chunk r of ``inputs[j]``.
         """
@@ -213,30 +225,21 @@ class CoalescedCalls(GroupRecipe):
         back: list[Staged] = []
         ins, outs = self._pairs(c, outputs, inputs, back, gather=False)
         size = self._comm.size
-        width = sum(o.size for o in outs)
-        dtype = outs[0].dtype if outs else np.dtype(np.float32)
-        x = np.empty((size, width), dtype)
-        offset = 0
-        for a, o in zip(ins, outs, strict=True):
-            x[:, offset : offset + o.size] = a.reshape(size, o.size)
-            offset += o.size
-        got = np.empty((1, width), dtype)
-
-        def finish() -> None:
-            start = 0
-            for o in outs:
-                o[...] = got[0, start : start + o.size].reshape(o.shape)
-                start += o.size
-
         comm = self._comm
-        return self._run(
-            c,
-            opts,
-            lambda asy, to: comm.reduce_scatter(x, op, out=got, timeout=to, async_op=asy),
-            list(outputs),
-            finish,
-            back=back,
-        )
+        starts: list[Start] = []
+        copies: list[Callable[[], None]] = []
+        for dtype, group in _by_dtype(ins, np.dtype(np.float32)):
+            pairs = [(ins[j], outs[j]) for j in group]
+            width = sum(o.size for _, o in pairs)
+            x = np.empty((size, width), dtype)
+            offset = 0
+            for a, o in pairs:
+                x[:, offset : offset + o.size] = a.reshape(size, o.size)
+                offset += o.size
+            got = np.empty((1, width), dtype)
+            starts.append(_reduce_scatter(comm, x, op, got))
+            copies.append(_scattered(got, [o for _, o in pairs]))
+        return self._run(c, opts, _in_turn(starts), list(outputs), _each(copies), back=back)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -269,6 +272,115 @@ class CoalescedCalls(GroupRecipe):
                     f"expected world size {size} x the {'input' if gather else 'output'}'s "
                     f"{small.size}"
                 )
-        if len({a.dtype for a in ins}) > 1:
-            raise TypeError(f"{c}: all tensors must have one dtype")
         return ins, outs
+
+
+def _by_dtype(arrays: list[np.ndarray], default: np.dtype) -> list[tuple[np.dtype, list[int]]]:
+    """``arrays``' indexes grouped by dtype, each group in call order and the groups in the
+    order their dtypes first come (Note [one call per dtype]); no arrays: one empty group of
+    ``default``, so that the call still meets its peers."""
+    groups: dict[np.dtype, list[int]] = {}
+    for j, a in enumerate(arrays):
+        groups.setdefault(a.dtype, []).append(j)
+    return list(groups.items()) or [(default, [])]
+
+
+def _allgather(comm: plait.Communicator, mine: np.ndarray, buf: np.ndarray) -> Start:
+    """What starts the allgather of ``mine`` into the rows of ``buf``."""
+
+    def start(asy: bool, timeout: float | None) -> Any:
+        return comm.allgather(mine, out=buf, timeout=timeout, async_op=asy)
+
+    return start
+
+
+def _reduce_scatter(comm: plait.Communicator, x: np.ndarray, op: Any, got: np.ndarray) -> Start:
+    """What starts the reduce_scatter of the rows of ``x`` into ``got``."""
+
+    def start(asy: bool, timeout: float | None) -> Any:
+        return comm.reduce_scatter(x, op, out=got, timeout=timeout, async_op=asy)
+
+    return start
+
+
+def _gathered(buf: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[], None]:
+    """Copy each input's column block of the gathered rows ``buf`` into its output."""
+
+    def copy() -> None:
+        offset = 0
+        for a, o in pairs:
+            o[...] = buf[:, offset : offset + a.size].reshape(o.shape)
+            offset += a.size
+
+    return copy
+
+
+def _scattered(got: np.ndarray, outs: list[np.ndarray]) -> Callable[[], None]:
+    """Copy each output's block of the reduced row ``got`` into it."""
+
+    def copy() -> None:
+        start = 0
+        for o in outs:
+            o[...] = got[0, start : start + o.size].reshape(o.shape)
+            start += o.size
+
+    return copy
+
+
+def _each(steps: list[Callable[[], None]]) -> Callable[[], None]:
+    """One finish step that runs ``steps`` in order."""
+
+    def finish() -> None:
+        for step in steps:
+            step()
+
+    return finish
+
+
+def _in_turn(starts: list[Start]) -> Start:
+    """One start that starts ``starts``' collectives in the order given, every rank alike.
+
+    Blocking, each runs to its end before the next; async, each is queued on plait's
+    worker, and the pending call returned waits for them all.
+    """
+    if len(starts) == 1:
+        return starts[0]
+
+    def start(asy: bool, timeout: float | None) -> Any:
+        works = [s(asy, timeout) for s in starts]
+        return _All(works) if asy else None
+
+    return start
+
+
+class _All:
+    """Several of plait's works waited for as one (the collectives of one coalesced call)."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works: list[Any]) -> None:
+        self._works = works
+
+    def done(self) -> bool:
+        """Whether every collective has finished (never blocks)."""
+        return all(w.done() for w in self._works)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for each in turn; raises the first error once all have ended, or CommTimeout
+        after ``timeout`` s.
+
+        A failed collective's error is held until the later ones have ended too: raised
+        at once, the later ones still ran, and the caller (which asks :meth:`done` to tell
+        an error of the call from its wait's own timeout) reported a timeout of the wait.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first: BaseException | None = None
+        for w in self._works:
+            try:
+                w.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            except BaseException as exc:
+                if not w.done():  # the wait's own timeout (or an interrupt): not the call's
+                    raise
+                first = exc if first is None else first
+        if first is not None:
+            raise first

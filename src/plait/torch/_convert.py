@@ -1,7 +1,8 @@
 """Tensors and reduce ops as plait takes them: the checks at the torch edge.
 
 A CPU tensor is handed to plait as a numpy array that shares its memory
-(``tensor.detach().numpy()``), so results land in the tensor without a copy.
+(``plait._tensor.as_array``, which leaves the tensor resizable: Note [arrays
+over a tensor's memory] there), so results land in the tensor without a copy.
 A tensor on another device (CUDA) is handed over as a host copy, and an
 output one is written back once the call has succeeded: each call collects
 its outputs off the CPU in a list (``back``) that its work's finish step

@@ -6,22 +6,27 @@ plait's collective worker nor count as collectives, and share only the
 group's communicator and its coalescing block with the rest.
 
 Note [point to point on lanes]
-    A send runs plait's blocking ``send`` on a lane: one thread per
-    (send, peer, tag), which keeps the messages to one peer with one tag in
-    order and never lets a send blocked until its peer receives hold up
-    anything else.
+    A send runs plait's blocking ``send`` on a lane, one per (send, peer,
+    tag): its calls run one after the other on a thread of its own while it
+    has any, which keeps the messages to one peer with one tag in order and
+    never lets a send blocked until its peer receives hold up anything else.
 
     A receive is *posted* on the caller's thread, in program order, with
     plait's non-blocking ``irecv`` (the tensor's memory is the receive
     buffer; for a tensor off the CPU, a host buffer written back into it
     before the work completes: Note [tensors on a GPU] in
-    ``plait.torch._staging``), and *waited for* on a lane: one thread per
-    (recv, source or "any", tag), which completes the work and its future
-    by itself (DDP and ``get_future()`` users never call ``wait()``) and
-    gives up at the communicator's deadline, withdrawing the receive so it
-    never writes into the tensor afterwards. Which lane waits decides nothing about which
-    message a receive gets: the posting order does (Note [receive from any
-    source]).
+    ``plait.torch._staging``), and *waited for* on a lane, one per (recv,
+    source or "any", tag), which completes the work and its future by
+    itself (DDP and ``get_future()`` users never call ``wait()``) and gives
+    up at the communicator's deadline, withdrawing the receive so it never
+    writes into the tensor afterwards. Which lane waits decides nothing
+    about which message a receive gets: the posting order does (Note
+    [receive from any source]).
+
+    A lane ends once it has nothing to run, and its thread goes on to
+    another lane or ends soon after (Note [lanes that end] in
+    ``plait.torch._work``), so a new tag for every message costs no thread
+    that outlives its messages.
 
 Note [receive from any source]
     ``dist.recv(t)`` and ``dist.irecv(t)`` without ``src`` call
@@ -58,7 +63,7 @@ import plait
 from plait.errors import CommError, CommTimeout
 from plait.torch._convert import array, check_one, check_peer, check_tag, output_array
 from plait.torch._staging import Staged, then_write_back
-from plait.torch._work import Lane, PlaitWork, Task
+from plait.torch._work import Lanes, PlaitWork, Task
 
 __all__ = ["PointToPoint"]
 
@@ -67,7 +72,7 @@ class PointToPoint:
     """Send and receive of a plait process group (a mixin; Notes above)."""
 
     _comm: plait.Communicator
-    _lanes: dict[tuple[str, int, int], Lane]
+    _lanes: Lanes
     _lock: threading.Lock
     _down: bool
     _globals: list[int] | None  # a sub-group's global ranks, for its errors
@@ -88,8 +93,8 @@ class PointToPoint:
         dst = check_peer(dstRank, self._comm.rank, self._comm.size, c, "dst")
         tag = check_tag(tag, c)
         comm = self._comm
-        task = self._lane("send", dst, tag).submit(
-            self._describe(f"send to rank {dst} (tag {tag})"), lambda: comm.send(a, dst, tag)
+        task = self._submit(
+            "send", dst, tag, f"send to rank {dst} (tag {tag})", lambda: comm.send(a, dst, tag)
         )
         return self._track(
             PlaitWork(
@@ -126,8 +131,8 @@ class PointToPoint:
         """
         dst = check_peer(dst, self._comm.rank, self._comm.size, "send_object_list", "dst")
         comm = self._comm
-        task = self._lane("send", dst, 0).submit(
-            self._describe(f"send_object_list to rank {dst}"), lambda: comm.send_object(obj, dst)
+        task = self._submit(
+            "send", dst, 0, f"send_object_list to rank {dst}", lambda: comm.send_object(obj, dst)
         )
         try:
             task.wait()
@@ -144,13 +149,14 @@ class PointToPoint:
         """
         comm = self._comm
         who = "any rank" if src == plait.ANY_SOURCE else f"rank {src}"
-        describe = self._describe(f"recv from {who} (tag {tag})")
-        lane = self._lane("recv", src, tag)  # first: refuses a group that is shut down
+        self._open()  # first: a group that is shut down posts nothing
         try:
             req = comm.irecv(a, src, tag)
         except CommError as exc:  # posted here: named as a group's errors are, as sends' are
             raise self._named(exc)  # noqa: B904 - chained by globally_named()
-        task = lane.submit(describe, lambda: _received(req, comm.timeout))
+        task = self._submit(
+            "recv", src, tag, f"recv from {who} (tag {tag})", lambda: _received(req, comm.timeout)
+        )
         source: int | Callable[[], int] = src if src != plait.ANY_SOURCE else _sender(task)
         return self._track(
             PlaitWork(
@@ -164,17 +170,23 @@ class PointToPoint:
             )
         )
 
-    def _lane(self, direction: str, peer: int, tag: int) -> Lane:
-        key = (direction, peer, tag)
+    def _open(self) -> None:
+        """Raise ClosedError if the group is shut down."""
+        if self._down:
+            raise plait.ClosedError(f"rank {self._comm.rank}: the process group is shut down")
+
+    def _submit(
+        self, direction: str, peer: int, tag: int, call: str, fn: Callable[[], Any]
+    ) -> Task:
+        """Run ``fn`` on the lane of (``direction``, ``peer``, ``tag``) after its earlier calls.
+
+        The lane exists while it has calls to run (Note [lanes that end] in
+        ``plait.torch._work``). Under the group's lock, so that nothing is
+        submitted once :meth:`shutdown` has begun to stop the lanes.
+        """
         with self._lock:
-            if self._down:
-                raise plait.ClosedError(f"rank {self._comm.rank}: the process group is shut down")
-            lane = self._lanes.get(key)
-            if lane is None:
-                who = "any" if peer == plait.ANY_SOURCE else str(peer)
-                name = f"plait-torch-{direction}-{self._comm.rank}-{who}-{tag}"
-                lane = self._lanes[key] = Lane(name)
-            return lane
+            self._open()
+            return self._lanes.submit((direction, peer, tag), self._describe(call), fn)
 
 
 def _received(req: plait.Request[Any], seconds: float) -> int:

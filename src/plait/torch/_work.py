@@ -3,10 +3,10 @@
 Note [how a torch Work tracks plait]
     A :class:`PlaitWork` holds what it waits for, *pending*: the
     :class:`plait.Work` of each collective it started (plait runs them on the
-    communicator's worker, in call order), or a :class:`Task` that a
-    :class:`Lane` thread of this backend runs (point-to-point calls: a
-    blocking send, or the wait for a posted receive; Note [point to point on
-    lanes] in ``plait.torch._p2p``). Some calls have a *finish* step, run
+    communicator's worker, in call order), or a :class:`Task` that one of
+    this backend's :class:`Lanes` runs (point-to-point calls: a blocking
+    send, or the wait for a posted receive; Note [point to point on lanes]
+    in ``plait.torch._p2p``). Some calls have a *finish* step, run
     once after every pending call succeeded, that copies plait's result into
     torch's output tensors (an all_gather's output list, a strided output).
 
@@ -28,8 +28,8 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Final, Protocol
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ from plait.torch._convert import seconds
 
 __all__ = [
     "Joined",
-    "Lane",
+    "Lanes",
     "Notifier",
     "PlaitWork",
     "Reworded",
@@ -51,6 +51,8 @@ __all__ = [
 
 #: Seconds an idle helper thread sleeps between checks that it should stop.
 _IDLE_POLL = 5.0
+#: Seconds a lane's worker whose lane ran empty waits to be handed another before it ends.
+_LANE_IDLE = 1.0
 #: Seconds a watcher waits for a call beyond the call's own deadline.
 _GRACE = 30.0
 #: The call deadline a watcher assumes when the work was given none.
@@ -73,7 +75,7 @@ class Pending(Protocol):
 
 
 class Task:
-    """A blocking call that a :class:`Lane` runs; done-callbacks run on the lane's thread."""
+    """A blocking call that :class:`Lanes` run; done-callbacks run on the lane's thread."""
 
     __slots__ = ("_callbacks", "_describe", "_done", "_error", "_lock", "_result")
 
@@ -214,49 +216,163 @@ class Reworded:
             raise self._error  # noqa: B904 - chained by reworded()
 
 
-class Lane:
-    """One thread that runs :class:`Task` s one after the other, in submission order.
+class Lanes:
+    """Lanes that run :class:`Task` s, each lane's in submission order (Note [lanes that end]).
 
     Point-to-point calls with one peer and tag go through one lane per
     direction, so that sends to one peer keep their order, while a send
-    blocked until its peer receives never holds up a receive (Note [point to
-    point on lanes] in ``plait.torch._p2p``).
+    blocked until its peer receives never holds up a receive or a send of
+    another lane (Note [point to point on lanes] in ``plait.torch._p2p``).
+
+    Note [lanes that end]
+        A lane is a queue of tasks under a key ((direction, peer, tag) for
+        point to point), not a thread: it exists while it has a task queued
+        or running, and a worker thread runs it until it is empty, then drops
+        it. So a program that gives every message a tag of its own (a step
+        number) leaves no lane behind; it left one thread per tag before,
+        each waiting for more until the group was destroyed (8000 tags, 8000
+        threads a rank, and a destroy that took seconds to end them).
+
+        Workers are shared: one whose lane ran empty waits up to
+        :data:`_LANE_IDLE` s to be handed another and then ends, and a
+        submitted lane that finds no idle worker starts one. There are as
+        many threads as lanes with work, plus the idle ones of the last
+        :data:`_LANE_IDLE` s: a lane whose task blocks (a send waiting for its
+        receiver) holds its worker, never another lane's.
+
+        Everything that decides which worker runs which lane happens under
+        one lock: a submit to a lane that still exists appends to it, so it
+        runs after the lane's earlier tasks, on the worker running them; a
+        worker drops its lane only under the lock, with nothing queued and
+        nothing running; a submit after that makes a new lane, whose tasks
+        can only start once the old lane's last one has finished. An idle
+        worker is handed its lane under the lock too, and checks under it
+        whether it was handed one before it ends: a lane is never handed to
+        a worker that has already left.
     """
 
     def __init__(self, name: str) -> None:
-        self._cv = threading.Condition()
-        self._queue: deque[tuple[Task, Callable[[], Any]]] = deque()
+        self._name = name
+        self._lock = threading.Lock()
+        #: each lane with work: its tasks not yet started (empty while its last one runs)
+        self._lanes: dict[Hashable, deque[tuple[Task, Callable[[], Any]]]] = {}
+        self._idle: list[_Worker] = []  # waiting to be handed a lane, the latest last
+        self._threads: set[threading.Thread] = set()
+        self._started = 0
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
 
-    def submit(self, describe: str, fn: Callable[[], Any]) -> Task:
-        """Queue ``fn``; the returned task completes when it has run."""
+    def submit(self, key: Hashable, describe: str, fn: Callable[[], Any]) -> Task:
+        """Queue ``fn`` on lane ``key``; the returned task completes when it has run.
+
+        Raises:
+            RuntimeError: the lanes were stopped.
+        """
         task = Task(describe)
-        with self._cv:
+        with self._lock:
             if self._stop:
                 raise RuntimeError(f"{describe}: the process group is shut down")
-            self._queue.append((task, fn))
-            self._cv.notify()
+            queue = self._lanes.get(key)
+            if queue is not None:  # its worker runs it in turn
+                queue.append((task, fn))
+                return task
+            self._lanes[key] = deque([(task, fn)])
+            if self._idle:
+                worker = self._idle.pop()
+                worker.lane = key
+                worker.wake.set()
+                return task
+            worker = _Worker(key)
+            self._started += 1
+            thread = threading.Thread(
+                target=self._work, args=(worker,), name=f"{self._name}-{self._started}", daemon=True
+            )
+            self._threads.add(thread)
+        try:
+            thread.start()
+        except BaseException as exc:  # no thread to be had: no lane is left without a worker
+            with self._lock:
+                self._threads.discard(thread)
+                queued = self._lanes.pop(key, deque())
+            for other, _ in queued:  # queued behind this one meanwhile: they fail with it
+                if other is not task:
+                    other.run(functools.partial(_raise, exc))
+            raise
         return task
 
-    def _loop(self) -> None:
+    def lanes(self) -> int:
+        """How many lanes have work now (queued or running)."""
+        with self._lock:
+            return len(self._lanes)
+
+    def threads(self) -> int:
+        """How many worker threads are alive now, busy or idle."""
+        with self._lock:
+            return len(self._threads)
+
+    def _work(self, worker: _Worker) -> None:
+        key: Hashable = worker.lane
         while True:
-            with self._cv:
-                while not self._queue and not self._stop:
-                    self._cv.wait(_IDLE_POLL)
-                if not self._queue:
+            self._run(key)
+            with self._lock:
+                if self._stop:
+                    self._threads.discard(threading.current_thread())
                     return
-                task, fn = self._queue.popleft()
+                worker.lane = _NO_LANE
+                worker.wake.clear()
+                self._idle.append(worker)
+            worker.wake.wait(_LANE_IDLE)
+            with self._lock:
+                if worker.lane is _NO_LANE:  # none handed over: time to end (or stop)
+                    if worker in self._idle:
+                        self._idle.remove(worker)
+                    self._threads.discard(threading.current_thread())
+                    return
+                key = worker.lane
+
+    def _run(self, key: Hashable) -> None:
+        """Run lane ``key``'s tasks until none is left, then drop the lane."""
+        while True:
+            with self._lock:
+                queue = self._lanes[key]
+                if not queue:
+                    del self._lanes[key]
+                    return
+                task, fn = queue.popleft()
             task.run(fn)
 
     def stop(self, timeout: float) -> None:
-        """Run what is queued, then end the thread (waiting at most ``timeout`` s)."""
-        with self._cv:
+        """Refuse new tasks, run what is queued, then end the threads (waiting at most
+        ``timeout`` s in all)."""
+        with self._lock:
             self._stop = True
-            self._cv.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+            idle, self._idle = self._idle, []
+            threads = list(self._threads)
+        for worker in idle:
+            worker.wake.set()  # handed no lane: it ends
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            # (one not started yet is about to be: it finds the lanes stopped once its own
+            # lane has run, and ends)
+            if thread is not threading.current_thread() and thread.ident is not None:
+                thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+#: What an idle worker's lane is until it is handed one.
+_NO_LANE: Final = object()
+
+
+class _Worker:
+    """A thread of :class:`Lanes`: the lane it runs or is handed, and its wake-up."""
+
+    __slots__ = ("lane", "wake")
+
+    def __init__(self, lane: Hashable) -> None:
+        self.lane = lane
+        self.wake = threading.Event()
 
 
 class Notifier:

@@ -1,20 +1,20 @@
 """The endpoint: the point-to-point contract of :mod:`plait.transport.base`, implemented once.
 
-An :class:`Endpoint` is one rank's end of a transport. It owns everything the
-contract promises (handles, matching on (peer, tag) and on patterns, mismatch errors,
-cancel, the fan-out of a lost peer, the closed state, byte counters, waiting and the
-"one thread drives, the others wait" policy) and routes each peer to a
-:class:`~plait.transport.link.Link`, which only moves the bytes of messages.
-Matching patterns (any of several peers, tags under a mask, probes) is mixed
-in from :class:`~plait.transport.patterns.PatternMatching` (Note [patterns]
-there). See ``docs/transport.md`` for the design, the link interface and the
-rules a link must keep.
+An :class:`Endpoint` is one rank's end of a transport. It owns everything the contract promises
+(handles, matching on (peer, tag) and on patterns, mismatch errors, cancel, the fan-out of a lost
+peer, the closed state, byte counters, waiting and the "one thread drives, the others wait" policy)
+and routes each peer to a :class:`~plait.transport.link.Link`, which only moves the bytes of
+messages. Matching patterns (any of several peers, tags under a mask, probes) is mixed in from
+:class:`~plait.transport.patterns.PatternMatching` (Note [patterns] there). See
+``docs/transport.md`` for the design, the link interface and the rules a link must keep.
 """
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -57,8 +57,8 @@ def _as_bytes(data: Any, writable: bool, what: str) -> memoryview:
 class Endpoint(PatternMatching, Descriptors):
     """Rank ``rank``'s end of a transport among ``size`` ranks; see :mod:`plait.transport.base`.
 
-    A transport class derives from it, builds its links and calls
-    :meth:`attach` for each; the endpoint does the rest.
+    A transport class derives from it, builds its links and calls :meth:`attach` for each; the
+    endpoint does the rest.
 
     Args:
         rank: this rank, ``0 <= rank < size``.
@@ -71,15 +71,14 @@ class Endpoint(PatternMatching, Descriptors):
         bytes_sent: payload bytes sent so far.
         bytes_received: payload bytes delivered into posted receives so far.
         spin: seconds a waiting rank polls its driven links before it sleeps.
-        eager_spin: seconds of that polling done flat out, before it starts to
-            yield the CPU between polls.
-        window: the rank's :class:`~plait.transport.window.Window` where the
-            transport has one (ranks sharing memory), else None.
+        eager_spin: seconds of that polling done flat out, before it yields the CPU between polls.
+        window: the rank's :class:`~plait.transport.window.Window` (ranks sharing memory), or None.
     """
 
     window: Window | None = None
     #: The error of :meth:`abort`, once called (None: closed or open as usual).
     _aborted: Callable[[], BaseException] | None = None
+    _sleeper, _unreleased = 0, False  # the thread last in poll(); close() left it the links
 
     def __init__(
         self,
@@ -232,8 +231,8 @@ class Endpoint(PatternMatching, Descriptors):
     def lose(self, peer: int, reason: str | BaseException) -> None:
         """``peer`` closed or died: fail its posted receives and every later operation.
 
-        ``reason`` is a message (each operation fails with a PeerLostError of its
-        own) or the error to fail them all with (a link that tells errors apart).
+        ``reason`` is a message (each operation fails with a PeerLostError of its own) or the
+        error to fail them all with (a link that tells errors apart).
         """
         if self._lost[peer] is not None:
             return
@@ -259,15 +258,13 @@ class Endpoint(PatternMatching, Descriptors):
 
     def closed_error(self) -> BaseException:
         """The error of operations after (or cut short by) :meth:`close` or :meth:`abort`."""
-        if self._aborted is not None:
-            return self._aborted()
-        return self._closed_error()
+        return self._closed_error() if self._aborted is None else self._aborted()
 
     def abort(self, error: Callable[[], BaseException]) -> None:
         """:meth:`close`, but pending and later operations fail with ``error()`` (a new one each).
 
-        For ``Communicator.abort`` (:mod:`plait._recovery`): the calls it cuts
-        short say that the communicator was aborted, not that it was closed.
+        For ``Communicator.abort`` (:mod:`plait._recovery`): the calls it cuts short say that
+        the communicator was aborted, not that it was closed.
         """
         self._aborted = error
         self.close()
@@ -372,9 +369,9 @@ class Endpoint(PatternMatching, Descriptors):
     def wait_polled(self, handles: Sequence[Handle], deadline: float | None) -> bool:
         """:meth:`wait_any` for a caller that has just polled for ``handles`` itself.
 
-        ``deadline`` is a :func:`time.monotonic` time (None: none). The wait skips
-        the spin: once the links have nothing to move it sleeps (a window polls
-        its counter its own way first, then sleeps here on the link's doorbells).
+        ``deadline`` is a :func:`time.monotonic` time (None: none). The wait skips the spin:
+        once the links have nothing to move it sleeps (a window polls its counter its own way
+        first, then sleeps here on the link's doorbells).
         """
         for h in handles:
             if h.done:
@@ -426,6 +423,8 @@ class Endpoint(PatternMatching, Descriptors):
         ``err``: a sub-communicator's when it closes (the endpoint stays open), so that a
         thread waiting in one hears of the close at once rather than at its timeout. A
         message that arrives for them later is filed like any unexpected one."""
+        if self._leave(self.fail_posted, owns, err):
+            return  # Note [close in a signal handler]
         with self._lock:
             if self._closed:
                 return
@@ -441,8 +440,11 @@ class Endpoint(PatternMatching, Descriptors):
     def close(self) -> None:
         """Fail pending operations, tell peers (PeerLostError there), release everything.
 
-        Idempotent; safe to call while another thread waits in :meth:`wait_any`.
+        Idempotent; safe while another thread waits in :meth:`wait_any`, and from a signal handler
+        over this thread's wait (Note [close in a signal handler] in docs/transport.md).
         """
+        if self._closed or self._leave(self.close):
+            return
         with self._lock:
             if self._closed:
                 return
@@ -462,17 +464,33 @@ class Endpoint(PatternMatching, Descriptors):
             self._unexpected.clear()
             if self._polling:  # let the driver leave poll() before the fds go away
                 self._wake()
+                if self._sleeper == _thread.get_ident():  # it sleeps under this handler
+                    self._unreleased = True  # _sleep shuts the links once poll() returns
+                    self._cond.notify_all()
+                    return
                 self._waiters += 1
                 try:
                     while self._polling:
                         self._cond.wait()
                 finally:
                     self._waiters -= 1
-            self._flush(err)
-            for link in self._links:
-                link.shutdown(err)
-            self._release()
-            self._cond.notify_all()
+            self._shut(err)
+
+    def _leave(self, then: Callable[..., None], *args: Any) -> bool:
+        """Whether to leave ``then(*args)`` to a new thread, started here: the lock is held, and
+        this thread runs the transport's code below the caller's (a signal handler's), which
+        may hold it and cannot let go of it before the caller returns."""
+        if not self._lock.locked():  # (code this handler interrupted cannot take it meanwhile)
+            return False
+        here, frame = os.path.dirname(__file__), sys._getframe(1).f_back
+        while frame is not None and frame.f_code.co_filename.startswith(here):
+            frame = frame.f_back  # the close being made, and its callers in the transport
+        while frame is not None and not frame.f_code.co_filename.startswith(here):
+            frame = frame.f_back
+        if frame is None:  # another thread holds the lock, and lets go of it soon
+            return False
+        _thread.start_new_thread(then, args)  # Note [close in a signal handler]
+        return True
 
     def __enter__(self) -> Endpoint:
         return self
@@ -480,17 +498,16 @@ class Endpoint(PatternMatching, Descriptors):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _flush(self, err: BaseException) -> None:
-        """Drive the links that still have output to send, for at most CLOSE_FLUSH_SECONDS.
-
-        Operations of other threads fail at once meanwhile (the endpoint is closed).
-        """
+    def _shut(self, err: BaseException) -> None:
+        """The end of :meth:`close` once no thread is in poll(): drive the links' output for up to
+        CLOSE_FLUSH_SECONDS (others' operations fail at once meanwhile), shut and release them."""
+        self._unreleased = False
         deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
         while True:
             waits = [w for link in self._driven if (w := link.flush(err)) is not None]
             left = deadline - time.monotonic()
             if not waits or left <= 0 or self._poller is None:
-                return
+                break
             self._progress(False)
             self._polling = True
             self._lock.release()
@@ -500,6 +517,10 @@ class Endpoint(PatternMatching, Descriptors):
                 self._lock.acquire()
                 self._polling = False
             self._dispatch(events)
+        for link in self._links:
+            link.shutdown(err)
+        self._release()
+        self._cond.notify_all()
 
     # -- for subclasses ------------------------------------------------------------------------
     def _closed_error(self) -> BaseException:
@@ -633,7 +654,7 @@ class Endpoint(PatternMatching, Descriptors):
             return
         if timeout is None or timeout > limit:
             timeout = None if limit == math.inf else limit
-        self._polling = True
+        self._sleeper, self._polling = _thread.get_ident(), True  # Note [close in a signal handler]
         self._lock.release()
         try:
             events = self._poller.poll(-1 if timeout is None else max(timeout, 0.0))
@@ -642,6 +663,8 @@ class Endpoint(PatternMatching, Descriptors):
             self._polling = False
             if self._waiters:
                 self._cond.notify_all()
+            if self._unreleased:  # closed by a signal handler while asleep here
+                self._shut(self.closed_error())
         if self._closed:
             return
         self._disarm()

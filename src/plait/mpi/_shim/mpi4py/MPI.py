@@ -11,4 +11,8 @@ import sys
 
 from plait import mpi as _mpi
 
+from . import rc
+
+if not rc.initialize and _mpi.COMM_WORLD._comm is None:
+    _mpi._initialized = False  # until MPI.Init() (Note [initialising later] in plait.mpi)
 sys.modules[__name__] = _mpi
