@@ -3,6 +3,12 @@
 Over the fake key-value store (no Ray needed), each member creating the group in a
 thread of its own: a rank given to two actors, members given different world sizes.
 Each would otherwise wait out its timeout, blaming a rank that never came.
+
+The ranks other than 0 arrive first, so that rank 0 answers them all before any
+can find the disagreement: a member that arrives after rank 0 gave up is answered
+by nobody and waits out its timeout (Note [members that disagree] in
+plait.ray._rendezvous), so starting them all at once made these tests depend on
+which thread ran first.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from test_ray_store import FakeKV
 import plait
 from plait.errors import RendezvousError
 from plait.ray._rendezvous import create
+from plait.ray._store import poll_until
 
 #: Every member's timeout: what a check that does not work would wait.
 TIMEOUT = 5.0
@@ -37,12 +44,22 @@ def run_members(kv: FakeKV, members: list[tuple[int, int]]) -> list[tuple[Any, f
             got = exc
         out[i] = (got, time.monotonic() - start)
 
-    threads = [
-        threading.Thread(target=one, args=(i, rank, size)) for i, (rank, size) in enumerate(members)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
+    threads = {
+        i: threading.Thread(target=one, args=(i, rank, size))
+        for i, (rank, size) in enumerate(members)
+    }
+    before = set(kv.keys("arrive/"))
+    others = [i for i, (rank, _) in enumerate(members) if rank != 0]
+    for i in others:
+        threads[i].start()
+    arrived = poll_until(
+        lambda: len(set(kv.keys("arrive/")) - before) >= len(others), time.monotonic() + TIMEOUT
+    )
+    assert arrived, "the members other than rank 0 never arrived"
+    for i, t in threads.items():
+        if i not in others:
+            t.start()
+    for t in threads.values():
         t.join(TIMEOUT + 10)
     for got, _ in out:
         if isinstance(got, tuple):
