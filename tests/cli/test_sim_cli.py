@@ -79,7 +79,8 @@ def test_rows_are_plait_benchs_points(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     ("spec", "ranks"),
     [("flat", 8), ("flat-free", 8), ("switch", 8), ("fat-tree:4:2", 16), ("fat-tree:4:1:2", 16),
-     ("hosts:4", 16), ("hosts:4:2", 16), ("ring", 6), ("torus:2x3", 6), ("torus:2x2x2", 8)],
+     ("hosts:4", 16), ("hosts:4:2", 16), ("ring", 6), ("torus:2x3", 6), ("torus:2x2x2", 8),
+     ("torus:2x2x2x2", 16)],
 )  # fmt: skip
 def test_every_topology_runs(spec: str, ranks: int, capsys: pytest.CaptureFixture) -> None:
     assert main(["sim", "-n", str(ranks), "--topology", spec, "-a", "ring", "-s", "64K"]) == 0
@@ -241,6 +242,14 @@ def test_long_algorithm_names_are_whole_and_aligned(capsys: pytest.CaptureFixtur
         end = header.index(name) + len(name)
         assert row[end - 1] != " "
         assert row[end] == " "
+
+
+def test_an_algorithm_named_twice_runs_once(capsys: pytest.CaptureFixture) -> None:
+    # "-a ring,ring" simulated ring twice and printed each row twice
+    assert main(["sim", "-n", "8", "-a", "ring, swing,ring", "-s", "1K"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    named = [row[2] for row in rows if len(row) > 2]
+    assert named == ["ring", "swing"]
 
 
 class Clock:

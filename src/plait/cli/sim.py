@@ -30,7 +30,7 @@ Topologies (--topology; --alpha and --beta describe every cable or port):
   hosts:K[:NICS]
                K ranks per host joined by fast ports (--intra-alpha,
                --intra-beta), hosts by NICs of --alpha and --beta
-  ring, torus:AxB[xC]
+  ring, torus:AxB[xC...]
                cables between neighbours, dimension-order routing
 
 Every rank's local work is charged at the speed of its host's memory, for
@@ -232,7 +232,7 @@ _FORMS = {
     "ring": (0, "ring"),
     "fat-tree": (3, "fat-tree:K[:OVERSUB[:SPINES]]"),
     "hosts": (2, "hosts:K[:NICS]"),
-    "torus": (1, "torus:AxB[xC]"),
+    "torus": (1, "torus:AxB[xC...]"),
 }
 
 
@@ -293,7 +293,7 @@ def _topology(
         return sim.ring(p, link, gamma=gamma, delta=delta)
     if name == "torus":
         if not args:
-            raise ValueError("torus needs its dimensions: torus:AxB[xC]")
+            raise ValueError("torus needs its dimensions: torus:AxB[xC...]")
         dims = [_parameter(d, int, "a dimension") for d in args[0].lower().split("x")]
         if int(np.prod(dims)) != p:
             raise ValueError(f"torus {args[0]} has {int(np.prod(dims))} ranks, not --ranks {p}")
@@ -486,7 +486,8 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
     aggregation = parse_size(args.aggregation)
     known = plait.algorithms(c)
     every = args.algorithm == "all"
-    names = known if every else tuple(args.algorithm.split(","))
+    # each named once, in the order given: "-a ring,ring" ran and printed ring twice
+    names = known if every else tuple(dict.fromkeys(a.strip() for a in args.algorithm.split(",")))
     for n in names:
         if n not in known:
             raise ValueError(f"{c} has no algorithm {n!r}; expected {', '.join(known)}")
