@@ -67,6 +67,10 @@ _ONE_WORKER = {
     "test_compression_docs.py",
     "test_overlap_summary.py",
 }
+# Of those, modules that run on one worker together: each starts a Ray cluster, and two of
+# them side by side on two cores made actors start so slowly that calls timed by their joins
+# ran out.
+_SHARED_WORKER = {"test_ray_groups.py": "ray", "test_ray_group_lifecycle.py": "ray"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -80,4 +84,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for name in (*_FOLDER_MARKERS.get(folder, ()), *_MODULE_MARKERS.get(item.path.name, ())):
             item.add_marker(name)
         if item.path.name in _ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+            group = _SHARED_WORKER.get(item.path.name, item.path.stem)
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture
+def no_stall_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stall probes in this test's calls run in this process: a call that waits a second
+    sends them (plait.runtime.stall), and the transport counts their bytes, so a rank's thread
+    starved that long on a busy machine changed counts that a test holds exact."""
+    from plait.runtime import stall, waits
+
+    monkeypatch.setattr(stall, "PROBE_SECONDS", 600.0)
+    monkeypatch.setattr(waits, "PROBE_SECONDS", 600.0)

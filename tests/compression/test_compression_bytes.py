@@ -24,6 +24,9 @@ from plait.rendezvous.store import MemoryStore, PrefixStore
 from plait.testing import run_ranks
 from plait.transport.conformance import build_in_threads
 
+# Stall probes would add their bytes to the exact counts here (conftest.no_stall_probes).
+pytestmark = pytest.mark.usefixtures("no_stall_probes")
+
 P = 4
 
 

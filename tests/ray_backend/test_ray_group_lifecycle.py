@@ -33,6 +33,9 @@ class Member:
     def __init__(self) -> None:
         import plait.ray  # noqa: F401 - registers the backend in this process
 
+    def ready(self) -> None:
+        """Returns once the actor's process has started (and imported plait)."""
+
     def join(self, size: int, rank: int, name: str, timeout: float = 60.0) -> dict[str, Any]:
         """Create the group here, with PLAIT_TIMEOUT ``timeout``; what happened, and how long
         it took."""
@@ -114,12 +117,21 @@ def cluster() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def actors(cluster: None) -> Iterator[list[Any]]:
     """Three actors for the module; a test that kills one puts a fresh one in its place."""
-    made = [Member.remote() for _ in range(3)]
+    made = started(3)
     try:
         yield made
     finally:
         for a in made:
             ray.kill(a)
+
+
+def started(n: int) -> list[Any]:
+    """``n`` actors whose processes have started: the tests' own time limits (and the
+    members' timeouts) then count the calls only, not Ray starting a worker on a busy
+    machine (it took most of a minute with the other half of the suite beside it)."""
+    made = [Member.remote() for _ in range(n)]
+    ray.get([a.ready.remote() for a in made], timeout=300)
+    return made
 
 
 def keys_of(name: str) -> list[str]:
@@ -142,7 +154,7 @@ def test_survivors_of_a_dead_rank_0_leave_no_keys(actors: list[Any]) -> None:
     assert not [k for k in keys_of("lost0") if old in k]
     assert keys_of("lost0") == []
     # Created again with a new rank 0: it works, and leaves nothing either.
-    actors[0] = Member.remote()
+    actors[0] = started(1)[0]
     joined(ray.get([a.join.remote(3, r, "lost0") for r, a in enumerate(actors)], timeout=60))
     got = ray.get([a.allreduce.remote("lost0", 1.0) for a in actors], timeout=60)
     np.testing.assert_array_equal(got[0], np.full(4, 3.0))

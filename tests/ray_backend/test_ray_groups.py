@@ -51,6 +51,10 @@ class Member:
     def __init__(self) -> None:
         import plait.ray  # noqa: F401 - registers the backend in this process
 
+    def ready(self) -> None:
+        """Returns once the actor's process has started (and imported plait): a join timed
+        with its members then counts the join only, not Ray starting a worker."""
+
     def join(self, size: int, rank: int, name: str) -> None:
         import ray.util.collective as col
 
@@ -170,6 +174,7 @@ def members() -> Iterator[list[Any]]:
     )
     try:
         actors = [Member.remote() for _ in range(SIZE)]
+        ray.get([a.ready.remote() for a in actors], timeout=300)
         ray.get([a.join.remote(SIZE, r, "all") for r, a in enumerate(actors)], timeout=120)
         yield actors
     finally:
@@ -313,6 +318,7 @@ def test_killed_member_makes_the_others_raise_peer_lost(members: list[Any]) -> N
     # The survivors destroy the group and create it again with a fresh member.
     ray.get([a.destroy.remote("victim") for a in members[:2]], timeout=60)
     members[2] = Member.remote()
+    ray.get(members[2].ready.remote(), timeout=300)  # the others wait at most PLAIT_TIMEOUT
     ray.get([a.join.remote(SIZE, r, "victim") for r, a in enumerate(members)], timeout=60)
     got = ray.get([a.allreduce.remote("victim", 2.0) for a in members], timeout=60)
     np.testing.assert_array_equal(got[2], np.full(4, 6.0))

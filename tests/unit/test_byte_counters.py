@@ -20,6 +20,9 @@ from plait.rendezvous.store import MemoryStore
 from plait.testing import run_ranks
 from plait.transport.conformance import build_in_threads
 
+# Stall probes would add their bytes to the exact counts here (conftest.no_stall_probes).
+pytestmark = pytest.mark.usefixtures("no_stall_probes")
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "compression.md"
 N = 1 << 20  # float64 elements: 8 MiB
 RING = 8 * N  # what one of 2 ranks sends in a ring allreduce of 8 MiB: 2 (p - 1) / p of it
