@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,19 +74,35 @@ def start_by_hand(
 def collect(
     procs: Sequence[subprocess.Popen[str]], timeout: float
 ) -> tuple[list[dict[str, Any] | None], str]:
-    """Wait for every rank, killing all past ``timeout`` seconds; each rank's last ``RESULT
-    {json}`` line (None where it printed none), and every rank's exit code and output."""
-    results: list[dict[str, Any] | None] = []
-    logs = []
+    """Wait for every rank, killing all once ``timeout`` seconds have passed; each rank's last
+    ``RESULT {json}`` line (None where it printed none), and every rank's exit code and output.
+
+    Every rank's pipes are read at once, on a thread each: read one rank after another, a rank
+    that wrote more than a pipe holds while an earlier one waited for it in a call stopped both
+    until the timeout, and the timeouts added up, one per rank.
+    """
+    outputs: list[tuple[str, str]] = [("", "")] * len(procs)
+
+    def drain(i: int) -> None:
+        outputs[i] = procs[i].communicate()
+
+    readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            logs.append(f"--- rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}")
-            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-            results.append(json.loads(lines[-1][7:]) if lines else None)
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+        for t in readers:
+            t.join()  # a killed rank's pipes close
+    results: list[dict[str, Any] | None] = []
+    logs = []
+    for p, (out, err) in zip(procs, outputs, strict=True):
+        logs.append(f"--- rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}")
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        results.append(json.loads(lines[-1][7:]) if lines else None)
     return results, "\n".join(logs)

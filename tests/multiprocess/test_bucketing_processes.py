@@ -20,6 +20,10 @@ SCRIPT = textwrap.dedent(
     import plait
     from plait.bucketing import Bucketer
     from plait.compression import PowerSGD
+    from plait.runtime import stall, waits
+
+    # A call that waits a second for its peer sends a stall probe, whose bytes count too
+    stall.PROBE_SECONDS = waits.PROBE_SECONDS = 1e9
 
     with plait.init() as comm:
         g = np.random.default_rng(comm.rank).standard_normal((256, 256)).astype(np.float32)

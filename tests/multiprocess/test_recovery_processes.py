@@ -792,7 +792,11 @@ else:
             got.update(kind=type(exc).__name__, text=str(exc), took=time.monotonic() - start)
     waiter = threading.Thread(target=agree)
     waiter.start()
-    time.sleep(0.5)  # not synchronising: close comes while agree waits for rank 1
+    # close once the agreement is under way (numbered: past agree's look at a closed
+    # communicator), while it waits for rank 1; a close before that says "agree on a
+    # closed communicator", which a thread slow to start made this test see
+    while comm._recovery._agrees == 0:
+        time.sleep(0.01)
     comm.close()
     waiter.join()
     report(**got)
