@@ -75,8 +75,11 @@ __all__ = [
 LOOK_SECONDS = 1.0
 #: Most seconds host 0's launcher keeps serving the store for the others to see a failure.
 LINGER_SECONDS = 3.0
-#: Most seconds a launcher waits for the filings of the hosts that failed before it.
-GATHER_SECONDS = 6.0
+#: Most seconds a launcher waits for the filings of the hosts that failed before it. It
+#: waits this long only where a filing never comes (its launcher died); a host that names a
+#: likelier cause late (a bystander slow to end, then its linger) files 4-5 s after its
+#: ticket on a busy machine, which 6 s left too little room for.
+GATHER_SECONDS = 15.0
 #: Seconds between two looks for filings while a launcher gathers them.
 _SLICE_SECONDS = 0.25
 #: Seconds one call to the store may take from the launcher's own thread.
