@@ -91,7 +91,8 @@ def test_simulate_refuses_a_negative_segment() -> None:
         (["--topology", "flat:"], "flat takes no parameters"),
         (["--topology", "hosts:2:1:3"],
          "hosts takes at most 2 parameters; expected hosts:K[:NICS]"),
-        (["--topology", "torus:2x2:1"], "torus takes at most 1 parameter; expected torus:AxB[xC]"),
+        (["--topology", "torus:2x2:1"],
+         "torus takes at most 1 parameter; expected torus:AxB[xC...]"),
         (["--topology", "fat-tree:2:1:1:1"], "fat-tree takes at most 3 parameters"),
         # Each cost names its own option: these blamed --alpha, --beta or --topology.
         (["--topology", "hosts:2", "--intra-alpha", "-1"],
