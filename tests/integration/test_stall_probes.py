@@ -708,18 +708,22 @@ def test_a_timeout_names_the_receive_that_waits_for_this_rank() -> None:
     # Threads as ranks are not alone (Note [crossed calls]): rank 1's receive from rank 0,
     # which waits for it in a barrier, is no sure deadlock here, but both timeouts say it.
     # Nobody closes (run_ranks closes a rank's communicator as its body returns) before both
-    # timeouts came: rank 0's barrier read rank 1's close as a lost peer once.
+    # timeouts came: rank 0's barrier read rank 1's close as a lost peer once. Rank 1's receive
+    # (the communicator's timeout: one of its own takes no part in crossings) waits 4 s longer
+    # than rank 0's barrier: where it ended first (its thread started first on a busy
+    # machine), the notice that it had ended reached rank 0 before its own timeout, which then
+    # named no receive.
     both = threading.Barrier(2)
 
     def body(comm: plait.Communicator) -> tuple[str, float, str]:
         if comm.rank == 1:
             got = _outcome(lambda: comm.recv(np.zeros(4), 0))
         else:
-            got = _outcome(comm.barrier)
+            got = _outcome(lambda: comm.barrier(timeout=8))
         both.wait(30)
         return got
 
-    (kind0, _, said0), (kind1, _, said1) = run_ranks(2, body, timeout=8)
+    (kind0, _, said0), (kind1, _, said1) = run_ranks(2, body, timeout=12)
     assert kind0 == "CollectiveTimeout", said0
     assert "job rank 1 waits in recv from rank 0 (tag 0) of the world communicator" in said0
     assert kind1 == "CommTimeout", said1
