@@ -157,6 +157,31 @@ def test_different_collectives_fail_on_every_rank_within_seconds(
     assert all(float(f[2]) < 10 for f in found), res.stdout  # not the 60 s timeout
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_reduce_scatter_counts_leaving_a_rank_no_rows_fail_on_every_rank(
+    tmp_path: Path, transport: str
+) -> None:
+    # Rank 1 counts no rows for itself, rank 0 one: rank 1 received no data, and returned an
+    # empty block as if the call had succeeded (Note [the root's word] in plait.algos._rooted).
+    script = """
+        import numpy as np, plait
+        for algorithm in ("pairwise", "ring"):
+            comm = plait.init(timeout=60)
+            counts = [1, 1] if comm.rank == 0 else [2, 0]
+            try:
+                comm.reduce_scatter(np.ones((2, 2)), counts=counts, algorithm=algorithm)
+            except plait.MismatchError:
+                print(f"{algorithm} on {comm.rank}", flush=True)
+            else:
+                raise SystemExit(f"no error on rank {comm.rank} ({algorithm})")
+            comm.close()
+    """
+    res, _ = plait_run(["-n", "2", "--tag-output", "--transport", transport], script, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    found = sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
+    assert found == ["pairwise on 0", "pairwise on 1", "ring on 0", "ring on 1"], res.stdout
+
+
 def test_one_sided_mismatches_fail_every_live_rank_within_seconds(tmp_path: Path) -> None:
     # Over shared memory these calls are one-sided: a gather with two roots, where rank 2
     # agrees with rank 0 and still raises; then one rank's arena allreduce against the others'

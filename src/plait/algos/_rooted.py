@@ -53,8 +53,11 @@ Note [the root's word]
     So a gatherv or allgatherv rank without rows (in a binomial gatherv: a
     subtree without rows) sends a one-element token where its rows would go,
     which is waited for (and, in a ring, passed on) like rows; it costs only
-    calls with such ranks. A call that moves nothing at all meets its peers
-    instead (Note [empty calls meet] in :mod:`plait.algos._presence`).
+    calls with such ranks. A reduce_scatterv rank without rows has the mirror
+    problem (it receives no data, and ended unseen by a peer that counted rows
+    for it), so every rank sends it a one-element token. A call that moves
+    nothing at all meets its peers instead (Note [empty calls meet] in
+    :mod:`plait.algos._presence`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ block from i to j is ``m[i][j]`` elements. Every rank's context carries all the
 counts, so both ends of every message compute its length alike; a block of
 zero elements is no message (the builder drops empty sends and receives on
 both sides), except that a gatherv or allgatherv rank without rows sends a
-one-element token where its rows would go, so that one that disagrees on the
-counts is never unseen (Note [the root's word] in :mod:`plait.algos._rooted`),
+one-element token where its rows would go, and a reduce_scatterv rank without
+rows receives one from every rank, so that one that disagrees on the counts is
+never unseen (Note [the root's word] in :mod:`plait.algos._rooted`),
 and a call with no rows anywhere meets its peers (Note [empty calls meet] in
 :mod:`plait.algos._presence`). With every count equal
 to ``k`` each builder records exactly the schedule of its even twin with
@@ -308,6 +309,7 @@ def reduce_scatterv_ring(b: Builder) -> None:
     chunks = uneven_blocks(work, counts)
     ring_reduce_scatter(b, range(ctx.size), ctx.rank, chunks, ctx.segment)
     b.copy(chunks[ctx.rank], b.out)
+    _tokens_to_ranks_without_rows(b, counts)
 
 
 @register(
@@ -319,5 +321,22 @@ def reduce_scatterv_ring(b: Builder) -> None:
 def reduce_scatterv_pairwise(b: Builder) -> None:
     """Pairwise exchange of uneven blocks, each reduced by its owner, in rank order: p-1 steps."""
     ctx = b.ctx
-    blocks = uneven_blocks(b.inp, ctx.block_counts())
-    reduce_to_owners(b, blocks, b.out, ctx.segment)
+    counts = ctx.block_counts()
+    reduce_to_owners(b, uneven_blocks(b.inp, counts), b.out, ctx.segment)
+    _tokens_to_ranks_without_rows(b, counts)
+
+
+def _tokens_to_ranks_without_rows(b: Builder, counts: Sequence[int]) -> None:
+    """A one-element token from every rank to each rank without rows, in pairwise order,
+    where the call moves something: such a rank receives no data, and would otherwise end
+    its call unseen by a peer that disagrees on the counts (Note [the root's word] in
+    :mod:`plait.algos._rooted`). Ranks with rows hear from every rank through their data."""
+    if moves_nothing(b):
+        return
+    p, r = b.size, b.rank
+    for s in range(1, p):
+        to, frm = pairwise_peers(r, p, s)
+        if not counts[to]:
+            b.send(to, b.scratch(1))
+        if not counts[r]:
+            b.recv(frm, b.scratch(1))

@@ -133,8 +133,10 @@ def must_hear(
       token.
     * A call that moves data out of the root (broadcast, scatter, scatterv): the
       root hears its :func:`witness` (Note [rooted calls agree on the root]).
-    * The others (reduce_scatter, alltoall and their uneven twins): nothing beyond
-      their data.
+    * A reduce_scatterv: every rank, a rank without rows by a token from each
+      rank (its counts are given on every rank, not exchanged).
+    * The others (reduce_scatter, alltoall, alltoallv, whose counts an allgather
+      has already agreed): nothing beyond their data.
     """
     table = _collective(collective)
     everyone = frozenset(range(size))
@@ -153,6 +155,8 @@ def must_hear(
         return frozenset(), ""
     if table.replicated:
         return everyone, "a result every rank shares"
+    if collective == "reduce_scatterv":
+        return everyone, "a rank without rows hears a token from every rank"
     return frozenset(), ""
 
 
