@@ -212,6 +212,19 @@ def test_a_later_traceback_that_is_not_chained_starts_anew() -> None:
     assert (tb.first, tb.last, tb.started) == ("ValueError", "ValueError", 4.0)
 
 
+def test_plaits_own_line_within_a_traceback_is_not_its_exception() -> None:
+    # A signal's dump says where it wrote between the frames and the exception line.
+    tb = read(
+        textwrap.dedent("""\
+        Traceback (most recent call last):
+          File "x.py", line 3, in <module>
+        plait: flight recorder dumped to /dumps/job/rank0.json
+        plait.errors.AbortedError: rank 0: barrier: the communicator was aborted by rank 1
+    """)
+    )
+    assert (tb.first, tb.last) == ("plait.errors.AbortedError", "plait.errors.AbortedError")
+
+
 def test_an_exception_group_is_named_by_the_group() -> None:
     tb = read(
         "  + Exception Group Traceback (most recent call last):\n"

@@ -49,6 +49,8 @@ _SYNTAX_FILE = re.compile(rb'  File ".*", line \d+$')
 #: What a rank's stall line holds (it may follow a ``[rank]: `` prefix of the rank's own).
 _STALL = STALL_MARKER.encode()
 _TRACEBACK = b"Traceback (most recent call last):"
+#: How plait's own lines on a rank's stderr start (``plait: flight recorder dumped to ...``).
+_OWN_LINE = b"plait: "
 _GROUP_TRACEBACK = b"  + Exception Group Traceback (most recent call last):"
 _CHAINED = (
     b"The above exception was the direct cause of the following exception:",
@@ -123,8 +125,10 @@ class Traceback:
             elif not line or line[:1].isspace():
                 return  # a frame, its source line or its carets
             match = _EXCEPTION_LINE.match(line)
-            if match is None:
-                return  # another thread's line in the middle of the traceback
+            if match is None or line.startswith(_OWN_LINE):
+                # another thread's line in the middle of the traceback, or plait's own (a
+                # signal's dump says where it wrote, between the frames and the exception)
+                return
             name = match.group(1).decode(errors="replace")
             if self.first is None:
                 self.first = name
