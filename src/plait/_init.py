@@ -86,7 +86,6 @@ import contextlib
 import hashlib
 import os
 import secrets
-import socket
 import stat
 import tempfile
 import threading
@@ -100,7 +99,7 @@ from typing import Any
 from plait._binding import bind_crowded
 from plait._checks import check_timeout, env_switch
 from plait._meeting import TRANSPORTS, check_arguments, claim_rank, init_space, job_space, meet
-from plait._processes import die_with_launcher
+from plait._processes import die_with_launcher, host_name
 from plait.communicator import Communicator, default_timeout
 from plait.errors import CommError, RendezvousError
 from plait.group import own_comm_id
@@ -559,7 +558,7 @@ def init(
     elif timeout is not None:  # one check for every phase (inf is the longest timeout)
         timeout = check_timeout(timeout, "init")
     if size == 1:
-        return Communicator(MemoryFabric(1).endpoints[0], timeout=timeout)
+        return Communicator(MemoryFabric(1).endpoints[0], timeout=timeout, hosts=(host_name(),))
     config = settings()  # a bad rules file or PLAIT_ALGO fails before anything moves
 
     global _generation
@@ -604,7 +603,7 @@ def init(
     temp = info.store_is_temp and from_env
     kept = False  # the communicator keeps the store (Note [store lifetime])
     try:
-        host = os.environ.get("PLAIT_HOST") or socket.gethostname()
+        host = host_name()
         claim_rank(group, rank, size, job_id, info.launcher)
         if rank == 0:  # before its host: a rank that has met every host reads it
             group.set("run", f"{secrets.token_hex(6)} {size}".encode())

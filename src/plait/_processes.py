@@ -12,12 +12,26 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import threading
 from typing import NamedTuple
 
 from plait.transport.shm.doorbell import machine
 
-__all__ = ["Process", "alive", "die_with_launcher", "machine", "stopped", "this_process"]
+__all__ = [
+    "Process",
+    "alive",
+    "die_with_launcher",
+    "host_name",
+    "machine",
+    "stopped",
+    "this_process",
+]
+
+
+def host_name() -> str:
+    """The name of the host this rank runs on: ``PLAIT_HOST``, or the machine's."""
+    return os.environ.get("PLAIT_HOST") or socket.gethostname()
 
 
 class Process(NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,16 @@ def test_single_rank_init() -> None:
     assert comm.closed
     with pytest.raises(plait.ClosedError):
         comm.allreduce(x)
+
+
+def test_a_single_rank_names_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It said "localhost", whatever PLAIT_HOST or the machine's name, unlike two ranks.
+    monkeypatch.delenv("PLAIT_HOST", raising=False)
+    with plait.init() as comm:
+        assert comm.hosts == (socket.gethostname(),)
+    monkeypatch.setenv("PLAIT_HOST", "node-a")
+    with plait.init() as comm:
+        assert (comm.host, comm.split_by_host().host) == ("node-a", "node-a")
 
 
 def test_init_with_transport() -> None:
