@@ -60,6 +60,13 @@ def test_unknown_times_are_left_out() -> None:
     )
 
 
+def test_a_lone_rank_measures_its_calls_on_time() -> None:
+    # It measured none: a call needed two ranks' times, which a one-rank job never has.
+    starts = np.array([[0.0], [1.0], [NAN]])
+    result = measure(starts, starts + 1, [0, 1, 2], ["allreduce"] * 3)
+    assert [(x.calls, x.median, x.max) for x in result] == [(2, 0.0, 0.0)]
+
+
 def test_shapes_are_checked() -> None:
     with pytest.raises(ValueError, match="calls, ranks"):
         measure(np.zeros(3), np.zeros(3), [0], ["allreduce"])

@@ -144,7 +144,8 @@ def measure(
         keep = np.array([c in SYNCHRONIZING for c in collectives], dtype=bool).reshape(-1, 1)
         values = np.where(keep, ends - starts, np.nan)
     late = np.full((calls, ranks), np.nan)
-    usable = np.isfinite(values).sum(axis=1) >= 2  # one rank alone is late to no one
+    # A call with one rank's time compares nothing; a one-rank job's calls are each on time.
+    usable = np.isfinite(values).sum(axis=1) >= min(2, ranks)
     if usable.any():
         v = values[usable]
         if same_clock:
