@@ -376,7 +376,11 @@ class ObjectMethods(UnevenMethods):
         seconds = self._runner.seconds(timeout, c)
         lane = ("send", dst, tag)
         end = time.monotonic() + seconds  # one deadline for the whole object, its turn included
-        with self._lanes.hold(lane, seconds, f"rank {self._rank}: {c} to {dst}"):
+        what = f"rank {self._rank}: {c} to rank {dst} (tag {tag})"
+        with (
+            self._lanes.hold(lane, seconds, f"rank {self._rank}: {c} to {dst}"),
+            _one_call(what, seconds),
+        ):
             try:
                 self.send(word, dst, tag, timeout=_left(end))
                 if err is None:
@@ -405,7 +409,11 @@ class ObjectMethods(UnevenMethods):
         seconds = self._runner.seconds(timeout, c)
         lane = ("recv", src, tag)
         end = time.monotonic() + seconds  # one deadline for the whole object, its turn included
-        with self._lanes.hold(lane, seconds, f"rank {self._rank}: {c} from {src}"):
+        what = f"rank {self._rank}: {c} from rank {src} (tag {tag})"
+        with (
+            self._lanes.hold(lane, seconds, f"rank {self._rank}: {c} from {src}"),
+            _one_call(what, seconds),
+        ):
             try:
                 word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=_left(end))
             except MismatchError as exc:  # not a length: the rest of a cut object
@@ -470,6 +478,23 @@ _CUT = (
     "rank {src}'s earlier send_object on this tag may have failed partway (a timeout): the "
     "objects on this peer and tag are undefined from here"
 )
+
+
+@contextmanager
+def _one_call(what: str, seconds: float) -> Iterator[None]:
+    """A timeout of one of an object's messages, said as the object's call (``what``) and its
+    whole ``seconds``: the messages share one deadline, and a message's own timeout named a
+    plain send or recv and what was left of the deadline."""
+    try:
+        yield
+    except CommTimeout as exc:
+        _, found, rest = str(exc).partition(" did not complete within ")
+        if not found:  # the lane's turn: it names the object's call already
+            raise
+        error = type(exc)(f"{what} did not complete within {seconds:g} s{rest.partition(' s')[2]}")
+        for note in getattr(exc, "__notes__", ()):
+            error.add_note(note)
+        raise error from None
 
 
 def _left(end: float) -> float:

@@ -145,6 +145,23 @@ def test_send_object_that_cannot_pickle_raises_on_both_ends() -> None:
     run_ranks(2, body)
 
 
+def test_a_timeout_names_the_object_call_and_its_whole_timeout() -> None:
+    """A receive's timeout named a plain ``recv`` and what its message had left of the
+    object's deadline (``within 0.99997 s``)."""
+
+    def body(comm: plait.Communicator) -> None:
+        if comm.rank == 1:
+            with pytest.raises(CommTimeout) as got:
+                comm.recv_object(0, tag=9, timeout=0.5)
+            assert str(got.value).startswith(
+                "rank 1: recv_object from rank 0 (tag 9) did not complete within 0.5 s; the "
+                "peer may have died"
+            ), got.value
+        comm.barrier()
+
+    run_ranks(2, body)
+
+
 def test_a_rank_sends_an_object_to_itself() -> None:
     """``send`` to this rank worked, and mpi4py's ``comm.send(obj, dest=comm.rank)`` does;
     ``send_object`` refused its own rank."""
