@@ -9,6 +9,18 @@ its receive)::
 
     python -m plait.diagnostics.timeline merged.json trace.rank*.json
 
+The first argument is the output. The merge refuses, writing nothing, an
+output that is also one of its inputs, or an existing file that is a rank's
+own timeline (as PLAIT_TIMELINE and :meth:`Timeline.write` write them, named
+``plait timeline, rank N`` in their ``otherData``). So the output forgotten,
+``python -m plait.diagnostics.timeline trace.rank*.json`` does not write the
+other ranks' merge over rank 0's file. The rule reads the file, not its name
+(with ``{rank}``, a rank's file may have any name); a merged trace, or any
+other file, is replaced. An input that is missing, unreadable or not a Chrome
+trace is named on stderr with what was expected. The exit status is 0 when the
+merged trace was written, 2 when nothing was (an output refused, an input not
+read) and 1 when it could not be written.
+
 Open a trace in https://ui.perfetto.dev or ``chrome://tracing``. The events
 follow ``plait sim --trace`` (:mod:`plait.diagnostics._trace_format`): a
 process per rank (``rank N``), local work on thread ``compute``, sends and
@@ -29,6 +41,7 @@ per step, so the timeline is off unless PLAIT_TIMELINE is set.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
@@ -39,6 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from plait.cli import plain
 from plait.diagnostics._trace_format import (
     COMPUTE_TID,
     document,
@@ -59,6 +73,12 @@ CALLS_TID = 999
 DEFAULT_EVENTS = 1_000_000
 #: Step kinds that go on the net lanes; the others go on ``compute``.
 _NET_KINDS = frozenset({"send", "recv"})
+#: How a rank's own timeline names itself (``otherData``), followed by its rank.
+_RANK_NAME = "plait timeline, rank "
+#: The merge command, as its usage and its messages name it.
+_PROG = "python -m plait.diagnostics.timeline"
+#: What the merge expects of each input, for its messages.
+_EXPECTED = "expected a rank's timeline as PLAIT_TIMELINE writes it (a Chrome trace)"
 
 _by_path: dict[tuple[str, int], Timeline] = {}
 _by_path_lock = threading.Lock()
@@ -237,7 +257,7 @@ class Timeline:
         if not self._lock.acquire(blocking=wait):
             return None
         try:
-            doc = document(self.events(), name=f"plait timeline, rank {self.rank}")
+            doc = document(self.events(), name=f"{_RANK_NAME}{self.rank}")
             doc["otherData"]["dropped_events"] = self.dropped
             replace_with(target, json.dumps(doc))
         finally:
@@ -264,37 +284,106 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
 
     Raises:
         OSError: a file cannot be read or written.
-        ValueError: a file is not a trace.
+        ValueError: a file is not a trace; ``out`` is one of ``paths`` or an existing
+            rank's own timeline (see the module docstring), which the merge would lose.
     """
+    return _write(_merged(paths, out), out)
+
+
+def _load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The Chrome trace in file ``path``.
+
+    Raises:
+        OSError: it cannot be read (the message names it and why, in one line).
+        ValueError: it is not a Chrome trace (likewise).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a trace (not UTF-8 text); {_EXPECTED}") from None
+    except OSError as exc:  # the path and why, not Python's "[Errno 2] ...: 'path'"
+        raise OSError(f"{path}: cannot be read ({exc.strerror or exc}); {_EXPECTED}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc}); {_EXPECTED}") from None
+    except RecursionError:  # nested deeper than the parser goes: no trace is
+        raise ValueError(f"{path}: not a trace (JSON nested too deep); {_EXPECTED}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a Chrome trace (no traceEvents list); {_EXPECTED}")
+    return doc
+
+
+def _rank_of(path: Path) -> str | None:
+    """The rank whose own timeline file ``path`` is (as its ``otherData`` says), else None:
+    not such a timeline (a merged trace, another file), or no file at all."""
+    try:
+        doc = _load(path)
+    except (OSError, ValueError):
+        return None
+    other = doc.get("otherData")
+    name = other.get("name") if isinstance(other, dict) else None
+    if isinstance(name, str) and name.startswith(_RANK_NAME):
+        return name.removeprefix(_RANK_NAME)
+    return None
+
+
+def _check_output(paths: Sequence[str | os.PathLike[str]], out: Path) -> None:
+    """ValueError if writing ``out`` would lose a rank's events (see the module docstring)."""
+    for p in paths:
+        try:
+            same = Path(p).resolve() == out.resolve() or os.path.samefile(p, out)
+        except OSError:  # either is missing: not the same file (a missing input says so)
+            same = False
+        if same:
+            raise ValueError(
+                f"{out} is both the output and an input, which the merge would write over; "
+                f"the first argument is the output: {_PROG} OUT.json RANK.json..."
+            )
+    if out.is_file() and (rank := _rank_of(out)) is not None:
+        raise ValueError(
+            f"{out} is rank {rank}'s own timeline, which the merge would write over; "
+            f"the first argument is the output (a new file): {_PROG} OUT.json RANK.json..."
+        )
+
+
+def _arrow_key(e: Any) -> tuple[int, int, float, float, dict[str, Any]] | None:
+    """``(pid, tid, start, duration, args)`` of a slice, seconds; None for other events."""
+    if not isinstance(e, dict) or e.get("ph") != "X":
+        return None
+    args = e.get("args", {})
+    try:
+        return e["pid"], e["tid"], e["ts"] / 1e6, e["dur"] / 1e6, args
+    except (KeyError, TypeError):  # not a slice plait wrote: no arrow to or from it
+        return None
+
+
+def _merged(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> str:
+    """The merged trace of :func:`merge`, as JSON text: reads the files, writes none."""
+    _check_output(paths, Path(out))
     events: list[dict[str, Any]] = []
     for p in paths:
-        doc = json.loads(Path(p).read_text(encoding="utf-8"))
-        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-            raise ValueError(f"{p}: not a Chrome trace (no traceEvents list)")
-        events.extend(doc["traceEvents"])
+        events.extend(_load(p)["traceEvents"])
     sends: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
     recvs: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in ("send", "recv", "recv_reduce"):
-            continue
-        args = e.get("args", {})
-        pid, tid, ts, dur = e["pid"], e["tid"], e["ts"] / 1e6, e["dur"] / 1e6
-        comm, peer, tag = args.get("comm", 0), args["peer"], args["tag"]
-        if e["cat"] == "send":
-            sends.setdefault((comm, pid, peer, tag), []).append((pid, tid, ts + dur / 2))
-        else:
-            recvs.setdefault((comm, peer, pid, tag), []).append((pid, tid, ts + dur))
     posts: dict[tuple[int, int, int], tuple[int, int, float]] = {}
     reads: list[tuple[tuple[int, int, int], tuple[int, int, float]]] = []
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in ("post", "get", "get_reduce", "wait"):
+        cat = e.get("cat") if isinstance(e, dict) else None
+        if (found := _arrow_key(e)) is None or not isinstance(found[4], dict):
             continue
-        args = e.get("args", {})
-        pid, tid, ts, dur = e["pid"], e["tid"], e["ts"] / 1e6, e["dur"] / 1e6
+        pid, tid, ts, dur, args = found
         comm = args.get("comm", 0)
-        if e["cat"] == "post":
+        if cat in ("send", "recv", "recv_reduce") and "peer" in args and "tag" in args:
+            peer, tag = args["peer"], args["tag"]
+            if cat == "send":
+                sends.setdefault((comm, pid, peer, tag), []).append((pid, tid, ts + dur / 2))
+            else:
+                recvs.setdefault((comm, peer, pid, tag), []).append((pid, tid, ts + dur))
+        elif cat == "post" and "tag" in args:
             posts[(comm, pid, args["tag"])] = (pid, tid, ts + dur)
-        elif "peer" in args:  # not the executor's own "wait" (blocked in the transport)
+        elif cat in ("get", "get_reduce", "wait") and "peer" in args and "tag" in args:
+            # not the executor's own "wait" (blocked in the transport), which has no peer
             reads.append(((comm, args["peer"], args["tag"]), (pid, tid, ts + dur)))
     n = 0
     for key, dsts in recvs.items():
@@ -306,19 +395,47 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         if post in posts:
             events.extend(flow(n, posts[post], dst))
             n += 1
+    return json.dumps(document(events, name="plait timeline"))
+
+
+def _write(text: str, out: str | os.PathLike[str]) -> Path:
+    """Write the merged trace ``text`` to ``out``; OSError naming it if it cannot be."""
     target = Path(out)
-    target.write_text(json.dumps(document(events, name="plait timeline")), encoding="utf-8")
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OSError(f"{target}: cannot be written ({exc.strerror or exc})") from None
     return target
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m plait.diagnostics.timeline OUT IN...``: merge per-rank timelines."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2 or args[0] in ("-h", "--help"):
-        print("usage: python -m plait.diagnostics.timeline OUT.json RANK.json...", file=sys.stderr)
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description=plain(__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "out",
+        metavar="OUT.json",
+        help="the merged trace to write: a new file or a merged trace (never an input, "
+        "nor a rank's own timeline)",
+    )
+    parser.add_argument(
+        "paths", metavar="RANK.json", nargs="+", help="the ranks' timelines to merge"
+    )
+    args = parser.parse_args(argv)
+    try:
+        text = _merged(args.paths, args.out)
+    except (OSError, ValueError) as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    out = merge(args[1:], args[0])
-    print(f"merged {len(args) - 1} timelines into {out}")
+    try:
+        out = _write(text, args.out)
+    except OSError as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return 1
+    print(f"merged {len(args.paths)} timelines into {out}")
     return 0
 
 
