@@ -250,13 +250,20 @@ def simulate(
             default), 0 for the others.
 
     Raises:
+        TypeError: ``op`` is not a :class:`plait.Op` (as a communicator refuses it).
         ValueError: bad arguments (unknown algorithm, op not allowed by it or not defined
             for ``dtype``, ``root`` not a rank, ``nbytes`` negative or above
             :data:`MAX_BYTES`, negative ``segment_bytes``, ...).
         SimCheckError: with data, a result that differs from the reference.
     """
-    dt = np.dtype(dtype)
     op = op if op is not None else SUM
+    if not isinstance(op, Op):  # first: a name ('sum') or a ufunc would fail deep in the build
+        # The communicator's words for this mistake (plait._checks.check_op), less its rank.
+        raise TypeError(
+            f"{collective}: op must be a plait.Op such as plait.SUM or "
+            f"plait.Op(np.logaddexp); got {op!r}"
+        )
+    dt = np.dtype(dtype)
     spec = get(collective, algorithm)
     if not spec.supports(commutative=op.commutative, fabric=True):
         raise ValueError(f"{collective}/{algorithm} needs a commutative op; {op!r} is not")
