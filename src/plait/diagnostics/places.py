@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "dump_dir",
@@ -21,6 +23,7 @@ __all__ = [
     "global_rank",
     "job_id",
     "make_folder",
+    "read_json",
     "replace_with",
     "safe_name",
 ]
@@ -119,6 +122,30 @@ def replace_with(target: Path, text: str) -> None:
 #     folder plait makes is private (0700); the shared ``plait-dumps`` itself is made
 #     sticky and writable by all, as /tmp, so that every user's jobs can make their
 #     folders in it and none can touch another's.
+
+
+def read_json(
+    path: str, kind: str, error: type[Exception], *, tail: str = "", cut: str = ""
+) -> Any:
+    """The JSON document in file ``path``; each way it can fail is one line naming the file.
+
+    Raises:
+        OSError: it cannot be read (and why, not Python's ``[Errno 2] ...: 'path'``).
+        error: it is not ``kind`` (``"a dump"``): not UTF-8, not JSON (and then ``cut``,
+            a guess at why), nested too deep for the parser. ``tail`` ends every message.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not {kind} (not UTF-8 text){tail}") from None
+    except OSError as exc:
+        raise OSError(f"{path}: cannot be read ({exc.strerror or exc}){tail}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not JSON ({exc}){cut}{tail}") from None
+    except RecursionError:  # nested deeper than the parser goes: no such file is
+        raise error(f"{path}: not {kind} (JSON nested too deep){tail}") from None
 
 
 def make_folder(folder: Path) -> None:

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from plait.diagnostics.places import replace_with
+from plait.diagnostics.places import read_json, replace_with
 
 __all__ = [
     "FORMAT",
@@ -345,19 +345,7 @@ def load(path: str | os.PathLike[str]) -> Dump:
         OSError: it cannot be read.
     """
     p = str(path)
-    try:
-        text = Path(p).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DumpError(f"{p}: not a dump (not UTF-8 text)") from None
-    except OSError as exc:  # the path and why, not Python's "[Errno 2] ...: 'path'"
-        raise OSError(f"{p}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DumpError(f"{p}: not JSON ({exc}); was the dump cut short?") from None
-    except RecursionError:  # nested deeper than the parser goes: no dump is
-        raise DumpError(f"{p}: not a dump (JSON nested too deep)") from None
-    return parse(obj, p)
+    return parse(read_json(p, "a dump", DumpError, cut="; was the dump cut short?"), p)
 
 
 def find_dumps(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:

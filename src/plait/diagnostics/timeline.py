@@ -52,7 +52,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plait.cli import plain
 from plait.diagnostics._trace_format import (
     COMPUTE_TID,
     document,
@@ -62,7 +61,7 @@ from plait.diagnostics._trace_format import (
     slice_event,
     step_label,
 )
-from plait.diagnostics.places import replace_with
+from plait.diagnostics.places import read_json, replace_with
 from plait.diagnostics.recorder import FlightRecorder, Slot
 
 __all__ = ["CALLS_TID", "DEFAULT_EVENTS", "Timeline", "merge", "rank_path"]
@@ -297,18 +296,7 @@ def _load(path: str | os.PathLike[str]) -> dict[str, Any]:
         OSError: it cannot be read (the message names it and why, in one line).
         ValueError: it is not a Chrome trace (likewise).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a trace (not UTF-8 text); {_EXPECTED}") from None
-    except OSError as exc:  # the path and why, not Python's "[Errno 2] ...: 'path'"
-        raise OSError(f"{path}: cannot be read ({exc.strerror or exc}); {_EXPECTED}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc}); {_EXPECTED}") from None
-    except RecursionError:  # nested deeper than the parser goes: no trace is
-        raise ValueError(f"{path}: not a trace (JSON nested too deep); {_EXPECTED}") from None
+    doc = read_json(str(path), "a trace", ValueError, tail=f"; {_EXPECTED}")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise ValueError(f"{path}: not a Chrome trace (no traceEvents list); {_EXPECTED}")
     return doc
@@ -408,11 +396,24 @@ def _write(text: str, out: str | os.PathLike[str]) -> Path:
     return target
 
 
+#: What ``--help`` says (the module's docstring in its own words for a terminal).
+_HELP = """Merge the per-rank traces that PLAIT_TIMELINE writes into one Chrome trace,
+with an arrow from each send to its receive; open it in https://ui.perfetto.dev.
+
+The first argument is the output. The merge refuses, writing nothing, an output
+that is also one of its inputs, or an existing file that is a rank's own timeline,
+so that `python -m plait.diagnostics.timeline trace.rank*.json`, the output
+forgotten, does not write the other ranks' merge over rank 0's file; a merged
+trace, or any other file, is replaced. The exit status is 0 when the merged trace
+was written, 2 when nothing was (an output refused, an input not read) and 1 when
+it could not be written."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m plait.diagnostics.timeline OUT IN...``: merge per-rank timelines."""
     parser = argparse.ArgumentParser(
         prog=_PROG,
-        description=plain(__doc__ or ""),
+        description=_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
