@@ -9,7 +9,6 @@ times.
 from __future__ import annotations
 
 import contextlib
-import errno
 import glob
 import os
 import queue
@@ -38,6 +37,7 @@ from plait.launch.stall import (
     send_usr1,
     stall_timeout,
 )
+from plait.launch.starting import StartError, start_error
 from plait.launch.watch import RankProcess, adopt_orphans, group_members, stop, watch
 from plait.rendezvous.lost import joined as has_joined
 from plait.rendezvous.lost import report_lost
@@ -81,6 +81,8 @@ class Job:
     long, and the launcher then has the other ranks dump too (:mod:`plait.launch.stall`).
 
     Raises:
+        TypeError: ``command`` is one string (or bytes), where it needs a list of the
+            program and its arguments, such as ``['python', 'hello.py']``.
         ValueError: the numbers do not make a job (``nproc < 1``, ``node_rank`` outside
             ``0..nnodes-1``, a ``master_port`` outside 0..65535, several hosts without
             a fixed ``master_port``, restarts on
@@ -120,6 +122,11 @@ class Job:
     enable_recovery: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.command, (str, bytes, bytearray)):  # each character an argument
+            raise TypeError(
+                f"command must be a list of the program and its arguments, such as "
+                f"['python', 'hello.py'], not one string: {self.command!r}"
+            )
         if not self.command:
             raise ValueError("a job needs a command for its ranks to run")
         if self.nproc < 1 or self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -178,7 +185,11 @@ def launch(job: Job, *, stdout: IO[str] | None = None, stderr: IO[str] | None = 
             meet] in :mod:`plait.rendezvous.nodes`).
         StartError: a rank cannot be started, for a limit of this host (descriptors,
             processes, threads or memory); the ranks started before it are stopped.
-        OSError: a rank's command cannot be started.
+        OSError: a rank's command cannot be run (:mod:`plait.launch.starting`): no such
+            program (FileNotFoundError, also for a script whose ``#!`` line names a missing
+            interpreter), not executable (PermissionError), not a program this host runs
+            (ENOEXEC); the message names the command and what to do, and the ranks
+            started before it are stopped.
     """
     base = {**os.environ, **job.env}
     # Every connection of the job proves it knows this secret (see plait._auth).
@@ -331,7 +342,7 @@ def _attempt(
         job_id = f"{job_id}-r{restart}"
 
     address = format_address(host, port)
-    first = job.node_rank * job.nproc
+    first, total = job.node_rank * job.nproc, job.nproc * job.nnodes
     envs = [
         _rank_env(job, base, first + local, local, address, job_id, secret, restart)
         for local in range(job.nproc)
@@ -375,8 +386,8 @@ def _attempt(
                     bufsize=0,
                     process_group=0 if own else None,
                 )
-            except OSError as exc:  # the host's limits: the ranks started so far are stopped
-                raise StartError(_cannot_start(job, rank, exc)) from exc
+            except OSError as exc:  # the ranks started so far are stopped (finally)
+                raise start_error(job.command, env, rank, total, exc) from exc
             relay.add(rank, proc)
             ranks.append(RankProcess(rank, proc, group=own, before=before))
             try:
@@ -384,7 +395,7 @@ def _attempt(
                     target=lambda r=rank, p=proc: events.put((r, p.wait())), daemon=True
                 ).start()
             except RuntimeError as exc:  # "can't start new thread": the limit on threads
-                raise StartError(_cannot_start(job, rank, exc)) from exc
+                raise start_error(job.command, env, rank, total, exc) from exc
         relay.start()
         # A rank that exits before it joined plait.init is filed for the others, on every
         # job (Note [ranks that never joined] in plait.rendezvous.lost). Ranks of other hosts
@@ -422,25 +433,6 @@ def _attempt(
                 linger(host, port, secret, job.nnodes)  # Note [a failure on another host]
             server.close()
         _cleanup_shm(job_id)
-
-
-class StartError(OSError):
-    """A rank of the job could not be started: the host's limit on descriptors, processes,
-    threads or memory was reached. The message names the rank and the limit."""
-
-
-def _cannot_start(job: Job, rank: int, exc: BaseException) -> str:
-    """What to say when rank ``rank`` cannot be started: which rank, why, and what to do."""
-    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    total = job.nproc * job.nnodes
-    said = f"cannot start rank {rank} of {total} ranks: {why}"
-    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return (
-            f"{said} (the launcher holds two pipes for each rank's output, and its limit "
-            f"is {soft} descriptors): raise it (ulimit -n) or start fewer ranks"
-        )
-    return f"{said} (a limit of this host on processes, threads or memory): start fewer ranks"
 
 
 def _enough_descriptors(job: Job) -> None:
