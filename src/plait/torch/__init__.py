@@ -15,7 +15,8 @@ Importing this module registers the backend with
 ``torch.distributed.Backend.register_backend("plait", ..., extended_api=True,
 devices=["cpu", "cuda"])`` (CUDA tensors go through host copies, see
 ``plait.torch._staging``), lets ``env://`` work under ``plait run`` (see
-``plait.torch._store``) and, unless PLAIT_TORCH_OBJECTS=0, has
+``plait.torch._store``) and, unless PLAIT_TORCH_OBJECTS=0 (a value other than
+0/1, false/true, no/yes, off/on is refused with ValueError), has
 ``dist.all_gather_object`` and the other ``*_object`` functions run plait's
 object collectives on "plait" groups (see ``plait.torch._objects``).
 ``import plait`` alone never imports torch. See docs/torch.md for what is supported and the limits.
@@ -63,13 +64,18 @@ def register() -> None:
 
     Also wraps torch's ``*_object`` functions for plait groups unless
     PLAIT_TORCH_OBJECTS is 0/false/no/off (``plait.torch._objects``).
+
+    Raises:
+        ValueError: PLAIT_TORCH_OBJECTS is set to anything else but 1/true/yes/on (any
+            case); nothing is registered then.
     """
+    objects = _objects_enabled()  # before anything changes in torch
     if BACKEND_NAME not in _dist.Backend.backend_list:
         _dist.Backend.register_backend(
             BACKEND_NAME, create_process_group, extended_api=True, devices=list(_DEVICE_TYPES)
         )
     _install_env_rendezvous()
-    if _objects_enabled():
+    if objects:
         _install_objects()
 
 

@@ -48,7 +48,8 @@ Note [order with the group's other calls]
 
 Set PLAIT_TORCH_OBJECTS=0 (or false/no/off) before ``import plait.torch`` to
 leave torch's functions alone; the setting must be the same on every rank,
-since the two ways move different messages.
+since the two ways move different messages. Any other value but 1 (true/yes/on)
+makes ``import plait.torch`` raise ValueError.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from plait._checks import env_switch
 from plait.errors import CommError
 from plait.torch._backend import ProcessGroupPlait
 
 __all__ = ["ENV", "NAMES", "enabled", "install", "installed", "original", "uninstall"]
 
-#: The environment variable that turns the wrappers off ("0", "false", "no", "off").
+#: The environment variable that turns the wrappers off ("0", "false", "no", "off"; any
+#: other value but "1", "true", "yes", "on" is refused).
 ENV = "PLAIT_TORCH_OBJECTS"
 #: torch's functions that the wrappers replace.
 NAMES = (
@@ -86,7 +89,6 @@ _HELPERS = (
     "_validate_output_list_for_rank",
     "_get_default_group",
 )
-_OFF = frozenset({"0", "false", "no", "off"})
 #: Marks a wrapper (its value: torch's function it wraps).
 _MARK = "__plait_torch_original__"
 
@@ -95,9 +97,14 @@ _Serve = Callable[[ProcessGroupPlait, dict[str, Any]], Any]
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether PLAIT_TORCH_OBJECTS asks for the wrappers (unset: yes)."""
+    """Whether PLAIT_TORCH_OBJECTS asks for the wrappers (unset or empty: yes).
+
+    Raises:
+        ValueError: a value other than ``1``, ``true``, ``yes``, ``on``, ``0``, ``false``,
+            ``no``, ``off`` (any case), as for PLAIT_BIND; any such value used to mean on.
+    """
     env = os.environ if environ is None else environ
-    return env.get(ENV, "1").strip().lower() not in _OFF
+    return env_switch(env, ENV, True)
 
 
 def original(name: str) -> Callable[..., Any]:
