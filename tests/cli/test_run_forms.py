@@ -148,6 +148,20 @@ def test_unknown_options_get_plait_runs_usage(capsys: pytest.CaptureFixture[str]
     assert "plait run: error: unrecognized arguments: --bogus" in err
 
 
+def test_a_command_that_cannot_run_is_reported_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It passes the check before any rank starts (it exists and is executable), and its
+    # start failed with a traceback.
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job"
+    job.write_text("#!/no/such/interpreter\n")
+    job.chmod(0o755)
+    err = fails(["run", "-n", "2", "--", "./job"], capsys)
+    assert err.startswith("plait run: error: cannot start rank 0 of 2 ranks: ./job: "), err
+    assert err.count("\n") == 1, err
+
+
 def test_a_missing_script_is_reported_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
