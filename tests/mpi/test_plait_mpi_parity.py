@@ -1,6 +1,8 @@
 """plait.mpi where it differed from mpi4py: counts read per block, receives from threads,
 empty request lists, counts past a buffer's end, errors in MPI's terms, None as IN_PLACE,
-Free, Status copies, Abort and timeouts. Each case was reproduced against real mpi4py."""
+Free, Status copies, Abort and timeouts, numpy scalars as buffers, datatypes of two names,
+the maps of type codes, a second handle to a freed communicator. Each case was reproduced
+against real mpi4py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 import plait
 from plait import mpi as MPI
-from plait.mpi._datatypes import message
+from plait.mpi._datatypes import DATATYPES, message
 from plait.testing import run_ranks
 
 
@@ -418,3 +420,227 @@ def test_mpi_exception_is_mpi4pys() -> None:
     assert not MPI.Exception(MPI.SUCCESS)
     assert MPI.Get_error_string(MPI.ERR_TAG) == "MPI_ERR_TAG: invalid tag"
     assert MPI.Get_error_class(MPI.ERR_TRUNCATE) == MPI.ERR_TRUNCATE
+
+
+# -- 8: numpy scalars as buffers ---------------------------------------------------------
+class _CopyEachTime:
+    """An array-like whose ``__array__`` gives a new copy each time."""
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.zeros(2)
+
+
+def test_a_numpy_scalar_a_call_writes_into_raises_buffer_error_before_anything_moves() -> None:
+    """A numpy scalar as a receive buffer was copied into an array, the call received into
+    the copy and returned: the result was lost (a Recv's message with it). mpi4py raises
+    BufferError ("scalar buffer is readonly") on the rank that passed it, before anything
+    moves, and reads a scalar as a send buffer."""
+    scalar = "scalar buffer is readonly"
+
+    def body(c: MPI.Comm) -> Any:
+        r = c.Get_rank()
+        said: list[Any] = []
+        for call in (
+            lambda: c.Allreduce(np.float64(r + 1.0), np.float64(0.0), op=MPI.SUM),
+            lambda: c.Allreduce(MPI.IN_PLACE, np.float64(0.0)),
+            lambda: c.Allreduce(np.float64(1.0), [np.float64(0.0), MPI.DOUBLE]),
+            lambda: c.Allgather(np.float64(1.0), np.float64(0.0)),
+            lambda: c.Alltoall(np.zeros(2), np.float64(0.0)),
+            lambda: c.Reduce_scatter_block(np.zeros(2), np.float64(0.0)),
+            lambda: c.Allgatherv(np.float64(1.0), [np.float64(0.0), [1, 1], MPI.DOUBLE]),
+            lambda: c.Sendrecv(np.float64(1.0), r, 0, np.float64(0.0), r, 0),
+            lambda: c.Irecv(np.float64(0.0), r, 0),
+        ):
+            with pytest.raises(BufferError, match=scalar) as info:
+                call()
+            assert isinstance(info.value, ValueError)
+            said.append(str(info.value).split(":")[0])
+        c.Barrier()
+        said.append(c.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))  # nothing was sent
+        # A receive that raised left its message for the next; a root's call, the retry.
+        got = []
+        if r == 0:
+            c.Send(np.float64(5.0), dest=1)  # a scalar is read as a send buffer
+            c.Bcast(np.array([7.0]), root=0)
+            out = np.float64(0.0)
+            with pytest.raises(BufferError, match=scalar):
+                c.Reduce(np.float64(1.0), out, root=0)
+            total = np.zeros(1)
+            c.Reduce(np.float64(1.0), total, root=0)
+            c.Scatter(np.array([1.0, 2.0]), np.zeros(1), root=0)
+            got.append(total.tolist())
+        else:
+            with pytest.raises(BufferError, match=scalar):
+                c.Recv(np.float64(0.0), source=0)
+            x = np.zeros(1)
+            c.Recv(x, source=0)
+            with pytest.raises(BufferError, match=scalar):
+                c.Bcast(np.float64(0.0), root=0)
+            b = np.zeros(1)
+            c.Bcast(b, root=0)
+            got += [x.tolist(), b.tolist()]
+            c.Reduce(np.float64(2.0), np.float64(0.0), root=0)  # off root: not read
+            with pytest.raises(BufferError, match=scalar):
+                c.Scatter(None, np.float64(0.0), root=0)
+            x = np.zeros(1)
+            c.Scatter(None, x, root=0)
+            got.append(x.tolist())
+        y = np.zeros(1)
+        c.Allreduce(np.float64(r + 1.0), y, op=MPI.SUM)
+        return said, got, y.tolist()
+
+    calls = ["Allreduce"] * 3 + ["Allgather", "Alltoall", "Reduce_scatter_block"]
+    calls += ["Allgatherv", "Sendrecv", "Irecv"]
+    assert ranks(2, body) == [
+        ([*calls, False], [[3.0]], [3.0]),
+        ([*calls, False], [[5.0], [7.0], [2.0]], [3.0]),
+    ]
+    with pytest.raises(BufferError, match=f"Bcast: buf: {scalar}"):
+        message(np.float64(0.0), "Bcast", what="buf", writes=True)
+    assert message(np.float64(2.5), "Bcast", what="buf").typed().tolist() == [2.5]
+    with pytest.raises(BufferError, match="gives a new copy of its data each time"):
+        message(_CopyEachTime(), "Recv", what="buf", writes=True)
+    assert message(_CopyEachTime(), "Send", what="buf").count == 2
+    assert message(np.array(0.0), "Recv", what="buf", writes=True).count == 1  # 0-d: memory
+
+
+# -- 9: datatypes of two names, and mpi4py's maps of type codes -------------------------
+#: The names that are one handle in mpi4py 4.1 on Open MPI, among the datatypes plait.mpi has
+#: (every pair of MPI's Datatype attributes compared with ==).
+ONE_TYPE = [
+    ("BOOL", "C_BOOL"),
+    ("C_COMPLEX", "C_FLOAT_COMPLEX"),
+    ("INT", "SIGNED_INT"),
+    ("INT_INT", "TWOINT"),
+    ("LONG", "SIGNED_LONG"),
+    ("LONG_LONG", "SIGNED_LONG_LONG"),
+    ("SHORT", "SIGNED_SHORT"),
+    ("UNSIGNED", "UNSIGNED_INT"),
+]
+
+
+def test_two_names_of_one_type_are_equal_exactly_where_mpi4pys_are() -> None:
+    """MPI.BOOL == MPI.C_BOOL, MPI.UNSIGNED_INT == MPI.UNSIGNED and MPI.C_FLOAT_COMPLEX ==
+    MPI.C_COMPLEX were False (TWOINT == INT_INT alone was True); in mpi4py on Open MPI each
+    pair is one handle. Names of one size and kind that are two handles stay unequal."""
+    names = sorted(DATATYPES)
+    equal = [
+        (a, b)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if getattr(MPI, a) == getattr(MPI, b)
+    ]
+    assert equal == ONE_TYPE
+    for a, b in ONE_TYPE:
+        assert getattr(MPI, a) is getattr(MPI, b)
+        assert getattr(MPI, a).Get_name() == getattr(MPI, b).Get_name()
+    for x, y in ((MPI.INT, MPI.INT32_T), (MPI.CHAR, MPI.SIGNED_CHAR), (MPI.COMPLEX, MPI.C_COMPLEX)):
+        assert x != y  # one size and kind, two handles in mpi4py
+    assert MPI.UNSIGNED_INT.Get_name() == "MPI_UNSIGNED"
+
+
+#: mpi4py 4.1's MPI._typedict on Open MPI, by name, for the codes whose datatype plait.mpi
+#: has: all but half precision's "e" and "f2" and wchar_t's "U", "U1", "w" and "1w".
+TYPEDICT_C = {
+    "?": "C_BOOL",
+    "b": "SIGNED_CHAR",
+    "h": "SHORT",
+    "i": "INT",
+    "l": "LONG",
+    "q": "LONG_LONG",
+    "B": "UNSIGNED_CHAR",
+    "H": "UNSIGNED_SHORT",
+    "I": "UNSIGNED",
+    "L": "UNSIGNED_LONG",
+    "Q": "UNSIGNED_LONG_LONG",
+    "f": "FLOAT",
+    "d": "DOUBLE",
+    "g": "LONG_DOUBLE",
+    "F": "C_COMPLEX",
+    "D": "C_DOUBLE_COMPLEX",
+    "G": "C_LONG_DOUBLE_COMPLEX",
+    "b1": "C_BOOL",
+    "i1": "INT8_T",
+    "i2": "INT16_T",
+    "i4": "INT32_T",
+    "i8": "INT64_T",
+    "u1": "UINT8_T",
+    "u2": "UINT16_T",
+    "u4": "UINT32_T",
+    "u8": "UINT64_T",
+    "f4": "FLOAT",
+    "c8": "C_COMPLEX",
+    "f8": "DOUBLE",
+    "c16": "C_DOUBLE_COMPLEX",
+    "f16": "LONG_DOUBLE",
+    "c32": "C_LONG_DOUBLE_COMPLEX",
+}
+TYPEDICT = {
+    **TYPEDICT_C,
+    "Zf": "C_COMPLEX",
+    "Zd": "C_DOUBLE_COMPLEX",
+    "Zg": "C_LONG_DOUBLE_COMPLEX",
+    "n": "COUNT",
+    "N": "UNSIGNED_LONG",
+    "p": "AINT",
+    "P": "UNSIGNED_LONG",
+    **dict.fromkeys(["c", "a", "S", "S1", "s", "1s"], "CHAR"),
+    **dict.fromkeys(["u", "1u"], "UINT16_T"),
+    **dict.fromkeys(["M", "M8", "m", "m8"], "INT64_T"),
+}
+#: Fortran's: all but LOGICAL's "l" and the sized ones ("i4": INTEGER4, ...).
+TYPEDICT_F = {
+    "i": "INTEGER",
+    "r": "REAL",
+    "s": "REAL",
+    "d": "DOUBLE_PRECISION",
+    "c": "COMPLEX",
+    "z": "DOUBLE_COMPLEX",
+}
+
+
+def test_typedict_maps_type_codes_as_mpi4pys() -> None:
+    """MPI._typedict[a.dtype.char], an idiom of mpi4py scripts, raised AttributeError."""
+    for got, want in (
+        (MPI._typedict, TYPEDICT),
+        (MPI._typedict_c, TYPEDICT_C),
+        (MPI._typedict_f, TYPEDICT_F),
+    ):
+        assert got == {code: getattr(MPI, name) for code, name in want.items()}
+    for dtype in ("f8", "i4", "c8", "?", "u2", "g"):
+        a = np.zeros(2, dtype)
+        assert message([a, MPI._typedict[a.dtype.char]], "t").count == 2
+    # Other names beginning with "_" stay Python's AttributeError, not Unsupported.
+    for name in ("_typedict_x", "_addressof"):
+        with pytest.raises(AttributeError, match=f"has no attribute '{name}'") as info:
+            getattr(MPI, name)
+        assert not isinstance(info.value, MPI.Unsupported)
+
+
+# -- 10: a second handle to a freed communicator ----------------------------------------
+def test_freeing_a_second_handle_leaves_the_first_a_handle_to_a_freed_communicator() -> None:
+    """a = comm.Dup(); h = MPI.Intracomm(a); h.Free() made a COMM_NULL too; mpi4py sets
+    only the handle freed to COMM_NULL, and a, still true and unequal to COMM_NULL, is a
+    handle to a freed communicator, whose use plait.mpi refuses as MPI_ERR_COMM."""
+
+    def body(c: MPI.Comm) -> Any:
+        a = c.Dup()
+        h, b = MPI.Intracomm(a), MPI.Comm(a)
+        said: list[Any] = [a == h, h.allreduce(1)]
+        h.Free()
+        said += [h == MPI.COMM_NULL, bool(h), a == MPI.COMM_NULL, bool(a), a == h, a == b]
+        said.append(MPI.Intracomm(a) == a)
+        for call in (a.Get_rank, lambda: b.allreduce(1), a.Free, h.Free):
+            with pytest.raises(MPI.Exception) as info:
+                call()
+            assert isinstance(info.value, ValueError)
+            said.append((info.value.Get_error_class(), str(info.value).split(" (")[0]))
+        said += [bool(a), c.allreduce(1)]  # the refused Free changed nothing
+        return said
+
+    null = "Free: MPI_COMM_NULL cannot be freed"
+    want: list[Any] = [True, 2, True, False, False, True, False, True, True]
+    want += [(MPI.ERR_COMM, "plait.mpi: COMM_NULL")] * 2
+    want += [(MPI.ERR_COMM, "Free: this communicator cannot be freed"), (MPI.ERR_COMM, null)]
+    want += [True, 2]
+    assert ranks(2, body) == [want, want]

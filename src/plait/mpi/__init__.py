@@ -26,7 +26,15 @@ from typing import Any
 
 import plait
 from plait.mpi._comm import Comm, Intracomm, world
-from plait.mpi._datatypes import DATATYPES, IN_PLACE, Datatype, InPlace
+from plait.mpi._datatypes import (
+    DATATYPES,
+    IN_PLACE,
+    TYPEDICT,
+    TYPEDICT_C,
+    TYPEDICT_F,
+    Datatype,
+    InPlace,
+)
 from plait.mpi._errors import ERRORS, Exception, Get_error_class, Get_error_string
 from plait.mpi._ops import OPS, Op
 from plait.mpi._requests import REQUEST_NULL, UNDEFINED, Request, Status
@@ -92,7 +100,7 @@ THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 COMM_WORLD = world()
 #: This process alone.
 COMM_SELF = Comm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1), number=1)
-#: What ``Split`` returns for ``MPI.UNDEFINED``; false, and equal to any freed communicator.
+#: What ``Split`` returns for ``MPI.UNDEFINED``; false, and equal to any handle ``Free`` freed.
 COMM_NULL = Comm(None, "MPI_COMM_NULL")
 
 # MPI's error classes (Note [MPI's errors] in plait.mpi._errors).
@@ -176,6 +184,12 @@ TWOINT = DATATYPES["TWOINT"]
 INT_INT = DATATYPES["INT_INT"]
 SHORT_INT = DATATYPES["SHORT_INT"]
 LONG_DOUBLE_INT = DATATYPES["LONG_DOUBLE_INT"]
+
+#: mpi4py's maps of type codes to datatypes (``MPI._typedict[a.dtype.char]`` is
+#: ``MPI.DOUBLE`` for an array of float64), for the datatypes above.
+_typedict = TYPEDICT
+_typedict_c = TYPEDICT_C
+_typedict_f = TYPEDICT_F
 
 _finalized = False
 #: Whether MPI counts as started: from import on, but for ``mpi4py.rc.initialize = False``,
@@ -266,6 +280,9 @@ def mpi4py_path() -> str:
 
 
 def __getattr__(name: str) -> Any:
+    # A name beginning with "_" is Python's (__path__, __wrapped__, ...) or one of mpi4py's
+    # internals (_addressof, _sizeof, ...), which no script's feature check looks for: a
+    # plain AttributeError, as Python's for any module.
     if name.startswith("_"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     raise unsupported("MPI", name, __all__)

@@ -137,9 +137,10 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     (``comm.Compare``) and on the class (``MPI.Comm.Get_parent``, ``MPI.Intracomm``'s) alike.
 
     ``COMM_NULL`` (what ``Split`` gives a rank with ``MPI.UNDEFINED``, and what ``Free``
-    leaves) is false in a boolean context and compares equal to every freed communicator;
-    ``MPI.Comm()`` is one. ``MPI.Comm(comm)`` (``MPI.Intracomm(comm)``) is a second handle
-    to ``comm``'s communicator (Note [communicator handles]).
+    leaves of the handle it was called on) is false in a boolean context and compares
+    equal to every handle that ``Free`` left so; ``MPI.Comm()`` is one. ``MPI.Comm(comm)``
+    (``MPI.Intracomm(comm)``) is a second handle to ``comm``'s communicator (Note
+    [communicator handles]).
 
     Note [communicator handles]
         An mpi4py ``Comm`` is a handle: ``MPI.Intracomm(MPI.COMM_WORLD)`` is another Python
@@ -152,7 +153,17 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         second handle shares the first one's instance ``__dict__``: every attribute is the
         communicator's, whichever handle sets it (a join, a ``Free``), with nothing to
         forward. (plait.mpi's own calls pass a plait communicator, or None for COMM_NULL.)
+
+        What is the handle's alone is a slot, ``_handle_freed``: MPI_Comm_free sets the
+        handle it is given to MPI_COMM_NULL, and no other. After ``h.Free()`` ``h`` is
+        COMM_NULL (false, equal to COMM_NULL), while ``a``, a handle to the same
+        communicator, is true and unequal to COMM_NULL, as mpi4py's, but its communicator
+        is freed (``_freed``, shared): a call on it raises MPI_ERR_COMM, as a call on a freed
+        communicator does, and so does its ``Free`` (MPI calls the use of such a handle
+        erroneous; plait.mpi refuses it rather than free the communicator twice).
     """
+
+    __slots__ = ("_handle_freed",)
 
     def __init__(
         self,
@@ -163,8 +174,10 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         origin: str = "",
         number: int = -1,
     ) -> None:
+        self._handle_freed = False  # Note [communicator handles]
         if isinstance(comm, Comm):  # a second handle (Note [communicator handles])
             self.__dict__ = comm.__dict__
+            self._handle_freed = comm._handle_freed
             return
         if comm is None and join is None and not name:
             name = "MPI_COMM_NULL"  # MPI.Comm(), as mpi4py's: COMM_NULL
@@ -173,6 +186,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         self._origin = origin  # how an unnamed one was made ("SPLIT FROM MPI_COMM_WORLD")
         self._number = number  # Open MPI's for it (Note [communicator numbers]); -1: none
         self._join = join
+        self._freed = False  # by Free, through any handle (Note [communicator handles])
         self._lock = threading.Lock()
         # Buffer receives take a probed message under it (Note [threads receiving buffers]).
         self._taking = threading.Lock()
@@ -223,7 +237,9 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         return self._name
 
     def __bool__(self) -> bool:
-        return self._comm is not None or self._join is not None
+        if self._handle_freed:  # Note [communicator handles]
+            return False
+        return self._comm is not None or self._join is not None or self._freed
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Comm):
@@ -287,16 +303,23 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     Clone = Dup
 
     def Free(self) -> None:
-        """Release the communicator; it then compares equal to COMM_NULL.
+        """Release the communicator; this handle then compares equal to COMM_NULL, and
+        another handle to it stays as it was, its communicator freed (Note [communicator
+        handles]).
 
         Raises:
             ValueError: it is COMM_WORLD, COMM_SELF or COMM_NULL (a freed communicator
-                included: a second Free), which MPI does not let a program free
-                (MPI_ERR_COMM); :func:`plait.mpi.Finalize` releases the world.
+                included: a second Free, through this handle or another), which MPI does
+                not let a program free (MPI_ERR_COMM); :func:`plait.mpi.Finalize`
+                releases the world.
         """
-        if self._name in _PREDEFINED or not self:
-            which = self._name if self._name in _PREDEFINED else "MPI_COMM_NULL"
-            again = "" if self._name in _PREDEFINED else " (this one was freed already)"
+        if self._name in _PREDEFINED or not self or self._freed:
+            which, again = self._name, ""
+            if self._name not in _PREDEFINED and not self:
+                which, again = "MPI_COMM_NULL", " (this one was freed already)"
+            elif self._name not in _PREDEFINED:  # Note [communicator handles]
+                which = "this communicator"
+                again = " (it was freed already, through another handle to it)"
             raise mpi_error(
                 "ERR_COMM",
                 f"Free: {which} cannot be freed (MPI_ERR_COMM: invalid communicator){again}; "
@@ -304,6 +327,8 @@ class Comm(BufferCollectives, metaclass=Unlisted):
                 "MPI.Finalize() to release the world",
             )
         self._release()
+        self._freed = True
+        self._handle_freed = True
 
     def _release(self) -> None:
         """:meth:`Free`, for any communicator (:func:`plait.mpi.Finalize`'s world too)."""

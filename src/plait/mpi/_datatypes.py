@@ -104,7 +104,7 @@ class Datatype(metaclass=Unlisted):
     def Get_name(self) -> str:
         """MPI's name of the type, e.g. ``MPI_DOUBLE``: the C name that mpi4py gives, where
         its Python name is another for the same type (``LONG_LONG``: ``MPI_LONG_LONG_INT``,
-        ``TWOINT``: ``MPI_2INT``, ``BOOL``: ``MPI_C_BOOL``)."""
+        ``TWOINT``: ``MPI_2INT``, ``BOOL``: ``MPI_C_BOOL``: :data:`ALIASES`)."""
         return f"MPI_{_MPI_NAMES.get(self.name, self.name)}"
 
     def __repr__(self) -> str:
@@ -135,23 +135,17 @@ _SCALARS: dict[str, Any] = {
     "SIGNED_CHAR": np.int8,
     "UNSIGNED_CHAR": np.uint8,
     "SHORT": np.short,
-    "SIGNED_SHORT": np.short,
     "UNSIGNED_SHORT": np.ushort,
     "INT": np.intc,
-    "SIGNED_INT": np.intc,
     "UNSIGNED": np.uintc,
-    "UNSIGNED_INT": np.uintc,
     "LONG": np.dtype("l"),
-    "SIGNED_LONG": np.dtype("l"),
     "UNSIGNED_LONG": np.dtype("L"),
     "LONG_LONG": np.longlong,
-    "SIGNED_LONG_LONG": np.longlong,
     "UNSIGNED_LONG_LONG": np.ulonglong,
     "FLOAT": np.float32,
     "DOUBLE": np.float64,
     "LONG_DOUBLE": np.longdouble,
     "C_BOOL": np.bool_,
-    "BOOL": np.bool_,
     "INT8_T": np.int8,
     "INT16_T": np.int16,
     "INT32_T": np.int32,
@@ -161,7 +155,6 @@ _SCALARS: dict[str, Any] = {
     "UINT32_T": np.uint32,
     "UINT64_T": np.uint64,
     "C_COMPLEX": np.complex64,
-    "C_FLOAT_COMPLEX": np.complex64,
     "C_DOUBLE_COMPLEX": np.complex128,
     "C_LONG_DOUBLE_COMPLEX": np.clongdouble,
     "COMPLEX": np.complex64,
@@ -179,30 +172,68 @@ _PAIRS: dict[str, Any] = {
     "DOUBLE_INT": np.float64,
     "LONG_INT": np.dtype("l"),
     "TWOINT": np.intc,
-    "INT_INT": np.intc,
     "SHORT_INT": np.short,
     "LONG_DOUBLE_INT": np.longdouble,
 }
 
-#: What ``Get_name`` says, after ``MPI_``, where it is not the Python name: mpi4py's names
-#: for one type share its handle, and Open MPI names the handle so.
-_MPI_NAMES: dict[str, str] = {
+#: mpi4py's names that are another name for one type: on Open MPI each pair is one handle
+#: (``MPI.BOOL == MPI.C_BOOL``), so here each is one Datatype object, named as
+#: ``Get_name`` names it. Any other two names are two types, even of one numpy dtype
+#: (``CHAR`` and ``SIGNED_CHAR``, ``INT`` and ``INT32_T``, ``COMPLEX`` and ``C_COMPLEX``),
+#: unequal as mpi4py's are.
+ALIASES: dict[str, str] = {
     "SIGNED_SHORT": "SHORT",
     "SIGNED_INT": "INT",
     "UNSIGNED_INT": "UNSIGNED",
     "SIGNED_LONG": "LONG",
-    "LONG_LONG": "LONG_LONG_INT",
-    "SIGNED_LONG_LONG": "LONG_LONG_INT",
+    "SIGNED_LONG_LONG": "LONG_LONG",
     "BOOL": "C_BOOL",
     "C_FLOAT_COMPLEX": "C_COMPLEX",
-    "TWOINT": "2INT",
+    "INT_INT": "TWOINT",
 }
+
+#: What ``Get_name`` says, after ``MPI_``, where it is not the Python name: Open MPI's name
+#: of the handle.
+_MPI_NAMES: dict[str, str] = {"LONG_LONG": "LONG_LONG_INT", "TWOINT": "2INT"}
 
 #: Every datatype by its mpi4py name (``DOUBLE``, ``DOUBLE_INT``, ...).
 DATATYPES: dict[str, Datatype] = {name: Datatype(name, dt) for name, dt in _SCALARS.items()}
 for _name, _value in _PAIRS.items():
     DATATYPES[_name] = Datatype(_name, *_pair(_value))
-DATATYPES["INT_INT"] = DATATYPES["TWOINT"]  # one type, two names, as in mpi4py
+for _name, _value in ALIASES.items():
+    DATATYPES[_name] = DATATYPES[_value]  # one type, two names, as in mpi4py
+
+#: mpi4py's ``MPI._typedict_c``, ``MPI._typedict`` and ``MPI._typedict_f`` (scripts send
+#: ``[a, MPI._typedict[a.dtype.char]]``): the datatype of each type code, as mpi4py on
+#: Open MPI maps it, for every code whose datatype plait.mpi offers (not half precision's
+#: ``"e"``/``"f2"``, nor ``wchar_t``'s ``"U"``/``"w"``). C's codes are numpy's
+#: ``dtype.char``, ``struct``'s and numpy's kind and size (``"f8"``); the whole map adds
+#: numpy's and PEP 3118's others; Fortran's are ``"i"``, ``"r"``, ``"d"``, ...
+_CODES_C: dict[str, str] = {
+    **{"?": "C_BOOL", "b": "SIGNED_CHAR", "h": "SHORT", "i": "INT", "l": "LONG"},
+    **{"q": "LONG_LONG", "B": "UNSIGNED_CHAR", "H": "UNSIGNED_SHORT", "I": "UNSIGNED"},
+    **{"L": "UNSIGNED_LONG", "Q": "UNSIGNED_LONG_LONG", "f": "FLOAT", "d": "DOUBLE"},
+    **{"g": "LONG_DOUBLE", "F": "C_COMPLEX", "D": "C_DOUBLE_COMPLEX"},
+    **{"G": "C_LONG_DOUBLE_COMPLEX", "b1": "C_BOOL", "i1": "INT8_T", "i2": "INT16_T"},
+    **{"i4": "INT32_T", "i8": "INT64_T", "u1": "UINT8_T", "u2": "UINT16_T", "u4": "UINT32_T"},
+    **{"u8": "UINT64_T", "f4": "FLOAT", "c8": "C_COMPLEX", "f8": "DOUBLE"},
+    **{"c16": "C_DOUBLE_COMPLEX", "f16": "LONG_DOUBLE", "c32": "C_LONG_DOUBLE_COMPLEX"},
+}
+_CODES: dict[str, str] = {
+    **_CODES_C,
+    **{"Zf": "C_COMPLEX", "Zd": "C_DOUBLE_COMPLEX", "Zg": "C_LONG_DOUBLE_COMPLEX"},
+    **{"n": "COUNT", "N": "UNSIGNED_LONG", "p": "AINT", "P": "UNSIGNED_LONG"},
+    **dict.fromkeys(("c", "a", "S", "S1", "s", "1s"), "CHAR"),
+    **dict.fromkeys(("u", "1u"), "UINT16_T"),
+    **dict.fromkeys(("M", "M8", "m", "m8"), "INT64_T"),
+}
+_CODES_F: dict[str, str] = {
+    **{"i": "INTEGER", "r": "REAL", "s": "REAL", "d": "DOUBLE_PRECISION"},
+    **{"c": "COMPLEX", "z": "DOUBLE_COMPLEX"},
+}
+TYPEDICT: dict[str, Datatype] = {code: DATATYPES[name] for code, name in _CODES.items()}
+TYPEDICT_C: dict[str, Datatype] = {code: DATATYPES[name] for code, name in _CODES_C.items()}
+TYPEDICT_F: dict[str, Datatype] = {code: DATATYPES[name] for code, name in _CODES_F.items()}
 
 #: The datatype a buffer of each numpy dtype gets when the specification names none.
 _BY_DTYPE: dict[np.dtype, Datatype] = {}
@@ -210,7 +241,7 @@ for _name in ("BYTE", "INT8_T", "SHORT", "INT", "LONG", "LONG_LONG", "UNSIGNED_S
     _BY_DTYPE.setdefault(DATATYPES[_name].dtype, DATATYPES[_name])
 for _name in ("UNSIGNED", "UNSIGNED_LONG", "UNSIGNED_LONG_LONG", "FLOAT", "DOUBLE"):
     _BY_DTYPE.setdefault(DATATYPES[_name].dtype, DATATYPES[_name])
-for _name in ("LONG_DOUBLE", "C_BOOL", "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX"):
+for _name in ("LONG_DOUBLE", "C_BOOL", "C_COMPLEX", "C_DOUBLE_COMPLEX"):
     _BY_DTYPE.setdefault(DATATYPES[_name].dtype, DATATYPES[_name])
 _BY_DTYPE.setdefault(DATATYPES["C_LONG_DOUBLE_COMPLEX"].dtype, DATATYPES["C_LONG_DOUBLE_COMPLEX"])
 
@@ -242,7 +273,18 @@ def _memory(buf: Any, call: str, what: str = "", writes: bool = False) -> np.nda
     Raises:
         TypeError: not a buffer.
         MPIBufferError: a BufferError, as mpi4py raises, and a ValueError, as plait.mpi
-            raised: a strided buffer, or a read-only one the call writes into.
+            raised: a strided buffer, or one the call writes into that cannot be written
+            in place (read-only, a numpy scalar, a copy: Note [buffers written in place]).
+
+    Note [buffers written in place]
+        A call writes into the caller's own memory, so a buffer it writes into must be
+        that memory. A numpy scalar (``np.float64(0.0)``) is a value: numpy reads it as an
+        array by copying it, and plait.mpi received into that copy and returned, the
+        result lost (and a Recv's message consumed). mpi4py raises BufferError, "scalar
+        buffer is readonly", on the rank that passed it, before anything moves; so does
+        plait.mpi, on the path of a read-only array, as does an array-like whose
+        ``__array__`` gives a new copy each time. As a send buffer a scalar is read only,
+        and taken, as mpi4py takes it.
     """
     if buf is None:  # where mpi4py reads None as MPI.IN_PLACE, the calls never get here
         raise TypeError(
@@ -250,20 +292,24 @@ def _memory(buf: Any, call: str, what: str = "", writes: bool = False) -> np.nda
             "only where the call takes IN_PLACE); for an empty message pass "
             "[None, 0, datatype] or an empty array"
         )
-    if isinstance(buf, np.ndarray):
-        a = buf
-    elif isinstance(buf, bytes | bytearray):
-        a = np.frombuffer(buf, np.uint8)
-    elif any(hasattr(buf, k) for k in ("__buffer__", "__array_interface__", "__array__")):
-        a = np.asarray(buf)  # array-likes that share their memory (torch CPU tensors too)
-    else:
-        try:  # a memoryview, array.array, ...: typed by its format, as mpi4py reads it
-            a = np.asarray(buf if isinstance(buf, memoryview) else memoryview(buf))
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"{call}: a {type(buf).__name__} is not a buffer; pass a numpy array "
-                f"(the lowercase methods take Python objects)"
-            ) from None
+    if writes and isinstance(buf, np.generic):  # Note [buffers written in place]
+        raise MPIBufferError(
+            f"{_named(call, what)} scalar buffer is readonly: a numpy scalar "
+            f"({type(buf).__name__}) is a value, not memory this call can write into; pass "
+            "an array (np.zeros(1), or the 0-d np.array(0.0))"
+        )
+    a = _array(buf, call)
+    if (
+        writes
+        and a.size
+        and not isinstance(buf, np.ndarray | bytes | bytearray)
+        and not np.may_share_memory(a, _array(buf, call))
+    ):
+        raise MPIBufferError(
+            f"{_named(call, what)} a {type(buf).__name__} gives a new copy of its data each "
+            "time it is read as an array, so what this call writes would be lost; pass a "
+            "numpy array, or an object with the buffer protocol"
+        )
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
         raise MPIBufferError(
             f"{_named(call, what)} the buffer is not contiguous (a strided view, such as "
@@ -275,6 +321,23 @@ def _memory(buf: Any, call: str, what: str = "", writes: bool = False) -> np.nda
             "pass a writable array"
         )
     return a
+
+
+def _array(buf: Any, call: str) -> np.ndarray:
+    """``buf`` as a numpy array, over its own memory wherever it has memory to share."""
+    if isinstance(buf, np.ndarray):
+        return buf
+    if isinstance(buf, bytes | bytearray):
+        return np.frombuffer(buf, np.uint8)
+    if any(hasattr(buf, k) for k in ("__buffer__", "__array_interface__", "__array__")):
+        return np.asarray(buf)  # array-likes that share their memory (torch CPU tensors too)
+    try:  # a memoryview, array.array, ...: typed by its format, as mpi4py reads it
+        return np.asarray(buf if isinstance(buf, memoryview) else memoryview(buf))
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{call}: a {type(buf).__name__} is not a buffer; pass a numpy array "
+            f"(the lowercase methods take Python objects)"
+        ) from None
 
 
 @dataclass

@@ -14,7 +14,8 @@ Note [MPI's errors]
     the MismatchError plait's own receive raises there. Errors mpi4py raises as
     TypeError or ValueError itself (a buffer specification it cannot read, counts that
     disagree) stay what they are; a buffer it raises BufferError for (strided, or read-only
-    where the call writes) is an :class:`MPIBufferError`, a BufferError and a ValueError.
+    or a numpy scalar where the call writes) is an :class:`MPIBufferError`, a BufferError and
+    a ValueError.
     The error classes have Open MPI's numbers, which mpi4py on Open MPI reports.
 """
 
@@ -127,9 +128,9 @@ class MPIValueError(Exception, ValueError):
 
 
 class MPIBufferError(builtins.BufferError, builtins.ValueError):
-    """A buffer that cannot be used as it is: not contiguous, or read-only where the call
-    writes into it. mpi4py raises BufferError; plait.mpi raised ValueError, which scripts
-    may catch, so it is both."""
+    """A buffer that cannot be used as it is: not contiguous, or one the call writes into
+    that cannot be written in place (read-only, a numpy scalar). mpi4py raises BufferError;
+    plait.mpi raised ValueError, which scripts may catch, so it is both."""
 
 
 class TruncatedError(MPIValueError, MismatchError):
