@@ -407,9 +407,10 @@ def main(args: argparse.Namespace) -> int:
     except (RendezvousError, StartError) as exc:  # --master-port taken, a limit of the host
         raise SystemExit(f"plait run: {exc}") from None
     except OSError as exc:  # the command cannot run (a #! line's missing interpreter, ...)
-        if not (exc.strerror or "").startswith("cannot start rank"):
+        said = exc.strerror or ""
+        if not said.startswith("cannot start rank"):
             raise
-        _usage_error(exc.strerror)
+        _usage_error(said)
 
 
 def _check_settings(args: argparse.Namespace) -> None:
