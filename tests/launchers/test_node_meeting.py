@@ -432,3 +432,46 @@ def test_a_cause_found_late_on_a_later_ticket_is_named_everywhere(
     assert re.search(r"rank 3: .*<- started the failure", node1.err), j.report()
     for la in (node0, node1):
         assert la.proc.returncode == 1, j.report()
+
+
+#: The ranks listed in EARLY exit with 0 before they call plait.init; the others wait there.
+EARLY = """
+    import os, sys
+    import plait
+    if os.environ["PLAIT_RANK"] in os.environ["EARLY"].split(","):
+        sys.exit(0)
+    with plait.init() as comm:
+        comm.barrier()
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "early", ["2", "2,3", "0,1"], ids=["one-of-node-1", "all-of-node-1", "all-of-node-0"]
+)
+def test_every_host_names_a_rank_that_exited_before_init_on_another(
+    job: Callable[[int], Job], early: str
+) -> None:
+    """Only the rank's own launcher saw it exit: the other host named one of its own ranks,
+    whose PeerLostError named the early rank, as the one that started the failure; and a
+    host whose ranks had all ended with 0 (the last of them not even filed for the others)
+    exited 0 for a job that had failed."""
+    j = job(2)
+    j.script.write_text(textwrap.dedent(EARLY))
+    j.env["EARLY"] = early
+    node0, node1 = j.start(0, 2), j.start(1, 2)
+    j.finish()
+    leaving = [int(r) for r in early.split(",")]
+    home, other = (node0, node1) if leaving[0] < 2 else (node1, node0)
+    for la in (node0, node1):
+        assert la.proc.returncode == 1, j.report()
+        assert la.seconds < 20, j.report()
+    said = re.search(
+        r"rank (\d), on another host, exited with code 0 before calling plait.init", other.err
+    )
+    assert said is not None, j.report()
+    named = int(said.group(1))
+    assert named in leaving, j.report()
+    assert f"rank {named} exited with code 0 before calling plait.init" in home.err, j.report()
+    assert re.search(rf"rank {named}: exit 0 +<- started the failure", home.err), j.report()
+    assert "started the failure" not in other.err, j.report()

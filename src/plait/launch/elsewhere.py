@@ -178,6 +178,24 @@ class Elsewhere:
         self.seen()
         return chosen
 
+    @property
+    def others(self) -> list[int]:
+        """The job's ranks on other hosts."""
+        return list(self._others)
+
+    def outcome(self, seconds: float) -> tuple[int, str] | None:
+        """The verdict, waited for up to ``seconds``, for a launcher whose ranks all ended with
+        0, one of them before it joined ``plait.init`` while ranks of other hosts may wait
+        there for it; None where none came or the store is gone."""
+        try:
+            store = self._connect()
+            store.wait([_VERDICT], timeout=seconds)
+            chosen = _read(store.get(_VERDICT))
+        except (CommError, OSError):  # StoreTimeout too: nothing failed elsewhere
+            return None
+        self.seen()
+        return chosen
+
     def seen(self) -> None:
         """Say that this launcher has read the verdict and needs the store no more: host 0's
         may stop serving it (:func:`linger`)."""

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -40,13 +40,15 @@ from plait.launch.stall import (
 from plait.launch.starting import StartError, start_error
 from plait.launch.watch import RankProcess, adopt_orphans, group_members, stop, watch
 from plait.rendezvous.lost import joined as has_joined
-from plait.rendezvous.lost import report_lost
+from plait.rendezvous.lost import report_lost, reports
 from plait.rendezvous.nodes import LOOK_SECONDS, MeetingError, NodeClaim, meet_nodes
 from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT
 from plait.rendezvous.tcp_store import StoreConnectError, TCPStore, TCPStoreServer
 
 __all__ = ["TRANSPORTS", "Job", "StartError", "launch", "module_command"]
 
+#: How a rank filed by :meth:`_Filer.left` ended, after its exit code.
+_BEFORE_INIT = "before calling plait.init"
 #: Seconds the launcher tries to file a rank in the job's store (Note [lost ranks]).
 _FILE_SECONDS = 5.0
 #: The transports a job can force (``PLAIT_TRANSPORT``); ``auto`` lets every rank choose.
@@ -594,13 +596,32 @@ class _Filer:
             store = self._connected()
             if has_joined(store, rank):
                 return False
-            report_lost(store, rank, f"exited with code {code} before calling plait.init")
+            report_lost(store, rank, f"exited with code {code} {_BEFORE_INIT}")
         except (CommError, OSError):
             self.unseen = True
             self.close()
             return False
         self._done.add(rank)
         return True
+
+    def any_joined(self, ranks: Collection[int]) -> bool:
+        """Whether any of ``ranks`` joined the job's ``plait.init`` (False where the store
+        does not say)."""
+        return any(self.joined(r) for r in ranks)
+
+    def left_elsewhere(self, ranks: Collection[int]) -> dict[int, str]:
+        """Which of ``ranks`` (another host's) its launcher filed as having exited before
+        they joined ``plait.init`` (:meth:`left`), and how; empty where the store does not
+        say."""
+        if self.failed or self.unseen or self.job_id is None or not ranks:
+            return {}
+        try:
+            found = reports(self._connected(), list(ranks))
+        except (CommError, OSError):
+            self.unseen = True
+            self.close()
+            return {}
+        return {r: how for r, how in found.items() if how.endswith(_BEFORE_INIT)}
 
     def joined(self, rank: int) -> bool:
         """Whether rank ``rank`` joined the job's ``plait.init`` here (False where the store

@@ -17,11 +17,11 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from plait.launch.elsewhere import ELSEWHERE, STOPPED, Elsewhere, exit_code
+from plait.launch.elsewhere import ELSEWHERE, GATHER_SECONDS, STOPPED, Elsewhere, exit_code
 from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
 
 __all__ = [
@@ -106,6 +106,15 @@ class Joining(Protocol):
         """Whether rank ``rank`` joined ``plait.init`` in the job's store."""
         ...
 
+    def any_joined(self, ranks: Collection[int]) -> bool:
+        """Whether any of ``ranks`` joined ``plait.init`` in the job's store."""
+        ...
+
+    def left_elsewhere(self, ranks: Collection[int]) -> dict[int, str]:
+        """Which of ``ranks`` (another host's) its launcher filed as having exited before
+        they joined ``plait.init``, and how each ended."""
+        ...
+
 
 #: Kinds of failure, most to least likely to have started a job's failure.
 _CAUSE, _EXIT, _SYMPTOM = 0, 1, 2
@@ -141,6 +150,48 @@ def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
 def _names(line: str, rank: int) -> bool:
     """Whether an error's line names rank ``rank`` ("rank 2", "rank(s) [2]")."""
     return re.search(rf"\brank {rank}\b|\brank\(s\) \[{rank}\]", line) is not None
+
+
+def _left_elsewhere(joining: Joining, line: str, mine: Collection[int]) -> tuple[int, str] | None:
+    """Another host's rank that ``line`` (a symptom's error) names and that its launcher
+    filed as having exited before it joined ``plait.init``, and how it ended; the lowest of
+    them, or None. Only its own host saw it exit (Note [ranks that never joined] in
+    plait.rendezvous.lost)."""
+    named = {int(n) for n in re.findall(r"\brank (\d+)\b", line)}
+    for listed in re.findall(r"\brank\(s\) \[([\d, ]+)\]", line):
+        named.update(int(n) for n in listed.split(","))
+    away = joining.left_elsewhere(sorted(named - set(mine)))
+    return min(away.items()) if away else None
+
+
+def _ended_well(
+    ranks: Sequence[RankProcess],
+    relay: Relay,
+    never: Sequence[RankProcess],
+    joining: Joining | None,
+    elsewhere: Elsewhere | None,
+) -> int:
+    """The exit code of a job whose ranks here all ended with 0: 0, unless one of them
+    exited before it joined ``plait.init`` while ranks of another host had joined it and
+    wait for it there; their failure is then this host's too, named as everywhere (Note
+    [ranks that never joined] in plait.rendezvous.lost). Its launcher exited 0 before, for
+    a job that had failed."""
+    if not never or joining is None or elsewhere is None:
+        return 0
+    if not joining.any_joined(elsewhere.others):
+        return 0  # nobody waits for them: a command that never calls plait.init
+    verdict = elsewhere.outcome(GATHER_SECONDS)
+    if verdict is None:
+        return 0
+    rank, how = verdict
+    if all(r.rank != rank for r in ranks):
+        return _failed_elsewhere(ranks, relay, rank, how)
+    relay.say(f"rank {rank} {how}")
+    relay.say("the job failed; every rank's exit status:")
+    for r in ranks:
+        mark = "   <- started the failure" if r.rank == rank else ""
+        relay.say(f"  rank {r.rank}: {_status(r, relay)}{mark}")
+    return exit_code(how)
 
 
 def _left_early(
@@ -492,7 +543,9 @@ def watch(
         r = by_rank[rank]
         r.exit = (code, time.monotonic())
         running -= 1
-        if code >= 0 and running and joining is not None and joining.left(r.rank, code):
+        # Ranks of other hosts may still run: a rank that leaves last here is filed too.
+        leaves = code >= 0 and (running or elsewhere is not None) and joining is not None
+        if leaves and joining is not None and joining.left(r.rank, code):
             never.append(r)
         if code == 0:
             continue
@@ -504,8 +557,8 @@ def watch(
         if kind == _CAUSE:
             break
         deadline = min(deadline, r.exit[1] + _LINGER[kind])
-    if not failed:
-        return 0  # with recovery: the ranks left finished, whatever was lost on the way
+    if not failed:  # with recovery: the ranks left finished, whatever was lost on the way
+        return _ended_well(ranks, relay, never, joining, elsewhere)
     first = _first_failure(failed, relay)
     hung = [] if _kind(first, relay) == _CAUSE else _hung_causes(ranks, failed, relay)
     if hung:
@@ -527,11 +580,14 @@ def watch(
     if early is not None and early.exit is not None:  # it failed the others' plait.init
         cause, kind = early, _EXIT
         said = f"{_describe(early.exit[0])} before calling plait.init (the others waited there)"
-    settle = (
-        elsewhere is not None
-        and ticket is not None
-        and elsewhere.file(ticket, kind, cause.rank, said)
-    )
+    filing = (kind, cause.rank, said)
+    if early is None and kind == _SYMPTOM and not hung and elsewhere is not None:
+        away = None  # the same, of a rank of another host that its launcher filed
+        if joining is not None and tb.last is not None and joining.joined(first.rank):
+            away = _left_elsewhere(joining, tb.last_line, by_rank)
+        if away is not None:
+            filing = (_EXIT, away[0], f"{away[1]} (the others waited there)")
+    settle = elsewhere is not None and ticket is not None and elsewhere.file(ticket, *filing)
     if on_lost is not None and not recovery:  # for other hosts' ranks still in plait.init
         for r in ranks:
             if r.exit is not None and r.exit[0] != 0:
@@ -541,8 +597,8 @@ def watch(
                 on_lost(r.rank, f"{STOPPED} after rank {first.rank} failed")
     if settle and elsewhere is not None and ticket is not None:
         since = min(r.exit[1] for r in failed if r.exit is not None)
-        better_until = since + LINGER_SECONDS if kind == _SYMPTOM else 0.0
-        verdict = elsewhere.verdict(ticket, kind, better_until)
+        better_until = since + LINGER_SECONDS if filing[0] == _SYMPTOM else 0.0
+        verdict = elsewhere.verdict(ticket, filing[0], better_until)
         if verdict is not None and verdict[0] not in by_rank:
             return _failed_elsewhere(ranks, relay, *verdict)
     relay.say(f"rank {cause.rank} {said}{rest}")

@@ -60,13 +60,19 @@ Note [ranks that never joined]
     ``plait run`` files every rank that exits by itself (any code) while others still
     run, if it had not joined the job's first ``plait.init``: it has not claimed its rank
     there (:func:`joined`), and its value says so (``exited with code 0 before calling
-    plait.init``). A rank that has claimed is never filed this way, whatever the others
-    still do: it has set, or is setting, the keys of its init, and ranks finish at
-    different times (one may return from ``init`` and exit while a peer still reads its
-    TCP handshake, which a look for ranks filed lost, between two slices, must not cut
-    short). A rank filed this way is a cause the launcher can name: the others' waits
+    plait.init``); on several hosts, even as the last of its host to exit, since other
+    hosts' ranks may wait for it. A rank that has claimed is never filed this way,
+    whatever the others still do: it has set, or is setting, the keys of its init, and
+    ranks finish at different times (one may return from ``init`` and exit while a peer
+    still reads its TCP handshake, which a look for ranks filed lost, between two slices,
+    must not cut short). A rank filed this way is a cause the launcher can name: the others' waits
     raise :class:`~plait.errors.PeerLostError` naming it, and the launcher names it as
-    the rank that started the failure (:func:`plait.launch.watch.watch`).
+    the rank that started the failure (:func:`plait.launch.watch.watch`). Only its own
+    launcher saw it exit: a launcher of another host whose ranks failed of it finds it
+    here (:meth:`plait.launch.job._Filer.left_elsewhere`) and files it, not its own rank,
+    as the cause the hosts settle on (Note [which host started a failure] in
+    plait.launch.elsewhere); its own launcher, whose ranks may all have ended with 0,
+    waits for that verdict where ranks of another host had joined.
 
     A rank that claims its rank in a ``plait.init`` meeting in the launcher's store (a
     :class:`JobRanks` namespace) says so at the store's root, ``plait/joined/<rank>``
