@@ -421,6 +421,40 @@ def test_a_rank_waiting_on_a_late_peer_hears_at_once_of_another_that_closed(
             c.close()
 
 
+@pytest.mark.parametrize("algorithm", ["arena_leader", "arena_oneshot", "arena"])
+def test_a_late_rank_hears_why_its_peers_gave_up(algorithm: str) -> None:
+    """Ranks 0 and 1 give up on a one-sided call at their timeout; rank 2, coming later,
+    heard of it as "an error of its own" (a close: tests/multiprocess/test_faults.py)."""
+    x = np.ones(4, np.float32)
+
+    def calls(comms: list[plait.Communicator], ranks: list[int], **kw: Any) -> list[Any]:
+        got: list[Any] = [None] * len(comms)
+
+        def call(r: int) -> None:
+            try:
+                comms[r].allreduce(x, algorithm=algorithm, **kw)
+            except plait.CommError as exc:
+                got[r] = exc
+
+        threads = [threading.Thread(target=call, args=(r,)) for r in ranks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return got
+
+    comms = memory_communicators(3, timeout=30.0)
+    try:
+        timed_out = calls(comms, [0, 1], timeout=0.2)
+        assert all(isinstance(e, plait.CollectiveTimeout) for e in timed_out[:2]), timed_out
+        with pytest.raises(plait.PeerLostError, match=r"rank [01] gave up on the call when its "
+                           "timeout passed"):  # fmt: skip
+            comms[2].allreduce(x, algorithm=algorithm)
+    finally:
+        for c in comms:
+            c.close()
+
+
 def _late_call(comm: plait.Communicator, algorithm: str) -> None:
     with contextlib.suppress(plait.CommError):
         comm.allreduce(np.ones(4, np.float32), algorithm=algorithm)

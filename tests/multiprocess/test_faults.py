@@ -182,6 +182,31 @@ def test_reduce_scatter_counts_leaving_a_rank_no_rows_fail_on_every_rank(
     assert found == ["pairwise on 0", "pairwise on 1", "ring on 0", "ring on 1"], res.stdout
 
 
+def test_a_rank_closed_during_a_one_sided_call_is_named_so(tmp_path: Path) -> None:
+    # Rank 1's communicator is closed from another thread while it waits in the call; the
+    # others, coming later, heard that it gave up "after an error of its own".
+    script = """
+        import threading, time, numpy as np, plait
+        comm = plait.init(timeout=30)
+        comm.barrier()
+        if comm.rank == 1:
+            threading.Timer(0.5, comm.close).start()
+        else:
+            time.sleep(2)
+        try:
+            comm.allreduce(np.ones(10))
+        except plait.CommError as exc:
+            print(f"{comm.rank} {type(exc).__name__}: {exc}", flush=True)
+    """
+    res, _ = plait_run(["-n", "4", "--transport", "shm"], script, tmp_path)
+    lines = sorted(res.stdout.splitlines())
+    assert len(lines) == 4, res.stdout + res.stderr[-2000:]
+    assert lines[1].startswith("1 ClosedError"), res.stdout
+    for line in (lines[0], *lines[2:]):
+        assert "PeerLostError" in line, res.stdout
+        assert "rank 1 closed its communicator during the call" in line, res.stdout
+
+
 def test_one_sided_mismatches_fail_every_live_rank_within_seconds(tmp_path: Path) -> None:
     # Over shared memory these calls are one-sided: a gather with two roots, where rank 2
     # agrees with rank 0 and still raises; then one rank's arena allreduce against the others'

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from plait.errors import CommError, MismatchError, PeerLostError
+from plait.errors import ClosedError, CommError, CommTimeout, MismatchError, PeerLostError
 from plait.runtime.executor import Call
 from plait.runtime.notices import OWN
 from plait.runtime.stall import GAVE_UP, settle, wait_post
@@ -47,9 +47,17 @@ MISMATCHED = (1 << 32) - 3
 #: The phase it posts instead when it gave up only because a peer had (Note [who gave up
 #: first]).
 FOLLOWED = (1 << 32) - 4
+#: The phase it posts instead when its own timeout passed (it waited for another rank).
+TIMED_OUT = (1 << 32) - 5
+#: The phase it posts instead when its communicator was closed during the call (from
+#: another thread, or a signal handler).
+CLOSED = (1 << 32) - 6
 #: The lowest of the phases above: a counter at or above it in a call's epoch says the rank
 #: gave up.
-GAVE_UP_FROM = FOLLOWED
+GAVE_UP_FROM = CLOSED
+#: Phases of a rank that gave up of its own accord, not after another rank (Note [who gave
+#: up first]).
+_OWN_ACCORD = (ABANDONED, LOST, TIMED_OUT, CLOSED)
 #: The attribute of a PeerLostError raised because a peer gave up (its rank in the window).
 _FOLLOWS = "_plait_follows"
 
@@ -137,6 +145,10 @@ def gave_up_phase(error: BaseException | None) -> int:
         return FOLLOWED if getattr(error, OWN, False) else LOST  # (it followed a rank)
     if getattr(error, _FOLLOWS, None) is not None:
         return FOLLOWED
+    if isinstance(error, ClosedError):
+        return CLOSED
+    if isinstance(error, CommTimeout):
+        return TIMED_OUT
     return ABANDONED
 
 
@@ -270,18 +282,17 @@ def check_peer(
             f"rank {rank}: {call.describe}: rank {q} found that the ranks called different "
             "collectives (its own message says what differs)"
         )
-    if phase in (ABANDONED, LOST, FOLLOWED):
+    if phase in _OWN_ACCORD or phase == FOLLOWED:
         first, how = _first_to_give_up(window, call.epoch) if phase == FOLLOWED else (None, 0)
         if first is not None:
             who = first if names is None else names[first]  # a host's window numbers apart
-            text = (
-                f"rank {who} gave up on the call after an error of its own (see its "
-                f"message; rank {q} passed it on)"
-            )
+            text = f"{_gave_up(who, how)} (see its message; rank {q} passed it on)"
         elif phase == FOLLOWED:  # its origin's post is not seen (or not by its number)
             text = f"rank {q} gave up on the call because another rank had (see its message)"
+        elif phase == CLOSED:  # as Note [peers that close] in plait.transport.base says it
+            text = f"{_gave_up(q, phase)}, and no call of this communicator can finish without it"
         else:
-            text = f"rank {q} gave up on the call after an error of its own (see its message)"
+            text = f"{_gave_up(q, phase)} (see its message)"
         err = PeerLostError(f"rank {rank}: {call.describe}: {text}")
         setattr(err, _FOLLOWS, q)
         if LOST in (phase, how):
@@ -289,15 +300,24 @@ def check_peer(
         raise err
 
 
+def _gave_up(q: int, phase: int) -> str:
+    """What rank ``q`` did, having posted ``phase``."""
+    if phase == CLOSED:
+        return f"rank {q} closed its communicator during the call"
+    if phase == TIMED_OUT:
+        return f"rank {q} gave up on the call when its timeout passed"
+    return f"rank {q} gave up on the call after an error of its own"
+
+
 def _first_to_give_up(window: Any, epoch: int) -> tuple[int | None, int]:
     """A rank of ``window`` whose post of call ``epoch`` says it gave up of its own accord,
-    and that phase (ABANDONED or LOST); (None, 0) if none (Note [who gave up first])."""
+    and that phase (one of _OWN_ACCORD); (None, 0) if none (Note [who gave up first])."""
     for p in range(window.size):
         try:
             counter = window.counter(p)
         except CommError:
             break
-        if counter >> 32 == epoch and counter & 0xFFFFFFFF in (ABANDONED, LOST):
+        if counter >> 32 == epoch and counter & 0xFFFFFFFF in _OWN_ACCORD:
             return p, counter & 0xFFFFFFFF
     return None, 0
 
