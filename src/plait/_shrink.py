@@ -104,8 +104,22 @@ def shrink(comm: Communicator, timeout: float | None) -> Communicator:
     if rank == 0 and owner.count_out is not None:
         with contextlib.suppress(CommError, OSError):
             owner.count_out(comm.size - size)
+    if done is None:  # failed or aborted before: later calls say why, and that it was replaced
+        for m in list(rec._members):
+            runner = m._runner
+            why = runner.aborted
+            if why is None and runner.broken is not None:
+                why = f"it was unusable after an earlier failure ({runner.broken})"
+            if why:
+                mark(m, f"{why}; then replaced by shrink()")
+            else:
+                mark(m, aborted_by(rec.rank, "replaced by shrink()" if rec.owns(m) else _SPLIT))
     comm.close()
     return new
+
+
+#: Why a group split from a communicator that shrink replaced is aborted.
+_SPLIT = "the communicator it was split from was replaced by shrink()"
 
 
 def _all_connected(

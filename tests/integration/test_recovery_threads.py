@@ -530,6 +530,37 @@ def test_a_rank_that_never_agrees_is_named_on_every_rank() -> None:
     assert "before rank(s) [2] took part or failed" in said[1]
 
 
+def test_an_aborted_communicator_that_shrink_replaced_says_both() -> None:
+    """Its later calls said only the abort, never that shrink had replaced it."""
+
+    def body(comm: plait.Communicator) -> Any:
+        group = comm.split(0)
+        if comm.rank == 0:
+            comm.abort("why")
+        new = comm.shrink()
+        try:
+            said = []
+            for call in (lambda: comm.allreduce(np.ones(1)), lambda: group.allreduce(np.ones(1))):
+                with pytest.raises(plait.AbortedError) as info:
+                    call()
+                said.append(str(info.value))
+            with pytest.raises(plait.ClosedError) as closed:
+                comm.agree()
+            return [*said, str(closed.value)]
+        finally:
+            group.close()
+            new.close()
+
+    for said in store_ranks(3, body):
+        assert said[0].endswith(
+            "the communicator was aborted by rank 0 (why); then replaced by shrink()"
+        )
+        assert "aborted by its rank 0 (why); then replaced by shrink()" in said[1]
+        assert said[2].endswith(
+            "(the communicator was aborted by rank 0 (why); then replaced by shrink())"
+        )
+
+
 def test_a_shrink_that_failed_does_not_say_it_replaced_the_communicator() -> None:
     """The old communicator said "aborted by rank 1 (replaced by shrink())" after a shrink
     that timed out: nothing had replaced it."""
