@@ -294,6 +294,28 @@ def test_enable_recovery_still_fails_on_a_survivors_exception(tmp_path: Path) ->
     assert "ValueError: a survivor fails" in res.stderr
 
 
+@pytest.mark.multiprocess
+def test_enable_recovery_names_the_rank_lost_where_the_others_do_not_recover(
+    tmp_path: Path,
+) -> None:
+    """The survivors raise the PeerLostError that names rank 1: the launcher marked the first
+    of them "<- started the failure", and rank 1, killed by SIGKILL, not at all."""
+    body = """
+        import os, signal, numpy as np, plait
+        comm = plait.init(timeout=30)
+        comm.allreduce(np.ones(4))
+        if comm.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.allreduce(np.ones(4))
+    """
+    res = plait_run(["-n", "3", "--enable-recovery"], body, tmp_path)
+    assert res.returncode == 1, res.stderr
+    lines = status_lines(res.stderr)
+    assert "plait run:   rank 1: killed by SIGKILL   <- started the failure" in lines, lines
+    assert sum("started the failure" in line for line in lines) == 1, lines
+    assert "plait run: rank 1 was killed by SIGKILL (the others failed of its loss)" in res.stderr
+
+
 def test_enable_recovery_and_restarts_exclude_each_other(tmp_path: Path) -> None:
     res = plait_run(["-n", "2", "--enable-recovery", "--max-restarts", "1"], "pass\n", tmp_path)
     assert res.returncode == 2

@@ -516,6 +516,7 @@ def watch(
     by_rank = {r.rank: r for r in ranks}
     running = len(ranks)
     never: list[RankProcess] = []  # ranks that exited before they joined plait.init
+    lost: list[RankProcess] = []  # with recovery: ranks killed, which the others went on from
     if recovery:
         survivors, lost = _survivors(ranks, relay, events, on_lost, joining, never)
         running = len(survivors)
@@ -580,6 +581,12 @@ def watch(
     if early is not None and early.exit is not None:  # it failed the others' plait.init
         cause, kind = early, _EXIT
         said = f"{_describe(early.exit[0])} before calling plait.init (the others waited there)"
+    elif kind == _SYMPTOM and not hung and tb.last is not None:  # a loss the others did not
+        killed = [r for r in lost if r.exit is not None and _names(tb.last_line, r.rank)]
+        if killed:  # recover from (--enable-recovery): what they raised names it
+            early = cause = min(killed, key=lambda r: r.exit[1] if r.exit is not None else 0.0)
+            assert cause.exit is not None
+            kind, said = _EXIT, f"{_describe(cause.exit[0])} (the others failed of its loss)"
     filing = (kind, cause.rank, said)
     if early is None and kind == _SYMPTOM and not hung and elsewhere is not None:
         away = None  # the same, of a rank of another host that its launcher filed
@@ -615,7 +622,7 @@ def watch(
     relay.say("the job failed; every rank's exit status:")
     for r in ranks:
         mark = "   <- started the failure" if r is cause and not left else ""
-        if r is early:
+        if r is early and r in never:
             mark += " (exited before calling plait.init)"
         if r in left:
             mark = "   <- exited while the others still needed it"
