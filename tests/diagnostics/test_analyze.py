@@ -783,3 +783,146 @@ def test_a_time_no_clock_gives_is_refused_naming_the_field(when: float) -> None:
     with pytest.raises(DumpError, match=r"start .* is not a time a clock gives"):
         parse(dump(1, 2, calls))
     assert _words.clock(when) == "?"  # and the report's words say so, where one gets there
+
+
+def _note(folder: Path, when: float, ended: dict[int, str]) -> None:
+    """plait run's note of how ranks ended, written at ``when`` (wall clock)."""
+    doc = {"format": "plait-launcher-note", "version": 1, "time": when, "ended": ended}
+    (folder / "launcher.json").write_text(json.dumps(doc))
+
+
+def _lost(rank: int, peer: int, start: float) -> dict[str, Any]:
+    """Call #0 of ``rank``, failed at ``start`` + 0.3 s: ``peer`` was lost."""
+    return call(
+        0,
+        start=start,
+        end=start + 0.3,
+        state="failed",
+        waiting_on=(peer,),
+        error=f"PeerLostError: rank {rank}: allreduce (ring, call #0): rank {peer} was lost: "
+        "its process exited or was killed",
+    )
+
+
+def _shrunk_twice(comm: int) -> list[dict[str, Any]]:
+    """Job rank 1 was killed; job rank 3 dumped its loss in the world communicator and was
+    killed in turn in communicator ``comm`` (made of job ranks 0, 2, 3), where ranks 0 and
+    2 dumped its loss; they then aborted that one and shrank again."""
+    world = dump(3, 4, [_lost(3, 1, T0 + 1)], reason="PeerLostError: ...", time=T0 + 1.3)
+    world["members"] = [0, 1, 2, 3]
+    dumps = [world]
+    for r, g in ((0, 0), (1, 2)):
+        d = dump(r, 3, [_lost(r, 2, T0 + 2)], comm=comm, reason="PeerLostError: ...")
+        dumps.append(d | {"global_rank": g, "members": [0, 2, 3], "time": T0 + 2.3})
+    return dumps
+
+
+def test_a_rank_killed_in_a_shrunk_communicator_is_dead_not_stuck_in_the_one_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 2 of the communicator made by shrink (job rank 3, killed by SIGKILL) read "rank
+    2 dumped for another communicator of the job (see its report): stuck or failed there":
+    its dump of the world communicator was written before that communicator existed. And
+    the world's report said ranks 0 and 2, which went on to it, were stuck or failed there."""
+    from plait.group import shrunk_comm_id
+
+    comm = shrunk_comm_id(0, 0)
+    write(tmp_path, _shrunk_twice(comm))
+    _note(tmp_path, T0 + 2.4, {1: "was killed by SIGKILL", 3: "was killed by SIGKILL"})
+    assert main([str(tmp_path)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "stuck or failed there" not in out
+    assert (
+        f"first problem: ranks 0, 1, 2 left no dump: rank 1 was killed by SIGKILL, as plait run "
+        f"saw; ranks 0, 2 went on to communicator {comm:x}, shrunk from this one (see its "
+        "report); rank 3 waited in allreduce #0 (train.py:42) for rank 1" in out
+    )
+    assert (
+        "first problem: rank 2 left no dump: rank 2 was killed by SIGKILL, as plait run saw; "
+        "ranks 0, 1 waited in allreduce #0 (train.py:42) for rank 2" in out
+    )
+
+
+def test_a_dump_of_another_communicator_from_before_this_one_began_is_no_whereabouts() -> None:
+    """Without plait run's note, and of a communicator whose lineage the ids do not tell (a
+    split): the dead rank's dump of the world communicator, written before the split's
+    first call, said it was "stuck or failed there"; the others' errors say it was lost."""
+    [_, split] = diagnose(parsed(_shrunk_twice(0x41A2)))
+    [first] = [f for f in split.findings if f.kind == "missing"]
+    assert first.message == (
+        "rank 2 left no dump: rank 2 was lost, as the others' PeerLostError says: its process "
+        "exited or was killed (see plait run's output for how); ranks 0, 1 waited in allreduce "
+        "#0 (train.py:42) for rank 2"
+    )
+    # Dumped while the split's call was in flight on it, it may still be there.
+    dumps = _shrunk_twice(0x41A2)
+    dumps[0]["calls"][0].update(state="running", end=None, error=None)
+    [_, split] = diagnose(parsed(dumps))
+    assert "rank 2 dumped for another communicator of the job" in split.findings[0].message
+
+
+def _diverged(missing: int) -> list[dict[str, Any]]:
+    """Rank 2 in an allreduce (line 9) where ranks 3.. are in a broadcast (line 10) at #3;
+    ranks 0 .. ``missing`` - 1 left no dump."""
+    size = 4 + (0 if missing == 2 else 1)
+    dumps = []
+    for r in range(missing, size):
+        calls = [call(0, line=5), call(1, line=5), call(2, "barrier", line=7, op="-")]
+        if r == 2:
+            calls.append(call(3, line=9, state="failed", waiting_on=(3,), error="MismatchError"))
+        else:
+            calls.append(
+                call(
+                    3,
+                    "broadcast",
+                    line=10,
+                    algorithm="binomial",
+                    op="-",
+                    state="failed",
+                    waiting_on=(2,),
+                    error="MismatchError",
+                )
+            )
+        dumps.append(dump(r, size, calls, reason="MismatchError: ..."))
+    return dumps
+
+
+def test_a_mismatch_seen_by_the_odd_ranks_alone_names_each_ranks_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Over TCP, ranks 0 and 1 finished their broadcast and exited with 0 (no dump); ranks 2
+    (allreduce, line 9) and 3 (broadcast, line 10) dumped. The report made rank 2 "the
+    others": "rank 3 did not make the others' allreduce at train.py:9 ...", and said ranks 0
+    and 1 "probably died" while "ranks 2, 3 waited in allreduce #3 (train.py:9)"."""
+    [d] = diagnose(parsed(_diverged(missing=2)))
+    said = " ".join(f.message for f in d.findings)
+    assert d.findings[0].kind == "mismatch"
+    assert d.findings[0].ranks == (2, 3)
+    assert d.findings[0].message.startswith(
+        "rank 2 is in allreduce #3 (train.py:9); rank 3 is in broadcast #3 (train.py:10): "
+        "different calls at #3, and ranks 0, 1 left no dump"
+    )
+    assert "the others'" not in said
+    assert "rank 2 waited in allreduce #3 (train.py:9), rank 3 in broadcast #3 (train.py:10)" in (
+        said
+    )
+    assert "ranks 2, 3 waited" not in said
+    assert "they probably finished, or died (no rank here waited for them" in said
+    write(tmp_path, _diverged(missing=2))
+    _note(tmp_path, T0 + 100, {0: "exited with code 0", 1: "exited with code 0"})
+    assert main([str(tmp_path)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "ranks 0, 1 left no dump: ranks 0, 1 exited with code 0, as plait run saw: they "
+        "finished their calls (a rank that ends well writes no dump)" in out
+    )
+    assert "died" not in out
+    # Three ranks of one call against one, a fifth without a dump: the one is the odd one.
+    [d] = diagnose(parsed(_diverged(missing=1)))
+    assert d.findings[0].message == (
+        "rank 2 is in allreduce #3 (train.py:9) while ranks 1, 3, 4 are in broadcast #3 "
+        "(train.py:10)"
+    )
+    assert "ranks 1, 3, 4 waited in broadcast #3 (train.py:10), rank 2 in allreduce #3" in (
+        d.findings[1].message
+    )

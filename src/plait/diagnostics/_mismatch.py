@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plait.diagnostics._words import call_text as _call_text
@@ -35,8 +36,15 @@ class Finding:
     message: str
 
 
-def first_mismatch(calls: dict[int, dict[int, CallRecord]]) -> list[Finding] | None:
-    """Findings about the first call number at which ranks' calls differ, or None."""
+def first_mismatch(
+    calls: dict[int, dict[int, CallRecord]], missing: Sequence[int] = ()
+) -> list[Finding] | None:
+    """Findings about the first call number at which ranks' calls differ, or None.
+
+    ``missing``: the ranks of the communicator without a dump. Their calls are not known,
+    so the ranks of one call are "the others" only where they outnumber those of every
+    other call even if every missing rank made that one (Note [the others]).
+    """
     seqs = sorted({s for per in calls.values() for s in per})
     for seq in seqs:
         here = {r: per[seq] for r, per in calls.items() if seq in per}
@@ -46,6 +54,8 @@ def first_mismatch(calls: dict[int, dict[int, CallRecord]]) -> list[Finding] | N
         if len(groups) < 2:
             continue
         ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+        if missing and len(ordered[0]) <= len(ordered[1]) + len(missing):
+            return [_undecided(seq, ordered, here, missing)]
         major = ordered[0]
         ref = here[major[0]]
         parts = []
@@ -64,6 +74,35 @@ def first_mismatch(calls: dict[int, dict[int, CallRecord]]) -> list[Finding] | N
                 out.append(hint)
         return out
     return None
+
+
+# Note [the others]
+#     Ranks that finished their calls exit with 0 and write no dump, as do ranks that died
+#     unseen: the dumps of a mismatch may be those of the odd ranks alone. Rank 2 in an
+#     allreduce where ranks 0, 1, 3 were in a broadcast, ranks 0 and 1 done with theirs and
+#     gone, left the dumps of ranks 2 and 3: one each, and rank 3 was named as the rank that
+#     did not make "the others'" allreduce. Where the missing ranks could tip the count,
+#     each rank's call is named as its dump says, and none is said to have skipped one.
+
+
+def _undecided(
+    seq: int, ordered: list[list[int]], here: dict[int, CallRecord], missing: Sequence[int]
+) -> Finding:
+    """Ranks in different calls at ``seq``, none known to be the odd one (Note [the others])."""
+    by_first = sorted(ordered, key=lambda g: g[0])
+    ref = here[by_first[0][0]]
+    parts = [
+        f"{_ranks(g)} {_is(g)} in {_call_text(here[g[0]], None if i == 0 else ref)}"
+        for i, g in enumerate(by_first)
+    ]
+    return Finding(
+        "mismatch",
+        seq,
+        tuple(sorted(r for g in ordered for r in g)),
+        f"{'; '.join(parts)}: different calls at #{seq}, and {_ranks(missing)} left no dump, "
+        "so which of these calls the rest of the ranks made, and which rank is the odd one, is "
+        "not known",
+    )
 
 
 def skip_hint(

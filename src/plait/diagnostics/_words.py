@@ -38,30 +38,72 @@ def died(
     away: Collection[int] = (),
     saw: Mapping[int, str] | None = None,
     unread: Collection[int] = (),
+    *,
+    moved: Mapping[int, str] | None = None,
+    lost: Collection[int] = (),
+    idle: Collection[int] = (),
 ) -> str:
     """Why ranks ``rs`` left no dump; ``away``: those that dumped for another communicator;
     ``saw``: how some ended, as the launcher saw ("was killed by SIGKILL"); ``unread``:
-    those whose dump file is there but could not be read."""
+    those whose dump file is there but could not be read; ``moved``: those that went on
+    to a communicator that replaced this one, and which ("communicator 1337c, shrunk from
+    this one"); ``lost``: those the others' errors say were lost; ``idle``: those that no
+    rank with a dump waited for."""
     bad = sorted(r for r in rs if r in unread)
-    seen = {r: saw[r] for r in rs if saw and r in saw and r not in away and r not in bad}
-    there = sorted(r for r in rs if r in away and r not in bad)
-    rest = [r for r in rs if r not in away and r not in seen and r not in bad]
-    said = [f"rank {r} {how}, as plait run saw" for r, how in sorted(seen.items())]
+    went = {r: moved[r] for r in rs if moved and r in moved and r not in bad}
+    there = sorted(r for r in rs if r in away and r not in bad and r not in went)
+    seen = {
+        r: saw[r]
+        for r in rs
+        if saw and r in saw and r not in away and r not in bad and r not in went
+    }
+    told = set(bad) | set(went) | set(there) | set(seen)
+    gone = sorted(r for r in rs if r in lost and r not in told)
+    quiet = sorted(r for r in rs if r in idle and r not in told and r not in gone)
+    rest = [r for r in rs if r not in told and r not in gone and r not in quiet]
+    said = []
+    finished = sorted(r for r, how in seen.items() if how == "exited with code 0")
+    if finished:
+        it, its = ("it", "its") if len(finished) == 1 else ("they", "their")
+        said.append(
+            f"{ranks(finished)} exited with code 0, as plait run saw: {it} finished {its} "
+            "calls (a rank that ends well writes no dump)"
+        )
+    said.extend(
+        f"rank {r} {how}, as plait run saw" for r, how in sorted(seen.items()) if r not in finished
+    )
     if bad:
         said.append(f"the dump file of {ranks(bad)} could not be read (see the skipped line above)")
+    for where in sorted(set(went.values())):
+        rs_there = sorted(r for r, w in went.items() if w == where)
+        said.append(f"{ranks(rs_there)} went on to {where} (see its report)")
     if there:
         said.append(
             f"{ranks(there)} dumped for another communicator of the job (see its report): "
             f"stuck or failed there"
         )
-    if rest:
-        if len(rest) == 1:
-            it, was, its = "it", "was", "its"
+    if gone:
+        was, its = ("was", "its process") if len(gone) == 1 else ("were", "their processes")
+        said.append(
+            f"{ranks(gone)} {was} lost, as the others' PeerLostError says: {its} exited or "
+            f"{was} killed (see plait run's output for how)"
+        )
+    for group in (quiet, rest):
+        if not group:
+            continue
+        if len(group) == 1:
+            it, was, its, them = "it", "was", "its", "it"
         else:
-            it, was, its = "they", "were", "their"
+            it, was, its, them = "they", "were", "their", "them"
         # Named where other ranks were named before them ("rank 1 probably died"), else
         # "it", after "rank 1 left no dump: ".
-        who = ranks(rest) if said else it
+        who = ranks(group) if said else it
+        if group is quiet:  # nothing says they were needed: a rank that ends well dumps none
+            said.append(
+                f"{who} probably finished, or died (no rank here waited for {them}; see {its} "
+                f"exit status in plait run's output), or {it} wrote to another folder or host"
+            )
+            continue
         said.append(
             f"{who} probably died or {was} killed (see {its} exit status in plait run's "
             f"output), or {it} wrote to another folder or host"

@@ -9,9 +9,12 @@ Each communicator's dumps are read together and checked, in this order:
 
 - the first call number at which ranks made different calls (another
   collective, count, dtype, op, root or algorithm), with each rank's source
-  line, and whether a rank seems to have skipped a call or made an extra one;
-- the ranks that left no dump (probably dead) and the ranks that never
-  reached the call the others wait in, with their last call and when it ended;
+  line, and whether a rank seems to have skipped a call or made an extra one
+  (not where ranks without a dump could be on either side);
+- the ranks that left no dump (probably dead; how they ended where plait run's
+  note says, lost where the others' errors say, or stuck in or gone on to
+  another communicator) and the ranks that never reached the call the others
+  wait in, with their last call and when it ended;
 - where every rank is: waiting in which call for which peers since when, or
   idle after which call; failed calls and their errors;
 - how late each rank arrived at the calls every rank completed (median and
@@ -27,18 +30,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
-import sysconfig
 import textwrap
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from plait.diagnostics._elsewhere import lost_ranks, whereabouts
 from plait.diagnostics._mismatch import NOT_PROBLEMS, Finding, first_mismatch
+from plait.diagnostics._where import where as _where
 from plait.diagnostics._words import clock as _clock
 from plait.diagnostics._words import died as _died
 from plait.diagnostics._words import dumps_of as _dumps_of
@@ -68,8 +73,6 @@ __all__ = [
 
 #: Columns of the report's lines.
 WIDTH = 100
-#: An error message in the list of where each rank is is cut to this length.
-_ERROR_CHARS = 160
 #: A launcher's note (launcher.json) further than this (seconds) from a dump is another run's.
 NOTE_SPREAD = 60.0
 #: Dumps of one communicator written further apart than this (seconds) may be from two runs.
@@ -122,11 +125,10 @@ def diagnose(
     """
     dumps, older = _newest_runs(dumps)
     groups: dict[tuple[str, int], list[Dump]] = {}
-    dumped: dict[str, set[int]] = {}  # job -> the job ranks that dumped for any communicator
+    jobs: dict[str, list[Dump]] = {}
     for d in dumps:
         groups.setdefault((d.job, d.comm), []).append(d)
-        if (g := d.job_rank(d.rank)) is not None:
-            dumped.setdefault(d.job, set()).add(g)
+        jobs.setdefault(d.job, []).append(d)
     ended: dict[str, dict[int, str]] = {}  # job -> how its failed ranks ended
     for d in dumps:
         seen = (notes or {}).get(Path(d.path).parent.resolve()) if d.path else None
@@ -134,16 +136,20 @@ def diagnose(
         # dumps (a note of this run, just before the dumps it asks for).
         if seen and abs(seen.time - d.time) <= NOTE_SPREAD:
             ended.setdefault(d.job, {}).update(seen.ended)
-    result = [
-        diagnose_group(
-            groups[key],
-            late=late,
-            elsewhere=dumped.get(key[0], set()),
-            ended=ended.get(key[0]),
-            unread=_unread(groups[key], unreadable),
+    result = []
+    for key in sorted(groups):
+        # Note [dumps of other communicators]
+        elsewhere, moved = whereabouts(jobs[key[0]], key[1])
+        result.append(
+            diagnose_group(
+                groups[key],
+                late=late,
+                elsewhere=elsewhere,
+                ended=ended.get(key[0]),
+                unread=_unread(groups[key], unreadable),
+                moved=moved,
+            )
         )
-        for key in sorted(groups)
-    ]
     for job, left in older.items():
         i = next(i for i, d in enumerate(result) if d.job == job)
         ranks = tuple(sorted({d.rank for d in left}))
@@ -208,15 +214,18 @@ def diagnose_group(
     elsewhere: set[int] | None = None,
     ended: Mapping[int, str] | None = None,
     unread: Collection[int] = (),
+    moved: Mapping[int, tuple[int, int]] | None = None,
 ) -> Diagnosis:
     """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id).
 
-    ``elsewhere``: the job ranks that dumped for some communicator of the job; a rank
-    without a dump here but among them (by its job rank: the world communicator's ranks are
-    the job's, a group's dumps list theirs) is stuck or failed in another communicator, not
-    dead. ``ended``: how ranks that failed ended, by job rank, as ``plait run`` saw (its
-    dumps of the others were asked for after that failure: no snapshot of a busy rank).
-    ``unread``: ranks whose dump file could not be read.
+    ``elsewhere``: the job ranks whose dump of another communicator of the job says where
+    they are; a rank without a dump here but among them (by its job rank: the world
+    communicator's ranks are the job's, a group's dumps list theirs) is stuck or failed in
+    another communicator, not dead. ``ended``: how ranks that failed ended, by job rank, as
+    ``plait run`` saw (its dumps of the others were asked for after that failure: no
+    snapshot of a busy rank). ``unread``: ranks whose dump file could not be read.
+    ``moved``: job ranks that went on to a communicator shrunk from this one, with its id
+    and the number of shrinks from this one (Note [dumps of other communicators]).
     """
     if not dumps:
         raise ValueError("no dumps to diagnose")
@@ -244,13 +253,20 @@ def diagnose_group(
     ranks = tuple(sorted(by_rank))
     missing = tuple(r for r in range(size) if r not in by_rank)
     calls = {r: {c.seq: c for c in by_rank[r].calls} for r in ranks}
-    mismatch = first_mismatch(calls)
+    mismatch = first_mismatch(calls, missing)
     job_ranks = tuple(_job_rank(by_rank, r) for r in range(size))
     if dumps[0].comm == 0:
         job_ranks = tuple(r if g is None else g for r, g in enumerate(job_ranks))
     away = {r for r in missing if job_ranks[r] in (elsewhere or ())}
     saw = {r: ended[g] for r, g in enumerate(job_ranks) if ended and g is not None and g in ended}
-    stuck = _stuck(by_rank, calls, missing, away, saw, unread)
+    went = {
+        r: f"communicator {moved[g][0]:x}, "
+        + ("shrunk from this one" if moved[g][1] == 1 else "shrunk from one that replaced this one")
+        for r, g in enumerate(job_ranks)
+        if moved and g is not None and g in moved
+    }
+    why = functools.partial(_died, away=away, saw=saw, unread=unread, moved=went)
+    stuck = _stuck(by_rank, calls, missing, why, bool(saw))
     if mismatch is not None and (
         not stuck
         or mismatch[0].seq is None
@@ -294,15 +310,16 @@ def _stuck(
     by_rank: dict[int, Dump],
     calls: dict[int, dict[int, CallRecord]],
     missing: tuple[int, ...],
-    away: Collection[int],
-    saw: Mapping[int, str],
-    unread: Collection[int] = (),
+    why: Callable[..., str],
+    saw: bool,
 ) -> list[Finding]:
     """Ranks that left no dump, and ranks that never reached the call the others block in;
-    ``saw``: how ranks ended, as ``plait run`` saw (a failure came before the dumps)."""
+    ``why``: :func:`~plait.diagnostics._words.died` with what is known of the ranks that
+    left none; ``saw``: whether ``plait run`` saw ranks fail before the dumps."""
     out: list[Finding] = []
+    lost = lost_ranks(by_rank.values())
     # A rank blocks in its oldest call not done: in flight, or failed (a timeout dumps it).
-    blocked = {r: c for r, d in by_rank.items() if (c := _blocked_in(d, bool(saw))) is not None}
+    blocked = {r: c for r, d in by_rank.items() if (c := _blocked_in(d, saw)) is not None}
     if not blocked:
         asked = not saw and all(d.reason.startswith("signal ") for d in by_rank.values())
         if (
@@ -328,7 +345,7 @@ def _stuck(
                     "missing",
                     None,
                     missing,
-                    f"{_ranks(missing)} left no dump: {_died(missing, away, saw, unread)}",
+                    f"{_ranks(missing)} left no dump: {why(missing, lost=lost)}",
                 )
             )
         return out
@@ -343,13 +360,15 @@ def _stuck(
     if len(in_it) == 1:
         verb += "s" if verb == "wait" else ""
     if missing:
+        waited = {p for c in blocked.values() for p in c.waiting_on}
+        idle = [r for r in missing if r not in waited] if waited else []
         out.append(
             Finding(
                 "missing",
                 seq,
                 missing,
-                f"{_ranks(missing)} left no dump: {_died(missing, away, saw, unread)}; "
-                f"{_ranks(in_it)} {verb} in {ref.describe()}{wait_text}",
+                f"{_ranks(missing)} left no dump: {why(missing, lost=lost, idle=idle)}; "
+                + _waiting(in_it, blocked, verb.rstrip("s")),
             )
         )
     out.extend(_too_late(blocked, in_it, seq))  # after the missing: a likelier cause
@@ -392,6 +411,22 @@ def _stuck(
             )
         )
     return out
+
+
+def _waiting(in_it: list[int], blocked: dict[int, CallRecord], verb: str) -> str:
+    """``ranks 0, 1 wait in allreduce #3 (train.py:9) for rank 2``; each call apart where
+    ``in_it`` block in different ones (a mismatch): ``rank 2 waited in allreduce #3
+    (b.py:9), rank 3 in broadcast #3 (b.py:10)``."""
+    calls: dict[tuple[object, ...], list[int]] = {}
+    for r in in_it:
+        calls.setdefault((blocked[r].signature, blocked[r].where), []).append(r)
+    parts: list[str] = []
+    for rs in calls.values():
+        peers = sorted({p for r in rs for p in blocked[r].waiting_on} - set(in_it))
+        wait = f" for {_ranks(peers)}" if peers else ""
+        said = "" if parts else f"{verb}{'s' if verb == 'wait' and len(rs) == 1 else ''} "
+        parts.append(f"{_ranks(rs)} {said}in {blocked[rs[0]].describe()}{wait}")
+    return ", ".join(parts)
 
 
 def _job_rank(by_rank: dict[int, Dump], r: int) -> int | None:
@@ -520,63 +555,6 @@ def _reasons(by_rank: dict[int, Dump]) -> tuple[str, ...]:
     for r, d in sorted(by_rank.items()):
         kinds.setdefault(d.reason.split(":", 1)[0], []).append(r)
     return tuple(f"{kind} ({_ranks(rs)})" for kind, rs in kinds.items())
-
-
-def _where(rank: int, d: Dump | None) -> str:
-    if d is None:
-        return f"rank {rank}: no dump"
-    last = d.stuck or d.last
-    if last is None:
-        return f"rank {rank}: no call recorded"
-    peers = f" for {_ranks(last.waiting_on)}" if last.waiting_on else ""
-    if last.in_flight:
-        since = last.start or last.queued
-        waited = f" ({_dur(d.time - since)} before its dump)" if since else ""
-        verb = "queued behind" if last.state == "queued" else "waiting in"
-        queue = [c for c in d.calls if c.seq > last.seq and c.state == "queued"]
-        behind = (
-            f"; {_plural(len(queue), 'call')} queued behind it (#{queue[0].seq}"
-            + (f" to #{queue[-1].seq})" if len(queue) > 1 else ")")
-            if queue
-            else ""
-        )
-        return f"rank {rank}: {verb} {last.describe()}{peers} since {_clock(since)}{waited}{behind}"
-    if last.state == "failed":
-        error = last.error or "?"
-        if len(error) > _ERROR_CHARS:
-            error = error[: _ERROR_CHARS - 3] + "..."
-        return f"rank {rank}: failed in {last.describe()}{peers} at {_clock(last.end)}: {error}"
-    return (
-        f"rank {rank}: done with {last.describe()} at {_clock(last.end)}; no call since"
-        + _main_thread(d)
-    )
-
-
-def _main_thread(d: Dump) -> str:
-    """Where the dump found the rank's main thread, when it was in no recorded call: in a
-    point-to-point call (which the recorder does not keep) or outside plait."""
-    stack = next((s for name, s in d.threads if name == "MainThread"), ())
-    inside = ""  # the plait function the program called, where the thread is in plait
-    library = ""  # the innermost frame of Python's own library, if the program's is further
-    for path, line, function in stack:  # innermost first
-        if f"{os.sep}plait{os.sep}" in path or "/plait/" in path:
-            inside = function
-            continue
-        where = f"{os.path.basename(path)}:{line}"
-        if _in_library(path):  # threading.py of a Thread.join: the caller's line says more
-            library = library or f"{where} ({function})"
-            continue
-        said = f", in plait's {inside}" if inside else f", in {library}" if library else ""
-        return f"; its main thread is at {where}{said}"
-    return f"; its main thread is at {library}" if library else ""
-
-
-def _in_library(path: str) -> bool:
-    """Whether ``path`` is a module of Python's own library (not site-packages)."""
-    return path.startswith(_STDLIB) and "site-packages" not in path
-
-
-_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 # -- report ------------------------------------------------------------------------------
