@@ -44,6 +44,7 @@ import weakref
 import zlib
 from collections.abc import Callable, Sequence
 
+from plait.diagnostics.places import COMM_ID_BITS, shrunk_comm_id
 from plait.errors import ClosedError, UnsupportedError
 from plait.runtime.crossing import Numbered, register
 from plait.transport.base import Handle, Matching, Transport
@@ -68,7 +69,6 @@ __all__ = [
     "whereabouts_tag",
 ]
 
-COMM_ID_BITS = 18
 SEQ_BITS = 20
 INDEX_BITS = 24
 _P2P = 1 << 62
@@ -194,14 +194,6 @@ def free_candidate(words: Sequence[int]) -> int | None:
     for w in words:
         taken |= w
     return next((i for i in range(ID_TRIES) if not taken >> i & 1), None)
-
-
-def shrunk_comm_id(parent_id: int, agreement: int) -> int:
-    """Id of the communicator shrunk from ``parent_id`` through its agreement number
-    ``agreement`` (never 0): its flight recorder's dumps, and the ids of its splits, are
-    not those of the communicator it replaces."""
-    digest = zlib.crc32(f"{parent_id}/shrink/{agreement}".encode())
-    return digest % ((1 << COMM_ID_BITS) - 1) + 1
 
 
 def own_comm_id(run: str) -> int:

@@ -8,7 +8,7 @@ Note [dumps of other communicators]
     - one of a communicator C was shrunk from (directly or through others): the rank
       took part in the shrink that made C, so it had left D before C existed. Shrink
       draws the new id from the old one and its agreement number
-      (:func:`plait.group.shrunk_comm_id`), so the dumps' ids are the lineage;
+      (:func:`plait.diagnostics.places.shrunk_comm_id`), so the dumps' ids are the lineage;
     - one written before C's first call began on any rank whose dump holds that call
       (#0), where the call D's dump found the rank in had ended (failed or done): the
       rank went on after it.
@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from plait.diagnostics.places import shrunk_comm_id
 from plait.diagnostics.schema import Dump
-from plait.group import shrunk_comm_id
 
 __all__ = ["AGREEMENTS", "lost_ranks", "shrunk_from", "whereabouts"]
 

@@ -13,10 +13,12 @@ import os
 import re
 import stat
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "COMM_ID_BITS",
     "dump_dir",
     "dump_name",
     "dumped_as",
@@ -26,11 +28,24 @@ __all__ = [
     "read_json",
     "replace_with",
     "safe_name",
+    "shrunk_comm_id",
 ]
 
 #: A number for each file written beside its place: two writes of one file at once on one
 #: thread (a dump on SIGUSR1 interrupting an error's dump) each get their own.
 _WRITES = itertools.count()
+
+
+#: Bits of a communicator's id (its place in every wire tag, and the name of its dumps).
+COMM_ID_BITS = 18
+
+
+def shrunk_comm_id(parent_id: int, agreement: int) -> int:
+    """Id of the communicator shrunk from ``parent_id`` through its agreement number
+    ``agreement`` (never 0): its flight recorder's dumps, and the ids of its splits, are
+    not those of the communicator it replaces; ``plait analyze`` follows the same chain."""
+    digest = zlib.crc32(f"{parent_id}/shrink/{agreement}".encode())
+    return digest % ((1 << COMM_ID_BITS) - 1) + 1
 
 
 def global_rank() -> int | None:
