@@ -31,6 +31,7 @@ from plait.transport.tcp import (
     STRIPE_MIN,
     PeerProtocolError,
     TcpTransport,
+    rendezvous,
     wire,
 )
 
@@ -481,6 +482,8 @@ def test_cancel_after_the_receiver_cleared_it() -> None:
         wait_all(b, [r])
         assert isinstance(r.error, MismatchError), r.error
         assert "withdrew" in str(r.error)
+        # Note [withdrawn messages]: a collective reads it as rank 0 giving up on the call
+        assert getattr(r.error.__cause__, rendezvous.WITHDRAWN) == 0
         assert (buf == 0xEE).all()
         _settle(a, b)  # a reads the CTS, which ends its tombstone
         for t in ts:

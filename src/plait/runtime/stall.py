@@ -144,8 +144,9 @@ PROBE_SECONDS = 1.0
 GRACE_SECONDS = 2.0
 #: The attribute that marks an error :func:`settle` has settled.
 _SETTLED = "_plait_settled"
-#: Set on the PeerLostError of a call that met a peer's mark that it gave up on the call: the
-#: peer's own error (a rank it lost, told by a LOST notice) is the one to raise.
+#: Set on the PeerLostError of a call that met a peer's mark that it gave up on the call (its
+#: one-sided post, a message it withdrew): the peer's own error (a rank it lost, told by a
+#: LOST notice) is the one to raise.
 GAVE_UP = "_plait_gave_up"
 #: Seconds a call that met such a mark waits for the peer's notice (sent before the mark).
 NOTICE_SECONDS = 0.5
@@ -395,13 +396,17 @@ def settle(
                 # The cause behind the loss: the peer that found it may have left since, and
                 # ranks that can hear only from this one must learn it, not its consequence.
                 tell_all(transport, call, where.rank, where.size, RELAYED)
+        gave_up = getattr(err, GAVE_UP, False)
+        if found is None and gave_up:  # the peer told before it gave up: on its way
+            found = notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
         lost = err.lost_rank if isinstance(err, PeerLostError) else None
         kind, closed = LOST, peer_closed(err)
         # A peer that gave up after an error of its own told every rank: the cause of all
         own = getattr(found, OWN, False)
-        # Note [a peer that told, then left]: what the peer that died told came first
+        # Note [a peer that told, then left]: what the peer that died told came first; what
+        # a peer that gave up told is why it did (passed on, as a loss this rank saw)
         first = isinstance(found, PeerLostError) and found.lost_rank not in (None, lost)
-        first = first and lost is not None and not own
+        first = first and (lost is not None or gave_up) and not own
         if (closed or first) and not own:  # Note [peers that close]: what it told came first
             if isinstance(found, PeerLostError) and found.lost_rank not in (None, lost):
                 lost = found.lost_rank
@@ -412,9 +417,6 @@ def settle(
                     found = None
         if lost is not None and not (own or isinstance(found, MismatchError)):
             tell_all(transport, call, where.rank, where.size, kind, lost)
-        gave_up = getattr(err, GAVE_UP, False)
-        if found is None and gave_up:  # the peer told before it marked: on its way
-            found = notice_soon(transport, call, where.rank, where.size, NOTICE_SECONDS)
         if isinstance(found, PeerLostError) and not (
             own or first or gave_up or closed or isinstance(err, CommTimeout)
         ):  # a loss told by a peer explains a timeout, a peer giving up, closing, or leaving

@@ -6,13 +6,23 @@ once a receive takes it, answers ``CTS`` (the sender then sends the payload as
 ``RDATA`` chunks straight into the receive's buffer) or ``REFUSE`` (the receive
 disagrees: it fails with MismatchError, the send completes without its payload).
 Every ``RTS`` gets exactly one answer. See ``docs/transport.md`` (Note [TCP rendezvous]).
+
+Note [withdrawn messages]
+    A sender withdraws a message it had announced when it cancels the send, nearly always
+    because its call failed: it lost a rank, timed out, met a mismatch or an error of its
+    own, and gave up on the call. The receive that had taken the message fails with
+    MismatchError, for a point-to-point receive (the sender cancelled it), but marked
+    (:data:`WITHDRAWN`, on the error's cause, which survives a sub-communicator's
+    renumbering): the receiver's collective call reads it as the sender having given up
+    on the call, not as ranks in different calls, and raises what that rank told its peers
+    as it gave up (Note [stall probes] in :mod:`plait.runtime.stall`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plait.errors import MismatchError
+from plait.errors import CommError, MismatchError
 from plait.transport.link import Message, Op
 from plait.transport.tcp import writer
 from plait.transport.tcp.pair import Conn, Inbound, Out, Peer, Rts
@@ -35,9 +45,12 @@ from plait.transport.tcp.wire import (
 if TYPE_CHECKING:
     from plait.transport.tcp.link import TcpLink
 
-__all__ = ["clear", "on_control", "send_payload", "send_rts", "withdraw"]
+__all__ = ["WITHDRAWN", "clear", "on_control", "send_payload", "send_rts", "withdraw"]
 
 _EMPTY = memoryview(b"")
+#: Set, to the sender's rank, on the cause of the error of a receive whose sender withdrew
+#: the message (Note [withdrawn messages]); :mod:`plait.runtime.waits` reads it.
+WITHDRAWN = "_plait_withdrawn"
 
 
 def send_rts(link: TcpLink, p: Peer, op: Op) -> None:
@@ -234,11 +247,12 @@ def _on_withdraw(link: TcpLink, p: Peer, rid: int) -> None:
         op = rec.op
         rec.op = None
         op.state = None
-        link.ep.fail(
-            op,
-            MismatchError(
-                f"rank {p.rank} withdrew the {rec.nbytes}-byte message (tag {op.tag}) "
-                f"that rank {link.rank} was about to receive: it cancelled the send "
-                "(its call failed or timed out)"
-            ),
+        err = MismatchError(
+            f"rank {p.rank} withdrew the {rec.nbytes}-byte message (tag {op.tag}) "
+            f"that rank {link.rank} was about to receive: it cancelled the send "
+            "(its call failed or timed out)"
         )
+        why = CommError(f"rank {p.rank} cancelled its send")  # Note [withdrawn messages]
+        setattr(why, WITHDRAWN, p.rank)
+        err.__cause__ = why
+        link.ep.fail(op, err)
