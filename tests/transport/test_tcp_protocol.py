@@ -24,6 +24,7 @@ from plait import _auth
 from plait.errors import ClosedError, MismatchError, PeerLostError
 from plait.rendezvous.store import MemoryStore
 from plait.transport import endpoint
+from plait.transport.base import WITHDRAWN
 from plait.transport.conformance import run_ranks, wait_all
 from plait.transport.tcp import (
     CHUNK,
@@ -31,7 +32,6 @@ from plait.transport.tcp import (
     STRIPE_MIN,
     PeerProtocolError,
     TcpTransport,
-    rendezvous,
     wire,
 )
 
@@ -483,7 +483,7 @@ def test_cancel_after_the_receiver_cleared_it() -> None:
         assert isinstance(r.error, MismatchError), r.error
         assert "withdrew" in str(r.error)
         # Note [withdrawn messages]: a collective reads it as rank 0 giving up on the call
-        assert getattr(r.error.__cause__, rendezvous.WITHDRAWN) == 0
+        assert getattr(r.error.__cause__, WITHDRAWN) == 0
         assert (buf == 0xEE).all()
         _settle(a, b)  # a reads the CTS, which ends its tombstone
         for t in ts:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from plait.errors import CollectiveTimeout, CommError, InternalError, MismatchError, PeerLostError
 from plait.runtime.stall import GAVE_UP, PROBE_SECONDS, Prober, settle
 from plait.schedule.ir import Schedule, Step
-from plait.transport.base import PEER_CLOSED, Handle, Transport, peer_closed
+from plait.transport.base import PEER_CLOSED, WITHDRAWN, Handle, Transport, peer_closed
 
 if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder
@@ -30,11 +30,6 @@ __all__ = [
     "withdraw",
     "wrap",
 ]
-
-#: Set by a transport on the cause of the error of a receive whose sender withdrew the
-#: message (Note [withdrawn messages] in plait.transport.tcp.rendezvous, which is imported
-#: only where TCP is used): the sender's rank.
-WITHDRAWN = "_plait_withdrawn"
 
 
 def withdraw(transport: Transport, call: Call, pending: dict[Handle, int], ws: Any = None) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plait.errors import CommError, MismatchError
+from plait.transport.base import WITHDRAWN
 from plait.transport.link import Message, Op
 from plait.transport.tcp import writer
 from plait.transport.tcp.pair import Conn, Inbound, Out, Peer, Rts
@@ -45,12 +46,9 @@ from plait.transport.tcp.wire import (
 if TYPE_CHECKING:
     from plait.transport.tcp.link import TcpLink
 
-__all__ = ["WITHDRAWN", "clear", "on_control", "send_payload", "send_rts", "withdraw"]
+__all__ = ["clear", "on_control", "send_payload", "send_rts", "withdraw"]
 
 _EMPTY = memoryview(b"")
-#: Set, to the sender's rank, on the cause of the error of a receive whose sender withdrew
-#: the message (Note [withdrawn messages]); :mod:`plait.runtime.waits` reads it.
-WITHDRAWN = "_plait_withdrawn"
 
 
 def send_rts(link: TcpLink, p: Peer, op: Op) -> None:
