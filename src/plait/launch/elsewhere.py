@@ -91,6 +91,8 @@ _FAILING = "plait/failing"
 _FIRST = "plait/first"
 _CLAIM = "plait/verdict-claim"
 _VERDICT = "plait/verdict"
+#: A launcher whose ranks all ended with 0, one of them before plait.init, says so here.
+_ENDED = "plait/ended-early"
 #: The rank field of the event a failure elsewhere puts on the launcher's queue.
 ELSEWHERE = -2
 #: How a launcher files the ranks it stopped after another failed (plait.launch.watch).
@@ -116,6 +118,7 @@ class Elsewhere:
         self._address = (host, port, secret.encode())
         self._node = node
         self._others = [r for r in range(size) if r not in mine]
+        self._nodes = size // len(mine) if len(mine) else 1
         self._events = events
         self._stop = threading.Event()
         #: How each rank a verdict named ended.
@@ -178,20 +181,25 @@ class Elsewhere:
         self.seen()
         return chosen
 
-    @property
-    def others(self) -> list[int]:
-        """The job's ranks on other hosts."""
-        return list(self._others)
-
     def outcome(self, seconds: float) -> tuple[int, str] | None:
-        """The verdict, waited for up to ``seconds``, for a launcher whose ranks all ended with
-        0, one of them before it joined ``plait.init`` while ranks of other hosts may wait
-        there for it; None where none came or the store is gone."""
+        """The verdict, for a launcher whose ranks all ended with 0, one of them before it
+        joined ``plait.init``, where ranks of another host may wait there for it: waited for
+        up to ``seconds``, or until every other host's launcher said the same of its ranks
+        (a command that never calls ``plait.init``). None where none came, or the store is
+        gone (host 0's launcher ended)."""
+        others = [f"{_ENDED}/{n}" for n in range(self._nodes) if n != self._node]
+        deadline = time.monotonic() + seconds
         try:
             store = self._connect()
-            store.wait([_VERDICT], timeout=seconds)
+            store.set(f"{_ENDED}/{self._node}", b"1")
+            while not store.check([_VERDICT]):
+                left = deadline - time.monotonic()
+                if left <= 0 or store.check(others):
+                    return None
+                with suppress(StoreTimeout):
+                    store.wait([_VERDICT], timeout=min(_SLICE_SECONDS, left))
             chosen = _read(store.get(_VERDICT))
-        except (CommError, OSError):  # StoreTimeout too: nothing failed elsewhere
+        except (CommError, OSError):
             return None
         self.seen()
         return chosen

@@ -604,11 +604,6 @@ class _Filer:
         self._done.add(rank)
         return True
 
-    def any_joined(self, ranks: Collection[int]) -> bool:
-        """Whether any of ``ranks`` joined the job's ``plait.init`` (False where the store
-        does not say)."""
-        return any(self.joined(r) for r in ranks)
-
     def left_elsewhere(self, ranks: Collection[int]) -> dict[int, str]:
         """Which of ``ranks`` (another host's) its launcher filed as having exited before
         they joined ``plait.init`` (:meth:`left`), and how; empty where the store does not

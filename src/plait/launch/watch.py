@@ -106,10 +106,6 @@ class Joining(Protocol):
         """Whether rank ``rank`` joined ``plait.init`` in the job's store."""
         ...
 
-    def any_joined(self, ranks: Collection[int]) -> bool:
-        """Whether any of ``ranks`` joined ``plait.init`` in the job's store."""
-        ...
-
     def left_elsewhere(self, ranks: Collection[int]) -> dict[int, str]:
         """Which of ``ranks`` (another host's) its launcher filed as having exited before
         they joined ``plait.init``, and how each ended."""
@@ -168,18 +164,17 @@ def _ended_well(
     ranks: Sequence[RankProcess],
     relay: Relay,
     never: Sequence[RankProcess],
-    joining: Joining | None,
     elsewhere: Elsewhere | None,
 ) -> int:
     """The exit code of a job whose ranks here all ended with 0: 0, unless one of them
-    exited before it joined ``plait.init`` while ranks of another host had joined it and
-    wait for it there; their failure is then this host's too, named as everywhere (Note
-    [ranks that never joined] in plait.rendezvous.lost). Its launcher exited 0 before, for
-    a job that had failed."""
-    if not never or joining is None or elsewhere is None:
+    exited before it joined ``plait.init`` and ranks of another host failed of it, waiting
+    there for it; their failure is then this host's too, named as everywhere (Note [ranks
+    that never joined] in plait.rendezvous.lost). Its launcher exited 0 before, for a job
+    that had failed. It waits for the verdict at most :data:`GATHER_SECONDS`, and not at
+    all once every other host's launcher said that its ranks too ended so (a command that
+    never calls ``plait.init``)."""
+    if not never or elsewhere is None:
         return 0
-    if not joining.any_joined(elsewhere.others):
-        return 0  # nobody waits for them: a command that never calls plait.init
     verdict = elsewhere.outcome(GATHER_SECONDS)
     if verdict is None:
         return 0
@@ -559,7 +554,7 @@ def watch(
             break
         deadline = min(deadline, r.exit[1] + _LINGER[kind])
     if not failed:  # with recovery: the ranks left finished, whatever was lost on the way
-        return _ended_well(ranks, relay, never, joining, elsewhere)
+        return _ended_well(ranks, relay, never, elsewhere)
     first = _first_failure(failed, relay)
     hung = [] if _kind(first, relay) == _CAUSE else _hung_causes(ranks, failed, relay)
     if hung:
