@@ -72,7 +72,7 @@ Note [ranks that never joined]
     here (:meth:`plait.launch.job._Filer.left_elsewhere`) and files it, not its own rank,
     as the cause the hosts settle on (Note [which host started a failure] in
     plait.launch.elsewhere); its own launcher, whose ranks may all have ended with 0,
-    waits for that verdict where ranks of another host had joined.
+    waits for that verdict (:meth:`plait.launch.elsewhere.Elsewhere.outcome`).
 
     A rank that claims its rank in a ``plait.init`` meeting in the launcher's store (a
     :class:`JobRanks` namespace) says so at the store's root, ``plait/joined/<rank>``
