@@ -102,6 +102,7 @@ from typing import NoReturn
 
 from plait.errors import RendezvousError
 from plait.launch import TRANSPORTS, Job, StartError, launch, module_command
+from plait.launch.starting import CANNOT_START
 
 __all__ = ["add_arguments", "main", "rank_command"]
 
@@ -408,7 +409,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"plait run: {exc}") from None
     except OSError as exc:  # the command cannot run (a #! line's missing interpreter, ...)
         said = exc.strerror or ""
-        if not said.startswith("cannot start rank"):
+        if not said.startswith(CANNOT_START):
             raise
         _usage_error(said)
 

@@ -21,10 +21,14 @@ import resource
 import shutil
 from collections.abc import Mapping, Sequence
 
-__all__ = ["StartError", "start_error"]
+__all__ = ["CANNOT_START", "StartError", "start_error"]
 
 #: The errors of a host out of something: more ranks than it can start.
 _LIMITS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ENOBUFS})
+
+
+#: How the message of every error :func:`start_error` makes begins.
+CANNOT_START = "cannot start rank"
 
 
 class StartError(OSError):
@@ -38,7 +42,7 @@ def start_error(
     """The error to raise when rank ``rank`` of ``total`` cannot be started with ``command``
     (and environment ``env``) for ``exc``: a :class:`StartError` for a limit of the host,
     else an :class:`OSError` of ``exc``'s errno that says what is wrong with the command."""
-    said = f"cannot start rank {rank} of {total} ranks"
+    said = f"{CANNOT_START} {rank} of {total} ranks"
     if not isinstance(exc, OSError) or exc.errno in _LIMITS:  # a thread that cannot start too
         return StartError(_limit(said, exc))
     if exc.filename is None:  # not the command's exec: something else of the start failed

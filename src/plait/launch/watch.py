@@ -540,8 +540,8 @@ def watch(
         r.exit = (code, time.monotonic())
         running -= 1
         # Ranks of other hosts may still run: a rank that leaves last here is filed too.
-        leaves = code >= 0 and (running or elsewhere is not None) and joining is not None
-        if leaves and joining is not None and joining.left(r.rank, code):
+        others = running or elsewhere is not None
+        if joining is not None and code >= 0 and others and joining.left(r.rank, code):
             never.append(r)
         if code == 0:
             continue
