@@ -345,3 +345,21 @@ def test_all_leaves_out_the_one_sided_algorithms_across_hosts(
     captured = capsys.readouterr()
     assert "leaves out arena" not in captured.err
     assert "(topology flat, algorithm arena)" in captured.out
+
+
+@pytest.mark.parametrize("topology", ["switch", "fat-tree:4:2", "ring", "torus:2x3"])
+def test_all_leaves_out_every_window_algorithm_where_each_rank_is_a_machine(
+    topology: str, capsys: pytest.CaptureFixture
+) -> None:
+    # These networks join a machine a rank by cables: no rank shares a window with another,
+    # and an arena algorithm there crossed no cable at all, faster than any real one.
+    assert main(["sim", "-n", "6", "--topology", topology, "-a", "all", "-s", "1K"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        "leaves out arena, arena_oneshot, arena_leader, hierarchical_arena, cascade_arena: "
+        f"one-sided, they run only where ranks share a host's memory, and every rank of "
+        f"{topology} is a machine of its own"
+    ) in captured.err
+    assert "arena" not in captured.out
+    assert main(["sim", "-n", "6", "--topology", topology, "-a", "arena", "-s", "1K"]) == 0
+    assert "algorithm arena)" in capsys.readouterr().out  # named, it still runs

@@ -78,6 +78,8 @@ _DEFAULT_GAMMA = 1 / 15e9
 _DEFAULT_DELTA = 1 / 15e9
 #: The defaults of the options both commands have (plait.bench.options resolves them).
 _COLLECTIVE, _BEGIN, _END, _FACTOR, _RANKS = "allreduce", "1K", "64M", 4, 16
+#: The networks (by :attr:`plait.sim.Network.name`) that join a machine a rank by cables.
+_MACHINE_A_RANK = frozenset({"single_switch", "fat_tree", "torus", "ring"})
 #: The most ranks -n takes (docs/simulator.md, "Scale": 16,384 take seconds to build).
 MAX_RANKS = 1 << 20
 
@@ -537,14 +539,26 @@ def _check(args: argparse.Namespace) -> tuple[list[int], tuple[str, ...], Any, A
         delta=args.delta,
         wait_latency=args.wait_latency,
     )
-    # The one-sided algorithms need one window for all ranks: not across hosts.
+    # The one-sided algorithms need one window for all ranks: not across hosts (those of
+    # host_windows: one window a host, of `hosts:K`). A switch, a fat tree, a ring or a torus
+    # joins machines, one a rank, by cables, and says no hosts: none of them runs there.
     several = net.hosts is not None and len(set(net.hosts)) > 1
-    alone = [n for n in names if several and get(c, n).needs_window and not get(c, n).host_windows]
+    machines = net.hosts is None and net.name in _MACHINE_A_RANK and args.ranks > 1
+    alone = [
+        n
+        for n in names
+        if get(c, n).needs_window and (machines or (several and not get(c, n).host_windows))
+    ]
     if every and alone:
         names = tuple(n for n in names if n not in alone)
         notes.append(
-            f"--algo all leaves out {', '.join(alone)}: one-sided, they run only "
-            "where all ranks share one host's window"
+            f"--algo all leaves out {', '.join(alone)}: one-sided, they run only where "
+            + (
+                f"ranks share a host's memory, and every rank of {args.topology} is a machine "
+                "of its own (hosts:K puts several on a host)"
+                if machines
+                else "all ranks share one host's window"
+            )
         )
     if args.plot:
         try:
