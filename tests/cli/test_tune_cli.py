@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +133,7 @@ def test_show_refuses_a_bad_rules_file(
             ["--output", "/nonexistent-plait-folder/p.json"],
             "--output /nonexistent-plait-folder/p.json: /nonexistent-plait-folder does not exist",
         ),
+        (["--output", ""], "--output '' is empty; expected a file name"),  # said: "--output ."
     ],
 )
 def test_bad_options_are_usage_errors(
@@ -265,3 +267,25 @@ def test_sigterm_stops_the_ranks_of_the_measurement(tmp_path: Path) -> None:
         assert list(tmp.iterdir()) == []
     finally:
         assert _end(proc, tmp) == []
+
+
+def test_show_keeps_long_cells_apart_and_under_their_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A cell wider than the fixed 24 columns ran into the next one, and the cells no longer
+    # stood under their sizes.
+    (tmp_path / "empty.toml").write_text("")
+    monkeypatch.setenv("PLAIT_RULES", str(tmp_path / "empty.toml"))
+    monkeypatch.setenv("PLAIT_PROFILE", str(tmp_path / "none.json"))
+    algo = "allreduce:double_binary_tree:0-4K@256K,recursive_doubling:4K-"
+    monkeypatch.setenv("PLAIT_ALGO", algo)
+    code, out, err = _show(["-n", "4", "--transport", "tcp"], capsys)
+    assert code == 0, err
+    assert _cells(out)["allreduce"][:4] == ["double_binary_tree@256K [A]"] * 3 + [
+        "recursive_doubling [A]"
+    ]
+    lines = out.splitlines()
+    header = next(ln for ln in lines if ln.startswith("# collective"))
+    row = next(ln for ln in lines if ln.startswith("  allreduce"))
+    ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", header)][1:]  # each size's last column
+    assert ends == [m.end() for m in re.finditer(r"\S+(?: \S+)*", row)][1:]

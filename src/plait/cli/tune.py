@@ -50,7 +50,8 @@ __all__ = ["add_arguments", "fit", "main"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``plait tune``."""
-    parser.add_argument("--output", "-o", type=Path, help="profile file (default: see above)")
+    # a string, not a Path: Path('') is '.', and an empty name was refused as the folder '.'
+    parser.add_argument("--output", "-o", help="profile file (default: see above)")
     parser.add_argument(
         "--no-tcp", action="store_true", help="skip the TCP (inter-host class) measurement"
     )
@@ -224,8 +225,7 @@ def _show(nproc: int, n_hosts: int = 1, transport: str = "shm") -> int:
     )
     print("# bytes: the whole vector; one rank's block for block collectives")
     sizes = [8 << (3 * k) for k in range(9)]  # 8 B .. 128 MiB
-    width = 24
-    print("# " + "collective".ljust(16) + "".join(format_size(s).rjust(width) for s in sizes))
+    rows: list[tuple[str, list[str]]] = []
     for c in COLLECTIVES:
         if collectives.get(c).synchronizes or len(algorithms(c)) < 2:
             continue
@@ -246,6 +246,11 @@ def _show(nproc: int, n_hosts: int = 1, transport: str = "shm") -> int:
                 cell += "@" + overrides.format_size(ch.segment_bytes)
             mark = _MARKS.get(ch.source, "?")
             cells.append(cell + (f" [{mark}]" if mark else ""))
+        rows.append((c, cells))
+    # every cell at least two spaces from the one before: a long one shifts its column only
+    width = max([24, *(len(cell) + 2 for _, cells in rows for cell in cells)])
+    print("# " + "collective".ljust(16) + "".join(format_size(s).rjust(width) for s in sizes))
+    for c, cells in rows:
         print("  " + c.ljust(16) + "".join(cell.rjust(width) for cell in cells))
     return 0
 
@@ -317,7 +322,7 @@ def main(args: argparse.Namespace) -> int:
     profile = model.Profile(
         intra, inter, shm["gamma"], shm["delta"], {"shm": shm, **({"tcp": tcp} if tcp else {})}
     )
-    path = model.save(profile, args.output)
+    path = model.save(profile, None if args.output is None else Path(args.output))
     print(f"# profile written to {path}")
     bw = f"{1e-9 / intra.beta:.2f} GB/s" if intra.beta else "-"
     print(f"intra (shared memory): α = {intra.alpha * 1e6:.1f} µs, 1/β = {bw}")
