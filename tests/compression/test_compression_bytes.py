@@ -69,10 +69,17 @@ TOPK = math.ceil(0.01 * N)
 CASES: list[tuple[str, tuple[int, ...], Callable[[], Compressor], int, float]] = [
     ("fp16", (256, 256), FP16, ring_bytes(2 * N), 1 / 2),
     ("bf16", (256, 256), BF16, ring_bytes(2 * N), 1 / 2),
-    # alltoall + allgather, each (p-1) parts of shard int8 codes + shard/256 float32 scales
-    ("int8", (256, 256), Int8, 2 * (P - 1) * (SHARD + 4 * SHARD // 256), (1 + 4 / 256) / 4),
-    # an allgather of k (uint32 index, float32 value) pairs
-    ("topk", (256, 256), lambda: TopK(0.01), (P - 1) * TOPK * 8, P * TOPK / N),
+    # alltoall + allgather, each (p-1) parts of shard int8 codes + shard/256 float32 scales, and
+    # the allgather's rows start with the call's 16-byte header (Note [call headers])
+    (
+        "int8",
+        (256, 256),
+        Int8,
+        2 * (P - 1) * (SHARD + 4 * SHARD // 256) + 16 * (P - 1),
+        (1 + 4 / 256) / 4 + 2 * P / N,
+    ),
+    # an allgather of the 16-byte header and k (uint32 index, float32 value) pairs
+    ("topk", (256, 256), lambda: TopK(0.01), (P - 1) * (16 + TOPK * 8), P * TOPK / N + 2 * P / N),
     # allreduces of P (n x r) and Q (m x r)
     (
         "powersgd",

@@ -35,6 +35,24 @@ Note [state claims]
     will keep state claim a key (a PowerSGD tensor small enough to fall back
     does not); ``reset()`` forgets claims with the state.
 
+Note [call headers]
+    A plain allreduce compares every rank's call (count, dtype, op) and
+    raises MismatchError on every rank where they differ. A compressor's
+    collectives carry bytes of its own making, whose sizes need not follow
+    the call's: int8 pads ``x`` to ``size`` equal shards, so ranks passing 10
+    and 9 elements sent alltoalls and allgathers of one size and returned
+    arrays of different shapes, and top-k's ``k`` is the same for 100 and 99
+    elements, where one rank indexed past the end of its result. So int8
+    and top-k start the row each rank sends in their allgather with a
+    16-byte header (:func:`call_header`): the element count (uint64), the
+    itemsize of ``x`` (uint32) and whether the call averages (uint32), little
+    endian, which keeps the 8-byte alignment of what follows. Every rank
+    receives every rank's header, so :func:`check_headers` raises the same
+    MismatchError on every rank, naming what each passed, before any of the
+    data is used. The casts and PowerSGD reduce through the plain allreduce,
+    which compares the calls itself (a count the plain allreduce would
+    compare differently, PowerSGD's ``P`` and ``Q``, differs with the shape).
+
 Note [byte order]
     Ranks may pass the same values in different byte orders, and a
     compressor receives the caller's array as it is (its identity keys the
@@ -54,10 +72,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plait.errors import MismatchError
+
 if TYPE_CHECKING:
     from plait.communicator import Communicator
 
-__all__ = ["Compressor", "Keyed", "check_seed", "native", "work_dtype"]
+__all__ = [
+    "HEADER_BYTES",
+    "Compressor",
+    "Keyed",
+    "call_header",
+    "check_headers",
+    "check_seed",
+    "native",
+    "work_dtype",
+]
+
+#: Bytes of the header that starts each rank's allgathered row (Note [call headers]).
+HEADER_BYTES = 16
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:
@@ -87,6 +119,38 @@ def native(x: np.ndarray) -> np.ndarray:
     if x.dtype.isnative:
         return x
     return x.astype(x.dtype.newbyteorder("="))
+
+
+def call_header(x: np.ndarray, average: bool) -> np.ndarray:
+    """The 16 bytes (uint8) that say this rank's call in its allgathered row: ``x``'s element
+    count, its itemsize and whether it averages (Note [call headers])."""
+    head = np.zeros(HEADER_BYTES, np.uint8)
+    head[:8] = np.array([x.size], "<u8").view(np.uint8)
+    head[8:] = np.array([x.dtype.itemsize, int(average)], "<u4").view(np.uint8)
+    return head
+
+
+def check_headers(rows: np.ndarray, comm: Communicator, name: str) -> None:
+    """Raise MismatchError if the headers starting ``rows`` (one allgathered row per rank,
+    uint8) say different calls; every rank sees the same rows, so all raise alike."""
+    heads = np.ascontiguousarray(rows[:, :HEADER_BYTES])
+    counts = heads[:, :8].copy().view("<u8")[:, 0]
+    rest = heads[:, 8:].copy().view("<u4")
+    said = [(int(counts[q]), int(rest[q, 0]), int(rest[q, 1])) for q in range(len(heads))]
+    if len(set(said)) == 1:
+        return
+    ranks: dict[tuple[int, int, int], list[int]] = {}
+    for q, call in enumerate(said):
+        ranks.setdefault(call, []).append(q)
+    parts = []
+    for (count, itemsize, avg), who in ranks.items():
+        label = f"rank {who[0]}" if len(who) == 1 else "ranks " + ", ".join(map(str, who))
+        op = "AVG" if avg else "SUM"
+        parts.append(f"{label} passed {count} float{8 * itemsize} elements with {op}")
+    raise MismatchError(
+        f"rank {comm.rank}: allreduce ({name} compression): the ranks' calls do not match: "
+        + "; ".join(parts)
+    )
 
 
 class _Table(dict):  # type: ignore[type-arg]

@@ -31,10 +31,29 @@ communicator, so runs are reproducible and the ranks' noise is independent;
 per call a rank draws ``size * shard`` numbers for step 1, then ``shard`` for
 step 2.
 
-Bytes one rank sends per call: ``2 (size - 1) (shard + 4 ceil(shard / block_size))``
-with ``shard = ceil(count / size)`` (8 bytes a scale for float64 data), against
+Note [the edges of the float range]
+    A block of finite values dequantizes to finite values, and a block of
+    values too small for ``max|v| / 127`` to be a number of the working
+    precision still gets a step. At the top, ``127 * (max|v| / 127)`` may round
+    past the largest finite number (float32's or float64's maximum itself
+    does), which gave inf and then, in the block's sum, NaN: a product past
+    it is clamped to the largest finite number, which is within half a step
+    of the value. At the bottom, ``max|v| / 127`` of a block of subnormals
+    underflowed to 0, and every value of the block to 0 with it: a block
+    whose largest magnitude is above 0 gets a scale of at least the smallest
+    subnormal of the working precision, so its values come back to within
+    half a step (exactly, there: they are multiples of that step). A block
+    with an inf or NaN still dequantizes to NaN.
+
+The allgather's rows start with the call's 16-byte header, so that ranks
+that passed different counts, dtypes or ops all raise MismatchError (Note
+[call headers] in :mod:`plait.compression.base`).
+
+Bytes one rank sends per call:
+``2 (size - 1) (shard + 4 ceil(shard / block_size)) + 16 (size - 1)`` with
+``shard = ceil(count / size)`` (8 bytes a scale for float64 data), against
 ``2 (size - 1) / size * 4 count`` for a float32 ring allreduce: about 1/4, plus
-4 / block_size for the scales.
+4 / block_size for the scales (and the headers' 16 bytes a rank).
 """
 
 from __future__ import annotations
@@ -45,7 +64,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from plait.compression.base import Compressor, check_seed, work_dtype
+from plait.compression.base import (
+    HEADER_BYTES,
+    Compressor,
+    call_header,
+    check_headers,
+    check_seed,
+    work_dtype,
+)
 
 if TYPE_CHECKING:
     from plait.communicator import Communicator
@@ -80,8 +106,11 @@ def quantize(
     count, n = rows.shape
     blocks = -(-n // block_size)
     grid = _blocks(rows, blocks, block_size, wd)
-    with np.errstate(invalid="ignore", over="ignore"):
-        scales = np.abs(grid).max(axis=2, initial=0.0) / wd.type(_LEVELS)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        peak = np.abs(grid).max(axis=2, initial=0.0)
+        scales = peak / wd.type(_LEVELS)
+        # Note [the edges of the float range]: a step of at least the smallest subnormal
+        scales = np.where(peak > 0, np.maximum(scales, np.finfo(wd).smallest_subnormal), scales)
         safe = np.where(scales > 0, scales, wd.type(1))  # inf: codes 0, NaN again below
         y = (grid / safe[:, :, None]).reshape(count, -1)[:, :n]
         y = np.rint(y) if noise is None else np.floor(y + np.asarray(noise, wd).reshape(count, n))
@@ -100,8 +129,14 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, block_size: int) -> np.nda
     count, n = rows.shape
     blocks = scales.shape[-1]
     grid = _blocks(rows, blocks, block_size, scales.dtype)
-    with np.errstate(invalid="ignore"):  # 0 * inf in a non-finite block: NaN, as meant
+    with np.errstate(invalid="ignore", over="ignore"):  # 0 * inf in a non-finite block: NaN
         grid = grid * scales.reshape(count, blocks, 1)
+    top = np.finfo(scales.dtype).max
+    with np.errstate(invalid="ignore"):  # (a NaN scale compares False)
+        near_top = bool((scales > top / (2 * _LEVELS)).any())
+    if near_top:  # Note [the edges of the float range]: 127 steps may round past the largest
+        finite = np.isfinite(scales).reshape(count, blocks, 1)
+        grid = np.where(finite, np.clip(grid, -top, top), grid)
     values: np.ndarray = grid.reshape(count, -1)[:, :n].reshape(codes.shape)
     return values
 
@@ -132,9 +167,13 @@ class Int8(Compressor):
 
     def __init__(self, block_size: int = 256, *, stochastic: bool = False, seed: int = 0) -> None:
         super().__init__()
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        if (
+            isinstance(block_size, bool)
+            or not isinstance(block_size, int | np.integer)
+            or block_size < 1
+        ):
             raise ValueError(f"Int8: block_size must be a positive int; got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = int(block_size)  # a numpy integer too, kept as Python's
         self.stochastic = bool(stochastic)
         self.seed = check_seed(seed, "Int8")
         if self.stochastic:
@@ -191,11 +230,14 @@ class Int8(Compressor):
                 total += parts[q]
         noise = rng.random(shard, dtype=np.float32) if rng is not None else None
         codes, scales = quantize(total, b, noise)
-        mine = np.empty(part, np.uint8)
-        mine[:scale_bytes] = scales.view(np.uint8)
-        mine[scale_bytes:] = codes.view(np.uint8)
+        h = HEADER_BYTES  # the call's header first (Note [call headers] in ...compression.base)
+        mine = np.empty(h + part, np.uint8)
+        mine[:h] = call_header(x, average)
+        mine[h : h + scale_bytes] = scales.view(np.uint8)
+        mine[h + scale_bytes :] = codes.view(np.uint8)
         rows = comm.allgather(mine, timeout=timeout)
-        out = _unpack(rows, scale_bytes, b, wd).reshape(-1)[:count]
+        check_headers(rows, comm, self.name)
+        out = _unpack(rows[:, h:], scale_bytes, b, wd).reshape(-1)[:count]
         with np.errstate(over="ignore", invalid="ignore"):
             if average:
                 out /= np.asarray(p, wd)  # before the cast: a mean x's dtype holds stays finite

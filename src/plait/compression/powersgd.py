@@ -42,7 +42,11 @@ Note [non-finite state]
 
 Fallback: tensors with fewer than two dimensions, and matrices where
 ``(n + m) * r * min_compression_rate >= n * m`` (torch's rule), go through the
-plain allreduce, uncompressed and without state.
+plain allreduce, uncompressed and without state: one allreduce, a SUM in
+``x``'s dtype or, for ``AVG``, a SUM in the working precision divided by the
+number of ranks there before the cast back, as every compressor averages (the
+communicator's AVG sums in ``x``'s dtype, where a float16 sum overflows while
+the mean would not; float16 data then sends float32 numbers).
 
 Bytes one rank sends per call: those of allreduces of ``n*r`` and ``m*r``
 elements, against one of ``n*m``: a ratio of ``(n + m) r / (n m)`` when the
@@ -57,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from plait.compression.base import Compressor, check_seed, work_dtype
-from plait.ops import AVG, SUM
+from plait.ops import SUM
 
 if TYPE_CHECKING:
     from plait.communicator import Communicator
@@ -150,7 +154,7 @@ class PowerSGD(Compressor):
         epsilon: float = 0.0,
     ) -> None:
         super().__init__()
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
             raise ValueError(f"PowerSGD: rank must be a positive int; got {rank!r}")
         if not min_compression_rate >= 1:
             raise ValueError(
@@ -158,7 +162,7 @@ class PowerSGD(Compressor):
             )
         if not epsilon >= 0:
             raise ValueError(f"PowerSGD: epsilon must be >= 0; got {epsilon!r}")
-        self.rank = rank
+        self.rank = int(rank)  # a numpy integer too, kept as Python's
         self.min_compression_rate = float(min_compression_rate)
         self.warm_start = bool(warm_start)
         self.error_feedback = bool(error_feedback)
@@ -227,8 +231,7 @@ class PowerSGD(Compressor):
         """Power-iteration step, two allreduces, low-rank product; see the module docstring."""
         nm = self.matrix_shape(x.shape)
         if nm is None:
-            total: np.ndarray = comm.allreduce(x, AVG if average else SUM, timeout=timeout)
-            return total
+            return _fallback(comm, x, average, timeout)
         n, m = nm
         r = self.rank
         wd = work_dtype(x.dtype)
@@ -268,3 +271,25 @@ class PowerSGD(Compressor):
         rng = np.random.default_rng([self.seed, n, m, self.rank])
         q: np.ndarray = rng.standard_normal((m, self.rank)).astype(wd)
         return q
+
+
+def _fallback(
+    comm: Communicator, x: np.ndarray, average: bool, timeout: float | None
+) -> np.ndarray:
+    """The plain allreduce of a tensor PowerSGD does not compress (one collective).
+
+    A SUM is the communicator's own. An AVG is a SUM in the working precision,
+    divided by the number of ranks there and cast back to ``x``'s dtype, as every
+    compressor averages: the communicator's AVG sums in ``x``'s dtype, so a
+    float16 mean that float16 holds overflowed to inf on the way.
+    """
+    if not average:
+        total: np.ndarray = comm.allreduce(x, SUM, timeout=timeout)
+        return total
+    wd = work_dtype(x.dtype)
+    wide = x.astype(wd)  # native order (Note [byte order] in plait.compression.base)
+    with np.errstate(over="ignore", invalid="ignore"):
+        comm.allreduce(wide, SUM, out=wide, timeout=timeout)
+        wide /= np.asarray(comm.size, wd)
+        mean: np.ndarray = wide.astype(x.dtype)
+    return mean

@@ -34,10 +34,15 @@ Note [non-finite residuals]
     skipping an overflowed step means anyway. The arithmetic on non-finite
     values raises no warning of numpy's: it is expected here.
 
-Bytes one rank sends per call: ``(size - 1) * k * (4 + itemsize)`` (uint32
+Each rank's allgathered row starts with the call's 16-byte header, so that
+ranks that passed different counts, dtypes or ops all raise MismatchError
+(Note [call headers] in :mod:`plait.compression.base`).
+
+Bytes one rank sends per call: ``(size - 1) * (16 + k * (4 + itemsize))`` (uint32
 indices; uint64 past 2**32 elements), against ``2 (size - 1) / size * itemsize * count``
-for a ring allreduce: a ratio of ``size * k / count * (4 + itemsize) / (2 itemsize)``,
-which grows with the number of ranks (the allgather's price).
+for a ring allreduce: a ratio of about ``size * k / count * (4 + itemsize) / (2 itemsize)``
+(the headers add ``16 size / (2 itemsize count)``), which grows with the number of
+ranks (the allgather's price).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from plait.compression.base import Compressor, work_dtype
+from plait.compression.base import HEADER_BYTES, Compressor, call_header, check_headers, work_dtype
 
 if TYPE_CHECKING:
     from plait.communicator import Communicator
@@ -86,7 +91,8 @@ class TopK(Compressor):
 
     def __init__(self, ratio: float = 0.01, *, error_feedback: bool = True) -> None:
         super().__init__()
-        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 1:
+        numeric = int | float | np.integer | np.floating
+        if isinstance(ratio, bool) or not isinstance(ratio, numeric) or not 0 < ratio <= 1:
             raise ValueError(f"TopK: ratio must be in (0, 1]; got {ratio!r}")
         self.ratio = float(ratio)
         self.error_feedback = bool(error_feedback)
@@ -126,9 +132,7 @@ class TopK(Compressor):
     ) -> np.ndarray:
         """Select, allgather indices and values, add them up in rank order."""
         p = comm.size
-        count = x.size
-        if count == 0:
-            return np.empty(x.shape, x.dtype)
+        count = x.size  # 0 too: the header still goes out (Note [call headers])
         k = self.k(count)
         wd = work_dtype(x.dtype)
         vd = x.dtype.newbyteorder("=")  # the wire's: native order (Note [byte order])
@@ -146,16 +150,19 @@ class TopK(Compressor):
                 self._store(comm, key, x, acc.reshape(x.shape))
 
         index_dtype = np.dtype(np.uint32) if count <= 1 << 32 else np.dtype(np.uint64)
+        h = HEADER_BYTES  # the call's header first (Note [call headers] in ...compression.base)
         ib = k * index_dtype.itemsize
-        mine = np.empty(ib + k * vd.itemsize, np.uint8)
-        mine[:ib] = idx.astype(index_dtype).view(np.uint8)
-        mine[ib:] = vals.view(np.uint8)
+        mine = np.empty(h + ib + k * vd.itemsize, np.uint8)
+        mine[:h] = call_header(x, average)
+        mine[h : h + ib] = idx.astype(index_dtype).view(np.uint8)
+        mine[h + ib :] = vals.view(np.uint8)
         rows = comm.allgather(mine, timeout=timeout)
+        check_headers(rows, comm, self.name)
 
         out = np.zeros(count, wd)
         with np.errstate(over="ignore", invalid="ignore"):
             for q in range(p):  # rank order: the same additions on every rank
-                row = rows[q]
+                row = rows[q, h:]
                 i = row[:ib].copy().view(index_dtype)
                 v = row[ib:].copy().view(vd)
                 out[i] += v  # a rank's indices are distinct, so no update is lost
