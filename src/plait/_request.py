@@ -46,6 +46,26 @@ Note [calls within calls]
     passes the communicator's timeout, which the short path leaves to the
     long one. It keeps one of its own instead, keyed with its purpose, which
     only inner calls look up (``UnevenMethods._within``).
+
+Note [compressed calls in order]
+    A compressor's state (top-k's residual, PowerSGD's ``Q`` and error, the
+    generators of stochastic rounding and of PowerSGD without warm start)
+    must be read and written in call order: each call starts from what the
+    one before it left. An ``async_op=True`` compressed call runs on the
+    call runner's worker, in the order of submission; a blocking one ran on
+    the calling thread at once, so while an asynchronous call was still
+    queued, the blocking call read the state first and the earlier call
+    then overwrote what it stored. Top-k's error feedback lost or counted
+    twice what it had not sent, and PowerSGD's ``Q``, which every rank
+    must keep identical, came out different on ranks whose worker was
+    quicker or slower. So each call runner's last submitted compressed call
+    is kept (weakly, ``_submitted``); a blocking compressed call made while
+    it is not done goes to the worker too, behind it, with its sequence
+    numbers reserved as an asynchronous call's are, and the caller waits for
+    it and gets its result or its error. Where nothing is pending it runs on
+    the calling thread as before (with the same bits: ``CallRunner.reserved``
+    makes both pick the same algorithms), and a finished call is forgotten,
+    so that its result is not kept alive.
 """
 
 from __future__ import annotations
@@ -53,6 +73,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import weakref
 import zlib
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -61,7 +82,7 @@ import numpy as np
 
 from plait import _arrays, _tensor, collectives
 from plait._arrays import DeviceTarget
-from plait._checks import CACHE_LIMIT, as_array, check_out
+from plait._checks import CACHE_LIMIT, as_array, check_async, check_out
 from plait.algos._registry import AlgorithmSpec, build_schedule
 from plait.diagnostics.recorder import CallShape, caller_site
 from plait.ops import AVG, SUM, Op
@@ -82,6 +103,7 @@ __all__ = [
     "Stager",
     "allreduce_compressed",
     "call_digest",
+    "check_compression",
     "finished",
 ]
 
@@ -577,15 +599,14 @@ def allreduce_compressed(
     collectives. With ``async_op=True`` it runs on the worker thread, so
     the sequence numbers of its calls are taken now, in call order (the
     compressor says how many it makes), and its calls use them there:
-    calls made meanwhile by the caller cannot take their places.
+    calls made meanwhile by the caller cannot take their places. A blocking
+    call runs on the calling thread, unless an asynchronous one is still
+    pending: then it queues behind it (Note [compressed calls in order]).
     """
     c = "allreduce"
     r = comm.rank
-    if not isinstance(compression, Compression):
-        raise TypeError(
-            f"rank {r}: {c}: compression must be a plait.compression compressor such as "
-            f"plait.compression.FP16(); got {compression!r}"
-        )
+    check_compression(compression, f"rank {r}: {c}")
+    async_op = check_async(async_op, f"rank {r}: {c}")
     # A subclass that reshapes as ndarray does (a memmap) is the compressor's array itself, so
     # that its identity keys a stateful compressor's state; np.matrix, which does not, and
     # masked arrays go through as_array (Note [array subclasses] in plait._checks).
@@ -629,10 +650,14 @@ def allreduce_compressed(
 
     if not async_op:
         runner.check_usable(c)
-        return runner.compressing(run)
+        earlier = _submitted.get(runner)
+        if earlier is None or earlier.done():
+            if earlier is not None and _submitted.get(runner) is earlier:
+                del _submitted[runner]
+            return runner.compressing(run)
     calls = compression.collectives(a, comm)
     work = Work(f"rank {r}: {c} ({compression.name} compression)")
-    if runner.detail:
+    if runner.detail and async_op:
         # PLAIT_DEBUG=detail checks every call with a nested allgather on the calling
         # thread; keep that simple by running the compressed call here.
         try:
@@ -641,7 +666,33 @@ def allreduce_compressed(
             work._finish(error=exc)
         return work
     runner.submit_reserved(work, calls, c, run)
+    _submitted[runner] = work
+    if not async_op:  # behind an earlier asynchronous call (Note [compressed calls in order])
+        return work.wait()
     return work
+
+
+#: The last compressed call each call runner ran on its worker (Note [compressed calls in order]).
+_submitted: weakref.WeakKeyDictionary[CallRunner, Work[Any]] = weakref.WeakKeyDictionary()
+
+
+def check_compression(compression: Any, where: str) -> None:
+    """Refuse a ``compression=`` that is not a compressor, naming ``where`` (the call, or the
+    Bucketer that will pass it to its buckets' allreduces); a compressor class gets told to
+    make one."""
+    if isinstance(compression, type) and all(
+        hasattr(compression, m) for m in ("check", "collectives", "allreduce")
+    ):
+        name = compression.__name__
+        raise TypeError(
+            f"{where}: compression must be a compressor object, not the class {name}; "
+            f"make one: compression={name}()"
+        )
+    if not isinstance(compression, Compression):
+        raise TypeError(
+            f"{where}: compression must be a plait.compression compressor such as "
+            f"plait.compression.FP16(); got {compression!r}"
+        )
 
 
 def _new_result(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:

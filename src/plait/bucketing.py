@@ -135,6 +135,7 @@ import numpy as np
 from plait import _arrays
 from plait._bucket_layout import assign, layout_pair, torch_dtype
 from plait._checks import as_writable, check_own_memory
+from plait._request import check_compression
 from plait.compression.base import Keyed
 from plait.compression.powersgd import PowerSGD
 from plait.errors import CommError, CommTimeout
@@ -238,6 +239,7 @@ class Bucketer:
             except TypeError as exc:
                 raise TypeError(f"Bucketer: gradient {i}: {exc}") from None
         if compression is not None:
+            check_compression(compression, "Bucketer")
             _check_compressible(layout, op)
         # The compressor of each gradient reduced on its own (Note [PowerSGD in buckets]).
         own = _own_compressors(compression, layout)

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import plait
+from plait._request import check_compression
 from plait.torch._convert import output_array
 from plait.torch._group import plait_group
 from plait.torch._staging import Staged, write_back
@@ -51,7 +52,12 @@ def compression_hook(compressor: Any) -> Callable[[Any, Any], torch.futures.Futu
     Returns:
         ``hook(state, bucket) -> Future`` for ``DistributedDataParallel.register_comm_hook``;
         ``state`` is None (the default "plait" group) or a "plait" process group.
+
+    Raises:
+        TypeError: ``compressor`` is not a compressor (a class such as ``FP16``
+            rather than ``FP16()``, say), here rather than at the first bucket.
     """
+    check_compression(compressor, "compression_hook")
 
     def hook(state: Any, bucket: Any) -> torch.futures.Future[Any]:
         pg = plait_group(state, "compression_hook", ", or pass such a group as state")
