@@ -53,6 +53,29 @@ def test_simulate_checks_the_root_and_the_size() -> None:
     assert res.outputs[3] is not None  # the root's result, checked against the reference
 
 
+def test_simulate_refuses_arguments_that_are_not_integers() -> None:
+    # A float root failed inside the tree's arithmetic ("unsupported operand type(s) for &"),
+    # a string one in a comparison, True was taken for rank 1; segment_bytes=1.5 and a
+    # negative window were accepted.
+    for root in (1.0, "1", True):
+        with pytest.raises(TypeError, match=rf"root must be an int; got {root!r}"):
+            sim.simulate("reduce", "binomial", 1200, NET, root=root)
+        with pytest.raises(TypeError, match="root must be an int"):
+            sim.build_all("reduce", "binomial", 4, 8, root=root)
+    with pytest.raises(TypeError, match=r"nbytes must be an int; got 64\.0"):
+        sim.simulate("allreduce", "ring", 64.0, NET)
+    with pytest.raises(TypeError, match=r"segment_bytes must be an int; got 1\.5"):
+        sim.simulate("allreduce", "ring", 1200, NET, segment_bytes=1.5)
+    with pytest.raises(ValueError, match="window must be >= 0 bytes"):
+        sim.simulate("allreduce", "arena", 1200, NET, window=-1)
+    with pytest.raises(TypeError, match="window must be an int"):
+        sim.simulate("allreduce", "arena", 1200, NET, window=2.5)
+    root = np.uint8(3)  # a numpy integer serves, as a communicator takes it
+    res = sim.simulate("reduce", "binomial", 64, NET, root=root, with_data=True)
+    assert res.outputs is not None
+    assert res.outputs[3] is not None
+
+
 def test_simulate_refuses_sizes_beyond_int64() -> None:
     # 2**63 bytes timed recursive doubling as 0.0 s (its bytes wrapped around in int64) and
     # 2**70 raised OverflowError from inside the program's arrays.

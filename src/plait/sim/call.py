@@ -125,7 +125,7 @@ def build_all(
         ValueError: an unknown algorithm, ``root`` not a rank, a negative ``count``, ...
     """
     spec = get(collective, algorithm)
-    _check_call(size, root, count if counts is None else 0, "count", itemsize)
+    root = _check_call(size, root, count if counts is None else 0, "count", itemsize)
     hosts_layout = network.host_layout() if network is not None else None
     fabric = None
     if spec.needs_fabric:
@@ -159,14 +159,26 @@ def build_all(
 MAX_BYTES = (1 << 63) - 1
 
 
-def _check_call(size: int, root: int, amount: int, name: str = "nbytes", itemsize: int = 1) -> None:
-    """ValueError unless ``root`` is one of the ``size`` ranks and ``amount`` (the argument
-    ``name``, in units of ``itemsize`` bytes) is not negative and its bytes fit in
-    :data:`MAX_BYTES`. Unchecked, a root outside the ranks built schedules where no rank is
-    the root (a reduce to -1 returned nothing, and passed its check) or that name a rank
-    that does not exist; a negative size, regions of negative length; a size beyond int64,
-    byte counts that wrapped around."""
-    if not 0 <= root < size:
+def _integer(value: Any, name: str) -> int:
+    """``value`` as a Python int, or TypeError naming ``name``: an int or a numpy integer, not
+    a bool. A float root reached the builders (a TypeError of ``&`` deep in a tree's
+    arithmetic), and an unsigned numpy one would wrap their ``(rank - root) % size``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int; got {value!r}")
+    return int(value)
+
+
+def _check_call(size: int, root: Any, amount: Any, name: str = "nbytes", itemsize: int = 1) -> int:
+    """``root`` as an int, once checked to be one of the ``size`` ranks and ``amount`` (the
+    argument ``name``, in units of ``itemsize`` bytes) not negative, with its bytes within
+    :data:`MAX_BYTES`; TypeError where either is not an integer, ValueError where out of
+    range. Unchecked, a root outside the ranks built schedules where no rank is the root (a
+    reduce to -1 returned nothing, and passed its check) or that name a rank that does not
+    exist; a negative size, regions of negative length; a size beyond int64, byte counts
+    that wrapped around."""
+    at = _integer(root, "root")
+    amount = _integer(amount, name)
+    if not 0 <= at < size:
         raise ValueError(f"root must be a rank, in 0..{size - 1}; got {root}")
     if amount < 0:
         raise ValueError(f"{name} must be >= 0; got {amount}")
@@ -177,6 +189,7 @@ def _check_call(size: int, root: int, amount: int, name: str = "nbytes", itemsiz
             f"{name} must be at most {most}{unit}, so that its bytes fit in int64 "
             f"(2**63 - 1); got {amount}"
         )
+    return at
 
 
 def _check_uneven(
@@ -275,8 +288,11 @@ def simulate(
             raise ValueError(f"{collective}: {exc}") from None
     if window is None:
         window = WINDOW_BYTES if spec.needs_window else 0
+    elif _integer(window, "window") < 0:
+        raise ValueError(f"window must be >= 0 bytes (0: no shared arena); got {window}")
+    window = int(window)
     p = network.size
-    _check_call(p, root, nbytes if counts is None else 0)
+    root = _check_call(p, root, nbytes if counts is None else 0)
     fabric, run_on = None, network
     if spec.needs_fabric:  # the aggregating switches become participants after the ranks
         fabric, nodes = network.aggregation_fabric()
@@ -284,7 +300,7 @@ def simulate(
     table.check_counts(p, counts)
     given = tuple(int(c) for c in counts) if counts is not None else None
     _check_uneven(collective, p, given, dt.itemsize)
-    if segment_bytes is not None and segment_bytes < 0:
+    if segment_bytes is not None and _integer(segment_bytes, "segment_bytes") < 0:
         raise ValueError(
             f"segment_bytes must be >= 0 (0: unsegmented) or None (the communicator's); "
             f"got {segment_bytes}"
