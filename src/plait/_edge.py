@@ -43,7 +43,7 @@ from plait._checks import (
     check_root,
     split_rows,
 )
-from plait._request import Request, finished
+from plait._request import Request, Stager, finished
 from plait._shortcut import Shortcut, separate
 from plait.collectives import Collective
 from plait.ops import SUM, Op, check_dtype
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from torch import Tensor
 
+    from plait._compressed import Compression
     from plait._edge_types import (
         _A,
         _T,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
         Either,
         RowCounts,
     )
-    from plait._request import Compression, Stager
     from plait._runner import CallRunner
     from plait.runtime.work import Work
     from plait.selection.select import Choice

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from torch import Tensor
     from typing_extensions import TypeVar
 
-    from plait._request import Compression
+    from plait._compressed import Compression
 
     #: The result for a tensor ``x``: ``out``'s type when given, else a tensor.
     _T = TypeVar("_T", default=Tensor)

@@ -135,7 +135,7 @@ import numpy as np
 from plait import _arrays
 from plait._bucket_layout import assign, layout_pair, torch_dtype
 from plait._checks import as_writable, check_own_memory
-from plait._request import check_compression
+from plait._compressed import check_compression
 from plait.compression.base import Keyed
 from plait.compression.powersgd import PowerSGD
 from plait.errors import CommError, CommTimeout

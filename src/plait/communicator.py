@@ -47,10 +47,11 @@ import numpy as np
 
 from plait import collectives
 from plait._checks import CACHE_LIMIT, check_timeout
+from plait._compressed import allreduce_compressed
 from plait._fork import watch
 from plait._object_methods import Lanes, ObjectMethods
 from plait._p2p import PointToPointMethods
-from plait._request import Stager, allreduce_compressed
+from plait._request import Stager
 from plait._runner import CallRunner
 from plait._shortcut import Shortcut
 from plait._signature import format_bytes
@@ -85,8 +86,8 @@ from plait.selection.select import (
 from plait.transport.base import Transport
 
 if TYPE_CHECKING:
+    from plait._compressed import Compression
     from plait._recovery import Agreement, Recovery
-    from plait._request import Compression
 
 __all__ = ["DEFAULT_TIMEOUT", "Communicator", "Stats", "default_timeout"]
 
@@ -675,7 +676,7 @@ class Communicator(PointToPointMethods, ObjectMethods):
         async_op: bool,
         compression: Compression,
     ) -> Any:
-        """``allreduce(compression=...)``: see :func:`plait._request.allreduce_compressed`."""
+        """``allreduce(compression=...)``: see :func:`plait._compressed.allreduce_compressed`."""
         return allreduce_compressed(
             self, self._runner, x, op, out, algorithm, timeout, async_op, compression
         )

@@ -24,7 +24,7 @@ from plait.testing import RankFailure, run_ranks
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# -- state in call order (Note [compressed calls in order] in plait._request) ------------------
+# -- state in call order (Note [compressed calls in order] in plait._compressed) ---------------
 def _topk_mixed(comm: plait.Communicator) -> float:
     """Error feedback's promise with a blocking call made while an async one is pending:
     once the residuals are flushed, the outputs add up to the inputs."""

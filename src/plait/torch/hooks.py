@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import plait
-from plait._request import check_compression
+from plait._compressed import check_compression
 from plait.torch._convert import output_array
 from plait.torch._group import plait_group
 from plait.torch._staging import Staged, write_back
