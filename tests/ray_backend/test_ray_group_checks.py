@@ -5,10 +5,9 @@ thread of its own: a rank given to two actors, members given different world siz
 Each would otherwise wait out its timeout, blaming a rank that never came.
 
 The ranks other than 0 arrive first, so that rank 0 answers them all before any
-can find the disagreement: a member that arrives after rank 0 gave up is answered
-by nobody and waits out its timeout (Note [members that disagree] in
-plait.ray._rendezvous), so starting them all at once made these tests depend on
-which thread ran first.
+can find the disagreement, and each learns why from the incarnation's mark. A
+member that arrives after rank 0 gave up learns it from rank 0's verdict instead
+(Note [members that disagree] in plait.ray._rendezvous), which the last tests check.
 """
 
 from __future__ import annotations
@@ -22,12 +21,13 @@ from test_ray_store import FakeKV
 
 import plait
 from plait.errors import RendezvousError
-from plait.ray._rendezvous import create
+from plait.ray._rendezvous import VERDICT_GRACE, create
 from plait.ray._store import poll_until
 
 #: Every member's timeout: what a check that does not work would wait.
 TIMEOUT = 5.0
-#: A member that can tell fails within this (the store is polled every 50 ms at most).
+#: A member that can tell fails within this (the store is polled every 50 ms at most; one
+#: that arrives after the others failed gives a new rank 0 VERDICT_GRACE first).
 AT_ONCE = 3.0
 
 
@@ -107,4 +107,35 @@ def test_a_group_made_right_after_a_bad_one_works_and_leaves_no_keys() -> None:
     for got, _ in results:
         assert isinstance(got, tuple), got
         assert isinstance(got[1], plait.Communicator)
+    assert kv.data == {}
+
+
+@pytest.mark.parametrize(
+    ("members", "late", "match"),
+    [
+        ([(0, 2), (1, 3)], (2, 3), "its members were given different world sizes (rank 0: 2"),
+        ([(0, 3), (0, 3)], (1, 3), "rank 0 was given to two actors"),
+        ([(0, 3), (1, 3), (1, 3)], (2, 3), "rank 1 was given to two actors"),
+    ],
+)
+def test_a_member_that_arrives_after_the_others_failed_fails_at_once_too(
+    members: list[tuple[int, int]], late: tuple[int, int], match: str
+) -> None:
+    # The late member is configured right; nobody answers it any more, but rank 0 left
+    # its verdict, where the late member would otherwise wait out its timeout and blame
+    # rank 0 for not creating the group.
+    kv = FakeKV()
+    all_fail_at_once(run_members(kv, members), match)
+    results = run_members(kv, [late])
+    all_fail_at_once(results, match)
+    ((got, seconds),) = results
+    assert seconds >= VERDICT_GRACE, seconds  # a new rank 0 had its chance to answer
+    assert any("arrived after the other members had failed" in n for n in got.__notes__)
+    assert not kv.keys("arrive/")
+    assert not kv.keys("ack/")
+    # Created again, right this time: the verdict does not reach the new incarnation, and
+    # nothing is left.
+    made = run_members(kv, [(0, 3), (1, 3), (2, 3)])
+    for got, _ in made:
+        assert isinstance(got, tuple), got
     assert kv.data == {}

@@ -1,4 +1,5 @@
-"""The life of a plait Ray group with a real Ray: the keys it leaves, the order of creation.
+"""The life of a plait Ray group with a real Ray: the keys it leaves, the order of creation,
+badly configured groups.
 
 One Ray instance (on loopback, 2 CPUs, no dashboard) and three actors serve the
 module; each test uses group names of its own.
@@ -210,14 +211,36 @@ def test_badly_configured_groups_fail_at_once(
     actors: list[Any], members: list[tuple[int, int]], match: str
 ) -> None:
     # A 10 s timeout: what each would wait, blaming a rank that never came, without the checks.
+    # A name per case: a member of one case must not meet the last case's verdict.
+    name = f"bad-{len(members)}-{members[-1][0]}"
     got = ray.get(
         [
-            a.join.remote(size, rank, "bad", 10.0)
+            a.join.remote(size, rank, name, 10.0)
             for a, (rank, size) in zip(actors, members, strict=False)
         ],
         timeout=60,
     )
     for result in got:
         assert result["error"] == "RendezvousError", result
-        assert f"Ray group 'bad': {match}" in result["message"], result
+        assert f"Ray group {name!r}: {match}" in result["message"], result
         assert result["seconds"] < 3, result
+
+
+def test_a_member_that_comes_after_a_bad_group_failed_fails_at_once(actors: list[Any]) -> None:
+    # Rank 0 told world size 2, ranks 1 and 2 told 3; rank 2, configured right, comes after
+    # the other two have failed. It learns why from rank 0's verdict, where it waited out
+    # its timeout and blamed rank 0 for not creating the group.
+    match = "its members were given different world sizes (rank 0: 2, rank 1: 3)"
+    first = ray.get(
+        [actors[0].join.remote(2, 0, "late", 10.0), actors[1].join.remote(3, 1, "late", 10.0)],
+        timeout=60,
+    )
+    late = ray.get(actors[2].join.remote(3, 2, "late", 10.0), timeout=60)
+    for result in [*first, late]:
+        assert result["error"] == "RendezvousError", result
+        assert f"Ray group 'late': {match}" in result["message"], result
+        assert result["seconds"] < 3, result
+    # Created again, right: it works and leaves no keys.
+    joined(ray.get([a.join.remote(3, r, "late") for r, a in enumerate(actors)], timeout=60))
+    ray.get([a.destroy.remote("late") for a in actors], timeout=30)
+    assert keys_of("late") == []

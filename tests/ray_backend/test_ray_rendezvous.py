@@ -102,3 +102,48 @@ def test_any_member_deletes_the_incarnation_when_it_destroys_the_group() -> None
         assert kv.data == {}
     finally:
         close(made)
+
+
+def test_creating_a_group_takes_at_most_its_timeout_in_all() -> None:
+    # Rank 1 waits most of its time for rank 0, then both wait in plait.init for rank 2,
+    # which never comes: rank 1 gives up at its timeout, not a timeout later.
+    kv = FakeKV()
+    timeout, late = 3.0, 2.0
+    out: list[Any] = [None, None]
+
+    def one(rank: int, delay: float) -> None:
+        time.sleep(delay)
+        start = time.monotonic()
+        try:
+            got: Any = create(kv, rank, 3, "g", timeout)
+        except BaseException as exc:
+            got = exc
+        out[rank] = (got, time.monotonic() - start)
+
+    threads = [threading.Thread(target=one, args=(r, d)) for r, d in ((1, 0.0), (0, late))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(3 * timeout + 10)
+    for got, seconds in out:
+        assert isinstance(got, StoreTimeout), got
+        assert seconds < timeout + 1.0, (seconds, got)
+    got, _ = out[1]
+    assert f"of its {timeout:g} s" in " ".join(got.__notes__), got.__notes__
+
+
+def test_a_created_group_keeps_its_whole_timeout_for_calls() -> None:
+    # plait.init is given what is left of the creation's time; the calls are not.
+    kv = FakeKV()
+    found: list[Any] = []
+    t = threading.Thread(target=lambda: found.append(create(kv, 1, 2, "g", 30.0)))
+    t.start()
+    time.sleep(0.5)
+    made = [create(kv, 0, 2, "g", 30.0)]
+    t.join(30)
+    made += found
+    try:
+        assert len(made) == 2, made
+        assert [comm.timeout for _, comm in made] == [30.0, 30.0]
+    finally:
+        close(made)

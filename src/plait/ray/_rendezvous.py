@@ -49,10 +49,23 @@ Note [members that disagree]
     Every member that can tell fails within a poll (50 ms at most) and the
     others at their next; a rank 0 that fails so keeps its answers to
     arrivals still waiting, so that they join, read the mark and fail too.
-    A member that fails deletes its own member key, so it may try again. A
-    member that comes after the group was created with all of its members
-    (a second rank 0 or a second rank 1 that started late) still waits out
-    its timeout: nobody answers it any more, and nothing fresh says why.
+    A member that fails deletes its own member key, so it may try again.
+
+    A member that arrives after rank 0 failed so is answered by nobody. So
+    rank 0, before it stops answering, leaves the reason as the group's
+    verdict (key ``verdict``, beside the arrivals). A member whose arrival
+    is unanswered and that finds a verdict gives a new rank 0 VERDICT_GRACE
+    (1 s) to answer it, then raises the verdict's RendezvousError. The
+    grace is for a group created again after a failure: its other members
+    may arrive before its rank 0, which deletes the verdict as it begins
+    (and again once the group is created) and answers them. A member of it
+    that arrives more than the grace before its rank 0 takes the old verdict
+    for its own; only a failure with no rank 0 for a second after it can
+    tell the two apart, and such a member would otherwise wait out its
+    timeout too. A member that comes after the group was created with all
+    of its members (a second rank 0 or a second rank 1 that started late)
+    still waits out its timeout: nobody answers it any more, and nothing
+    fresh says why.
 
 Note [the keys of a finished incarnation]
     ``plait.init`` needs the store until every rank has connected, and a rank
@@ -81,7 +94,17 @@ Note [the keys of a finished incarnation]
     them. The next incarnation's rank 0 deletes it (above). A rank 0 that
     fails stops answering and deletes its arrival and the arrivals it
     answered, but for those still waiting where the incarnation is marked
-    failed (Note [members that disagree]).
+    failed; there it leaves the verdict, which the next rank 0 deletes as
+    it begins (Note [members that disagree]).
+
+Note [one deadline for creating a group]
+    PLAIT_TIMEOUT bounds the whole creation of a group on a member: the
+    wait for rank 0's answer, ``plait.init`` and the closing barrier each
+    get what is left of one deadline (``plait.init`` in tenths of a second,
+    which its errors then say), so a member that waited long for rank 0 and
+    then for a missing rank gives up at its timeout, not a timeout later. A
+    timeout carries a note of the time it took in all. The communicator's
+    calls still default to the whole timeout.
 
 Note [groups are created in one order]
     Creating a group is a collective call: it returns once every member has
@@ -110,6 +133,7 @@ Note [the job's secret]
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import time
@@ -117,11 +141,25 @@ from collections.abc import Callable, Iterable, MutableMapping
 from typing import NoReturn
 
 import plait
-from plait.errors import RendezvousError
+from plait.errors import CommTimeout, RendezvousError
 from plait.ray._store import KeyValue, RayKVStore, poll_until
 from plait.rendezvous.store import StoreTimeout
 
-__all__ = ["Meeting", "adopt_secret", "create", "group_namespace", "job_namespace", "meet"]
+__all__ = [
+    "VERDICT",
+    "VERDICT_GRACE",
+    "Meeting",
+    "adopt_secret",
+    "create",
+    "group_namespace",
+    "job_namespace",
+    "meet",
+]
+
+#: Where rank 0 leaves the verdict of a creation that failed (Note [members that disagree]).
+VERDICT = "verdict"
+#: Seconds a member that finds a verdict and no answer gives a new rank 0 to answer it.
+VERDICT_GRACE = 1.0
 
 #: Said with every timeout of a group's creation (Note [groups are created in one order]).
 _CROSSED = (
@@ -185,6 +223,7 @@ class Meeting:
         self._answered: set[str] = set()
         self._older = set(older) - {token}  # rank 0: incarnations found when it began
         self._doomed = False  # the incarnation is marked failed (Note [members that disagree])
+        self._verdict = ""  # and why
         self._space = f"run/{token}/ray/"  # the members' own keys (plait.init's are beside)
         self._member = f"{self._space}member/{rank}/{size}/{nonce}"
 
@@ -216,9 +255,10 @@ class Meeting:
         if f"{self._space}failed" in keys:
             self._doomed = True
             told = self.kv.get(f"{self._space}failed")
-            raise RendezvousError(
+            self._verdict = (
                 told.decode() if told else f"Ray group {self.group_name!r}: a member gave up"
             )
+            raise RendezvousError(self._verdict)
         members: dict[int, set[str]] = {}
         sizes: dict[int, str] = {}
         for key in keys:
@@ -247,6 +287,8 @@ class Meeting:
         """
         self.store.on_poll = None
         if self.rank == 0:
+            with contextlib.suppress(Exception):
+                self.kv.delete(VERDICT)
             for nonce in self._answered | {self.nonce}:
                 with contextlib.suppress(Exception):
                     self.kv.delete(f"arrive/{nonce}")
@@ -264,14 +306,17 @@ class Meeting:
         Others may still wait there and read what this rank filed for them
         (Note [the keys of a finished incarnation]). This rank's claim goes, so
         that it may try again; where the members disagree, rank 0 keeps its answers
-        to arrivals still waiting, so that they learn why (Note [members that
-        disagree]).
+        to arrivals still waiting, so that they learn why, and leaves the verdict
+        for members that arrive later (Note [members that disagree]).
         """
         self.store.on_poll = None
         with contextlib.suppress(Exception):
             self.kv.delete(self._member)
         if self.rank != 0:
             return
+        if self._doomed:  # before it stops answering: a later arrival finds one or the other
+            with contextlib.suppress(Exception):
+                self.kv.put(VERDICT, self._verdict.encode(), True)
         for nonce in self._answered | {self.nonce}:
             with contextlib.suppress(Exception):
                 if nonce != self.nonce and self._doomed and self.kv.exists(f"arrive/{nonce}"):
@@ -294,6 +339,7 @@ class Meeting:
     def _fail(self, message: str, tokens: Iterable[str] = ()) -> NoReturn:
         """Mark this incarnation (and ``tokens``') failed with ``message``, and raise it."""
         self._doomed = True
+        self._verdict = message
         for token in {self.token, *tokens}:
             with contextlib.suppress(Exception):
                 self.kv.put(f"run/{token}/ray/failed", message.encode(), False)
@@ -326,11 +372,14 @@ def meet(
 
     Raises:
         StoreTimeout: rank 0 did not answer within ``timeout`` seconds.
-        RendezvousError: two rank 0s answered (Note [members that disagree]).
+        RendezvousError: two rank 0s answered, or a creation of the group failed
+            before this rank arrived and no rank 0 answered it since (Note [members
+            that disagree]).
     """
     nonce = token()
     arrival = f"{rank} {size}".encode()
     if rank == 0:
+        kv.delete(VERDICT)  # a failed creation's: this rank 0 answers who comes now
         older = {key.split("/")[1] for key in kv.keys("run/")}
         run = token()
         store = RayKVStore(kv, f"run/{run}/", timeout=timeout, host=host)
@@ -340,13 +389,23 @@ def meet(
         return meeting
     kv.put(f"arrive/{nonce}", arrival, True)
     found: set[str] = set()
+    verdict: list[bytes] = []  # the verdict found, while it stands
+    seen: list[float] = []  # when it was first found
 
     def answered() -> bool:
         found.update(k.rpartition("/")[2] for k in kv.keys(f"ack/{nonce}/"))
-        return bool(found)
+        if found:
+            return True
+        told = kv.get(VERDICT)
+        verdict[:] = [] if told is None else [told]
+        if told is None:
+            seen.clear()
+        elif not seen:
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] >= VERDICT_GRACE
 
     try:
-        if not poll_until(answered, time.monotonic() + timeout):
+        if not poll_until(answered, time.monotonic() + timeout) and not verdict:
             raise StoreTimeout(
                 f"Ray group {group_name!r}: rank {rank} of {size}: rank 0 did not create the "
                 f"group within {timeout:g} s (not started, failed, or given another group name)"
@@ -355,6 +414,14 @@ def meet(
         with contextlib.suppress(Exception):
             kv.delete(f"arrive/{nonce}")
             kv.delete(f"ack/{nonce}/", by_prefix=True)
+    if not found:
+        failed = RendezvousError(verdict[0].decode())
+        failed.add_note(
+            f"Ray group {group_name!r}: rank {rank} of {size} arrived after the other members "
+            f"had failed to create the group so, and no rank 0 answered it within "
+            f"{VERDICT_GRACE:g} s"
+        )
+        raise failed
     run = min(found)
     store = RayKVStore(kv, f"run/{run}/", timeout=timeout, host=host)
     meeting = Meeting(kv, store, run, rank, size, group_name, nonce)
@@ -376,20 +443,31 @@ def create(
 ) -> tuple[Meeting, plait.Communicator]:
     """Create one incarnation of a group on this rank: meet, connect, and leave no keys.
 
-    The barrier at the end makes sure no member still reads the store before
-    any deletes it (Note [the keys of a finished incarnation]).
+    ``timeout`` bounds the whole creation: meeting rank 0, ``plait.init`` and the
+    barrier each get what is left of it (Note [one deadline for creating a group]).
+    It is also the communicator's default timeout per call. The barrier at the end
+    makes sure no member still reads the store before any deletes it (Note [the keys
+    of a finished incarnation]).
 
     Raises:
         StoreTimeout: rank 0 did not answer, or some ranks did not arrive, in time.
         CommError: ``plait.init`` or the barrier failed.
     """
+    start = time.monotonic()
+    deadline = start + timeout
+
+    def left() -> float:
+        """What is left of the creation's time; in tenths, which the errors then say."""
+        seconds = max(deadline - time.monotonic(), 0.001)
+        return seconds if seconds < 0.1 or math.isinf(seconds) else math.floor(seconds * 10) / 10
+
     try:
         meeting = meet(kv, rank, size, group_name, timeout, host=host, token=token)
         try:
             meeting.check()  # a member told another world size than rank 0 fails here
-            comm = plait.init(rank=rank, size=size, store=meeting.store, timeout=timeout)
+            comm = plait.init(rank=rank, size=size, store=meeting.store, timeout=left())
             try:
-                comm.barrier(timeout=timeout)
+                comm.barrier(timeout=left())
             except BaseException:
                 comm.close()
                 raise
@@ -397,7 +475,21 @@ def create(
             meeting.failed()
             raise
     except StoreTimeout as exc:
+        exc.add_note(
+            f"Ray group {group_name!r}: rank {rank} of {size} gave up creating the group after "
+            f"{time.monotonic() - start:.1f} s of its {timeout:g} s (PLAIT_TIMEOUT bounds "
+            "the whole creation: meeting rank 0, plait.init and the closing barrier)"
+        )
         exc.add_note(_CROSSED.format(name=group_name))
         raise
+    except CommTimeout as exc:
+        exc.add_note(
+            f"Ray group {group_name!r}: rank {rank} of {size} gave up creating the group after "
+            f"{time.monotonic() - start:.1f} s of its {timeout:g} s"
+        )
+        raise
+    # plait.init was given what was left of the creation's time, which its calls would
+    # take as their default: they get the group's timeout instead.
+    comm._runner.timeout = timeout
     meeting.joined()
     return meeting, comm
