@@ -9,6 +9,7 @@ a worker killed while its rank runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ import cloudpickle  # noqa: E402 - ships with distributed
 
 import plait  # noqa: E402
 import plait.dask  # noqa: E402
+from plait.dask._store import SECRET_DATASET  # noqa: E402
 from plait.rendezvous.kv_store import poll_until  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
@@ -228,6 +230,60 @@ def test_two_runs_in_a_row_and_two_clients_at_once(client: Any, cluster: Any) ->
         t.join(50)
     assert got == {"x": want, "y": want}
     assert no_plait_keys_left(cluster)
+
+
+class Records(logging.Handler):
+    """Keeps the records of the loggers it is added to."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_two_runs_that_draw_the_secret_at_once_log_no_error(client: Any, cluster: Any) -> None:
+    # Two runs from two clients on a cluster without a secret: both draw one. The publish
+    # that lost the race made the scheduler (in this process) log a traceback at ERROR.
+    # The workers keep the secret they took from an earlier test's run, if any; the
+    # cluster's is put back at the end, for workers that start later.
+    before = client.get_dataset(SECRET_DATASET, default=None)
+    want = [6.0 * 2] * SIZE
+    records = Records()
+    loggers = [logging.getLogger(n) for n in ("distributed.publish", "distributed.core")]
+    got: dict[str, Any] = {}
+    both = threading.Barrier(2)
+
+    def one(name: str) -> None:
+        try:
+            with distributed.Client(cluster) as other:
+                both.wait(30)
+                got[name] = plait.dask.run(other, total, 2, timeout=20)
+        except BaseException as exc:
+            got[name] = exc
+
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        for _ in range(2):
+            if SECRET_DATASET in client.list_datasets():
+                client.unpublish_dataset(SECRET_DATASET)
+            got.clear()
+            threads = [threading.Thread(target=one, args=(n,)) for n in "xy"]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(50)
+            assert got == {"x": want, "y": want}
+            assert SECRET_DATASET in client.list_datasets()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+        if before is not None:
+            client.publish_dataset(before, name=SECRET_DATASET, override=True)
+    errors = [f"{r.name}: {r.getMessage()}" for r in records.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 def executing(client: Any, address: str) -> set[str]:

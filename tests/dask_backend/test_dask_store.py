@@ -8,7 +8,9 @@ always run.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -162,6 +164,31 @@ def test_a_secret_published_meanwhile_by_another_client_wins() -> None:
     client.list_datasets = racing_list  # type: ignore[method-assign]
     ensure_secret(client)
     assert adopt_secret(client, {}) == "theirs"
+
+
+def test_the_secret_is_published_under_the_lock_and_checked_again_there() -> None:
+    client = FakeClient()
+    entered: list[bool] = []
+
+    @contextlib.contextmanager
+    def lock() -> Iterator[None]:
+        # another client publishes while this one waits for the lock
+        client.datasets.setdefault(SECRET_DATASET, "theirs")
+        entered.append(True)
+        yield
+
+    publish = client.publish_dataset
+
+    def no_second_publish(value: Any, *, name: str, override: bool = False) -> None:
+        raise AssertionError("published although the secret was there")
+
+    client.publish_dataset = no_second_publish  # type: ignore[method-assign]
+    ensure_secret(client, lock())
+    assert entered == [True]
+    assert adopt_secret(client, {}) == "theirs"
+    ensure_secret(client, lock())  # there: the lock is not taken
+    assert entered == [True]
+    client.publish_dataset = publish  # type: ignore[method-assign]
 
 
 def test_rank_order_groups_hosts_then_names_and_follows_workers() -> None:

@@ -64,7 +64,7 @@ from typing import Any
 import plait
 from plait._checks import check_timeout
 from plait._init import TRANSPORTS
-from plait.dask._store import DaskKeyValue, adopt_secret, ensure_secret
+from plait.dask._store import SECRET_LOCK, DaskKeyValue, adopt_secret, ensure_secret
 from plait.errors import AbortedError, ClosedError, PeerLostError
 from plait.rendezvous.kv_store import KVStore, poll_until
 from plait.rendezvous.store import StoreTimeout
@@ -322,7 +322,7 @@ def run(
     job_id = secrets.token_hex(8)
     keys = [f"plait-dask-{job_id}-{r}" for r in range(len(order))]
     job = _Job(job_id, keys[0], tuple(order), seconds, start_seconds, kind)
-    ensure_secret(client)
+    ensure_secret(client, _SecretLock(distributed, client, job.start_timeout))
     store = KVStore(DaskKeyValue(client, job.root), timeout=job.start_timeout)
     deadline = time.monotonic() + job.start_timeout
     locks = _lock_workers(distributed, client, job, deadline)
@@ -403,6 +403,38 @@ def _lock_workers(distributed: Any, client: Any, job: _Job, deadline: float) -> 
         )
         raise StartTimeout(message, {rank: address})
     return held
+
+
+class _SecretLock:
+    """The cluster's lock for publishing the secret (Note [the cluster's secret] in
+    :mod:`plait.dask._store`); made and taken only when entered.
+
+    Not taken within ``seconds`` (or the scheduler refused it), the run goes on
+    without it: a publish that then loses a race is logged by the scheduler, and
+    does no harm.
+    """
+
+    def __init__(self, distributed: Any, client: Any, seconds: float) -> None:
+        self.distributed = distributed
+        self.client = client
+        self.seconds = seconds
+        self.held: list[Any] = []
+
+    def __enter__(self) -> None:
+        lock = self.distributed.Lock(
+            SECRET_LOCK, scheduler_rpc=self.client.scheduler, loop=self.client.loop
+        )
+        try:
+            taken = lock.acquire(timeout=self.seconds)
+        except Exception:  # the publish that follows says what is wrong, if anything
+            taken = False
+        if taken:
+            self.held.append(lock)
+        else:
+            _stop_refresh(self.client, lock)
+
+    def __exit__(self, *exc: object) -> None:
+        _unlock(self.client, self.held)
 
 
 def _unlock(client: Any, locks: list[Any]) -> None:

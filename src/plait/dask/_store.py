@@ -26,13 +26,17 @@ Note [the cluster's secret]
     plait authenticates its TCP connections with PLAIT_SECRET
     (:mod:`plait._auth`). A rank whose process has none takes the
     cluster's, which the first ``run`` on the cluster draws and publishes
-    as the Dask dataset ``plait-secret`` (``Client.publish_dataset`` with
-    ``override=False``: the one atomic put-if-absent among the scheduler's
-    public operations, so every process reads the same secret). It lives
-    as long as the scheduler. A process given PLAIT_SECRET (a worker
-    started with it in its environment) keeps its own: give every worker
-    the same one. Whoever can reach the scheduler can read the secret, but
-    can also run code on every worker.
+    as the Dask dataset ``plait-secret``, so every process reads the same
+    secret. ``Client.publish_dataset`` with ``override=False`` is a
+    put-if-absent, but the one that loses a race fails in the scheduler,
+    which logs the failure (a traceback at ERROR) before it answers; so a
+    ``run`` that finds no secret publishes it holding the Dask lock
+    ``plait-secret`` and only if it is still not there. The lock is only
+    taken while the cluster has no secret. The secret lives as long as the
+    scheduler. A process given PLAIT_SECRET (a worker started with it in
+    its environment) keeps its own: give every worker the same one.
+    Whoever can reach the scheduler can read the secret, but can also run
+    code on every worker.
 """
 
 from __future__ import annotations
@@ -42,12 +46,15 @@ import os
 import secrets
 import threading
 from collections.abc import MutableMapping
+from contextlib import AbstractContextManager
 from typing import Any
 
-__all__ = ["SECRET_DATASET", "DaskKeyValue", "adopt_secret", "ensure_secret"]
+__all__ = ["SECRET_DATASET", "SECRET_LOCK", "DaskKeyValue", "adopt_secret", "ensure_secret"]
 
 #: The Dask dataset that holds the cluster's secret (Note [the cluster's secret]).
 SECRET_DATASET = "plait-secret"
+#: The Dask lock under which a run publishes the secret (Note [the cluster's secret]).
+SECRET_LOCK = "plait-secret"
 #: Under a run's branch of the metadata tree, plait's keys sit in this entry.
 _ENTRY = "plait"
 #: Serialises put-if-absent among the threads of a process (Note [one writer per key]).
@@ -113,17 +120,23 @@ class DaskKeyValue:
         ]
 
 
-def ensure_secret(client: Any) -> None:
+def ensure_secret(client: Any, lock: AbstractContextManager[Any] | None = None) -> None:
     """Publish the cluster's secret unless it is there (Note [the cluster's secret]).
 
     Checks with ``list_datasets``: ``get_dataset`` would also tell the
     scheduler again about every future the client holds, cancelled ones too.
+    Where it is not there, checks again and publishes under ``lock`` (the
+    cluster's lock :data:`SECRET_LOCK`, held by ``run``): a publish that loses
+    a race fails in the scheduler, which logs it as an error.
     """
     if SECRET_DATASET in client.list_datasets():
         return
-    # KeyError: another client published it first, and that one is the secret.
-    with contextlib.suppress(KeyError):
-        client.publish_dataset(secrets.token_hex(32), name=SECRET_DATASET, override=False)
+    with contextlib.nullcontext() if lock is None else lock:
+        if SECRET_DATASET in client.list_datasets():
+            return
+        # KeyError: a publisher that took no lock came first, and that one is the secret.
+        with contextlib.suppress(KeyError):
+            client.publish_dataset(secrets.token_hex(32), name=SECRET_DATASET, override=False)
 
 
 def adopt_secret(client: Any, environ: MutableMapping[str, str] | None = None) -> str:
