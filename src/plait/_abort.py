@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from plait.communicator import Communicator
     from plait.transport.base import Transport
 
-__all__ = ["abort_alone", "abort_transport", "aborted_by", "as_split", "mark"]
+__all__ = ["abort_alone", "abort_transport", "aborted_by", "as_split", "mark", "read_abort"]
 
 _BY = "the communicator was aborted by rank"
 
@@ -21,6 +21,23 @@ _BY = "the communicator was aborted by rank"
 def aborted_by(rank: int | str, reason: str) -> str:
     """What the errors of an abort say: who aborted, and why."""
     return f"{_BY} {rank}" + (f" ({reason})" if reason else "")
+
+
+def read_abort(value: bytes, size: int) -> tuple[str, str, int]:
+    """An ``abort/<rank>`` value of the store (``"<source>\\n<reason>"``, as a rank writes
+    it) as the abort's text, its reason and its source rank; -1 where the source is no
+    rank of the ``size``.
+
+    Only a client with the job's secret writes the store, but a buggy one may write
+    anything: a value that is not UTF-8 or whose source is no rank killed the watcher
+    thread that read it (UnicodeDecodeError, ValueError), and with it the rank's heartbeat
+    and every abort after. Such a value aborts all the same, said as it came.
+    """
+    source, _, reason = value.decode(errors="backslashreplace").partition("\n")
+    if source.isdecimal() and source.isascii() and int(source) < size:
+        return aborted_by(source, reason), reason, int(source)
+    who = f"the communicator was aborted by a store client that is no rank of it ({source!r})"
+    return who + (f" ({reason})" if reason else ""), reason, -1
 
 
 def as_split(text: str) -> str:

@@ -150,7 +150,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark
+from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark, read_abort
 from plait._agreement import SETTLE_SECONDS, SLICE, VOID, Ballot
 from plait._checks import check_timeout
 from plait._fork import not_forked
@@ -340,8 +340,8 @@ class Recovery:
                     for p in range(self.size)
                     if p not in (me, source) and not self.live.has_failed(p, seen)
                 ]
-                if source != me:  # the aborting rank closes first: its calls fail as aborted
-                    others.append(f"closed/{source}")
+                if source not in (me, -1):  # the aborting rank closes first: its calls fail
+                    others.append(f"closed/{source}")  # as aborted (-1: no rank, read_abort)
                 with contextlib.suppress(StoreTimeout):
                     store.wait(others, marks)
         except (CommError, OSError) as exc:  # the store is gone: the transport tells them
@@ -387,11 +387,10 @@ class Recovery:
                     return
                 if waiting != f"abort/{me}":
                     return
-                source, _, reason = store.get(waiting).decode().partition("\n")
-                text = aborted_by(source, reason)
+                text, reason, source = read_abort(store.get(waiting), self.size)
                 done = self._mark(text)
                 if done is not None:
-                    self._finish_abort(text, reason, done, int(source))
+                    self._finish_abort(text, reason, done, source)
                 waiting = f"stop/{me}"  # keep beating: agree needs it after an abort
             except ClosedError:  # the store was closed here: this rank is done with it
                 return
@@ -497,11 +496,10 @@ class Recovery:
         if not _within(_PROBE_SECONDS, look):
             return
         if found and found[0]:  # (close writes an empty one, to wake the watcher)
-            source, _, reason = found[0].decode().partition("\n")
-            text = aborted_by(source, reason)
+            text, reason, source = read_abort(found[0], self.size)
             done = self._mark(text)
             if done is not None:
-                _thread.start_new_thread(self._finish_abort, (text, reason, done, int(source)))
+                _thread.start_new_thread(self._finish_abort, (text, reason, done, source))
 
     def _check_store(self, what: str) -> None:
         """Raise if the store fails; where the watcher last saw it fail, ask it once more

@@ -713,3 +713,32 @@ def test_a_lone_rank_closed_or_replaced_by_shrink_refuses_as_many_ranks_do() -> 
     for again in (new.agree, new.shrink):
         with pytest.raises(plait.ClosedError, match="on a closed communicator"):
             again()
+
+
+@pytest.mark.parametrize("value", [b"\xff\xfe", b"abc\nhello", b"7\nno such rank"])
+def test_an_abort_value_no_rank_writes_aborts_without_killing_the_watcher(
+    value: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store client with the secret that wrote a value no rank writes (not UTF-8, no rank
+    as its source) killed rank 1's watcher thread (UnicodeDecodeError, ValueError in
+    int()): its heartbeat stopped, and no abort was heard there again."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    store = MemoryStore(timeout=30)
+
+    def body(comm: plait.Communicator) -> Any:
+        comm.barrier()
+        if comm.rank == 0:
+            store.set("job/ft/abort/1", value)
+        if comm.rank == 1:
+            with pytest.raises(plait.AbortedError) as info:
+                comm.recv(np.zeros(2), 0, tag=3, timeout=15)
+            return str(info.value)
+        with pytest.raises(plait.CommError):
+            comm.recv(np.zeros(2), 1, tag=3, timeout=15)
+        return None
+
+    results = store_ranks(3, body, store)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert "aborted by a store client that is no rank of it" in results[1], results[1]
+    assert died == []
