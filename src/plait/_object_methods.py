@@ -22,13 +22,14 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from plait import objects
 from plait._checks import check_peer, check_root, check_user_tag
+from plait._p2p_status import check_word
 from plait._uneven_edge import UnevenMethods
 from plait.collectives import displacements
 from plait.collectives import get as collective
@@ -85,6 +86,15 @@ class Lanes:
         short. A failure before anything moved (a receive that timed out waiting for
         the length) and a pickling failure (told in the length word) spoil nothing.
         The lanes spoiled stay listed while the communicator lives, one entry each.
+
+        A sender that spoils its lane then tells its receiver: it sends an empty
+        message of its own dtype (int8, :data:`_CUT_DTYPE`; an object's messages are
+        uint64 and uint8) on the tag, behind whatever of the object still goes, and
+        does not wait for it (an ``isend`` let go of still goes). Over
+        TCP a timed-out large message is withdrawn and never arrives, and the
+        receiver waited out its whole timeout for it, then blamed a dead or absent
+        peer; now the receive that meets the notice fails at once, saying the sender
+        cut its object short, and spoils the receiver's lane alike.
     """
 
     def __init__(self) -> None:
@@ -390,6 +400,8 @@ class ObjectMethods(UnevenMethods):
                 self._lanes.spoil(lane, f"an earlier {c} to rank {dst} with tag {tag} failed "
                                   f"partway ({type(exc).__name__}): its receiver may hold part "
                                   "of that object")  # fmt: skip
+                with suppress(CommError, OSError):  # the receiver is told, where it can be,
+                    self.isend(np.zeros(0, _CUT_DTYPE), dst, tag)  # behind what still goes
                 raise
             self._raise_if_failed(c, word, err, [self._rank])
 
@@ -417,6 +429,9 @@ class ObjectMethods(UnevenMethods):
             try:
                 word = self.recv(np.zeros(1, np.uint64), src, tag, timeout=_left(end))
             except MismatchError as exc:  # not a length: the rest of a cut object
+                if _told_cut(exc):
+                    self._lanes.spoil(lane, f"rank {src}'s {_TOLD_CUT}")
+                    raise CommError(f"{what}: rank {src}'s {_TOLD_CUT}") from exc
                 exc.add_note(_CUT.format(src=src))
                 raise
             self._raise_if_failed(c, word, None, [src])
@@ -428,11 +443,16 @@ class ObjectMethods(UnevenMethods):
                 for m in rest:
                     self.recv(np.frombuffer(m, np.uint8), src, tag, timeout=_left(end))
             except BaseException as exc:  # Note [an object cut short]
-                if isinstance(exc, MismatchError):
+                told = isinstance(exc, MismatchError) and _told_cut(exc)
+                if isinstance(exc, MismatchError) and not told:
                     exc.add_note(_CUT.format(src=src))
                 self._lanes.spoil(lane, f"an earlier {c} from rank {src} with tag {tag} "
                                   f"failed partway ({type(exc).__name__}): it took part of an "
                                   "object")  # fmt: skip
+                if told:
+                    raise CommError(
+                        f"{what}: rank {src}'s {_TOLD_CUT}; this object was not received"
+                    ) from exc
                 raise
         where = f"rank {self._rank}: {c}: the object of rank {src}"
         return _unpickled([first, *rest], where, _SEP)
@@ -474,6 +494,20 @@ class ObjectMethods(UnevenMethods):
 
 
 #: The note on a receive whose message does not fit the object it reads.
+#: The dtype of the empty message that tells a receiver its sender cut an object short (Note
+#: [an object cut short]).
+_CUT_DTYPE = np.dtype(np.int8)
+_TOLD_CUT = (
+    "send_object on this tag failed partway (it said so) and sends no more objects on it; "
+    "use another tag for the objects that follow"
+)
+
+
+def _told_cut(exc: MismatchError) -> bool:
+    """Whether ``exc`` met the notice of a sender that cut its object short."""
+    return exc.sent == (check_word(_CUT_DTYPE), 0)
+
+
 _CUT = (
     "rank {src}'s earlier send_object on this tag may have failed partway (a timeout): the "
     "objects on this peer and tag are undefined from here"
