@@ -153,6 +153,8 @@ class ObjectMethods(UnevenMethods):
 
         def recv(self, buf: _B, src: int, tag: int = 0, *, timeout: float | None = None) -> _B: ...
 
+        def isend(self, x: object, dst: int, tag: int = 0) -> Any: ...
+
     def bcast_object(self, obj: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
         """Root's ``obj`` on every rank (mpi4py's ``bcast``); other ranks' ``obj`` is ignored.
 
