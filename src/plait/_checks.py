@@ -95,6 +95,11 @@ def as_array(x: Any, what: str, rank: int, c: str) -> np.ndarray:
             raise TypeError(
                 f"rank {rank}: {c}: {what} must be an array-like; got {type(x).__name__} ({exc})"
             ) from None
+        if a.dtype == object and isinstance(x, int):  # numpy's own words named dtype object
+            raise TypeError(
+                f"rank {rank}: {c}: {what} = {x} does not fit in 64 bits (int64 or uint64); "
+                "pass a float, or split it into numbers that fit"
+            )
     if a.dtype not in _GOOD_DTYPES:
         try:
             check_dtype(a.dtype)
@@ -270,8 +275,11 @@ def check_op(
     op: Any, dtype: np.dtype, rank: int, c: str, accepted: set[tuple[Op, np.dtype]]
 ) -> None:
     """``op`` is a :class:`plait.Op` that can reduce ``dtype``; remembered in ``accepted``."""
-    if (op, dtype) in accepted:
-        return
+    try:
+        if (op, dtype) in accepted:
+            return
+    except TypeError:  # unhashable: no Op, refused below
+        pass
     if not isinstance(op, Op):
         raise TypeError(
             f"rank {rank}: {c}: op must be a plait.Op such as plait.SUM or "

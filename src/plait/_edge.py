@@ -1,24 +1,22 @@
 """The even collectives of :class:`plait.Communicator`: check the arguments, request, start.
 
-Every collective follows one recipe: check its arguments (:mod:`plait._checks`),
-choose the algorithm (``Communicator._choose``), turn the call into an
-immutable request (:class:`plait._request.Stager`) and hand it to the call
-runner (:class:`plait._runner.CallRunner`), which returns the result or, with
-``async_op=True``, a :class:`plait.Work`. :class:`CollectiveMethods` holds them so
-that :mod:`plait.communicator` keeps the communicator's own life (identity,
-groups, point to point, algorithm choice). Six of them (allreduce, reduce,
-reduce_scatter, allgather, alltoall, gather) are that recipe and nothing
-else: ``CollectiveMethods._collective`` runs it, reading what differs
-(root, op, blocks, result shape, whether a rank gets a result) from their
-row of :data:`plait.collectives.TABLE` rather than from their names.
-Broadcast (which fills ``x``), scatter (whose non-roots may pass only
-``out``) and barrier (no data) spell theirs out.
+Every collective follows one recipe: check its arguments (:mod:`plait._checks`), choose the
+algorithm (``Communicator._choose``), turn the call into an immutable request
+(:class:`plait._request.Stager`) and hand it to the call runner
+(:class:`plait._runner.CallRunner`), which returns the result or, with ``async_op=True``, a
+:class:`plait.Work`. :class:`CollectiveMethods` holds them so that :mod:`plait.communicator`
+keeps the communicator's own life (identity, groups, point to point, algorithm choice). Six of
+them (allreduce, reduce, reduce_scatter, allgather, alltoall, gather) are that recipe and
+nothing else: ``CollectiveMethods._collective`` runs it, reading what differs (root, op, blocks,
+result shape, whether a rank gets a result) from their row of :data:`plait.collectives.TABLE`
+rather than from their names. Broadcast (which fills ``x``), scatter (whose non-roots may pass
+only ``out``) and barrier (no data) spell theirs out.
 
-The uneven collectives (allgatherv, gatherv, scatterv, alltoallv and the
-``counts=`` form of reduce_scatter, which hands itself to ``_reduce_scatterv``)
-are :class:`plait._uneven_edge.UnevenMethods`, and the object collectives
-:class:`plait._object_methods.ObjectMethods`; both build on these and are
-mixed into the communicator on top of them.
+The uneven collectives (allgatherv, gatherv, scatterv, alltoallv and the ``counts=`` form of
+reduce_scatter, which hands itself to ``_reduce_scatterv``) are
+:class:`plait._uneven_edge.UnevenMethods`, and the object collectives
+:class:`plait._object_methods.ObjectMethods`; both build on these and are mixed into the
+communicator on top of them.
 
 The overloads' types (tensor in, tensor out; ``out=`` gives ``out``;
 ``async_op=True`` gives a :class:`plait.Work`) are in :mod:`plait._edge_types`.
@@ -88,11 +86,11 @@ _SCATTER = collectives.get("scatter")
 class CollectiveMethods:
     """The even collectives; :class:`plait.Communicator` provides what they use.
 
-    That is the rank, the size, the algorithm choice ``_choose``, the
-    compressed allreduce ``_allreduce_compressed``, the cache of accepted
-    (op, dtype) pairs, the :class:`~plait._request.Stager` and the
-    :class:`~plait._runner.CallRunner`; ``reduce_scatter(counts=)`` runs
-    :class:`~plait._uneven_edge.UnevenMethods`' ``_reduce_scatterv``.
+    That is the rank, the size, the algorithm choice ``_choose``, the compressed allreduce
+    ``_allreduce_compressed``, the cache of accepted (op, dtype) pairs, the
+    :class:`~plait._request.Stager` and the :class:`~plait._runner.CallRunner`;
+    ``reduce_scatter(counts=)`` runs :class:`~plait._uneven_edge.UnevenMethods`'
+    ``_reduce_scatterv``.
     """
 
     _rank: int
@@ -104,10 +102,9 @@ class CollectiveMethods:
     # The request every plain barrier runs (made by the first), and its short path
     _barrier: tuple[Request, Callable[[Request, int], Any] | None] | None
 
-    # Defined by the classes mixed in above: the algorithm and segment of a call (the
-    # communicator, next to the settings and the cache of auto's choices it reads),
-    # ``allreduce(compression=...)`` (the communicator) and ``reduce_scatter(counts=...)``
-    # (plait._uneven_edge.UnevenMethods).
+    # Defined by the classes mixed in above: the algorithm and segment of a call (the communicator,
+    # next to the settings and the cache of auto's choices it reads), ``allreduce(compression=...)``
+    # (the communicator) and ``reduce_scatter(counts=...)`` (plait._uneven_edge.UnevenMethods).
     _choose: Callable[[str, Any, int, Op | None], Choice]
     _allreduce_compressed: Callable[..., Any]
     _reduce_scatterv: Callable[..., Any]
@@ -154,11 +151,11 @@ class CollectiveMethods:
             # What out is: none, x itself, or another array (its shape and dtype in the key).
             given: object = None if out is None else True if out is x else (out.shape, out.dtype)
             key = (t.name, x.shape, x.dtype, op, root, given, algorithm)
-            cut = (
-                self._shortcuts.get(key)
-                if async_op is False and timeout is None and (runner.plain or not runner.reserved())
-                else None
-            )
+            fast = async_op is False and timeout is None and (runner.plain or not runner.reserved())
+            try:  # (an unhashable op or algorithm: refused the long way, in words)
+                cut = self._shortcuts.get(key) if fast else None
+            except TypeError:
+                key = cut = None
             # ``flags.carray``: contiguous, aligned and writeable in one test (an unaligned
             # array takes the long way)
             if cut is not None:
@@ -353,7 +350,10 @@ class CollectiveMethods:
         if simple and (runner.plain or not runner.reserved()):
             # Note [the short path] (a read-only x on root takes the long way)
             key = (c, x.shape, x.dtype, root, algorithm)
-            cut = self._shortcuts.get(key)
+            try:  # (an unhashable algorithm: refused the long way, in words)
+                cut = self._shortcuts.get(key)
+            except TypeError:
+                cut = None
             if cut is not None and x.flags.carray:  # contiguous, aligned, writeable
                 go = cut.go
                 if go is not None and runner.plain:
@@ -608,11 +608,11 @@ class CollectiveMethods:
                 None if out is None else (out.shape, out.dtype),
                 algorithm,
             )
-            cut = (
-                self._shortcuts.get(key)
-                if async_op is False and timeout is None and (runner.plain or not runner.reserved())
-                else None
-            )
+            fast = async_op is False and timeout is None and (runner.plain or not runner.reserved())
+            try:  # (an unhashable algorithm: refused the long way, in words)
+                cut = self._shortcuts.get(key) if fast else None
+            except TypeError:
+                key = cut = None
             if (
                 cut is not None
                 and x.flags.c_contiguous

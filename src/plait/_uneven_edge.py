@@ -166,7 +166,8 @@ class UnevenMethods(CollectiveMethods):
         shape = (out_rows or 0, *rest)
         wrong = None
         try:
-            out_arr = check_out(out, shape, dtype, self._rank, t.name) if has_out else None
+            said = "reduce_scatter" if t is _REDUCE_SCATTERV else t.name  # the user's call
+            out_arr = check_out(out, shape, dtype, self._rank, said) if has_out else None
         except ValueError as exc:
             if not exchanged:
                 raise

@@ -103,6 +103,33 @@ BAD_CALLS: list[tuple[str, Callable[[plait.Communicator, np.ndarray], Any], type
         r"axis 0 of x must be a multiple of size 3 \(size\*k rows\); got shape \(5,\)",
     ),
     ("alltoall rows", lambda c, x: c.alltoall(x[:4]), ValueError, "multiple of size 3"),
+    # An unhashable algorithm or op failed in the short path's lookup: "unhashable type".
+    (
+        "unhashable algorithm",
+        lambda c, x: c.allreduce(x, algorithm=["ring"]),
+        TypeError,
+        r"allreduce: algorithm must be a str; got \['ring'\]",
+    ),
+    (
+        "unhashable algorithm, broadcast",
+        lambda c, x: c.broadcast(x, 0, algorithm=["ring"]),
+        TypeError,
+        r"broadcast: algorithm must be a str; got \['ring'\]",
+    ),
+    (
+        "unhashable algorithm, gather",
+        lambda c, x: c.gather(x, algorithm={"ring": 1}),
+        TypeError,
+        "gather: algorithm must be a str",
+    ),
+    ("unhashable op", lambda c, x: c.allreduce(x, [np.add]), TypeError, "op must be a plait.Op"),
+    # reduce_scatter(counts=)'s out was refused in the name of reduce_scatterv.
+    (
+        "reduce_scatter counts out",
+        lambda c, x: c.reduce_scatter(x, counts=[2, 2, 2], out=np.empty(2, np.float32)),
+        TypeError,
+        "rank [0-2]: reduce_scatter: out has dtype float32",
+    ),
     ("scalar alltoall", lambda c, x: c.alltoall(x[0]), ValueError, r"got shape \(\)"),
     (
         "object dtype",
@@ -111,6 +138,13 @@ BAD_CALLS: list[tuple[str, Callable[[plait.Communicator, np.ndarray], Any], type
         "dtype object is not supported",
     ),
     ("string dtype", lambda c, x: c.allgather(np.array(["a", "b"])), TypeError, "is not supported"),
+    # An int past 64 bits was refused as "dtype object is not supported".
+    (
+        "int past 64 bits",
+        lambda c, x: c.allreduce(2**70),
+        TypeError,
+        r"allreduce: x = 1180591620717411303424 does not fit in 64 bits \(int64 or uint64\)",
+    ),
     ("timeout", lambda c, x: c.allreduce(x, timeout=-1), ValueError, "timeout must be positive"),
     ("dst out of range", lambda c, x: c.send(x, dst=3), ValueError, "dst=3 is invalid"),
     ("send to ANY_SOURCE", lambda c, x: c.send(x, dst=-1), ValueError, "ANY_SOURCE is for"),
