@@ -109,6 +109,24 @@ def test_merge_draws_each_message(tmp_path: Path, clock: FakeClock) -> None:
         merge([tmp_path / "x.json"], tmp_path / "y.json")
 
 
+def test_merge_refuses_a_rank_twice_and_two_runs(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rank's file twice doubled its events and arrows, and files of two runs were
+    merged into one picture with arrows between them, both without a word."""
+    monkeypatch.setenv("PLAIT_JOB_ID", "first")
+    paths = [record_rank(r, clock, tmp_path / f"t.rank{r}.json").write() for r in (0, 1)]
+    assert paths[0] is not None
+    with pytest.raises(ValueError, match=r"rank 0's timeline, as is .*t\.rank0\.json"):
+        merge([paths[0], paths[1], paths[0]], tmp_path / "merged.json")
+    monkeypatch.setenv("PLAIT_JOB_ID", "second")
+    other = record_rank(1, clock, tmp_path / "u.rank1.json").write()
+    with pytest.raises(ValueError, match=r"a timeline of job 'second', and .* of job 'first'"):
+        merge([paths[0], other], tmp_path / "merged.json")
+    assert not (tmp_path / "merged.json").exists()
+    merge(paths, tmp_path / "merged.json")  # one run's, each rank once
+
+
 def test_the_documented_merge_command(tmp_path: Path, clock: FakeClock) -> None:
     """docs/debugging.md's merge command, run as written: no warning, one valid trace."""
     (command,) = [
@@ -247,3 +265,32 @@ def test_a_one_sided_call_that_waits_shows_the_wait(
 
     waits = plait.testing.run_ranks(2, body, timeout=20)[0]
     assert any(peers == [1] and dur >= 0.1e6 for peers, dur in waits), waits
+
+
+def test_a_send_slice_starts_before_its_bytes_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send was stamped after the transport's isend returned, but isend may send the bytes
+    itself: the slice began after its message had arrived, and the merged arrow ran back in
+    time. Here every isend takes 20 ms: each send slice holds it."""
+    import time
+
+    monkeypatch.setenv("PLAIT_TIMELINE", str(tmp_path / "trace.json"))
+
+    def body(c: plait.Communicator) -> Any:
+        transport = c._runner._transport
+        isend = transport.isend
+
+        def slow(*args: Any) -> Any:
+            time.sleep(0.02)
+            return isend(*args)
+
+        transport.isend = slow  # type: ignore[method-assign]
+        c.allreduce(np.ones(8, np.float32), algorithm="ring")
+        tl = c._runner.timeline
+        assert tl is not None
+        return [e["dur"] for e in tl.events() if e.get("cat") == "send"]
+
+    for durations in plait.testing.run_ranks(2, body, timeout=20):
+        assert durations
+        assert min(durations) >= 20_000 * 0.9, durations  # µs

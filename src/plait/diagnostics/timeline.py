@@ -61,7 +61,7 @@ from plait.diagnostics._trace_format import (
     slice_event,
     step_label,
 )
-from plait.diagnostics.places import read_json, replace_with
+from plait.diagnostics.places import job_id, read_json, replace_with
 from plait.diagnostics.recorder import FlightRecorder, Slot
 
 __all__ = ["CALLS_TID", "DEFAULT_EVENTS", "Timeline", "merge", "rank_path"]
@@ -258,6 +258,7 @@ class Timeline:
         try:
             doc = document(self.events(), name=f"{_RANK_NAME}{self.rank}")
             doc["otherData"]["dropped_events"] = self.dropped
+            doc["otherData"]["job"] = job_id()  # the merge refuses timelines of several jobs
             replace_with(target, json.dumps(doc))
         finally:
             self._lock.release()
@@ -350,8 +351,29 @@ def _merged(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     """The merged trace of :func:`merge`, as JSON text: reads the files, writes none."""
     _check_output(paths, Path(out))
     events: list[dict[str, Any]] = []
+    ranks: dict[str, str] = {}  # rank -> the file of its timeline
+    jobs: dict[str, str] = {}  # job -> a file of its
     for p in paths:
-        events.extend(_load(p)["traceEvents"])
+        doc = _load(p)
+        other = doc.get("otherData")
+        other = other if isinstance(other, dict) else {}
+        name, job = other.get("name"), other.get("job")
+        if isinstance(name, str) and name.startswith(_RANK_NAME):  # a rank's own timeline
+            rank = name.removeprefix(_RANK_NAME)
+            if rank in ranks:  # its events twice, every arrow of its doubled
+                raise ValueError(
+                    f"{p}: rank {rank}'s timeline, as is {ranks[rank]}; pass each rank's once"
+                )
+            ranks[rank] = str(p)
+        if isinstance(job, str) and job not in jobs:
+            if jobs:  # arrows drawn between two runs' messages
+                seen, where = next(iter(jobs.items()))
+                raise ValueError(
+                    f"{p}: a timeline of job {job!r}, and {where} of job {seen!r}; merge the "
+                    "files of one run"
+                )
+            jobs[job] = str(p)
+        events.extend(doc["traceEvents"])
     sends: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
     recvs: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
     posts: dict[tuple[int, int, int], tuple[int, int, float]] = {}

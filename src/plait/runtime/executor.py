@@ -198,13 +198,13 @@ def execute(
                     if b is None:
                         b = raw[r.buf] = buffers[r.buf].view(np.uint8)
                     mv = b[r.offset * itemsize : (r.offset + r.count) * itemsize].data
+                    if tl is not None:  # before: a send may leave within isend itself
+                        issued[i] = _now()
                     if kind is _SEND:
                         h = transport.isend(step.peer, tag_base + step.tag, mv, check)
                     else:
                         h = transport.irecv(step.peer, tag_base + step.tag, mv, check)
                     pending[h] = i
-                    if tl is not None:
-                        issued[i] = _now()
                     continue
                 if kind is _RECV_REDUCE:
                     deps_met.add(i)
