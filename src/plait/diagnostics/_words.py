@@ -70,7 +70,9 @@ def died(
             "calls (a rank that ends well writes no dump)"
         )
     said.extend(
-        f"rank {r} {how}, as plait run saw" for r, how in sorted(seen.items()) if r not in finished
+        f"rank {r} {how}, as plait run saw" + (" (no rank here waited for it)" if r in idle else "")
+        for r, how in sorted(seen.items())
+        if r not in finished
     )
     if bad:
         said.append(f"the dump file of {ranks(bad)} could not be read (see the skipped line above)")
@@ -88,16 +90,18 @@ def died(
             f"{ranks(gone)} {was} lost, as the others' PeerLostError says: {its} exited or "
             f"{was} killed (see plait run's output for how)"
         )
-    for group in (quiet, rest):
+    # Those waited for first: what the others are blocked on.
+    for group in (rest, quiet):
         if not group:
             continue
         if len(group) == 1:
             it, was, its, them = "it", "was", "its", "it"
         else:
             it, was, its, them = "they", "were", "their", "them"
-        # Named where other ranks were named before them ("rank 1 probably died"), else
-        # "it", after "rank 1 left no dump: ".
-        who = ranks(group) if said else it
+        # Named where other ranks were named before them ("rank 1 probably died") or are
+        # named after them, else "it", after "rank 1 left no dump: " ("they" of a part of
+        # "ranks 1, 2, 3" named ranks 1 and 3 as all three).
+        who = ranks(group) if said or len(group) < len(rs) else it
         if group is quiet:  # nothing says they were needed: a rank that ends well dumps none
             said.append(
                 f"{who} probably finished, or died (no rank here waited for {them}; see {its} "

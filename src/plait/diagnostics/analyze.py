@@ -14,9 +14,15 @@ Each communicator's dumps are read together and checked, in this order:
 - the ranks that left no dump (probably dead; how they ended where plait run's
   note says, lost where the others' errors say, or stuck in or gone on to
   another communicator) and the ranks that never reached the call the others
-  wait in, with their last call and when it ended;
+  wait in, with their last call and when it ended (before ranks without a dump
+  that no rank waits for: one killed while the others waited is not the cause);
+- ranks that dumped on an error or a stall while no collective of theirs was in
+  flight or failed: the point-to-point call (send, recv, sendrecv) the reason
+  names, with its peer and tag, the line the rank's thread was at, and where the
+  peer was as its dump says;
 - where every rank is: waiting in which call for which peers since when, or
-  idle after which call; failed calls and their errors;
+  idle after which call and where the thread that makes its calls is; failed
+  calls and their errors;
 - how late each rank arrived at the calls every rank completed (median and
   max); a rank late by at least ``--late`` seconds is named a straggler.
 
@@ -43,6 +49,7 @@ import numpy as np
 
 from plait.diagnostics._elsewhere import lost_ranks, whereabouts
 from plait.diagnostics._mismatch import NOT_PROBLEMS, Finding, first_mismatch
+from plait.diagnostics._where import outside_finding, stall_call
 from plait.diagnostics._where import where as _where
 from plait.diagnostics._words import clock as _clock
 from plait.diagnostics._words import died as _died
@@ -136,6 +143,11 @@ def diagnose(
         # dumps (a note of this run, just before the dumps it asks for).
         if seen and abs(seen.time - d.time) <= NOTE_SPREAD:
             ended.setdefault(d.job, {}).update(seen.ended)
+    # A stall dumps every communicator of its process: its call may be another one's.
+    procs: dict[tuple[str, str, int, str], set[int]] = {}
+    for d in dumps:
+        if d.reason.startswith("stall: "):
+            procs.setdefault((d.job, d.host, d.pid, d.reason), set()).add(d.comm)
     result = []
     for key in sorted(groups):
         # Note [dumps of other communicators]
@@ -148,6 +160,11 @@ def diagnose(
                 ended=ended.get(key[0]),
                 unread=_unread(groups[key], unreadable),
                 moved=moved,
+                shared={
+                    d.rank
+                    for d in groups[key]
+                    if len(procs.get((d.job, d.host, d.pid, d.reason), ())) > 1
+                },
             )
         )
     for job, left in older.items():
@@ -215,6 +232,7 @@ def diagnose_group(
     ended: Mapping[int, str] | None = None,
     unread: Collection[int] = (),
     moved: Mapping[int, tuple[int, int]] | None = None,
+    shared: Collection[int] = (),
 ) -> Diagnosis:
     """The :class:`Diagnosis` of the dumps of one communicator (one job, one comm id).
 
@@ -226,6 +244,7 @@ def diagnose_group(
     snapshot of a busy rank). ``unread``: ranks whose dump file could not be read.
     ``moved``: job ranks that went on to a communicator shrunk from this one, with its id
     and the number of shrinks from this one (Note [dumps of other communicators]).
+    ``shared``: ranks whose stall dump other communicators of their process share.
     """
     if not dumps:
         raise ValueError("no dumps to diagnose")
@@ -273,9 +292,12 @@ def diagnose_group(
         or stuck[0].seq is None
         or mismatch[0].seq <= stuck[0].seq
     ):
-        findings[:0] = [*mismatch, *stuck]
+        head = [*mismatch, *stuck]
     else:
-        findings[:0] = [*stuck, *(mismatch or ())]
+        head = [*stuck, *(mismatch or ())]
+    # Dumps on an error or a stall outside every recorded call: a point-to-point call.
+    p2p = (outside_finding(r, d, by_rank, r in shared) for r, d in sorted(by_rank.items()))
+    findings[:0] = [*head, *(f for f in p2p if f is not None)]
     explained = {f.seq for f in stuck if f.kind in ("never_arrived", "missing")}
     findings.extend(f for f in _failures(by_rank) if f.seq not in explained)
     limit = mismatch[0].seq if mismatch is not None else None
@@ -359,6 +381,7 @@ def _stuck(
     verb = "wait" if any(blocked[r].in_flight for r in in_it) else "waited"
     if len(in_it) == 1:
         verb += "s" if verb == "wait" else ""
+    idle: list[int] = []
     if missing:
         waited = {p for c in blocked.values() for p in c.waiting_on}
         idle = [r for r in missing if r not in waited] if waited else []
@@ -400,7 +423,11 @@ def _stuck(
                 else ""
             )
             parts.append(f"rank {r}'s last call, {last.describe()}, ended at {_clock(ended)}{gap}")
-        out.append(
+        # The ranks waited for come before those without a dump that no rank waits for: a
+        # rank killed while the others waited, its part of the call sent, is not what
+        # blocks them.
+        out.insert(
+            0 if missing and len(idle) == len(missing) else len(out),
             Finding(
                 "never_arrived",
                 seq,
@@ -408,7 +435,7 @@ def _stuck(
                 f"{_ranks(behind)} never reached call #{seq} ({ref.collective} at {ref.where}), "
                 f"where {_ranks(in_it)} {verb}{wait_text} from {_clock(when)} on: "
                 + "; ".join(parts),
-            )
+            ),
         )
     return out
 
@@ -553,7 +580,9 @@ def _reasons(by_rank: dict[int, Dump]) -> tuple[str, ...]:
     """Why the dumps were written, by kind: ``CollectiveTimeout (ranks 0, 1, 2)``."""
     kinds: dict[str, list[int]] = {}
     for r, d in sorted(by_rank.items()):
-        kinds.setdefault(d.reason.split(":", 1)[0], []).append(r)
+        stalled = stall_call(d.reason)  # which call stalled: a point-to-point one has no record
+        kind = d.reason.split(":", 1)[0] if stalled is None else f"stall in {stalled}"
+        kinds.setdefault(kind, []).append(r)
     return tuple(f"{kind} ({_ranks(rs)})" for kind, rs in kinds.items())
 
 
