@@ -423,3 +423,44 @@ def test_the_launcher_says_at_once_that_dumps_will_fail(tmp_path: Path) -> None:
         f"plait run: PLAIT_DUMP_DIR={afile}: {afile} is not a folder; flight-recorder dumps "
         "will fail\n" in err.getvalue()
     )
+
+
+class _Dumper(_Proc):
+    """A rank that, on SIGUSR1, dumps a communicator it has besides the world (a shrunk one,
+    where it is rank ``index``): ``comm1337c.rank<index>.json``, its rank in the job inside."""
+
+    def __init__(self, pid: int, folder: Path, rank: int, index: int) -> None:
+        super().__init__(pid)
+        self.path = folder / f"comm1337c.rank{index}.json"
+        self.rank = rank
+
+    def send_signal(self, signum: int) -> None:
+        super().send_signal(signum)
+        self.path.write_text(json.dumps({"global_rank": self.rank, "members": [0, 1, 3]}))
+
+
+def test_a_dump_of_a_communicator_other_than_the_world_counts(tmp_path: Path) -> None:
+    """Job rank 3, rank 2 of a communicator shrunk after rank 2 was lost, dumps that
+    communicator when signalled, and its world dump is an older one it keeps: the launcher
+    waited only for ``rank3.json`` and said "asked rank 3 to dump; none did in 0.3 s"."""
+    ranks = [RankProcess(r, cast("subprocess.Popen[bytes]", _Proc(1000 + r))) for r in range(3)]
+    ranks.append(RankProcess(3, cast("subprocess.Popen[bytes]", _Dumper(1003, tmp_path, 3, 2))))
+    for r in ranks[:3]:
+        r.exit = (1, 0.0)  # failed, or killed: not signalled
+    (tmp_path / "rank3.json").write_text(json.dumps({"global_rank": 3}))
+    os.utime(tmp_path / "rank3.json", (1.0, 1.0))  # the error it met long before
+    responder = StallResponder(ranks, tmp_path, None, catches=lambda pid: True)
+    line = responder.dump_before_stop({0: "exited with code 1"}, seconds=0.3)
+    folder = shlex.quote(str(tmp_path))
+    assert line == f"rank 3 dumped their calls before being stopped: plait analyze {folder}"
+
+
+def test_a_dump_named_with_the_rank_of_another_does_not_count(tmp_path: Path) -> None:
+    """``comm1337c.rank1.json``, written by job rank 3, is not job rank 1's dump."""
+    ranks = [RankProcess(r, cast("subprocess.Popen[bytes]", _Proc(1000 + r))) for r in range(3)]
+    ranks.append(RankProcess(3, cast("subprocess.Popen[bytes]", _Dumper(1003, tmp_path, 3, 1))))
+    ranks[0].exit = ranks[2].exit = (1, 0.0)
+    responder = StallResponder(ranks, tmp_path, None, catches=lambda pid: True)
+    line = responder.dump_before_stop({0: "exited with code 1"}, seconds=0.3)
+    folder = shlex.quote(str(tmp_path))
+    assert line == f"rank 3 dumped their calls before being stopped: plait analyze {folder}"

@@ -37,6 +37,8 @@ Note [who gets SIGUSR1]
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shlex
 import signal
 import subprocess
@@ -46,7 +48,7 @@ from pathlib import Path
 
 # The recorder's own rule for the job's folder name, so that the launcher names the folder
 # the ranks write to, whatever PLAIT_JOB_ID holds.
-from plait.diagnostics.places import dump_dir, dump_name, make_folder, safe_name
+from plait.diagnostics.places import dump_dir, dumped_as, make_folder, safe_name
 from plait.diagnostics.schema import LAUNCHER_NOTE, write_launcher_note
 from plait.diagnostics.triggers import catches_signal
 from plait.launch.watch import RankProcess
@@ -192,13 +194,14 @@ class StallResponder:
     def dump_before_stop(
         self, ended: Mapping[int, str], since: float | None = None, seconds: float = DUMP_SECONDS
     ) -> str | None:
-        """Before the launcher stops a failed job's ranks still running: note how the
-        failed ranks ``ended`` (rank: "was killed by SIGKILL") beside the dumps, for
-        ``plait analyze``; have the ranks that catch SIGUSR1 dump, and wait up to
-        ``seconds`` until each one's dump of its world communicator (``rank<r>.json``) is
-        newer than ``since`` (the failure, wall-clock; default now: a rank that dumped
-        the error it met keeps that dump). The line that says so, or None where no rank was
-        signalled.
+        """Before the launcher stops a failed job's ranks still running (with none left:
+        the note alone): note how the failed ranks ``ended`` (rank: "was killed by
+        SIGKILL") beside the dumps, for ``plait analyze``; have the ranks that catch
+        SIGUSR1 dump, and wait up to ``seconds`` until each one has a dump newer than
+        ``since`` (the failure, wall-clock; default now: a rank that dumped the error it
+        met keeps that dump): of its world communicator (``rank<r>.json``) or of any other
+        it has (a communicator shrunk after a loss: ``comm<id>.rank<i>.json``, its rank in
+        the job in the file). The line that says so, or None where no rank was signalled.
 
         A rank killed by SIGKILL left no dump, and the others, stopped at once, none
         either: ``plait analyze`` had nothing to read. They dump on their own only where
@@ -219,24 +222,53 @@ class StallResponder:
         if not signalled:
             return None
         deadline = self._clock() + seconds
-        waiting = [self.folder / dump_name(0, r.rank) for r in signalled]
-        while waiting and self._clock() < deadline:  # files: nothing to wait on but them
-            waiting = [p for p in waiting if not _newer(p, start)]
-            if waiting:
-                time.sleep(0.05)
+        asked = {r.rank for r in signalled}
+        ranks: dict[tuple[str, int], int | None] = {}  # each file's rank in the job, once read
+        while not asked <= _dumped(self.folder, start, ranks) and self._clock() < deadline:
+            time.sleep(0.05)  # files: nothing to wait on but them
         folder = shlex.quote(str(self.folder))
-        done = [r.rank for r in signalled if _newer(self.folder / dump_name(0, r.rank), start)]
+        done = sorted(asked & _dumped(self.folder, start, ranks))
         if not done:
             return f"asked {_ranks([r.rank for r in signalled])} to dump; none did in {seconds:g} s"
         return f"{_ranks(done)} dumped their calls before being stopped: plait analyze {folder}"
 
 
-def _newer(path: Path, since: float) -> bool:
-    """Whether ``path`` exists and was written at ``since`` or later."""
+def _dumped(folder: Path, since: float, ranks: dict[tuple[str, int], int | None]) -> set[int]:
+    """The ranks of the job with a dump in ``folder`` written at ``since`` or later: a
+    world communicator's by its name (``rank<r>.json``), another's by the rank in the job
+    its file records (``ranks``: what each file, by name and time, was found to hold)."""
+    found: set[int] = set()
     try:
-        return path.stat().st_mtime >= since
+        entries = list(os.scandir(folder))
     except OSError:
-        return False
+        return found
+    for entry in entries:
+        named = dumped_as(entry.name)
+        try:
+            stat = entry.stat()
+        except OSError:  # gone meanwhile
+            continue
+        if named is None or stat.st_mtime < since:
+            continue
+        written = stat.st_mtime_ns
+        if named[0] == 0:
+            found.add(named[1])
+            continue
+        if (entry.name, written) not in ranks:
+            ranks[entry.name, written] = _job_rank(Path(entry.path))
+        rank = ranks[entry.name, written]
+        if rank is not None:
+            found.add(rank)
+    return found
+
+
+def _job_rank(path: Path) -> int | None:
+    """The rank in the job (``global_rank``) of the process whose dump ``path`` is, or None."""
+    try:
+        rank = json.loads(path.read_text(encoding="utf-8")).get("global_rank")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return rank if type(rank) is int else None
 
 
 def send_usr1(proc: subprocess.Popen[bytes]) -> bool:
