@@ -3,6 +3,7 @@ says how every rank ended; tracebacks carry their rank."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.launch.relay import Traceback
+from plait.launch.relay import Traceback, named_ranks
 
 PLAIT = [sys.executable, "-m", "plait"]
 
@@ -424,3 +425,103 @@ def test_a_rank_whose_script_does_not_compile_is_named_with_its_error(tmp_path: 
     said = r"plait run: rank [01] failed with SyntaxError: '\(' was never closed"
     assert re.search(said, res.stderr), res.stderr
     assert_every_line_has_an_owner(res.stderr)
+
+
+#: Rank 1 is killed; the others shrink to a communicator of job ranks 0 and 2, where job rank 2
+#: is rank 1, and then job rank 2 hangs outside plait: rank 0 times out waiting for "rank(s)
+#: [1] (job rank(s) [2])".
+HANGS_AFTER_A_SHRINK = """
+    import os, signal, time, numpy as np, plait
+    comm = plait.init()
+    me = comm.rank
+    comm.allreduce(np.ones(4))
+    if me == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.allreduce(np.ones(4))
+    except plait.CommError:
+        comm.abort("lost a rank")
+        comm = comm.shrink()
+    comm.allreduce(np.ones(4))
+    if me == 2:
+        time.sleep(1000)
+    comm.allreduce(np.ones(4))
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_hang_after_a_shrink_is_not_blamed_on_the_rank_lost_before(tmp_path: Path) -> None:
+    """The timeout's "rank(s) [1]" is the shrunk communicator's rank 1, job rank 2: the
+    launcher said "rank 1 was killed by SIGKILL (the others failed of its loss)" and marked
+    rank 1, which the others had recovered from, "<- started the failure"."""
+    res = plait_run(
+        ["-n", "3", "--enable-recovery", "--timeout", "3"], HANGS_AFTER_A_SHRINK, tmp_path
+    )
+    assert res.returncode == 1, res.stderr
+    assert "(job rank(s) [2])" in res.stderr, res.stderr
+    assert "the others failed of its loss" not in res.stderr
+    lines = status_lines(res.stderr)
+    assert "plait run:   rank 0: exit 1 (CollectiveTimeout)   <- started the failure" in lines
+    assert "plait run:   rank 1: killed by SIGKILL" in lines, lines
+
+
+def test_an_error_names_ranks_by_their_rank_in_the_job(tmp_path: Path) -> None:
+    """Only the ranks an error names, by their rank in the job: not the rank that raised it,
+    and not a shrunk communicator's numbers taken for the job's."""
+    error = "plait.errors.PeerLostError: rank 1: allreduce (ring, call #3): "
+    assert named_ranks(error + "rank 2 was lost (rank 0 found so in its step)") == {0, 2}
+    timeout = "plait.errors.CollectiveTimeout: rank 0: allreduce (ring, call #3) timed out "
+    said = timeout + "waiting for rank(s) [2] (job rank(s) [3]) of communicator 1337c: ..."
+    assert named_ranks(said) == {3}
+    assert named_ranks(error + "rank 1 (job rank 3) was lost") == {3}
+    # A communicator other than the world, by its dump's name: mapped by its members.
+    dump = tmp_path / "comm1337c.rank1.json"
+    dump.write_text(json.dumps({"members": [0, 1, 3], "global_rank": 1}))
+    lost = error + "rank 2 was lost: its process exited or was killed"
+    assert named_ranks(f"{lost}; flight recorder dump: {dump}") == {3}
+    assert named_ranks(f"{lost}; flight recorder dump: {tmp_path / 'commab.rank1.json'}") == set()
+    assert named_ranks(f"{lost}; flight recorder dump: {tmp_path / 'rank1.json'}") == {2}
+
+
+#: Rank 2 calls broadcast where the others call allreduce: ranks 0 and 2, at least, raise
+#: MismatchError at once; rank 1 raises ValueError two seconds later.
+MISMATCH_THEN_AN_ERROR = """
+    import time, numpy as np, plait
+    comm = plait.init(timeout=30)
+    x = np.ones(16, np.float32)
+    comm.allreduce(x)
+    if comm.rank == 1:
+        time.sleep(2)
+        raise ValueError("bad batch")
+    if comm.rank == 2:
+        comm.broadcast(x, root=0)
+    else:
+        comm.allreduce(x)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_mismatch_is_a_cause_not_a_symptom(tmp_path: Path) -> None:
+    """The launcher took every CommError for a symptom, MismatchError too, and named rank 1's
+    ValueError, raised seconds after the mismatch, as the failure's start."""
+    res = plait_run(["-n", "3"], MISMATCH_THEN_AN_ERROR, tmp_path)
+    assert res.returncode == 1, res.stderr
+    lines = status_lines(res.stderr)
+    (started,) = [line for line in lines if "started the failure" in line]
+    assert "(MismatchError)" in started, lines
+    assert "ValueError" not in started, lines
+
+
+@pytest.mark.multiprocess
+def test_a_failed_job_leaves_its_note_when_no_rank_is_left_to_stop(tmp_path: Path) -> None:
+    """The note of how the failed ranks ended was written only where some rank still ran, and
+    ``plait analyze`` then knew nothing of how the others had ended."""
+    script = tmp_path / "job.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    env = {**os.environ, "PLAIT_DUMP_DIR": str(tmp_path / "dumps"), "PLAIT_JOB_ID": "j"}
+    res = subprocess.run(
+        [*PLAIT, "run", "-n", "2", str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert res.returncode == 3, res.stderr
+    note = json.loads((tmp_path / "dumps" / "j" / "launcher.json").read_text())
+    assert set(note["ended"].values()) == {"exited with code 3"}, note

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import json
 import os
 import re
 import selectors
@@ -28,7 +29,7 @@ from typing import IO
 
 from plait.diagnostics.triggers import STALL_MARKER, parse_stall_line
 
-__all__ = ["DRAIN_SECONDS", "Relay", "Traceback", "is_comm_error"]
+__all__ = ["DRAIN_SECONDS", "Relay", "Traceback", "is_symptom", "named_ranks"]
 
 #: Seconds to wait, once a rank has exited, for the end of its output (a child process the
 #: rank left behind may hold its pipes open).
@@ -70,8 +71,9 @@ class Traceback:
     group: bool = False
     #: The last non-blank line said that the next traceback is chained to the previous one.
     chained: bool = False
-    #: The first exception of the latest chain, the last one, and its whole line.
+    #: The first exception of the latest chain and its whole line, the last one and its line.
     first: str | None = None
+    first_line: str = ""
     last: str | None = None
     last_line: str = ""
     #: time.monotonic() when the latest chain began; the relay's round (Relay.round) that
@@ -129,10 +131,10 @@ class Traceback:
                 # another thread's line in the middle of the traceback, or plait's own (a
                 # signal's dump says where it wrote, between the frames and the exception)
                 return
-            name = match.group(1).decode(errors="replace")
+            name, said = match.group(1).decode(errors="replace"), line.decode(errors="replace")
             if self.first is None:
-                self.first = name
-            self.last, self.last_line = name, line.decode(errors="replace")
+                self.first, self.first_line = name, said
+            self.last, self.last_line = name, said
             self.in_frames, self.ended = False, read
         elif line in _CHAINED:
             self.chained = True
@@ -386,18 +388,83 @@ class Relay:
 
 
 @functools.lru_cache(maxsize=64)
-def is_comm_error(name: str) -> bool:
-    """Whether the exception a traceback names (``plait.errors.PeerLostError``) is a CommError."""
+def is_symptom(name: str) -> bool:
+    """Whether the exception a traceback names (``plait.errors.PeerLostError``) is a plait
+    error that a rank meets because a peer failed first: a CommError, but a MismatchError
+    (the ranks' calls differ: a bug found on the ranks that raise it), an UnsupportedError
+    (a call plait cannot do) or a ForkedError (a communicator used after fork), which its
+    rank's own code caused (Note [which rank started a failure] in plait.launch.watch)."""
     module, _, attr = name.rpartition(".")
     if module.split(".")[0] != "plait":
         return False
-    from plait.errors import CommError
+    from plait.errors import CommError, ForkedError, MismatchError, UnsupportedError
 
     try:
         cls = getattr(importlib.import_module(module), attr)
     except Exception:  # a name we cannot resolve: not one of ours
         return False
-    return isinstance(cls, type) and issubclass(cls, CommError)
+    own = (MismatchError, UnsupportedError, ForkedError)
+    return isinstance(cls, type) and issubclass(cls, CommError) and not issubclass(cls, own)
+
+
+#: How an error's message starts: its name, and the rank that raised it (``rank 2: ``).
+_RAISER = re.compile(r"[^\s:]+: rank \d+(?: \(job rank \d+\))?: ")
+#: A rank of a communicator named with its rank in the job beside (plait.group's renumber,
+#: plait.runtime.waits' timeout): ``rank 1 (job rank 3)``, ``rank(s) [2] (job rank(s) [3])``.
+_WITH_JOB_RANK = re.compile(
+    r"\brank \d+ \(job rank (\d+)\)|\brank\(s\) \[[\d, ]*\] \(job rank\(s\) \[([\d, ]*)\]\)"
+)
+_RANK = re.compile(r"\brank (\d+)\b|\brank\(s\) \[([\d, ]+)\]")
+#: The dump of a communicator other than the world (plait.diagnostics.places.dump_name).
+_SPLIT_DUMP = re.compile(r"comm[0-9a-f]+\.rank\d+\.json")
+_DUMPED = "; flight recorder dump: "
+
+
+def named_ranks(line: str) -> set[int]:
+    """The ranks of the job that an error's line names (``plait.errors.PeerLostError: rank
+    0: allreduce (ring, call #3): rank 2 was lost ...``), but the one that raised it.
+
+    A rank named with its rank in the job beside (``rank 1 (job rank 3)``) counts as that.
+    Other numbers are the communicator's: the job's where the error is of the world
+    communicator; where it is of another (its dump, the message's last note, is
+    ``comm<id>.rank<r>.json``, or the message names a communicator), they are mapped by the
+    members that dump records, and count not at all where it cannot be read: rank 2 of a
+    communicator shrunk after a loss is not job rank 2.
+    """
+    text, _, dumped = line.partition(_DUMPED)
+    raiser = _RAISER.match(text)
+    text = text[raiser.end() :] if raiser is not None else text
+    named: set[int] = set()
+    for m in _WITH_JOB_RANK.finditer(text):
+        named.update(_numbers(m.group(1) or m.group(2) or ""))
+    plain: set[int] = set()
+    for m in _RANK.finditer(_WITH_JOB_RANK.sub("", text)):
+        plain.update(_numbers(m.group(1) or m.group(2) or ""))
+    dump = dumped.strip()
+    if not _SPLIT_DUMP.fullmatch(os.path.basename(dump)):
+        if " of communicator " in text:
+            return named  # another communicator's numbers, and no dump to map them
+        return named | plain
+    members = _members(dump)
+    return named | {members[r] for r in plain if r < len(members)}
+
+
+def _numbers(listed: str) -> list[int]:
+    """``[2, 3]`` for ``"2, 3"``."""
+    return [int(n) for n in listed.split(",") if n.strip()]
+
+
+def _members(path: str) -> list[int]:
+    """The job's ranks of a communicator's ranks, as the dump at ``path`` records them
+    (empty where it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            members = json.load(f).get("members")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return []
+    if not isinstance(members, list) or not all(type(m) is int for m in members):
+        return []
+    return members
 
 
 def _pieces(line: bytes) -> list[bytes]:

@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import os
 import queue
-import re
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from plait.launch.elsewhere import ELSEWHERE, GATHER_SECONDS, STOPPED, Elsewhere, exit_code
-from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_comm_error
+from plait.launch.relay import DRAIN_SECONDS, Relay, Traceback, is_symptom, named_ranks
 
 __all__ = [
     "GRACE_SECONDS",
@@ -52,11 +51,14 @@ LINGER_SECONDS = 3.0
 #     "The above exception was the direct cause...") says why the rank failed. Failures are
 #     of three kinds, from the likeliest cause to the likeliest symptom:
 #
-#     1. a traceback that starts with an exception other than plait's CommError, or a death
-#        by a signal: a cause;
+#     1. a traceback that starts with an exception other than plait's CommError, or with a
+#        CommError that the rank's own calls caused (MismatchError: its call differs from
+#        the others', a bug found where it is raised; UnsupportedError, ForkedError), or a
+#        death by a signal: a cause;
 #     2. a non-zero exit code and no traceback (sys.exit(3), a command that is not Python):
 #        maybe a cause, maybe a rank that caught PeerLostError and exited;
-#     3. a traceback that starts with a CommError (PeerLostError and the like): a symptom.
+#     3. a traceback that starts with another CommError (PeerLostError, AbortedError, a
+#        timeout waiting for a peer and the like): a symptom (relay.is_symptom).
 #
 #     The launcher stops the job at once on a failure of kind 1. After one of kind 2 or 3 it
 #     waits for one of kind 1 (at most 1 s, or LINGER_SECONDS after kind 3), or until every
@@ -119,16 +121,16 @@ _LINGER = {_EXIT: 1.0, _SYMPTOM: LINGER_SECONDS}
 
 
 def _kind(r: RankProcess, relay: Relay) -> int:
-    """How ``r`` failed: _CAUSE (a signal, or a traceback that starts with another exception
-    than plait's CommError), _EXIT (a non-zero exit code and no traceback), or _SYMPTOM (a
-    traceback that starts with a CommError: a peer failed first)."""
+    """How ``r`` failed: _CAUSE (a signal, or a traceback that starts with an exception other
+    than a symptom's), _EXIT (a non-zero exit code and no traceback), or _SYMPTOM (a
+    traceback that starts with a CommError a rank meets when a peer failed first)."""
     assert r.exit is not None
     tb = relay.traceback(r.rank)
     if r.exit[0] < 0:
         return _CAUSE
     if tb.first is None:
         return _EXIT
-    return _SYMPTOM if is_comm_error(tb.first) else _CAUSE
+    return _SYMPTOM if is_symptom(tb.first) else _CAUSE
 
 
 def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
@@ -143,9 +145,14 @@ def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
     return min(failed, key=key)
 
 
-def _names(line: str, rank: int) -> bool:
-    """Whether an error's line names rank ``rank`` ("rank 2", "rank(s) [2]")."""
-    return re.search(rf"\brank {rank}\b|\brank\(s\) \[{rank}\]", line) is not None
+def _lost_named(tb: Traceback) -> set[int]:
+    """The ranks of the job that a PeerLostError of ``tb`` (the first of its chain, or the
+    last) names (plait.launch.relay.named_ranks): the peers it lost, where the rank failed of
+    one or raised it last. Of no other error: a timeout's or an abort's may still run."""
+    lines = [tb.first_line] if tb.first is not None and _short(tb.first) == "PeerLostError" else []
+    if tb.last is not None and _short(tb.last) == "PeerLostError":
+        lines.append(tb.last_line)
+    return set().union(*map(named_ranks, lines))
 
 
 def _left_elsewhere(joining: Joining, line: str, mine: Collection[int]) -> tuple[int, str] | None:
@@ -153,9 +160,7 @@ def _left_elsewhere(joining: Joining, line: str, mine: Collection[int]) -> tuple
     filed as having exited before it joined ``plait.init``, and how it ended; the lowest of
     them, or None. Only its own host saw it exit (Note [ranks that never joined] in
     plait.rendezvous.lost)."""
-    named = {int(n) for n in re.findall(r"\brank (\d+)\b", line)}
-    for listed in re.findall(r"\brank\(s\) \[([\d, ]+)\]", line):
-        named.update(int(n) for n in listed.split(","))
+    named = named_ranks(line)
     away = joining.left_elsewhere(sorted(named - set(mine)))
     return min(away.items()) if away else None
 
@@ -197,13 +202,11 @@ def _left_early(
     with it, and the rank that raised first was not the cause."""
     if first.exit is None or tb.last is None or not tb.last.endswith("PeerLostError"):
         return []
+    named = named_ranks(tb.last_line)
     return [
         r
         for r in ranks
-        if r.exit is not None
-        and r.exit[0] == 0
-        and r.exit[1] <= first.exit[1]
-        and _names(tb.last_line, r.rank)
+        if r.exit is not None and r.exit[0] == 0 and r.exit[1] <= first.exit[1] and r.rank in named
     ]
 
 
@@ -222,11 +225,9 @@ def _never_joined(
     """
     if first.exit is None or tb.last is None or joining is None:
         return None
-    named = [
-        r
-        for r in never
-        if r.exit is not None and r.exit[1] <= first.exit[1] and _names(tb.last_line, r.rank)
-    ]
+    said = named_ranks(tb.last_line)
+    named = [r for r in never if r.exit is not None and r.exit[1] <= first.exit[1]]
+    named = [r for r in named if r.rank in said]
     if not named or not joining.joined(first.rank):
         return None
     return min(named, key=lambda r: r.exit[1] if r.exit is not None else 0.0)
@@ -250,7 +251,7 @@ def _hung_causes(
             and whole
             and not tb.went_on
             and tb.started >= since
-            and not is_comm_error(first)
+            and not is_symptom(first)
         )
 
     return [r for r in ranks if r.exit is None and raised_lately(relay.traceback(r.rank))]
@@ -498,9 +499,10 @@ def watch(
     that never joined] in plait.rendezvous.lost), and exits with the code of the rank that
     failed first.
 
-    ``before_stop``: called before a failed job's ranks still running are stopped, with
-    how each failed rank ended and when the first did (wall clock; they dump their flight
-    recorders), its line said.
+    ``before_stop``: called once a job failed, before its ranks still running, if any, are
+    stopped, with how each failed rank ended and when the first did (wall clock; they dump
+    their flight recorders, and a note of how the failed ranks ended goes beside the dumps,
+    ranks or none), its line said.
 
     ``elsewhere``: for a job on several hosts, what settles with the other hosts' launchers
     which rank started a failure, and puts ``(ELSEWHERE, rank)`` on ``events`` when they
@@ -577,8 +579,9 @@ def watch(
         cause, kind = early, _EXIT
         said = f"{_describe(early.exit[0])} before calling plait.init (the others waited there)"
     elif kind == _SYMPTOM and not hung and tb.last is not None:  # a loss the others did not
-        killed = [r for r in lost if r.exit is not None and _names(tb.last_line, r.rank)]
-        if killed:  # recover from (--enable-recovery): what they raised names it
+        gone = _lost_named(tb)  # recover from (--enable-recovery): their PeerLostError names it
+        killed = [r for r in lost if r.exit is not None and r.rank in gone]
+        if killed:
             early = cause = min(killed, key=lambda r: r.exit[1] if r.exit is not None else 0.0)
             assert cause.exit is not None
             kind, said = _EXIT, f"{_describe(cause.exit[0])} (the others failed of its loss)"
@@ -604,7 +607,7 @@ def watch(
         if verdict is not None and verdict[0] not in by_rank:
             return _failed_elsewhere(ranks, relay, *verdict)
     relay.say(f"rank {cause.rank} {said}{rest}")
-    if running and before_stop is not None:
+    if before_stop is not None:  # even with none left to stop: its note is written
         how = {r.rank: _describe(r.exit[0]) for r in failed if r.exit is not None}
         when = min(r.exit[1] for r in failed if r.exit is not None)
         # Wall-clock, a second early: the others may have dumped what they met just before.
