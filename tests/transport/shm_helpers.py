@@ -1,7 +1,12 @@
-"""Helpers for the shared-memory transport tests: ranks on threads, a leak check, a sleep watch."""
+"""Helpers for the shared-memory transport tests: ranks on threads, a leak check, a sleep watch,
+a stranger that connects to a rank's socket and says nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -61,3 +66,60 @@ class PollWatch:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._poller, name)
+
+
+_STRANGER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+s.sendall(bytes.fromhex(sys.argv[2]))
+print("connected", flush=True)
+sys.stdin.readline()
+s.settimeout(30)
+print("dropped" if s.recv(1) == b"" else "not dropped", flush=True)
+"""
+
+
+class Stranger:
+    """A process of this user (another one, or this one) that connects to a rank's socket,
+    sends ``junk`` (part of a hello, or nothing) and then holds the connection silently."""
+
+    def __init__(self, where: str, junk: bytes) -> None:
+        self.where = where
+        self.junk = junk
+        self.child: subprocess.Popen[str] | None = None
+        self.sock: socket.socket | None = None
+
+    def connect(self, name: str) -> None:
+        """Connect to abstract socket ``name``; returns once the connection is queued."""
+        if self.where == "another process":
+            self.child = subprocess.Popen(
+                [sys.executable, "-c", _STRANGER, name, self.junk.hex()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert self.child.stdout is not None
+            assert self.child.stdout.readline() == "connected\n"
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect("\0" + name)
+            self.sock.sendall(self.junk)
+
+    def dropped(self) -> bool:
+        """Whether the rank closed the connection (waits for that, 30 s at most)."""
+        if self.child is not None:
+            out, _ = self.child.communicate("\n", timeout=60)
+            return out == "dropped\n"
+        assert self.sock is not None
+        self.sock.settimeout(30)
+        return self.sock.recv(1) == b""
+
+    def close(self) -> None:
+        if self.child is not None:
+            if self.child.poll() is None:
+                self.child.kill()
+            with contextlib.suppress(OSError, ValueError):
+                self.child.communicate(timeout=30)
+        if self.sock is not None:
+            self.sock.close()

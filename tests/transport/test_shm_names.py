@@ -16,15 +16,17 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from shm_helpers import Stranger, in_threads
 
 from plait.errors import TransportError
 from plait.rendezvous.store import MemoryStore
-from plait.transport.shm import ShmTransport, segment, sockets
+from plait.transport.shm import ShmTransport, hellos, segment, sockets
 from plait.transport.shm.ring import segment_bytes
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (Linux)")
@@ -343,6 +345,7 @@ def test_a_failing_set_up_neither_reads_nor_tells_another_users_connection() -> 
             me=1,
             hello=b"x" * bootstrap._HELLO.size,
             wires=[],
+            hellos=hellos.Hellos(listener, 1, lambda pid: False),
             _close_listener=listener.close,
         )
         with subprocess.Popen(
@@ -425,3 +428,155 @@ def test_a_ranks_queue_holds_more_than_its_peers() -> None:
         listener.close()
         for s in queued:
             s.close()
+
+
+#: What a stranger sends before it falls silent: nothing, or the first bytes of a hello.
+_JUNK = {"silent": b"", "part of a hello": b"\x01\x00\x00\x00\x00\x00\x00\x00plait"}
+_STRANGERS = pytest.mark.parametrize("junk", list(_JUNK))
+_WHERE = pytest.mark.parametrize("where", ["another process", "this process"])
+
+
+@_STRANGERS
+@_WHERE
+def test_init_is_not_held_up_by_a_connection_that_says_nothing(
+    monkeypatch: pytest.MonkeyPatch, where: str, junk: str
+) -> None:
+    """A process of this user connected to rank 0's socket ahead of rank 1 and fell silent:
+    rank 0 read its hello with a blocking read under the whole deadline, so both ranks
+    failed after their timeout (rank 1 "did not connect", rank 0 "was silent")."""
+    from plait.transport.shm import bootstrap
+
+    job = _job()
+    stranger = Stranger(where, _JUNK[junk])
+    listen = bootstrap.listen
+
+    def listen_and_knock(name: str, backlog: int) -> socket.socket:
+        listener = listen(name, backlog)
+        if name.startswith(f"plait-{job}-g1-0-"):
+            stranger.connect(name)  # queued ahead of rank 1's connection
+        return listener
+
+    monkeypatch.setattr(bootstrap, "listen", listen_and_knock)
+    store = MemoryStore(timeout=30)
+    try:
+        start = time.monotonic()
+        ts = in_threads([partial(ShmTransport, r, 2, store, timeout=30, job=job) for r in (0, 1)])
+        took = time.monotonic() - start
+        try:
+            _exchange(ts)
+        finally:
+            for t in ts:
+                t.close()
+        assert took < 15  # not the timeout's 30 s
+        assert stranger.dropped()
+    finally:
+        stranger.close()
+
+
+def test_a_silent_connection_is_dropped_after_its_time_and_holds_up_nobody(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [silent connections]: a stranger gets HANDSHAKE_SECONDS for its hello, and the
+    hellos of connections behind it are read meanwhile."""
+    monkeypatch.setattr(hellos, "HANDSHAKE_SECONDS", 0.3)
+    name = f"plait-test-{secrets.token_hex(6)}"
+    listener = sockets.listen(name, 2)
+    waiting = hellos.Hellos(listener, 1, lambda pid: False)
+    silent, partial_hello, rank = (socket.socket(socket.AF_UNIX) for _ in range(3))
+    accepted: list[socket.socket] = []
+    try:
+        for s in (silent, partial_hello, rank):
+            s.connect("\0" + name)
+        partial_hello.sendall(b"\x01\x02")
+        rank.sendall(b"h" * 32)
+        said: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while not said and time.monotonic() < deadline:
+            for sock in waiting.wait(1.0):
+                if sock is listener:
+                    waiting.accept()
+                elif (hello := waiting.read(sock, 32)) is not None:
+                    said.append(hello)
+                    accepted.append(sock)
+        assert said == [b"h" * 32]
+        assert len(waiting) == 2  # the two strangers, still within their time
+        while len(waiting) and time.monotonic() < deadline:
+            assert waiting.wait(1.0) == []  # they say nothing more, and are dropped
+        assert len(waiting) == 0
+        for s in (silent, partial_hello):
+            s.settimeout(10)
+            assert s.recv(1) == b""
+    finally:
+        for c in waiting.close():
+            c.close()
+        for c in accepted:
+            c.close()
+        for s in (silent, partial_hello, rank):
+            s.close()
+        listener.close()
+
+
+def test_at_most_a_cap_of_connections_wait_for_their_hello(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One more than the cap drops the oldest (Note [unauthenticated connections])."""
+    monkeypatch.setattr(hellos, "MAX_UNAUTHENTICATED", 2)
+    name = f"plait-test-{secrets.token_hex(6)}"
+    listener = sockets.listen(name, 2)
+    waiting = hellos.Hellos(listener, 1, lambda pid: True)
+    socks = [socket.socket(socket.AF_UNIX) for _ in range(3)]
+    try:
+        for s in socks:
+            s.connect("\0" + name)
+        while waiting.accept():  # a cap's worth at a time
+            pass
+        assert len(waiting) == 2
+        socks[0].settimeout(10)
+        assert socks[0].recv(1) == b""  # the oldest
+        for s in socks[1:]:
+            with pytest.raises(BlockingIOError):
+                s.recv(1, socket.MSG_DONTWAIT)  # still open
+    finally:
+        for c in waiting.close():
+            c.close()
+        for s in socks:
+            s.close()
+        listener.close()
+
+
+def test_a_silent_connection_does_not_hide_why_a_peer_broke_off() -> None:
+    """A rank that fails reads why a peer gave up from the connections queued on its
+    listener: one that said nothing, ahead of the peer's, was read first, with a blocking
+    read that gave up after a second, and the peer's words were never read."""
+    from types import SimpleNamespace
+
+    from plait.transport.shm import bootstrap
+
+    name = f"plait-{_job()}-g1-0-{secrets.token_hex(8)}"
+    token = b"tok".ljust(16, b"\0")
+    listener = sockets.listen(name, 2)
+    join: Any = SimpleNamespace(
+        listener=listener,
+        hellos=hellos.Hellos(listener, 1, lambda pid: False),
+        token=token,
+        nonce=7,
+        names=[0, 1],
+        size=2,
+        me=0,
+    )
+    silent, teller = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        silent.connect("\0" + name)
+        silent.sendall(b"\x01")
+        teller.connect("\0" + name)
+        teller.sendall(bootstrap._HELLO.pack(1, token, 7) + b"Fit ran out of memory")
+        start = time.monotonic()
+        told = bootstrap._Join._told(join)
+        assert time.monotonic() - start < 10
+        assert told is not None
+        assert "rank 1 broke off" in str(told)
+        assert "it ran out of memory" in str(told)
+    finally:
+        for c in join.hellos.close():
+            c.close()
+        silent.close()
+        teller.close()
+        listener.close()

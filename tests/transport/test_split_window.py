@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from shm_helpers import (  # noqa: F401 - no_leftovers: autouse fixture
     PollWatch,
+    Stranger,
     in_threads,
     no_leftovers,
 )
@@ -577,6 +578,41 @@ def test_a_connection_that_hangs_up_before_its_hello_is_ignored(
             assert all(g.window is not None for g in gs)
         finally:
             close_all(*gs)
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x01\x00\x00\x00\x00\x00\x00\x00plait"])
+@pytest.mark.parametrize("where", ["another process", "this process"])
+def test_a_connection_that_says_nothing_holds_up_no_split(
+    monkeypatch: pytest.MonkeyPatch, where: str, junk: bytes
+) -> None:
+    """A process of this user connects to rank 0's socket ahead of the group's ranks and
+    falls silent (after ``junk``): rank 0 waited on it alone, under the whole deadline,
+    and the split failed after its timeout ("rank 0 was silent") instead of forming."""
+    listen = bootstrap.listen
+    stranger = Stranger(where, junk)
+
+    def listen_and_knock(name: str, backlog: int) -> Any:
+        listener = listen(name, backlog)
+        if "-split-0-" in name:
+            stranger.connect(name)  # queued ahead of the other ranks' connections
+        return listener
+
+    try:
+        with world("shm", 3) as ts:
+            monkeypatch.setattr(bootstrap, "listen", listen_and_knock)
+            start = time.monotonic()
+            gs = groups(ts, [[0, 1, 2]], timeout=30)
+            took = time.monotonic() - start
+            try:
+                assert all(g.window is not None for g in gs)
+                sums = in_threads([partial(rounds, win(g), 0, 2, 10 * r) for r, g in enumerate(gs)])
+                assert sums[0] == [(10 + 20 + 2 * e) & 0xFF for e in range(2)]
+            finally:
+                close_all(*gs)
+            assert took < 15  # not the timeout's 30 s
+            assert stranger.dropped()
+    finally:
+        stranger.close()
 
 
 def test_a_rank_that_fails_before_announcing_leaves_every_rank_without_a_window_at_once(

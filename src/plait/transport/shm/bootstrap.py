@@ -31,6 +31,7 @@ from plait.transport.shm.doorbell import (
     process_start,
     visible,
 )
+from plait.transport.shm.hellos import Hellos
 from plait.transport.shm.ring import RingEnd, segment_bytes
 from plait.transport.shm.segment import (
     CONTROL_BYTES,
@@ -47,7 +48,7 @@ from plait.transport.shm.segment import (
     W_WINDOW_BYTES,
     Segment,
 )
-from plait.transport.shm.sockets import connect, discard_input, last_words, listen, recv_exact
+from plait.transport.shm.sockets import connect, discard_input, last_words, listen
 from plait.transport.shm.window import arena_bytes, arena_ranges, check_arena
 from plait.transport.shm.wire import Joined, Wire
 
@@ -184,6 +185,7 @@ class _Join:
         self.token = b""  # the job's token as the hello carries it
         self.hello = b""  # ours, once the peers' announcements are known (then failures are told)
         self.listener: socket.socket | None = None
+        self.hellos: Hellos | None = None  # the listener's connections not yet identified
         self.deadline = 0.0
         self.timeout = 0.0
 
@@ -312,6 +314,7 @@ class _Join:
             announce(b"")  # the others learn at once that this group has no window
             return None
         self.listener = listener
+        self.hellos = Hellos(listener, size - 1 - rank, self._is_rank)
         try:
             announced = announce(f"{tail}:{nbytes}:{described()}".encode())
             if optional and not all(announced):  # some rank has no segment
@@ -323,7 +326,7 @@ class _Join:
             for p in self.wires:
                 if p.rank < rank:
                     self._connect(p, self.hello, self._left())
-            self._accept_all(listener)
+            self._accept_all()
         except BaseException:
             if not self.hello:  # nobody will be told: the listener can go now
                 self._close_listener()
@@ -371,16 +374,19 @@ class _Join:
         self.wires = [Wire(r) for r in range(self.size) if r != self.rank]
         return listen(own, self.size)
 
-    def _accept_all(self, listener: socket.socket) -> None:
+    def _accept_all(self) -> None:
         """Accept the connection of every higher rank, checking on the lower ones meanwhile.
 
         A lower rank we connected to writes nothing before its segment's file
         ("S"), so anything else it writes, or its hanging up, means it broke off.
+        No connection is waited on alone: a stranger that connects and says nothing
+        holds up nobody (Note [silent connections] in :mod:`.hellos`).
         """
+        hellos = self.hellos
+        assert hellos is not None
         missing = {p.rank for p in self.wires if p.rank > self.rank}
         by_rank = {p.rank: p for p in self.wires}
         watched = {p.sock: p for p in self.wires if p.sock is not None}
-        listener.setblocking(False)
         while missing:
             self._check()
             left = self.deadline - time.monotonic()
@@ -389,32 +395,33 @@ class _Join:
                     f"rank {self.me}: ranks {sorted(self.names[r] for r in missing)} did "
                     f"not connect to the shared-memory transport within {self.timeout:g} s"
                 )
-            ready, _, _ = select.select([listener, *watched], [], [], self._slice(left))
-            for sock in ready:
-                if sock is not listener:
+            for sock in hellos.wait(self._slice(left), watched):
+                if sock in watched:
                     p = watched.pop(sock)
                     if sock.recv(1, socket.MSG_PEEK) != b"S":  # else it is ahead of us: fine
                         raise self._broke_off(p)
-                    continue
-                try:
-                    conn, _ = listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue
-                conn.setblocking(True)
-                conn.settimeout(self._left())
-                try:  # hung up before a whole hello: not one of ours (a dead peer is checked)
-                    peer_rank = self._accept_hello(conn, missing)
-                except (OSError, RendezvousError):
-                    peer_rank = None
-                if peer_rank is None:
-                    conn.close()
-                    continue
-                missing.discard(peer_rank)
-                peer = by_rank[peer_rank]
-                peer.sock = conn
-                peer.pid = peer_pid(conn)
-                peer.pid_start = process_start(peer.pid) if peer.pid else None
-                watched[conn] = peer
+                elif sock is hellos.listener:
+                    hellos.accept()
+                elif sock in hellos:
+                    got = hellos.read(sock, _HELLO.size)
+                    if got is None:
+                        continue
+                    # Hung up before a whole hello: not one of ours (a dead peer is checked).
+                    peer_rank = self._accept_hello(sock, got, missing)
+                    if peer_rank is None:
+                        sock.close()
+                        continue
+                    missing.discard(peer_rank)
+                    peer = by_rank[peer_rank]
+                    sock.settimeout(self._left())
+                    peer.sock = sock
+                    peer.pid = peer_pid(sock)
+                    peer.pid_start = process_start(peer.pid) if peer.pid else None
+                    watched[sock] = peer
+
+    def _is_rank(self, pid: int) -> bool:
+        """Whether process ``pid`` is this one or a peer's, as announced."""
+        return pid == os.getpid() or any(p.pid == pid for p in self.wires if p.pid)
 
     def _left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -508,28 +515,27 @@ class _Join:
         """The error of a peer that broke off and told us on a connection not yet accepted.
 
         For a rank that fails because another hung up or stopped listening: the
-        first to give up may have told it why, through its listener (:meth:`break_off`).
+        first to give up may have told it why, through its listener (:meth:`break_off`);
+        all are read at once, for :data:`_TELL_SECONDS` at most in all.
         """
-        listener = self.listener
-        if listener is None:
+        if self.hellos is None:
             return None
-        with contextlib.suppress(OSError, CommError, struct.error):
-            listener.setblocking(False)
-            while True:
-                conn, _ = listener.accept()  # BlockingIOError: none left
-                with conn:
-                    if peer_credentials(conn)[1] != os.geteuid():
-                        continue  # another user's words are not a peer's (Note [segment names])
-                    conn.settimeout(_TELL_SECONDS)  # blocking again, up to that
-                    rank, token, nonce = _HELLO.unpack(recv_exact(conn, _HELLO.size))
-                    data = last_words(conn, _REASON_BYTES + 1, _TELL_SECONDS)
-                    if token == self.token and nonce == self.nonce and data.startswith(b"F"):
-                        name = self.names[rank] if 0 <= rank < self.size else rank
-                        return RendezvousError(
-                            f"rank {self.me}: rank {name} broke off setting up shared memory "
-                            "with this rank: " + data[1:].decode(errors="replace")
-                        )
-        return None
+        got = self.hellos.last_words(
+            _HELLO.size + _REASON_BYTES + 1,
+            _TELL_SECONDS,
+            lambda got, whole: (
+                bool(_telling(got, self.token, self.nonce))
+                or (not whole and len(got) <= _HELLO.size)
+            ),
+        )
+        told = _telling(got, self.token, self.nonce)
+        if told is None:
+            return None
+        rank, why = told
+        name = self.names[rank] if 0 <= rank < self.size else rank
+        return RendezvousError(
+            f"rank {self.me}: rank {name} broke off setting up shared memory with this rank: {why}"
+        )
 
     def break_off(self, error: BaseException) -> None:
         """Tell every peer that this rank gives up, and why, so that none waits for it.
@@ -545,18 +551,16 @@ class _Join:
         if not self.hello:
             return
         reason = b"F" + str(error).encode()[:_REASON_BYTES]
-        if self.listener is not None:  # higher ranks that connected but were not accepted yet
+        deadline, more = time.monotonic() + _TELL_SECONDS, True
+        while self.hellos is not None and more and time.monotonic() < deadline:
+            more = False  # higher ranks not accepted yet (other users' are closed, untold)
             with contextlib.suppress(OSError):
-                self.listener.setblocking(False)
-                while True:
-                    conn, _ = self.listener.accept()  # BlockingIOError: none left
-                    with conn:
-                        if peer_credentials(conn)[1] != os.geteuid():
-                            continue  # why this rank failed is for its peers alone
-                        conn.settimeout(_TELL_SECONDS)
-                        conn.sendall(reason)
-                        discard_input(conn)
-            self._close_listener()
+                more = self.hellos.accept()
+            for conn in self.hellos.close():
+                with conn, contextlib.suppress(OSError):
+                    conn.sendall(reason)  # into an empty buffer: never blocks
+                    discard_input(conn)
+        self._close_listener()
         for p in self.wires:
             with contextlib.suppress(OSError):
                 if p.sock is None:
@@ -607,12 +611,13 @@ class _Join:
         pid, start = visible(proc) or (0, None)
         return f"{self.name}-{rank}-{tail}", int(nbytes), pid, start
 
-    def _accept_hello(self, conn: socket.socket, missing: set[int]) -> int | None:
-        """The rank of a new connection, or None for a stranger (another user, another job)
-        or a rank of another set-up of this job (told so, with ``F`` and why)."""
-        if peer_credentials(conn)[1] != os.geteuid():
+    def _accept_hello(self, conn: socket.socket, hello: bytes, missing: set[int]) -> int | None:
+        """The rank of a new connection that said ``hello``, or None for a stranger (one
+        that hung up before a whole hello, of another job) or a rank of another set-up of
+        this job (told so, with ``F`` and why). Another user's was closed on accepting."""
+        if len(hello) != _HELLO.size:
             return None
-        peer_rank, peer_token, nonce = _HELLO.unpack(recv_exact(conn, _HELLO.size))
+        peer_rank, peer_token, nonce = _HELLO.unpack(hello)
         if peer_token != self.token:
             return None
         if nonce != self.nonce:
@@ -658,6 +663,10 @@ class _Join:
             p.inbound = RingEnd(p.rank, self.rank, slots, slot_bytes)
 
     def _close_listener(self) -> None:
+        if self.hellos is not None:
+            for conn in self.hellos.close():
+                conn.close()
+            self.hellos = None
         if self.listener is not None:
             self.listener.close()
             self.listener = None
@@ -676,3 +685,14 @@ def _absent(me: int, ranks: list[int], what: str, timeout: float) -> StoreTimeou
         f"rank {me}: rank(s) {ranks} did not {what} in the shared-memory rendezvous within "
         f"{timeout:.3g} s: they died or failed in plait.init (see their errors), or stopped"
     )
+
+
+def _telling(got: bytes, token: bytes, nonce: int) -> tuple[int, str] | None:
+    """(rank, why) where ``got`` is a hello of this set-up (``token``, ``nonce``) followed by
+    ``F`` and why its rank broke off; else None."""
+    if len(got) <= _HELLO.size or got[_HELLO.size : _HELLO.size + 1] != b"F":
+        return None
+    rank, their_token, their_nonce = _HELLO.unpack_from(got)
+    if their_token != token or their_nonce != nonce:
+        return None
+    return int(rank), got[_HELLO.size + 1 :].decode(errors="replace")

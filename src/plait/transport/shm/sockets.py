@@ -12,30 +12,12 @@ import socket
 import time
 from collections.abc import Callable
 
-from plait.errors import RendezvousError, TransportError
+from plait.errors import TransportError
 
-__all__ = ["connect", "discard_input", "last_words", "listen", "recv_exact"]
+__all__ = ["connect", "discard_input", "last_words", "listen"]
 
 #: Longest pause between two tries of a connect whose listener's queue is full.
 _MOST_PAUSE = 0.005
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """``n`` bytes from ``sock``.
-
-    Raises:
-        RendezvousError: the peer was silent past the socket's timeout, or hung up.
-    """
-    data = b""
-    while len(data) < n:
-        try:
-            chunk = sock.recv(n - len(data))
-        except TimeoutError:
-            raise RendezvousError("a peer was silent during the shared-memory rendezvous") from None
-        if not chunk:
-            raise RendezvousError("a peer hung up during the shared-memory rendezvous")
-        data += chunk
-    return data
 
 
 def last_words(sock: socket.socket, limit: int, timeout: float) -> bytes:
