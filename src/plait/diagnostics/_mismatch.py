@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from plait.diagnostics._words import call_text as _call_text
+from plait.diagnostics._words import call_text
 from plait.diagnostics._words import is_are as _is
 from plait.diagnostics._words import plural as _plural
 from plait.diagnostics._words import ranks as _ranks
@@ -50,7 +50,7 @@ def first_mismatch(
         here = {r: per[seq] for r, per in calls.items() if seq in per}
         groups: dict[tuple[object, ...], list[int]] = {}
         for r, c in here.items():
-            groups.setdefault(c.signature, []).append(r)
+            groups.setdefault((c.signature, c.within), []).append(r)
         if len(groups) < 2:
             continue
         ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
@@ -74,6 +74,15 @@ def first_mismatch(
                 out.append(hint)
         return out
     return None
+
+
+def _call_text(c: CallRecord, ref: CallRecord | None) -> str:
+    """``allreduce #17 (train.py:42)``, plus the fields that differ from ``ref``'s call; a
+    call within another (``split (its allgather) #1``) by its name where the two differ in
+    that, whatever else differs."""
+    if ref is not None and c.within != ref.within:
+        return c.describe()
+    return call_text(c, ref)
 
 
 # Note [the others]
@@ -121,7 +130,7 @@ def skip_hint(
     def same(x: CallRecord | None, y: CallRecord | None) -> bool | None:
         if x is None or y is None:
             return None
-        return x.signature == y.signature and x.line == y.line
+        return x.signature == y.signature and x.within == y.within and x.line == y.line
 
     unshifted = [same(mine.get(seq + i), theirs.get(seq + i)) for i in (1, 2, 3)]
     if not any(unshifted):
@@ -134,7 +143,7 @@ def skip_hint(
                     seq,
                     tuple(odd),
                     f"{_ranks(odd)} skipped {_plural(k, 'call')}: {them} #{seq} is the others' "
-                    f"#{seq + k} ({c.collective} at {c.where})",
+                    f"#{seq + k} ({c.name} at {c.where})",
                 )
             extra = [same(mine.get(seq + i + k), theirs.get(seq + i)) for i in range(4)]
             if extra[0] and all(v is not False for v in extra):
@@ -143,7 +152,7 @@ def skip_hint(
                     seq,
                     tuple(odd),
                     f"{_ranks(odd)} made {_plural(k, 'extra call')} from #{seq} on "
-                    f"({a.collective} at {a.where}): {them} #{seq + k} is the others' #{seq}",
+                    f"({a.name} at {a.where}): {them} #{seq + k} is the others' #{seq}",
                 )
     if a.stack and b.stack and a.stack[0][:2] == b.stack[0][:2]:
         return None  # one line, different arguments: no branch (sites differ by kind alone)
@@ -160,8 +169,8 @@ def skip_hint(
                 "skipped",
                 seq,
                 tuple(odd),
-                f"{_ranks(odd)} did not make the others' {b.collective} at {b.where} this time "
-                f"({them} last {said} was #{last.seq}) and went on to {a.collective} at "
+                f"{_ranks(odd)} did not make the others' {b.name} at {b.where} this time "
+                f"({them} last {said} was #{last.seq}) and went on to {a.name} at "
                 f"{a.where}: a branch that only some ranks took?",
             )
     return None

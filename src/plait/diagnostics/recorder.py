@@ -3,9 +3,9 @@
 Like torch's flight recorder, it is always on and costs one slot per call: a
 :class:`FlightRecorder` owns a ring of ``capacity`` :class:`Slot` objects,
 all made with it and then reused; a call fills the slot of its number ``seq``
-(place ``seq % capacity``) with its :class:`CallShape` (collective,
-algorithm, count, dtype, op, root and where a call of that shape was first
-made: one object per call shape, made once with its plan) and its start time,
+(place ``seq % capacity``) with its :class:`CallShape` (collective, algorithm,
+count, dtype, op, root, the plait call it is part of, and where a call of that
+shape was first made: one object per call shape, made once with its plan) and its start time,
 and its end stamps the end time and, if it failed, the error. Nothing is
 formatted on the way: objects are kept as given and turned into text only
 when the ring is dumped, so a call allocates nothing but the floats of its
@@ -185,8 +185,8 @@ class CallShape:
     #: Where a call of this shape was first made (:func:`caller_site`), or None: a call
     #: that keeps no stack of its own is shown there in a dump (Note [recorder cost]).
     site: tuple[str, int, str] | None = None
-    #: The plait call this one is part of ("" for a user's call): ``stragglers`` leaves
-    #: its own calls out of what it measures.
+    #: The plait call this one is part of ("" for a user's call; Note [calls within calls]
+    #: in :mod:`plait._request`): dumped, and ``stragglers`` leaves its own calls out.
     within: str = ""
 
     @property
@@ -575,6 +575,7 @@ class FlightRecorder:
             "nbytes": shape.nbytes,
             "op": shape.op_name,
             "root": shape.root,
+            "within": shape.within,
             "state": s.state,
             "queued": self.wall(s.queued) if s.queued else None,
             "start": self.wall(s.start) if s.start else None,

@@ -24,6 +24,10 @@ A dump is one JSON object per communicator and rank, written by
           "seq": 17,                      the call number (equal on every rank for one call)
           "collective": "allreduce", "algorithm": "ring",
           "count": 2, "dtype": "float32", "nbytes": 8, "op": "SUM", "root": 0,
+          "within": "",                   the plait call this one is part of: "split" for
+                                          split's allgather, "bcast_object" for its
+                                          broadcasts, ...; "" for a call of your own (a
+                                          dump without the field: "")
           "state": "running",             queued | running | done | failed
           "queued": null,                 when an async_op=True call was submitted (else null)
           "start": 1764612285.001,        when the rank began the call (wall clock seconds)
@@ -113,6 +117,12 @@ class CallRecord:
     error: str | None
     stack: tuple[tuple[str, int, str], ...]
     site: tuple[str, int, str] | None = None
+    within: str = ""
+
+    @property
+    def name(self) -> str:
+        """``allgather``, or for a call plait makes within another ``split (its allgather)``."""
+        return f"{self.within} (its {self.collective})" if self.within else self.collective
 
     @property
     def in_flight(self) -> bool:
@@ -153,12 +163,12 @@ class CallRecord:
 
     @property
     def signature(self) -> tuple[str, str, int, str, str, int]:
-        """What must be equal on every rank for one call number."""
+        """What must be equal on every rank for one call number, with :attr:`within`."""
         return (self.collective, self.algorithm, self.count, self.dtype, self.op, self.root)
 
     def describe(self) -> str:
-        """``allreduce #17 (train.py:42)``."""
-        return f"{self.collective} #{self.seq} ({self.where})"
+        """``allreduce #17 (train.py:42)``; ``split (its allgather) #3 (train.py:9)``."""
+        return f"{self.name} #{self.seq} ({self.where})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +333,7 @@ def _call(c: Mapping[str, Any]) -> CallRecord:
         error=None if c.get("error") is None else str(c["error"]),
         stack=_stack(c.get("stack", ())),
         site=_site(c.get("site")),
+        within=str(c.get("within") or ""),
     )
 
 
