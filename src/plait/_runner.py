@@ -28,7 +28,7 @@ import numpy as np
 from plait._checks import check_async, check_timeout
 from plait._failures import gave_up
 from plait._request import Plan, Request
-from plait._signature import check_same_call, signature
+from plait._signature import check_call, run_check, signature
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
 from plait.diagnostics.triggers import dump_on_error, stuck_behind
@@ -57,6 +57,7 @@ __all__ = ["CallRunner"]
 
 #: plait's logger: auto's choices and, with PLAIT_DEBUG=detail, every call's signature.
 _log = logging.getLogger("plait")
+Label = tuple[str, str, int]  # a call's collective, algorithm and number (Call.label)
 _monotonic = time.monotonic
 
 
@@ -213,8 +214,8 @@ class CallRunner:
         seconds = (
             self.timeout if timeout is None else check_timeout(timeout, f"rank {self._rank}: {c}")
         )
-        if self.detail:
-            self._verify_same_call(req, seconds, comm)
+        if self.detail and (held := getattr(self._workspaces, "checking", None)) is not None:
+            return run_check(req, *held)  # the check's own allgather (plait._signature)
         # A compressed async allreduce reserved its calls' numbers (see submit_reserved).
         pinned = self._workspaces.pinned if self._reserving else None
         one_sided = plan.schedule.one_sided or plan.schedule.mixed  # it takes an epoch
@@ -230,10 +231,13 @@ class CallRunner:
             if self.closed or self.broken is not None:
                 self.check_usable(c)
             if pinned is None:
-                seq = self.seq
+                seq = wire = self.seq
                 self.seq += 1
+                if self.detail:  # 2n for the check, 2n + 1 (Note [the detail check])
+                    seq, wire = seq >> 1, self.seq
+                    self.seq += 1
             elif pinned:
-                seq = pinned.pop()
+                seq = wire = pinned.pop()
             else:
                 raise InternalError(
                     f"rank {self._rank}: {c}: a compressor made more calls than it reserved"
@@ -251,28 +255,32 @@ class CallRunner:
             _log.debug("rank %d: %s: %s", self._rank, _describe(describe), signature(req))
         rec = self.recorder
         if not async_op:
-            if rec is None:
-                return self._run(req, seq, seconds, describe, None, epoch)
-            slot = rec.ring[seq % rec.capacity]
-            if slot.end == 0.0 or slot.extra:
-                slot = rec.begin(plan.shape, seq, skip)
-            else:
-                # rec.begin for a slot that holds a plain call, written out (Note [recorder cost])
-                slot.seq = seq
-                slot.shape = plan.shape
-                slot.start = _monotonic()
-                slot.end = 0.0  # in flight from here (FlightRecorder.begin says why last)
-            return self._run(req, seq, seconds, describe, slot, epoch)  # which ends the slot
+            slot = None
+            if rec is not None:
+                slot = rec.ring[seq % rec.capacity]
+                if slot.end == 0.0 or slot.extra:
+                    slot = rec.begin(plan.shape, seq, skip)
+                else:  # rec.begin for a slot of a plain call, written out (Note [recorder cost])
+                    slot.seq = seq
+                    slot.shape = plan.shape
+                    slot.start = _monotonic()
+                    slot.end = 0.0  # in flight from here (FlightRecorder.begin says why last)
+            if self.detail:
+                check_call(self, req, wire - 1, seconds, describe, slot, comm)
+            return self._run(req, seq, seconds, describe, slot, epoch, wire)  # ends the slot
         work = Work(f"rank {self._rank}: {_describe(describe)}", comm)
         worker = self._worker.get()  # None once close() has begun
-        # Nothing that can fail comes between begin and the job that ends the slot.
+        # Nothing that can fail comes between begin and the job that ends the slot (the
+        # check ends it where it fails).
         queued = rec.begin(plan.shape, seq, skip, True) if rec is not None else None
+        if self.detail:
+            check_call(self, req, wire - 1, seconds, describe, queued, comm)
 
         def job() -> None:
             try:
                 if queued is not None and rec is not None:
                     rec.started(queued)
-                work._finish(self._run(req, seq, seconds, describe, queued, epoch))
+                work._finish(self._run(req, seq, seconds, describe, queued, epoch, wire))
             except BaseException as exc:
                 work._finish(error=exc)
 
@@ -343,15 +351,19 @@ class CallRunner:
         req: Request,
         seq: int,
         seconds: float,
-        describe: tuple[str, str, int],
+        describe: Label,
         slot: Slot | None,
         epoch: int = -1,
+        wire: int | None = None,
     ) -> Any:
         """Run ``req`` as call number ``seq``; end its recorder ``slot`` on every way out.
 
         ``epoch``: its number among the one-sided calls (-1: not one), which run in
-        that order (an asynchronous one may still be running on the worker).
+        that order (an asynchronous one may still be running on the worker); ``wire``, its
+        number in its tags (None: ``seq``; Note [the detail check] in plait._signature).
         """
+        if wire is None:
+            wire = seq
         rec = self.recorder
         try:
             if epoch >= 0 and self.turn != epoch:
@@ -381,7 +393,7 @@ class CallRunner:
                         Call,
                         (
                             describe,
-                            0 if schedule.one_sided else collective_tag(self._comm_id, seq),
+                            0 if schedule.one_sided else collective_tag(self._comm_id, wire),
                             plan.check,
                             ufunc,
                             # The recorder read the clock as the call began (Note [recorder
@@ -391,7 +403,7 @@ class CallRunner:
                             rec,
                             self.timeline,
                             epoch,
-                            seq,
+                            wire,
                             self._probe_tag,
                         ),
                     )
@@ -428,9 +440,7 @@ class CallRunner:
                 timeline.call(slot, rec)
         return req.result
 
-    def _left(
-        self, exc: BaseException, req: Request, label: tuple[str, str, int], slot: Slot | None
-    ) -> None:
+    def _left(self, exc: BaseException, req: Request, label: Label, slot: Slot | None) -> None:
         """End the slot of call ``label``, which raised ``exc``; an error of this rank's own
         breaks the communicator and is told (Note [errors of a rank's own] in plait._failures)."""
         rec = self.recorder
@@ -441,10 +451,10 @@ class CallRunner:
             self.broken = gave_up(t, r, self._size, self._probe_tag, req, label, exc)
 
     def _failed(
-        self, exc: CommError, req: Request, describe: tuple[str, str, int], slot: Slot | None
+        self, exc: CommError, req: Request, describe: Label, slot: Slot | None, said: bool = False
     ) -> CommError:
-        """What call ``req`` raises after the transport raised ``exc``: the communicator is
-        broken, the recorder's slot ended and dumped, and the message says what it can."""
+        """What call ``req`` raises after ``exc``: the communicator broken, the slot ended and
+        dumped, and the message saying what it can (``said``: it names every call already)."""
         if self.aborted is None and self.hear is not None:
             self.hear()
         if self.aborted is not None:  # every rank is marked before any closes (plait._recovery)
@@ -456,7 +466,7 @@ class CallRunner:
                 exc = found
         self.broken = exc
         notes = []
-        if isinstance(exc, MismatchError):
+        if isinstance(exc, MismatchError) and not said:
             # The transport knows only that the digests differ; this rank knows its call.
             notes.append(f"this rank called {signature(req)}")
             if not self.detail:
@@ -665,7 +675,7 @@ class CallRunner:
             return slot
         return rec.begin(plan.shape, seq, skip + 1)
 
-    def _wait_turn(self, epoch: int, seconds: float, describe: tuple[str, str, int]) -> None:
+    def _wait_turn(self, epoch: int, seconds: float, describe: Label) -> None:
         """Wait until one-sided call ``epoch`` may run: the one before it has finished."""
         with self._gate:
             self._gate_waiters += 1
@@ -676,25 +686,15 @@ class CallRunner:
         if not arrived:
             raise stuck_behind(self.recorder, self._rank, _describe(describe), describe[2], seconds)
 
-    def _verify_same_call(self, req: Request, seconds: float, comm: CollectiveMethods) -> None:
-        """PLAIT_DEBUG=detail: compare every rank's call (:func:`check_same_call`)."""
-        self.detail = False  # the check itself is not checked
-        try:
-            check_same_call(comm, req, seconds, self._rank)
-        finally:
-            with self._lock:  # as _reserve: plain is set under the lock
-                self.detail = True
-                self._replan()
-
 
 _new = tuple.__new__
 _NO_TMP = np.empty(0, np.uint8)  # TMP of a schedule that uses none (nothing reads it)
 
 
-def _describe(label: tuple[str, str, int]) -> str:
+def _describe(label: Label) -> str:
     return f"{label[0]} ({label[1]}, call #{label[2]})"
 
 
-def _label(plan: Plan, seq: int) -> tuple[str, str, int]:
+def _label(plan: Plan, seq: int) -> Label:
     """A call's label (:attr:`Call.label`): its collective, algorithm and number."""
     return (plan.named, plan.shape.algorithm, seq)
