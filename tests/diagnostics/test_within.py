@@ -57,3 +57,22 @@ def test_an_inner_call_against_the_users_own_is_a_mismatch() -> None:
         "rank 1 is in split (its allgather) #1 (train.py:6) while ranks 0, 2 are in "
         "allgather #1 (train.py:8)"
     )
+
+
+def test_analyze_names_the_call_an_unreached_inner_call_is_part_of() -> None:
+    """A rank that never reached a bcast_object's broadcast was said to miss "broadcast":
+    a call the program never made."""
+    from plait.diagnostics.analyze import diagnose
+
+    inner = {"within": "bcast_object"}
+    dumps = []
+    for r in range(3):
+        calls = [call(0), dict(call(1, "broadcast", state="running", end=None), **inner)]
+        calls[1]["waiting_on"] = [2]
+        dumps.append(parse(dump(r, 3, calls)))
+    dumps[2] = parse(dump(2, 3, [call(0)], reason="signal SIGUSR1"))
+    [d] = diagnose(dumps)
+    assert d.findings[0].kind == "never_arrived"
+    assert d.findings[0].message.startswith(
+        "rank 2 never reached call #1 (bcast_object (its broadcast) at train.py:42)"
+    ), d.findings[0].message

@@ -117,14 +117,14 @@ def died(
 
 def call_text(c: CallRecord, ref: CallRecord | None) -> str:
     """``allreduce #17 (train.py:42)``, plus the fields that differ from ``ref``'s call."""
-    if ref is None or ref.collective != c.collective:
+    if ref is None or ref.name != c.name:
         return c.describe()
     diff = [
         f"{name}={getattr(c, name)}"
         for name in ("algorithm", "count", "dtype", "op", "root")
         if getattr(c, name) != getattr(ref, name)
     ]
-    return f"{c.collective} #{c.seq} with {', '.join(diff)} ({c.where})"
+    return f"{c.name} #{c.seq} with {', '.join(diff)} ({c.where})"
 
 
 def clock(t: float | None) -> str:

@@ -432,7 +432,7 @@ def _stuck(
                 "never_arrived",
                 seq,
                 tuple(behind),
-                f"{_ranks(behind)} never reached call #{seq} ({ref.collective} at {ref.where}), "
+                f"{_ranks(behind)} never reached call #{seq} ({ref.name} at {ref.where}), "
                 f"where {_ranks(in_it)} {verb}{wait_text} from {_clock(when)} on: "
                 + "; ".join(parts),
             ),
@@ -518,7 +518,7 @@ def _too_late(blocked: dict[int, CallRecord], in_it: list[int], seq: int) -> lis
             "too_late",
             seq,
             tuple(late),
-            f"{_ranks(late)} reached call #{seq} ({ref.collective} at {ref.where}) only after "
+            f"{_ranks(late)} reached call #{seq} ({ref.name} at {ref.where}) only after "
             f"{_ranks(early)} had given up on it at {_clock(gave_up)}: {'; '.join(parts)}. "
             "What came before the call took longer there than the others' timeout",
         )

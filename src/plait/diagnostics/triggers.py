@@ -31,7 +31,7 @@ from types import FrameType
 from typing import IO, Any
 
 from plait.diagnostics.places import global_rank
-from plait.diagnostics.recorder import FlightRecorder, live_recorders, waiting
+from plait.diagnostics.recorder import CallShape, FlightRecorder, live_recorders, waiting
 from plait.errors import CollectiveTimeout, CommTimeout, MismatchError, PeerLostError
 
 __all__ = [
@@ -63,6 +63,12 @@ _watchdog: Watchdog | None = None  # the process's, from start_watchdog
 #: Seconds after an error's dump in which a dump asked for (a signal, a stall) leaves it be:
 #: the launcher has the ranks dump when one fails, just as they dump the error they met.
 KEEP_ERROR_DUMP = 10.0
+
+
+def named(shape: CallShape) -> str:
+    """A call's collective as errors say it: ``allgather``, or for a call plait makes within
+    another ``split (its allgather)`` (as :attr:`plait.diagnostics.schema.CallRecord.name`)."""
+    return f"{shape.within} (its {shape.collective})" if shape.within else shape.collective
 
 
 def dump_all(reason: str, recorders: list[FlightRecorder] | None = None) -> list[Path]:
@@ -158,7 +164,7 @@ def stuck_behind(
     peers = waiting(before[-1]) if before else []
     if before:
         shape = before[-1].shape
-        text += f", {shape.collective} ({shape.algorithm}, call #{before[-1].seq}),"
+        text += f", {named(shape)} ({shape.algorithm}, call #{before[-1].seq}),"
     text += f" did not finish within {seconds:g} s"
     if not peers:
         return CommTimeout(text)
@@ -332,7 +338,7 @@ class Watchdog:
         if isinstance(slot, str):  # a point-to-point wait
             what = call = slot
         else:
-            call = f"{slot.shape.collective} #{slot.seq}"
+            call = f"{named(slot.shape)} #{slot.seq}"
             what = f"{call} ({slot.shape.algorithm})"
         paths = dump_all(f"stall: {call} in flight for {waited:.0f} s")
         where = paths[0].parent if paths else "nowhere (dump failed)"
