@@ -1,7 +1,7 @@
 """mpi4py's tutorial on buffers (numpy arrays): explicit and automatic datatypes, every
 collective, ``IN_PLACE``, the ``v`` variants, and MAXLOC with (value, index) pairs.
 
-Run with 2 or more ranks: ``plait run -n 4 --mpi4py buffers.py``.
+Run with 2 or more ranks: ``plait run -n 4 --mpi4py examples/mpi4py/buffers.py``.
 """
 
 import numpy as np

@@ -1,7 +1,7 @@
 """Hello world, the first mpi4py tutorial program: every rank says who it is.
 
-mpirun -np 4 python hello.py                 # with mpi4py and an MPI library
-plait run -n 4 --mpi4py hello.py             # the same script, on plait
+mpirun -np 4 python examples/mpi4py/hello.py          # with mpi4py and an MPI library
+plait run -n 4 --mpi4py examples/mpi4py/hello.py      # the same script, on plait
 """
 
 from mpi4py import MPI

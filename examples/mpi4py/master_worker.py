@@ -1,7 +1,7 @@
 """A master-worker queue: rank 0 hands out tasks and takes results as they come, from any
 worker (``ANY_SOURCE``), telling each worker to stop with a tag when the queue is empty.
 
-    plait run -n 4 --mpi4py master_worker.py
+    plait run -n 4 --mpi4py examples/mpi4py/master_worker.py
 """
 
 from mpi4py import MPI

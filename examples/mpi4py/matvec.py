@@ -4,7 +4,7 @@ power iteration for A's largest eigenvalue.
 Each rank holds ``n / size`` rows of A and the same rows of x; the whole of x is assembled
 with Allgather before each product, and norms come from Allreduce.
 
-    plait run -n 4 --mpi4py matvec.py
+    plait run -n 4 --mpi4py examples/mpi4py/matvec.py
 """
 
 import numpy as np

@@ -1,6 +1,6 @@
 """mpi4py's tutorial on Python objects: point to point, blocking and not, and collectives.
 
-Run with 2 or more ranks: ``plait run -n 4 --mpi4py objects.py``.
+Run with 2 or more ranks: ``plait run -n 4 --mpi4py examples/mpi4py/objects.py``.
 """
 
 from mpi4py import MPI

@@ -2,7 +2,7 @@
 across the ranks; the classic MPI program (the number of intervals is broadcast, the partial
 sums reduced).
 
-    plait run -n 4 --mpi4py pi.py 100000
+    plait run -n 4 --mpi4py examples/mpi4py/pi.py 100000
 """
 
 import sys

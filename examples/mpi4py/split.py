@@ -1,6 +1,6 @@
 """Sub-communicators: Split by color and key, Dup, Free, and COMM_NULL for MPI.UNDEFINED.
 
-plait run -n 4 --mpi4py split.py
+plait run -n 4 --mpi4py examples/mpi4py/split.py
 """
 
 import numpy as np
