@@ -145,6 +145,17 @@ def test_sub_group_errors_name_global_ranks() -> None:
     assert passed_by == [0, 1], res.describe()
 
 
+def test_a_rank_outside_a_sub_group_and_one_that_never_comes() -> None:
+    """plait.torch.monitored_barrier on a rank outside its group raised TypeError where
+    torch's returns; a sub-group whose rank never came named it as "rank(s) [1]", the
+    group's number, to global rank 1, and blamed a plait.init the user never called."""
+    cmd = [*PLAIT_RUN, "-n", "3", "--tag-output", str(EXITS), "outside"]
+    res = run_job(cmd, job_env(), timeout=JOB_SECONDS, cwd=ROOT)
+    assert res.returncode == 0, res.describe()
+    passed_by = sorted(int(r) for r in re.findall(r"rank (\d+): outside passed", res.stdout))
+    assert passed_by == [0, 1, 2], res.describe()
+
+
 def torchrun(script: Path, mode: str) -> JobResult:
     """``script mode`` on 2 ranks under torchrun, in a temporary folder of its own."""
     port = free_port_pair()

@@ -11,6 +11,11 @@ Modes (first argument):
                naming the ranks by their global ranks too. Prints ``rank R:
                lost passed``; the ranks leave with ``os._exit`` (the default
                group has lost a rank: nothing more to wait for).
+    outside    three ranks; a rank outside a sub-group calls
+               ``plait.torch.monitored_barrier`` on it (returns, as torch's
+               does) and ``plait.torch.communicator`` (refused, saying so); a
+               sub-group one of whose ranks never comes names it by its global
+               rank too. Prints ``rank R: outside passed``.
     again      ``dist.destroy_process_group()`` and ``init_process_group`` again,
                in several rounds, holding each round's sub-group (of another size
                in the first round): torch gives the new groups the old ones'
@@ -90,6 +95,37 @@ def lost() -> None:
     os._exit(0)
 
 
+def outside() -> None:
+    dist.init_process_group("plait")
+    rank = dist.get_rank()
+    assert dist.get_world_size() == 3
+    pair = dist.new_group([0, 1], backend="plait")
+    # A rank outside the group returns with torch's warning, as from dist.monitored_barrier
+    # (it raised TypeError, calling the default group no plait group).
+    plait.torch.monitored_barrier(group=pair, timeout=timedelta(seconds=30))
+    if rank == 2:
+        said = ("this rank is not in the group",)
+        expect(ValueError, said, lambda: plait.torch.communicator(pair))
+    # Global rank 2 never makes this group: global rank 1, its rank 0, waits for its rank 1,
+    # which its error named as plain "rank(s) [1]" (rank 1 itself?) and blamed plait.init.
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 2:
+        if rank == 1:
+            exc = expect(
+                plait.RendezvousError,
+                ("rank 0 (global rank 1)", "rank(s) [1] (global rank(s) [2])"),
+                lambda: dist.new_group([1, 2], backend="plait", timeout=timedelta(seconds=3)),
+            )
+            notes = "".join(getattr(exc, "__notes__", ()))
+            assert "dist.new_group" in notes, notes
+            store.set("outside-checked", "1")
+        else:
+            dist.new_group([1, 2], backend="plait", timeout=timedelta(seconds=3))
+    store.wait(["outside-checked"], timedelta(seconds=60))
+    print(f"rank {rank}: outside passed", flush=True)
+    os._exit(0)
+
+
 def again() -> None:
     held = []  # each round's sub-group, kept as user code may keep it
     for k in range(ROUNDS):
@@ -111,4 +147,5 @@ def again() -> None:
 
 
 if __name__ == "__main__":
-    {"monitored": monitored, "lost": lost, "again": again}[sys.argv[1]]()
+    modes = {"monitored": monitored, "lost": lost, "outside": outside, "again": again}
+    modes[sys.argv[1]]()

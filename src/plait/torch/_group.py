@@ -15,9 +15,11 @@ from torch.distributed.constants import default_pg_timeout
 
 import plait
 from plait.communicator import default_timeout
+from plait.errors import CommError
 from plait.torch._backend import ProcessGroupPlait
 from plait.torch._convert import seconds
 from plait.torch._store import TorchStore
+from plait.torch._work import globally_named
 
 __all__ = ["communicator", "create_process_group", "monitored_barrier", "plait_group"]
 
@@ -45,15 +47,22 @@ def create_process_group(backend_opts: Any, pg_options: Any) -> ProcessGroupPlai
     store = TorchStore(
         backend_opts.store, call_timeout or default_timeout(), backend_opts.group_size
     )
-    comm = plait.init(
-        rank=backend_opts.group_rank,
-        size=backend_opts.group_size,
-        store=store,
-        timeout=call_timeout,
-    )
-    return ProcessGroupPlait(
-        comm, global_ranks=list(backend_opts.global_ranks_in_group), store=store
-    )
+    ranks = list(backend_opts.global_ranks_in_group)
+    try:
+        comm = plait.init(
+            rank=backend_opts.group_rank,
+            size=backend_opts.group_size,
+            store=store,
+            timeout=call_timeout,
+        )
+    except CommError as exc:  # a sub-group's ranks by their global ranks too, as its calls'
+        named = globally_named(exc, None if ranks == list(range(len(ranks))) else ranks)
+        named.add_note(
+            "plait.init is how the plait backend makes this process group "
+            "(dist.init_process_group, dist.new_group): every rank of the group must call it"
+        )
+        raise named  # noqa: B904 - chained by globally_named()
+    return ProcessGroupPlait(comm, global_ranks=ranks, store=store)
 
 
 def communicator(group: dist.ProcessGroup | None = None) -> plait.Communicator:
@@ -102,6 +111,10 @@ def monitored_barrier(
             that served it); the message says at which step.
         TypeError: the group is not one of the plait backend.
     """
+    if group is not None and dist.distributed_c10d._rank_not_in_group(group):
+        # torch's rule for a group's call on a rank outside it (dist.monitored_barrier too)
+        dist.distributed_c10d._warn_not_in_group("monitored_barrier")
+        return
     pg = plait_group(group, "plait.torch.monitored_barrier")
     pg.monitored_barrier(timeout, wait_all_ranks)
 
@@ -109,6 +122,11 @@ def monitored_barrier(
 def plait_group(group: Any, who: str, hint: str = "") -> ProcessGroupPlait:
     """``group`` (None: the default group) as a "plait" process group, or TypeError from ``who``."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if dist.distributed_c10d._rank_not_in_group(pg):  # what new_group gave a non-member
+        raise ValueError(
+            f"{who}: this rank is not in the group (dist.new_group gave it "
+            "GroupMember.NON_GROUP_MEMBER): only the group's ranks have its communicator"
+        )
     if not isinstance(pg, ProcessGroupPlait):
         raise TypeError(
             f"{who} needs a process group of the 'plait' backend; got {pg!r} "
