@@ -310,11 +310,20 @@ def _rank_of(path: Path) -> str | None:
         doc = _load(path)
     except (OSError, ValueError):
         return None
+    return _rank_in(doc)
+
+
+def _said(doc: dict[str, Any], key: str) -> str | None:
+    """The text a trace's ``otherData`` holds under ``key``, else None."""
     other = doc.get("otherData")
-    name = other.get("name") if isinstance(other, dict) else None
-    if isinstance(name, str) and name.startswith(_RANK_NAME):
-        return name.removeprefix(_RANK_NAME)
-    return None
+    value = other.get(key) if isinstance(other, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _rank_in(doc: dict[str, Any]) -> str | None:
+    """The rank whose own timeline ``doc`` is (its ``otherData`` name), else None."""
+    name = _said(doc, "name")
+    return name.removeprefix(_RANK_NAME) if name and name.startswith(_RANK_NAME) else None
 
 
 def _check_output(paths: Sequence[str | os.PathLike[str]], out: Path) -> None:
@@ -352,27 +361,24 @@ def _merged(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     _check_output(paths, Path(out))
     events: list[dict[str, Any]] = []
     ranks: dict[str, str] = {}  # rank -> the file of its timeline
-    jobs: dict[str, str] = {}  # job -> a file of its
+    first: tuple[str, str] | None = None  # the first job named, and its file
     for p in paths:
         doc = _load(p)
-        other = doc.get("otherData")
-        other = other if isinstance(other, dict) else {}
-        name, job = other.get("name"), other.get("job")
-        if isinstance(name, str) and name.startswith(_RANK_NAME):  # a rank's own timeline
-            rank = name.removeprefix(_RANK_NAME)
+        rank, job = _rank_in(doc), _said(doc, "job")
+        if rank is not None:
             if rank in ranks:  # its events twice, every arrow of its doubled
                 raise ValueError(
                     f"{p}: rank {rank}'s timeline, as is {ranks[rank]}; pass each rank's once"
                 )
             ranks[rank] = str(p)
-        if isinstance(job, str) and job not in jobs:
-            if jobs:  # arrows drawn between two runs' messages
-                seen, where = next(iter(jobs.items()))
+        if job is not None:
+            if first is None:
+                first = (job, str(p))
+            elif job != first[0]:  # arrows drawn between two runs' messages
                 raise ValueError(
-                    f"{p}: a timeline of job {job!r}, and {where} of job {seen!r}; merge the "
-                    "files of one run"
+                    f"{p}: a timeline of job {job!r}, and {first[1]} of job {first[0]!r}; "
+                    "merge the files of one run"
                 )
-            jobs[job] = str(p)
         events.extend(doc["traceEvents"])
     sends: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
     recvs: dict[tuple[int, int, int, int], list[tuple[int, int, float]]] = {}
