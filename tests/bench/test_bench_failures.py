@@ -56,8 +56,9 @@ def test_ranks_that_fail_before_reporting_say_why_without_progress(tmp_path: Pat
 def test_the_timeout_bounds_the_calls_not_the_rendezvous(tmp_path: Path) -> None:
     # --timeout 1e-6 was PLAIT_TIMEOUT, which plait.init read too: every rank failed in
     # the rendezvous (a StoreTimeout) and no call was made. Four ranks on this machine's
-    # cores cannot all arrive together at 20 calls: some call waits, and times out.
-    argv = ["-n", "4", "-s", "4K", "--no-progress", "--iters", "20", "--timeout", "1e-6"]
+    # cores cannot all arrive together at 400 calls: some call waits, and times out (at 20,
+    # all of them once arrived in time, and the run succeeded).
+    argv = ["-n", "4", "-s", "4K", "--no-progress", "--iters", "400", "--timeout", "1e-6"]
     res, doc = bench(argv, tmp_path, fast=False)
     assert res.returncode == 1
     assert "StoreTimeout" not in res.stderr
