@@ -174,6 +174,23 @@ def test_ranks_that_pass_different_calls_all_raise_mismatch(method: str, what: s
             assert "rank 0 passed 100 float32 elements with SUM; rank 1 passed 99" in str(err)
 
 
+def test_a_mismatched_top_k_call_leaves_the_residual_as_it_was() -> None:
+    """Top-k kept the residual of a call that then failed its header check: the entries it
+    had picked to send were taken out of the residual though no rank added them."""
+
+    def body(comm: plait.Communicator) -> bool:
+        t = TopK(0.1)
+        c = t.with_key("g")
+        x = np.random.default_rng(comm.rank).standard_normal(100)
+        comm.allreduce(x, plait.SUM, compression=c)
+        before = t._state(comm, "g", x).copy()
+        with pytest.raises(MismatchError):
+            comm.allreduce(2 * x, plait.AVG if comm.rank else plait.SUM, compression=c)
+        return bool(np.array_equal(t._state(comm, "g", x), before))
+
+    assert run_ranks(2, body) == [True, True]
+
+
 def test_the_mismatch_names_the_ranks_that_passed_each_call() -> None:
     def body(comm: plait.Communicator) -> None:
         n = 10 if comm.rank == 1 else 12

@@ -147,7 +147,6 @@ class TopK(Compressor):
             if self.error_feedback:
                 acc[idx] -= vals.astype(wd)  # what the wire lost in x's dtype stays too
                 acc[~np.isfinite(acc)] = 0
-                self._store(comm, key, x, acc.reshape(x.shape))
 
         index_dtype = np.dtype(np.uint32) if count <= 1 << 32 else np.dtype(np.uint64)
         h = HEADER_BYTES  # the call's header first (Note [call headers] in ...compression.base)
@@ -158,6 +157,8 @@ class TopK(Compressor):
         mine[h + ib :] = vals.view(np.uint8)
         rows = comm.allgather(mine, timeout=timeout)
         check_headers(rows, comm, self.name)
+        if self.error_feedback:  # kept once the call has gone through: a failed one changes nothing
+            self._store(comm, key, x, acc.reshape(x.shape))
 
         out = np.zeros(count, wd)
         with np.errstate(over="ignore", invalid="ignore"):
