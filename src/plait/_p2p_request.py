@@ -522,7 +522,9 @@ def wait_all(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
     reqs = _check_requests(requests, c)
     if not reqs:
         return []
-    seconds = max(r._timeout for r in reqs) if timeout is None else check_timeout(timeout, c)
+    seconds = (
+        max(r._timeout for r in reqs) if timeout is None else check_timeout(timeout, c, poll=True)
+    )
     deadline = time.monotonic() + seconds
     for r in reqs:
         r._wait_until(deadline)
@@ -558,7 +560,9 @@ def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
     reqs = _check_requests(requests, c)
     if not reqs:
         raise ValueError(f"{c}: no requests to wait for")
-    seconds = max(r._timeout for r in reqs) if timeout is None else check_timeout(timeout, c)
+    seconds = (
+        max(r._timeout for r in reqs) if timeout is None else check_timeout(timeout, c, poll=True)
+    )
     for i, r in enumerate(reqs):
         if r.done():
             return i
@@ -573,12 +577,16 @@ def wait_any(requests: Sequence[Request[Any]], *, timeout: float | None = None) 
     t = reqs[0]._transport
     handles = [r._handle for r in reqs if r._handle is not None]
     deadline = time.monotonic() + seconds
+    looked = False
     while True:
         for i, r in enumerate(reqs):
             if r.done():
                 return i
         left = deadline - time.monotonic()
-        if left <= 0 or not t.wait_any(handles, left):
+        if left <= 0 and not looked:
+            left = 0.0  # a wait of 0 (or one whose deadline passed) looks once, as test()
+        looked = True
+        if left < 0 or not t.wait_any(handles, left) or left == 0:
             for i, r in enumerate(reqs):
                 if r.done():
                     return i

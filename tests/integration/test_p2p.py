@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -331,6 +332,28 @@ def test_wait_any_returns_requests_as_they_complete() -> None:
         return None
 
     assert run_ranks(4, body)[0] == [3, 2, 1]
+
+
+def test_wait_all_and_wait_any_take_a_timeout_of_0_as_a_poll() -> None:
+    """As a request's wait(0) and concurrent.futures.wait(timeout=0): they look once (they
+    refused 0 as not positive)."""
+
+    def body(comm: plait.Communicator) -> Any:
+        peer = 1 - comm.rank
+        pending = comm.irecv(np.empty(1, np.int64), peer, tag=3)
+        for wait in (plait.wait_all, plait.wait_any):
+            with pytest.raises(plait.CommTimeout, match="within 0 s"):
+                wait([pending], timeout=0)
+        comm.send(np.array([comm.rank]), peer, tag=4)
+        got = comm.irecv(np.empty(1, np.int64), peer, tag=4)
+        got._wait_until(time.monotonic() + 30)  # arrived: a look of 0 s now finds it done
+        assert plait.wait_any([pending, got], timeout=0) == 1
+        assert int(plait.wait_all([got], timeout=0)[0][0]) == peer
+        comm.sendrecv(np.array([0]), peer, np.empty(1, np.int64), peer, sendtag=5, recvtag=5)
+        comm.send(np.array([7]), peer, tag=3)  # both have looked: now it may come
+        return int(pending.wait()[0])
+
+    assert run_ranks(2, body) == [7, 7]
 
 
 def test_a_lost_peer_fails_only_the_requests_that_need_it() -> None:
