@@ -235,6 +235,30 @@ def test_work_over_a_lane_completes_future_and_raises_plaits_error() -> None:
         lane.stop(10)
 
 
+def test_ctrl_c_in_a_works_wait_is_a_keyboard_interrupt() -> None:
+    """gloo's wait lets Ctrl-C by; plait's turned it into a CommTimeout (an Exception, so
+    `except Exception` swallowed it) that said "within None s"."""
+    lane = Lanes("test-lane")
+    release = threading.Event()
+    try:
+        task = lane.submit(0, "slow", lambda: release.wait(30))
+
+        class Interrupted:
+            def wait(self, timeout: float | None = None) -> None:
+                raise KeyboardInterrupt
+
+            def done(self) -> bool:
+                return task.done()
+
+        work = PlaitWork("rank 0: test", [Interrupted()], [], timeout=30)  # type: ignore[list-item]
+        with pytest.raises(KeyboardInterrupt):
+            work.wait()
+        assert not work.is_completed()
+    finally:
+        release.set()
+        lane.stop(10)
+
+
 def test_reworded_argument_errors_and_plaits_own() -> None:
     """A late argument error is raised in the caller's terms, once; plait's own pass unchanged."""
     lane = Lanes("test-lane")

@@ -576,8 +576,10 @@ class PlaitWork(dist.Work):
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:
                     p.wait(left)
-                except BaseException:
+                except BaseException as exc:
                     if not p.done():  # wait()'s own timeout: the call goes on
+                        if not isinstance(exc, Exception):
+                            raise  # Ctrl-C in the wait is the user's, as gloo's wait lets it by
                         raise CommTimeout(
                             f"{self._describe}: Timed out: it did not finish within {timeout} s "
                             "of wait(); it goes on"
