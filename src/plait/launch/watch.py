@@ -145,22 +145,39 @@ def _first_failure(failed: Sequence[RankProcess], relay: Relay) -> RankProcess:
     return min(failed, key=key)
 
 
+def _chain(tb: Traceback, keep: Callable[[str], bool]) -> list[str]:
+    """The lines of ``tb``'s chain, its first exception's and its last's, whose exception
+    ``keep`` takes: a rank that wraps plait's error in its own (``raise RuntimeError(...)
+    from exc``) failed of the first all the same, and one that raised a plait error while
+    handling another still says what it met last."""
+    lines = [tb.first_line] if tb.first is not None and keep(tb.first) else []
+    if tb.last is not None and keep(tb.last) and tb.last_line not in lines:
+        lines.append(tb.last_line)
+    return lines
+
+
 def _lost_named(tb: Traceback) -> set[int]:
     """The ranks of the job that a PeerLostError of ``tb`` (the first of its chain, or the
     last) names (plait.launch.relay.named_ranks): the peers it lost, where the rank failed of
     one or raised it last. Of no other error: a timeout's or an abort's may still run."""
-    lines = [tb.first_line] if tb.first is not None and _short(tb.first) == "PeerLostError" else []
-    if tb.last is not None and _short(tb.last) == "PeerLostError":
-        lines.append(tb.last_line)
+    lines = _chain(tb, lambda name: _short(name) == "PeerLostError")
     return set().union(*map(named_ranks, lines))
 
 
-def _left_elsewhere(joining: Joining, line: str, mine: Collection[int]) -> tuple[int, str] | None:
-    """Another host's rank that ``line`` (a symptom's error) names and that its launcher
-    filed as having exited before it joined ``plait.init``, and how it ended; the lowest of
-    them, or None. Only its own host saw it exit (Note [ranks that never joined] in
-    plait.rendezvous.lost)."""
-    named = named_ranks(line)
+def _symptom_named(tb: Traceback) -> set[int]:
+    """The ranks of the job that a symptom of ``tb`` (a plait error a rank meets when a peer
+    failed first, relay.is_symptom; the first of its chain, or the last) names."""
+    return set().union(*map(named_ranks, _chain(tb, is_symptom)))
+
+
+def _left_elsewhere(
+    joining: Joining, tb: Traceback, mine: Collection[int]
+) -> tuple[int, str] | None:
+    """Another host's rank that a symptom of ``tb`` names (:func:`_symptom_named`) and that
+    its launcher filed as having exited before it joined ``plait.init``, and how it ended;
+    the lowest of them, or None. Only its own host saw it exit (Note [ranks that never
+    joined] in plait.rendezvous.lost)."""
+    named = _symptom_named(tb)
     away = joining.left_elsewhere(sorted(named - set(mine)))
     return min(away.items()) if away else None
 
@@ -197,12 +214,12 @@ def _ended_well(
 def _left_early(
     ranks: Sequence[RankProcess], first: RankProcess, tb: Traceback
 ) -> list[RankProcess]:
-    """Ranks that exited with 0 before ``first`` failed, where its error is a PeerLostError
-    that names them: a rank that returns early is a peer lost to those still in a call
-    with it, and the rank that raised first was not the cause."""
-    if first.exit is None or tb.last is None or not tb.last.endswith("PeerLostError"):
+    """Ranks that exited with 0 before ``first`` failed, where a PeerLostError of its chain
+    names them (:func:`_lost_named`): a rank that returns early is a peer lost to those
+    still in a call with it, and the rank that raised first was not the cause."""
+    named = _lost_named(tb)
+    if first.exit is None or not named:
         return []
-    named = named_ranks(tb.last_line)
     return [
         r
         for r in ranks
@@ -213,19 +230,19 @@ def _left_early(
 def _never_joined(
     never: Sequence[RankProcess], first: RankProcess, tb: Traceback, joining: Joining | None
 ) -> RankProcess | None:
-    """The rank that started the failure where ``first`` failed of a plait error (a symptom)
-    that names a rank of ``never`` (ranks that exited before they joined ``plait.init``,
-    filed for the others): the first of those by time, if ``first`` itself joined
-    ``plait.init`` in the job's store, else None (Note [ranks that never joined] in
-    plait.rendezvous.lost).
+    """The rank that started the failure where ``first`` failed of a plait error (a symptom,
+    the first of its chain or the last: :func:`_symptom_named`) that names a rank of
+    ``never`` (ranks that exited before they joined ``plait.init``, filed for the others):
+    the first of those by time, if ``first`` itself joined ``plait.init`` in the job's
+    store, else None (Note [ranks that never joined] in plait.rendezvous.lost).
 
     ``first`` must have joined: a rank that meets its peers through another store (the
     torch backend, in torch's) leaves no claim in the job's, and a rank of its that
     exited with 0 after its work would be taken for one that never started.
     """
-    if first.exit is None or tb.last is None or joining is None:
+    if first.exit is None or joining is None:
         return None
-    said = named_ranks(tb.last_line)
+    said = _symptom_named(tb)
     named = [r for r in never if r.exit is not None and r.exit[1] <= first.exit[1]]
     named = [r for r in named if r.rank in said]
     if not named or not joining.joined(first.rank):
@@ -588,8 +605,8 @@ def watch(
     filing = (kind, cause.rank, said)
     if early is None and kind == _SYMPTOM and not hung and elsewhere is not None:
         away = None  # the same, of a rank of another host that its launcher filed
-        if joining is not None and tb.last is not None and joining.joined(first.rank):
-            away = _left_elsewhere(joining, tb.last_line, by_rank)
+        if joining is not None and joining.joined(first.rank):
+            away = _left_elsewhere(joining, tb, by_rank)
         if away is not None:
             filing = (_EXIT, away[0], f"{away[1]} (the others waited there)")
     settle = elsewhere is not None and ticket is not None and elsewhere.file(ticket, *filing)
