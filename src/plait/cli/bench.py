@@ -23,7 +23,8 @@ reference outside the timed loop). --compare runs the same sweep through Open
 MPI (mpi4py; shared memory and TCP) and the gloo backend of torch.distributed
 where they are installed; --limits measures the machine's memory and loopback
 bandwidth. The exit code is 1 if plait failed or returned a wrong element,
-2 if the options were refused (before any rank starts). An algorithm a
+2 if the options, or a PLAIT_* setting the ranks read, were refused (before
+any rank starts, as plait run refuses such a setting). An algorithm a
 transport cannot run (a one-sided one over tcp) fails in its own series.
 plait sim takes the same options for the same things. See docs/bench.md.
 """
@@ -171,8 +172,12 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     from plait.bench import options
     from plait.bench.loop import op_by_name
     from plait.bench.runner import transports as known_transports
+    from plait.cli.run import settings_problem
 
     _check_numbers(args)
+    problem = settings_problem({"PLAIT_TRANSPORT"})  # -t sets it for each series
+    if problem is not None:  # else every rank of every series raised it
+        _usage(args, problem)
     try:
         args.collective = options.resolve_collective(args, _COLLECTIVE)
         args.begin, args.end, args.factor, sizes = options.resolve_sizes(

@@ -23,7 +23,9 @@ scripts run unchanged without MPI (docs/mpi.md, "plait.mpi").
 Every word from W (or MODULE) on belongs to the rank, as with python and mpirun: give plait
 run's own options before it. The script, or the command's program (and the script of a
 ``python X.py`` command), is checked once before any rank starts: if it is missing, plait run
-says so once and exits with code 2.
+says so once and exits with code 2. So are the PLAIT_* settings the ranks read (PLAIT_TIMEOUT,
+PLAIT_RULES, PLAIT_SHM_WINDOW and the like): a bad one is said once, as a rank would say it,
+where every rank would have raised it (plait bench and plait tune check them so too).
 
 One launcher runs per host. The launcher of node 0 hosts the built-in TCP
 store that the ranks rendezvous through; every rank gets its identity in the
@@ -97,14 +99,14 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from plait.errors import RendezvousError
 from plait.launch import TRANSPORTS, Job, StartError, launch, module_command
 from plait.launch.starting import CANNOT_START
 
-__all__ = ["add_arguments", "main", "rank_command"]
+__all__ = ["add_arguments", "main", "rank_command", "settings_problem"]
 
 _PYTHON = re.compile(r"python[\d.]*")
 
@@ -415,43 +417,92 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _check_settings(args: argparse.Namespace) -> None:
-    """Settings the launcher or its ranks read, checked before any rank starts: a bad one
-    was a traceback of the launcher's store, or the same error from every rank (those an
-    option of the launcher replaces are not read)."""
+    """The settings :func:`settings_problem` checks, before any rank starts (those an option
+    of the launcher replaces are not read)."""
+    replaced = {"PLAIT_TRANSPORT"} if args.transport is not None else set()
+    if args.timeout is not None:
+        replaced.add("PLAIT_TIMEOUT")
+    if getattr(args, "stall_timeout", None) is not None:
+        replaced.add("PLAIT_STALL_TIMEOUT")
+    problem = settings_problem(replaced)
+    if problem is not None:
+        _usage_error(problem)
+
+
+def settings_problem(replaced: Collection[str] = ()) -> str | None:
+    """What is wrong with a PLAIT_* setting that a job's ranks or its launcher read, or None.
+
+    plait run, plait bench and plait tune ask before any rank starts: a bad setting was a
+    traceback of the launcher's store, or the same traceback from every rank. Each setting
+    is read with the function the library reads it with, so that the message is the one a
+    rank would give. ``replaced``: the settings an option of the command sets for the ranks
+    instead (``PLAIT_TIMEOUT`` for ``plait run --timeout``), which are not read.
+    """
     from plait._checks import env_switch
+    from plait._net import parse_ifname
     from plait.communicator import default_timeout
+    from plait.diagnostics.recorder import _env_int as recorder_setting
     from plait.diagnostics.triggers import stall_timeout_from_env
     from plait.rendezvous._tcp_wire import max_value_bytes
+    from plait.selection import rules_file
     from plait.selection.overrides import overrides
+    from plait.transport.base import spin_seconds
     from plait.transport.shm.bootstrap import JOB_RE
+    from plait.transport.shm.window import window_bytes
+    from plait.transport.tcp import _streams_from
 
-    checks: list[Callable[[], object]] = [
-        max_value_bytes,
-        overrides,
-        lambda: env_switch(os.environ, "PLAIT_RECOVERY", True),
-        lambda: env_switch(os.environ, "PLAIT_BIND", True),
-    ]
-    if args.timeout is None:
-        checks.append(default_timeout)
-    if getattr(args, "stall_timeout", None) is None:
-        checks.append(stall_timeout_from_env)
-    for check in checks:
+    def transport() -> None:
+        name = os.environ.get("PLAIT_TRANSPORT", "").strip()
+        if name and name.lower() not in TRANSPORTS:
+            raise ValueError(
+                f"PLAIT_TRANSPORT={name!r} is not a transport; expected one of "
+                f"{', '.join(TRANSPORTS)}"
+            )
+
+    def job_id() -> None:
+        job = os.environ.get("PLAIT_JOB_ID", "")
+        if job and not JOB_RE.fullmatch(job):
+            raise ValueError(
+                f"PLAIT_JOB_ID={job!r} cannot name the job: expected 1 to 64 of A-Z, a-z, "
+                "0-9, '_', '.' and '-'"
+            )
+
+    def interfaces() -> None:
+        spec = os.environ.get("PLAIT_SOCKET_IFNAME")
+        if spec:  # as plait.transport.tcp.interfaces reads it: empty is unset
+            try:
+                parse_ifname(spec)
+            except ValueError as exc:
+                raise ValueError(f"PLAIT_SOCKET_IFNAME: {exc}") from None
+
+    # Not here: PLAIT_DEBUG and PLAIT_TIMELINE_EVENTS, read within the Communicator's and
+    # Timeline.from_env's own code, which no function of their own could be asked.
+    checks: dict[str, Callable[[], object]] = {
+        "PLAIT_TIMEOUT": default_timeout,
+        "PLAIT_STALL_TIMEOUT": stall_timeout_from_env,
+        "PLAIT_STORE_MAX_VALUE": max_value_bytes,
+        "PLAIT_ALGO": overrides,
+        "PLAIT_RULES": rules_file.load,
+        "PLAIT_RECOVERY": lambda: env_switch(os.environ, "PLAIT_RECOVERY", True),
+        "PLAIT_BIND": lambda: env_switch(os.environ, "PLAIT_BIND", True),
+        "PLAIT_RECORDER_SIZE": lambda: recorder_setting("PLAIT_RECORDER_SIZE", 0),
+        "PLAIT_RECORDER_STACK": lambda: recorder_setting("PLAIT_RECORDER_STACK", 0),
+        "PLAIT_SHM_WINDOW": window_bytes,
+        "PLAIT_SHM_SPIN": lambda: spin_seconds("PLAIT_SHM_SPIN", 0.0),
+        "PLAIT_TCP_SPIN": lambda: spin_seconds("PLAIT_TCP_SPIN", 0.0),
+        "PLAIT_TCP_STREAMS": lambda: _streams_from(None),
+        "PLAIT_SOCKET_IFNAME": interfaces,
+        "PLAIT_TRANSPORT": transport,
+        "PLAIT_JOB_ID": job_id,
+    }
+    for name, check in checks.items():
+        if name in replaced:
+            continue
         try:
             check()
         except ValueError as exc:
-            _usage_error(str(exc))
-    transport = os.environ.get("PLAIT_TRANSPORT", "").strip()
-    if args.transport is None and transport and transport.lower() not in TRANSPORTS:
-        _usage_error(
-            f"PLAIT_TRANSPORT={transport!r} is not a transport; expected one of "
-            f"{', '.join(TRANSPORTS)}"
-        )
-    job = os.environ.get("PLAIT_JOB_ID", "")
-    if job and not JOB_RE.fullmatch(job):
-        _usage_error(
-            f"PLAIT_JOB_ID={job!r} cannot name the job: expected 1 to 64 of A-Z, a-z, 0-9, "
-            "'_', '.' and '-'"
-        )
+            return str(exc)
+    return None
 
 
 def _mpi4py_env() -> dict[str, str]:

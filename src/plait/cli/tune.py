@@ -25,6 +25,9 @@ window (one host over shared memory, plait run's default; --transport tcp
 shows a job without one), the profile and the built-in rules, with the
 entries of the first two and, per call, the algorithm, its segment size and
 who decided.
+
+A PLAIT_* setting the measurement's ranks could not read (PLAIT_TIMEOUT=abc) is
+refused before they start, as plait run refuses it: one line, exit code 2.
 """
 
 # The docstring above is `plait tune --help`: plain text, no reStructuredText markup.
@@ -276,6 +279,12 @@ def _problem(args: argparse.Namespace) -> str | None:
         return f"--hosts {args.hosts} must divide -n {args.nproc}"
     if not args.timeout > 0:  # NaN too
         return f"--timeout must be a number of seconds > 0, not {args.timeout}"
+    if not args.show:  # its plait run would refuse them, below a line of its own
+        from plait.cli.run import settings_problem
+
+        problem = settings_problem({"PLAIT_TRANSPORT"})  # each measurement sets it
+        if problem is not None:
+            return problem
     if args.output is not None and not args.show:  # refused before the measurement, as bench's
         from plait.bench.options import check_outputs
 
