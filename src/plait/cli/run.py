@@ -236,7 +236,15 @@ def _check_program(word: str) -> None:
     if shutil.which(word) is None:
         if os.sep in word:
             state = "is not executable" if os.path.exists(word) else "does not exist"
+            state = "is a directory" if os.path.isdir(word) else state
             _usage_error(f"cannot run {word}: it {state}")
+        if os.path.isfile(word) and os.access(word, os.X_OK):
+            # As a shell runs it, a word without a / is looked for on PATH alone, never in
+            # the current directory: the program here is not the one named.
+            _usage_error(
+                f"command not found: {word}: it is not on PATH; to run the file {word} of "
+                f"this directory, give it as .{os.sep}{word}"
+            )
         if os.path.isfile(word):  # here, but not a program: a script to give without --
             _usage_error(
                 f"cannot run {word} as a command: it is not executable (a Python script "
