@@ -9,10 +9,12 @@ runs and is not a zombie.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import socket
+import sys
 import threading
 from typing import NamedTuple
 
@@ -136,7 +138,7 @@ def die_with_launcher(launcher: str | None) -> bool:
         if not _ancestor(pid):
             if not _gone_since(pid):
                 return False  # someone else's launcher (a variable inherited from afar)
-            os.kill(os.getpid(), signal.SIGTERM)  # it died before this rank asked: as if now
+            _end_without(pid)  # it died before this rank asked: as if now
             return True
         if not _watch(pid):
             return False
@@ -151,8 +153,23 @@ def die_with_launcher(launcher: str | None) -> bool:
     except (OSError, AttributeError):
         return False
     if os.getppid() != pid:  # it died before the request: as if just now
-        os.kill(os.getpid(), signal.SIGTERM)
+        _end_without(pid)
     return True
+
+
+def _end_without(pid: int) -> None:
+    """End this process with SIGTERM, as the end of its launcher ``pid`` would have, where
+    the launcher had gone before the process asked to die with it; say so first, for
+    otherwise it ends without a word (a PLAIT_LAUNCHER_PID left in the environment of a
+    process no launcher started, say)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr closed, or None
+        sys.stderr.write(
+            f"plait: the launcher that PLAIT_LAUNCHER_PID names (pid {pid}) is gone, so this "
+            "process ends (SIGTERM), as its ranks do; unset PLAIT_LAUNCHER_PID if plait run "
+            "did not start it\n"
+        )
+        sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _gone_since(pid: int) -> bool:
@@ -172,13 +189,13 @@ def _watch(pid: int) -> bool:
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:  # it died (and was reaped) since: as if just now
-        os.kill(os.getpid(), signal.SIGTERM)
+        _end_without(pid)
         return True
     except (AttributeError, OSError):  # no pidfd (Linux < 5.3)
         return False
     if not _ancestor(pid):  # it exited, and another process took its pid, before the open
         os.close(fd)
-        os.kill(os.getpid(), signal.SIGTERM)
+        _end_without(pid)
         return True
     me = os.getpid()
 
