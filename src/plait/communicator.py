@@ -103,6 +103,21 @@ _SMALLEST_WINDOW = 2 * 32
 DEFAULT_TIMEOUT = 300.0
 
 
+def debug_level() -> str:
+    """PLAIT_DEBUG's level: ``info``, ``detail``, or ``""`` where it is unset, 0 or off.
+
+    Raises:
+        ValueError: PLAIT_DEBUG names no level (a typo must not pass unseen).
+    """
+    debug = os.environ.get("PLAIT_DEBUG", "").strip().lower()
+    if debug not in ("", "0", "off", "info", "detail"):
+        raise ValueError(
+            f"PLAIT_DEBUG={os.environ['PLAIT_DEBUG']!r} is not a level; expected info or "
+            "detail (or 0, off, unset: neither)"
+        )
+    return debug if debug in ("info", "detail") else ""
+
+
 def default_timeout() -> float:
     """PLAIT_TIMEOUT's seconds if it is set, else :data:`DEFAULT_TIMEOUT`.
 
@@ -200,13 +215,11 @@ class Communicator(PointToPointMethods, ObjectMethods):
         self._comm_id = _comm_id
         claim_comm_id(transport, _comm_id)  # a split's group takes another (plait.group)
         # PLAIT_DEBUG=detail: compare every call's full signature across ranks first, and log it.
-        debug = os.environ.get("PLAIT_DEBUG", "").strip().lower()
-        if debug not in ("", "0", "off", "info", "detail"):  # a typo must not pass unseen
+        try:
+            debug = debug_level()
+        except ValueError:
             transport.close()
-            raise ValueError(
-                f"PLAIT_DEBUG={os.environ['PLAIT_DEBUG']!r} is not a level; expected info or "
-                "detail (or 0, off, unset: neither)"
-            )
+            raise
         # PLAIT_DEBUG=info (or detail): log each choice auto makes, once per call shape.
         self._log_choices = debug in ("info", "detail")
         if self._log_choices:

@@ -29,6 +29,8 @@ BAD = [
     ("PLAIT_TCP_SPIN", "-1", "PLAIT_TCP_SPIN='-1' must be a number of microseconds >= 0"),
     ("PLAIT_TCP_STREAMS", "x", "PLAIT_TCP_STREAMS='x' is not an integer"),
     ("PLAIT_SOCKET_IFNAME", " ", "PLAIT_SOCKET_IFNAME: interface list ' ' names no interface"),
+    ("PLAIT_DEBUG", "1", "PLAIT_DEBUG='1' is not a level; expected info or detail"),
+    ("PLAIT_TIMELINE_EVENTS", "0", "PLAIT_TIMELINE_EVENTS must be a positive integer; got '0'"),
 ]
 
 

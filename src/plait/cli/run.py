@@ -448,8 +448,9 @@ def settings_problem(replaced: Collection[str] = ()) -> str | None:
     """
     from plait._checks import env_switch
     from plait._net import parse_ifname
-    from plait.communicator import default_timeout
+    from plait.communicator import debug_level, default_timeout
     from plait.diagnostics.recorder import _env_int as recorder_setting
+    from plait.diagnostics.timeline import events_limit
     from plait.diagnostics.triggers import stall_timeout_from_env
     from plait.rendezvous._tcp_wire import max_value_bytes
     from plait.selection import rules_file
@@ -483,8 +484,6 @@ def settings_problem(replaced: Collection[str] = ()) -> str | None:
             except ValueError as exc:
                 raise ValueError(f"PLAIT_SOCKET_IFNAME: {exc}") from None
 
-    # Not here: PLAIT_DEBUG and PLAIT_TIMELINE_EVENTS, read within the Communicator's and
-    # Timeline.from_env's own code, which no function of their own could be asked.
     checks: dict[str, Callable[[], object]] = {
         "PLAIT_TIMEOUT": default_timeout,
         "PLAIT_STALL_TIMEOUT": stall_timeout_from_env,
@@ -501,6 +500,8 @@ def settings_problem(replaced: Collection[str] = ()) -> str | None:
         "PLAIT_TCP_STREAMS": lambda: _streams_from(None),
         "PLAIT_SOCKET_IFNAME": interfaces,
         "PLAIT_TRANSPORT": transport,
+        "PLAIT_DEBUG": debug_level,
+        "PLAIT_TIMELINE_EVENTS": events_limit,
         "PLAIT_JOB_ID": job_id,
     }
     for name, check in checks.items():

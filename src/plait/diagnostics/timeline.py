@@ -83,6 +83,20 @@ _by_path: dict[tuple[str, int], Timeline] = {}
 _by_path_lock = threading.Lock()
 
 
+def events_limit() -> int:
+    """PLAIT_TIMELINE_EVENTS: the events a timeline keeps (:data:`DEFAULT_EVENTS` if unset).
+
+    Raises:
+        ValueError: it is not a positive integer.
+    """
+    text = os.environ.get("PLAIT_TIMELINE_EVENTS", "").strip()
+    if not text:
+        return DEFAULT_EVENTS
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"PLAIT_TIMELINE_EVENTS must be a positive integer; got {text!r}")
+    return int(text)
+
+
 def rank_path(template: str | os.PathLike[str], rank: int) -> Path:
     """Rank ``rank``'s file: ``{rank}`` replaced, else ``.rank<r>`` before the suffix."""
     text = str(template)
@@ -130,12 +144,7 @@ class Timeline:
         template = os.environ.get("PLAIT_TIMELINE", "").strip()
         if not template:
             return None
-        text = os.environ.get("PLAIT_TIMELINE_EVENTS", "").strip()
-        limit = DEFAULT_EVENTS
-        if text:
-            if not (text.isascii() and text.isdigit()) or int(text) < 1:
-                raise ValueError(f"PLAIT_TIMELINE_EVENTS must be a positive integer; got {text!r}")
-            limit = int(text)
+        limit = events_limit()
         key = (template, rank)
         with _by_path_lock:
             tl = _by_path.get(key)
