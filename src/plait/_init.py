@@ -133,7 +133,7 @@ class LaunchInfo:
             or None when the environment does not tell.
         store_is_server: this process serves the ``tcp://`` store (rank 0, with
             MASTER_ADDR).
-        job_id: the launcher's id of the job, if any.
+        job_id: the job's id, if any: PLAIT_JOB_ID where set, else the launcher's.
         local_size: ranks on this host, if the launcher says.
         store_is_temp: ``store_url`` is a directory plait names in the temp dir;
             :func:`init` appends ``-<n>`` for its n-th call and deletes the
@@ -344,6 +344,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """
     env = dict(os.environ if env is None else env)
     url = env.get("PLAIT_STORE", "").strip() or None
+    own = env.get("PLAIT_JOB_ID", "").strip() or None  # names the job under every launcher
     if _given(env, "PLAIT_RANK"):
         rank, size, local, local_size = _identity(
             env, ("PLAIT_RANK",), ("PLAIT_SIZE",), ("PLAIT_LOCAL_RANK",), ("PLAIT_LOCAL_SIZE",)
@@ -359,7 +360,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
             local,
             url,
             by_rank0 and rank == 0,
-            env.get("PLAIT_JOB_ID") or None,
+            own,
             local_size,
             store_by_rank0=by_rank0,
         )
@@ -391,7 +392,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
                 local,
                 url,
                 by_rank0 and rank == 0,
-                job,
+                own or job,
                 local_size=local_size,
                 store_is_temp=temp,
                 store_by_rank0=by_rank0,
@@ -409,7 +410,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
             local,
             url,
             by_rank0 and rank == 0,
-            env.get("TORCHELASTIC_RUN_ID", "").strip() or None,
+            own or env.get("TORCHELASTIC_RUN_ID", "").strip() or None,
             local_size=local_size,
             store_by_rank0=by_rank0,
         )
@@ -597,7 +598,7 @@ def init(
     # Under plait run, rank r is job rank r: a rank the launcher saw die is filed where
     # the start-up waits look (Note [lost ranks] in plait.rendezvous.lost).
     job_ranks = from_env and info.launcher == "plait" and (rank, size) == (info.rank, info.size)
-    job_id = job_space(info) if from_env else None  # Note [jobs that share a store]
+    job_id = job_space(info, url=not from_env) if owned else None  # Note [jobs that share a store]
     group = (JobRanks if job_ranks else PrefixStore)(init_space(generation, job_id), store)
     t: Any = None
     temp = info.store_is_temp and from_env

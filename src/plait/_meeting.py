@@ -20,15 +20,18 @@ Note [jobs that share a store]
     rank 0"); its stale addresses would have been read as its own. So where the store comes
     from the environment, is not the job's alone (``plait run`` serves one per attempt,
     rank 0 one at MASTER_PORT + 1, the temp-dir store is named after the job) and the
-    launcher gives the job an id (``PLAIT_JOB_ID`` for ranks started by hand, torchrun's
-    ``--rdzv-id``, mpirun's, srun's), the job meets in a namespace
-    of that id (:func:`job_space`), and jobs of different ids share the store one after
-    another or side by side. A store of the job's own keeps the plain namespace: the
-    launchers of ``plait run --nnodes`` name the job after ``--master-addr`` as each was
-    given it, which two hosts may spell differently. A job id used again meets the old
-    claims: the error says so, and what to set. Keys are never deleted: a job that fails
-    midway could not, and a later job must not depend on whether an earlier one ended
-    cleanly.
+    job has an id (``PLAIT_JOB_ID`` where set, whichever launcher started the ranks: the
+    user's choice, and the one the error asks for; else torchrun's ``--rdzv-id``, mpirun's,
+    srun's), the job meets in a namespace of that id (:func:`job_space`), and jobs of
+    different ids share the store one after another or side by side. A store URL passed to
+    ``init`` (``store=``) may be shared as well: it meets under PLAIT_JOB_ID where that is
+    set, else in the plain namespace. A store object is the caller's, whose keys the caller
+    places (the torch backend's is torch's, one per job). A store of the job's own keeps
+    the plain namespace: the launchers of ``plait run --nnodes`` name the job after
+    ``--master-addr`` as each was given it, which two hosts may spell differently. A job id
+    used again meets the old claims: the error says so, and what to set. Keys are never
+    deleted: a job that fails midway could not, and a later job must not depend on whether
+    an earlier one ended cleanly.
 """
 
 from __future__ import annotations
@@ -85,12 +88,16 @@ def _same_transport(rank: int, kinds: Sequence[str]) -> None:
         )
 
 
-def job_space(info: LaunchInfo) -> str | None:
-    """The id that names this job's namespace of a store from the environment, if it needs
-    one (Note [jobs that share a store]): a store served apart from the job, under a
-    launcher that gives the job an id. None for a store of this job alone (``plait run``'s,
-    one per attempt; rank 0's at MASTER_PORT + 1; the temp dir's, named after the job), and
-    for torchrun's default run id, "none"."""
+def job_space(info: LaunchInfo, *, url: bool = False) -> str | None:
+    """The id that names this job's namespace of its store, if it needs one (Note [jobs that
+    share a store]). ``url``: the store is a URL passed to ``init``, which meets under
+    PLAIT_JOB_ID where it is set. Else the store is the environment's: a store served apart
+    from the job meets under the job's id (``info.job_id``: PLAIT_JOB_ID, else the
+    launcher's); None for a store of this job alone (``plait run``'s, one per attempt; rank
+    0's at MASTER_PORT + 1; the temp dir's, named after the job), and for torchrun's default
+    run id, "none"."""
+    if url:
+        return os.environ.get("PLAIT_JOB_ID", "").strip() or None
     if info.store_by_rank0 or info.store_is_temp or os.environ.get("PLAIT_LAUNCHER_PID"):
         return None
     job = info.job_id
@@ -116,6 +123,8 @@ def claim_rank(
     Raises:
         RendezvousError: another process has claimed this rank.
     """
+    if job is not None and job == os.environ.get("PLAIT_JOB_ID", "").strip():
+        launcher = "plait"  # the id is PLAIT_JOB_ID, whoever started the ranks
     if group.add(f"claim/{rank}", 1) > 1:
         own = {
             "plait": "give each job an id of its own (PLAIT_JOB_ID)",
