@@ -29,9 +29,10 @@ from plait._checks import check_async, check_timeout
 from plait._failures import gave_up
 from plait._request import Plan, Request
 from plait._signature import check_call, run_check, signature
+from plait._turns import wait_turn
 from plait.diagnostics.frames import runs_calls
 from plait.diagnostics.recorder import FlightRecorder, Slot
-from plait.diagnostics.triggers import dump_on_error, stuck_behind
+from plait.diagnostics.triggers import dump_on_error
 from plait.errors import (
     AbortedError,
     ClosedError,
@@ -122,7 +123,8 @@ class CallRunner:
         self.detail = detail
         self.seq = 0
         # One-sided calls (Note [one-sided] in plait.runtime.executor) take their own
-        # numbers, ``epoch``, and run in that order: ``turn`` is the next one to run.
+        # numbers, ``epoch``, and run in that order: ``turn`` is the next one to run, and
+        # only a call that got its turn passes it on (Note [a turn given up] in plait._turns).
         self.epoch = 0
         self.turn = 0
         self._gate = threading.Condition(threading.Lock())
@@ -365,9 +367,9 @@ class CallRunner:
         if wire is None:
             wire = seq
         rec = self.recorder
+        if epoch >= 0 and self.turn != epoch:  # raises where it does not come: no turn to pass on
+            wait_turn(self, epoch, seconds, describe, req, slot, wire)
         try:
-            if epoch >= 0 and self.turn != epoch:
-                self._wait_turn(epoch, seconds, describe)
             if self.broken is not None or self.closed:
                 self.check_usable(req.plan.named)
             plan = req.plan
@@ -494,7 +496,7 @@ class CallRunner:
     #     on a runner that is plain (no PLAIT_DEBUG=detail, no timeline, no compressor's
     #     reserved numbers) is run by _run_window: the steps of start and _run (number and
     #     epoch under the lock, the recorder's slot, its turn among the one-sided calls, the
-    #     quiet reductions, failures through _failed, the turn passed on in every case) in
+    #     quiet reductions, failures through _failed, the turn passed on however it ends) in
     #     one frame, which calls the schedule's generated run (Note [generated runs] in
     #     plait.runtime.compiled) directly, with _call as the maker of its Call: most
     #     calls wait for nobody and need none. short_path names such frames; start, or the
@@ -529,10 +531,10 @@ class CallRunner:
                 slot.shape = plan.shape
                 slot.start = _monotonic()
                 slot.end = 0.0
+        if self.turn != epoch:  # as in _run
+            wait_turn(self, epoch, self.timeout, _label(plan, seq), req, slot, seq)
         token = None
         try:
-            if self.turn != epoch:
-                self._wait_turn(epoch, self.timeout, _label(plan, seq))
             if self.broken is not None or self.closed:
                 self.check_usable(plan.named)
             token = quiet() if plan.guard else None  # Note [quiet reductions]
@@ -549,7 +551,7 @@ class CallRunner:
                     run_one_sided(
                         schedule, (req.inp, out, _NO_TMP), self._transport, call, req.aliased
                     )
-            except CommError as exc:  # not the turn's timeout above: that breaks nothing
+            except CommError as exc:
                 raise self._failed(exc, req, _label(plan, seq), slot) from exc.__cause__
         except BaseException as exc:
             self._left(exc, req, _label(plan, seq), slot)
@@ -674,17 +676,6 @@ class CallRunner:
             slot.end = 0.0
             return slot
         return rec.begin(plan.shape, seq, skip + 1)
-
-    def _wait_turn(self, epoch: int, seconds: float, describe: Label) -> None:
-        """Wait until one-sided call ``epoch`` may run: the one before it has finished."""
-        with self._gate:
-            self._gate_waiters += 1
-            try:
-                arrived = self._gate.wait_for(lambda: self.turn == epoch, seconds)
-            finally:
-                self._gate_waiters -= 1
-        if not arrived:
-            raise stuck_behind(self.recorder, self._rank, _describe(describe), describe[2], seconds)
 
 
 _new = tuple.__new__
