@@ -25,6 +25,23 @@ def _job(work: Work[Any], log: list[tuple[str, str]], name: str) -> Callable[[],
     return job
 
 
+def _raised(wait: Callable[[], Any]) -> BaseException | None:
+    """What ``wait()`` raises, caught here: a KeyboardInterrupt raised where a test expects
+    another error would stop the whole test run."""
+    try:
+        wait()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def _cause(work: Work[Any]) -> BaseException | None:
+    """What interrupted ``work``'s call: the cause of the CommError its later waits raise."""
+    error = work.exception()
+    assert isinstance(error, plait.CommError)
+    return error.__cause__
+
+
 def test_a_wait_runs_the_jobs_up_to_its_own_on_the_waiting_thread() -> None:
     """With the worker thread idle (here: gone), ``wait()`` runs the queued jobs from the
     head of the queue up to its own, in order, and leaves the later ones queued."""
@@ -90,7 +107,7 @@ def test_an_interrupted_job_stops_the_wait_and_leaves_the_rest_queued() -> None:
     w.submit(lambda: second._finish("second"), second)
     with pytest.raises(KeyboardInterrupt):
         second.wait()
-    assert isinstance(first.exception(), KeyboardInterrupt)
+    assert isinstance(_cause(first), KeyboardInterrupt)  # (Note [an interrupted wait])
     assert not second.done()  # left to the worker (gone here: run by the next wait)
     assert second.wait() == "second"
 
@@ -109,8 +126,53 @@ def test_a_job_interrupted_before_it_began_fails_its_work() -> None:
     w.submit(lambda: second._finish("second"), second)
     with pytest.raises(KeyboardInterrupt):
         first.wait()
-    assert isinstance(first.exception(), KeyboardInterrupt)
+    assert isinstance(_cause(first), KeyboardInterrupt)
+    again = _raised(first.wait)  # not the old interrupt again (Note [an interrupted wait])
+    assert isinstance(again, plait.CommError)
+    assert "did not finish: KeyboardInterrupt" in str(again)
     assert second.wait() == "second"
+
+
+def test_an_interrupt_is_raised_by_the_wait_it_interrupted_only() -> None:
+    """Every later wait of a call interrupted in a wait raised the same KeyboardInterrupt
+    again, a second Ctrl-C to a program that caught the first and waited on its works as it
+    cleaned up. Now later waits, of any thread, raise a CommError chained from it; a call the
+    worker thread ran that ended so (a SystemExit from a Python op) gives one in every wait
+    (Note [an interrupted wait])."""
+    w = Worker("plait-test")
+    w.stop()
+    first = Work[Any]("rank 0: allreduce (ring, call #0)")
+    interrupt = KeyboardInterrupt()
+    interrupt.add_note("its peers were told")
+
+    def interrupted() -> None:
+        try:
+            raise interrupt
+        except BaseException as exc:  # as a call's job catches what its call raises
+            first._finish(error=exc)
+
+    w.submit(interrupted, first)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        first.wait()
+    assert raised.value is interrupt
+    elsewhere: list[BaseException | None] = []
+    other = threading.Thread(target=lambda: elsewhere.append(_raised(first.wait)))
+    other.start()
+    other.join(10)
+    later = [_raised(first.wait), _raised(first.wait)]
+    assert elsewhere == later[:1]
+    assert later[1] is later[0]
+    assert first.exception() is later[0]
+    assert type(later[0]) is plait.CommError
+    assert later[0].__cause__ is interrupt
+    assert str(later[0]) == (
+        "rank 0: allreduce (ring, call #0) did not finish: KeyboardInterrupt interrupted "
+        "it on this rank; its peers were told"
+    )
+    ran = Work[Any]("call")
+    ran._finish(error=SystemExit(3))  # on the worker thread: no wait was interrupted
+    with pytest.raises(plait.CommError, match="did not finish: SystemExit interrupted it"):
+        ran.wait()
 
 
 def test_stop_waits_for_a_job_a_waiting_thread_runs() -> None:
@@ -267,7 +329,7 @@ def test_a_job_interrupted_as_it_leaves_the_queue_fails_its_work() -> None:
     w._queue = _InterruptedPop(w._queue)
     with pytest.raises(KeyboardInterrupt):
         second.wait()
-    assert isinstance(first.exception(), KeyboardInterrupt)
+    assert isinstance(_cause(first), KeyboardInterrupt)
     assert not w._busy
     w._queue = collections.deque(w._queue)
     assert second.wait() == "second"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 
-from plait.errors import CommTimeout
+from plait.errors import CommError, CommTimeout
 from plait.transport.base import background_thread
 
 __all__ = ["MAX_TIMEOUT", "Work", "check_timeout"]
@@ -76,6 +76,8 @@ class Work(Generic[R]):
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result = result
+        if error is not None and not isinstance(error, Exception):
+            error = _interrupted(self._describe, error)  # Note [an interrupted wait]
         self._error = error
         self._tb = None if error is None else error.__traceback__
         self._owner = None  # may let go of the communicator, its finalizers running here
@@ -94,7 +96,9 @@ class Work(Generic[R]):
 
         Raises:
             CommTimeout: ``timeout`` passed first (the call goes on).
-            CommError: the call failed.
+            CommError: the call failed, or an interrupt (Ctrl-C) ended it, which only the
+                wait it interrupted raises (Note [an interrupted wait]).
+            KeyboardInterrupt: Ctrl-C, in this wait (Note [an interrupted wait]).
             TypeError, ValueError: ``timeout`` is not a number of seconds, 0 or more (0
                 only looks, as :meth:`done` does, and raises CommTimeout if not done).
         """
@@ -113,7 +117,8 @@ class Work(Generic[R]):
         return result
 
     def exception(self) -> BaseException | None:
-        """The error the call failed with, or None (None too while it runs)."""
+        """The error the call failed with, or None (None too while it runs); for a call an
+        interrupt ended, the CommError that later waits raise (Note [an interrupted wait])."""
         return self._error
 
     def __repr__(self) -> str:
@@ -141,8 +146,32 @@ class Worker:
         the worker thread does not (``background_thread``). A KeyboardInterrupt
         reaches the call a waiting main thread runs, as it reaches a blocking
         call: that call fails with it, and the wait stops and raises it, leaving
-        the jobs behind it to the worker. ``stop`` waits for a job a waiting
-        thread runs, as for the worker's own.
+        the jobs behind it to the worker (Note [an interrupted wait]). ``stop``
+        waits for a job a waiting thread runs, as for the worker's own.
+
+    Note [an interrupted wait]
+        Ctrl-C lands in the main thread, and what it does to a ``wait()`` there
+        depends on who runs the call at that moment. Where the worker thread
+        runs it (the wait had a timeout, or began once the worker had taken the
+        job), the KeyboardInterrupt stops the wait only: the call goes on, and
+        a later ``wait()`` returns its result. Where the waiting thread runs it
+        (Note [a waiter runs the call]), the interrupt lands inside the call,
+        as in a blocking call: the call fails midway, its peers are told, and
+        the communicator is unusable (Note [errors of a rank's own] in
+        plait._failures). Making the two alike would cost every call: a call
+        cannot be handed to the worker midway, and keeping Ctrl-C out of the
+        call the waiter runs means a signal mask or a handler for each one.
+
+        In the second case only the wait that was interrupted raises the
+        KeyboardInterrupt. Every later wait of that Work, on any thread, raises
+        a CommError chained from it, saying that the call did not finish and
+        what that left: raised again, the old KeyboardInterrupt read as a second
+        Ctrl-C to a program that caught the first and waited on its works as it
+        cleaned up. ``_finish`` makes that CommError from any error that is not
+        an ``Exception`` (what ``except Exception`` lets by), so a job run by
+        the worker thread that ended so (a ``SystemExit`` from a Python op)
+        gives it too, in every wait; a job the waiting thread ran raises the
+        interrupt itself in that wait (``Worker.help``).
     """
 
     def __init__(self, name: str) -> None:
@@ -222,8 +251,11 @@ class Worker:
                         self._free()
                         raise
             error = work._error if work is not None else None
-            if error is not None and not isinstance(error, Exception):
-                raise error  # interrupted: the wait stops here, as it would have before
+            cause = error.__cause__ if error is not None else None
+            if cause is not None and not isinstance(cause, Exception):
+                # Interrupted here: this wait stops and raises the interrupt, later ones the
+                # CommError that _finish made of it (Note [an interrupted wait]).
+                raise cause
 
     def _free(self) -> None:
         with self._cv:
@@ -250,6 +282,18 @@ class Worker:
             under_own_job = self._helper == threading.get_ident()
         if join and not under_own_job and threading.current_thread() is not self._thread:
             self._thread.join()
+
+
+def _interrupted(describe: str, interrupt: BaseException) -> CommError:
+    """What later waits of call ``describe`` raise, where ``interrupt`` (not an ``Exception``:
+    Ctrl-C's KeyboardInterrupt) ended it (Note [an interrupted wait])."""
+    notes = getattr(interrupt, "__notes__", None)  # what the failure left (plait._failures)
+    said = "; " + "; ".join(notes) if notes else ""
+    error = CommError(
+        f"{describe} did not finish: {type(interrupt).__name__} interrupted it on this rank{said}"
+    )
+    error.__cause__ = interrupt
+    return error
 
 
 def let_go(lock: Any) -> None:
