@@ -210,8 +210,8 @@ class TcpLink:
         rest of the message discarded; a send already partly written finishes
         from a private copy of its remaining bytes (the frame must stay whole on
         the wire). A large send whose payload has not started is withdrawn: the
-        receiver never sees its payload (a receive that had matched it fails
-        with MismatchError).
+        receiver never sees its payload (a receive that had matched it is put
+        back among the posted ones: Note [withdrawn messages] in :mod:`.rendezvous`).
         """
         p = self.peers[op.peer]
         assert p is not None

@@ -10,21 +10,26 @@ Every ``RTS`` gets exactly one answer. See ``docs/transport.md`` (Note [TCP rend
 Note [withdrawn messages]
     A sender withdraws a message it had announced when it cancels the send, nearly always
     because its call failed: it lost a rank, timed out, met a mismatch or an error of its
-    own, and gave up on the call. The receive that had taken the message fails with
-    MismatchError, for a point-to-point receive (the sender cancelled it), but marked
-    (:data:`WITHDRAWN`, on the error's cause, which survives a sub-communicator's
-    renumbering): the receiver's collective call reads it as the sender having given up
-    on the call, not as ranks in different calls, and raises what that rank told its peers
-    as it gave up (Note [stall probes] in :mod:`plait.runtime.stall`).
+    own, and gave up on the call. A withdrawn message never arrives, as MPI's cancelled
+    send never matches a receive: the receiver forgets it, and a receive that had taken
+    it (cleared it, the payload not begun, so nothing of it is in the receive's buffer)
+    is put back among the posted receives where it was, as if the announcement had never
+    come (:func:`_repost`); it takes the next message that matches it. That a receive
+    took the message at all may say nothing of the order of events: TCP reads frames only
+    while some call waits, so a receive posted long after the sender withdrew reads the
+    announcement and the withdrawal together, and used to fail with MismatchError for a
+    message its sender had given up on before the receive was made. A collective call
+    whose receive is put back learns that the sender gave up from what that rank told its
+    peers as it gave up (Note [stall probes] in :mod:`plait.runtime.stall`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
-from plait.errors import CommError, MismatchError
-from plait.transport.base import WITHDRAWN
 from plait.transport.link import Message, Op
+from plait.transport.patterns import Wildcard
 from plait.transport.tcp import writer
 from plait.transport.tcp.pair import Conn, Inbound, Out, Peer, Rts
 from plait.transport.tcp.wire import (
@@ -44,6 +49,7 @@ from plait.transport.tcp.wire import (
 )
 
 if TYPE_CHECKING:
+    from plait.transport.endpoint import Endpoint
     from plait.transport.tcp.link import TcpLink
 
 __all__ = ["clear", "on_control", "send_payload", "send_rts", "withdraw"]
@@ -233,7 +239,8 @@ def answer(link: TcpLink, p: Peer, kind: int, rid: int) -> None:
 
 
 def _on_withdraw(link: TcpLink, p: Peer, rid: int) -> None:
-    """The sender cancelled message ``rid`` before its payload: forget it."""
+    """The sender cancelled message ``rid`` before its payload: forget it (Note [withdrawn
+    messages]), putting a receive that had taken it back among the posted ones."""
     rts = p.rts_in.pop(rid, None)
     if rts is not None:  # nobody took it yet: it vanishes
         if rts.msg is not None:
@@ -241,16 +248,41 @@ def _on_withdraw(link: TcpLink, p: Peer, rid: int) -> None:
         answer(link, p, REFUSE, rid)  # every RTS gets one answer
         return
     rec = p.cleared.pop(rid, None)  # cleared (our CTS was the answer), or refused before
-    if rec is not None and rec.op is not None:
+    if rec is not None and rec.op is not None:  # None: its receive was cancelled since
         op = rec.op
         rec.op = None
         op.state = None
-        err = MismatchError(
-            f"rank {p.rank} withdrew the {rec.nbytes}-byte message (tag {op.tag}) "
-            f"that rank {link.rank} was about to receive: it cancelled the send "
-            "(its call failed or timed out)"
-        )
-        why = CommError(f"rank {p.rank} cancelled its send")  # Note [withdrawn messages]
-        setattr(why, WITHDRAWN, p.rank)
-        err.__cause__ = why
-        link.ep.fail(op, err)
+        if not op.done:
+            _repost(link.ep, op)
+
+
+def _repost(ep: Endpoint, op: Op) -> None:
+    """Put receive ``op``, whose message was withdrawn before a byte of it came, back where
+    it was among the endpoint's posted receives (its posting number, ``seq``), as if that
+    message had never matched it; or let it take the first message filed for it since.
+
+    The endpoint's own posting (``irecv``, ``irecv_match``) for a receive posted already:
+    no message filed before ``op`` took the withdrawn one can match it (it would have
+    taken that one instead), so the first filed now is the next its sender sent.
+    """
+    if isinstance(op, Wildcard):  # unbind it from the withdrawn message's peer and tag
+        peers = op.peers
+        op.peer = min(peers) if peers is not None and len(peers) == 1 else -1
+        op.tag = op.want
+        found = ep._earliest(op)
+        if found is not None:
+            ep._take(op, ep._unfile(op, *found))
+            return
+        wild = ep._wild
+        wild.insert(next((i for i, w in enumerate(wild) if w.seq > op.seq), len(wild)), op)
+        return
+    key = (op.peer, op.tag)
+    filed = ep._unexpected.get(key)
+    if filed:
+        msg = filed.popleft()
+        if not filed:
+            del ep._unexpected[key]
+        ep._take(op, msg)
+        return
+    queue = ep._posted.setdefault(key, deque())
+    queue.insert(next((i for i, o in enumerate(queue) if o.seq > op.seq), len(queue)), op)
