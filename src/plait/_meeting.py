@@ -32,17 +32,30 @@ Note [jobs that share a store]
     used again meets the old claims: the error says so, and what to set. Keys are never
     deleted: a job that fails midway could not, and a later job must not depend on whether
     an earlier one ended cleanly.
+
+Note [refused alike]
+    Every rank reads the same keys, all set before any rank's wait for them ends, so every
+    rank refuses a meeting alike (different transports or settings, machines of one host
+    name), naming the ranks and their settings. But where rank 0 serves the store
+    (MASTER_ADDR), its process may end as it raises, taking the store along while another
+    rank still reads the keys, whose read then failed with the store's own words (a
+    connection reset, a key). So there each other rank that refuses says so in the store
+    (``refused/<rank>``), and rank 0 waits for all of them to have said so before it raises:
+    every rank has then read what it refuses. Only a rank that dies in between keeps it
+    waiting, at most for the rest of ``init``'s timeout; a meeting that goes well costs
+    nothing more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.parse
 from collections.abc import Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
-from plait.errors import RendezvousError
+from plait.errors import CommError, RendezvousError
 from plait.rendezvous.lost import JobRanks, mark_joined, wait_ranks
 from plait.rendezvous.store import PrefixStore
 
@@ -163,8 +176,8 @@ def meet(
     Raises:
         StoreTimeout: some ranks never arrived (named) within ``timeout``.
         RendezvousError: the store went away (where rank 0 served it: rank 0 failed), the
-            ranks were given different transports, or ranks of one host name are on
-            different machines.
+            ranks were given different transports or settings, or ranks of one host name are
+            on different machines (on every rank: Note [refused alike]).
     """
     from plait.rendezvous.store import StoreTimeout
 
@@ -174,6 +187,7 @@ def meet(
         wait_ranks(
             group, keys, range(size), timeout, me=f"rank {rank} of {size}", what="say their host"
         )
+        told = [group.get(key).decode().split("\n", 3) for key in keys]
     except StoreTimeout:
         try:
             missing = [r for r in range(size) if not group.check([keys[r]])]
@@ -190,15 +204,31 @@ def meet(
             raise
         raise RendezvousError(
             f"rank {rank} of {size}: plait.init: the store that rank 0 serves at "
-            f"{info.store_url} went away before every rank arrived: rank 0 failed or gave up "
+            f"{info.store_url} went away before the ranks had met: rank 0 failed or gave up "
             f"(see its error) ({exc})"
         ) from exc
-    told = [group.get(key).decode().split("\n", 3) for key in keys]
-    _same_transport(rank, [kind for _, kind, _, _ in told])
-    _same_settings(rank, [config for _, _, config, _ in told])
-    hosts = [host for host, _, _, _ in told]
-    _one_machine_per_host(rank, hosts, [where for _, _, _, where in told])
+    try:
+        _same_transport(rank, [kind for _, kind, _, _ in told])
+        _same_settings(rank, [config for _, _, config, _ in told])
+        hosts = [host for host, _, _, _ in told]
+        _one_machine_per_host(rank, hosts, [where for _, _, _, where in told])
+    except RendezvousError:
+        if info.store_by_rank0:  # Note [refused alike]
+            _refused_alike(group, rank, size, timeout, serves=info.store_is_server)
+        raise
     return hosts
+
+
+def _refused_alike(
+    group: PrefixStore, rank: int, size: int, timeout: float | None, *, serves: bool
+) -> None:
+    """Where rank 0 serves the store: it waits until every other rank has read what they
+    all refuse, and said so (Note [refused alike]). Best effort: the refusal is the error."""
+    with contextlib.suppress(CommError, OSError):
+        if not serves:
+            group.set(f"refused/{rank}", b"")
+        else:
+            group.wait([f"refused/{r}" for r in range(size) if r != rank], timeout)
 
 
 def _same_settings(rank: int, configs: Sequence[str]) -> None:

@@ -384,7 +384,13 @@ def test_ranks_of_one_host_name_on_different_machines_are_told(
     def one(r: int) -> None:
         try:
             got[r] = _meeting.meet(
-                group, r, 2, ("node", "auto", "f built-in"), 5, 5, SimpleNamespace()
+                group,
+                r,
+                2,
+                ("node", "auto", "f built-in"),
+                5,
+                5,
+                SimpleNamespace(store_by_rank0=False),
             )
         except Exception as exc:
             got[r] = exc
