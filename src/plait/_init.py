@@ -54,9 +54,12 @@ Note [store lifetime]
     - The temp-dir file store is deleted by the last rank to be done with it:
       each rank adds itself to the key ``left``, and the one that makes the
       count reach ``size`` removes the directory. A rank that fails counts
-      itself out too, and ``shrink`` counts out the ranks it leaves behind;
-      only a rank killed before ``shrink`` learns of it leaves its job's
-      directory behind (a few bytes, never reused: the name holds the job id).
+      itself out too, one that times out waiting for ranks that never came
+      counts them out (Note [ranks that never came] in plait._meeting), and
+      ``shrink`` counts out the ranks it leaves behind; only a rank killed
+      after it joined ``init``, before ``shrink`` learns of it, leaves its
+      job's directory behind (a few bytes, never reused: the name holds the
+      job id).
       Every ``init`` in a process gets a directory of its own, since the last
       rank of one ``init`` may delete its directory while faster ranks have
       moved on to the next.
@@ -98,7 +101,15 @@ from typing import Any
 
 from plait._binding import bind_crowded
 from plait._checks import check_timeout, env_switch
-from plait._meeting import TRANSPORTS, check_arguments, claim_rank, init_space, job_space, meet
+from plait._meeting import (
+    TRANSPORTS,
+    check_arguments,
+    claim_rank,
+    init_space,
+    job_space,
+    leave,
+    meet,
+)
 from plait._processes import die_with_launcher, host_name
 from plait.communicator import Communicator, default_timeout
 from plait.errors import CommError, RendezvousError
@@ -477,22 +488,6 @@ def _open_store(info: LaunchInfo, rank: int, generation: int, timeout: float | N
     return TCPStore(host, port, timeout=seconds)
 
 
-def _leave(store: Store, group: PrefixStore, size: int, *, temp: bool) -> None:
-    """This rank is done with a store ``init`` opened: count it out, then close the store.
-
-    See Note [store lifetime]. Best effort: the communicator (or the error
-    being raised) matters more than the bookkeeping, so failures here pass.
-    """
-    try:
-        if temp:
-            with contextlib.suppress(Exception):
-                if group.add("left", 1) >= size:
-                    store.cleanup()  # type: ignore[attr-defined]
-    finally:
-        with contextlib.suppress(Exception):
-            store.close()
-
-
 def init(
     *,
     rank: int | None = None,
@@ -609,7 +604,8 @@ def init(
         if rank == 0:  # before its host: a rank that has met every host reads it
             group.set("run", f"{secrets.token_hex(6)} {size}".encode())
         mine = (host, kind, fingerprint(config))  # Note [one configuration] in plait._meeting
-        hosts = meet(group, rank, size, mine, seconds, None if timeout is None else left(), info)
+        wait = None if timeout is None else left()
+        hosts = meet(group, rank, size, mine, seconds, wait, info, temp=temp)
         run, _, sized = group.get("run").decode().partition(" ")
         if sized != str(size):  # launchers of one job told its ranks different sizes
             raise RendezvousError(
@@ -663,7 +659,7 @@ def init(
             comm._no_recovery = "made with PLAIT_RECOVERY=0"
     finally:
         if owned and not kept:
-            _leave(store, group, size, temp=temp)
+            leave(store, group, size, temp=temp)
     return comm
 
 
@@ -684,7 +680,7 @@ def _keep_store(
 
     def release() -> None:
         if owned:
-            _leave(store, group, size, temp=temp)
+            leave(store, group, size, temp=temp)
 
     def count_out(n: int) -> None:
         if temp and n:

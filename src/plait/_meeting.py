@@ -44,6 +44,16 @@ Note [refused alike]
     every rank has then read what it refuses. Only a rank that dies in between keeps it
     waiting, at most for the rest of ``init``'s timeout; a meeting that goes well costs
     nothing more.
+
+Note [ranks that never came]
+    The temp-dir file store is deleted by the rank that counts the last rank out (Note
+    [store lifetime] in plait._init), and a rank that never came (never started, killed
+    before ``init``) never counts itself out. So a rank that times out waiting for ranks
+    counts out those of them it is first to claim: it adds :data:`GONE` to each one's claim,
+    and counts it out where the sum is GONE (nobody had claimed it). Each rank that never
+    came is counted out once, whichever ranks time out, and the last rank that came to leave
+    deletes the directory. A rank that comes later finds GONE in its claim: it is told that
+    another rank gave up waiting for it, and takes back the count it adds again as it leaves.
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.errors import CommError, RendezvousError
 from plait.rendezvous.lost import JobRanks, mark_joined, wait_ranks
-from plait.rendezvous.store import PrefixStore
+from plait.rendezvous.store import PrefixStore, Store
 
 if TYPE_CHECKING:
     from plait._init import LaunchInfo
@@ -68,12 +78,16 @@ __all__ = [
     "claim_rank",
     "init_space",
     "job_space",
+    "leave",
     "machine",
     "meet",
 ]
 
 #: The transports ``init`` takes by name (``transport=`` or PLAIT_TRANSPORT).
 TRANSPORTS = ("auto", "shm", "tcp", "hybrid")
+#: What a rank that timed out adds to the claim of a rank that never came, to count it out
+#: (Note [ranks that never came]): more than processes that share a rank ever add.
+GONE = 1 << 20
 
 
 def check_arguments(rank: Any, size: Any, store: Any, transport: Any) -> None:
@@ -138,7 +152,16 @@ def claim_rank(
     """
     if job is not None and job == os.environ.get("PLAIT_JOB_ID", "").strip():
         launcher = "plait"  # the id is PLAIT_JOB_ID, whoever started the ranks
-    if group.add(f"claim/{rank}", 1) > 1:
+    claims = group.add(f"claim/{rank}", 1)
+    if claims > GONE:  # Note [ranks that never came]
+        with contextlib.suppress(CommError, OSError):
+            group.add("left", -1)  # counted out already: init counts it again as it leaves
+        raise RendezvousError(
+            f"rank {rank} of {size}: another rank gave up waiting for this rank (it timed "
+            "out) before this rank called plait.init: start every rank within the timeout "
+            "(PLAIT_TIMEOUT)"
+        )
+    if claims > 1:
         own = {
             "plait": "give each job an id of its own (PLAIT_JOB_ID)",
             "torchrun": "give each job a run id of its own (torchrun's --rdzv-id); a "
@@ -168,10 +191,13 @@ def meet(
     seconds: float,
     timeout: float | None,
     info: LaunchInfo,
+    *,
+    temp: bool = False,
 ) -> list[str]:
     """Say this rank's host, transport and settings' fingerprint (``mine``), wait until every
     rank has said its own, and return every rank's host; errors that name the ranks, not
-    store keys.
+    store keys. ``temp``: the store is the temp-dir file store, in which a rank that times out
+    counts out the ranks that never came (Note [ranks that never came]).
 
     Raises:
         StoreTimeout: some ranks never arrived (named) within ``timeout``.
@@ -193,6 +219,8 @@ def meet(
             missing = [r for r in range(size) if not group.check([keys[r]])]
         except RendezvousError:
             missing = []
+        if temp:
+            _count_out(group, missing)
         who = f"rank(s) {missing}" if missing else "some ranks"
         raise StoreTimeout(
             f"rank {rank} of {size}: plait.init timed out after {seconds:g} s waiting for "
@@ -229,6 +257,31 @@ def _refused_alike(
             group.set(f"refused/{rank}", b"")
         else:
             group.wait([f"refused/{r}" for r in range(size) if r != rank], timeout)
+
+
+def _count_out(group: PrefixStore, missing: Sequence[int]) -> None:
+    """Count out the ``missing`` ranks this rank is first to claim (Note [ranks that never
+    came]). Best effort, as :func:`leave`."""
+    for r in missing:
+        with contextlib.suppress(CommError, OSError):
+            if group.add(f"claim/{r}", GONE) == GONE:
+                group.add("left", 1)
+
+
+def leave(store: Store, group: PrefixStore, size: int, *, temp: bool) -> None:
+    """This rank is done with a store ``init`` opened: count it out, then close the store.
+
+    See Note [store lifetime] in plait._init. Best effort: the communicator (or the error
+    being raised) matters more than the bookkeeping, so failures here pass.
+    """
+    try:
+        if temp:
+            with contextlib.suppress(Exception):
+                if group.add("left", 1) >= size:
+                    store.cleanup()  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(Exception):
+            store.close()
 
 
 def _same_settings(rank: int, configs: Sequence[str]) -> None:
