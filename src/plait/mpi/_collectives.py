@@ -8,7 +8,9 @@ plait's uneven ones with counts in bytes; blocks whose displacements leave gaps 
 them are packed into (or unpacked from) a contiguous array, one copy. MAXLOC and MINLOC,
 which plait's reductions do not know, allgather (or gather) the pairs and combine them in
 rank order (:func:`plait.mpi._ops.combine_pairs`): ``size`` times the data, for what are
-usually a few pairs.
+usually a few pairs. Reductions refuse, before anything moves, send and receive buffers of
+two datatypes (mpi4py's ValueError) and an op the datatype does not take (Open MPI's
+MPI_ERR_OP: :func:`plait.mpi._ops.check_op`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from plait.errors import MismatchError
 from plait.mpi._datatypes import IN_PLACE, Message, ints, message, vector
 from plait.mpi._errors import mpi_error
-from plait.mpi._ops import OPS, Op, combine_pairs, fields
+from plait.mpi._ops import OPS, Op, check_op, combine_pairs, fields
 
 if TYPE_CHECKING:
     from plait import Communicator
@@ -71,6 +73,20 @@ def _same(call: str, a: Message, a_name: str, b: Message, b_name: str) -> None:
             f"but {b_name} is {b.count} {b.datatype.name} ({b.count * b.extent} bytes); they "
             "must hold the same bytes (MPI_ERR_TRUNCATE where the receive is shorter)"
         )
+
+
+def _one_datatype(call: str, s: Message, r: Message) -> None:
+    """Raise mpi4py's ValueError where a reduction's ``sendbuf`` and ``recvbuf`` name two
+    datatypes, before any byte moves: MPI reduces one datatype, and two names of one C type
+    (``INT`` and ``INT32_T``, ``LONG`` and ``LONG_LONG``) are two datatypes, as in mpi4py.
+    plait's own check named ``out`` and numpy dtypes, and let two such names pass."""
+    if s.datatype.name != r.datatype.name:
+        err = ValueError("mismatch in send and receive MPI datatypes")
+        err.add_note(
+            f"{call}: sendbuf is {s.datatype.name} but recvbuf is {r.datatype.name}; pass "
+            "one datatype for both"
+        )
+        raise err
 
 
 def _in_elements(exc: MismatchError, call: str, what: str, m: Message, count: int) -> Exception:
@@ -151,12 +167,19 @@ def _disagreeing(exc: ValueError, call: str, s: Message, r: Message) -> ValueErr
     )
 
 
-def _plait_op(op: Any, call: str) -> plait_ops.Op:
+def _mpi_op(op: Any, datatype: Any, call: str) -> Op:
+    """``op``, checked: one of MPI's ops (TypeError), defined on ``datatype`` (MPI_ERR_OP:
+    Note [ops and datatypes] in plait.mpi._ops)."""
     if not isinstance(op, Op):
         raise TypeError(
             f"{call}: op must be one of MPI's ops (MPI.SUM, MPI.MAX, ...); got {op!r} "
             f"(a Python function reduces objects: use the lowercase reduce/allreduce)"
         )
+    check_op(op, datatype, call)
+    return op
+
+
+def _plait_op(op: Op) -> plait_ops.Op:
     assert op.plait_op is not None
     return op.plait_op
 
@@ -193,16 +216,16 @@ class BufferCollectives:
         except MismatchError as exc:
             raise _in_elements(exc, "Bcast", "buf", m, m.count) from exc.__cause__
 
-    def _allreduce_into(self, x: np.ndarray, out: np.ndarray, op: Any, call: str) -> None:
+    def _allreduce_into(self, x: np.ndarray, out: np.ndarray, op: Op, call: str) -> None:
         c = self._c
-        if isinstance(op, Op) and op.loc is not None:
+        if op.loc is not None:
             _pairs(x, call)
             pairs = _pairs(out, call)
             g = c.allgather(np.ascontiguousarray(x).view(np.uint8).reshape(-1))
             blocks = [_pairs(row.view(x.dtype), call) for row in g]
             combine_pairs(blocks, op.loc, pairs, call)
         else:
-            c.allreduce(x, _plait_op(op, call), out=out)
+            c.allreduce(x, _plait_op(op), out=out)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         """Reduce every rank's ``sendbuf`` with ``op`` into every rank's ``recvbuf``."""
@@ -213,35 +236,68 @@ class BufferCollectives:
             x = out
         else:
             s = message(sendbuf, call, what="sendbuf")
+            _one_datatype(call, s, r)
             _same(call, s, "sendbuf", r, "recvbuf")
             x = s.typed()
-        self._allreduce_into(x, out, op, call)
+        self._allreduce_into(x, out, _mpi_op(op, r.datatype, call), call)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
-        """Reduce every rank's ``sendbuf`` with ``op`` into root's ``recvbuf``."""
+        """Reduce every rank's ``sendbuf`` with ``op`` into root's ``recvbuf``.
+
+        Root's ``sendbuf`` and ``recvbuf`` must be of one datatype and size, as mpi4py
+        checks them (Note [a Reduce that root refuses]).
+
+        Note [a Reduce that root refuses]
+            mpi4py checks the buffers at root only, and raises ValueError there before
+            MPI_Reduce; the other ranks' reduce completes without root (their part is
+            sent), and their next calls go on. plait.mpi's root refused before the call
+            too, and the others then waited for it in a reduce it never joined, their
+            communicator broken by the next call. Root now takes part with its
+            ``sendbuf`` (what the others reduce with), into memory of its own, and raises
+            once the call is done, ``recvbuf`` not written: the others get what mpi4py's
+            do, and the communicator stays usable. Where the op itself is refused (the
+            others raise MPI_ERR_OP without a call), root raises at once.
+        """
         call = "Reduce"
         c = self._c
         is_root = c.rank == root
         r = message(recvbuf, call, what="recvbuf") if is_root else None
         out = r.typed() if r is not None else None
+        refused: ValueError | None = None
         if sendbuf is IN_PLACE or (sendbuf is None and is_root):
             if out is None:
                 raise ValueError(f"{call}: MPI.IN_PLACE is for root's send buffer only")
             x = out
         else:
             s = message(sendbuf, call, what="sendbuf")
-            if r is not None:
-                _same(call, s, "sendbuf", r, "root's recvbuf")
+            if r is not None:  # mpi4py checks root's buffers only
+                try:
+                    _one_datatype(call, s, r)
+                    _same(call, s, "sendbuf", r, "root's recvbuf")
+                except ValueError as exc:  # Note [a Reduce that root refuses]
+                    refused, r, out = exc, None, None
             x = s.typed()
-        if isinstance(op, Op) and op.loc is not None:
+        try:
+            op = _mpi_op(op, r.datatype if r is not None else s.datatype, call)
+        except (TypeError, ValueError):
+            if refused is not None:
+                raise refused from None
+            raise
+        if op.loc is not None:
             _pairs(x, call)
             pairs = _pairs(out, call) if out is not None else None
             g = c.gather(np.ascontiguousarray(x).view(np.uint8).reshape(-1), root)
             if pairs is not None and g is not None:
                 blocks = [_pairs(row.view(x.dtype), call) for row in g]
                 combine_pairs(blocks, op.loc, pairs, call)
-            return
-        c.reduce(x, root, _plait_op(op, call), out=out)
+        else:
+            c.reduce(x, root, _plait_op(op), out=out)
+        if refused is not None:
+            refused.add_note(
+                f"{call}: root took part with its sendbuf and wrote nothing into recvbuf; "
+                "the other ranks have completed"
+            )
+            raise refused
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Every rank's ``sendbuf`` into root's ``recvbuf``, in rank order."""
@@ -339,15 +395,17 @@ class BufferCollectives:
             # [sb, 2, MPI.DOUBLE] is 2 elements for each of the size ranks.
             r = message(recvbuf, call, what="recvbuf")
             s = message(sendbuf, call, blocks=c.size, what="sendbuf")
+            _one_datatype(call, s, r)
             _same(call, s, "each block of sendbuf", r, "recvbuf")
             x = s.typed(s.displs[0], s.count * c.size)
         out = r.typed(r.displs[0], r.count)
-        if isinstance(op, Op) and op.loc is not None:
+        op = _mpi_op(op, r.datatype, call)
+        if op.loc is not None:
             whole = np.empty_like(x)
             self._allreduce_into(x, whole, op, call)
             out[...] = whole[c.rank * r.count : (c.rank + 1) * r.count]
         else:
-            c.reduce_scatter(x, _plait_op(op, call), out=out)
+            c.reduce_scatter(x, _plait_op(op), out=out)
 
     def Reduce_scatter(
         self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM
@@ -360,13 +418,17 @@ class BufferCollectives:
         call = "Reduce_scatter"
         c = self._c
         r = message(recvbuf, call, what="recvbuf")
+        s = None if _in_place(sendbuf) else message(sendbuf, call, what="sendbuf")
+        if s is not None:
+            _one_datatype(call, s, r)
+        op = _mpi_op(op, r.datatype, call)
         if recvcounts is None:
             mine = np.array([r.count], np.int64)
             counts = [int(v) for v in c.allgather(mine).reshape(-1)]
         else:
             counts = ints(recvcounts, "recvcounts", call)
         total = sum(counts)
-        if _in_place(sendbuf):
+        if s is None:
             if r.count < total:
                 raise ValueError(
                     f"{call}: recvbuf holds {r.count} element(s) of {r.datatype.name}, but "
@@ -375,7 +437,6 @@ class BufferCollectives:
                 )
             x = r.typed(r.displs[0], total).copy()
         else:
-            s = message(sendbuf, call, what="sendbuf")
             if s.count != total:
                 raise ValueError(
                     f"{call}: sendbuf holds {s.count} element(s) of {s.datatype.name}, but "
@@ -389,13 +450,13 @@ class BufferCollectives:
                 )
             x = s.typed(s.displs[0], total)
         out = r.typed(r.displs[0], counts[c.rank])
-        if isinstance(op, Op) and op.loc is not None:
+        if op.loc is not None:
             whole = np.empty_like(x)
             self._allreduce_into(x, whole, op, call)
             start = sum(counts[: c.rank])
             out[...] = whole[start : start + counts[c.rank]]
         else:
-            c.reduce_scatter(x, _plait_op(op, call), counts=counts, out=out)
+            c.reduce_scatter(x, _plait_op(op), counts=counts, out=out)
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Every rank's ``sendbuf`` into root's ``recvbuf`` at ``displs``, ``counts`` each.

@@ -235,19 +235,14 @@ TYPEDICT: dict[str, Datatype] = {code: DATATYPES[name] for code, name in _CODES.
 TYPEDICT_C: dict[str, Datatype] = {code: DATATYPES[name] for code, name in _CODES_C.items()}
 TYPEDICT_F: dict[str, Datatype] = {code: DATATYPES[name] for code, name in _CODES_F.items()}
 
-#: The datatype a buffer of each numpy dtype gets when the specification names none.
-_BY_DTYPE: dict[np.dtype, Datatype] = {}
-for _name in ("BYTE", "INT8_T", "SHORT", "INT", "LONG", "LONG_LONG", "UNSIGNED_SHORT"):
-    _BY_DTYPE.setdefault(DATATYPES[_name].dtype, DATATYPES[_name])
-for _name in ("UNSIGNED", "UNSIGNED_LONG", "UNSIGNED_LONG_LONG", "FLOAT", "DOUBLE"):
-    _BY_DTYPE.setdefault(DATATYPES[_name].dtype, DATATYPES[_name])
-for _name in ("LONG_DOUBLE", "C_BOOL", "C_COMPLEX", "C_DOUBLE_COMPLEX"):
-    _BY_DTYPE.setdefault(DATATYPES[_name].dtype, DATATYPES[_name])
-_BY_DTYPE.setdefault(DATATYPES["C_LONG_DOUBLE_COMPLEX"].dtype, DATATYPES["C_LONG_DOUBLE_COMPLEX"])
-
 
 def _typecode(code: str, call: str) -> Datatype:
-    """The datatype of a typecode (``"d"``, ``"i"``, ``"f8"``), as mpi4py reads one."""
+    """The datatype of a typecode, as mpi4py reads one: its entry in ``MPI._typedict``
+    (``"i4"`` is ``INT32_T``, ``"i"`` ``INT``, ``"b"`` ``SIGNED_CHAR``: Note [inferred
+    datatypes]); another numpy code by its dtype."""
+    known = TYPEDICT.get(code)
+    if known is not None:
+        return known
     try:
         dtype = np.dtype(code)
     except TypeError:
@@ -258,9 +253,22 @@ def _typecode(code: str, call: str) -> Datatype:
 
 
 def datatype_of(dtype: np.dtype) -> Datatype:
-    """The datatype of a buffer whose specification names none: from its numpy dtype."""
-    known = _BY_DTYPE.get(dtype)
-    if known is not None:
+    """The datatype of a buffer whose specification names none, as mpi4py reads it from
+    the buffer's format (Note [inferred datatypes]).
+
+    Note [inferred datatypes]
+        mpi4py looks a buffer's format up in ``MPI._typedict``, and a typecode too: an
+        int8 array is ``SIGNED_CHAR``, a uint8 array, ``bytes`` and ``bytearray``
+        ``UNSIGNED_CHAR`` (not ``BYTE``), an array of ``"q"`` ``LONG_LONG`` and one of
+        ``"l"`` ``LONG`` (one numpy dtype, two datatypes). Which datatype it is matters
+        where two must be the same (a reduction's send and receive buffers: "mismatch in
+        send and receive MPI datatypes") and to what a reduction's op may do
+        (MPI_ERR_OP), so plait.mpi reads it as mpi4py does. A dtype mpi4py has no code
+        for (float16, structs) is a datatype of its own, named by the dtype, and so is a
+        byte-swapped one (mpi4py refuses it: "non-native byte order").
+    """
+    known = TYPEDICT_C.get(dtype.char)
+    if known is not None and known.dtype == dtype:  # not a byte-swapped twin
         return known
     return Datatype(str(dtype), dtype)
 
@@ -390,7 +398,13 @@ class Message:
 
 def _split(spec: Any, call: str) -> tuple[Any, list[Any], Datatype | None]:
     """A specification's buffer, its middle items (counts, displacements) and datatype."""
-    if isinstance(spec, list | tuple) and spec and not isinstance(spec, bytes | bytearray):
+    if isinstance(spec, list | tuple):
+        if not 2 <= len(spec) <= 4:  # mpi4py's words
+            raise ValueError(
+                f"{call}: message: expecting 2 to 4 items, got {len(spec)}: a buffer "
+                "specification is [buf, datatype], [buf, count, datatype] or [buf, count, "
+                "displ, datatype] (or the buffer alone)"
+            )
         items = list(spec)
         buf, rest = items[0], items[1:]
         dt = None
@@ -418,8 +432,8 @@ def _resolve(
     if buf is None and dt is not None:
         return np.empty(0, np.uint8), dt
     a = _memory(buf, call, what, writes)
-    if dt is None:  # the buffer's own type (it was bytes for all but numpy arrays)
-        dt = DATATYPES["BYTE"] if isinstance(buf, bytes | bytearray) else datatype_of(a.dtype)
+    if dt is None:  # the buffer's own type, as mpi4py reads it (Note [inferred datatypes])
+        dt = datatype_of(a.dtype)
     elif dt.is_pair and a.dtype.names is not None and len(a.dtype.names) == 2:
         dt = Datatype(dt.name, a.dtype, dt.size)  # the array's own layout (Note [datatypes])
     return a.reshape(-1, order="A").view(np.uint8), dt  # "A": in memory order, no copy

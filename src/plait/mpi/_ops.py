@@ -6,7 +6,8 @@ the lowercase ``reduce``/``allreduce`` (``x + y`` for SUM, ``max`` by ``>`` for 
 :class:`plait.Op` that runs a buffer reduction on plait's collectives (SUM, MIN, ... and
 the logical ops as ufuncs), and, for MAXLOC and MINLOC, which plait's collectives cannot
 reduce (their elements are structs), :func:`combine_pairs`, applied in rank order to the
-gathered pairs.
+gathered pairs. :func:`check_op` refuses an op on a datatype it is not defined for, as
+Open MPI does (Note [ops and datatypes]).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from plait import ops as plait_ops
+from plait.mpi._errors import mpi_error
 from plait.mpi._unsupported import Unlisted, lacking
 
-__all__ = ["OPS", "Op", "as_function", "combine_pairs", "fields"]
+__all__ = ["OPS", "Op", "as_function", "check_op", "combine_pairs", "fields"]
 
 
 def _max(x: Any, y: Any) -> Any:
@@ -128,6 +130,83 @@ OPS: dict[str, Op] = {
     "MAXLOC": Op("MAXLOC", _maxloc, None, "max"),
     "MINLOC": Op("MINLOC", _minloc, None, "min"),
 }
+
+
+_MIN_MAX = ("MIN", "MAX")
+_SUM_PROD = ("SUM", "PROD")
+_LOGICAL = ("LAND", "LOR", "LXOR")
+_BITWISE = ("BAND", "BOR", "BXOR")
+
+#: What each kind of datatype may be reduced with, and the datatypes of each kind, as Open
+#: MPI defines them (Note [ops and datatypes]).
+_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "C integer": (
+        _MIN_MAX + _SUM_PROD + _LOGICAL + _BITWISE,
+        (
+            *("BYTE", "CHAR", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT"),
+            *("INT", "UNSIGNED", "LONG", "UNSIGNED_LONG", "LONG_LONG", "UNSIGNED_LONG_LONG"),
+            *("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T"),
+            *("UINT64_T", "AINT", "OFFSET", "COUNT"),
+        ),
+    ),
+    "Fortran integer": (_MIN_MAX + _SUM_PROD + _BITWISE, ("INTEGER",)),
+    "floating point": (
+        _MIN_MAX + _SUM_PROD,
+        ("FLOAT", "DOUBLE", "LONG_DOUBLE", "REAL", "DOUBLE_PRECISION"),
+    ),
+    "logical": (_LOGICAL, ("C_BOOL",)),
+    "complex": (
+        _SUM_PROD,
+        (
+            *("C_COMPLEX", "C_DOUBLE_COMPLEX", "C_LONG_DOUBLE_COMPLEX"),
+            *("COMPLEX", "DOUBLE_COMPLEX"),
+        ),
+    ),
+    "pair": (
+        ("MAXLOC", "MINLOC"),
+        ("FLOAT_INT", "DOUBLE_INT", "LONG_INT", "TWOINT", "SHORT_INT", "LONG_DOUBLE_INT"),
+    ),
+}
+#: The kinds whose plain arrays MAXLOC and MINLOC read as (value, index) rows.
+_ROWS_OF_PAIRS = ("C integer", "Fortran integer", "floating point")
+#: The kind of each datatype, by its name.
+KIND_OF: dict[str, str] = {name: kind for kind, (_, names) in _KINDS.items() for name in names}
+
+
+def check_op(op: Op, datatype: Any, call: str) -> None:
+    """Refuse ``op`` on ``datatype`` (a :class:`plait.mpi.Datatype`) where Open MPI does:
+    ``MPI.Exception`` of class ``ERR_OP`` with MPI's words, the call, op and datatype in
+    a note.
+
+    Note [ops and datatypes]
+        MPI defines each predefined op on some kinds of datatype only (MPI-4.0 §6.9.2):
+        MIN and MAX on C integers, Fortran integers and floating point; SUM and PROD on
+        those and complex; LAND, LOR and LXOR on C integers and logical; BAND, BOR and
+        BXOR on C integers, Fortran integers and bytes; MAXLOC and MINLOC on the pairs.
+        Open MPI refuses any other pair before anything moves, on every rank, with
+        MPI_ERR_OP ("invalid reduce operation"), for a count of 0 too, and so does
+        plait.mpi, whose reductions would run numpy's ufunc on anything it takes (LAND of
+        doubles, SUM of bools) or raise a TypeError that ``except MPI.Exception``
+        misses. Open MPI reads ``BYTE`` and ``CHAR`` as C integers (unsigned and signed
+        bytes: every op but the pairs' on them), and ``AINT``, ``OFFSET`` and ``COUNT``
+        too; ``KIND_OF`` is that, each row checked against mpi4py on Open MPI. A
+        datatype of a dtype MPI has none for (float16, a struct) is not checked: plait's
+        reductions say what they make of it. MAXLOC and MINLOC take the pairs, and, as
+        plait.mpi's own reading (mpi4py refuses it), a plain array of (value, index)
+        rows of an integer or floating-point datatype.
+    """
+    kind = KIND_OF.get(getattr(datatype, "name", ""))
+    if kind is None or op.name in _KINDS[kind][0]:
+        return
+    if op.loc is not None and kind in _ROWS_OF_PAIRS:
+        return
+    takes = [k for k, (ops, _) in _KINDS.items() if op.name in ops]
+    err = mpi_error("ERR_OP", "MPI_ERR_OP: invalid reduce operation")
+    err.add_note(
+        f"{call}: MPI.{op.name} is not defined on {datatype.name}, a {kind} datatype; it "
+        f"takes {', '.join(takes)} datatypes (MPI's rules for the predefined ops)"
+    )
+    raise err
 
 
 def as_function(op: Any, call: str) -> Callable[[Any, Any], Any]:
