@@ -596,7 +596,7 @@ def test_operations_after_close() -> None:
         r = b.irecv(0, 1, np.zeros(4, np.uint8).data, 0)
         wait_all(b, [r], timeout=5)
         assert isinstance(r.error, PeerLostError)
-        assert "rank 0 closed" in str(r.error)
+        assert "rank 0 has closed its communicator" in str(r.error)
     finally:
         _close(ts)
 

@@ -448,8 +448,10 @@ class ShmLink:
         ep = self._ep
         closed = p.closed = p.seg is not None and p.seg.words[W_CLOSED] == 1
         name = ep.name(p.rank)
+        # A transport closes with the communicator that owns it, the one a user knows:
+        # every transport names a peer that closed so (Note [peers that close]).
         p.lost = (
-            f"rank {name} has closed its transport"
+            f"rank {name} has closed its communicator"
             if closed
             else f"rank {name} was lost: its process exited or was killed"
         )

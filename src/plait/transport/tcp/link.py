@@ -345,11 +345,11 @@ class TcpLink:
         """``p`` closed its transport: fail what waits on it, keep reading parts still owed.
 
         The error says it closed, not died (Note [peers that close] in
-        :mod:`plait.transport.base`): what it told before its goodbye came first.
+        :mod:`plait.transport.base`): what it told before its goodbye came first. It
+        names the communicator, which a user knows and whose close closes the transport,
+        as every transport does.
         """
-        p.gone = closed_peer(
-            f"rank {p.rank} closed its transport: connection to rank {self.rank} closed"
-        )
+        p.gone = closed_peer(f"rank {p.rank} has closed its communicator")
         self._fail_pending(p, p.gone, inbound=False)
         for c in p.conns:
             if c.index == 0 or (c.rec is None and not c.due):
