@@ -52,6 +52,17 @@ Note [stall probes]
       told by any peer came before the death this rank saw: the call raises
       the rank told lost first, and passes that on. Before, ranks waiting in
       a ring behind a lost rank's neighbour each named the rank before them.
+
+      Note [a loss told on]: a rank that learns of a loss only from a peer's
+      notice (its probes read it, or it explains the call's timeout) passes
+      it on to its other peers, as a rank that saw the loss does, once
+      (:func:`settle`; the probes' ``block`` in
+      :mod:`plait.runtime.waits` settles what they raise). The notice of the
+      rank that saw the loss may still be on its way to those peers (behind
+      megabytes on a slow link between hosts), and this rank may leave at
+      once: before, it told nothing, and a peer waiting on it saw it go and
+      named it as the lost rank. A peer that gave up after an error of its own
+      (``ABANDONED``, below) told every rank itself: that is not passed on.
     - an ``ABANDONED`` notice of this call or an earlier one (the peer gave up
       on it after an error of its own, and makes no more calls of this
       communicator: Note [errors of a rank's own] in :mod:`plait._failures`):
@@ -367,7 +378,8 @@ def settle(
     """The error a failing call raises: ``err``, or the mismatch or loss behind it.
 
     A MismatchError is told to every peer (a verdict: Note [stall probes]), and
-    so is a PeerLostError that names its lost rank (a ``LOST`` notice), unless a
+    so is a PeerLostError that names its lost rank (a ``LOST`` notice; a loss a
+    peer told too, Note [a loss told on]), unless a
     verdict here explains the loss (the rank that found the mismatch raised and
     left): then that mismatch is told, so that a rank which hears only from this
     one learns the cause, not its consequence. A lost
@@ -415,6 +427,9 @@ def settle(
                 kind = CLOSED
                 if isinstance(found, PeerLostError):
                     found = None
+        elif isinstance(err, CommTimeout) and isinstance(found, PeerLostError) and not own:
+            # Note [a loss told on]: the loss a peer told explains the timeout, and goes on
+            lost, kind = found.lost_rank, CLOSED if peer_closed(found) else LOST
         if lost is not None and not (own or isinstance(found, MismatchError)):
             tell_all(transport, call, where.rank, where.size, kind, lost)
         if isinstance(found, PeerLostError) and not (

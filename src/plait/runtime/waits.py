@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import CollectiveTimeout, CommError, InternalError, MismatchError, PeerLostError
+from plait.runtime.notices import OWN
 from plait.runtime.stall import GAVE_UP, PROBE_SECONDS, Prober, settle
 from plait.schedule.ir import Schedule, Step
 from plait.transport.base import PEER_CLOSED, WITHDRAWN, Handle, Transport, peer_closed
@@ -59,7 +60,8 @@ def block(
     messages). ``probe_at`` (when the call starts to probe its peers, 0.0 until it
     first blocks) and ``prober`` carry from one wait of the call to the next; the
     new pair is returned (Note [stall probes]). Raises the call's error once its
-    deadline passes.
+    deadline passes, or once the probes find a mismatch or a lost rank (settled: told to
+    the call's peers, :func:`~plait.runtime.stall.settle`).
     """
     steps = schedule.steps
     tl = call.timeline
@@ -95,10 +97,17 @@ def block(
             prober.start(waiting_on(steps, pending))
         if prober is not None:
             prober.check(waiting_on(steps, pending))
-    except BaseException:
+    except BaseException as exc:
+        # A loss a peer told is passed on, as one this rank saw (Note [a loss told on] in
+        # plait.runtime.stall); a mismatch the probes found they have told, and a peer that
+        # gave up after an error of its own told every rank itself.
+        told = isinstance(exc, PeerLostError) and not getattr(exc, OWN, False)
+        found = settle(transport, call, schedule, exc, prober) if told else exc
         if fresh is not None:  # never returned, so never closed by the caller
             fresh.close()
-        raise
+        if found is exc:
+            raise
+        raise found from exc  # (as settle chains it)
     return probe_at, prober
 
 
