@@ -109,6 +109,7 @@ from plait._meeting import (
     job_space,
     leave,
     meet,
+    world_made,
 )
 from plait._processes import die_with_launcher, host_name
 from plait.communicator import Communicator, default_timeout
@@ -605,7 +606,8 @@ def init(
             group.set("run", f"{secrets.token_hex(6)} {size}".encode())
         mine = (host, kind, fingerprint(config))  # Note [one configuration] in plait._meeting
         wait = None if timeout is None else left()
-        hosts = meet(group, rank, size, mine, seconds, wait, info, temp=temp)
+        world = (rank, size) == (info.rank, info.size)  # the job's own (not a torch group's)
+        hosts, again = meet(group, rank, size, mine, seconds, wait, info, temp=temp, world=world)
         run, _, sized = group.get("run").decode().partition(" ")
         if sized != str(size):  # launchers of one job told its ranks different sizes
             raise RendezvousError(
@@ -627,8 +629,6 @@ def init(
         except CommError as exc:  # the others' waits for this rank end now
             report_gave_up(group, rank, str(exc))  # Note [ranks that gave up]
             raise
-        # The job's own world (not a torch group's init): its ranks are the job's.
-        world = (rank, size) == (info.rank, info.size)
         comm = Communicator(
             t,
             timeout=timeout,
@@ -636,8 +636,11 @@ def init(
             _settings=config,
             _run=run,
             _members=range(size) if world else None,
-            _comm_id=0 if world else own_comm_id(run),  # its dumps are not the world's
+            # its dumps are not the world's (Note [two worlds in one process])
+            _comm_id=0 if world and not again else own_comm_id(run),
         )
+        if world:
+            world_made(comm)
         if "shm" in links:  # ranks that share a host's memory wait by yielding to each other
             bind_crowded(rank, hosts)
         # A store passed as an object is the caller's (torch's, in the torch backend), and the

@@ -54,6 +54,16 @@ Note [ranks that never came]
     came is counted out once, whichever ranks time out, and the last rank that came to leave
     deletes the directory. A rank that comes later finds GONE in its claim: it is told that
     another rank gave up waiting for it, and takes back the count it adds again as it leaves.
+
+Note [two worlds in one process]
+    A communicator's id names its flight recorder's dumps (``rank<r>.json`` for the job's
+    world, id 0) and sits in its wire tags. A process may make the job's world twice, both
+    open at once: ``plait.init`` beside torch's ``init_process_group("plait")``, or two
+    ``init`` calls. Both had id 0, and their dumps went to one file, the later over the
+    earlier (``plait analyze`` then read one rank's dump as another's). The ids must agree
+    across the ranks, for the tags, so each rank says with its host whether it already has
+    a world open (:func:`world_open`), and where any rank has, every rank gives the new one
+    an id of its own, drawn from the run token all of them read (``own_comm_id``).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.parse
+import weakref
 from collections.abc import Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
@@ -183,6 +194,20 @@ def claim_rank(
         mark_joined(group, rank)
 
 
+#: The job's world communicators this process has made (Note [two worlds in one process]).
+_worlds: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def world_open() -> bool:
+    """Whether this process has a communicator of the job's world open."""
+    return any(not c.closed for c in list(_worlds))
+
+
+def world_made(comm: Any) -> None:
+    """Count ``comm`` among this process's worlds (:func:`world_open`)."""
+    _worlds.add(comm)
+
+
 def meet(
     group: PrefixStore,
     rank: int,
@@ -193,11 +218,14 @@ def meet(
     info: LaunchInfo,
     *,
     temp: bool = False,
-) -> list[str]:
+    world: bool = False,
+) -> tuple[list[str], bool]:
     """Say this rank's host, transport and settings' fingerprint (``mine``), wait until every
-    rank has said its own, and return every rank's host; errors that name the ranks, not
-    store keys. ``temp``: the store is the temp-dir file store, in which a rank that times out
-    counts out the ranks that never came (Note [ranks that never came]).
+    rank has said its own, and return every rank's host, and whether any rank that makes the
+    job's world (``world``) has one open already (Note [two worlds in one process]); errors
+    that name the ranks, not store keys. ``temp``: the store is the temp-dir file store, in
+    which a rank that times out counts out the ranks that never came (Note [ranks that never
+    came]).
 
     Raises:
         StoreTimeout: some ranks never arrived (named) within ``timeout``.
@@ -207,13 +235,14 @@ def meet(
     """
     from plait.rendezvous.store import StoreTimeout
 
-    group.set(f"host/{rank}", "\n".join((*mine, machine())).encode())
+    again = "1" if world and world_open() else "0"
+    group.set(f"host/{rank}", "\n".join((*mine, again, machine())).encode())
     keys = [f"host/{r}" for r in range(size)]
     try:
         wait_ranks(
             group, keys, range(size), timeout, me=f"rank {rank} of {size}", what="say their host"
         )
-        told = [group.get(key).decode().split("\n", 3) for key in keys]
+        told = [group.get(key).decode().split("\n", 4) for key in keys]
     except StoreTimeout:
         try:
             missing = [r for r in range(size) if not group.check([keys[r]])]
@@ -236,15 +265,15 @@ def meet(
             f"(see its error) ({exc})"
         ) from exc
     try:
-        _same_transport(rank, [kind for _, kind, _, _ in told])
-        _same_settings(rank, [config for _, _, config, _ in told])
-        hosts = [host for host, _, _, _ in told]
-        _one_machine_per_host(rank, hosts, [where for _, _, _, where in told])
+        _same_transport(rank, [kind for _, kind, _, _, _ in told])
+        _same_settings(rank, [config for _, _, config, _, _ in told])
+        hosts = [host for host, _, _, _, _ in told]
+        _one_machine_per_host(rank, hosts, [where for _, _, _, _, where in told])
     except RendezvousError:
         if info.store_by_rank0:  # Note [refused alike]
             _refused_alike(group, rank, size, timeout, serves=info.store_is_server)
         raise
-    return hosts
+    return hosts, any(again == "1" for _, _, _, again, _ in told)
 
 
 def _refused_alike(

@@ -321,3 +321,34 @@ def test_a_rank_killed_under_plait_run_leaves_the_others_dumps_and_a_note(
         in report
     ), report
     assert "skipped" not in report, report  # the note is not read as a dump
+
+
+def test_two_worlds_open_in_one_process_dump_to_files_of_their_own(tmp_path: Path) -> None:
+    """plait.init twice (or beside torch's init_process_group("plait")): both worlds had id
+    0, and each rank's second dump overwrote its first, losing one communicator's calls."""
+    script = """
+        import numpy as np, os, plait, signal
+        a = plait.init(timeout=20)
+        b = plait.init(timeout=20)
+        a.allreduce(np.ones(3))
+        b.allgather(np.ones(5))
+        assert (a.allreduce(np.ones(1)) == a.size).all()  # still apart on the wire
+        os.kill(os.getpid(), signal.SIGUSR1)  # every rank dumps both
+        b.close()
+        a.close()
+        with plait.init(timeout=20) as c:  # the only world open again: rank<r>.json
+            assert c._comm_id == 0 and a._comm_id == 0 and b._comm_id != 0
+    """
+    res = _run(tmp_path, 2, script, _env(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    folder = tmp_path / "dumps" / "diagjob"
+    names = sorted(p.name for p in folder.glob("*.json"))
+    seconds = [n for n in names if n.startswith("comm")]
+    assert names == sorted(["rank0.json", "rank1.json", *seconds]), names
+    assert len(seconds) == 2, names
+    assert seconds[0].split(".")[0] == seconds[1].split(".")[0], names  # one id on every rank
+    for r in range(2):
+        first = [c.collective for c in load(folder / f"rank{r}.json").calls]
+        second = [c.collective for c in load(folder / seconds[r]).calls]
+        assert first == ["allreduce", "allreduce"], first
+        assert second == ["allgather"], second
