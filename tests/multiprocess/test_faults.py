@@ -184,19 +184,28 @@ def test_reduce_scatter_counts_leaving_a_rank_no_rows_fail_on_every_rank(
 
 def test_a_rank_closed_during_a_one_sided_call_is_named_so(tmp_path: Path) -> None:
     # Rank 1's communicator is closed from another thread while it waits in the call; the
-    # others, coming later, heard that it gave up "after an error of its own".
-    script = """
-        import threading, time, numpy as np, plait
+    # others, coming later, hear that it closed its communicator during the call. They come
+    # once the close is done (a file says so): under load, a timer of 0.5 s against a sleep
+    # of 2 s once let them come first.
+    flag = tmp_path / "closed"
+    script = f"""
+        import os, threading, time, numpy as np, plait
         comm = plait.init(timeout=30)
         comm.barrier()
         if comm.rank == 1:
-            threading.Timer(0.5, comm.close).start()
+            def close():
+                comm.close()
+                open({str(flag)!r}, "w").close()
+
+            threading.Timer(0.5, close).start()
         else:
-            time.sleep(2)
+            deadline = time.monotonic() + 20
+            while not os.path.exists({str(flag)!r}) and time.monotonic() < deadline:
+                time.sleep(0.01)
         try:
             comm.allreduce(np.ones(10))
         except plait.CommError as exc:
-            print(f"{comm.rank} {type(exc).__name__}: {exc}", flush=True)
+            print(f"{{comm.rank}} {{type(exc).__name__}}: {{exc}}", flush=True)
     """
     res, _ = plait_run(["-n", "4", "--transport", "shm"], script, tmp_path)
     lines = sorted(res.stdout.splitlines())
