@@ -3,11 +3,12 @@
 The launcher reads every rank's stdout and stderr through pipes on one thread (selectors, no
 polling) and writes each complete line at once, so that lines of different ranks never mix;
 with ``tag_output`` every line gets its ``[rank]: `` prefix, without it a rank's stderr gets it
-from its first Python traceback on. While relaying, the stderr of each rank is read for
-tracebacks: which exception a rank's latest traceback starts with tells the launcher whether
-the rank started a failure or only suffered it (Note [which rank started a failure] in
-plait.launch.watch), and for stall lines (:data:`plait.diagnostics.triggers.STALL_MARKER`),
-which go to the launcher's stall handler (:mod:`plait.launch.stall`).
+from its first Python traceback on (Note [causes printed without a traceback]). While
+relaying, the stderr of each rank is read for tracebacks: which exception a rank's latest
+traceback starts with tells the launcher whether the rank started a failure or only suffered
+it (Note [which rank started a failure] in plait.launch.watch), and for stall lines
+(:data:`plait.diagnostics.triggers.STALL_MARKER`), which go to the launcher's stall handler
+(:mod:`plait.launch.stall`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ _CHAINED = (
     b"The above exception was the direct cause of the following exception:",
     b"During handling of the above exception, another exception occurred:",
 )
+#: A line that may be an exception's own where it has no "Traceback" line before it: its name,
+#: then ``: `` and its message, or a class's name alone (``KeyboardInterrupt``).
+_CAUSE_LINE = re.compile(rb"[A-Za-z_\x80-\xff][\w.\x80-\xff]*: |(?:[\w\x80-\xff]+\.)*[A-Z]\w*$")
+#: How long a rank's stderr lines that may begin such a cause wait for the rest of it, and how
+#: many of them at most (Note [causes printed without a traceback]).
+_HOLD_SECONDS = 0.25
+_HOLD_LINES = 64
 
 
 @dataclass
@@ -154,6 +162,14 @@ class _Stream:
     tagged: bool
     traceback: Traceback | None  # stderr only
     pending: bytes = b""
+    #: Whole lines not written yet: they may begin a cause printed without a "Traceback"
+    #: line (Note [causes printed without a traceback]); and when they were read.
+    held: bytes = b""
+    held_at: float = 0.0
+    #: A traceback's chain line came (its causes may have had no "Traceback" line): from then
+    #: on every line gets the prefix, as from a "Traceback" line on (Note [causes printed
+    #: without a traceback]).
+    chained: bool = False
     at_line_start: bool = True
     ended: bool = False
 
@@ -196,6 +212,22 @@ class Relay:
     the launcher's own messages take too, so no line is ever split between two writers. A
     rank that prints a lot costs a read, a search for the last line end and a write per
     64 KiB (plus a join with its prefix when tagged).
+
+    Note [causes printed without a traceback]
+        Without ``tag_output``, a rank's stderr gets its prefix from its first traceback on,
+        which the relay knew by its "Traceback (most recent call last):" line. But Python
+        prints an exception that was never raised (plait's ``err.__cause__ = why``, a
+        ``raise X from Y()``) with no such line and no frames: its own line alone, then
+        "The above exception was the direct cause ...", and the traceback proper only after
+        the chain. Those first lines went out without the prefix. So, until a rank's first
+        traceback, its stderr lines that may begin such a cause (an exception's line, then
+        lines of its message or notes, at most one blank line) wait for the rest: a chain's
+        line that follows has them written with the prefix, from the first such line on,
+        and a line that cannot follow a cause, the end of the output, or
+        :data:`_HOLD_SECONDS` has them written as they are. Python writes a traceback a
+        line at a time but all at once, so what it prints comes within that time; the cost
+        is that other lines of that shape (``Epoch: 3``) may come out that much later, and
+        only before the rank's first traceback.
     """
 
     def __init__(
@@ -226,6 +258,7 @@ class Relay:
         self._open: dict[int, int] = {}  # rank -> its pipes not yet at their end
         self._ended = threading.Condition()
         self._tracebacks: dict[int, Traceback] = {}
+        self._holding: dict[int, _Stream] = {}  # the streams with held lines, by their pipe
         self._on_stall = on_stall
         self._thread = threading.Thread(target=self._loop, name="plait-run-output", daemon=True)
         self._closed = False
@@ -284,8 +317,10 @@ class Relay:
 
     def _loop(self) -> None:
         while self._streams:
-            ready = self._selector.select()
+            ready = self._selector.select(self._hold_left())
             self.round += 1
+            if self._holding:
+                self._release_due()
             for key, _ in ready:
                 if key.data is None:  # close(): take what the pipes hold now, and stop
                     for s in list(self._streams.values()):
@@ -334,19 +369,22 @@ class Relay:
             if told.first is not None:
                 told.wrote(self.round)
         if not whole:
-            tag = s.tagged or (tb is not None and tb.seen)
-            out = (s.prefix if tag and s.at_line_start else b"") + data
+            tag = s.tagged or s.chained or (tb is not None and tb.seen)
+            out = self._unhold(s) + (s.prefix if tag and s.at_line_start else b"") + data
             s.at_line_start = False
+        elif tb is not None and not (s.tagged or s.chained or tb.seen):
+            out = self._before_traceback(s, tb, data)
+            s.at_line_start = True
         elif tb is not None and not tb.skim(data):
             now = time.monotonic()
             parts = []
             for i, record in enumerate(_RECORD.findall(data)):
                 tb.feed(record, now, self.round)
-                tag = s.tagged or tb.seen
+                tag = s.tagged or s.chained or tb.seen
                 parts.append(s.prefix + record if tag and (i or s.at_line_start) else record)
             out = b"".join(parts)
             s.at_line_start = True
-        elif s.tagged or (tb is not None and tb.seen):
+        elif s.tagged or s.chained or (tb is not None and tb.seen):
             out = (s.prefix if s.at_line_start else b"") + s.prefix.join(_RECORD.findall(data))
             s.at_line_start = True
         else:
@@ -356,6 +394,73 @@ class Relay:
             s.sink(out)
         if whole and tb is not None and self._on_stall is not None and _STALL in data:
             self._stalls(s.rank, data)
+
+    def _before_traceback(self, s: _Stream, tb: Traceback, data: bytes) -> bytes:
+        """What to write of ``data`` (whole lines of an untagged stderr before its first
+        traceback) and of the lines held before it; holds those that may begin a cause
+        printed without a "Traceback" line (Note [causes printed without a traceback])."""
+        now = time.monotonic()
+        held = s.held
+        buf = held + data if held else data
+        if tb.skim(data):  # no traceback begins here: only the last lines may be held
+            return self._hold(s, buf, len(held), now)
+        records = _RECORD.findall(data)
+        at, i = len(held), 0
+        while True:
+            if i == len(records):
+                return self._hold(s, buf, len(held), now)
+            record = records[i]
+            tb.feed(record, now, self.round)
+            i += 1
+            if tb.seen:
+                break
+            if record.rstrip(b"\r\n") in _CHAINED:
+                s.chained = True
+                at = _cause_start(buf, at)  # the cause printed before it, held or in data
+                break
+            at += len(record)
+        for record in records[i:]:
+            tb.feed(record, now, self.round)
+        self._unhold(s)
+        return buf[:at] + s.prefix + s.prefix.join(_RECORD.findall(buf[at:]))
+
+    def _hold(self, s: _Stream, buf: bytes, old: int, now: float) -> bytes:
+        """Hold the last lines of ``buf`` that may begin a cause (its first ``old`` bytes were
+        held already); return the rest, to write now."""
+        cut = _hold_start(buf)
+        fd = s.pipe.fileno()
+        if cut == len(buf):
+            s.held = b""
+            self._holding.pop(fd, None)
+        else:
+            if cut >= old:  # none of the lines held before is held still
+                s.held_at = now
+            s.held = buf[cut:]
+            self._holding[fd] = s
+        return buf[:cut]
+
+    def _unhold(self, s: _Stream) -> bytes:
+        """The lines ``s`` held, held no more."""
+        held, s.held = s.held, b""
+        if held:
+            self._holding.pop(s.pipe.fileno(), None)
+        return held
+
+    def _hold_left(self) -> float | None:
+        """Seconds until the first held lines are due to be written (None: none held)."""
+        if not self._holding:
+            return None
+        first = min(s.held_at for s in self._holding.values())
+        return max(first + _HOLD_SECONDS - time.monotonic(), 0.0)
+
+    def _release_due(self) -> None:
+        """Write, as they are, the held lines that waited :data:`_HOLD_SECONDS`."""
+        now = time.monotonic()
+        for s in list(self._holding.values()):
+            if now - s.held_at >= _HOLD_SECONDS:
+                held = self._unhold(s)
+                with self._lock:
+                    s.sink(held)
 
     def _stalls(self, rank: int, data: bytes) -> None:
         """Hand the stall lines among ``data`` (whole lines of ``rank``'s stderr) to on_stall."""
@@ -379,6 +484,10 @@ class Relay:
         if s.pending or not s.at_line_start:
             self._write(s, s.pending + b"\n", whole=True)
             s.pending = b""
+        if s.held:  # no cause's chain follows: as they are
+            held = self._unhold(s)
+            with self._lock:
+                s.sink(held)
         self._selector.unregister(fd)
         del self._streams[fd]
         s.pipe.close()
@@ -465,6 +574,65 @@ def _members(path: str) -> list[int]:
     if not isinstance(members, list) or not all(type(m) is int for m in members):
         return []
     return members
+
+
+def _line_start(buf: bytes, end: int) -> int:
+    """Where the line of ``buf`` that ends (its line end included) at ``end`` > 0 begins."""
+    last = end - 1
+    if last and buf[last] == 0x0A and buf[last - 1] == 0x0D:
+        last -= 1
+    return max(buf.rfind(b"\n", 0, last), buf.rfind(b"\r", 0, last)) + 1
+
+
+def _may_be_cause(line: bytes) -> bool:
+    """Whether ``line`` (with its end) may be an exception's own, printed without a
+    "Traceback" line (not plait's own lines, ``plait: stall: ...``)."""
+    return _CAUSE_LINE.match(line.rstrip(b"\r\n")) is not None and not line.startswith(_OWN_LINE)
+
+
+def _hold_start(buf: bytes) -> int:
+    """Where the lines at the end of ``buf`` (whole lines) that may begin a cause printed
+    without a "Traceback" line begin: its last lines that are not blank, after at most one
+    blank line (Python's, before "The above exception ..."), from the first that may be an
+    exception's own; ``len(buf)`` where there is none (Note [causes printed without a
+    traceback])."""
+    end = len(buf)
+    if end and buf[_line_start(buf, end) : end].isspace():
+        end = _line_start(buf, end)
+    hold = len(buf)
+    for _ in range(_HOLD_LINES):
+        if not end:
+            break
+        start = _line_start(buf, end)
+        line = buf[start:end]
+        if line.isspace():
+            break
+        if _may_be_cause(line):
+            hold = start
+        end = start
+    return hold
+
+
+def _cause_start(buf: bytes, at: int) -> int:
+    """Where the cause printed before the chain's line at ``at`` in ``buf`` begins, as far as
+    ``buf`` holds it: the first line that may be an exception's own among the lines not blank
+    before it, else the first of those lines (Note [causes printed without a traceback])."""
+    end = at
+    while end and buf[_line_start(buf, end) : end].isspace():  # the blank line before it
+        end = _line_start(buf, end)
+    run, first = end, None
+    for _ in range(_HOLD_LINES):
+        if not end:
+            break
+        start = _line_start(buf, end)
+        line = buf[start:end]
+        if line.isspace():
+            break
+        run = start
+        if _may_be_cause(line):
+            first = start
+        end = start
+    return run if first is None else first
 
 
 def _pieces(line: bytes) -> list[bytes]:
