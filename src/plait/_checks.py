@@ -11,6 +11,7 @@ and the value, so they hold no state of their own; the two caches they use
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "check_rows",
     "check_timeout",
     "check_user_tag",
+    "debug_level",
     "env_switch",
     "split_rows",
 ]
@@ -438,3 +440,18 @@ def check_async(async_op: Any, where: str) -> bool:
     if isinstance(async_op, bool | np.bool_):
         return bool(async_op)
     raise TypeError(f"{where}: async_op must be True or False; got {async_op!r}")
+
+
+def debug_level() -> str:
+    """PLAIT_DEBUG's level: ``info``, ``detail``, or ``""`` where it is unset, 0 or off.
+
+    Raises:
+        ValueError: PLAIT_DEBUG names no level (a typo must not pass unseen).
+    """
+    debug = os.environ.get("PLAIT_DEBUG", "").strip().lower()
+    if debug not in ("", "0", "off", "info", "detail"):
+        raise ValueError(
+            f"PLAIT_DEBUG={os.environ['PLAIT_DEBUG']!r} is not a level; expected info or "
+            "detail (or 0, off, unset: neither)"
+        )
+    return debug if debug in ("info", "detail") else ""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from plait import collectives
-from plait._checks import CACHE_LIMIT, check_timeout
+from plait._checks import CACHE_LIMIT, check_timeout, debug_level
 from plait._compressed import allreduce_compressed
 from plait._fork import watch
 from plait._object_methods import Lanes, ObjectMethods
@@ -101,21 +101,6 @@ _SMALLEST_WINDOW = 2 * 32
 #: Seconds a call may take before it fails with CommTimeout, where neither the call, its
 #: communicator nor PLAIT_TIMEOUT says (:func:`default_timeout`).
 DEFAULT_TIMEOUT = 300.0
-
-
-def debug_level() -> str:
-    """PLAIT_DEBUG's level: ``info``, ``detail``, or ``""`` where it is unset, 0 or off.
-
-    Raises:
-        ValueError: PLAIT_DEBUG names no level (a typo must not pass unseen).
-    """
-    debug = os.environ.get("PLAIT_DEBUG", "").strip().lower()
-    if debug not in ("", "0", "off", "info", "detail"):
-        raise ValueError(
-            f"PLAIT_DEBUG={os.environ['PLAIT_DEBUG']!r} is not a level; expected info or "
-            "detail (or 0, off, unset: neither)"
-        )
-    return debug if debug in ("info", "detail") else ""
 
 
 def default_timeout() -> float:

@@ -446,9 +446,9 @@ def settings_problem(replaced: Collection[str] = ()) -> str | None:
     rank would give. ``replaced``: the settings an option of the command sets for the ranks
     instead (``PLAIT_TIMEOUT`` for ``plait run --timeout``), which are not read.
     """
-    from plait._checks import env_switch
+    from plait._checks import debug_level, env_switch
     from plait._net import parse_ifname
-    from plait.communicator import debug_level, default_timeout
+    from plait.communicator import default_timeout
     from plait.diagnostics.recorder import _env_int as recorder_setting
     from plait.diagnostics.timeline import events_limit
     from plait.diagnostics.triggers import stall_timeout_from_env
