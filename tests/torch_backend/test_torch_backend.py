@@ -259,6 +259,30 @@ def test_ctrl_c_in_a_works_wait_is_a_keyboard_interrupt() -> None:
         lane.stop(10)
 
 
+def test_ctrl_c_that_ended_the_call_is_raised_once_then_its_error() -> None:
+    """Where the waiting thread ran the call and Ctrl-C ended it, plait's Work raises the
+    KeyboardInterrupt in that wait and a CommError in later ones: PlaitWork raised the
+    CommError at once, which `except Exception` swallowed."""
+
+    class Ended:
+        waits = 0
+
+        def wait(self, timeout: float | None = None) -> None:
+            self.waits += 1
+            if self.waits == 1:
+                raise KeyboardInterrupt
+            raise plait.CommError("rank 0: allreduce did not finish: KeyboardInterrupt")
+
+        def done(self) -> bool:
+            return True
+
+    work = PlaitWork("rank 0: test", [Ended()], [], timeout=30)  # type: ignore[list-item]
+    with pytest.raises(KeyboardInterrupt):
+        work.wait()
+    with pytest.raises(plait.CommError, match="did not finish"):
+        work.wait()
+
+
 def test_reworded_argument_errors_and_plaits_own() -> None:
     """A late argument error is raised in the caller's terms, once; plait's own pass unchanged."""
     lane = Lanes("test-lane")

@@ -589,6 +589,8 @@ class PlaitWork(dist.Work):
                         error = timed_out(error, self._describe, self._timeout)
                     if error is not None:
                         self._fail_once(globally_named(error, self._global))
+                        if not isinstance(exc, Exception):
+                            raise  # the Ctrl-C that ended the call, once; later waits its error
                         break
             self._finish_once()
         if self._error is not None:
