@@ -754,7 +754,7 @@ def test_names_comm_and_datatype_lack_are_unsupported_on_the_class_too(tmp_path:
         "plait.mpi does not support Datatype.Create_struct; nearest supported: a numpy "
         "structured dtype, sent as bytes"
     )
-    assert got[0][1].startswith("plait.mpi does not support Comm.Create_cart; nearest")
+    assert got[0][1].startswith("plait.mpi does not support Intracomm.Create_cart; nearest")
 
 
 def test_split_refuses_a_negative_numpy_color_as_mpi_err_arg(tmp_path: Path) -> None:
@@ -796,3 +796,63 @@ def test_sendrecv_refuses_its_receives_source_and_tag_before_it_sends(tmp_path: 
     )
     for said in got:
         assert said == ["MPI_ERR_RANK: invalid rank", "MPI_ERR_TAG: invalid tag", False]
+
+
+# -- communicators: classes, names, attributes ----------------------------------------------
+def test_world_and_what_it_makes_are_intracomms_with_mpi4pys_names_and_tag_ub(
+    tmp_path: Path,
+) -> None:
+    """MPI.Intracomm was MPI.Comm, so COMM_NULL was an Intracomm and COMM_WORLD's class was
+    Comm; Set_name, Is_intra, Is_inter, Get_attr, TAG_UB and VERSION raised Unsupported.
+    Every value here is mpi4py's on Open MPI."""
+    got = job(
+        tmp_path,
+        """
+        def err(f):
+            try:
+                return f()
+            except MPI.Exception as e:
+                return e.Get_error_class()
+        kind = lambda c: type(c).__name__
+        said = [kind(comm), kind(MPI.COMM_SELF), kind(MPI.COMM_NULL)]
+        said += [isinstance(MPI.COMM_NULL, MPI.Intracomm), issubclass(MPI.Intracomm, MPI.Comm)]
+        said += [kind(MPI.Comm()), kind(MPI.Intracomm()), MPI.Intracomm() == MPI.COMM_NULL]
+        said += [kind(MPI.Comm(comm)), kind(MPI.Intracomm(comm)), kind(comm.Dup())]
+        said += [kind(comm.Clone()), kind(comm.Split(0, 0)), kind(comm.Split(MPI.UNDEFINED))]
+        said += [kind(MPI.Comm(comm).Dup()), kind(MPI.Comm(comm).Split(0, 0))]
+        said += [comm.Is_inter(), comm.Is_intra(), comm.is_inter, comm.is_intra]
+        said += [err(MPI.COMM_NULL.Is_inter), err(lambda: MPI.COMM_NULL.Set_name("x"))]
+        d = comm.Dup()
+        second = MPI.Comm(d)
+        d.Set_name("mine")
+        said += [d.Get_name(), second.Get_name(), d.name, comm.Dup().Get_name()]
+        d.name = "a" * 70
+        said.append(len(second.Get_name()))
+        d.Free()
+        said += [d.Get_name(), second.Get_name() == "a" * 63, err(d.Is_inter)]
+        comm.Set_name("w")
+        said += [comm.Get_name(), err(comm.Free)]
+        comm.Set_name("MPI_COMM_WORLD")
+        said += [MPI.TAG_UB, comm.Get_attr(MPI.TAG_UB), comm.Dup().Dup().Get_attr(MPI.TAG_UB)]
+        said += [comm.Split(0, 0).Get_attr(MPI.TAG_UB), MPI.COMM_SELF.Get_attr(MPI.TAG_UB)]
+        said += [err(lambda: MPI.COMM_NULL.Get_attr(MPI.TAG_UB)), comm.Get_attr(0.5)]
+        said += [MPI.VERSION, MPI.SUBVERSION]
+        comm.Send(np.zeros(1), (rank + 1) % comm.size, comm.Get_attr(MPI.TAG_UB))
+        comm.Recv(np.zeros(1), MPI.ANY_SOURCE, comm.Get_attr(MPI.TAG_UB))
+        done(said)
+        """,
+    )
+    tag_ub = 2**31 - 1
+    assert (
+        got
+        == [
+            [
+                *["Intracomm", "Intracomm", "Comm", False, True, "Comm", "Intracomm", True],
+                *["Comm", "Intracomm", "Intracomm", "Intracomm", "Intracomm", "Intracomm"],
+                *["Comm", "Comm", False, True, False, True, 5, 5],
+                *["mine", "mine", "mine", "", 63, "MPI_COMM_NULL", True, 5, "w", 5],
+                *[0, tag_ub, tag_ub, None, None, 5, tag_ub, 3, 1],
+            ]
+        ]
+        * 2
+    )

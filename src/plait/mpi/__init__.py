@@ -36,6 +36,7 @@ from plait.mpi._datatypes import (
     InPlace,
 )
 from plait.mpi._errors import ERRORS, Exception, Get_error_class, Get_error_string
+from plait.mpi._identity import TAG_UB
 from plait.mpi._ops import OPS, Op
 from plait.mpi._requests import REQUEST_NULL, UNDEFINED, Request, Status
 from plait.mpi._unsupported import Unsupported, unsupported
@@ -60,10 +61,13 @@ __all__ = [
     "PROC_NULL",
     "PROD",
     "REQUEST_NULL",
+    "SUBVERSION",
     "SUM",
+    "TAG_UB",
     "THREAD_MULTIPLE",
     "THREAD_SINGLE",
     "UNDEFINED",
+    "VERSION",
     "Comm",
     "Datatype",
     "Exception",
@@ -95,11 +99,13 @@ ANY_SOURCE = plait.ANY_SOURCE
 ANY_TAG = plait.ANY_TAG
 PROC_NULL = plait.PROC_NULL
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+#: The MPI standard whose interface this follows, as mpi4py on Open MPI 4 says: 3.1.
+VERSION, SUBVERSION = 3, 1
 
 #: The job's communicator; it joins the job on first use (Note [the world communicator]).
 COMM_WORLD = world()
 #: This process alone.
-COMM_SELF = Comm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1), number=1)
+COMM_SELF = Intracomm(None, "MPI_COMM_SELF", join=lambda: plait.init(rank=0, size=1), number=1)
 #: What ``Split`` returns for ``MPI.UNDEFINED``; false, and equal to any handle ``Free`` freed.
 COMM_NULL = Comm(None, "MPI_COMM_NULL")
 
@@ -214,7 +220,7 @@ def Get_processor_name() -> str:
 
 def Get_version() -> tuple[int, int]:
     """The MPI standard whose interface this follows, as mpi4py reports it: (3, 1)."""
-    return 3, 1
+    return VERSION, SUBVERSION
 
 
 def Get_library_version() -> str:

@@ -39,6 +39,7 @@ from plait._p2p import _check_tag as check_tag
 from plait.mpi._collectives import BufferCollectives
 from plait.mpi._datatypes import DATATYPES, Message, message
 from plait.mpi._errors import MPIValueError, mpi_error, raising_mpi_errors
+from plait.mpi._identity import CommIdentity
 from plait.mpi._inbox import Inbox
 from plait.mpi._ops import OPS, as_function
 from plait.mpi._requests import UNDEFINED, Request, Status, as_call
@@ -130,8 +131,9 @@ def reading_c_ints(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-class Comm(BufferCollectives, metaclass=Unlisted):
-    """An mpi4py communicator: ``MPI.COMM_WORLD``, or one from ``Split`` or ``Dup``.
+class Comm(BufferCollectives, CommIdentity, metaclass=Unlisted):
+    """An mpi4py communicator: the base class of :class:`Intracomm`, which ``COMM_WORLD``,
+    ``COMM_SELF`` and what ``Split`` and ``Dup`` make of them are, as in mpi4py.
 
     A name mpi4py's has and this lacks raises Unsupported naming it, on an instance
     (``comm.Compare``) and on the class (``MPI.Comm.Get_parent``, ``MPI.Intracomm``'s) alike.
@@ -186,6 +188,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         self._origin = origin  # how an unnamed one was made ("SPLIT FROM MPI_COMM_WORLD")
         self._number = number  # Open MPI's for it (Note [communicator numbers]); -1: none
         self._join = join
+        self._has_attrs = number == 0  # the world's TAG_UB (Note [communicator attributes])
         self._freed = False  # by Free, through any handle (Note [communicator handles])
         self._lock = threading.Lock()
         # Buffer receives take a probed message under it (Note [threads receiving buffers]).
@@ -232,10 +235,6 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         """The number of ranks."""
         return self._c.size
 
-    def Get_name(self) -> str:
-        """The communicator's name (``MPI_COMM_WORLD`` for the world)."""
-        return self._name
-
     def __bool__(self) -> bool:
         if self._handle_freed:  # Note [communicator handles]
             return False
@@ -254,7 +253,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         return id(self._comm) if self else 0
 
     def __repr__(self) -> str:
-        return f"<plait.mpi.Comm {self._name or hex(id(self))}>"
+        return f"<plait.mpi.{type(self).__name__} {self._name or hex(id(self))}>"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -264,6 +263,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     # -- groups -----------------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> Comm:
         """Sub-communicators by ``color``, ordered by ``key``; COMM_NULL for MPI.UNDEFINED.
+        Of this handle's class, as mpi4py's: an Intracomm's are Intracomms.
 
         ``color`` and ``key`` are read as mpi4py reads a C int (:func:`c_int`).
 
@@ -281,9 +281,9 @@ class Comm(BufferCollectives, metaclass=Unlisted):
             )
         group = self._c.split(None if color == UNDEFINED else color, key)
         if group is None:
-            return Comm(None, "MPI_COMM_NULL")
+            return type(self)(None, "MPI_COMM_NULL")
         n = next(_NUMBERS)  # as Dup's (Note [communicator numbers])
-        return Comm(group, origin=f"{n} SPLIT FROM {self._number}", number=n)
+        return type(self)(group, origin=f"{n} SPLIT FROM {self._number}", number=n)
 
     def _label(self) -> str:
         """The communicator as MPI's messages name it: its name, or, for one Split or Dup
@@ -294,11 +294,15 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         """A new communicator of the same ranks whose messages never meet this one's.
 
         It has no name (``Get_name()`` is ``''``, as mpi4py's); MPI's messages call it as
-        Open MPI does, "MPI COMMUNICATOR 3 DUP FROM 0" (Note [communicator numbers]).
+        Open MPI does, "MPI COMMUNICATOR 3 DUP FROM 0" (Note [communicator numbers]). It is
+        of this handle's class and has its attributes, as mpi4py's (Note [communicator
+        attributes]).
         """
         group = self._c.split(0, self._c.rank)
         n = next(_NUMBERS)
-        return Comm(group, origin=f"{n} DUP FROM {self._number}", number=n)
+        dup = type(self)(group, origin=f"{n} DUP FROM {self._number}", number=n)
+        dup._has_attrs = self._has_attrs
+        return dup
 
     Clone = Dup
 
@@ -313,11 +317,11 @@ class Comm(BufferCollectives, metaclass=Unlisted):
                 not let a program free (MPI_ERR_COMM); :func:`plait.mpi.Finalize`
                 releases the world.
         """
-        if self._name in _PREDEFINED or not self or self._freed:
+        if self._mpis_own() or not self or self._freed:
             which, again = self._name, ""
-            if self._name not in _PREDEFINED and not self:
+            if not self._mpis_own() and not self:
                 which, again = "MPI_COMM_NULL", " (this one was freed already)"
-            elif self._name not in _PREDEFINED:  # Note [communicator handles]
+            elif not self._mpis_own():  # Note [communicator handles]
                 which = "this communicator"
                 again = " (it was freed already, through another handle to it)"
             raise mpi_error(
@@ -329,6 +333,11 @@ class Comm(BufferCollectives, metaclass=Unlisted):
         self._release()
         self._freed = True
         self._handle_freed = True
+
+    def _mpis_own(self) -> bool:
+        """Whether this is COMM_WORLD, COMM_SELF or a COMM_NULL that MPI made (not one
+        ``Free`` left), which a program may not free, whatever ``Set_name`` called them."""
+        return self._number in (0, 1) or (self._name == "MPI_COMM_NULL" and not self._freed)
 
     def _release(self) -> None:
         """:meth:`Free`, for any communicator (:func:`plait.mpi.Finalize`'s world too)."""
@@ -361,7 +370,7 @@ class Comm(BufferCollectives, metaclass=Unlisted):
     def _rank_before_joining(self) -> int:
         """This process's rank in a communicator not joined yet: the world's from the
         launcher's environment, as ``plait.init`` reads it; 0 for COMM_SELF or none."""
-        if self._join is None or self._name != "MPI_COMM_WORLD":
+        if self._join is None or self._number != 0:
             return 0
         from plait._init import detect_launch
 
@@ -612,12 +621,19 @@ class Comm(BufferCollectives, metaclass=Unlisted):
 
 # Every public method reads its ranks, tags and roots as mpi4py does (Note [C int
 # arguments]) and raises a bad one as MPI's error (Note [MPI's errors]).
-for _name, _method in {**vars(BufferCollectives), **vars(Comm)}.items():  # Comm's win
-    if not _name.startswith("_") and inspect.isfunction(_method):
+for _name, _method in {**vars(BufferCollectives), **vars(CommIdentity), **vars(Comm)}.items():
+    if not _name.startswith("_") and inspect.isfunction(_method):  # Comm's win
         setattr(Comm, _name, raising_mpi_errors(reading_c_ints(_method)))
 del _name, _method
 
-Intracomm = Comm
+
+class Intracomm(Comm):
+    """mpi4py's ``MPI.Intracomm``: the class of ``COMM_WORLD``, ``COMM_SELF`` and what
+    ``Split`` and ``Dup`` make of them, as in mpi4py (and of ``MPI.Intracomm(comm)``, a
+    second handle), while ``COMM_NULL``, ``MPI.Comm()`` and ``MPI.Comm(comm)`` are plain
+    :class:`Comm` objects."""
+
+    __slots__ = ()
 
 
 def _join_world() -> plait.Communicator:
@@ -643,10 +659,7 @@ def _join_world() -> plait.Communicator:
 #     COMMUNICATOR 4 SPLIT FROM 3"), as Open MPI's does, whatever names the parent has.
 _NUMBERS = itertools.count(3)
 
-#: The names of the communicators MPI makes, which a program may not free.
-_PREDEFINED = ("MPI_COMM_WORLD", "MPI_COMM_SELF", "MPI_COMM_NULL")
 
-
-def world() -> Comm:
+def world() -> Intracomm:
     """A new ``COMM_WORLD`` that joins the job on first use."""
-    return Comm(None, "MPI_COMM_WORLD", join=_join_world, number=0)
+    return Intracomm(None, "MPI_COMM_WORLD", join=_join_world, number=0)

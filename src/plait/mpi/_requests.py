@@ -7,6 +7,7 @@ a request of one waits on or tests the inbox.
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
 import time
 from collections.abc import Sequence
@@ -14,13 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import plait
 from plait.mpi._datatypes import DATATYPES, Datatype, Message
-from plait.mpi._errors import TruncatedError
+from plait.mpi._errors import TruncatedError, mpi_error
 from plait.mpi._unsupported import Unlisted, lacking
 
 if TYPE_CHECKING:
     from plait.mpi._inbox import Inbox, _Pending
 
-__all__ = ["REQUEST_NULL", "UNDEFINED", "Request", "Status", "as_call"]
+__all__ = ["REQUEST_NULL", "UNDEFINED", "Request", "Status", "as_call", "read_count"]
 
 #: mpi4py's ``MPI.UNDEFINED`` (Open MPI's value): a count that is not whole, a split color.
 UNDEFINED = -32766
@@ -45,11 +46,27 @@ def as_call(exc: _E, call: str, seconds: float | None = None) -> _E:
     return err
 
 
+def read_count(value: Any) -> int:
+    """``value`` as mpi4py reads a count or an error code: an integer, a float truncated;
+    TypeError for anything else (a string, None)."""
+    kind = type(value)
+    if hasattr(kind, "__index__"):
+        return operator.index(value)
+    if hasattr(kind, "__int__"):
+        return int(value)
+    raise TypeError("an integer is required")
+
+
 class Status(metaclass=Unlisted):
-    """Who sent a message, with which tag, and how many bytes: mpi4py's ``MPI.Status``."""
+    """Who sent a message, with which tag, and how many bytes: mpi4py's ``MPI.Status``.
+
+    Two statuses are equal where every field is (source, tag, error, bytes, cancelled), as
+    mpi4py's, so ``MPI.Status(st) == st``; like mpi4py's, a status is not hashable.
+    """
 
     __slots__ = ("cancelled", "error", "nbytes", "source", "tag")
     __getattr__ = lacking  # an mpi4py name it lacks: Unsupported, naming it
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value, as mpi4py's
 
     def __init__(self, status: Status | None = None) -> None:
         """An empty status, or a copy of ``status`` (mpi4py's ``MPI.Status(st)``)."""
@@ -103,10 +120,50 @@ class Status(metaclass=Unlisted):
         """Set the tag (as mpi4py allows)."""
         self.tag = tag
 
+    def Set_error(self, error: int) -> None:
+        """Set the error code (an integer; a float is truncated, as mpi4py's)."""
+        self.error = read_count(error)
+
+    def Set_cancelled(self, flag: Any) -> None:
+        """Set whether the request counts as cancelled (any value, by its truth)."""
+        self.cancelled = bool(flag)
+
+    def Set_elements(self, datatype: Datatype, count: int) -> None:
+        """Make the message ``count`` elements of ``datatype``, as MPI_Status_set_elements:
+        ``Get_count(datatype)`` is then ``count`` (by the extent, as :meth:`Get_count`).
+
+        Raises:
+            TypeError: ``datatype`` is not a datatype, or ``count`` not a number.
+            ValueError: ``count`` is negative: ``MPI.Exception`` of class ``ERR_COUNT``, as
+                mpi4py's.
+        """
+        if not isinstance(datatype, Datatype):
+            raise TypeError(
+                f"Set_elements: datatype must be an MPI datatype (MPI.DOUBLE, ...); got "
+                f"{type(datatype).__name__}"
+            )
+        n = read_count(count)
+        if n < 0:
+            raise mpi_error("ERR_COUNT", "MPI_ERR_COUNT: invalid count argument")
+        self.nbytes = n * datatype.extent
+
     @property
     def count(self) -> int:
-        """Bytes in the message (mpi4py's ``Status.count``)."""
+        """Bytes in the message (mpi4py's ``Status.count``); setting it is
+        ``Set_elements(MPI.BYTE, n)``, as mpi4py's."""
         return self.nbytes
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self.Set_elements(DATATYPES["BYTE"], value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def _fields(self) -> tuple[int, int, int, int, bool]:
+        return self.source, self.tag, self.error, self.nbytes, self.cancelled
 
     def _fill(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
         self.source, self.tag, self.nbytes, self.cancelled = source, tag, nbytes, cancelled
