@@ -212,3 +212,69 @@ def test_lost_peer_fails_posted_and_later_receives() -> None:
         assert isinstance(h2.error, PeerLostError)
     finally:
         b.close()
+
+
+def _post(ep: Endpoint, kind: str, buf: np.ndarray) -> Op:
+    """A receive of ``buf`` on tag 1 from rank 0: plain, a pattern from rank 0 alone, or a
+    pattern from any rank."""
+    if kind == "plain":
+        return ep.irecv(0, 1, buf.data, 0)
+    return ep.irecv_match([0] if kind == "pattern-one" else None, 1, -1, buf.data, 0)
+
+
+_KINDS = ["plain", "pattern-one", "pattern"]
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_receive_put_back_goes_where_it_was_in_posting_order(kind: str) -> None:
+    """``repost`` (Note [withdrawn messages] in plait.transport.tcp.rendezvous): a receive
+    a link had taken for a message that its sender withdrew goes back ahead of the
+    receives posted after it, plain and pattern, and takes the next message."""
+    a, b = queue_transports(2)
+    try:
+        bufs = [np.zeros(4, np.uint8) for _ in range(3)]
+        r = _post(b, kind, bufs[0])
+        later = [b.irecv(0, 1, bufs[1].data, 0), _post(b, kind, bufs[2])]
+        with b.lock:  # a link reads the message's header, and its sender withdraws it
+            assert b.take_posted(0, 1) is r
+            b.repost(r)
+        assert (r.peer, r.tag) == (-1 if kind == "pattern" else 0, 1)  # a pattern unbound
+        sends = [a.isend(1, 1, np.full(4, k, np.uint8).data, 0) for k in (1, 2, 3)]
+        conformance.wait_all(b, [r, *later])
+        assert [h.error for h in [r, *later, *sends]] == [None] * 6
+        assert [int(x[0]) for x in bufs] == [1, 2, 3]
+        assert b.envelope(r)[:2] == (0, 1)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_receive_put_back_takes_a_message_filed_meanwhile(kind: str) -> None:
+    """A message that the receive matches, filed while its link held it, is the receive's
+    as it is put back; a filed one it does not match stays filed."""
+    a, b = queue_transports(2)
+    try:
+        buf, other = np.zeros(4, np.uint8), np.zeros(4, np.uint8)
+        r = _post(b, kind, buf)
+        with b.lock:
+            assert b.take_posted(0, 1) is r
+            link = b._route[0]
+            assert link is not None
+            for tag, fill in ((2, 9), (1, 7)):  # as the link files messages nobody waits for
+                msg = Message(link, 0, 4)
+                assert msg.data is not None
+                msg.data[:] = fill
+                msg.received, msg.complete = 4, True
+                b.add_unexpected(0, tag, msg)
+            b.repost(r)
+        assert r.done
+        assert r.error is None
+        assert (buf == 7).all()
+        assert b.envelope(r)[:2] == (0, 1)
+        h = b.irecv(0, 2, other.data, 0)
+        assert h.done
+        assert (other == 9).all()
+    finally:
+        a.close()
+        b.close()

@@ -4,8 +4,9 @@
 (the one class that owns matching); it keeps the promises of
 :class:`~plait.transport.base.Matching` with the endpoint's own queues, lock
 and lost peers, and the endpoint calls it from ``take_posted``,
-``add_unexpected``, ``lose``, ``cancel`` and ``close``. See
-``docs/transport.md``, "Matching patterns".
+``add_unexpected``, ``lose``, ``cancel`` and ``close``. It also puts back a
+receive whose message its sender withdrew (:meth:`PatternMatching.repost`, for
+links), plain or pattern. See ``docs/transport.md``, "Matching patterns".
 
 Note [patterns]
     A receive posted with a pattern (:class:`Wildcard`: any of several
@@ -184,6 +185,44 @@ class PatternMatching:
         if not isinstance(handle, Op):
             raise TypeError(f"rank {self._me}: {handle!r} is not a handle of this transport")
         return handle.peer, handle.tag, handle.nbytes, handle.check
+
+    # -- for links (lock held) -----------------------------------------------------------------
+    def repost(self, op: Op) -> None:
+        """Put receive ``op`` back among the posted receives: the message it had taken (from
+        :meth:`take_posted` or a filed one) was withdrawn by its sender before a byte of it
+        came, so nothing of it is in ``op``'s buffer (Note [withdrawn messages] in
+        :mod:`plait.transport.tcp.rendezvous`).
+
+        The invariant it keeps: ``op`` is as if that message had never matched it. It goes
+        back where it was in posting order (its posting number, ``Op.seq``), ahead of every
+        receive posted after it, so it takes the next message that matches it before they
+        do; a pattern is unbound from the withdrawn message's peer and tag. If a message it
+        matches was filed meanwhile, it takes the first such at once: none filed before
+        ``op`` took the withdrawn one can match it (it would have taken that one instead),
+        so that is the next its sender sent. Like ``irecv`` and ``irecv_match`` for a receive
+        posted already: its link is not told again (the link that calls this moves it).
+        """
+        if isinstance(op, Wildcard):
+            peers = op.peers
+            op.peer = min(peers) if peers is not None and len(peers) == 1 else -1
+            op.tag = op.want
+            found = self._earliest(op)
+            if found is not None:
+                self._take(op, self._unfile(op, *found))
+                return
+            wild = self._wild
+            wild.insert(next((i for i, w in enumerate(wild) if w.seq > op.seq), len(wild)), op)
+            return
+        key = (op.peer, op.tag)
+        filed = self._unexpected.get(key)
+        if filed:
+            msg = filed.popleft()
+            if not filed:
+                del self._unexpected[key]
+            self._take(op, msg)
+            return
+        queue = self._posted.setdefault(key, deque())
+        queue.insert(next((i for i, o in enumerate(queue) if o.seq > op.seq), len(queue)), op)
 
     # -- patterns (lock held; Note [patterns]) --------------------------------------------------
     def _pattern_peers(self, peers: Sequence[int] | None) -> frozenset[int] | None:

@@ -14,22 +14,21 @@ Note [withdrawn messages]
     send never matches a receive: the receiver forgets it, and a receive that had taken
     it (cleared it, the payload not begun, so nothing of it is in the receive's buffer)
     is put back among the posted receives where it was, as if the announcement had never
-    come (:func:`_repost`); it takes the next message that matches it. That a receive
-    took the message at all may say nothing of the order of events: TCP reads frames only
-    while some call waits, so a receive posted long after the sender withdrew reads the
-    announcement and the withdrawal together, and used to fail with MismatchError for a
-    message its sender had given up on before the receive was made. A collective call
-    whose receive is put back learns that the sender gave up from what that rank told its
-    peers as it gave up (Note [stall probes] in :mod:`plait.runtime.stall`).
+    come (the endpoint's ``repost``, :mod:`plait.transport.patterns`); it takes the next
+    message that matches it. That a receive took the message at all may say nothing of
+    the order of events: TCP reads frames only while some call waits, so a receive posted
+    long after the sender withdrew reads the announcement and the withdrawal together,
+    and used to fail with MismatchError for a message its sender had given up on before
+    the receive was made. A collective call whose receive is put back learns that the
+    sender gave up from what that rank told its peers as it gave up (Note [stall probes]
+    in :mod:`plait.runtime.stall`).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 from plait.transport.link import Message, Op
-from plait.transport.patterns import Wildcard
 from plait.transport.tcp import writer
 from plait.transport.tcp.pair import Conn, Inbound, Out, Peer, Rts
 from plait.transport.tcp.wire import (
@@ -49,7 +48,6 @@ from plait.transport.tcp.wire import (
 )
 
 if TYPE_CHECKING:
-    from plait.transport.endpoint import Endpoint
     from plait.transport.tcp.link import TcpLink
 
 __all__ = ["clear", "on_control", "send_payload", "send_rts", "withdraw"]
@@ -253,36 +251,4 @@ def _on_withdraw(link: TcpLink, p: Peer, rid: int) -> None:
         rec.op = None
         op.state = None
         if not op.done:
-            _repost(link.ep, op)
-
-
-def _repost(ep: Endpoint, op: Op) -> None:
-    """Put receive ``op``, whose message was withdrawn before a byte of it came, back where
-    it was among the endpoint's posted receives (its posting number, ``seq``), as if that
-    message had never matched it; or let it take the first message filed for it since.
-
-    The endpoint's own posting (``irecv``, ``irecv_match``) for a receive posted already:
-    no message filed before ``op`` took the withdrawn one can match it (it would have
-    taken that one instead), so the first filed now is the next its sender sent.
-    """
-    if isinstance(op, Wildcard):  # unbind it from the withdrawn message's peer and tag
-        peers = op.peers
-        op.peer = min(peers) if peers is not None and len(peers) == 1 else -1
-        op.tag = op.want
-        found = ep._earliest(op)
-        if found is not None:
-            ep._take(op, ep._unfile(op, *found))
-            return
-        wild = ep._wild
-        wild.insert(next((i for i, w in enumerate(wild) if w.seq > op.seq), len(wild)), op)
-        return
-    key = (op.peer, op.tag)
-    filed = ep._unexpected.get(key)
-    if filed:
-        msg = filed.popleft()
-        if not filed:
-            del ep._unexpected[key]
-        ep._take(op, msg)
-        return
-    queue = ep._posted.setdefault(key, deque())
-    queue.insert(next((i for i, o in enumerate(queue) if o.seq > op.seq), len(queue)), op)
+            link.ep.repost(op)
