@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from plait.errors import CollectiveTimeout, CommError, InternalError, MismatchError, PeerLostError
+from plait.errors import CollectiveTimeout, CommError, InternalError, PeerLostError
 from plait.runtime.notices import OWN
-from plait.runtime.stall import GAVE_UP, PROBE_SECONDS, Prober, settle
+from plait.runtime.stall import PROBE_SECONDS, Prober, settle
 from plait.schedule.ir import Schedule, Step
-from plait.transport.base import PEER_CLOSED, WITHDRAWN, Handle, Transport, peer_closed
+from plait.transport.base import PEER_CLOSED, Handle, Transport, peer_closed
 
 if TYPE_CHECKING:
     from plait.diagnostics.recorder import FlightRecorder
@@ -155,22 +155,7 @@ def malformed(rank: int, call: Call, step: Step) -> InternalError:
 
 
 def wrap(rank: int, call: Call, step: object, err: BaseException) -> BaseException:
-    """``err`` of the transport at ``step``, naming this rank, the call and a lost peer.
-
-    A message its sender withdrew says that the sender gave up on the call (Note [withdrawn
-    messages] in plait.transport.tcp.rendezvous): not a mismatch, but a PeerLostError that
-    :func:`~plait.runtime.stall.settle` replaces with what that rank told as it gave up.
-    """
-    sender = getattr(err.__cause__, WITHDRAWN, None) if isinstance(err, MismatchError) else None
-    if sender is not None:
-        q = step.peer if isinstance(step, Step) else sender
-        gave_up = PeerLostError(
-            f"rank {rank}: {call.describe}: rank {q} gave up on the call (see its message): it "
-            "withdrew a message this rank was about to receive"
-        )
-        setattr(gave_up, GAVE_UP, True)  # settle raises what it told: the rank it lost, say
-        gave_up.__cause__ = err
-        return gave_up
+    """``err`` of the transport at ``step``, naming this rank, the call and a lost peer."""
     if isinstance(err, CommError):
         out = type(err)(f"rank {rank}: {call.describe}: {err}")
         if isinstance(out, PeerLostError) and isinstance(err, PeerLostError):

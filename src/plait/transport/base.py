@@ -79,7 +79,6 @@ def may_spin() -> bool:
 __all__ = [
     "OTHER_MEMBER",
     "PEER_CLOSED",
-    "WITHDRAWN",
     "Handle",
     "Matching",
     "Transport",
@@ -100,11 +99,6 @@ OTHER_MEMBER = "_plait_other_member"
 #: closed its transport in order, rather than died: such a peer may have left after a
 #: failure of its own, which it told its peers before it closed (Note [peers that close]).
 PEER_CLOSED = "_plait_peer_closed"
-
-#: The attribute a transport sets, to the sender's rank, on the cause of the error of a
-#: receive whose sender withdrew the message (Note [withdrawn messages] in
-#: plait.transport.tcp.rendezvous); :mod:`plait.runtime.waits` reads it.
-WITHDRAWN = "_plait_withdrawn"
 
 # Note [peers that close]
 #     A rank whose call fails tells its peers the rank it lost (a LOST notice, Note [stall
