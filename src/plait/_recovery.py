@@ -615,8 +615,8 @@ def _within(seconds: float, ask: Callable[[], object]) -> bool:
 
 # Note [an abort heard late]
 #     A rank stopped (SIGSTOP, a debugger) while the others timed out, aborted and shrank
-#     finds, once it runs again, its call failed by what the others left: a message
-#     withdrawn (read as a mismatch), a connection closed, a peer that gave up. Its watcher
+#     finds, once it runs again, its call failed by what the others left: a connection
+#     closed, a peer that gave up. Its watcher
 #     reads the abort waiting for it in the store a moment later, too late for that call,
 #     which raised MismatchError or PeerLostError where every call cut short by an abort
 #     raises AbortedError. So a call that fails on a communicator with recovery first asks
