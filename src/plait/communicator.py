@@ -68,10 +68,9 @@ from plait.diagnostics.stragglers import (
 from plait.errors import ForkedError, UnsupportedError
 from plait.group import (
     GroupTransport,
-    child_comm_id,
     claim_comm_id,
     free_candidate,
-    used_candidates,
+    reserve_ids,
 )
 from plait.ops import MIN, Op
 from plait.schedule.builder import HostLayout
@@ -403,25 +402,25 @@ class Communicator(PointToPointMethods, ObjectMethods):
         if color is not None and color < 0:
             raise ValueError(f"rank {self._rank}: split: color must be >= 0 or None; got {color}")
         seq = self._runner.seq  # the allgather below takes this sequence number
-        # Each rank's word: which of its color's candidate ids it has used (Note
-        # [communicator ids] in plait.group).
-        used = 0 if color is None else used_candidates(self._transport, self._comm_id, seq, color)
-        mine = np.array([-1 if color is None else int(color), int(key), used], np.int64)
-        table = self._within(_ALLGATHER, mine, "split", timeout)
-        if color is None:
-            return None
-        rows = table.reshape(self._size, 3).tolist()
-        members = sorted((int(k), r) for r, (c, k, _) in enumerate(rows) if c == color)
-        ranks = [r for _, r in members]
-        attempt = free_candidate([rows[r][2] for r in ranks])
-        if attempt is None:
-            raise UnsupportedError(
-                f"rank {self._rank}: split: the group's ranks have used every id it could "
-                "take on this communicator's connections; make fewer groups (reuse them)"
-            )
+        # Each rank's word: which of its color's candidate ids it holds; it reserves the
+        # others until the group has chosen (Note [communicator ids] in plait.group).
+        with reserve_ids(self._transport, self._comm_id, seq, color) as ids:
+            mine = np.array([-1 if color is None else int(color), int(key), ids.word], np.int64)
+            table = self._within(_ALLGATHER, mine, "split", timeout)
+            if color is None:
+                return None
+            rows = table.reshape(self._size, 3).tolist()
+            members = sorted((int(k), r) for r, (c, k, _) in enumerate(rows) if c == color)
+            ranks = [r for _, r in members]
+            attempt = free_candidate([rows[r][2] for r in ranks])
+            if attempt is None:
+                raise UnsupportedError(
+                    f"rank {self._rank}: split: the group's ranks have used every id it could "
+                    "take on this communicator's connections; make fewer groups (reuse them)"
+                )
+            comm_id = ids.take(attempt)
         # On one host the group sets up a shared window of its own (Note [split windows]).
         setup = self._runner.timeout if timeout is None else float(timeout)
-        comm_id = child_comm_id(self._comm_id, seq, int(color), attempt)
         sub = GroupTransport(
             self._transport, ranks, ranks.index(self._rank), comm_id=comm_id, timeout=setup
         )

@@ -24,9 +24,10 @@ Note [wire tags]
     with messages in the point-to-point space of the group's own communicator id
     with bit 32 set (:func:`setup_tag`), which no user tag, stall probe or pattern
     of any communicator has: ``ANY_TAG`` fixes bits 31 and up. The id is new for
-    every split (one its ranks have never used on the transport, Note [communicator
-    ids]), so two groups of the same ranks set up at once (by two
-    threads, or by two splits in a row) never take each other's messages, and
+    every split (one that none of its ranks has used on the transport or takes in
+    another split under way, Note [communicator ids]), so two groups of the same
+    ranks set up at once (by two threads, or by two splits in a row) never take
+    each other's messages, and
     the messages a failed set-up leaves behind (one small message per peer that
     gave up) stay unread instead of being taken by the next one.
 
@@ -39,6 +40,7 @@ Note [wire tags]
 from __future__ import annotations
 
 import re
+import threading
 import time
 import weakref
 import zlib
@@ -53,6 +55,7 @@ from plait.transport.window import Window
 __all__ = [
     "COMM_ID_BITS",
     "GroupTransport",
+    "Reservation",
     "child_comm_id",
     "claim_comm_id",
     "collective_tag",
@@ -62,9 +65,9 @@ __all__ = [
     "p2p_pattern",
     "p2p_tag",
     "probe_tag",
+    "reserve_ids",
     "setup_tag",
     "shrunk_comm_id",
-    "used_candidates",
     "user_tag",
     "whereabouts_tag",
 ]
@@ -146,17 +149,36 @@ def crossings(owner: Numbered, transport: Transport, comm_id: int) -> None:
 #     hashed from the split (its parent, call number and color) into 18 bits repeats
 #     within a few hundred splits (the 137th and 338th calls of a world, color 0), so the
 #     ranks of a new group choose among ID_TRIES hashed candidates the first that none
-#     of them has used on the transport: each rank marks, in the word it sends in the
-#     split's allgather, which of its color's candidates it has used (claim_comm_id
-#     records every communicator made on a transport, closed ones included, since a
-#     closed one's unread messages stay queued), and every member of the group ORs its
-#     members' words and takes the same first free candidate. A pair of ranks in two
-#     communicators is in both, so it has used the first one's id and marks it taken.
+#     of them holds: each rank marks, in the word it sends in the split's allgather,
+#     which of its color's candidates it holds, and every member of the group ORs its
+#     members' words and takes the same first free candidate. The choice comes out of
+#     the exchange alone, so the ranks agree on it whatever else each of them is doing.
+#
+#     A rank holds an id it has made a communicator with on the transport (claimed, for
+#     good: a closed one's unread messages stay queued), and every candidate of a split of
+#     its own that is under way (reserved). reserve_ids, under one lock per process, marks
+#     the candidates claimed or reserved and reserves the rest, before the word is sent;
+#     Reservation.take claims the id the group chose and releases the others at once (a
+#     split that fails before it chose releases them all). It claims it before the group's
+#     window is set up, so a set-up that fails keeps its id, with the messages it left
+#     behind (Note [wire tags]). So two communicators that a rank belongs to never get one
+#     id, even where threads split at once (the README gives each thread a communicator of
+#     its own) and the ranks start those splits in different orders: on a rank of both, one
+#     split reserved its candidates first, and the other's word marks each of them (or the
+#     id the first has claimed since), while the first can only take one free on that rank,
+#     which it reserved there. Two communicators without a rank in common may share an id;
+#     no message passes between them. A split's candidates are reserved only while it runs,
+#     so they cost others a candidate rarely (ID_TRIES of 2**18 ids), and an ordinary call
+#     nothing.
 
 #: Candidate ids a split tries (the bits of the word each rank sends; below 63).
 ID_TRIES = 62
 #: The ids made on each transport (by its root), as seen by this rank.
 _CLAIMED: weakref.WeakKeyDictionary[object, set[int]] = weakref.WeakKeyDictionary()
+#: The candidates of this rank's splits under way on each transport (by its root).
+_RESERVED: weakref.WeakKeyDictionary[object, set[int]] = weakref.WeakKeyDictionary()
+#: Guards _CLAIMED and _RESERVED: threads of a rank split their communicators at once.
+_IDS = threading.Lock()
 
 
 def child_comm_id(parent_id: int, seq: int, color: int, attempt: int = 0) -> int:
@@ -176,20 +198,65 @@ def _root(transport: object) -> object:
 
 def claim_comm_id(transport: object, comm_id: int) -> None:
     """Record that this rank has made communicator ``comm_id`` over ``transport``."""
-    _CLAIMED.setdefault(_root(transport), set()).add(comm_id)
+    with _IDS:
+        _CLAIMED.setdefault(_root(transport), set()).add(comm_id)
 
 
-def used_candidates(transport: object, parent_id: int, seq: int, color: int) -> int:
-    """The word this rank sends in a split: bit ``i`` set where candidate ``i`` of
-    :func:`child_comm_id` is an id it has made over ``transport``."""
-    used = _CLAIMED.get(_root(transport), set())
-    ids = (child_comm_id(parent_id, seq, color, i) for i in range(ID_TRIES))
-    return sum(1 << i for i, c in enumerate(ids) if c in used)
+class Reservation:
+    """The candidate ids one split of this rank holds while it runs (:func:`reserve_ids`).
+
+    ``word`` is what the rank sends: bit ``i`` set where candidate ``i`` is held already
+    (claimed, or reserved by another split under way). Use it as a context manager: on
+    exit every candidate still reserved is released, so a split that fails holds none.
+    """
+
+    def __init__(self, root: object, ids: list[int], word: int, held: set[int]) -> None:
+        self.ids = ids
+        self.word = word
+        self._root = root
+        self._held = held
+
+    def take(self, attempt: int) -> int:
+        """Claim candidate ``attempt`` (the group's choice, :func:`free_candidate`), release
+        the others, and return it."""
+        comm_id = self.ids[attempt]
+        with _IDS:
+            _CLAIMED.setdefault(self._root, set()).add(comm_id)
+            self._release()
+        return comm_id
+
+    def _release(self) -> None:
+        _RESERVED.get(self._root, set()).difference_update(self._held)
+        self._held = set()
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _IDS:
+            self._release()
+
+
+def reserve_ids(transport: object, parent_id: int, seq: int, color: int | None) -> Reservation:
+    """Reserve for this rank's split of ``color`` (None: it joins no group, and reserves
+    nothing) from ``parent_id`` at call ``seq`` over ``transport`` every candidate id
+    (:func:`child_comm_id`) it does not hold already (Note [communicator ids])."""
+    root = _root(transport)
+    if color is None:
+        return Reservation(root, [], 0, set())
+    ids = [child_comm_id(parent_id, seq, color, i) for i in range(ID_TRIES)]
+    with _IDS:
+        claimed = _CLAIMED.setdefault(root, set())
+        reserved = _RESERVED.setdefault(root, set())
+        held = {c for c in ids if c not in claimed and c not in reserved}
+        reserved |= held
+    word = sum(1 << i for i, c in enumerate(ids) if c not in held)
+    return Reservation(root, ids, word, held)
 
 
 def free_candidate(words: Sequence[int]) -> int | None:
-    """The first candidate that none of a group's ``words`` (:func:`used_candidates`) marks
-    used, or None where all are."""
+    """The first candidate that none of a group's words (:attr:`Reservation.word`) marks
+    held, or None where all are."""
     taken = 0
     for w in words:
         taken |= w
