@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from plait.errors import ClosedError
+from plait.errors import ClosedError, CommError, TransportError
 from plait.rendezvous.store import Store
 from plait.transport.base import spin_seconds
 from plait.transport.endpoint import Endpoint
@@ -69,7 +69,8 @@ class ShmTransport(Endpoint):
 
     Raises:
         RendezvousError: the ranks did not all arrive within ``timeout``.
-        TransportError: the OS refused a segment or socket (e.g. ``/dev/shm`` full).
+        TransportError: the OS refused a segment, socket or descriptor (e.g. ``/dev/shm``
+            full, or no descriptor left).
         UnsupportedError: no ``/dev/shm``, or a weakly ordered CPU without libatomic.
         ValueError: a bad argument, or PLAIT_SHM_WINDOW is not a size.
 
@@ -129,10 +130,18 @@ class ShmTransport(Endpoint):
             window=window,
         )
         self.job = joined.job
-        self.attach(Loopback(self), [rank])
-        link = ShmLink(self, joined)
-        self.attach(link, link.peers)
-        self.window: ShmWindow | None = ShmWindow.build(self, link, joined)
+        try:
+            link = ShmLink(self, joined)  # it owns what the rendezvous set up from here on
+            self.attach(Loopback(self), [rank])
+            self.attach(link, link.peers)
+            self.window: ShmWindow | None = ShmWindow.build(self, link, joined)
+        except BaseException as exc:
+            self._release()  # (a link that could not be made released it itself)
+            if isinstance(exc, OSError) and not isinstance(exc, CommError):
+                raise TransportError(
+                    f"rank {self._me}: setting up shared memory failed: {exc}"
+                ) from exc
+            raise
 
     def _closed_error(self) -> BaseException:
         return ClosedError(f"rank {self._me}: the shared-memory transport is closed")

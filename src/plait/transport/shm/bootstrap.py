@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import secrets
-import select
 import socket
 import struct
 import time
@@ -48,7 +47,7 @@ from plait.transport.shm.segment import (
     W_WINDOW_BYTES,
     Segment,
 )
-from plait.transport.shm.sockets import connect, discard_input, last_words, listen
+from plait.transport.shm.sockets import connect, discard_input, last_words, listen, readable
 from plait.transport.shm.window import arena_bytes, arena_ranges, check_arena
 from plait.transport.shm.wire import Joined, Wire
 
@@ -88,7 +87,7 @@ def join(
 
     Raises:
         RendezvousError: the ranks did not all arrive within ``timeout``, or disagree.
-        TransportError: the OS refused a segment or socket.
+        TransportError: the OS refused a segment, socket or descriptor.
     """
     r = _Join(rank, size, names)
     joined = r.guarded(lambda: r.run(store, timeout, job, slots, slot_bytes, window))
@@ -196,7 +195,9 @@ class _Join:
             return body()
         except BaseException as exc:
             error = exc
-            if isinstance(exc, OSError) and not isinstance(exc, CommError):
+            # The OS's errors name no rank, and some come as ValueError (a descriptor a call
+            # cannot take): every failure of the set-up is a CommError that names its cause.
+            if isinstance(exc, (OSError, ValueError)) and not isinstance(exc, CommError):
                 kind = RendezvousError if isinstance(exc, TimeoutError) else TransportError
                 error = kind(f"rank {self.me}: shared-memory rendezvous failed: {exc}")
             self.break_off(error)
@@ -464,8 +465,7 @@ class _Join:
         sock = p.sock
         assert sock is not None
         while True:
-            ready, _, _ = select.select([sock], [], [], 0)
-            if ready:
+            if readable(sock, 0):
                 return sock
             self._check(p)
             left = self.deadline - time.monotonic()
@@ -474,8 +474,7 @@ class _Join:
                     f"rank {self.me}: rank {self.names[p.rank]} was silent during the "
                     f"shared-memory rendezvous for {self.timeout:g} s"
                 )
-            ready, _, _ = select.select([sock], [], [], self._slice(left))
-            if ready:
+            if readable(sock, self._slice(left)):
                 return sock
 
     def _send(self, p: Wire, send: Callable[[socket.socket], object]) -> None:

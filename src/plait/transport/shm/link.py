@@ -62,7 +62,8 @@ class ShmLink:
 
     Args:
         endpoint: the rank's endpoint (its lock guards this link).
-        joined: what the rendezvous set up (this rank's segment, a wire per peer).
+        joined: what the rendezvous set up (this rank's segment, a wire per peer); the
+            link owns it, and releases it if it cannot be made.
     """
 
     def __init__(self, endpoint: Endpoint, joined: Joined) -> None:
@@ -84,10 +85,14 @@ class ShmLink:
         #: The windows of split groups over this link (Note [split windows]), released with it.
         self._windows: weakref.WeakSet[ShmWindow] = weakref.WeakSet()
         self._last_pid_check = time.monotonic()
-        for p in self._peers:
-            assert p.sock is not None
-            self._by_fd[p.sock.fileno()] = p
-            endpoint.watch(p.sock.fileno(), self._on_socket)
+        try:  # the endpoint's epoll may find no descriptor left
+            for p in self._peers:
+                assert p.sock is not None
+                self._by_fd[p.sock.fileno()] = p
+                endpoint.watch(p.sock.fileno(), self._on_socket)
+        except BaseException:
+            self.release()
+            raise
 
     @property
     def peers(self) -> list[int]:

@@ -8,13 +8,14 @@ that, and :func:`discard_input` keeps it from being lost when the socket closes.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import time
 from collections.abc import Callable
 
 from plait.errors import TransportError
 
-__all__ = ["connect", "discard_input", "last_words", "listen"]
+__all__ = ["connect", "discard_input", "last_words", "listen", "readable"]
 
 #: Longest pause between two tries of a connect whose listener's queue is full.
 _MOST_PAUSE = 0.005
@@ -32,6 +33,18 @@ def last_words(sock: socket.socket, limit: int, timeout: float) -> bytes:
                 break
             data += chunk
     return data
+
+
+def readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` has something to read, or hung up or failed, within ``timeout`` seconds.
+
+    ``poll``, not ``select``: ``select`` takes no descriptor past FD_SETSIZE (1024), and a
+    rank whose application holds many files has its sockets past it (``plait run`` raises
+    the limit as far as the job needs).
+    """
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+    return bool(poll.poll(max(timeout, 0.0) * 1000))
 
 
 def discard_input(sock: socket.socket) -> None:
