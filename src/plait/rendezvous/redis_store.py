@@ -14,24 +14,42 @@ Note [redis store waiting]
     between the check and the subscription. Keyspace notifications would avoid
     the extra PUBLISH but are off by default in Redis server configurations;
     BLPOP would wake only one of several waiters.
+
+Note [redis store deadlines]
+    Every command waits for its answer until the deadline of the store call it serves, as
+    :class:`~plait.rendezvous.tcp_store.TCPStore`'s calls do: ``timeout`` seconds for a
+    command of ``set``, ``add``, ``check``, ``delete`` and for connecting; the call's own
+    deadline and ``_ANSWER_GRACE`` for the looks of ``get`` and ``wait``; never past the
+    deadline :func:`~plait.rendezvous.store.answers_by` set for the thread. redis-py fixes
+    a connection's socket timeouts when it is made, so the store's connections
+    (``_connection_class``) set them anew from the calling thread's deadline before they
+    connect and before each command, and redis-py's retries are off: a server that stopped
+    answering (its process stopped) fails the call by its deadline, not after minutes of
+    reconnecting.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Self
 
 from plait import _net
 from plait.errors import RendezvousError
-from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout
+from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout, answer_deadline
 
 __all__ = ["RedisStore"]
 
 _MISSING_REDIS = "RedisStore needs the redis package: pip install 'plait[redis]'"
-#: Seconds to connect, and to wait for the answer to a non-blocking command.
-_IO_TIMEOUT = 30.0
+#: Extra seconds a command of ``get`` or ``wait`` may wait for its answer beyond the call's
+#: deadline (its last look at the keys), on a server that stopped answering.
+_ANSWER_GRACE = 1.0
+#: The least seconds a command waits for its answer, however near its deadline.
+_LEAST_ANSWER = 0.05
 #: Longest single blocking read of a subscription (the loop re-arms it).
 _MAX_BLOCK = 60.0
 
@@ -44,11 +62,14 @@ class RedisStore(Store):
         port: The Redis server's port.
         db: The Redis database number.
         prefix: Prepended to every key, so several jobs can share one database.
-        timeout: Default seconds for blocking calls (``get``, ``wait``).
+        timeout: Default seconds for blocking calls (``get``, ``wait``), and the most
+            any other call, or connecting, waits for the server's answer (Note [redis
+            store deadlines]).
 
     Raises:
         ImportError: the ``redis`` package is not installed.
-        RendezvousError: the server cannot be reached (checked with a PING).
+        RendezvousError: the server cannot be reached or does not answer within
+            ``timeout`` (checked with a PING).
 
     :meth:`close` releases the connections; the keys stay in Redis (delete them,
     or give the job a fresh ``prefix``).
@@ -75,14 +96,24 @@ class RedisStore(Store):
         self.timeout = timeout
         host_part = f"[{self.host}]" if ":" in self.host else self.host
         self.address = f"redis://{host_part}:{port}/{db}"
-        self._client: Any = redis.Redis(
+        # The deadline of this thread's store call, read by the connections (Note [redis
+        # store deadlines]).
+        self._call_until = threading.local()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        pool = redis.ConnectionPool(
+            connection_class=_connection_class(redis.Connection),
+            call_until=self._call_until,
             host=self.host,
             port=port,
             db=db,
-            socket_timeout=_IO_TIMEOUT,
-            socket_connect_timeout=_IO_TIMEOUT,
+            socket_timeout=_socket_seconds(timeout),
+            socket_connect_timeout=_socket_seconds(timeout),
+            retry=Retry(NoBackoff(), 0),
         )
-        with self._translate("connect"):
+        self._client: Any = redis.Redis(connection_pool=pool)
+        with self._translate("connect", self._until(timeout)):
             self._client.ping()
 
     def __enter__(self) -> Self:
@@ -94,6 +125,7 @@ class RedisStore(Store):
     def close(self) -> None:
         """Close this client's connections; the keys stay in Redis."""
         self._client.close()
+        self._client.connection_pool.disconnect()
 
     # ---- Store operations
 
@@ -101,17 +133,16 @@ class RedisStore(Store):
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"store values are bytes, got {type(value).__name__}")
         name = self._name(key)
-        with self._translate(f"set({key!r})"):
+        with self._translate(f"set({key!r})", self._until(self.timeout)):
             pipe = self._client.pipeline(transaction=True)
             pipe.set(name, bytes(value))
             pipe.publish(self._channel(name), b"set")
             pipe.execute()
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        seconds = self._timeout(timeout)
-        deadline = time.monotonic() + seconds
+        deadline, seconds = self._deadline(timeout)
         name = self._name(key)
-        with self._translate(f"get({key!r})"):
+        with self._translate(f"get({key!r})", deadline + _ANSWER_GRACE):
             while True:
                 value = self._client.get(name)
                 if value is not None:
@@ -121,7 +152,7 @@ class RedisStore(Store):
 
     def add(self, key: str, amount: int) -> int:
         name = self._name(key)
-        with self._translate(f"add({key!r}, {amount})"):
+        with self._translate(f"add({key!r}, {amount})", self._until(self.timeout)):
             pipe = self._client.pipeline(transaction=True)
             pipe.incrby(name, int(amount))
             pipe.publish(self._channel(name), b"add")
@@ -132,21 +163,36 @@ class RedisStore(Store):
         return int(value)
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
-        seconds = self._timeout(timeout)
-        with self._translate(f"wait({len(keys)} keys)"):
-            self._block_until(list(dict.fromkeys(keys)), time.monotonic() + seconds, seconds)
+        deadline, seconds = self._deadline(timeout)
+        with self._translate(f"wait({len(keys)} keys)", deadline + _ANSWER_GRACE):
+            self._block_until(list(dict.fromkeys(keys)), deadline, seconds)
 
     def check(self, keys: Sequence[str]) -> bool:
         if not keys:
             return True
-        with self._translate(f"check({len(keys)} keys)"):
+        with self._translate(f"check({len(keys)} keys)", self._until(self.timeout)):
             return bool(self._client.exists(*(self._name(k) for k in keys)) == len(keys))
 
     def delete(self, key: str) -> bool:
-        with self._translate(f"delete({key!r})"):
+        with self._translate(f"delete({key!r})", self._until(self.timeout)):
             return bool(self._client.delete(self._name(key)))
 
     # ---- helpers
+
+    @staticmethod
+    def _until(seconds: float) -> float:
+        """The deadline of a call that may wait ``seconds`` for the server."""
+        return time.monotonic() + seconds
+
+    def _deadline(self, timeout: float | None) -> tuple[float, float]:
+        """The deadline of a blocking call and its seconds: its timeout, or the thread's
+        :func:`~plait.rendezvous.store.answers_by` deadline where that comes first."""
+        seconds = self._timeout(timeout)
+        now = time.monotonic()
+        bound = answer_deadline()
+        if bound is not None and bound < now + seconds:
+            return bound, max(bound - now, 0.0)
+        return now + seconds, seconds
 
     def _name(self, key: str) -> str:
         if not isinstance(key, str):
@@ -196,11 +242,61 @@ class RedisStore(Store):
             pubsub.close()
 
     @contextlib.contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
-        """Turn redis connection failures into RendezvousError naming the server."""
+    def _translate(self, what: str, until: float) -> Iterator[None]:
+        """Run the commands of one call, each answered by ``until`` or the thread's
+        answers_by deadline (Note [redis store deadlines]); turn redis connection
+        failures into RendezvousError naming the server."""
+        bound = answer_deadline()
+        if bound is not None:
+            until = min(until, bound)
+        self._call_until.until = until
+        start = time.monotonic()
         try:
             yield
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+        except self._redis.TimeoutError as exc:
+            raise RendezvousError(
+                f"redis store {self.address}: {what} failed: the server did not answer within "
+                f"{max(until - start, _LEAST_ANSWER):.3g} s ({exc}); is the Redis server "
+                "still running, or stopped or overloaded?"
+            ) from exc
+        except self._redis.ConnectionError as exc:
             raise RendezvousError(
                 f"redis store {self.address}: {what} failed: {exc}; is the Redis server running?"
             ) from exc
+        finally:
+            self._call_until.until = None
+
+
+def _socket_seconds(seconds: float) -> float | None:
+    """``seconds`` as a socket timeout: None (no limit) where it is infinite."""
+    return seconds if math.isfinite(seconds) else None
+
+
+@functools.cache
+def _connection_class(base: type) -> type:
+    """A redis-py connection class whose every command waits for its answer until the
+    deadline of the store call it serves (Note [redis store deadlines])."""
+
+    class Connection(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, call_until: threading.local, **kwargs: Any) -> None:
+            self._plait_call_until = call_until
+            super().__init__(*args, **kwargs)
+
+        def _bound(self) -> None:
+            until = getattr(self._plait_call_until, "until", None)
+            if until is None:  # outside a store call (closing): keep the timeouts
+                return
+            seconds = _socket_seconds(max(until - time.monotonic(), _LEAST_ANSWER))
+            self.socket_timeout = self.socket_connect_timeout = seconds
+            if self._sock is not None:
+                self._sock.settimeout(seconds)
+
+        def connect(self, *args: Any, **kwargs: Any) -> None:
+            self._bound()
+            super().connect(*args, **kwargs)
+
+        def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+            self._bound()
+            super().send_packed_command(*args, **kwargs)
+
+    return Connection
