@@ -1,19 +1,34 @@
 """What an abort does on one rank (Note [abort] in :mod:`plait._recovery`): the words of
-its errors, its mark on a communicator's calls, and the closing of its transport."""
+its errors, its mark on a communicator's calls, the closing of its transport, and how
+briefly it asks a store that may have stalled (Note [a store that stalls] there)."""
 
 from __future__ import annotations
 
 import _thread
+import contextlib
+import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from plait.errors import AbortedError
+from plait.errors import AbortedError, CommError
+from plait.rendezvous.store import answers_by
 from plait.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
     from plait.communicator import Communicator
     from plait.transport.base import Transport
 
-__all__ = ["abort_alone", "abort_transport", "aborted_by", "as_split", "mark", "read_abort"]
+__all__ = [
+    "abort_alone",
+    "abort_transport",
+    "aborted_by",
+    "as_split",
+    "asking",
+    "mark",
+    "read_abort",
+    "within",
+]
 
 _BY = "the communicator was aborted by rank"
 
@@ -79,3 +94,27 @@ def abort_transport(t: Transport, rank: int, text: str) -> None:
         root.abort(lambda: AbortedError(f"rank {rank}: {text}"))
     else:
         root.close()
+
+
+def asking(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Within the block, this thread's store calls get their answers within ``seconds``, or
+    fail: the store counts as gone, and the peers learn from the transport."""
+    return answers_by(time.monotonic() + seconds)
+
+
+def within(seconds: float, ask: Callable[[], object]) -> bool:
+    """Whether ``ask()`` returned within ``seconds``, the store answering it: run on a
+    thread of its own, which a stalled store may hold until its client gives up."""
+    done, answered = threading.Event(), []
+
+    def run() -> None:
+        try:
+            ask()
+            answered.append(True)
+        except (CommError, OSError):  # a store that is gone fails at once: say so at once
+            pass
+        finally:
+            done.set()
+
+    _thread.start_new_thread(run, ())
+    return done.wait(seconds) and bool(answered)

@@ -57,9 +57,12 @@ Note [a store that stalls]
     agree and shrink ask once themselves before they refuse, and an abort asks for at most
     ``_PROBE_SECONDS`` before it tells the peers through the store (then waits a heartbeat
     longer for their marks: their watchers look again only then) or, where it does not
-    answer, only by closing its transport. (One stall used to stop the
-    watcher for good: no heartbeat, no abort heard, every agree refused.) A store that is
-    gone fails each try at once, so agree and shrink still raise at once.
+    answer, only by closing its transport. The store may also stall unseen, since the
+    watcher's last answer: so every store call of the watcher, of an abort and of close
+    waits ``_PROBE_SECONDS`` at most beyond what it blocks for (``asking``), and a call
+    that gets no answer counts the store as failed. (One stall used to stop the watcher for
+    good; an abort on a store that had just stalled told its peers nothing for 10 s.) A
+    store that is gone fails each try at once, so agree and shrink still raise at once.
 
 Note [dropped communicators]
     A communicator with recovery that its program drops unclosed is let go of as
@@ -150,7 +153,16 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from plait._abort import abort_alone, abort_transport, aborted_by, as_split, mark, read_abort
+from plait._abort import (
+    abort_alone,
+    abort_transport,
+    aborted_by,
+    as_split,
+    asking,
+    mark,
+    read_abort,
+)
+from plait._abort import within as _within
 from plait._agreement import SETTLE_SECONDS, SLICE, VOID, Ballot
 from plait._checks import check_timeout
 from plait._fork import not_forked
@@ -321,6 +333,9 @@ class Recovery:
                 # The peers' watchers saw it fail too, and look again a heartbeat later.
                 marks += HEARTBEAT_SECONDS
             if self.store_error is None:
+                # The store may have stalled since the watcher last heard it: each ask is
+                # answered within _PROBE_SECONDS or the store counts as gone, and the peers
+                # learn of the abort from the transport (Note [a store that stalls]).
                 store, me = self.store, self.rank
                 if source == me:
                     # A reason may hold lone surrogates (str() of an OSError on a
@@ -328,21 +343,24 @@ class Recovery:
                     payload = f"{me}\n{reason}".encode(errors="backslashreplace")
                     for p in range(self.size):
                         if p != me:
-                            store.set(f"abort/{p}", payload)
+                            with asking(_PROBE_SECONDS):
+                                store.set(f"abort/{p}", payload)
                 # Its calls are marked: so says every rank, an aborting one too (ranks that
                 # all aborted at once each waited out _MARK_SECONDS for the others' marks).
-                store.set(f"marked/{me}", b"1")
+                with asking(_PROBE_SECONDS):
+                    store.set(f"marked/{me}", b"1")
                 # Close only once the others have marked their calls aborted too (or cannot):
                 # none of them then sees this rank's connections close before it knows why.
                 seen: dict[int, tuple[int, float]] = {}
-                others = [
-                    f"marked/{p}"
-                    for p in range(self.size)
-                    if p not in (me, source) and not self.live.has_failed(p, seen)
-                ]
+                others = []
+                for p in range(self.size):
+                    if p not in (me, source):
+                        with asking(_PROBE_SECONDS):
+                            if not self.live.has_failed(p, seen):
+                                others.append(f"marked/{p}")
                 if source not in (me, -1):  # the aborting rank closes first: its calls fail
                     others.append(f"closed/{source}")  # as aborted (-1: no rank, read_abort)
-                with contextlib.suppress(StoreTimeout):
+                with contextlib.suppress(StoreTimeout), asking(marks + _PROBE_SECONDS):
                     store.wait(others, marks)
         except (CommError, OSError) as exc:  # the store is gone: the transport tells them
             self.store_error = exc
@@ -351,7 +369,7 @@ class Recovery:
             try:
                 abort_transport(self._transport, self.rank, text)
                 if source == self.rank and self.store_error is None:
-                    with contextlib.suppress(CommError, OSError):
+                    with contextlib.suppress(CommError, OSError), asking(_PROBE_SECONDS):
                         self.store.set(f"closed/{source}", b"1")
             finally:
                 done.set()
@@ -377,17 +395,18 @@ class Recovery:
         while not self._stopping:
             try:
                 try:
-                    store.wait([waiting], HEARTBEAT_SECONDS)
+                    with asking(HEARTBEAT_SECONDS + _PROBE_SECONDS):  # a stall: seen soon
+                        store.wait([waiting], HEARTBEAT_SECONDS)
                 except StoreTimeout:
-                    store.add(f"hb/{me}", 1)
+                    with asking(_PROBE_SECONDS):
+                        store.add(f"hb/{me}", 1)
                     self.store_error = None
                     continue
                 self.store_error = None
-                if self._stopping or store.check([f"stop/{me}"]):
-                    return
-                if waiting != f"abort/{me}":
-                    return
-                text, reason, source = read_abort(store.get(waiting), self.size)
+                with asking(_PROBE_SECONDS):
+                    if self._stopping or store.check([f"stop/{me}"]) or waiting != f"abort/{me}":
+                        return
+                    text, reason, source = read_abort(store.get(waiting), self.size)
                 done = self._mark(text)
                 if done is not None:
                     self._finish_abort(text, reason, done, source)
@@ -540,7 +559,8 @@ class Recovery:
         me = self.rank
         if self._thread.is_alive():
             if self.store_error is None:  # else the watcher is between tries: _wake stops it
-                with contextlib.suppress(CommError, OSError):
+                # (a store that stalled since the watcher's last look: not waited on)
+                with contextlib.suppress(CommError, OSError), asking(_PROBE_SECONDS):
                     self.store.set(f"stop/{me}", b"1")
                     self.store.set(f"abort/{me}", b"")  # wakes a watcher waiting for an abort
             self._thread.join(_JOIN_SECONDS)
@@ -595,24 +615,6 @@ class Recovery:
 
 
 # -- what the communicator's methods call ----------------------------------------------------------
-def _within(seconds: float, ask: Callable[[], object]) -> bool:
-    """Whether ``ask()`` returned within ``seconds``, the store answering it: run on a
-    thread of its own, which a stalled store may hold until its client gives up."""
-    done, answered = threading.Event(), []
-
-    def run() -> None:
-        try:
-            ask()
-            answered.append(True)
-        except (CommError, OSError):  # a store that is gone fails at once: say so at once
-            pass
-        finally:
-            done.set()
-
-    _thread.start_new_thread(run, ())
-    return done.wait(seconds) and bool(answered)
-
-
 # Note [an abort heard late]
 #     A rank stopped (SIGSTOP, a debugger) while the others timed out, aborted and shrank
 #     finds, once it runs again, its call failed by what the others left: a connection
