@@ -16,8 +16,7 @@ from store_backends import free_port
 from plait.errors import RendezvousError
 from plait.rendezvous.redis_store import RedisStore
 from plait.rendezvous.store import answers_by
-
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
+from plait.rendezvous.url import store_from_url
 
 #: Seconds within which a call whose deadline is 1 s must have failed (1 s, the grace, and load).
 _WITHIN = 6.0
@@ -90,6 +89,8 @@ def _fails_within(seconds: float, call: Callable[[], object], match: str) -> Non
     assert took < seconds, f"took {took:.1f} s"
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
 def test_a_stopped_server_fails_connecting_within_the_store_timeout(
     redis_server_of_its_own: Callable[..., RedisServer],
 ) -> None:
@@ -98,6 +99,8 @@ def test_a_stopped_server_fails_connecting_within_the_store_timeout(
     _fails_within(_WITHIN, lambda: RedisStore(server.host, server.port, timeout=1), "connect")
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
 def test_a_stopped_server_fails_each_call_by_its_deadline(
     redis_server_of_its_own: Callable[..., RedisServer],
 ) -> None:
@@ -121,3 +124,35 @@ def test_a_stopped_server_fails_each_call_by_its_deadline(
     finally:
         store.close()
         patient.close()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_server_with_a_password_takes_it_from_the_url_and_says_when_it_refuses(
+    redis_server_of_its_own: Callable[..., RedisServer],
+) -> None:
+    server = redis_server_of_its_own("--requirepass", "s3cr@t")
+    where = f"{server.host}:{server.port}"
+    with store_from_url(f"redis://:s3cr%40t@{where}/0?prefix=pw/", timeout=5) as store:
+        store.set("k", b"v")
+        assert store.get("k") == b"v"
+        assert "s3cr" not in repr(store)
+    # A user of the server's ACLs: "default" is the one requirepass sets.
+    with store_from_url(f"redis://default:s3cr%40t@{where}", timeout=5) as store:
+        assert store.check([])
+    for url in (f"redis://{where}", f"redis://:wrong@{where}", f"redis://nobody:s3cr%40t@{where}"):
+        with pytest.raises(RendezvousError) as info:
+            store_from_url(url, timeout=5)
+        text = str(info.value)
+        assert "refused this client's credentials" in text, text
+        assert "is the Redis server running" not in text
+        assert "s3cr" not in text
+        assert "wrong" not in text
+
+
+def test_a_malformed_url_never_shows_its_password() -> None:
+    pytest.importorskip("redis")
+    for url in ("redis://:s3cret@h:99999", "redis://u:s3cret@h/x", "tcp://u:s3cret@h:1"):
+        with pytest.raises(ValueError, match=r":\*\*\*@") as info:
+            store_from_url(url)
+        assert "s3cret" not in str(info.value)

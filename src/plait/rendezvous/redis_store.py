@@ -62,14 +62,17 @@ class RedisStore(Store):
         port: The Redis server's port.
         db: The Redis database number.
         prefix: Prepended to every key, so several jobs can share one database.
+        username: The user to authenticate as (Redis 6 ACLs); None: the default user.
+        password: The password to authenticate with (``requirepass`` or the user's);
+            None: none. It is never shown in messages or in the store's repr.
         timeout: Default seconds for blocking calls (``get``, ``wait``), and the most
             any other call, or connecting, waits for the server's answer (Note [redis
             store deadlines]).
 
     Raises:
         ImportError: the ``redis`` package is not installed.
-        RendezvousError: the server cannot be reached or does not answer within
-            ``timeout`` (checked with a PING).
+        RendezvousError: the server cannot be reached, does not answer within
+            ``timeout``, or refuses the credentials (checked with a PING).
 
     :meth:`close` releases the connections; the keys stay in Redis (delete them,
     or give the job a fresh ``prefix``).
@@ -82,6 +85,8 @@ class RedisStore(Store):
         *,
         db: int = 0,
         prefix: str = "plait/",
+        username: str | None = None,
+        password: str | None = None,
         timeout: float = DEFAULT_STORE_TIMEOUT,
     ) -> None:
         try:
@@ -108,6 +113,8 @@ class RedisStore(Store):
             host=self.host,
             port=port,
             db=db,
+            username=username,
+            password=password,
             socket_timeout=_socket_seconds(timeout),
             socket_connect_timeout=_socket_seconds(timeout),
             retry=Retry(NoBackoff(), 0),
@@ -253,18 +260,43 @@ class RedisStore(Store):
         start = time.monotonic()
         try:
             yield
-        except self._redis.TimeoutError as exc:
-            raise RendezvousError(
-                f"redis store {self.address}: {what} failed: the server did not answer within "
-                f"{max(until - start, _LEAST_ANSWER):.3g} s ({exc}); is the Redis server "
-                "still running, or stopped or overloaded?"
-            ) from exc
-        except self._redis.ConnectionError as exc:
-            raise RendezvousError(
-                f"redis store {self.address}: {what} failed: {exc}; is the Redis server running?"
-            ) from exc
+        except self._redis.RedisError as exc:
+            # Credentials first: redis-py's AuthenticationError is a ConnectionError.
+            if _refused_credentials(self._redis, exc):
+                raise RendezvousError(
+                    f"redis store {self.address}: {what} failed: the server refused this "
+                    f"client's credentials ({exc}); give the Redis server's user and password "
+                    "in the store URL: redis://[user[:password]@]host:port"
+                ) from exc
+            if isinstance(exc, self._redis.TimeoutError):
+                raise RendezvousError(
+                    f"redis store {self.address}: {what} failed: the server did not answer "
+                    f"within {max(until - start, _LEAST_ANSWER):.3g} s ({exc}); is the Redis "
+                    "server still running, or stopped or overloaded?"
+                ) from exc
+            if isinstance(exc, self._redis.ConnectionError):
+                raise RendezvousError(
+                    f"redis store {self.address}: {what} failed: {exc}; is the Redis server "
+                    "running?"
+                ) from exc
+            raise
         finally:
             self._call_until.until = None
+
+
+def _refused_credentials(redis: Any, exc: Exception) -> bool:
+    """Whether ``exc`` says the server wants a password, or another, or refused the user.
+    redis-py raises AuthenticationError (a ConnectionError) or, in older versions, a
+    ResponseError whose text starts with the server's error code."""
+    errors = redis.exceptions
+    refused = tuple(
+        getattr(errors, name)
+        for name in ("AuthenticationError", "AuthorizationError", "AuthenticationRequiredError")
+        if hasattr(errors, name)
+    )
+    if isinstance(exc, refused):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
 
 
 def _socket_seconds(seconds: float) -> float | None:

@@ -9,7 +9,12 @@ URL                                 store
 ``file:///abs/path``                :class:`~plait.rendezvous.file_store.FileStore`
 ``redis://host[:port][/db]``        :class:`~plait.rendezvous.redis_store.RedisStore`
                                     (port 6379, db 0 by default; ``?prefix=job7/``)
+``redis://[user][:pass]@host...``   the same, authenticating (``requirepass``: no
+                                    user; a Redis 6 ACL user: both), as redis-py's
+                                    ``from_url``; %-escape ``@ : /`` in them
 ==================================  ================================================
+
+A password is never shown: error messages print the URL with ``***`` in its place.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ __all__ = ["SCHEMES", "store_from_url"]
 SCHEMES = {
     "tcp": "tcp://host:port",
     "file": "file:///absolute/path",
-    "redis": "redis://host[:port][/db]",
+    "redis": "redis://[[user]:password@]host[:port][/db]",
 }
 _REDIS_PORT = 6379
 
@@ -42,7 +47,7 @@ def store_from_url(
 
     Args:
         url: ``tcp://host:port``, ``tcp://[v6addr]:port``, ``file:///abs/path``
-            or ``redis://host[:port][/db][?prefix=...]``.
+            or ``redis://[[user]:password@]host[:port][/db][?prefix=...]``.
         rank: This process's rank; named in error messages.
         is_server: For ``tcp://`` only: start the store server in this process
             on ``host:port`` (port 0 picks a free one) and return a client that
@@ -61,12 +66,13 @@ def store_from_url(
     """
     seconds = DEFAULT_STORE_TIMEOUT if timeout is None else timeout
     parts = _split(url)
+    shown = _masked(url, parts)  # what messages print: never the password
     try:
         if parts.scheme == "tcp":
-            return _tcp(url, parts, is_server=bool(is_server), timeout=seconds)
+            return _tcp(shown, parts, is_server=bool(is_server), timeout=seconds)
         if parts.scheme == "file":
-            return _file(url, parts, timeout=seconds)
-        return _redis(url, parts, timeout=seconds)
+            return _file(shown, parts, timeout=seconds)
+        return _redis(shown, parts, timeout=seconds)
     except RendezvousError as exc:
         raise type(exc)(f"rank {rank}: {exc}") from exc
 
@@ -84,9 +90,19 @@ def _split(url: str) -> urllib.parse.SplitResult:
         close = difflib.get_close_matches(parts.scheme, SCHEMES, n=1, cutoff=0.5)
         hint = f" Did you mean '{close[0]}://'?" if close else ""
         raise ValueError(
-            f"unknown store URL scheme {parts.scheme!r} in {url!r}; supported: {supported}.{hint}"
+            f"unknown store URL scheme {parts.scheme!r} in {_masked(url, parts)!r}; "
+            f"supported: {supported}.{hint}"
         )
     return parts
+
+
+def _masked(url: str, parts: urllib.parse.SplitResult) -> str:
+    """``url`` with its password, if any, as ``***``: for messages."""
+    if parts.password is None:
+        return url
+    user, _, _ = parts.netloc.rpartition("@")[0].partition(":")
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _host_port(url: str, parts: urllib.parse.SplitResult) -> tuple[str | None, int | None]:
@@ -139,12 +155,17 @@ def _redis(url: str, parts: urllib.parse.SplitResult, *, timeout: float) -> Stor
         raise ValueError(f"store URL {url!r}: the database must be a number, got {db_text!r}")
     query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"prefix"})
-    if unknown or parts.username or parts.password or parts.fragment:
-        what = f"query parameters {unknown}" if unknown else "credentials or a fragment"
+    if unknown or parts.fragment:
+        what = f"query parameters {unknown}" if unknown else "a fragment"
         raise ValueError(f"store URL {url!r}: redis:// takes only ?prefix=..., got {what}")
     kwargs: dict[str, str] = {}
     if "prefix" in query:
         kwargs["prefix"] = query["prefix"][-1]
+    # As redis-py's from_url: %-escapes undone, an empty user or password is none.
+    if parts.username:
+        kwargs["username"] = urllib.parse.unquote(parts.username)
+    if parts.password:
+        kwargs["password"] = urllib.parse.unquote(parts.password)
     return RedisStore(
         host,
         _REDIS_PORT if port is None else port,
