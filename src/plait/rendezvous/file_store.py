@@ -84,7 +84,9 @@ class FileStore(Store):
         timeout: Default seconds for blocking calls (``get``, ``wait``).
 
     Raises:
-        RendezvousError: the directory cannot be created.
+        RendezvousError: the directory cannot be created, or this process cannot
+            write in it (a read-only mount, another user's directory); a later call
+            raises it too where the directory stops being writable or readable.
 
     The data outlives the clients: :meth:`close` releases nothing, and
     :meth:`cleanup` (called once, by whoever created the job, e.g. the
@@ -105,6 +107,13 @@ class FileStore(Store):
             raise RendezvousError(
                 f"file store: cannot create the directory {self.path!r}: {exc}"
             ) from exc
+        # Try what every rank does, rather than ask os.access: it says a read-only mount
+        # is writable to root.
+        with self._failing("open"):
+            os.close(self._open_lock())
+            fd, tmp = self._temp()
+            os.close(fd)
+            os.unlink(tmp)
 
     def __enter__(self) -> Self:
         return self
@@ -124,7 +133,8 @@ class FileStore(Store):
     def set(self, key: str, value: bytes) -> None:
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"store values are bytes, got {type(value).__name__}")
-        self._write(_file_name(key), value)
+        with self._failing(f"set({key!r})"):
+            self._write(_file_name(key), value)
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         path = self._path(key)
@@ -140,7 +150,7 @@ class FileStore(Store):
 
     def add(self, key: str, amount: int) -> int:
         name = _file_name(key)
-        with self._locked():
+        with self._failing(f"add({key!r})"), self._locked():
             current = self._read(os.path.join(self.path, name))
             try:
                 value = int(current if current is not None else b"0") + int(amount)
@@ -170,7 +180,7 @@ class FileStore(Store):
 
     def delete(self, key: str) -> bool:
         path = self._path(key)
-        with self._locked():
+        with self._failing(f"delete({key!r})"), self._locked():
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -182,17 +192,39 @@ class FileStore(Store):
     def _path(self, key: str) -> str:
         return os.path.join(self.path, _file_name(key))
 
-    @staticmethod
-    def _read(path: str) -> bytes | None:
+    def _read(self, path: str) -> bytes | None:
         try:
             with open(path, "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+
+    def _temp(self) -> tuple[int, str]:
+        """A new hidden temporary file in the directory, open for writing."""
+        return tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.path)
+
+    def _open_lock(self) -> int:
+        return os.open(os.path.join(self.path, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _error(self, what: str, exc: OSError) -> RendezvousError:
+        return RendezvousError(
+            f"file store {self.path}: {what} failed: the directory cannot be written (or read) "
+            f"by this process ({exc}); give a directory that every rank can write in"
+        )
+
+    @contextlib.contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        """Raise an OSError of the filesystem as a RendezvousError naming the store."""
+        try:
+            yield
+        except OSError as exc:
+            raise self._error(what, exc) from exc
 
     def _write(self, name: str, value: bytes | bytearray | memoryview) -> None:
         """Write a temporary file, then rename it over ``name`` (atomic for readers)."""
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.path)
+        fd, tmp = self._temp()
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(value)
@@ -207,7 +239,7 @@ class FileStore(Store):
         """Hold the directory's exclusive lock (between processes and between threads)."""
         # Every call opens the lock file anew: flock locks belong to the open
         # file description, so two threads of one process also exclude each other.
-        fd = os.open(os.path.join(self.path, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
