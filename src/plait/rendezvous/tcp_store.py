@@ -41,14 +41,17 @@ from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout, a
 
 __all__ = ["StoreConnectError", "TCPStore", "TCPStoreServer"]
 
-#: Seconds a new connection has to complete the shared-secret handshake.
+#: Seconds a new connection has to complete the shared-secret handshake, at most: never
+#: past the deadline of the connect or call it serves.
 _HANDSHAKE_SECONDS = 10.0
 #: Seconds a new pooled connection that the server dropped under load is tried again.
 _SHED_SECONDS = 1.0
-#: Extra seconds a client waits for the answer to a blocking call beyond its
-#: timeout: the server answers "timeout" itself, so this only bounds a server
-#: that stopped answering without closing the connection.
+#: Extra seconds a client waits for the answer to a call beyond its timeout, at most:
+#: the server answers "timeout" itself, so this only bounds a server that stopped
+#: answering without closing the connection. A short call gets a fifth of its time, and
+#: _LEAST_GRACE at least, so that a 5 s timeout is not overshot by 10 s.
 _ANSWER_GRACE = 10.0
+_LEAST_GRACE = 1.0
 #: The least seconds a call under a caller's deadline waits for its answer (answers_by).
 _LEAST_ANSWER = 0.05
 #: Idle connections a client keeps for reuse.
@@ -235,8 +238,13 @@ class TCPStore(Store):
 
     # ---- connections
 
-    def _connect(self, patience: float, shed: float = 0.0) -> socket.socket:
+    def _connect(
+        self, patience: float, shed: float = 0.0, until: float | None = None
+    ) -> socket.socket:
         """An authenticated connection, retrying for ``patience`` seconds.
+
+        Each handshake waits until ``until`` (the deadline of the call it serves) or,
+        without one, the end of ``patience`` at most.
 
         Retried: refused connections (the server may not be up yet) and, for
         ``shed`` seconds if longer, connections the server drops without a
@@ -263,10 +271,11 @@ class TCPStore(Store):
                 raise StoreConnectError(
                     f"cannot connect to the store server at {self.address}{within} ({exc}); {hint}"
                 ) from exc
-            handshake = _HANDSHAKE_SECONDS
+            last = until if until is not None else deadline if patience > 0 else math.inf
             bound = answer_deadline()  # a caller's own deadline (answers_by)
             if bound is not None:
-                handshake = min(handshake, max(bound - time.monotonic(), _LEAST_ANSWER))
+                last = min(last, bound)
+            handshake = min(_HANDSHAKE_SECONDS, max(last - time.monotonic(), _LEAST_ANSWER))
             try:
                 _auth.client_handshake(sock, self._key, handshake, f"store {self.address}")
             except _auth.HandshakeUnanswered as exc:
@@ -287,7 +296,7 @@ class TCPStore(Store):
                 raise StoreConnectError(f"{exc}; check PLAIT_SECRET") from exc
             return sock
 
-    def _acquire(self, what: str) -> socket.socket:
+    def _acquire(self, what: str, until: float | None) -> socket.socket:
         with self._lock:
             if self._closed:
                 raise ClosedError(f"store {self.address}: {what} after close()")
@@ -296,7 +305,7 @@ class TCPStore(Store):
             # The server was up when this client connected, so a refused
             # connection now means it is gone: no retrying (but for a drop under load, for
             # a moment: a call with a short timeout must not wait on the store's patience).
-            sock = self._connect(0.0, min(self.connect_timeout, _SHED_SECONDS))
+            sock = self._connect(0.0, min(self.connect_timeout, _SHED_SECONDS), until)
         with self._lock:
             if self._closed:
                 sock.close()
@@ -323,15 +332,19 @@ class TCPStore(Store):
                 f"store's limit ({self.max_value_bytes} bytes per value and "
                 f"{REQUEST_OVERHEAD} bytes of keys)"
             )
-        sock = self._acquire(what)
         # A blocking call may legitimately take ``blocking`` seconds: the server
         # answers "timeout" itself, the grace only covers a server gone silent.
         patience = max(0.0, self.timeout if blocking is None else blocking)
-        io_timeout = patience + _ANSWER_GRACE if math.isfinite(patience) else None
+        grace = min(_ANSWER_GRACE, max(_LEAST_GRACE, patience / 5))
+        io_timeout = patience + grace if math.isfinite(patience) else None
         bound = answer_deadline()  # a caller's own deadline (answers_by)
         if bound is not None:
             left = max(bound - time.monotonic(), _LEAST_ANSWER)
             io_timeout = left if io_timeout is None else min(io_timeout, left)
+        until = None if io_timeout is None else time.monotonic() + io_timeout
+        sock = self._acquire(what, until)
+        if until is not None:  # what a new connection's handshake took is gone
+            io_timeout = max(until - time.monotonic(), _LEAST_ANSWER)
         try:
             sock.settimeout(io_timeout)
             sock.sendall(request)
