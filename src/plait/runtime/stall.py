@@ -23,10 +23,13 @@ Note [stall probes]
     - a later call number, from a rank this call still waits on: that rank
       has finished this call without sending what this rank waits for, or
       its message is still on the way. If the call still waits on that rank
-      :data:`GRACE_SECONDS` later, MismatchError (a message that takes
-      longer than that to arrive after its sender has finished with it, and
-      has then itself waited a probe period, would be mistaken: megabytes
-      in flight over a link of well under 1 MB/s);
+      :data:`GRACE_SECONDS` later, MismatchError. A transport reads a peer's
+      frames in the order it sent them, so the probe is read only after
+      everything that rank sent before it, however slow the link: over TCP
+      with several streams, a probe on stream 0 waits for the parts of a
+      striped message still on the other streams (Note [striped order] in
+      :mod:`plait.transport.tcp.reader`; overtaking them, it made identical
+      calls a MismatchError where a part took more than the grace to come);
     - a ``VERDICT`` (a peer found this call, or an earlier one, mismatched):
       MismatchError, naming that peer (or a ``RELAYED`` one: a peer that lost the
       rank which found it passes it on, :func:`settle`);

@@ -298,6 +298,7 @@ class TcpLink:
                 c.due.clear()
                 c.rec = c.cont = None
                 self.drop(c)
+            p.owed = 0
             p.dead = True
             if p.gone is None:
                 p.gone = err
@@ -484,6 +485,7 @@ class TcpLink:
                     rec.view = None
                 c.rec = c.cont = None
                 c.due.clear()
+                p.owed = 0
 
     def _live(self) -> list[Conn]:
         return [c for p in self.peers if p is not None for c in p.conns if c.sock is not None]

@@ -133,6 +133,7 @@ class Peer:
         "conns",
         "dead",
         "gone",
+        "owed",
         "rank",
         "rid_in",
         "rid_out",
@@ -149,6 +150,9 @@ class Peer:
         self.dead = False  # its connections are closed
         self.seq_in = 0  # striped messages: sequence numbers in PART frames
         self.seq_out = 0
+        # Parts of striped messages from it still owed on streams 1 and up: while any is,
+        # stream 0 reads no further frame (Note [striped order] in plait.transport.tcp.reader).
+        self.owed = 0
         # Sending: ids of our RTS frames, and the sends waiting for their answer (CTS or
         # REFUSE) with their RTS frame; the op is None once withdrawn (a tombstone kept
         # until the answer comes, so that the answer is not taken for a protocol error).

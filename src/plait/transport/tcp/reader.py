@@ -8,6 +8,35 @@ takes no more than the next header into the staging buffer, mostly in the same
 receive's buffer directly too. An eager message that arrives before its receive is
 posted is read into an unexpected message of exactly its length (at most
 :data:`~plait.transport.tcp.wire.EAGER_MAX`), copied on match (the only extra copy).
+
+Note [striped order]
+    Over one stream, whatever a peer sent arrives in the order it was sent: a frame read
+    says that every byte sent before it has arrived. The runtime counts on that. A stall
+    probe of call n + 1 says its sender has finished call n, and so sent all it had to
+    send in it (Note [stall probes] in :mod:`plait.runtime.stall`); a notice a peer sent
+    before its goodbye, or before it exited, is read before the end of its connection
+    (Note [peers that close] in :mod:`plait.transport.base`). With several streams a
+    striped message travels on all of them while the frames after it use stream 0 only,
+    and stream 0 could run ahead: its part of a message done, it went on to the next
+    frames while the other parts were still on their way (behind a slow stream, or
+    megabytes over a link of 0.5 MB/s). A probe of the next call read then, with the
+    message it follows still arriving on stream 1, was taken after a grace of two
+    seconds for a peer that had finished the call without sending what this rank waited
+    for: MismatchError on both ranks, though they made the same calls. A sender that
+    exited without closing after its last send had gone into the kernel ended stream 0
+    first, and its end, read before the rest of that message, lost the peer and failed
+    a receive whose bytes were still coming.
+
+    So stream 0 reads no further frame while a striped message from that peer still owes
+    a part on another stream (``Peer.owed``): having read its own part (part 0 between
+    two chunks goes on, as the message's chunks must), it stops watching its socket for
+    input, and the frames behind it wait in the staging buffer and the kernel. When the
+    last part owed has arrived, stream 0 reads again (:func:`_part_done`). A frame read
+    on stream 0, the end of its connection included, thus comes after everything its
+    sender sent before it, as over one stream. The parts owed need nothing from stream 0
+    to arrive: the sender queued them on their streams with the message, and they are
+    read while owed. What waits meanwhile is stream 0's frames, for as long as the
+    slowest stream lags behind it, which a receive of the striped message waits anyway.
 """
 
 from __future__ import annotations
@@ -42,7 +71,7 @@ __all__ = ["read", "start_payload"]
 _DIRECT_MIN = 16 * 1024  # payload left at least this large: recv straight into the target
 _SCRATCH = 256 * 1024  # discard buffer for payloads nobody wants any more
 _scratch = memoryview(bytearray(_SCRATCH))  # written, never read: one for all links
-_OUT = select.EPOLLOUT
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 
 
 def read(link: TcpLink, c: Conn) -> None:
@@ -106,6 +135,9 @@ def read(link: TcpLink, c: Conn) -> None:
                     c.pos += n
                     continue
             else:
+                if greedy and c.peer.owed and c.cont is None:  # Note [striped order]
+                    link.set_events(c, c.events & _OUT)
+                    return
                 have = c.hi - c.lo
                 if have >= HDR_SIZE:
                     kind, check, tag, nbytes = HDR.unpack_from(stage, c.lo)
@@ -226,11 +258,12 @@ def start_payload(link: TcpLink, c: Conn, rec: Inbound, chunk: int = 0) -> None:
         rec.left = streams
         rec.seq = p.seq_in
         p.seq_in += 1
+        p.owed += streams - 1
         for k in range(1, streams):
             ck = p.conns[k]
             ck.due.append(rec)
-            if not ck.events & select.EPOLLIN:
-                link.set_events(ck, ck.events | select.EPOLLIN)
+            if not ck.events & _IN:
+                link.set_events(ck, ck.events | _IN)
         c.pos, c.stop = part(nbytes, streams, 0)
     else:
         c.pos, c.stop = 0, nbytes
@@ -268,8 +301,17 @@ def _part_done(link: TcpLink, c: Conn, rec: Inbound) -> None:
             rec.msg.received = rec.nbytes
             rec.msg.complete = True
             rec.msg = None  # complete: it no longer depends on the connection
-    if c.index > 0 and not c.due:
-        if c.peer.gone is not None:
-            link.drop(c)  # the peer said goodbye and this stream owes nothing more
-        elif c.hi == c.lo:
-            link.set_events(c, c.events & _OUT)
+    if c.index > 0:
+        p = c.peer
+        p.owed -= 1
+        if not c.due:
+            if p.gone is not None:
+                link.drop(c)  # the peer said goodbye and this stream owes nothing more
+            elif c.hi == c.lo:
+                link.set_events(c, c.events & _OUT)
+        c0 = p.conns[0]
+        if not p.owed and c0.sock is not None and not c0.events & _IN:
+            # Stream 0 waited for this part (Note [striped order]): it reads on, frames it
+            # has staged already first (no socket event would announce those).
+            link.set_events(c0, c0.events | _IN)
+            read(link, c0)
