@@ -5,7 +5,8 @@ posts and reads of a peer's counter, each of a few bytes; what it costs is the P
 around them. So each schedule is turned, once per window, dtype and half of the window,
 into a list of operations (:class:`Compiled`, Note [compiled one-sided schedules]) and
 that list into the source of one Python function, which runs them in a straight line
-(Note [generated runs]).
+(Note [generated runs]), or loops over the pieces of a large call (Note [rolled pieces]
+in :mod:`plait.runtime.operations`, where the operations' codes and fields are).
 
 Note [compiled one-sided schedules]
     A small call is a few steps, and reading a step's fields, slicing the
@@ -53,10 +54,17 @@ Note [generated runs]
     one source serves all the calls of one kind and is compiled once
     (:func:`compile`; 0.5 ms for a 2-rank allreduce, 15 ms for a 33-rank one
     of 100 operations), and a call of a new size only binds the names again
-    (0.05-0.8 ms). It does what the operations say, in their order, and
-    nothing else (``tests/unit/test_arena.py`` runs every kind of operation
-    against what its steps say, with a reduction whose operands' order shows
-    in the bits).
+    (0.05-0.8 ms). That holds for a call of one piece as written; a call of
+    many pieces has as many operations, and its run loops over them (Note
+    [rolled pieces] in :mod:`plait.runtime.operations`), so that its source
+    does not grow with them either. It does what the operations say, in
+    their order, and nothing else (``tests/unit/test_arena.py`` runs every
+    kind of operation against what its steps say, with a reduction whose
+    operands' order shows in the bits; ``tests/unit/test_rolled_pieces.py``,
+    every one-sided algorithm's loop against its operations written out).
+    A window keeps the compiled calls of at most 256 schedules and
+    :data:`KEPT_STEPS` steps, and the sources compiled are at most 256 and
+    16 MiB in all: a loop over ever new sizes holds no more.
 
     The call around the operations is in the function too, since its frames
     and method calls cost as much again as the operations of a small call:
@@ -107,7 +115,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from types import CodeType
 from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
@@ -115,6 +122,22 @@ import numpy as np
 from plait.errors import CommError, InternalError
 from plait.ops import fold_one
 from plait.runtime.executor import Call
+from plait.runtime.operations import (
+    _COPY,
+    _FOLD,
+    _GET,
+    _GET_REDUCE,
+    _POST,
+    _REDUCE,
+    _SELF_COPY,
+    _WAIT,
+    WRITTEN_OUT,
+    Shapes,
+    operands,
+    phase_of,
+    rows,
+    stretches,
+)
 from plait.runtime.posts import (
     GAVE_UP_FROM,
     await_post,
@@ -128,31 +151,50 @@ from plait.transport.window import MASK64
 
 __all__ = ["Compiled", "compiled_for", "run_of"]
 
-# Operation codes of a compiled schedule (Note [compiled one-sided schedules]): an operation
-# is (code, source, destination, first) and, for those on a peer (from _GET on), (peer, phase,
-# (peer,), probe); a _FOLD is (code, left operand, destination, right operand, peer, phase,
-# (peer,), probe). The one-tuple is what the flight recorder's slot says the call waits for,
-# made once; the probe is where the peer's counter and digest are read (Window.probe).
-# _SELF_COPY: a _COPY from IN to OUT at equal offsets, skipped in place.
-_POST, _COPY, _SELF_COPY, _REDUCE, _GET, _GET_REDUCE, _WAIT, _FOLD = range(8)
-
 
 def compiled_for(schedule: Schedule, window: Any, dtype: np.dtype) -> Compiled:
     """The schedule's call on ``window`` for ``dtype`` (made once, then cached)."""
-    cache: dict[tuple[int, np.dtype], tuple[Schedule, Compiled]]
+    cache: _Kept
     try:
         cache = window.compiled
     except AttributeError:
-        cache = window.compiled = {}
+        cache = window.compiled = _Kept(256, KEPT_STEPS)
     hit = cache.get((id(schedule), dtype))
     if hit is not None and hit[0] is schedule:
-        return hit[1]
-    if len(cache) >= 256:
-        cache.clear()
+        found: Compiled = hit[1]
+        return found
     window.reserve(schedule.shared_count * dtype.itemsize)  # a group's window grows here
     made = _compile(schedule, window, dtype)
-    cache[(id(schedule), dtype)] = (schedule, made)  # keeps the schedule, so the id is its own
+    # Kept with its schedule, so that the id is its own; weighed by its steps.
+    cache.keep((id(schedule), dtype), (schedule, made), len(schedule.steps))
     return made
+
+
+#: The steps of the schedules whose compiled forms a window keeps, in all (with their
+#: operations, views and loops' tables, 0.9-1.3 KB a step: a 64 MiB allreduce on 2 ranks
+#: has 392 steps, one of 2 GiB 12,296). A schedule of more is kept alone.
+KEPT_STEPS = 1 << 16
+
+
+class _Kept(dict[Any, Any]):
+    """A cache that forgets all it holds where one more entry would make more than
+    ``most`` entries, or more than ``heaviest`` of their weights in all."""
+
+    def __init__(self, most: int, heaviest: int) -> None:
+        super().__init__()
+        self.most, self.heaviest, self.weight = most, heaviest, 0
+
+    def keep(self, key: Any, value: Any, weight: int) -> None:
+        """``self[key] = value``, which weighs ``weight``."""
+        if len(self) >= self.most or self.weight + weight > self.heaviest:
+            self.clear()
+        self[key] = value
+        self.weight += weight
+
+    def clear(self) -> None:
+        """Forget all, and their weights."""
+        super().clear()
+        self.weight = 0
 
 
 def run_of(schedule: Schedule, window: Any, dtype: np.dtype) -> Callable[..., None]:
@@ -343,27 +385,41 @@ def _generate(
         "        half = _begin(window, transport, call, schedule)",
         "    try:",
     ]
-    operands = any(op[0] not in (_POST, _WAIT) for op in ops[0])
-    if operands:
+    if any(op[0] not in (_POST, _WAIT) for op in ops[0]):
         env["n_in"], env["n_out"] = counts
         head.append("        if inp.size != n_in or out.size != n_out:")
         head.append(
             "            raise _wrong(schedule, make(key, epoch, seq, slot), inp, out, n_in, n_out)"
         )
-    for k, (b, lo, hi) in enumerate(regions, 3):
-        env[f"s{k}"] = slice(lo, hi)
-        head.append(f"        r{k} = {_BUFFERS[b]}[s{k}]")
+    # Each operand's element count, for the folds of one element (Note [one-element folds]
+    # in plait.ops): the caller's buffers, then their regions; the views have their own.
+    sizes = [schedule.in_count, schedule.out_count, schedule.tmp_count]
+    sizes += [hi - lo for _, lo, hi in regions]
+    shapes = [Shapes(regions, sizes, consts[h]) for h in (0, 1)]
+    parts = [
+        stretches([shapes[h].of(op) for op in ops[h]], (_POST,), WRITTEN_OUT)
+        if len(ops[h]) > WRITTEN_OUT
+        else [(0, len(ops[h]), 0)]
+        for h in (0, 1)
+    ]
+    # The regions that operations written out name are sliced here, numbered from 3 in
+    # their order; those of a loop's operations, in the loop (Note [rolled pieces]).
+    rolled = any(period for half in parts for _, _, period in half)
+    n = len(sizes)
+    out = [op for h in (0, 1) for a, b, p in parts[h] if not p for op in ops[h][a:b]]
+    kept = sorted({k for op in out for k in operands(op) if 3 <= k < n}) if rolled else range(3, n)
+    rename = {k: i for i, k in enumerate(kept, 3)}
+    for k, i in rename.items():
+        b, lo, hi = regions[k - 3]
+        env[f"s{i}"] = slice(lo, hi)
+        head.append(f"        r{i} = {_BUFFERS[b]}[s{i}]")
     if any(op[0] in (_REDUCE, _GET_REDUCE, _FOLD) for op in ops[0]):
         head.append("        ufunc = key.ufunc")
     if any(op[0] >= _GET for op in ops[0]):
         head.append(f"        gave_up = base | {GAVE_UP_FROM}")  # from gave_up to ended: it gave up
         head.append(f"        ended = base + {1 << 32}")  # and from here on it ended this call
     post = _post_lines(window, env)
-    # Each operand's element count, for the folds of one element (Note [one-element folds]
-    # in plait.ops): the caller's buffers, then their regions; the views have their own.
-    sizes = [schedule.in_count, schedule.out_count, schedule.tmp_count]
-    sizes += [hi - lo for _, lo, hi in regions]
-    bodies = [_body(ops[h], consts[h], sizes, h, env, post) for h in (0, 1)]
+    bodies = [_body(ops[h], parts[h], shapes[h], rename, rolled, h, env, post) for h in (0, 1)]
     head.append("        if half:")
     head += ["    " + line for line in bodies[1] or ["        pass"]]
     head.append("        else:")
@@ -385,9 +441,8 @@ def _generate(
     source = "\n".join(head) + "\n"
     made = _CODE.get(source)
     if made is None:
-        if len(_CODE) >= 256:
-            _CODE.clear()
-        made = _CODE[source] = compile(source, _FILENAME, "exec")
+        made = compile(source, _FILENAME, "exec")
+        _CODE.keep(source, made, len(source))
     exec(made, env)
     # Out of its own globals: a function in the dict it reads would be a cycle, kept until
     # the collector runs, and with it the window's views (the segments stay mapped).
@@ -421,91 +476,154 @@ def _post_lines(window: Any, env: dict[str, Any]) -> list[str]:
 
 def _body(
     ops: list[tuple[Any, ...]],
-    consts: tuple[np.ndarray, ...],
-    sizes: list[int],
+    parts: list[tuple[int, int, int]],
+    shapes: Shapes,
+    rename: dict[int, int],
+    rolled: bool,
     h: int,
     env: dict[str, Any],
     post: list[str],
 ) -> list[str]:
     """Half ``h``'s operations as lines of the run (at the depth of its ``try``), their
-    constants bound in ``env`` under names that end in ``_h``; ``sizes``: the element
-    counts of the operands before the views; ``post``: the lines of a post of ``v``."""
-    n = len(sizes)
-
-    def one(k: int) -> bool:  # whether operand k is one element
-        return (sizes[k] if k < n else consts[k - n].size) == 1
+    constants bound in ``env`` under names that end in ``_h``: each stretch of ``parts``
+    written out, or a loop over its periods (Note [rolled pieces] in
+    :mod:`plait.runtime.repeats`). ``rename``: the name of each region sliced at the top;
+    ``rolled``: whether any half loops (then no value that differs with the call's size is
+    written in the source); ``post``: the lines of a post of ``v``."""
+    n = shapes.n
+    views = sorted(
+        {k for a, b, p in parts if not p for op in ops[a:b] for k in operands(op) if k >= n}
+    )
+    numbers = {k: k if not rolled else i for i, k in enumerate(views, 3 + len(rename))}
 
     def name(k: int) -> str:
         if k < 3:
             return _BUFFERS[k]
         if k < n:
-            return f"r{k}"
-        env[f"c{k}_{h}"] = consts[k - n]
-        return f"c{k}_{h}"
+            return f"r{rename[k]}"
+        env[f"c{numbers[k]}_{h}"] = shapes.consts[k - n]
+        return f"c{numbers[k]}_{h}"
 
     body: list[str] = []
-    for m, op in enumerate(ops):
-        code = op[0]
-        if code == _POST:
-            body.append(f"        v = base | {int(op[1])}")
-            body += post
+    m = 0  # the operations' names are numbered in the order they are written
+    for lo, hi, period in parts:
+        if not period:
+            for op in ops[lo:hi]:
+                args = [name(k) for k in operands(op)]
+                value = phase_of(op)
+                phase = str(value)
+                if rolled and value is not None:  # the last pieces' phases differ with the size
+                    phase = f"z{m}_{h}"
+                    env[phase] = value
+                one = len(args) > 1 and shapes.one(op[2])
+                body += _lines(op, args, one, phase, m, h, env, post)
+                m += 1
             continue
-        if code >= _GET:  # the peer's phase first
-            q, phase, peers, probe = op[4:8]
-            counters, i, digests, j = probe
-            env[f"q{m}_{h}"], env[f"p{m}_{h}"], env[f"w{m}_{h}"] = q, peers, probe
-            env[f"k{m}_{h}"], env[f"d{m}_{h}"] = counters, digests
-            # The peer's words, read in place (released, they raise: the slow way says why).
-            # Its digest is that of this call from its begin until every rank has ended it.
-            ctr = f"k{m}_{h}[{int(i)}]"
-            body += [
-                f"        need = base | {int(phase)}",
-                "        try:",
-                f"            v = {ctr}",
-                "            if v < need:  # a moment behind, mostly (Note [a second look])",
-                "                for _ in range(window.polls):",
-                f"                    if (v := {ctr}) >= need:",
-                "                        break",
-                "                else:  # where ranks outnumber cores: give the core up",
-                "                    for _ in range(window.yields):",
-                "                        _yield()",
-                f"                        if (v := {ctr}) >= need:",
-                "                            break",
-                f"            go = v >= need and d{m}_{h}[{int(j)}] == check"
-                " and not gave_up <= v < ended",
-                "        except (TypeError, ValueError):",
-                "            go = False",
-                "        if not go:",
-                "            if call is None:",
-                "                call = make(key, epoch, seq, slot)",
-                f"            _peer(window, transport, call, schedule, need, q{m}_{h}, p{m}_{h},"
-                f" w{m}_{h}, {h})",
-            ]
-            if code == _WAIT:
-                continue
-        if code in (_FOLD, _REDUCE, _GET_REDUCE):
-            dst = name(op[2])
-            if code == _FOLD:
-                pair = f"{name(op[1])}, {name(op[3])}"
-            else:
-                src = name(op[1])
-                pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
-            if one(op[2]):  # Note [one-element folds] in plait.ops
-                env["_fold_one"] = fold_one
-                body.append(f"        _fold_one(ufunc, {pair}, {dst})")
-            else:
-                body.append(f"        ufunc({pair}, out={dst})")
-        elif code == _SELF_COPY:
-            body.append("        if not aliased:")  # IN and OUT are one memory in place
-            body.append(f"            {name(op[2])}[...] = {name(op[1])}")
-        else:  # _COPY, _GET
-            body.append(f"        {name(op[2])}[...] = {name(op[1])}")
+        # A loop over the periods: each row of the table holds a period's regions (their
+        # slices), views and phases, in the order of its operations.
+        loop, top, lines = f"t{m}_{h}", [], []
+        names: list[str] = []
+        for op in ops[lo : lo + period]:
+            args = []
+            for k in operands(op):
+                j = len(names)
+                if k < 3:
+                    args.append(_BUFFERS[k])
+                    continue
+                if k < n:
+                    names.append(f"y{j}")
+                    top.append(f"            u{j} = {_BUFFERS[shapes.regions[k - 3][0]]}[y{j}]")
+                    args.append(f"u{j}")
+                else:
+                    names.append(f"x{j}")
+                    args.append(f"x{j}")
+            phase = ""
+            if phase_of(op) is not None:
+                phase = f"g{len(names)}"
+                names.append(phase)
+            lines += _lines(op, args, len(args) > 1 and shapes.one(op[2]), phase, m, h, env, post)
+            m += 1
+        env[loop] = rows(ops, lo, hi, period, shapes)
+        body.append(f"        for {', '.join(names)}, in {loop}:")
+        body += top + ["    " + line for line in lines]
+    return body
+
+
+def _lines(
+    op: tuple[Any, ...],
+    args: list[str],
+    one: bool,
+    phase: str,
+    m: int,
+    h: int,
+    env: dict[str, Any],
+    post: list[str],
+) -> list[str]:
+    """The lines of operation ``op`` (at the depth of the run's ``try``), its peer's
+    constants bound in ``env`` under names that end in ``m_h``: ``args``, the names of its
+    operands (:func:`_operands`); ``one``, whether its destination is one element;
+    ``phase``, its phase or post's value as source."""
+    code = op[0]
+    if code == _POST:
+        return [f"        v = base | {phase}", *post]
+    body: list[str] = []
+    if code >= _GET:  # the peer's phase first
+        q, _, peers, probe = op[4:8]
+        counters, i, digests, j = probe
+        env[f"q{m}_{h}"], env[f"p{m}_{h}"], env[f"w{m}_{h}"] = q, peers, probe
+        env[f"k{m}_{h}"], env[f"d{m}_{h}"] = counters, digests
+        # The peer's words, read in place (released, they raise: the slow way says why).
+        # Its digest is that of this call from its begin until every rank has ended it.
+        ctr = f"k{m}_{h}[{int(i)}]"
+        body += [
+            f"        need = base | {phase}",
+            "        try:",
+            f"            v = {ctr}",
+            "            if v < need:  # a moment behind, mostly (Note [a second look])",
+            "                for _ in range(window.polls):",
+            f"                    if (v := {ctr}) >= need:",
+            "                        break",
+            "                else:  # where ranks outnumber cores: give the core up",
+            "                    for _ in range(window.yields):",
+            "                        _yield()",
+            f"                        if (v := {ctr}) >= need:",
+            "                            break",
+            f"            go = v >= need and d{m}_{h}[{int(j)}] == check"
+            " and not gave_up <= v < ended",
+            "        except (TypeError, ValueError):",
+            "            go = False",
+            "        if not go:",
+            "            if call is None:",
+            "                call = make(key, epoch, seq, slot)",
+            f"            _peer(window, transport, call, schedule, need, q{m}_{h}, p{m}_{h},"
+            f" w{m}_{h}, {h})",
+        ]
+        if code == _WAIT:
+            return body
+    if code in (_FOLD, _REDUCE, _GET_REDUCE):
+        if code == _FOLD:
+            x, dst, y = args
+            pair = f"{x}, {y}"
+        else:
+            src, dst = args
+            pair = f"{src}, {dst}" if op[3] else f"{dst}, {src}"
+        if one:  # Note [one-element folds] in plait.ops
+            env["_fold_one"] = fold_one
+            body.append(f"        _fold_one(ufunc, {pair}, {dst})")
+        else:
+            body.append(f"        ufunc({pair}, out={dst})")
+    elif code == _SELF_COPY:
+        body.append("        if not aliased:")  # IN and OUT are one memory in place
+        body.append(f"            {args[1]}[...] = {args[0]}")
+    else:  # _COPY, _GET
+        body.append(f"        {args[1]}[...] = {args[0]}")
     return body
 
 
 # The source of a generated run names every value that differs from one size, rank or
 # window to the next, so that calls of one kind share its code: compiled once per source.
-_CODE: dict[str, CodeType] = {}
+# At most 256 sources, of 16 MiB in all (a run's code takes about as much again).
+_CODE = _Kept(256, 1 << 24)
 
 
 def _peer(
