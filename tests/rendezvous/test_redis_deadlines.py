@@ -49,6 +49,7 @@ class RedisServer:
         """Stop the process (SIGSTOP): it keeps its port, and accepts, but never answers."""
         os.kill(self.proc.pid, signal.SIGSTOP)
         self.stopped = True
+        os.waitpid(self.proc.pid, os.WUNTRACED)  # returns once it has stopped
 
     def close(self) -> None:
         if self.stopped:

@@ -55,7 +55,7 @@ def stoppable_server() -> Iterator[tuple[int, subprocess.Popen[str]]]:
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
-        proc.wait()
+        proc.communicate()  # waits, and closes its pipes
 
 
 @pytest.mark.multiprocess
@@ -68,6 +68,7 @@ def test_calls_to_a_stopped_server_fail_by_their_timeout(
     try:
         store.set("k", b"v")
         os.kill(proc.pid, signal.SIGSTOP)
+        os.waitpid(proc.pid, os.WUNTRACED)  # returns once it has stopped
         _fails_within(_WITHIN, lambda: store.set("k", b"w"))
         _fails_within(_WITHIN, lambda: store.get("missing"))
         _fails_within(_WITHIN, lambda: store.wait(["missing"], timeout=0.5))
