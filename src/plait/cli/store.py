@@ -25,6 +25,9 @@ import sys
 
 __all__ = ["add_arguments", "main"]
 
+#: Hosts that listen on every interface: the URL to give the ranks names this host instead.
+_ANY_HOST = ("0.0.0.0", "::", "")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``plait store``."""
@@ -54,7 +57,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"plait store: {exc}", file=sys.stderr, flush=True)
         return 1
     with server:
-        print(f"plait store: serving tcp://{server.address} (PLAIT_STORE)", flush=True)
+        if server.host in _ANY_HOST:  # not an address a rank can connect to
+            use = f"tcp://<this host's address>:{server.port}"
+            print(
+                f"plait store: serving tcp://{server.address} on every interface; give the "
+                f"ranks PLAIT_STORE={use}",
+                flush=True,
+            )
+        else:
+            print(f"plait store: serving tcp://{server.address} (PLAIT_STORE)", flush=True)
         signal.sigwait(stops)
     print("plait store: stopped", flush=True)
     return 0

@@ -34,7 +34,13 @@ from collections.abc import Iterator, Sequence
 from typing import Self
 
 from plait.errors import RendezvousError
-from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout
+from plait.rendezvous.store import (
+    DEFAULT_STORE_TIMEOUT,
+    Store,
+    StoreTimeout,
+    shown_key,
+    shown_keys,
+)
 
 __all__ = ["FileStore"]
 
@@ -49,7 +55,7 @@ _TMP_PREFIX = ".tmp-"
 def _file_name(key: str) -> str:
     """The file name that holds ``key``: never empty, never a path, never hidden."""
     if not isinstance(key, str):
-        raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
+        raise TypeError(f"store keys are str, got {type(key).__name__}: {shown_key(key)}")
     raw = key.encode()
     if 2 * len(raw) <= _MAX_HEX_NAME:
         return "k" + raw.hex()
@@ -133,7 +139,7 @@ class FileStore(Store):
     def set(self, key: str, value: bytes) -> None:
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"store values are bytes, got {type(value).__name__}")
-        with self._failing(f"set({key!r})"):
+        with self._failing(f"set({shown_key(key)})"):
             self._write(_file_name(key), value)
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
@@ -145,18 +151,19 @@ class FileStore(Store):
                 return value
             if not poll.pause():
                 raise StoreTimeout(
-                    f"file store {self.path}: get: key {key!r} not set within {poll.seconds:g} s"
+                    f"file store {self.path}: get: key {shown_key(key)} not set within "
+                    f"{poll.seconds:g} s"
                 )
 
     def add(self, key: str, amount: int) -> int:
         name = _file_name(key)
-        with self._failing(f"add({key!r})"), self._locked():
+        with self._failing(f"add({shown_key(key)})"), self._locked():
             current = self._read(os.path.join(self.path, name))
             try:
                 value = int(current if current is not None else b"0") + int(amount)
             except ValueError:
                 raise ValueError(
-                    f"file store {self.path}: add({key!r}): value is not an integer: "
+                    f"file store {self.path}: add({shown_key(key)}): value is not an integer: "
                     f"{current!r:.80}"
                 ) from None
             self._write(name, str(value).encode())
@@ -172,7 +179,8 @@ class FileStore(Store):
                 return
             if not poll.pause():
                 raise StoreTimeout(
-                    f"file store {self.path}: keys {missing} not set within {poll.seconds:g} s"
+                    f"file store {self.path}: keys {shown_keys(missing)} not set within "
+                    f"{poll.seconds:g} s"
                 )
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -180,7 +188,7 @@ class FileStore(Store):
 
     def delete(self, key: str) -> bool:
         path = self._path(key)
-        with self._failing(f"delete({key!r})"), self._locked():
+        with self._failing(f"delete({shown_key(key)})"), self._locked():
             try:
                 os.unlink(path)
             except FileNotFoundError:

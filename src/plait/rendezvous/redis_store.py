@@ -40,7 +40,14 @@ from typing import Any, Self
 
 from plait import _net
 from plait.errors import RendezvousError
-from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout, answer_deadline
+from plait.rendezvous.store import (
+    DEFAULT_STORE_TIMEOUT,
+    Store,
+    StoreTimeout,
+    answer_deadline,
+    shown_key,
+    shown_keys,
+)
 
 __all__ = ["RedisStore"]
 
@@ -140,7 +147,7 @@ class RedisStore(Store):
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"store values are bytes, got {type(value).__name__}")
         name = self._name(key)
-        with self._translate(f"set({key!r})", self._until(self.timeout)):
+        with self._translate(f"set({shown_key(key)})", self._until(self.timeout)):
             pipe = self._client.pipeline(transaction=True)
             pipe.set(name, bytes(value))
             pipe.publish(self._channel(name), b"set")
@@ -149,7 +156,7 @@ class RedisStore(Store):
     def get(self, key: str, timeout: float | None = None) -> bytes:
         deadline, seconds = self._deadline(timeout)
         name = self._name(key)
-        with self._translate(f"get({key!r})", deadline + _ANSWER_GRACE):
+        with self._translate(f"get({shown_key(key)})", deadline + _ANSWER_GRACE):
             while True:
                 value = self._client.get(name)
                 if value is not None:
@@ -159,14 +166,16 @@ class RedisStore(Store):
 
     def add(self, key: str, amount: int) -> int:
         name = self._name(key)
-        with self._translate(f"add({key!r}, {amount})", self._until(self.timeout)):
+        with self._translate(f"add({shown_key(key)}, {amount})", self._until(self.timeout)):
             pipe = self._client.pipeline(transaction=True)
             pipe.incrby(name, int(amount))
             pipe.publish(self._channel(name), b"add")
             try:
                 value, _ = pipe.execute()
             except self._redis.ResponseError as exc:
-                raise ValueError(f"redis store {self.address}: add({key!r}): {exc}") from exc
+                raise ValueError(
+                    f"redis store {self.address}: add({shown_key(key)}): {exc}"
+                ) from exc
         return int(value)
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
@@ -181,7 +190,7 @@ class RedisStore(Store):
             return bool(self._client.exists(*(self._name(k) for k in keys)) == len(keys))
 
     def delete(self, key: str) -> bool:
-        with self._translate(f"delete({key!r})", self._until(self.timeout)):
+        with self._translate(f"delete({shown_key(key)})", self._until(self.timeout)):
             return bool(self._client.delete(self._name(key)))
 
     # ---- helpers
@@ -203,7 +212,7 @@ class RedisStore(Store):
 
     def _name(self, key: str) -> str:
         if not isinstance(key, str):
-            raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
+            raise TypeError(f"store keys are str, got {type(key).__name__}: {shown_key(key)}")
         return self.prefix + key
 
     def _channel(self, name: str) -> str:
@@ -241,8 +250,8 @@ class RedisStore(Store):
                 left = deadline - time.monotonic()
                 if left <= 0 or confirmed < len(channels):
                     raise StoreTimeout(
-                        f"redis store {self.address}: keys {missing} (prefix {self.prefix!r}) "
-                        f"not set within {seconds:g} s"
+                        f"redis store {self.address}: keys {shown_keys(missing)} "
+                        f"(prefix {self.prefix!r}) not set within {seconds:g} s"
                     )
                 pubsub.get_message(timeout=min(left, _MAX_BLOCK))
         finally:

@@ -26,10 +26,34 @@ __all__ = [
     "StoreTimeout",
     "answer_deadline",
     "answers_by",
+    "shown_key",
+    "shown_keys",
 ]
 
 #: Seconds a blocking store call waits by default.
 DEFAULT_STORE_TIMEOUT = 300.0
+#: Keys a message lists, and characters of each, at most (a wait on 200,000 keys, or a key
+#: of a megabyte, must not put them all in the error).
+_SHOWN_KEYS = 5
+_SHOWN_KEY_CHARS = 100
+
+
+def shown_key(key: object) -> str:
+    """``repr(key)`` for a message, cut to a hundred characters or so."""
+    text = repr(key)
+    if len(text) <= _SHOWN_KEY_CHARS:
+        return text
+    size = len(key) if isinstance(key, str | bytes) else len(text)
+    return f"{text[:_SHOWN_KEY_CHARS]}... ({size} characters)"
+
+
+def shown_keys(keys: Sequence[object]) -> str:
+    """A list of keys for a message: the first few, each cut (:func:`shown_key`), and how
+    many more there are."""
+    listed = ", ".join(shown_key(key) for key in keys[:_SHOWN_KEYS])
+    more = f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else ""
+    return f"[{listed}]{more}"
+
 
 _bound = threading.local()
 
@@ -177,7 +201,9 @@ class MemoryStore(Store):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise StoreTimeout(f"store: keys {missing} not set within {seconds:g} s")
+                    raise StoreTimeout(
+                        f"store: keys {shown_keys(missing)} not set within {seconds:g} s"
+                    )
                 self._cv.wait(left)
 
     def check(self, keys: Sequence[str]) -> bool:

@@ -37,7 +37,14 @@ from plait.rendezvous._tcp_wire import (
     split_fields,
 )
 from plait.rendezvous._tcp_wire import max_value_bytes as _max_value
-from plait.rendezvous.store import DEFAULT_STORE_TIMEOUT, Store, StoreTimeout, answer_deadline
+from plait.rendezvous.store import (
+    DEFAULT_STORE_TIMEOUT,
+    Store,
+    StoreTimeout,
+    answer_deadline,
+    shown_key,
+    shown_keys,
+)
 
 __all__ = ["StoreConnectError", "TCPStore", "TCPStoreServer"]
 
@@ -188,35 +195,35 @@ class TCPStore(Store):
         data = _value(value)
         if len(data) > self.max_value_bytes:
             raise ValueError(
-                f"store {self.address}: set({key!r}): the value of {len(data)} bytes is over "
-                f"the store's limit of {self.max_value_bytes} bytes per value; keep large "
+                f"store {self.address}: set({shown_key(key)}): the value of {len(data)} bytes is "
+                f"over the store's limit of {self.max_value_bytes} bytes per value; keep large "
                 "data out of the store, or raise PLAIT_STORE_MAX_VALUE on every process "
                 "(server and clients)"
             )
-        status, fields = self._call(Op.SET, [_key(key), data], f"set({key!r})")
+        status, fields = self._call(Op.SET, [_key(key), data], f"set({shown_key(key)})")
         if status is Status.BAD_VALUE:  # over the server's limit, where it is lower than ours
             raise ValueError(
-                f"store {self.address}: set({key!r}): {fields[0].decode()}; raise "
+                f"store {self.address}: set({shown_key(key)}): {fields[0].decode()}; raise "
                 "PLAIT_STORE_MAX_VALUE on every process (server and clients) alike"
             )
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         seconds = _seconds(self._timeout(timeout))
         status, fields = self._call(
-            Op.GET, [SECONDS.pack(seconds), _key(key)], f"get({key!r})", seconds
+            Op.GET, [SECONDS.pack(seconds), _key(key)], f"get({shown_key(key)})", seconds
         )
         if status is Status.TIMEOUT:
             raise StoreTimeout(
-                f"store {self.address}: get: key {key!r} not set within {seconds:g} s"
+                f"store {self.address}: get: key {shown_key(key)} not set within {seconds:g} s"
             )
         return fields[0]
 
     def add(self, key: str, amount: int) -> int:
         status, fields = self._call(
-            Op.ADD, [_key(key), str(int(amount)).encode()], f"add({key!r}, {amount})"
+            Op.ADD, [_key(key), str(int(amount)).encode()], f"add({shown_key(key)}, {amount})"
         )
         if status is Status.BAD_VALUE:
-            raise ValueError(f"store {self.address}: add({key!r}): {fields[0].decode()}")
+            raise ValueError(f"store {self.address}: add({shown_key(key)}): {fields[0].decode()}")
         return int(fields[0])
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
@@ -225,7 +232,8 @@ class TCPStore(Store):
         status, missing = self._call(Op.WAIT, fields, f"wait({len(keys)} keys)", seconds)
         if status is Status.TIMEOUT:
             raise StoreTimeout(
-                f"store {self.address}: keys {key_list(missing)} not set within {seconds:g} s"
+                f"store {self.address}: keys {shown_keys(key_list(missing))} not set within "
+                f"{seconds:g} s"
             )
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -233,7 +241,7 @@ class TCPStore(Store):
         return fields[0] == b"1"
 
     def delete(self, key: str) -> bool:
-        _, fields = self._call(Op.DELETE, [_key(key)], f"delete({key!r})")
+        _, fields = self._call(Op.DELETE, [_key(key)], f"delete({shown_key(key)})")
         return fields[0] == b"1"
 
     # ---- connections
@@ -384,7 +392,7 @@ def _seconds(timeout: float) -> float:
 
 def _key(key: str) -> bytes:
     if not isinstance(key, str):
-        raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
+        raise TypeError(f"store keys are str, got {type(key).__name__}: {shown_key(key)}")
     return key.encode()
 
 

@@ -20,6 +20,7 @@ A password is never shown: error messages print the URL with ``***`` in its plac
 from __future__ import annotations
 
 import difflib
+import os
 import urllib.parse
 
 from plait.errors import RendezvousError
@@ -82,8 +83,10 @@ def _split(url: str) -> urllib.parse.SplitResult:
         raise TypeError(f"store URL must be a str, got {type(url).__name__}: {url!r}")
     supported = ", ".join(SCHEMES.values())
     if "://" not in url:
+        scheme, _, rest = url.partition(":")
+        guess = f"file:///absolute/{rest.lstrip('/')}" if scheme == "file" else f"tcp://{url}"
         raise ValueError(
-            f"store URL {url!r} has no scheme; supported: {supported}. Did you mean 'tcp://{url}'?"
+            f"store URL {url!r} has no scheme; supported: {supported}. Did you mean '{guess}'?"
         )
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in SCHEMES:
@@ -141,7 +144,13 @@ def _file(url: str, parts: urllib.parse.SplitResult, *, timeout: float) -> Store
         )
     if parts.query or parts.fragment:
         raise ValueError(f"store URL {url!r}: file:// takes no query or fragment")
-    return FileStore(urllib.parse.unquote(parts.path), timeout=timeout)
+    path = urllib.parse.unquote(parts.path)
+    if os.path.normpath(path) == os.path.sep:  # keys would be files in /, cleanup would empty it
+        raise ValueError(
+            f"store URL {url!r} names the root directory; give a directory of its own: "
+            f"{SCHEMES['file']}"
+        )
+    return FileStore(path, timeout=timeout)
 
 
 def _redis(url: str, parts: urllib.parse.SplitResult, *, timeout: float) -> Store:
