@@ -4,22 +4,44 @@ Matching, errors and waiting belong to the :class:`~plait.transport.endpoint.End
 this link moves frames (:mod:`.writer`, :mod:`.reader`, :mod:`.rendezvous`) and turns
 closed, broken or misbehaving connections into lost peers. See ``docs/transport.md``
 (The TCP transport).
+
+Note [exit without close]
+    A rank whose script ends without closing its communicator leaves its sockets to the
+    exit, and the kernel sends what they hold, then ends the connections. A send is done
+    once its bytes are in the kernel, so a rank may return from its last call and exit
+    with megabytes still on their way (behind a slow link, on every stream of a striped
+    message). The kernel of a process that has exited answers anything that reaches its
+    sockets with a reset, and a reset drops what it had still to send: a peer still
+    receiving the last message, which sent this rank a stall probe meanwhile (the wait
+    was long), lost the message and named this rank as lost, though it had sent all.
+    So at the exit of the process (``atexit``), each link still open drives its endpoint
+    until every stream of every peer has nothing queued and its kernel holds no byte the
+    peer has not acknowledged (``TIOCOUTQ``), for at most
+    :data:`~plait.transport.endpoint.CLOSE_FLUSH_SECONDS` in all, as :meth:`TcpLink.flush`
+    waits for the kernel when closing, reading what arrives meanwhile (nothing is left
+    unread, which a close answers with a reset too). It sends no goodbye: the peers still
+    see a rank that exited, not one that closed. A child made by ``fork`` flushes nothing
+    of its parent's links (Note [communicators after fork] in :mod:`plait._fork`).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import logging
 import math
+import os
 import select
 import socket
 import struct
+import time
+import weakref
 from collections.abc import Sequence
 
 from plait.errors import CommError, PeerLostError, TransportError
 from plait.transport.base import closed_peer
-from plait.transport.endpoint import Endpoint
+from plait.transport.endpoint import CLOSE_FLUSH_SECONDS, Endpoint
 from plait.transport.link import Message, Op
 from plait.transport.tcp import reader, rendezvous, writer
 from plait.transport.tcp.pair import Conn, Inbound, Out, Peer, Rts
@@ -60,6 +82,22 @@ _LOST_ERRNOS = frozenset(
 )
 
 
+#: The links of this process, flushed at its exit (Note [exit without close]).
+_OPEN: weakref.WeakSet[TcpLink] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Note [exit without close]: let every open link deliver what it wrote, within
+    :data:`CLOSE_FLUSH_SECONDS` in all."""
+    deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
+    for link in list(_OPEN):
+        try:
+            link.drain(deadline)
+        except Exception:  # best effort: the process is ending
+            _log.debug("rank %d: flush at exit failed", link.rank, exc_info=True)
+
+
 class TcpLink:
     """The link of one rank to its TCP peers.
 
@@ -94,6 +132,7 @@ class TcpLink:
         self.peers: list[Peer | None] = [None] * endpoint.size
         self._by_fd: dict[int, Conn] = {}
         self._phase = 0  # closing: 0 flush sends, 1 flush the goodbye, 2 wait for the kernel
+        self._pid = os.getpid()  # a child made by fork flushes none of it at its exit
         for j in sorted(peers):
             p = Peer(j)
             for s in range(streams):
@@ -107,6 +146,8 @@ class TcpLink:
         for q in self.peers:
             if q is not None:
                 self.set_events(q.conns[0], _IN)
+        if peers:
+            _OPEN.add(self)
 
     # -- the link interface (endpoint lock held) -------------------------------------------------
     def send(self, op: Op) -> None:
@@ -306,6 +347,21 @@ class TcpLink:
 
     def release(self) -> None:
         """Nothing left: :meth:`shutdown` closed the sockets."""
+
+    def drain(self, deadline: float) -> None:
+        """The process exits without closing this link: drive the endpoint until every
+        stream has delivered what it was given, or ``deadline`` (Note [exit without close])."""
+        ep = self.ep
+        if self._pid != os.getpid():
+            return
+        while True:
+            with ep.lock:
+                if ep.closed or not any(c.sendq or _unsent(c) for c in self._live()):
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ep.wait_any([], min(left, _UNSENT_POLL))
 
     # -- for the reader, writer and rendezvous (lock held) ---------------------------------------
     def start_payload(self, c: Conn, rec: Inbound, chunk: int = 0) -> None:
