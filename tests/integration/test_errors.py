@@ -445,7 +445,7 @@ def test_a_rank_waiting_on_a_late_peer_hears_at_once_of_another_that_closed(
         late = threading.Timer(2.0, _late_call, (comms[1], algorithm))
         late.start()
         start = time.monotonic()
-        with pytest.raises(plait.PeerLostError, match="rank 0 has closed") as info:
+        with pytest.raises(plait.PeerLostError, match=r"rank 0 (has )?closed its comm") as info:
             comms[2].allreduce(np.ones(4, np.float32), algorithm=algorithm)
         assert time.monotonic() - start < 1.5
         assert info.value.lost_rank == 0

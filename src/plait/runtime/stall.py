@@ -145,7 +145,7 @@ from plait.runtime.notices import (
     verdict_here,
 )
 from plait.schedule.ir import Schedule
-from plait.transport.base import Handle, Transport, peer_closed
+from plait.transport.base import PEER_CLOSED, Handle, Transport, peer_closed
 
 if TYPE_CHECKING:
     from plait.runtime.executor import Call
@@ -164,6 +164,9 @@ _SETTLED = "_plait_settled"
 GAVE_UP = "_plait_gave_up"
 #: Seconds a call that met such a mark waits for the peer's notice (sent before the mark).
 NOTICE_SECONDS = 0.5
+#: Set on the PeerLostError the probes raise from a peer's notice: a loss or close that peer
+#: told, not one this rank saw (:func:`settle` words a close seen here itself).
+_TOLD = "_plait_told"
 
 
 class Prober:
@@ -257,6 +260,7 @@ class Prober:
                 self._suspects[q] = (now + GRACE_SECONDS, self._ahead(q, text(name)))
         lost = likelier(lost, kept(self._t, self._call, self._rank))
         if lost is not None:
+            setattr(lost, _TOLD, True)
             raise lost
         for q, (until, err) in list(self._suspects.items()):
             if q not in waiting:
@@ -426,10 +430,12 @@ def settle(
             if isinstance(found, PeerLostError) and found.lost_rank not in (None, lost):
                 lost = found.lost_rank
                 kind = CLOSED if peer_closed(found) else LOST
-            else:  # it told nothing (this rank saw its close itself): it closed
+            else:  # no other rank told: it closed (seen here, or a peer's CLOSED notice)
                 kind = CLOSED
-                if isinstance(found, PeerLostError):
+                if not isinstance(found, MismatchError):  # (a verdict here explains it)
                     found = None
+                    if lost is not None and not getattr(err, _TOLD, False):
+                        found = _closed(transport, call, where.rank, lost)  # seen here
         elif isinstance(err, CommTimeout) and isinstance(found, PeerLostError) and not own:
             # Note [a loss told on]: the loss a peer told explains the timeout, and goes on
             lost, kind = found.lost_rank, CLOSED if peer_closed(found) else LOST
@@ -447,6 +453,25 @@ def settle(
     found.__cause__ = err
     setattr(found, _SETTLED, True)
     return found
+
+
+def _closed(transport: Transport, call: Call, rank: int, q: int) -> PeerLostError:
+    """The error of a call that saw its peer ``q`` close its communicator, ``q`` having told
+    nothing: named as one that closed during the call, in the words of a peer's ``CLOSED``
+    notice and of the window's post (Note [peers that close] in
+    :mod:`plait.transport.base`); a group's peer also by the job's number, as a group's
+    transport names it (:meth:`plait.group.GroupTransport.renumber`)."""
+    who = f"rank {q}"
+    if getattr(transport, "renumber", None) is not None:
+        job = int(transport.name(q))  # type: ignore[attr-defined]
+        who = who if job == q else f"rank {q} (job rank {job})"
+    err = PeerLostError(
+        f"rank {rank}: {call.describe}: {who} closed its communicator during the call, "
+        "and no call of this communicator can finish without it"
+    )
+    err.lost_rank = q
+    setattr(err, PEER_CLOSED, True)
+    return err
 
 
 def wait_post(
