@@ -599,18 +599,8 @@ def _hold_start(buf: bytes) -> int:
     end = len(buf)
     if end and buf[_line_start(buf, end) : end].isspace():
         end = _line_start(buf, end)
-    hold = len(buf)
-    for _ in range(_HOLD_LINES):
-        if not end:
-            break
-        start = _line_start(buf, end)
-        line = buf[start:end]
-        if line.isspace():
-            break
-        if _may_be_cause(line):
-            hold = start
-        end = start
-    return hold
+    _, first = _lines_before(buf, end)
+    return len(buf) if first is None else first
 
 
 def _cause_start(buf: bytes, at: int) -> int:
@@ -620,19 +610,26 @@ def _cause_start(buf: bytes, at: int) -> int:
     end = at
     while end and buf[_line_start(buf, end) : end].isspace():  # the blank line before it
         end = _line_start(buf, end)
+    run, first = _lines_before(buf, end)
+    return run if first is None else first
+
+
+def _lines_before(buf: bytes, end: int) -> tuple[int, int | None]:
+    """The lines of ``buf`` not blank that end at ``end``, at most :data:`_HOLD_LINES` of
+    them: where the first begins (``end`` where there is none), and where the first that
+    may be an exception's own begins (None where none may be)."""
     run, first = end, None
     for _ in range(_HOLD_LINES):
         if not end:
             break
         start = _line_start(buf, end)
-        line = buf[start:end]
-        if line.isspace():
+        if buf[start:end].isspace():
             break
         run = start
-        if _may_be_cause(line):
+        if _may_be_cause(buf[start:end]):
             first = start
         end = start
-    return run if first is None else first
+    return run, first
 
 
 def _pieces(line: bytes) -> list[bytes]:
